@@ -1,0 +1,162 @@
+# cacheblend - one non-recursive GNU Makefile.
+#   make            build lib/libcbcore.{a,so} and the programs into bin/
+#   make help       list the targets and knobs
+# Knobs: DEBUG=1 (no optimisation, -g), SAN=1 (AddressSanitizer + UBSan),
+#        PREFIX=/usr/local DESTDIR= for install, V=1 to echo commands.
+
+PREFIX  ?= /usr/local
+BINDIR  ?= $(PREFIX)/bin
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+MANDIR  ?= $(PREFIX)/share/man
+PKGDIR  ?= $(LIBDIR)/pkgconfig
+
+CC      ?= cc
+CSTD    := -std=c11 -D_GNU_SOURCE
+WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter
+OPT     := -O2 -march=native
+ifeq ($(DEBUG),1)
+OPT     := -O0 -g3
+endif
+ifeq ($(SAN),1)
+OPT     += -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDSAN   := -fsanitize=address,undefined
+BUILD   ?= build/san
+else
+BUILD   ?= build/rel
+endif
+ifeq ($(DEBUG),1)
+BUILD   := $(BUILD)-debug
+endif
+
+PKGS    := libpcre2-8
+CFLAGS  ?=
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8) -lm -lpthread
+LDFLAGS += $(LDSAN)
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(BUILD)/src/cli.o
+PROGS    := cb-run
+PROG_BIN := $(PROGS:%=bin/%)
+# Artifacts land in lib/ and bin/ for the plain build; SAN/DEBUG builds keep
+# theirs under $(BUILD) so they never mix with the release objects.
+ifeq ($(BUILD),build/rel)
+LIBA     := lib/libcbcore.a
+LIBSO    := lib/libcbcore.so
+BINDIR_B := bin
+else
+LIBA     := $(BUILD)/lib/libcbcore.a
+LIBSO    := $(BUILD)/lib/libcbcore.so
+BINDIR_B := $(BUILD)/bin
+endif
+PROG_BIN := $(PROGS:%=$(BINDIR_B)/%)
+
+TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+GEN_BIN  := $(BUILD)/tests/cb-gen-fixture
+BENCH_SRC:= $(sort $(wildcard tests/bench/*.c))
+BENCH_BIN:= $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all lib progs help deps model model-gemma test check-tools bench demo install uninstall clean format
+
+all: lib progs ## build the library and the programs (default)
+
+lib: $(LIBA) $(LIBSO) ## build lib/libcbcore.a and lib/libcbcore.so
+
+progs: $(PROG_BIN) ## build the programs into bin/
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@[ "$(Q)" = "" ] || echo "  CC      $<"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(LIBA): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@[ "$(Q)" = "" ] || echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIBSO): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@[ "$(Q)" = "" ] || echo "  LD      $@"
+	$(Q)$(CC) -shared -Wl,-soname,libcbcore.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BINDIR_B)/%: $(BUILD)/src/%.o $(CLI_OBJ) $(LIBA)
+	@mkdir -p $(dir $@)
+	@[ "$(Q)" = "" ] || echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(CLI_OBJ) $(LIBA) $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBA)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
+
+$(GEN_BIN): $(BUILD)/tests/gen/cb-gen-fixture.o $(LIBA)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/tests/bench/%.o $(LIBA)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
+
+deps: ## install the Debian packages the build and tests need (apt-get; quiet when present)
+	@sh scripts/deps.sh
+
+model: ## fetch the default model (SmolLM2-135M-Instruct Q4_1) into the cache; MODEL=gemma for Gemma-3-270M
+	@sh scripts/fetch-model.sh $(or $(MODEL),smollm2)
+
+model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
+	@sh scripts/fetch-model.sh gemma
+
+check-tools: all $(TEST_BIN) $(GEN_BIN)
+
+test: deps ## install deps, fetch the model, build everything and run every test suite
+	@$(MAKE) --no-print-directory model
+	@$(MAKE) --no-print-directory check-tools
+	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) sh tests/run.sh
+
+bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/
+	@$(MAKE) --no-print-directory model
+	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) sh tests/bench/run.sh
+
+demo: deps ## fetch the model, print its facts and tokenize a sample
+	@$(MAKE) --no-print-directory model all
+	@sh examples/demo.sh
+
+install: all ## install programs, library, header, man pages and libcbcore.pc under $(DESTDIR)$(PREFIX)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PKGDIR)
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5
+	install -m 755 $(PROG_BIN) $(DESTDIR)$(BINDIR)/
+	install -m 644 $(LIBA) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libcbcore.so.0
+	ln -sf libcbcore.so.0 $(DESTDIR)$(LIBDIR)/libcbcore.so
+	install -m 644 lib/include/cbcore.h $(DESTDIR)$(INCDIR)/
+	for f in man/man1/*.1; do [ -f "$$f" ] && install -m 644 "$$f" $(DESTDIR)$(MANDIR)/man1/; done; true
+	for f in man/man3/*.3; do [ -f "$$f" ] && install -m 644 "$$f" $(DESTDIR)$(MANDIR)/man3/; done; true
+	for f in man/man5/*.5; do [ -f "$$f" ] && install -m 644 "$$f" $(DESTDIR)$(MANDIR)/man5/; done; true
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCDIR@|$(INCDIR)|' \
+	    -e 's|@VERSION@|0.1.0|' -e 's|@LIBS@|$(LDLIBS)|' lib/libcbcore.pc.in > $(DESTDIR)$(PKGDIR)/libcbcore.pc
+
+uninstall: ## remove what install put under $(DESTDIR)$(PREFIX)
+	rm -f $(PROGS:%=$(DESTDIR)$(BINDIR)/%)
+	rm -f $(DESTDIR)$(LIBDIR)/libcbcore.a $(DESTDIR)$(LIBDIR)/libcbcore.so $(DESTDIR)$(LIBDIR)/libcbcore.so.0
+	rm -f $(DESTDIR)$(INCDIR)/cbcore.h $(DESTDIR)$(PKGDIR)/libcbcore.pc
+	for f in man/man1/*.1 man/man3/*.3 man/man5/*.5; do rm -f $(DESTDIR)$(MANDIR)/$$(basename $$(dirname $$f))/$$(basename $$f); done
+
+clean: ## remove build outputs
+	rm -rf build bin/* lib/libcbcore.a lib/libcbcore.so
+
+format: ## clang-format every C source in place
+	clang-format -i $(LIB_SRC) lib/include/cbcore.h src/*.c src/*.h tests/unit/*.c tests/unit/*.h tests/gen/*.c
+
+help: ## this list
+	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [PREFIX=dir] [DESTDIR=dir] [V=1]"
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
+
+-include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,301 @@
+/* gguf_write.c - build a GGUF (version 3) file in memory and save it
+ * atomically.  Used by the fixture generator and tests; layout as described
+ * at the top of gguf.c. */
+#include "cbcore.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct wkv {
+    char *key;
+    uint32_t type;
+    uint8_t *val; /* serialized value (after the type field) */
+    size_t val_len;
+} wkv;
+
+typedef struct wtensor {
+    char *name;
+    cb_type type;
+    uint32_t n_dims;
+    int64_t ne[CB_GGUF_MAX_DIMS];
+    uint8_t *data;
+    size_t nbytes;
+} wtensor;
+
+struct cb_gguf_writer {
+    size_t alignment;
+    wkv *kv;
+    size_t n_kv, cap_kv;
+    wtensor *t;
+    size_t n_t, cap_t;
+};
+
+static const size_t elem_size[CB_GGUF_TYPE_COUNT_] = {
+    [CB_GGUF_UINT8] = 1,  [CB_GGUF_INT8] = 1,  [CB_GGUF_UINT16] = 2, [CB_GGUF_INT16] = 2,
+    [CB_GGUF_UINT32] = 4, [CB_GGUF_INT32] = 4, [CB_GGUF_FLOAT32] = 4, [CB_GGUF_BOOL] = 1,
+    [CB_GGUF_UINT64] = 8, [CB_GGUF_INT64] = 8, [CB_GGUF_FLOAT64] = 8,
+};
+
+cb_gguf_writer *cb_gguf_writer_new(size_t alignment)
+{
+    cb_gguf_writer *w = calloc(1, sizeof *w);
+    if (w)
+        w->alignment = alignment ? alignment : 32;
+    return w;
+}
+
+void cb_gguf_writer_free(cb_gguf_writer *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->n_kv; i++) {
+        free(w->kv[i].key);
+        free(w->kv[i].val);
+    }
+    for (size_t i = 0; i < w->n_t; i++) {
+        free(w->t[i].name);
+        free(w->t[i].data);
+    }
+    free(w->kv);
+    free(w->t);
+    free(w);
+}
+
+/* Take ownership of val: replace the value of an existing key or append. */
+static cb_status put_kv(cb_gguf_writer *w, const char *key, uint32_t type, uint8_t *val, size_t len)
+{
+    if (!val)
+        return CB_ERR_NOMEM;
+    for (size_t i = 0; i < w->n_kv; i++) {
+        if (strcmp(w->kv[i].key, key) == 0) {
+            free(w->kv[i].val);
+            w->kv[i].type = type;
+            w->kv[i].val = val;
+            w->kv[i].val_len = len;
+            return CB_OK;
+        }
+    }
+    if (w->n_kv == w->cap_kv) {
+        size_t nc = w->cap_kv ? 2 * w->cap_kv : 16;
+        wkv *nk = realloc(w->kv, nc * sizeof *nk);
+        if (!nk) {
+            free(val);
+            return CB_ERR_NOMEM;
+        }
+        w->kv = nk;
+        w->cap_kv = nc;
+    }
+    char *k = strdup(key);
+    if (!k) {
+        free(val);
+        return CB_ERR_NOMEM;
+    }
+    w->kv[w->n_kv++] = (wkv){k, type, val, len};
+    return CB_OK;
+}
+
+static uint8_t *dup_bytes(const void *p, size_t n)
+{
+    uint8_t *b = malloc(n ? n : 1);
+    if (b && n)
+        memcpy(b, p, n);
+    return b;
+}
+
+cb_status cb_gguf_writer_set_u32(cb_gguf_writer *w, const char *key, uint32_t v)
+{
+    return put_kv(w, key, CB_GGUF_UINT32, dup_bytes(&v, 4), 4);
+}
+
+cb_status cb_gguf_writer_set_i32(cb_gguf_writer *w, const char *key, int32_t v)
+{
+    return put_kv(w, key, CB_GGUF_INT32, dup_bytes(&v, 4), 4);
+}
+
+cb_status cb_gguf_writer_set_u64(cb_gguf_writer *w, const char *key, uint64_t v)
+{
+    return put_kv(w, key, CB_GGUF_UINT64, dup_bytes(&v, 8), 8);
+}
+
+cb_status cb_gguf_writer_set_f32(cb_gguf_writer *w, const char *key, float v)
+{
+    return put_kv(w, key, CB_GGUF_FLOAT32, dup_bytes(&v, 4), 4);
+}
+
+cb_status cb_gguf_writer_set_bool(cb_gguf_writer *w, const char *key, int v)
+{
+    uint8_t b = v != 0;
+    return put_kv(w, key, CB_GGUF_BOOL, dup_bytes(&b, 1), 1);
+}
+
+cb_status cb_gguf_writer_set_str(cb_gguf_writer *w, const char *key, const char *v)
+{
+    uint64_t n = strlen(v);
+    uint8_t *b = malloc(8 + n);
+    if (b) {
+        memcpy(b, &n, 8);
+        memcpy(b + 8, v, n);
+    }
+    return put_kv(w, key, CB_GGUF_STRING, b, 8 + n);
+}
+
+cb_status cb_gguf_writer_set_arr(cb_gguf_writer *w, const char *key, cb_gguf_type t, const void *data,
+                                 uint64_t n)
+{
+    if ((unsigned)t >= CB_GGUF_TYPE_COUNT_ || elem_size[t] == 0)
+        return CB_ERR_INVALID;
+    size_t body = (size_t)n * elem_size[t];
+    uint8_t *b = malloc(12 + body);
+    uint32_t et = t;
+    if (b) {
+        memcpy(b, &et, 4);
+        memcpy(b + 4, &n, 8);
+        if (body)
+            memcpy(b + 12, data, body);
+    }
+    return put_kv(w, key, CB_GGUF_ARRAY, b, 12 + body);
+}
+
+cb_status cb_gguf_writer_set_arr_str(cb_gguf_writer *w, const char *key, const char *const *strs, uint64_t n)
+{
+    size_t len = 12;
+    for (uint64_t i = 0; i < n; i++)
+        len += 8 + strlen(strs[i]);
+    uint8_t *b = malloc(len), *p;
+    uint32_t et = CB_GGUF_STRING;
+    if (b) {
+        memcpy(b, &et, 4);
+        memcpy(b + 4, &n, 8);
+        p = b + 12;
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t sl = strlen(strs[i]);
+            memcpy(p, &sl, 8);
+            memcpy(p + 8, strs[i], sl);
+            p += 8 + sl;
+        }
+    }
+    return put_kv(w, key, CB_GGUF_ARRAY, b, len);
+}
+
+cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims,
+                                    const int64_t *ne, const void *data)
+{
+    wtensor wt = {0};
+    size_t rows = 1;
+
+    if (n_dims == 0 || n_dims > CB_GGUF_MAX_DIMS || strlen(name) >= 64 || cb_type_block_bytes(t) == 0)
+        return CB_ERR_INVALID;
+    for (uint32_t d = 0; d < CB_GGUF_MAX_DIMS; d++)
+        wt.ne[d] = d < n_dims ? ne[d] : 1;
+    for (uint32_t d = 1; d < n_dims; d++)
+        rows *= (size_t)ne[d];
+    if (ne[0] <= 0 || ne[0] % cb_type_block_elems(t) != 0)
+        return CB_ERR_INVALID;
+    wt.nbytes = cb_type_row_bytes(t, ne[0]) * rows;
+    wt.type = t;
+    wt.n_dims = n_dims;
+    if (w->n_t == w->cap_t) {
+        size_t nc = w->cap_t ? 2 * w->cap_t : 16;
+        wtensor *nt = realloc(w->t, nc * sizeof *nt);
+        if (!nt)
+            return CB_ERR_NOMEM;
+        w->t = nt;
+        w->cap_t = nc;
+    }
+    wt.name = strdup(name);
+    wt.data = dup_bytes(data, wt.nbytes);
+    if (!wt.name || !wt.data) {
+        free(wt.name);
+        free(wt.data);
+        return CB_ERR_NOMEM;
+    }
+    w->t[w->n_t++] = wt;
+    return CB_OK;
+}
+
+static size_t pad_to(size_t n, size_t a)
+{
+    return (n + a - 1) / a * a;
+}
+
+cb_status cb_gguf_writer_bytes(const cb_gguf_writer *w, void **buf, size_t *size)
+{
+    size_t hdr = 4 + 4 + 8 + 8, data = 0;
+    int add_align = w->alignment != 32;
+    uint8_t *b, *p;
+
+    for (size_t i = 0; i < w->n_kv; i++) {
+        hdr += 8 + strlen(w->kv[i].key) + 4 + w->kv[i].val_len;
+        if (strcmp(w->kv[i].key, "general.alignment") == 0)
+            add_align = 0;
+    }
+    if (add_align)
+        hdr += 8 + strlen("general.alignment") + 4 + 4;
+    for (size_t i = 0; i < w->n_t; i++) {
+        hdr += 8 + strlen(w->t[i].name) + 4 + 8 * (size_t)w->t[i].n_dims + 4 + 8;
+        data = pad_to(data, w->alignment) + w->t[i].nbytes;
+    }
+    size_t data_off = pad_to(hdr, w->alignment);
+    size_t total = data_off + pad_to(data, w->alignment);
+    b = calloc(1, total ? total : 1);
+    if (!b)
+        return CB_ERR_NOMEM;
+    p = b;
+#define PUT(src, n) (memcpy(p, (src), (n)), p += (n))
+    uint32_t version = 3, u32;
+    uint64_t u64 = w->n_t;
+    PUT("GGUF", 4);
+    PUT(&version, 4);
+    PUT(&u64, 8);
+    u64 = w->n_kv + (size_t)add_align;
+    PUT(&u64, 8);
+    for (size_t i = 0; i < w->n_kv; i++) {
+        u64 = strlen(w->kv[i].key);
+        PUT(&u64, 8);
+        PUT(w->kv[i].key, u64);
+        PUT(&w->kv[i].type, 4);
+        PUT(w->kv[i].val, w->kv[i].val_len);
+    }
+    if (add_align) {
+        u64 = strlen("general.alignment");
+        PUT(&u64, 8);
+        PUT("general.alignment", u64);
+        u32 = CB_GGUF_UINT32;
+        PUT(&u32, 4);
+        u32 = (uint32_t)w->alignment;
+        PUT(&u32, 4);
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < w->n_t; i++) {
+        const wtensor *t = &w->t[i];
+        off = pad_to(off, w->alignment);
+        u64 = strlen(t->name);
+        PUT(&u64, 8);
+        PUT(t->name, u64);
+        PUT(&t->n_dims, 4);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            PUT(&t->ne[d], 8);
+        u32 = t->type;
+        PUT(&u32, 4);
+        u64 = off;
+        PUT(&u64, 8);
+        memcpy(b + data_off + off, t->data, t->nbytes);
+        off += t->nbytes;
+    }
+#undef PUT
+    *buf = b;
+    *size = total;
+    return CB_OK;
+}
+
+cb_status cb_gguf_writer_save(const cb_gguf_writer *w, const char *path, cb_error *err)
+{
+    void *buf;
+    size_t size;
+    cb_status st = cb_gguf_writer_bytes(w, &buf, &size);
+    if (st != CB_OK)
+        return cb_error_set(err, st, "%s: out of memory", path);
+    st = cb_file_write_atomic(path, buf, size, err);
+    free(buf);
+    return st;
+}

@@ -1,0 +1,24 @@
+#!/bin/sh
+# deps.sh - install the Debian packages that building and testing cacheblend
+# need.  Idempotent: prints nothing and changes nothing when all are present.
+set -e
+pkgs="build-essential pkg-config libpcre2-dev libxxhash-dev libarchive-dev libopenblas-dev
+      libjansson-dev libsqlite3-dev zstd unzip python3 python3-venv python3-pip ca-certificates"
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+# python3/pip may come from elsewhere (pyenv): only insist on them when absent.
+if command -v python3 >/dev/null 2>&1; then
+    missing=$(echo "$missing" | tr ' ' '\n' | grep -vE '^(python3|python3-venv|python3-pip)$' | tr '\n' ' ')
+    missing=$(echo $missing)
+    [ -z "$missing" ] && exit 0
+fi
+echo "deps: installing:$missing" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

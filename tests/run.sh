@@ -1,0 +1,59 @@
+#!/bin/sh
+# tests/run.sh - run every unit test program and CLI test script, count the
+# TAP lines they print, and end with "N passed, N failed, N skipped".
+# Environment: BUILD (object dir, default build/rel), BINDIR_B (programs, default bin).
+BUILD=${BUILD:-build/rel}
+BINDIR_B=${BINDIR_B:-bin}
+export BUILD BINDIR_B
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top" || exit 70
+# ../shared beside the repository holds the tokenizer suites and evaluation data.
+if [ -z "${CB_SHARED_DATA:-}" ] && [ -d "$top/../shared/data" ]; then
+    CB_SHARED_DATA=$(cd "$top/../shared/data" && pwd); export CB_SHARED_DATA
+fi
+if [ -z "${CB_SHARED_DATA:-}" ]; then
+    echo "# note: ../shared/data not found: the tokenizer conformance suites and evaluation data are skipped"
+fi
+export CB_TEST_TMP="$top/tests/tmp"
+rm -rf "$CB_TEST_TMP"; mkdir -p "$CB_TEST_TMP"
+
+# Fixtures: tiny random-weight models in several tensor types, written by
+# our own GGUF writer (nothing binary is committed).
+gen="$BUILD/tests/cb-gen-fixture"
+for t in f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K; do
+    "$gen" --type "$t" "$CB_TEST_TMP/tiny-$t.gguf" || { echo "# fixture generator failed for $t"; exit 70; }
+done
+"$gen" --vocab-only "$CB_TEST_TMP/tiny-vocab.gguf" || exit 70
+
+passed=0; failed=0; skipped=0; broken=""
+run_one() {   # name, command...
+    name=$1; shift
+    out="$CB_TEST_TMP/$(echo "$name" | tr '/' '_').log"
+    start=$(date +%s)
+    "$@" >"$out" 2>&1
+    rc=$?
+    p=$(grep -cE '^ok [0-9]+' "$out" | tr -d ' ')
+    s=$(grep -cE '^ok [0-9]+.*# SKIP' "$out" | tr -d ' ')
+    f=$(grep -cE '^not ok [0-9]+' "$out" | tr -d ' ')
+    p=$((p - s))
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1; echo "# $name exited with status $rc without a failing case"
+    fi
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    printf '%-34s %4d passed %3d failed %3d skipped  (%ss)\n' "$name" "$p" "$f" "$s" $(( $(date +%s) - start ))
+    grep -E '^(not ok|#)|# SKIP' "$out" | head -40
+    [ "$f" -eq 0 ] || broken="$broken $name"
+}
+
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    run_one "unit/$(basename "$t")" "$t"
+done
+for t in tests/cli/*.sh; do
+    [ -f "$t" ] || continue
+    run_one "cli/$(basename "$t" .sh)" sh "$t"
+done
+
+[ -z "$broken" ] || echo "failing suites:$broken (logs in tests/tmp/)"
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
