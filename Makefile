@@ -29,10 +29,10 @@ ifeq ($(DEBUG),1)
 BUILD   := $(BUILD)-debug
 endif
 
-PKGS    := libpcre2-8
+PKGS    := libpcre2-8 openblas
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8) -lm -lpthread
+LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas) -lm -lpthread
 LDFLAGS += $(LDSAN)
 
 ifeq ($(V),1)
@@ -41,7 +41,7 @@ else
 Q := @
 endif
 
-LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c))
+LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c lib/backend/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(BUILD)/src/cli.o
 PROGS    := cb-run
@@ -65,6 +65,7 @@ GEN_BIN  := $(BUILD)/tests/cb-gen-fixture
 BENCH_SRC:= $(sort $(wildcard tests/bench/*.c))
 BENCH_BIN:= $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 
+.SECONDARY:
 .PHONY: all lib progs help deps model model-gemma test check-tools bench demo install uninstall clean format
 
 all: lib progs ## build the library and the programs (default)
@@ -116,10 +117,14 @@ model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
 
 check-tools: all $(TEST_BIN) $(GEN_BIN)
 
+# The GGUF fuzz sweep and the tokenizer suites also run under ASan+UBSan.
+SAN_TESTS := test_gguf test_tokenizer test_quant
+
 test: deps ## install deps, fetch the model, build everything and run every test suite
 	@$(MAKE) --no-print-directory model
 	@$(MAKE) --no-print-directory check-tools
-	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) sh tests/run.sh
+	@$(MAKE) --no-print-directory SAN=1 $(SAN_TESTS:%=build/san/tests/%)
+	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" sh tests/run.sh
 
 bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/
 	@$(MAKE) --no-print-directory model

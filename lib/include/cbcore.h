@@ -366,6 +366,149 @@ cb_status cb_tok_piece(const cb_vocab *v, int32_t id, unsigned flags,
 cb_status cb_tok_decode(const cb_vocab *v, const int32_t *ids, size_t n,
                         unsigned flags, char **text, size_t *len);
 
+
+/* ----------------------------------------------------------------- model */
+
+typedef struct cb_model cb_model;
+
+/* Architecture parameters read from GGUF metadata. */
+typedef struct cb_hparams {
+    char arch[32];         /* "llama", "qwen2" */
+    int32_t n_layer;
+    int32_t n_embd;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;      /* per head, for Q, K and V */
+    int32_t n_ff;
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_rot;         /* RoPE dimensions per head */
+    float rope_base;
+    int rope_neox;         /* 0: pairs (2i, 2i+1) (llama); 1: (i, i+n_rot/2) (qwen2) */
+    float norm_eps;
+    int tied_output;       /* output projection is token_embd */
+} cb_hparams;
+
+typedef struct cb_model_params {
+    int n_threads;         /* <= 0: every core */
+} cb_model_params;
+
+/* Load a model: GGUF metadata, tokenizer and every weight, onto the CPU
+ * backend.  Architectures: llama (Llama 2/3, Mistral, SmolLM) and qwen2;
+ * anything else is CB_ERR_UNSUPPORTED naming it.  A missing or misshapen
+ * tensor is CB_ERR_FORMAT naming it.  p may be NULL. */
+cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params *p, cb_error *err);
+void cb_model_free(cb_model *m);
+const cb_hparams *cb_model_hparams(const cb_model *m);
+const cb_vocab *cb_model_vocab(const cb_model *m);
+const cb_gguf *cb_model_gguf(const cb_model *m);
+/* Name of the compute backend ("cpu"). */
+const char *cb_model_backend(const cb_model *m);
+
+/* ------------------------------------------------------------- KV cache */
+
+/* An in-memory KV cache: per layer, K and V rows indexed by position
+ * (row p holds the token at position p), f16 or f32 elements.  Attention at
+ * position p reads rows 0..p, so every position below a query's must have
+ * been written first. */
+typedef struct cb_kvcache cb_kvcache;
+
+/* Errors: CB_ERR_INVALID (type not F16/F32, n_ctx < 1), CB_ERR_NOMEM. */
+cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_type type);
+void cb_kvcache_free(cb_kvcache *kv);
+int32_t cb_kvcache_n_ctx(const cb_kvcache *kv);
+cb_type cb_kvcache_type(const cb_kvcache *kv);
+/* Copy n rows of layer `layer`'s K (which 0) or V (which 1) starting at
+ * position pos0 to or from f32 host memory [n, n_head_kv*head_dim].
+ * K is stored after RoPE, at its position.  Errors: CB_ERR_RANGE. */
+cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, float *dst);
+cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, const float *src);
+
+/* -------------------------------------------------------- forward pass */
+
+/* The activations of a batch of up to n_max tokens, with the layer-wise API
+ * that full prefill, decoding and cache blending are built from:
+ *   cb_fwd_embed   tokens -> hidden rows 0..n-1, each with its position
+ *   cb_fwd_layer   one transformer layer for a chosen subset of rows: their
+ *                  Q/K/V, K/V written into the cache at their positions,
+ *                  attention of each over cache positions <= its own (an
+ *                  exact causal mask), the MLP; other rows are left as they are
+ *   cb_fwd_logits  final norm and output projection for chosen rows
+ * A cb_fwd allocates all its scratch at creation; the calls allocate only
+ * transient attention scratch. */
+typedef struct cb_fwd cb_fwd;
+
+cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max);
+void cb_fwd_free(cb_fwd *f);
+/* Errors: CB_ERR_INVALID (n > n_max), CB_ERR_RANGE (token id). */
+cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int32_t n);
+/* rows: indices into the embedded batch, or NULL for all.  Errors:
+ * CB_ERR_RANGE (layer, row, or a position past the cache). */
+cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows);
+/* logits [n_rows, n_vocab] for rows (NULL: all). */
+cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *logits);
+/* The hidden state of row `row` after the layers run so far [n_embd]. */
+cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst);
+
+/* Evaluate n tokens at positions pos0..pos0+n-1 through every layer, in
+ * batches of the cb_fwd's n_max, writing their KV into the cache; logits of
+ * the last token go to `logits` (n_vocab floats) when not NULL.  This is
+ * ordinary prefill (n > 1) and decoding (n == 1). */
+cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits);
+
+/* --------------------------------------------------------------- sampler */
+
+typedef struct cb_sampler cb_sampler;
+
+typedef struct cb_sampler_params {
+    float temp;    /* <= 0: greedy (argmax, lowest id on ties) */
+    int32_t top_k; /* <= 0: off */
+    float top_p;   /* >= 1: off */
+    float min_p;   /* <= 0: off */
+    uint64_t seed;
+} cb_sampler_params;
+
+/* Default parameters: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, seed 0. */
+cb_sampler_params cb_sampler_defaults(void);
+/* A sampler applying, in llama.cpp's default order, top-k, top-p, min-p,
+ * temperature, then a draw from its own seeded generator.  NULL on OOM. */
+cb_sampler *cb_sampler_new(const cb_sampler_params *p);
+void cb_sampler_free(cb_sampler *s);
+/* Pick a token from n_vocab logits (not modified). */
+int32_t cb_sampler_sample(cb_sampler *s, const float *logits, int32_t n_vocab);
+
+/* ---------------------------------------------------------- chat templates */
+
+typedef enum cb_chat_kind {
+    CB_CHAT_NONE = 0, /* no template: the text is used as is */
+    CB_CHAT_CHATML,   /* <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen2) */
+    CB_CHAT_LLAMA3,   /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    CB_CHAT_MISTRAL,  /* [INST] ... [/INST] (Mistral, Llama 2) */
+    CB_CHAT_GEMMA     /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n */
+} cb_chat_kind;
+
+/* Recognise a tokenizer.chat_template (Jinja text) the way llama.cpp does;
+ * CB_CHAT_NONE when it is empty or unknown. */
+cb_chat_kind cb_chat_detect(cb_strview tmpl);
+const char *cb_chat_name(cb_chat_kind k);
+
+/* One system + user exchange rendered in three parts, so that a caller can
+ * put its own tokens (cached chunks) between them without re-tokenizing:
+ *   prefix  : everything before the user's text (system turn, user header)
+ *   suffix  : everything after it (end of turn, assistant header)
+ * prefix + user text + suffix is the template's rendering with
+ * add_generation_prompt, as llama.cpp's built-in templates render it.  With
+ * system NULL or empty there is no system turn (templates without a system
+ * role, such as gemma's, put it before the user text in prefix).  BOS is not
+ * included: the tokenizer adds it when the model wants it.  Strings are malloc'd; free with
+ * cb_chat_parts_free.  Errors: CB_ERR_NOMEM, CB_ERR_INVALID (CB_CHAT_NONE). */
+typedef struct cb_chat_parts {
+    char *prefix;
+    char *suffix;
+} cb_chat_parts;
+cb_status cb_chat_render(cb_chat_kind k, const char *system, cb_chat_parts *out);
+void cb_chat_parts_free(cb_chat_parts *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,82 @@
+/* backend.h - the compute backend interface (private to libcbcore).
+ *
+ * A backend is a small table of operations on backend-owned memory plus a
+ * context pointer, in the manner of ggml's backend interface.  Model code
+ * (lib/infer/forward.c) calls only these operations and never dereferences a
+ * backend pointer, so a CUDA backend can implement the same table with device
+ * memory.  Activations are f32.  Index arrays (positions, rows) are small and
+ * passed as host memory; a device backend copies them as it needs.
+ *
+ * Shapes are written [rows, cols], row-major, a row per token. */
+#ifndef CB_BACKEND_H
+#define CB_BACKEND_H
+
+#include "cbcore.h"
+
+typedef struct cb_backend cb_backend;
+
+/* A weight matrix W [n_out, n_in] (GGUF ne = {n_in, n_out}) in whatever form
+ * the backend chose (the CPU backend: f32), with an optional bias [n_out]. */
+typedef struct cb_bweight cb_bweight;
+
+typedef struct cb_backend_ops {
+    const char *name;
+    void (*free)(cb_backend *b);
+
+    /* Memory: nbytes of backend memory, zeroed; NULL on failure. */
+    void *(*alloc)(cb_backend *b, size_t nbytes);
+    void (*dealloc)(cb_backend *b, void *p);
+    void (*upload)(cb_backend *b, void *dst, const void *src, size_t nbytes);
+    void (*download)(cb_backend *b, void *dst, const void *src, size_t nbytes);
+
+    /* Weights: take n_out rows of n_in elements of type t from host memory
+     * (a GGUF mapping), and an optional f32 bias.  NULL on failure. */
+    cb_bweight *(*weight_new)(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
+                              const float *bias);
+    void (*weight_free)(cb_backend *b, cb_bweight *w);
+
+    /* y [n, n_out] = x [n, n_in] . W^T (+ bias) */
+    void (*matmul)(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n);
+    /* dst [n, n_in] = rows ids[0..n) of W (an embedding lookup) */
+    void (*get_rows)(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst);
+    /* y [n, d] = x / rms(x) * g (g: backend vector [d]); y may be x */
+    void (*rmsnorm)(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps);
+    /* Rotate x [n, n_head, head_dim] in place at positions pos[n] (host):
+     * the first n_rot dims of each head, pairs (2i, 2i+1) ("normal") or
+     * (i, i + n_rot/2) (neox), angle pos * base^(-2i/n_rot). */
+    void (*rope)(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int head_dim, int n_rot,
+                 float base, int neox);
+    /* x += y, n elements */
+    void (*add)(cb_backend *b, float *x, const float *y, int64_t n);
+    /* out = silu(g) * u, n elements; out may alias g */
+    void (*swiglu)(cb_backend *b, const float *g, const float *u, float *out, int64_t n);
+    /* Write n rows of `width` f32 values into a cache of type t (F16 or F32)
+     * at row indices at[n]. */
+    void (*kv_write)(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src, const int32_t *at,
+                     int64_t n);
+    /* Read n cache rows at[n] of type t into f32 dst [n, width]. */
+    void (*kv_read)(cb_backend *b, const void *cache, cb_type t, int64_t width, const int32_t *at, int64_t n,
+                    float *dst);
+    /* Attention with an exact causal mask: query row i (q [n, n_head*hd],
+     * position pos[i]) attends to cache rows 0..pos[i] of k and v (cache of
+     * type t, rows of n_head_kv*hd); out [n, n_head*hd].  Head h uses KV
+     * head h / (n_head / n_head_kv).  Scores are scaled by `scale`. */
+    void (*attention)(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
+                      cb_type t, int n_head, int n_head_kv, int hd, float scale, float *out);
+    /* dst [n, d] = src rows idx[0..n) (src [*, d]); dst must not alias src */
+    void (*gather)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
+    /* dst rows idx[0..n) = src [n, d] */
+    void (*scatter)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
+} cb_backend_ops;
+
+struct cb_backend {
+    const cb_backend_ops *ops;
+    void *ctx;
+    int n_threads;
+};
+
+/* The CPU backend: OpenBLAS for matrix products, weights dequantized to f32
+ * at load, threads for attention.  n_threads <= 0: the number of cores. */
+cb_backend *cb_backend_cpu_new(int n_threads);
+
+#endif

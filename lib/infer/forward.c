@@ -1,0 +1,326 @@
+/* forward.c - the KV cache and the layer-wise forward pass.
+ *
+ * One layer on m selected rows (x [m, d], positions p[m]):
+ *   xn  = rmsnorm(x) * attn_norm
+ *   q   = xn Wq^T (+bq)   [m, H*hd]      k, v = xn Wk^T, xn Wv^T  [m, Hkv*hd]
+ *   q,k = rope(q, p), rope(k, p)
+ *   cache.K[p], cache.V[p] = k, v
+ *   a   = attention(q over cache rows 0..p)   [m, H*hd]
+ *   x  += a Wo^T
+ *   xn  = rmsnorm(x) * ffn_norm
+ *   x  += (silu(xn Wg^T) * (xn Wu^T)) Wd^T
+ * Every operation goes through the backend table. */
+#include "model_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- KV cache */
+
+cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_type type)
+{
+    const cb_hparams *hp = &m->hp;
+    cb_kvcache *kv;
+    size_t esz = type == CB_TYPE_F32 ? 4 : 2;
+
+    if ((type != CB_TYPE_F16 && type != CB_TYPE_F32) || n_ctx < 1)
+        return CB_ERR_INVALID;
+    kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return CB_ERR_NOMEM;
+    kv->m = m;
+    kv->type = type;
+    kv->n_ctx = n_ctx;
+    kv->width = (int64_t)hp->n_head_kv * hp->head_dim;
+    kv->k = calloc((size_t)hp->n_layer, sizeof *kv->k);
+    kv->v = calloc((size_t)hp->n_layer, sizeof *kv->v);
+    if (!kv->k || !kv->v)
+        goto oom;
+    for (int l = 0; l < hp->n_layer; l++) {
+        kv->k[l] = m->be->ops->alloc(m->be, esz * (size_t)(n_ctx * kv->width));
+        kv->v[l] = m->be->ops->alloc(m->be, esz * (size_t)(n_ctx * kv->width));
+        if (!kv->k[l] || !kv->v[l])
+            goto oom;
+    }
+    *out = kv;
+    return CB_OK;
+oom:
+    cb_kvcache_free(kv);
+    return CB_ERR_NOMEM;
+}
+
+void cb_kvcache_free(cb_kvcache *kv)
+{
+    if (!kv)
+        return;
+    cb_backend *be = kv->m->be;
+    for (int l = 0; l < kv->m->hp.n_layer; l++) {
+        if (kv->k)
+            be->ops->dealloc(be, kv->k[l]);
+        if (kv->v)
+            be->ops->dealloc(be, kv->v[l]);
+    }
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+int32_t cb_kvcache_n_ctx(const cb_kvcache *kv) { return kv->n_ctx; }
+cb_type cb_kvcache_type(const cb_kvcache *kv) { return kv->type; }
+
+static cb_status kv_rows(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, int32_t **at)
+{
+    if (layer < 0 || layer >= kv->m->hp.n_layer || (which != 0 && which != 1) || pos0 < 0 || n < 0 ||
+        pos0 > kv->n_ctx - n)
+        return CB_ERR_RANGE;
+    *at = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!*at)
+        return CB_ERR_NOMEM;
+    for (int32_t i = 0; i < n; i++)
+        (*at)[i] = pos0 + i;
+    return CB_OK;
+}
+
+cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, float *dst)
+{
+    int32_t *at;
+    cb_status st = kv_rows(kv, layer, which, pos0, n, &at);
+    if (st != CB_OK)
+        return st;
+    cb_backend *be = kv->m->be;
+    float *tmp = be->ops->alloc(be, sizeof(float) * (size_t)(n * kv->width));
+    if (!tmp) {
+        free(at);
+        return CB_ERR_NOMEM;
+    }
+    be->ops->kv_read(be, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width, at, n, tmp);
+    be->ops->download(be, dst, tmp, sizeof(float) * (size_t)(n * kv->width));
+    be->ops->dealloc(be, tmp);
+    free(at);
+    return CB_OK;
+}
+
+cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, const float *src)
+{
+    int32_t *at;
+    cb_status st = kv_rows(kv, layer, which, pos0, n, &at);
+    if (st != CB_OK)
+        return st;
+    cb_backend *be = kv->m->be;
+    float *tmp = be->ops->alloc(be, sizeof(float) * (size_t)(n * kv->width));
+    if (!tmp) {
+        free(at);
+        return CB_ERR_NOMEM;
+    }
+    be->ops->upload(be, tmp, src, sizeof(float) * (size_t)(n * kv->width));
+    be->ops->kv_write(be, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width, tmp, at, n);
+    be->ops->dealloc(be, tmp);
+    free(at);
+    return CB_OK;
+}
+
+/* -------------------------------------------------------------- forward */
+
+struct cb_fwd {
+    const cb_model *m;
+    int32_t n_max, n;   /* capacity, rows embedded */
+    int32_t *pos;       /* host [n_max] */
+    int32_t *sel_pos;   /* host [n_max]: positions of the selected rows */
+    /* backend buffers */
+    float *x;           /* [n_max, d] hidden state of every embedded row */
+    float *xs;          /* [n_max, d] the selected rows, compacted */
+    float *xn;          /* [n_max, d] */
+    float *q, *att;     /* [n_max, H*hd] */
+    float *k, *v;       /* [n_max, Hkv*hd] */
+    float *g, *u;       /* [n_max, n_ff] */
+};
+
+cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
+{
+    const cb_hparams *hp = &m->hp;
+    cb_backend *be = m->be;
+    cb_fwd *f;
+    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+
+    if (n_max < 1)
+        return CB_ERR_INVALID;
+    f = calloc(1, sizeof *f);
+    if (!f)
+        return CB_ERR_NOMEM;
+    f->m = m;
+    f->n_max = n_max;
+    f->pos = calloc((size_t)n_max, sizeof *f->pos);
+    f->sel_pos = calloc((size_t)n_max, sizeof *f->sel_pos);
+#define B(field, cols) f->field = be->ops->alloc(be, sizeof(float) * (size_t)n_max * (size_t)(cols))
+    B(x, d);
+    B(xs, d);
+    B(xn, d);
+    B(q, dq);
+    B(att, dq);
+    B(k, dkv);
+    B(v, dkv);
+    B(g, hp->n_ff);
+    B(u, hp->n_ff);
+#undef B
+    if (!f->pos || !f->sel_pos || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k || !f->v || !f->g ||
+        !f->u) {
+        cb_fwd_free(f);
+        return CB_ERR_NOMEM;
+    }
+    *out = f;
+    return CB_OK;
+}
+
+void cb_fwd_free(cb_fwd *f)
+{
+    if (!f)
+        return;
+    cb_backend *be = f->m->be;
+    float *bufs[] = {f->x, f->xs, f->xn, f->q, f->att, f->k, f->v, f->g, f->u};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->ops->dealloc(be, bufs[i]);
+    free(f->pos);
+    free(f->sel_pos);
+    free(f);
+}
+
+cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int32_t n)
+{
+    const cb_model *m = f->m;
+    if (n < 1 || n > f->n_max)
+        return CB_ERR_INVALID;
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->hp.n_vocab || pos[i] < 0)
+            return CB_ERR_RANGE;
+    m->be->ops->get_rows(m->be, m->tok_embd, tokens, n, f->x);
+    memcpy(f->pos, pos, sizeof(int32_t) * (size_t)n);
+    f->n = n;
+    return CB_OK;
+}
+
+cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows)
+{
+    const cb_model *m = f->m;
+    const cb_hparams *hp = &m->hp;
+    const cb_backend_ops *o = m->be->ops;
+    cb_backend *be = m->be;
+    const cb_layer *L;
+    int64_t d = hp->n_embd, dkv = kv->width;
+    int32_t n = rows ? n_rows : f->n;
+    float *x;
+
+    if (layer < 0 || layer >= hp->n_layer || kv->m != m || n < 0 || n > f->n)
+        return CB_ERR_RANGE;
+    if (n == 0)
+        return CB_OK;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t r = rows ? rows[i] : i;
+        if (r < 0 || r >= f->n || f->pos[r] >= kv->n_ctx)
+            return CB_ERR_RANGE;
+        f->sel_pos[i] = f->pos[r];
+    }
+    L = &m->layers[layer];
+    if (rows) {
+        o->gather(be, f->x, rows, n, d, f->xs);
+        x = f->xs;
+    } else {
+        x = f->x;
+    }
+
+    /* attention block */
+    o->rmsnorm(be, x, L->attn_norm, f->xn, n, d, hp->norm_eps);
+    o->matmul(be, L->wq, f->xn, f->q, n);
+    o->matmul(be, L->wk, f->xn, f->k, n);
+    o->matmul(be, L->wv, f->xn, f->v, n);
+    o->rope(be, f->q, f->sel_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+    o->rope(be, f->k, f->sel_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+    o->kv_write(be, kv->k[layer], kv->type, dkv, f->k, f->sel_pos, n);
+    o->kv_write(be, kv->v[layer], kv->type, dkv, f->v, f->sel_pos, n);
+    o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head, hp->n_head_kv,
+                 hp->head_dim, 1.0f / sqrtf((float)hp->head_dim), f->att);
+    o->matmul(be, L->wo, f->att, f->xn, n);
+    o->add(be, x, f->xn, n * d);
+
+    /* MLP block */
+    o->rmsnorm(be, x, L->ffn_norm, f->xn, n, d, hp->norm_eps);
+    o->matmul(be, L->wg, f->xn, f->g, n);
+    o->matmul(be, L->wu, f->xn, f->u, n);
+    o->swiglu(be, f->g, f->u, f->g, n * (int64_t)hp->n_ff);
+    o->matmul(be, L->wd, f->g, f->xn, n);
+    o->add(be, x, f->xn, n * d);
+
+    if (rows)
+        o->scatter(be, f->xs, rows, n, d, f->x);
+    return CB_OK;
+}
+
+cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *logits)
+{
+    const cb_model *m = f->m;
+    const cb_hparams *hp = &m->hp;
+    cb_backend *be = m->be;
+    int32_t n = rows ? n_rows : f->n;
+    int64_t d = hp->n_embd;
+
+    if (n < 0 || n > f->n)
+        return CB_ERR_RANGE;
+    for (int32_t i = 0; rows && i < n; i++)
+        if (rows[i] < 0 || rows[i] >= f->n)
+            return CB_ERR_RANGE;
+    if (n == 0)
+        return CB_OK;
+    if (rows)
+        be->ops->gather(be, f->x, rows, n, d, f->xs);
+    be->ops->rmsnorm(be, rows ? f->xs : f->x, m->output_norm, f->xn, n, d, hp->norm_eps);
+    float *out = be->ops->alloc(be, sizeof(float) * (size_t)n * (size_t)hp->n_vocab);
+    if (!out)
+        return CB_ERR_NOMEM;
+    be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn, out, n);
+    be->ops->download(be, logits, out, sizeof(float) * (size_t)n * (size_t)hp->n_vocab);
+    be->ops->dealloc(be, out);
+    return CB_OK;
+}
+
+cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst)
+{
+    const cb_model *m = f->m;
+    if (row < 0 || row >= f->n)
+        return CB_ERR_RANGE;
+    m->be->ops->download(m->be, dst, f->x + (int64_t)row * m->hp.n_embd, sizeof(float) * (size_t)m->hp.n_embd);
+    return CB_OK;
+}
+
+cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits)
+{
+    const cb_hparams *hp = &f->m->hp;
+    cb_status st;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)f->n_max);
+
+    if (!pos)
+        return CB_ERR_NOMEM;
+    if (n < 1 || pos0 < 0 || pos0 > kv->n_ctx - n) {
+        free(pos);
+        return CB_ERR_RANGE;
+    }
+    for (int32_t done = 0; done < n;) {
+        int32_t b = n - done < f->n_max ? n - done : f->n_max;
+        for (int32_t i = 0; i < b; i++)
+            pos[i] = pos0 + done + i;
+        if ((st = cb_fwd_embed(f, tokens + done, pos, b)) != CB_OK)
+            goto out;
+        for (int32_t l = 0; l < hp->n_layer; l++)
+            if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
+                goto out;
+        done += b;
+        if (done == n && logits) {
+            int32_t last = b - 1;
+            if ((st = cb_fwd_logits(f, &last, 1, logits)) != CB_OK)
+                goto out;
+        }
+    }
+    st = CB_OK;
+out:
+    free(pos);
+    return st;
+}
