@@ -29,10 +29,10 @@ ifeq ($(DEBUG),1)
 BUILD   := $(BUILD)-debug
 endif
 
-PKGS    := libpcre2-8 openblas
+PKGS    := libpcre2-8 openblas jansson
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas) -lm -lpthread
+LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas -ljansson) -lm -lpthread
 LDFLAGS += $(LDSAN)
 
 ifeq ($(V),1)
@@ -66,7 +66,7 @@ BENCH_SRC:= $(sort $(wildcard tests/bench/*.c))
 BENCH_BIN:= $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 
 .SECONDARY:
-.PHONY: all lib progs help deps model model-gemma test check-tools bench demo install uninstall clean format
+.PHONY: all lib progs help deps model model-gemma test check-tools bench parity demo install uninstall clean format
 
 all: lib progs ## build the library and the programs (default)
 
@@ -115,7 +115,7 @@ model: ## fetch the default model (SmolLM2-135M-Instruct Q4_1) into the cache; M
 model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
 	@sh scripts/fetch-model.sh gemma
 
-check-tools: all $(TEST_BIN) $(GEN_BIN)
+check-tools: all $(TEST_BIN) $(GEN_BIN) $(BENCH_BIN)
 
 # The GGUF fuzz sweep and the tokenizer suites also run under ASan+UBSan.
 SAN_TESTS := test_gguf test_tokenizer test_quant
@@ -129,6 +129,12 @@ test: deps ## install deps, fetch the model, build everything and run every test
 bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/
 	@$(MAKE) --no-print-directory model
 	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) sh tests/bench/run.sh
+
+parity: deps all $(BENCH_BIN) ## compare our logits and greedy output with llama.cpp's (llama-cpp-python venv)
+	@$(MAKE) --no-print-directory model
+	@VENV=$$(sh scripts/venv.sh) && $$VENV/bin/python tests/parity/parity.py \
+	    "$${CB_MODEL:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
+	    $(BUILD)/bench/cb-logits $(BINDIR_B)/cb-run
 
 demo: deps ## fetch the model, print its facts and tokenize a sample
 	@$(MAKE) --no-print-directory model all

@@ -49,8 +49,13 @@ for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     run_one "unit/$(basename "$t")" "$t"
 done
+# The same programs built with AddressSanitizer and UBSan (make test builds them).
+for t in ${SAN_TESTS:-}; do
+    [ -x "build/san/tests/$t" ] || continue
+    run_one "san/$t" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 "build/san/tests/$t"
+done
 for t in tests/cli/*.sh; do
-    [ -f "$t" ] || continue
+    [ -f "$t" ] && [ "$(basename "$t")" != lib.sh ] || continue
     run_one "cli/$(basename "$t" .sh)" sh "$t"
 done
 

@@ -342,7 +342,8 @@ enum {
 /* Tokenize len bytes of text, appending ids to *out, exactly as llama.cpp's
  * llama_tokenize(vocab, text, add_special, parse_special).  User-defined
  * tokens are always matched; control tokens only with CB_TOK_PARSE_SPECIAL.
- * Invalid UTF-8 is tokenized as llama.cpp does (bytes).
+ * Invalid UTF-8 is tokenized as llama.cpp does: byte-level BPE vocabs see
+ * each bad byte as U+FFFD, SentencePiece vocabs fall back to byte tokens.
  * Errors: CB_ERR_NOMEM. */
 cb_status cb_tok_encode(const cb_vocab *v, const char *text, size_t len,
                         unsigned flags, cb_tokens *out);
@@ -361,8 +362,9 @@ cb_status cb_tok_piece(const cb_vocab *v, int32_t id, unsigned flags,
 
 /* Detokenize n ids into a malloc'd NUL-terminated string (*text, length
  * *len), as llama.cpp's llama_detokenize; for SPM vocabs that add a space
- * prefix, the leading space of the first piece is removed so that
- * decode(encode(s)) == s.  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
+ * prefix, the leading space of the first piece is removed, so that
+ * decode(encode(s)) == s for valid UTF-8 (except where a vocab's own
+ * clean-up rule applies, as llama.cpp's gpt-2 vocab drops the space in " ?").  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
 cb_status cb_tok_decode(const cb_vocab *v, const int32_t *ids, size_t n,
                         unsigned flags, char **text, size_t *len);
 
@@ -474,7 +476,8 @@ cb_sampler_params cb_sampler_defaults(void);
  * temperature, then a draw from its own seeded generator.  NULL on OOM. */
 cb_sampler *cb_sampler_new(const cb_sampler_params *p);
 void cb_sampler_free(cb_sampler *s);
-/* Pick a token from n_vocab logits (not modified). */
+/* Pick a token from n_vocab logits (not modified).  Returns -1 for NULL
+ * arguments, n_vocab < 1, or when growing its scratch fails. */
 int32_t cb_sampler_sample(cb_sampler *s, const float *logits, int32_t n_vocab);
 
 /* ---------------------------------------------------------- chat templates */
@@ -497,7 +500,8 @@ const char *cb_chat_name(cb_chat_kind k);
  *   prefix  : everything before the user's text (system turn, user header)
  *   suffix  : everything after it (end of turn, assistant header)
  * prefix + user text + suffix is the template's rendering with
- * add_generation_prompt, as llama.cpp's built-in templates render it.  With
+ * add_generation_prompt, as llama.cpp's built-in templates render it (which
+ * trim the user text for llama3 and gemma: pass it trimmed to match).  With
  * system NULL or empty there is no system turn (templates without a system
  * role, such as gemma's, put it before the user text in prefix).  BOS is not
  * included: the tokenizer adds it when the model wants it.  Strings are malloc'd; free with

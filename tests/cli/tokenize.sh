@@ -8,7 +8,7 @@ TINY=$CB_TEST_TMP/tiny-vocab.gguf
 expect_exit "--help" 0 "$RUN" --help
 grep -q -- "--tokenize" "$T/out" && ok "--help names --tokenize" || not_ok "--help names --tokenize"
 expect_exit "--version" 0 "$RUN" --version
-expect_exit "no mode is a usage error" 64 "$RUN" -m "$TINY" -p hi
+expect_exit "generation needs a full model" 65 "$RUN" -m "$TINY" -p hi
 expect_exit "unknown option" 64 "$RUN" --tokenize --bogus
 expect_exit "missing model" 66 "$RUN" --tokenize -m "$T/none.gguf" -p hi
 grep -q "$T/none.gguf" "$T/err" && ok "missing model is named" || not_ok "missing model is named"

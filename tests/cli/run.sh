@@ -1,0 +1,66 @@
+#!/bin/sh
+# cb-run generation through the real binary: output, limits, stop strings,
+# the --stats object, exit statuses; and, with the default model, a few
+# factual answers that a working engine gets right.
+. "$(dirname "$0")/lib.sh"
+RUN=$BINDIR_B/cb-run
+TINY=$CB_TEST_TMP/tiny-q8_0.gguf
+
+expect_exit "generate on the tiny model" 0 "$RUN" -m "$TINY" -p "The capital" -n 8 -t 2 --stats "$T/stats.json"
+[ -s "$T/out" ] && ok "it prints an answer" || not_ok "it prints an answer"
+python3 - "$T/stats.json" <<'PY' && ok "--stats has the contract's fields" || not_ok "--stats fields"
+import json, sys
+s = json.load(open(sys.argv[1]))
+need = ["mode", "n_prompt_tokens", "n_cached_tokens", "n_recomputed_tokens", "ratio", "ttft_ms",
+        "prefill_ms", "load_ms", "n_gen_tokens", "gen_ms", "prefill_tok_s", "gen_tok_s"]
+missing = [k for k in need if k not in s]
+assert not missing, missing
+assert s["mode"] == "full" and s["n_cached_tokens"] == 0 and 0 < s["n_gen_tokens"] <= 8, s
+assert s["n_prompt_tokens"] > 2 and s["ttft_ms"] > 0, s
+PY
+"$RUN" -m "$TINY" -p "abc" -n 5 --raw --stats - 2>"$T/err" >/dev/null
+grep -q '"n_gen_tokens"' "$T/err" && ok "--stats - writes to stderr" || not_ok "--stats - writes to stderr"
+a=$("$RUN" -m "$TINY" -p "x y z" -n 12 --temp 0)
+b=$("$RUN" -m "$TINY" -p "x y z" -n 12 --temp 0)
+[ "$a" = "$b" ] && ok "greedy is deterministic" || not_ok "greedy is deterministic"
+a=$("$RUN" -m "$TINY" -p "x y z" -n 12 --temp 1 -s 7)
+b=$("$RUN" -m "$TINY" -p "x y z" -n 12 --temp 1 -s 7)
+[ "$a" = "$b" ] && ok "a seed repeats" || not_ok "a seed repeats"
+full=$("$RUN" -m "$TINY" -p "q" -n 20 --raw)
+if [ ${#full} -gt 4 ]; then
+    stop=$(printf %s "$full" | cut -c3-4)
+    cut=$("$RUN" -m "$TINY" -p "q" -n 20 --raw --stop "$stop")
+    case "$full" in "$cut$stop"*) ok "--stop ends the answer before the stop string" ;;
+    *) not_ok "--stop (full '$full', stop '$stop', got '$cut')" ;; esac
+else
+    skip "--stop" "tiny model answered too briefly"
+fi
+echo "prompt from stdin" | "$RUN" -m "$TINY" -n 3 > "$T/o" && [ -s "$T/o" ] && ok "prompt from stdin" || not_ok "prompt from stdin"
+expect_exit "unknown mode" 64 "$RUN" -m "$TINY" -p hi --mode warp
+expect_exit "bad number" 64 "$RUN" -m "$TINY" -p hi -n lots
+expect_exit "prompt longer than the context" 65 "$RUN" -m "$TINY" -p "one two three four five six" -c 4
+python3 -c '
+import struct, sys
+k, v = b"general.architecture", b"mamba"
+sys.stdout.buffer.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(k)) + k
+                        + struct.pack("<IQ", 8, len(v)) + v)' > "$T/mamba.gguf"
+expect_exit "unsupported architecture" 65 "$RUN" -m "$T/mamba.gguf" -p hi
+grep -q mamba "$T/err" && ok "the architecture is named" || not_ok "the architecture is named"
+expect_exit "missing model" 66 "$RUN" -m "$T/nope.gguf" -p hi
+expect_exit "stats file in a missing directory" 73 "$RUN" -m "$TINY" -p hi -n 2 --stats "$T/no/such/dir/s.json"
+"$RUN" --help | grep -q -- "--blend\|--chunks\|--store" && not_ok "--help lists unbuilt features" || ok "--help lists only what is built"
+
+if M=$(default_model); then
+    ask() { "$RUN" -m "$M" -t 2 -n 48 -p "$1"; }
+    for qa in "What is the capital of France?|Paris" \
+              "How many days are in a week?|7\|seven" \
+              "What is the boiling point of water in Celsius?|100" \
+              "Who painted the Mona Lisa?|Leonardo"; do
+        q=${qa%%|*}; a=${qa#*|}
+        got=$(ask "$q")
+        if printf %s "$got" | grep -qi "$a"; then ok "SmolLM2: $q"; else not_ok "SmolLM2: $q -> $got"; fi
+    done
+else
+    skip "SmolLM2 factual answers" "default model not fetched"
+fi
+done_testing
