@@ -29,10 +29,10 @@ ifeq ($(DEBUG),1)
 BUILD   := $(BUILD)-debug
 endif
 
-PKGS    := libpcre2-8 openblas jansson
+PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas -ljansson) -lm -lpthread
+LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas -ljansson -lxxhash -larchive -lsqlite3) -lm -lpthread
 LDFLAGS += $(LDSAN)
 
 ifeq ($(V),1)
@@ -41,10 +41,10 @@ else
 Q := @
 endif
 
-LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c lib/backend/*.c))
+LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c lib/kv/*.c lib/store/*.c lib/backend/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(BUILD)/src/cli.o
-PROGS    := cb-run
+PROGS    := $(patsubst src/%.c,%,$(sort $(wildcard src/cb-*.c)))
 PROG_BIN := $(PROGS:%=bin/%)
 # Artifacts land in lib/ and bin/ for the plain build; SAN/DEBUG builds keep
 # theirs under $(BUILD) so they never mix with the release objects.

@@ -15,6 +15,8 @@ int cli_exit_code(cb_status st)
     case CB_OK: return CLI_EX_OK;
     case CB_ERR_INVALID: return CLI_EX_USAGE;
     case CB_ERR_FORMAT:
+    case CB_ERR_CHECKSUM:
+    case CB_ERR_MISMATCH:
     case CB_ERR_UNSUPPORTED:
     case CB_ERR_RANGE: return CLI_EX_DATAERR;
     case CB_ERR_NOT_FOUND: return CLI_EX_NOINPUT;

@@ -18,6 +18,8 @@ const char *cb_strerror(cb_status st)
     case CB_ERR_RANGE: return "value out of range";
     case CB_ERR_CREATE: return "cannot create output";
     case CB_ERR_INTERNAL: return "internal error";
+    case CB_ERR_CHECKSUM: return "checksum mismatch";
+    case CB_ERR_MISMATCH: return "made for another model";
     }
     return "unknown status";
 }

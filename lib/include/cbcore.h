@@ -38,7 +38,9 @@ typedef enum cb_status {
     CB_ERR_INVALID = -6,     /* invalid argument from the caller */
     CB_ERR_RANGE = -7,       /* value out of range (token id, index) */
     CB_ERR_CREATE = -8,      /* cannot create an output file */
-    CB_ERR_INTERNAL = -9     /* a bug: an invariant did not hold */
+    CB_ERR_INTERNAL = -9,    /* a bug: an invariant did not hold */
+    CB_ERR_CHECKSUM = -10,   /* stored data does not match its checksum */
+    CB_ERR_MISMATCH = -11    /* data made for another model */
 } cb_status;
 
 #define CB_ERROR_MSG_MAX 512
@@ -425,6 +427,12 @@ cb_type cb_kvcache_type(const cb_kvcache *kv);
  * K is stored after RoPE, at its position.  Errors: CB_ERR_RANGE. */
 cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, float *dst);
 cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, const float *src);
+/* Load a chunk's K and V for one layer (f32 host [n, n_head_kv*head_dim])
+ * into cache rows pos..pos+n-1, rotating K from the positions it was
+ * computed at (from_pos0..) to its new ones: RoPE is a rotation, so this is
+ * exact up to rounding.  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
+cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k, const float *v,
+                          int32_t from_pos0);
 
 /* -------------------------------------------------------- forward pass */
 
@@ -442,6 +450,7 @@ typedef struct cb_fwd cb_fwd;
 
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max);
 void cb_fwd_free(cb_fwd *f);
+const cb_model *cb_fwd_model(const cb_fwd *f);
 /* Errors: CB_ERR_INVALID (n > n_max), CB_ERR_RANGE (token id). */
 cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int32_t n);
 /* rows: indices into the embedded batch, or NULL for all.  Errors:
@@ -457,6 +466,132 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst);
  * the last token go to `logits` (n_vocab floats) when not NULL.  This is
  * ordinary prefill (n > 1) and decoding (n == 1). */
 cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits);
+
+/* -------------------------------------------------------------- hashing */
+
+/* 128-bit digest (XXH3-128), printed as 32 lowercase hex digits. */
+typedef struct cb_hash128 {
+    uint64_t lo, hi;
+} cb_hash128;
+
+cb_hash128 cb_hash128_bytes(const void *data, size_t n);
+/* hex[33]: 32 hex digits (hi then lo, as XXH128_canonical) and a NUL. */
+void cb_hash128_hex(cb_hash128 h, char hex[33]);
+/* Parse 32 hex digits.  Errors: CB_ERR_FORMAT. */
+cb_status cb_hash128_parse(const char *hex, cb_hash128 *out);
+int cb_hash128_eq(cb_hash128 a, cb_hash128 b);
+
+/* The model fingerprint: XXH3-128 over the architecture parameters, the
+ * tokenizer (tokens, types, scores, merges) and every tensor's name, type,
+ * shape and data, so that a KV file can never be used with another model.
+ * Hashing reads the whole file once (~10 GB/s); cb_model caches it. */
+cb_status cb_gguf_fingerprint(const cb_gguf *g, cb_hash128 *out);
+cb_hash128 cb_model_fingerprint(const cb_model *m);
+
+/* ------------------------------------------------------------- KV files */
+
+/* The KV file format (layout at the top of lib/kv/kvfile.c and in
+ * cbkv(5)): a self-describing header (model fingerprint, shape, RoPE
+ * parameters, element type, token ids, how positions were assigned, per
+ * layer checksums, a header checksum) and a layer-major body, each layer
+ * (K then V) aligned to 4096 bytes so it can be read alone, with O_DIRECT. */
+
+#define CB_KV_ALIGN 4096
+
+/* How K was positioned when the chunk was prefilled alone. */
+typedef struct cb_kv_meta {
+    cb_hash128 model;      /* fingerprint */
+    cb_hash128 tokens;     /* cb_kv_tokens_hash of the token ids */
+    int32_t n_layer, n_head_kv, head_dim, n_rot;
+    int32_t rope_neox;
+    float rope_base;
+    cb_type type;          /* F16, F32, BF16 or Q8_0 */
+    int32_t n_tokens;
+    int32_t pos0;          /* K of token i was computed (after RoPE) at position pos0 + i */
+    int32_t n_lead;        /* lead-in tokens prefilled before the chunk and dropped */
+    const int32_t *ids;    /* [n_tokens] (borrowed from the file handle) */
+    const int32_t *lead;   /* [n_lead] */
+} cb_kv_meta;
+
+/* The store key of a chunk: hash of its token ids (with the lead-in, so a
+ * chunk precomputed after another lead-in is another entry). */
+cb_hash128 cb_kv_tokens_hash(const int32_t *lead, int32_t n_lead, const int32_t *ids, int32_t n);
+/* "<model hex>-<tokens hex>" (65 characters + NUL). */
+void cb_kv_key(cb_hash128 model, cb_hash128 tokens, char key[66]);
+
+/* Serialize a chunk's KV (rows pos0..pos0+n-1 of a cache, every layer)
+ * into a malloc'd buffer holding a complete KV file.
+ * Errors: CB_ERR_NOMEM, CB_ERR_INVALID (type, range). */
+cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
+                          const int32_t *ids, int32_t n, int32_t pos0, cb_type type, void **buf, size_t *size);
+
+/* The lead-in a chunk is prefilled after when precomputed alone: the
+ * model's BOS when it adds one; else the chat template's user-turn opener
+ * (for chatml "<|im_start|>user\n"), which plays the attention-sink role;
+ * else BOS if the model has one; else nothing.  Appends to out. */
+cb_status cb_kv_lead_in(const cb_model *m, cb_tokens *out);
+
+/* Precompute one chunk: prefill lead-in + ids alone (positions 0..), and
+ * serialize the chunk's rows (lead-in dropped, pos0 = n_lead) as a KV file
+ * in memory.  f must hold n_lead + n rows or batches are used; kv must
+ * hold n_lead + n positions.  Errors: CB_ERR_RANGE (too long for kv),
+ * CB_ERR_NOMEM, CB_ERR_INVALID. */
+cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32_t n_lead, const int32_t *ids,
+                           int32_t n, cb_type type, void **buf, size_t *size);
+
+typedef struct cb_kvfile cb_kvfile;
+
+/* Open and verify the header (magic, version, header checksum, sizes
+ * against the file size).  Layers are verified when read.
+ * Errors: CB_ERR_NOT_FOUND, CB_ERR_IO, CB_ERR_FORMAT (not a KV file,
+ * truncated, inconsistent), CB_ERR_CHECKSUM (header checksum),
+ * CB_ERR_UNSUPPORTED (another format version). */
+cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err);
+void cb_kvfile_free(cb_kvfile *f);
+const cb_kv_meta *cb_kvfile_meta(const cb_kvfile *f);
+/* CB_OK when the file belongs to model m (fingerprint and shape), else
+ * CB_ERR_MISMATCH with a message naming the file. */
+cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error *err);
+/* Read layer l, verify its checksum, convert to f32: k, v [n_tokens,
+ * n_head_kv*head_dim].  Errors: CB_ERR_RANGE, CB_ERR_IO, CB_ERR_CHECKSUM. */
+cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_error *err);
+/* Verify every layer's checksum.  Errors as cb_kvfile_read_layer. */
+cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err);
+/* Size of the whole file in bytes. */
+uint64_t cb_kvfile_size(const cb_kvfile *f);
+
+/* ---------------------------------------------------------------- store */
+
+/* A tiered store of KV files (layout in cb-store(5)): a directory with a
+ * configuration, an SQLite index in WAL mode and one directory per tier,
+ * fastest first.  Many processes may use one store at once. */
+typedef struct cb_store cb_store;
+
+/* The default store directory: $CB_STORE, else
+ * ${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/store.  Writes into buf. */
+const char *cb_store_default_dir(char *buf, size_t n);
+
+/* Open a store; with create, a missing store is initialised with one tier
+ * ("main", in DIR/tiers/main, unlimited).  Errors: CB_ERR_NOT_FOUND (no
+ * store there), CB_ERR_FORMAT (bad configuration or index), CB_ERR_IO. */
+cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err);
+void cb_store_close(cb_store *s);
+
+/* 1 in *found when key is indexed (no access recorded). */
+cb_status cb_store_lookup(cb_store *s, const char *key, int *found);
+
+/* Add a KV file given as bytes under key: written atomically (temporary
+ * file, fsync, rename) into the fastest tier with room after eviction,
+ * then indexed.  An existing key is left as it is (CB_OK).
+ * Errors: CB_ERR_FORMAT (not a valid KV file), CB_ERR_IO, CB_ERR_CREATE. */
+cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t size, cb_error *err);
+
+/* Open an entry for reading: records the access, may promote it, and
+ * guarantees the file is not deleted or moved until cb_store_release.
+ * *path is valid until then.  Errors: CB_ERR_NOT_FOUND, CB_ERR_IO. */
+typedef struct cb_store_ref cb_store_ref;
+cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path, cb_error *err);
+void cb_store_release(cb_store_ref *ref);
 
 /* --------------------------------------------------------------- sampler */
 

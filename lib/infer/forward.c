@@ -324,3 +324,47 @@ out:
     free(pos);
     return st;
 }
+
+cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k, const float *v,
+                          int32_t from_pos0)
+{
+    const cb_model *m = kv->m;
+    const cb_hparams *hp = &m->hp;
+    cb_backend *be = m->be;
+    size_t bytes = sizeof(float) * (size_t)n * (size_t)kv->width;
+    int32_t *at, *delta;
+    float *tmp;
+
+    if (layer < 0 || layer >= hp->n_layer || n < 0 || pos < 0 || pos > kv->n_ctx - n || from_pos0 < 0)
+        return CB_ERR_RANGE;
+    if (n == 0)
+        return CB_OK;
+    at = malloc(sizeof(int32_t) * (size_t)n);
+    delta = malloc(sizeof(int32_t) * (size_t)n);
+    tmp = be->ops->alloc(be, bytes);
+    if (!at || !delta || !tmp) {
+        free(at);
+        free(delta);
+        be->ops->dealloc(be, tmp);
+        return CB_ERR_NOMEM;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        at[i] = pos + i;
+        delta[i] = pos - from_pos0; /* R(p) = R(p - q) R(q) */
+    }
+    be->ops->upload(be, tmp, k, bytes);
+    if (pos != from_pos0)
+        be->ops->rope(be, tmp, delta, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+    be->ops->kv_write(be, kv->k[layer], kv->type, kv->width, tmp, at, n);
+    be->ops->upload(be, tmp, v, bytes);
+    be->ops->kv_write(be, kv->v[layer], kv->type, kv->width, tmp, at, n);
+    be->ops->dealloc(be, tmp);
+    free(at);
+    free(delta);
+    return CB_OK;
+}
+
+const cb_model *cb_fwd_model(const cb_fwd *f)
+{
+    return f->m;
+}

@@ -165,6 +165,10 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     if ((st = cb_vocab_load(&m->vocab, m->gguf, err)) != CB_OK)
         goto fail;
     hp->n_vocab = cb_vocab_n_tokens(m->vocab);
+    if ((st = cb_gguf_fingerprint(m->gguf, &m->fingerprint)) != CB_OK) {
+        st = cb_error_set(err, st, "%s: out of memory", path);
+        goto fail;
+    }
 
     m->be = cb_backend_cpu_new(p ? p->n_threads : 0);
     if (!m->be) {
@@ -252,3 +256,4 @@ const cb_hparams *cb_model_hparams(const cb_model *m) { return &m->hp; }
 const cb_vocab *cb_model_vocab(const cb_model *m) { return m->vocab; }
 const cb_gguf *cb_model_gguf(const cb_model *m) { return m->gguf; }
 const char *cb_model_backend(const cb_model *m) { return m->be->ops->name; }
+cb_hash128 cb_model_fingerprint(const cb_model *m) { return m->fingerprint; }

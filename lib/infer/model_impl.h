@@ -20,6 +20,7 @@ struct cb_model {
     cb_bweight *output;    /* [n_vocab, n_embd], NULL when tied to tok_embd */
     float *output_norm;    /* backend [n_embd] */
     cb_layer *layers;
+    cb_hash128 fingerprint;
 };
 
 struct cb_kvcache {

@@ -1,0 +1,393 @@
+/* kvfile.c - the KV file: one chunk's precomputed keys and values.
+ *
+ * Byte layout (little endian), format version 1; also in cbkv(5):
+ *
+ *   offset  size  field
+ *   0       8     magic "CBKV\r\n\x1a\n"
+ *   8       4     format version (1)
+ *   12      4     H: header bytes, a multiple of 4096; the body starts at H
+ *   16      16    model fingerprint (lo u64, hi u64), cb_gguf_fingerprint
+ *   32      16    token hash (lo, hi), cb_kv_tokens_hash(lead, ids)
+ *   48      4     n_layer
+ *   52      4     n_head_kv
+ *   56      4     head_dim
+ *   60      4     n_rot (RoPE dimensions per head)
+ *   64      4     rope pairing: 0 (2i, 2i+1) "normal", 1 (i, i+n_rot/2) neox
+ *   68      4     rope base (f32)
+ *   72      4     element type (ggml id: 0 f32, 1 f16, 8 q8_0, 30 bf16)
+ *   76      4     n_tokens
+ *   80      4     pos0: K of token i was computed, after RoPE, at position pos0+i
+ *   84      4     n_lead: lead-in tokens prefilled before the chunk, dropped
+ *   88      4     position mode: 1 = "K after RoPE at pos0+i" (the only one)
+ *   92      4     reserved, 0
+ *   96      8     S: layer stride in bytes, a multiple of 4096
+ *   104     8     B: bytes of one layer's K (= its V): n_tokens rows of
+ *                 n_head_kv*head_dim elements
+ *   112     8     total file size, H + n_layer*S
+ *   120     8     header checksum: XXH3-64 of bytes [0, H) with this field 0
+ *   128     4n    token ids (int32)
+ *   ...     4m    lead-in token ids (int32)
+ *   ...     8L    per-layer checksums: XXH3-64 of the layer's S bytes (K, V
+ *                 and padding, so that a flip anywhere in the file shows)
+ *   ...           zeros up to H
+ *   H + l*S       layer l: K (B bytes), V (B bytes), zeros up to S
+ *
+ * Every layer starts on a 4096-byte boundary, so one layer can be read alone
+ * (and with O_DIRECT).  Moving the chunk to position p is a RoPE rotation of
+ * K by p - (pos0 + i), exact up to rounding. */
+#include "../infer/model_impl.h"
+#include "cbcore.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define KV_MAGIC "CBKV\r\n\x1a\n"
+#define KV_VERSION 1
+#define KV_FIXED 128
+#define KV_MAX_TOKENS (1 << 24)
+#define KV_MAX_LAYERS 4096
+
+struct cb_kvfile {
+    char *path;
+    int fd;
+    uint8_t *hdr;      /* H bytes */
+    uint32_t H;
+    uint64_t S, B, size;
+    uint8_t *buf;      /* one layer, S bytes */
+    cb_kv_meta meta;
+    int32_t *ids, *lead;
+    uint64_t *sums;
+};
+
+static int kv_type_ok(cb_type t)
+{
+    return t == CB_TYPE_F32 || t == CB_TYPE_F16 || t == CB_TYPE_BF16 || t == CB_TYPE_Q8_0;
+}
+
+static uint64_t align_up(uint64_t n, uint64_t a)
+{
+    return (n + a - 1) / a * a;
+}
+
+cb_hash128 cb_kv_tokens_hash(const int32_t *lead, int32_t n_lead, const int32_t *ids, int32_t n)
+{
+    XXH3_state_t *st = XXH3_createState();
+    cb_hash128 out = {0, 0};
+    int32_t nl = n_lead, nn = n;
+    if (!st)
+        return out;
+    XXH3_128bits_reset(st);
+    XXH3_128bits_update(st, &nl, 4);
+    XXH3_128bits_update(st, lead, sizeof(int32_t) * (size_t)n_lead);
+    XXH3_128bits_update(st, &nn, 4);
+    XXH3_128bits_update(st, ids, sizeof(int32_t) * (size_t)n);
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    XXH3_freeState(st);
+    out.lo = h.low64;
+    out.hi = h.high64;
+    return out;
+}
+
+void cb_kv_key(cb_hash128 model, cb_hash128 tokens, char key[66])
+{
+    char a[33], b[33];
+    cb_hash128_hex(model, a);
+    cb_hash128_hex(tokens, b);
+    snprintf(key, 66, "%s-%s", a, b);
+}
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
+                          const int32_t *ids, int32_t n, int32_t pos0, cb_type type, void **out, size_t *out_size)
+{
+    const cb_hparams *hp = &m->hp;
+    int64_t width = (int64_t)hp->n_head_kv * hp->head_dim;
+    size_t row = cb_type_row_bytes(type, width);
+    uint64_t B, S, H, total;
+    uint8_t *buf;
+    float *tmp;
+
+    if (!kv_type_ok(type) || row == 0)
+        return CB_ERR_INVALID;
+    if (n < 1 || n > KV_MAX_TOKENS || n_lead < 0 || pos0 < 0 || pos0 > cb_kvcache_n_ctx(kv) - n)
+        return CB_ERR_INVALID;
+    B = (uint64_t)row * (uint64_t)n;
+    S = align_up(2 * B, CB_KV_ALIGN);
+    H = align_up(KV_FIXED + 4 * (uint64_t)(n + n_lead) + 8 * (uint64_t)hp->n_layer, CB_KV_ALIGN);
+    total = H + S * (uint64_t)hp->n_layer;
+    buf = calloc(1, (size_t)total);
+    tmp = malloc(sizeof(float) * (size_t)(n * width));
+    if (!buf || !tmp) {
+        free(buf);
+        free(tmp);
+        return CB_ERR_NOMEM;
+    }
+    cb_hash128 th = cb_kv_tokens_hash(lead, n_lead, ids, n);
+    memcpy(buf, KV_MAGIC, 8);
+    put32(buf + 8, KV_VERSION);
+    put32(buf + 12, (uint32_t)H);
+    put64(buf + 16, m->fingerprint.lo);
+    put64(buf + 24, m->fingerprint.hi);
+    put64(buf + 32, th.lo);
+    put64(buf + 40, th.hi);
+    put32(buf + 48, (uint32_t)hp->n_layer);
+    put32(buf + 52, (uint32_t)hp->n_head_kv);
+    put32(buf + 56, (uint32_t)hp->head_dim);
+    put32(buf + 60, (uint32_t)hp->n_rot);
+    put32(buf + 64, (uint32_t)hp->rope_neox);
+    memcpy(buf + 68, &hp->rope_base, 4);
+    put32(buf + 72, (uint32_t)type);
+    put32(buf + 76, (uint32_t)n);
+    put32(buf + 80, (uint32_t)pos0);
+    put32(buf + 84, (uint32_t)n_lead);
+    put32(buf + 88, 1);
+    put64(buf + 96, S);
+    put64(buf + 104, B);
+    put64(buf + 112, total);
+    memcpy(buf + KV_FIXED, ids, 4 * (size_t)n);
+    if (n_lead)
+        memcpy(buf + KV_FIXED + 4 * (size_t)n, lead, 4 * (size_t)n_lead);
+    uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + n_lead);
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        uint8_t *layer = buf + H + S * (uint64_t)l;
+        for (int which = 0; which < 2; which++) {
+            cb_status st = cb_kvcache_read(kv, l, which, pos0, n, tmp);
+            if (st != CB_OK) {
+                free(buf);
+                free(tmp);
+                return st;
+            }
+            for (int32_t i = 0; i < n; i++)
+                cb_quant_row(type, tmp + i * width, layer + which * B + (uint64_t)i * row, width);
+        }
+        put64(sums + 8 * (size_t)l, XXH3_64bits(layer, (size_t)S));
+    }
+    put64(buf + 120, XXH3_64bits(buf, (size_t)H));
+    free(tmp);
+    *out = buf;
+    *out_size = (size_t)total;
+    return CB_OK;
+}
+
+/* ----------------------------------------------------------------- reader */
+
+static cb_status bad(cb_error *err, const char *path, const char *what)
+{
+    return cb_error_set(err, CB_ERR_FORMAT, "%s: not a valid KV file: %s", path, what);
+}
+
+static int read_full(int fd, void *buf, size_t n, uint64_t off)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
+{
+    uint8_t fixed[KV_FIXED];
+    struct stat sb;
+    cb_kvfile *f;
+    cb_status st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0) {
+        int e = errno;
+        return cb_error_set(err, e == ENOENT || e == EACCES ? CB_ERR_NOT_FOUND : CB_ERR_IO, "%s: %s", path,
+                            strerror(e));
+    }
+    if (fstat(fd, &sb) != 0) {
+        st = cb_error_set(err, CB_ERR_IO, "%s: %s", path, strerror(errno));
+        close(fd);
+        return st;
+    }
+    if ((uint64_t)sb.st_size < KV_FIXED || read_full(fd, fixed, KV_FIXED, 0) != 0) {
+        close(fd);
+        return bad(err, path, "shorter than its fixed header");
+    }
+    if (memcmp(fixed, KV_MAGIC, 8) != 0) {
+        close(fd);
+        return bad(err, path, "bad magic");
+    }
+    if (get32(fixed + 8) != KV_VERSION) {
+        close(fd);
+        return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: KV format version %u is not supported (this build reads %d)",
+                            path, get32(fixed + 8), KV_VERSION);
+    }
+    f = calloc(1, sizeof *f);
+    if (!f) {
+        close(fd);
+        return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
+    }
+    f->fd = fd;
+    f->path = strdup(path);
+    f->H = get32(fixed + 12);
+    f->S = get64(fixed + 96);
+    f->B = get64(fixed + 104);
+    f->size = get64(fixed + 112);
+    cb_kv_meta *mt = &f->meta;
+    mt->model.lo = get64(fixed + 16);
+    mt->model.hi = get64(fixed + 24);
+    mt->tokens.lo = get64(fixed + 32);
+    mt->tokens.hi = get64(fixed + 40);
+    mt->n_layer = (int32_t)get32(fixed + 48);
+    mt->n_head_kv = (int32_t)get32(fixed + 52);
+    mt->head_dim = (int32_t)get32(fixed + 56);
+    mt->n_rot = (int32_t)get32(fixed + 60);
+    mt->rope_neox = (int32_t)get32(fixed + 64);
+    memcpy(&mt->rope_base, fixed + 68, 4);
+    mt->type = (cb_type)get32(fixed + 72);
+    mt->n_tokens = (int32_t)get32(fixed + 76);
+    mt->pos0 = (int32_t)get32(fixed + 80);
+    mt->n_lead = (int32_t)get32(fixed + 84);
+
+    /* Bounds before any allocation sized by the file. */
+    const char *why = NULL;
+    if (!f->path)
+        why = "out of memory";
+    else if (mt->n_layer < 1 || mt->n_layer > KV_MAX_LAYERS || mt->n_head_kv < 1 || mt->n_head_kv > 4096 ||
+             mt->head_dim < 1 || mt->head_dim > 4096 || mt->n_rot < 0 || mt->n_rot > mt->head_dim ||
+             (mt->rope_neox != 0 && mt->rope_neox != 1))
+        why = "impossible model shape";
+    else if (!kv_type_ok(mt->type))
+        why = "unknown element type";
+    else if (mt->n_tokens < 1 || mt->n_tokens > KV_MAX_TOKENS || mt->n_lead < 0 || mt->n_lead > KV_MAX_TOKENS ||
+             mt->pos0 < 0 || get32(fixed + 88) != 1)
+        why = "impossible token counts or positions";
+    else if (f->B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) *
+                         (uint64_t)mt->n_tokens ||
+             f->S < 2 * f->B || f->S % CB_KV_ALIGN || f->S > (1ull << 40))
+        why = "inconsistent layer sizes";
+    else if (f->H % CB_KV_ALIGN || f->H < KV_FIXED + 4 * (uint64_t)(mt->n_tokens + mt->n_lead) + 8 * (uint64_t)mt->n_layer)
+        why = "inconsistent header size";
+    else if (f->size != f->H + f->S * (uint64_t)mt->n_layer)
+        why = "inconsistent total size";
+    else if (f->size != (uint64_t)sb.st_size)
+        why = "truncated or extended (size differs from its header)";
+    if (why) {
+        st = why[0] == 'o' ? cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path) : bad(err, path, why);
+        cb_kvfile_free(f);
+        return st;
+    }
+    f->hdr = malloc(f->H);
+    f->buf = malloc((size_t)f->S);
+    f->ids = malloc(4 * (size_t)mt->n_tokens);
+    f->lead = malloc(4 * (size_t)(mt->n_lead ? mt->n_lead : 1));
+    f->sums = malloc(8 * (size_t)mt->n_layer);
+    if (!f->hdr || !f->buf || !f->ids || !f->lead || !f->sums) {
+        cb_kvfile_free(f);
+        return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
+    }
+    if (read_full(fd, f->hdr, f->H, 0) != 0) {
+        st = cb_error_set(err, CB_ERR_IO, "%s: read error", path);
+        cb_kvfile_free(f);
+        return st;
+    }
+    uint64_t want = get64(f->hdr + 120);
+    put64(f->hdr + 120, 0);
+    if (XXH3_64bits(f->hdr, f->H) != want) {
+        cb_kvfile_free(f);
+        return cb_error_set(err, CB_ERR_CHECKSUM, "%s: header checksum mismatch: the KV file is corrupt", path);
+    }
+    memcpy(f->ids, f->hdr + KV_FIXED, 4 * (size_t)mt->n_tokens);
+    memcpy(f->lead, f->hdr + KV_FIXED + 4 * (size_t)mt->n_tokens, 4 * (size_t)mt->n_lead);
+    memcpy(f->sums, f->hdr + KV_FIXED + 4 * (size_t)(mt->n_tokens + mt->n_lead), 8 * (size_t)mt->n_layer);
+    mt->ids = f->ids;
+    mt->lead = f->lead;
+    if (!cb_hash128_eq(cb_kv_tokens_hash(f->lead, mt->n_lead, f->ids, mt->n_tokens), mt->tokens)) {
+        cb_kvfile_free(f);
+        return bad(err, path, "token hash does not match its token ids");
+    }
+    *out = f;
+    return CB_OK;
+}
+
+void cb_kvfile_free(cb_kvfile *f)
+{
+    if (!f)
+        return;
+    if (f->fd >= 0)
+        close(f->fd);
+    free(f->path);
+    free(f->hdr);
+    free(f->buf);
+    free(f->ids);
+    free(f->lead);
+    free(f->sums);
+    free(f);
+}
+
+const cb_kv_meta *cb_kvfile_meta(const cb_kvfile *f) { return &f->meta; }
+uint64_t cb_kvfile_size(const cb_kvfile *f) { return f->size; }
+
+cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error *err)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    const cb_kv_meta *mt = &f->meta;
+    if (!cb_hash128_eq(mt->model, cb_model_fingerprint(m)) || mt->n_layer != hp->n_layer ||
+        mt->n_head_kv != hp->n_head_kv || mt->head_dim != hp->head_dim || mt->n_rot != hp->n_rot ||
+        mt->rope_neox != hp->rope_neox || mt->rope_base != hp->rope_base) {
+        char a[33], b[33];
+        cb_hash128_hex(mt->model, a);
+        cb_hash128_hex(cb_model_fingerprint(m), b);
+        return cb_error_set(err, CB_ERR_MISMATCH, "%s: made for another model (fingerprint %s, this model %s)",
+                            f->path, a, b);
+    }
+    return CB_OK;
+}
+
+static cb_status load_layer(cb_kvfile *f, int32_t l, cb_error *err)
+{
+    if (l < 0 || l >= f->meta.n_layer)
+        return cb_error_set(err, CB_ERR_RANGE, "%s: layer %d out of range", f->path, l);
+    if (read_full(f->fd, f->buf, (size_t)f->S, f->H + f->S * (uint64_t)l) != 0)
+        return cb_error_set(err, CB_ERR_IO, "%s: read error in layer %d", f->path, l);
+    if (XXH3_64bits(f->buf, (size_t)f->S) != f->sums[l])
+        return cb_error_set(err, CB_ERR_CHECKSUM, "%s: layer %d checksum mismatch: the KV file is corrupt", f->path,
+                            l);
+    return CB_OK;
+}
+
+cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_error *err)
+{
+    const cb_kv_meta *mt = &f->meta;
+    int64_t width = (int64_t)mt->n_head_kv * mt->head_dim;
+    size_t row = cb_type_row_bytes(mt->type, width);
+    cb_status st = load_layer(f, l, err);
+    if (st != CB_OK)
+        return st;
+    for (int32_t i = 0; i < mt->n_tokens; i++) {
+        cb_dequant_row(mt->type, f->buf + (size_t)i * row, k + i * width, width);
+        cb_dequant_row(mt->type, f->buf + f->B + (size_t)i * row, v + i * width, width);
+    }
+    return CB_OK;
+}
+
+cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err)
+{
+    for (int32_t l = 0; l < f->meta.n_layer; l++) {
+        cb_status st = load_layer(f, l, err);
+        if (st != CB_OK)
+            return st;
+    }
+    return CB_OK;
+}

@@ -1,0 +1,247 @@
+/* test_kv.c - the KV file format and precompute semantics: round trip per
+ * element type, a precomputed chunk's layer-0 K/V moved to position p equal
+ * full prefill's at p, a bit flip anywhere is detected, another model's
+ * file is refused, another format version is its own status. */
+#include "cbcore.h"
+#include "test.h"
+
+#include <unistd.h>
+
+static const char *tmpdir(void)
+{
+    const char *t = getenv("CB_TEST_TMP");
+    return t ? t : "tests/tmp";
+}
+
+static cb_model *load(const char *type)
+{
+    char path[1024];
+    cb_model *m = NULL;
+    cb_error err;
+    snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmpdir(), type);
+    if (cb_model_load(&m, path, NULL, &err) != CB_OK)
+        printf("# %s\n", err.msg);
+    return m;
+}
+
+static double max_abs(const float *a, const float *b, size_t n, double *scale)
+{
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        md = e > md ? e : md;
+        mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
+    }
+    if (scale)
+        *scale = mb;
+    return md;
+}
+
+static int write_file(const char *path, const void *buf, size_t n)
+{
+    cb_error err;
+    return cb_file_write_atomic(path, buf, n, &err) == CB_OK ? 0 : -1;
+}
+
+#define NC 12 /* chunk tokens */
+
+static void test_roundtrip_and_move(cb_model *m)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+    cb_tokens lead = {0};
+    int32_t ids[NC], prefix[7];
+    cb_error err;
+    char path[1024];
+
+    CHECK_OK(cb_kv_lead_in(m, &lead));
+    for (int i = 0; i < NC; i++)
+        ids[i] = (int32_t)((i * 53 + 7) % hp->n_vocab);
+    for (int i = 0; i < 7; i++)
+        prefix[i] = (int32_t)((i * 31 + 100) % hp->n_vocab);
+
+    static const cb_type types[] = {CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_BF16, CB_TYPE_Q8_0};
+    static const double tol[] = {1e-6, 2e-3, 1.6e-2, 1.6e-2}; /* relative to max |value| */
+    size_t bytes_f16 = 0;
+    for (size_t ti = 0; ti < 4; ti++) {
+        cb_type t = types[ti];
+        tcase("kv %s: precompute, save, open, read back; moved layer-0 K/V equal full prefill at p", cb_type_name(t));
+        cb_kvcache *kv = NULL, *full = NULL, *moved = NULL;
+        cb_fwd *f = NULL;
+        void *buf = NULL;
+        size_t size = 0;
+        CHECK_OK(cb_kvcache_new(&kv, m, 64, CB_TYPE_F32));
+        CHECK_OK(cb_fwd_new(&f, m, 64));
+        CHECK_OK(cb_kv_precompute(f, kv, lead.ids, (int32_t)lead.n, ids, NC, t, &buf, &size));
+        if (!buf)
+            return;
+        CHECK(size % CB_KV_ALIGN == 0);
+        if (t == CB_TYPE_F16)
+            bytes_f16 = size;
+        snprintf(path, sizeof path, "%s/chunk-%s.cbkv", tmpdir(), cb_type_name(t));
+        CHECK(write_file(path, buf, size) == 0);
+        cb_kvfile *kf = NULL;
+        CHECK_OK(cb_kvfile_open(&kf, path, &err));
+        if (!kf) {
+            printf("# %s\n", err.msg);
+            return;
+        }
+        const cb_kv_meta *mt = cb_kvfile_meta(kf);
+        CHECK(mt->n_tokens == NC && mt->n_lead == (int32_t)lead.n && mt->pos0 == (int32_t)lead.n);
+        CHECK(mt->type == t && mt->n_layer == hp->n_layer && mt->n_head_kv == hp->n_head_kv);
+        CHECK(memcmp(mt->ids, ids, sizeof ids) == 0);
+        CHECK(cb_hash128_eq(mt->model, cb_model_fingerprint(m)));
+        CHECK(cb_hash128_eq(mt->tokens, cb_kv_tokens_hash(lead.ids, (int32_t)lead.n, ids, NC)));
+        CHECK_OK(cb_kvfile_check_model(kf, m, &err));
+        CHECK_OK(cb_kvfile_verify(kf, &err));
+        CHECK(cb_kvfile_size(kf) == size);
+
+        float *k = malloc(sizeof(float) * NC * w), *v = malloc(sizeof(float) * NC * w);
+        float *rk = malloc(sizeof(float) * NC * w), *rv = malloc(sizeof(float) * NC * w);
+        double worst = 0;
+        for (int l = 0; l < hp->n_layer; l++) {
+            double sk, sv;
+            CHECK_OK(cb_kvfile_read_layer(kf, l, k, v, &err));
+            CHECK_OK(cb_kvcache_read(kv, l, 0, (int32_t)lead.n, NC, rk));
+            CHECK_OK(cb_kvcache_read(kv, l, 1, (int32_t)lead.n, NC, rv));
+            double ek = max_abs(k, rk, (size_t)(NC * w), &sk) / sk, ev = max_abs(v, rv, (size_t)(NC * w), &sv) / sv;
+            worst = ek > worst ? ek : worst;
+            worst = ev > worst ? ev : worst;
+        }
+        CHECKF(worst <= tol[ti], "read back error %.3g > %.3g", worst, tol[ti]);
+
+        /* Full prefill of prefix + chunk: the chunk sits at p = 7.  Layer 0's
+         * K/V depend only on token and position, so the stored ones moved
+         * to p must equal it. */
+        int32_t all[7 + NC];
+        memcpy(all, prefix, sizeof prefix);
+        memcpy(all + 7, ids, sizeof ids);
+        CHECK_OK(cb_kvcache_new(&full, m, 64, CB_TYPE_F32));
+        CHECK_OK(cb_kvcache_new(&moved, m, 64, CB_TYPE_F32));
+        CHECK_OK(cb_model_eval(f, full, all, 7 + NC, 0, NULL));
+        CHECK_OK(cb_kvfile_read_layer(kf, 0, k, v, &err));
+        CHECK_OK(cb_kvcache_load(moved, 0, 7, NC, k, v, mt->pos0));
+        CHECK_OK(cb_kvcache_read(full, 0, 0, 7, NC, rk));
+        CHECK_OK(cb_kvcache_read(moved, 0, 0, 7, NC, k));
+        CHECK_OK(cb_kvcache_read(full, 0, 1, 7, NC, rv));
+        CHECK_OK(cb_kvcache_read(moved, 0, 1, 7, NC, v));
+        double sk, sv;
+        double ek = max_abs(k, rk, (size_t)(NC * w), &sk) / sk, ev = max_abs(v, rv, (size_t)(NC * w), &sv) / sv;
+        CHECKF(ek <= tol[ti] + 1e-5 && ev <= tol[ti] + 1e-5, "moved layer 0: K err %.3g, V err %.3g", ek, ev);
+        printf("# %s: %zu bytes, read-back error %.2e, moved layer-0 K %.2e V %.2e\n", cb_type_name(t), size, worst,
+               ek, ev);
+        /* and a deeper layer differs (the chunk now has context): the
+         * deviation blending corrects */
+        CHECK_OK(cb_kvfile_read_layer(kf, hp->n_layer - 1, k, v, &err));
+        CHECK_OK(cb_kvcache_read(full, hp->n_layer - 1, 1, 7, NC, rv));
+        CHECK(max_abs(v, rv, (size_t)(NC * w), &sv) / sv > 10 * tol[ti]);
+        free(k), free(v), free(rk), free(rv);
+        cb_kvfile_free(kf);
+        cb_kvcache_free(kv);
+        cb_kvcache_free(full);
+        cb_kvcache_free(moved);
+        cb_fwd_free(f);
+        free(buf);
+        if (t == CB_TYPE_Q8_0 && bytes_f16) {
+            tcase("kv q8_0 is about half the size of f16");
+            /* per token, before page padding (a 12-token chunk fits a page either way) */
+            double r = (double)cb_type_row_bytes(CB_TYPE_Q8_0, w) / (double)cb_type_row_bytes(CB_TYPE_F16, w);
+            CHECKF(r <= 0.55, "q8_0 / f16 bytes per token = %.3f", r);
+        }
+    }
+    cb_tokens_free(&lead);
+}
+
+static void test_corruption(cb_model *m, cb_model *other)
+{
+    char path[1024], flip[1024];
+    cb_error err;
+    size_t n;
+    snprintf(path, sizeof path, "%s/chunk-f16.cbkv", tmpdir());
+    snprintf(flip, sizeof flip, "%s/flip.cbkv", tmpdir());
+    char *orig = t_read_file(path, &n);
+
+    tcase("kv: a bit flip anywhere in the file is detected");
+    if (!orig) {
+        CHECK(0);
+        return;
+    }
+    int missed = 0, by_open = 0, by_verify = 0;
+    for (size_t at = 0; at < n; at++) {
+        orig[at] ^= (char)(1 << (at % 8));
+        write_file(flip, orig, n);
+        orig[at] ^= (char)(1 << (at % 8));
+        cb_kvfile *kf = NULL;
+        if (cb_kvfile_open(&kf, flip, &err) != CB_OK) {
+            by_open++;
+            continue;
+        }
+        if (cb_kvfile_verify(kf, &err) != CB_OK && err.status == CB_ERR_CHECKSUM)
+            by_verify++;
+        else
+            missed++;
+        cb_kvfile_free(kf);
+    }
+    CHECKF(missed == 0, "%d of %zu flips went unnoticed", missed, n);
+    printf("# %zu single-bit flips: %d refused at open, %d by a layer checksum, %d missed\n", n, by_open,
+           by_verify, missed);
+
+    tcase("kv: truncation, another version, another model: distinct statuses");
+    cb_kvfile *kf = NULL;
+    write_file(flip, orig, n - 4096);
+    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT && strstr(err.msg, "truncated"));
+    write_file(flip, orig, 100);
+    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT);
+    orig[8] = 2;
+    write_file(flip, orig, n);
+    orig[8] = 1;
+    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_UNSUPPORTED && strstr(err.msg, "version 2"));
+    orig[130] ^= 1; /* a token id: header checksum */
+    write_file(flip, orig, n);
+    orig[130] ^= 1;
+    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_CHECKSUM);
+    CHECK(cb_kvfile_open(&kf, "/nonexistent/x.cbkv", &err) == CB_ERR_NOT_FOUND);
+    CHECK_OK(cb_kvfile_open(&kf, path, &err));
+    if (kf && other) {
+        CHECK(cb_kvfile_check_model(kf, other, &err) == CB_ERR_MISMATCH);
+        CHECKF(strstr(err.msg, "another model") != NULL, "%s", err.msg);
+        CHECK_OK(cb_kvfile_check_model(kf, m, &err));
+    }
+    cb_kvfile_free(kf);
+    unlink(flip);
+    free(orig);
+}
+
+static void test_fingerprint(cb_model *m, cb_model *other)
+{
+    tcase("fingerprint: stable per file, differs between models");
+    cb_model *again = load("f32");
+    CHECK(again && cb_hash128_eq(cb_model_fingerprint(m), cb_model_fingerprint(again)));
+    CHECK(other && !cb_hash128_eq(cb_model_fingerprint(m), cb_model_fingerprint(other)));
+    char hex[33];
+    cb_hash128 back;
+    cb_hash128_hex(cb_model_fingerprint(m), hex);
+    CHECK(strlen(hex) == 32 && cb_hash128_parse(hex, &back) == CB_OK && cb_hash128_eq(back, cb_model_fingerprint(m)));
+    CHECK(cb_hash128_parse("zz", &back) == CB_ERR_FORMAT);
+    char key[66];
+    cb_kv_key(cb_model_fingerprint(m), back, key);
+    CHECK(strlen(key) == 65 && key[32] == '-');
+    cb_model_free(again);
+}
+
+int main(void)
+{
+    TEST_BEGIN();
+    cb_model *m = load("f32"), *other = load("q8_0");
+    if (!m) {
+        tcase("load fixture");
+        CHECK(0);
+        TEST_END();
+    }
+    test_roundtrip_and_move(m);
+    test_corruption(m, other);
+    test_fingerprint(m, other);
+    cb_model_free(m);
+    cb_model_free(other);
+    TEST_END();
+}
