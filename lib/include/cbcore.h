@@ -456,6 +456,13 @@ cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int
 /* rows: indices into the embedded batch, or NULL for all.  Errors:
  * CB_ERR_RANGE (layer, row, or a position past the cache). */
 cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows);
+/* The first step of cb_fwd_layer alone, for inspection: the attention
+ * norm and Q/K/V projections of rows (NULL: all) at their positions, with
+ * RoPE applied to Q and K, copied to host f32 arrays q [n, n_head*hd]
+ * (may be NULL), k and v [n, n_head_kv*hd] (may be NULL).  The cache and
+ * the hidden states are not touched.  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
+cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q, float *k,
+                           float *v);
 /* logits [n_rows, n_vocab] for rows (NULL: all). */
 cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *logits);
 /* The hidden state of row `row` after the layers run so far [n_embd]. */
@@ -560,6 +567,67 @@ cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err);
 /* Size of the whole file in bytes. */
 uint64_t cb_kvfile_size(const cb_kvfile *f);
 
+/* ------------------------------------------------------------- blending */
+
+/* A prompt is a sequence of segments laid out at consecutive positions from
+ * 0.  A segment with a KV file reuses the chunk's cached KV (moved to its
+ * position); one without is computed.  Segment ids for cached segments are
+ * the file's token ids. */
+typedef struct cb_segment {
+    const int32_t *ids;
+    int32_t n;
+    cb_kvfile *kv;          /* NULL: no cache, always computed */
+} cb_segment;
+
+typedef enum cb_blend_mode {
+    CB_MODE_FULL = 0,   /* ordinary prefill, caches ignored */
+    CB_MODE_PREFIX,     /* prefix caching: reuse the leading cached segment only
+                         * when everything before it is exactly its lead-in */
+    CB_MODE_REUSE,      /* full KV reuse: every cache moved to its position, no recompute */
+    CB_MODE_BLEND       /* CacheBlend: reuse + selective recompute */
+} cb_blend_mode;
+
+typedef enum cb_blend_strategy {
+    CB_STRATEGY_HKVD = 0, /* the tokens whose KV deviates most at the check layer */
+    CB_STRATEGY_SINK,     /* HKVD plus the first tokens of every cached segment */
+    CB_STRATEGY_QUERY     /* the cached tokens the last segment attends to most */
+} cb_blend_strategy;
+
+#define CB_BLEND_MAX_STEPS 8
+
+typedef struct cb_blend_params {
+    cb_blend_mode mode;
+    cb_blend_strategy strategy;
+    int32_t check_layer;          /* first check layer (default 1) */
+    int32_t n_ratios;             /* 1: one check layer; more: gradual filtering */
+    float ratios[CB_BLEND_MAX_STEPS]; /* fraction of cached tokens kept at check layer + i */
+    int deviation_v;              /* 0: deviation of K (after RoPE), 1: of V */
+    int32_t sink_tokens;          /* CB_STRATEGY_SINK: tokens per segment (default 4) */
+} cb_blend_params;
+
+/* Defaults: blend, hkvd, check layer 1, one ratio 0.15, deviation on V, 4 sink tokens. */
+cb_blend_params cb_blend_defaults(void);
+
+typedef struct cb_blend_stats {
+    int32_t n_prompt_tokens;
+    int32_t n_cached_tokens;      /* tokens whose KV came from a cache */
+    int32_t n_recomputed_tokens;  /* cached tokens recomputed at the last check layer */
+    int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
+    double load_ms;               /* reading and placing cached KV */
+    double recompute_ms;          /* layer computation */
+    double prefill_ms;            /* all of it, to the logits */
+} cb_blend_stats;
+
+/* Build the KV cache of a prompt given as segments, in the chosen mode, and
+ * return the last position's logits (n_vocab floats).  f must hold every
+ * prompt row (n_max >= total tokens); kv must hold the prompt.  Cached
+ * segments' files are read layer by layer and verified; a file that fails
+ * is an error (callers treat its chunk as missing before calling).
+ * Errors: CB_ERR_RANGE (too long), CB_ERR_CHECKSUM, CB_ERR_MISMATCH,
+ * CB_ERR_IO, CB_ERR_NOMEM, CB_ERR_INVALID (params). */
+cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
+                           const cb_blend_params *p, float *logits, cb_blend_stats *stats, cb_error *err);
+
 /* ---------------------------------------------------------------- store */
 
 /* A tiered store of KV files (layout in cb-store(5)): a directory with a
@@ -592,6 +660,78 @@ cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t si
 typedef struct cb_store_ref cb_store_ref;
 cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path, cb_error *err);
 void cb_store_release(cb_store_ref *ref);
+
+/* --------------------------------------------------------------- chunker */
+
+/* Splitting documents into chunks (cb-chunk(1)).  A chunk is a byte span
+ * [start, end) of a document, never beginning or ending with whitespace and
+ * never cut inside a UTF-8 sequence.  With a vocabulary, a chunk holds at most
+ * `max` tokens, counted by tokenizing the chunk's text alone
+ * (cb_tok_encode with flags 0: no BOS/EOS); without one, at most `max`
+ * characters (code points).  Within that limit a chunk ends at the last
+ * paragraph break (a blank line) in the second half of the window, else the
+ * last sentence end (. ! ? ... followed by whitespace, or a CJK full stop) in
+ * the second half, else the last line break in the second half, else the
+ * last word boundary, else the last character that fits.  With `overlap`, a
+ * chunk starts `overlap` tokens (or characters) before the end of the previous
+ * one, moved forward to the next word start.  With a separator, the document
+ * is first cut at every match of the regex (the matched text belongs to no
+ * chunk), and each piece is then chunked as above, without overlap across
+ * pieces.  Whitespace between chunks belongs to none; whitespace-only pieces
+ * give no chunk, and a UTF-8 byte order mark at offset 0 is skipped.  The
+ * only chunk that can exceed `max` tokens is a single character whose
+ * tokens alone do. */
+
+typedef struct cb_chunker cb_chunker;
+
+#define CB_CHUNK_DEFAULT_TOKENS 512
+#define CB_CHUNK_DEFAULT_CHARS 2048
+
+typedef struct cb_chunker_params {
+    const cb_vocab *vocab; /* borrowed, must outlive the chunker; NULL: characters */
+    int32_t max;           /* tokens or characters per chunk; 0: no limit */
+    int32_t overlap;       /* tokens or characters repeated; 0 <= overlap < max */
+    const char *separator; /* PCRE2 pattern (UTF, multi-line: ^ and $ match at line
+                            * ends); NULL or "": none */
+} cb_chunker_params;
+
+typedef struct cb_chunk {
+    size_t start, end; /* byte span in the document */
+    int32_t n_tokens;  /* tokens of the text alone; -1 without a vocabulary */
+    char id[33];       /* XXH3-128 of the chunk's bytes: cb_hash128_hex(cb_hash128_bytes()) */
+} cb_chunk;
+
+/* A growable array of chunks; cb_chunks_free frees v and zeroes the struct. */
+typedef struct cb_chunks {
+    cb_chunk *v;
+    size_t n, cap;
+} cb_chunks;
+void cb_chunks_free(cb_chunks *c);
+
+/* Create a chunker.  Errors: CB_ERR_INVALID (max < 0, overlap out of range,
+ * a separator that does not compile: the message gives PCRE2's reason and
+ * the offset), CB_ERR_NOMEM. */
+cb_status cb_chunker_new(cb_chunker **out, const cb_chunker_params *p, cb_error *err);
+void cb_chunker_free(cb_chunker *c);
+
+/* Split len bytes of valid UTF-8 text, appending chunks to *out in document
+ * order.  The same text and parameters always give the same chunks.  Cost is
+ * linear in len (about two tokenizations of the text).  A chunker keeps
+ * scratch buffers: use one per thread.  Errors: CB_ERR_INVALID (text is not
+ * valid UTF-8: check with cb_utf8_check first), CB_ERR_NOMEM; after an error
+ * *out holds the chunks it had before the call. */
+cb_status cb_chunker_split(cb_chunker *c, const char *text, size_t len, cb_chunks *out);
+
+/* Offset of the first byte of s[0..n) that does not start a valid UTF-8
+ * sequence (strict: no overlong forms, surrogates or code points above
+ * U+10FFFF; a sequence cut by the end is invalid), or n when all is valid. */
+size_t cb_utf8_check(const char *s, size_t n);
+
+/* Copy s[0..n) into a malloc'd buffer (*out, *out_len, NUL-terminated),
+ * replacing each maximal invalid subsequence with U+FFFD, as Unicode
+ * recommends (and Python's errors="replace" does); *n_bad (may be NULL)
+ * receives the number of replacements.  Errors: CB_ERR_NOMEM. */
+cb_status cb_utf8_repair(const char *s, size_t n, char **out, size_t *out_len, size_t *n_bad);
 
 /* --------------------------------------------------------------- sampler */
 

@@ -368,3 +368,50 @@ const cb_model *cb_fwd_model(const cb_fwd *f)
 {
     return f->m;
 }
+
+cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q, float *k,
+                           float *v)
+{
+    const cb_model *m = f->m;
+    const cb_hparams *hp = &m->hp;
+    const cb_backend_ops *o = m->be->ops;
+    cb_backend *be = m->be;
+    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    int32_t n = rows ? n_rows : f->n;
+    const cb_layer *L;
+    const float *x;
+
+    if (layer < 0 || layer >= hp->n_layer || n < 0 || n > f->n)
+        return CB_ERR_RANGE;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t r = rows ? rows[i] : i;
+        if (r < 0 || r >= f->n)
+            return CB_ERR_RANGE;
+        f->sel_pos[i] = f->pos[r];
+    }
+    if (n == 0)
+        return CB_OK;
+    L = &m->layers[layer];
+    if (rows) {
+        o->gather(be, f->x, rows, n, d, f->xs);
+        x = f->xs;
+    } else {
+        x = f->x;
+    }
+    o->rmsnorm(be, x, L->attn_norm, f->xn, n, d, hp->norm_eps);
+    if (q) {
+        o->matmul(be, L->wq, f->xn, f->q, n);
+        o->rope(be, f->q, f->sel_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+        o->download(be, q, f->q, sizeof(float) * (size_t)(n * dq));
+    }
+    if (k) {
+        o->matmul(be, L->wk, f->xn, f->k, n);
+        o->rope(be, f->k, f->sel_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+        o->download(be, k, f->k, sizeof(float) * (size_t)(n * dkv));
+    }
+    if (v) {
+        o->matmul(be, L->wv, f->xn, f->v, n);
+        o->download(be, v, f->v, sizeof(float) * (size_t)(n * dkv));
+    }
+    return CB_OK;
+}

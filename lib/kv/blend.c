@@ -1,0 +1,315 @@
+/* blend.c - prefill a prompt from cached chunk KV: prefix caching, full KV
+ * reuse, and CacheBlend's selective recompute.
+ *
+ * Blend, for the rows of a prompt (cached rows C, computed rows F = the
+ * rest, always including the last row):
+ *   load     every cached segment's K/V at every layer, K rotated from the
+ *            positions it was computed at to its place in the prompt
+ *   layers < check: every row (layer 0's hidden states feed the check)
+ *   check l: fresh K (or V) of the candidate rows; the deviation of a cached
+ *            row is the squared L2 distance between fresh and loaded; keep
+ *            the top ratio x |C| cached rows (strategy-dependent), with F;
+ *            the layer runs for those rows only, writing their K/V over the
+ *            loaded ones.  With several ratios the next layers filter the
+ *            survivors again (gradual filtering).
+ *   later:   the last selection only.
+ * Attention is the engine's exact causal mask: a selected row at position p
+ * sees keys 0..p only. */
+#include "cbcore.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+cb_blend_params cb_blend_defaults(void)
+{
+    cb_blend_params p;
+    memset(&p, 0, sizeof p);
+    p.mode = CB_MODE_BLEND;
+    p.strategy = CB_STRATEGY_HKVD;
+    p.check_layer = 1;
+    p.n_ratios = 1;
+    p.ratios[0] = 0.15f;
+    p.deviation_v = 1;
+    p.sink_tokens = 4;
+    return p;
+}
+
+typedef struct scored {
+    float score;
+    int32_t row;
+} scored;
+
+static int by_score_desc(const void *a, const void *b)
+{
+    const scored *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score < y->score ? 1 : -1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* Does everything before segment s equal its file's lead-in, at the
+ * positions it was computed at?  Then its cache is exactly what a full
+ * prefill computes (prefix caching). */
+static int is_true_prefix(const cb_segment *segs, int32_t s, int32_t start)
+{
+    const cb_kv_meta *mt = cb_kvfile_meta(segs[s].kv);
+    if (mt->n_lead != start || mt->pos0 != start)
+        return 0;
+    int32_t at = 0;
+    for (int32_t i = 0; i < s; i++)
+        for (int32_t j = 0; j < segs[i].n; j++, at++)
+            if (segs[i].ids[j] != mt->lead[at])
+                return 0;
+    return 1;
+}
+
+cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
+                           const cb_blend_params *p, float *logits, cb_blend_stats *stats, cb_error *err)
+{
+    const cb_model *m = cb_fwd_model(f);
+    const cb_hparams *hp = cb_model_hparams(m);
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+    int64_t total = 0, max_seg = 0;
+    cb_status st = CB_OK;
+    double t_start = now_ms(), t_load = 0;
+    int32_t *ids = NULL, *pos = NULL, *rows = NULL, *seg_of = NULL, *start = NULL;
+    uint8_t *use = NULL, *cached = NULL, *keep = NULL;
+    float *kbuf = NULL, *vbuf = NULL, *fresh = NULL, *loaded = NULL, *qbuf = NULL;
+    scored *sc = NULL;
+
+    memset(stats, 0, sizeof *stats);
+    if (n_segs < 1 || p->n_ratios < 1 || p->n_ratios > CB_BLEND_MAX_STEPS || p->check_layer < 1 ||
+        p->check_layer + p->n_ratios > hp->n_layer)
+        return cb_error_set(err, CB_ERR_INVALID, "blend: check layer %d with %d ratios does not fit %d layers",
+                            p->check_layer, p->n_ratios, hp->n_layer);
+    for (int32_t s = 0; s < n_segs; s++) {
+        total += segs[s].n;
+        max_seg = segs[s].n > max_seg ? segs[s].n : max_seg;
+        if (segs[s].kv) {
+            if ((st = cb_kvfile_check_model(segs[s].kv, m, err)) != CB_OK)
+                return st;
+            if (cb_kvfile_meta(segs[s].kv)->n_tokens != segs[s].n)
+                return cb_error_set(err, CB_ERR_INVALID, "blend: segment %d has %d tokens, its KV file %d", s,
+                                    segs[s].n, cb_kvfile_meta(segs[s].kv)->n_tokens);
+        }
+    }
+    if (total < 1 || total > cb_kvcache_n_ctx(kv))
+        return cb_error_set(err, CB_ERR_RANGE, "blend: a prompt of %lld tokens does not fit the context of %d",
+                            (long long)total, cb_kvcache_n_ctx(kv));
+    ids = malloc(sizeof(int32_t) * (size_t)total);
+    pos = malloc(sizeof(int32_t) * (size_t)total);
+    rows = malloc(sizeof(int32_t) * (size_t)total);
+    seg_of = malloc(sizeof(int32_t) * (size_t)total);
+    start = malloc(sizeof(int32_t) * (size_t)n_segs);
+    use = calloc((size_t)n_segs, 1);
+    cached = calloc((size_t)total, 1);
+    keep = calloc((size_t)total, 1);
+    kbuf = malloc(sizeof(float) * (size_t)(max_seg * w));
+    vbuf = malloc(sizeof(float) * (size_t)(max_seg * w));
+    sc = malloc(sizeof(scored) * (size_t)total);
+    if (!ids || !pos || !rows || !seg_of || !start || !use || !cached || !keep || !kbuf || !vbuf || !sc) {
+        st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
+        goto out;
+    }
+    for (int32_t s = 0, at = 0; s < n_segs; s++) {
+        start[s] = at;
+        for (int32_t j = 0; j < segs[s].n; j++, at++) {
+            ids[at] = segs[s].ids[j];
+            pos[at] = at;
+            seg_of[at] = s;
+        }
+    }
+    /* Which caches are used. */
+    if (p->mode == CB_MODE_PREFIX) {
+        for (int32_t s = 0; s < n_segs; s++)
+            if (segs[s].kv) {
+                use[s] = is_true_prefix(segs, s, start[s]);
+                break;
+            }
+    } else if (p->mode == CB_MODE_REUSE || p->mode == CB_MODE_BLEND) {
+        for (int32_t s = 0; s < n_segs; s++)
+            use[s] = segs[s].kv != NULL;
+    }
+    int64_t n_cached = 0;
+    for (int64_t r = 0; r < total; r++)
+        if (use[seg_of[r]] && r != total - 1) /* the last row is always computed: its logits are needed */
+            cached[r] = 1, n_cached++;
+    stats->n_prompt_tokens = (int32_t)total;
+    stats->n_cached_tokens = (int32_t)n_cached;
+
+    if ((st = cb_fwd_embed(f, ids, pos, (int32_t)total)) != CB_OK) {
+        cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)", (long long)total);
+        goto out;
+    }
+    /* Load every used cache, every layer, at its new position. */
+    double t0 = now_ms();
+    for (int32_t s = 0; s < n_segs; s++) {
+        if (!use[s])
+            continue;
+        const cb_kv_meta *mt = cb_kvfile_meta(segs[s].kv);
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            if ((st = cb_kvfile_read_layer(segs[s].kv, l, kbuf, vbuf, err)) != CB_OK)
+                goto out;
+            if ((st = cb_kvcache_load(kv, l, start[s], segs[s].n, kbuf, vbuf, mt->pos0)) != CB_OK) {
+                cb_error_set(err, st, "blend: cannot place segment %d", s);
+                goto out;
+            }
+        }
+    }
+    t_load = now_ms() - t0;
+
+    /* rows = the computed set: fresh rows, plus the selected cached ones. */
+    int32_t n_rows = 0;
+    for (int64_t r = 0; r < total; r++)
+        if (!cached[r])
+            rows[n_rows++] = (int32_t)r;
+    if (p->mode != CB_MODE_BLEND) {
+        for (int32_t l = 0; l < hp->n_layer; l++)
+            if (n_cached == 0 ? (st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK
+                              : (st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
+                goto layer_fail;
+    } else {
+        /* layers before the check layer: every row */
+        for (int32_t l = 0; l < p->check_layer; l++)
+            if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
+                goto layer_fail;
+        /* candidates: all cached rows */
+        for (int64_t r = 0; r < total; r++)
+            keep[r] = cached[r];
+        int64_t n_cand = n_cached;
+        fresh = malloc(sizeof(float) * (size_t)(total * w));
+        loaded = malloc(sizeof(float) * (size_t)(total * w));
+        if (!fresh || !loaded) {
+            st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
+            goto out;
+        }
+        for (int32_t step = 0; step < p->n_ratios; step++) {
+            int32_t l = p->check_layer + step;
+            int64_t want = (int64_t)ceilf(p->ratios[step] * (float)n_cached);
+            int32_t n_c = 0;
+            int32_t *cand = rows; /* reuse: candidate cached rows, by position */
+            for (int64_t r = 0; r < total; r++)
+                if (keep[r])
+                    cand[n_c++] = (int32_t)r;
+            if (want > n_c)
+                want = n_c;
+            if (want < n_c && n_c > 0) {
+                if (p->strategy == CB_STRATEGY_QUERY) {
+                    /* attention of the last segment's rows (the question) over
+                     * the candidates' fresh keys at this layer */
+                    int32_t qs = start[n_segs - 1], nq = (int32_t)(total - qs);
+                    int64_t dq = (int64_t)hp->n_head * hp->head_dim;
+                    int32_t *qrows = malloc(sizeof(int32_t) * (size_t)nq);
+                    qbuf = realloc(qbuf, sizeof(float) * (size_t)(nq * dq));
+                    if (!qrows || !qbuf) {
+                        free(qrows);
+                        st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
+                        goto out;
+                    }
+                    for (int32_t i = 0; i < nq; i++)
+                        qrows[i] = qs + i;
+                    st = cb_fwd_layer_qkv(f, l, qrows, nq, qbuf, NULL, NULL);
+                    if (st == CB_OK)
+                        st = cb_fwd_layer_qkv(f, l, cand, n_c, NULL, fresh, NULL);
+                    free(qrows);
+                    if (st != CB_OK)
+                        goto layer_fail;
+                    int grp = hp->n_head / hp->n_head_kv;
+                    float scale = 1.0f / sqrtf((float)hp->head_dim);
+                    float *srow = malloc(sizeof(float) * (size_t)n_c);
+                    if (!srow) {
+                        st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
+                        goto out;
+                    }
+                    for (int32_t c = 0; c < n_c; c++)
+                        sc[c] = (scored){0.0f, cand[c]};
+                    for (int32_t i = 0; i < nq; i++)
+                        for (int32_t h = 0; h < hp->n_head; h++) {
+                            const float *qv = qbuf + i * dq + (int64_t)h * hp->head_dim;
+                            int32_t kh = h / grp;
+                            float mx = -INFINITY, sum = 0;
+                            for (int32_t c = 0; c < n_c; c++) {
+                                const float *kv_ = fresh + c * w + (int64_t)kh * hp->head_dim;
+                                float dot = 0;
+                                for (int32_t e = 0; e < hp->head_dim; e++)
+                                    dot += qv[e] * kv_[e];
+                                srow[c] = dot * scale;
+                                mx = srow[c] > mx ? srow[c] : mx;
+                            }
+                            for (int32_t c = 0; c < n_c; c++)
+                                sum += (srow[c] = expf(srow[c] - mx));
+                            for (int32_t c = 0; c < n_c; c++)
+                                sc[c].score += srow[c] / sum;
+                        }
+                    free(srow);
+                } else {
+                    /* deviation of fresh K (or V) from the loaded cache */
+                    float *fk = p->deviation_v ? NULL : fresh, *fv = p->deviation_v ? fresh : NULL;
+                    if ((st = cb_fwd_layer_qkv(f, l, cand, n_c, NULL, fk, fv)) != CB_OK)
+                        goto layer_fail;
+                    for (int32_t c = 0; c < n_c; c++) {
+                        if ((st = cb_kvcache_read(kv, l, p->deviation_v, cand[c], 1, loaded + c * w)) != CB_OK)
+                            goto layer_fail;
+                        double dev = 0;
+                        for (int64_t e = 0; e < w; e++) {
+                            double d = (double)fresh[c * w + e] - loaded[c * w + e];
+                            dev += d * d;
+                        }
+                        sc[c] = (scored){(float)dev, cand[c]};
+                    }
+                }
+                qsort(sc, (size_t)n_c, sizeof *sc, by_score_desc);
+                for (int32_t c = 0; c < n_c; c++)
+                    keep[sc[c].row] = c < want;
+                if (p->strategy == CB_STRATEGY_SINK)
+                    for (int32_t s = 0; s < n_segs; s++)
+                        if (use[s])
+                            for (int32_t j = 0; j < p->sink_tokens && j < segs[s].n; j++)
+                                if (cached[start[s] + j])
+                                    keep[start[s] + j] = 1;
+            }
+            n_cand = 0;
+            n_rows = 0;
+            for (int64_t r = 0; r < total; r++) {
+                if (keep[r])
+                    n_cand++;
+                if (keep[r] || !cached[r])
+                    rows[n_rows++] = (int32_t)r;
+            }
+            stats->n_selected[step] = (int32_t)n_cand;
+            if ((st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
+                goto layer_fail;
+        }
+        stats->n_recomputed_tokens = (int32_t)n_cand;
+        for (int32_t l = p->check_layer + p->n_ratios; l < hp->n_layer; l++)
+            if ((st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
+                goto layer_fail;
+    }
+    {
+        int32_t last = (int32_t)(total - 1);
+        if ((st = cb_fwd_logits(f, &last, 1, logits)) != CB_OK)
+            goto layer_fail;
+    }
+    stats->load_ms = t_load;
+    stats->prefill_ms = now_ms() - t_start;
+    stats->recompute_ms = stats->prefill_ms - t_load;
+    if (p->mode == CB_MODE_FULL)
+        stats->n_recomputed_tokens = 0;
+    st = CB_OK;
+    goto out;
+layer_fail:
+    cb_error_set(err, st, "blend: layer computation failed: %s", cb_strerror(st));
+out:
+    free(ids), free(pos), free(rows), free(seg_of), free(start), free(use), free(cached), free(keep);
+    free(kbuf), free(vbuf), free(fresh), free(loaded), free(qbuf), free(sc);
+    return st;
+}

@@ -1,0 +1,259 @@
+/* test_blend.c - the invariants of cache blending, on the tiny fixture and
+ * on the default model: ratio 1 reproduces full prefill; ratio 0 equals
+ * full KV reuse; prefix caching of a true prefix equals full prefill;
+ * reordering chunks only moves their caches; selection counts follow the
+ * ratios (one check layer, gradual filtering, the sink strategy). */
+#include "cbcore.h"
+#include "test.h"
+
+static const char *tmpdir(void)
+{
+    const char *t = getenv("CB_TEST_TMP");
+    return t ? t : "tests/tmp";
+}
+
+typedef struct fixture {
+    cb_model *m;
+    cb_tokens lead, sep, question;
+    cb_tokens chunk[3];
+    cb_kvfile *file[3];
+} fixture;
+
+static double rel(const float *a, const float *b, size_t n)
+{
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        md = e > md ? e : md;
+        mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
+    }
+    return md / (mb > 0 ? mb : 1);
+}
+
+static int setup(fixture *fx, const char *model_path, cb_type kvt, const char *const texts[3], const char *q)
+{
+    cb_error err;
+    memset(fx, 0, sizeof *fx);
+    if (cb_model_load(&fx->m, model_path, NULL, &err) != CB_OK) {
+        printf("# %s\n", err.msg);
+        return -1;
+    }
+    const cb_vocab *v = cb_model_vocab(fx->m);
+    cb_kv_lead_in(fx->m, &fx->lead);
+    cb_tok_encode(v, "\n\n", 2, 0, &fx->sep);
+    cb_tok_encode(v, q, strlen(q), 0, &fx->question);
+    cb_fwd *f = NULL;
+    cb_kvcache *kv = NULL;
+    cb_fwd_new(&f, fx->m, 512);
+    cb_kvcache_new(&kv, fx->m, 512, CB_TYPE_F32);
+    for (int i = 0; i < 3; i++) {
+        void *buf;
+        size_t size;
+        char path[1024];
+        cb_tok_encode(v, texts[i], strlen(texts[i]), 0, &fx->chunk[i]);
+        if (cb_kv_precompute(f, kv, fx->lead.ids, (int32_t)fx->lead.n, fx->chunk[i].ids, (int32_t)fx->chunk[i].n,
+                             kvt, &buf, &size) != CB_OK)
+            return -1;
+        snprintf(path, sizeof path, "%s/blend-%d-%s.cbkv", tmpdir(), i, cb_type_name(kvt));
+        if (cb_file_write_atomic(path, buf, size, &err) != CB_OK || cb_kvfile_open(&fx->file[i], path, &err) != CB_OK)
+            return -1;
+        free(buf);
+    }
+    cb_fwd_free(f);
+    cb_kvcache_free(kv);
+    return 0;
+}
+
+static void teardown(fixture *fx)
+{
+    for (int i = 0; i < 3; i++) {
+        cb_tokens_free(&fx->chunk[i]);
+        cb_kvfile_free(fx->file[i]);
+    }
+    cb_tokens_free(&fx->lead);
+    cb_tokens_free(&fx->sep);
+    cb_tokens_free(&fx->question);
+    cb_model_free(fx->m);
+}
+
+/* [lead] [c order[0]] [sep] [c order[1]] [sep] [c order[2]] [question] */
+static int32_t build(fixture *fx, const int order[3], cb_segment *segs)
+{
+    int32_t n = 0;
+    segs[n++] = (cb_segment){fx->lead.ids, (int32_t)fx->lead.n, NULL};
+    for (int i = 0; i < 3; i++) {
+        int c = order[i];
+        segs[n++] = (cb_segment){fx->chunk[c].ids, (int32_t)fx->chunk[c].n, fx->file[c]};
+        if (i < 2)
+            segs[n++] = (cb_segment){fx->sep.ids, (int32_t)fx->sep.n, NULL};
+    }
+    segs[n++] = (cb_segment){fx->question.ids, (int32_t)fx->question.n, NULL};
+    return n;
+}
+
+static cb_status run(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_blend_params *p, float *logits,
+                     cb_blend_stats *st, cb_kvcache **kv_out)
+{
+    cb_fwd *f = NULL;
+    cb_kvcache *kv = NULL;
+    cb_error err;
+    cb_fwd_new(&f, fx->m, 512);
+    cb_kvcache_new(&kv, fx->m, 512, CB_TYPE_F32);
+    cb_status s = cb_blend_prefill(f, kv, segs, n_segs, p, logits, st, &err);
+    if (s != CB_OK)
+        printf("# %s\n", err.msg);
+    cb_fwd_free(f);
+    if (kv_out)
+        *kv_out = kv;
+    else
+        cb_kvcache_free(kv);
+    return s;
+}
+
+static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full, double tol_reuse)
+{
+    static const char *const texts[3] = {
+        "Alice Brown is the chief engineer of the Norden Bridge project, which began in 2019.",
+        "The Norden Bridge spans the river Vale and is 1,240 metres long; its main tower is made of steel.",
+        "Alice Brown studied civil engineering in Delft and later worked on harbour cranes in Rotterdam."};
+    fixture fx;
+    tcase("%s: set up three precomputed chunks", label);
+    if (setup(&fx, model_path, kvt, texts, "Where did the chief engineer of the Norden Bridge study?") != 0) {
+        CHECK(0);
+        return;
+    }
+    const cb_hparams *hp = cb_model_hparams(fx.m);
+    int nv = hp->n_vocab;
+    float *full = malloc(sizeof(float) * nv), *a = malloc(sizeof(float) * nv), *b = malloc(sizeof(float) * nv);
+    cb_segment segs[16];
+    int order[3] = {0, 1, 2};
+    int32_t ns = build(&fx, order, segs);
+    cb_blend_params p = cb_blend_defaults();
+    cb_blend_stats st;
+
+    p.mode = CB_MODE_FULL;
+    CHECK_OK(run(&fx, segs, ns, &p, full, &st, NULL));
+    CHECK(st.n_cached_tokens == 0);
+
+    tcase("%s: blend at ratio 1 reproduces full prefill", label);
+    p = cb_blend_defaults();
+    p.ratios[0] = 1.0f;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    double e = rel(a, full, (size_t)nv);
+    CHECKF(e < tol_full, "relative error %.3g", e);
+    CHECK(st.n_recomputed_tokens == st.n_cached_tokens && st.n_cached_tokens > 0);
+    printf("# %s: ratio 1 vs full: %.2e (%d cached tokens)\n", label, e, st.n_cached_tokens);
+
+    tcase("%s: blend at ratio 0 equals full KV reuse", label);
+    p.ratios[0] = 0.0f;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    CHECK(st.n_recomputed_tokens == 0);
+    p.mode = CB_MODE_REUSE;
+    CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+    e = rel(a, b, (size_t)nv);
+    CHECKF(e < tol_reuse, "relative error %.3g", e);
+    double dr = rel(b, full, (size_t)nv);
+    printf("# %s: ratio 0 vs reuse: %.2e; reuse vs full: %.2e\n", label, e, dr);
+
+    tcase("%s: blend at 0.15 selects ceil(0.15 x cached) and lies between reuse and full", label);
+    p = cb_blend_defaults();
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens), "%d of %d", st.n_selected[0],
+           st.n_cached_tokens);
+    double eb = rel(a, full, (size_t)nv);
+    CHECKF(eb < dr, "blend %.3g is not closer to full than reuse %.3g", eb, dr);
+    printf("# %s: blend 0.15 vs full: %.2e (reuse %.2e)\n", label, eb, dr);
+
+    tcase("%s: gradual filtering and the sink and query strategies", label);
+    p.n_ratios = 2;
+    p.ratios[0] = 0.5f;
+    p.ratios[1] = 0.25f;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    CHECK(st.n_selected[0] == (int32_t)ceilf(0.5f * st.n_cached_tokens));
+    CHECK(st.n_selected[1] == (int32_t)ceilf(0.25f * st.n_cached_tokens));
+    p = cb_blend_defaults();
+    p.strategy = CB_STRATEGY_SINK;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    CHECK(st.n_selected[0] >= (int32_t)ceilf(0.15f * st.n_cached_tokens));
+    CHECK(st.n_selected[0] <= (int32_t)ceilf(0.15f * st.n_cached_tokens) + 3 * p.sink_tokens);
+    p.strategy = CB_STRATEGY_QUERY;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    CHECK(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens));
+    p = cb_blend_defaults();
+    p.deviation_v = 0;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+
+    tcase("%s: prefix caching reuses a true prefix exactly, and nothing else", label);
+    cb_segment ps[3] = {{fx.lead.ids, (int32_t)fx.lead.n, NULL},
+                        {fx.chunk[0].ids, (int32_t)fx.chunk[0].n, fx.file[0]},
+                        {fx.question.ids, (int32_t)fx.question.n, NULL}};
+    p = cb_blend_defaults();
+    p.mode = CB_MODE_FULL;
+    CHECK_OK(run(&fx, ps, 3, &p, full, &st, NULL));
+    p.mode = CB_MODE_PREFIX;
+    CHECK_OK(run(&fx, ps, 3, &p, a, &st, NULL));
+    CHECK(st.n_cached_tokens == (int32_t)fx.chunk[0].n);
+    e = rel(a, full, (size_t)nv);
+    CHECKF(e < tol_full, "prefix vs full %.3g", e);
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL)); /* the 3-chunk prompt: chunk 1 is a true prefix too */
+    CHECK(st.n_cached_tokens == (int32_t)fx.chunk[0].n);
+    cb_segment shifted[4] = {ps[0], {fx.sep.ids, (int32_t)fx.sep.n, NULL}, ps[1], ps[2]};
+    CHECK_OK(run(&fx, shifted, 4, &p, a, &st, NULL));
+    CHECK(st.n_cached_tokens == 0); /* not after its lead-in: nothing reused */
+
+    tcase("%s: reordering chunks only moves their caches", label);
+    int order2[3] = {2, 0, 1};
+    cb_segment segs2[16];
+    int32_t ns2 = build(&fx, order2, segs2);
+    cb_kvcache *ka = NULL, *kb = NULL, *ca = NULL, *cbk = NULL;
+    p = cb_blend_defaults();
+    p.mode = CB_MODE_REUSE;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, &ka));
+    CHECK_OK(run(&fx, segs2, ns2, &p, b, &st, &kb));
+    /* chunk 0 sits after the lead-in in the first prompt, after chunk 2 and a
+     * separator in the second; rotate both back to one place and compare */
+    int32_t pa = (int32_t)fx.lead.n, pb = (int32_t)(fx.lead.n + fx.chunk[2].n + fx.sep.n), n0 = (int32_t)fx.chunk[0].n;
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+    float *k1 = malloc(sizeof(float) * n0 * w), *v1 = malloc(sizeof(float) * n0 * w);
+    float *k2 = malloc(sizeof(float) * n0 * w), *v2 = malloc(sizeof(float) * n0 * w);
+    cb_kvcache_new(&ca, fx.m, 512, CB_TYPE_F32);
+    cb_kvcache_new(&cbk, fx.m, 512, CB_TYPE_F32);
+    double worst = 0;
+    for (int l = 1; l < hp->n_layer; l++) {
+        cb_kvcache_read(ka, l, 0, pa, n0, k1);
+        cb_kvcache_read(ka, l, 1, pa, n0, v1);
+        cb_kvcache_read(kb, l, 0, pb, n0, k2);
+        cb_kvcache_read(kb, l, 1, pb, n0, v2);
+        cb_kvcache_load(ca, l, 100, n0, k1, v1, pa);
+        cb_kvcache_load(cbk, l, 100, n0, k2, v2, pb);
+        cb_kvcache_read(ca, l, 0, 100, n0, k1);
+        cb_kvcache_read(cbk, l, 0, 100, n0, k2);
+        double ek = rel(k2, k1, (size_t)(n0 * w)), ev = rel(v2, v1, (size_t)(n0 * w));
+        worst = ek > worst ? ek : worst;
+        worst = ev > worst ? ev : worst;
+    }
+    CHECKF(worst < 1e-5, "chunk 0's caches differ by %.3g after undoing the move", worst);
+    free(k1), free(v1), free(k2), free(v2);
+    cb_kvcache_free(ka), cb_kvcache_free(kb), cb_kvcache_free(ca), cb_kvcache_free(cbk);
+
+    tcase("%s: a bad parameter is refused", label);
+    p = cb_blend_defaults();
+    p.check_layer = hp->n_layer;
+    CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
+    free(full), free(a), free(b);
+    teardown(&fx);
+}
+
+int main(void)
+{
+    char path[1024];
+    TEST_BEGIN();
+    snprintf(path, sizeof path, "%s/tiny4-f32.gguf", tmpdir());
+    invariants("tiny 4-layer f32", path, CB_TYPE_F32, 1e-4, 1e-4);
+    const char *m = t_default_model();
+    if (m)
+        invariants("SmolLM2 f16", m, CB_TYPE_F16, 2e-2, 2e-2);
+    else
+        tskip("SmolLM2 blend invariants", "default model not fetched (make model)");
+    TEST_END();
+}
