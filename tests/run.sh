@@ -25,6 +25,7 @@ for t in f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K; do
 done
 "$gen" --vocab-only "$CB_TEST_TMP/tiny-vocab.gguf" || exit 70
 "$gen" --layers 4 "$CB_TEST_TMP/tiny4-f32.gguf" || exit 70
+"$gen" --arch qwen2 --type q8_0 "$CB_TEST_TMP/tiny-qwen2.gguf" || exit 70
 
 passed=0; failed=0; skipped=0; broken=""
 run_one() {   # name, command...

@@ -7,9 +7,10 @@
  * <|im_start|> 1, <|im_end|> 2).  Weights come from a fixed-seed generator,
  * so the same flags always give the same bytes.
  *
- *   cb-gen-fixture [--type T] [--layers N] [--embd N] [--ff N] [--heads N]
- *                  [--kv-heads N] [--merges N] [--ctx N] [--seed N]
- *                  [--vocab-only] OUT.gguf
+ *   cb-gen-fixture [--type T] [--arch llama|qwen2] [--layers N] [--embd N]
+ *                  [--ff N] [--heads N] [--kv-heads N] [--merges N] [--ctx N]
+ *                  [--seed N] [--vocab-only] OUT.gguf
+ * qwen2 adds Q/K/V biases (and the engine uses NEOX RoPE pairing for it).
  */
 #include "cbcore.h"
 
@@ -247,7 +248,7 @@ static cb_type parse_type(const char *s)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: cb-gen-fixture [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K]\n"
+    fprintf(f, "usage: cb-gen-fixture [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K] [--arch llama|qwen2]\n"
                "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--merges N]\n"
                "         [--ctx N] [--seed N] [--vocab-only] OUT.gguf\n"
                "Writes a tiny random-weight llama model with a real BPE vocabulary.\n"
@@ -262,10 +263,12 @@ int main(int argc, char **argv)
         {"heads", required_argument, 0, 'H'}, {"kv-heads", required_argument, 0, 'K'},
         {"merges", required_argument, 0, 'M'}, {"ctx", required_argument, 0, 'c'},
         {"seed", required_argument, 0, 's'},  {"vocab-only", no_argument, 0, 'V'},
+        {"arch", required_argument, 0, 'A'},
         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     cb_type wt = CB_TYPE_F32;
     int layers = 2, embd = 0, ff = 0, heads = 4, kv_heads = 2, want_merges = 200, ctx = 512, vocab_only = 0;
     uint64_t seed = 42;
+    const char *arch = "llama";
     int c;
     cb_error err;
 
@@ -281,6 +284,13 @@ int main(int argc, char **argv)
         case 'c': ctx = atoi(optarg); break;
         case 's': seed = strtoull(optarg, NULL, 10); break;
         case 'V': vocab_only = 1; break;
+        case 'A':
+            if (strcmp(optarg, "llama") && strcmp(optarg, "qwen2")) {
+                fprintf(stderr, "cb-gen-fixture: --arch llama or qwen2\n");
+                return 64;
+            }
+            arch = optarg;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 64;
         }
@@ -321,19 +331,21 @@ int main(int argc, char **argv)
         types[i] = i < byte_base ? 3 /* control */ : 1 /* normal */;
     }
     int hd = embd / heads;
-    cb_gguf_writer_set_str(W, "general.architecture", "llama");
+    char k[96];
+#define KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, arch), k)
+    cb_gguf_writer_set_str(W, "general.architecture", arch);
     cb_gguf_writer_set_str(W, "general.name", "cacheblend tiny test model");
     cb_gguf_writer_set_u32(W, "general.file_type", (uint32_t)wt);
-    cb_gguf_writer_set_u32(W, "llama.context_length", (uint32_t)ctx);
-    cb_gguf_writer_set_u32(W, "llama.embedding_length", (uint32_t)embd);
-    cb_gguf_writer_set_u32(W, "llama.block_count", (uint32_t)layers);
-    cb_gguf_writer_set_u32(W, "llama.feed_forward_length", (uint32_t)ff);
-    cb_gguf_writer_set_u32(W, "llama.attention.head_count", (uint32_t)heads);
-    cb_gguf_writer_set_u32(W, "llama.attention.head_count_kv", (uint32_t)kv_heads);
-    cb_gguf_writer_set_u32(W, "llama.rope.dimension_count", (uint32_t)hd);
-    cb_gguf_writer_set_f32(W, "llama.rope.freq_base", 10000.0f);
-    cb_gguf_writer_set_f32(W, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    cb_gguf_writer_set_u32(W, "llama.vocab_size", (uint32_t)n_vocab);
+    cb_gguf_writer_set_u32(W, KEY("context_length"), (uint32_t)ctx);
+    cb_gguf_writer_set_u32(W, KEY("embedding_length"), (uint32_t)embd);
+    cb_gguf_writer_set_u32(W, KEY("block_count"), (uint32_t)layers);
+    cb_gguf_writer_set_u32(W, KEY("feed_forward_length"), (uint32_t)ff);
+    cb_gguf_writer_set_u32(W, KEY("attention.head_count"), (uint32_t)heads);
+    cb_gguf_writer_set_u32(W, KEY("attention.head_count_kv"), (uint32_t)kv_heads);
+    cb_gguf_writer_set_u32(W, KEY("rope.dimension_count"), (uint32_t)hd);
+    cb_gguf_writer_set_f32(W, KEY("rope.freq_base"), 10000.0f);
+    cb_gguf_writer_set_f32(W, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    cb_gguf_writer_set_u32(W, KEY("vocab_size"), (uint32_t)n_vocab);
     cb_gguf_writer_set_str(W, "tokenizer.ggml.model", "gpt2");
     cb_gguf_writer_set_str(W, "tokenizer.ggml.pre", "smollm");
     cb_gguf_writer_set_arr_str(W, "tokenizer.ggml.tokens", texts, (uint64_t)n_vocab);
@@ -361,6 +373,11 @@ int main(int argc, char **argv)
             T("attn_k.weight", wt, embd, kv_heads * hd, 0.15f, 0.0f);
             T("attn_v.weight", wt, embd, kv_heads * hd, 0.15f, 0.0f);
             T("attn_output.weight", wt, embd, embd, 0.15f, 0.0f);
+            if (!strcmp(arch, "qwen2")) {
+                T("attn_q.bias", CB_TYPE_F32, embd, 1, 0.5f, 0.0f);
+                T("attn_k.bias", CB_TYPE_F32, kv_heads * hd, 1, 0.5f, 0.0f);
+                T("attn_v.bias", CB_TYPE_F32, kv_heads * hd, 1, 0.5f, 0.0f);
+            }
             T("ffn_norm.weight", CB_TYPE_F32, embd, 1, 0.1f, 1.0f);
             T("ffn_gate.weight", wt, embd, ff, 0.15f, 0.0f);
             T("ffn_up.weight", wt, embd, ff, 0.15f, 0.0f);

@@ -14,7 +14,9 @@
 typedef struct ref {
     int n_layer, d, H, Hkv, hd, ff, n_vocab, n_rot;
     double base, eps;
+    int neox;
     float *embd, *out_norm, *output;
+    float **bq, **bk, **bv; /* qwen2 biases, else NULL entries */
     float **attn_norm, **ffn_norm, **wq, **wk, **wv, **wo, **wg, **wu, **wd;
 } ref;
 
@@ -35,15 +37,29 @@ static float *ref_tensor(const cb_gguf *g, const char *name, int64_t *n_el)
     return f;
 }
 
-static float **ref_layers(const cb_gguf *g, int n_layer, const char *what)
+static float **ref_layers_kind(const cb_gguf *g, int n_layer, const char *what, const char *kind)
 {
     float **a = calloc((size_t)n_layer, sizeof *a);
     char name[96];
     for (int l = 0; l < n_layer; l++) {
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, what);
+        snprintf(name, sizeof name, "blk.%d.%s.%s", l, what, kind);
         a[l] = ref_tensor(g, name, NULL);
     }
     return a;
+}
+
+static float **ref_layers(const cb_gguf *g, int n_layer, const char *what)
+{
+    return ref_layers_kind(g, n_layer, what, "weight");
+}
+
+/* metadata "<arch>.<key>" */
+static double hp(const cb_gguf *g, const char *key, double def)
+{
+    char k[128];
+    cb_strview a = cb_gguf_str(g, "general.architecture");
+    snprintf(k, sizeof k, "%.*s.%s", (int)a.len, a.data, key);
+    return cb_gguf_float_or(g, k, def);
 }
 
 static int ref_load(ref *r, const char *path)
@@ -54,15 +70,19 @@ static int ref_load(ref *r, const char *path)
         printf("# %s\n", err.msg);
         return -1;
     }
-    r->n_layer = (int)cb_gguf_int_or(g, "llama.block_count", 0);
-    r->d = (int)cb_gguf_int_or(g, "llama.embedding_length", 0);
-    r->H = (int)cb_gguf_int_or(g, "llama.attention.head_count", 0);
-    r->Hkv = (int)cb_gguf_int_or(g, "llama.attention.head_count_kv", r->H);
+    r->n_layer = (int)hp(g, "block_count", 0);
+    r->d = (int)hp(g, "embedding_length", 0);
+    r->H = (int)hp(g, "attention.head_count", 0);
+    r->Hkv = (int)hp(g, "attention.head_count_kv", r->H);
     r->hd = r->d / r->H;
-    r->n_rot = (int)cb_gguf_int_or(g, "llama.rope.dimension_count", r->hd);
-    r->ff = (int)cb_gguf_int_or(g, "llama.feed_forward_length", 0);
-    r->base = cb_gguf_float_or(g, "llama.rope.freq_base", 10000.0);
-    r->eps = cb_gguf_float_or(g, "llama.attention.layer_norm_rms_epsilon", 1e-5);
+    r->n_rot = (int)hp(g, "rope.dimension_count", r->hd);
+    r->ff = (int)hp(g, "feed_forward_length", 0);
+    r->base = hp(g, "rope.freq_base", 10000.0);
+    r->eps = hp(g, "attention.layer_norm_rms_epsilon", 1e-5);
+    r->neox = cb_strview_eq(cb_gguf_str(g, "general.architecture"), "qwen2");
+    r->bq = ref_layers_kind(g, r->n_layer, "attn_q", "bias");
+    r->bk = ref_layers_kind(g, r->n_layer, "attn_k", "bias");
+    r->bv = ref_layers_kind(g, r->n_layer, "attn_v", "bias");
     int64_t ne;
     r->embd = ref_tensor(g, "token_embd.weight", &ne);
     r->n_vocab = (int)(ne / r->d);
@@ -85,7 +105,8 @@ static int ref_load(ref *r, const char *path)
 
 static void ref_free(ref *r)
 {
-    float ***all[] = {&r->attn_norm, &r->ffn_norm, &r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd};
+    float ***all[] = {&r->attn_norm, &r->ffn_norm, &r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd,
+                      &r->bq, &r->bk, &r->bv};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
         for (int l = 0; l < r->n_layer; l++)
             free((*all[k])[l]);
@@ -118,17 +139,25 @@ static void ref_rmsnorm(const double *x, const float *g, double *y, int d, doubl
         y[i] = x[i] * s * g[i];
 }
 
-static void ref_rope(double *v, int n_heads, int hd, int n_rot, int pos, double base)
+/* "normal" pairs (2i, 2i+1); neox pairs (i, i + n_rot/2) */
+static void ref_rope(double *v, int n_heads, int hd, int n_rot, int pos, double base, int neox)
 {
     for (int h = 0; h < n_heads; h++) {
         double *x = v + h * hd;
         for (int i = 0; i < n_rot / 2; i++) {
             double th = pos * pow(base, -2.0 * i / n_rot);
-            double a = x[2 * i], b = x[2 * i + 1];
-            x[2 * i] = a * cos(th) - b * sin(th);
-            x[2 * i + 1] = a * sin(th) + b * cos(th);
+            int ia = neox ? i : 2 * i, ib = neox ? i + n_rot / 2 : 2 * i + 1;
+            double a = x[ia], b = x[ib];
+            x[ia] = a * cos(th) - b * sin(th);
+            x[ib] = a * sin(th) + b * cos(th);
         }
     }
+}
+
+static void add_bias(double *y, const float *b, int n)
+{
+    for (int i = 0; b && i < n; i++)
+        y[i] += b[i];
 }
 
 /* logits [n, n_vocab] for every position of tokens[0..n), positions 0..n-1 */
@@ -150,8 +179,11 @@ static void ref_forward(const ref *r, const int32_t *tokens, int n, double *logi
             ref_matvec(r->wq[l], xn, q, d, d);
             ref_matvec(r->wk[l], xn, Kl + (size_t)t * dkv, d, dkv);
             ref_matvec(r->wv[l], xn, Vl + (size_t)t * dkv, d, dkv);
-            ref_rope(q, r->H, r->hd, r->n_rot, t, r->base);
-            ref_rope(Kl + (size_t)t * dkv, r->Hkv, r->hd, r->n_rot, t, r->base);
+            add_bias(q, r->bq[l], d);
+            add_bias(Kl + (size_t)t * dkv, r->bk[l], dkv);
+            add_bias(Vl + (size_t)t * dkv, r->bv[l], dkv);
+            ref_rope(q, r->H, r->hd, r->n_rot, t, r->base, r->neox);
+            ref_rope(Kl + (size_t)t * dkv, r->Hkv, r->hd, r->n_rot, t, r->base, r->neox);
             for (int h = 0; h < r->H; h++) {
                 int kh = h / (r->H / r->Hkv);
                 double mx = -1e300, sum = 0;
@@ -226,6 +258,8 @@ static void test_fixture(const char *type)
     ref r = {0};
 
     snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmp ? tmp : "tests/tmp", type);
+    if (!strcmp(type, "qwen2")) /* a qwen2 model: Q/K/V biases, NEOX RoPE */
+        snprintf(path, sizeof path, "%s/tiny-qwen2.gguf", tmp ? tmp : "tests/tmp");
     tcase("forward %s: all positions' logits match the plain-loop reference", type);
     if (cb_model_load(&m, path, NULL, &err) != CB_OK) {
         CHECKF(0, "%s", err.msg);
@@ -370,7 +404,8 @@ static void test_errors(void)
 
 int main(void)
 {
-    static const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"};
+    static const char *types[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",
+                                  "q5_0", "q5_1", "q4_K", "q5_K", "q6_K", "qwen2"};
     TEST_BEGIN();
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_fixture(types[i]);
