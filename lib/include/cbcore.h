@@ -603,6 +603,9 @@ typedef struct cb_blend_params {
     float ratios[CB_BLEND_MAX_STEPS]; /* fraction of cached tokens kept at check layer + i */
     int deviation_v;              /* 0: deviation of K (after RoPE), 1: of V */
     int32_t sink_tokens;          /* CB_STRATEGY_SINK: tokens per segment (default 4) */
+    int sequential_load;          /* 1: load every layer before computing (no pipelining) */
+    double load_limit_mbs;        /* > 0: throttle KV reads to this many MB/s (tests,
+                                   * emulating a slow tier); 0: as fast as the files come */
 } cb_blend_params;
 
 /* Defaults: blend, hkvd, check layer 1, one ratio 0.15, deviation on V, 4 sink tokens. */
@@ -613,8 +616,11 @@ typedef struct cb_blend_stats {
     int32_t n_cached_tokens;      /* tokens whose KV came from a cache */
     int32_t n_recomputed_tokens;  /* cached tokens recomputed at the last check layer */
     int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
-    double load_ms;               /* reading and placing cached KV */
-    double recompute_ms;          /* layer computation */
+    double load_ms;               /* reading and placing cached KV (the loader's busy time) */
+    double recompute_ms;          /* layer computation (compute busy time, stalls excluded) */
+    double overlapped_ms;         /* load time hidden behind computation */
+    double stall_ms;              /* computation waiting for a layer still loading */
+    uint64_t load_bytes;          /* KV bytes read from files */
     double prefill_ms;            /* all of it, to the logits */
 } cb_blend_stats;
 
@@ -631,35 +637,235 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
 /* ---------------------------------------------------------------- store */
 
 /* A tiered store of KV files (layout in cb-store(5)): a directory with a
- * configuration, an SQLite index in WAL mode and one directory per tier,
- * fastest first.  Many processes may use one store at once. */
+ * configuration (store.json), an SQLite index in WAL mode (index.db) and one
+ * directory per tier, fastest first, each with a capacity in bytes.  An entry
+ * is one KV file, named by its key ("<model hex>-<tokens hex>", cb_kv_key).
+ * Writes are atomic (temporary file, fsync, rename); a tier over capacity
+ * moves its least recently used entries one tier down and the last tier
+ * deletes them; pinned entries and entries in use (acquired) are never moved
+ * or deleted.  Many processes may use one store at once and any of them may
+ * be killed at any moment: the index's transactions, flock(2) locks on the
+ * entry files and a lock on DIR/lock keep the store consistent, and
+ * cb_store_gc removes what a killed process left behind.
+ *
+ * A cb_store handle is used by one thread at a time (open one per thread)
+ * and must not be used across fork().  Every function below that takes a
+ * cb_error * fills it on failure; the others return a status only. */
 typedef struct cb_store cb_store;
 
+#define CB_STORE_MAX_TIERS 8
+#define CB_STORE_KEY_LEN 65 /* strlen of a key */
+
 /* The default store directory: $CB_STORE, else
- * ${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/store.  Writes into buf. */
+ * ${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/store.  Writes into buf and
+ * returns it. */
 const char *cb_store_default_dir(char *buf, size_t n);
 
+/* One tier as given to cb_store_init and reported by cb_store_tier_info. */
+typedef struct cb_store_tier {
+    const char *name;  /* 1..32 of [A-Za-z0-9_.-], unique in the store */
+    const char *path;  /* directory; relative paths are relative to the store */
+    uint64_t capacity; /* bytes; 0 = unlimited */
+} cb_store_tier;
+
+/* Create a store in dir (made with its parents when missing) with n_tiers
+ * tiers, fastest first (tiers NULL or n_tiers 0: one tier "main" in
+ * DIR/tiers/main, unlimited).  promote_hits: an entry in a slower tier moves
+ * to the fastest tier with room on its promote_hits-th and later accesses
+ * (0 = never; negative = the default, 2).  Tier directories are created;
+ * each must be empty or missing, and no two tiers may share one.
+ * Errors: CB_ERR_CREATE (a store already exists there, a directory cannot be
+ * created or is not empty), CB_ERR_INVALID (names, duplicates, too many
+ * tiers), CB_ERR_IO. */
+cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits,
+                        cb_error *err);
+
 /* Open a store; with create, a missing store is initialised with one tier
- * ("main", in DIR/tiers/main, unlimited).  Errors: CB_ERR_NOT_FOUND (no
- * store there), CB_ERR_FORMAT (bad configuration or index), CB_ERR_IO. */
+ * ("main", in DIR/tiers/main, unlimited).  A tier directory that vanished
+ * (a RAM disk after a reboot) is made again; its entries are then gone, and
+ * the next cb_store_gc drops them from the index.  Errors: CB_ERR_NOT_FOUND
+ * (no store there), CB_ERR_FORMAT (bad configuration, a corrupt index: see
+ * cb_store_reset_index, or a tier directory that belongs to another store),
+ * CB_ERR_IO. */
 cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err);
+/* Close the handle; accepts NULL.  References from cb_store_acquire stay
+ * valid until released. */
 void cb_store_close(cb_store *s);
 
-/* 1 in *found when key is indexed (no access recorded). */
+/* The store directory, tier count and tier i (0 = fastest; strings borrowed
+ * from the handle, path absolute), and the promotion threshold. */
+const char *cb_store_dir(const cb_store *s);
+int cb_store_n_tiers(const cb_store *s);
+cb_status cb_store_tier_info(const cb_store *s, int i, cb_store_tier *out);
+int cb_store_promote_hits(const cb_store *s);
+
+/* 1 in *found when key is stored and its file is there (no access
+ * recorded), else 0.  Errors: CB_ERR_INVALID (not a key), CB_ERR_IO. */
 cb_status cb_store_lookup(cb_store *s, const char *key, int *found);
 
-/* Add a KV file given as bytes under key: written atomically (temporary
- * file, fsync, rename) into the fastest tier with room after eviction,
- * then indexed.  An existing key is left as it is (CB_OK).
- * Errors: CB_ERR_FORMAT (not a valid KV file), CB_ERR_IO, CB_ERR_CREATE. */
+/* Add a KV file given as bytes under key (NULL: the key the file names,
+ * cb_kv_key of its model and tokens): reserved in the fastest tier that has
+ * room after eviction, written atomically (temporary file, fsync, rename,
+ * fsync of the directory), verified (cb_kvfile_open, cb_kvfile_verify, and
+ * the key), then indexed.  An existing key (or one another process is
+ * writing) is left as it is (CB_OK).  Readers never see a partial entry.
+ * Errors: CB_ERR_FORMAT or CB_ERR_CHECKSUM (not a valid KV file),
+ * CB_ERR_UNSUPPORTED (another KV format version), CB_ERR_INVALID (key is
+ * not a key, or not the file's), CB_ERR_CREATE (no tier has room: the
+ * entries that would have to go are pinned or in use), CB_ERR_IO. */
 cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t size, cb_error *err);
 
-/* Open an entry for reading: records the access, may promote it, and
- * guarantees the file is not deleted or moved until cb_store_release.
- * *path is valid until then.  Errors: CB_ERR_NOT_FOUND, CB_ERR_IO. */
+/* Adopt the KV file at path: verified first (header, every layer's
+ * checksum), then copied in as by cb_store_put.  key (may be NULL) receives
+ * its key, *existed (may be NULL) 1 when it was already stored.  Errors as
+ * cb_store_put, and CB_ERR_NOT_FOUND (no such file). */
+cb_status cb_store_put_file(cb_store *s, const char *path, char key[66], int *existed, cb_error *err);
+
+/* Open an entry for reading: records the access (hits, last use), may
+ * promote it, and guarantees the file is not deleted or moved until
+ * cb_store_release (it holds a shared flock(2) on the file; a process that
+ * dies releases it).  *path is valid until then.  Errors: CB_ERR_NOT_FOUND
+ * (counted as a miss), CB_ERR_INVALID, CB_ERR_IO. */
 typedef struct cb_store_ref cb_store_ref;
 cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path, cb_error *err);
+/* Size in bytes of the acquired file. */
+uint64_t cb_store_ref_size(const cb_store_ref *ref);
+/* Release a reference; accepts NULL.  Independent of its store handle. */
 void cb_store_release(cb_store_ref *ref);
+
+/* Remove an entry from the index and delete its file; a file in use stays
+ * until its readers release it (cb_store_gc then deletes it).
+ * Errors: CB_ERR_NOT_FOUND, CB_ERR_INVALID, CB_ERR_IO. */
+cb_status cb_store_remove(cb_store *s, const char *key, cb_error *err);
+
+/* Pin (pinned 1) or unpin (0) an entry: a pinned entry is never demoted,
+ * promoted or evicted.  Errors: CB_ERR_NOT_FOUND, CB_ERR_INVALID, CB_ERR_IO. */
+cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err);
+
+/* One entry as cb_store_list reports it; strings borrowed for the call. */
+typedef struct cb_store_entry {
+    const char *key;         /* 65 characters */
+    const char *model;       /* model fingerprint, 32 hex digits */
+    const char *tier;        /* tier name */
+    const char *path;        /* the file */
+    const char *checksum;    /* XXH3-128 of the whole file, 32 hex digits */
+    uint64_t bytes;
+    int64_t n_tokens;
+    int64_t created_us;      /* Unix time in microseconds */
+    int64_t last_access_us;
+    uint64_t hits;
+    int pinned;
+} cb_store_entry;
+
+/* Call fn for every stored entry (not those being written), in tier order,
+ * most recently used first; model (32 hex digits) and tier (a name) filter
+ * when not NULL.  fn returns nonzero to stop early.  Errors: CB_ERR_INVALID
+ * (unknown tier, malformed fingerprint), CB_ERR_IO. */
+cb_status cb_store_list(cb_store *s, const char *model, const char *tier,
+                        int (*fn)(void *ctx, const cb_store_entry *e), void *ctx, cb_error *err);
+
+/* Per-tier figures. */
+typedef struct cb_store_tier_stat {
+    const char *name, *path; /* borrowed from the handle */
+    uint64_t capacity;       /* 0 = unlimited */
+    uint64_t entries, bytes; /* stored entries and their bytes */
+    uint64_t reserved;       /* bytes reserved by writes in progress */
+    uint64_t pinned;         /* pinned entries */
+    uint64_t hits;           /* accesses served by this tier since the store was made */
+} cb_store_tier_stat;
+
+/* Fill stats[0..cb_store_n_tiers) and *misses (accesses of missing keys;
+ * may be NULL).  A tier's hit rate is its hits over all accesses (every
+ * tier's hits plus the misses).  Errors: CB_ERR_IO. */
+cb_status cb_store_stat(cb_store *s, cb_store_tier_stat *stats, uint64_t *misses, cb_error *err);
+
+/* What cb_store_gc did. */
+typedef struct cb_store_gc_report {
+    uint64_t demoted;    /* entries moved one tier down (or further) */
+    uint64_t evicted;    /* entries deleted from the last tier */
+    uint64_t orphans;    /* entry files without an index entry, deleted */
+    uint64_t temps;      /* temporary files of dead processes, deleted */
+    uint64_t stale;      /* index entries without a file, unfinished writes of dead processes */
+    uint64_t busy;       /* entries in use or pinned that kept a tier over capacity */
+} cb_store_gc_report;
+
+/* Enforce capacities (LRU demotion and eviction), delete orphan files and
+ * stale temporary files, drop index entries whose file is gone and
+ * unfinished writes of processes that died.  Safe while other processes
+ * use the store; entries in use are left for a later run.  rep may be NULL.
+ * Errors: CB_ERR_IO. */
+cb_status cb_store_gc(cb_store *s, cb_store_gc_report *rep, cb_error *err);
+
+/* What cb_store_verify found. */
+typedef struct cb_store_verify_report {
+    uint64_t entries;   /* index entries checked */
+    uint64_t files;     /* files in the tier directories checked */
+    uint64_t bytes;     /* bytes read and checksummed */
+    uint64_t problems;  /* inconsistencies found */
+    uint64_t repaired;  /* of those, fixed (with repair) */
+    uint64_t remaining; /* inconsistencies left at the end */
+} cb_store_verify_report;
+
+/* Check every entry's file against the index (size, whole-file checksum)
+ * and against its own header and layer checksums and key, every file in the
+ * tier directories against the index, unfinished writes, temporary files
+ * and capacities.  Each inconsistency is passed to problem(ctx, what, msg)
+ * (may be NULL) as it is found (what: a key or a path).  With repair, the
+ * index is rebuilt from the files, which describe themselves: valid files
+ * missing from the index are adopted, invalid files and entries without a
+ * valid file are removed, capacities are enforced; then the store is checked
+ * again.  rep may be NULL.  Returns CB_OK only when the store is (now)
+ * consistent, CB_ERR_FORMAT when it is not; CB_ERR_IO on failure. */
+cb_status cb_store_verify(cb_store *s, int repair, void (*problem)(void *ctx, const char *what, const char *msg),
+                          void *ctx, cb_store_verify_report *rep, cb_error *err);
+
+/* Move an index that cannot be read aside (index.db.broken-TIME) and start
+ * an empty one, so that cb_store_open works again; cb_store_verify with
+ * repair then rebuilds the index from the files.  Use when no other process
+ * has the store open.  Errors: CB_ERR_NOT_FOUND (no store), CB_ERR_IO. */
+cb_status cb_store_reset_index(const char *dir, cb_error *err);
+
+/* Archive compression for cb_store_export. */
+typedef enum cb_store_compress {
+    CB_STORE_COMPRESS_AUTO = 0, /* from the archive name (.tar, .tar.gz/.tgz,
+                                 * .tar.xz/.txz, .tar.zst/.tzst); else zstd */
+    CB_STORE_COMPRESS_NONE,
+    CB_STORE_COMPRESS_GZIP,
+    CB_STORE_COMPRESS_XZ,
+    CB_STORE_COMPRESS_ZSTD
+} cb_store_compress;
+
+/* Write the entries named in keys[0..n_keys) (n_keys 0: every entry) into a
+ * tar archive (pax format; one regular file "<key>.kv" per entry) at path,
+ * atomically, or into the open descriptor fd when path is NULL.  Entries
+ * are read under cb_store_acquire's guarantee, without recording an access.
+ * *n_out (may be NULL) receives the count.  Errors: CB_ERR_NOT_FOUND (a key
+ * is not stored; nothing is written), CB_ERR_INVALID, CB_ERR_CREATE,
+ * CB_ERR_IO. */
+cb_status cb_store_export(cb_store *s, const char *path, int fd, const char *const *keys, size_t n_keys,
+                          cb_store_compress compress, uint64_t *n_out, cb_error *err);
+
+/* What cb_store_import did. */
+typedef struct cb_store_import_report {
+    uint64_t imported; /* new entries */
+    uint64_t existed;  /* already stored */
+    uint64_t rejected; /* entries refused (each passed to problem) */
+    uint64_t skipped;  /* directory entries, ignored */
+} cb_store_import_report;
+
+/* Import an archive (tar in any format libarchive reads, compressed or not;
+ * also zip and cpio) from path, or from the descriptor fd when path is NULL.
+ * Every entry is staged, verified (cb_store_put_file) and keyed by its
+ * contents; entries with absolute names, ".." components, links, devices,
+ * anything that is not a valid KV file, or a name "<key>.kv" that is not its
+ * contents' key, are rejected and passed to problem(ctx, name, reason) (may
+ * be NULL).  Valid entries are imported even when others are rejected.
+ * rep may be NULL.  Errors: CB_ERR_FORMAT (some entries were rejected, or
+ * the archive is malformed or truncated), CB_ERR_NOT_FOUND, CB_ERR_CREATE,
+ * CB_ERR_IO. */
+cb_status cb_store_import(cb_store *s, const char *path, int fd,
+                          void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
+                          cb_store_import_report *rep, cb_error *err);
 
 /* --------------------------------------------------------------- chunker */
 

@@ -14,10 +14,16 @@
  *            survivors again (gradual filtering).
  *   later:   the last selection only.
  * Attention is the engine's exact causal mask: a selected row at position p
- * sees keys 0..p only. */
+ * sees keys 0..p only.
+ *
+ * Loading is pipelined: a loader thread reads and places layer l+1 of every
+ * cached segment while layer l is computed; computing a layer waits only
+ * until that layer is in place (it must: the computation overwrites the
+ * selected rows' K/V in it). */
 #include "cbcore.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -41,6 +47,96 @@ cb_blend_params cb_blend_defaults(void)
     p.deviation_v = 1;
     p.sink_tokens = 4;
     return p;
+}
+
+/* ------------------------------------------------------------- loader */
+
+typedef struct loader {
+    const cb_segment *segs;
+    int32_t n_segs, n_layer;
+    const uint8_t *use;
+    const int32_t *start;
+    cb_kvcache *kv;
+    int64_t max_seg, w;
+    double limit_mbs;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t ready;      /* layers 0..ready-1 are in place */
+    cb_status st;
+    cb_error err;
+    double busy_ms, t_begin;
+    uint64_t bytes;
+} loader;
+
+static void loader_run(loader *ld)
+{
+    float *k = malloc(sizeof(float) * (size_t)(ld->max_seg * ld->w));
+    float *v = malloc(sizeof(float) * (size_t)(ld->max_seg * ld->w));
+    cb_status st = k && v ? CB_OK : CB_ERR_NOMEM;
+    cb_error err;
+
+    if (st != CB_OK)
+        cb_error_set(&err, st, "blend: out of memory");
+    for (int32_t l = 0; l < ld->n_layer && st == CB_OK; l++) {
+        double t0 = now_ms();
+        for (int32_t s = 0; s < ld->n_segs && st == CB_OK; s++) {
+            if (!ld->use[s])
+                continue;
+            cb_kvfile *kf = ld->segs[s].kv;
+            if ((st = cb_kvfile_read_layer(kf, l, k, v, &err)) != CB_OK)
+                break;
+            st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v, cb_kvfile_meta(kf)->pos0);
+            if (st != CB_OK)
+                cb_error_set(&err, st, "blend: cannot place segment %d", s);
+            ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
+        }
+        if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
+            double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = now_ms();
+            if (due > now) {
+                struct timespec ts = {(time_t)((due - now) / 1e3), (long)(fmod(due - now, 1e3) * 1e6)};
+                nanosleep(&ts, NULL);
+            }
+        }
+        pthread_mutex_lock(&ld->mu);
+        ld->busy_ms += now_ms() - t0;
+        if (st == CB_OK)
+            ld->ready = l + 1;
+        else
+            ld->st = st, ld->err = err;
+        pthread_cond_broadcast(&ld->cv);
+        pthread_mutex_unlock(&ld->mu);
+    }
+    if (st != CB_OK && ld->st == CB_OK) {
+        pthread_mutex_lock(&ld->mu);
+        ld->st = st;
+        ld->err = err;
+        pthread_cond_broadcast(&ld->cv);
+        pthread_mutex_unlock(&ld->mu);
+    }
+    free(k);
+    free(v);
+}
+
+static void *loader_main(void *arg)
+{
+    loader_run(arg);
+    return NULL;
+}
+
+/* Wait until layer l is in place; adds the time waited to *stall. */
+static cb_status loader_wait(loader *ld, int32_t l, double *stall, cb_error *err)
+{
+    cb_status st;
+    double t0 = now_ms();
+    pthread_mutex_lock(&ld->mu);
+    while (ld->ready <= l && ld->st == CB_OK)
+        pthread_cond_wait(&ld->cv, &ld->mu);
+    st = ld->ready > l ? CB_OK : ld->st;
+    if (st != CB_OK && err)
+        *err = ld->err;
+    pthread_mutex_unlock(&ld->mu);
+    *stall += now_ms() - t0;
+    return st;
 }
 
 typedef struct scored {
@@ -80,12 +176,19 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
     int64_t total = 0, max_seg = 0;
     cb_status st = CB_OK;
-    double t_start = now_ms(), t_load = 0;
+    double t_start = now_ms();
     int32_t *ids = NULL, *pos = NULL, *rows = NULL, *seg_of = NULL, *start = NULL;
     uint8_t *use = NULL, *cached = NULL, *keep = NULL;
-    float *kbuf = NULL, *vbuf = NULL, *fresh = NULL, *loaded = NULL, *qbuf = NULL;
+    float *fresh = NULL, *loaded = NULL, *qbuf = NULL;
     scored *sc = NULL;
+    loader ld;
+    pthread_t ld_thread;
+    int ld_started = 0;
+    double stall = 0;
 
+    memset(&ld, 0, sizeof ld);
+    pthread_mutex_init(&ld.mu, NULL);
+    pthread_cond_init(&ld.cv, NULL);
     memset(stats, 0, sizeof *stats);
     if (n_segs < 1 || p->n_ratios < 1 || p->n_ratios > CB_BLEND_MAX_STEPS || p->check_layer < 1 ||
         p->check_layer + p->n_ratios > hp->n_layer)
@@ -113,10 +216,8 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     use = calloc((size_t)n_segs, 1);
     cached = calloc((size_t)total, 1);
     keep = calloc((size_t)total, 1);
-    kbuf = malloc(sizeof(float) * (size_t)(max_seg * w));
-    vbuf = malloc(sizeof(float) * (size_t)(max_seg * w));
     sc = malloc(sizeof(scored) * (size_t)total);
-    if (!ids || !pos || !rows || !seg_of || !start || !use || !cached || !keep || !kbuf || !vbuf || !sc) {
+    if (!ids || !pos || !rows || !seg_of || !start || !use || !cached || !keep || !sc) {
         st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
         goto out;
     }
@@ -150,22 +251,27 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)", (long long)total);
         goto out;
     }
-    /* Load every used cache, every layer, at its new position. */
-    double t0 = now_ms();
-    for (int32_t s = 0; s < n_segs; s++) {
-        if (!use[s])
-            continue;
-        const cb_kv_meta *mt = cb_kvfile_meta(segs[s].kv);
-        for (int32_t l = 0; l < hp->n_layer; l++) {
-            if ((st = cb_kvfile_read_layer(segs[s].kv, l, kbuf, vbuf, err)) != CB_OK)
-                goto out;
-            if ((st = cb_kvcache_load(kv, l, start[s], segs[s].n, kbuf, vbuf, mt->pos0)) != CB_OK) {
-                cb_error_set(err, st, "blend: cannot place segment %d", s);
-                goto out;
-            }
-        }
+    /* Start loading every used cache, layer by layer, at its new position. */
+    int any = 0;
+    for (int32_t s = 0; s < n_segs; s++)
+        any |= use[s];
+    ld.segs = segs;
+    ld.n_segs = n_segs;
+    ld.n_layer = hp->n_layer;
+    ld.use = use;
+    ld.start = start;
+    ld.kv = kv;
+    ld.max_seg = max_seg;
+    ld.w = w;
+    ld.limit_mbs = p->load_limit_mbs;
+    ld.ready = any ? 0 : hp->n_layer;
+    ld.t_begin = now_ms();
+    if (any) {
+        if (p->sequential_load || pthread_create(&ld_thread, NULL, loader_main, &ld) != 0)
+            loader_run(&ld);
+        else
+            ld_started = 1;
     }
-    t_load = now_ms() - t0;
 
     /* rows = the computed set: fresh rows, plus the selected cached ones. */
     int32_t n_rows = 0;
@@ -174,13 +280,17 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
             rows[n_rows++] = (int32_t)r;
     if (p->mode != CB_MODE_BLEND) {
         for (int32_t l = 0; l < hp->n_layer; l++)
-            if (n_cached == 0 ? (st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK
+            if ((st = loader_wait(&ld, l, &stall, err)) != CB_OK)
+                goto out;
+            else if (n_cached == 0 ? (st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK
                               : (st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
                 goto layer_fail;
     } else {
         /* layers before the check layer: every row */
         for (int32_t l = 0; l < p->check_layer; l++)
-            if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
+            if ((st = loader_wait(&ld, l, &stall, err)) != CB_OK)
+                goto out;
+            else if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
                 goto layer_fail;
         /* candidates: all cached rows */
         for (int64_t r = 0; r < total; r++)
@@ -194,6 +304,8 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         }
         for (int32_t step = 0; step < p->n_ratios; step++) {
             int32_t l = p->check_layer + step;
+            if ((st = loader_wait(&ld, l, &stall, err)) != CB_OK)
+                goto out;
             int64_t want = (int64_t)ceilf(p->ratios[step] * (float)n_cached);
             int32_t n_c = 0;
             int32_t *cand = rows; /* reuse: candidate cached rows, by position */
@@ -291,7 +403,9 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         }
         stats->n_recomputed_tokens = (int32_t)n_cand;
         for (int32_t l = p->check_layer + p->n_ratios; l < hp->n_layer; l++)
-            if ((st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
+            if ((st = loader_wait(&ld, l, &stall, err)) != CB_OK)
+                goto out;
+            else if ((st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
                 goto layer_fail;
     }
     {
@@ -299,9 +413,16 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         if ((st = cb_fwd_logits(f, &last, 1, logits)) != CB_OK)
             goto layer_fail;
     }
-    stats->load_ms = t_load;
     stats->prefill_ms = now_ms() - t_start;
-    stats->recompute_ms = stats->prefill_ms - t_load;
+    if (ld_started) {
+        pthread_join(ld_thread, NULL);
+        ld_started = 0;
+    }
+    stats->load_ms = ld.busy_ms;
+    stats->load_bytes = ld.bytes;
+    stats->stall_ms = stall;
+    stats->recompute_ms = stats->prefill_ms - stall - (p->sequential_load ? ld.busy_ms : 0);
+    stats->overlapped_ms = p->sequential_load ? 0 : ld.busy_ms - stall > 0 ? ld.busy_ms - stall : 0;
     if (p->mode == CB_MODE_FULL)
         stats->n_recomputed_tokens = 0;
     st = CB_OK;
@@ -309,7 +430,11 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
 layer_fail:
     cb_error_set(err, st, "blend: layer computation failed: %s", cb_strerror(st));
 out:
+    if (ld_started)
+        pthread_join(ld_thread, NULL);
+    pthread_mutex_destroy(&ld.mu);
+    pthread_cond_destroy(&ld.cv);
     free(ids), free(pos), free(rows), free(seg_of), free(start), free(use), free(cached), free(keep);
-    free(kbuf), free(vbuf), free(fresh), free(loaded), free(qbuf), free(sc);
+    free(fresh), free(loaded), free(qbuf), free(sc);
     return st;
 }

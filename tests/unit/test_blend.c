@@ -236,6 +236,14 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     free(k1), free(v1), free(k2), free(v2);
     cb_kvcache_free(ka), cb_kvcache_free(kb), cb_kvcache_free(ca), cb_kvcache_free(cbk);
 
+    tcase("%s: pipelined and sequential loading give identical results", label);
+    p = cb_blend_defaults();
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    p.sequential_load = 1;
+    CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)nv) == 0);
+    CHECK(st.load_bytes > 0 && st.stall_ms >= 0);
+
     tcase("%s: a bad parameter is refused", label);
     p = cb_blend_defaults();
     p.check_layer = hp->n_layer;
