@@ -634,6 +634,59 @@ typedef struct cb_blend_stats {
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
                            const cb_blend_params *p, float *logits, cb_blend_stats *stats, cb_error *err);
 
+/* ------------------------------------------------- profile and controller */
+
+/* A profile: measured speeds of one model on one backend (cb-profile(1)
+ * writes it; the JSON layout is in cb-profile(1)).  Times are medians of
+ * repeated runs, per layer. */
+typedef struct cb_profile cb_profile;
+
+#define CB_PROFILE_MAX 64
+
+typedef struct cb_profile_point {
+    int64_t length;      /* prompt tokens */
+    double ratio;        /* recompute ratio; 1 for full prefill */
+    double ms_per_layer; /* median */
+    double spread;       /* (max - min) / median of the repeats */
+} cb_profile_point;
+
+typedef struct cb_profile_tier {
+    char name[64];
+    double warm_mbs, cold_mbs; /* KV read throughput, page cache warm / dropped */
+} cb_profile_tier;
+
+struct cb_profile {
+    char model[33], backend[32];
+    int32_t n_layer, threads;
+    double kv_bytes_per_token[4]; /* f32, f16, bf16, q8_0 files (CB_KV_* order below) */
+    int n_prefill, n_recompute, n_tiers;
+    cb_profile_point prefill[CB_PROFILE_MAX];
+    cb_profile_point recompute[CB_PROFILE_MAX * 8];
+    cb_profile_tier tiers[16];
+};
+
+/* Index into kv_bytes_per_token for a KV element type, -1 if none. */
+int cb_profile_type_index(cb_type t);
+
+/* Serialize to / parse from JSON text.  Errors: CB_ERR_FORMAT, CB_ERR_NOMEM. */
+cb_status cb_profile_to_json(const cb_profile *p, char **json);
+cb_status cb_profile_from_json(cb_profile *p, const char *json, size_t len, cb_error *err);
+/* The profile's file name in a store: profile-<model hex>-<backend>.json */
+void cb_profile_name(cb_hash128 model, const char *backend, char *buf, size_t n);
+
+/* Predicted time (ms, all layers) to recompute `ratio` of a prompt of L
+ * tokens, interpolated linearly in ratio and in L (extrapolated in
+ * proportion beyond the measured lengths). */
+double cb_profile_recompute_ms(const cb_profile *p, double ratio, int64_t L);
+/* Predicted time (ms) to load L tokens of KV of type t from a tier
+ * (cold: page cache dropped).  -1 when the tier is not in the profile. */
+double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold);
+/* The controller: r = max(r_min, the r where recompute time equals load
+ * time) for L cached tokens in `tier`; 1 when loading is slower than full
+ * recompute.  *pred_load and *pred_recompute receive the predictions. */
+double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold, double r_min,
+                           double *pred_load, double *pred_recompute);
+
 /* ---------------------------------------------------------------- store */
 
 /* A tiered store of KV files (layout in cb-store(5)): a directory with a

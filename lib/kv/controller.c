@@ -1,0 +1,239 @@
+/* controller.c - profiles (measured prefill, recompute and load speeds) and
+ * the loading controller that picks a recompute ratio from them.
+ *
+ * Following the paper: T_recompute(r, L) is interpolated from the profile,
+ * T_load(L, tier) = KV bytes per token x L / tier throughput, and the ratio
+ * is r = max(r_min, r*) where T_recompute(r*, L) = T_load(L): recomputing
+ * more than that costs time to first token, recomputing less gains nothing
+ * because loading hides it. */
+#include "cbcore.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cb_profile_type_index(cb_type t)
+{
+    switch (t) {
+    case CB_TYPE_F32: return 0;
+    case CB_TYPE_F16: return 1;
+    case CB_TYPE_BF16: return 2;
+    case CB_TYPE_Q8_0: return 3;
+    default: return -1;
+    }
+}
+
+static const char *const type_keys[4] = {"f32", "f16", "bf16", "q8_0"};
+
+void cb_profile_name(cb_hash128 model, const char *backend, char *buf, size_t n)
+{
+    char hex[33];
+    cb_hash128_hex(model, hex);
+    snprintf(buf, n, "profile-%s-%s.json", hex, backend);
+}
+
+static json_t *points(const cb_profile_point *pt, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_pack("{s:I, s:f, s:f, s:f}", "length", (json_int_t)pt[i].length, "ratio",
+                                           pt[i].ratio, "ms_per_layer", pt[i].ms_per_layer, "spread", pt[i].spread));
+    return a;
+}
+
+cb_status cb_profile_to_json(const cb_profile *p, char **json)
+{
+    json_t *kvb = json_object(), *tiers = json_array();
+    for (int i = 0; i < 4; i++)
+        json_object_set_new(kvb, type_keys[i], json_real(p->kv_bytes_per_token[i]));
+    for (int i = 0; i < p->n_tiers; i++)
+        json_array_append_new(tiers, json_pack("{s:s, s:f, s:f}", "name", p->tiers[i].name, "warm_mbs",
+                                               p->tiers[i].warm_mbs, "cold_mbs", p->tiers[i].cold_mbs));
+    json_t *o = json_pack("{s:i, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o}", "version", 1, "model", p->model,
+                          "backend", p->backend, "n_layer", p->n_layer, "threads", p->threads, "kv_bytes_per_token",
+                          kvb, "prefill", points(p->prefill, p->n_prefill), "recompute",
+                          points(p->recompute, p->n_recompute), "tiers", tiers);
+    if (!o)
+        return CB_ERR_NOMEM;
+    *json = json_dumps(o, JSON_INDENT(1));
+    json_decref(o);
+    return *json ? CB_OK : CB_ERR_NOMEM;
+}
+
+static int read_points(json_t *a, cb_profile_point *pt, int max)
+{
+    size_t i;
+    json_t *e;
+    int n = 0;
+    if (!json_is_array(a))
+        return -1;
+    json_array_foreach(a, i, e)
+    {
+        if (n == max)
+            return -1;
+        json_int_t len;
+        double r, ms, sp;
+        if (json_unpack(e, "{s:I, s:F, s:F, s:F}", "length", &len, "ratio", &r, "ms_per_layer", &ms, "spread", &sp))
+            return -1;
+        pt[n++] = (cb_profile_point){len, r, ms, sp};
+    }
+    return n;
+}
+
+cb_status cb_profile_from_json(cb_profile *p, const char *text, size_t len, cb_error *err)
+{
+    json_error_t je;
+    json_t *o = json_loadb(text, len, 0, &je), *kvb = NULL, *pre = NULL, *rec = NULL, *tiers = NULL;
+    const char *model, *backend;
+    int version, n_layer, threads;
+
+    memset(p, 0, sizeof *p);
+    if (!o)
+        return cb_error_set(err, CB_ERR_FORMAT, "profile: %s (line %d)", je.text, je.line);
+    if (json_unpack_ex(o, &je, 0, "{s:i, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o}", "version", &version, "model",
+                       &model, "backend", &backend, "n_layer", &n_layer, "threads", &threads, "kv_bytes_per_token",
+                       &kvb, "prefill", &pre, "recompute", &rec, "tiers", &tiers) ||
+        version != 1) {
+        json_decref(o);
+        return cb_error_set(err, CB_ERR_FORMAT, "profile: %s", version != 1 ? "unknown version" : je.text);
+    }
+    snprintf(p->model, sizeof p->model, "%s", model);
+    snprintf(p->backend, sizeof p->backend, "%s", backend);
+    p->n_layer = n_layer;
+    p->threads = threads;
+    for (int i = 0; i < 4; i++) {
+        json_t *v = json_object_get(kvb, type_keys[i]);
+        p->kv_bytes_per_token[i] = json_is_number(v) ? json_number_value(v) : 0;
+    }
+    p->n_prefill = read_points(pre, p->prefill, CB_PROFILE_MAX);
+    p->n_recompute = read_points(rec, p->recompute, CB_PROFILE_MAX * 8);
+    size_t i;
+    json_t *t;
+    p->n_tiers = 0;
+    json_array_foreach(tiers, i, t)
+    {
+        const char *name;
+        double w, c;
+        if (p->n_tiers == 16 || json_unpack(t, "{s:s, s:F, s:F}", "name", &name, "warm_mbs", &w, "cold_mbs", &c)) {
+            p->n_prefill = -1;
+            break;
+        }
+        cb_profile_tier *pt = &p->tiers[p->n_tiers++];
+        snprintf(pt->name, sizeof pt->name, "%s", name);
+        pt->warm_mbs = w;
+        pt->cold_mbs = c;
+    }
+    json_decref(o);
+    if (p->n_prefill < 0 || p->n_recompute < 0 || n_layer < 1)
+        return cb_error_set(err, CB_ERR_FORMAT, "profile: malformed measurements");
+    return CB_OK;
+}
+
+/* Per-layer ms at ratio r for one measured length: linear between the
+ * measured ratios, with full prefill (ratio 1) as the top point. */
+static double at_length(const cb_profile *p, int64_t len, double r, int *ok)
+{
+    double xs[CB_PROFILE_MAX * 8 + 2], ys[CB_PROFILE_MAX * 8 + 2];
+    int n = 0;
+    xs[n] = 0, ys[n] = 0, n++; /* recomputing nothing costs nothing */
+    for (int i = 0; i < p->n_recompute; i++)
+        if (p->recompute[i].length == len)
+            xs[n] = p->recompute[i].ratio, ys[n] = p->recompute[i].ms_per_layer, n++;
+    for (int i = 0; i < p->n_prefill; i++)
+        if (p->prefill[i].length == len)
+            xs[n] = 1.0, ys[n] = p->prefill[i].ms_per_layer, n++;
+    *ok = n > 1;
+    /* insertion sort by ratio */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && xs[j] < xs[j - 1]; j--) {
+            double t = xs[j];
+            xs[j] = xs[j - 1], xs[j - 1] = t;
+            t = ys[j];
+            ys[j] = ys[j - 1], ys[j - 1] = t;
+        }
+    if (r <= xs[0])
+        return ys[0];
+    for (int i = 1; i < n; i++)
+        if (r <= xs[i])
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (r - xs[i - 1]) / (xs[i] - xs[i - 1] > 0 ? xs[i] - xs[i - 1] : 1);
+    /* beyond the last point: in proportion */
+    return xs[n - 1] > 0 ? ys[n - 1] * r / xs[n - 1] : ys[n - 1];
+}
+
+double cb_profile_recompute_ms(const cb_profile *p, double ratio, int64_t L)
+{
+    /* the measured lengths, sorted */
+    int64_t lens[CB_PROFILE_MAX];
+    int nl = 0;
+    for (int i = 0; i < p->n_prefill; i++) {
+        int seen = 0;
+        for (int j = 0; j < nl; j++)
+            seen |= lens[j] == p->prefill[i].length;
+        if (!seen && nl < CB_PROFILE_MAX)
+            lens[nl++] = p->prefill[i].length;
+    }
+    for (int i = 1; i < nl; i++)
+        for (int j = i; j > 0 && lens[j] < lens[j - 1]; j--) {
+            int64_t t = lens[j];
+            lens[j] = lens[j - 1], lens[j - 1] = t;
+        }
+    if (nl == 0)
+        return -1;
+    int ok;
+    double per_layer;
+    if (L <= lens[0]) {
+        per_layer = at_length(p, lens[0], ratio, &ok) * (double)L / (double)lens[0];
+    } else if (L >= lens[nl - 1]) {
+        per_layer = at_length(p, lens[nl - 1], ratio, &ok) * (double)L / (double)lens[nl - 1];
+    } else {
+        int i = 1;
+        while (lens[i] < L)
+            i++;
+        double a = at_length(p, lens[i - 1], ratio, &ok), b = at_length(p, lens[i], ratio, &ok);
+        per_layer = a + (b - a) * (double)(L - lens[i - 1]) / (double)(lens[i] - lens[i - 1]);
+    }
+    return per_layer * p->n_layer;
+}
+
+double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold)
+{
+    int ti = cb_profile_type_index(t);
+    for (int i = 0; ti >= 0 && i < p->n_tiers; i++)
+        if (!strcmp(p->tiers[i].name, tier)) {
+            double mbs = cold ? p->tiers[i].cold_mbs : p->tiers[i].warm_mbs;
+            if (mbs <= 0)
+                return -1;
+            return p->kv_bytes_per_token[ti] * (double)L / (mbs * 1e6) * 1e3;
+        }
+    return -1;
+}
+
+double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold, double r_min,
+                           double *pred_load, double *pred_recompute)
+{
+    double load = cb_profile_load_ms(p, tier, L, t, cold), r;
+    if (pred_load)
+        *pred_load = load;
+    if (load < 0) {
+        r = r_min;
+    } else if (cb_profile_recompute_ms(p, 1.0, L) <= load) {
+        r = 1.0; /* loading is slower than recomputing everything */
+    } else {
+        double lo = 0, hi = 1; /* T_recompute grows with r: bisect */
+        for (int i = 0; i < 50; i++) {
+            double mid = (lo + hi) / 2;
+            if (cb_profile_recompute_ms(p, mid, L) < load)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        r = (lo + hi) / 2;
+        if (r < r_min)
+            r = r_min;
+    }
+    if (pred_recompute)
+        *pred_recompute = cb_profile_recompute_ms(p, r, L);
+    return r;
+}

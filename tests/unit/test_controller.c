@@ -1,0 +1,82 @@
+/* test_controller.c - the loading controller's arithmetic on synthetic
+ * profiles, worked out by hand, and the profile's JSON round trip. */
+#include "cbcore.h"
+#include "test.h"
+
+static cb_profile synthetic(void)
+{
+    cb_profile p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.model, sizeof p.model, "00112233445566778899aabbccddeeff");
+    snprintf(p.backend, sizeof p.backend, "cpu");
+    p.n_layer = 10;
+    p.threads = 2;
+    p.kv_bytes_per_token[1] = 1e4; /* f16 */
+    p.kv_bytes_per_token[3] = 5e3; /* q8_0 */
+    p.prefill[p.n_prefill++] = (cb_profile_point){512, 1.0, 10.0, 0.01};
+    p.prefill[p.n_prefill++] = (cb_profile_point){1024, 1.0, 22.0, 0.01};
+    p.recompute[p.n_recompute++] = (cb_profile_point){512, 0.1, 2.0, 0.02};
+    p.recompute[p.n_recompute++] = (cb_profile_point){512, 0.5, 6.0, 0.02};
+    p.recompute[p.n_recompute++] = (cb_profile_point){1024, 0.1, 4.4, 0.02};
+    p.recompute[p.n_recompute++] = (cb_profile_point){1024, 0.5, 12.0, 0.02};
+    p.tiers[p.n_tiers++] = (cb_profile_tier){"ram", 10000, 10000};
+    p.tiers[p.n_tiers++] = (cb_profile_tier){"ssd", 100, 50};
+    p.tiers[p.n_tiers++] = (cb_profile_tier){"tape", 1, 1};
+    return p;
+}
+
+#define NEAR(a, b) (fabs((a) - (b)) < 1e-6 * (fabs(b) + 1))
+
+int main(void)
+{
+    TEST_BEGIN();
+    cb_profile p = synthetic();
+
+    tcase("T_recompute interpolates in ratio and length");
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.1, 512), 20.0));
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.3, 512), 40.0));      /* halfway 2..6 per layer */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.75, 512), 80.0));     /* halfway 6..10 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.05, 512), 10.0));     /* halfway 0..2 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.1, 768), 32.0));      /* halfway 2..4.4 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 1.0, 2048), 440.0));    /* in proportion past 1024 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 1.0, 256), 50.0));      /* and below 512 */
+
+    tcase("T_load = bytes per token x L / throughput");
+    CHECK(NEAR(cb_profile_load_ms(&p, "ssd", 512, CB_TYPE_F16, 0), 51.2));
+    CHECK(NEAR(cb_profile_load_ms(&p, "ssd", 512, CB_TYPE_F16, 1), 102.4));
+    CHECK(NEAR(cb_profile_load_ms(&p, "ssd", 512, CB_TYPE_Q8_0, 0), 25.6));
+    CHECK(cb_profile_load_ms(&p, "nvme", 512, CB_TYPE_F16, 0) < 0);
+
+    tcase("the controller: r where T_recompute = T_load, at least r_min, at most 1");
+    double load, rec;
+    double r = cb_controller_ratio(&p, "ssd", 512, CB_TYPE_F16, 0, 0.15, &load, &rec);
+    /* 51.2 ms over 10 layers = 5.12 per layer: 2 + 4 (r - 0.1) / 0.4 = 5.12 -> r = 0.412 */
+    CHECKF(fabs(r - 0.412) < 1e-6, "r = %.6f", r);
+    CHECK(NEAR(load, 51.2) && fabs(rec - 51.2) < 1e-4);
+    r = cb_controller_ratio(&p, "ram", 512, CB_TYPE_F16, 0, 0.15, &load, &rec);
+    CHECKF(NEAR(r, 0.15), "fast tier: r_min, got %.4f", r);
+    CHECK(NEAR(rec, 25.0)); /* 2 + 4 x 0.05 / 0.4 = 2.5 per layer */
+    r = cb_controller_ratio(&p, "tape", 512, CB_TYPE_F16, 0, 0.15, &load, &rec);
+    CHECKF(NEAR(r, 1.0), "a tier slower than full prefill: r = 1, got %.4f", r);
+    r = cb_controller_ratio(&p, "nvme", 512, CB_TYPE_F16, 0, 0.2, &load, &rec);
+    CHECK(NEAR(r, 0.2) && load < 0); /* no measurement: r_min */
+
+    tcase("profile JSON round trip");
+    char *json = NULL;
+    cb_profile q;
+    cb_error err;
+    CHECK_OK(cb_profile_to_json(&p, &json));
+    CHECK_OK(cb_profile_from_json(&q, json, strlen(json), &err));
+    CHECK(!strcmp(q.model, p.model) && !strcmp(q.backend, "cpu") && q.n_layer == 10 && q.threads == 2);
+    CHECK(q.n_prefill == 2 && q.n_recompute == 4 && q.n_tiers == 3);
+    CHECK(NEAR(q.recompute[3].ms_per_layer, 12.0) && !strcmp(q.tiers[1].name, "ssd") && NEAR(q.tiers[1].cold_mbs, 50.0));
+    CHECK(NEAR(cb_controller_ratio(&q, "ssd", 512, CB_TYPE_F16, 0, 0.15, NULL, NULL), 0.412));
+    free(json);
+    CHECK(cb_profile_from_json(&q, "{\"version\": 2}", 14, &err) == CB_ERR_FORMAT);
+    CHECK(cb_profile_from_json(&q, "not json", 8, &err) == CB_ERR_FORMAT);
+    char name[128];
+    cb_hash128 h = {1, 2};
+    cb_profile_name(h, "cpu", name, sizeof name);
+    CHECK(!strcmp(name, "profile-00000000000000020000000000000001-cpu.json"));
+    TEST_END();
+}
