@@ -129,3 +129,37 @@ void cli_version(void)
 {
     printf("%s (cacheblend) %s\n", cli_prog, CB_VERSION_STRING);
 }
+
+char *cli_utf8_clean(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char *out = malloc(3 * n + 1), *o = out;
+    size_t i = 0;
+    if (!out)
+        return NULL;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        int valid = len > 0 && i + len <= n;
+        for (size_t k = 1; valid && k < len; k++)
+            valid = (p[i + k] & 0xC0) == 0x80;
+        if (valid && len > 1) { /* overlong forms, surrogates, past U+10FFFF */
+            unsigned cp = len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+            for (size_t k = 1; k < len; k++)
+                cp = cp << 6 | (p[i + k] & 0x3F);
+            valid = !(len == 2 && cp < 0x80) && !(len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) &&
+                    !(len == 4 && (cp < 0x10000 || cp > 0x10FFFF));
+        }
+        if (valid) {
+            memcpy(o, p + i, len);
+            o += len;
+            i += len;
+        } else {
+            memcpy(o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    *o = 0;
+    return out;
+}

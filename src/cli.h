@@ -45,6 +45,10 @@ char *cli_read_input(const char *path, size_t *len, int *exit_code);
  * error: prints a message and returns 74, else returns `code`. */
 int cli_finish(int code);
 
+/* A malloc'd NUL-terminated copy of n bytes with every invalid UTF-8
+ * sequence replaced by U+FFFD (JSON strings must be valid UTF-8). */
+char *cli_utf8_clean(const char *s, size_t n);
+
 /* Print the --version line. */
 void cli_version(void);
 

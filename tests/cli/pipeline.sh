@@ -1,0 +1,110 @@
+#!/bin/sh
+# The pipeline through real pipes: cb-chunk | cb-precompute into a store,
+# incrementality, bad records, interruption, then cb-run in every mode on
+# the stored chunks (tiny fixture model; the default model when present).
+. "$(dirname "$0")/lib.sh"
+CHUNK=$BINDIR_B/cb-chunk PRE=$BINDIR_B/cb-precompute RUN=$BINDIR_B/cb-run STORE=$BINDIR_B/cb-store
+M=$CB_TEST_TMP/tiny-q8_0.gguf
+S=$T/store
+mkdir -p "$T/docs"
+for i in 1 2 3; do
+    printf 'Document %s. The river Vale runs past the town of Kelby %s.\n\nIts bridge was built in 19%s0 by the Norden company.\n' $i $i $i > "$T/docs/d$i.txt"
+done
+
+"$CHUNK" -m "$M" --tokens 24 "$T/docs" > "$T/chunks.jsonl" && [ -s "$T/chunks.jsonl" ] && ok "cb-chunk writes records" || not_ok "cb-chunk"
+n=$(wc -l < "$T/chunks.jsonl")
+"$PRE" -m "$M" --store "$S" -q < "$T/chunks.jsonl" > "$T/pre1.jsonl"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l < "$T/pre1.jsonl")" -eq "$n" ] && ok "cb-precompute passes every record on ($n)" || not_ok "cb-precompute (rc $rc)"
+python3 - "$T/chunks.jsonl" "$T/pre1.jsonl" <<'PY' && ok "records keep every field byte for byte, add kv and cached" || not_ok "record fields"
+import json, sys
+a = open(sys.argv[1], encoding="utf-8").read().splitlines()
+b = open(sys.argv[2], encoding="utf-8").read().splitlines()
+seen = set()
+for x, y in zip(a, b):
+    assert y.startswith(x[:-1] + ","), (x, y)
+    o = json.loads(y)
+    assert len(o["kv"]) == 65 and o["kv"][32] == "-", o
+    assert o["cached"] is (o["kv"] in seen), o  # repeated texts are cached from their first time
+    seen.add(o["kv"])
+PY
+entries=$("$STORE" --store "$S" ls --json | grep -c '"key"')
+[ "$entries" -le "$n" ] && [ "$entries" -gt 0 ] && ok "the store holds the chunks ($entries entries)" || not_ok "store entries $entries"
+before=$(find "$S" -type f -name '*.cbkv' -newer "$T/pre1.jsonl" | wc -l)
+"$PRE" -m "$M" --store "$S" "$T/chunks.jsonl" > "$T/pre2.jsonl" 2>"$T/err"
+after=$(find "$S" -type f -name '*.cbkv' -newer "$T/pre1.jsonl" | wc -l)
+grep -q '"cached":false' "$T/pre2.jsonl" && not_ok "second run: all cached" || ok "second run: every record cached"
+[ "$before" -eq 0 ] && [ "$after" -eq 0 ] && ok "second run writes nothing" || not_ok "second run wrote $after files"
+cut -d, -f1 "$T/pre1.jsonl" | cmp -s - "$(cut -d, -f1 "$T/pre2.jsonl" > "$T/c2"; echo "$T/c2")" && ok "same keys" || not_ok "same keys"
+
+printf '{"text": "fine"}\nnot json\n{"id": 1}\n{"text": "also fine"}\n' > "$T/bad.jsonl"
+"$PRE" -m "$M" --store "$S" "$T/bad.jsonl" > "$T/o" 2> "$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l < "$T/o")" -eq 2 ] && grep -q "bad.jsonl:2" "$T/err" && grep -q "bad.jsonl:3" "$T/err" \
+    && ok "bad records are reported with their line and skipped" || not_ok "bad records (rc $rc)"
+expect_exit "--strict stops at a bad record" 65 "$PRE" -m "$M" --store "$S" --strict "$T/bad.jsonl"
+expect_exit "missing input" 66 "$PRE" -m "$M" --store "$S" "$T/none.jsonl"
+expect_exit "bad --kv-type" 64 "$PRE" -m "$M" --store "$S" --kv-type f8 "$T/bad.jsonl"
+"$PRE" -m "$M" --store "$S" --kv-type q8_0 -q "$T/chunks.jsonl" > /dev/null && ok "--kv-type q8_0" || not_ok "--kv-type q8_0"
+
+# Interrupted: a long input, SIGINT after a moment; nothing partial may remain.
+i=0; : > "$T/long.jsonl"
+while [ $i -lt 3000 ]; do printf '{"text": "chunk number %d about the bridge of Kelby and the river Vale, long enough to take a moment to prefill"}\n' $i >> "$T/long.jsonl"; i=$((i + 1)); done
+"$PRE" -m "$M" --store "$T/s2" -q "$T/long.jsonl" > "$T/o" 2>"$T/err" &
+pid=$!
+sleep 0.5; kill -INT $pid; wait $pid; rc=$?
+[ $rc -eq 130 ] && ok "SIGINT: exit 130" || not_ok "SIGINT: exit $rc"
+"$STORE" --store "$T/s2" verify > "$T/v" 2>&1 && ok "after SIGINT the store verifies" || { not_ok "store verify after SIGINT"; sed 's/^/#   /' "$T/v" | head; }
+[ -z "$(find "$T/s2" -name '*.tmp*' -type f)" ] && ok "no temporary file left" || not_ok "temporary files left"
+"$PRE" -m "$M" --store "$T/s2" -q "$T/long.jsonl" > "$T/o2" && [ "$(grep -c '"cached":true' "$T/o2")" -ge "$(wc -l < "$T/o")" ] \
+    && ok "a rerun continues where it stopped" || not_ok "rerun after SIGINT"
+
+# cb-run on the stored chunks, every mode
+Q="Who built the bridge over the Vale?"
+for mode in full prefix reuse blend; do
+    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --mode $mode -n 6 -p "$Q" --stats "$T/st-$mode.json" > "$T/a-$mode" \
+        && ok "cb-run --mode $mode" || not_ok "cb-run --mode $mode"
+done
+python3 - "$T" <<'PY' && ok "stats: cached and recomputed tokens per mode" || not_ok "stats per mode"
+import json, sys
+t = sys.argv[1]
+s = {m: json.load(open(f"{t}/st-{m}.json")) for m in ["full", "prefix", "reuse", "blend"]}
+for m, v in s.items():
+    for k in ["mode", "n_prompt_tokens", "n_cached_tokens", "n_recomputed_tokens", "ratio", "ttft_ms", "prefill_ms",
+              "load_ms", "n_gen_tokens", "gen_ms", "recompute_ms", "n_selected", "overlapped_ms", "stall_ms"]:
+        assert k in v, (m, k)
+    assert v["mode"] == m
+assert s["full"]["n_cached_tokens"] == 0
+assert s["reuse"]["n_cached_tokens"] > 0 and s["reuse"]["n_recomputed_tokens"] == 0
+assert s["blend"]["n_cached_tokens"] == s["reuse"]["n_cached_tokens"]
+assert 0 < s["blend"]["n_recomputed_tokens"] < s["blend"]["n_cached_tokens"]
+assert s["blend"]["n_chunks_missing"] == 0, s["blend"]
+assert len(set(v["n_prompt_tokens"] for v in s.values())) == 1
+PY
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 4 -p "$Q" --verify --stats "$T/v.json" > /dev/null
+python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))["verify"]; assert v["kl"] >= 0 and "same_answer" in v and "top1_agree" in v' "$T/v.json" \
+    && ok "--verify adds KL, top-1 agreement and answer identity" || not_ok "--verify"
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --ratio 1 -n 6 -p "$Q" > "$T/r1"
+cmp -s "$T/r1" "$T/a-full" && ok "--ratio 1 answers like full" || not_ok "--ratio 1 vs full"
+
+# a chunk without cache is computed in place and stored for next time
+printf '{"text": "A brand new chunk about the Kelby ferry, never precomputed."}\n' > "$T/new.jsonl"
+cat "$T/chunks.jsonl" >> "$T/new.jsonl"
+"$RUN" -m "$M" --store "$S" --chunks "$T/new.jsonl" -n 2 -p "$Q" --no-store-write --stats "$T/n1.json" > /dev/null
+"$RUN" -m "$M" --store "$S" --chunks "$T/new.jsonl" -n 2 -p "$Q" --stats "$T/n2.json" > /dev/null
+"$RUN" -m "$M" --store "$S" --chunks "$T/new.jsonl" -n 2 -p "$Q" --stats "$T/n3.json" > /dev/null
+python3 - "$T" <<'PY' && ok "a missing chunk is computed, then stored (unless --no-store-write)" || not_ok "missing chunk"
+import json, sys
+t = sys.argv[1]
+n1, n2, n3 = (json.load(open(f"{t}/n{i}.json")) for i in (1, 2, 3))
+assert n1["n_chunks_missing"] == 1 and n1["n_chunks_stored"] == 0, n1
+assert n2["n_chunks_missing"] == 1 and n2["n_chunks_stored"] == 1, n2
+assert n3["n_chunks_missing"] == 0, n3
+PY
+expect_exit "bad --chunks record" 65 sh -c "echo 'nope' | '$RUN' -m '$M' --store '$S' --chunks - -p q"
+expect_exit "--chunks - needs the question elsewhere" 64 "$RUN" -m "$M" --store "$S" --chunks -
+expect_exit "bad --strategy" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy magic -p q
+# a KV file of another model is refused and recomputed
+M2=$CB_TEST_TMP/tiny-f32.gguf
+"$RUN" -m "$M2" --store "$S" --chunks "$T/chunks.jsonl" --no-store-write -n 2 -p "$Q" --stats "$T/o.json" > /dev/null \
+    && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["n_cached_tokens"] == 0' "$T/o.json" \
+    && ok "another model's caches are not used" || not_ok "another model's caches"
+done_testing
