@@ -50,7 +50,10 @@ static void usage(FILE *f)
             "                     recompute the most deviating tokens; reuse: reuse caches,\n"
             "                     recompute nothing; prefix: reuse the leading chunk only when\n"
             "                     it is a true prefix; full: ordinary prefill (default without)\n"
-            "      --ratio R      fraction of cached tokens recomputed (default 0.15)\n"
+            "      --ratio R|auto fraction of cached tokens recomputed (default 0.15); auto: the\n"
+            "                     loading controller's choice from the store's profile (see\n"
+            "                     cb-profile(1)): recompute as much as loading the KV hides\n"
+            "      --min-ratio R  the least ratio auto picks (default 0.15)\n"
             "      --ratios LIST  gradual filtering: r1,r2,... at successive check layers\n"
             "      --check-layer N  the (first) layer where deviation is measured (default 1)\n"
             "      --deviation k|v  measure deviation on keys or values (default v)\n"
@@ -109,7 +112,8 @@ enum {
     OPT_STRATEGY,
     OPT_SINK,
     OPT_VERIFY,
-    OPT_NOSTORE
+    OPT_NOSTORE,
+    OPT_MINRATIO
 };
 
 static double now_ms(void)
@@ -222,7 +226,8 @@ done:
 
 typedef struct gen_opts {
     const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path;
-    int raw, n_predict, n_ctx, n_threads, verify, store_write;
+    int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto;
+    double min_ratio;
     cb_type kv_type;
     cb_sampler_params sp;
     cb_blend_params bp;
@@ -387,6 +392,7 @@ typedef struct seg {
     char key[66];
     cb_kvfile *kf;
     cb_store_ref *ref;
+    char path[4096];      /* the cache file (resolved), while acquired */
 } seg;
 
 typedef struct prompt_s {
@@ -550,6 +556,8 @@ static void attach_caches(const cb_model *m, cb_store *store, prompt_t *p)
             const cb_kv_meta *mt = cb_kvfile_meta(s->kf);
             if (mt->n_tokens == (int32_t)s->toks.n && !memcmp(mt->ids, s->toks.ids, sizeof(int32_t) * s->toks.n)) {
                 s->missing = 0;
+                if (!realpath(path, s->path))
+                    snprintf(s->path, sizeof s->path, "%s", path);
                 continue;
             }
             cli_err("warning: %s: its tokens differ from the chunk's; the chunk is recomputed", path);
@@ -710,6 +718,66 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
         code = CLI_EX_SOFTWARE;
         goto done;
     }
+    /* --ratio auto: the controller's ratio for the slowest tier holding a chunk */
+    double pred_load = -1, pred_recompute = -1;
+    const char *ratio_source = "given";
+    char slow_tier[64] = "";
+    if (o->ratio_auto && bp.mode == CB_MODE_BLEND) {
+        cb_profile *prof = calloc(1, sizeof *prof);
+        char name[256], path[8192];
+        size_t plen = 0;
+        char *json = NULL;
+        int code2 = 0;
+        cb_profile_name(cb_model_fingerprint(m), cb_model_backend(m), name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", o->store_dir, name);
+        int64_t n_cached = 0;
+        double worst = -1;
+        if (prof && access(path, R_OK) == 0 && (json = cli_read_input(path, &plen, &code2)) &&
+            cb_profile_from_json(prof, json, plen, &err) == CB_OK) {
+            for (int i = 0; i < pr.n; i++)
+                if (pr.s[i].kf)
+                    n_cached += (int64_t)pr.s[i].toks.n;
+            /* the tier of each chunk: the tier directory its file lies in */
+            for (int i = 0; store && i < pr.n; i++) {
+                if (!pr.s[i].kf)
+                    continue;
+                for (int t = 0; t < cb_store_n_tiers(store); t++) {
+                    cb_store_tier ti;
+                    char real_t[4096];
+                    if (cb_store_tier_info(store, t, &ti) != CB_OK || !realpath(ti.path, real_t))
+                        continue;
+                    if (!strncmp(pr.s[i].path, real_t, strlen(real_t))) {
+                        double lm = cb_profile_load_ms(prof, ti.name, 1, o->kv_type, 1);
+                        if (lm > worst) {
+                            worst = lm;
+                            snprintf(slow_tier, sizeof slow_tier, "%s", ti.name);
+                        }
+                    }
+                }
+            }
+            if (slow_tier[0]) {
+                cb_type ft = CB_TYPE_F16;
+                for (int i = 0; i < pr.n; i++)
+                    if (pr.s[i].kf)
+                        ft = cb_kvfile_meta(pr.s[i].kf)->type;
+                bp.ratios[0] = (float)cb_controller_ratio(prof, slow_tier, n_cached, ft, 1, o->min_ratio, &pred_load,
+                                                         &pred_recompute);
+                ratio_source = "controller";
+            }
+        }
+        if (strcmp(ratio_source, "controller")) {
+            bp.ratios[0] = (float)o->min_ratio;
+            ratio_source = "fallback";
+            cli_err("note: --ratio auto: no profile for this model and backend in %s (run cb-profile); using "
+                    "--min-ratio %.2f",
+                    o->store_dir, o->min_ratio);
+        } else {
+            cli_info("--ratio auto: %.3f for %lld cached tokens in tier %s (predicted load %.1f ms, recompute %.1f ms)",
+                     bp.ratios[0], (long long)n_cached, slow_tier, pred_load, pred_recompute);
+        }
+        free(json);
+        free(prof);
+    }
     if ((st = cb_blend_prefill(f, kv, segs, pr.n, &bp, logits, &bs, &err)) != CB_OK) {
         cli_err("%s", err.msg);
         code = cli_exit_code(st);
@@ -832,6 +900,13 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
             bp.deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m), "chat_template",
             cb_chat_name(pr.kind), "kv_type", cb_type_name(o->kv_type), "model_load_ms", t_load, "model", o->model,
             "overlapped_ms", bs.overlapped_ms, "stall_ms", bs.stall_ms, "load_bytes", (json_int_t)bs.load_bytes);
+        if (s && o->ratio_auto) {
+            json_object_set_new(s, "ratio_source", json_string(ratio_source));
+            json_object_set_new(s, "predicted_load_ms", json_real(pred_load));
+            json_object_set_new(s, "predicted_recompute_ms", json_real(pred_recompute));
+            if (slow_tier[0])
+                json_object_set_new(s, "tier", json_string(slow_tier));
+        }
         if (s && verify)
             json_object_set_new(s, "verify", verify), verify = NULL;
         code = s ? write_stats(o, s) : CLI_EX_SOFTWARE;
@@ -879,6 +954,7 @@ int main(int argc, char **argv)
         {"store", required_argument, 0, OPT_STORE},
         {"chunks", required_argument, 0, OPT_CHUNKS},
         {"ratio", required_argument, 0, OPT_RATIO},
+        {"min-ratio", required_argument, 0, OPT_MINRATIO},
         {"ratios", required_argument, 0, OPT_RATIOS},
         {"check-layer", required_argument, 0, OPT_CHECK},
         {"deviation", required_argument, 0, OPT_DEVIATION},
@@ -907,6 +983,7 @@ int main(int argc, char **argv)
     o.sp.temp = 0.0f;
     o.bp = cb_blend_defaults();
     o.store_write = 1;
+    o.min_ratio = 0.15;
     o.stops = calloc((size_t)argc, sizeof *o.stops);
     if (!o.stops)
         return CLI_EX_SOFTWARE;
@@ -986,10 +1063,20 @@ int main(int argc, char **argv)
         case OPT_STORE: o.store_dir = optarg; break;
         case OPT_CHUNKS: o.chunks_path = optarg; break;
         case OPT_RATIO:
+            o.bp.n_ratios = 1;
+            if (!strcmp(optarg, "auto")) {
+                o.ratio_auto = 1;
+                break;
+            }
             if (parse_num("--ratio", optarg, 0, 1, &d))
                 return CLI_EX_USAGE;
-            o.bp.n_ratios = 1;
             o.bp.ratios[0] = (float)d;
+            o.ratio_auto = 0;
+            break;
+        case OPT_MINRATIO:
+            if (parse_num("--min-ratio", optarg, 0, 1, &d))
+                return CLI_EX_USAGE;
+            o.min_ratio = d;
             break;
         case OPT_RATIOS: {
             char *dup = strdup(optarg), *save = NULL;
