@@ -1,19 +1,56 @@
 #!/bin/sh
-# examples/demo.sh - what `make demo` runs: the default model's facts and a
-# tokenized sample, through the real programs.
+# examples/demo.sh - what `make demo` runs: the default model's facts, then
+# the pipeline on the example corpus (cb-chunk | cb-precompute), then
+# questions that need two chunks answered with full prefill, full KV reuse
+# and CacheBlend, with their times to first token.
 set -eu
 cd "$(dirname "$0")/.."
 M=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+S=${CB_DEMO_STORE:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/demo-store}
+NQ=${CB_DEMO_QUESTIONS:-3}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
 echo "== model: $M"
 bin/cb-run --tokenize -v -m "$M" -p "" 2>&1 >/dev/null | sed 's/^cb-run: /   /'
-text='CacheBlend reuses the KV caches of retrieved chunks, wherever they appear in the prompt.'
-echo "== text:      $text"
-ids=$(bin/cb-run --tokenize -m "$M" -p "$text")
-echo "== token ids: $ids"
-echo "== count:     $(echo "$ids" | wc -w) tokens for $(printf %s "$text" | wc -c) bytes"
-printf '== pieces:    '
-for id in $ids; do printf '[%s]' "$(bin/cb-run --detokenize -m "$M" -p "$id")"; done; echo
-printf '== decoded:   '; echo "$ids" | bin/cb-run --detokenize -m "$M"; echo
-echo "== chat markup with --special:"
-bin/cb-run --tokenize --special -m "$M" -p '<|im_start|>user
-Hi<|im_end|>'
+echo
+echo "== cb-chunk examples/corpus"
+bin/cb-chunk -m "$M" examples/corpus > "$tmp/chunks.jsonl"
+echo "   $(wc -l < "$tmp/chunks.jsonl") chunks from $(ls -R examples/corpus | grep -c '\.md$') documents"
+
+# the chunks of the documents the first questions need
+python3 - "$tmp" "$NQ" <<'PY'
+import json, sys
+tmp, nq = sys.argv[1], int(sys.argv[2])
+recs = [json.loads(l) for l in open(f"{tmp}/chunks.jsonl", encoding="utf-8")]
+qs = [json.loads(l) for l in open("examples/questions.jsonl", encoding="utf-8")][:nq]
+with open(f"{tmp}/needed.jsonl", "w", encoding="utf-8") as all_:
+    for i, q in enumerate(qs):
+        sel = [r for n in q["needs"] for r in recs if r["doc"].endswith("/" + n)]
+        with open(f"{tmp}/q{i}.jsonl", "w", encoding="utf-8") as f:
+            for r in sel:
+                line = json.dumps(r, ensure_ascii=False) + "\n"
+                f.write(line)
+                all_.write(line)
+        open(f"{tmp}/q{i}.txt", "w", encoding="utf-8").write(q["question"] + "\n" + " / ".join(q["answers"]))
+PY
+echo
+echo "== cb-precompute --store $S  (chunks already stored are skipped)"
+bin/cb-precompute -m "$M" --store "$S" "$tmp/needed.jsonl" > "$tmp/pre.jsonl"
+echo "   $(grep -c '"cached":false' "$tmp/pre.jsonl") computed now, $(grep -c '"cached":true' "$tmp/pre.jsonl") already stored"
+i=0
+while [ $i -lt "$NQ" ]; do
+    q=$(head -n 1 "$tmp/q$i.txt"); gold=$(tail -n 1 "$tmp/q$i.txt")
+    echo
+    echo "== Q: $q   (gold: $gold; $(wc -l < "$tmp/q$i.jsonl") chunks from two documents)"
+    for mode in full reuse blend; do
+        ans=$(bin/cb-run -m "$M" --store "$S" --chunks "$tmp/q$i.jsonl" --mode $mode -n 32 --stop "
+" --stats "$tmp/s.json" -p "$q Answer in a few words.")
+        python3 - "$tmp/s.json" "$mode" "$ans" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"   {sys.argv[2]:6s} TTFT {s['ttft_ms']:7.0f} ms  ({s['n_prompt_tokens']} tokens, {s['n_cached_tokens']} cached, "
+      f"{s['n_recomputed_tokens']} recomputed)  {sys.argv[3].strip()}")
+PY
+    done
+    i=$((i + 1))
+done
