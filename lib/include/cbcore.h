@@ -737,8 +737,9 @@ cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers
  * ("main", in DIR/tiers/main, unlimited).  A tier directory that vanished
  * (a RAM disk after a reboot) is made again; its entries are then gone, and
  * the next cb_store_gc drops them from the index.  Errors: CB_ERR_NOT_FOUND
- * (no store there), CB_ERR_FORMAT (bad configuration, a corrupt index: see
- * cb_store_reset_index, or a tier directory that belongs to another store),
+ * (no store there), CB_ERR_FORMAT (bad configuration, a corrupt or missing
+ * index: see cb_store_reset_index, or a tier directory that belongs to
+ * another store), CB_ERR_CREATE (with create: the store cannot be made),
  * CB_ERR_IO. */
 cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err);
 /* Close the handle; accepts NULL.  References from cb_store_acquire stay
@@ -746,7 +747,8 @@ cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *e
 void cb_store_close(cb_store *s);
 
 /* The store directory, tier count and tier i (0 = fastest; strings borrowed
- * from the handle, path absolute), and the promotion threshold. */
+ * from the handle, path absolute; CB_ERR_RANGE for another i), and the
+ * promotion threshold. */
 const char *cb_store_dir(const cb_store *s);
 int cb_store_n_tiers(const cb_store *s);
 cb_status cb_store_tier_info(const cb_store *s, int i, cb_store_tier *out);
@@ -786,9 +788,11 @@ uint64_t cb_store_ref_size(const cb_store_ref *ref);
 /* Release a reference; accepts NULL.  Independent of its store handle. */
 void cb_store_release(cb_store_ref *ref);
 
-/* Remove an entry from the index and delete its file; a file in use stays
- * until its readers release it (cb_store_gc then deletes it).
- * Errors: CB_ERR_NOT_FOUND, CB_ERR_INVALID, CB_ERR_IO. */
+/* Remove an entry: at once invisible to lookups and readers, its file
+ * deleted; a file in use stays (still counted against its tier) until its
+ * readers release it, and cb_store_gc deletes it then (a put of the same key
+ * meanwhile makes it an entry again).  Errors: CB_ERR_NOT_FOUND,
+ * CB_ERR_INVALID, CB_ERR_IO. */
 cb_status cb_store_remove(cb_store *s, const char *key, cb_error *err);
 
 /* Pin (pinned 1) or unpin (0) an entry: a pinned entry is never demoted,
@@ -822,7 +826,8 @@ typedef struct cb_store_tier_stat {
     const char *name, *path; /* borrowed from the handle */
     uint64_t capacity;       /* 0 = unlimited */
     uint64_t entries, bytes; /* stored entries and their bytes */
-    uint64_t reserved;       /* bytes reserved by writes in progress */
+    uint64_t reserved;       /* bytes of writes in progress, and of removed
+                              * entries that readers still hold */
     uint64_t pinned;         /* pinned entries */
     uint64_t hits;           /* accesses served by this tier since the store was made */
 } cb_store_tier_stat;
@@ -836,7 +841,8 @@ cb_status cb_store_stat(cb_store *s, cb_store_tier_stat *stats, uint64_t *misses
 typedef struct cb_store_gc_report {
     uint64_t demoted;    /* entries moved one tier down (or further) */
     uint64_t evicted;    /* entries deleted from the last tier */
-    uint64_t orphans;    /* entry files without an index entry, deleted */
+    uint64_t orphans;    /* files of removed entries whose readers are done,
+                          * and entry files without an index entry, deleted */
     uint64_t temps;      /* temporary files of dead processes, deleted */
     uint64_t stale;      /* index entries without a file, unfinished writes of dead processes */
     uint64_t busy;       /* entries in use or pinned that kept a tier over capacity */

@@ -28,3 +28,5 @@ echo "== ratios (ours / llama.cpp)"
     || echo "token count DIFFERS: ours $(get "$tmp/ours" tok_tokens), llama.cpp $(get "$tmp/theirs" tok_tokens)"
 awk -v a="$(get "$tmp/ours" tok_mb_s)" -v b="$(get "$tmp/theirs" tok_mb_s)" 'BEGIN { printf "tokenize throughput: %.2f MB/s vs %.2f MB/s = %.2fx\n", a, b, a / b }'
 awk -v a="$(get "$tmp/ours" open_vocab_ms)" -v b="$(get "$tmp/theirs" open_vocab_ms)" 'BEGIN { printf "open + vocab load:   %.1f ms vs %.1f ms = %.2fx faster\n", a, b, b / a }'
+echo "== bench_store: the tiered store, put/get per tier (RAM tier in ${CB_BENCH_RAM:-/dev/shm}, disk tier in ${CB_BENCH_DISK:-/var/tmp})"
+"$BUILD/bench/bench_store" "$M" 512,32 16 2>&1

@@ -1,0 +1,137 @@
+/* store_impl.h - private layout of the tiered store (lib/store/ only).
+ *
+ * On disk (also in cb-store(5)):
+ *
+ *   DIR/store.json        configuration: id, promote_hits, tiers (name, path, capacity)
+ *   DIR/index.db          SQLite index in WAL mode (+ index.db-wal, index.db-shm)
+ *   DIR/lock              flock(2)ed exclusively by whoever changes where bytes live
+ *                         (reservations, moves, removal, gc, verify)
+ *   DIR/owners/ID         one per open handle that writes, flock(2)ed while it lives,
+ *                         so that gc can tell the leftovers of dead processes
+ *   DIR/tmp/              staging for import
+ *   TIER/.cb-store        the id of the store the tier directory belongs to
+ *   TIER/KEY.kv           an entry
+ *   TIER/KEY.kv.tmp.ID    an entry being written (or moved) by owner ID
+ *
+ * Index:
+ *   entries(key, model, tier, bytes, n_tokens, created, last_access, hits,
+ *           checksum, pinned, state, owner)      state 0 = reserved by owner, 1 = stored,
+ *                                                2 = removed, its file still held by readers
+ *   counters(name, value)                        "hits:TIER", "misses"
+ *   meta(name, value)                            "schema" = 1
+ *
+ * Invariants:
+ *   - a row in state 1 has its complete file at TIER/KEY.kv;
+ *   - the bytes of a tier's rows (both states) never exceed its capacity;
+ *   - rows are inserted (reserved) and rows' tiers change only under DIR/lock;
+ *   - a file is unlinked or moved only under an exclusive flock on it, which
+ *     fails while a reader holds its shared one. */
+#ifndef CB_STORE_IMPL_H
+#define CB_STORE_IMPL_H
+
+#include "cbcore.h"
+
+#include <sqlite3.h>
+#include <stdint.h>
+
+#define ST_SCHEMA 1
+#define ST_OWNER_LEN 16          /* hex digits of an owner id */
+#define ST_DEFAULT_PROMOTE 2
+#define ST_STALE_TMP_S 3600      /* foreign temporary files older than this are stale */
+#define ST_BUSY_MS 60000         /* SQLite busy timeout */
+#define ST_NSTMT 48
+
+typedef struct st_tier {
+    char name[33];
+    char *path;      /* absolute */
+    char *conf_path; /* as written in store.json */
+    uint64_t cap;    /* 0 = unlimited */
+} st_tier;
+
+struct cb_store {
+    char *dir;
+    char *id; /* store id, 32 hex */
+    int n_tiers;
+    st_tier tiers[CB_STORE_MAX_TIERS];
+    int promote_hits;
+    sqlite3 *db;
+    int lock_fd;   /* DIR/lock */
+    int lock_held; /* depth of maint_lock */
+    int owner_fd;  /* DIR/owners/ID, -1 until the first write */
+    char owner[ST_OWNER_LEN + 1];
+    struct {
+        const char *sql;
+        sqlite3_stmt *st;
+    } stmts[ST_NSTMT];
+};
+
+struct cb_store_ref {
+    int fd;
+    uint64_t size;
+    char *path;
+};
+
+/* ------------------------------------------------------------ store.c */
+
+/* A prepared statement for a constant SQL string (cached by pointer), reset
+ * and with bindings cleared; NULL after setting err. */
+sqlite3_stmt *st_stmt(cb_store *s, const char *sql, cb_error *err);
+/* Run one statement without results (BEGIN, COMMIT, ...). */
+cb_status st_exec(cb_store *s, const char *sql, cb_error *err);
+cb_status st_begin(cb_store *s, cb_error *err); /* BEGIN IMMEDIATE */
+cb_status st_commit(cb_store *s, cb_error *err);
+void st_rollback(cb_store *s);
+/* Map the SQLite result code of the last call into err. */
+cb_status st_dberr(cb_store *s, int rc, const char *what, cb_error *err);
+
+/* The store-wide lock on DIR/lock, reentrant within a handle; st_trylock
+ * does not wait and returns 1 when it took the lock. */
+cb_status st_lock(cb_store *s, cb_error *err);
+int st_trylock(cb_store *s);
+void st_unlock(cb_store *s);
+
+/* Make sure this handle has an owner id with its lock file. */
+cb_status st_owner(cb_store *s, cb_error *err);
+/* 1 when owner id is alive (its lock file exists and is locked). */
+int st_owner_alive(cb_store *s, const char *id);
+
+/* Index of tier `name`, or -1. */
+int st_tier_index(const cb_store *s, const char *name);
+/* malloc'd TIER/KEY.kv, or TIER/KEY.kv.tmp.OWNER with tmp. */
+char *st_entry_path(const cb_store *s, int tier, const char *key, const char *tmp_owner);
+
+int64_t st_now_us(void);
+int st_key_valid(const char *key);
+/* fsync a directory (errors ignored: tmpfs and some filesystems refuse). */
+void st_fsync_dir(const char *dir);
+/* Open path and take an exclusive flock without waiting; -1 with errno
+ * EWOULDBLOCK when a reader holds it, ENOENT when missing.  The descriptor
+ * is checked to still be the file at path. */
+int st_lock_file_ex(const char *path);
+/* Unlink a file after taking its exclusive lock; 1 removed, 0 in use, -1 error (errno). */
+int st_unlink_locked(const char *path);
+
+/* Sum of bytes of tier t's rows, both states. */
+cb_status st_tier_used(cb_store *s, int t, uint64_t *used, cb_error *err);
+
+/* Acquire without (record 0) or with recording the access and promotion. */
+cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **out, cb_error *err);
+/* Adopt a verified copy of the KV file at path; movable: it may be renamed
+ * into the tier; expect: the key it must hold (or NULL). */
+cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect, char key_out[66], int *existed,
+                      cb_error *err);
+
+/* --------------------------------------------------------------- maint.c */
+
+/* Make room for `need` bytes in tier t by moving its least recently used
+ * entries down (never `exclude`); called with the lock held.  CB_OK when
+ * used + need <= capacity afterwards, CB_ERR_CREATE when it cannot. */
+cb_status st_make_room(cb_store *s, int t, uint64_t need, const char *exclude, cb_store_gc_report *rep,
+                       cb_error *err);
+/* Move an entry to tier `to` (lock held): 1 moved, 0 skipped (in use,
+ * changed, no room), CB_ERR_* on failure. */
+int st_move(cb_store *s, const char *key, int from, int to, cb_store_gc_report *rep, cb_error *err);
+/* Promote key if the configuration says so (lock held). */
+void st_promote(cb_store *s, const char *key);
+
+#endif

@@ -1,0 +1,713 @@
+/* cb-store - the tiered store of KV files.
+ *
+ *   cb-store [--store DIR] COMMAND [ARGS]
+ *     init [--tier NAME=PATH[:CAPACITY]]... [--promote N]
+ *     ls [--json] [-m MODEL] [--tier NAME]     stat [--json]
+ *     get KEY [-o FILE]     put FILE...     rm KEY...     pin KEY...     unpin KEY...
+ *     gc     verify [--repair]     export ARCHIVE [KEY...]     import ARCHIVE
+ *
+ * The work is done by libcbcore (cb_store_*); this file parses the command
+ * line and prints. */
+#include "cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cb-store [--store DIR] COMMAND [ARGS]\n"
+            "\n"
+            "Commands:\n"
+            "  init [--tier NAME=PATH[:CAPACITY]]... [--promote N]\n"
+            "                     create a store; tiers fastest first (default: one tier\n"
+            "                     'main' in DIR/tiers/main, unlimited); CAPACITY takes K, M,\n"
+            "                     G, T suffixes (powers of 1024); --promote N moves an entry\n"
+            "                     to a faster tier on its Nth and later gets (default 2, 0 = never)\n"
+            "  ls [--json] [-m MODEL] [--tier NAME]\n"
+            "                     list entries: key, tier, bytes, hits, last use, pin;\n"
+            "                     MODEL is a GGUF file or a 32-hex-digit fingerprint\n"
+            "  stat [--json]      per tier: entries, bytes, capacity, hits and hit rate\n"
+            "  get KEY [-o FILE]  print the entry's path, or copy it to FILE ('-' = stdout)\n"
+            "  put FILE...        verify KV files and add them; prints each one's key\n"
+            "  rm KEY...          remove entries\n"
+            "  pin KEY...         keep entries where they are: never demoted or evicted\n"
+            "  unpin KEY...       undo pin\n"
+            "  gc                 enforce capacities; remove orphans and stale temporary files\n"
+            "  verify [--repair]  check every file and the index; exit 0 only when consistent;\n"
+            "                     --repair rebuilds the index from the files\n"
+            "  export ARCHIVE [KEY...] [--compress zstd|gzip|xz|none]\n"
+            "                     write entries (default all) to a tar archive ('-' = stdout);\n"
+            "                     compression from the name (.tar, .tar.gz, .tar.xz), else zstd\n"
+            "  import ARCHIVE     add the valid KV files of an archive ('-' = stdin)\n"
+            "\n"
+            "Common:\n"
+            "      --store DIR    the store (default: $CB_STORE, else\n"
+            "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store)\n"
+            "  -m, --model PATH   ls: only entries of this model\n"
+            "  -t, --threads N    accepted for compatibility; unused\n"
+            "  -v, --verbose      report what gc, verify, put and import did on stderr\n"
+            "  -q, --quiet        print nothing but errors\n"
+            "  -h, --help         this help\n"
+            "      --version      print the version\n"
+            "\n"
+            "Exit status: 0 success, 64 usage error, 65 bad data (a file that is not a valid\n"
+            "KV file, an inconsistent store), 66 missing input (no store, no such key or\n"
+            "file), 70 internal error, 73 cannot create output (or no tier has room),\n"
+            "74 I/O error.\n");
+}
+
+enum {
+    OPT_VERSION = 256,
+    OPT_STORE,
+    OPT_JSON,
+    OPT_TIER,
+    OPT_PROMOTE,
+    OPT_REPAIR,
+    OPT_COMPRESS
+};
+
+typedef struct opts {
+    const char *store, *model, *out, *compress;
+    const char **tiers;
+    int n_tiers, json, repair, promote;
+    char **args; /* after the command */
+    int n_args;
+} opts;
+
+/* ------------------------------------------------------------ helpers */
+
+/* "2G", "512M", "1.5T", "4096": bytes (powers of 1024). */
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (end == s || errno || v < 0)
+        return -1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i')
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end || v * mul > 9.0e18 || v * mul < 1)
+        return -1;
+    *out = (uint64_t)(v * mul + 0.5);
+    return 0;
+}
+
+static const char *human(uint64_t n, char buf[24])
+{
+    static const char suf[] = "BKMGTP";
+    double v = (double)n;
+    int i = 0;
+    while (v >= 1024 && i < 5) {
+        v /= 1024;
+        i++;
+    }
+    if (i == 0)
+        snprintf(buf, 24, "%lluB", (unsigned long long)n);
+    else
+        snprintf(buf, 24, "%.1f%c", v, suf[i]);
+    return buf;
+}
+
+static const char *when(int64_t us, char buf[32])
+{
+    time_t t = (time_t)(us / 1000000);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(buf, 32, "%Y-%m-%d %H:%M:%S", &tm);
+    return buf;
+}
+
+static int fail(cb_error *err)
+{
+    cli_err("%s", err->msg);
+    return cli_exit_code(err->status);
+}
+
+static int open_store(const opts *o, int create, cb_store **s)
+{
+    cb_error err;
+    if (cb_store_open(s, o->store, create, &err) != CB_OK)
+        return fail(&err);
+    return 0;
+}
+
+static int need_args(const opts *o, const char *cmd, int lo, int hi)
+{
+    if (o->n_args < lo || (hi >= 0 && o->n_args > hi)) {
+        cli_err("%s: %s", cmd,
+                o->n_args < lo ? "missing argument (see cb-store --help)" : "too many arguments (see cb-store --help)");
+        return CLI_EX_USAGE;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- init */
+
+static int cmd_init(const opts *o)
+{
+    cb_store_tier t[CB_STORE_MAX_TIERS];
+    char *bufs[CB_STORE_MAX_TIERS] = {0};
+    cb_error err;
+    int code = 0;
+
+    if ((code = need_args(o, "init", 0, 0)) != 0)
+        return code;
+    if (o->n_tiers > CB_STORE_MAX_TIERS) {
+        cli_err("init: at most %d tiers", CB_STORE_MAX_TIERS);
+        return CLI_EX_USAGE;
+    }
+    for (int i = 0; i < o->n_tiers; i++) {
+        const char *spec = o->tiers[i];
+        const char *eq = strchr(spec, '=');
+        if (!eq || eq == spec || !eq[1]) {
+            cli_err("--tier %s: use NAME=PATH[:CAPACITY]", spec);
+            code = CLI_EX_USAGE;
+            goto done;
+        }
+        char cwd[PATH_MAX];
+        const char *p = eq + 1;
+        size_t plen = strlen(p);
+        uint64_t cap = 0;
+        const char *colon = strrchr(p, ':');
+        if (colon && parse_size(colon + 1, &cap) == 0)
+            plen = (size_t)(colon - p);
+        else if (colon && colon[1] && strchr(colon + 1, '/') == NULL) {
+            cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec, colon + 1);
+            code = CLI_EX_USAGE;
+            goto done;
+        }
+        if (plen == 0) {
+            cli_err("--tier %s: no directory", spec);
+            code = CLI_EX_USAGE;
+            goto done;
+        }
+        /* Relative to the current directory, as the user means it; the
+         * library would take it as relative to the store. */
+        if (p[0] != '/' && !getcwd(cwd, sizeof cwd)) {
+            cli_err("getcwd: %s", strerror(errno));
+            code = CLI_EX_SOFTWARE;
+            goto done;
+        }
+        size_t n = (size_t)(eq - spec) + plen + PATH_MAX + 4;
+        if (!(bufs[i] = malloc(n))) {
+            cli_err("out of memory");
+            code = CLI_EX_SOFTWARE;
+            goto done;
+        }
+        int nl = (int)(eq - spec);
+        snprintf(bufs[i], n, "%.*s", nl, spec);
+        char *path = bufs[i] + nl + 1;
+        if (p[0] == '/')
+            snprintf(path, n - (size_t)nl - 1, "%.*s", (int)plen, p);
+        else
+            snprintf(path, n - (size_t)nl - 1, "%s/%.*s", cwd, (int)plen, p);
+        t[i].name = bufs[i];
+        t[i].path = path;
+        t[i].capacity = cap;
+    }
+    if (cb_store_init(o->store, o->n_tiers ? t : NULL, o->n_tiers, o->promote, &err) != CB_OK) {
+        code = fail(&err);
+        goto done;
+    }
+    cli_info("initialised %s", o->store);
+done:
+    for (int i = 0; i < CB_STORE_MAX_TIERS; i++)
+        free(bufs[i]);
+    return code;
+}
+
+/* ------------------------------------------------------------- ls, stat */
+
+static int ls_text(void *ctx, const cb_store_entry *e)
+{
+    char b[32];
+    printf("%s  %-8s %12llu %6llu  %s%s\n", e->key, e->tier, (unsigned long long)e->bytes,
+           (unsigned long long)e->hits, when(e->last_access_us, b), e->pinned ? "  pinned" : "");
+    (void)ctx;
+    return ferror(stdout) != 0;
+}
+
+static int ls_json(void *ctx, const cb_store_entry *e)
+{
+    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:f, s:I, s:s, s:b, s:s}", "key", e->key, "model",
+                          e->model, "tier", e->tier, "bytes", (json_int_t)e->bytes, "n_tokens",
+                          (json_int_t)e->n_tokens, "created", e->created_us / 1e6, "last_access",
+                          e->last_access_us / 1e6, "hits", (json_int_t)e->hits, "checksum", e->checksum, "pinned",
+                          e->pinned, "path", e->path);
+    int *bad = ctx;
+    if (!j || json_dumpf(j, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER) != 0) {
+        *bad = 1;
+        json_decref(j);
+        return 1;
+    }
+    json_decref(j);
+    putchar('\n');
+    return ferror(stdout) != 0;
+}
+
+/* -m for ls: a fingerprint, or a GGUF file whose fingerprint is computed. */
+static int model_filter(const char *m, char hex[33])
+{
+    cb_hash128 h;
+    cb_gguf *g = NULL;
+    cb_error err;
+    if (strlen(m) == 32 && cb_hash128_parse(m, &h) == CB_OK) {
+        cb_hash128_hex(h, hex);
+        return 0;
+    }
+    if (cb_gguf_open(&g, m, &err) != CB_OK)
+        return fail(&err);
+    cb_status st = cb_gguf_fingerprint(g, &h);
+    cb_gguf_free(g);
+    if (st != CB_OK) {
+        cli_err("%s: fingerprint: %s", m, cb_strerror(st));
+        return cli_exit_code(st);
+    }
+    cb_hash128_hex(h, hex);
+    return 0;
+}
+
+static int cmd_ls(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_error err;
+    char hex[33];
+    int code, bad = 0;
+    if ((code = need_args(o, "ls", 0, 0)) != 0)
+        return code;
+    if (o->n_tiers > 1) {
+        cli_err("ls: one --tier at most");
+        return CLI_EX_USAGE;
+    }
+    if (o->model && (code = model_filter(o->model, hex)) != 0)
+        return code;
+    if ((code = open_store(o, 0, &s)) != 0)
+        return code;
+    if (cb_store_list(s, o->model ? hex : NULL, o->n_tiers ? o->tiers[0] : NULL, o->json ? ls_json : ls_text, &bad,
+                      &err) != CB_OK)
+        code = err.status == CB_ERR_INVALID ? (cli_err("%s", err.msg), CLI_EX_USAGE) : fail(&err);
+    else if (bad)
+        code = CLI_EX_SOFTWARE;
+    cb_store_close(s);
+    return code;
+}
+
+static int cmd_stat(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_store_tier_stat st[CB_STORE_MAX_TIERS];
+    uint64_t misses = 0, hits = 0;
+    cb_error err;
+    int code;
+    if ((code = need_args(o, "stat", 0, 0)) != 0)
+        return code;
+    if ((code = open_store(o, 0, &s)) != 0)
+        return code;
+    int n = cb_store_n_tiers(s);
+    if (cb_store_stat(s, st, &misses, &err) != CB_OK) {
+        code = fail(&err);
+        goto done;
+    }
+    for (int i = 0; i < n; i++)
+        hits += st[i].hits;
+    uint64_t gets = hits + misses;
+    if (o->json) {
+        json_t *tiers = json_array(), *root;
+        for (int i = 0; i < n; i++)
+            json_array_append_new(
+                tiers, json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "name", st[i].name, "path",
+                                 st[i].path, "entries", (json_int_t)st[i].entries, "bytes", (json_int_t)st[i].bytes,
+                                 "capacity", (json_int_t)st[i].capacity, "reserved", (json_int_t)st[i].reserved,
+                                 "pinned", (json_int_t)st[i].pinned, "hits", (json_int_t)st[i].hits, "hit_rate",
+                                 gets ? (double)st[i].hits / (double)gets : 0.0));
+        root = json_pack("{s:s, s:i, s:o, s:I, s:I, s:I, s:f}", "store", cb_store_dir(s), "promote_hits",
+                         cb_store_promote_hits(s), "tiers", tiers, "gets", (json_int_t)gets, "hits",
+                         (json_int_t)hits, "misses", (json_int_t)misses, "hit_rate",
+                         gets ? (double)hits / (double)gets : 0.0);
+        if (!root || json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
+            code = CLI_EX_SOFTWARE;
+        putchar('\n');
+        json_decref(root);
+    } else {
+        char a[24], b[24];
+        printf("%-10s %8s %10s %10s %6s %8s %8s  %s\n", "TIER", "ENTRIES", "BYTES", "CAPACITY", "USED", "HITS",
+               "HIT-RATE", "PATH");
+        for (int i = 0; i < n; i++) {
+            char used[16];
+            if (st[i].capacity)
+                snprintf(used, sizeof used, "%.1f%%", 100.0 * (double)(st[i].bytes + st[i].reserved) /
+                                                          (double)st[i].capacity);
+            else
+                snprintf(used, sizeof used, "-");
+            printf("%-10s %8llu %10s %10s %6s %8llu %7.1f%%  %s\n", st[i].name, (unsigned long long)st[i].entries,
+                   human(st[i].bytes, a), st[i].capacity ? human(st[i].capacity, b) : "unlimited", used,
+                   (unsigned long long)st[i].hits, gets ? 100.0 * (double)st[i].hits / (double)gets : 0.0,
+                   st[i].path);
+        }
+        printf("gets %llu, hits %llu, misses %llu, hit rate %.1f%%\n", (unsigned long long)gets,
+               (unsigned long long)hits, (unsigned long long)misses, gets ? 100.0 * (double)hits / (double)gets : 0.0);
+    }
+done:
+    cb_store_close(s);
+    return code;
+}
+
+/* ----------------------------------------------------------------- get */
+
+static int copy_out(const char *src, const char *dst)
+{
+    cb_mmap m;
+    cb_error err;
+    if (cb_mmap_open(&m, src, &err) != CB_OK)
+        return fail(&err);
+    int code = 0;
+    if (strcmp(dst, "-") == 0) {
+        if (m.size && fwrite(m.data, 1, m.size, stdout) != m.size) {
+            cli_err("writing to standard output: %s", strerror(errno));
+            code = CLI_EX_IOERR;
+        }
+    } else if (cb_file_write_atomic(dst, m.data, m.size, &err) != CB_OK) {
+        code = fail(&err);
+    }
+    cb_mmap_close(&m);
+    return code;
+}
+
+static int cmd_get(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_store_ref *ref = NULL;
+    const char *path;
+    cb_error err;
+    int code;
+    if ((code = need_args(o, "get", 1, 1)) != 0)
+        return code;
+    if ((code = open_store(o, 0, &s)) != 0)
+        return code;
+    if (cb_store_acquire(s, o->args[0], &ref, &path, &err) != CB_OK)
+        code = fail(&err);
+    else if (o->out)
+        code = copy_out(path, o->out);
+    else
+        printf("%s\n", path);
+    cb_store_release(ref);
+    cb_store_close(s);
+    return code;
+}
+
+/* ----------------------------------------------------------------- put */
+
+static int cmd_put(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_error err;
+    int code, worst = 0;
+    if ((code = need_args(o, "put", 1, -1)) != 0)
+        return code;
+    if ((code = open_store(o, 1, &s)) != 0)
+        return code;
+    for (int i = 0; i < o->n_args; i++) {
+        const char *f = o->args[i];
+        char key[66];
+        int existed = 0;
+        cb_status st;
+        st = cb_store_put_file(s, f, key, &existed, &err);
+        if (st != CB_OK) {
+            code = fail(&err);
+            worst = worst ? worst : code;
+            continue;
+        }
+        printf("%s\n", key);
+        cli_info("%s: %s %s", f, existed ? "already stored as" : "stored as", key);
+    }
+    cb_store_close(s);
+    return worst;
+}
+
+/* ------------------------------------------------------- rm, pin, unpin */
+
+static int cmd_keys(const opts *o, const char *cmd)
+{
+    cb_store *s = NULL;
+    cb_error err;
+    int code, worst = 0;
+    if ((code = need_args(o, cmd, 1, -1)) != 0)
+        return code;
+    if ((code = open_store(o, 0, &s)) != 0)
+        return code;
+    for (int i = 0; i < o->n_args; i++) {
+        cb_status st = strcmp(cmd, "rm") == 0  ? cb_store_remove(s, o->args[i], &err)
+                     : strcmp(cmd, "pin") == 0 ? cb_store_pin(s, o->args[i], 1, &err)
+                                               : cb_store_pin(s, o->args[i], 0, &err);
+        if (st != CB_OK) {
+            code = fail(&err);
+            worst = worst ? worst : code;
+        }
+    }
+    cb_store_close(s);
+    return worst;
+}
+
+/* ------------------------------------------------------------ gc, verify */
+
+static int cmd_gc(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_store_gc_report r;
+    cb_error err;
+    int code;
+    if ((code = need_args(o, "gc", 0, 0)) != 0)
+        return code;
+    if ((code = open_store(o, 0, &s)) != 0)
+        return code;
+    if (cb_store_gc(s, &r, &err) != CB_OK)
+        code = fail(&err);
+    else
+        cli_info("gc: %llu demoted, %llu evicted, %llu orphan files and %llu temporary files removed, %llu stale index "
+                 "entries dropped, %llu entries in use or pinned",
+                 (unsigned long long)r.demoted, (unsigned long long)r.evicted, (unsigned long long)r.orphans,
+                 (unsigned long long)r.temps, (unsigned long long)r.stale, (unsigned long long)r.busy);
+    cb_store_close(s);
+    return code;
+}
+
+static void print_problem(void *ctx, const char *what, const char *msg)
+{
+    (void)ctx;
+    printf("%s: %s\n", what, msg);
+}
+
+static int cmd_verify(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_store_verify_report r;
+    cb_error err;
+    int code;
+    if ((code = need_args(o, "verify", 0, 0)) != 0)
+        return code;
+    if (cb_store_open(&s, o->store, 0, &err) != CB_OK) {
+        if (err.status != CB_ERR_FORMAT || !o->repair || strstr(err.msg, "index") == NULL)
+            return fail(&err);
+        /* An index that cannot be read: start a new one and rebuild it. */
+        printf("%s/index.db: %s (a new index is built from the files)\n", o->store, err.msg);
+        if (cb_store_reset_index(o->store, &err) != CB_OK || cb_store_open(&s, o->store, 0, &err) != CB_OK)
+            return fail(&err);
+    }
+    cb_status st = cb_store_verify(s, o->repair, print_problem, NULL, &r, &err);
+    if (st != CB_OK && st != CB_ERR_FORMAT) {
+        code = fail(&err);
+    } else {
+        code = st == CB_OK ? 0 : CLI_EX_DATAERR;
+        if (cli_verbosity >= 2 || (cli_verbosity >= 1 && r.problems))
+            fprintf(stderr,
+                    "cb-store: verify: %llu entries, %llu files, %llu bytes checked; %llu problems, %llu repaired, "
+                    "%llu left\n",
+                    (unsigned long long)r.entries, (unsigned long long)r.files, (unsigned long long)r.bytes,
+                    (unsigned long long)r.problems, (unsigned long long)r.repaired, (unsigned long long)r.remaining);
+    }
+    cb_store_close(s);
+    return code;
+}
+
+/* ------------------------------------------------------- export, import */
+
+static int cmd_export(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_store_compress c = CB_STORE_COMPRESS_AUTO;
+    uint64_t n = 0;
+    cb_error err;
+    int code;
+    if ((code = need_args(o, "export", 1, -1)) != 0)
+        return code;
+    if (o->compress) {
+        if (!strcmp(o->compress, "zstd"))
+            c = CB_STORE_COMPRESS_ZSTD;
+        else if (!strcmp(o->compress, "gzip"))
+            c = CB_STORE_COMPRESS_GZIP;
+        else if (!strcmp(o->compress, "xz"))
+            c = CB_STORE_COMPRESS_XZ;
+        else if (!strcmp(o->compress, "none"))
+            c = CB_STORE_COMPRESS_NONE;
+        else {
+            cli_err("--compress %s: use zstd, gzip, xz or none", o->compress);
+            return CLI_EX_USAGE;
+        }
+    }
+    for (int i = 1; i < o->n_args; i++)
+        if (strlen(o->args[i]) != CB_STORE_KEY_LEN) {
+            cli_err("export: '%s' is not a store key", o->args[i]);
+            return CLI_EX_USAGE;
+        }
+    if ((code = open_store(o, 0, &s)) != 0)
+        return code;
+    int to_stdout = strcmp(o->args[0], "-") == 0;
+    if (to_stdout)
+        fflush(stdout);
+    if (cb_store_export(s, to_stdout ? NULL : o->args[0], to_stdout ? 1 : -1, (const char *const *)o->args + 1,
+                        (size_t)(o->n_args - 1), c, &n, &err) != CB_OK)
+        code = err.status == CB_ERR_INVALID ? (cli_err("%s", err.msg), CLI_EX_USAGE) : fail(&err);
+    else
+        cli_info("export: %llu entries written to %s", (unsigned long long)n, to_stdout ? "standard output" : o->args[0]);
+    cb_store_close(s);
+    return code;
+}
+
+static void import_problem(void *ctx, const char *what, const char *msg)
+{
+    (void)ctx;
+    cli_err("import: %s: rejected: %s", what, msg);
+}
+
+static int cmd_import(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_store_import_report r;
+    cb_error err;
+    int code;
+    if ((code = need_args(o, "import", 1, 1)) != 0)
+        return code;
+    int from_stdin = strcmp(o->args[0], "-") == 0;
+    if (!from_stdin && access(o->args[0], R_OK) != 0) {
+        cli_err("%s: %s", o->args[0], strerror(errno));
+        return CLI_EX_NOINPUT;
+    }
+    if ((code = open_store(o, 1, &s)) != 0)
+        return code;
+    cb_status st = cb_store_import(s, from_stdin ? NULL : o->args[0], from_stdin ? 0 : -1, import_problem, NULL, &r, &err);
+    if (st != CB_OK && !(st == CB_ERR_FORMAT && r.rejected))
+        code = fail(&err);
+    else
+        code = st == CB_OK ? 0 : CLI_EX_DATAERR;
+    cli_info("import: %llu imported, %llu already stored, %llu rejected", (unsigned long long)r.imported,
+             (unsigned long long)r.existed, (unsigned long long)r.rejected);
+    cb_store_close(s);
+    return code;
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    static const struct option lopts[] = {
+        {"store", required_argument, 0, OPT_STORE},
+        {"model", required_argument, 0, 'm'},
+        {"threads", required_argument, 0, 't'},
+        {"json", no_argument, 0, OPT_JSON},
+        {"tier", required_argument, 0, OPT_TIER},
+        {"promote", required_argument, 0, OPT_PROMOTE},
+        {"output", required_argument, 0, 'o'},
+        {"repair", no_argument, 0, OPT_REPAIR},
+        {"compress", required_argument, 0, OPT_COMPRESS},
+        {"verbose", no_argument, 0, 'v'},
+        {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, OPT_VERSION},
+        {0, 0, 0, 0},
+    };
+    static const struct {
+        const char *name;
+        int (*fn)(const opts *);
+        const char *flags; /* command-specific options it takes */
+    } cmds[] = {
+        {"init", cmd_init, "tier promote"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
+        {"get", cmd_get, "output"},         {"put", cmd_put, ""},              {"rm", NULL, ""},
+        {"pin", NULL, ""},                  {"unpin", NULL, ""},               {"gc", cmd_gc, ""},
+        {"verify", cmd_verify, "repair"},   {"export", cmd_export, "compress"}, {"import", cmd_import, ""},
+    };
+    char store_buf[4096];
+    opts o = {0};
+    int c, code, given[OPT_COMPRESS + 1] = {0};
+
+    cli_prog = "cb-store";
+    o.promote = -1;
+    o.tiers = calloc((size_t)argc + 1, sizeof *o.tiers);
+    if (!o.tiers)
+        return CLI_EX_SOFTWARE;
+    while ((c = getopt_long(argc, argv, "m:t:o:vqh", lopts, NULL)) != -1) {
+        switch (c) {
+        case OPT_STORE: o.store = optarg; break;
+        case 'm': o.model = optarg; break;
+        case 't': {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (*end || n < 1 || n > 1024) {
+                cli_err("-t: '%s' is not a thread count", optarg);
+                return CLI_EX_USAGE;
+            }
+            break;
+        }
+        case OPT_JSON: o.json = 1; given[OPT_JSON] = 1; break;
+        case OPT_TIER: o.tiers[o.n_tiers++] = optarg; given[OPT_TIER] = 1; break;
+        case OPT_PROMOTE: {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (*end || !*optarg || n < 0 || n > 1000000) {
+                cli_err("--promote: '%s' is not a count >= 0", optarg);
+                return CLI_EX_USAGE;
+            }
+            o.promote = (int)n;
+            given[OPT_PROMOTE] = 1;
+            break;
+        }
+        case 'o': o.out = optarg; given[0] = 1; break;
+        case OPT_REPAIR: o.repair = 1; given[OPT_REPAIR] = 1; break;
+        case OPT_COMPRESS: o.compress = optarg; given[OPT_COMPRESS] = 1; break;
+        case 'v': cli_verbosity = 2; break;
+        case 'q': cli_verbosity = 0; break;
+        case 'h': usage(stdout); return cli_finish(0);
+        case OPT_VERSION: cli_version(); return cli_finish(0);
+        default: usage(stderr); return CLI_EX_USAGE;
+        }
+    }
+    if (optind >= argc) {
+        usage(stderr);
+        return CLI_EX_USAGE;
+    }
+    const char *cmd = argv[optind];
+    o.args = argv + optind + 1;
+    o.n_args = argc - optind - 1;
+    o.store = o.store ? o.store : cb_store_default_dir(store_buf, sizeof store_buf);
+    size_t k;
+    for (k = 0; k < sizeof cmds / sizeof cmds[0]; k++)
+        if (strcmp(cmds[k].name, cmd) == 0)
+            break;
+    if (k == sizeof cmds / sizeof cmds[0]) {
+        cli_err("'%s' is not a command (see cb-store --help)", cmd);
+        return CLI_EX_USAGE;
+    }
+    /* Options that the command does not take are a usage error, not silence. */
+    static const struct {
+        int id;
+        const char *word, *flag;
+    } specific[] = {{OPT_JSON, "json", "--json"},         {OPT_TIER, "tier", "--tier"},
+                    {OPT_PROMOTE, "promote", "--promote"}, {0, "output", "-o"},
+                    {OPT_REPAIR, "repair", "--repair"},    {OPT_COMPRESS, "compress", "--compress"}};
+    for (size_t i = 0; i < sizeof specific / sizeof specific[0]; i++)
+        if (given[specific[i].id] && !strstr(cmds[k].flags, specific[i].word)) {
+            cli_err("%s: %s does not apply", cmd, specific[i].flag);
+            return CLI_EX_USAGE;
+        }
+    code = cmds[k].fn ? cmds[k].fn(&o) : cmd_keys(&o, cmd);
+    free(o.tiers);
+    return cli_finish(code);
+}
