@@ -12,9 +12,9 @@ for i in 1 2 3; do
 done
 
 "$CHUNK" -m "$M" --tokens 24 "$T/docs" > "$T/chunks.jsonl" && [ -s "$T/chunks.jsonl" ] && ok "cb-chunk writes records" || not_ok "cb-chunk"
-n=$(wc -l < "$T/chunks.jsonl")
+nrec=$(wc -l < "$T/chunks.jsonl")
 "$PRE" -m "$M" --store "$S" -q < "$T/chunks.jsonl" > "$T/pre1.jsonl"; rc=$?
-[ $rc -eq 0 ] && [ "$(wc -l < "$T/pre1.jsonl")" -eq "$n" ] && ok "cb-precompute passes every record on ($n)" || not_ok "cb-precompute (rc $rc)"
+[ $rc -eq 0 ] && [ "$(wc -l < "$T/pre1.jsonl")" -eq "$nrec" ] && ok "cb-precompute passes every record on ($nrec)" || not_ok "cb-precompute (rc $rc)"
 python3 - "$T/chunks.jsonl" "$T/pre1.jsonl" <<'PY' && ok "records keep every field byte for byte, add kv and cached" || not_ok "record fields"
 import json, sys
 a = open(sys.argv[1], encoding="utf-8").read().splitlines()
@@ -28,7 +28,7 @@ for x, y in zip(a, b):
     seen.add(o["kv"])
 PY
 entries=$("$STORE" --store "$S" ls --json | grep -c '"key"')
-[ "$entries" -le "$n" ] && [ "$entries" -gt 0 ] && ok "the store holds the chunks ($entries entries)" || not_ok "store entries $entries"
+[ "$entries" -le "$nrec" ] && [ "$entries" -gt 0 ] && ok "the store holds the chunks ($entries entries)" || not_ok "store entries $entries"
 before=$(find "$S" -type f -name '*.cbkv' -newer "$T/pre1.jsonl" | wc -l)
 "$PRE" -m "$M" --store "$S" "$T/chunks.jsonl" > "$T/pre2.jsonl" 2>"$T/err"
 after=$(find "$S" -type f -name '*.cbkv' -newer "$T/pre1.jsonl" | wc -l)
