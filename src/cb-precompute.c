@@ -38,6 +38,10 @@ static void usage(FILE *f)
             "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store); created if absent\n"
             "      --kv-type T    element type of the KV files: f16 (default), f32, bf16, or\n"
             "                     q8_0 (8-bit, about half the size of f16)\n"
+            "      --place WHERE  the tier new entries go to: a tier's name, or auto: the\n"
+            "                     cheapest tier whose load time does not exceed the recompute\n"
+            "                     time (cb-store place, from the store's profile); default: the\n"
+            "                     fastest tier with room\n"
             "      --strict       stop at the first bad record (default: report and skip it)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
             "  -v, --verbose      report every chunk on stderr\n"
@@ -52,7 +56,7 @@ static void usage(FILE *f)
             "74 I/O error, 130 interrupted (the chunk in progress is not stored).\n");
 }
 
-enum { OPT_VERSION = 256, OPT_STORE, OPT_KVTYPE, OPT_STRICT };
+enum { OPT_VERSION = 256, OPT_STORE, OPT_KVTYPE, OPT_STRICT, OPT_PLACE };
 
 static double now_s(void)
 {
@@ -88,11 +92,12 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},   {"store", required_argument, 0, OPT_STORE},
         {"kv-type", required_argument, 0, OPT_KVTYPE}, {"strict", no_argument, 0, OPT_STRICT},
+        {"place", required_argument, 0, OPT_PLACE},
         {"threads", required_argument, 0, 't'}, {"verbose", no_argument, 0, 'v'},
         {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, OPT_VERSION}, {0, 0, 0, 0},
     };
-    const char *model_opt = NULL, *store_opt = NULL, *in_path = NULL;
+    const char *model_opt = NULL, *store_opt = NULL, *in_path = NULL, *place = NULL;
     int strict = 0, c, code = 0, n_threads = 0;
     cb_type kv_type = CB_TYPE_F16;
     char store_buf[4096];
@@ -117,6 +122,7 @@ int main(int argc, char **argv)
             }
             break;
         case OPT_STRICT: strict = 1; break;
+        case OPT_PLACE: place = optarg; break;
         case 't': n_threads = atoi(optarg); if (n_threads < 1) { cli_err("-t %s: not a thread count", optarg); return CLI_EX_USAGE; } break;
         case 'v': cli_verbosity = 2; break;
         case 'q': cli_verbosity = 0; break;
@@ -170,6 +176,25 @@ int main(int argc, char **argv)
     }
     const cb_hparams *hp = cb_model_hparams(m);
     cb_hash128 fp = cb_model_fingerprint(m);
+    char tier_name[64] = "";
+    if (place && strcmp(place, "auto") == 0) {
+        cb_profile *prof = calloc(1, sizeof *prof);
+        double load = -1, rec = -1;
+        int t = -1;
+        if (prof && cb_profile_load(prof, store_dir, fp, cb_model_backend(m), &err) == CB_OK)
+            t = cb_controller_place(prof, store, 0.15, 3072, kv_type, &load, &rec);
+        free(prof);
+        cb_store_tier ti;
+        if (t >= 0 && cb_store_tier_info(store, t, &ti) == CB_OK) {
+            snprintf(tier_name, sizeof tier_name, "%s", ti.name);
+            cli_info("--place auto: tier %s (load %.1f ms <= recompute %.1f ms for 3072 tokens at 0.15)", ti.name,
+                     load, rec);
+        } else {
+            cli_err("note: --place auto: no usable profile in %s (run cb-profile); using the fastest tier", store_dir);
+        }
+    } else if (place) {
+        snprintf(tier_name, sizeof tier_name, "%s", place);
+    }
     int32_t n_ctx = hp->n_ctx_train, kv_cap = 0;
     if (cb_fwd_new(&f, m, 512) != CB_OK) {
         cli_err("out of memory");
@@ -250,7 +275,8 @@ int main(int argc, char **argv)
             cb_status st = cb_kv_precompute(f, kv, lead.ids, (int32_t)lead.n, ids.ids, (int32_t)ids.n, kv_type,
                                             &buf, &size);
             if (st == CB_OK && !interrupted)
-                st = cb_store_put(store, key, buf, size, &err);
+                st = tier_name[0] ? cb_store_put_in(store, key, buf, size, tier_name, &err)
+                                  : cb_store_put(store, key, buf, size, &err);
             else if (st != CB_OK)
                 cb_error_set(&err, st, "%s:%ld: precompute failed: %s", in_name, lineno, cb_strerror(st));
             free(buf);

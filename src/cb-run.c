@@ -724,16 +724,9 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
     char slow_tier[64] = "";
     if (o->ratio_auto && bp.mode == CB_MODE_BLEND) {
         cb_profile *prof = calloc(1, sizeof *prof);
-        char name[256], path[8192];
-        size_t plen = 0;
-        char *json = NULL;
-        int code2 = 0;
-        cb_profile_name(cb_model_fingerprint(m), cb_model_backend(m), name, sizeof name);
-        snprintf(path, sizeof path, "%s/%s", o->store_dir, name);
         int64_t n_cached = 0;
         double worst = -1;
-        if (prof && access(path, R_OK) == 0 && (json = cli_read_input(path, &plen, &code2)) &&
-            cb_profile_from_json(prof, json, plen, &err) == CB_OK) {
+        if (prof && cb_profile_load(prof, o->store_dir, cb_model_fingerprint(m), cb_model_backend(m), &err) == CB_OK) {
             for (int i = 0; i < pr.n; i++)
                 if (pr.s[i].kf)
                     n_cached += (int64_t)pr.s[i].toks.n;
@@ -775,7 +768,6 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
             cli_info("--ratio auto: %.3f for %lld cached tokens in tier %s (predicted load %.1f ms, recompute %.1f ms)",
                      bp.ratios[0], (long long)n_cached, slow_tier, pred_load, pred_recompute);
         }
-        free(json);
         free(prof);
     }
     if ((st = cb_blend_prefill(f, kv, segs, pr.n, &bp, logits, &bs, &err)) != CB_OK) {

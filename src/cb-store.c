@@ -27,11 +27,13 @@ static void usage(FILE *f)
             "usage: cb-store [--store DIR] COMMAND [ARGS]\n"
             "\n"
             "Commands:\n"
-            "  init [--tier NAME=PATH[:CAPACITY]]... [--promote N]\n"
+            "  init [--tier NAME=PATH[:CAPACITY]]... [--cost NAME=C]... [--promote N]\n"
             "                     create a store; tiers fastest first (default: one tier\n"
             "                     'main' in DIR/tiers/main, unlimited); CAPACITY takes K, M,\n"
-            "                     G, T suffixes (powers of 1024); --promote N moves an entry\n"
-            "                     to a faster tier on its Nth and later gets (default 2, 0 = never)\n"
+            "                     G, T suffixes (powers of 1024); --cost: a tier's relative\n"
+            "                     cost per byte, for place (default: fastest dearest);\n"
+            "                     --promote N moves an entry to a faster tier on its Nth and\n"
+            "                     later gets (default 2, 0 = never)\n"
             "  ls [--json] [-m MODEL] [--tier NAME]\n"
             "                     list entries: key, tier, bytes, hits, last use, pin;\n"
             "                     MODEL is a GGUF file or a 32-hex-digit fingerprint\n"
@@ -48,6 +50,10 @@ static void usage(FILE *f)
             "                     write entries (default all) to a tar archive ('-' = stdout);\n"
             "                     compression from the name (.tar, .tar.gz, .tar.xz), else zstd\n"
             "  import ARCHIVE     add the valid KV files of an archive ('-' = stdin)\n"
+            "  place [-m MODEL] [--ratio R] [--tokens L] [--json]\n"
+            "                     the cheapest tier whose load time for L cached tokens\n"
+            "                     (default 3072) does not exceed the recompute time at ratio R\n"
+            "                     (default 0.15), from the store's profile (see cb-profile)\n"
             "\n"
             "Common:\n"
             "      --store DIR    the store (default: $CB_STORE, else\n"
@@ -72,6 +78,9 @@ enum {
     OPT_TIER,
     OPT_PROMOTE,
     OPT_REPAIR,
+    OPT_COST,
+    OPT_RATIO,
+    OPT_TOKENS,
     OPT_COMPRESS
 };
 
@@ -79,6 +88,10 @@ typedef struct opts {
     const char *store, *model, *out, *compress;
     const char **tiers;
     int n_tiers, json, repair, promote;
+    const char **costs;
+    int n_costs;
+    double ratio;
+    long tokens;
     char **args; /* after the command */
     int n_args;
 } opts;
@@ -223,6 +236,26 @@ static int cmd_init(const opts *o)
         t[i].name = bufs[i];
         t[i].path = path;
         t[i].capacity = cap;
+        t[i].cost = 0;
+    }
+    for (int c = 0; c < o->n_costs; c++) {
+        const char *spec = o->costs[c], *eq = strchr(spec, '=');
+        char *end = NULL;
+        double v = eq ? strtod(eq + 1, &end) : -1;
+        int found = 0;
+        if (!eq || !end || *end || end == eq + 1 || v <= 0) {
+            cli_err("--cost %s: use NAME=COST with a cost > 0", spec);
+            code = CLI_EX_USAGE;
+            goto done;
+        }
+        for (int i = 0; i < o->n_tiers; i++)
+            if (strlen(t[i].name) == (size_t)(eq - spec) && !strncmp(t[i].name, spec, (size_t)(eq - spec)))
+                t[i].cost = v, found = 1;
+        if (!found) {
+            cli_err("--cost %s: no tier of that name in --tier", spec);
+            code = CLI_EX_USAGE;
+            goto done;
+        }
     }
     if (cb_store_init(o->store, o->n_tiers ? t : NULL, o->n_tiers, o->promote, &err) != CB_OK) {
         code = fail(&err);
@@ -604,6 +637,69 @@ static int cmd_import(const opts *o)
     return code;
 }
 
+/* --------------------------------------------------------------- place */
+
+static int cmd_place(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_gguf *g = NULL;
+    cb_error err;
+    cb_hash128 fp;
+    int code = 0;
+    cb_profile *prof = calloc(1, sizeof *prof);
+
+    if ((code = need_args(o, "place", 0, 0)) != 0) {
+        free(prof);
+        return code;
+    }
+    if (!prof)
+        return CLI_EX_SOFTWARE;
+    /* the model: a GGUF file (fingerprinted here) or a 32-digit fingerprint */
+    const char *model = o->model ? o->model : cli_model_path(NULL);
+    if (strlen(model) == 32 && cb_hash128_parse(model, &fp) == CB_OK) {
+        ;
+    } else if (cb_gguf_open(&g, model, &err) != CB_OK || cb_gguf_fingerprint(g, &fp) != CB_OK) {
+        code = fail(&err);
+        goto done;
+    }
+    if (cb_store_open(&s, o->store, 0, &err) != CB_OK || cb_profile_load(prof, o->store, fp, "cpu", &err) != CB_OK) {
+        code = fail(&err);
+        goto done;
+    }
+    double load = -1, rec = -1;
+    int t = cb_controller_place(prof, s, o->ratio, o->tokens, CB_TYPE_F16, &load, &rec);
+    if (t < 0) {
+        cli_err("%s: the profile measured none of this store's tiers: run cb-profile again", o->store);
+        code = CLI_EX_DATAERR;
+        goto done;
+    }
+    cb_store_tier ti;
+    cb_store_tier_info(s, t, &ti);
+    if (o->json) {
+        json_t *tiers = json_array();
+        for (int i = 0; i < cb_store_n_tiers(s); i++) {
+            cb_store_tier x;
+            cb_store_tier_info(s, i, &x);
+            json_array_append_new(tiers, json_pack("{s:s, s:f, s:f}", "name", x.name, "cost", x.cost, "load_ms",
+                                                   cb_profile_load_ms(prof, x.name, o->tokens, CB_TYPE_F16, 1)));
+        }
+        json_t *r = json_pack("{s:s, s:f, s:I, s:f, s:f, s:o}", "tier", ti.name, "ratio", o->ratio, "tokens",
+                              (json_int_t)o->tokens, "load_ms", load, "recompute_ms", rec, "tiers", tiers);
+        json_dumpf(r, stdout, JSON_COMPACT);
+        putchar('\n');
+        json_decref(r);
+    } else {
+        printf("%s\n", ti.name);
+        cli_info("%ld cached tokens at ratio %.2f: recompute %.1f ms, load from %s %.1f ms (cost %g)", o->tokens,
+                 o->ratio, rec, ti.name, load, ti.cost);
+    }
+done:
+    free(prof);
+    cb_gguf_free(g);
+    cb_store_close(s);
+    return code;
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -618,6 +714,9 @@ int main(int argc, char **argv)
         {"output", required_argument, 0, 'o'},
         {"repair", no_argument, 0, OPT_REPAIR},
         {"compress", required_argument, 0, OPT_COMPRESS},
+        {"cost", required_argument, 0, OPT_COST},
+        {"ratio", required_argument, 0, OPT_RATIO},
+        {"tokens", required_argument, 0, OPT_TOKENS},
         {"verbose", no_argument, 0, 'v'},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -629,7 +728,7 @@ int main(int argc, char **argv)
         int (*fn)(const opts *);
         const char *flags; /* command-specific options it takes */
     } cmds[] = {
-        {"init", cmd_init, "tier promote"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
+        {"init", cmd_init, "tier promote cost"}, {"place", cmd_place, "json ratio tokens model"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
         {"get", cmd_get, "output"},         {"put", cmd_put, ""},              {"rm", NULL, ""},
         {"pin", NULL, ""},                  {"unpin", NULL, ""},               {"gc", cmd_gc, ""},
         {"verify", cmd_verify, "repair"},   {"export", cmd_export, "compress"}, {"import", cmd_import, ""},
@@ -640,8 +739,11 @@ int main(int argc, char **argv)
 
     cli_prog = "cb-store";
     o.promote = -1;
+    o.ratio = 0.15;
+    o.tokens = 3072;
     o.tiers = calloc((size_t)argc + 1, sizeof *o.tiers);
-    if (!o.tiers)
+    o.costs = calloc((size_t)argc + 1, sizeof *o.costs);
+    if (!o.tiers || !o.costs)
         return CLI_EX_SOFTWARE;
     while ((c = getopt_long(argc, argv, "m:t:o:vqh", lopts, NULL)) != -1) {
         switch (c) {
@@ -672,6 +774,27 @@ int main(int argc, char **argv)
         case 'o': o.out = optarg; given[0] = 1; break;
         case OPT_REPAIR: o.repair = 1; given[OPT_REPAIR] = 1; break;
         case OPT_COMPRESS: o.compress = optarg; given[OPT_COMPRESS] = 1; break;
+        case OPT_COST: o.costs[o.n_costs++] = optarg; given[OPT_COST] = 1; break;
+        case OPT_RATIO: {
+            char *end;
+            o.ratio = strtod(optarg, &end);
+            if (*end || end == optarg || o.ratio <= 0 || o.ratio > 1) {
+                cli_err("--ratio: '%s' is not in (0, 1]", optarg);
+                return CLI_EX_USAGE;
+            }
+            given[OPT_RATIO] = 1;
+            break;
+        }
+        case OPT_TOKENS: {
+            char *end;
+            o.tokens = strtol(optarg, &end, 10);
+            if (*end || end == optarg || o.tokens < 1) {
+                cli_err("--tokens: '%s' is not a token count", optarg);
+                return CLI_EX_USAGE;
+            }
+            given[OPT_TOKENS] = 1;
+            break;
+        }
         case 'v': cli_verbosity = 2; break;
         case 'q': cli_verbosity = 0; break;
         case 'h': usage(stdout); return cli_finish(0);
@@ -701,7 +824,9 @@ int main(int argc, char **argv)
         const char *word, *flag;
     } specific[] = {{OPT_JSON, "json", "--json"},         {OPT_TIER, "tier", "--tier"},
                     {OPT_PROMOTE, "promote", "--promote"}, {0, "output", "-o"},
-                    {OPT_REPAIR, "repair", "--repair"},    {OPT_COMPRESS, "compress", "--compress"}};
+                    {OPT_REPAIR, "repair", "--repair"},    {OPT_COMPRESS, "compress", "--compress"},
+                    {OPT_COST, "cost", "--cost"},          {OPT_RATIO, "ratio", "--ratio"},
+                    {OPT_TOKENS, "tokens", "--tokens"}};
     for (size_t i = 0; i < sizeof specific / sizeof specific[0]; i++)
         if (given[specific[i].id] && !strstr(cmds[k].flags, specific[i].word)) {
             cli_err("%s: %s does not apply", cmd, specific[i].flag);
@@ -709,5 +834,6 @@ int main(int argc, char **argv)
         }
     code = cmds[k].fn ? cmds[k].fn(&o) : cmd_keys(&o, cmd);
     free(o.tiers);
+    free(o.costs);
     return cli_finish(code);
 }

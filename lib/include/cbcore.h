@@ -673,6 +673,10 @@ cb_status cb_profile_to_json(const cb_profile *p, char **json);
 cb_status cb_profile_from_json(cb_profile *p, const char *json, size_t len, cb_error *err);
 /* The profile's file name in a store: profile-<model hex>-<backend>.json */
 void cb_profile_name(cb_hash128 model, const char *backend, char *buf, size_t n);
+/* Read the profile of (model, backend) from a store directory.
+ * Errors: CB_ERR_NOT_FOUND (none measured yet), CB_ERR_FORMAT, CB_ERR_IO. */
+cb_status cb_profile_load(cb_profile *p, const char *store_dir, cb_hash128 model, const char *backend,
+                          cb_error *err);
 
 /* Predicted time (ms, all layers) to recompute `ratio` of a prompt of L
  * tokens, interpolated linearly in ratio and in L (extrapolated in
@@ -686,6 +690,13 @@ double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_t
  * recompute.  *pred_load and *pred_recompute receive the predictions. */
 double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold, double r_min,
                            double *pred_load, double *pred_recompute);
+/* Placement: the index of the cheapest tier of the store (by its cost)
+ * whose predicted cold load time for L tokens does not exceed the
+ * recompute time at `ratio`; when none qualifies, the tier that loads
+ * fastest.  -1 when the profile measured none of the store's tiers. */
+typedef struct cb_store cb_store; /* the store, below */
+int cb_controller_place(const cb_profile *p, const cb_store *s, double ratio, int64_t L, cb_type t,
+                        double *pred_load, double *pred_recompute);
 
 /* ---------------------------------------------------------------- store */
 
@@ -719,6 +730,9 @@ typedef struct cb_store_tier {
     const char *name;  /* 1..32 of [A-Za-z0-9_.-], unique in the store */
     const char *path;  /* directory; relative paths are relative to the store */
     uint64_t capacity; /* bytes; 0 = unlimited */
+    double cost;       /* relative cost of a byte here, for placement (cb-store place);
+                        * 0 in cb_store_init: the default, n_tiers - index (fastest
+                        * dearest) */
 } cb_store_tier;
 
 /* Create a store in dir (made with its parents when missing) with n_tiers
@@ -769,6 +783,11 @@ cb_status cb_store_lookup(cb_store *s, const char *key, int *found);
  * not a key, or not the file's), CB_ERR_CREATE (no tier has room: the
  * entries that would have to go are pinned or in use), CB_ERR_IO. */
 cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t size, cb_error *err);
+/* The same, placing the entry in tier `tier` (by name) or, when it has no
+ * room, the next slower one with room.  Errors as cb_store_put, and
+ * CB_ERR_NOT_FOUND for an unknown tier name. */
+cb_status cb_store_put_in(cb_store *s, const char *key, const void *data, size_t size, const char *tier,
+                          cb_error *err);
 
 /* Adopt the KV file at path: verified first (header, every layer's
  * checksum), then copied in as by cb_store_put.  key (may be NULL) receives

@@ -237,3 +237,52 @@ double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_
         *pred_recompute = cb_profile_recompute_ms(p, r, L);
     return r;
 }
+
+int cb_controller_place(const cb_profile *p, const cb_store *s, double ratio, int64_t L, cb_type t,
+                        double *pred_load, double *pred_recompute)
+{
+    double rec = cb_profile_recompute_ms(p, ratio, L), best_cost = 0, fastest = -1;
+    int best = -1, fast = -1;
+    for (int i = 0; i < cb_store_n_tiers(s); i++) {
+        cb_store_tier ti;
+        if (cb_store_tier_info(s, i, &ti) != CB_OK)
+            continue;
+        double load = cb_profile_load_ms(p, ti.name, L, t, 1);
+        if (load < 0)
+            continue;
+        if (fast < 0 || load < fastest)
+            fast = i, fastest = load;
+        /* cheaper wins; at equal cost the slower one, saving the faster */
+        if (load <= rec && (best < 0 || ti.cost < best_cost || (ti.cost == best_cost && i > best)))
+            best = i, best_cost = ti.cost;
+    }
+    if (best < 0)
+        best = fast;
+    if (pred_recompute)
+        *pred_recompute = rec;
+    if (pred_load && best >= 0) {
+        cb_store_tier ti;
+        cb_store_tier_info(s, best, &ti);
+        *pred_load = cb_profile_load_ms(p, ti.name, L, t, 1);
+    }
+    return best;
+}
+
+cb_status cb_profile_load(cb_profile *p, const char *store_dir, cb_hash128 model, const char *backend, cb_error *err)
+{
+    char name[160], path[4096];
+    cb_mmap m;
+    cb_status st;
+    cb_profile_name(model, backend, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", store_dir, name);
+    if ((st = cb_mmap_open(&m, path, err)) != CB_OK) {
+        if (st == CB_ERR_NOT_FOUND)
+            cb_error_set(err, st, "%s: no profile for this model and backend (run cb-profile)", path);
+        return st;
+    }
+    st = cb_profile_from_json(p, (const char *)m.data, m.size, err);
+    cb_mmap_close(&m);
+    if (st != CB_OK)
+        cb_error_set(err, st, "%s: %s", path, err ? err->msg : "malformed");
+    return st;
+}

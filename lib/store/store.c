@@ -417,7 +417,7 @@ static const char *conf_name = "store.json";
 static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits, int *exists,
                              cb_error *err)
 {
-    static const cb_store_tier def = {"main", "tiers/main", 0};
+    static const cb_store_tier def = {"main", "tiers/main", 0, 0};
     char *conf = xasprintf("%s/%s", dir, conf_name);
     char *abs[CB_STORE_MAX_TIERS] = {0};
     char *real[CB_STORE_MAX_TIERS] = {0};
@@ -485,8 +485,9 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
     json_object_set_new(root, "id", json_string(id));
     json_object_set_new(root, "promote_hits", json_integer(promote_hits < 0 ? ST_DEFAULT_PROMOTE : promote_hits));
     for (int i = 0; i < n_tiers; i++)
-        json_array_append_new(arr, json_pack("{s:s, s:s, s:I}", "name", tiers[i].name, "path", tiers[i].path,
-                                             "capacity", (json_int_t)tiers[i].capacity));
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:f}", "name", tiers[i].name, "path", tiers[i].path,
+                                             "capacity", (json_int_t)tiers[i].capacity, "cost",
+                                             tiers[i].cost > 0 ? tiers[i].cost : (double)(n_tiers - i)));
     json_object_set(root, "tiers", arr);
     text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (!text) {
@@ -621,6 +622,10 @@ static cb_status read_config(cb_store *s, cb_error *err)
         ti->conf_path = strdup(path);
         ti->path = abs_path(s->dir, path);
         ti->cap = cap ? (uint64_t)json_integer_value(cap) : 0;
+        json_t *cost = json_object_get(t, "cost");
+        ti->cost = json_is_number(cost) && json_number_value(cost) > 0
+                       ? json_number_value(cost)
+                       : (double)json_array_size(tiers) - (double)i; /* default: fastest dearest */
         if (!ti->conf_path || !ti->path || !s->id) {
             st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
             goto done;
@@ -811,6 +816,7 @@ cb_status cb_store_tier_info(const cb_store *s, int i, cb_store_tier *out)
     out->name = s->tiers[i].name;
     out->path = s->tiers[i].path;
     out->capacity = s->tiers[i].cap;
+    out->cost = s->tiers[i].cost;
     return CB_OK;
 }
 
@@ -1054,6 +1060,7 @@ typedef struct put_src {
     const char *path;  /* a verified file */
     int movable;       /* path may be renamed into the tier */
     const char *key;   /* the caller's key (NULL: the file's) */
+    int first_tier;    /* the fastest tier it may go to */
 } put_src;
 
 static cb_status put_common(cb_store *s, const put_src *src, const char *key, const char *model, int64_t n_tokens,
@@ -1079,7 +1086,7 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
             *existed = 1;
         return st;
     }
-    for (int t = 0; t < s->n_tiers && tier < 0; t++) {
+    for (int t = src->first_tier; t < s->n_tiers && tier < 0; t++) {
         if (s->tiers[t].cap && size > s->tiers[t].cap)
             continue;
         st = st_make_room(s, t, size, NULL, NULL, err);
@@ -1250,7 +1257,25 @@ fail:
     return st;
 }
 
+static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size, int first_tier,
+                           cb_error *err);
+
 cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t size, cb_error *err)
+{
+    return put_bytes(s, key, data, size, 0, err);
+}
+
+cb_status cb_store_put_in(cb_store *s, const char *key, const void *data, size_t size, const char *tier,
+                          cb_error *err)
+{
+    int t = s ? st_tier_index(s, tier) : -1;
+    if (t < 0)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "no tier named '%s' in the store", tier ? tier : "(null)");
+    return put_bytes(s, key, data, size, t, err);
+}
+
+static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size, int first_tier,
+                           cb_error *err)
 {
     char fkey[66], model[33];
     int64_t n_tokens = 0;
@@ -1264,7 +1289,7 @@ cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t si
         return st;
     if (key && strcmp(key, fkey) != 0)
         return cb_error_set(err, CB_ERR_INVALID, "%s: the file's key is %s", key, fkey);
-    put_src src = {data, NULL, 0, key};
+    put_src src = {data, NULL, 0, key, first_tier};
     return put_common(s, &src, fkey, model, n_tokens, size, cb_hash128_bytes(data, size), NULL, err);
 }
 
@@ -1288,7 +1313,7 @@ cb_status st_put_file(cb_store *s, const char *path, int movable, const char *ex
         return cb_error_set(err, CB_ERR_FORMAT, "%s: changed while it was read", path);
     if (key_out)
         memcpy(key_out, key, 66);
-    put_src src = {NULL, path, movable, NULL};
+    put_src src = {NULL, path, movable, NULL, 0};
     return put_common(s, &src, key, model, n_tokens, size, sum, existed, err);
 }
 

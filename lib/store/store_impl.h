@@ -46,6 +46,7 @@ typedef struct st_tier {
     char *path;      /* absolute */
     char *conf_path; /* as written in store.json */
     uint64_t cap;    /* 0 = unlimited */
+    double cost;     /* relative cost per byte, for placement */
 } st_tier;
 
 struct cb_store {
