@@ -66,7 +66,7 @@ BENCH_SRC:= $(sort $(wildcard tests/bench/*.c))
 BENCH_BIN:= $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 
 .SECONDARY:
-.PHONY: all lib progs help deps model model-gemma test check-tools bench parity demo install uninstall clean format
+.PHONY: all lib progs help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format
 
 all: lib progs ## build the library and the programs (default)
 
@@ -135,6 +135,11 @@ parity: deps all $(BENCH_BIN) ## compare our logits and greedy output with llama
 	@VENV=$$(sh scripts/venv.sh) && $$VENV/bin/python tests/parity/parity.py \
 	    "$${CB_MODEL:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
 	    $(BUILD)/bench/cb-logits $(BINDIR_B)/cb-run
+
+EVAL_ARGS ?=
+eval: deps all ## score full, prefix, reuse and blend on MuSiQue (EVAL_ARGS="-n 30 --ratios 0.15 ...")
+	@$(MAKE) --no-print-directory model
+	@python3 tests/bench/eval.py --bin $(BINDIR_B) $(EVAL_ARGS)
 
 demo: deps ## fetch the model, print its facts and tokenize a sample
 	@$(MAKE) --no-print-directory model all

@@ -63,6 +63,8 @@ static void usage(FILE *f)
             "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
             "                     agreement and whether the greedy answers match to --stats\n"
             "      --no-store-write  do not store the KV of chunks that had none\n"
+            "      --logits-out FILE  write the first generated token's logits (n_vocab\n"
+            "                     little-endian float32) to FILE, for offline comparison\n"
             "      --kv-type T    KV cache elements: f16 (default) or f32\n"
             "      --stats FILE   write timing and token counts as one JSON object to FILE\n"
             "                     ('-' = stderr)\n"
@@ -113,7 +115,8 @@ enum {
     OPT_SINK,
     OPT_VERIFY,
     OPT_NOSTORE,
-    OPT_MINRATIO
+    OPT_MINRATIO,
+    OPT_LOGITS
 };
 
 static double now_ms(void)
@@ -225,7 +228,7 @@ done:
 /* ---------------------------------------------------------- generation */
 
 typedef struct gen_opts {
-    const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path;
+    const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path, *logits_out;
     int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto;
     double min_ratio;
     cb_type kv_type;
@@ -775,6 +778,11 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
         code = cli_exit_code(st);
         goto done;
     }
+    if (o->logits_out && cb_file_write_atomic(o->logits_out, logits, sizeof(float) * (size_t)hp->n_vocab, &err) != CB_OK) {
+        cli_err("%s", err.msg);
+        code = cli_exit_code(err.status);
+        goto done;
+    }
     /* --verify: full prefill of the same tokens, for the first token's distribution */
     double v_kl = 0;
     int v_top1 = 0;
@@ -947,6 +955,7 @@ int main(int argc, char **argv)
         {"chunks", required_argument, 0, OPT_CHUNKS},
         {"ratio", required_argument, 0, OPT_RATIO},
         {"min-ratio", required_argument, 0, OPT_MINRATIO},
+        {"logits-out", required_argument, 0, OPT_LOGITS},
         {"ratios", required_argument, 0, OPT_RATIOS},
         {"check-layer", required_argument, 0, OPT_CHECK},
         {"deviation", required_argument, 0, OPT_DEVIATION},
@@ -1119,6 +1128,7 @@ int main(int argc, char **argv)
             o.bp.sink_tokens = (int32_t)d;
             break;
         case OPT_VERIFY: o.verify = 1; break;
+        case OPT_LOGITS: o.logits_out = optarg; break;
         case OPT_NOSTORE: o.store_write = 0; break;
         case OPT_KVTYPE:
             if (strcmp(optarg, "f16") == 0)

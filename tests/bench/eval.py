@@ -6,7 +6,8 @@ Input: a JSON list, or JSON Lines, of {question, answers: [...], ctxs: [{title,
 text}]} (the format of ../shared/data/musique_s.json). For each question the
 first --passages passages become chunks; every chunk is precomputed into a
 scratch store with cb-precompute; then cb-run answers with each mode (and each
-blend ratio and strategy), greedily, with --verify against full prefill.
+blend ratio and strategy), greedily; each mode's first-token distribution
+(cb-run --logits-out) is compared with full prefill's.
 
 Prints a markdown table (F1 and exact match with SQuAD normalization, max over
 gold answers; % answers identical to full; mean first-token KL to full; mean
@@ -14,7 +15,9 @@ TTFT; speedup over full), writes the per-question results as JSON and, with
 gnuplot, a quality-vs-TTFT plot.
 """
 import argparse
+import array
 import json
+import math
 import os
 import re
 import shutil
@@ -43,6 +46,28 @@ def f1(pred, gold):
         return 0.0
     prec, rec = same / len(p), same / len(g)
     return 2 * prec * rec / (prec + rec)
+
+
+def read_logits(path):
+    a = array.array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    return a
+
+
+def kl_top1(p_logits, q_logits):
+    """KL(softmax p || softmax q) and whether the argmaxes agree."""
+    mp, mq = max(p_logits), max(q_logits)
+    zp = math.fsum(math.exp(x - mp) for x in p_logits)
+    zq = math.fsum(math.exp(x - mq) for x in q_logits)
+    lzp, lzq = math.log(zp), math.log(zq)
+    kl = 0.0
+    for a, b in zip(p_logits, q_logits):
+        la = a - mp - lzp
+        kl += math.exp(la) * (la - (b - mq - lzq))
+    ap = max(range(len(p_logits)), key=p_logits.__getitem__)
+    aq = max(range(len(q_logits)), key=q_logits.__getitem__)
+    return max(kl, 0.0), ap == aq
 
 
 def load_qa(path):
@@ -97,10 +122,9 @@ def main():
             for r in recs:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
         t0 = time.time()
-        out = subprocess.run([pre, "--store", store, "--kv-type", args.kv_type, "-q"] + common + [allf],
-                             stdout=subprocess.PIPE, check=True).stdout.decode()
+        subprocess.run([pre, "--store", store, "--kv-type", args.kv_type, "-q"] + common + [allf],
+                       stdout=subprocess.DEVNULL, check=True)
         pre_s = time.time() - t0
-        n_tok = 0
         print(f"precomputed {len(recs)} passages in {pre_s:.1f} s", file=sys.stderr)
 
         configs = []
@@ -118,12 +142,13 @@ def main():
                 for c in q["ctxs"][: args.passages]:
                     f.write(json.dumps({"text": f"{c.get('title', '')}\n{c['text']}".strip()}, ensure_ascii=False) + "\n")
             question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}"
-            for mode, ratio, strat in configs:
+            full_logits = full_answer = None
+            for mode, ratio, strat in sorted(configs, key=lambda c: c[0] != "full"):
                 stats = os.path.join(work, "stats.json")
+                lfile = os.path.join(work, "logits.f32")
                 cmd = [run, "--store", store, "--chunks", chunks, "--mode", mode, "--temp", "0", "-n",
-                       str(args.max_new), "--no-store-write", "--stats", stats, "-p", question] + common
-                if mode != "full":
-                    cmd.append("--verify")
+                       str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
+                       "-p", question] + common
                 if ratio is not None:
                     cmd += ["--ratio", str(ratio), "--strategy", strat] + (args.extra.split() if args.extra else [])
                 ans = subprocess.run(cmd, stdout=subprocess.PIPE, check=True).stdout.decode("utf-8", "replace")
@@ -137,11 +162,14 @@ def main():
                     "n_prompt_tokens": st["n_prompt_tokens"], "n_cached_tokens": st["n_cached_tokens"],
                     "n_recomputed_tokens": st["n_recomputed_tokens"],
                 }
-                if "verify" in st:
-                    res["kl"] = st["verify"]["kl"]
-                    res["same"] = st["verify"]["same_answer"]
-                else:
-                    res["kl"], res["same"] = 0.0, True
+                logits = read_logits(lfile)
+                if mode == "full":
+                    full_logits, full_answer = logits, ans
+                if full_logits is not None:
+                    res["kl"], res["top1"] = kl_top1(full_logits, logits)
+                    res["same"] = ans == full_answer
+                else:  # no full run configured: nothing to compare with
+                    res["kl"], res["top1"], res["same"] = float("nan"), False, False
                 results.append(res)
             print(f"question {qi + 1}/{len(qa)} done", file=sys.stderr)
 
@@ -157,20 +185,21 @@ def main():
         print(f"\n{len(qa)} questions, {args.passages} passages each, mean prompt "
               f"{sum(r['n_prompt_tokens'] for r in results) / len(results):.0f} tokens; model "
               f"{args.model or 'default'}; {args.threads} threads; KV {args.kv_type}\n")
-        print("| mode | F1 | EM | F1 / full | identical to full | mean first-token KL | mean TTFT ms | speedup |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| mode | F1 | EM | F1 / full | identical to full | first-token top-1 = full | mean first-token KL | mean TTFT ms | speedup |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for c in configs:
             rs = [r for r in results if (r["mode"], r["ratio"], r["strategy"]) == c]
             n = len(rs)
             mf1 = sum(r["f1"] for r in rs) / n
             mem = sum(r["em"] for r in rs) / n
             same = sum(1 for r in rs if r["same"]) / n
+            top1 = sum(1 for r in rs if r["top1"]) / n
             kl = sum(r["kl"] for r in rs) / n
             ttft = sum(r["ttft_ms"] for r in rs) / n
             row = {"config": label(c), "f1": mf1, "em": mem, "f1_vs_full": mf1 / mean_full_f1 if mean_full_f1 else 0,
-                   "identical": same, "kl": kl, "ttft_ms": ttft, "speedup": mean_full / ttft}
+                   "identical": same, "top1": top1, "kl": kl, "ttft_ms": ttft, "speedup": mean_full / ttft}
             rows.append(row)
-            print(f"| {row['config']} | {mf1:.3f} | {mem:.3f} | {row['f1_vs_full']:.1%} | {same:.0%} | {kl:.4f} | "
+            print(f"| {row['config']} | {mf1:.3f} | {mem:.3f} | {row['f1_vs_full']:.1%} | {same:.0%} | {top1:.0%} | {kl:.4f} | "
                   f"{ttft:.0f} | {row['speedup']:.2f}x |")
         json.dump({"args": vars(args), "precompute_s": pre_s, "summary": rows, "results": results},
                   open(args.out, "w"), indent=1)
