@@ -368,12 +368,14 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
                     float *fk = p->deviation_v ? NULL : fresh, *fv = p->deviation_v ? fresh : NULL;
                     if ((st = cb_fwd_layer_qkv(f, l, cand, n_c, NULL, fk, fv)) != CB_OK)
                         goto layer_fail;
+                    /* the loaded rows of the whole prompt, read once */
+                    if ((st = cb_kvcache_read(kv, l, p->deviation_v, 0, (int32_t)total, loaded)) != CB_OK)
+                        goto layer_fail;
                     for (int32_t c = 0; c < n_c; c++) {
-                        if ((st = cb_kvcache_read(kv, l, p->deviation_v, cand[c], 1, loaded + c * w)) != CB_OK)
-                            goto layer_fail;
+                        const float *ld_row = loaded + (int64_t)cand[c] * w;
                         double dev = 0;
                         for (int64_t e = 0; e < w; e++) {
-                            double d = (double)fresh[c * w + e] - loaded[c * w + e];
+                            double d = (double)fresh[c * w + e] - ld_row[e];
                             dev += d * d;
                         }
                         sc[c] = (scored){(float)dev, cand[c]};

@@ -28,5 +28,23 @@ echo "== ratios (ours / llama.cpp)"
     || echo "token count DIFFERS: ours $(get "$tmp/ours" tok_tokens), llama.cpp $(get "$tmp/theirs" tok_tokens)"
 awk -v a="$(get "$tmp/ours" tok_mb_s)" -v b="$(get "$tmp/theirs" tok_mb_s)" 'BEGIN { printf "tokenize throughput: %.2f MB/s vs %.2f MB/s = %.2fx\n", a, b, a / b }'
 awk -v a="$(get "$tmp/ours" open_vocab_ms)" -v b="$(get "$tmp/theirs" open_vocab_ms)" 'BEGIN { printf "open + vocab load:   %.1f ms vs %.1f ms = %.2fx faster\n", a, b, b / a }'
+# The engine: prefill at 512..4096 tokens and decode, ours and llama.cpp's,
+# same GGUF, same threads, same ids, in this run.
+T=${CB_BENCH_THREADS:-$(nproc)}
+LENS=${CB_BENCH_LENGTHS:-512 1024 2048 4096}
+echo "== bench_engine (ours), $T threads"
+"$BUILD/bench/bench_engine" "$M" "$T" $LENS | tee "$tmp/eng_ours"
+echo "== llama.cpp, $T threads"
+"$VENV/bin/python" tests/bench/llamacpp_engine.py "$M" "$T" $LENS | tee "$tmp/eng_theirs"
+echo "== prefill and decode, ours vs llama.cpp"
+printf '| %-10s | %12s | %12s | %7s | %9s |\n' "tokens" "ours tok/s" "llama tok/s" "ratio" "our GFLOP/s"
+printf '|%s|\n' "------------|--------------|--------------|---------|-----------"
+for L in $LENS; do
+    a=$(get "$tmp/eng_ours" "prefill_${L}_tok_s"); b=$(get "$tmp/eng_theirs" "prefill_${L}_tok_s"); g=$(get "$tmp/eng_ours" "prefill_${L}_gflops")
+    awk -v L="$L" -v a="$a" -v b="$b" -v g="$g" 'BEGIN { printf "| prefill %-4s | %12.1f | %12.1f | %6.2fx | %9.1f |\n", L, a, b, a / b, g }'
+done
+a=$(get "$tmp/eng_ours" decode_tok_s); b=$(get "$tmp/eng_theirs" decode_tok_s)
+awk -v a="$a" -v b="$b" 'BEGIN { printf "| decode       | %12.1f | %12.1f | %6.2fx |           |\n", a, b, a / b }'
+echo "machine sgemm (OpenBLAS, 1024^3, $T threads): $(get "$tmp/eng_ours" sgemm_gflops) GFLOP/s"
 echo "== bench_store: the tiered store, put/get per tier (RAM tier in ${CB_BENCH_RAM:-/dev/shm}, disk tier in ${CB_BENCH_DISK:-/var/tmp})"
 "$BUILD/bench/bench_store" "$M" 512,32 16 2>&1
