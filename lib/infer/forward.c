@@ -199,42 +199,72 @@ cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int
     return CB_OK;
 }
 
-cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows)
+enum { QKV_Q = 1, QKV_K = 2, QKV_V = 4 };
+
+/* The first step of a layer for `rows` (NULL: all): check the rows, note
+ * their positions, gather them, normalize, and project the requested ones
+ * of Q, K (both with RoPE) and V into f->q, f->k, f->v.  *x is the rows'
+ * hidden state (f->xs when gathered); *n their count.  n_ctx > 0 also
+ * checks the positions against a cache. */
+static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, int32_t n_ctx,
+                           unsigned which, float **x, int32_t *n)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
     const cb_backend_ops *o = m->be->ops;
     cb_backend *be = m->be;
     const cb_layer *L;
-    int64_t d = hp->n_embd, dkv = kv->width;
-    int32_t n = rows ? n_rows : f->n;
-    float *x;
 
-    if (layer < 0 || layer >= hp->n_layer || kv->m != m || n < 0 || n > f->n)
+    *n = rows ? n_rows : f->n;
+    if (layer < 0 || layer >= hp->n_layer || *n < 0 || *n > f->n)
         return CB_ERR_RANGE;
-    if (n == 0)
-        return CB_OK;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; i < *n; i++) {
         int32_t r = rows ? rows[i] : i;
-        if (r < 0 || r >= f->n || f->pos[r] >= kv->n_ctx)
+        if (r < 0 || r >= f->n || (n_ctx > 0 && f->pos[r] >= n_ctx))
             return CB_ERR_RANGE;
         f->sel_pos[i] = f->pos[r];
     }
+    if (*n == 0)
+        return CB_OK;
     L = &m->layers[layer];
     if (rows) {
-        o->gather(be, f->x, rows, n, d, f->xs);
-        x = f->xs;
+        o->gather(be, f->x, rows, *n, hp->n_embd, f->xs);
+        *x = f->xs;
     } else {
-        x = f->x;
+        *x = f->x;
     }
+    o->rmsnorm(be, *x, L->attn_norm, f->xn, *n, hp->n_embd, hp->norm_eps);
+    if (which & QKV_Q) {
+        o->matmul(be, L->wq, f->xn, f->q, *n);
+        o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+    }
+    if (which & QKV_K) {
+        o->matmul(be, L->wk, f->xn, f->k, *n);
+        o->rope(be, f->k, f->sel_pos, *n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+    }
+    if (which & QKV_V)
+        o->matmul(be, L->wv, f->xn, f->v, *n);
+    return CB_OK;
+}
 
-    /* attention block */
-    o->rmsnorm(be, x, L->attn_norm, f->xn, n, d, hp->norm_eps);
-    o->matmul(be, L->wq, f->xn, f->q, n);
-    o->matmul(be, L->wk, f->xn, f->k, n);
-    o->matmul(be, L->wv, f->xn, f->v, n);
-    o->rope(be, f->q, f->sel_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
-    o->rope(be, f->k, f->sel_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows)
+{
+    const cb_model *m = f->m;
+    const cb_hparams *hp = &m->hp;
+    const cb_backend_ops *o = m->be->ops;
+    cb_backend *be = m->be;
+    int64_t d = hp->n_embd, dkv = kv->width;
+    int32_t n;
+    float *x = NULL;
+    cb_status st;
+
+    if (kv->m != m)
+        return CB_ERR_RANGE;
+    if ((st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, QKV_Q | QKV_K | QKV_V, &x, &n)) != CB_OK || n == 0)
+        return st;
+    const cb_layer *L = &m->layers[layer];
+
+    /* attention block: this layer's K/V of the rows, then attention over the cache */
     o->kv_write(be, kv->k[layer], kv->type, dkv, f->k, f->sel_pos, n);
     o->kv_write(be, kv->v[layer], kv->type, dkv, f->v, f->sel_pos, n);
     o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head, hp->n_head_kv,
@@ -372,46 +402,20 @@ const cb_model *cb_fwd_model(const cb_fwd *f)
 cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q, float *k,
                            float *v)
 {
-    const cb_model *m = f->m;
-    const cb_hparams *hp = &m->hp;
-    const cb_backend_ops *o = m->be->ops;
-    cb_backend *be = m->be;
-    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
-    int32_t n = rows ? n_rows : f->n;
-    const cb_layer *L;
-    const float *x;
-
-    if (layer < 0 || layer >= hp->n_layer || n < 0 || n > f->n)
-        return CB_ERR_RANGE;
-    for (int32_t i = 0; i < n; i++) {
-        int32_t r = rows ? rows[i] : i;
-        if (r < 0 || r >= f->n)
-            return CB_ERR_RANGE;
-        f->sel_pos[i] = f->pos[r];
-    }
-    if (n == 0)
-        return CB_OK;
-    L = &m->layers[layer];
-    if (rows) {
-        o->gather(be, f->x, rows, n, d, f->xs);
-        x = f->xs;
-    } else {
-        x = f->x;
-    }
-    o->rmsnorm(be, x, L->attn_norm, f->xn, n, d, hp->norm_eps);
-    if (q) {
-        o->matmul(be, L->wq, f->xn, f->q, n);
-        o->rope(be, f->q, f->sel_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
-        o->download(be, q, f->q, sizeof(float) * (size_t)(n * dq));
-    }
-    if (k) {
-        o->matmul(be, L->wk, f->xn, f->k, n);
-        o->rope(be, f->k, f->sel_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
-        o->download(be, k, f->k, sizeof(float) * (size_t)(n * dkv));
-    }
-    if (v) {
-        o->matmul(be, L->wv, f->xn, f->v, n);
-        o->download(be, v, f->v, sizeof(float) * (size_t)(n * dkv));
-    }
+    const cb_hparams *hp = &f->m->hp;
+    cb_backend *be = f->m->be;
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    unsigned which = (q ? QKV_Q : 0) | (k ? QKV_K : 0) | (v ? QKV_V : 0);
+    int32_t n;
+    float *x;
+    cb_status st = layer_qkv(f, layer, rows, n_rows, 0, which, &x, &n);
+    if (st != CB_OK || n == 0)
+        return st;
+    if (q)
+        be->ops->download(be, q, f->q, sizeof(float) * (size_t)(n * dq));
+    if (k)
+        be->ops->download(be, k, f->k, sizeof(float) * (size_t)(n * dkv));
+    if (v)
+        be->ops->download(be, v, f->v, sizeof(float) * (size_t)(n * dkv));
     return CB_OK;
 }
