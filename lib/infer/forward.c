@@ -69,55 +69,47 @@ void cb_kvcache_free(cb_kvcache *kv)
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv) { return kv->n_ctx; }
 cb_type cb_kvcache_type(const cb_kvcache *kv) { return kv->type; }
 
-static cb_status kv_rows(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, int32_t **at)
+/* Copy rows pos0..pos0+n-1 of one layer's K (which 0) or V (1) from f32
+ * host memory `src` into the cache, or (src NULL) from the cache to `dst`,
+ * through a backend staging buffer. */
+static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, const float *src,
+                            float *dst)
 {
+    cb_backend *be = kv->m->be;
+    size_t bytes = sizeof(float) * (size_t)n * (size_t)kv->width;
     if (layer < 0 || layer >= kv->m->hp.n_layer || (which != 0 && which != 1) || pos0 < 0 || n < 0 ||
         pos0 > kv->n_ctx - n)
         return CB_ERR_RANGE;
-    *at = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    if (!*at)
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    float *tmp = be->ops->alloc(be, bytes);
+    if (!at || !tmp) {
+        free(at);
+        be->ops->dealloc(be, tmp);
         return CB_ERR_NOMEM;
+    }
     for (int32_t i = 0; i < n; i++)
-        (*at)[i] = pos0 + i;
+        at[i] = pos0 + i;
+    void *cache = which ? kv->v[layer] : kv->k[layer];
+    if (src) {
+        be->ops->upload(be, tmp, src, bytes);
+        be->ops->kv_write(be, cache, kv->type, kv->width, tmp, at, n);
+    } else {
+        be->ops->kv_read(be, cache, kv->type, kv->width, at, n, tmp);
+        be->ops->download(be, dst, tmp, bytes);
+    }
+    be->ops->dealloc(be, tmp);
+    free(at);
     return CB_OK;
 }
 
 cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, float *dst)
 {
-    int32_t *at;
-    cb_status st = kv_rows(kv, layer, which, pos0, n, &at);
-    if (st != CB_OK)
-        return st;
-    cb_backend *be = kv->m->be;
-    float *tmp = be->ops->alloc(be, sizeof(float) * (size_t)(n * kv->width));
-    if (!tmp) {
-        free(at);
-        return CB_ERR_NOMEM;
-    }
-    be->ops->kv_read(be, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width, at, n, tmp);
-    be->ops->download(be, dst, tmp, sizeof(float) * (size_t)(n * kv->width));
-    be->ops->dealloc(be, tmp);
-    free(at);
-    return CB_OK;
+    return kv_rows_io(kv, layer, which, pos0, n, NULL, dst);
 }
 
 cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, const float *src)
 {
-    int32_t *at;
-    cb_status st = kv_rows(kv, layer, which, pos0, n, &at);
-    if (st != CB_OK)
-        return st;
-    cb_backend *be = kv->m->be;
-    float *tmp = be->ops->alloc(be, sizeof(float) * (size_t)(n * kv->width));
-    if (!tmp) {
-        free(at);
-        return CB_ERR_NOMEM;
-    }
-    be->ops->upload(be, tmp, src, sizeof(float) * (size_t)(n * kv->width));
-    be->ops->kv_write(be, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width, tmp, at, n);
-    be->ops->dealloc(be, tmp);
-    free(at);
-    return CB_OK;
+    return kv_rows_io(kv, layer, which, pos0, n, src, NULL);
 }
 
 /* -------------------------------------------------------------- forward */
