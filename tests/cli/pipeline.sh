@@ -46,16 +46,22 @@ expect_exit "bad --kv-type" 64 "$PRE" -m "$M" --store "$S" --kv-type f8 "$T/bad.
 "$PRE" -m "$M" --store "$S" --kv-type q8_0 -q "$T/chunks.jsonl" > /dev/null && ok "--kv-type q8_0" || not_ok "--kv-type q8_0"
 
 # Interrupted: a long input, SIGINT after a moment; nothing partial may remain.
-i=0; : > "$T/long.jsonl"
-while [ $i -lt 3000 ]; do printf '{"text": "chunk number %d about the bridge of Kelby and the river Vale, long enough to take a moment to prefill"}\n' $i >> "$T/long.jsonl"; i=$((i + 1)); done
+python3 -c '
+import sys
+for i in range(30000):
+    print("{\"text\": \"chunk number %d about the bridge of Kelby and the river Vale, long enough to take a moment\"}" % i)' > "$T/long.jsonl"
 "$PRE" -m "$M" --store "$T/s2" -q "$T/long.jsonl" > "$T/o" 2>"$T/err" &
 pid=$!
-sleep 0.5; kill -INT $pid; wait $pid; rc=$?
+# interrupt it mid-way: once it has passed a few records on
+w=0; while [ "$(wc -l < "$T/o")" -lt 5 ] && [ $w -lt 100 ]; do sleep 0.1; w=$((w + 1)); done
+kill -INT $pid; wait $pid; rc=$?
 [ $rc -eq 130 ] && ok "SIGINT: exit 130" || not_ok "SIGINT: exit $rc"
 "$STORE" --store "$T/s2" verify > "$T/v" 2>&1 && ok "after SIGINT the store verifies" || { not_ok "store verify after SIGINT"; sed 's/^/#   /' "$T/v" | head; }
 [ -z "$(find "$T/s2" -name '*.tmp*' -type f)" ] && ok "no temporary file left" || not_ok "temporary files left"
-"$PRE" -m "$M" --store "$T/s2" -q "$T/long.jsonl" > "$T/o2" && [ "$(grep -c '"cached":true' "$T/o2")" -ge "$(wc -l < "$T/o")" ] \
-    && ok "a rerun continues where it stopped" || not_ok "rerun after SIGINT"
+done_n=$(wc -l < "$T/o")
+head -n $((done_n + 20)) "$T/long.jsonl" | "$PRE" -m "$M" --store "$T/s2" -q > "$T/o2" \
+    && [ "$(head -n "$done_n" "$T/o2" | grep -c '"cached":true')" -eq "$done_n" ] \
+    && ok "a rerun continues where it stopped ($done_n done before the signal)" || not_ok "rerun after SIGINT"
 
 # cb-run on the stored chunks, every mode
 Q="Who built the bridge over the Vale?"
