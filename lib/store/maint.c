@@ -72,13 +72,9 @@ static int change(cb_store *s, const char *sql, const char *key, int tier, int t
     sqlite3_bind_text(q, 2, s->tiers[tier].name, -1, SQLITE_STATIC);
     if (tier2 >= 0)
         sqlite3_bind_text(q, 3, s->tiers[tier2].name, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(q);
-    int n = sqlite3_changes(s->db);
-    sqlite3_reset(q);
-    if (rc != SQLITE_DONE) {
-        st_rollback(s);
-        return st_dberr(s, rc, "update", err);
-    }
+    int n;
+    if ((st = st_write(s, q, "update", &n, err)) != CB_OK)
+        return st;
     if ((st = st_commit(s, err)) != CB_OK) {
         st_rollback(s);
         return st;

@@ -151,6 +151,19 @@ cb_status st_dberr(cb_store *s, int rc, const char *what, cb_error *err)
                         st == CB_ERR_FORMAT ? " (the index is corrupt: cb-store verify --repair)" : "");
 }
 
+cb_status st_write(cb_store *s, sqlite3_stmt *q, const char *what, int *changed, cb_error *err)
+{
+    int rc = sqlite3_step(q);
+    if (changed)
+        *changed = sqlite3_changes(s->db);
+    sqlite3_reset(q);
+    if (rc != SQLITE_DONE) {
+        st_rollback(s);
+        return st_dberr(s, rc, what, err);
+    }
+    return CB_OK;
+}
+
 sqlite3_stmt *st_stmt(cb_store *s, const char *sql, cb_error *err)
 {
     int free_slot = -1;
@@ -1045,12 +1058,8 @@ static cb_status existing(cb_store *s, const char *key, int *exists, cb_error *e
         return err ? err->status : CB_ERR_IO;
     }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
-    rc = sqlite3_step(q);
-    sqlite3_reset(q);
-    if (rc != SQLITE_DONE) {
-        st_rollback(s);
-        return st_dberr(s, rc, "drop a stale entry", err);
-    }
+    if ((st = st_write(s, q, "drop a stale entry", NULL, err)) != CB_OK)
+        return st;
     return st_commit(s, err);
 }
 
@@ -1213,14 +1222,9 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
         sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
         sqlite3_bind_text(q, 2, s->owner, -1, SQLITE_STATIC);
         sqlite3_bind_int64(q, 3, st_now_us());
-        int rc = sqlite3_step(q);
-        int n = sqlite3_changes(s->db);
-        sqlite3_reset(q);
-        if (rc != SQLITE_DONE) {
-            st_rollback(s);
-            st = st_dberr(s, rc, "index", err);
+        int n;
+        if ((st = st_write(s, q, "index", &n, err)) != CB_OK)
             goto fail_fin;
-        }
         if ((st = st_commit(s, err)) != CB_OK) {
             st_rollback(s);
             goto fail_fin;
@@ -1546,7 +1550,6 @@ static cb_status key_change(cb_store *s, const char *sql, const char *key, cb_er
 {
     sqlite3_stmt *q;
     cb_status st;
-    int rc;
     if ((st = st_begin(s, err)) != CB_OK)
         return st;
     if (!(q = st_stmt(s, sql, err))) {
@@ -1554,12 +1557,8 @@ static cb_status key_change(cb_store *s, const char *sql, const char *key, cb_er
         return err ? err->status : CB_ERR_IO;
     }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
-    rc = sqlite3_step(q);
-    sqlite3_reset(q);
-    if (rc != SQLITE_DONE) {
-        st_rollback(s);
-        return st_dberr(s, rc, "update", err);
-    }
+    if ((st = st_write(s, q, "update", NULL, err)) != CB_OK)
+        return st;
     if ((st = st_commit(s, err)) != CB_OK)
         st_rollback(s);
     return st;
@@ -1648,13 +1647,9 @@ cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err)
     }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_int(q, 2, pinned ? 1 : 0);
-    int rc = sqlite3_step(q);
-    int n = sqlite3_changes(s->db);
-    sqlite3_reset(q);
-    if (rc != SQLITE_DONE) {
-        st_rollback(s);
-        return st_dberr(s, rc, "pin", err);
-    }
+    int n;
+    if ((st = st_write(s, q, "pin", &n, err)) != CB_OK)
+        return st;
     if ((st = st_commit(s, err)) != CB_OK) {
         st_rollback(s);
         return st;

@@ -84,6 +84,10 @@ cb_status st_commit(cb_store *s, cb_error *err);
 void st_rollback(cb_store *s);
 /* Map the SQLite result code of the last call into err. */
 cb_status st_dberr(cb_store *s, int rc, const char *what, cb_error *err);
+/* Step a bound data-changing statement to completion and reset it; *changed
+ * (may be NULL) gets the rows it changed.  On failure the transaction is
+ * rolled back and the error (naming `what`) returned. */
+cb_status st_write(cb_store *s, sqlite3_stmt *q, const char *what, int *changed, cb_error *err);
 
 /* The store-wide lock on DIR/lock, reentrant within a handle; st_trylock
  * does not wait and returns 1 when it took the lock. */
