@@ -2,30 +2,15 @@
  * types the model loader reads, simple quantizers for test fixtures, and the
  * f16/bf16 conversions.
  *
- * Block layouts are ggml's (ggml/src/ggml-common.h), byte offsets:
- *   q4_0  (32, 18 B)  d:f16 @0, qs[16] @2      elem j = lo nibble of qs[j],
- *                                              elem j+16 = hi nibble; (q-8)*d
- *   q4_1  (32, 20 B)  d @0, m @2, qs[16] @4    q*d + m
- *   q5_0  (32, 22 B)  d @0, qh:u32 @2, qs @6   5th bit of elem j is qh bit j;
- *                                              (q-16)*d
- *   q5_1  (32, 24 B)  d @0, m @2, qh @4, qs @8 q*d + m
- *   q8_0  (32, 34 B)  d @0, qs:i8[32] @2       q*d
- *   q4_K  (256, 144 B) d @0, dmin @2, scales[12] @4, qs[128] @16
- *   q5_K  (256, 176 B) d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48
- *         8 sub-blocks of 32: x = d*sc*q - dmin*m with 6-bit sc, m packed in
- *         scales[] (see get_scale_min); elements 64g..64g+31 are the low
- *         nibbles of qs[32g..32g+31], 64g+32.. the high nibbles; q5_K's 5th
- *         bits are qh[l] bit 2g (low half) and bit 2g+1 (high half).
- *   q6_K  (256, 210 B) ql[128] @0, qh[64] @128, scales:i8[16] @192, d @208
- *         16 sub-blocks of 16: x = d*sc*(q-32), q 6 bits (see deq_q6_k).
- * All multi-byte fields are little-endian and are assembled byte by byte, so
- * `src` needs no alignment and the host's byte order does not matter.
+ * Block layouts are ggml's (ggml/src/ggml-common.h); dequant.h describes
+ * them and holds the per-element formulas, shared with the CUDA backend.
  *
  * The dequantizers compute exactly ggml's float expressions, in the same
  * order, so that their outputs are bit-identical to ggml's reference code.
  * The inner loops have fixed trip counts and no calls so gcc vectorizes them
  * (measured: 1.3-6e9 weights/s per core for the block types at -O2). */
 #include "cbcore.h"
+#include "dequant.h"
 
 #include <math.h>
 #include <string.h>
@@ -135,44 +120,15 @@ static inline uint32_t f32_bits(float f)
     return u;
 }
 
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t rd16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static inline uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static inline void wr16(uint8_t *p, uint16_t v)
 {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
 }
 
-/* Exact: every half is a float.  Branch-free selects; gcc does not vectorize
- * this at -O2, but it runs at about 1e9 halves/s, far from mattering next to
- * reading the weights. */
 static inline float f16_to_f32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t em = h & 0x7fff;
-    /* normal: rebias the exponent from 15 to 127 */
-    uint32_t normal = (em << 13) + ((127u - 15u) << 23);
-    /* zero and subnormal: em * 2^-24, exact in float */
-    uint32_t sub = f32_bits((float)em * 0x1p-24f);
-    /* inf and nan, the payload kept */
-    uint32_t special = 0x7f800000u | (em & 0x3ff) << 13;
-    uint32_t r = em >= 0x7c00 ? special : em >= 0x0400 ? normal : sub;
-    return bits_f32(sign | r);
+    return cb_dq_f16(h);
 }
 
 static uint16_t f32_to_f16(float f)
@@ -209,7 +165,7 @@ static uint16_t f32_to_f16(float f)
 
 static inline float bf16_to_f32(uint16_t h)
 {
-    return bits_f32((uint32_t)h << 16);
+    return cb_dq_bf16(h);
 }
 
 static inline uint16_t f32_to_bf16(float f)
@@ -227,175 +183,105 @@ uint16_t cb_f32_to_bf16(float f) { return f32_to_bf16(f); }
 
 /* ----------------------------------------------------- dequantization */
 
-/* Each deq_* takes nb blocks (or elements for the plain types). */
+/* Each deq_* takes nb blocks (or elements for the plain types); the
+ * formulas are dequant.h's, shared with the CUDA kernels. */
 
 static void deq_f16(const uint8_t *restrict p, float *restrict y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
-        y[i] = f16_to_f32(rd16(p + 2 * i));
+        y[i] = cb_dq_f16(cb_dq_rd16(p + 2 * i));
 }
 
 static void deq_bf16(const uint8_t *restrict p, float *restrict y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
-        y[i] = bf16_to_f32(rd16(p + 2 * i));
+        y[i] = cb_dq_bf16(cb_dq_rd16(p + 2 * i));
 }
 
 static void deq_q4_0(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, b += 18, y += 32) {
-        const float d = f16_to_f32(rd16(b));
-        const uint8_t *qs = b + 2;
-        for (int j = 0; j < 16; j++) {
-            y[j] = (float)((qs[j] & 0x0f) - 8) * d;
-            y[j + 16] = (float)((qs[j] >> 4) - 8) * d;
-        }
+    for (int64_t i = 0; i < nb; i++, b += CB_Q4_0_BYTES, y += 32) {
+        const float d = cb_dq_d(b, 0);
+        for (int j = 0; j < 16; j++)
+            cb_dq_q4_0(b[2 + j], d, &y[j], &y[j + 16]);
     }
 }
 
 static void deq_q4_1(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, b += 20, y += 32) {
-        const float d = f16_to_f32(rd16(b));
-        const float m = f16_to_f32(rd16(b + 2));
-        const uint8_t *qs = b + 4;
-        for (int j = 0; j < 16; j++) {
-            y[j] = (float)(qs[j] & 0x0f) * d + m;
-            y[j + 16] = (float)(qs[j] >> 4) * d + m;
-        }
+    for (int64_t i = 0; i < nb; i++, b += CB_Q4_1_BYTES, y += 32) {
+        const float d = cb_dq_d(b, 0), m = cb_dq_d(b, 2);
+        for (int j = 0; j < 16; j++)
+            cb_dq_q4_1(b[4 + j], d, m, &y[j], &y[j + 16]);
     }
 }
 
 static void deq_q5_0(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, b += 22, y += 32) {
-        const float d = f16_to_f32(rd16(b));
-        const uint32_t qh = rd32(b + 2);
-        const uint8_t *qs = b + 6;
-        for (int j = 0; j < 16; j++) {
-            int h0 = (int)(qh >> j & 1) << 4;
-            int h1 = (int)(qh >> (j + 16) & 1) << 4;
-            y[j] = (float)(((qs[j] & 0x0f) | h0) - 16) * d;
-            y[j + 16] = (float)(((qs[j] >> 4) | h1) - 16) * d;
-        }
+    for (int64_t i = 0; i < nb; i++, b += CB_Q5_0_BYTES, y += 32) {
+        const float d = cb_dq_d(b, 0);
+        const uint32_t qh = cb_dq_rd32(b + 2);
+        for (int j = 0; j < 16; j++)
+            cb_dq_q5_0(b[6 + j], qh, j, d, &y[j], &y[j + 16]);
     }
 }
 
 static void deq_q5_1(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, b += 24, y += 32) {
-        const float d = f16_to_f32(rd16(b));
-        const float m = f16_to_f32(rd16(b + 2));
-        const uint32_t qh = rd32(b + 4);
-        const uint8_t *qs = b + 8;
-        for (int j = 0; j < 16; j++) {
-            int h0 = (int)(qh >> j & 1) << 4;
-            int h1 = (int)(qh >> (j + 16) & 1) << 4;
-            y[j] = (float)((qs[j] & 0x0f) | h0) * d + m;
-            y[j + 16] = (float)((qs[j] >> 4) | h1) * d + m;
-        }
+    for (int64_t i = 0; i < nb; i++, b += CB_Q5_1_BYTES, y += 32) {
+        const float d = cb_dq_d(b, 0), m = cb_dq_d(b, 2);
+        const uint32_t qh = cb_dq_rd32(b + 4);
+        for (int j = 0; j < 16; j++)
+            cb_dq_q5_1(b[8 + j], qh, j, d, m, &y[j], &y[j + 16]);
     }
 }
 
 static void deq_q8_0(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, b += 34, y += 32) {
-        const float d = f16_to_f32(rd16(b));
-        const int8_t *qs = (const int8_t *)(b + 2);
+    for (int64_t i = 0; i < nb; i++, b += CB_Q8_0_BYTES, y += 32) {
+        const float d = cb_dq_d(b, 0);
         for (int j = 0; j < 32; j++)
-            y[j] = (float)qs[j] * d;
-    }
-}
-
-/* The 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block:
- * sub-blocks 0-3 keep theirs in the low 6 bits of s[j] and s[j+4]; 4-7 keep
- * their low 4 bits in the nibbles of s[j+4] and their top 2 bits in the top
- * bits of s[j-4] (scale) and s[j] (min). */
-static inline void get_scale_min(int j, const uint8_t *s, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4;
-        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+            y[j] = cb_dq_q8_0((int8_t)b[2 + j], d);
     }
 }
 
 static void deq_q4_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, b += 144) {
-        const float d = f16_to_f32(rd16(b));
-        const float dmin = f16_to_f32(rd16(b + 2));
-        const uint8_t *sc = b + 4;
-        const uint8_t *q = b + 16;
-        for (int g = 0; g < 4; g++, q += 32, y += 64) {
-            int s0, m0, s1, m1;
-            get_scale_min(2 * g, sc, &s0, &m0);
-            get_scale_min(2 * g + 1, sc, &s1, &m1);
-            /* ggml's order: (d*sc)*q - dmin*m */
-            const float d0 = d * (float)s0, o0 = dmin * (float)m0;
-            const float d1 = d * (float)s1, o1 = dmin * (float)m1;
-            for (int l = 0; l < 32; l++) {
-                y[l] = d0 * (float)(q[l] & 0x0f) - o0;
-                y[l + 32] = d1 * (float)(q[l] >> 4) - o1;
-            }
+    for (int64_t i = 0; i < nb; i++, b += CB_Q4_K_BYTES)
+        for (int g = 0; g < 4; g++, y += 64) {
+            float f[4];
+            cb_dq_k_group(b, g, f);
+            for (int l = 0; l < 32; l++)
+                cb_dq_q4_k(b[16 + 32 * g + l], f, &y[l], &y[l + 32]);
         }
-    }
 }
 
 static void deq_q5_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, b += 176) {
-        const float d = f16_to_f32(rd16(b));
-        const float dmin = f16_to_f32(rd16(b + 2));
-        const uint8_t *sc = b + 4;
-        const uint8_t *qh = b + 16;
-        const uint8_t *q = b + 48;
-        for (int g = 0; g < 4; g++, q += 32, y += 64) {
-            int s0, m0, s1, m1;
-            get_scale_min(2 * g, sc, &s0, &m0);
-            get_scale_min(2 * g + 1, sc, &s1, &m1);
-            const float d0 = d * (float)s0, o0 = dmin * (float)m0;
-            const float d1 = d * (float)s1, o1 = dmin * (float)m1;
-            for (int l = 0; l < 32; l++) {
-                int h0 = (qh[l] >> (2 * g) & 1) << 4;
-                int h1 = (qh[l] >> (2 * g + 1) & 1) << 4;
-                y[l] = d0 * (float)((q[l] & 0x0f) | h0) - o0;
-                y[l + 32] = d1 * (float)((q[l] >> 4) | h1) - o1;
-            }
+    for (int64_t i = 0; i < nb; i++, b += CB_Q5_K_BYTES)
+        for (int g = 0; g < 4; g++, y += 64) {
+            float f[4];
+            cb_dq_k_group(b, g, f);
+            for (int l = 0; l < 32; l++)
+                cb_dq_q5_k(b[48 + 32 * g + l], b[16 + l], g, f, &y[l], &y[l + 32]);
         }
-    }
 }
 
-/* q6_K, per half n of 128 elements (ql += 64, qh += 32, scales += 8):
- * element l+32k (k = 0..3, l < 32) has low 4 bits in ql[l + 32*(k&1)]
- * (low nibble for k < 2, high for k >= 2), high 2 bits in qh[l] bits 2k..2k+1,
- * and scale scales[l/16 + 2k]. */
 static void deq_q6_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, b += 210) {
-        const float d = f16_to_f32(rd16(b + 208));
-        const uint8_t *ql = b;
-        const uint8_t *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, y += 128) {
+    for (int64_t i = 0; i < nb; i++, b += CB_Q6_K_BYTES)
+        for (int n = 0; n < 2; n++, y += 128) {
             float ds[8];
-            for (int k = 0; k < 8; k++)
-                ds[k] = d * (float)sc[k]; /* ggml's order: (d*sc)*q */
+            cb_dq_q6_k_scales(b, n, ds);
             for (int l = 0; l < 32; l++) {
-                int q0 = ((ql[l] & 0x0f) | (qh[l] & 3) << 4) - 32;
-                int q1 = ((ql[l + 32] & 0x0f) | (qh[l] >> 2 & 3) << 4) - 32;
-                int q2 = ((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32;
-                int q3 = ((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32;
-                int is = l / 16;
-                y[l] = ds[is] * (float)q0;
-                y[l + 32] = ds[is + 2] * (float)q1;
-                y[l + 64] = ds[is + 4] * (float)q2;
-                y[l + 96] = ds[is + 6] * (float)q3;
+                float q[4];
+                cb_dq_q6_k(b[64 * n + l], b[64 * n + l + 32], b[128 + 32 * n + l], l, ds, q);
+                y[l] = q[0];
+                y[l + 32] = q[1];
+                y[l + 64] = q[2];
+                y[l + 96] = q[3];
             }
         }
-    }
 }
 
 /* Shared argument checks: CB_OK with *nblk = blocks (or elements). */
