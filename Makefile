@@ -2,7 +2,10 @@
 #   make            build lib/libcbcore.{a,so} and the programs into bin/
 #   make help       list the targets and knobs
 # Knobs: DEBUG=1 (no optimisation, -g), SAN=1 (AddressSanitizer + UBSan),
-#        PREFIX=/usr/local DESTDIR= for install, V=1 to echo commands.
+#        CUDA=0 (skip the CUDA backend) / CUDA=1 (require it; default: built
+#        when nvcc is found), PREFIX=/usr/local DESTDIR= for install, V=1.
+
+.DEFAULT_GOAL := all
 
 PREFIX  ?= /usr/local
 BINDIR  ?= $(PREFIX)/bin
@@ -32,7 +35,8 @@ endif
 PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas -ljansson -lxxhash -larchive -lsqlite3) -lm -lpthread
+CFLAGS  += -DCB_LIBDIR='"$(LIBDIR)"'
+LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas -ljansson -lxxhash -larchive -lsqlite3) -lm -lpthread -ldl
 LDFLAGS += $(LDSAN)
 
 ifeq ($(V),1)
@@ -65,8 +69,19 @@ GEN_BIN  := $(BUILD)/tests/cb-gen-fixture
 BENCH_SRC:= $(sort $(wildcard tests/bench/*.c))
 BENCH_BIN:= $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 
+# The CUDA backend: a module of its own (lib/cuda/cuda.mk), built when nvcc
+# is on PATH or in /usr/local/cuda, unless CUDA=0.
+NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+ifneq ($(CUDA),0)
+ifneq ($(NVCC),)
+include lib/cuda/cuda.mk
+else ifeq ($(CUDA),1)
+$(error CUDA=1 but nvcc was not found (put it on PATH or set NVCC=/path/to/nvcc))
+endif
+endif
+
 .SECONDARY:
-.PHONY: all lib progs help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format
+.PHONY: all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format
 
 all: lib progs ## build the library and the programs (default)
 
@@ -124,7 +139,7 @@ test: deps ## install deps, fetch the model, build everything and run every test
 	@$(MAKE) --no-print-directory model
 	@$(MAKE) --no-print-directory check-tools
 	@$(MAKE) --no-print-directory SAN=1 $(SAN_TESTS:%=build/san/tests/%)
-	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" sh tests/run.sh
+	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" CB_CUDA_MOD="$(CUDA_MOD)" sh tests/run.sh
 
 bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/
 	@$(MAKE) --no-print-directory model
@@ -151,6 +166,7 @@ install: all ## install programs, library, header, man pages and libcbcore.pc un
 	install -m 755 $(PROG_BIN) $(DESTDIR)$(BINDIR)/
 	install -m 644 $(LIBA) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libcbcore.so.0
+	[ -z "$(CUDA_MOD)" ] || install -m 755 $(CUDA_MOD) $(DESTDIR)$(LIBDIR)/
 	ln -sf libcbcore.so.0 $(DESTDIR)$(LIBDIR)/libcbcore.so
 	install -m 644 lib/include/cbcore.h $(DESTDIR)$(INCDIR)/
 	for f in man/man1/*.1; do [ -f "$$f" ] && install -m 644 "$$f" $(DESTDIR)$(MANDIR)/man1/; done; true
@@ -162,17 +178,18 @@ install: all ## install programs, library, header, man pages and libcbcore.pc un
 uninstall: ## remove what install put under $(DESTDIR)$(PREFIX)
 	rm -f $(PROGS:%=$(DESTDIR)$(BINDIR)/%)
 	rm -f $(DESTDIR)$(LIBDIR)/libcbcore.a $(DESTDIR)$(LIBDIR)/libcbcore.so $(DESTDIR)$(LIBDIR)/libcbcore.so.0
+	rm -f $(DESTDIR)$(LIBDIR)/libcbcore-cuda.so
 	rm -f $(DESTDIR)$(INCDIR)/cbcore.h $(DESTDIR)$(PKGDIR)/libcbcore.pc
 	for f in man/man1/*.1 man/man3/*.3 man/man5/*.5; do rm -f $(DESTDIR)$(MANDIR)/$$(basename $$(dirname $$f))/$$(basename $$f); done
 
 clean: ## remove build outputs
-	rm -rf build bin/* lib/libcbcore.a lib/libcbcore.so
+	rm -rf build bin/* lib/libcbcore.a lib/libcbcore.so lib/libcbcore-cuda.so
 
 format: ## clang-format every C source in place
 	clang-format -i $(LIB_SRC) lib/include/cbcore.h src/*.c src/*.h tests/unit/*.c tests/unit/*.h tests/gen/*.c
 
 help: ## this list
-	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [PREFIX=dir] [DESTDIR=dir] [V=1]"
+	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1]"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 
 -include $(shell find build -name '*.d' 2>/dev/null)

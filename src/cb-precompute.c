@@ -44,6 +44,8 @@ static void usage(FILE *f)
             "                     fastest tier with room\n"
             "      --strict       stop at the first bad record (default: report and skip it)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
+            "      --device DEV   compute device: cpu, cuda or cuda:N (default: CUDA device\n"
+            "                     0 when a GPU is present, else cpu)\n"
             "  -v, --verbose      report every chunk on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -52,11 +54,12 @@ static void usage(FILE *f)
             "A progress line (chunks/s, tokens/s, ETA) goes to stderr when it is a terminal.\n"
             "\n"
             "Exit status: 0 success, 64 usage error, 65 bad input data (with --strict, or a\n"
-            "malformed model), 66 input missing, 70 internal error, 73 cannot create output,\n"
-            "74 I/O error, 130 interrupted (the chunk in progress is not stored).\n");
+            "malformed model), 66 input missing, 69 compute device not available,\n"
+            "70 internal error, 73 cannot create output, 74 I/O error, 130 interrupted\n"
+            "(the chunk in progress is not stored).\n");
 }
 
-enum { OPT_VERSION = 256, OPT_STORE, OPT_KVTYPE, OPT_STRICT, OPT_PLACE };
+enum { OPT_DEVICE = 200, OPT_VERSION = 256, OPT_STORE, OPT_KVTYPE, OPT_STRICT, OPT_PLACE };
 
 static double now_s(void)
 {
@@ -93,10 +96,12 @@ int main(int argc, char **argv)
         {"model", required_argument, 0, 'm'},   {"store", required_argument, 0, OPT_STORE},
         {"kv-type", required_argument, 0, OPT_KVTYPE}, {"strict", no_argument, 0, OPT_STRICT},
         {"place", required_argument, 0, OPT_PLACE},
+        {"device", required_argument, 0, OPT_DEVICE},
         {"threads", required_argument, 0, 't'}, {"verbose", no_argument, 0, 'v'},
         {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, OPT_VERSION}, {0, 0, 0, 0},
     };
+    const char *device = NULL;
     const char *model_opt = NULL, *store_opt = NULL, *in_path = NULL, *place = NULL;
     int strict = 0, c, code = 0, n_threads = 0;
     cb_type kv_type = CB_TYPE_F16;
@@ -107,6 +112,7 @@ int main(int argc, char **argv)
         switch (c) {
         case 'm': model_opt = optarg; break;
         case OPT_STORE: store_opt = optarg; break;
+        case OPT_DEVICE: device = optarg; break;
         case OPT_KVTYPE:
             if (!strcmp(optarg, "f16"))
                 kv_type = CB_TYPE_F16;
@@ -152,7 +158,7 @@ int main(int argc, char **argv)
     cb_fwd *f = NULL;
     cb_tokens lead = {0}, ids = {0};
     cb_error err;
-    cb_model_params mp = {n_threads};
+    cb_model_params mp = {n_threads, device};
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;

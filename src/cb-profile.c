@@ -34,16 +34,19 @@ static void usage(FILE *f)
             "  -o, --output FMT   md (default) or json\n"
             "      --plot FILE    the curves as a PNG (needs gnuplot)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
+            "      --device DEV   compute device: cpu, cuda or cuda:N (default: CUDA device\n"
+            "                     0 when a GPU is present, else cpu)\n"
             "  -v, --verbose      progress on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
             "      --version      print the version\n"
             "\n"
             "Exit status: 0 success, 64 usage error, 65 bad model, 66 missing model or\n"
-            "store, 70 internal error, 73 cannot write the profile, 74 I/O error.\n");
+            "store, 69 compute device not available, 70 internal error, 73 cannot write\n"
+            "the profile, 74 I/O error.\n");
 }
 
-enum { OPT_VERSION = 256, OPT_STORE, OPT_LENGTHS, OPT_RATIOS, OPT_REPEAT, OPT_PLOT, OPT_NOWRITE };
+enum { OPT_DEVICE = 200, OPT_VERSION = 256, OPT_STORE, OPT_LENGTHS, OPT_RATIOS, OPT_REPEAT, OPT_PLOT, OPT_NOWRITE };
 
 static double now_ms(void)
 {
@@ -95,15 +98,19 @@ static void drop_cache(const char *path)
     }
 }
 
-/* Read every layer of a KV file; returns MB/s. */
-static double read_all(const char *path, float *k, float *v, cb_error *err)
+/* Load every layer of a KV file the way cb-run's loader does: read it from
+ * the tier, verify and convert it, and place it in a cache on the compute
+ * device (rotated to position 0).  Returns the file's MB/s, or -1. */
+static double load_all(const char *path, cb_kvcache *kv, float *k, float *v, cb_error *err)
 {
     cb_kvfile *kf;
     double t0 = now_ms();
     if (cb_kvfile_open(&kf, path, err) != CB_OK)
         return -1;
-    for (int32_t l = 0; l < cb_kvfile_meta(kf)->n_layer; l++)
-        if (cb_kvfile_read_layer(kf, l, k, v, err) != CB_OK) {
+    const cb_kv_meta *mt = cb_kvfile_meta(kf);
+    for (int32_t l = 0; l < mt->n_layer; l++)
+        if (cb_kvfile_read_layer(kf, l, k, v, err) != CB_OK ||
+            cb_kvcache_load(kv, l, 0, mt->n_tokens, k, v, mt->pos0) != CB_OK) {
             cb_kvfile_free(kf);
             return -1;
         }
@@ -119,10 +126,12 @@ int main(int argc, char **argv)
         {"lengths", required_argument, 0, OPT_LENGTHS}, {"ratios", required_argument, 0, OPT_RATIOS},
         {"repeat", required_argument, 0, OPT_REPEAT}, {"output", required_argument, 0, 'o'},
         {"plot", required_argument, 0, OPT_PLOT}, {"no-write", no_argument, 0, OPT_NOWRITE},
+        {"device", required_argument, 0, OPT_DEVICE},
         {"threads", required_argument, 0, 't'},   {"verbose", no_argument, 0, 'v'},
         {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, OPT_VERSION}, {0, 0, 0, 0},
     };
+    const char *device = NULL;
     const char *model_opt = NULL, *store_opt = NULL, *plot = NULL, *fmt = "md";
     double lens_d[16] = {512, 1024, 2048, 4096, 8192}, ratios[16] = {0.05, 0.1, 0.15, 0.25, 0.5};
     int n_lens = 5, n_ratios = 5, repeat = 3, n_threads = 0, write = 1, c, lens_given = 0;
@@ -133,6 +142,7 @@ int main(int argc, char **argv)
         switch (c) {
         case 'm': model_opt = optarg; break;
         case OPT_STORE: store_opt = optarg; break;
+        case OPT_DEVICE: device = optarg; break;
         case OPT_LENGTHS:
             if ((n_lens = parse_list(optarg, lens_d, 16, 2, 1 << 20)) < 1) {
                 cli_err("--lengths %s: give up to 16 lengths, e.g. 512,1024", optarg);
@@ -178,7 +188,7 @@ int main(int argc, char **argv)
     cb_model *m = NULL;
     cb_store *store = NULL;
     cb_error err;
-    cb_model_params mp = {n_threads};
+    cb_model_params mp = {n_threads, device};
     int code = 0;
     cb_profile *prof = calloc(1, sizeof *prof);
     float *logits = NULL, *kb = NULL, *vb = NULL;
@@ -247,6 +257,7 @@ int main(int argc, char **argv)
             cb_fwd_embed(f, toks, pos, (int32_t)L);
             for (int32_t l = 0; l < hp->n_layer; l++)
                 cb_fwd_layer(f, kv, l, NULL, 0);
+            cb_model_sync(m); /* a device queues the work: time its completion */
             samples[r] = (now_ms() - t0) / hp->n_layer;
         }
         cb_profile_point *pp = &prof->prefill[prof->n_prefill++];
@@ -267,6 +278,7 @@ int main(int argc, char **argv)
             for (int r = 0; r < repeat; r++) {
                 double t0 = now_ms();
                 cb_fwd_layer(f, kv, layer, rows, n);
+                cb_model_sync(m);
                 samples[r] = now_ms() - t0;
             }
             cb_profile_point *rp = &prof->recompute[prof->n_recompute++];
@@ -305,6 +317,12 @@ int main(int argc, char **argv)
         cb_kvcache_free(kv);
         cb_tokens_free(&lead);
         free(toks);
+        cb_kvcache *lkv = NULL; /* where the loads land: cb-run's f16 cache on the device */
+        if (cb_kvcache_new(&lkv, m, L, CB_TYPE_F16) != CB_OK) {
+            cli_err("out of memory for a %d-token cache", L);
+            code = CLI_EX_SOFTWARE;
+            goto done;
+        }
         for (int t = 0; t < cb_store_n_tiers(store) && t < 16; t++) {
             cb_store_tier ti;
             char path[4096 + 64];
@@ -318,8 +336,8 @@ int main(int argc, char **argv)
             double cold[16], warm[16], sc, sw;
             for (int r = 0; r < repeat; r++) {
                 drop_cache(path);
-                cold[r] = read_all(path, kb, vb, &err);
-                warm[r] = read_all(path, kb, vb, &err);
+                cold[r] = load_all(path, lkv, kb, vb, &err);
+                warm[r] = load_all(path, lkv, kb, vb, &err);
             }
             unlink(path);
             cb_profile_tier *pt = &prof->tiers[prof->n_tiers++];
@@ -328,6 +346,7 @@ int main(int argc, char **argv)
             pt->warm_mbs = median(warm, repeat, &sw);
             cli_info("tier %s: %.0f MB/s cold, %.0f MB/s warm", ti.name, pt->cold_mbs, pt->warm_mbs);
         }
+        cb_kvcache_free(lkv);
         free(buf);
     }
     /* write the profile into the store */
@@ -350,8 +369,8 @@ int main(int argc, char **argv)
     if (!strcmp(fmt, "json")) {
         printf("%s\n", json);
     } else {
-        printf("model %s (%s), backend %s, %d threads, %d layers; medians of %d runs\n\n", cli_model_path(model_opt),
-               fp_hex, prof->backend, prof->threads, prof->n_layer, repeat);
+        printf("model %s (%s), device %s, %d layers; medians of %d runs\n\n", cli_model_path(model_opt), fp_hex,
+               cb_model_device(m), prof->n_layer, repeat);
         printf("| length | full prefill ms/layer | full prefill ms |");
         for (int ri = 0; ri < n_ratios; ri++)
             printf(" recompute r=%.2f ms/layer |", ratios[ri]);

@@ -80,6 +80,8 @@ static void usage(FILE *f)
             "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model in\n"
             "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/models/)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
+            "      --device DEV   compute device: cpu, cuda or cuda:N (default: CUDA device\n"
+            "                     0 when a GPU is present, else cpu)\n"
             "  -v, --verbose      print model facts and timings on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -87,10 +89,12 @@ static void usage(FILE *f)
             "\n"
             "Exit status: 0 success, 64 usage error, 65 bad input data (malformed GGUF,\n"
             "unsupported model, unknown token id, prompt longer than the context),\n"
-            "66 input missing, 70 internal error, 73 cannot create output, 74 I/O error.\n");
+            "66 input missing, 69 compute device not available, 70 internal error,\n"
+            "73 cannot create output, 74 I/O error.\n");
 }
 
 enum {
+    OPT_DEVICE = 200,
     OPT_TOKENIZE = 256,
     OPT_DETOKENIZE,
     OPT_SPECIAL,
@@ -228,7 +232,7 @@ done:
 /* ---------------------------------------------------------- generation */
 
 typedef struct gen_opts {
-    const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path, *logits_out;
+    const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path, *logits_out, *device;
     int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto;
     double min_ratio;
     cb_type kv_type;
@@ -645,7 +649,7 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
     cb_segment *segs = NULL;
     json_t *chunks = NULL;
     cb_error err;
-    cb_model_params mp = {o->n_threads};
+    cb_model_params mp = {o->n_threads, o->device};
     streamer sm = {NULL, 0, 0, o->stops, o->n_stops, stdout, o->verify, NULL, 0, 0};
     float *logits = NULL, *vlogits = NULL;
     int code = 0;
@@ -710,8 +714,8 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
         code = CLI_EX_DATAERR;
         goto done;
     }
-    cli_info("%s: %s, %d layers, backend %s, %d threads, loaded in %.0f ms", o->model, hp->arch, hp->n_layer,
-             cb_model_backend(m), o->n_threads, t_load);
+    cli_info("%s: %s, %d layers, device %s, loaded in %.0f ms", o->model, hp->arch, hp->n_layer, cb_model_device(m),
+             t_load);
     cli_info("chat template %s; prompt %lld tokens in %d segments, %d chunks (%d without cache); mode %s",
              cb_chat_name(pr.kind), (long long)total, pr.n, pr.n_chunks, pr.n_missing, mode_name(bp.mode));
     logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
@@ -889,7 +893,7 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
         double ratio = bp.mode == CB_MODE_BLEND ? bp.ratios[bp.n_ratios - 1] : bp.mode == CB_MODE_FULL ? 1.0 : 0.0;
         json_t *s = json_pack(
             "{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, s:s, "
-            "s:i, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I}",
+            "s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I}",
             "mode", mode_name(bp.mode), "n_prompt_tokens", (json_int_t)total, "n_cached_tokens",
             (json_int_t)bs.n_cached_tokens, "n_recomputed_tokens", (json_int_t)bs.n_recomputed_tokens, "ratio", ratio,
             "ttft_ms", gr.first_ms, "prefill_ms", bs.prefill_ms, "load_ms", bs.load_ms, "n_gen_tokens",
@@ -897,7 +901,7 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
             "prefill_tok_s", total / (bs.prefill_ms / 1e3), "gen_tok_s", gr.n_gen ? gr.n_gen / (gen_ms / 1e3) : 0.0,
             "stop", gr.stop, "n_chunks", pr.n_chunks, "n_chunks_missing", pr.n_missing, "n_chunks_stored", n_stored,
             "check_layer", bp.check_layer, "strategy", strategy_name(bp.strategy), "deviation",
-            bp.deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m), "chat_template",
+            bp.deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m), "device", cb_model_device(m), "chat_template",
             cb_chat_name(pr.kind), "kv_type", cb_type_name(o->kv_type), "model_load_ms", t_load, "model", o->model,
             "overlapped_ms", bs.overlapped_ms, "stall_ms", bs.stall_ms, "load_bytes", (json_int_t)bs.load_bytes);
         if (s && o->ratio_auto) {
@@ -963,6 +967,7 @@ int main(int argc, char **argv)
         {"sink-tokens", required_argument, 0, OPT_SINK},
         {"verify", no_argument, 0, OPT_VERIFY},
         {"no-store-write", no_argument, 0, OPT_NOSTORE},
+        {"device", required_argument, 0, OPT_DEVICE},
         {"threads", required_argument, 0, 't'},
         {"verbose", no_argument, 0, 'v'},
         {"quiet", no_argument, 0, 'q'},
@@ -1141,6 +1146,7 @@ int main(int argc, char **argv)
             }
             break;
         case OPT_STATS: o.stats_path = optarg; break;
+        case OPT_DEVICE: o.device = optarg; break;
         case 't':
             if (parse_num("-t", optarg, 1, 1024, &d))
                 return CLI_EX_USAGE;

@@ -22,6 +22,7 @@ int cli_exit_code(cb_status st)
     case CB_ERR_NOT_FOUND: return CLI_EX_NOINPUT;
     case CB_ERR_CREATE: return CLI_EX_CANTCREAT;
     case CB_ERR_IO: return CLI_EX_IOERR;
+    case CB_ERR_DEVICE: return CLI_EX_UNAVAILABLE;
     case CB_ERR_NOMEM:
     case CB_ERR_INTERNAL: return CLI_EX_SOFTWARE;
     }

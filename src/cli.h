@@ -14,6 +14,7 @@ enum cli_exit {
     CLI_EX_USAGE = 64,    /* bad command line */
     CLI_EX_DATAERR = 65,  /* bad input data: malformed GGUF, JSON, KV file */
     CLI_EX_NOINPUT = 66,  /* input file missing or unreadable */
+    CLI_EX_UNAVAILABLE = 69, /* the compute device asked for is not available */
     CLI_EX_SOFTWARE = 70, /* internal error */
     CLI_EX_CANTCREAT = 73,/* cannot create output */
     CLI_EX_IOERR = 74     /* I/O error */

@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/run.sh - run every unit test program and CLI test script, count the
 # TAP lines they print, and end with "N passed, N failed, N skipped".
-# Environment: BUILD (object dir, default build/rel), BINDIR_B (programs, default bin).
+# Environment: BUILD (object dir, default build/rel), BINDIR_B (programs, default bin),
+# CB_CUDA_MOD (the CUDA module's path, when the build made one).
 BUILD=${BUILD:-build/rel}
 BINDIR_B=${BINDIR_B:-bin}
 export BUILD BINDIR_B
@@ -13,6 +14,14 @@ if [ -z "${CB_SHARED_DATA:-}" ] && [ -d "$top/../shared/data" ]; then
 fi
 if [ -z "${CB_SHARED_DATA:-}" ]; then
     echo "# note: ../shared/data not found: the tokenizer conformance suites and evaluation data are skipped"
+fi
+# The CUDA module, when the build made one (make passes its path): the
+# unit tests find it through CB_CUDA_MODULE, the programs next to bin/.
+if [ -n "${CB_CUDA_MOD:-}" ]; then
+    CB_CUDA_MODULE="$top/$CB_CUDA_MOD"; export CB_CUDA_MODULE CB_CUDA_MOD
+    echo "# CUDA module: $CB_CUDA_MOD ($(python3 scripts/fatbin-archs.py "$CB_CUDA_MOD" 2>&1))"
+else
+    echo "# note: no CUDA module in this build (nvcc not found, or CUDA=0): its build checks are skipped"
 fi
 export CB_TEST_TMP="$top/tests/tmp"
 rm -rf "$CB_TEST_TMP"; mkdir -p "$CB_TEST_TMP"
@@ -43,7 +52,9 @@ run_one() {   # name, command...
     fi
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
     printf '%-34s %4d passed %3d failed %3d skipped  (%ss)\n' "$name" "$p" "$f" "$s" $(( $(date +%s) - start ))
-    grep -E '^(not ok|#)|# SKIP' "$out" | head -40
+    grep -E '^(not ok|#)' "$out" | head -40
+    grep -E '# SKIP' "$out" | head -4
+    [ "$s" -le 4 ] || echo "# ... and $((s - 4)) more skipped, for the same reason (in $out)"
     [ "$f" -eq 0 ] || broken="$broken $name"
 }
 

@@ -7,6 +7,14 @@
  * memory.  Activations are f32.  Index arrays (positions, rows) are small and
  * passed as host memory; a device backend copies them as it needs.
  *
+ * Threads: a backend may be used from several threads at once (cb-run's KV
+ * loader places layer l+1 while the caller computes layer l), on disjoint
+ * memory.  A device backend queues each thread's work in order on that
+ * thread's own stream; every operation that hands data back to the host
+ * (download, topk, deviation's result) waits for the thread's queue first.
+ * Work queued by one thread is seen by another only after `sync` in the
+ * first and some host-side hand-off (a mutex) between them.
+ *
  * Shapes are written [rows, cols], row-major, a row per token. */
 #ifndef CB_BACKEND_H
 #define CB_BACKEND_H
@@ -23,11 +31,18 @@ typedef struct cb_backend_ops {
     const char *name;
     void (*free)(cb_backend *b);
 
-    /* Memory: nbytes of backend memory, zeroed; NULL on failure. */
+    /* Memory: nbytes of backend memory, zeroed and usable by every thread
+     * on return; NULL on failure.  dealloc frees after the work this thread
+     * queued; work other threads queued on it must be complete. */
     void *(*alloc)(cb_backend *b, size_t nbytes);
     void (*dealloc)(cb_backend *b, void *p);
+    /* upload returns once src may be reused (the copy itself may still be
+     * queued); download returns once dst holds the data. */
     void (*upload)(cb_backend *b, void *dst, const void *src, size_t nbytes);
     void (*download)(cb_backend *b, void *dst, const void *src, size_t nbytes);
+    /* Wait until the work this thread queued is done.  NULL: every
+     * operation is done when it returns (the CPU backend). */
+    void (*sync)(cb_backend *b);
 
     /* Weights: take n_out rows of n_in elements of type t from host memory
      * (a GGUF mapping), and an optional f32 bias.  NULL on failure. */
@@ -50,6 +65,9 @@ typedef struct cb_backend_ops {
     void (*add)(cb_backend *b, float *x, const float *y, int64_t n);
     /* out = silu(g) * u, n elements; out may alias g */
     void (*swiglu)(cb_backend *b, const float *g, const float *u, float *out, int64_t n);
+    /* out = gelu(x) (tanh form, as ggml's), n elements; out may alias x.
+     * No supported architecture uses it yet (gemma's MLP will). */
+    void (*gelu)(cb_backend *b, const float *x, float *out, int64_t n);
     /* Write n rows of `width` f32 values into a cache of type t (F16 or F32)
      * at row indices at[n]. */
     void (*kv_write)(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src, const int32_t *at,
@@ -67,16 +85,38 @@ typedef struct cb_backend_ops {
     void (*gather)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
     /* dst rows idx[0..n) = src [n, d] */
     void (*scatter)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
+    /* Blending's deviation: dev [n] (backend) = the squared L2 distance
+     * between row i of src [n, width] and cache row at[i] (type t). */
+    void (*deviation)(cb_backend *b, const float *src, const void *cache, cb_type t, int64_t width,
+                      const int32_t *at, int64_t n, float *dev);
+    /* idx (host) [k] = the indices of the k largest of x [n] (backend),
+     * largest first, equal values by lower index first; k <= n. */
+    void (*topk)(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx);
 } cb_backend_ops;
 
 struct cb_backend {
     const cb_backend_ops *ops;
     void *ctx;
     int n_threads;
+    char desc[96]; /* "cpu (2 threads)", "cuda:0 (NVIDIA H100 80GB HBM3)" */
 };
 
 /* The CPU backend: OpenBLAS for matrix products, weights dequantized to f32
  * at load, threads for attention.  n_threads <= 0: the number of cores. */
 cb_backend *cb_backend_cpu_new(int n_threads);
+
+/* The backend registry (registry.c): "cpu", "cuda" or "cuda:N", or NULL /
+ * "" / "auto" for CUDA device 0 when one is present, else the CPU.  The
+ * CUDA backend lives in a module, libcbcore-cuda.so, loaded on demand so
+ * that programs start without the CUDA libraries on machines without a
+ * GPU.  Errors: CB_ERR_INVALID (a malformed name), CB_ERR_UNSUPPORTED (no
+ * CUDA module, or no usable device), CB_ERR_NOMEM. */
+cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, cb_error *err);
+
+/* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
+ * on failure msg holds the reason. */
+#define CB_CUDA_ENTRY "cb_backend_cuda_open"
+#define CB_CUDA_ABI 1
+typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

@@ -8,11 +8,13 @@
  * (0.43x llama.cpp's; an f16 copy for matrix-vector products was measured
  * and gained nothing there). */
 #include "backend.h"
+#include "opmath.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -255,7 +257,7 @@ static void cpu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y,
         double ss = 0; /* ggml sums in double too (ggml_vec_*, rms_norm) */
         for (int64_t j = 0; j < d; j++)
             ss += (double)xi[j] * xi[j];
-        float scale = (float)(1.0 / sqrt(ss / (double)d + eps));
+        float scale = cb_op_rms_scale(ss, d, eps);
         for (int64_t j = 0; j < d; j++)
             yi[j] = xi[j] * scale * g[j];
     }
@@ -270,7 +272,7 @@ static void cpu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int
     if (half > 512)
         half = 512;
     for (int i = 0; i < half; i++)
-        inv[i] = powf(base, -2.0f * (float)i / (float)n_rot);
+        inv[i] = cb_op_rope_freq(i, n_rot, base);
     for (int64_t t = 0; t < n; t++) {
         /* consecutive rows at one position (a chunk moved by one offset)
          * share their angles */
@@ -283,10 +285,9 @@ static void cpu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int
         for (int h = 0; h < n_head; h++) {
             float *v = x + (t * n_head + h) * hd;
             for (int i = 0; i < half; i++) {
-                int a = neox ? i : 2 * i, bb = neox ? i + half : 2 * i + 1;
-                float x0 = v[a], x1 = v[bb];
-                v[a] = x0 * cs[i] - x1 * sn[i];
-                v[bb] = x0 * sn[i] + x1 * cs[i];
+                int a, bb;
+                cb_op_rope_pair(i, n_rot, neox, &a, &bb);
+                cb_op_rope_rotate(&v[a], &v[bb], cs[i], sn[i]);
             }
         }
     }
@@ -303,7 +304,14 @@ static void cpu_swiglu(cb_backend *b, const float *g, const float *u, float *out
 {
     (void)b;
     for (int64_t i = 0; i < n; i++)
-        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        out[i] = cb_op_swiglu(g[i], u[i]);
+}
+
+static void cpu_gelu(cb_backend *b, const float *x, float *out, int64_t n)
+{
+    (void)b;
+    for (int64_t i = 0; i < n; i++)
+        out[i] = cb_op_gelu(x[i]);
 }
 
 static void cpu_kv_write(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src, const int32_t *at,
@@ -476,6 +484,57 @@ static void cpu_scatter(cb_backend *b, const float *src, const int32_t *idx, int
         memcpy(dst + (int64_t)idx[i] * d, src + i * d, sizeof(float) * (size_t)d);
 }
 
+static void cpu_deviation(cb_backend *b, const float *src, const void *cache, cb_type t, int64_t width,
+                          const int32_t *at, int64_t n, float *dev)
+{
+    (void)b;
+    for (int64_t i = 0; i < n; i++) {
+        const float *x = src + i * width;
+        double s = 0;
+        if (t == CB_TYPE_F32) {
+            const float *c = (const float *)cache + (int64_t)at[i] * width;
+            for (int64_t j = 0; j < width; j++) {
+                double d = (double)x[j] - c[j];
+                s += d * d;
+            }
+        } else {
+            const _Float16 *c = (const _Float16 *)cache + (int64_t)at[i] * width;
+            for (int64_t j = 0; j < width; j++) {
+                double d = (double)x[j] - (float)c[j];
+                s += d * d;
+            }
+        }
+        dev[i] = (float)s;
+    }
+}
+
+typedef struct ranked {
+    float v;
+    int32_t i;
+} ranked;
+
+static int by_value_desc(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v < y->v ? 1 : -1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+static void cpu_topk(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx)
+{
+    (void)b;
+    ranked *r = malloc(sizeof(ranked) * (size_t)(n ? n : 1));
+    if (!r)
+        abort(); /* n floats' worth: treat like a stack overflow */
+    for (int64_t i = 0; i < n; i++)
+        r[i] = (ranked){x[i], (int32_t)i};
+    qsort(r, (size_t)n, sizeof *r, by_value_desc);
+    for (int64_t i = 0; i < k && i < n; i++)
+        idx[i] = r[i].i;
+    free(r);
+}
+
 static void cpu_free(cb_backend *b)
 {
     if (!b)
@@ -500,11 +559,14 @@ static const cb_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .add = cpu_add,
     .swiglu = cpu_swiglu,
+    .gelu = cpu_gelu,
     .kv_write = cpu_kv_write,
     .kv_read = cpu_kv_read,
     .attention = cpu_attention,
     .gather = cpu_gather,
     .scatter = cpu_scatter,
+    .deviation = cpu_deviation,
+    .topk = cpu_topk,
 };
 
 cb_backend *cb_backend_cpu_new(int n_threads)
@@ -531,5 +593,6 @@ cb_backend *cb_backend_cpu_new(int n_threads)
     b->ops = &cpu_ops;
     b->ctx = c;
     b->n_threads = n_threads;
+    snprintf(b->desc, sizeof b->desc, "cpu (%d thread%s)", n_threads, n_threads == 1 ? "" : "s");
     return b;
 }

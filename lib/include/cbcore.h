@@ -40,7 +40,8 @@ typedef enum cb_status {
     CB_ERR_CREATE = -8,      /* cannot create an output file */
     CB_ERR_INTERNAL = -9,    /* a bug: an invariant did not hold */
     CB_ERR_CHECKSUM = -10,   /* stored data does not match its checksum */
-    CB_ERR_MISMATCH = -11    /* data made for another model */
+    CB_ERR_MISMATCH = -11,   /* data made for another model */
+    CB_ERR_DEVICE = -12      /* the compute device asked for is not available */
 } cb_status;
 
 #define CB_ERROR_MSG_MAX 512
@@ -395,19 +396,30 @@ typedef struct cb_hparams {
 
 typedef struct cb_model_params {
     int n_threads;         /* <= 0: every core */
+    const char *device;    /* "cpu", "cuda", "cuda:N"; NULL, "" or "auto":
+                              CUDA device 0 when one is present, else cpu */
 } cb_model_params;
 
-/* Load a model: GGUF metadata, tokenizer and every weight, onto the CPU
- * backend.  Architectures: llama (Llama 2/3, Mistral, SmolLM) and qwen2;
- * anything else is CB_ERR_UNSUPPORTED naming it.  A missing or misshapen
- * tensor is CB_ERR_FORMAT naming it.  p may be NULL. */
+/* Load a model: GGUF metadata, tokenizer and every weight, onto a compute
+ * backend (p->device).  Architectures: llama (Llama 2/3, Mistral, SmolLM)
+ * and qwen2; anything else is CB_ERR_UNSUPPORTED naming it.  A missing or
+ * misshapen tensor is CB_ERR_FORMAT naming it.  A device name that does
+ * not parse is CB_ERR_INVALID; a CUDA device asked for by name but absent
+ * (or a build without the CUDA module) is CB_ERR_DEVICE.  p may be NULL. */
 cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params *p, cb_error *err);
 void cb_model_free(cb_model *m);
 const cb_hparams *cb_model_hparams(const cb_model *m);
 const cb_vocab *cb_model_vocab(const cb_model *m);
 const cb_gguf *cb_model_gguf(const cb_model *m);
-/* Name of the compute backend ("cpu"). */
+/* The compute backend's kind, "cpu" or "cuda" (profiles are kept per
+ * kind), and the device, described: "cpu (2 threads)", "cuda:0 (NVIDIA
+ * H100 80GB HBM3, sm_90, 79 GiB)". */
 const char *cb_model_backend(const cb_model *m);
+const char *cb_model_device(const cb_model *m);
+/* Wait until the work this thread queued on the model's device is done
+ * (a GPU runs it asynchronously; a no-op on the CPU).  Functions that
+ * return data to the host wait by themselves; this is for timing. */
+void cb_model_sync(const cb_model *m);
 
 /* ------------------------------------------------------------- KV cache */
 
@@ -463,6 +475,13 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
  * the hidden states are not touched.  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
 cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q, float *k,
                            float *v);
+/* Blending's selection: recompute K (which 0) or V (1) of `rows` at
+ * `layer` from the hidden state (as cb_fwd_layer_qkv), and return in top
+ * the k rows whose fresh values are farthest (squared L2) from the cache's
+ * at the same positions, farthest first, equal distances by earlier row.
+ * Computed on the model's backend; only the k row numbers come back. */
+cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which, const int32_t *rows,
+                           int32_t n_rows, int32_t k, int32_t *top);
 /* logits [n_rows, n_vocab] for rows (NULL: all). */
 cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *logits);
 /* The hidden state of row `row` after the layers run so far [n_embd]. */

@@ -381,6 +381,8 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
     be->ops->upload(be, tmp, v, bytes);
     be->ops->kv_write(be, kv->v[layer], kv->type, kv->width, tmp, at, n);
     be->ops->dealloc(be, tmp);
+    if (be->ops->sync) /* in place on return: the loader thread hands the layer over */
+        be->ops->sync(be);
     free(at);
     free(delta);
     return CB_OK;
@@ -409,5 +411,30 @@ cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
         be->ops->download(be, k, f->k, sizeof(float) * (size_t)(n * dkv));
     if (v)
         be->ops->download(be, v, f->v, sizeof(float) * (size_t)(n * dkv));
+    return CB_OK;
+}
+
+cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which, const int32_t *rows,
+                           int32_t n_rows, int32_t k, int32_t *top)
+{
+    const cb_model *m = f->m;
+    cb_backend *be = m->be;
+    int32_t n;
+    float *x, *dev;
+    cb_status st;
+
+    if (kv->m != m || (which != 0 && which != 1) || !rows || k < 0 || k > n_rows)
+        return CB_ERR_RANGE;
+    st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, which ? QKV_V : QKV_K, &x, &n);
+    if (st != CB_OK || n == 0 || k == 0)
+        return st;
+    if (!(dev = be->ops->alloc(be, sizeof(float) * (size_t)n)))
+        return CB_ERR_NOMEM;
+    be->ops->deviation(be, which ? f->v : f->k, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width,
+                       f->sel_pos, n, dev);
+    be->ops->topk(be, dev, n, k, top);
+    be->ops->dealloc(be, dev);
+    for (int32_t i = 0; i < k; i++) /* indices into rows -> rows */
+        top[i] = rows[top[i]];
     return CB_OK;
 }

@@ -170,11 +170,8 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         goto fail;
     }
 
-    m->be = cb_backend_cpu_new(p ? p->n_threads : 0);
-    if (!m->be) {
-        st = cb_error_set(err, CB_ERR_NOMEM, "%s: cannot start the CPU backend", path);
+    if ((st = cb_backend_open(&m->be, p ? p->device : NULL, p ? p->n_threads : 0, err)) != CB_OK)
         goto fail;
-    }
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) {
         st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
@@ -256,4 +253,11 @@ const cb_hparams *cb_model_hparams(const cb_model *m) { return &m->hp; }
 const cb_vocab *cb_model_vocab(const cb_model *m) { return m->vocab; }
 const cb_gguf *cb_model_gguf(const cb_model *m) { return m->gguf; }
 const char *cb_model_backend(const cb_model *m) { return m->be->ops->name; }
+const char *cb_model_device(const cb_model *m) { return m->be->desc[0] ? m->be->desc : m->be->ops->name; }
 cb_hash128 cb_model_fingerprint(const cb_model *m) { return m->fingerprint; }
+
+void cb_model_sync(const cb_model *m)
+{
+    if (m->be->ops->sync)
+        m->be->ops->sync(m->be);
+}

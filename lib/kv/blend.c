@@ -179,7 +179,8 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     double t_start = now_ms();
     int32_t *ids = NULL, *pos = NULL, *rows = NULL, *seg_of = NULL, *start = NULL;
     uint8_t *use = NULL, *cached = NULL, *keep = NULL;
-    float *fresh = NULL, *loaded = NULL, *qbuf = NULL;
+    float *fresh = NULL, *qbuf = NULL;
+    int32_t *top = NULL;
     scored *sc = NULL;
     loader ld;
     pthread_t ld_thread;
@@ -297,8 +298,8 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
             keep[r] = cached[r];
         int64_t n_cand = n_cached;
         fresh = malloc(sizeof(float) * (size_t)(total * w));
-        loaded = malloc(sizeof(float) * (size_t)(total * w));
-        if (!fresh || !loaded) {
+        top = malloc(sizeof(int32_t) * (size_t)total);
+        if (!fresh || !top) {
             st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
             goto out;
         }
@@ -363,27 +364,19 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
                                 sc[c].score += srow[c] / sum;
                         }
                     free(srow);
+                    qsort(sc, (size_t)n_c, sizeof *sc, by_score_desc);
+                    for (int32_t c = 0; c < n_c; c++)
+                        keep[sc[c].row] = c < want;
                 } else {
-                    /* deviation of fresh K (or V) from the loaded cache */
-                    float *fk = p->deviation_v ? NULL : fresh, *fv = p->deviation_v ? fresh : NULL;
-                    if ((st = cb_fwd_layer_qkv(f, l, cand, n_c, NULL, fk, fv)) != CB_OK)
+                    /* deviation of fresh K (or V) from the loaded cache,
+                     * ranked on the backend: only the chosen rows come back */
+                    if ((st = cb_fwd_deviation(f, kv, l, p->deviation_v, cand, n_c, (int32_t)want, top)) != CB_OK)
                         goto layer_fail;
-                    /* the loaded rows of the whole prompt, read once */
-                    if ((st = cb_kvcache_read(kv, l, p->deviation_v, 0, (int32_t)total, loaded)) != CB_OK)
-                        goto layer_fail;
-                    for (int32_t c = 0; c < n_c; c++) {
-                        const float *ld_row = loaded + (int64_t)cand[c] * w;
-                        double dev = 0;
-                        for (int64_t e = 0; e < w; e++) {
-                            double d = (double)fresh[c * w + e] - ld_row[e];
-                            dev += d * d;
-                        }
-                        sc[c] = (scored){(float)dev, cand[c]};
-                    }
+                    for (int32_t c = 0; c < n_c; c++)
+                        keep[cand[c]] = 0;
+                    for (int64_t c = 0; c < want; c++)
+                        keep[top[c]] = 1;
                 }
-                qsort(sc, (size_t)n_c, sizeof *sc, by_score_desc);
-                for (int32_t c = 0; c < n_c; c++)
-                    keep[sc[c].row] = c < want;
                 if (p->strategy == CB_STRATEGY_SINK)
                     for (int32_t s = 0; s < n_segs; s++)
                         if (use[s])
@@ -437,6 +430,6 @@ out:
     pthread_mutex_destroy(&ld.mu);
     pthread_cond_destroy(&ld.cv);
     free(ids), free(pos), free(rows), free(seg_of), free(start), free(use), free(cached), free(keep);
-    free(fresh), free(loaded), free(qbuf), free(sc);
+    free(fresh), free(top), free(qbuf), free(sc);
     return st;
 }

@@ -402,6 +402,80 @@ static void test_errors(void)
     CHECK(m == NULL);
 }
 
+typedef struct dev_row {
+    double d;
+    int32_t row;
+} dev_row;
+
+static int by_dev(const void *a, const void *b)
+{
+    const dev_row *x = a, *y = b;
+    if (x->d != y->d)
+        return x->d < y->d ? 1 : -1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* cb_fwd_deviation against a plain loop over cb_fwd_layer_qkv and
+ * cb_kvcache_read: the k rows whose fresh K or V is farthest from the
+ * cache's, farthest first.  The cache rows are moved by different amounts
+ * first, and the rows are asked for out of order. */
+static void test_deviation(void)
+{
+    const char *tmp = getenv("CB_TEST_TMP");
+    char path[1024];
+    cb_model *m = NULL;
+    cb_kvcache *kv = NULL;
+    cb_fwd *f = NULL;
+    cb_error err;
+    int32_t n = 24, toks[24], pos[24], rows[17], top[7];
+    snprintf(path, sizeof path, "%s/tiny-f32.gguf", tmp ? tmp : "tests/tmp");
+    for (int which = 0; which < 2; which++) {
+        tcase("forward: cb_fwd_deviation picks the rows whose fresh %s deviates most (plain loop)",
+              which ? "V" : "K");
+        if (cb_model_load(&m, path, NULL, &err) != CB_OK) {
+            CHECKF(0, "%s", err.msg);
+            return;
+        }
+        const cb_hparams *hp = cb_model_hparams(m);
+        int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+        CHECK_OK(cb_kvcache_new(&kv, m, 32, CB_TYPE_F16));
+        CHECK_OK(cb_fwd_new(&f, m, n));
+        for (int32_t i = 0; i < n; i++)
+            toks[i] = (i * 37 + 11) % hp->n_vocab, pos[i] = i;
+        CHECK_OK(cb_fwd_embed(f, toks, pos, n));
+        CHECK_OK(cb_fwd_layer(f, kv, 0, NULL, 0));
+        CHECK_OK(cb_fwd_layer(f, kv, 1, NULL, 0)); /* layer 1's cache = the fresh values */
+        /* disturb some rows of layer 1's cache by different amounts */
+        float *c = malloc(sizeof(float) * (size_t)(n * w)), *fresh = malloc(sizeof(float) * (size_t)(17 * w));
+        CHECK_OK(cb_kvcache_read(kv, 1, which, 0, n, c));
+        for (int32_t i = 0; i < n; i++)
+            for (int64_t e = 0; e < w; e++)
+                c[i * w + e] += (float)((i * 7) % 5) * 0.25f * (float)((e % 3) - 1);
+        CHECK_OK(cb_kvcache_write(kv, 1, which, 0, n, c));
+        CHECK_OK(cb_kvcache_read(kv, 1, which, 0, n, c)); /* as the cache holds them (f16) */
+        for (int i = 0; i < 17; i++)
+            rows[i] = (i * 5) % n; /* a scattered, unordered subset */
+        CHECK_OK(cb_fwd_layer_qkv(f, 1, rows, 17, NULL, which ? NULL : fresh, which ? fresh : NULL));
+        dev_row d[17];
+        for (int i = 0; i < 17; i++) {
+            double s = 0;
+            for (int64_t e = 0; e < w; e++) {
+                double x = (double)fresh[i * w + e] - c[rows[i] * w + e];
+                s += x * x;
+            }
+            d[i] = (dev_row){(float)s, (int32_t)i};
+        }
+        qsort(d, 17, sizeof d[0], by_dev);
+        CHECK_OK(cb_fwd_deviation(f, kv, 1, which, rows, 17, 7, top));
+        for (int i = 0; i < 7; i++)
+            CHECKF(top[i] == rows[d[i].row], "rank %d: row %d, expected %d", i, top[i], rows[d[i].row]);
+        CHECK(cb_fwd_deviation(f, kv, 1, which, rows, 17, 18, top) == CB_ERR_RANGE);
+        free(c), free(fresh);
+        cb_fwd_free(f), cb_kvcache_free(kv), cb_model_free(m);
+        f = NULL, kv = NULL, m = NULL;
+    }
+}
+
 int main(void)
 {
     static const char *types[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",
@@ -409,6 +483,7 @@ int main(void)
     TEST_BEGIN();
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_fixture(types[i]);
+    test_deviation();
     test_errors();
     TEST_END();
 }

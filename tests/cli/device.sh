@@ -1,0 +1,128 @@
+#!/bin/sh
+# --device on the programs that compute; the CUDA module's build (always
+# checked where the build made it: it must exist, export its one entry
+# point, carry SASS for sm_80/86/89/90 and PTX, and use nothing of
+# libcbcore's); and, on a machine with a GPU, CPU vs CUDA end to end on the
+# default model: first-token logits (KL divergence, top-1), greedy answers,
+# and a blend from KV files precomputed on the GPU.  Without a GPU those
+# cases are skipped, saying so.
+# Environment: CB_CUDA_MOD (the module's path when the build made one);
+# CB_TEST_DEVICE (default cuda) names the device the end-to-end cases run
+# against the CPU: CB_TEST_DEVICE=cpu dry-runs them anywhere.
+. "$(dirname "$0")/lib.sh"
+RUN=$BINDIR_B/cb-run
+PRE=$BINDIR_B/cb-precompute
+PROF=$BINDIR_B/cb-profile
+TINY=$CB_TEST_TMP/tiny-q8_0.gguf
+
+# ------------------------------------------------------------ the flag
+for p in "cb-run -p x" "cb-precompute" "cb-profile --no-write"; do
+    prog=${p%% *}
+    # shellcheck disable=SC2086
+    expect_exit "$prog --device gpu is a usage error" 64 $BINDIR_B/$p -m "$TINY" --device gpu </dev/null
+    grep -q "device 'gpu' is not known" "$T/err" && ok "$prog names the bad device" || not_ok "$prog names the bad device"
+done
+expect_exit "cb-run --device cuda:x is a usage error" 64 "$RUN" -m "$TINY" --device cuda:x -p x
+expect_exit "cb-run --device cpu" 0 "$RUN" -m "$TINY" --device cpu -p "abc" -n 4 --stats "$T/s.json"
+python3 -c "import json,sys; d=json.load(open('$T/s.json')); sys.exit(not (d['backend']=='cpu' and d['device'].startswith('cpu (')))" &&
+    ok "--stats names the device" || not_ok "--stats names the device"
+
+DEV=${CB_TEST_DEVICE:-cuda}
+gpu=0
+if [ "$DEV" != cuda ]; then
+    gpu=1
+elif [ -e /dev/nvidiactl ] || [ -e /proc/driver/nvidia/version ]; then
+    "$RUN" -m "$TINY" --device cuda -p x -n 1 >/dev/null 2>"$T/cuda.err" && gpu=1
+fi
+if [ "$gpu" = 0 ]; then
+    expect_exit "no driver or no module: the default device is the CPU" 0 "$RUN" -m "$TINY" -p "abc" -n 2 --stats "$T/s2.json"
+    python3 -c "import json,sys; sys.exit(json.load(open('$T/s2.json'))['backend'] != 'cpu')" &&
+        ok "it says cpu" || not_ok "it says cpu"
+fi
+
+# ------------------------------------------------- the module's build
+if [ -n "${CB_CUDA_MOD:-}" ]; then
+    mod=$CB_CUDA_MOD
+    [ -f "$mod" ] && ok "the CUDA module was built ($mod)" || not_ok "the CUDA module was built ($mod)"
+    syms=$(nm -D --defined-only "$mod" 2>/dev/null | awk '$2 == "T" && $3 !~ /^_/ {print $3}' | tr '\n' ' ')
+    [ "$syms" = "cb_backend_cuda_open " ] && ok "it exports only its entry point" ||
+        not_ok "it exports only its entry point (got: $syms)"
+    undef=$(nm -D --undefined-only "$mod" | awk '$2 ~ /^cb_/' | tr '\n' ' ')
+    [ -z "$undef" ] && ok "it needs nothing from libcbcore" || not_ok "it needs nothing from libcbcore ($undef)"
+    archs=$(python3 scripts/fatbin-archs.py "$mod")
+    for a in sm_80 sm_86 sm_89 sm_90 compute_90; do
+        case " $archs " in
+        *" $a "*) ok "it carries $a" ;;
+        *) not_ok "it carries $a (has: $archs)" ;;
+        esac
+    done
+    if [ "$gpu" = 0 ]; then
+        # the module loads (cudart, cuBLAS found) and reports the device, not the build
+        for p in "cb-run -p x" "cb-precompute" "cb-profile --no-write"; do
+            prog=${p%% *}
+            # shellcheck disable=SC2086
+            expect_exit "$prog --device cuda without a GPU" 69 $BINDIR_B/$p -m "$TINY" --device cuda --store "$T/st-$prog" </dev/null
+            if grep -q "cuda:0: " "$T/err" && ! grep -q "no CUDA backend" "$T/err"; then
+                ok "$prog says why: $(head -c 90 "$T/err")"
+            else
+                not_ok "$prog says why"; sed 's/^/#   /' "$T/err"
+            fi
+        done
+        [ ! -e "$T/st-cb-precompute" ] && ok "cb-precompute created no store" || not_ok "cb-precompute created no store"
+    fi
+else
+    expect_exit "a build without the module: --device cuda" 69 "$RUN" -m "$TINY" --device cuda -p x
+    grep -q "no CUDA backend" "$T/err" && ok "it says the build has none" || not_ok "it says the build has none"
+    skip "the CUDA module's build" "this build has no CUDA module (nvcc not found, or CUDA=0)"
+fi
+
+# ------------------------------------------------ CPU vs CUDA end to end
+M=$(default_model)
+if [ "$gpu" = 0 ] || [ -z "$M" ]; then
+    why="no GPU here (no NVIDIA driver)"
+    [ -s "$T/cuda.err" ] && why="no GPU here: $(head -c 120 "$T/cuda.err")"
+    [ -z "$M" ] && why="the default model is not in the cache"
+    for c in "first-token logits CPU vs CUDA (KL, top-1)" "greedy answers CPU vs CUDA" \
+             "precompute and blend on CUDA vs CPU" "cb-profile on CUDA"; do
+        skip "$c" "$why"
+    done
+    done_testing; exit
+fi
+cat > "$T/kl.py" <<'PY'
+import array, math, sys
+def load(p):
+    a = array.array("f"); a.frombytes(open(p, "rb").read()); return a
+def softmax(x):
+    m = max(x); e = [math.exp(v - m) for v in x]; s = sum(e); return [v / s for v in e]
+a, b = softmax(load(sys.argv[1])), softmax(load(sys.argv[2]))
+kl = sum(p * math.log(p / max(q, 1e-30)) for p, q in zip(a, b) if p > 0)
+top = max(range(len(a)), key=a.__getitem__) == max(range(len(b)), key=b.__getitem__)
+print("%.5f %d" % (kl, top))
+sys.exit(0 if kl < float(sys.argv[3]) and top else 1)
+PY
+i=0; bad=0; same=0
+for q in "The capital of France is" "How many days are in a week?" "Who painted the Mona Lisa?"; do
+    i=$((i + 1))
+    "$RUN" -m "$M" --device cpu -p "$q" -n 24 --temp 0 --logits-out "$T/cpu$i.bin" >"$T/cpu$i.txt" 2>/dev/null
+    "$RUN" -m "$M" --device "$DEV" -p "$q" -n 24 --temp 0 --logits-out "$T/cuda$i.bin" >"$T/cuda$i.txt" 2>/dev/null
+    r=$(python3 "$T/kl.py" "$T/cpu$i.bin" "$T/cuda$i.bin" 0.02) || bad=$((bad + 1))
+    echo "# prompt $i: KL, top-1 agree = $r"
+    cmp -s "$T/cpu$i.txt" "$T/cuda$i.txt" && same=$((same + 1))
+done
+[ "$bad" = 0 ] && ok "first-token logits CPU vs CUDA (KL < 0.02, same top-1, 3 prompts)" ||
+    not_ok "first-token logits CPU vs CUDA ($bad of 3 over bound)"
+grep -q Paris "$T/cuda1.txt" && grep -q 7 "$T/cuda2.txt" && grep -qi leonardo "$T/cuda3.txt" &&
+    ok "greedy answers on CUDA are right ($same of 3 identical to the CPU's)" || not_ok "greedy answers on CUDA"
+printf 'The Zorvath bridge in Kelmar was finished in 1911 by the engineer Ada Brun.\n\nAda Brun was born in Tessaly, a town known for its glassworks.\n' > "$T/doc.txt"
+"$BINDIR_B/cb-chunk" -m "$M" --tokens 16 "$T/doc.txt" > "$T/chunks.jsonl"
+"$PRE" -m "$M" --device "$DEV" --store "$T/gs" < "$T/chunks.jsonl" > "$T/pre-gpu.jsonl" 2>/dev/null &&
+"$PRE" -m "$M" --device cpu --store "$T/cs" < "$T/chunks.jsonl" > "$T/pre-cpu.jsonl" 2>/dev/null &&
+"$RUN" -m "$M" --device "$DEV" --store "$T/gs" --chunks "$T/chunks.jsonl" -p "Where was the bridge's engineer born?" \
+    -n 16 --temp 0 --logits-out "$T/bg.bin" > "$T/bg.txt" 2>/dev/null &&
+"$RUN" -m "$M" --device cpu --store "$T/cs" --chunks "$T/chunks.jsonl" -p "Where was the bridge's engineer born?" \
+    -n 16 --temp 0 --logits-out "$T/bc.bin" > "$T/bc.txt" 2>/dev/null &&
+r=$(python3 "$T/kl.py" "$T/bc.bin" "$T/bg.bin" 0.02) && ok "precompute and blend on CUDA vs CPU (KL, top-1: $r)" ||
+    not_ok "precompute and blend on CUDA vs CPU (${r:-a step failed})"
+expect_exit "cb-profile on CUDA" 0 "$PROF" -m "$M" --device "$DEV" --store "$T/gs" --lengths 512 --ratios 0.15 --repeat 1
+grep -q "device $DEV" "$T/out" || not_ok "cb-profile names the device"
+done_testing
