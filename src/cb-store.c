@@ -50,10 +50,12 @@ static void usage(FILE *f)
             "                     write entries (default all) to a tar archive ('-' = stdout);\n"
             "                     compression from the name (.tar, .tar.gz, .tar.xz), else zstd\n"
             "  import ARCHIVE     add the valid KV files of an archive ('-' = stdin)\n"
-            "  place [-m MODEL] [--ratio R] [--tokens L] [--json]\n"
+            "  place [-m MODEL] [--ratio R] [--tokens L] [--device DEV] [--json]\n"
             "                     the cheapest tier whose load time for L cached tokens\n"
             "                     (default 3072) does not exceed the recompute time at ratio R\n"
-            "                     (default 0.15), from the store's profile (see cb-profile)\n"
+            "                     (default 0.15), from the store's profile (see cb-profile) for\n"
+            "                     the device cb-run computes on: cpu, or cuda (default: cuda\n"
+            "                     when this machine has an NVIDIA GPU and a cuda profile, else cpu)\n"
             "\n"
             "Common:\n"
             "      --store DIR    the store (default: $CB_STORE, else\n"
@@ -81,11 +83,12 @@ enum {
     OPT_COST,
     OPT_RATIO,
     OPT_TOKENS,
+    OPT_DEVICE,
     OPT_COMPRESS
 };
 
 typedef struct opts {
-    const char *store, *model, *out, *compress;
+    const char *store, *model, *out, *compress, *device;
     const char **tiers;
     int n_tiers, json, repair, promote;
     const char **costs;
@@ -662,7 +665,23 @@ static int cmd_place(const opts *o)
         code = fail(&err);
         goto done;
     }
-    if (cb_store_open(&s, o->store, 0, &err) != CB_OK || cb_profile_load(prof, o->store, fp, "cpu", &err) != CB_OK) {
+    /* profiles are kept per backend kind (cb-profile --device) */
+    const char *kind = o->device ? (strncmp(o->device, "cuda", 4) == 0 ? "cuda" : "cpu")
+                       : access("/dev/nvidiactl", F_OK) == 0 ? "cuda"
+                                                              : "cpu";
+    if (o->device && strcmp(o->device, "cpu") != 0 && strncmp(o->device, "cuda", 4) != 0) {
+        cli_err("--device %s: cpu or cuda", o->device);
+        code = CLI_EX_USAGE;
+        goto done;
+    }
+    if (cb_store_open(&s, o->store, 0, &err) != CB_OK) {
+        code = fail(&err);
+        goto done;
+    }
+    cb_status pst = cb_profile_load(prof, o->store, fp, kind, &err);
+    if (pst == CB_ERR_NOT_FOUND && !o->device && strcmp(kind, "cuda") == 0)
+        pst = cb_profile_load(prof, o->store, fp, kind = "cpu", &err);
+    if (pst != CB_OK) {
         code = fail(&err);
         goto done;
     }
@@ -716,6 +735,7 @@ int main(int argc, char **argv)
         {"compress", required_argument, 0, OPT_COMPRESS},
         {"cost", required_argument, 0, OPT_COST},
         {"ratio", required_argument, 0, OPT_RATIO},
+        {"device", required_argument, 0, OPT_DEVICE},
         {"tokens", required_argument, 0, OPT_TOKENS},
         {"verbose", no_argument, 0, 'v'},
         {"quiet", no_argument, 0, 'q'},
@@ -728,7 +748,7 @@ int main(int argc, char **argv)
         int (*fn)(const opts *);
         const char *flags; /* command-specific options it takes */
     } cmds[] = {
-        {"init", cmd_init, "tier promote cost"}, {"place", cmd_place, "json ratio tokens model"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
+        {"init", cmd_init, "tier promote cost"}, {"place", cmd_place, "json ratio tokens model device"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
         {"get", cmd_get, "output"},         {"put", cmd_put, ""},              {"rm", NULL, ""},
         {"pin", NULL, ""},                  {"unpin", NULL, ""},               {"gc", cmd_gc, ""},
         {"verify", cmd_verify, "repair"},   {"export", cmd_export, "compress"}, {"import", cmd_import, ""},
@@ -774,6 +794,7 @@ int main(int argc, char **argv)
         case 'o': o.out = optarg; given[0] = 1; break;
         case OPT_REPAIR: o.repair = 1; given[OPT_REPAIR] = 1; break;
         case OPT_COMPRESS: o.compress = optarg; given[OPT_COMPRESS] = 1; break;
+        case OPT_DEVICE: o.device = optarg; given[OPT_DEVICE] = 1; break;
         case OPT_COST: o.costs[o.n_costs++] = optarg; given[OPT_COST] = 1; break;
         case OPT_RATIO: {
             char *end;
@@ -826,7 +847,7 @@ int main(int argc, char **argv)
                     {OPT_PROMOTE, "promote", "--promote"}, {0, "output", "-o"},
                     {OPT_REPAIR, "repair", "--repair"},    {OPT_COMPRESS, "compress", "--compress"},
                     {OPT_COST, "cost", "--cost"},          {OPT_RATIO, "ratio", "--ratio"},
-                    {OPT_TOKENS, "tokens", "--tokens"}};
+                    {OPT_TOKENS, "tokens", "--tokens"},    {OPT_DEVICE, "device", "--device"}};
     for (size_t i = 0; i < sizeof specific / sizeof specific[0]; i++)
         if (given[specific[i].id] && !strstr(cmds[k].flags, specific[i].word)) {
             cli_err("%s: %s does not apply", cmd, specific[i].flag);

@@ -35,6 +35,9 @@ JSON
 write_profile 1000 100
 [ "$("$STORE" --store "$S" place -m "$M")" = fast ] && ok "place at 0.15: the fast tier (slow would stall)" || not_ok "place at 0.15"
 [ "$("$STORE" --store "$S" place -m "$fp" --ratio 0.5)" = slow ] && ok "place at 0.5: the cheap tier suffices" || not_ok "place at 0.5"
+[ "$("$STORE" --store "$S" place -m "$M" --device cpu)" = fast ] && ok "place --device cpu reads the cpu profile" || not_ok "place --device cpu"
+expect_exit "place --device cuda without a cuda profile" 66 "$STORE" --store "$S" place -m "$M" --device cuda
+grep -q -- "-cuda.json" "$T/err" && ok "it names the missing profile" || not_ok "it names the missing profile"
 "$STORE" --store "$S" place -m "$M" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["tier"]=="fast" and abs(r["recompute_ms"]-20)<1e-6 and abs(r["load_ms"]-3.072)<1e-6, r' \
     && ok "place --json: the predicted times" || not_ok "place --json"
 "$PRE" -m "$M" --store "$S" --place auto -q "$T/c.jsonl" > /dev/null
