@@ -28,7 +28,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_engine MODEL THREADS [LENGTHS...]\n");
         return 64;
     }
-    cb_model_params mp = {atoi(argv[2])};
+    cb_model_params mp = {atoi(argv[2]), "cpu"}; /* compared with llama.cpp on the CPU */
     if (cb_model_load(&m, argv[1], &mp, &err) != CB_OK) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);
         return 65;

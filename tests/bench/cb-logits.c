@@ -12,7 +12,7 @@ int main(int argc, char **argv)
 {
     cb_model *m;
     cb_error err;
-    cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0};
+    cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, "cpu"}; /* compared with llama.cpp on the CPU */
     static char line[1 << 20];
 
     if (argc < 2) {
