@@ -1025,8 +1025,16 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
         free(b);
         return CB_ERR_DEVICE;
     }
+    int pools = 0;
+    cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+    if (!pools) {
+        snprintf(msg, msg_len, "%.64s does not support stream-ordered allocation (cudaMallocAsync)", c->prop.name);
+        free(c);
+        free(b);
+        return CB_ERR_DEVICE;
+    }
     if (c->prop.major < 8) {
-        snprintf(msg, msg_len, "%s has compute capability %d.%d; this build has code for 8.0 and newer",
+        snprintf(msg, msg_len, "%.64s has compute capability %d.%d; this build has code for 8.0 and newer",
                  c->prop.name, c->prop.major, c->prop.minor);
         free(c);
         free(b);
