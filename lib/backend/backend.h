@@ -29,6 +29,9 @@ typedef struct cb_bweight cb_bweight;
 
 typedef struct cb_backend_ops {
     const char *name;
+    /* The largest attention head dimension the backend handles; 0: any.
+     * cb_model_load refuses a model past it. */
+    int max_head_dim;
     void (*free)(cb_backend *b);
 
     /* Memory: nbytes of backend memory, zeroed and usable by every thread

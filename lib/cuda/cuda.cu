@@ -827,7 +827,7 @@ static void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int6
     tctx *t = T(b);
     if (n == 0)
         return;
-    if (hd > ATT_HD_MAX)
+    if (hd > ATT_HD_MAX) /* cb_model_load refuses such models (max_head_dim) */
         die("attention", __FILE__, __LINE__, "head dimension above 256");
     const int32_t *dpos = stage_idx(t, pos, n);
     dim3 grid(nblocks(n, ATT_WARPS * ATT_ROWS), (unsigned)n_head);
@@ -967,6 +967,7 @@ static void init_ops(void)
 {
     cb_backend_ops *o = &cuda_ops;
     o->name = "cuda";
+    o->max_head_dim = ATT_HD_MAX;
     o->free = cu_free;
     o->alloc = cu_alloc;
     o->dealloc = cu_dealloc;

@@ -172,6 +172,11 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
 
     if ((st = cb_backend_open(&m->be, p ? p->device : NULL, p ? p->n_threads : 0, err)) != CB_OK)
         goto fail;
+    if (m->be->ops->max_head_dim && hp->head_dim > m->be->ops->max_head_dim) {
+        st = cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: head dimension %d is more than the %s backend handles (%d)",
+                          path, hp->head_dim, m->be->ops->name, m->be->ops->max_head_dim);
+        goto fail;
+    }
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) {
         st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
