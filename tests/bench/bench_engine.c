@@ -1,5 +1,7 @@
-/* bench_engine - prefill and decode speed of our CPU engine.
+/* bench_engine - prefill and decode speed of our engine.
  * usage: bench_engine MODEL THREADS [LENGTHS...]   (default 512 1024 2048 4096)
+ * $CB_BENCH_DEVICE picks the device (default cpu, the one llama.cpp is
+ * compared on; run.sh also measures cuda when a GPU is present).
  * Prints "key value" lines: sgemm GFLOP/s of this machine (1024^3, OpenBLAS),
  * then per length the prefill time, tokens/s and achieved GFLOP/s, then
  * decode tokens/s (64 tokens after a 512-token prompt).  Prompts are fixed
@@ -9,6 +11,7 @@
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 extern void openblas_set_num_threads(int n);
@@ -28,15 +31,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_engine MODEL THREADS [LENGTHS...]\n");
         return 64;
     }
-    cb_model_params mp = {atoi(argv[2]), "cpu"}; /* compared with llama.cpp on the CPU */
+    const char *dev = getenv("CB_BENCH_DEVICE");
+    cb_model_params mp = {atoi(argv[2]), dev && *dev ? dev : "cpu"};
     if (cb_model_load(&m, argv[1], &mp, &err) != CB_OK) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);
         return 65;
     }
     const cb_hparams *hp = cb_model_hparams(m);
+    printf("device %s\n", cb_model_device(m));
 
     /* the machine's sgemm rate, same threads */
-    {
+    if (strcmp(cb_model_backend(m), "cpu") == 0) {
         int n = 1024;
         float *a = calloc((size_t)n * n, 4), *b = calloc((size_t)n * n, 4), *c = calloc((size_t)n * n, 4);
         for (int i = 0; i < n * n; i++)

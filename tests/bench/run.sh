@@ -3,8 +3,11 @@
 # one run on the same inputs, and their ratios.
 set -eu
 BUILD=${BUILD:-build/rel}
+BINDIR_B=${BINDIR_B:-bin}
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top"
+# bench programs live in $BUILD/bench: point them at the CUDA module when built
+[ -f lib/libcbcore-cuda.so ] && { CB_CUDA_MODULE=$top/lib/libcbcore-cuda.so; export CB_CUDA_MODULE; }
 M=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # A 1 MB text: the MuSiQue passages when ../shared is there, else repeated prose.
@@ -46,5 +49,19 @@ done
 a=$(get "$tmp/eng_ours" decode_tok_s); b=$(get "$tmp/eng_theirs" decode_tok_s)
 awk -v a="$a" -v b="$b" 'BEGIN { printf "| decode       | %12.1f | %12.1f | %6.2fx |           |\n", a, b, a / b }'
 echo "machine sgemm (OpenBLAS, 1024^3, $T threads): $(get "$tmp/eng_ours" sgemm_gflops) GFLOP/s"
+# The same engine on the GPU, when this machine has one and the CUDA module runs.
+if "$BINDIR_B/cb-run" -m "$M" --device cuda -p x -n 1 >/dev/null 2>"$tmp/cuda.err"; then
+    echo "== bench_engine (ours) on CUDA"
+    CB_BENCH_DEVICE=cuda "$BUILD/bench/bench_engine" "$M" "$T" $LENS | tee "$tmp/eng_cuda"
+    printf '| %-10s | %12s | %12s | %7s |\n' "tokens" "cuda tok/s" "cpu tok/s" "ratio"
+    for L in $LENS; do
+        a=$(get "$tmp/eng_cuda" "prefill_${L}_tok_s"); b=$(get "$tmp/eng_ours" "prefill_${L}_tok_s")
+        awk -v L="$L" -v a="$a" -v b="$b" 'BEGIN { printf "| prefill %-4s | %12.1f | %12.1f | %6.2fx |\n", L, a, b, a / b }'
+    done
+    a=$(get "$tmp/eng_cuda" decode_tok_s); b=$(get "$tmp/eng_ours" decode_tok_s)
+    awk -v a="$a" -v b="$b" 'BEGIN { printf "| decode       | %12.1f | %12.1f | %6.2fx |\n", a, b, a / b }'
+else
+    echo "== no CUDA run: $(head -c 200 "$tmp/cuda.err")"
+fi
 echo "== bench_store: the tiered store, put/get per tier (RAM tier in ${CB_BENCH_RAM:-/dev/shm}, disk tier in ${CB_BENCH_DISK:-/var/tmp})"
 "$BUILD/bench/bench_store" "$M" 512,32 16 2>&1
