@@ -145,9 +145,10 @@ bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/
 	@$(MAKE) --no-print-directory model
 	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) sh tests/bench/run.sh
 
-parity: deps all $(BENCH_BIN) ## compare our logits and greedy output with llama.cpp's (llama-cpp-python venv)
+parity: deps all $(BENCH_BIN) ## compare our logits and greedy output with llama.cpp's (CB_DEVICE=cuda: our GPU path)
 	@$(MAKE) --no-print-directory model
-	@VENV=$$(sh scripts/venv.sh) && $$VENV/bin/python tests/parity/parity.py \
+	@[ -f "$(CUDA_MOD)" ] && export CB_CUDA_MODULE=$(CURDIR)/$(CUDA_MOD); export CB_DEVICE=$${CB_DEVICE:-cpu}; \
+	VENV=$$(sh scripts/venv.sh) && $$VENV/bin/python tests/parity/parity.py \
 	    "$${CB_MODEL:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
 	    $(BUILD)/bench/cb-logits $(BINDIR_B)/cb-run
 

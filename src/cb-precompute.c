@@ -44,8 +44,8 @@ static void usage(FILE *f)
             "                     fastest tier with room\n"
             "      --strict       stop at the first bad record (default: report and skip it)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
-            "      --device DEV   compute device: cpu, cuda or cuda:N (default: CUDA device\n"
-            "                     0 when a GPU is present, else cpu)\n"
+            "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"
+            "                     else CUDA device 0 when a GPU is present, else cpu)\n"
             "  -v, --verbose      report every chunk on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -158,7 +158,7 @@ int main(int argc, char **argv)
     cb_fwd *f = NULL;
     cb_tokens lead = {0}, ids = {0};
     cb_error err;
-    cb_model_params mp = {n_threads, device};
+    cb_model_params mp = {n_threads, cli_device(device)};
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;

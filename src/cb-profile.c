@@ -34,8 +34,8 @@ static void usage(FILE *f)
             "  -o, --output FMT   md (default) or json\n"
             "      --plot FILE    the curves as a PNG (needs gnuplot)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
-            "      --device DEV   compute device: cpu, cuda or cuda:N (default: CUDA device\n"
-            "                     0 when a GPU is present, else cpu)\n"
+            "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"
+            "                     else CUDA device 0 when a GPU is present, else cpu)\n"
             "  -v, --verbose      progress on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -188,7 +188,7 @@ int main(int argc, char **argv)
     cb_model *m = NULL;
     cb_store *store = NULL;
     cb_error err;
-    cb_model_params mp = {n_threads, device};
+    cb_model_params mp = {n_threads, cli_device(device)};
     int code = 0;
     cb_profile *prof = calloc(1, sizeof *prof);
     float *logits = NULL, *kb = NULL, *vb = NULL;

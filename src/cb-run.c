@@ -80,8 +80,8 @@ static void usage(FILE *f)
             "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model in\n"
             "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/models/)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
-            "      --device DEV   compute device: cpu, cuda or cuda:N (default: CUDA device\n"
-            "                     0 when a GPU is present, else cpu)\n"
+            "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"
+            "                     else CUDA device 0 when a GPU is present, else cpu)\n"
             "  -v, --verbose      print model facts and timings on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -649,7 +649,7 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
     cb_segment *segs = NULL;
     json_t *chunks = NULL;
     cb_error err;
-    cb_model_params mp = {o->n_threads, o->device};
+    cb_model_params mp = {o->n_threads, cli_device(o->device)};
     streamer sm = {NULL, 0, 0, o->stops, o->n_stops, stdout, o->verify, NULL, 0, 0};
     float *logits = NULL, *vlogits = NULL;
     int code = 0;

@@ -51,6 +51,14 @@ void cli_info(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+const char *cli_device(const char *opt)
+{
+    const char *env = getenv("CB_DEVICE");
+    if (opt && *opt)
+        return opt;
+    return env && *env ? env : "auto";
+}
+
 const char *cli_model_path(const char *opt)
 {
     static char buf[4096];

@@ -36,6 +36,9 @@ void cli_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The model path: `opt` (-m), else $CB_MODEL, else the default model in the
  * model cache.  Returns a pointer to static storage. */
 const char *cli_model_path(const char *opt);
+/* The compute device: opt (--device), else $CB_DEVICE, else "auto" (CUDA
+ * device 0 when present, else the CPU). */
+const char *cli_device(const char *opt);
 
 /* Read all of `path` ("-" or NULL: stdin) into a malloc'd buffer with a NUL
  * after the last byte.  On failure prints a message and returns NULL with

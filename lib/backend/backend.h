@@ -108,8 +108,8 @@ struct cb_backend {
  * at load, threads for attention.  n_threads <= 0: the number of cores. */
 cb_backend *cb_backend_cpu_new(int n_threads);
 
-/* The backend registry (registry.c): "cpu", "cuda" or "cuda:N", or NULL /
- * "" / "auto" for CUDA device 0 when one is present, else the CPU.  The
+/* The backend registry (registry.c): "cpu" (also NULL or ""), "cuda" or
+ * "cuda:N", or "auto" for CUDA device 0 when one is present, else the CPU.  The
  * CUDA backend lives in a module, libcbcore-cuda.so, loaded on demand so
  * that programs start without the CUDA libraries on machines without a
  * GPU.  Errors: CB_ERR_INVALID (a malformed name), CB_ERR_UNSUPPORTED (no

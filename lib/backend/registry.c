@@ -12,8 +12,9 @@
  *   under PREFIX once installed)
  *   CB_LIBDIR (the install directory compiled in)
  *   the dynamic linker's search path.
- * With no name (or "auto"), CUDA is tried only when the NVIDIA driver's
- * device nodes exist, and any failure there falls back to the CPU. */
+ * No name is the CPU.  "auto" tries CUDA only when the NVIDIA driver's
+ * device nodes exist, and any failure there falls back to the CPU (the
+ * programs' default). */
 #include "backend.h"
 
 #include <dlfcn.h>
@@ -119,7 +120,9 @@ static cb_status open_cpu(cb_backend **out, int n_threads, cb_error *err)
 cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, cb_error *err)
 {
     *out = NULL;
-    if (!device || !*device || strcmp(device, "auto") == 0) {
+    if (!device || !*device)
+        device = "cpu";
+    if (strcmp(device, "auto") == 0) {
         if (nvidia_driver_present() && open_cuda(out, 0, NULL) == CB_OK)
             return CB_OK;
         return open_cpu(out, n_threads, err);

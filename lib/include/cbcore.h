@@ -396,8 +396,9 @@ typedef struct cb_hparams {
 
 typedef struct cb_model_params {
     int n_threads;         /* <= 0: every core */
-    const char *device;    /* "cpu", "cuda", "cuda:N"; NULL, "" or "auto":
-                              CUDA device 0 when one is present, else cpu */
+    const char *device;    /* "cpu" (also NULL, ""), "cuda", "cuda:N", or
+                              "auto": CUDA device 0 when one is present,
+                              else cpu (the programs' default) */
 } cb_model_params;
 
 /* Load a model: GGUF metadata, tokenizer and every weight, onto a compute

@@ -1,7 +1,8 @@
 /* cb-logits - for `make parity`: read lines of space-separated token ids on
  * stdin, evaluate each line as a fresh prompt (positions 0..n-1) and write
  * the last position's logits to stdout as n_vocab little-endian float32.
- * usage: cb-logits MODEL [THREADS] < ids.txt > logits.f32 */
+ * usage: cb-logits MODEL [THREADS] < ids.txt > logits.f32
+ * $CB_DEVICE picks the device (default cpu). */
 #include "cbcore.h"
 
 #include <stdio.h>
@@ -12,7 +13,7 @@ int main(int argc, char **argv)
 {
     cb_model *m;
     cb_error err;
-    cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, "cpu"}; /* compared with llama.cpp on the CPU */
+    cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, getenv("CB_DEVICE")}; /* NULL: the CPU */
     static char line[1 << 20];
 
     if (argc < 2) {

@@ -10,6 +10,7 @@
 # CB_TEST_DEVICE (default cuda) names the device the end-to-end cases run
 # against the CPU: CB_TEST_DEVICE=cpu dry-runs them anywhere.
 . "$(dirname "$0")/lib.sh"
+unset CB_DEVICE # this suite is about the default and explicit devices
 RUN=$BINDIR_B/cb-run
 PRE=$BINDIR_B/cb-precompute
 PROF=$BINDIR_B/cb-profile
@@ -39,6 +40,11 @@ if [ "$gpu" = 0 ]; then
     python3 -c "import json,sys; sys.exit(json.load(open('$T/s2.json'))['backend'] != 'cpu')" &&
         ok "it says cpu" || not_ok "it says cpu"
 fi
+CB_DEVICE=gpu "$RUN" -m "$TINY" -p x -n 1 >/dev/null 2>"$T/err"; rc=$?
+[ "$rc" = 64 ] && grep -q "device 'gpu'" "$T/err" && ok "\$CB_DEVICE is the default device (exit 64 for a bad one)" ||
+    not_ok "\$CB_DEVICE is the default device (exit $rc)"
+CB_DEVICE=gpu "$RUN" -m "$TINY" --device cpu -p x -n 1 >/dev/null 2>&1 && ok "--device overrides \$CB_DEVICE" ||
+    not_ok "--device overrides \$CB_DEVICE"
 
 # ------------------------------------------------- the module's build
 if [ -n "${CB_CUDA_MOD:-}" ]; then
