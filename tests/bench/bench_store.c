@@ -128,7 +128,7 @@ static int bench_tier(const char *name, const char *tier_dir, const char *base, 
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n * 4, sizeof *t);
-    cb_store_tier tier = {name, tier_dir, 0};
+    cb_store_tier tier = {name, tier_dir, 0, 0};
 
     snprintf(dir, sizeof dir, "%s/store-%s-%d", base, name, tokens);
     if (!t || cb_store_init(dir, &tier, 1, 0, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
@@ -193,7 +193,7 @@ static int bench_demote(const char *ram, const char *disk, const char *base, kv 
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n, sizeof *t);
-    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size}, {"disk", disk, 0}};
+    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0}, {"disk", disk, 0, 0}};
     snprintf(dir, sizeof dir, "%s/store-demote-%d", base, tokens);
     if (!t || cb_store_init(dir, tiers, 2, 1, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: %s\n", err.msg);
