@@ -54,8 +54,8 @@ static void usage(FILE *f)
             "                     the cheapest tier whose load time for L cached tokens\n"
             "                     (default 3072) does not exceed the recompute time at ratio R\n"
             "                     (default 0.15), from the store's profile (see cb-profile) for\n"
-            "                     the device cb-run computes on: cpu, or cuda (default: cuda\n"
-            "                     when this machine has an NVIDIA GPU and a cuda profile, else cpu)\n"
+            "                     the device cb-run computes on: cpu, or cuda (default: the\n"
+            "                     cuda profile when the store has one, else the cpu profile)\n"
             "\n"
             "Common:\n"
             "      --store DIR    the store (default: $CB_STORE, else\n"
@@ -665,10 +665,9 @@ static int cmd_place(const opts *o)
         code = fail(&err);
         goto done;
     }
-    /* profiles are kept per backend kind (cb-profile --device) */
-    const char *kind = o->device ? (strncmp(o->device, "cuda", 4) == 0 ? "cuda" : "cpu")
-                       : access("/dev/nvidiactl", F_OK) == 0 ? "cuda"
-                                                              : "cpu";
+    /* profiles are kept per backend kind (cb-profile --device); without
+     * --device, a cuda profile wins: cb-profile only makes one on a GPU */
+    const char *kind = !o->device || strncmp(o->device, "cuda", 4) == 0 ? "cuda" : "cpu";
     if (o->device && strcmp(o->device, "cpu") != 0 && strncmp(o->device, "cuda", 4) != 0) {
         cli_err("--device %s: cpu or cuda", o->device);
         code = CLI_EX_USAGE;
@@ -679,7 +678,7 @@ static int cmd_place(const opts *o)
         goto done;
     }
     cb_status pst = cb_profile_load(prof, o->store, fp, kind, &err);
-    if (pst == CB_ERR_NOT_FOUND && !o->device && strcmp(kind, "cuda") == 0)
+    if (pst == CB_ERR_NOT_FOUND && !o->device)
         pst = cb_profile_load(prof, o->store, fp, kind = "cpu", &err);
     if (pst != CB_OK) {
         code = fail(&err);

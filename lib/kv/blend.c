@@ -297,9 +297,10 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         for (int64_t r = 0; r < total; r++)
             keep[r] = cached[r];
         int64_t n_cand = n_cached;
-        fresh = malloc(sizeof(float) * (size_t)(total * w));
+        if (p->strategy == CB_STRATEGY_QUERY) /* the candidates' fresh keys, on the host */
+            fresh = malloc(sizeof(float) * (size_t)(total * w));
         top = malloc(sizeof(int32_t) * (size_t)total);
-        if (!fresh || !top) {
+        if ((p->strategy == CB_STRATEGY_QUERY && !fresh) || !top) {
             st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
             goto out;
         }
