@@ -101,7 +101,7 @@ static void drop_cache(const char *path)
 /* Load every layer of a KV file the way cb-run's loader does: read it from
  * the tier, verify and convert it, and place it in a cache on the compute
  * device (rotated to position 0).  Returns the file's MB/s, or -1. */
-static double load_all(const char *path, cb_kvcache *kv, float *k, float *v, cb_error *err)
+static double load_all(const cb_model *m, const char *path, cb_kvcache *kv, float *k, float *v, cb_error *err)
 {
     cb_kvfile *kf;
     double t0 = now_ms();
@@ -114,6 +114,7 @@ static double load_all(const char *path, cb_kvcache *kv, float *k, float *v, cb_
             cb_kvfile_free(kf);
             return -1;
         }
+    cb_model_sync(m); /* on a GPU, until the copies are done */
     double mb = (double)cb_kvfile_size(kf) / 1e6, ms = now_ms() - t0;
     cb_kvfile_free(kf);
     return mb / (ms / 1e3);
@@ -336,8 +337,8 @@ int main(int argc, char **argv)
             double cold[16], warm[16], sc, sw;
             for (int r = 0; r < repeat; r++) {
                 drop_cache(path);
-                cold[r] = load_all(path, lkv, kb, vb, &err);
-                warm[r] = load_all(path, lkv, kb, vb, &err);
+                cold[r] = load_all(m, path, lkv, kb, vb, &err);
+                warm[r] = load_all(m, path, lkv, kb, vb, &err);
             }
             unlink(path);
             cb_profile_tier *pt = &prof->tiers[prof->n_tiers++];

@@ -12,8 +12,9 @@
  * memory.  A device backend queues each thread's work in order on that
  * thread's own stream; every operation that hands data back to the host
  * (download, topk, deviation's result) waits for the thread's queue first.
- * Work queued by one thread is seen by another only after `sync` in the
- * first and some host-side hand-off (a mutex) between them.
+ * Work queued by one thread is seen by another after a host-side hand-off
+ * (a mutex) and either `sync` in the first thread or an event the first
+ * records and the second waits on (the KV cache's per-layer events).
  *
  * Shapes are written [rows, cols], row-major, a row per token. */
 #ifndef CB_BACKEND_H
@@ -46,6 +47,15 @@ typedef struct cb_backend_ops {
     /* Wait until the work this thread queued is done.  NULL: every
      * operation is done when it returns (the CPU backend). */
     void (*sync)(cb_backend *b);
+    /* Events, optional (NULL: operations are done when they return, as on
+     * the CPU).  event_record marks the work this thread has queued so far;
+     * event_wait makes the work this thread queues later wait for a mark
+     * (on the device: the host does not block).  Recording again moves the
+     * mark; waiting on a never-recorded event waits for nothing. */
+    void *(*event_new)(cb_backend *b);
+    void (*event_free)(cb_backend *b, void *ev);
+    void (*event_record)(cb_backend *b, void *ev);
+    void (*event_wait)(cb_backend *b, void *ev);
 
     /* Weights: take n_out rows of n_in elements of type t from host memory
      * (a GGUF mapping), and an optional f32 bias.  NULL on failure. */

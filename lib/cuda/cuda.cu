@@ -15,8 +15,10 @@
  * own non-blocking stream, cuBLAS handle and page-locked staging buffers
  * (struct tctx, found through a pthread key).  cb-run's KV loader thread
  * therefore copies layer l+1 on its stream while the calling thread's
- * stream fuses layer l; the loader's cb_kvcache_load ends with `sync`, and
- * the hand-over to the compute thread is blend.c's mutex.  Host data
+ * stream fuses layer l; each cache layer has an event that the loader
+ * records after queuing its copies and the compute stream waits on
+ * (cudaStreamWaitEvent) before touching the layer, after blend.c's mutex
+ * has told the host that the layer is queued.  Host data
  * (weights, KV rows, index arrays) goes through the page-locked buffers:
  * memcpy into one, cudaMemcpyAsync out of it, an event recorded; the buffer
  * is refilled only after its event, so two of them keep the host copy and
@@ -131,11 +133,12 @@ static cuda_ctx *CTX(cb_backend *b)
     return (cuda_ctx *)b->ctx;
 }
 
-/* A thread ends: its context goes back to the pool, idle. */
+/* A thread ends: its context goes back to the pool.  Work it queued may
+ * still be running: the stream keeps its order, and other threads that need
+ * that work wait on an event or were handed it after a sync. */
 static void tctx_release(void *p)
 {
     tctx *t = (tctx *)p;
-    cudaStreamSynchronize(t->s);
     pthread_mutex_lock(&t->owner->mu);
     t->next = t->owner->free_list;
     t->owner->free_list = t;
@@ -271,6 +274,33 @@ static void cu_download(cb_backend *b, void *dst, const void *src, size_t nbytes
 static void cu_sync(cb_backend *b)
 {
     CK(cudaStreamSynchronize(T(b)->s));
+}
+
+static void *cu_event_new(cb_backend *b)
+{
+    cudaEvent_t ev;
+    T(b); /* on the backend's device */
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return (void *)ev;
+}
+
+static void cu_event_free(cb_backend *b, void *ev)
+{
+    T(b);
+    CK(cudaEventDestroy((cudaEvent_t)ev));
+}
+
+static void cu_event_record(cb_backend *b, void *ev)
+{
+    CK(cudaEventRecord((cudaEvent_t)ev, T(b)->s));
+}
+
+static void cu_event_wait(cb_backend *b, void *ev)
+{
+    CK(cudaStreamWaitEvent(T(b)->s, (cudaEvent_t)ev, 0));
 }
 
 /* ------------------------------------------------- element conversions */
@@ -974,6 +1004,10 @@ static void init_ops(void)
     o->upload = cu_upload;
     o->download = cu_download;
     o->sync = cu_sync;
+    o->event_new = cu_event_new;
+    o->event_free = cu_event_free;
+    o->event_record = cu_event_record;
+    o->event_wait = cu_event_wait;
     o->weight_new = cu_weight_new;
     o->weight_free = cu_weight_free;
     o->matmul = cu_matmul;

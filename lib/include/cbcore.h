@@ -443,7 +443,12 @@ cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos
 /* Load a chunk's K and V for one layer (f32 host [n, n_head_kv*head_dim])
  * into cache rows pos..pos+n-1, rotating K from the positions it was
  * computed at (from_pos0..) to its new ones: RoPE is a rotation, so this is
- * exact up to rounding.  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
+ * exact up to rounding.  k and v may be reused on return.  On a GPU the
+ * copy is queued on the calling thread's stream and marked with an event:
+ * work any thread queues on this layer afterwards (once the caller has
+ * handed the layer over, e.g. through a mutex) waits for it on the device;
+ * cb_model_sync waits for it on the host.  Errors: CB_ERR_RANGE,
+ * CB_ERR_NOMEM. */
 cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k, const float *v,
                           int32_t from_pos0);
 

@@ -35,12 +35,15 @@ cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_
     kv->width = (int64_t)hp->n_head_kv * hp->head_dim;
     kv->k = calloc((size_t)hp->n_layer, sizeof *kv->k);
     kv->v = calloc((size_t)hp->n_layer, sizeof *kv->v);
-    if (!kv->k || !kv->v)
+    kv->loaded = calloc((size_t)hp->n_layer, sizeof *kv->loaded);
+    if (!kv->k || !kv->v || !kv->loaded)
         goto oom;
     for (int l = 0; l < hp->n_layer; l++) {
         kv->k[l] = m->be->ops->alloc(m->be, esz * (size_t)(n_ctx * kv->width));
         kv->v[l] = m->be->ops->alloc(m->be, esz * (size_t)(n_ctx * kv->width));
         if (!kv->k[l] || !kv->v[l])
+            goto oom;
+        if (m->be->ops->event_new && !(kv->loaded[l] = m->be->ops->event_new(m->be)))
             goto oom;
     }
     *out = kv;
@@ -60,10 +63,23 @@ void cb_kvcache_free(cb_kvcache *kv)
             be->ops->dealloc(be, kv->k[l]);
         if (kv->v)
             be->ops->dealloc(be, kv->v[l]);
+        if (kv->loaded && kv->loaded[l])
+            be->ops->event_free(be, kv->loaded[l]);
     }
     free(kv->k);
     free(kv->v);
+    free(kv->loaded);
     free(kv);
+}
+
+/* Order this thread's next work on layer `layer` of the cache after the
+ * loads another thread queued into it (a device-side wait; nothing on the
+ * CPU). */
+static void kv_after_loads(const cb_kvcache *kv, int32_t layer)
+{
+    cb_backend *be = kv->m->be;
+    if (kv->loaded[layer])
+        be->ops->event_wait(be, kv->loaded[layer]);
 }
 
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv) { return kv->n_ctx; }
@@ -90,6 +106,7 @@ static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int3
     for (int32_t i = 0; i < n; i++)
         at[i] = pos0 + i;
     void *cache = which ? kv->v[layer] : kv->k[layer];
+    kv_after_loads(kv, layer);
     if (src) {
         be->ops->upload(be, tmp, src, bytes);
         be->ops->kv_write(be, cache, kv->type, kv->width, tmp, at, n);
@@ -257,6 +274,7 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     const cb_layer *L = &m->layers[layer];
 
     /* attention block: this layer's K/V of the rows, then attention over the cache */
+    kv_after_loads(kv, layer);
     o->kv_write(be, kv->k[layer], kv->type, dkv, f->k, f->sel_pos, n);
     o->kv_write(be, kv->v[layer], kv->type, dkv, f->v, f->sel_pos, n);
     o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head, hp->n_head_kv,
@@ -381,8 +399,8 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
     be->ops->upload(be, tmp, v, bytes);
     be->ops->kv_write(be, kv->v[layer], kv->type, kv->width, tmp, at, n);
     be->ops->dealloc(be, tmp);
-    if (be->ops->sync) /* in place on return: the loader thread hands the layer over */
-        be->ops->sync(be);
+    if (kv->loaded[layer]) /* other threads' work on this layer waits for this mark */
+        be->ops->event_record(be, kv->loaded[layer]);
     free(at);
     free(delta);
     return CB_OK;
@@ -430,6 +448,7 @@ cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int w
         return st;
     if (!(dev = be->ops->alloc(be, sizeof(float) * (size_t)n)))
         return CB_ERR_NOMEM;
+    kv_after_loads(kv, layer);
     be->ops->deviation(be, which ? f->v : f->k, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width,
                        f->sel_pos, n, dev);
     be->ops->topk(be, dev, n, k, top);

@@ -29,6 +29,8 @@ struct cb_kvcache {
     int32_t n_ctx;
     int64_t width;     /* n_head_kv * head_dim */
     void **k, **v;     /* per layer, backend [n_ctx, width] of type */
+    void **loaded;     /* per layer: an event marking the last cb_kvcache_load
+                        * into it (NULL when the backend has no events) */
 };
 
 #endif

@@ -19,7 +19,9 @@
  * Loading is pipelined: a loader thread reads and places layer l+1 of every
  * cached segment while layer l is computed; computing a layer waits only
  * until that layer is in place (it must: the computation overwrites the
- * selected rows' K/V in it). */
+ * selected rows' K/V in it).  On a GPU "in place" is two steps: the host
+ * waits until the loader has queued the layer's copies, the device until
+ * they are done (an event per cache layer, see cb_kvcache_load). */
 #include "cbcore.h"
 
 #include <math.h>
@@ -52,6 +54,7 @@ cb_blend_params cb_blend_defaults(void)
 /* ------------------------------------------------------------- loader */
 
 typedef struct loader {
+    const cb_model *m;
     const cb_segment *segs;
     int32_t n_segs, n_layer;
     const uint8_t *use;
@@ -104,6 +107,13 @@ static void loader_run(loader *ld)
         else
             ld->st = st, ld->err = err;
         pthread_cond_broadcast(&ld->cv);
+        pthread_mutex_unlock(&ld->mu);
+    }
+    if (st == CB_OK) { /* a device queues the copies: count them until they are done */
+        double t0 = now_ms();
+        cb_model_sync(ld->m);
+        pthread_mutex_lock(&ld->mu);
+        ld->busy_ms += now_ms() - t0;
         pthread_mutex_unlock(&ld->mu);
     }
     if (st != CB_OK && ld->st == CB_OK) {
@@ -256,6 +266,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     int any = 0;
     for (int32_t s = 0; s < n_segs; s++)
         any |= use[s];
+    ld.m = m;
     ld.segs = segs;
     ld.n_segs = n_segs;
     ld.n_layer = hp->n_layer;

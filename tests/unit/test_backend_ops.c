@@ -513,6 +513,66 @@ static int64_t c_threads(cb_backend *be, float *out)
     return 2 * 64 * 64;
 }
 
+typedef struct ev_arg {
+    cb_backend *be;
+    void *cache, *ev;
+    const float *src;
+    int32_t *at;
+    int64_t n, w;
+} ev_arg;
+
+/* the loader's half: queue writes into the cache, mark them */
+static void *ev_main(void *p)
+{
+    ev_arg *a = p;
+    cb_backend *be = a->be;
+    float *ds = bput(be, a->src, sizeof(float) * (size_t)(a->n * a->w));
+    for (int rep = 0; rep < 50; rep++) /* keep the device busy for a while */
+        be->ops->kv_write(be, a->cache, CB_TYPE_F32, a->w, ds, a->at, a->n);
+    if (a->ev)
+        be->ops->event_record(be, a->ev);
+    bfree(be, ds); /* freed after the writes, on this thread's queue */
+    return NULL;
+}
+
+/* one thread queues writes and marks them; after the host hand-off (the
+ * join) another reads the rows back, its work ordered after the mark by
+ * event_wait alone: no sync anywhere (cb-run's KV loader and compute) */
+static int64_t c_event(cb_backend *be, float *out)
+{
+    int64_t w = 256, n = 4096;
+    seed(14);
+    float *src = rand_vec(n * w, 1.0f);
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        at[i] = (int32_t)(n - 1 - i);
+    if (!be) {
+        for (int64_t i = 0; i < n; i++)
+            memcpy(out + at[i] * w, src + i * w, sizeof(float) * (size_t)w);
+    } else {
+        pthread_t th;
+        ev_arg a = {be, be->ops->alloc(be, sizeof(float) * (size_t)(n * w)), NULL, src, at, n, w};
+        if (be->ops->event_new)
+            a.ev = be->ops->event_new(be);
+        pthread_create(&th, NULL, ev_main, &a);
+        pthread_join(th, NULL);
+        if (a.ev)
+            be->ops->event_wait(be, a.ev);
+        int32_t *all = malloc(sizeof(int32_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            all[i] = (int32_t)i;
+        float *d = be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
+        be->ops->kv_read(be, a.cache, CB_TYPE_F32, w, all, n, d);
+        bget(be, out, d, sizeof(float) * (size_t)(n * w));
+        bfree(be, d), bfree(be, a.cache);
+        if (a.ev)
+            be->ops->event_free(be, a.ev);
+        free(all);
+    }
+    free(src), free(at);
+    return n * w;
+}
+
 /* ------------------------------------------------------------ driver */
 
 static double nmse(const float *ref, const float *got, int64_t n)
@@ -640,6 +700,7 @@ int main(void)
     run_case("topk 1001 of 3000 (ties)", c_topk, -1, -1);
     run_case("upload/download 12 MB", c_roundtrip, -1, -1);
     run_case("two threads at once", c_threads, -1, -1);
+    run_case("event hand-over between threads", c_event, -1, -1);
 
     if (cuda)
         cuda->ops->free(cuda);
