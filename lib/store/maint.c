@@ -82,20 +82,6 @@ static int change(cb_store *s, const char *sql, const char *key, int tier, int t
     return n;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int st_move(cb_store *s, const char *key, int from, int to, cb_store_gc_report *rep, cb_error *err)
 {
     char *src = st_entry_path(s, from, key, NULL), *dst = st_entry_path(s, to, key, NULL),
@@ -137,7 +123,7 @@ int st_move(cb_store *s, const char *key, int from, int to, cb_store_gc_report *
         if (strcmp(hex, r.checksum) == 0) {
             /* Intact: copy to the new tier (temporary name, fsync, rename). */
             out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (out < 0 || write_all(out, map, (size_t)sb.st_size) != 0 || fsync(out) != 0) {
+            if (out < 0 || st_write_all(out, map, (size_t)sb.st_size) != 0 || fsync(out) != 0) {
                 result = cb_error_set(err, out < 0 ? CB_ERR_CREATE : CB_ERR_IO, "%s: %s", tmp, strerror(errno));
                 unlink(tmp);
                 goto done;

@@ -925,7 +925,7 @@ static cb_status hash_file(const char *path, cb_hash128 *h, uint64_t *size, cb_e
     return CB_OK;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
+int st_write_all(int fd, const void *buf, size_t n)
 {
     const uint8_t *p = buf;
     while (n > 0) {
@@ -1165,7 +1165,7 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
         }
         int in = -1, bad;
         if (src->data)
-            bad = write_all(fd, src->data, (size_t)size);
+            bad = st_write_all(fd, src->data, (size_t)size);
         else
             bad = (in = open(src->path, O_RDONLY | O_CLOEXEC)) < 0 || copy_fd(in, fd, size) != 0;
         if (in >= 0)

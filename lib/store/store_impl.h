@@ -109,6 +109,8 @@ int64_t st_now_us(void);
 int st_key_valid(const char *key);
 /* fsync a directory (errors ignored: tmpfs and some filesystems refuse). */
 void st_fsync_dir(const char *dir);
+/* write all n bytes (retrying EINTR and short writes); 0, or -1 with errno */
+int st_write_all(int fd, const void *buf, size_t n);
 /* Open path and take an exclusive flock without waiting; -1 with errno
  * EWOULDBLOCK when a reader holds it, ENOENT when missing.  The descriptor
  * is checked to still be the file at path. */
