@@ -7,7 +7,7 @@
  * allocator (cudaMallocAsync; no managed memory).  Weights are uploaded once
  * in their GGUF encoding and dequantized on the device to f16 (bf16 for
  * bf16 tensors, which f16 cannot hold) by one kernel per type; the formulas
- * are lib/infer/dequant.h's, the CPU dequantizer's own.  Activations stay
+ * are lib/core/dequant.h's, the CPU dequantizer's own.  Activations stay
  * f32; a matrix product converts its input rows to the weight's 16-bit type
  * and multiplies with cublasGemmEx, f32 accumulation and f32 output.
  *
@@ -47,7 +47,7 @@ extern "C" {
 #include "../backend/backend.h"
 }
 #include "../backend/opmath.h"
-#include "../infer/dequant.h"
+#include "../core/dequant.h"
 
 /* ----------------------------------------------------------- errors */
 

@@ -1,5 +1,5 @@
 /* dequant.h - the per-element formulas of the GGUF block types, written once
- * for the CPU dequantizer (lib/infer/quant.c) and the CUDA dequantization
+ * for the CPU dequantizer (lib/core/quant.c) and the CUDA dequantization
  * kernels (lib/cuda/cuda.cu).  Plain C99 that also compiles as CUDA: every
  * function is CB_HD (host and device), takes the block's bytes and an index
  * inside it, and returns the floats ggml's reference code computes, in the
