@@ -91,9 +91,11 @@ typedef struct cb_backend_ops {
     /* Attention with an exact causal mask: query row i (q [n, n_head*hd],
      * position pos[i]) attends to cache rows 0..pos[i] of k and v (cache of
      * type t, rows of n_head_kv*hd); out [n, n_head*hd].  Head h uses KV
-     * head h / (n_head / n_head_kv).  Scores are scaled by `scale`. */
+     * head h / (n_head / n_head_kv).  Scores are scaled by `scale`.
+     * window > 0: a sliding-window layer, where row i sees only the keys
+     * pos[i]-window+1 .. pos[i] (gemma3's local layers); 0: all of 0..pos[i]. */
     void (*attention)(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
-                      cb_type t, int n_head, int n_head_kv, int hd, float scale, float *out);
+                      cb_type t, int n_head, int n_head_kv, int hd, float scale, int window, float *out);
     /* dst [n, d] = src rows idx[0..n) (src [*, d]); dst must not alias src */
     void (*gather)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
     /* dst rows idx[0..n) = src [n, d] */

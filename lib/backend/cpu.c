@@ -380,6 +380,7 @@ typedef struct att_job {
     const float *k, *v; /* f32 [n_keys, n_head_kv*hd] */
     int n_head, n_head_kv, hd;
     float scale;
+    int window; /* > 0: keys pos-window+1 .. pos only */
     float *out;
     int64_t n_blocks;
     int64_t n_keys;
@@ -406,7 +407,12 @@ __attribute__((optimize("O3"))) static void att_task(void *arg, int64_t task)
     for (int64_t r = 0; r < m; r++) {
         float *row = s + r * nk;
         int64_t lim = (int64_t)j->pos[i0 + r] + 1;
+        int64_t lo = j->window > 0 && lim > j->window ? lim - j->window : 0;
         float mx = -INFINITY, sum = 0;
+        for (int64_t c = 0; c < lo; c++)
+            row[c] = 0.0f;
+        row += lo;
+        lim -= lo;
         for (int64_t c = 0; c < lim; c++)
             mx = row[c] > mx ? row[c] : mx;
         for (int64_t c = 0; c < lim; c++)
@@ -416,7 +422,7 @@ __attribute__((optimize("O3"))) static void att_task(void *arg, int64_t task)
         float inv = 1.0f / sum;
         for (int64_t c = 0; c < lim; c++)
             row[c] *= inv;
-        for (int64_t c = lim; c < nk; c++)
+        for (int64_t c = lim; c < nk - lo; c++)
             row[c] = 0.0f;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, j->hd, (int)nk, 1.0f, s, (int)nk, j->v + kvh * j->hd,
@@ -440,7 +446,7 @@ static void cvt_task(void *arg, int64_t i)
 }
 
 static void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
-                          cb_type t, int n_head, int n_head_kv, int hd, float scale, float *out)
+                          cb_type t, int n_head, int n_head_kv, int hd, float scale, int window, float *out)
 {
     cpu_ctx *c = CTX(b);
     int32_t maxp = 0;
@@ -460,7 +466,8 @@ static void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int
         kf = tmp;
         vf = tmp + n_keys * width;
     }
-    att_job j = {q, pos, n, kf, vf, n_head, n_head_kv, hd, scale, out, (n + ATT_BLOCK - 1) / ATT_BLOCK, n_keys};
+    att_job j = {q,     pos, n,   kf, vf, n_head, n_head_kv, hd, scale, window,
+                 out, (n + ATT_BLOCK - 1) / ATT_BLOCK, n_keys};
     /* Tasks run concurrently on the pool: each sgemm must be single-threaded. */
     if (c->n_threads > 1)
         openblas_set_num_threads(1);

@@ -728,7 +728,8 @@ static void cu_kv_read(cb_backend *b, const void *cache, cb_type ty, int64_t wid
  * dimensions lane, lane+32, ...) are updated the online-softmax way:
  *   m' = max(m, max_j s_j);  acc = acc e^(m-m') + sum_j e^(s_j-m') v_j
  *   l  = l e^(m-m') + sum_j e^(s_j-m')
- * Keys past a row's own position get no weight: the exact causal mask.
+ * Keys past a row's own position get no weight: the exact causal mask; in a
+ * sliding-window layer neither do keys at or before pos - window.
  * Everything is f32; K/V are read as stored (f16 or f32). */
 enum { ATT_WARPS = 4, ATT_ROWS = 4, ATT_KT = 32, ATT_HD_MAX = 256, ATT_DPL = ATT_HD_MAX / 32 };
 
@@ -754,7 +755,7 @@ __device__ __forceinline__ float warp_sum(float v)
 template <typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_attention(const float *q, const int32_t *pos, int64_t n, const T *k, const T *v, int n_head, int n_head_kv,
-                int hd, float scale, float *out)
+                int hd, float scale, int window, float *out)
 {
     extern __shared__ float sm[];
     __shared__ int s_maxp;
@@ -806,19 +807,22 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         const int key = k0 + lane;
 #pragma unroll
         for (int r = 0; r < ATT_ROWS; r++) {
-            if (myp[r] < k0) /* the whole tile is past this row (same in every lane) */
+            /* lowest visible key of this row (the window's first, else 0) */
+            const int lo = window > 0 && myp[r] >= window ? myp[r] - window + 1 : 0;
+            if (myp[r] < k0 || k0 + ATT_KT <= lo) /* no key of the tile is visible (same in every lane) */
                 continue;
+            const bool vis = key <= myp[r] && key >= lo;
             const float *qr = Qs + (warp * ATT_ROWS + r) * hd;
             float s = -INFINITY;
-            if (key <= myp[r]) {
+            if (vis) {
                 float dot = 0.0f;
                 for (int d = 0; d < hd; d++)
                     dot += qr[d] * Ks[lane * ldk + d];
                 s = dot;
             }
-            const float mnew = fmaxf(m[r], warp_max(s)); /* finite: key k0 is visible */
+            const float mnew = fmaxf(m[r], warp_max(s)); /* finite: a key of the tile is visible */
             const float corr = expf(m[r] - mnew);        /* 0 on the first tile */
-            const float p = key <= myp[r] ? expf(s - mnew) : 0.0f;
+            const float p = vis ? expf(s - mnew) : 0.0f;
             l[r] = l[r] * corr + warp_sum(p);
 #pragma unroll
             for (int c = 0; c < ATT_DPL; c++)
@@ -852,7 +856,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 }
 
 static void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
-                         cb_type ty, int n_head, int n_head_kv, int hd, float scale, float *out)
+                         cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out)
 {
     tctx *t = T(b);
     if (n == 0)
@@ -864,10 +868,10 @@ static void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int6
     size_t smem = att_smem(hd);
     if (ty == CB_TYPE_F32)
         k_attention<float><<<grid, ATT_WARPS * 32, smem, t->s>>>(q, dpos, n, (const float *)k, (const float *)v,
-                                                                n_head, n_head_kv, hd, scale, out);
+                                                                n_head, n_head_kv, hd, scale, window, out);
     else
         k_attention<__half><<<grid, ATT_WARPS * 32, smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v,
-                                                                 n_head, n_head_kv, hd, scale, out);
+                                                                 n_head, n_head_kv, hd, scale, window, out);
     CKL();
 }
 

@@ -278,7 +278,7 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     o->kv_write(be, kv->k[layer], kv->type, dkv, f->k, f->sel_pos, n);
     o->kv_write(be, kv->v[layer], kv->type, dkv, f->v, f->sel_pos, n);
     o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head, hp->n_head_kv,
-                 hp->head_dim, 1.0f / sqrtf((float)hp->head_dim), f->att);
+                 hp->head_dim, 1.0f / sqrtf((float)hp->head_dim), 0, f->att);
     o->matmul(be, L->wo, f->att, f->xn, n);
     o->add(be, x, f->xn, n * d);
 

@@ -286,10 +286,11 @@ static int64_t c_kv(cb_backend *be, float *out)
     return nr * w;
 }
 
-static int att_hd, att_nq;
+static int att_hd, att_nq, att_window;
 
 /* attention of att_nq query rows at arbitrary positions (out of order,
- * gaps, the last key) over a 150-row cache, 6 heads over 2 KV heads */
+ * gaps, the last key) over a 150-row cache, 6 heads over 2 KV heads;
+ * att_window > 0: a sliding-window layer */
 static int64_t c_attention(cb_backend *be, float *out)
 {
     int n_head = 6, n_head_kv = 2, hd = att_hd;
@@ -308,18 +309,19 @@ static int64_t c_attention(cb_backend *be, float *out)
             for (int h = 0; h < n_head; h++) {
                 int kh = h / (n_head / n_head_kv);
                 double mx = -INFINITY, sum = 0;
-                for (int64_t c = 0; c <= pos[i]; c++) {
+                int64_t lo = att_window > 0 && pos[i] >= att_window ? pos[i] - att_window + 1 : 0;
+                for (int64_t c = lo; c <= pos[i]; c++) {
                     double d = 0;
                     for (int e = 0; e < hd; e++)
                         d += (double)q[i * dq + h * hd + e] * k[c * w + kh * hd + e];
                     s[c] = d * scale;
                     mx = s[c] > mx ? s[c] : mx;
                 }
-                for (int64_t c = 0; c <= pos[i]; c++)
+                for (int64_t c = lo; c <= pos[i]; c++)
                     sum += (s[c] = exp(s[c] - mx));
                 for (int e = 0; e < hd; e++) {
                     double o = 0;
-                    for (int64_t c = 0; c <= pos[i]; c++)
+                    for (int64_t c = lo; c <= pos[i]; c++)
                         o += s[c] / sum * v[c * w + kh * hd + e];
                     out[i * dq + h * hd + e] = (float)o;
                 }
@@ -337,7 +339,7 @@ static int64_t c_attention(cb_backend *be, float *out)
         float *dout = be->ops->alloc(be, sizeof(float) * (size_t)(n * dq));
         be->ops->kv_write(be, kc, kv_type, w, dk, all, n_ctx);
         be->ops->kv_write(be, vc, kv_type, w, dv, all, n_ctx);
-        be->ops->attention(be, dq_, pos, n, kc, vc, kv_type, n_head, n_head_kv, hd, scale, dout);
+        be->ops->attention(be, dq_, pos, n, kc, vc, kv_type, n_head, n_head_kv, hd, scale, att_window, dout);
         bget(be, out, dout, sizeof(float) * (size_t)(n * dq));
         bfree(be, kc), bfree(be, vc), bfree(be, dk), bfree(be, dv), bfree(be, dq_), bfree(be, dout);
         free(all);
@@ -690,6 +692,14 @@ int main(void)
         att_hd = 64, att_nq = 1;
         snprintf(name, sizeof name, "attention %s hd 64 1 row", f16 ? "f16" : "f32");
         run_case(name, c_attention, 1e-10, 1e-9);
+        /* windows: narrower than a CUDA key tile, several tiles, and wider than the cache */
+        for (int wi = 0; wi < 3; wi++) {
+            static const int wins[3] = {7, 70, 512};
+            att_hd = 64, att_nq = 40, att_window = wins[wi];
+            snprintf(name, sizeof name, "attention %s hd 64 40 rows window %d", f16 ? "f16" : "f32", att_window);
+            run_case(name, c_attention, 1e-10, 1e-9);
+        }
+        att_window = 0;
         snprintf(name, sizeof name, "deviation %s", f16 ? "f16" : "f32");
         run_case(name, c_deviation, 1e-12, 1e-10);
     }
