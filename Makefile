@@ -45,7 +45,7 @@ else
 Q := @
 endif
 
-LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c lib/kv/*.c lib/store/*.c lib/backend/*.c))
+LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c lib/kv/*.c lib/store/*.c lib/backend/*.c lib/prompt/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(BUILD)/src/cli.o
 PROGS    := $(patsubst src/%.c,%,$(sort $(wildcard src/cb-*.c)))

@@ -1507,6 +1507,7 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
                 return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
             }
             r->fd = fd;
+            r->tier = t;
             r->path = p;
             r->size = (uint64_t)a.st_size;
             *out = r;
@@ -1533,6 +1534,8 @@ cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, con
 }
 
 uint64_t cb_store_ref_size(const cb_store_ref *ref) { return ref ? ref->size : 0; }
+
+int cb_store_ref_tier(const cb_store_ref *ref) { return ref ? ref->tier : -1; }
 
 void cb_store_release(cb_store_ref *ref)
 {

@@ -68,6 +68,7 @@ struct cb_store {
 
 struct cb_store_ref {
     int fd;
+    int tier;      /* the tier whose file fd is */
     uint64_t size;
     char *path;
 };
