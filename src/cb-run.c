@@ -1,12 +1,10 @@
-/* cb-run - run a model over a prompt and stream its answer.
+/* cb-run - answer a prompt: full prefill, or blend the chunks' cached KV
+ * with selective recompute (the prompt, its caches and the generation loop
+ * are libcbcore's: cb_prompt_*, cb_blend_prefill, cb_generate); here are
+ * the options, the output and the stats.
  *
- *   cb-run [-m MODEL] [-p TEXT | -f FILE | stdin] [--system TEXT] [--raw]
- *          [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [-s SEED]
- *          [-c CTX] [--stop STR]... [--mode full] [--stats FILE|-] [-t N]
- *   cb-run --tokenize | --detokenize ...
- *
- * This build has --mode full (ordinary prefill); the cache modes come with
- * the store and the fusor. */
+ *   cb-run [-m MODEL] [-p TEXT | -f FILE | stdin] [--chunks FILE] [--mode M] ...
+ *   cb-run --tokenize | --detokenize ... */
 #include "cli.h"
 
 #include <errno.h>
@@ -231,55 +229,8 @@ static cb_status sink_write(void *ctx, const char *p, size_t n)
     return CB_OK;
 }
 
-static const char *mode_name(cb_blend_mode m)
-{
-    static const char *const names[] = {"full", "prefix", "reuse", "blend"};
-    return names[m];
-}
-
-static const char *strategy_name(cb_blend_strategy s)
-{
-    static const char *const names[] = {"hkvd", "sink", "query"};
-    return names[s];
-}
-
-/* Read the chunk records: one JSON object per line with a "text" string
- * ("kv" and every other field are ignored; the key is recomputed from the
- * tokens, so a record from another model or lead-in cannot mislead). */
-static int read_chunks(const char *path, json_t **out)
-{
-    int code = 0;
-    size_t len;
-    char *all = cli_read_input(path, &len, &code);
-    const char *name = strcmp(path, "-") == 0 ? "(stdin)" : path;
-    json_t *arr = json_array();
-    if (!all) {
-        json_decref(arr);
-        return code;
-    }
-    long lineno = 0;
-    for (char *line = all, *nl; line && *line; line = nl) {
-        nl = strchr(line, '\n');
-        if (nl)
-            *nl++ = 0;
-        lineno++;
-        if (strspn(line, " \t\r") == strlen(line))
-            continue;
-        json_error_t jerr;
-        json_t *o = json_loads(line, 0, &jerr);
-        if (!o || !json_is_object(o) || !json_is_string(json_object_get(o, "text"))) {
-            cli_err("%s:%ld: %s", name, lineno, !o ? jerr.text : "not a chunk record (no \"text\" string)");
-            json_decref(o);
-            json_decref(arr);
-            free(all);
-            return CLI_EX_DATAERR;
-        }
-        json_array_append_new(arr, o);
-    }
-    free(all);
-    *out = arr;
-    return 0;
-}
+static const char *const mode_names[] = {"full", "prefix", "reuse", "blend"};
+static const char *const strategy_names[] = {"hkvd", "sink", "query"};
 
 static void warn(void *ctx, const char *msg)
 {
@@ -322,7 +273,7 @@ static int run_open(run *r)
     int code;
     double t = cb_now_ms();
 
-    if (o->chunks_path && (code = read_chunks(o->chunks_path, &r->chunks)) != 0)
+    if (o->chunks_path && (code = cli_read_records(o->chunks_path, "text", (void **)&r->chunks)) != 0)
         return code;
     if ((st = cb_model_load(&r->m, o->model, &mp, &err)) != CB_OK) {
         cli_err("%s", err.msg);
@@ -383,7 +334,7 @@ static int run_prompt(run *r, const char *text, size_t len)
              cb_model_device(r->m), r->t_load);
     cli_info("chat template %s; prompt %lld tokens in %d segments, %d chunks (%d without cache); mode %s",
              cb_chat_name(cb_prompt_chat(r->pr)), (long long)r->total, r->n_segs, cb_prompt_n_chunks(r->pr),
-             cb_prompt_n_missing(r->pr), mode_name(r->bp.mode));
+             cb_prompt_n_missing(r->pr), mode_names[r->bp.mode]);
     return 0;
 }
 
@@ -488,14 +439,14 @@ static int run_stats(run *r)
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, s:s, "
         "s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I}",
-        "mode", mode_name(bp->mode), "n_prompt_tokens", (json_int_t)r->total, "n_cached_tokens",
+        "mode", mode_names[bp->mode], "n_prompt_tokens", (json_int_t)r->total, "n_cached_tokens",
         (json_int_t)bs->n_cached_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
         "ttft_ms", r->gr.first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
         (json_int_t)r->gr.n_gen, "gen_ms", r->gen_ms, "recompute_ms", bs->recompute_ms, "n_selected", sel,
         "prefill_tok_s", r->total / (bs->prefill_ms / 1e3), "gen_tok_s",
         r->gr.n_gen ? r->gr.n_gen / (r->gen_ms / 1e3) : 0.0, "stop", r->gr.stop, "n_chunks",
         cb_prompt_n_chunks(r->pr), "n_chunks_missing", cb_prompt_n_missing(r->pr), "n_chunks_stored", r->n_stored,
-        "check_layer", bp->check_layer, "strategy", strategy_name(bp->strategy), "deviation",
+        "check_layer", bp->check_layer, "strategy", strategy_names[bp->strategy], "deviation",
         bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(r->m), "device",
         cb_model_device(r->m), "chat_template", cb_chat_name(cb_prompt_chat(r->pr)), "kv_type",
         cb_type_name(o->kv_type), "model_load_ms", r->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
@@ -638,14 +589,12 @@ static int parse_ratios(const char *arg, cb_blend_params *bp)
 /* Blending and cache options; 1 when c is not one of them, -1 on a usage error. */
 static int blend_opt(gen_opts *o, int c, const char *arg)
 {
-    static const char *const modes[] = {"full", "prefix", "reuse", "blend"};
-    static const char *const strategies[] = {"hkvd", "sink", "query"};
     static const char *const devs[] = {"k", "v"};
     double d;
     int e;
     switch (c) {
     case OPT_MODE:
-        if (parse_enum("--mode", arg, modes, 4, &e))
+        if (parse_enum("--mode", arg, mode_names, 4, &e))
             return -1;
         o->bp.mode = (cb_blend_mode)e;
         o->mode_given = 1;
@@ -673,7 +622,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.deviation_v = e;
         return 0;
     case OPT_STRATEGY:
-        if (parse_enum("--strategy", arg, strategies, 3, &e))
+        if (parse_enum("--strategy", arg, strategy_names, 3, &e))
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
@@ -737,38 +686,22 @@ static int gen_opt(gen_opts *o, cli_run *cr, int c, const char *arg)
 static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
 {
     static const struct option opts[] = {
-        {"tokenize", no_argument, 0, OPT_TOKENIZE},
-        {"detokenize", no_argument, 0, OPT_DETOKENIZE},
-        {"special", no_argument, 0, OPT_SPECIAL},
-        {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},
-        {"system", required_argument, 0, OPT_SYSTEM},
-        {"raw", no_argument, 0, OPT_RAW},
-        {"n-predict", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, OPT_TEMP},
-        {"top-k", required_argument, 0, OPT_TOPK},
-        {"top-p", required_argument, 0, OPT_TOPP},
-        {"min-p", required_argument, 0, OPT_MINP},
-        {"seed", required_argument, 0, 's'},
-        {"stop", required_argument, 0, OPT_STOP},
-        {"ctx", required_argument, 0, 'c'},
-        {"mode", required_argument, 0, OPT_MODE},
-        {"kv-type", required_argument, 0, OPT_KVTYPE},
-        {"stats", required_argument, 0, OPT_STATS},
-        {"chunks", required_argument, 0, OPT_CHUNKS},
-        {"ratio", required_argument, 0, OPT_RATIO},
-        {"min-ratio", required_argument, 0, OPT_MINRATIO},
-        {"logits-out", required_argument, 0, OPT_LOGITS},
-        {"ratios", required_argument, 0, OPT_RATIOS},
-        {"check-layer", required_argument, 0, OPT_CHECK},
-        {"deviation", required_argument, 0, OPT_DEVIATION},
-        {"strategy", required_argument, 0, OPT_STRATEGY},
-        {"sink-tokens", required_argument, 0, OPT_SINK},
-        {"verify", no_argument, 0, OPT_VERIFY},
-        {"no-store-write", no_argument, 0, OPT_NOSTORE},
-        CLI_COMMON_OPTS,
-        CLI_STORE_OPT,
-        CLI_DEVICE_OPT,
+        {"tokenize", no_argument, 0, OPT_TOKENIZE}, {"detokenize", no_argument, 0, OPT_DETOKENIZE},
+        {"special", no_argument, 0, OPT_SPECIAL}, {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'}, {"system", required_argument, 0, OPT_SYSTEM},
+        {"raw", no_argument, 0, OPT_RAW}, {"n-predict", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP}, {"min-p", required_argument, 0, OPT_MINP},
+        {"seed", required_argument, 0, 's'}, {"stop", required_argument, 0, OPT_STOP},
+        {"ctx", required_argument, 0, 'c'}, {"mode", required_argument, 0, OPT_MODE},
+        {"kv-type", required_argument, 0, OPT_KVTYPE}, {"stats", required_argument, 0, OPT_STATS},
+        {"chunks", required_argument, 0, OPT_CHUNKS}, {"ratio", required_argument, 0, OPT_RATIO},
+        {"min-ratio", required_argument, 0, OPT_MINRATIO}, {"logits-out", required_argument, 0, OPT_LOGITS},
+        {"ratios", required_argument, 0, OPT_RATIOS}, {"check-layer", required_argument, 0, OPT_CHECK},
+        {"deviation", required_argument, 0, OPT_DEVIATION}, {"strategy", required_argument, 0, OPT_STRATEGY},
+        {"sink-tokens", required_argument, 0, OPT_SINK}, {"verify", no_argument, 0, OPT_VERIFY},
+        {"no-store-write", no_argument, 0, OPT_NOSTORE}, CLI_COMMON_OPTS,
+        CLI_STORE_OPT, CLI_DEVICE_OPT,
         {0, 0, 0, 0},
     };
     int c, r;

@@ -270,3 +270,41 @@ int cli_write_json(const char *path, const void *json_obj)
     free(s2);
     return code;
 }
+
+int cli_read_records(const char *path, const char *field, void **out)
+{
+    int code = 0;
+    size_t len;
+    char *all = cli_read_input(path, &len, &code);
+    const char *name = strcmp(path, "-") == 0 ? "(stdin)" : path;
+    json_t *arr = json_array();
+    if (!all) {
+        json_decref(arr);
+        return code;
+    }
+    long lineno = 0;
+    for (char *line = all, *nl; line && *line; line = nl) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl++ = 0;
+        lineno++;
+        if (strspn(line, " \t\r") == strlen(line))
+            continue;
+        json_error_t jerr;
+        json_t *o = json_loads(line, 0, &jerr);
+        if (!o || !json_is_object(o) || !json_is_string(json_object_get(o, field))) {
+            if (!o)
+                cli_err("%s:%ld: %s", name, lineno, jerr.text);
+            else
+                cli_err("%s:%ld: not a chunk record (no \"%s\" string)", name, lineno, field);
+            json_decref(o);
+            json_decref(arr);
+            free(all);
+            return CLI_EX_DATAERR;
+        }
+        json_array_append_new(arr, o);
+    }
+    free(all);
+    *out = arr;
+    return 0;
+}

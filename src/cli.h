@@ -59,6 +59,12 @@ char *cli_utf8_clean(const char *s, size_t n);
  * byte offset.  Returns 0, 65 (bad data) or 70 (out of memory). */
 int cli_parse_ids(const char *text, size_t len, const char *name, int32_t n_vocab, cb_tokens *ids);
 
+/* Read JSON Lines records (path "-": stdin) into a jansson array (*out, a
+ * json_t *), each an object with a string `field`; blank lines are
+ * skipped.  Prints a message naming the line on failure; returns 0, 65
+ * (a bad record) or the exit status of cli_read_input. */
+int cli_read_records(const char *path, const char *field, void **out);
+
 /* Write one JSON object and a newline to path ("-": stderr) atomically.
  * Prints a message on failure; returns 0 or an exit status. */
 int cli_write_json(const char *path, const void *json_obj);
