@@ -1159,8 +1159,9 @@ double cb_logits_kl(const float *lp, const float *lq, int32_t n, int *top1);
  * one segment each (sep is the tokens of a blank line); a chunk's tokens
  * are those of its text alone, so they are exactly the ones its KV file was
  * computed for (cb_kv_precompute after cb_kv_lead_in), and its store key is
- * cb_kv_key(model, cb_kv_tokens_hash(lead-in, tokens)).  Chunks whose text
- * has no tokens add nothing.  The prompt borrows its model. */
+ * cb_kv_key(model, cb_kv_tokens_hash(lead-in, tokens)).  A chunk whose
+ * text has no tokens adds only its separator.  The prompt borrows its
+ * model. */
 typedef struct cb_prompt cb_prompt;
 
 /* Build the segments: `system` (NULL: none) and the question go through
