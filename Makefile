@@ -81,7 +81,7 @@ endif
 endif
 
 .SECONDARY:
-.PHONY: all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format
+.PHONY: all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format funclen
 
 all: lib progs ## build the library and the programs (default)
 
@@ -188,6 +188,9 @@ clean: ## remove build outputs
 
 format: ## clang-format every C source in place
 	clang-format -i $(LIB_SRC) lib/include/cbcore.h src/*.c src/*.h tests/unit/*.c tests/unit/*.h tests/gen/*.c
+
+funclen: ## the longest functions in lib/ and src/ (universal-ctags); fails past 200 lines
+	@sh scripts/funclen.sh 15 200
 
 help: ## this list
 	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1]"

@@ -21,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* Archives nested deeper than this are taken as plain documents. */
@@ -114,12 +113,7 @@ typedef struct dirstack {
     const struct dirstack *up;
 } dirstack;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return cb_now_ms() / 1e3; }
 
 static void fail(ctx *x, int code)
 {

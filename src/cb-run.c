@@ -384,12 +384,14 @@ static int run_verify(run *r)
     sink full_sm = {NULL, 1, NULL, 0, 0}, greedy_sm = {NULL, 1, NULL, 0, 0};
     float *vlogits = malloc(sizeof(float) * (size_t)n_vocab);
     double full_ms = 0, kl = 0;
-    int ok = vlogits != NULL, top1 = 0;
+    int top1 = 0;
+    cb_status st = vlogits ? CB_OK : CB_ERR_NOMEM;
     cb_error err;
 
+    cb_error_set(&err, st, "%s", cb_strerror(st));
     gp.sp.temp = 0;
     fp.mode = CB_MODE_FULL;
-    for (int pass = 0; ok && pass < 2; pass++) {
+    for (int pass = 0; st == CB_OK && pass < 2; pass++) {
         /* pass 0: full prefill; pass 1: this mode again, greedily, when the run sampled */
         if (pass == 1 && o->sp.temp <= 0)
             break;
@@ -398,19 +400,22 @@ static int run_verify(run *r)
         cb_blend_stats bs2;
         cb_gen_result g2;
         double tv = cb_now_ms();
-        ok = cb_kvcache_new(&kv2, r->m, (int32_t)r->n_ctx, o->kv_type) == CB_OK &&
-             cb_fwd_new(&f2, r->m, (int32_t)r->total) == CB_OK &&
-             cb_blend_prefill(f2, kv2, r->segs, r->n_segs, pass ? &r->bp : &fp, vlogits, &bs2, &err) == CB_OK;
-        if (ok && pass == 0) {
+        if ((st = cb_kvcache_new(&kv2, r->m, (int32_t)r->n_ctx, o->kv_type)) != CB_OK ||
+            (st = cb_fwd_new(&f2, r->m, (int32_t)r->total)) != CB_OK)
+            cb_error_set(&err, st, "%s", cb_strerror(st));
+        else
+            st = cb_blend_prefill(f2, kv2, r->segs, r->n_segs, pass ? &r->bp : &fp, vlogits, &bs2, &err);
+        if (st == CB_OK && pass == 0) {
             full_ms = cb_now_ms() - tv;
             kl = cb_logits_kl(vlogits, r->first_logits, n_vocab, &top1);
         }
-        ok = ok && cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, sink_write, pass ? &greedy_sm : &full_sm,
-                               tv, &g2) == CB_OK;
+        if (st == CB_OK && (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, sink_write,
+                                             pass ? &greedy_sm : &full_sm, tv, &g2)) != CB_OK)
+            cb_error_set(&err, st, "generation: %s", cb_strerror(st));
         cb_fwd_free(f2);
         cb_kvcache_free(kv2);
     }
-    if (ok) {
+    if (st == CB_OK) {
         const char *mine = o->sp.temp > 0 ? greedy_sm.all : r->sm.all, *full = full_sm.all;
         int same = strcmp(mine ? mine : "", full ? full : "") == 0;
         char *clean = cli_utf8_clean(full ? full : "", full ? full_sm.all_len : 0);
@@ -418,11 +423,11 @@ static int run_verify(run *r)
                               "full_prefill_ms", full_ms, "full_answer", clean ? clean : "");
         free(clean);
     } else {
-        cli_err("--verify: the full-prefill comparison failed");
+        cli_err("--verify: the full-prefill comparison failed: %s", err.msg);
     }
     free(full_sm.all), free(greedy_sm.all);
     free(vlogits);
-    return ok ? 0 : CLI_EX_SOFTWARE;
+    return st == CB_OK ? 0 : CLI_EX_SOFTWARE;
 }
 
 static int run_stats(run *r)

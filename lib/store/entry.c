@@ -177,97 +177,84 @@ typedef struct put_src {
     int first_tier;    /* the fastest tier it may go to */
 } put_src;
 
-static cb_status put_common(cb_store *s, const put_src *src, const char *key, const char *model, int64_t n_tokens,
-                            uint64_t size, cb_hash128 sum, int *existed, cb_error *err)
+/* The row of a reservation (state 0, owned by this handle), in its own
+ * transaction. */
+static cb_status reserve_row(cb_store *s, const char *key, const char *model, int tier, uint64_t size,
+                             int64_t n_tokens, const char *sumhex, cb_error *err)
 {
-    char sumhex[33];
-    char *tmp = NULL, *fin = NULL;
-    int tier = -1, fd = -1, reserved = 0, exists = 0;
+    sqlite3_stmt *q;
     cb_status st;
-
-    if (existed)
-        *existed = 0;
-    if ((st = st_owner(s, err)) != CB_OK)
+    if ((st = st_begin(s, err)) != CB_OK)
         return st;
-    cb_hash128_hex(sum, sumhex);
+    if (!(q = st_stmt(s, SQL_RESERVE, err))) {
+        st_rollback(s);
+        return err ? err->status : CB_ERR_IO;
+    }
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, model, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 3, s->tiers[tier].name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 4, (sqlite3_int64)size);
+    sqlite3_bind_int64(q, 5, n_tokens);
+    sqlite3_bind_int64(q, 6, st_now_us());
+    sqlite3_bind_text(q, 7, sumhex, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 8, s->owner, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    sqlite3_reset(q);
+    if (rc != SQLITE_DONE) {
+        st_rollback(s);
+        return st_dberr(s, rc, "reserve", err);
+    }
+    if ((st = st_commit(s, err)) != CB_OK)
+        st_rollback(s);
+    return st;
+}
 
-    /* 1. Reserve room in the fastest tier that has it after eviction. */
+/* 1. Under the store lock: unless key exists (*exists), reserve room in the
+ * fastest tier from src->first_tier that has it after eviction (*tier). */
+static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, const char *model, int64_t n_tokens,
+                             uint64_t size, const char *sumhex, int *tier, int *exists, cb_error *err)
+{
+    cb_status st;
+    *tier = -1;
     if ((st = st_lock(s, err)) != CB_OK)
         return st;
-    if ((st = existing(s, key, &exists, err)) != CB_OK || exists) {
-        st_unlock(s);
-        if (exists && existed)
-            *existed = 1;
-        return st;
-    }
-    for (int t = src->first_tier; t < s->n_tiers && tier < 0; t++) {
+    if ((st = existing(s, key, exists, err)) != CB_OK || *exists)
+        goto out;
+    for (int t = src->first_tier; t < s->n_tiers && *tier < 0; t++) {
         if (s->tiers[t].cap && size > s->tiers[t].cap)
             continue;
         st = st_make_room(s, t, size, NULL, NULL, err);
         if (st == CB_OK)
-            tier = t;
-        else if (st != CB_ERR_CREATE) {
-            st_unlock(s);
-            return st;
-        }
+            *tier = t;
+        else if (st != CB_ERR_CREATE)
+            goto out;
     }
-    if (tier < 0) {
-        st_unlock(s);
-        return cb_error_set(err, CB_ERR_CREATE,
-                            "%s: no tier has room for %llu bytes (the entries that would have to go are pinned or in use)",
-                            key, (unsigned long long)size);
+    if (*tier < 0) {
+        st = cb_error_set(err, CB_ERR_CREATE,
+                          "%s: no tier has room for %llu bytes (the entries that would have to go are pinned or in use)",
+                          key, (unsigned long long)size);
+        goto out;
     }
-    {
-        sqlite3_stmt *q;
-        int64_t now = st_now_us();
-        if ((st = st_begin(s, err)) != CB_OK) {
-            st_unlock(s);
-            return st;
-        }
-        if (!(q = st_stmt(s, SQL_RESERVE, err))) {
-            st_rollback(s);
-            st_unlock(s);
-            return err ? err->status : CB_ERR_IO;
-        }
-        sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
-        sqlite3_bind_text(q, 2, model, -1, SQLITE_STATIC);
-        sqlite3_bind_text(q, 3, s->tiers[tier].name, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(q, 4, (sqlite3_int64)size);
-        sqlite3_bind_int64(q, 5, n_tokens);
-        sqlite3_bind_int64(q, 6, now);
-        sqlite3_bind_text(q, 7, sumhex, -1, SQLITE_STATIC);
-        sqlite3_bind_text(q, 8, s->owner, -1, SQLITE_STATIC);
-        int rc = sqlite3_step(q);
-        sqlite3_reset(q);
-        if (rc != SQLITE_DONE) {
-            st_rollback(s);
-            st_unlock(s);
-            return st_dberr(s, rc, "reserve", err);
-        }
-        if ((st = st_commit(s, err)) != CB_OK) {
-            st_rollback(s);
-            st_unlock(s);
-            return st;
-        }
-        reserved = 1;
-    }
+    if ((st = reserve_row(s, key, model, *tier, size, n_tokens, sumhex, err)) != CB_OK)
+        *tier = -1;
+out:
     st_unlock(s);
+    return st;
+}
 
-    /* 2. Write the temporary file, fsync, verify, rename, fsync the directory. */
-    tmp = st_entry_path(s, tier, key, s->owner);
-    fin = st_entry_path(s, tier, key, NULL);
-    if (!tmp || !fin) {
-        st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
+/* 2. The temporary file tmp: written (or the movable source renamed to it),
+ * fsynced, verified; then renamed to fin and the directory fsynced. */
+static cb_status put_write(cb_store *s, const put_src *src, const char *key, uint64_t size, cb_hash128 sum, int tier,
+                           const char *tmp, const char *fin, cb_error *err)
+{
+    cb_status st = CB_OK;
+    int fd;
     if (src->path && src->movable && rename(src->path, tmp) == 0) {
         fd = open(tmp, O_RDONLY | O_CLOEXEC);
     } else {
         fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) {
-            st = cb_error_set(err, CB_ERR_CREATE, "%s: %s", tmp, strerror(errno));
-            goto fail;
-        }
+        if (fd < 0)
+            return cb_error_set(err, CB_ERR_CREATE, "%s: %s", tmp, strerror(errno));
         int in = -1, bad;
         if (src->data)
             bad = st_write_all(fd, src->data, (size_t)size);
@@ -277,89 +264,109 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
             close(in);
         if (bad) {
             st = cb_error_set(err, CB_ERR_IO, "%s: write: %s", tmp, strerror(errno));
-            goto fail;
+            close(fd);
+            return st;
         }
     }
-    if (fd < 0 || fsync(fd) != 0) {
+    if (fd < 0 || fsync(fd) != 0)
         st = cb_error_set(err, CB_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    close(fd);
-    fd = -1;
+    if (fd >= 0)
+        close(fd);
+    if (st != CB_OK)
+        return st;
     if (src->data) {
         /* The bytes were not verified yet: the written file is, in full. */
         char k2[66], m2[33];
         int64_t nt;
         uint64_t sz;
         if ((st = check_kvfile(tmp, k2, m2, &nt, &sz, err)) != CB_OK)
-            goto fail;
-        if (strcmp(k2, key) != 0) {
-            st = cb_error_set(err, CB_ERR_INVALID, "%s: the file's key is %s", key, k2);
-            goto fail;
-        }
+            return st;
+        if (strcmp(k2, key) != 0)
+            return cb_error_set(err, CB_ERR_INVALID, "%s: the file's key is %s", key, k2);
     } else {
         /* A copy of a verified file: the copy must hash as its source did. */
         cb_hash128 h;
         uint64_t sz;
         if ((st = hash_file(tmp, &h, &sz, err)) != CB_OK)
-            goto fail;
-        if (!cb_hash128_eq(h, sum) || sz != size) {
-            st = cb_error_set(err, CB_ERR_IO, "%s: the copy differs from %s", tmp, src->path);
-            goto fail;
-        }
+            return st;
+        if (!cb_hash128_eq(h, sum) || sz != size)
+            return cb_error_set(err, CB_ERR_IO, "%s: the copy differs from %s", tmp, src->path);
     }
-    if (rename(tmp, fin) != 0) {
-        st = cb_error_set(err, CB_ERR_CREATE, "%s: rename: %s", fin, strerror(errno));
-        goto fail;
-    }
+    if (rename(tmp, fin) != 0)
+        return cb_error_set(err, CB_ERR_CREATE, "%s: rename: %s", fin, strerror(errno));
     st_fsync_dir(s->tiers[tier].path);
+    return CB_OK;
+}
 
-    /* 3. Visible. */
-    {
-        sqlite3_stmt *q;
-        if ((st = st_begin(s, err)) != CB_OK)
-            goto fail_fin;
-        if (!(q = st_stmt(s, SQL_READY, err))) {
-            st = err ? err->status : CB_ERR_IO;
-            st_rollback(s);
-            goto fail_fin;
-        }
+/* 3. Visible: the reservation becomes a stored entry. */
+static cb_status put_publish(cb_store *s, const char *key, cb_error *err)
+{
+    sqlite3_stmt *q;
+    cb_status st;
+    int n;
+    if ((st = st_begin(s, err)) != CB_OK)
+        return st;
+    if (!(q = st_stmt(s, SQL_READY, err))) {
+        st_rollback(s);
+        return err ? err->status : CB_ERR_IO;
+    }
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, s->owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 3, st_now_us());
+    if ((st = st_write(s, q, "index", &n, err)) != CB_OK)
+        return st;
+    if ((st = st_commit(s, err)) != CB_OK) {
+        st_rollback(s);
+        return st;
+    }
+    if (n != 1)
+        return cb_error_set(err, CB_ERR_INTERNAL, "%s: the reservation vanished", key);
+    return CB_OK;
+}
+
+/* After a failure: drop this handle's reservation of key. */
+static void put_unreserve(cb_store *s, const char *key)
+{
+    sqlite3_stmt *q = st_stmt(s, SQL_UNRESERVE, NULL);
+    if (q && st_begin(s, NULL) == CB_OK) {
         sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
         sqlite3_bind_text(q, 2, s->owner, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(q, 3, st_now_us());
-        int n;
-        if ((st = st_write(s, q, "index", &n, err)) != CB_OK)
-            goto fail_fin;
-        if ((st = st_commit(s, err)) != CB_OK) {
+        sqlite3_step(q);
+        sqlite3_reset(q);
+        if (st_commit(s, NULL) != CB_OK)
             st_rollback(s);
-            goto fail_fin;
-        }
-        if (n != 1) {
-            st = cb_error_set(err, CB_ERR_INTERNAL, "%s: the reservation vanished", key);
-            goto fail_fin;
-        }
     }
-    free(tmp);
-    free(fin);
-    return CB_OK;
+}
 
-fail_fin:
-    st_unlink_locked(fin);
-fail:
-    if (fd >= 0)
-        close(fd);
-    if (tmp)
-        unlink(tmp); /* a staged source renamed into the tier goes with it */
-    if (reserved) {
-        sqlite3_stmt *q = st_stmt(s, SQL_UNRESERVE, NULL);
-        if (q && st_begin(s, NULL) == CB_OK) {
-            sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
-            sqlite3_bind_text(q, 2, s->owner, -1, SQLITE_STATIC);
-            sqlite3_step(q);
-            sqlite3_reset(q);
-            if (st_commit(s, NULL) != CB_OK)
-                st_rollback(s);
-        }
+static cb_status put_common(cb_store *s, const put_src *src, const char *key, const char *model, int64_t n_tokens,
+                            uint64_t size, cb_hash128 sum, int *existed, cb_error *err)
+{
+    char sumhex[33];
+    char *tmp = NULL, *fin = NULL;
+    int tier = -1, exists = 0;
+    cb_status st;
+
+    if (existed)
+        *existed = 0;
+    if ((st = st_owner(s, err)) != CB_OK)
+        return st;
+    cb_hash128_hex(sum, sumhex);
+    if ((st = put_reserve(s, src, key, model, n_tokens, size, sumhex, &tier, &exists, err)) != CB_OK || exists) {
+        if (exists && existed)
+            *existed = 1;
+        return st;
+    }
+    tmp = st_entry_path(s, tier, key, s->owner);
+    fin = st_entry_path(s, tier, key, NULL);
+    if (!tmp || !fin)
+        st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    else if ((st = put_write(s, src, key, size, sum, tier, tmp, fin, err)) == CB_OK &&
+             (st = put_publish(s, key, err)) != CB_OK)
+        st_unlink_locked(fin);
+    if (st != CB_OK) {
+        if (tmp)
+            unlink(tmp); /* a staged source renamed into the tier goes with it */
+        put_unreserve(s, key);
     }
     free(tmp);
     free(fin);
