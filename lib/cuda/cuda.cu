@@ -979,7 +979,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                 int hd, float scale, int window, float *out)
 {
     extern __shared__ float sm[];
-    __shared__ int s_maxp;
+    __shared__ int s_maxp, s_minlo;
     const int ldk = hd + 1; /* padded: lanes read different key rows */
     float *Ks = sm, *Vs = Ks + ATT_KT * ldk, *Qs = Vs + ATT_KT * hd;
     const int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
@@ -988,14 +988,17 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int64_t ldq = (int64_t)n_head * hd, ldkv = (int64_t)n_head_kv * hd;
 
     if (threadIdx.x == 0)
-        s_maxp = -1;
+        s_maxp = -1, s_minlo = INT32_MAX;
     for (int e = threadIdx.x; e < ATT_WARPS * ATT_ROWS * hd; e += blockDim.x) {
         int64_t row = row0 + e / hd;
         Qs[e] = row < n ? q[row * ldq + (int64_t)h * hd + e % hd] * scale : 0.0f;
     }
     __syncthreads();
-    if (threadIdx.x < ATT_WARPS * ATT_ROWS && row0 + threadIdx.x < n)
-        atomicMax(&s_maxp, pos[row0 + threadIdx.x]);
+    if (threadIdx.x < ATT_WARPS * ATT_ROWS && row0 + threadIdx.x < n) {
+        const int p = pos[row0 + threadIdx.x];
+        atomicMax(&s_maxp, p);
+        atomicMin(&s_minlo, window > 0 && p >= window ? p - window + 1 : 0);
+    }
 
     int myp[ATT_ROWS];
     float m[ATT_ROWS], l[ATT_ROWS], acc[ATT_ROWS][ATT_DPL];
@@ -1012,7 +1015,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     __syncthreads();
     const int maxp = s_maxp;
 
-    for (int k0 = 0; k0 <= maxp; k0 += ATT_KT) {
+    /* from the tile of the lowest key any row sees (a sliding window skips
+     * the keys before it) */
+    for (int k0 = s_minlo / ATT_KT * ATT_KT; k0 <= maxp; k0 += ATT_KT) {
         for (int e = threadIdx.x; e < ATT_KT * hd; e += blockDim.x) {
             int j = e / hd, d = e % hd;
             int64_t key = (int64_t)k0 + j;
