@@ -913,6 +913,25 @@ static int64_t c_attention_big(cb_backend *be, float *out)
     return n * dq;
 }
 
+/* On a device backend (one with a queue: event_new), queue a few ms of
+ * work on this thread's queue, so that what the caller queues next waits
+ * behind it (what a race needs to show); nothing on the CPU. */
+static void busy(cb_backend *be, int reps)
+{
+    int64_t w = 4096, n = 4096; /* 64 MB */
+    if (!be->ops->event_new)
+        return;
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        at[i] = (int32_t)(n - 1 - i);
+    void *cache = be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
+    float *src = be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
+    for (int r = 0; r < reps; r++)
+        be->ops->kv_write(be, cache, CB_TYPE_F32, w, src, at, n);
+    bfree(be, cache), bfree(be, src); /* after the writes, in queue order */
+    free(at);
+}
+
 /* More than 16,384 staged indices in one operation (a staging slot's
  * growth), then 200 indexed operations queued back to back (more than the
  * 64 staging slots: the host refills a slot while the device may still be
@@ -951,6 +970,7 @@ static int64_t c_staging(cb_backend *be, float *out)
         float *ds = bput(be, src, sizeof(float) * (size_t)(n_ctx * w));
         float *dd = be->ops->alloc(be, sizeof(float) * (size_t)(n_ctx * w));
         int32_t *tmp = malloc(sizeof(int32_t) * (size_t)per);
+        busy(be, 100); /* the 200 operations queue up behind this */
         be->ops->kv_write(be, cache, CB_TYPE_F32, w, ds, perm, n_ctx);
         for (int64_t op = 0; op < n_ops; op++) {
             /* one reused host array, rewritten for every call: the backend
@@ -1008,9 +1028,11 @@ static int64_t c_alloc_fail(cb_backend *be, float *out)
 }
 
 /* A weight made on one thread and used on another after a join (no sync):
- * weight_new must hand back a weight whose dequantization is done.  The
- * making thread first queues a lot of work, so that on a device its
- * dequantization runs late. */
+ * weight_new must hand back a weight whose upload and dequantization are
+ * done.  64 MB of f32 (eight staging buffers: the last copies are still in
+ * flight when upload returns) after a busy queue: on a device, a weight_new
+ * that returned early would leave the product reading a weight not yet
+ * there. */
 typedef struct wt_arg {
     cb_backend *be;
     const uint8_t *wq;
@@ -1022,34 +1044,19 @@ typedef struct wt_arg {
 static void *wt_main(void *p)
 {
     wt_arg *a = p;
-    cb_backend *be = a->be;
-    int64_t w = 256, n = 4096;
-    int32_t *at = malloc(sizeof(int32_t) * (size_t)n);
-    for (int64_t i = 0; i < n; i++)
-        at[i] = (int32_t)i;
-    void *cache = be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
-    float *ds = be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
-    for (int rep = 0; rep < 50; rep++)
-        be->ops->kv_write(be, cache, CB_TYPE_F32, w, ds, at, n);
-    a->w = be->ops->weight_new(be, CB_TYPE_Q4_K, a->n_in, a->n_out, a->wq, a->bias);
-    bfree(be, cache), bfree(be, ds);
-    free(at);
+    busy(a->be, 50);
+    a->w = a->be->ops->weight_new(a->be, CB_TYPE_F32, a->n_in, a->n_out, a->wq, a->bias);
     return NULL;
 }
 
 static int64_t c_weight_thread(cb_backend *be, float *out)
 {
-    int64_t n = 5, n_in = 512, n_out = 300;
+    int64_t n = 3, n_in = 4096, n_out = 4096;
     seed(1809);
     float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(n * n_in, 1.0f), *bias = rand_vec(n_out, 0.5f);
-    size_t rb = cb_type_row_bytes(CB_TYPE_Q4_K, n_in);
-    uint8_t *wq = malloc(rb * (size_t)n_out);
-    for (int64_t o = 0; o < n_out; o++)
-        cb_quant_row(CB_TYPE_Q4_K, wf + o * n_in, wq + (size_t)o * rb, n_in);
+    const float *wq = wf; /* f32: the GGUF bytes are the values */
     if (!be) {
-        float *w = malloc(sizeof(float) * (size_t)(n_in * n_out));
-        for (int64_t o = 0; o < n_out; o++)
-            cb_dequant_row(CB_TYPE_Q4_K, wq + (size_t)o * rb, w + o * n_in, n_in);
+        const float *w = wf;
         for (int64_t i = 0; i < n; i++)
             for (int64_t o = 0; o < n_out; o++) {
                 double s = bias[o];
@@ -1057,10 +1064,9 @@ static int64_t c_weight_thread(cb_backend *be, float *out)
                     s += (double)x[i * n_in + j] * w[o * n_in + j];
                 out[i * n_out + o] = (float)s;
             }
-        free(w);
     } else {
         pthread_t th;
-        wt_arg a = {be, wq, bias, n_in, n_out, NULL};
+        wt_arg a = {be, (const uint8_t *)wq, bias, n_in, n_out, NULL};
         pthread_create(&th, NULL, wt_main, &a);
         pthread_join(th, NULL);
         float *dx = bput(be, x, sizeof(float) * (size_t)(n * n_in));
@@ -1070,7 +1076,7 @@ static int64_t c_weight_thread(cb_backend *be, float *out)
         bfree(be, dx), bfree(be, dy);
         be->ops->weight_free(be, a.w);
     }
-    free(wf), free(x), free(bias), free(wq);
+    free(wf), free(x), free(bias);
     return n * n_out;
 }
 
@@ -1099,6 +1105,7 @@ static void *ld_main(void *p)
     cb_backend *be = a->be;
     int64_t w = LD_KV * LD_HD;
     size_t bytes = sizeof(float) * (size_t)(LD_CTX * w);
+    busy(be, 30);
     for (int l = 0; l < LD_LAYERS; l++) {
         float *tmp = be->ops->alloc_tmp ? be->ops->alloc_tmp(be, bytes) : be->ops->alloc(be, bytes);
         for (int rep = 0; rep < 8; rep++) /* keep the loader's queue long */
@@ -1263,17 +1270,34 @@ static void run_case_sampled(const char *name, case_fn fn, double cpu_bound, dou
     CHECKF(e <= cuda_bound, "nmse %.3e > %.0e", e, cuda_bound);
 }
 
-/* CB_CUDA_SYNC=1 in a child process (the setting is read when the backend
- * opens): ordinary operations pass the per-operation checks, and a product
- * whose output is not finite stops the process, saying so. */
-static int r18_child(void)
+/* Error reports, in a child process (a device fault ends the process, and
+ * CB_CUDA_SYNC is read when the backend opens).  mode "nonfinite":
+ * CB_CUDA_SYNC=1, ordinary operations pass the per-operation checks, and a
+ * product whose output is not finite stops the process, saying so.  mode
+ * "fault": a kernel writes through a bad pointer; the next allocation must
+ * report that fault as itself, not return NULL (which callers report as
+ * out of memory).  mode "fault-sync": the same under CB_CUDA_SYNC=1, where
+ * the report names the operation that faulted. */
+static int r18_child(const char *mode)
 {
     cb_backend *be;
     cb_error err;
     int64_t n_in = 64, n_out = 8;
-    setenv("CB_CUDA_SYNC", "1", 1);
+    if (strcmp(mode, "fault") != 0)
+        setenv("CB_CUDA_SYNC", "1", 1);
     if (cb_backend_open(&be, "cuda", 0, &err) != CB_OK)
         return 3;
+    if (strncmp(mode, "fault", 5) == 0) {
+        float src[16] = {0};
+        int32_t at[1] = {0};
+        float *d = bput(be, src, sizeof src);
+        printf("faulting\n");
+        fflush(stdout);
+        be->ops->kv_write(be, (void *)(uintptr_t)0x100, CB_TYPE_F32, 16, d, at, 1);
+        void *p = be->ops->alloc(be, 1024);
+        printf("alloc after the fault returned %s\n", p ? "memory" : "NULL");
+        return 4;
+    }
     float *x = rand_vec(n_in, 1.0f), y[8], *wf = rand_vec(n_in * n_out, 1.0f);
     uint16_t wq[64 * 8];
     for (int64_t o = 0; o < n_out; o++)
@@ -1291,28 +1315,48 @@ static int r18_child(void)
     return 4;
 }
 
-static void r18_sync_check(const char *self)
+/* run this program as a child in mode `mode`; its stdout and stderr */
+static char *r18_run_child(const char *self, const char *mode)
 {
-    const char *name = "CB_CUDA_SYNC=1: checks pass, a non-finite product stops the process naming it";
-    if (!cuda) {
-        tskip(name, cuda_why);
-        return;
-    }
-    char cmd[1200], *log;
+    char cmd[1200], *log = malloc(16384);
     size_t len = 0;
-    snprintf(cmd, sizeof cmd, "'%s' --sync-child > /tmp/cb-sync-child.$$ 2>&1; echo \"rc $?\" >> /tmp/cb-sync-child.$$; "
-                              "cat /tmp/cb-sync-child.$$; rm -f /tmp/cb-sync-child.$$", self);
+    snprintf(cmd, sizeof cmd, "'%s' --child %s 2>&1", self, mode);
     FILE *f = popen(cmd, "r");
-    log = malloc(8192);
     if (f) {
-        len = fread(log, 1, 8191, f);
+        len = fread(log, 1, 16383, f);
         pclose(f);
     }
     log[len] = 0;
-    tcase("%s", name);
+    return log;
+}
+
+static void r18_error_checks(const char *self)
+{
+    static const char *names[3] = {
+        "CB_CUDA_SYNC=1: checks pass, a non-finite product stops the process naming it",
+        "a kernel fault is reported as itself at the next call, not as out of memory",
+        "CB_CUDA_SYNC=1: a kernel fault is reported at the operation that caused it"};
+    if (!cuda) {
+        for (int i = 0; i < 3; i++)
+            tskip(names[i], cuda_why);
+        return;
+    }
+    char *log = r18_run_child(self, "nonfinite");
+    tcase("%s", names[0]);
     CHECKF(strstr(log, "finite product passed") != NULL, "the checked operations failed: %s", log);
     CHECKF(strstr(log, "inf or NaN") != NULL && strstr(log, "matmul") != NULL, "no report: %s", log);
     CHECKF(strstr(log, "non-finite product returned") == NULL, "it returned: %s", log);
+    free(log);
+    log = r18_run_child(self, "fault");
+    tcase("%s", names[1]);
+    CHECKF(strstr(log, "faulting") != NULL, "the child did not start: %s", log);
+    CHECKF((strstr(log, "illegal") != NULL || strstr(log, "launch failure") != NULL) && strstr(log, "out of memory") == NULL,
+           "report: %s", log);
+    CHECKF(strstr(log, "alloc after the fault returned") == NULL, "alloc returned: %s", log);
+    free(log);
+    log = r18_run_child(self, "fault-sync");
+    tcase("%s", names[2]);
+    CHECKF(strstr(log, "CUDA backend: kv_write:") != NULL && strstr(log, "illegal") != NULL, "report: %s", log);
     free(log);
 }
 
@@ -1366,15 +1410,15 @@ static void r18_cases(const char *self)
     run_case("alloc of 1 PiB fails, then works on", c_alloc_fail, -1, -1);
     run_case("weight made on one thread, used on another", c_weight_thread, 1e-12, 1e-5);
     run_case("loader pattern: shift, write, event; attention", c_loader, 1e-5, 1e-8);
-    r18_sync_check(self);
+    r18_error_checks(self);
 }
 
 int main(int argc, char **argv)
 {
     cb_error err;
     char name[64];
-    if (argc > 1 && strcmp(argv[1], "--sync-child") == 0)
-        return r18_child();
+    if (argc > 2 && strcmp(argv[1], "--child") == 0)
+        return r18_child(argv[2]);
     TEST_BEGIN();
     o_ref = malloc(sizeof(float) * MAXOUT);
     o_cpu = malloc(sizeof(float) * MAXOUT);
