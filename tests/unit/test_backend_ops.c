@@ -1356,7 +1356,9 @@ static void r18_error_checks(const char *self)
     free(log);
     log = r18_run_child(self, "fault-sync");
     tcase("%s", names[2]);
-    CHECKF(strstr(log, "CUDA backend: kv_write:") != NULL && strstr(log, "illegal") != NULL, "report: %s", log);
+    CHECKF(strstr(log, "CUDA backend: kv_write:") != NULL &&
+               (strstr(log, "illegal") != NULL || strstr(log, "launch failure") != NULL),
+           "report: %s", log);
     free(log);
 }
 
