@@ -77,8 +77,10 @@ CB_OP int cb_op_topk_before(float a, int64_t ia, float b, int64_t ib)
  * bit to spare, and small ones move away from f16's subnormals; scaling by
  * 2^e is exact and is undone through the product's alpha.  e is clamped to
  * [-CB_F16_EXP_MAX, CB_F16_EXP_MAX] so that the alpha of two scaled
- * operands, 2^-(e1+e2), stays a normal f32.  amax 0, inf or NaN: 0 (a
- * non-finite input gives non-finite outputs, as on the CPU). */
+ * operands, 2^-(e1+e2), stays a normal f32: blocks with amax from 2^-45 to
+ * 2^75 land exactly in range (beyond 2^75, 3.8e22, no model's activations
+ * go).  amax 0, inf or NaN: 0 (a non-finite input gives non-finite
+ * outputs, as on the CPU). */
 #define CB_F16_EXP_MAX 60
 CB_OP int cb_op_f16_scale_exp(float amax)
 {
