@@ -1145,6 +1145,24 @@ cb_status cb_generate(cb_fwd *f, cb_kvcache *kv, float *logits, int32_t pos, con
                       cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
                       cb_gen_result *res);
 
+/* The teacher-forced score of a continuation after a prefill. */
+typedef struct cb_score_result {
+    double nll;        /* mean negative log-likelihood per token (nats) */
+    int32_t n_tokens;  /* tokens scored */
+    double top1;       /* fraction of them that were the argmax */
+} cb_score_result;
+
+/* Score the continuation cont[0..n) after a prefill of pos tokens whose
+ * last logits are in `logits` (n_vocab floats, left as they are): token 0
+ * by those logits, token i by the logits after tokens 0..i-1, which are
+ * evaluated at positions pos..pos+n-2 in one batch (their KV is written
+ * into kv; f must hold n - 1 rows, kv pos + n - 1 positions).  Nothing is
+ * sampled.  Errors: CB_ERR_INVALID (n < 1, or more rows than f holds),
+ * CB_ERR_RANGE (a token id, or past the cache), CB_ERR_NOMEM, and the
+ * forward pass's. */
+cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, const int32_t *cont, int32_t n,
+                   cb_score_result *res);
+
 /* KL(p || q) of the softmaxes of two logit vectors of n entries (what
  * cb-run --verify reports), and in *top1 whether their argmaxes agree. */
 double cb_logits_kl(const float *lp, const float *lq, int32_t n, int *top1);

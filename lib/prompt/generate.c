@@ -144,3 +144,68 @@ double cb_logits_kl(const float *lp, const float *lq, int32_t n, int *top1)
     *top1 = ap == aq;
     return kl < 0 ? 0 : kl;
 }
+
+/* log softmax(l)[tok] in double, and whether tok is the argmax (the first
+ * one, as the greedy sampler takes it). */
+static double log_prob(const float *l, int32_t n, int32_t tok, int *is_top)
+{
+    double mx = -INFINITY, z = 0;
+    int32_t arg = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (l[i] > mx)
+            mx = l[i], arg = i;
+    for (int32_t i = 0; i < n; i++)
+        z += exp((double)l[i] - mx);
+    *is_top = arg == tok;
+    return (double)l[tok] - mx - log(z);
+}
+
+cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, const int32_t *cont, int32_t n,
+                   cb_score_result *res)
+{
+    int32_t n_vocab = cb_model_hparams(cb_fwd_model(f))->n_vocab, nb = n - 1;
+    int32_t *rows = NULL, *at = NULL;
+    float *lg = NULL;
+    double sum = 0;
+    int top = 0, n_top = 0;
+    cb_status st = CB_OK;
+
+    memset(res, 0, sizeof *res);
+    if (n < 1)
+        return CB_ERR_INVALID;
+    for (int32_t i = 0; i < n; i++)
+        if (cont[i] < 0 || cont[i] >= n_vocab)
+            return CB_ERR_RANGE;
+    if (nb > 0 && pos > cb_kvcache_n_ctx(kv) - nb)
+        return CB_ERR_RANGE;
+    sum -= log_prob(logits, n_vocab, cont[0], &top);
+    n_top += top;
+    if (nb > 0) {
+        rows = malloc(sizeof(int32_t) * (size_t)nb);
+        at = malloc(sizeof(int32_t) * (size_t)nb);
+        lg = malloc(sizeof(float) * (size_t)nb * (size_t)n_vocab);
+        if (!rows || !at || !lg) {
+            st = CB_ERR_NOMEM;
+            goto out;
+        }
+        for (int32_t i = 0; i < nb; i++)
+            rows[i] = i, at[i] = pos + i;
+        if ((st = cb_fwd_embed(f, cont, at, nb)) != CB_OK)
+            goto out;
+        for (int32_t l = 0; l < cb_model_hparams(cb_fwd_model(f))->n_layer; l++)
+            if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
+                goto out;
+        if ((st = cb_fwd_logits(f, rows, nb, lg)) != CB_OK)
+            goto out;
+        for (int32_t i = 0; i < nb; i++) {
+            sum -= log_prob(lg + (size_t)i * (size_t)n_vocab, n_vocab, cont[i + 1], &top);
+            n_top += top;
+        }
+    }
+    res->n_tokens = n;
+    res->nll = sum / n;
+    res->top1 = (double)n_top / n;
+out:
+    free(rows), free(at), free(lg);
+    return st;
+}

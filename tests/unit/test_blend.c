@@ -110,6 +110,70 @@ static cb_status run(fixture *fx, const cb_segment *segs, int32_t n_segs, const 
     return s;
 }
 
+/* The plain loop: one forward over prompt + continuation, every row's
+ * logits, the continuation's mean NLL and top-1 in double. */
+static void score_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_tokens *cont, double *nll,
+                          double *top1)
+{
+    int nv = cb_model_hparams(fx->m)->n_vocab, nl = cb_model_hparams(fx->m)->n_layer;
+    int32_t ids[512], pos[512], n = 0;
+    for (int32_t s = 0; s < n_segs; s++)
+        for (int32_t j = 0; j < segs[s].n; j++)
+            ids[n++] = segs[s].ids[j];
+    int32_t p0 = n;
+    for (size_t j = 0; j < cont->n; j++)
+        ids[n++] = cont->ids[j];
+    for (int32_t i = 0; i < n; i++)
+        pos[i] = i;
+    cb_fwd *f = NULL;
+    cb_kvcache *kv = NULL;
+    float *lg = malloc(sizeof(float) * (size_t)nv * (size_t)n);
+    cb_fwd_new(&f, fx->m, 512);
+    cb_kvcache_new(&kv, fx->m, 512, CB_TYPE_F32);
+    cb_fwd_embed(f, ids, pos, n);
+    for (int l = 0; l < nl; l++)
+        cb_fwd_layer(f, kv, l, NULL, 0);
+    cb_fwd_logits(f, NULL, 0, lg);
+    double sum = 0, hits = 0;
+    for (int32_t i = p0; i < n; i++) {
+        const float *row = lg + (size_t)(i - 1) * (size_t)nv;
+        double mx = -INFINITY, z = 0;
+        int arg = 0;
+        for (int v = 0; v < nv; v++)
+            if (row[v] > mx)
+                mx = row[v], arg = v;
+        for (int v = 0; v < nv; v++)
+            z += exp(row[v] - mx);
+        sum -= row[ids[i]] - mx - log(z);
+        hits += arg == ids[i];
+    }
+    *nll = sum / (n - p0);
+    *top1 = hits / (n - p0);
+    free(lg);
+    cb_fwd_free(f);
+    cb_kvcache_free(kv);
+}
+
+/* cb_score after a prefill in mode p->mode. */
+static cb_status score_after(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_blend_params *p,
+                             const cb_tokens *cont, cb_score_result *res)
+{
+    cb_fwd *f = NULL;
+    cb_kvcache *kv = NULL;
+    cb_blend_stats st;
+    cb_error err;
+    float *lg = malloc(sizeof(float) * (size_t)cb_model_hparams(fx->m)->n_vocab);
+    cb_fwd_new(&f, fx->m, 512);
+    cb_kvcache_new(&kv, fx->m, 512, CB_TYPE_F32);
+    cb_status s = cb_blend_prefill(f, kv, segs, n_segs, p, lg, &st, &err);
+    if (s == CB_OK)
+        s = cb_score(f, kv, lg, st.n_prompt_tokens, cont->ids, (int32_t)cont->n, res);
+    free(lg);
+    cb_fwd_free(f);
+    cb_kvcache_free(kv);
+    return s;
+}
+
 static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full, double tol_reuse)
 {
     static const char *const texts[3] = {
@@ -270,6 +334,33 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             good = pip < 0.8 * seq && pip > 0.9 * (load > compute ? load : compute) - 20;
         }
         CHECKF(good, "pipelined prefill did not follow max(load, recompute) in three attempts");
+    }
+
+    tcase("%s: cb_score equals the NLL of a full forward over prompt + continuation", label);
+    {
+        cb_tokens cont = {0};
+        const char *ans = " She studied civil engineering in Delft.";
+        cb_tok_encode(cb_model_vocab(fx.m), ans, strlen(ans), 0, &cont);
+        double hn, ht;
+        cb_score_result sr, sb;
+        score_by_hand(&fx, segs, ns, &cont, &hn, &ht);
+        p = cb_blend_defaults();
+        p.mode = CB_MODE_FULL;
+        CHECK_OK(score_after(&fx, segs, ns, &p, &cont, &sr));
+        CHECKF(fabs(sr.nll - hn) < tol_full * 10 * (1 + hn), "cb_score %.6f, by hand %.6f", sr.nll, hn);
+        CHECK(sr.n_tokens == (int32_t)cont.n && fabs(sr.top1 - ht) < 1e-9);
+        printf("# %s: continuation of %d tokens: NLL %.5f (by hand %.5f), top-1 %.2f\n", label, sr.n_tokens,
+               sr.nll, hn, sr.top1);
+        p.mode = CB_MODE_REUSE; /* a different prefill scores differently, a single token too */
+        CHECK_OK(score_after(&fx, segs, ns, &p, &cont, &sb));
+        CHECKF(fabs(sb.nll - sr.nll) > 1e-6, "reuse %.6f = full %.6f", sb.nll, sr.nll);
+        cb_tokens one = {cont.ids, 1, 1};
+        CHECK_OK(score_after(&fx, segs, ns, &p, &one, &sb));
+        CHECK(sb.n_tokens == 1);
+        cb_tokens none = {cont.ids, 0, 0}, bad = {(int32_t[]){-1}, 1, 1};
+        CHECK(score_after(&fx, segs, ns, &p, &none, &sb) == CB_ERR_INVALID);
+        CHECK(score_after(&fx, segs, ns, &p, &bad, &sb) == CB_ERR_RANGE);
+        cb_tokens_free(&cont);
     }
 
     tcase("%s: a bad parameter is refused", label);
