@@ -59,6 +59,11 @@ static void usage(FILE *f)
             "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
             "                     agreement and whether the greedy answers match to --stats\n"
             "      --no-store-write  do not store the KV of chunks that had none\n"
+            "      --score TEXT   score TEXT as the answer instead of generating: its mean\n"
+            "                     negative log-likelihood per token after the prompt (teacher\n"
+            "                     forcing) goes to stdout, details to --stats; with --verify\n"
+            "                     also full prefill's\n"
+            "      --score-file FILE  the same, the continuation read from FILE ('-' = stdin)\n"
             "      --logits-out FILE  write the first generated token's logits (n_vocab\n"
             "                     little-endian float32) to FILE, for offline comparison\n"
             "      --kv-type T    KV cache elements: f16 (default) or f32\n"
@@ -113,7 +118,9 @@ enum {
     OPT_VERIFY,
     OPT_NOSTORE,
     OPT_MINRATIO,
-    OPT_LOGITS
+    OPT_LOGITS,
+    OPT_SCORE,
+    OPT_SCOREFILE
 };
 
 static int parse_num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -187,6 +194,7 @@ done:
 
 typedef struct gen_opts {
     const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path, *logits_out, *device;
+    const char *score, *score_file; /* --score TEXT, --score-file FILE */
     int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto;
     double min_ratio;
     cb_type kv_type;
@@ -260,6 +268,8 @@ typedef struct run {
     cb_ratio_choice rc;
     json_t *verify;
     int n_stored;
+    cb_tokens cont;      /* --score: the continuation's tokens */
+    cb_score_result sr;  /* --score: its score */
 } run;
 
 /* The chunk records, the model and (when chunks can be reused or stored)
@@ -288,6 +298,33 @@ static int run_open(run *r)
             return cli_exit_code(st);
         }
         cli_err("warning: %s; every chunk is computed", err.msg);
+    }
+    return 0;
+}
+
+/* --score, --score-file: the continuation's tokens (control tokens
+ * matched with --raw, as in the prompt). */
+static int run_continuation(run *r)
+{
+    const gen_opts *o = r->o;
+    const char *name = o->score ? "--score" : o->score_file;
+    char *buf = NULL;
+    size_t len = 0;
+    int code = 0;
+    cb_status st;
+
+    if (o->score_file && !(buf = cli_read_input(o->score_file, &len, &code)))
+        return code;
+    st = cb_tok_encode(cb_model_vocab(r->m), o->score ? o->score : buf, o->score ? strlen(o->score) : len,
+                       o->raw ? CB_TOK_PARSE_SPECIAL : 0, &r->cont);
+    free(buf);
+    if (st != CB_OK) {
+        cli_err("%s: tokenizing the continuation failed: %s", name, cb_strerror(st));
+        return cli_exit_code(st);
+    }
+    if (r->cont.n == 0) {
+        cli_err("%s: the continuation has no tokens", name);
+        return CLI_EX_DATAERR;
     }
     return 0;
 }
@@ -322,7 +359,12 @@ static int run_prompt(run *r, const char *text, size_t len)
         cli_err("%s: the prompt is empty", o->in_name);
         return CLI_EX_DATAERR;
     }
-    r->n_ctx = o->n_ctx > 0 ? o->n_ctx : r->total + o->n_predict;
+    if (o->score || o->score_file) {
+        int code = run_continuation(r);
+        if (code)
+            return code;
+    }
+    r->n_ctx = o->n_ctx > 0 ? o->n_ctx : r->total + (r->cont.n ? (int64_t)r->cont.n : o->n_predict);
     if (o->n_ctx <= 0 && r->n_ctx > hp->n_ctx_train)
         r->n_ctx = hp->n_ctx_train > r->total ? hp->n_ctx_train : r->total + 1;
     if (r->total >= r->n_ctx) {
@@ -346,7 +388,8 @@ static int run_alloc(const run *r, cb_kvcache **kv, cb_fwd **f)
         cli_err("a KV cache of %lld positions: %s", (long long)r->n_ctx, cb_strerror(st));
         return cli_exit_code(st);
     }
-    if ((st = cb_fwd_new(f, r->m, (int32_t)r->total)) != CB_OK) {
+    if ((st = cb_fwd_new(f, r->m, (int32_t)(r->total > (int64_t)r->cont.n ? r->total : (int64_t)r->cont.n))) !=
+        CB_OK) {
         cli_err("activations for %lld tokens: %s", (long long)r->total, cb_strerror(st));
         return cli_exit_code(st);
     }
@@ -385,6 +428,7 @@ static int run_verify(run *r)
     float *vlogits = malloc(sizeof(float) * (size_t)n_vocab);
     double full_ms = 0, kl = 0;
     int top1 = 0;
+    cb_score_result fsr = {0};
     cb_status st = vlogits ? CB_OK : CB_ERR_NOMEM;
     cb_error err;
 
@@ -393,29 +437,34 @@ static int run_verify(run *r)
     fp.mode = CB_MODE_FULL;
     for (int pass = 0; st == CB_OK && pass < 2; pass++) {
         /* pass 0: full prefill; pass 1: this mode again, greedily, when the run sampled */
-        if (pass == 1 && o->sp.temp <= 0)
+        if (pass == 1 && (o->sp.temp <= 0 || r->cont.n))
             break;
         cb_kvcache *kv2 = NULL;
         cb_fwd *f2 = NULL;
         cb_blend_stats bs2;
         cb_gen_result g2;
         double tv = cb_now_ms();
-        if ((st = cb_kvcache_new(&kv2, r->m, (int32_t)r->n_ctx, o->kv_type)) != CB_OK ||
-            (st = cb_fwd_new(&f2, r->m, (int32_t)r->total)) != CB_OK)
-            cb_error_set(&err, st, "%s", cb_strerror(st));
+        if (run_alloc(r, &kv2, &f2) != 0)
+            st = cb_error_set(&err, CB_ERR_NOMEM, "no memory for the second prefill");
         else
             st = cb_blend_prefill(f2, kv2, r->segs, r->n_segs, pass ? &r->bp : &fp, vlogits, &bs2, &err);
         if (st == CB_OK && pass == 0) {
             full_ms = cb_now_ms() - tv;
             kl = cb_logits_kl(vlogits, r->first_logits, n_vocab, &top1);
         }
-        if (st == CB_OK && (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, sink_write,
+        if (st == CB_OK && r->cont.n) {
+            if ((st = cb_score(f2, kv2, vlogits, (int32_t)r->total, r->cont.ids, (int32_t)r->cont.n, &fsr)) != CB_OK)
+                cb_error_set(&err, st, "scoring: %s", cb_strerror(st));
+        } else if (st == CB_OK && (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, sink_write,
                                              pass ? &greedy_sm : &full_sm, tv, &g2)) != CB_OK)
             cb_error_set(&err, st, "generation: %s", cb_strerror(st));
         cb_fwd_free(f2);
         cb_kvcache_free(kv2);
     }
-    if (st == CB_OK) {
+    if (st == CB_OK && r->cont.n) {
+        r->verify = json_pack("{s:f, s:b, s:f, s:f, s:f}", "kl", kl, "top1_agree", top1, "full_prefill_ms", full_ms,
+                              "score_nll", fsr.nll, "score_top1", fsr.top1);
+    } else if (st == CB_OK) {
         const char *mine = o->sp.temp > 0 ? greedy_sm.all : r->sm.all, *full = full_sm.all;
         int same = strcmp(mine ? mine : "", full ? full : "") == 0;
         char *clean = cli_utf8_clean(full ? full : "", full ? full_sm.all_len : 0);
@@ -463,6 +512,10 @@ static int run_stats(run *r)
         if (r->rc.tier[0])
             json_object_set_new(s, "tier", json_string(r->rc.tier));
     }
+    if (s && r->cont.n)
+        json_object_set_new(s, "score",
+                            json_pack("{s:f, s:I, s:f}", "nll", r->sr.nll, "n_tokens", (json_int_t)r->sr.n_tokens,
+                                      "top1", r->sr.top1));
     if (s && r->verify)
         json_object_set_new(s, "verify", r->verify), r->verify = NULL;
     code = s ? cli_write_json(o->stats_path, s) : CLI_EX_SOFTWARE;
@@ -497,6 +550,20 @@ static int run_answer(run *r)
     }
     if (o->verify && (r->first_logits = malloc(sizeof(float) * (size_t)n_vocab)))
         memcpy(r->first_logits, r->logits, sizeof(float) * (size_t)n_vocab);
+    if (r->cont.n) { /* no generation: the first token's distribution is ready now */
+        r->gr.first_ms = cb_now_ms() - r->t0;
+        r->gr.stop = "score";
+        if ((st = cb_score(r->f, r->kv, r->logits, (int32_t)r->total, r->cont.ids, (int32_t)r->cont.n, &r->sr)) !=
+            CB_OK) {
+            cli_err("%s: scoring the continuation failed: %s", o->score ? "--score" : o->score_file,
+                    cb_strerror(st));
+            return cli_exit_code(st);
+        }
+        r->gen_ms = cb_now_ms() - r->t0 - r->gr.first_ms;
+        printf("%.6f\n", r->sr.nll);
+        fflush(stdout);
+        return 0;
+    }
     if ((st = cb_generate(r->f, r->kv, r->logits, (int32_t)r->total, &r->gp, sink_write, &r->sm, r->t0, &r->gr)) !=
         CB_OK) {
         cli_err("generation failed: %s", cb_strerror(st));
@@ -536,6 +603,7 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
         code = run_stats(&r);
 done:
     json_decref(r.verify);
+    cb_tokens_free(&r.cont);
     free(r.sm.all);
     free(r.logits);
     free(r.first_logits);
@@ -638,6 +706,8 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         return 0;
     case OPT_VERIFY: o->verify = 1; return 0;
     case OPT_LOGITS: o->logits_out = arg; return 0;
+    case OPT_SCORE: o->score = arg; return 0;
+    case OPT_SCOREFILE: o->score_file = arg; return 0;
     case OPT_NOSTORE: o->store_write = 0; return 0;
     case OPT_STATS: o->stats_path = arg; return 0;
     case OPT_KVTYPE:
@@ -705,7 +775,8 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"ratios", required_argument, 0, OPT_RATIOS}, {"check-layer", required_argument, 0, OPT_CHECK},
         {"deviation", required_argument, 0, OPT_DEVIATION}, {"strategy", required_argument, 0, OPT_STRATEGY},
         {"sink-tokens", required_argument, 0, OPT_SINK}, {"verify", no_argument, 0, OPT_VERIFY},
-        {"no-store-write", no_argument, 0, OPT_NOSTORE}, CLI_COMMON_OPTS,
+        {"no-store-write", no_argument, 0, OPT_NOSTORE}, {"score", required_argument, 0, OPT_SCORE},
+        {"score-file", required_argument, 0, OPT_SCOREFILE}, CLI_COMMON_OPTS,
         CLI_STORE_OPT, CLI_DEVICE_OPT,
         {0, 0, 0, 0},
     };
@@ -726,6 +797,19 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
     }
     if (cr->prompt && cr->file) {
         cli_err("-p and -f exclude each other");
+        return CLI_EX_USAGE;
+    }
+    if (o->score && o->score_file) {
+        cli_err("--score and --score-file exclude each other");
+        return CLI_EX_USAGE;
+    }
+    if (o->score_file && strcmp(o->score_file, "-") == 0 &&
+        (!cr->prompt && (!cr->file || strcmp(cr->file, "-") == 0))) {
+        cli_err("--score-file - reads stdin: give the prompt with -p or -f FILE");
+        return CLI_EX_USAGE;
+    }
+    if (o->score_file && o->chunks_path && !strcmp(o->score_file, "-") && !strcmp(o->chunks_path, "-")) {
+        cli_err("--score-file - and --chunks - both read stdin");
         return CLI_EX_USAGE;
     }
     if (o->chunks_path && strcmp(o->chunks_path, "-") == 0 && !cr->prompt &&

@@ -88,6 +88,39 @@ PY
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 4 -p "$Q" --verify --stats "$T/v.json" > /dev/null
 python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))["verify"]; assert v["kl"] >= 0 and "same_answer" in v and "top1_agree" in v' "$T/v.json" \
     && ok "--verify adds KL, top-1 agreement and answer identity" || not_ok "--verify"
+# --score: the continuation's NLL in every mode, no generation; ratio 1 and
+# --verify's full prefill score like full; prefix scores like full too
+A="The Norden company built it."
+for mode in full prefix reuse blend; do
+    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --mode $mode -p "$Q" --score "$A" --verify \
+        --stats "$T/sc-$mode.json" > "$T/sc-$mode" && ok "--score in mode $mode" || not_ok "--score in mode $mode"
+done
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --ratio 1 -p "$Q" --score "$A" --stats "$T/sc-r1.json" > /dev/null
+printf '%s' "$A" > "$T/ans.txt"
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --mode reuse -p "$Q" --score-file "$T/ans.txt" > "$T/sc-file"
+"$RUN" -m "$M" -p "$Q" --score "$A" > "$T/sc-plain"
+python3 - "$T" <<'PY' && ok "--score: NLL on stdout and in the stats, full's in verify, equal where the prefill is" \
+    || not_ok "--score stats"
+import json, sys
+t = sys.argv[1]
+s = {m: json.load(open(f"{t}/sc-{m}.json")) for m in ["full", "prefix", "reuse", "blend", "r1"]}
+full = s["full"]["score"]
+assert full["n_tokens"] > 3 and full["nll"] > 0 and 0 <= full["top1"] <= 1, full
+for m in ["full", "prefix", "reuse", "blend"]:
+    v = s[m]
+    assert v["n_gen_tokens"] == 0 and v["stop"] == "score", v
+    assert v["score"]["n_tokens"] == full["n_tokens"], (m, v["score"])
+    assert abs(v["verify"]["score_nll"] - full["nll"]) < 1e-4, (m, v["verify"])
+    assert abs(float(open(f"{t}/sc-{m}").read()) - v["score"]["nll"]) < 1e-5, m
+for m in ["prefix", "r1"]:
+    assert abs(s[m]["score"]["nll"] - full["nll"]) < 1e-3, (m, s[m]["score"], full)
+assert abs(s["reuse"]["score"]["nll"] - full["nll"]) > 1e-4, (s["reuse"]["score"], full)
+assert abs(float(open(f"{t}/sc-file").read()) - s["reuse"]["score"]["nll"]) < 1e-5
+assert abs(float(open(f"{t}/sc-plain").read()) - full["nll"]) > 1e-4  # no chunks: another prompt
+PY
+expect_exit "--score and --score-file together" 64 "$RUN" -m "$M" -p q --score a --score-file "$T/ans.txt"
+expect_exit "--score with no tokens" 65 "$RUN" -m "$M" -p q --score ""
+expect_exit "--score-file missing" 66 "$RUN" -m "$M" -p q --score-file "$T/nope.txt"
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --ratio 1 -n 6 -p "$Q" > "$T/r1"
 cmp -s "$T/r1" "$T/a-full" && ok "--ratio 1 answers like full" || not_ok "--ratio 1 vs full"
 
