@@ -6,13 +6,20 @@ Input: a JSON list, or JSON Lines, of {question, answers: [...], ctxs: [{title,
 text}]} (the format of ../shared/data/musique_s.json). For each question the
 first --passages passages become chunks; every chunk is precomputed into a
 scratch store with cb-precompute; then cb-run answers with each mode (and each
-blend ratio and strategy), greedily; each mode's first-token distribution
-(cb-run --logits-out) is compared with full prefill's.
+blend ratio and strategy), greedily, and scores the first gold answer
+(cb-run --score: its mean NLL per token after the prompt); each mode's
+first-token distribution (cb-run --logits-out) is compared with full
+prefill's.
 
-Prints a markdown table (F1 and exact match with SQuAD normalization, max over
-gold answers; % answers identical to full; mean first-token KL to full; mean
-TTFT; speedup over full), writes the per-question results as JSON and, with
-gnuplot, a quality-vs-TTFT plot.
+Prints a markdown table per mode, strategy and ratio: F1 and exact match
+(SQuAD normalization, max over gold answers); answers identical to full;
+first-token top-1 agreement and mean KL to full; the gold answer's mean NLL,
+its mean gap to full and mean absolute gap; recovery = (reuse - blend) /
+(reuse - full) of the mean KL and of the mean absolute NLL gap (the share of what full KV reuse loses that the
+blend wins back); mean TTFT and speedup over full.  Writes the per-question
+results as JSON and, with gnuplot, the ratio sweep: KL and NLL recovery
+against TTFT, a line per strategy.  --no-answers skips generation (F1, EM
+and identity are then not measured): the sweep needs only the scoring run.
 """
 import argparse
 import array
@@ -84,6 +91,36 @@ def first_line(ans):
     return ans.split("\n")[0].strip() if ans else ""
 
 
+def plot(rows, work, png):
+    """The ratio sweep: KL and NLL recovery against mean TTFT, a line per
+    strategy (points in ratio order), with full and reuse as references."""
+    strategies = sorted({r["strategy"] for r in rows if r["mode"] == "blend"})
+    dat = os.path.join(work, "plot.dat")
+    with open(dat, "w") as f:
+        for s in strategies:
+            f.write(f"# {s}\n")
+            for r in sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["ratio"]):
+                f.write(f"{r['ttft_ms']:.1f} {100 * r['kl_recovery']:.2f} {100 * r['nll_recovery']:.2f} "
+                        f"\"{r['ratio']:g}\"\n")
+            f.write("\n\n")
+        for r in rows:
+            if r["mode"] in ("full", "reuse"):
+                f.write(f"# {r['mode']}\n{r['ttft_ms']:.1f} {100 * (r['mode'] == 'full'):.0f} "
+                        f"{100 * (r['mode'] == 'full'):.0f} \"{r['mode']}\"\n\n\n")
+    n = len(strategies)
+    lines = lambda col: ", ".join(
+        [f"'{dat}' index {i} using 1:{col} with linespoints lw 2 pt 7 title '{s}', "
+         f"'' index {i} using 1:{col}:4 with labels offset 0,0.8 notitle" for i, s in enumerate(strategies)]
+        + [f"'{dat}' index {n}:{n + 1} using 1:{col}:4 with labels point pt 5 offset 0,-0.8 notitle"])
+    script = (f"set terminal png size 1400,600; set output '{png}'; set multiplot layout 1,2;"
+              "set xlabel 'mean TTFT (ms)'; set grid; set key bottom right; set yrange [-20:110];"
+              f"set title 'first-token KL recovery vs TTFT (labels: ratio)'; set ylabel 'KL recovery (%)';"
+              f"plot {lines(2)};"
+              f"set title 'gold-answer NLL recovery vs TTFT'; set ylabel 'NLL recovery (%)'; plot {lines(3)};"
+              "unset multiplot")
+    subprocess.run(["gnuplot", "-e", script], check=False)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     top = os.path.dirname(os.path.dirname(here))
@@ -101,6 +138,7 @@ def main():
     ap.add_argument("--out", default="eval-results.json")
     ap.add_argument("--plot", default="eval-quality-ttft.png")
     ap.add_argument("--kv-type", default="f16")
+    ap.add_argument("--no-answers", action="store_true", help="score only: no generation, no F1/EM")
     ap.add_argument("--extra", default="", help="extra cb-run flags for blend runs")
     args = ap.parse_args()
 
@@ -142,7 +180,7 @@ def main():
                 for c in q["ctxs"][: args.passages]:
                     f.write(json.dumps({"text": f"{c.get('title', '')}\n{c['text']}".strip()}, ensure_ascii=False) + "\n")
             question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}"
-            full_logits = full_answer = None
+            full_logits = full_answer = full_nll = None
             for mode, ratio, strat in sorted(configs, key=lambda c: c[0] != "full"):
                 stats = os.path.join(work, "stats.json")
                 lfile = os.path.join(work, "logits.f32")
@@ -151,8 +189,14 @@ def main():
                        "-p", question] + common
                 if ratio is not None:
                     cmd += ["--ratio", str(ratio), "--strategy", strat] + (args.extra.split() if args.extra else [])
-                ans = subprocess.run(cmd, stdout=subprocess.PIPE, check=True).stdout.decode("utf-8", "replace")
+                # the gold answer's score after the prompt (and the first token's logits)
+                subprocess.run(cmd + ["--score", q["answers"][0]], stdout=subprocess.DEVNULL, check=True)
                 st = json.load(open(stats))
+                score = st["score"]
+                ans = ""
+                if not args.no_answers:  # the answer, generated in the same mode
+                    gcmd = [a for a in cmd if a not in ("--logits-out", lfile)]
+                    ans = subprocess.run(gcmd, stdout=subprocess.PIPE, check=True).stdout.decode("utf-8", "replace")
                 pred = first_line(ans)
                 res = {
                     "q": qi, "mode": mode, "ratio": ratio, "strategy": strat, "answer": ans,
@@ -161,13 +205,18 @@ def main():
                     "ttft_ms": st["ttft_ms"], "prefill_ms": st["prefill_ms"], "load_ms": st["load_ms"],
                     "n_prompt_tokens": st["n_prompt_tokens"], "n_cached_tokens": st["n_cached_tokens"],
                     "n_recomputed_tokens": st["n_recomputed_tokens"],
+                    "nll": score["nll"], "nll_tokens": score["n_tokens"], "nll_top1": score["top1"],
                 }
                 logits = read_logits(lfile)
                 if mode == "full":
-                    full_logits, full_answer = logits, ans
+                    full_logits, full_answer, full_nll = logits, ans, score["nll"]
+                res["nll_gap"] = res["nll"] - full_nll if full_logits is not None else float("nan")
+                res["nll_absgap"] = abs(res["nll_gap"])
+                if args.no_answers:
+                    res["f1"] = res["em"] = float("nan")
                 if full_logits is not None:
                     res["kl"], res["top1"] = kl_top1(full_logits, logits)
-                    res["same"] = ans == full_answer
+                    res["same"] = ans == full_answer if not args.no_answers else float("nan")
                 else:  # no full run configured: nothing to compare with
                     res["kl"], res["top1"], res["same"] = float("nan"), False, False
                 results.append(res)
@@ -177,43 +226,44 @@ def main():
         def label(c):
             return c[0] if c[1] is None else f"blend r={c[1]:g} {c[2]}"
 
-        full_ttft = [r["ttft_ms"] for r in results if r["mode"] == "full"]
-        mean_full = sum(full_ttft) / len(full_ttft) if full_ttft else float("nan")
-        full_f1 = [r["f1"] for r in results if r["mode"] == "full"]
-        mean_full_f1 = sum(full_f1) / len(full_f1) if full_f1 else float("nan")
+        def mean(rs, k):
+            return sum(r[k] for r in rs) / len(rs) if rs else float("nan")
+
+        def recovery(reuse, full, x):
+            return (reuse - x) / (reuse - full) if reuse - full > 1e-12 else float("nan")
+
+        by = {c: [r for r in results if (r["mode"], r["ratio"], r["strategy"]) == c] for c in configs}
+        fr, rr = by.get(("full", None, None), []), by.get(("reuse", None, None), [])
+        mean_full, mean_full_f1 = mean(fr, "ttft_ms"), mean(fr, "f1")
+        kl_reuse, gap_reuse = mean(rr, "kl"), mean(rr, "nll_absgap")
         rows = []
         print(f"\n{len(qa)} questions, {args.passages} passages each, mean prompt "
               f"{sum(r['n_prompt_tokens'] for r in results) / len(results):.0f} tokens; model "
               f"{args.model or 'default'}; {args.threads} threads; KV {args.kv_type}\n")
-        print("| mode | F1 | EM | F1 / full | identical to full | first-token top-1 = full | mean first-token KL | mean TTFT ms | speedup |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| mode | F1 | EM | identical to full | top-1 = full | KL | KL recovery | gold NLL | NLL gap | "
+              "abs NLL gap | NLL recovery | recomputed | TTFT ms | speedup |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for c in configs:
-            rs = [r for r in results if (r["mode"], r["ratio"], r["strategy"]) == c]
-            n = len(rs)
-            mf1 = sum(r["f1"] for r in rs) / n
-            mem = sum(r["em"] for r in rs) / n
-            same = sum(1 for r in rs if r["same"]) / n
-            top1 = sum(1 for r in rs if r["top1"]) / n
-            kl = sum(r["kl"] for r in rs) / n
-            ttft = sum(r["ttft_ms"] for r in rs) / n
-            row = {"config": label(c), "f1": mf1, "em": mem, "f1_vs_full": mf1 / mean_full_f1 if mean_full_f1 else 0,
-                   "identical": same, "top1": top1, "kl": kl, "ttft_ms": ttft, "speedup": mean_full / ttft}
+            rs = by[c]
+            kl, gap, agap = mean(rs, "kl"), mean(rs, "nll_gap"), mean(rs, "nll_absgap")
+            row = {"config": label(c), "mode": c[0], "ratio": c[1], "strategy": c[2], "f1": mean(rs, "f1"),
+                   "em": mean(rs, "em"), "identical": mean(rs, "same"),
+                   "top1": sum(1 for r in rs if r["top1"]) / len(rs), "kl": kl,
+                   "kl_recovery": recovery(kl_reuse, 0.0, kl), "nll": mean(rs, "nll"), "nll_gap": gap,
+                   "nll_absgap": agap, "nll_recovery": recovery(gap_reuse, 0.0, agap),
+                   "recomputed": sum(r["n_recomputed_tokens"] for r in rs) / max(1, sum(r["n_cached_tokens"] for r in rs)),
+                   "ttft_ms": mean(rs, "ttft_ms"), "speedup": mean_full / mean(rs, "ttft_ms")}
             rows.append(row)
-            print(f"| {row['config']} | {mf1:.3f} | {mem:.3f} | {row['f1_vs_full']:.1%} | {same:.0%} | {top1:.0%} | {kl:.4f} | "
-                  f"{ttft:.0f} | {row['speedup']:.2f}x |")
+            print(f"| {row['config']} | {row['f1']:.3f} | {row['em']:.3f} | {row['identical']:.0%} | {row['top1']:.0%} | "
+                  f"{kl:.4f} | {row['kl_recovery']:.1%} | {row['nll']:.3f} | {gap:+.3f} | {agap:.3f} | {row['nll_recovery']:.1%} | "
+                  f"{row['recomputed']:.1%} | {row['ttft_ms']:.0f} | {row['speedup']:.2f}x |")
+        print(f"\n(full prefill F1 {mean_full_f1:.3f}; recovery = (reuse - x) / (reuse - full) of the mean KL and of "
+              "the mean absolute NLL gap; recomputed = recomputed / cached tokens)")
         json.dump({"args": vars(args), "precompute_s": pre_s, "summary": rows, "results": results},
                   open(args.out, "w"), indent=1)
         print(f"\nresults: {args.out}", file=sys.stderr)
         if args.plot and shutil.which("gnuplot"):
-            dat = os.path.join(work, "plot.dat")
-            with open(dat, "w") as f:
-                for r in rows:
-                    f.write(f"{r['ttft_ms']:.1f} {r['f1']:.4f} \"{r['config']}\"\n")
-            script = (f"set terminal png size 900,600; set output '{os.path.abspath(args.plot)}';"
-                      "set xlabel 'mean TTFT (ms)'; set ylabel 'F1'; set grid; set key off;"
-                      "set title 'answer quality vs time to first token';"
-                      f"plot '{dat}' using 1:2 with points pt 7 ps 2, '' using 1:2:3 with labels offset 0,1")
-            subprocess.run(["gnuplot", "-e", script], check=False)
+            plot(rows, work, os.path.abspath(args.plot))
             print(f"plot: {args.plot}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
