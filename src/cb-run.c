@@ -55,7 +55,11 @@ static void usage(FILE *f)
             "      --deviation k|v  measure deviation on keys or values (default v)\n"
             "      --strategy S   hkvd (default): most deviating tokens; sink: also the first\n"
             "                     --sink-tokens N (default 4) of every chunk; query: the cached\n"
-            "                     tokens the question attends to most\n"
+            "                     tokens the question attends to most; probe: run the question\n"
+            "                     through every layer against the loaded caches first, then\n"
+            "                     recompute the cached tokens it attends to most in every\n"
+            "                     layer; runs: hkvd's most deviating tokens for half the\n"
+            "                     budget, each with the token after it\n"
             "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
             "                     agreement and whether the greedy answers match to --stats\n"
             "      --no-store-write  do not store the KV of chunks that had none\n"
@@ -238,7 +242,7 @@ static cb_status sink_write(void *ctx, const char *p, size_t n)
 }
 
 static const char *const mode_names[] = {"full", "prefix", "reuse", "blend"};
-static const char *const strategy_names[] = {"hkvd", "sink", "query"};
+static const char *const strategy_names[] = {"hkvd", "sink", "query", "probe", "runs"};
 
 static void warn(void *ctx, const char *msg)
 {
@@ -633,7 +637,7 @@ static int parse_enum(const char *opt, const char *arg, const char *const *names
             return 0;
         }
     cli_err("%s %s: use %s", opt, arg,
-            n == 2 ? "k or v" : n == 3 ? "hkvd, sink or query" : "full, prefix, reuse or blend");
+            n == 2 ? "k or v" : n == 5 ? "hkvd, sink, query, probe or runs" : "full, prefix, reuse or blend");
     return -1;
 }
 
@@ -695,7 +699,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.deviation_v = e;
         return 0;
     case OPT_STRATEGY:
-        if (parse_enum("--strategy", arg, strategy_names, 3, &e))
+        if (parse_enum("--strategy", arg, strategy_names, 5, &e))
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;

@@ -620,7 +620,13 @@ typedef enum cb_blend_mode {
 typedef enum cb_blend_strategy {
     CB_STRATEGY_HKVD = 0, /* the tokens whose KV deviates most at the check layer */
     CB_STRATEGY_SINK,     /* HKVD plus the first tokens of every cached segment */
-    CB_STRATEGY_QUERY     /* the cached tokens the last segment attends to most */
+    CB_STRATEGY_QUERY,    /* the cached tokens the last segment attends to most */
+    CB_STRATEGY_PROBE,    /* after ProphetKV: the uncached rows run through every layer
+                           * against the loaded cache first; the cached tokens the
+                           * last segment attends to most, summed over layers and
+                           * heads, are recomputed in every layer (no check layer) */
+    CB_STRATEGY_RUNS      /* after CacheClip: HKVD anchors, each with the cached
+                           * token after it (half the budget each) */
 } cb_blend_strategy;
 
 #define CB_BLEND_MAX_STEPS 8

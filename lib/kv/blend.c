@@ -397,6 +397,31 @@ static cb_status select_hkvd(plan *pl, int32_t l, const int32_t *cand, int32_t n
     return CB_OK;
 }
 
+/* runs: half the budget to the most deviating rows (anchors), the rest to
+ * the cached row after each anchor, in anchor order, so that recomputed
+ * tokens see recomputed neighbours; what is left (a successor already
+ * chosen or not cached) goes to the next most deviating rows. */
+static cb_status select_runs(plan *pl, int32_t l, const int32_t *cand, int32_t n_c, int64_t want)
+{
+    cb_status st = cb_fwd_deviation(pl->f, pl->kv, l, pl->p->deviation_v, cand, n_c, n_c, pl->top);
+    int64_t n_anchor = (want + 1) / 2, got = 0;
+    if (st != CB_OK)
+        return st;
+    for (int32_t c = 0; c < n_c; c++)
+        pl->keep[cand[c]] = 0;
+    for (int64_t a = 0; a < n_anchor; a++)
+        pl->keep[pl->top[a]] = 1, got++;
+    for (int64_t a = 0; a < n_anchor && got < want; a++) {
+        int32_t next = pl->top[a] + 1;
+        if (next < pl->total && pl->cached[next] && !pl->keep[next] && pl->seg_of[next] == pl->seg_of[pl->top[a]])
+            pl->keep[next] = 1, got++;
+    }
+    for (int64_t a = n_anchor; a < n_c && got < want; a++)
+        if (!pl->keep[pl->top[a]])
+            pl->keep[pl->top[a]] = 1, got++;
+    return CB_OK;
+}
+
 /* sink: also the first sink_tokens cached rows of every used cache. */
 static void add_sinks(plan *pl)
 {
@@ -423,6 +448,96 @@ static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *row
     return CB_OK;
 }
 
+/* probe, at layer l: the softmax attention of the query rows qrows
+ * (queries [nq, n_head*hd] in pl->qbuf) over every position up to their
+ * own (keys [total, w] from the cache), added to the cached rows' scores
+ * in pl->sc (indexed by row), over every head. */
+static void probe_add(plan *pl, const int32_t *qrows, int32_t nq, const float *keys)
+{
+    const cb_hparams *hp = pl->hp;
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim;
+    int grp = hp->n_head / hp->n_head_kv;
+    float scale = 1.0f / sqrtf((float)hp->head_dim), *a = pl->srow;
+    for (int32_t i = 0; i < nq; i++)
+        for (int32_t h = 0; h < hp->n_head; h++) {
+            const float *qv = pl->qbuf + i * dq + (int64_t)h * hp->head_dim;
+            const float *kh = keys + (int64_t)(h / grp) * hp->head_dim;
+            int32_t n = qrows[i] + 1; /* the causal mask: positions 0..row */
+            float mx = -INFINITY, sum = 0;
+            for (int32_t j = 0; j < n; j++) {
+                const float *kv_ = kh + j * pl->w;
+                float dot = 0;
+                for (int32_t e = 0; e < hp->head_dim; e++)
+                    dot += qv[e] * kv_[e];
+                a[j] = dot * scale;
+                mx = a[j] > mx ? a[j] : mx;
+            }
+            for (int32_t j = 0; j < n; j++)
+                sum += (a[j] = expf(a[j] - mx));
+            for (int32_t j = 0; j < n; j++)
+                if (pl->cached[j])
+                    pl->sc[j].score += a[j] / sum;
+        }
+}
+
+/* probe: the uncached rows through every layer against the loaded cache,
+ * each layer's attention from the last segment's uncached rows scoring
+ * the cached rows; then the top ratio x cached rows, with the uncached
+ * ones, from the embeddings through every layer (the second pass rewrites
+ * the uncached rows' K/V, so nothing of the first remains). */
+static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
+{
+    const cb_hparams *hp = pl->hp;
+    int32_t qs = pl->start[pl->n_segs - 1], nq = 0, *qrows = NULL;
+    int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)pl->n_cached), n_c = 0;
+    float *keys = NULL;
+    cb_status st = CB_ERR_NOMEM;
+
+    qrows = malloc(sizeof(int32_t) * (size_t)(pl->total - qs));
+    keys = malloc(sizeof(float) * (size_t)(pl->total * pl->w));
+    pl->qbuf = malloc(sizeof(float) * (size_t)((pl->total - qs) * hp->n_head * hp->head_dim));
+    pl->srow = malloc(sizeof(float) * (size_t)pl->total);
+    if (!qrows || !keys || !pl->qbuf || !pl->srow)
+        goto out;
+    for (int32_t r = qs; r < pl->total; r++)
+        if (!pl->cached[r])
+            qrows[nq++] = r;
+    for (int64_t r = 0; r < pl->total; r++)
+        pl->sc[r] = (scored){0.0f, (int32_t)r};
+    for (int32_t l = 0; l < hp->n_layer && want > 0 && want < pl->n_cached; l++) {
+        if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
+            goto out;
+        if ((st = cb_fwd_layer_qkv(pl->f, l, qrows, nq, pl->qbuf, NULL, NULL)) != CB_OK ||
+            (st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK ||
+            (st = cb_kvcache_read(pl->kv, l, 0, 0, (int32_t)pl->total, keys)) != CB_OK) {
+            *layer_err = 1;
+            goto out;
+        }
+        probe_add(pl, qrows, nq, keys);
+    }
+    for (int64_t r = 0; r < pl->total; r++) /* the cached rows, by score */
+        if (pl->cached[r])
+            pl->sc[n_c++] = pl->sc[r];
+    qsort(pl->sc, (size_t)n_c, sizeof *pl->sc, by_score_desc);
+    memset(pl->keep, 0, (size_t)pl->total);
+    for (int64_t c = 0; c < want && c < n_c; c++)
+        pl->keep[pl->sc[c].row] = 1;
+    pl->n_rows = 0;
+    for (int64_t r = 0; r < pl->total; r++)
+        if (pl->keep[r] || !pl->cached[r])
+            pl->rows[pl->n_rows++] = (int32_t)r;
+    stats->n_selected[0] = stats->n_recomputed_tokens = (int32_t)(want < n_c ? want : n_c);
+    if ((st = cb_fwd_embed(pl->f, pl->ids, pl->pos, (int32_t)pl->total)) != CB_OK) {
+        *layer_err = 1;
+        goto out;
+    }
+    st = run_layers(pl, 0, hp->n_layer, pl->rows, pl->n_rows, layer_err, err);
+out:
+    free(qrows);
+    free(keys);
+    return st;
+}
+
 /* One check layer: narrow the candidates (cached rows still kept) to
  * ratio x the cached rows by the strategy, then compute the layer for the
  * fresh rows and the survivors. */
@@ -442,8 +557,9 @@ static cb_status check_layer(plan *pl, int32_t step, int *layer_err, cb_error *e
     if (want > n_c)
         want = n_c;
     if (want < n_c && n_c > 0) {
-        st = p->strategy == CB_STRATEGY_QUERY ? select_query(pl, l, cand, n_c, want)
-                                              : select_hkvd(pl, l, cand, n_c, want);
+        st = p->strategy == CB_STRATEGY_QUERY  ? select_query(pl, l, cand, n_c, want)
+             : p->strategy == CB_STRATEGY_RUNS ? select_runs(pl, l, cand, n_c, want)
+                                               : select_hkvd(pl, l, cand, n_c, want);
         if (st != CB_OK)
             return *layer_err = st != CB_ERR_NOMEM, st;
         if (p->strategy == CB_STRATEGY_SINK)
@@ -468,6 +584,8 @@ static cb_status fuse(plan *pl, int *layer_err, cb_error *err, cb_blend_stats *s
 {
     const cb_blend_params *p = pl->p;
     cb_status st;
+    if (p->strategy == CB_STRATEGY_PROBE)
+        return fuse_probe(pl, layer_err, err, stats);
     if ((st = run_layers(pl, 0, p->check_layer, NULL, 0, layer_err, err)) != CB_OK)
         return st;
     memcpy(pl->keep, pl->cached, (size_t)pl->total); /* candidates: all cached rows */

@@ -2,7 +2,8 @@
  * on the default model: ratio 1 reproduces full prefill; ratio 0 equals
  * full KV reuse; prefix caching of a true prefix equals full prefill;
  * reordering chunks only moves their caches; selection counts follow the
- * ratios (one check layer, gradual filtering, the sink strategy). */
+ * ratios (one check layer, gradual filtering, every strategy); cb_score
+ * against a plain-loop NLL. */
 #include "cbcore.h"
 #include "test.h"
 
@@ -246,6 +247,37 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     p = cb_blend_defaults();
     p.deviation_v = 0;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+
+    static const char *const names[] = {"hkvd", "sink", "query", "probe", "runs"};
+    for (int sg = CB_STRATEGY_HKVD; sg <= CB_STRATEGY_RUNS; sg++) {
+        tcase("%s: strategy %s: ratio 1 is full prefill, ratio 0 is reuse (sink: the sinks), 0.15 its budget", label,
+              names[sg]);
+        p = cb_blend_defaults();
+        p.strategy = (cb_blend_strategy)sg;
+        p.ratios[0] = 1.0f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        p.mode = CB_MODE_FULL;
+        CHECK_OK(run(&fx, segs, ns, &p, full, &st, NULL));
+        e = rel(a, full, (size_t)nv);
+        CHECKF(e < tol_full, "ratio 1 vs full: relative error %.3g", e);
+        p.mode = CB_MODE_REUSE;
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+        p.mode = CB_MODE_BLEND;
+        p.ratios[0] = 0.0f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        e = rel(a, b, (size_t)nv);
+        if (sg == CB_STRATEGY_SINK) /* by design: the sinks even at ratio 0 */
+            CHECK(st.n_recomputed_tokens == 3 * p.sink_tokens);
+        else
+            CHECKF(e < tol_reuse && st.n_recomputed_tokens == 0, "ratio 0 vs reuse: relative error %.3g", e);
+        p.ratios[0] = 0.15f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        int32_t budget = (int32_t)ceilf(0.15f * st.n_cached_tokens);
+        CHECKF(sg == CB_STRATEGY_SINK ? st.n_selected[0] >= budget : st.n_selected[0] == budget, "%d selected of %d",
+               st.n_selected[0], st.n_cached_tokens);
+        double es = rel(a, full, (size_t)nv);
+        printf("# %s: %s at 0.15 vs full: %.2e (reuse %.2e)\n", label, names[sg], es, rel(b, full, (size_t)nv));
+    }
 
     tcase("%s: prefix caching reuses a true prefix exactly, and nothing else", label);
     cb_segment ps[3] = {{fx.lead.ids, (int32_t)fx.lead.n, NULL},
