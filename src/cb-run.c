@@ -49,7 +49,11 @@ static void usage(FILE *f)
             "      --ratio R|auto fraction of cached tokens recomputed (default 0.15); auto: the\n"
             "                     loading controller's choice from the store's profile (see\n"
             "                     cb-profile(1)): recompute as much as loading the KV hides\n"
-            "      --min-ratio R  the least ratio auto picks (default 0.15)\n"
+            "      --min-ratio R  the least ratio auto picks (default 0.15), or --mass (0.05)\n"
+            "      --mass M       with --strategy probe: per prompt, the smallest ratio whose\n"
+            "                     tokens hold the share M of the question's attention to the\n"
+            "                     cached tokens, between --min-ratio and --max-ratio\n"
+            "      --max-ratio R  the most --mass picks (default 0.5)\n"
             "      --ratios LIST  gradual filtering: r1,r2,... at successive check layers\n"
             "      --check-layer N  the (first) layer where deviation is measured (default 1)\n"
             "      --deviation k|v  measure deviation on keys or values (default v)\n"
@@ -124,7 +128,9 @@ enum {
     OPT_MINRATIO,
     OPT_LOGITS,
     OPT_SCORE,
-    OPT_SCOREFILE
+    OPT_SCOREFILE,
+    OPT_MASS,
+    OPT_MAXRATIO
 };
 
 static int parse_num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -199,7 +205,7 @@ done:
 typedef struct gen_opts {
     const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path, *logits_out, *device;
     const char *score, *score_file; /* --score TEXT, --score-file FILE */
-    int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto;
+    int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto, min_ratio_given;
     double min_ratio;
     cb_type kv_type;
     cb_sampler_params sp;
@@ -493,7 +499,7 @@ static int run_stats(run *r)
 
     for (int i = 0; bp->mode == CB_MODE_BLEND && i < bp->n_ratios; i++)
         json_array_append_new(sel, json_integer(bs->n_selected[i]));
-    double ratio = bp->mode == CB_MODE_BLEND ? bp->ratios[bp->n_ratios - 1] : bp->mode == CB_MODE_FULL ? 1.0 : 0.0;
+    double ratio = bs->ratio;
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, s:s, "
         "s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I}",
@@ -515,6 +521,13 @@ static int run_stats(run *r)
         json_object_set_new(s, "predicted_recompute_ms", json_real(r->rc.pred_recompute_ms));
         if (r->rc.tier[0])
             json_object_set_new(s, "tier", json_string(r->rc.tier));
+    }
+    if (s && bp->adapt_mass > 0 && bp->mode == CB_MODE_BLEND) {
+        json_object_set_new(s, "ratio_source", json_string("adaptive"));
+        json_object_set_new(s, "adaptive",
+                            json_pack("{s:f, s:f, s:f, s:f, s:s}", "mass", bp->adapt_mass, "selected_mass",
+                                      bs->selected_mass, "min_ratio", bp->adapt_min, "max_ratio", bp->adapt_max,
+                                      "bound", bs->ratio_bound));
     }
     if (s && r->cont.n)
         json_object_set_new(s, "score",
@@ -686,7 +699,9 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.ratios[0] = (float)d;
         o->ratio_auto = 0;
         return 0;
-    case OPT_MINRATIO: return parse_num("--min-ratio", arg, 0, 1, &o->min_ratio) ? -1 : 0;
+    case OPT_MINRATIO: return parse_num("--min-ratio", arg, 0, 1, &o->min_ratio) ? -1 : (o->min_ratio_given = 1, 0);
+    case OPT_MASS: return parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
+    case OPT_MAXRATIO: return parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
     case OPT_RATIOS: return parse_ratios(arg, &o->bp);
     case OPT_CHECK:
         if (parse_num("--check-layer", arg, 1, 4096, &d))
@@ -780,7 +795,8 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"deviation", required_argument, 0, OPT_DEVIATION}, {"strategy", required_argument, 0, OPT_STRATEGY},
         {"sink-tokens", required_argument, 0, OPT_SINK}, {"verify", no_argument, 0, OPT_VERIFY},
         {"no-store-write", no_argument, 0, OPT_NOSTORE}, {"score", required_argument, 0, OPT_SCORE},
-        {"score-file", required_argument, 0, OPT_SCOREFILE}, CLI_COMMON_OPTS,
+        {"score-file", required_argument, 0, OPT_SCOREFILE}, {"mass", required_argument, 0, OPT_MASS},
+        {"max-ratio", required_argument, 0, OPT_MAXRATIO}, CLI_COMMON_OPTS,
         CLI_STORE_OPT, CLI_DEVICE_OPT,
         {0, 0, 0, 0},
     };
@@ -801,6 +817,16 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
     }
     if (cr->prompt && cr->file) {
         cli_err("-p and -f exclude each other");
+        return CLI_EX_USAGE;
+    }
+    if (o->bp.adapt_mass > 0 && (o->bp.strategy != CB_STRATEGY_PROBE || o->ratio_auto)) {
+        cli_err("--mass needs --strategy probe (and no --ratio auto)");
+        return CLI_EX_USAGE;
+    }
+    if (o->bp.adapt_mass > 0 && o->min_ratio_given)
+        o->bp.adapt_min = (float)o->min_ratio;
+    if (o->bp.adapt_mass > 0 && o->bp.adapt_min > o->bp.adapt_max) {
+        cli_err("--min-ratio %g is above --max-ratio %g", o->bp.adapt_min, o->bp.adapt_max);
         return CLI_EX_USAGE;
     }
     if (o->score && o->score_file) {

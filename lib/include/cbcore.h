@@ -642,6 +642,11 @@ typedef struct cb_blend_params {
     int sequential_load;          /* 1: load every layer before computing (no pipelining) */
     double load_limit_mbs;        /* > 0: throttle KV reads to this many MB/s (tests,
                                    * emulating a slow tier); 0: as fast as the files come */
+    float adapt_mass;             /* CB_STRATEGY_PROBE, > 0: instead of the ratio, the
+                                   * fewest cached tokens holding this share of the
+                                   * question's attention to the caches, as a ratio
+                                   * clamped to [adapt_min, adapt_max]; 0: the ratio */
+    float adapt_min, adapt_max;
 } cb_blend_params;
 
 /* Defaults: blend, hkvd, check layer 1, one ratio 0.15, deviation on V, 4 sink tokens. */
@@ -652,6 +657,10 @@ typedef struct cb_blend_stats {
     int32_t n_cached_tokens;      /* tokens whose KV came from a cache */
     int32_t n_recomputed_tokens;  /* cached tokens recomputed at the last check layer */
     int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
+    float ratio;                  /* the ratio used: the last step's, or adapt_mass's choice */
+    float selected_mass;          /* probe: the share of the attention mass selected */
+    const char *ratio_bound;      /* adapt_mass: "mass" (it reached adapt_mass), "min" or
+                                   * "max" (clamped); else "given" */
     double load_ms;               /* reading and placing cached KV (the loader's busy time) */
     double recompute_ms;          /* layer computation (compute busy time, stalls excluded) */
     double overlapped_ms;         /* load time hidden behind computation */

@@ -24,6 +24,7 @@
  * they are done (an event per cache layer, see cb_kvcache_load). */
 #include "cbcore.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -41,6 +42,8 @@ cb_blend_params cb_blend_defaults(void)
     p.ratios[0] = 0.15f;
     p.deviation_v = 1;
     p.sink_tokens = 4;
+    p.adapt_min = 0.05f;
+    p.adapt_max = 0.5f;
     return p;
 }
 
@@ -246,6 +249,12 @@ static cb_status plan_check(plan *pl, cb_error *err)
         p->check_layer + p->n_ratios > pl->hp->n_layer)
         return cb_error_set(err, CB_ERR_INVALID, "blend: check layer %d with %d ratios does not fit %d layers",
                             p->check_layer, p->n_ratios, pl->hp->n_layer);
+    if (p->adapt_mass < 0 || p->adapt_mass > 1 ||
+        (p->adapt_mass > 0 && (p->strategy != CB_STRATEGY_PROBE || p->adapt_min < 0 || p->adapt_min > p->adapt_max ||
+                               p->adapt_max > 1)))
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "blend: an adaptive ratio needs the probe strategy, a mass in (0, 1] and 0 <= min <= "
+                            "max <= 1");
     for (int32_t s = 0; s < pl->n_segs; s++) {
         const cb_segment *g = &pl->segs[s];
         pl->total += g->n;
@@ -451,33 +460,55 @@ static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *row
 /* probe, at layer l: the softmax attention of the query rows qrows
  * (queries [nq, n_head*hd] in pl->qbuf) over every position up to their
  * own (keys [total, w] from the cache), added to the cached rows' scores
- * in pl->sc (indexed by row), over every head. */
+ * in pl->sc (indexed by row), over every head.  The logits of one head
+ * are one product (OpenBLAS) into pl->srow [nq, total]. */
 static void probe_add(plan *pl, const int32_t *qrows, int32_t nq, const float *keys)
 {
     const cb_hparams *hp = pl->hp;
-    int64_t dq = (int64_t)hp->n_head * hp->head_dim;
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim, total = pl->total;
     int grp = hp->n_head / hp->n_head_kv;
-    float scale = 1.0f / sqrtf((float)hp->head_dim), *a = pl->srow;
-    for (int32_t i = 0; i < nq; i++)
-        for (int32_t h = 0; h < hp->n_head; h++) {
-            const float *qv = pl->qbuf + i * dq + (int64_t)h * hp->head_dim;
-            const float *kh = keys + (int64_t)(h / grp) * hp->head_dim;
+    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    for (int32_t h = 0; h < hp->n_head; h++) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, (int)total, hp->head_dim, scale,
+                    pl->qbuf + (int64_t)h * hp->head_dim, (int)dq, keys + (int64_t)(h / grp) * hp->head_dim,
+                    (int)pl->w, 0.0f, pl->srow, (int)total);
+        for (int32_t i = 0; i < nq; i++) {
+            float *a = pl->srow + i * total, mx = -INFINITY, sum = 0;
             int32_t n = qrows[i] + 1; /* the causal mask: positions 0..row */
-            float mx = -INFINITY, sum = 0;
-            for (int32_t j = 0; j < n; j++) {
-                const float *kv_ = kh + j * pl->w;
-                float dot = 0;
-                for (int32_t e = 0; e < hp->head_dim; e++)
-                    dot += qv[e] * kv_[e];
-                a[j] = dot * scale;
+            for (int32_t j = 0; j < n; j++)
                 mx = a[j] > mx ? a[j] : mx;
-            }
             for (int32_t j = 0; j < n; j++)
                 sum += (a[j] = expf(a[j] - mx));
             for (int32_t j = 0; j < n; j++)
                 if (pl->cached[j])
                     pl->sc[j].score += a[j] / sum;
         }
+    }
+}
+
+/* probe's budget: the given one, or with adapt_mass the fewest top rows
+ * (scores sorted in pl->sc[0..n_c)) holding that share of the mass,
+ * clamped to [adapt_min, adapt_max] x n_c; the stats say which and why. */
+static int64_t probe_budget(plan *pl, int64_t n_c, int64_t want, cb_blend_stats *stats)
+{
+    const cb_blend_params *p = pl->p;
+    double total = 0, acc = 0;
+    int64_t k = 0;
+    for (int64_t c = 0; c < n_c; c++)
+        total += pl->sc[c].score;
+    if (p->adapt_mass > 0 && n_c > 0) {
+        int64_t lo = (int64_t)ceilf(p->adapt_min * (float)n_c), hi = (int64_t)ceilf(p->adapt_max * (float)n_c);
+        while (k < n_c && acc < p->adapt_mass * total)
+            acc += pl->sc[k++].score;
+        stats->ratio_bound = k < lo ? "min" : k > hi ? "max" : "mass";
+        want = k < lo ? lo : k > hi ? hi : k;
+        stats->ratio = (float)want / (float)n_c;
+    }
+    acc = 0;
+    for (int64_t c = 0; c < want && c < n_c; c++)
+        acc += pl->sc[c].score;
+    stats->selected_mass = total > 0 ? (float)(acc / total) : 0.0f;
+    return want;
 }
 
 /* probe: the uncached rows through every layer against the loaded cache,
@@ -496,7 +527,7 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     qrows = malloc(sizeof(int32_t) * (size_t)(pl->total - qs));
     keys = malloc(sizeof(float) * (size_t)(pl->total * pl->w));
     pl->qbuf = malloc(sizeof(float) * (size_t)((pl->total - qs) * hp->n_head * hp->head_dim));
-    pl->srow = malloc(sizeof(float) * (size_t)pl->total);
+    pl->srow = malloc(sizeof(float) * (size_t)((pl->total - qs) * pl->total));
     if (!qrows || !keys || !pl->qbuf || !pl->srow)
         goto out;
     for (int32_t r = qs; r < pl->total; r++)
@@ -504,7 +535,7 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
             qrows[nq++] = r;
     for (int64_t r = 0; r < pl->total; r++)
         pl->sc[r] = (scored){0.0f, (int32_t)r};
-    for (int32_t l = 0; l < hp->n_layer && want > 0 && want < pl->n_cached; l++) {
+    for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < pl->n_cached)); l++) {
         if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
             goto out;
         if ((st = cb_fwd_layer_qkv(pl->f, l, qrows, nq, pl->qbuf, NULL, NULL)) != CB_OK ||
@@ -519,6 +550,7 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
         if (pl->cached[r])
             pl->sc[n_c++] = pl->sc[r];
     qsort(pl->sc, (size_t)n_c, sizeof *pl->sc, by_score_desc);
+    want = probe_budget(pl, n_c, want, stats);
     memset(pl->keep, 0, (size_t)pl->total);
     for (int64_t c = 0; c < want && c < n_c; c++)
         pl->keep[pl->sc[c].row] = 1;
@@ -617,6 +649,8 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     cb_status st;
 
     memset(stats, 0, sizeof *stats);
+    stats->ratio_bound = "given";
+    stats->ratio = p->mode == CB_MODE_FULL ? 1.0f : p->mode == CB_MODE_BLEND ? p->ratios[p->n_ratios - 1] : 0.0f;
     if ((st = plan_check(&pl, err)) != CB_OK || (st = plan_rows(&pl, err)) != CB_OK)
         goto out;
     stats->n_prompt_tokens = (int32_t)pl.total;

@@ -130,7 +130,8 @@ def main():
     ap.add_argument("--passages", type=int, default=6)
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--ratios", default="0.15", help="blend ratios, comma-separated")
-    ap.add_argument("--strategies", default="hkvd,sink,query")
+    ap.add_argument("--strategies", default="hkvd,sink,query",
+                    help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio")
     ap.add_argument("--modes", default="full,prefix,reuse,blend")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -188,7 +189,10 @@ def main():
                        str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
                        "-p", question] + common
                 if ratio is not None:
-                    cmd += ["--ratio", str(ratio), "--strategy", strat] + (args.extra.split() if args.extra else [])
+                    name, _, mass = strat.partition("@")  # probe@M: --mass M, at most the ratio
+                    cmd += ["--ratio", str(ratio), "--strategy", name] + (args.extra.split() if args.extra else [])
+                    if mass:
+                        cmd += ["--mass", mass, "--max-ratio", str(ratio), "--min-ratio", "0"]
                 # the gold answer's score after the prompt (and the first token's logits)
                 subprocess.run(cmd + ["--score", q["answers"][0]], stdout=subprocess.DEVNULL, check=True)
                 st = json.load(open(stats))

@@ -279,6 +279,40 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         printf("# %s: %s at 0.15 vs full: %.2e (reuse %.2e)\n", label, names[sg], es, rel(b, full, (size_t)nv));
     }
 
+    tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds", label);
+    {
+        int32_t n_sel[3];
+        float masses[3] = {0.3f, 0.6f, 0.9f};
+        p = cb_blend_defaults();
+        p.strategy = CB_STRATEGY_PROBE;
+        p.adapt_min = 0.0f;
+        p.adapt_max = 1.0f;
+        for (int i = 0; i < 3; i++) {
+            p.adapt_mass = masses[i];
+            CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+            n_sel[i] = st.n_selected[0];
+            CHECKF(!strcmp(st.ratio_bound, "mass") && st.selected_mass >= masses[i] &&
+                       fabsf(st.ratio - (float)n_sel[i] / st.n_cached_tokens) < 1e-6,
+                   "mass %.1f: %d selected, %.3f of the mass, bound %s", masses[i], n_sel[i], st.selected_mass,
+                   st.ratio_bound);
+            printf("# %s: mass %.1f: ratio %.3f (%d of %d)\n", label, masses[i], st.ratio, n_sel[i],
+                   st.n_cached_tokens);
+        }
+        CHECK(0 < n_sel[0] && n_sel[0] <= n_sel[1] && n_sel[1] <= n_sel[2]);
+        p.adapt_mass = 0.6f; /* one token fewer would not hold it: the choice is the smallest */
+        p.adapt_max = ((float)n_sel[1] - 1.5f) / (float)st.n_cached_tokens; /* ceil: n_sel[1] - 1 */
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECKF(!strcmp(st.ratio_bound, "max") && st.n_selected[0] == n_sel[1] - 1 && st.selected_mass < 0.6f,
+               "%s %d %.3f", st.ratio_bound, st.n_selected[0], st.selected_mass);
+        p.adapt_mass = 1e-6f;
+        p.adapt_min = 0.2f;
+        p.adapt_max = 0.5f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECK(!strcmp(st.ratio_bound, "min") && st.n_selected[0] == (int32_t)ceilf(0.2f * st.n_cached_tokens));
+        p.strategy = CB_STRATEGY_HKVD;
+        CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
+    }
+
     tcase("%s: prefix caching reuses a true prefix exactly, and nothing else", label);
     cb_segment ps[3] = {{fx.lead.ids, (int32_t)fx.lead.n, NULL},
                         {fx.chunk[0].ids, (int32_t)fx.chunk[0].n, fx.file[0]},
