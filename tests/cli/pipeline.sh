@@ -118,6 +118,26 @@ assert abs(s["reuse"]["score"]["nll"] - full["nll"]) > 1e-4, (s["reuse"]["score"
 assert abs(float(open(f"{t}/sc-file").read()) - s["reuse"]["score"]["nll"]) < 1e-5
 assert abs(float(open(f"{t}/sc-plain").read()) - full["nll"]) > 1e-4  # no chunks: another prompt
 PY
+for sg in probe runs; do
+    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy $sg -n 2 -p "$Q" --stats "$T/sg-$sg.json" > /dev/null \
+        && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["strategy"] == sys.argv[2] and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/sg-$sg.json" $sg \
+        && ok "--strategy $sg" || not_ok "--strategy $sg"
+done
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --max-ratio 0.4 -n 2 -p "$Q" \
+    --stats "$T/ad.json" > /dev/null
+python3 - "$T/ad.json" <<'PY' && ok "--mass: the adaptive ratio and why, in the stats" || not_ok "--mass stats"
+import json, sys
+s = json.load(open(sys.argv[1]))
+a = s["adaptive"]
+near = lambda x, y: abs(x - y) < 1e-6
+assert s["ratio_source"] == "adaptive" and near(a["mass"], 0.5) and near(a["max_ratio"], 0.4), s
+assert near(a["min_ratio"], 0.05) and a["bound"] in ("mass", "min", "max"), s
+assert 0.05 <= s["ratio"] <= 0.4 + 1 / s["n_cached_tokens"], s  # ceil(ratio x cached) tokens
+assert s["n_recomputed_tokens"] == round(s["ratio"] * s["n_cached_tokens"]), s
+assert (a["selected_mass"] >= 0.5) == (a["bound"] != "max"), s
+PY
+expect_exit "--mass without probe" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --mass 0.5 -p q
+expect_exit "--min-ratio above --max-ratio" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --min-ratio 0.6 -p q
 expect_exit "--score and --score-file together" 64 "$RUN" -m "$M" -p q --score a --score-file "$T/ans.txt"
 expect_exit "--score with no tokens" 65 "$RUN" -m "$M" -p q --score ""
 expect_exit "--score-file missing" 66 "$RUN" -m "$M" -p q --score-file "$T/nope.txt"
