@@ -249,6 +249,8 @@ static cb_status plan_check(plan *pl, cb_error *err)
         p->check_layer + p->n_ratios > pl->hp->n_layer)
         return cb_error_set(err, CB_ERR_INVALID, "blend: check layer %d with %d ratios does not fit %d layers",
                             p->check_layer, p->n_ratios, pl->hp->n_layer);
+    if (p->strategy == CB_STRATEGY_PROBE && p->n_ratios != 1)
+        return cb_error_set(err, CB_ERR_INVALID, "blend: probe selects once: give one ratio, not %d", p->n_ratios);
     if (p->adapt_mass < 0 || p->adapt_mass > 1 ||
         (p->adapt_mass > 0 && (p->strategy != CB_STRATEGY_PROBE || p->adapt_min < 0 || p->adapt_min > p->adapt_max ||
                                p->adapt_max > 1)))

@@ -230,6 +230,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     printf("# %s: blend 0.15 vs full: %.2e (reuse %.2e)\n", label, eb, dr);
 
     tcase("%s: gradual filtering and the sink and query strategies", label);
+    p.strategy = CB_STRATEGY_HKVD; /* gradual filtering is the check-layer strategies' */
     p.n_ratios = 2;
     p.ratios[0] = 0.5f;
     p.ratios[1] = 0.25f;
@@ -311,6 +312,11 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK(!strcmp(st.ratio_bound, "min") && st.n_selected[0] == (int32_t)ceilf(0.2f * st.n_cached_tokens));
         p.strategy = CB_STRATEGY_HKVD;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
+        p = cb_blend_defaults(); /* probe selects once */
+        p.strategy = CB_STRATEGY_PROBE;
+        p.n_ratios = 2;
+        p.ratios[1] = 0.1f;
+        CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
     }
 
     tcase("%s: prefix caching reuses a true prefix exactly, and nothing else", label);
@@ -383,6 +389,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         int good = 0;
         for (int attempt = 0; attempt < 3 && !good; attempt++) {
             p = cb_blend_defaults();
+            p.strategy = CB_STRATEGY_HKVD; /* recompute overlapping every layer's load */
             p.sequential_load = 1;
             CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL)); /* warm-up */
             CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
