@@ -36,7 +36,7 @@ cb_blend_params cb_blend_defaults(void)
     cb_blend_params p;
     memset(&p, 0, sizeof p);
     p.mode = CB_MODE_BLEND;
-    p.strategy = CB_STRATEGY_HKVD;
+    p.strategy = CB_STRATEGY_PROBE; /* measured best (issue 15); hkvd is the paper's */
     p.check_layer = 1;
     p.n_ratios = 1;
     p.ratios[0] = 0.15f;

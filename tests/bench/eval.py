@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--passages", type=int, default=6)
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--ratios", default="0.15", help="blend ratios, comma-separated")
-    ap.add_argument("--strategies", default="hkvd,sink,query",
+    ap.add_argument("--strategies", default="probe,hkvd,runs",
                     help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio")
     ap.add_argument("--modes", default="full,prefix,reuse,blend")
     ap.add_argument("--model", default=None)
