@@ -80,8 +80,11 @@ $(error CUDA=1 but nvcc was not found (put it on PATH or set NVCC=/path/to/nvcc)
 endif
 endif
 
+# The libFuzzer harnesses (make fuzz, make fuzz-build).
+include tests/fuzz/fuzz.mk
+
 .SECONDARY:
-.PHONY: all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format
+.PHONY: memcheck all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format
 
 all: lib progs ## build the library and the programs (default)
 
@@ -140,6 +143,9 @@ test: deps ## install deps, fetch the model, build everything and run every test
 	@$(MAKE) --no-print-directory check-tools
 	@$(MAKE) --no-print-directory SAN=1 $(SAN_TESTS:%=build/san/tests/%)
 	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" CB_CUDA_MOD="$(CUDA_MOD)" sh tests/run.sh
+
+memcheck: deps check-tools ## run every unit test under Valgrind memcheck (tests/memcheck.sh)
+	@BUILD=$(BUILD) sh tests/memcheck.sh
 
 bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/
 	@$(MAKE) --no-print-directory model
