@@ -225,13 +225,14 @@ static cb_status parse_tensor(cb_gguf *g, rd *r, cb_tensor_info *ti)
 
 static cb_status gguf_parse(cb_gguf *g, const char *name, cb_error *err)
 {
-    rd r = {g->base, g->base + g->size, name, err};
     cb_status st;
     uint64_t n_tensors, n_kv;
     uint32_t version;
 
+    /* before any pointer arithmetic: an empty file maps to NULL */
     if (g->size < 4 || memcmp(g->base, "GGUF", 4) != 0)
         return cb_error_set(err, CB_ERR_FORMAT, "%s: not a GGUF file (bad magic)", name);
+    rd r = {g->base, g->base + g->size, name, err};
     r.p += 4;
     if ((st = rd_u32(&r, &version, "version")) != CB_OK)
         return st;

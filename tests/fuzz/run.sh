@@ -15,6 +15,10 @@ shift 2 || { echo "usage: run.sh DIR SECONDS [NAME...]" >&2; exit 64; }
 [ -n "$*" ] || set -- $(cd "$dir" && ls fuzz_* | sed 's/^fuzz_//')
 export CB_FUZZ_TMP="${CB_FUZZ_TMP:-$(cd "$dir" && pwd)/tmp}"
 mkdir -p "$CB_FUZZ_TMP"
+# clang-N's runtime looks for llvm-symbolizer beside clang-N only
+if [ -z "${ASAN_SYMBOLIZER_PATH:-}" ] && command -v llvm-symbolizer >/dev/null 2>&1; then
+    ASAN_SYMBOLIZER_PATH=$(command -v llvm-symbolizer); export ASAN_SYMBOLIZER_PATH
+fi
 # Largest input per harness: what its seeds need, small enough to stay fast.
 max_len() {
     case $1 in

@@ -213,6 +213,28 @@ static void test_malformed(void)
     }
 }
 
+/* Found by fuzzing (each case failed under ASan/UBSan or an invariant of
+ * fuzz_gguf before its fix). */
+static void test_fuzz_findings(void)
+{
+    cb_gguf *g = NULL;
+    cb_error err;
+    char path[1024];
+    const char *tmp = getenv("CB_TEST_TMP");
+
+    /* An empty file maps to NULL: the reader did pointer arithmetic on it
+     * before looking at the size (UBSan: zero offset to null pointer). */
+    tcase("empty file and empty buffer are CB_ERR_FORMAT (fuzz finding)");
+    snprintf(path, sizeof path, "%s/empty.gguf", tmp && *tmp ? tmp : "/tmp");
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    CHECK(cb_gguf_open(&g, path, &err) == CB_ERR_FORMAT && g == NULL);
+    CHECK(cb_gguf_open_memory(&g, NULL, 0, "empty", &err) == CB_ERR_FORMAT && g == NULL);
+    remove(path);
+}
+
 /* ------------------------------------------------- writer round trip */
 
 static void test_roundtrip(void)
@@ -548,6 +570,7 @@ int main(void)
 {
     TEST_BEGIN();
     test_malformed();
+    test_fuzz_findings();
     test_roundtrip();
     test_real_files();
     TEST_END();
