@@ -29,11 +29,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc, (void)argv;
     cb_gguf *g;
     cb_error err;
-    if (cb_gguf_open(&g, fuzz_data_path("vocab-bpe.gguf"), &err) != CB_OK || cb_vocab_load(&V, g, &err) != CB_OK) {
+    char *vocab = fuzz_data_path("vocab-bpe.gguf");
+    if (cb_gguf_open(&g, vocab, &err) != CB_OK || cb_vocab_load(&V, g, &err) != CB_OK) {
         fprintf(stderr, "fuzz: %s\n", err.msg);
         exit(1);
     }
     cb_gguf_free(g);
+    free(vocab);
     for (int t = 0; t < 2; t++)
         for (int s = 0; s < 2; s++) {
             cb_chunker_params p = {t ? V : NULL, FUZZ_MAX, FUZZ_OVERLAP, s ? "^#+ |\\n---\\n" : NULL};

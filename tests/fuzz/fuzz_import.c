@@ -36,6 +36,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fprintf(stderr, "fuzz: %s\n", err.msg);
         exit(1);
     }
+    free(dir);
     return 0;
 }
 

@@ -9,8 +9,7 @@
  * parses to the same object with "kv" (the key) and "cached" added, and
  * when the record had neither, its bytes up to the closing brace are passed
  * through unchanged.  cb-run: accepted records are objects with a "text"
- * string; the prompt's chunk segments hold in-range ids and a key.  Both:
- * a line one program takes as a record the other takes as one too. */
+ * string; the prompt's chunk segments hold in-range ids and a key. */
 #include "cbcore.h"
 #include "fuzz.h"
 
@@ -28,18 +27,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc, (void)argv;
     cb_model_params mp = {1, "cpu"};
     cb_error err;
-    if (cb_model_load(&M, fuzz_data_path("model.gguf"), &mp, &err) != CB_OK) {
+    char *model = fuzz_data_path("model.gguf");
+    if (cb_model_load(&M, model, &mp, &err) != CB_OK) {
         fprintf(stderr, "fuzz: %s\n", err.msg);
         exit(1);
     }
+    free(model);
     if (asprintf(&in_path, "%s/chunks.jsonl", fuzz_tmpdir()) < 0 ||
         asprintf(&out_path, "%s/stdout", fuzz_tmpdir()) < 0)
         abort();
-    /* stdout (the programs' data) goes to a file the harness reads back */
-    fflush(stdout);
-    out_fd = open(out_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (out_fd < 0 || dup2(out_fd, 1) < 0)
+    /* stdout (the programs' data) goes to a file the harness reads back;
+     * a stream of its own, as libFuzzer may close descriptor 1 */
+    FILE *f = fopen(out_path, "w+");
+    if (!f)
         abort();
+    stdout = f;
+    out_fd = fileno(f);
     return 0;
 }
 
@@ -47,12 +50,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static char *take_stdout(size_t *n)
 {
     fflush(stdout);
-    off_t end = lseek(1, 0, SEEK_CUR);
+    off_t end = ftello(stdout);
     char *buf = malloc((size_t)end + 1);
-    FUZZ_CHECK(buf && pread(1, buf, (size_t)end, 0) == end);
+    FUZZ_CHECK(buf && pread(out_fd, buf, (size_t)end, 0) == end);
     buf[end] = 0;
     *n = (size_t)end;
-    FUZZ_CHECK(ftruncate(1, 0) == 0 && lseek(1, 0, SEEK_SET) == 0);
+    rewind(stdout);
+    FUZZ_CHECK(ftruncate(out_fd, 0) == 0);
     return buf;
 }
 

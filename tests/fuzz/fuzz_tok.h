@@ -71,13 +71,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     cb_gguf *g = NULL;
     cb_error err = {0};
     const char *file = getenv("CB_FUZZ_VOCAB");
+    char *own = NULL;
     void *bytes = NULL;
 #ifdef FUZZ_SPM
     if (!file || !*file)
         g = spm_vocab(&bytes);
 #else
     if (!file || !*file)
-        file = fuzz_data_path("vocab-bpe.gguf");
+        file = own = fuzz_data_path("vocab-bpe.gguf");
 #endif
     if (!g && cb_gguf_open(&g, file, &err) != CB_OK) {
         fprintf(stderr, "fuzz: %s\n", err.msg);
@@ -89,6 +90,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     }
     cb_gguf_free(g);
     free(bytes);
+    free(own);
     return 0;
 }
 
