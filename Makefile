@@ -22,8 +22,8 @@ ifeq ($(DEBUG),1)
 OPT     := -O0 -g3
 endif
 ifeq ($(SAN),1)
-OPT     += -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-LDSAN   := -fsanitize=address,undefined
+OPT     += -g -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow
+LDSAN   := -fsanitize=address,undefined,float-cast-overflow
 BUILD   ?= build/san
 else
 BUILD   ?= build/rel
@@ -136,7 +136,7 @@ model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
 check-tools: all $(TEST_BIN) $(GEN_BIN) $(BENCH_BIN)
 
 # The GGUF fuzz sweep and the tokenizer suites also run under ASan+UBSan.
-SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk
+SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk test_backend_ops
 
 test: deps ## install deps, fetch the model, build everything and run every test suite
 	@$(MAKE) --no-print-directory model
