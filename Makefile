@@ -142,7 +142,9 @@ test: deps ## install deps, fetch the model, build everything and run every test
 	@$(MAKE) --no-print-directory model
 	@$(MAKE) --no-print-directory check-tools
 	@$(MAKE) --no-print-directory SAN=1 $(SAN_TESTS:%=build/san/tests/%)
-	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" CB_CUDA_MOD="$(CUDA_MOD)" sh tests/run.sh
+	@[ -z "$(FUZZ_CC)" ] || $(MAKE) --no-print-directory fuzz-build
+	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" CB_CUDA_MOD="$(CUDA_MOD)" \
+	    CB_FUZZ_DIR="$(if $(FUZZ_CC),$(FUZZ_B))" sh tests/run.sh
 
 memcheck: deps check-tools ## run every unit test under Valgrind memcheck (tests/memcheck.sh)
 	@BUILD=$(BUILD) sh tests/memcheck.sh

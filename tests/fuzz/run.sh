@@ -9,7 +9,9 @@
 # (crash-*, leak-*, timeout-*, oom-*) land in DIR/findings/NAME/; a
 # harness with a finding fails.  Reproduce one with DIR/fuzz_NAME FILE.
 # Environment: FUZZ_ARGS (extra libFuzzer flags), CB_FUZZ_TMP (where
-# harnesses make their temporary directories, default DIR/tmp).
+# harnesses make their temporary directories, default DIR/tmp), FUZZ_FRESH
+# (set: start from the seeds alone, in a corpus removed afterwards; make
+# test's short pass).
 dir=$1 secs=$2
 shift 2 || { echo "usage: run.sh DIR SECONDS [NAME...]" >&2; exit 64; }
 [ -n "$*" ] || set -- $(cd "$dir" && ls fuzz_* | sed 's/^fuzz_//')
@@ -35,15 +37,18 @@ for h in "$@"; do
     if [ ! -x "$bin" ]; then
         echo "not ok $n - fuzz_$h: not built"; bad=$((bad + 1)); continue
     fi
-    mkdir -p "$dir/corpus/$h" "$dir/findings/$h"
+    corpus=$dir/corpus/$h
+    [ -z "${FUZZ_FRESH:-}" ] || corpus=$CB_FUZZ_TMP/corpus-$h.$$
+    mkdir -p "$corpus" "$dir/findings/$h"
     log=$dir/findings/$h/last.log
     before=$(ls "$dir/findings/$h" | grep -cE '^(crash|leak|timeout|oom|slow-unit)-')
     # -close_fd_mask=1: the programs' own stdout (cb-chunk's records) is not wanted
     ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
     "$bin" -max_total_time="$secs" -max_len="$(max_len "$h")" -timeout=10 -rss_limit_mb=2048 \
         -malloc_limit_mb=1024 -print_final_stats=1 -close_fd_mask=1 \
-        -artifact_prefix="$dir/findings/$h/" ${FUZZ_ARGS:-} "$dir/corpus/$h" "$dir/seeds/$h" >"$log" 2>&1
+        -artifact_prefix="$dir/findings/$h/" ${FUZZ_ARGS:-} "$corpus" "$dir/seeds/$h" >"$log" 2>&1
     rc=$?
+    [ -z "${FUZZ_FRESH:-}" ] || rm -rf "$corpus"
     after=$(ls "$dir/findings/$h" | grep -cE '^(crash|leak|timeout|oom|slow-unit)-')
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     last=$(grep -E '^#[0-9]+' "$log" | tail -1)
