@@ -211,6 +211,8 @@ static cb_status parse_tensor(cb_gguf *g, rd *r, cb_tensor_info *ti)
                             (long long)cb_type_block_elems(ti->type));
     /* nbytes = row bytes * rows, with overflow checks against the file size. */
     uint64_t nb = cb_type_row_bytes(ti->type, ti->ne[0]);
+    if (nb == 0 && ti->ne[0] != 0) /* the row's bytes do not fit in size_t */
+        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s is larger than the file", r->name, what);
     for (int d = 1; d < CB_GGUF_MAX_DIMS; d++) {
         if (ti->ne[d] != 0 && nb > g->size / (uint64_t)ti->ne[d])
             return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s is larger than the file",

@@ -233,6 +233,22 @@ static void test_fuzz_findings(void)
     CHECK(cb_gguf_open(&g, path, &err) == CB_ERR_FORMAT && g == NULL);
     CHECK(cb_gguf_open_memory(&g, NULL, 0, "empty", &err) == CB_ERR_FORMAT && g == NULL);
     remove(path);
+
+    /* A tensor of 2^62 f32 elements: its row bytes (2^64) wrap to 0, and
+     * the reader took it with nbytes 0 (fuzz_gguf's invariant: nbytes is
+     * row bytes times rows). */
+    {
+        buf b = {0};
+        header(&b, 3, 1, 0);
+        put_str(&b, "big");
+        put_u32(&b, 1);
+        put_u64(&b, 1ull << 62);
+        put_u32(&b, CB_TYPE_F32);
+        put_u64(&b, 0);
+        pad(&b, 32);
+        put(&b, "0123456789abcdef0123456789abcdef", 32);
+        expect_error("tensor whose size wraps (fuzz finding)", &b, CB_ERR_FORMAT, "larger than the file");
+    }
 }
 
 /* ------------------------------------------------- writer round trip */
