@@ -193,7 +193,7 @@ expect_exit "invalid UTF-8 inside an archive" 65 "$CHUNK" --chars 100 "$T/bad.ta
 grep -q 'bad.tar.gz!latin1.txt: invalid UTF-8' "$T/err" && ok "the member is named" || not_ok "member named"
 head -c 200 "$T/docs.tar.gz" > "$T/trunc.tar.gz"
 expect_exit "truncated archive" 65 "$CHUNK" --chars 100 "$T/trunc.tar.gz"
-# Found by fuzz_chunk_input: a 2 KB tar whose member claims 8 GiB made
+# fuzz_chunk_input's malloc limit on a crafted tar: a member claiming 8 GiB made
 # cb-chunk allocate the claimed size before reading a byte (out of memory
 # under a memory limit, instead of "truncated").
 python3 - "$T/claims8g.tar" <<'PY'

@@ -213,7 +213,7 @@ static void test_corruption(cb_model *m, cb_model *other)
     free(orig);
 }
 
-/* Found by fuzz_kvfile: a header claiming q8_0 for a row of 16 elements
+/* fuzz_kvfile's invariant on a crafted header: one claiming q8_0 for a row of 16 elements
  * (not a multiple of q8_0's 32-element block) has row bytes 0, so B = 0 and
  * S = 0 passed the size checks; the file opened and read_layer returned
  * without writing k and v.  Open must refuse it. */
