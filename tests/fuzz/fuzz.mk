@@ -21,9 +21,12 @@ FUZZ_SEEDS := $(FUZZ_B)/seeds/.stamp
 FUZZ_S     ?= 60
 FUZZ       ?= $(FUZZ_NAMES)
 
-.PHONY: fuzz fuzz-build
+.PHONY: fuzz fuzz-build fuzz-cc
 
-$(FUZZ_B)/%.o: %.c
+fuzz-cc:
+	@[ -n "$(FUZZ_CC)" ] || { echo "make fuzz: no clang 15 or later (make deps installs clang-16 and libclang-rt-16-dev)" >&2; exit 69; }
+
+$(FUZZ_B)/%.o: %.c | fuzz-cc
 	@mkdir -p $(dir $@)
 	@[ "$(Q)" = "" ] || echo "  FUZZCC  $<"
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -c -o $@ $<
