@@ -2,7 +2,9 @@
 # tests/memcheck.sh - run every unit test program under Valgrind's memcheck
 # (make memcheck).  A test passes when Valgrind reports no error (invalid
 # reads or writes, uses of uninitialised values, bad frees) and no leak
-# definitely lost; its log is in tests/tmp/memcheck/NAME.log.
+# definitely lost; its log is in build/memcheck/NAME.log (outside tests/tmp,
+# which make test empties).  The store's multi-process stress runs 1 s and
+# 5 kill rounds here (CB_STORE_STRESS_S, CB_STORE_ROUNDS).
 # Environment: BUILD (default build/rel), MEMCHECK_TESTS (names to run,
 # default every tests/unit program), VALGRIND_ARGS (extra options).
 BUILD=${BUILD:-build/rel}
@@ -15,7 +17,7 @@ fi
 if [ -z "${CB_SHARED_DATA:-}" ] && [ -d "$top/../shared/data" ]; then
     CB_SHARED_DATA=$(cd "$top/../shared/data" && pwd); export CB_SHARED_DATA
 fi
-export CB_TEST_TMP="$top/tests/tmp/memcheck"
+export CB_TEST_TMP="$top/build/memcheck"
 rm -rf "$CB_TEST_TMP"; mkdir -p "$CB_TEST_TMP"
 gen="$BUILD/tests/cb-gen-fixture"
 for t in f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K; do
@@ -33,7 +35,7 @@ for t in $tests; do
     log="$CB_TEST_TMP/$t.log"
     start=$(date +%s)
     # 99 marks a memcheck error; the test's own failures give 1.
-    CB_DEVICE=cpu valgrind --tool=memcheck --error-exitcode=99 --leak-check=full \
+    CB_DEVICE=cpu CB_STORE_STRESS_S=${CB_STORE_STRESS_S:-1} CB_STORE_ROUNDS=${CB_STORE_ROUNDS:-5} valgrind --tool=memcheck --error-exitcode=99 --leak-check=full \
         --errors-for-leak-kinds=definite --show-leak-kinds=definite --track-origins=yes \
         --num-callers=30 ${VALGRIND_ARGS:-} "$BUILD/tests/$t" >"$log" 2>&1
     rc=$?
