@@ -7,6 +7,26 @@
 
 #include "fuzz.h"
 
+static char *t_slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t cap = 0;
+    *n = 0;
+    if (!f)
+        abort();
+    for (;;) {
+        if (*n == cap && !(buf = realloc(buf, cap = cap ? 2 * cap : 4096)))
+            abort();
+        size_t r = fread(buf + *n, 1, cap - *n, f);
+        if (r == 0)
+            break;
+        *n += r;
+    }
+    fclose(f);
+    return buf;
+}
+
 /* Read the records in file `path` as `cb-run --chunks path` does; when they
  * are accepted, assemble a prompt from them: every chunk segment must hold
  * ids of the model's vocabulary and a key.  Returns 1 when accepted. */
@@ -24,6 +44,19 @@ int fuzz_run_records(const cb_model *m, const char *path)
         return 0;
     }
     FUZZ_CHECK(json_is_array(chunks));
+    /* every line that is not blank is a record: none is dropped */
+    size_t n = 0, lines = 0;
+    char *all = t_slurp(path, &n);
+    for (size_t i = 0, start = 0; i <= n; i++)
+        if (i == n || all[i] == '\n') {
+            int blank = 1;
+            for (size_t j = start; j < i; j++)
+                blank &= all[j] == ' ' || all[j] == '\t' || all[j] == '\r';
+            lines += !blank;
+            start = i + 1;
+        }
+    free(all);
+    FUZZ_CHECK(json_array_size(chunks) == lines);
     for (size_t i = 0; i < json_array_size(chunks); i++)
         FUZZ_CHECK(json_is_string(json_object_get(json_array_get(chunks, i), "text")));
     FUZZ_CHECK(cb_kv_lead_in(m, &lead) == CB_OK);
