@@ -1,7 +1,8 @@
 /* fuzz_gguf - the GGUF reader over arbitrary bytes (cb_gguf_open_memory),
  * then everything a model load reads from an accepted file: every metadata
- * accessor on every entry, every tensor's description, the fingerprint, and
- * the tokenizer (cb_vocab_load, then a short encode and decode).
+ * accessor on every entry, every tensor's description, the fingerprint, the
+ * chat template's detection, and the tokenizer (cb_vocab_load, then a short
+ * encode and decode).
  *
  * Properties of an accepted file: each tensor's bytes lie inside the data
  * section and equal its row bytes times its rows; keys and strings lie
@@ -115,6 +116,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cb_gguf_str(g, "general.architecture");
     cb_hash128 fp;
     cb_gguf_fingerprint(g, &fp);
+    cb_chat_kind ck = cb_chat_detect(cb_gguf_str(g, "tokenizer.chat_template"));
+    FUZZ_CHECK(cb_chat_name(ck) != NULL);
+    if (ck != CB_CHAT_NONE) {
+        cb_chat_parts parts = {0};
+        FUZZ_CHECK(cb_chat_render(ck, "You are brief.", &parts) == CB_OK && parts.prefix && parts.suffix);
+        cb_chat_parts_free(&parts);
+    }
 
     cb_vocab *v = NULL;
     if (cb_vocab_load(&v, g, &err) == CB_OK) {
