@@ -2,7 +2,8 @@
 # tests/memcheck.sh - run every unit test program under Valgrind's memcheck
 # (make memcheck).  A test passes when Valgrind reports no error (invalid
 # reads or writes, uses of uninitialised values, bad frees) and no leak
-# definitely lost; its log is in build/memcheck/NAME.log (outside tests/tmp,
+# definitely lost, whatever its own checks say (its speed checks fail under
+# Valgrind's slowdown: those are listed); its log is in build/memcheck/NAME.log (outside tests/tmp,
 # which make test empties).  The store's multi-process stress runs 1 s and
 # 5 kill rounds here (CB_STORE_STRESS_S, CB_STORE_ROUNDS).
 # Environment: BUILD (default build/rel), MEMCHECK_TESTS (names to run,
@@ -40,8 +41,11 @@ for t in $tests; do
         --num-callers=30 ${VALGRIND_ARGS:-} "$BUILD/tests/$t" >"$log" 2>&1
     rc=$?
     errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) errors.*/\1/p' "$log" | tail -1)
-    if [ "$rc" -eq 0 ]; then
-        echo "ok $n - memcheck $t: ${errs:-0} errors ($(( $(date +%s) - start ))s)"
+    # The test's own failures (rc 1) are not memory errors: under Valgrind's
+    # 20-50x slowdown its speed checks fail.  They are named, not counted.
+    if [ "$rc" -ne 99 ] && [ "${errs:-1}" -eq 0 ]; then
+        echo "ok $n - memcheck $t: 0 errors ($(( $(date +%s) - start ))s)"
+        [ "$rc" -eq 0 ] || grep -E '^not ok' "$log" | sed 's/^/#   under Valgrind the test itself failed: /' | head -5
     else
         bad=$((bad + 1))
         echo "not ok $n - memcheck $t: exit $rc, ${errs:-?} errors (log: $log)"
