@@ -8,8 +8,9 @@
  * Properties.  cb-precompute: every record comes out as one line that
  * parses to the same object with "kv" (the key) and "cached" added, and
  * when the record had neither, its bytes up to the closing brace are passed
- * through unchanged.  cb-run: accepted records are objects with a "text"
- * string; the prompt's chunk segments hold in-range ids and a key. */
+ * through unchanged.  cb-run: every line that is not blank is a record (an
+ * object with a "text" string), and the prompt built from them holds
+ * in-range ids. */
 #include "cbcore.h"
 #include "fuzz.h"
 

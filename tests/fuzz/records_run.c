@@ -1,13 +1,12 @@
-/* records_run.c - cb-run's chunk-record reader (read_chunks) and prompt
- * assembly (build_prompt), compiled from src/cb-run.c itself so that the
- * fuzzer runs the program's own code; part of fuzz_records. */
-#define main cb_run_main
-#include "../../src/cb-run.c"
-#undef main
-
+/* records_run.c - the chunk records cb-run reads (--chunks): the programs'
+ * shared reader cli_read_records (src/cli.c), then the prompt cb-run builds
+ * from them (cb_prompt_build); part of fuzz_records. */
+#include "cli.h"
 #include "fuzz.h"
 
-static char *t_slurp(const char *path, size_t *n)
+#include <jansson.h>
+
+static char *slurp(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");
     char *buf = NULL;
@@ -28,25 +27,21 @@ static char *t_slurp(const char *path, size_t *n)
 }
 
 /* Read the records in file `path` as `cb-run --chunks path` does; when they
- * are accepted, assemble a prompt from them: every chunk segment must hold
- * ids of the model's vocabulary and a key.  Returns 1 when accepted. */
+ * are accepted, every line that is not blank is one of them, and the prompt
+ * built from their texts holds in-range ids.  Returns 1 when accepted. */
 int fuzz_run_records(const cb_model *m, const char *path)
 {
     json_t *chunks = NULL;
-    gen_opts o;
-    prompt_t p = {0};
-    cb_tokens lead = {0};
     int32_t nv = cb_vocab_n_tokens(cb_model_vocab(m));
 
-    memset(&o, 0, sizeof o);
-    if (read_chunks(path, &chunks) != 0) {
+    cli_verbosity = 0;
+    if (cli_read_records(path, "text", (void **)&chunks) != 0) {
         FUZZ_CHECK(chunks == NULL);
         return 0;
     }
     FUZZ_CHECK(json_is_array(chunks));
-    /* every line that is not blank is a record: none is dropped */
-    size_t n = 0, lines = 0;
-    char *all = t_slurp(path, &n);
+    size_t n = 0, lines = 0, nc = json_array_size(chunks);
+    char *all = slurp(path, &n);
     for (size_t i = 0, start = 0; i <= n; i++)
         if (i == n || all[i] == '\n') {
             int blank = 1;
@@ -56,24 +51,32 @@ int fuzz_run_records(const cb_model *m, const char *path)
             start = i + 1;
         }
     free(all);
-    FUZZ_CHECK(json_array_size(chunks) == lines);
-    for (size_t i = 0; i < json_array_size(chunks); i++)
-        FUZZ_CHECK(json_is_string(json_object_get(json_array_get(chunks, i), "text")));
-    FUZZ_CHECK(cb_kv_lead_in(m, &lead) == CB_OK);
-    if (build_prompt(m, &o, "Which city?", 11, chunks, &lead, &p) == CB_OK) {
-        int n_chunks = 0;
-        for (int i = 0; i < p.n; i++) {
-            for (size_t j = 0; j < p.s[i].toks.n; j++)
-                FUZZ_CHECK(p.s[i].toks.ids[j] >= 0 && p.s[i].toks.ids[j] < nv);
-            if (p.s[i].is_chunk) {
-                n_chunks++;
-                FUZZ_CHECK(p.s[i].toks.n > 0 && strlen(p.s[i].key) == CB_STORE_KEY_LEN);
-            }
-        }
-        FUZZ_CHECK(n_chunks == p.n_chunks && (size_t)n_chunks <= json_array_size(chunks));
+    FUZZ_CHECK(nc == lines);
+
+    cb_strview *texts = malloc(sizeof *texts * (nc ? nc : 1));
+    FUZZ_CHECK(texts != NULL);
+    for (size_t i = 0; i < nc; i++) {
+        json_t *t = json_object_get(json_array_get(chunks, i), "text");
+        FUZZ_CHECK(json_is_string(t));
+        texts[i] = (cb_strview){json_string_value(t), json_string_length(t)};
     }
-    prompt_free(&p);
-    cb_tokens_free(&lead);
+    cb_prompt *p = NULL;
+    cb_error err;
+    if (cb_prompt_build(&p, m, NULL, 0, texts, nc, "Which city?", 11, &err) == CB_OK) {
+        int32_t ns = 0;
+        const cb_segment *segs = cb_prompt_segments(p, &ns);
+        int64_t total = 0;
+        for (int32_t i = 0; i < ns; i++) {
+            for (int32_t j = 0; j < segs[i].n; j++)
+                FUZZ_CHECK(segs[i].ids[j] >= 0 && segs[i].ids[j] < nv);
+            FUZZ_CHECK(segs[i].kv == NULL);
+            total += segs[i].n;
+        }
+        FUZZ_CHECK(total == cb_prompt_n_tokens(p));
+        FUZZ_CHECK(cb_prompt_n_chunks(p) >= 0 && (size_t)cb_prompt_n_chunks(p) <= nc);
+    }
+    cb_prompt_free(p);
+    free(texts);
     json_decref(chunks);
     return 1;
 }
