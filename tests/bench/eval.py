@@ -109,7 +109,7 @@ def plot(rows, work, png):
                         f"{100 * (r['mode'] == 'full'):.0f} \"{r['mode']}\"\n\n\n")
     n = len(strategies)
     lines = lambda col: ", ".join(
-        [f"'{dat}' index {i} using 1:{col} with linespoints lw 2 pt 7 title '{s}', "
+        [f"'{dat}' index {i} using 1:{col} with linespoints lw 2 pt 7 title '{s.replace('@', ' mass ')}', "
          f"'' index {i} using 1:{col}:4 with labels offset 0,0.8 notitle" for i, s in enumerate(strategies)]
         + [f"'{dat}' index {n}:{n + 1} using 1:{col}:4 with labels point pt 5 offset 0,-0.8 notitle"])
     script = (f"set terminal png size 1400,600; set output '{png}'; set multiplot layout 1,2;"
