@@ -136,7 +136,7 @@ assert 0.05 <= s["ratio"] <= 0.4 + 1 / s["n_cached_tokens"], s  # ceil(ratio x c
 assert s["n_recomputed_tokens"] == round(s["ratio"] * s["n_cached_tokens"]), s
 assert (a["selected_mass"] >= 0.5) == (a["bound"] != "max"), s
 PY
-expect_exit "--mass without probe" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --mass 0.5 -p q
+expect_exit "--mass with another strategy" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy hkvd --mass 0.5 -p q
 expect_exit "--min-ratio above --max-ratio" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --min-ratio 0.6 -p q
 expect_exit "--score and --score-file together" 64 "$RUN" -m "$M" -p q --score a --score-file "$T/ans.txt"
 expect_exit "--score with no tokens" 65 "$RUN" -m "$M" -p q --score ""
