@@ -3,7 +3,7 @@
 # need.  Idempotent: prints nothing and changes nothing when all are present.
 set -e
 pkgs="build-essential pkg-config libpcre2-dev libxxhash-dev libarchive-dev libopenblas-dev
-      libjansson-dev libsqlite3-dev zstd unzip gnuplot-nox python3 python3-venv python3-pip ca-certificates"
+      libjansson-dev libsqlite3-dev libhiredis-dev redis-server zstd unzip gnuplot-nox python3 python3-venv python3-pip ca-certificates"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
