@@ -156,11 +156,19 @@ static int fail(cb_error *err)
     return cli_exit_code(err->status);
 }
 
+/* Said once, when a store turns out read-only. */
+static void readonly_note(const opts *o, const cb_store *s)
+{
+    if (cb_store_readonly(s))
+        cli_err("note: the store %s is read-only: nothing in it is changed, accesses are not recorded", o->store);
+}
+
 static int open_store(const opts *o, int create, cb_store **s)
 {
     cb_error err;
     if (cb_store_open(s, o->store, create, &err) != CB_OK)
         return fail(&err);
+    readonly_note(o, *s);
     return 0;
 }
 
@@ -546,6 +554,7 @@ static int cmd_verify(const opts *o)
         if (cb_store_reset_index(o->store, &err) != CB_OK || cb_store_open(&s, o->store, 0, &err) != CB_OK)
             return fail(&err);
     }
+    readonly_note(o, s);
     cb_status st = cb_store_verify(s, o->repair, print_problem, NULL, &r, &err);
     if (st != CB_OK && st != CB_ERR_FORMAT) {
         code = fail(&err);

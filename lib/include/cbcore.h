@@ -776,6 +776,20 @@ cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers
  * another store), CB_ERR_CREATE (with create: the store cannot be made),
  * CB_ERR_IO. */
 cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err);
+/* Open a store read-only: nothing in it is written (no lock file is made,
+ * no owner file, no access times, hits or misses recorded, no promotion,
+ * entries whose file is gone are not dropped from the index; only SQLite
+ * may make the index's -wal and -shm files, where it can, to read beside
+ * writers).  Lookups,
+ * cb_store_acquire, cb_store_list, cb_store_stat, cb_store_export, the
+ * profiles and cb_store_verify without repair work; put, remove, pin, gc,
+ * import, profile saving and verify with repair fail with CB_ERR_CREATE.
+ * cb_store_open opens a store this way by itself (create then ignored)
+ * when its directory is on a read-only file system or this process may not
+ * write it or its index; cb_store_readonly tells.  Errors as cb_store_open. */
+cb_status cb_store_open_readonly(cb_store **out, const char *dir, cb_error *err);
+/* 1 when the handle is read-only (see cb_store_open_readonly), else 0. */
+int cb_store_readonly(const cb_store *s);
 /* Close the handle; accepts NULL.  References from cb_store_acquire stay
  * valid until released. */
 void cb_store_close(cb_store *s);

@@ -570,7 +570,7 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
 
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if (record) {
+    if (record && !s->readonly) {
         int64_t hits = 0;
         int pinned = 0;
         if ((st = record_access(s, key, &t, &hits, &pinned, err)) != CB_OK)
@@ -597,8 +597,14 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
             int e = errno;
             if (e == ENOENT) {
                 int t2;
-                if (tier_of(s, key, &t2, NULL) == CB_OK && t2 == t)
+                if (tier_of(s, key, &t2, NULL) == CB_OK && t2 == t) {
+                    if (s->readonly) {
+                        /* not moved meanwhile: gone, and left in the index */
+                        free(p);
+                        return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store (its file is missing)", key);
+                    }
                     drop_missing(s, key, t, p);
+                }
                 free(p);
                 continue;
             }
@@ -689,7 +695,7 @@ cb_status cb_store_remove(cb_store *s, const char *key, cb_error *err)
 
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if ((st = st_lock(s, err)) != CB_OK)
+    if ((st = st_writable(s, "remove", err)) != CB_OK || (st = st_lock(s, err)) != CB_OK)
         return st;
     if (!(q = st_stmt(s, SQL_GET_STATE, err))) {
         st = err ? err->status : CB_ERR_IO;
@@ -754,7 +760,7 @@ cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err)
     cb_status st;
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_writable(s, "pin", err)) != CB_OK || (st = st_begin(s, err)) != CB_OK)
         return st;
     if (!(q = st_stmt(s, SQL_PIN, err))) {
         st_rollback(s);

@@ -684,7 +684,7 @@ cb_status cb_store_verify(cb_store *s, int repair, void (*problem)(void *ctx, co
         rep = &dummy;
     memset(rep, 0, sizeof *rep);
     if (repair && (st = st_owner(s, err)) != CB_OK)
-        return st;
+        return st; /* a read-only store cannot be repaired */
     vctx v = {s, repair, NULL, problem, ctx, rep, err};
     st = verify_pass(&v);
     if (st == CB_OK && repair && rep->problems > 0) {

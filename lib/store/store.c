@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,6 +27,12 @@ cb_status st_lock(cb_store *s, cb_error *err)
 {
     if (s->lock_held++ > 0)
         return CB_OK;
+    if (s->readonly) {
+        /* best effort: a lock file on NFS opened for reading may refuse */
+        while (s->lock_fd >= 0 && flock(s->lock_fd, LOCK_SH) != 0 && errno == EINTR)
+            ;
+        return CB_OK;
+    }
     while (flock(s->lock_fd, LOCK_EX) != 0) {
         if (errno == EINTR)
             continue;
@@ -37,6 +44,8 @@ cb_status st_lock(cb_store *s, cb_error *err)
 
 int st_trylock(cb_store *s)
 {
+    if (s->readonly)
+        return 0; /* only ever asked for to change something */
     if (s->lock_held > 0) {
         s->lock_held++;
         return 1;
@@ -49,8 +58,16 @@ int st_trylock(cb_store *s)
 
 void st_unlock(cb_store *s)
 {
-    if (s->lock_held > 0 && --s->lock_held == 0)
+    if (s->lock_held > 0 && --s->lock_held == 0 && s->lock_fd >= 0)
         flock(s->lock_fd, LOCK_UN);
+}
+
+cb_status st_writable(const cb_store *s, const char *what, cb_error *err)
+{
+    if (!s->readonly)
+        return CB_OK;
+    return cb_error_set(err, CB_ERR_CREATE, "%s: %s: the store is read-only (a read-only file system, or no write "
+                        "permission)", s->dir, what);
 }
 
 /* -------------------------------------------------------------- owners */
@@ -59,6 +76,9 @@ cb_status st_owner(cb_store *s, cb_error *err)
 {
     if (s->owner_fd >= 0)
         return CB_OK;
+    cb_status ro = st_writable(s, "write", err);
+    if (ro != CB_OK)
+        return ro;
     char id[ST_OWNER_LEN + 1];
     st_random_hex(id, ST_OWNER_LEN);
     char *dir = st_asprintf("%s/owners", s->dir), *tmp = st_asprintf("%s/owners/%s.new", s->dir, id),
@@ -411,7 +431,7 @@ static cb_status check_tiers(cb_store *s, cb_error *err)
         int m = marker_check(t->path, s->id);
         if (m < 0)
             return cb_error_set(err, CB_ERR_FORMAT, "tier %s: %s belongs to another store", t->name, t->path);
-        if (m == 0) {
+        if (m == 0 && !s->readonly) {
             /* A RAM disk after a reboot: the directory is made again, empty;
              * the index's entries there are dropped by the next gc. */
             if (st_mkdir_p(t->path, 0755) != 0)
@@ -420,17 +440,35 @@ static cb_status check_tiers(cb_store *s, cb_error *err)
             if (st != CB_OK)
                 return st;
         }
+        /* read-only, m == 0: the tier is empty; its entries are not found */
     }
     return CB_OK;
 }
-cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err)
+
+/* 1 when nothing may be written into dir: a read-only file system, or no
+ * permission to write the directory or its index. */
+static int dir_readonly(const char *dir)
+{
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
+        return 1;
+    if (access(dir, W_OK) != 0 && (errno == EACCES || errno == EROFS || errno == EPERM))
+        return 1;
+    char *p = st_asprintf("%s/index.db", dir);
+    int ro = p && access(p, W_OK) != 0 && (errno == EACCES || errno == EROFS || errno == EPERM);
+    free(p);
+    return ro;
+}
+static cb_status open_store(cb_store **out, const char *dir, int create, int readonly, cb_error *err)
 {
     cb_store *s;
     cb_status st;
 
     if (!out || !dir || !*dir)
         return cb_error_set(err, CB_ERR_INVALID, "store: no directory");
-    if (create) {
+    if (!readonly && access(dir, F_OK) == 0)
+        readonly = dir_readonly(dir);
+    if (create && !readonly) {
         char *conf = st_asprintf("%s/%s", dir, conf_name);
         int missing = conf && access(conf, F_OK) != 0;
         free(conf);
@@ -452,13 +490,19 @@ cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *e
         return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
     s->lock_fd = -1;
     s->owner_fd = -1;
+    s->readonly = readonly;
     if (!(s->dir = strdup(dir))) {
         st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     if ((st = read_config(s, err)) != CB_OK || (st = check_tiers(s, err)) != CB_OK)
         goto fail;
-    if ((s->lock_fd = open_lock_file(dir)) < 0) {
+    if (readonly) {
+        /* no lock file is made; an existing one is only read-locked */
+        char *p = st_asprintf("%s/lock", dir);
+        s->lock_fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+        free(p);
+    } else if ((s->lock_fd = open_lock_file(dir)) < 0) {
         st = cb_error_set(err, CB_ERR_IO, "%s/lock: %s", dir, strerror(errno));
         goto fail;
     }
@@ -470,6 +514,18 @@ fail:
     cb_store_close(s);
     return st;
 }
+
+cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err)
+{
+    return open_store(out, dir, create, 0, err);
+}
+
+cb_status cb_store_open_readonly(cb_store **out, const char *dir, cb_error *err)
+{
+    return open_store(out, dir, 0, 1, err);
+}
+
+int cb_store_readonly(const cb_store *s) { return s ? s->readonly : 0; }
 
 void cb_store_close(cb_store *s)
 {

@@ -57,7 +57,8 @@ struct cb_store {
     st_tier tiers[CB_STORE_MAX_TIERS];
     int promote_hits;
     sqlite3 *db;
-    int lock_fd;   /* DIR/lock */
+    int readonly;  /* opened read-only: nothing is written (cb_store_readonly) */
+    int lock_fd;   /* DIR/lock; read-only: the existing one opened for reading, or -1 */
     int lock_held; /* depth of maint_lock */
     int owner_fd;  /* DIR/owners/ID, -1 until the first write */
     char owner[ST_OWNER_LEN + 1];
@@ -150,10 +151,17 @@ int st_delete_at(cb_store *s, const char *key, int tier, cb_error *err);
 /* ------------------------------------------------------------- store.c */
 
 /* The store-wide lock on DIR/lock, reentrant within a handle; st_trylock
- * does not wait and returns 1 when it took the lock. */
+ * does not wait and returns 1 when it took the lock.  A read-only handle
+ * takes a shared lock on the lock file when there is one it can lock (so
+ * that its checks do not run while a writer moves bytes), and goes on
+ * without one where it cannot. */
 cb_status st_lock(cb_store *s, cb_error *err);
 int st_trylock(cb_store *s);
 void st_unlock(cb_store *s);
+
+/* CB_OK when the handle may write, else CB_ERR_CREATE naming `what` and
+ * the store (a read-only store). */
+cb_status st_writable(const cb_store *s, const char *what, cb_error *err);
 
 /* Make sure this handle has an owner id with its lock file. */
 cb_status st_owner(cb_store *s, cb_error *err);
