@@ -289,6 +289,8 @@ static int run_open(run *r)
         }
         cli_err("warning: %s; every chunk is computed", err.msg);
     }
+    if (r->store)
+        cb_store_set_warn(r->store, warn, NULL);
     if (r->store && cb_store_readonly(r->store) && o->store_write)
         cli_err("note: the store %s is read-only: chunks missing from it are computed and not stored", o->store_dir);
     return 0;

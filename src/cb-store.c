@@ -163,12 +163,19 @@ static void readonly_note(const opts *o, const cb_store *s)
         cli_err("note: the store %s is read-only: nothing in it is changed, accesses are not recorded", o->store);
 }
 
+static void warn_cb(void *ctx, const char *msg)
+{
+    (void)ctx;
+    cli_err("warning: %s", msg);
+}
+
 static int open_store(const opts *o, int create, cb_store **s)
 {
     cb_error err;
     if (cb_store_open(s, o->store, create, &err) != CB_OK)
         return fail(&err);
     readonly_note(o, *s);
+    cb_store_set_warn(*s, warn_cb, NULL);
     return 0;
 }
 
@@ -183,6 +190,39 @@ static int need_args(const opts *o, const char *cmd, int lo, int hi)
 }
 
 /* ---------------------------------------------------------------- init */
+
+/* NAME=redis://HOST[:PORT][/DB][:CAPACITY] (the capacity after a port) or
+ * NAME=unix:///PATH[:CAPACITY]: the shared tier. */
+static int shared_spec(const char *spec, const char *eq, cb_store_tier *t, char **buf)
+{
+    size_t nl = (size_t)(eq - spec);
+    const char *p = eq + 1, *colon = strrchr(p, ':');
+    const char *after = p + (p[0] == 'r' ? 8 : 7);
+    int colons = 0;
+    for (const char *c = after; *c; c++)
+        colons += *c == ':';
+    uint64_t cap = 0;
+    size_t ulen = strlen(p);
+    if (colon && colon >= after && (p[0] == 'u' || colons == 2)) {
+        if (parse_size(colon + 1, &cap) != 0) {
+            cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec, colon + 1);
+            return CLI_EX_USAGE;
+        }
+        ulen = (size_t)(colon - p);
+    }
+    if (!(*buf = malloc(nl + ulen + 2))) {
+        cli_err("out of memory");
+        return CLI_EX_SOFTWARE;
+    }
+    snprintf(*buf, nl + 1, "%s", spec);
+    snprintf(*buf + nl + 1, ulen + 1, "%s", p);
+    t->name = *buf;
+    t->path = NULL;
+    t->url = *buf + nl + 1;
+    t->capacity = cap;
+    t->cost = 0;
+    return 0;
+}
 
 static int cmd_init(const opts *o)
 {
@@ -209,6 +249,11 @@ static int cmd_init(const opts *o)
         const char *p = eq + 1;
         size_t plen = strlen(p);
         uint64_t cap = 0;
+        if (!strncmp(p, "redis://", 8) || !strncmp(p, "unix://", 7)) {
+            if ((code = shared_spec(spec, eq, &t[i], &bufs[i])) != 0)
+                goto done;
+            continue;
+        }
         const char *colon = strrchr(p, ':');
         if (colon && parse_size(colon + 1, &cap) == 0)
             plen = (size_t)(colon - p);
@@ -246,6 +291,7 @@ static int cmd_init(const opts *o)
         t[i].path = path;
         t[i].capacity = cap;
         t[i].cost = 0;
+        t[i].url = NULL;
     }
     for (int c = 0; c < o->n_costs; c++) {
         const char *spec = o->costs[c], *eq = strchr(spec, '=');
@@ -356,7 +402,7 @@ static int cmd_ls(const opts *o)
 static int cmd_stat(const opts *o)
 {
     cb_store *s = NULL;
-    cb_store_tier_stat st[CB_STORE_MAX_TIERS];
+    cb_store_tier_stat st[CB_STORE_MAX_TIERS + 1];
     uint64_t misses = 0, hits = 0;
     cb_error err;
     int code;
@@ -372,6 +418,10 @@ static int cmd_stat(const opts *o)
     for (int i = 0; i < n; i++)
         hits += st[i].hits;
     uint64_t gets = hits + misses;
+    if (cb_store_shared_stat(s, &st[n], &err) == CB_OK)
+        n++; /* the shared tier; its hits are in each entry (ls) */
+    else if (err.status != CB_ERR_NOT_FOUND)
+        cli_err("warning: %s", err.msg);
     if (o->json) {
         json_t *tiers = json_array(), *root;
         for (int i = 0; i < n; i++)
@@ -555,6 +605,7 @@ static int cmd_verify(const opts *o)
             return fail(&err);
     }
     readonly_note(o, s);
+    cb_store_set_warn(s, warn_cb, NULL);
     cb_status st = cb_store_verify(s, o->repair, print_problem, NULL, &r, &err);
     if (st != CB_OK && st != CB_ERR_FORMAT) {
         code = fail(&err);

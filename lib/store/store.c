@@ -200,10 +200,31 @@ static int dir_is_empty(const char *path)
 
 static const char *conf_name = "store.json";
 
+/* The id of the shared tier at t->url (made in Redis when missing). */
+static cb_status shared_id_of(const cb_store_tier *t, char id[33], cb_error *err)
+{
+    char host[1024];
+    int port, db, is_unix;
+    if (!tier_name_valid(t->name) || st_remote_parse(t->url, host, sizeof host, &port, &db, &is_unix) != 0)
+        return cb_error_set(err, CB_ERR_INVALID, "tier %s: '%s' is not redis://HOST[:PORT][/DB] or unix:///PATH",
+                            t->name ? t->name : "", t->url);
+    cb_store tmp;
+    memset(&tmp, 0, sizeof tmp);
+    snprintf(tmp.remote.name, sizeof tmp.remote.name, "%s", t->name);
+    tmp.remote.url = (char *)t->url;
+    tmp.remote.timeout_ms = ST_REMOTE_TIMEOUT_MS;
+    int rc = st_remote_up(&tmp) ? st_remote_id(&tmp, t->name, id) : -1;
+    tmp.remote.url = NULL;
+    st_remote_close(&tmp.remote);
+    if (rc != 0)
+        return cb_error_set(err, CB_ERR_IO, "tier %s: %s cannot be reached", t->name, t->url);
+    return CB_OK;
+}
+
 static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits, int *exists,
                              cb_error *err)
 {
-    static const cb_store_tier def = {"main", "tiers/main", 0, 0};
+    static const cb_store_tier def = {"main", "tiers/main", 0, 0, NULL};
     char *conf = st_asprintf("%s/%s", dir, conf_name);
     char *abs[CB_STORE_MAX_TIERS] = {0};
     char *real[CB_STORE_MAX_TIERS] = {0};
@@ -224,6 +245,24 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
         tiers = &def;
         n_tiers = 1;
     }
+    /* The shared tier: the last, at most one, not the only one; its id
+     * comes from Redis. */
+    const cb_store_tier *shared = NULL;
+    char shared_id[33] = "";
+    if (tiers[n_tiers - 1].url) {
+        shared = &tiers[--n_tiers];
+        if (n_tiers == 0) {
+            st = cb_error_set(err, CB_ERR_INVALID, "tier %s: a shared tier needs a local tier in front", shared->name);
+            goto done;
+        }
+        if ((st = shared_id_of(shared, shared_id, err)) != CB_OK)
+            goto done;
+    }
+    for (int i = 0; i < n_tiers; i++)
+        if (tiers[i].url) {
+            st = cb_error_set(err, CB_ERR_INVALID, "tier %s: the shared tier must be the last, and only one", tiers[i].name);
+            goto done;
+        }
     st_random_hex(id, 32);
     for (int i = 0; i < n_tiers; i++) {
         if (!(abs[i] = abs_path(dir, tiers[i].path))) {
@@ -275,6 +314,10 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
                                              "capacity", (json_int_t)tiers[i].capacity, "cost",
                                              tiers[i].cost > 0 ? tiers[i].cost : (double)(n_tiers - i)));
     json_object_set(root, "tiers", arr);
+    if (shared)
+        json_object_set_new(root, "shared", json_pack("{s:s, s:s, s:s, s:I, s:i}", "name", shared->name, "url",
+                                                      shared->url, "id", shared_id, "capacity",
+                                                      (json_int_t)shared->capacity, "timeout_ms", ST_REMOTE_TIMEOUT_MS));
     text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (!text) {
         st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
@@ -326,7 +369,7 @@ cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers
             return cb_error_set(err, CB_ERR_INVALID,
                                 "tier name '%s': use 1 to 32 letters, digits, '_', '-' or '.'",
                                 tiers[i].name ? tiers[i].name : "");
-        if (!tiers[i].path || !*tiers[i].path)
+        if (!tiers[i].url && (!tiers[i].path || !*tiers[i].path))
             return cb_error_set(err, CB_ERR_INVALID, "tier %s: no directory", tiers[i].name);
         for (int j = 0; j < i; j++)
             if (strcmp(tiers[i].name, tiers[j].name) == 0)
@@ -413,6 +456,33 @@ static cb_status read_config(cb_store *s, cb_error *err)
                        ? json_number_value(cost)
                        : (double)json_array_size(tiers) - (double)i; /* default: fastest dearest */
         if (!ti->conf_path || !ti->path || !s->id) {
+            st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
+    json_t *sh = json_object_get(root, "shared");
+    if (sh) {
+        const char *name = json_string_value(json_object_get(sh, "name"));
+        const char *url = json_string_value(json_object_get(sh, "url"));
+        const char *sid = json_string_value(json_object_get(sh, "id"));
+        json_t *cap = json_object_get(sh, "capacity"), *to = json_object_get(sh, "timeout_ms");
+        char host[1024];
+        int port, db, is_unix;
+        if (!tier_name_valid(name) || !url || st_remote_parse(url, host, sizeof host, &port, &db, &is_unix) != 0 ||
+            !sid || strlen(sid) != 32 || !st_is_hex(sid, 32) || (cap && (!json_is_integer(cap) || json_integer_value(cap) < 0)) ||
+            (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 600000))) {
+            st = cb_error_set(err, CB_ERR_FORMAT, "%s: shared: needs a name, a url, an id, a capacity >= 0 and a timeout_ms "
+                              "from 1 to 600000", conf);
+            goto done;
+        }
+        snprintf(s->remote.name, sizeof s->remote.name, "%s", name);
+        memcpy(s->remote.id, sid, 33);
+        s->remote.cap = cap ? (uint64_t)json_integer_value(cap) : 0;
+        s->remote.timeout_ms = to ? (int)json_integer_value(to) : ST_REMOTE_TIMEOUT_MS;
+        const char *env = getenv("CB_STORE_TIMEOUT_MS");
+        if (env && atoi(env) > 0 && atoi(env) <= 600000)
+            s->remote.timeout_ms = atoi(env);
+        if (!(s->remote.url = strdup(url))) {
             st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
             goto done;
         }
@@ -527,6 +597,14 @@ cb_status cb_store_open_readonly(cb_store **out, const char *dir, cb_error *err)
 
 int cb_store_readonly(const cb_store *s) { return s ? s->readonly : 0; }
 
+void cb_store_set_warn(cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx)
+{
+    if (s) {
+        s->warn = warn;
+        s->warn_ctx = ctx;
+    }
+}
+
 void cb_store_close(cb_store *s)
 {
     if (!s)
@@ -545,6 +623,7 @@ void cb_store_close(cb_store *s)
     }
     if (s->lock_fd >= 0)
         close(s->lock_fd);
+    st_remote_close(&s->remote);
     for (int i = 0; i < s->n_tiers; i++) {
         free(s->tiers[i].path);
         free(s->tiers[i].conf_path);
