@@ -531,6 +531,19 @@ cb_status cb_store_lookup(cb_store *s, const char *key, int *found)
         if (!p)
             return CB_ERR_NOMEM;
         *found = access(p, F_OK) == 0;
+        /* Stored here but lost by the shared tier (a restart without
+         * persistence, an eviction): written through again, so that the
+         * host that computes a corpus refills it. */
+        if (*found && s->remote.url && !s->readonly && st_remote_has(s, key) == 0) {
+            cb_mmap m;
+            cb_error e;
+            if (cb_mmap_open(&m, p, &e) == CB_OK) {
+                char why[300];
+                if (st_kv_check_bytes(m.data, m.size, key, why, sizeof why) == 0)
+                    st_remote_put(s, key, m.data, m.size, 0);
+                cb_mmap_close(&m);
+            }
+        }
         free(p);
     }
     return CB_OK;

@@ -288,6 +288,20 @@ static cb_status drop(cb_store *s, const char *key, const char *checksum)
 
 /* ---------------------------------------------------------------- put */
 
+int st_remote_has(cb_store *s, const char *key)
+{
+    rkeys k;
+    if (!st_remote_up(s))
+        return -1;
+    keys_of(s, key, &k);
+    redisReply *rep = cmdf(s, "EXISTS %s", k.m);
+    if (!rep)
+        return -1;
+    int have = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+    freeReplyObject(rep);
+    return have;
+}
+
 int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, int64_t n_tokens)
 {
     st_remote *r = &s->remote;

@@ -222,6 +222,8 @@ int st_remote_up(cb_store *s);
 void st_remote_close(st_remote *r);
 /* The shared tier's id from Redis (made when missing): 0, or -1. */
 int st_remote_id(cb_store *s, const char *name, char id[33]);
+/* 1 when the shared tier holds key, 0 when not, -1 when it is down. */
+int st_remote_has(cb_store *s, const char *key);
 /* Write an entry through to the shared tier: 0 stored or there, -1 not. */
 int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, int64_t n_tokens);
 /* 1 fetched (bytes and checksum as its metadata says), 0 missing or
