@@ -112,8 +112,7 @@ used=$($R GET "cb:$SSID:used"); n_small=$($R ZCARD "cb:$SSID:lru")
 [ "$used" -le $((SZ * 2 + SZ / 2)) ] && [ "$n_small" -eq 2 ] && ok "capacity: the shared tier keeps the 2 newest ($used bytes)" \
     || not_ok "capacity: $used bytes, $n_small entries"
 
-# -- the server killed: cb-run answers (computed in place) within the time-out; then restarted
-kill_redis
+# -- the server hung (SIGSTOP): every call is bounded by the time-out (500 ms here)
 $STORE --store "$T/d" init --tier "main=$T/d/t" 2>/dev/null
 python3 - "$T/a/store.json" "$T/d/store.json" <<'PY'
 import json, sys
@@ -121,6 +120,20 @@ a = json.load(open(sys.argv[1])); d = json.load(open(sys.argv[2]))
 d["shared"] = dict(a["shared"]); d["shared"]["timeout_ms"] = 500
 json.dump(d, open(sys.argv[2], "w"))
 PY
+kill -STOP "$(cat "$T/redis.pid")"
+t0=$(date +%s)
+run d; rc=$?
+t1=$(date +%s)
+kill -CONT "$(cat "$T/redis.pid")"
+[ $rc -eq 0 ] && [ $((t1 - t0)) -le 8 ] && ok "server hung: cb-run answers in $((t1 - t0)) s" \
+    || { not_ok "cb-run with the server hung (exit $rc, $((t1 - t0)) s)"; sed 's/^/#   /' "$T/err-d" | head -5; }
+cmp -s "$T/ans-d" "$T/a-full" && ok "computed in place, the answer equals full prefill's" || not_ok "d vs full (hung)"
+grep -q "shared tier.*[Tt]imed out\|shared tier.*Resource temporarily" "$T/err-d" && ok "it warns of the time-out" \
+    || { not_ok "the time-out warning"; sed 's/^/#   /' "$T/err-d" | head -5; }
+rm -rf "$T/d/t"/*.kv; $STORE --store "$T/d" verify --repair > /dev/null 2>&1
+
+# -- the server killed: cb-run answers (computed in place); then restarted
+kill_redis
 t0=$(date +%s)
 run d; rc=$?
 t1=$(date +%s)
