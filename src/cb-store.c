@@ -1,7 +1,7 @@
 /* cb-store - the tiered store of KV files.
  *
  *   cb-store [--store DIR] COMMAND [ARGS]
- *     init [--tier NAME=PATH[:CAPACITY]]... [--promote N]
+ *     init [--tier NAME=PATH[:CAPACITY]]... [--promote N] [--timeout MS]
  *     ls [--json] [-m MODEL] [--tier NAME]     stat [--json]
  *     get KEY [-o FILE]     put FILE...     rm KEY...     pin KEY...     unpin KEY...
  *     gc     verify [--repair]     export ARCHIVE [KEY...]     import ARCHIVE
@@ -28,12 +28,18 @@ static void usage(FILE *f)
             "\n"
             "Commands:\n"
             "  init [--tier NAME=PATH[:CAPACITY]]... [--cost NAME=C]... [--promote N]\n"
+            "       [--timeout MS]\n"
             "                     create a store; tiers fastest first (default: one tier\n"
             "                     'main' in DIR/tiers/main, unlimited); CAPACITY takes K, M,\n"
             "                     G, T suffixes (powers of 1024); --cost: a tier's relative\n"
             "                     cost per byte, for place (default: fastest dearest);\n"
             "                     --promote N moves an entry to a faster tier on its Nth and\n"
             "                     later gets (default 2, 0 = never)\n"
+            "                     a last tier NAME=redis://HOST:PORT[/DB][:CAPACITY] or\n"
+            "                     NAME=unix:///PATH.sock[:CAPACITY] is shared on Redis by\n"
+            "                     every store made with it (local tiers cache it); --timeout:\n"
+            "                     its connect and request time-out (default 1000 ms;\n"
+            "                     $CB_STORE_TIMEOUT_MS overrides it)\n"
             "  ls [--json] [-m MODEL] [--tier NAME]\n"
             "                     list entries: key, tier, bytes, hits, last use, pin;\n"
             "                     MODEL is a GGUF file or a 32-hex-digit fingerprint\n"
@@ -82,13 +88,14 @@ enum {
     OPT_RATIO,
     OPT_TOKENS,
     OPT_DEVICE, /* given[] index of --device (CLI_OPT_DEVICE) */
-    OPT_COMPRESS
+    OPT_COMPRESS,
+    OPT_TIMEOUT
 };
 
 typedef struct opts {
     const char *store, *model, *out, *compress, *device;
     const char **tiers;
-    int n_tiers, json, repair, promote;
+    int n_tiers, json, repair, promote, timeout_ms;
     const char **costs;
     int n_costs;
     double ratio;
@@ -221,6 +228,7 @@ static int shared_spec(const char *spec, const char *eq, cb_store_tier *t, char 
     t->url = *buf + nl + 1;
     t->capacity = cap;
     t->cost = 0;
+    t->timeout_ms = 0;
     return 0;
 }
 
@@ -292,6 +300,7 @@ static int cmd_init(const opts *o)
         t[i].capacity = cap;
         t[i].cost = 0;
         t[i].url = NULL;
+        t[i].timeout_ms = 0;
     }
     for (int c = 0; c < o->n_costs; c++) {
         const char *spec = o->costs[c], *eq = strchr(spec, '=');
@@ -312,6 +321,9 @@ static int cmd_init(const opts *o)
             goto done;
         }
     }
+    for (int i = 0; i < o->n_tiers; i++)
+        if (t[i].url)
+            t[i].timeout_ms = o->timeout_ms;
     if (cb_store_init(o->store, o->n_tiers ? t : NULL, o->n_tiers, o->promote, &err) != CB_OK) {
         code = fail(&err);
         goto done;
@@ -791,6 +803,7 @@ int main(int argc, char **argv)
         {"repair", no_argument, 0, OPT_REPAIR},
         {"compress", required_argument, 0, OPT_COMPRESS},
         {"cost", required_argument, 0, OPT_COST},
+        {"timeout", required_argument, 0, OPT_TIMEOUT},
         {"ratio", required_argument, 0, OPT_RATIO},
         {"tokens", required_argument, 0, OPT_TOKENS},
         {0, 0, 0, 0},
@@ -800,7 +813,7 @@ int main(int argc, char **argv)
         int (*fn)(const opts *);
         const char *flags; /* command-specific options it takes */
     } cmds[] = {
-        {"init", cmd_init, "tier promote cost"}, {"place", cmd_place, "json ratio tokens model device"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
+        {"init", cmd_init, "tier promote cost timeout"}, {"place", cmd_place, "json ratio tokens model device"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
         {"get", cmd_get, "output"},         {"put", cmd_put, ""},              {"rm", NULL, ""},
         {"pin", NULL, ""},                  {"unpin", NULL, ""},               {"gc", cmd_gc, ""},
         {"verify", cmd_verify, "repair"},   {"export", cmd_export, "compress"}, {"import", cmd_import, ""},
@@ -808,7 +821,7 @@ int main(int argc, char **argv)
     char store_buf[4096];
     opts o = {0};
     cli_common co = {0};
-    int c, code, given[OPT_COMPRESS + 1] = {0};
+    int c, code, given[OPT_TIMEOUT + 1] = {0};
 
     cli_prog = "cb-store";
     o.promote = -1;
@@ -837,6 +850,17 @@ int main(int argc, char **argv)
             }
             o.promote = (int)n;
             given[OPT_PROMOTE] = 1;
+            break;
+        }
+        case OPT_TIMEOUT: {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (*end || !*optarg || n < 1 || n > 600000) {
+                cli_err("--timeout: '%s' is not a number of milliseconds from 1 to 600000", optarg);
+                return CLI_EX_USAGE;
+            }
+            o.timeout_ms = (int)n;
+            given[OPT_TIMEOUT] = 1;
             break;
         }
         case 'o': o.out = optarg; given[0] = 1; break;
@@ -892,7 +916,8 @@ int main(int argc, char **argv)
                     {OPT_PROMOTE, "promote", "--promote"}, {0, "output", "-o"},
                     {OPT_REPAIR, "repair", "--repair"},    {OPT_COMPRESS, "compress", "--compress"},
                     {OPT_COST, "cost", "--cost"},          {OPT_RATIO, "ratio", "--ratio"},
-                    {OPT_TOKENS, "tokens", "--tokens"},    {OPT_DEVICE, "device", "--device"}};
+                    {OPT_TOKENS, "tokens", "--tokens"},    {OPT_DEVICE, "device", "--device"},
+                    {OPT_TIMEOUT, "timeout", "--timeout"}};
     for (size_t i = 0; i < sizeof specific / sizeof specific[0]; i++)
         if (given[specific[i].id] && !strstr(cmds[k].flags, specific[i].word)) {
             cli_err("%s: %s does not apply", cmd, specific[i].flag);

@@ -757,6 +757,9 @@ typedef struct cb_store_tier {
                         * redis://HOST[:PORT][/DB] or unix:///PATH (path unused);
                         * at most one, behind the local tiers (see
                         * cb_store_shared_stat) */
+    int timeout_ms;    /* the shared tier: connect and per-request time-out in
+                        * milliseconds (0: 1000; the environment's
+                        * CB_STORE_TIMEOUT_MS overrides it when a store opens) */
 } cb_store_tier;
 
 /* Create a store in dir (made with its parents when missing) with n_tiers

@@ -212,7 +212,7 @@ static cb_status shared_id_of(const cb_store_tier *t, char id[33], cb_error *err
     memset(&tmp, 0, sizeof tmp);
     snprintf(tmp.remote.name, sizeof tmp.remote.name, "%s", t->name);
     tmp.remote.url = (char *)t->url;
-    tmp.remote.timeout_ms = ST_REMOTE_TIMEOUT_MS;
+    tmp.remote.timeout_ms = t->timeout_ms > 0 ? t->timeout_ms : ST_REMOTE_TIMEOUT_MS;
     int rc = st_remote_up(&tmp) ? st_remote_id(&tmp, t->name, id) : -1;
     tmp.remote.url = NULL;
     st_remote_close(&tmp.remote);
@@ -224,7 +224,7 @@ static cb_status shared_id_of(const cb_store_tier *t, char id[33], cb_error *err
 static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits, int *exists,
                              cb_error *err)
 {
-    static const cb_store_tier def = {"main", "tiers/main", 0, 0, NULL};
+    static const cb_store_tier def = {"main", "tiers/main", 0, 0, NULL, 0};
     char *conf = st_asprintf("%s/%s", dir, conf_name);
     char *abs[CB_STORE_MAX_TIERS] = {0};
     char *real[CB_STORE_MAX_TIERS] = {0};
@@ -317,7 +317,8 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
     if (shared)
         json_object_set_new(root, "shared", json_pack("{s:s, s:s, s:s, s:I, s:i}", "name", shared->name, "url",
                                                       shared->url, "id", shared_id, "capacity",
-                                                      (json_int_t)shared->capacity, "timeout_ms", ST_REMOTE_TIMEOUT_MS));
+                                                      (json_int_t)shared->capacity, "timeout_ms",
+                                                      shared->timeout_ms > 0 ? shared->timeout_ms : ST_REMOTE_TIMEOUT_MS));
     text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (!text) {
         st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");

@@ -375,9 +375,9 @@ static void test_basics(kvgen *g)
         snprintf(d2, sizeof d2, "%s/init", work);
         snprintf(a, sizeof a, "%s/a", d2);
         snprintf(b, sizeof b, "%s/b", d2);
-        cb_store_tier bad1[] = {{"x y", a, 0, 0}};
-        cb_store_tier dup[] = {{"x", a, 0, 0}, {"x", b, 0, 0}};
-        cb_store_tier same[] = {{"x", a, 0, 0}, {"y", a, 0, 0}};
+        cb_store_tier bad1[] = {{"x y", a, 0, 0, NULL, 0}};
+        cb_store_tier dup[] = {{"x", a, 0, 0, NULL, 0}, {"x", b, 0, 0, NULL, 0}};
+        cb_store_tier same[] = {{"x", a, 0, 0, NULL, 0}, {"y", a, 0, 0, NULL, 0}};
         CHECK(cb_store_init(dir, NULL, 0, -1, &err) == CB_ERR_CREATE);
         CHECK(cb_store_init(d2, bad1, 1, -1, &err) == CB_ERR_INVALID);
         CHECK(cb_store_init(d2, dup, 2, -1, &err) == CB_ERR_INVALID);
@@ -386,13 +386,13 @@ static void test_basics(kvgen *g)
         mkdir(b, 0755);
         snprintf(p, sizeof p, "%s/junk", b);
         write_file(p, "x", 1);
-        cb_store_tier nonempty[] = {{"x", a, 0, 0}, {"y", b, 0, 0}};
+        cb_store_tier nonempty[] = {{"x", a, 0, 0, NULL, 0}, {"y", b, 0, 0, NULL, 0}};
         CHECK(cb_store_init(d2, nonempty, 2, -1, &err) == CB_ERR_CREATE);
         CHECK(cb_store_open(&s, d2, 0, &err) == CB_ERR_NOT_FOUND);
         /* A tier directory of another store is refused when opened. */
         unlink(p);
-        cb_store_tier t1[] = {{"x", a, 0, 0}};
-        cb_store_tier t2[] = {{"y", b, 0, 0}};
+        cb_store_tier t1[] = {{"x", a, 0, 0, NULL, 0}};
+        cb_store_tier t2[] = {{"y", b, 0, 0, NULL, 0}};
         char d3[1300];
         snprintf(d3, sizeof d3, "%s/other", d2);
         CHECK_OK(cb_store_init(d2, t1, 1, -1, &err));
@@ -428,7 +428,7 @@ static void test_tiers(kvgen *g, const char *ram)
     snprintf(t0, sizeof t0, "%s/ram", ram);
     snprintf(t1, sizeof t1, "%s/ssd", dir);
     snprintf(t2, sizeof t2, "%s/hdd", dir);
-    cb_store_tier tiers[] = {{"ram", t0, 2 * E, 0}, {"ssd", t1, 2 * E, 0}, {"hdd", t2, 2 * E, 0}};
+    cb_store_tier tiers[] = {{"ram", t0, 2 * E, 0, NULL, 0}, {"ssd", t1, 2 * E, 0, NULL, 0}, {"hdd", t2, 2 * E, 0, NULL, 0}};
 
     tcase("three tiers: put fills the fastest first, LRU moves down, the last tier evicts");
     CHECK_OK(cb_store_init(dir, tiers, 3, 2, &err));
@@ -1009,7 +1009,7 @@ static void test_concurrency(kvgen *g, const char *ram)
     caps[0] = 4 * E;
     caps[1] = 8 * E;
     caps[2] = 16 * E;
-    cb_store_tier tiers[] = {{"ram", t0, caps[0], 0}, {"ssd", t1, caps[1], 0}, {"hdd", t2, caps[2], 0}};
+    cb_store_tier tiers[] = {{"ram", t0, caps[0], 0, NULL, 0}, {"ssd", t1, caps[1], 0, NULL, 0}, {"hdd", t2, caps[2], 0, NULL, 0}};
 
     tcase("concurrency: %d writers, %d readers, gc in a loop for %.0f s on small tiers; then verify", NW, NR, secs);
     if (cb_store_init(dir, tiers, 3, 2, &err) != CB_OK) {
