@@ -6,7 +6,7 @@
  * fingerprint and token hash):
  *   cb:{SID:KEY}:m       hash: bytes, tokens, checksum, created, last_access, hits, parts
  *   cb:{SID:KEY}:v       list: the KV file in parts of ST_PART bytes
- *   cb:{SID:KEY}:t:OWN   a part list being uploaded (expires after ST_UPLOAD_TTL s)
+ *   cb:{SID:KEY}:t:RND   a part list being uploaded (expires after ST_UPLOAD_TTL s)
  *   cb:SID:lru           sorted set: KEY scored by its last access (microseconds)
  *   cb:SID:used          bytes of the entries
  * An entry's keys share the hash tag {SID:KEY}.  Every change of the
@@ -269,7 +269,9 @@ static void keys_of(const cb_store *s, const char *key, rkeys *k)
     const st_remote *r = &s->remote;
     snprintf(k->m, sizeof k->m, "cb:{%s:%s}:m", r->id, key);
     snprintf(k->v, sizeof k->v, "cb:{%s:%s}:v", r->id, key);
-    snprintf(k->t, sizeof k->t, "cb:{%s:%s}:t:%s", r->id, key, s->owner[0] ? s->owner : "anon");
+    char up[17];
+    st_random_hex(up, 16); /* one upload's own name, whoever else uploads the key */
+    snprintf(k->t, sizeof k->t, "cb:{%s:%s}:t:%s", r->id, key, up);
     snprintf(k->lru, sizeof k->lru, "cb:%s:lru", r->id);
     snprintf(k->used, sizeof k->used, "cb:%s:used", r->id);
 }
