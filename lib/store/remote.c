@@ -5,7 +5,7 @@
  * configured with it and kept in store.json; KEY: the entry's key, model
  * fingerprint and token hash):
  *   cb:{SID:KEY}:m       hash: bytes, tokens, checksum, created, last_access, hits, parts
- *   cb:{SID:KEY}:v       list: the KV file in parts of ST_PART bytes
+ *   cb:{SID:KEY}:v       list: the KV file's header, then each layer
  *   cb:{SID:KEY}:t:RND   a part list being uploaded (expires after ST_UPLOAD_TTL s)
  *   cb:SID:lru           sorted set: KEY scored by its last access (microseconds)
  *   cb:SID:used          bytes of the entries
@@ -323,9 +323,20 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     if (!(rep = cmdf(s, "DEL %s", k.t)))
         return -1;
     freeReplyObject(rep);
+    /* Parts: the header, then one per layer (cbkv(5): H at 12, L at 48,
+     * S at 96, H + L*S bytes), as a loader reads them; other sizes in
+     * parts of ST_PART bytes. */
+    uint32_t H = 0, L = 0;
+    uint64_t S = 0;
+    if (size >= 128) {
+        memcpy(&H, (const char *)data + 12, 4);
+        memcpy(&L, (const char *)data + 48, 4);
+        memcpy(&S, (const char *)data + 96, 8);
+    }
+    int by_layer = H > 0 && S > 0 && L > 0 && (uint64_t)H + (uint64_t)L * S == size;
     size_t parts = 0;
-    for (size_t off = 0; off < size || parts == 0; off += ST_PART, parts++) {
-        size_t n = size - off < ST_PART ? size - off : ST_PART;
+    for (size_t off = 0; off < size; parts++) {
+        size_t n = by_layer ? (parts == 0 ? H : S) : (size - off < ST_PART ? size - off : ST_PART);
         if (!(rep = cmdf(s, "RPUSH %s %b", k.t, (const char *)data + off, n)))
             return -1;
         freeReplyObject(rep);
@@ -334,8 +345,7 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
                 return -1;
             freeReplyObject(rep);
         }
-        if (size == 0)
-            break;
+        off += n;
     }
     cb_hash128_hex(cb_hash128_bytes(data, size), sum);
     snprintf(num[0], 32, "%zu", size);

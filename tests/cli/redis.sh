@@ -77,6 +77,9 @@ grep -q "^shared  *$nkeys " "$T/out" && ok "stat shows the shared tier" || not_o
 # -- a corrupted value: dropped with a warning, the chunk computed
 SID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/a/store.json")
 K=$($STORE --store "$T/a" ls --tier shared | head -n 1 | cut -d' ' -f1)
+L=$(python3 -c 'import struct,sys; print(struct.unpack_from("<I", open(sys.argv[1], "rb").read(64), 48)[0])' "$($STORE --store "$T/a" get "$K")")
+[ "$($R LLEN "cb:{$SID:$K}:v")" -eq $((L + 1)) ] && [ "$($R HGET "cb:{$SID:$K}:m" parts)" -eq $((L + 1)) ] \
+    && ok "a value is split by layer: the header, then $L layers" || not_ok "parts: $($R LLEN "cb:{$SID:$K}:v"), $L layers"
 python3 - "$SOCK" "cb:{$SID:$K}:v" <<'PY' && ok "a byte of a value flipped in Redis" || not_ok "corrupt a value"
 import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
