@@ -26,6 +26,8 @@
 #include "store_impl.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <hiredis.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -163,11 +165,46 @@ void st_remote_close(st_remote *r)
     r->url = NULL;
 }
 
+/* A write to a server that went away raises SIGPIPE, which would kill the
+ * program: it is blocked around each request and a SIGPIPE that the
+ * request caused is consumed (the library leaves signal handling alone). */
+typedef struct pipe_guard {
+    sigset_t old;
+    int pending_before;
+} pipe_guard;
+
+static void pipe_block(pipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    g->pending_before = sigismember(&pend, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void pipe_restore(pipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    if (!g->pending_before && sigismember(&pend, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 /* A reply, or NULL after marking the tier down (warned once per outage). */
 static redisReply *cmd_argv(cb_store *s, int argc, const char **argv, const size_t *len)
 {
     st_remote *r = &s->remote;
+    pipe_guard g;
+    pipe_block(&g);
     redisReply *rep = redisCommandArgv(r->ctx, argc, argv, len);
+    pipe_restore(&g);
     if (!rep) {
         st_remote_warn(s, "shared tier %s (%s): %s; chunks it holds are computed", r->name, r->url,
                        r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
@@ -187,9 +224,12 @@ static redisReply *cmdf(cb_store *s, const char *fmt, ...)
 {
     st_remote *r = &s->remote;
     va_list ap;
+    pipe_guard g;
+    pipe_block(&g);
     va_start(ap, fmt);
     redisReply *rep = redisvCommand(r->ctx, fmt, ap);
     va_end(ap);
+    pipe_restore(&g);
     if (!rep) {
         st_remote_warn(s, "shared tier %s (%s): %s; chunks it holds are computed", r->name, r->url,
                        r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
