@@ -206,7 +206,7 @@ static redisReply *cmd_argv(cb_store *s, int argc, const char **argv, const size
     redisReply *rep = redisCommandArgv(r->ctx, argc, argv, len);
     pipe_restore(&g);
     if (!rep) {
-        st_remote_warn(s, "shared tier %s (%s): %s; chunks it holds are computed", r->name, r->url,
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
                        r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
         disconnect(r);
         r->down_until = st_now_us() + ST_RETRY_US;
@@ -231,7 +231,7 @@ static redisReply *cmdf(cb_store *s, const char *fmt, ...)
     va_end(ap);
     pipe_restore(&g);
     if (!rep) {
-        st_remote_warn(s, "shared tier %s (%s): %s; chunks it holds are computed", r->name, r->url,
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
                        r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
         disconnect(r);
         r->down_until = st_now_us() + ST_RETRY_US;
@@ -262,7 +262,7 @@ int st_remote_up(cb_store *s)
     struct timeval tv = {r->timeout_ms / 1000, (r->timeout_ms % 1000) * 1000};
     r->ctx = is_unix ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
     if (!r->ctx || r->ctx->err) {
-        st_remote_warn(s, "shared tier %s (%s): %s; chunks it holds are computed", r->name, r->url,
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
                        r->ctx ? r->ctx->errstr : "out of memory");
         disconnect(r);
         r->down_until = st_now_us() + ST_RETRY_US;
