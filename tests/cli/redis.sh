@@ -115,6 +115,33 @@ used=$($R GET "cb:$SSID:used"); n_small=$($R ZCARD "cb:$SSID:lru")
 [ "$used" -le $((SZ * 2 + SZ / 2)) ] && [ "$n_small" -eq 2 ] && ok "capacity: the shared tier keeps the 2 newest ($used bytes)" \
     || not_ok "capacity: $used bytes, $n_small entries"
 
+# -- capacity with concurrent writers: four hosts put at once into a tier of 3 entries
+mkdir -p "$T/kvs"
+"$STORE" --store "$T/a" ls --tier main | cut -d' ' -f1 | while read -r k; do "$STORE" --store "$T/a" get "$k" -o "$T/kvs/$k.kv"; done
+CAP=$((SZ * 3))
+for w in 1 2 3 4; do
+    $STORE --store "$T/w$w" init --tier "main=$T/w$w/t:1K" --tier "cc=unix://$SOCK:$CAP" > /dev/null 2>&1
+done
+CSID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/w1/store.json")
+wpids=""
+for w in 1 2 3 4; do
+    ( for r in 1 2 3; do for f in $(ls "$T"/kvs/*.kv | sort -R 2>/dev/null || ls "$T"/kvs/*.kv); do
+        $STORE --store "$T/w$w" put "$f" > /dev/null 2>&1; done; done ) &
+    wpids="$wpids $!"
+done
+alive() { for p in $wpids; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+maxu=0; samples=0
+while alive && [ $samples -lt 400 ]; do
+    u=$($R GET "cb:$CSID:used"); u=${u:-0}; [ "$u" -gt "$maxu" ] && maxu=$u; samples=$((samples + 1))
+done
+wait
+sum=0; n_cc=0
+for k in $($R ZRANGE "cb:$CSID:lru" 0 -1); do sum=$((sum + $($R HGET "cb:{$CSID:$k}:m" bytes))); n_cc=$((n_cc + 1)); done
+[ "$maxu" -le "$CAP" ] && [ "$($R GET "cb:$CSID:used")" -eq "$sum" ] && [ "$n_cc" -eq 3 ] \
+    && ok "four writers at once: never over capacity ($samples samples, at most $maxu of $CAP bytes), $n_cc entries, accounting exact" \
+    || not_ok "concurrent capacity: max $maxu of $CAP, used $($R GET "cb:$CSID:used") vs $sum, $n_cc entries"
+expect_exit "verify after the concurrent writers" 0 $STORE --store "$T/w1" verify
+
 # -- the server hung (SIGSTOP): every call is bounded by the time-out (500 ms here)
 $STORE --store "$T/d" init --tier "main=$T/d/t" 2>/dev/null
 python3 - "$T/a/store.json" "$T/d/store.json" <<'PY'
