@@ -477,6 +477,20 @@ int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void *
     return 1;
 }
 
+cb_status cb_store_shared_drop(cb_store *s, const char *key, cb_error *err)
+{
+    if (!s || !s->remote.url)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "the store has no shared tier");
+    if (!st_key_valid(key))
+        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
+    cb_status st = st_writable(s, "drop from the shared tier", err);
+    if (st != CB_OK)
+        return st;
+    if (!st_remote_up(s) || drop(s, key, NULL) != CB_OK)
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be reached", s->remote.name, s->remote.url);
+    return CB_OK;
+}
+
 /* A fetched entry failed the local verification: drop it. */
 void st_remote_reject(cb_store *s, const char *key, const char *why)
 {

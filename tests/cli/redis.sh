@@ -74,6 +74,18 @@ expect_exit "gc on b" 0 $STORE --store "$T/b" gc
 expect_exit "stat on b" 0 $STORE --store "$T/b" stat
 grep -q "^shared  *$nkeys " "$T/out" && ok "stat shows the shared tier" || not_ok "stat shows the shared tier"
 
+# -- cb-profile measures the shared tier's load throughput, and leaves nothing in it
+n_before=$($R ZCARD "cb:$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/b/store.json"):lru")
+$BINDIR_B/cb-profile -m "$M" --store "$T/b" --lengths 64 --ratios 0.25 --repeat 2 -o json > "$T/p.json" 2> "$T/err-p"
+python3 - "$T/p.json" <<'PY' && ok "cb-profile measures the shared tier" || { not_ok "cb-profile and the shared tier"; sed 's/^/#   /' "$T/err-p" | head -5; }
+import json, sys
+p = json.load(open(sys.argv[1]))
+t = {x["name"]: x for x in p["tiers"]}
+assert set(t) == {"main", "shared"} and t["shared"]["cold_mbs"] > 0, p["tiers"]
+PY
+[ "$($R ZCARD "cb:$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/b/store.json"):lru")" -eq "$n_before" ] \
+    && ok "cb-profile's test entry is gone from the shared tier" || not_ok "cb-profile left its test entry"
+
 # -- a corrupted value: dropped with a warning, the chunk computed
 SID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/a/store.json")
 K=$($STORE --store "$T/a" ls --tier shared | head -n 1 | cut -d' ' -f1)
