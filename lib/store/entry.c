@@ -67,33 +67,6 @@ static cb_status check_kvfile(const char *path, char key[66], char model[33], in
     return st;
 }
 
-int st_kv_check_bytes(const void *data, size_t size, const char *key, char *why, size_t why_n)
-{
-    char fkey[66], model[33], path[64];
-    int64_t nt;
-    uint64_t fsize;
-    cb_error err;
-    /* The KV file reader takes a path: an anonymous memory file is one,
-     * even in a read-only store. */
-    int fd = memfd_create("cb-kv-check", MFD_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, why_n, "memfd_create: %s", strerror(errno));
-        return -1;
-    }
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    int rc = -1;
-    if (st_write_all(fd, data, size) != 0)
-        snprintf(why, why_n, "memfd: %s", strerror(errno));
-    else if (check_kvfile(path, fkey, model, &nt, &fsize, &err) != CB_OK)
-        snprintf(why, why_n, "not a valid KV file: %s", err.msg);
-    else if (strcmp(fkey, key) != 0)
-        snprintf(why, why_n, "it holds the entry %s", fkey);
-    else
-        rc = 0;
-    close(fd);
-    return rc;
-}
-
 /* XXH3-128 of a whole file, and its size. */
 static cb_status hash_file(const char *path, cb_hash128 *h, uint64_t *size, cb_error *err)
 {

@@ -33,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define ST_PART (1u << 20)
 #define ST_UPLOAD_TTL 600
@@ -298,6 +300,39 @@ int st_remote_id(cb_store *s, const char *name, char id[33])
     return ok ? 0 : -1;
 }
 
+/* ------------------------------------------------------------- checks */
+
+int st_kv_check_bytes(const void *data, size_t size, const char *key, char *why, size_t why_n)
+{
+    char path[64], fkey[66];
+    cb_kvfile *f = NULL;
+    cb_error err;
+    /* The KV file reader takes a path: an anonymous memory file is one,
+     * even in a read-only store. */
+    int fd = memfd_create("cb-kv-check", MFD_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_n, "memfd_create: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int rc = -1;
+    if (st_write_all(fd, data, size) != 0) {
+        snprintf(why, why_n, "memfd: %s", strerror(errno));
+    } else if (cb_kvfile_open(&f, path, &err) != CB_OK || cb_kvfile_verify(f, &err) != CB_OK) {
+        snprintf(why, why_n, "not a valid KV file: %s", err.msg);
+    } else {
+        const cb_kv_meta *m = cb_kvfile_meta(f);
+        cb_kv_key(m->model, m->tokens, fkey);
+        if (strcmp(fkey, key) != 0)
+            snprintf(why, why_n, "it holds the entry %s", fkey);
+        else
+            rc = 0;
+    }
+    cb_kvfile_free(f);
+    close(fd);
+    return rc;
+}
+
 /* --------------------------------------------------------------- keys */
 
 typedef struct rkeys {
@@ -483,9 +518,8 @@ cb_status cb_store_shared_drop(cb_store *s, const char *key, cb_error *err)
         return cb_error_set(err, CB_ERR_NOT_FOUND, "the store has no shared tier");
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    cb_status st = st_writable(s, "drop from the shared tier", err);
-    if (st != CB_OK)
-        return st;
+    if (s->readonly)
+        return cb_error_set(err, CB_ERR_CREATE, "%s: the store is read-only", s->dir);
     if (!st_remote_up(s) || drop(s, key, NULL) != CB_OK)
         return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be reached", s->remote.name, s->remote.url);
     return CB_OK;

@@ -94,6 +94,7 @@ struct cb_store_ref {
 
 /* The files, each using only those above it (no circle):
  *   util.c    file-system helpers, keys, ids
+ *   remote.c  the shared tier on Redis (uses only util.c)
  *   index.c   the SQLite index: schema, statements, transactions
  *   store.c   configuration, tiers, the store lock, owners, open/close, stat
  *   tiers.c   moves between tiers: demotion, eviction, promotion
@@ -236,7 +237,7 @@ cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, co
 cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void *ctx, const char *what, const char *msg),
                           void *ctx, uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err);
 
-/* entry.c: 0 when the bytes are a valid KV file (header, every layer's
+/* 0 when the bytes are a valid KV file (header, every layer's
  * checksum) holding key, else -1 with the reason in why. */
 int st_kv_check_bytes(const void *data, size_t size, const char *key, char *why, size_t why_n);
 
