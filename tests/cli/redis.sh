@@ -174,6 +174,37 @@ grep -q "shared tier.*[Tt]imed out\|shared tier.*Resource temporarily" "$T/err-d
     || { not_ok "the time-out warning"; sed 's/^/#   /' "$T/err-d" | head -5; }
 rm -rf "$T/d/t"/*.kv; $STORE --store "$T/d" verify --repair > /dev/null 2>&1
 
+# -- a server that hangs up mid-put (a fake one: it answers, then closes before the upload):
+#    the write gets EPIPE, and SIGPIPE must not kill the program
+python3 - "$T/fake.sock" > /dev/null 2>&1 <<'PY' &
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(4); s.settimeout(20)
+for _ in range(4):
+    try:
+        c, _ = s.accept()
+    except OSError:
+        break
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        if b"DEL" in d:
+            c.sendall(b":0\r\n"); c.close(); break
+        c.sendall(b":0\r\n")
+PY
+fpid=$!
+i=0; while [ ! -S "$T/fake.sock" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+$STORE --store "$T/f" init --tier "main=$T/f/t" > /dev/null 2>&1
+python3 - "$T/a/store.json" "$T/f/store.json" "$T/fake.sock" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1])); f = json.load(open(sys.argv[2]))
+f["shared"] = dict(a["shared"]); f["shared"]["url"] = "unix://" + sys.argv[3]; f["shared"]["timeout_ms"] = 500
+json.dump(f, open(sys.argv[2], "w"))
+PY
+expect_exit "a put while the server hangs up mid-upload (no SIGPIPE death)" 0 $STORE --store "$T/f" put "$(ls "$T"/kvs/*.kv | head -n 1)"
+grep -q "shared tier" "$T/err" && ok "and it warns" || { not_ok "the hang-up warning"; sed 's/^/#   /' "$T/err" | head -3; }
+kill "$fpid" 2>/dev/null; wait "$fpid" 2>/dev/null
+
 # -- the server killed: cb-run answers (computed in place); then restarted
 kill_redis
 t0=$(date +%s)
