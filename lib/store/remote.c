@@ -344,9 +344,6 @@ static void keys_of(const cb_store *s, const char *key, rkeys *k)
     const st_remote *r = &s->remote;
     snprintf(k->m, sizeof k->m, "cb:{%s:%s}:m", r->id, key);
     snprintf(k->v, sizeof k->v, "cb:{%s:%s}:v", r->id, key);
-    char up[17];
-    st_random_hex(up, 16); /* one upload's own name, whoever else uploads the key */
-    snprintf(k->t, sizeof k->t, "cb:{%s:%s}:t:%s", r->id, key, up);
     snprintf(k->lru, sizeof k->lru, "cb:%s:lru", r->id);
     snprintf(k->used, sizeof k->used, "cb:%s:used", r->id);
 }
@@ -387,6 +384,9 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     if (!st_remote_up(s))
         return -1;
     keys_of(s, key, &k);
+    char up[17];
+    st_random_hex(up, 16); /* this upload's own name, whoever else uploads the key */
+    snprintf(k.t, sizeof k.t, "cb:{%s:%s}:t:%s", r->id, key, up);
     redisReply *rep = cmdf(s, "EXISTS %s", k.m);
     if (!rep)
         return -1;
@@ -394,10 +394,7 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     freeReplyObject(rep);
     if (have)
         return 0;
-    /* Upload under a name of this handle, expiring, then commit at once. */
-    if (!(rep = cmdf(s, "DEL %s", k.t)))
-        return -1;
-    freeReplyObject(rep);
+    /* Uploaded under its own name, expiring, then committed at once. */
     /* Parts: the header, then one per layer (cbkv(5): H at 12, L at 48,
      * S at 96, H + L*S bytes), as a loader reads them; other sizes in
      * parts of ST_PART bytes. */
