@@ -174,7 +174,7 @@ grep -q "shared tier.*[Tt]imed out\|shared tier.*Resource temporarily" "$T/err-d
     || { not_ok "the time-out warning"; sed 's/^/#   /' "$T/err-d" | head -5; }
 rm -rf "$T/d/t"/*.kv; $STORE --store "$T/d" verify --repair > /dev/null 2>&1
 
-# -- a server that hangs up mid-put (a fake one: it answers, then closes before the upload):
+# -- a server that hangs up mid-put (a fake one: it stops reading after EXISTS, before the upload):
 #    the write gets EPIPE, and SIGPIPE must not kill the program
 python3 - "$T/fake.sock" > /dev/null 2>&1 <<'PY' &
 import socket, sys
@@ -188,8 +188,9 @@ for _ in range(4):
         d = c.recv(65536)
         if not d:
             break
-        if b"DEL" in d:
-            c.sendall(b":0\r\n"); c.close(); break
+        if b"EXISTS" in d:
+            # no more reading: the client's next write fails with EPIPE, for sure
+            c.shutdown(socket.SHUT_RD); c.sendall(b":0\r\n"); break
         c.sendall(b":0\r\n")
 PY
 fpid=$!
