@@ -32,11 +32,11 @@ ifeq ($(DEBUG),1)
 BUILD   := $(BUILD)-debug
 endif
 
-PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3
+PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3 hiredis
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 CFLAGS  += -DCB_LIBDIR='"$(LIBDIR)"'
-LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas -ljansson -lxxhash -larchive -lsqlite3) -lm -lpthread -ldl
+LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas -ljansson -lxxhash -larchive -lsqlite3 -lhiredis) -lm -lpthread -ldl
 LDFLAGS += $(LDSAN)
 
 ifeq ($(V),1)

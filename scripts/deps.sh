@@ -3,7 +3,7 @@
 # need.  Idempotent: prints nothing and changes nothing when all are present.
 set -e
 pkgs="build-essential pkg-config libpcre2-dev libxxhash-dev libarchive-dev libopenblas-dev
-      libjansson-dev libsqlite3-dev zstd unzip gnuplot-nox python3 python3-venv python3-pip ca-certificates"
+      libjansson-dev libsqlite3-dev libhiredis-dev redis-server zstd unzip gnuplot-nox python3 python3-venv python3-pip ca-certificates"
 # make fuzz: clang 15 or later (x86 _Float16) and its libFuzzer runtime;
 # make memcheck: valgrind.  The first clang-N installed, else one apt has.
 fz=""
