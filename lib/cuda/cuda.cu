@@ -614,7 +614,8 @@ static void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, 
 }
 
 /* thread per (row, head, pair) */
-__global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, float base, int neox)
+__global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, float base,
+                       const float *ff, int neox)
 {
     int half = n_rot / 2;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -624,20 +625,21 @@ __global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int 
     int64_t th = i / half; /* row * n_head + head */
     int a, c;
     float s, co;
-    sincosf((float)pos[th / n_head] * cb_op_rope_freq(p, n_rot, base), &s, &co);
+    float freq = ff ? cb_op_rope_freq(p, n_rot, base) / ff[p] : cb_op_rope_freq(p, n_rot, base);
+    sincosf((float)pos[th / n_head] * freq, &s, &co);
     cb_op_rope_pair(p, n_rot, neox, &a, &c);
     float *v = x + th * hd;
     cb_op_rope_rotate(&v[a], &v[c], co, s);
 }
 
 static void cu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot,
-                    float base, int neox)
+                    float base, const float *ff, int neox)
 {
     tctx *t = T(b);
     int64_t nt = n * n_head * (n_rot / 2);
     if (nt == 0)
         return;
-    LAUNCH_1D(t, nt, k_rope, x, stage_idx(t, pos, n), n, n_head, hd, n_rot, base, neox);
+    LAUNCH_1D(t, nt, k_rope, x, stage_idx(t, pos, n), n, n_head, hd, n_rot, base, ff, neox);
 }
 
 __global__ void k_add(float *x, const float *y, int64_t n)
@@ -654,11 +656,18 @@ __global__ void k_swiglu(const float *g, const float *u, float *out, int64_t n)
         out[i] = cb_op_swiglu(g[i], u[i]);
 }
 
-__global__ void k_gelu(const float *x, float *out, int64_t n)
+__global__ void k_geglu(const float *g, const float *u, float *out, int64_t n)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        out[i] = cb_op_gelu(x[i]);
+        out[i] = cb_op_geglu(g[i], u[i]);
+}
+
+__global__ void k_scale(float *x, float s, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] *= s;
 }
 
 static void cu_add(cb_backend *b, float *x, const float *y, int64_t n)
@@ -671,9 +680,14 @@ static void cu_swiglu(cb_backend *b, const float *g, const float *u, float *out,
     LAUNCH_1D(T(b), n, k_swiglu, g, u, out, n);
 }
 
-static void cu_gelu(cb_backend *b, const float *x, float *out, int64_t n)
+static void cu_geglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n)
 {
-    LAUNCH_1D(T(b), n, k_gelu, x, out, n);
+    LAUNCH_1D(T(b), n, k_geglu, g, u, out, n);
+}
+
+static void cu_scale(cb_backend *b, float *x, float s, int64_t n)
+{
+    LAUNCH_1D(T(b), n, k_scale, x, s, n);
 }
 
 /* ------------------------------------------------------ KV cache rows */
@@ -1020,7 +1034,8 @@ static void init_ops(void)
     o->rope = cu_rope;
     o->add = cu_add;
     o->swiglu = cu_swiglu;
-    o->gelu = cu_gelu;
+    o->geglu = cu_geglu;
+    o->scale = cu_scale;
     o->kv_write = cu_kv_write;
     o->kv_read = cu_kv_read;
     o->attention = cu_attention;

@@ -15,9 +15,14 @@ typedef struct ref {
     int n_layer, d, H, Hkv, hd, ff, n_vocab, n_rot;
     double base, eps;
     int neox;
+    int gemma;              /* gemma3: embedding scale, GELU, sliding windows */
+    int *window;            /* [n_layer]: 0 global, else the sliding window */
+    double base_swa;        /* RoPE base of the sliding-window layers */
+    double *ff_div;         /* [n_rot/2] frequency divisors of the global layers, or NULL */
     float *embd, *out_norm, *output;
     float **bq, **bk, **bv; /* qwen2 biases, else NULL entries */
     float **attn_norm, **ffn_norm, **wq, **wk, **wv, **wo, **wg, **wu, **wd;
+    float **q_norm, **k_norm, **post_attn, **post_ffn; /* qwen3/gemma3, else NULL entries */
 } ref;
 
 static float *ref_tensor(const cb_gguf *g, const char *name, int64_t *n_el)
@@ -70,16 +75,37 @@ static int ref_load(ref *r, const char *path)
         printf("# %s\n", err.msg);
         return -1;
     }
+    cb_strview arch = cb_gguf_str(g, "general.architecture");
     r->n_layer = (int)hp(g, "block_count", 0);
     r->d = (int)hp(g, "embedding_length", 0);
     r->H = (int)hp(g, "attention.head_count", 0);
     r->Hkv = (int)hp(g, "attention.head_count_kv", r->H);
-    r->hd = r->d / r->H;
+    r->hd = (int)hp(g, "attention.key_length", r->d / r->H);
     r->n_rot = (int)hp(g, "rope.dimension_count", r->hd);
     r->ff = (int)hp(g, "feed_forward_length", 0);
     r->base = hp(g, "rope.freq_base", 10000.0);
     r->eps = hp(g, "attention.layer_norm_rms_epsilon", 1e-5);
-    r->neox = cb_strview_eq(cb_gguf_str(g, "general.architecture"), "qwen2");
+    r->neox = !cb_strview_eq(arch, "llama");
+    r->gemma = cb_strview_eq(arch, "gemma3");
+    /* gemma3: layers 5, 11, 17, ... global, the others see the last
+     * sliding_window keys, with RoPE base 10000 */
+    r->window = calloc((size_t)r->n_layer, sizeof(int));
+    r->base_swa = hp(g, "rope.freq_base_swa", 10000.0);
+    for (int l = 0; r->gemma && l < r->n_layer; l++)
+        r->window[l] = (l + 1) % 6 ? (int)hp(g, "attention.sliding_window", 0) : 0;
+    /* RoPE scaling of the global layers: rope_freqs (Llama 3) and a linear factor */
+    float *rf = cb_strview_eq(arch, "llama") ? ref_tensor(g, "rope_freqs.weight", NULL) : NULL;
+    double lin = hp(g, "rope.scaling.factor", 0.0);
+    if (rf || lin != 0.0) {
+        r->ff_div = malloc(sizeof(double) * (size_t)(r->n_rot / 2));
+        for (int i = 0; i < r->n_rot / 2; i++)
+            r->ff_div[i] = (rf ? rf[i] : 1.0) * (lin != 0.0 ? lin : 1.0);
+    }
+    free(rf);
+    r->q_norm = ref_layers(g, r->n_layer, "attn_q_norm");
+    r->k_norm = ref_layers(g, r->n_layer, "attn_k_norm");
+    r->post_attn = ref_layers(g, r->n_layer, "post_attention_norm");
+    r->post_ffn = ref_layers(g, r->n_layer, "post_ffw_norm");
     r->bq = ref_layers_kind(g, r->n_layer, "attn_q", "bias");
     r->bk = ref_layers_kind(g, r->n_layer, "attn_k", "bias");
     r->bv = ref_layers_kind(g, r->n_layer, "attn_v", "bias");
@@ -106,7 +132,7 @@ static int ref_load(ref *r, const char *path)
 static void ref_free(ref *r)
 {
     float ***all[] = {&r->attn_norm, &r->ffn_norm, &r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd,
-                      &r->bq, &r->bk, &r->bv};
+                      &r->bq, &r->bk, &r->bv, &r->q_norm, &r->k_norm, &r->post_attn, &r->post_ffn};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
         for (int l = 0; l < r->n_layer; l++)
             free((*all[k])[l]);
@@ -116,6 +142,8 @@ static void ref_free(ref *r)
         free(r->output);
     free(r->embd);
     free(r->out_norm);
+    free(r->window);
+    free(r->ff_div);
 }
 
 /* y[o] = sum_i W[o*n_in + i] x[i] */
@@ -139,13 +167,14 @@ static void ref_rmsnorm(const double *x, const float *g, double *y, int d, doubl
         y[i] = x[i] * s * g[i];
 }
 
-/* "normal" pairs (2i, 2i+1); neox pairs (i, i + n_rot/2) */
-static void ref_rope(double *v, int n_heads, int hd, int n_rot, int pos, double base, int neox)
+/* "normal" pairs (2i, 2i+1); neox pairs (i, i + n_rot/2); div: frequency
+ * divisors or NULL */
+static void ref_rope(double *v, int n_heads, int hd, int n_rot, int pos, double base, const double *div, int neox)
 {
     for (int h = 0; h < n_heads; h++) {
         double *x = v + h * hd;
         for (int i = 0; i < n_rot / 2; i++) {
-            double th = pos * pow(base, -2.0 * i / n_rot);
+            double th = pos * pow(base, -2.0 * i / n_rot) / (div ? div[i] : 1.0);
             int ia = neox ? i : 2 * i, ib = neox ? i + n_rot / 2 : 2 * i + 1;
             double a = x[ia], b = x[ib];
             x[ia] = a * cos(th) - b * sin(th);
@@ -163,31 +192,43 @@ static void add_bias(double *y, const float *b, int n)
 /* logits [n, n_vocab] for every position of tokens[0..n), positions 0..n-1 */
 static void ref_forward(const ref *r, const int32_t *tokens, int n, double *logits)
 {
-    int d = r->d, dkv = r->Hkv * r->hd;
+    int d = r->d, dq = r->H * r->hd, dkv = r->Hkv * r->hd;
     double *K = calloc((size_t)r->n_layer * n * dkv, sizeof(double));
     double *V = calloc((size_t)r->n_layer * n * dkv, sizeof(double));
-    double *x = malloc(sizeof(double) * d), *xn = malloc(sizeof(double) * d), *q = malloc(sizeof(double) * d);
-    double *att = malloc(sizeof(double) * d), *tmp = malloc(sizeof(double) * (r->ff > d ? r->ff : d));
+    double *x = malloc(sizeof(double) * d), *xn = malloc(sizeof(double) * d), *q = malloc(sizeof(double) * dq);
+    double *att = malloc(sizeof(double) * dq), *tmp = malloc(sizeof(double) * (r->ff > d ? r->ff : d));
     double *gt = malloc(sizeof(double) * r->ff), *up = malloc(sizeof(double) * r->ff);
-    double *sc = malloc(sizeof(double) * n);
+    double *sc = malloc(sizeof(double) * n), *hn = malloc(sizeof(double) * r->hd);
     for (int t = 0; t < n; t++) {
         for (int i = 0; i < d; i++)
-            x[i] = r->embd[(size_t)tokens[t] * d + i];
+            x[i] = r->embd[(size_t)tokens[t] * d + i] * (r->gemma ? sqrt((double)d) : 1.0);
         for (int l = 0; l < r->n_layer; l++) {
-            double *Kl = K + (size_t)l * n * dkv, *Vl = V + (size_t)l * n * dkv;
+            double *Kl = K + (size_t)l * n * dkv, *Vl = V + (size_t)l * n * dkv, *kt = Kl + (size_t)t * dkv;
             ref_rmsnorm(x, r->attn_norm[l], xn, d, r->eps);
-            ref_matvec(r->wq[l], xn, q, d, d);
-            ref_matvec(r->wk[l], xn, Kl + (size_t)t * dkv, d, dkv);
+            ref_matvec(r->wq[l], xn, q, d, dq);
+            ref_matvec(r->wk[l], xn, kt, d, dkv);
             ref_matvec(r->wv[l], xn, Vl + (size_t)t * dkv, d, dkv);
-            add_bias(q, r->bq[l], d);
-            add_bias(Kl + (size_t)t * dkv, r->bk[l], dkv);
+            add_bias(q, r->bq[l], dq);
+            add_bias(kt, r->bk[l], dkv);
             add_bias(Vl + (size_t)t * dkv, r->bv[l], dkv);
-            ref_rope(q, r->H, r->hd, r->n_rot, t, r->base, r->neox);
-            ref_rope(Kl + (size_t)t * dkv, r->Hkv, r->hd, r->n_rot, t, r->base, r->neox);
+            for (int h = 0; r->q_norm[l] && h < r->H; h++) { /* each head normalized on its own */
+                ref_rmsnorm(q + h * r->hd, r->q_norm[l], hn, r->hd, r->eps);
+                memcpy(q + h * r->hd, hn, sizeof(double) * (size_t)r->hd);
+            }
+            for (int h = 0; r->k_norm[l] && h < r->Hkv; h++) {
+                ref_rmsnorm(kt + h * r->hd, r->k_norm[l], hn, r->hd, r->eps);
+                memcpy(kt + h * r->hd, hn, sizeof(double) * (size_t)r->hd);
+            }
+            int win = r->window[l];
+            double base = win ? r->base_swa : r->base;
+            const double *div = win ? NULL : r->ff_div;
+            ref_rope(q, r->H, r->hd, r->n_rot, t, base, div, r->neox);
+            ref_rope(kt, r->Hkv, r->hd, r->n_rot, t, base, div, r->neox);
+            int j0 = win && t - win + 1 > 0 ? t - win + 1 : 0; /* the window's first key */
             for (int h = 0; h < r->H; h++) {
                 int kh = h / (r->H / r->Hkv);
                 double mx = -1e300, sum = 0;
-                for (int j = 0; j <= t; j++) {
+                for (int j = j0; j <= t; j++) {
                     double s = 0;
                     for (int c = 0; c < r->hd; c++)
                         s += q[h * r->hd + c] * Kl[(size_t)j * dkv + kh * r->hd + c];
@@ -195,33 +236,44 @@ static void ref_forward(const ref *r, const int32_t *tokens, int n, double *logi
                     if (sc[j] > mx)
                         mx = sc[j];
                 }
-                for (int j = 0; j <= t; j++) {
+                for (int j = j0; j <= t; j++) {
                     sc[j] = exp(sc[j] - mx);
                     sum += sc[j];
                 }
                 for (int c = 0; c < r->hd; c++) {
                     double o = 0;
-                    for (int j = 0; j <= t; j++)
+                    for (int j = j0; j <= t; j++)
                         o += sc[j] / sum * Vl[(size_t)j * dkv + kh * r->hd + c];
                     att[h * r->hd + c] = o;
                 }
             }
-            ref_matvec(r->wo[l], att, tmp, d, d);
+            ref_matvec(r->wo[l], att, tmp, dq, d);
+            if (r->post_attn[l]) {
+                ref_rmsnorm(tmp, r->post_attn[l], xn, d, r->eps);
+                memcpy(tmp, xn, sizeof(double) * (size_t)d);
+            }
             for (int i = 0; i < d; i++)
                 x[i] += tmp[i];
             ref_rmsnorm(x, r->ffn_norm[l], xn, d, r->eps);
             ref_matvec(r->wg[l], xn, gt, d, r->ff);
             ref_matvec(r->wu[l], xn, up, d, r->ff);
-            for (int i = 0; i < r->ff; i++)
-                gt[i] = gt[i] / (1.0 + exp(-gt[i])) * up[i];
+            for (int i = 0; i < r->ff; i++) {
+                double g = gt[i];
+                gt[i] = (r->gemma ? 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)))
+                                  : g / (1.0 + exp(-g))) * up[i];
+            }
             ref_matvec(r->wd[l], gt, tmp, r->ff, d);
+            if (r->post_ffn[l]) {
+                ref_rmsnorm(tmp, r->post_ffn[l], xn, d, r->eps);
+                memcpy(tmp, xn, sizeof(double) * (size_t)d);
+            }
             for (int i = 0; i < d; i++)
                 x[i] += tmp[i];
         }
         ref_rmsnorm(x, r->out_norm, xn, d, r->eps);
         ref_matvec(r->output, xn, logits + (size_t)t * r->n_vocab, d, r->n_vocab);
     }
-    free(K), free(V), free(x), free(xn), free(q), free(att), free(tmp), free(gt), free(up), free(sc);
+    free(K), free(V), free(x), free(xn), free(q), free(att), free(tmp), free(gt), free(up), free(sc), free(hn);
 }
 
 /* max |a - b| / max |b| */
