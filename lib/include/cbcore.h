@@ -553,8 +553,12 @@ typedef struct cb_kv_meta {
     int32_t n_tokens;
     int32_t pos0;          /* K of token i was computed (after RoPE) at position pos0 + i */
     int32_t n_lead;        /* lead-in tokens prefilled before the chunk and dropped */
+    uint32_t flags;        /* bit 0: the global layers' RoPE frequencies are divided
+                              (rope_freqs, linear scaling) */
     const int32_t *ids;    /* [n_tokens] (borrowed from the file handle) */
     const int32_t *lead;   /* [n_lead] */
+    const int32_t *window; /* [n_layer] each layer's sliding window, 0: global */
+    const float *layer_rope_base; /* [n_layer] the RoPE base each layer's K was rotated with */
 } cb_kv_meta;
 
 /* The store key of a chunk: hash of its token ids (with the lead-in, so a

@@ -189,8 +189,9 @@ static void add_bias(double *y, const float *b, int n)
         y[i] += b[i];
 }
 
-/* logits [n, n_vocab] for every position of tokens[0..n), positions 0..n-1 */
-static void ref_forward(const ref *r, const int32_t *tokens, int n, double *logits)
+/* logits [n, n_vocab] for every position of tokens[0..n), positions 0..n-1
+ * (last_only: only the last position's, into logits[0..n_vocab)) */
+static void ref_forward_at(const ref *r, const int32_t *tokens, int n, double *logits, int last_only)
 {
     int d = r->d, dq = r->H * r->hd, dkv = r->Hkv * r->hd;
     double *K = calloc((size_t)r->n_layer * n * dkv, sizeof(double));
@@ -270,10 +271,17 @@ static void ref_forward(const ref *r, const int32_t *tokens, int n, double *logi
             for (int i = 0; i < d; i++)
                 x[i] += tmp[i];
         }
+        if (last_only && t < n - 1)
+            continue;
         ref_rmsnorm(x, r->out_norm, xn, d, r->eps);
-        ref_matvec(r->output, xn, logits + (size_t)t * r->n_vocab, d, r->n_vocab);
+        ref_matvec(r->output, xn, logits + (size_t)(last_only ? 0 : t) * r->n_vocab, d, r->n_vocab);
     }
     free(K), free(V), free(x), free(xn), free(q), free(att), free(tmp), free(gt), free(up), free(sc), free(hn);
+}
+
+static void ref_forward(const ref *r, const int32_t *tokens, int n, double *logits)
+{
+    ref_forward_at(r, tokens, n, logits, 0);
 }
 
 /* max |a - b| / max |b| */
@@ -309,9 +317,8 @@ static void test_fixture(const char *type)
     cb_error err;
     ref r = {0};
 
+    /* a tensor type, or an architecture / RoPE scaling fixture (tests/run.sh) */
     snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmp ? tmp : "tests/tmp", type);
-    if (!strcmp(type, "qwen2")) /* a qwen2 model: Q/K/V biases, NEOX RoPE */
-        snprintf(path, sizeof path, "%s/tiny-qwen2.gguf", tmp ? tmp : "tests/tmp");
     tcase("forward %s: all positions' logits match the plain-loop reference", type);
     if (cb_model_load(&m, path, NULL, &err) != CB_OK) {
         CHECKF(0, "%s", err.msg);
@@ -452,6 +459,27 @@ static void test_errors(void)
     CHECK(cb_model_load(&m, path, NULL, &err) == CB_ERR_UNSUPPORTED);
     CHECKF(strstr(err.msg, "mamba") != NULL, "%s", err.msg);
     CHECK(m == NULL);
+
+    tcase("model: an unsupported RoPE scaling type is named");
+    snprintf(path, sizeof path, "%s/tiny-yarn.gguf", tmp ? tmp : "tests/tmp");
+    CHECK(cb_model_load(&m, path, NULL, &err) == CB_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "'yarn'") != NULL, "%s", err.msg);
+    CHECK(m == NULL);
+
+    tcase("model: gemma3's layers: windows, RoPE bases, scaling only on the global layers");
+    snprintf(path, sizeof path, "%s/tiny-gemma3-linear.gguf", tmp ? tmp : "tests/tmp");
+    if (cb_model_load(&m, path, NULL, &err) != CB_OK) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    const cb_hparams *hp = cb_model_hparams(m);
+    CHECK(hp->n_layer == 7 && hp->n_swa == 8 && hp->n_swa_layers == 6 && hp->rope_scale == 4.0f);
+    for (int l = 0; l < hp->n_layer; l++) {
+        CHECKF(cb_model_layer_window(m, l) == (l == 5 ? 0 : 8), "layer %d window %d", l, cb_model_layer_window(m, l));
+        CHECK(cb_model_layer_rope_base(m, l) == (l == 5 ? 1e6f : 10000.0f));
+    }
+    CHECK(cb_model_chat_kind(m) == CB_CHAT_CHATML); /* the file's template wins over the architecture's */
+    cb_model_free(m);
 }
 
 typedef struct dev_row {
@@ -528,14 +556,73 @@ static void test_deviation(void)
     }
 }
 
+/* The real Gemma-3-270M against the plain loop on one chat prompt: the
+ * whole architecture at its real size (262,144-token tied output, 18
+ * layers, head dimension 256, one KV head).  llama.cpp on this file is
+ * KL ~1e-2 away from the plain loop (its 8-bit activation rounding). */
+static void test_gemma(void)
+{
+    const char *path = t_gemma_model();
+    static const char prompt[] = "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"
+                                 "<start_of_turn>model\n";
+    if (!path) {
+        tskip("forward gemma-3-270m: last logits match the plain-loop reference",
+              "Gemma-3-270M not fetched (make model MODEL=gemma)");
+        return;
+    }
+    tcase("forward gemma-3-270m: last logits match the plain-loop reference");
+    cb_model *m = NULL;
+    cb_error err;
+    ref r = {0};
+    if (cb_model_load(&m, path, NULL, &err) != CB_OK || ref_load(&r, path) != 0) {
+        CHECKF(0, "%s", err.msg);
+        cb_model_free(m);
+        return;
+    }
+    const cb_vocab *v = cb_model_vocab(m);
+    cb_tokens t = {0};
+    cb_tokens_push(&t, cb_vocab_bos(v));
+    CHECK_OK(cb_tok_encode(v, prompt, strlen(prompt), CB_TOK_PARSE_SPECIAL, &t));
+    int nv = cb_model_hparams(m)->n_vocab, n = (int)t.n;
+    double *want = malloc(sizeof(double) * (size_t)nv);
+    float *got = malloc(sizeof(float) * (size_t)nv);
+    ref_forward_at(&r, t.ids, n, want, 1);
+    cb_kvcache *kv = NULL;
+    cb_fwd *f = NULL;
+    CHECK_OK(cb_kvcache_new(&kv, m, n, CB_TYPE_F32));
+    CHECK_OK(cb_fwd_new(&f, m, n));
+    CHECK_OK(cb_model_eval(f, kv, t.ids, n, 0, got));
+    /* KL(reference || ours) of the next-token distributions */
+    double mw = -1e300, mg = -1e300, zw = 0, zg = 0, kl = 0;
+    for (int i = 0; i < nv; i++)
+        mw = want[i] > mw ? want[i] : mw, mg = got[i] > mg ? got[i] : mg;
+    for (int i = 0; i < nv; i++)
+        zw += exp(want[i] - mw), zg += exp(got[i] - mg);
+    for (int i = 0; i < nv; i++) {
+        double lw = want[i] - mw - log(zw), lg = got[i] - mg - log(zg);
+        kl += exp(lw) * (lw - lg);
+    }
+    double e = rel_err(got, want, (size_t)nv);
+    CHECKF(e < 1e-3 && kl < 1e-5, "relative error %.3g, KL %.3g", e, kl);
+    printf("# gemma-3-270m, %d tokens: max relative error vs reference %.2e, KL %.2e\n", n, e, kl);
+    cb_fwd_free(f);
+    cb_kvcache_free(kv);
+    cb_tokens_free(&t);
+    free(want), free(got);
+    ref_free(&r);
+    cb_model_free(m);
+}
+
 int main(void)
 {
-    static const char *types[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",
-                                  "q5_0", "q5_1", "q4_K", "q5_K", "q6_K", "qwen2"};
+    static const char *types[] = {"f32",  "f16",  "bf16",  "q8_0",   "q4_0",          "q4_1",
+                                  "q5_0", "q5_1", "q4_K",  "q5_K",   "q6_K",          "qwen2",
+                                  "qwen3", "gemma3", "llama3", "llama-linear", "gemma3-linear"};
     TEST_BEGIN();
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_fixture(types[i]);
     test_deviation();
     test_errors();
+    test_gemma();
     TEST_END();
 }
