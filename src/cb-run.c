@@ -484,7 +484,7 @@ static cb_status build_prompt(const cb_model *m, const gen_opts *o, const char *
     cb_status st;
     seg *s;
 
-    p->kind = o->raw ? CB_CHAT_NONE : cb_model_chat_kind(m);
+    p->kind = o->raw ? CB_CHAT_NONE : cb_chat_detect(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
     if (p->kind != CB_CHAT_NONE && (st = cb_chat_render(p->kind, o->system, &parts)) != CB_OK)
         return st;
     if (!(s = prompt_add(p)))

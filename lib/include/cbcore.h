@@ -1094,11 +1094,6 @@ typedef enum cb_chat_kind {
  * CB_CHAT_NONE when it is empty or unknown. */
 cb_chat_kind cb_chat_detect(cb_strview tmpl);
 const char *cb_chat_name(cb_chat_kind k);
-/* The template a model is used with: its tokenizer.chat_template detected
- * as above; a file without one gets its architecture's (gemma3: gemma, as
- * Gemma 3 GGUF files are often written without the template), else
- * CB_CHAT_NONE. */
-cb_chat_kind cb_model_chat_kind(const cb_model *m);
 
 /* One system + user exchange rendered in three parts, so that a caller can
  * put its own tokens (cached chunks) between them without re-tokenizing:

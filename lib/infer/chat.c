@@ -107,16 +107,6 @@ cb_chat_kind cb_chat_detect(cb_strview t)
     return CB_CHAT_NONE;
 }
 
-cb_chat_kind cb_model_chat_kind(const cb_model *m)
-{
-    const cb_gguf *g = cb_model_gguf(m);
-    if (cb_gguf_find_key(g, "tokenizer.chat_template") >= 0)
-        return cb_chat_detect(cb_gguf_str(g, "tokenizer.chat_template"));
-    if (!strcmp(cb_model_hparams(m)->arch, "gemma3"))
-        return CB_CHAT_GEMMA;
-    return CB_CHAT_NONE;
-}
-
 /* "none", "chatml", "llama3", "mistral", "gemma"; "unknown" for a value
  * outside the enum.  cb_chat_detect(name) gives the kind back. */
 const char *cb_chat_name(cb_chat_kind k)

@@ -184,7 +184,7 @@ def main():
         rows = []
         print(f"\n{len(qa)} questions, {args.passages} passages each, mean prompt "
               f"{sum(r['n_prompt_tokens'] for r in results) / len(results):.0f} tokens; model "
-              f"{args.model or 'default'}; {args.threads} threads; KV {args.kv_type}\n")
+              f"{os.path.basename(args.model or os.environ.get('CB_MODEL') or 'default')}; {args.threads} threads; KV {args.kv_type}\n")
         print("| mode | F1 | EM | F1 / full | identical to full | first-token top-1 = full | mean first-token KL | mean TTFT ms | speedup |")
         print("|---|---|---|---|---|---|---|---|---|")
         for c in configs:
