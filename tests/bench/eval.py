@@ -127,6 +127,12 @@ def main():
         pre_s = time.time() - t0
         print(f"precomputed {len(recs)} passages in {pre_s:.1f} s", file=sys.stderr)
 
+        # a model without a chat template (Gemma-3-270M is a base model) is
+        # cued to answer; an instruction-tuned one asked in its chat format
+        probe = os.path.join(work, "probe.json")
+        subprocess.run([run, "-p", "x", "-n", "1", "--stats", probe] + common, stdout=subprocess.DEVNULL, check=True)
+        cue = "\nAnswer:" if json.load(open(probe)).get("chat_template") == "none" else ""
+
         configs = []
         for mode in args.modes.split(","):
             if mode == "blend":
@@ -141,7 +147,7 @@ def main():
             with open(chunks, "w", encoding="utf-8") as f:
                 for c in q["ctxs"][: args.passages]:
                     f.write(json.dumps({"text": f"{c.get('title', '')}\n{c['text']}".strip()}, ensure_ascii=False) + "\n")
-            question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}"
+            question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}{cue}"
             full_logits = full_answer = None
             for mode, ratio, strat in sorted(configs, key=lambda c: c[0] != "full"):
                 stats = os.path.join(work, "stats.json")
