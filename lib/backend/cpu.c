@@ -529,10 +529,8 @@ typedef struct ranked {
 
 static int by_value_desc(const void *a, const void *b)
 {
-    const ranked *x = a, *y = b;
-    if (x->v != y->v)
-        return x->v < y->v ? 1 : -1;
-    return (x->i > y->i) - (x->i < y->i);
+    const ranked *x = a, *y = b; /* indices differ: never equal */
+    return cb_op_topk_before(x->v, x->i, y->v, y->i) ? -1 : 1;
 }
 
 static void cpu_topk(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx)

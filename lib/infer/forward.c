@@ -77,6 +77,13 @@ void cb_kvcache_free(cb_kvcache *kv)
     free(kv);
 }
 
+/* Scratch that only this thread's work touches: on a device, no wait for
+ * the queue (the KV loads, the deviation and the logits are hot paths). */
+static void *be_tmp(cb_backend *be, size_t bytes)
+{
+    return be->ops->alloc_tmp ? be->ops->alloc_tmp(be, bytes) : be->ops->alloc(be, bytes);
+}
+
 /* Order this thread's next work on layer `layer` of the cache after the
  * loads another thread queued into it (a device-side wait; nothing on the
  * CPU). */
@@ -102,7 +109,7 @@ static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int3
         pos0 > kv->n_ctx - n)
         return CB_ERR_RANGE;
     int32_t *at = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    float *tmp = be->ops->alloc(be, bytes);
+    float *tmp = be_tmp(be, bytes);
     if (!at || !tmp) {
         free(at);
         be->ops->dealloc(be, tmp);
@@ -333,7 +340,7 @@ cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *l
     if (rows)
         be->ops->gather(be, f->x, rows, n, d, f->xs);
     be->ops->rmsnorm(be, rows ? f->xs : f->x, m->output_norm, f->xn, n, d, hp->norm_eps);
-    float *out = be->ops->alloc(be, sizeof(float) * (size_t)n * (size_t)hp->n_vocab);
+    float *out = be_tmp(be, sizeof(float) * (size_t)n * (size_t)hp->n_vocab);
     if (!out)
         return CB_ERR_NOMEM;
     be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn, out, n);
@@ -401,7 +408,7 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
         return CB_OK;
     at = malloc(sizeof(int32_t) * (size_t)n);
     delta = malloc(sizeof(int32_t) * (size_t)n);
-    tmp = be->ops->alloc(be, bytes);
+    tmp = be_tmp(be, bytes);
     if (!at || !delta || !tmp) {
         free(at);
         free(delta);
@@ -467,7 +474,7 @@ cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int w
     st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, which ? QKV_V : QKV_K, &x, &n);
     if (st != CB_OK || n == 0 || k == 0)
         return st;
-    if (!(dev = be->ops->alloc(be, sizeof(float) * (size_t)n)))
+    if (!(dev = be_tmp(be, sizeof(float) * (size_t)n)))
         return CB_ERR_NOMEM;
     kv_after_loads(kv, layer);
     be->ops->deviation(be, which ? f->v : f->k, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width,

@@ -109,7 +109,9 @@ static void loader_run(loader *ld)
         pthread_cond_broadcast(&ld->cv);
         pthread_mutex_unlock(&ld->mu);
     }
-    if (st == CB_OK) { /* a device queues the copies: count them until they are done */
+    { /* a device queues the copies: wait for them on every exit (after an
+       * error too: the caller frees the cache once this thread is joined),
+       * and count them as loading time */
         double t0 = now_ms();
         cb_model_sync(ld->m);
         pthread_mutex_lock(&ld->mu);
