@@ -40,7 +40,6 @@
  * Every layer starts on a 4096-byte boundary, so one layer can be read alone
  * (and with O_DIRECT).  Moving the chunk to position p is a RoPE rotation of
  * K by p - (pos0 + i), exact up to rounding. */
-#include "../infer/model_impl.h"
 #include "cbcore.h"
 
 #include <errno.h>
@@ -110,6 +109,13 @@ void cb_kv_key(cb_hash128 model, cb_hash128 tokens, char key[66])
     snprintf(key, 66, "%s-%s", a, b);
 }
 
+/* Header flags of a model: bit 0 when its global layers' RoPE frequencies
+ * are divided (rope_freqs, a linear factor) */
+static uint32_t rope_flags(const cb_hparams *hp)
+{
+    return hp->rope_freqs || hp->rope_scale != 1.0f ? KV_FLAG_ROPE_DIV : 0;
+}
+
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -118,7 +124,8 @@ static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v
 cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
                           const int32_t *ids, int32_t n, int32_t pos0, cb_type type, void **out, size_t *out_size)
 {
-    const cb_hparams *hp = &m->hp;
+    const cb_hparams *hp = cb_model_hparams(m);
+    cb_hash128 fp = cb_model_fingerprint(m);
     int64_t width = (int64_t)hp->n_head_kv * hp->head_dim;
     size_t row = cb_type_row_bytes(type, width);
     uint64_t B, S, H, total;
@@ -144,8 +151,8 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     memcpy(buf, KV_MAGIC, 8);
     put32(buf + 8, KV_VERSION);
     put32(buf + 12, (uint32_t)H);
-    put64(buf + 16, m->fingerprint.lo);
-    put64(buf + 24, m->fingerprint.hi);
+    put64(buf + 16, fp.lo);
+    put64(buf + 24, fp.hi);
     put64(buf + 32, th.lo);
     put64(buf + 40, th.hi);
     put32(buf + 48, (uint32_t)hp->n_layer);
@@ -159,7 +166,7 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     put32(buf + 80, (uint32_t)pos0);
     put32(buf + 84, (uint32_t)n_lead);
     put32(buf + 88, 1);
-    put32(buf + 92, m->rope_ff ? KV_FLAG_ROPE_DIV : 0);
+    put32(buf + 92, rope_flags(hp));
     put64(buf + 96, S);
     put64(buf + 104, B);
     put64(buf + 112, total);
@@ -168,8 +175,9 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
         memcpy(buf + KV_FIXED + 4 * (size_t)n, lead, 4 * (size_t)n_lead);
     uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + n_lead), *att = sums + 8 * (size_t)hp->n_layer;
     for (int32_t l = 0; l < hp->n_layer; l++) {
-        put32(att + 8 * (size_t)l, (uint32_t)m->layers[l].window);
-        memcpy(att + 8 * (size_t)l + 4, &m->layers[l].rope_base, 4);
+        float base = cb_model_layer_rope_base(m, l);
+        put32(att + 8 * (size_t)l, (uint32_t)cb_model_layer_window(m, l));
+        memcpy(att + 8 * (size_t)l + 4, &base, 4);
     }
     for (int32_t l = 0; l < hp->n_layer; l++) {
         uint8_t *layer = buf + H + S * (uint64_t)l;
@@ -385,9 +393,9 @@ cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error 
     int same = cb_hash128_eq(mt->model, cb_model_fingerprint(m)) && mt->n_layer == hp->n_layer &&
                mt->n_head_kv == hp->n_head_kv && mt->head_dim == hp->head_dim && mt->n_rot == hp->n_rot &&
                mt->rope_neox == hp->rope_neox && mt->rope_base == hp->rope_base &&
-               (mt->flags & KV_FLAG_ROPE_DIV) == (m->rope_ff ? KV_FLAG_ROPE_DIV : 0);
+               mt->flags == rope_flags(hp);
     for (int32_t l = 0; same && l < hp->n_layer; l++) /* the fusor moves K with the layer's own RoPE */
-        same = mt->window[l] == m->layers[l].window && mt->layer_rope_base[l] == m->layers[l].rope_base;
+        same = mt->window[l] == cb_model_layer_window(m, l) && mt->layer_rope_base[l] == cb_model_layer_rope_base(m, l);
     if (!same) {
         char a[33], b[33];
         cb_hash128_hex(mt->model, a);
