@@ -167,6 +167,12 @@ static void choose_tier(pre *x, char *tier, size_t n)
     }
 }
 
+static void store_warn(void *ctx, const char *msg)
+{
+    (void)ctx;
+    cli_err("warning: %s", msg);
+}
+
 /* The model, the store and the precomputer. */
 static int setup(pre *x, const char *model_path)
 {
@@ -178,6 +184,7 @@ static int setup(pre *x, const char *model_path)
         cli_err("%s", err.msg);
         return cli_exit_code(err.status);
     }
+    cb_store_set_warn(x->store, store_warn, NULL);
     choose_tier(x, tier, sizeof tier);
     if (cb_precomputer_new(&x->pc, x->m, x->store, x->kv_type, tier[0] ? tier : NULL, &err) != CB_OK) {
         cli_err("%s", err.msg);

@@ -289,6 +289,10 @@ static int run_open(run *r)
         }
         cli_err("warning: %s; every chunk is computed", err.msg);
     }
+    if (r->store)
+        cb_store_set_warn(r->store, warn, NULL);
+    if (r->store && cb_store_readonly(r->store) && o->store_write)
+        cli_err("note: the store %s is read-only: chunks missing from it are computed and not stored", o->store_dir);
     return 0;
 }
 
@@ -530,7 +534,7 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
              r.gr.first_ms, r.gr.n_gen, r.gen_ms, r.gr.stop);
     /* Store the chunks that had no cache, for the next run (after the answer:
      * it costs this run no latency). */
-    if (o->store_write && r.store && cb_prompt_n_missing(r.pr) > 0)
+    if (o->store_write && r.store && !cb_store_readonly(r.store) && cb_prompt_n_missing(r.pr) > 0)
         cb_prompt_store_missing(r.pr, r.store, CB_TYPE_F16, &r.n_stored, warn, NULL);
     if (o->stats_path)
         code = run_stats(&r);

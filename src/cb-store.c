@@ -1,7 +1,7 @@
 /* cb-store - the tiered store of KV files.
  *
  *   cb-store [--store DIR] COMMAND [ARGS]
- *     init [--tier NAME=PATH[:CAPACITY]]... [--promote N]
+ *     init [--tier NAME=PATH[:CAPACITY]]... [--promote N] [--timeout MS]
  *     ls [--json] [-m MODEL] [--tier NAME]     stat [--json]
  *     get KEY [-o FILE]     put FILE...     rm KEY...     pin KEY...     unpin KEY...
  *     gc     verify [--repair]     export ARCHIVE [KEY...]     import ARCHIVE
@@ -28,12 +28,18 @@ static void usage(FILE *f)
             "\n"
             "Commands:\n"
             "  init [--tier NAME=PATH[:CAPACITY]]... [--cost NAME=C]... [--promote N]\n"
+            "       [--timeout MS]\n"
             "                     create a store; tiers fastest first (default: one tier\n"
             "                     'main' in DIR/tiers/main, unlimited); CAPACITY takes K, M,\n"
             "                     G, T suffixes (powers of 1024); --cost: a tier's relative\n"
             "                     cost per byte, for place (default: fastest dearest);\n"
             "                     --promote N moves an entry to a faster tier on its Nth and\n"
             "                     later gets (default 2, 0 = never)\n"
+            "                     a last tier NAME=redis://HOST:PORT[/DB][:CAPACITY] or\n"
+            "                     NAME=unix:///PATH.sock[:CAPACITY] is shared on Redis by\n"
+            "                     every store made with it (local tiers cache it); --timeout:\n"
+            "                     its connect and request time-out (default 1000 ms;\n"
+            "                     $CB_STORE_TIMEOUT_MS overrides it)\n"
             "  ls [--json] [-m MODEL] [--tier NAME]\n"
             "                     list entries: key, tier, bytes, hits, last use, pin;\n"
             "                     MODEL is a GGUF file or a 32-hex-digit fingerprint\n"
@@ -82,13 +88,14 @@ enum {
     OPT_RATIO,
     OPT_TOKENS,
     OPT_DEVICE, /* given[] index of --device (CLI_OPT_DEVICE) */
-    OPT_COMPRESS
+    OPT_COMPRESS,
+    OPT_TIMEOUT
 };
 
 typedef struct opts {
     const char *store, *model, *out, *compress, *device;
     const char **tiers;
-    int n_tiers, json, repair, promote;
+    int n_tiers, json, repair, promote, timeout_ms;
     const char **costs;
     int n_costs;
     double ratio;
@@ -156,11 +163,26 @@ static int fail(cb_error *err)
     return cli_exit_code(err->status);
 }
 
+/* Said once, when a store turns out read-only. */
+static void readonly_note(const opts *o, const cb_store *s)
+{
+    if (cb_store_readonly(s))
+        cli_err("note: the store %s is read-only: nothing in it is changed, accesses are not recorded", o->store);
+}
+
+static void warn_cb(void *ctx, const char *msg)
+{
+    (void)ctx;
+    cli_err("warning: %s", msg);
+}
+
 static int open_store(const opts *o, int create, cb_store **s)
 {
     cb_error err;
     if (cb_store_open(s, o->store, create, &err) != CB_OK)
         return fail(&err);
+    readonly_note(o, *s);
+    cb_store_set_warn(*s, warn_cb, NULL);
     return 0;
 }
 
@@ -175,6 +197,40 @@ static int need_args(const opts *o, const char *cmd, int lo, int hi)
 }
 
 /* ---------------------------------------------------------------- init */
+
+/* NAME=redis://HOST[:PORT][/DB][:CAPACITY] (the capacity after a port) or
+ * NAME=unix:///PATH[:CAPACITY]: the shared tier. */
+static int shared_spec(const char *spec, const char *eq, cb_store_tier *t, char **buf)
+{
+    size_t nl = (size_t)(eq - spec);
+    const char *p = eq + 1, *colon = strrchr(p, ':');
+    const char *after = p + (p[0] == 'r' ? 8 : 7);
+    int colons = 0;
+    for (const char *c = after; *c; c++)
+        colons += *c == ':';
+    uint64_t cap = 0;
+    size_t ulen = strlen(p);
+    if (colon && colon >= after && (p[0] == 'u' || colons == 2)) {
+        if (parse_size(colon + 1, &cap) != 0) {
+            cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec, colon + 1);
+            return CLI_EX_USAGE;
+        }
+        ulen = (size_t)(colon - p);
+    }
+    if (!(*buf = malloc(nl + ulen + 2))) {
+        cli_err("out of memory");
+        return CLI_EX_SOFTWARE;
+    }
+    snprintf(*buf, nl + 1, "%s", spec);
+    snprintf(*buf + nl + 1, ulen + 1, "%s", p);
+    t->name = *buf;
+    t->path = NULL;
+    t->url = *buf + nl + 1;
+    t->capacity = cap;
+    t->cost = 0;
+    t->timeout_ms = 0;
+    return 0;
+}
 
 static int cmd_init(const opts *o)
 {
@@ -201,6 +257,11 @@ static int cmd_init(const opts *o)
         const char *p = eq + 1;
         size_t plen = strlen(p);
         uint64_t cap = 0;
+        if (!strncmp(p, "redis://", 8) || !strncmp(p, "unix://", 7)) {
+            if ((code = shared_spec(spec, eq, &t[i], &bufs[i])) != 0)
+                goto done;
+            continue;
+        }
         const char *colon = strrchr(p, ':');
         if (colon && parse_size(colon + 1, &cap) == 0)
             plen = (size_t)(colon - p);
@@ -238,6 +299,8 @@ static int cmd_init(const opts *o)
         t[i].path = path;
         t[i].capacity = cap;
         t[i].cost = 0;
+        t[i].url = NULL;
+        t[i].timeout_ms = 0;
     }
     for (int c = 0; c < o->n_costs; c++) {
         const char *spec = o->costs[c], *eq = strchr(spec, '=');
@@ -258,6 +321,9 @@ static int cmd_init(const opts *o)
             goto done;
         }
     }
+    for (int i = 0; i < o->n_tiers; i++)
+        if (t[i].url)
+            t[i].timeout_ms = o->timeout_ms;
     if (cb_store_init(o->store, o->n_tiers ? t : NULL, o->n_tiers, o->promote, &err) != CB_OK) {
         code = fail(&err);
         goto done;
@@ -348,7 +414,7 @@ static int cmd_ls(const opts *o)
 static int cmd_stat(const opts *o)
 {
     cb_store *s = NULL;
-    cb_store_tier_stat st[CB_STORE_MAX_TIERS];
+    cb_store_tier_stat st[CB_STORE_MAX_TIERS + 1];
     uint64_t misses = 0, hits = 0;
     cb_error err;
     int code;
@@ -364,6 +430,10 @@ static int cmd_stat(const opts *o)
     for (int i = 0; i < n; i++)
         hits += st[i].hits;
     uint64_t gets = hits + misses;
+    if (cb_store_shared_stat(s, &st[n], &err) == CB_OK)
+        n++; /* the shared tier; its hits are in each entry (ls) */
+    else if (err.status != CB_ERR_NOT_FOUND)
+        cli_err("warning: %s", err.msg);
     if (o->json) {
         json_t *tiers = json_array(), *root;
         for (int i = 0; i < n; i++)
@@ -546,6 +616,8 @@ static int cmd_verify(const opts *o)
         if (cb_store_reset_index(o->store, &err) != CB_OK || cb_store_open(&s, o->store, 0, &err) != CB_OK)
             return fail(&err);
     }
+    readonly_note(o, s);
+    cb_store_set_warn(s, warn_cb, NULL);
     cb_status st = cb_store_verify(s, o->repair, print_problem, NULL, &r, &err);
     if (st != CB_OK && st != CB_ERR_FORMAT) {
         code = fail(&err);
@@ -731,6 +803,7 @@ int main(int argc, char **argv)
         {"repair", no_argument, 0, OPT_REPAIR},
         {"compress", required_argument, 0, OPT_COMPRESS},
         {"cost", required_argument, 0, OPT_COST},
+        {"timeout", required_argument, 0, OPT_TIMEOUT},
         {"ratio", required_argument, 0, OPT_RATIO},
         {"tokens", required_argument, 0, OPT_TOKENS},
         {0, 0, 0, 0},
@@ -740,7 +813,7 @@ int main(int argc, char **argv)
         int (*fn)(const opts *);
         const char *flags; /* command-specific options it takes */
     } cmds[] = {
-        {"init", cmd_init, "tier promote cost"}, {"place", cmd_place, "json ratio tokens model device"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
+        {"init", cmd_init, "tier promote cost timeout"}, {"place", cmd_place, "json ratio tokens model device"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
         {"get", cmd_get, "output"},         {"put", cmd_put, ""},              {"rm", NULL, ""},
         {"pin", NULL, ""},                  {"unpin", NULL, ""},               {"gc", cmd_gc, ""},
         {"verify", cmd_verify, "repair"},   {"export", cmd_export, "compress"}, {"import", cmd_import, ""},
@@ -748,7 +821,7 @@ int main(int argc, char **argv)
     char store_buf[4096];
     opts o = {0};
     cli_common co = {0};
-    int c, code, given[OPT_COMPRESS + 1] = {0};
+    int c, code, given[OPT_TIMEOUT + 1] = {0};
 
     cli_prog = "cb-store";
     o.promote = -1;
@@ -777,6 +850,17 @@ int main(int argc, char **argv)
             }
             o.promote = (int)n;
             given[OPT_PROMOTE] = 1;
+            break;
+        }
+        case OPT_TIMEOUT: {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (*end || !*optarg || n < 1 || n > 600000) {
+                cli_err("--timeout: '%s' is not a number of milliseconds from 1 to 600000", optarg);
+                return CLI_EX_USAGE;
+            }
+            o.timeout_ms = (int)n;
+            given[OPT_TIMEOUT] = 1;
             break;
         }
         case 'o': o.out = optarg; given[0] = 1; break;
@@ -832,7 +916,8 @@ int main(int argc, char **argv)
                     {OPT_PROMOTE, "promote", "--promote"}, {0, "output", "-o"},
                     {OPT_REPAIR, "repair", "--repair"},    {OPT_COMPRESS, "compress", "--compress"},
                     {OPT_COST, "cost", "--cost"},          {OPT_RATIO, "ratio", "--ratio"},
-                    {OPT_TOKENS, "tokens", "--tokens"},    {OPT_DEVICE, "device", "--device"}};
+                    {OPT_TOKENS, "tokens", "--tokens"},    {OPT_DEVICE, "device", "--device"},
+                    {OPT_TIMEOUT, "timeout", "--timeout"}};
     for (size_t i = 0; i < sizeof specific / sizeof specific[0]; i++)
         if (given[specific[i].id] && !strstr(cmds[k].flags, specific[i].word)) {
             cli_err("%s: %s does not apply", cmd, specific[i].flag);

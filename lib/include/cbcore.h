@@ -769,6 +769,13 @@ typedef struct cb_store_tier {
     double cost;       /* relative cost of a byte here, for placement (cb-store place);
                         * 0 in cb_store_init: the default, n_tiers - index (fastest
                         * dearest) */
+    const char *url;   /* cb_store_init: not NULL for the shared tier on Redis,
+                        * redis://HOST[:PORT][/DB] or unix:///PATH (path unused);
+                        * at most one, behind the local tiers (see
+                        * cb_store_shared_stat) */
+    int timeout_ms;    /* the shared tier: connect and per-request time-out in
+                        * milliseconds (0: 1000; the environment's
+                        * CB_STORE_TIMEOUT_MS overrides it when a store opens) */
 } cb_store_tier;
 
 /* Create a store in dir (made with its parents when missing) with n_tiers
@@ -792,6 +799,21 @@ cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers
  * another store), CB_ERR_CREATE (with create: the store cannot be made),
  * CB_ERR_IO. */
 cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err);
+/* Open a store read-only: nothing in it is written (no lock file is made,
+ * no owner file, no access times, hits or misses recorded, no promotion,
+ * entries whose file is gone are not dropped from the index; only SQLite
+ * may make the index's -wal and -shm files, where it can, to read beside
+ * writers).  Lookups,
+ * cb_store_acquire, cb_store_list, cb_store_stat, cb_store_export, the
+ * profiles and cb_store_verify without repair work; put, remove, pin, gc,
+ * import, profile saving and verify with repair fail with CB_ERR_CREATE.
+ * cb_store_open opens a store this way by itself (create then ignored)
+ * when its directory is on a read-only file system or this process may not
+ * write it or its index; cb_store_readonly tells.  Errors as cb_store_open. */
+cb_status cb_store_open_readonly(cb_store **out, const char *dir, cb_error *err);
+/* 1 when the handle is read-only (see cb_store_open_readonly), else 0. */
+int cb_store_readonly(const cb_store *s);
+
 /* Close the handle; accepts NULL.  References from cb_store_acquire stay
  * valid until released. */
 void cb_store_close(cb_store *s);
@@ -894,6 +916,28 @@ typedef struct cb_store_tier_stat {
  * may be NULL).  A tier's hit rate is its hits over all accesses (every
  * tier's hits plus the misses).  Errors: CB_ERR_IO. */
 cb_status cb_store_stat(cb_store *s, cb_store_tier_stat *stats, uint64_t *misses, cb_error *err);
+
+/* The shared tier (a store made with a tier whose url is set): entries on
+ * one Redis server that every store configured with it sees, behind the
+ * local tiers.  A put writes through to it (and succeeds when only it has
+ * room); a key missing from the local tiers is fetched from it, verified
+ * (size and checksum against its metadata, then as a put) and kept in the
+ * fastest local tier with room.  Its failures (unreachable, time-outs of
+ * timeout_ms, a bad entry, which is dropped) are misses, passed to the
+ * warning function; after a connection failure it is not tried again for
+ * 5 s.  cb_store_list lists its entries after the local ones (tier: its
+ * name, path: its address), cb_store_gc recounts its accounting,
+ * cb_store_verify reads and checks every entry (repair drops bad ones).
+ * Not used by a read-only handle. */
+/* Set the function that receives the shared tier's warnings (NULL: none). */
+void cb_store_set_warn(cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
+/* Its figures (name, path = address, capacity, entries, bytes).  Errors:
+ * CB_ERR_NOT_FOUND (no shared tier), CB_ERR_IO (cannot be reached). */
+cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err);
+/* Drop an entry from the shared tier (for every store using it; the local
+ * tiers are left as they are).  Errors: CB_ERR_NOT_FOUND (no shared tier),
+ * CB_ERR_INVALID, CB_ERR_CREATE (read-only), CB_ERR_IO (cannot be reached). */
+cb_status cb_store_shared_drop(cb_store *s, const char *key, cb_error *err);
 
 /* What cb_store_gc did. */
 typedef struct cb_store_gc_report {
@@ -1020,7 +1064,9 @@ int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t
  * the second half, else the last line break in the second half, else the
  * last word boundary, else the last character that fits.  With `overlap`, a
  * chunk starts `overlap` tokens (or characters) before the end of the previous
- * one, moved forward to the next word start.  With a separator, the document
+ * one, moved forward to the next word start, unless it would then end where
+ * the previous one does (it starts after it instead): every chunk ends later
+ * than the one before.  With a separator, the document
  * is first cut at every match of the regex (the matched text belongs to no
  * chunk), and each piece is then chunked as above, without overlap across
  * pieces.  Whitespace between chunks belongs to none; whitespace-only pieces

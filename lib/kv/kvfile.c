@@ -300,6 +300,8 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
         why = "impossible token counts or positions";
     else if (mt->flags & ~KV_FLAG_ROPE_DIV)
         why = "unknown flags";
+    else if (cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) == 0) /* not whole blocks */
+        why = "rows are not whole blocks of the element type";
     else if (f->B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) *
                          (uint64_t)mt->n_tokens ||
              f->S < 2 * f->B || f->S % CB_KV_ALIGN || f->S > (1ull << 40))

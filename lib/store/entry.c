@@ -377,6 +377,25 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
 static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size, int first_tier,
                            cb_error *err);
 
+/* After a local put (status st): write the entry through to the shared
+ * tier.  A local tier without room is no failure when the shared tier took
+ * it (the bytes verified first, as the local put would have). */
+static cb_status write_through(cb_store *s, cb_status st, const char *key, const void *data, size_t size,
+                               int64_t n_tokens, cb_error *err)
+{
+    char why[300];
+    if (!s->remote.url || s->no_write_through || (st != CB_OK && st != CB_ERR_CREATE))
+        return st;
+    if (st == CB_ERR_CREATE && st_kv_check_bytes(data, size, key, why, sizeof why) != 0)
+        return st;
+    if (st_remote_put(s, key, data, size, n_tokens) == 0 && st == CB_ERR_CREATE) {
+        if (err)
+            err->status = CB_OK, err->msg[0] = 0;
+        return CB_OK;
+    }
+    return st;
+}
+
 cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t size, cb_error *err)
 {
     return put_bytes(s, key, data, size, 0, err);
@@ -407,7 +426,8 @@ static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_
     if (key && strcmp(key, fkey) != 0)
         return cb_error_set(err, CB_ERR_INVALID, "%s: the file's key is %s", key, fkey);
     put_src src = {data, NULL, 0, key, first_tier};
-    return put_common(s, &src, fkey, model, n_tokens, size, cb_hash128_bytes(data, size), NULL, err);
+    st = put_common(s, &src, fkey, model, n_tokens, size, cb_hash128_bytes(data, size), NULL, err);
+    return write_through(s, st, fkey, data, size, n_tokens, err);
 }
 
 /* Adopt a file; movable: it may be renamed into the tier (staged imports). */
@@ -431,7 +451,16 @@ cb_status st_put_file(cb_store *s, const char *path, int movable, const char *ex
     if (key_out)
         memcpy(key_out, key, 66);
     put_src src = {NULL, path, movable, NULL, 0};
-    return put_common(s, &src, key, model, n_tokens, size, sum, existed, err);
+    if (!s->remote.url || s->no_write_through)
+        return put_common(s, &src, key, model, n_tokens, size, sum, existed, err);
+    cb_mmap m;
+    cb_error merr;
+    if (cb_mmap_open(&m, path, &merr) != CB_OK)
+        return put_common(s, &src, key, model, n_tokens, size, sum, existed, err);
+    st = put_common(s, &src, key, model, n_tokens, size, sum, existed, err);
+    st = write_through(s, st, key, m.data, m.size, n_tokens, err);
+    cb_mmap_close(&m);
+    return st;
 }
 
 cb_status cb_store_put_file(cb_store *s, const char *path, char key[66], int *existed, cb_error *err)
@@ -476,6 +505,19 @@ cb_status cb_store_lookup(cb_store *s, const char *key, int *found)
         if (!p)
             return CB_ERR_NOMEM;
         *found = access(p, F_OK) == 0;
+        /* Stored here but lost by the shared tier (a restart without
+         * persistence, an eviction): written through again, so that the
+         * host that computes a corpus refills it. */
+        if (*found && s->remote.url && !s->readonly && st_remote_has(s, key) == 0) {
+            cb_mmap m;
+            cb_error e;
+            if (cb_mmap_open(&m, p, &e) == CB_OK) {
+                char why[300];
+                if (st_kv_check_bytes(m.data, m.size, key, why, sizeof why) == 0)
+                    st_remote_put(s, key, m.data, m.size, 0);
+                cb_mmap_close(&m);
+            }
+        }
         free(p);
     }
     return CB_OK;
@@ -564,6 +606,29 @@ static void drop_missing(cb_store *s, const char *key, int t, const char *path)
         st_rollback(s);
 }
 
+/* A key missing from the local tiers: fetched from the shared tier and
+ * put into the fastest local tier with room (verified there, not written
+ * back).  1 when it is now local. */
+static int fetch_shared(cb_store *s, const char *key, int record)
+{
+    void *data = NULL;
+    size_t size = 0;
+    cb_error e;
+    if (st_remote_get(s, key, record, 1, &data, &size) != 1)
+        return 0;
+    s->no_write_through = 1;
+    cb_status st = put_bytes(s, key, data, size, 0, &e);
+    s->no_write_through = 0;
+    free(data);
+    if (st == CB_ERR_FORMAT || st == CB_ERR_CHECKSUM || st == CB_ERR_INVALID || st == CB_ERR_UNSUPPORTED) {
+        st_remote_reject(s, key, e.msg);
+        return 0;
+    }
+    if (st != CB_OK)
+        st_remote_warn(s, "%s: fetched from the shared tier %s but not kept here: %s", key, s->remote.name, e.msg);
+    return st == CB_OK;
+}
+
 cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **out, cb_error *err)
 {
     cb_status st;
@@ -571,12 +636,12 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
 
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if (record) {
+    if (record && !s->readonly) {
         int64_t hits = 0;
         int pinned = 0;
         if ((st = record_access(s, key, &t, &hits, &pinned, err)) != CB_OK)
             return st;
-        if (t < 0)
+        if (t < 0 && !s->remote.url)
             return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store", key);
         /* Promotion is opportunistic: a reader never waits for the lock. */
         if (t > 0 && !pinned && s->promote_hits > 0 && hits >= s->promote_hits && st_trylock(s)) {
@@ -584,10 +649,16 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
             st_unlock(s);
         }
     }
+    int fetched = 0;
     for (int attempt = 0; attempt < 1000; attempt++) {
         struct stat a, b;
         if ((st = tier_of(s, key, &t, err)) != CB_OK)
             return st;
+        if (t < 0 && !fetched && s->remote.url && !s->readonly) {
+            fetched = 1;
+            if (fetch_shared(s, key, record) == 1)
+                continue;
+        }
         if (t < 0)
             return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store", key);
         char *p = st_entry_path(s, t, key, NULL);
@@ -598,8 +669,14 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
             int e = errno;
             if (e == ENOENT) {
                 int t2;
-                if (tier_of(s, key, &t2, NULL) == CB_OK && t2 == t)
+                if (tier_of(s, key, &t2, NULL) == CB_OK && t2 == t) {
+                    if (s->readonly) {
+                        /* not moved meanwhile: gone, and left in the index */
+                        free(p);
+                        return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store (its file is missing)", key);
+                    }
                     drop_missing(s, key, t, p);
+                }
                 free(p);
                 continue;
             }
@@ -690,7 +767,7 @@ cb_status cb_store_remove(cb_store *s, const char *key, cb_error *err)
 
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if ((st = st_lock(s, err)) != CB_OK)
+    if ((st = st_writable(s, "remove", err)) != CB_OK || (st = st_lock(s, err)) != CB_OK)
         return st;
     if (!(q = st_stmt(s, SQL_GET_STATE, err))) {
         st = err ? err->status : CB_ERR_IO;
@@ -755,7 +832,7 @@ cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err)
     cb_status st;
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_writable(s, "pin", err)) != CB_OK || (st = st_begin(s, err)) != CB_OK)
         return st;
     if (!(q = st_stmt(s, SQL_PIN, err))) {
         st_rollback(s);
@@ -785,10 +862,12 @@ cb_status cb_store_list(cb_store *s, const char *model, const char *tier,
     int only = -1;
     if (model && (strlen(model) != 32 || !st_is_hex(model, 32)))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a model fingerprint (32 hex digits)", model);
-    if (tier && (only = st_tier_index(s, tier)) < 0)
+    int shared = s->remote.url && !s->readonly && (!tier || strcmp(tier, s->remote.name) == 0);
+    if (tier && (only = st_tier_index(s, tier)) < 0 && !shared)
         return cb_error_set(err, CB_ERR_INVALID, "no tier '%s' in %s", tier, s->dir);
+    int stopped = 0;
     for (int t = 0; t < s->n_tiers; t++) {
-        if (only >= 0 && t != only)
+        if (tier && t != only)
             continue;
         /* A statement of its own: fn may call the store. */
         sqlite3_stmt *q = NULL;
@@ -823,8 +902,10 @@ cb_status cb_store_list(cb_store *s, const char *model, const char *tier,
         sqlite3_finalize(q);
         if (!stop && rc != SQLITE_DONE)
             return st_dberr(s, rc, "list", err);
-        if (stop)
+        if ((stopped = stop))
             break;
     }
+    if (shared && !stopped)
+        return st_remote_list(s, model, fn, ctx, &stopped, err);
     return CB_OK;
 }

@@ -147,6 +147,23 @@ done:
     return st;
 }
 
+/* A read-only SQLite URI for path (immutable: the file is taken not to change). */
+static char *uri_ro(const char *path, int immutable)
+{
+    size_t n = strlen(path);
+    char *u = malloc(3 * n + 40), *o = u;
+    if (!u)
+        return NULL;
+    o += sprintf(o, "file:");
+    for (const char *c = path; *c; c++) {
+        if (*c == '?' || *c == '#' || *c == '%')
+            o += sprintf(o, "%%%02X", (unsigned char)*c);
+        else
+            *o++ = *c;
+    }
+    sprintf(o, "?mode=ro%s", immutable ? "&immutable=1" : "");
+    return u;
+}
 
 cb_status st_index_open(cb_store *s, cb_error *err)
 {
@@ -161,20 +178,40 @@ cb_status st_index_open(cb_store *s, cb_error *err)
         free(p);
         return r;
     }
-    rc = sqlite3_open_v2(p, &s->db, SQLITE_OPEN_READWRITE, NULL);
+    int ok = 0;
+    for (int immutable = 0; immutable < 2; immutable++) {
+        if (s->db) {
+            sqlite3_close_v2(s->db);
+            s->db = NULL;
+        }
+        if (s->readonly) {
+            /* A WAL index read-only needs its -shm file, which a read-only
+             * directory may lack: then it is opened as immutable (nobody
+             * can be writing it where we cannot write either; a store that
+             * others write is read through its -shm). */
+            char *u = uri_ro(p, immutable);
+            rc = u ? sqlite3_open_v2(u, &s->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL) : SQLITE_NOMEM;
+            free(u);
+        } else {
+            rc = sqlite3_open_v2(p, &s->db, SQLITE_OPEN_READWRITE, NULL);
+        }
+        if (rc != SQLITE_OK)
+            break;
+        sqlite3_busy_timeout(s->db, ST_BUSY_MS);
+        if (!s->readonly)
+            sqlite3_exec(s->db, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
+        /* The schema check is the first read: a file that is not an index,
+         * or a corrupt one, fails here. */
+        rc = sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE name = 'schema'", -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+            rc = sqlite3_step(st);
+            ok = rc == SQLITE_ROW && sqlite3_column_int(st, 0) == ST_SCHEMA;
+            sqlite3_finalize(st);
+        }
+        if (!s->readonly || (rc & 0xff) != SQLITE_CANTOPEN)
+            break;
+    }
     free(p);
-    if (rc != SQLITE_OK)
-        return st_dberr(s, rc, "open", err);
-    sqlite3_busy_timeout(s->db, ST_BUSY_MS);
-    sqlite3_exec(s->db, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
-    /* The schema check is the first read: a file that is not an index, or a
-     * corrupt one, fails here. */
-    rc = sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE name = 'schema'", -1, &st, NULL);
-    if (rc != SQLITE_OK)
-        return st_dberr(s, rc, "open", err);
-    rc = sqlite3_step(st);
-    int ok = rc == SQLITE_ROW && sqlite3_column_int(st, 0) == ST_SCHEMA;
-    sqlite3_finalize(st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
         return st_dberr(s, rc, "open", err);
     if (!ok)

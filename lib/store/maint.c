@@ -339,6 +339,14 @@ cb_status cb_store_gc(cb_store *s, cb_store_gc_report *rep, cb_error *err)
 done:
     free(rows);
     st_unlock(s);
+    if (st == CB_OK && s->remote.url) {
+        /* the shared tier's accounting recounted (its capacity is kept by
+         * every commit); a server that cannot be reached is warned about */
+        uint64_t n, bad, bytes = 0;
+        cb_error e;
+        if (st_remote_check(s, 0, 1, NULL, NULL, &n, &bad, &bytes, &e) != CB_OK)
+            st_remote_warn(s, "gc: %s", e.msg);
+    }
     return st;
 }
 
@@ -684,9 +692,17 @@ cb_status cb_store_verify(cb_store *s, int repair, void (*problem)(void *ctx, co
         rep = &dummy;
     memset(rep, 0, sizeof *rep);
     if (repair && (st = st_owner(s, err)) != CB_OK)
-        return st;
+        return st; /* a read-only store cannot be repaired */
     vctx v = {s, repair, NULL, problem, ctx, rep, err};
     st = verify_pass(&v);
+    if (st == CB_OK && s->remote.url && !s->readonly) {
+        uint64_t n = 0, bad = 0;
+        st = st_remote_check(s, 1, repair, problem, ctx, &n, &bad, &rep->bytes, err);
+        rep->entries += n;
+        rep->problems += bad;
+        if (repair)
+            rep->repaired += bad;
+    }
     if (st == CB_OK && repair && rep->problems > 0) {
         /* Check again, without fixing: what is left is reported too. */
         cb_store_verify_report again;

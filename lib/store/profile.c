@@ -47,6 +47,8 @@ cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *pa
 
     if (cb_hash128_parse(p->model, &model) != CB_OK)
         return cb_error_set(err, CB_ERR_INVALID, "profile: '%s' is not a model fingerprint", p->model);
+    if ((st = st_writable(s, "save a profile", err)) != CB_OK)
+        return st;
     if ((st = cb_profile_to_json(p, &json)) != CB_OK)
         return cb_error_set(err, st, "profile: %s", cb_strerror(st));
     cb_store_profile_path(s, model, p->backend, buf, sizeof buf);

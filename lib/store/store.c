@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,6 +27,12 @@ cb_status st_lock(cb_store *s, cb_error *err)
 {
     if (s->lock_held++ > 0)
         return CB_OK;
+    if (s->readonly) {
+        /* best effort: a lock file on NFS opened for reading may refuse */
+        while (s->lock_fd >= 0 && flock(s->lock_fd, LOCK_SH) != 0 && errno == EINTR)
+            ;
+        return CB_OK;
+    }
     while (flock(s->lock_fd, LOCK_EX) != 0) {
         if (errno == EINTR)
             continue;
@@ -37,6 +44,8 @@ cb_status st_lock(cb_store *s, cb_error *err)
 
 int st_trylock(cb_store *s)
 {
+    if (s->readonly)
+        return 0; /* only ever asked for to change something */
     if (s->lock_held > 0) {
         s->lock_held++;
         return 1;
@@ -49,8 +58,16 @@ int st_trylock(cb_store *s)
 
 void st_unlock(cb_store *s)
 {
-    if (s->lock_held > 0 && --s->lock_held == 0)
+    if (s->lock_held > 0 && --s->lock_held == 0 && s->lock_fd >= 0)
         flock(s->lock_fd, LOCK_UN);
+}
+
+cb_status st_writable(const cb_store *s, const char *what, cb_error *err)
+{
+    if (!s->readonly)
+        return CB_OK;
+    return cb_error_set(err, CB_ERR_CREATE, "%s: %s: the store is read-only (a read-only file system, or no write "
+                        "permission)", s->dir, what);
 }
 
 /* -------------------------------------------------------------- owners */
@@ -59,6 +76,9 @@ cb_status st_owner(cb_store *s, cb_error *err)
 {
     if (s->owner_fd >= 0)
         return CB_OK;
+    cb_status ro = st_writable(s, "write", err);
+    if (ro != CB_OK)
+        return ro;
     char id[ST_OWNER_LEN + 1];
     st_random_hex(id, ST_OWNER_LEN);
     char *dir = st_asprintf("%s/owners", s->dir), *tmp = st_asprintf("%s/owners/%s.new", s->dir, id),
@@ -180,10 +200,31 @@ static int dir_is_empty(const char *path)
 
 static const char *conf_name = "store.json";
 
+/* The id of the shared tier at t->url (made in Redis when missing). */
+static cb_status shared_id_of(const cb_store_tier *t, char id[33], cb_error *err)
+{
+    char host[1024];
+    int port, db, is_unix;
+    if (!tier_name_valid(t->name) || st_remote_parse(t->url, host, sizeof host, &port, &db, &is_unix) != 0)
+        return cb_error_set(err, CB_ERR_INVALID, "tier %s: '%s' is not redis://HOST[:PORT][/DB] or unix:///PATH",
+                            t->name ? t->name : "", t->url);
+    cb_store tmp;
+    memset(&tmp, 0, sizeof tmp);
+    snprintf(tmp.remote.name, sizeof tmp.remote.name, "%s", t->name);
+    tmp.remote.url = (char *)t->url;
+    tmp.remote.timeout_ms = t->timeout_ms > 0 ? t->timeout_ms : ST_REMOTE_TIMEOUT_MS;
+    int rc = st_remote_up(&tmp) ? st_remote_id(&tmp, t->name, id) : -1;
+    tmp.remote.url = NULL;
+    st_remote_close(&tmp.remote);
+    if (rc != 0)
+        return cb_error_set(err, CB_ERR_IO, "tier %s: %s cannot be reached", t->name, t->url);
+    return CB_OK;
+}
+
 static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits, int *exists,
                              cb_error *err)
 {
-    static const cb_store_tier def = {"main", "tiers/main", 0, 0};
+    static const cb_store_tier def = {"main", "tiers/main", 0, 0, NULL, 0};
     char *conf = st_asprintf("%s/%s", dir, conf_name);
     char *abs[CB_STORE_MAX_TIERS] = {0};
     char *real[CB_STORE_MAX_TIERS] = {0};
@@ -204,6 +245,24 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
         tiers = &def;
         n_tiers = 1;
     }
+    /* The shared tier: the last, at most one, not the only one; its id
+     * comes from Redis. */
+    const cb_store_tier *shared = NULL;
+    char shared_id[33] = "";
+    if (tiers[n_tiers - 1].url) {
+        shared = &tiers[--n_tiers];
+        if (n_tiers == 0) {
+            st = cb_error_set(err, CB_ERR_INVALID, "tier %s: a shared tier needs a local tier in front", shared->name);
+            goto done;
+        }
+        if ((st = shared_id_of(shared, shared_id, err)) != CB_OK)
+            goto done;
+    }
+    for (int i = 0; i < n_tiers; i++)
+        if (tiers[i].url) {
+            st = cb_error_set(err, CB_ERR_INVALID, "tier %s: the shared tier must be the last, and only one", tiers[i].name);
+            goto done;
+        }
     st_random_hex(id, 32);
     for (int i = 0; i < n_tiers; i++) {
         if (!(abs[i] = abs_path(dir, tiers[i].path))) {
@@ -255,6 +314,11 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
                                              "capacity", (json_int_t)tiers[i].capacity, "cost",
                                              tiers[i].cost > 0 ? tiers[i].cost : (double)(n_tiers - i)));
     json_object_set(root, "tiers", arr);
+    if (shared)
+        json_object_set_new(root, "shared", json_pack("{s:s, s:s, s:s, s:I, s:i}", "name", shared->name, "url",
+                                                      shared->url, "id", shared_id, "capacity",
+                                                      (json_int_t)shared->capacity, "timeout_ms",
+                                                      shared->timeout_ms > 0 ? shared->timeout_ms : ST_REMOTE_TIMEOUT_MS));
     text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (!text) {
         st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
@@ -306,7 +370,7 @@ cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers
             return cb_error_set(err, CB_ERR_INVALID,
                                 "tier name '%s': use 1 to 32 letters, digits, '_', '-' or '.'",
                                 tiers[i].name ? tiers[i].name : "");
-        if (!tiers[i].path || !*tiers[i].path)
+        if (!tiers[i].url && (!tiers[i].path || !*tiers[i].path))
             return cb_error_set(err, CB_ERR_INVALID, "tier %s: no directory", tiers[i].name);
         for (int j = 0; j < i; j++)
             if (strcmp(tiers[i].name, tiers[j].name) == 0)
@@ -397,21 +461,51 @@ static cb_status read_config(cb_store *s, cb_error *err)
             goto done;
         }
     }
+    json_t *sh = json_object_get(root, "shared");
+    if (sh) {
+        const char *name = json_string_value(json_object_get(sh, "name"));
+        const char *url = json_string_value(json_object_get(sh, "url"));
+        const char *sid = json_string_value(json_object_get(sh, "id"));
+        json_t *cap = json_object_get(sh, "capacity"), *to = json_object_get(sh, "timeout_ms");
+        char host[1024];
+        int port, db, is_unix;
+        if (!tier_name_valid(name) || !url || st_remote_parse(url, host, sizeof host, &port, &db, &is_unix) != 0 ||
+            !sid || strlen(sid) != 32 || !st_is_hex(sid, 32) || (cap && (!json_is_integer(cap) || json_integer_value(cap) < 0)) ||
+            (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 600000))) {
+            st = cb_error_set(err, CB_ERR_FORMAT, "%s: shared: needs a name, a url, an id, a capacity >= 0 and a timeout_ms "
+                              "from 1 to 600000", conf);
+            goto done;
+        }
+        snprintf(s->remote.name, sizeof s->remote.name, "%s", name);
+        memcpy(s->remote.id, sid, 33);
+        s->remote.cap = cap ? (uint64_t)json_integer_value(cap) : 0;
+        s->remote.timeout_ms = to ? (int)json_integer_value(to) : ST_REMOTE_TIMEOUT_MS;
+        const char *env = getenv("CB_STORE_TIMEOUT_MS");
+        if (env && atoi(env) > 0 && atoi(env) <= 600000)
+            s->remote.timeout_ms = atoi(env);
+        if (!(s->remote.url = strdup(url))) {
+            st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
 done:
     json_decref(root);
     free(conf);
     return st;
 }
 
-/* Each tier directory exists and carries this store's id. */
+/* Each tier directory exists, carries this store's id, and is no other
+ * tier's (an edited store.json could name one twice: gc and verify would
+ * then take one tier's entries for the other's orphans). */
 static cb_status check_tiers(cb_store *s, cb_error *err)
 {
+    struct stat seen[CB_STORE_MAX_TIERS];
     for (int i = 0; i < s->n_tiers; i++) {
         st_tier *t = &s->tiers[i];
         int m = marker_check(t->path, s->id);
         if (m < 0)
             return cb_error_set(err, CB_ERR_FORMAT, "tier %s: %s belongs to another store", t->name, t->path);
-        if (m == 0) {
+        if (m == 0 && !s->readonly) {
             /* A RAM disk after a reboot: the directory is made again, empty;
              * the index's entries there are dropped by the next gc. */
             if (st_mkdir_p(t->path, 0755) != 0)
@@ -420,17 +514,47 @@ static cb_status check_tiers(cb_store *s, cb_error *err)
             if (st != CB_OK)
                 return st;
         }
+        if (stat(t->path, &seen[i]) != 0) {
+            if (s->readonly && errno == ENOENT) {
+                /* read-only, the directory gone: the tier is empty, its
+                 * entries are not found */
+                memset(&seen[i], 0, sizeof seen[i]);
+                continue;
+            }
+            return cb_error_set(err, CB_ERR_IO, "tier %s: %s: %s", t->name, t->path, strerror(errno));
+        }
+        for (int j = 0; j < i; j++)
+            if (seen[j].st_ino && seen[j].st_dev == seen[i].st_dev && seen[j].st_ino == seen[i].st_ino)
+                return cb_error_set(err, CB_ERR_FORMAT, "%s/%s: tiers %s and %s share the directory %s", s->dir,
+                                    conf_name, s->tiers[j].name, t->name, t->path);
     }
     return CB_OK;
 }
-cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err)
+
+/* 1 when nothing may be written into dir: a read-only file system, or no
+ * permission to write the directory or its index. */
+static int dir_readonly(const char *dir)
+{
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
+        return 1;
+    if (access(dir, W_OK) != 0 && (errno == EACCES || errno == EROFS || errno == EPERM))
+        return 1;
+    char *p = st_asprintf("%s/index.db", dir);
+    int ro = p && access(p, W_OK) != 0 && (errno == EACCES || errno == EROFS || errno == EPERM);
+    free(p);
+    return ro;
+}
+static cb_status open_store(cb_store **out, const char *dir, int create, int readonly, cb_error *err)
 {
     cb_store *s;
     cb_status st;
 
     if (!out || !dir || !*dir)
         return cb_error_set(err, CB_ERR_INVALID, "store: no directory");
-    if (create) {
+    if (!readonly && access(dir, F_OK) == 0)
+        readonly = dir_readonly(dir);
+    if (create && !readonly) {
         char *conf = st_asprintf("%s/%s", dir, conf_name);
         int missing = conf && access(conf, F_OK) != 0;
         free(conf);
@@ -452,13 +576,19 @@ cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *e
         return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
     s->lock_fd = -1;
     s->owner_fd = -1;
+    s->readonly = readonly;
     if (!(s->dir = strdup(dir))) {
         st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
         goto fail;
     }
     if ((st = read_config(s, err)) != CB_OK || (st = check_tiers(s, err)) != CB_OK)
         goto fail;
-    if ((s->lock_fd = open_lock_file(dir)) < 0) {
+    if (readonly) {
+        /* no lock file is made; an existing one is only read-locked */
+        char *p = st_asprintf("%s/lock", dir);
+        s->lock_fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+        free(p);
+    } else if ((s->lock_fd = open_lock_file(dir)) < 0) {
         st = cb_error_set(err, CB_ERR_IO, "%s/lock: %s", dir, strerror(errno));
         goto fail;
     }
@@ -469,6 +599,26 @@ cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *e
 fail:
     cb_store_close(s);
     return st;
+}
+
+cb_status cb_store_open(cb_store **out, const char *dir, int create, cb_error *err)
+{
+    return open_store(out, dir, create, 0, err);
+}
+
+cb_status cb_store_open_readonly(cb_store **out, const char *dir, cb_error *err)
+{
+    return open_store(out, dir, 0, 1, err);
+}
+
+int cb_store_readonly(const cb_store *s) { return s ? s->readonly : 0; }
+
+void cb_store_set_warn(cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx)
+{
+    if (s) {
+        s->warn = warn;
+        s->warn_ctx = ctx;
+    }
 }
 
 void cb_store_close(cb_store *s)
@@ -489,6 +639,7 @@ void cb_store_close(cb_store *s)
     }
     if (s->lock_fd >= 0)
         close(s->lock_fd);
+    st_remote_close(&s->remote);
     for (int i = 0; i < s->n_tiers; i++) {
         free(s->tiers[i].path);
         free(s->tiers[i].conf_path);

@@ -50,6 +50,19 @@ typedef struct st_tier {
     double cost;     /* relative cost per byte, for placement */
 } st_tier;
 
+/* The shared tier on Redis (remote.c); url NULL when the store has none. */
+typedef struct st_remote {
+    char name[33];
+    char *url;         /* redis://HOST[:PORT][/DB] or unix:///PATH */
+    char id[33];       /* the shared tier's id (its keys' namespace) */
+    uint64_t cap;      /* 0 = unlimited */
+    int timeout_ms;    /* connect and per command */
+    struct redisContext *ctx; /* NULL when not connected */
+    int64_t down_until; /* after a failure: not tried again before (us) */
+} st_remote;
+
+#define ST_REMOTE_TIMEOUT_MS 1000
+
 struct cb_store {
     char *dir;
     char *id; /* store id, 32 hex */
@@ -57,10 +70,15 @@ struct cb_store {
     st_tier tiers[CB_STORE_MAX_TIERS];
     int promote_hits;
     sqlite3 *db;
-    int lock_fd;   /* DIR/lock */
+    int readonly;  /* opened read-only: nothing is written (cb_store_readonly) */
+    int lock_fd;   /* DIR/lock; read-only: the existing one opened for reading, or -1 */
     int lock_held; /* depth of maint_lock */
     int owner_fd;  /* DIR/owners/ID, -1 until the first write */
     char owner[ST_OWNER_LEN + 1];
+    st_remote remote;
+    int no_write_through; /* putting an entry fetched from the shared tier */
+    void (*warn)(void *ctx, const char *msg);
+    void *warn_ctx;
     struct {
         const char *sql;
         sqlite3_stmt *st;
@@ -76,6 +94,7 @@ struct cb_store_ref {
 
 /* The files, each using only those above it (no circle):
  *   util.c    file-system helpers, keys, ids
+ *   remote.c  the shared tier on Redis (uses only util.c)
  *   index.c   the SQLite index: schema, statements, transactions
  *   store.c   configuration, tiers, the store lock, owners, open/close, stat
  *   tiers.c   moves between tiers: demotion, eviction, promotion
@@ -150,10 +169,17 @@ int st_delete_at(cb_store *s, const char *key, int tier, cb_error *err);
 /* ------------------------------------------------------------- store.c */
 
 /* The store-wide lock on DIR/lock, reentrant within a handle; st_trylock
- * does not wait and returns 1 when it took the lock. */
+ * does not wait and returns 1 when it took the lock.  A read-only handle
+ * takes a shared lock on the lock file when there is one it can lock (so
+ * that its checks do not run while a writer moves bytes), and goes on
+ * without one where it cannot. */
 cb_status st_lock(cb_store *s, cb_error *err);
 int st_trylock(cb_store *s);
 void st_unlock(cb_store *s);
+
+/* CB_OK when the handle may write, else CB_ERR_CREATE naming `what` and
+ * the store (a read-only store). */
+cb_status st_writable(const cb_store *s, const char *what, cb_error *err);
 
 /* Make sure this handle has an owner id with its lock file. */
 cb_status st_owner(cb_store *s, cb_error *err);
@@ -186,5 +212,33 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
  * into the tier; expect: the key it must hold (or NULL). */
 cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect, char key_out[66], int *existed,
                       cb_error *err);
+
+/* ------------------------------------------------------------ remote.c */
+
+/* Parse a shared tier's address: 0, or -1 when malformed. */
+int st_remote_parse(const char *url, char *host, size_t host_n, int *port, int *db, int *is_unix);
+void st_remote_warn(cb_store *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 1 when connected (connecting when needed), 0 when down. */
+int st_remote_up(cb_store *s);
+void st_remote_close(st_remote *r);
+/* The shared tier's id from Redis (made when missing): 0, or -1. */
+int st_remote_id(cb_store *s, const char *name, char id[33]);
+/* 1 when the shared tier holds key, 0 when not, -1 when it is down. */
+int st_remote_has(cb_store *s, const char *key);
+/* Write an entry through to the shared tier: 0 stored or there, -1 not. */
+int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, int64_t n_tokens);
+/* 1 fetched (bytes and checksum as its metadata says), 0 missing or
+ * unreachable, -1 bad (dropped when drop_bad). */
+int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void **out, size_t *size);
+/* A fetched entry was refused by the local verification. */
+void st_remote_reject(cb_store *s, const char *key, const char *why);
+cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, const cb_store_entry *e), void *ctx,
+                         int *stopped, cb_error *err);
+cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void *ctx, const char *what, const char *msg),
+                          void *ctx, uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err);
+
+/* 0 when the bytes are a valid KV file (header, every layer's
+ * checksum) holding key, else -1 with the reason in why. */
+int st_kv_check_bytes(const void *data, size_t size, const char *key, char *why, size_t why_n);
 
 #endif

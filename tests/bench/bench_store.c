@@ -6,6 +6,13 @@
  *            dropping the file's pages (posix_fadvise DONTNEED, "cold")
  *   acquire  cb_store_acquire + release alone (index and lock overhead)
  *   demote   put into a full RAM tier whose LRU entry moves to the disk tier
+ *   shared   with $CB_BENCH_REDIS (redis://127.0.0.1:PORT or unix:///PATH,
+ *            a server of the bench's own; tests/bench/run.sh starts one):
+ *            put = cb_store_put into a store whose local tier has no room,
+ *            so that the entry goes to the shared tier alone (upload and
+ *            commit script); get = cb_store_acquire of an entry that only
+ *            the shared tier holds (fetch, checksum, verification, kept in
+ *            the local RAM tier) + reading it
  * KV files are real: MODEL prefills TOKENS tokens once and cb_kv_serialize
  * writes them (f16) under ENTRIES different token lists.
  *
@@ -128,7 +135,7 @@ static int bench_tier(const char *name, const char *tier_dir, const char *base, 
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n * 4, sizeof *t);
-    cb_store_tier tier = {name, tier_dir, 0, 0};
+    cb_store_tier tier = {name, tier_dir, 0, 0, NULL, 0};
 
     snprintf(dir, sizeof dir, "%s/store-%s-%d", base, name, tokens);
     if (!t || cb_store_init(dir, &tier, 1, 0, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
@@ -186,6 +193,60 @@ static int bench_tier(const char *name, const char *tier_dir, const char *base, 
     return 0;
 }
 
+/* The shared tier on Redis at url: put through a local tier without room,
+ * get of entries that only it holds. */
+static int bench_shared(const char *url, const char *ram, const char *base, kv *e, int n, int tokens, char *buf,
+                        size_t cap)
+{
+    char dir_p[4200], dir_g[4200], tp[4300], tg[4300];
+    cb_store *sp = NULL, *sg = NULL;
+    cb_error err;
+    double *t = calloc((size_t)n * 3, sizeof *t);
+    snprintf(dir_p, sizeof dir_p, "%s/store-shared-put-%d", base, tokens);
+    snprintf(dir_g, sizeof dir_g, "%s/store-shared-get-%d", base, tokens);
+    snprintf(tp, sizeof tp, "%s-sp%d", ram, tokens);
+    snprintf(tg, sizeof tg, "%s-sg%d", ram, tokens);
+    cb_store_tier a[2] = {{"local", tp, 1, 0, NULL, 0}, {"shared", NULL, 0, 0, url, 5000}};
+    cb_store_tier b[2] = {{"local", tg, 0, 0, NULL, 0}, {"shared", NULL, 0, 0, url, 5000}};
+    if (!t || cb_store_init(dir_p, a, 2, 0, &err) != CB_OK || cb_store_open(&sp, dir_p, 0, &err) != CB_OK ||
+        cb_store_init(dir_g, b, 2, 0, &err) != CB_OK || cb_store_open(&sg, dir_g, 0, &err) != CB_OK) {
+        fprintf(stderr, "bench_store: shared tier %s: %s\n", url, err.msg);
+        free(t);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        double t0 = now();
+        if (cb_store_put(sp, e[i].key, e[i].data, e[i].size, &err) != CB_OK) {
+            fprintf(stderr, "bench_store: shared put: %s\n", err.msg);
+            return -1;
+        }
+        t[i] = now() - t0;
+    }
+    record("shared", "put", tokens, summarize(t, n, (double)e[0].size));
+    int m = 0;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < n; i++) {
+            cb_store_ref *ref;
+            const char *path;
+            cb_store_remove(sg, e[i].key, NULL); /* only the shared tier holds it */
+            double t0 = now();
+            if (cb_store_acquire(sg, e[i].key, &ref, &path, &err) != CB_OK || read_all(path, buf, cap, 0) != 0 ||
+                cb_store_ref_tier(ref) != 0) {
+                fprintf(stderr, "bench_store: shared get: %s\n", err.msg);
+                return -1;
+            }
+            cb_store_release(ref);
+            t[m++] = now() - t0;
+        }
+    record("shared", "get", tokens, summarize(t, m, (double)e[0].size));
+    cb_store_close(sp);
+    cb_store_close(sg);
+    nftw(tp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(tg, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    free(t);
+    return 0;
+}
+
 /* A 2-entry RAM tier over a disk tier: every put past the second demotes. */
 static int bench_demote(const char *ram, const char *disk, const char *base, kv *e, int n, int tokens)
 {
@@ -193,7 +254,7 @@ static int bench_demote(const char *ram, const char *disk, const char *base, kv 
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n, sizeof *t);
-    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0}, {"disk", disk, 0, 0}};
+    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0, NULL, 0}, {"disk", disk, 0, 0, NULL, 0}};
     snprintf(dir, sizeof dir, "%s/store-demote-%d", base, tokens);
     if (!t || cb_store_init(dir, tiers, 2, 1, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: %s\n", err.msg);
@@ -289,6 +350,9 @@ int main(int argc, char **argv)
         if (bench_tier("ram", ram, base, e, n, tokens, buf, cap, 0) != 0 ||
             bench_tier("disk", disk, base, e, n, tokens, buf, cap, 1) != 0 ||
             bench_demote(ram, disk, base, e, n, tokens) != 0)
+            return 70;
+        if (getenv("CB_BENCH_REDIS") && *getenv("CB_BENCH_REDIS") &&
+            bench_shared(getenv("CB_BENCH_REDIS"), ram, base, e, n, tokens, buf, cap) != 0)
             return 70;
         for (int i = 0; i < n; i++)
             free(e[i].data);

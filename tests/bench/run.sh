@@ -68,4 +68,14 @@ if "$BUILD/bench/bench_swa" "$M" "$tmp/text.txt" 1024 "$T" > "$tmp/swa" 2> "$tmp
     echo "== bench_swa: sliding windows and blending"; cat "$tmp/swa"
 fi
 echo "== bench_store: the tiered store, put/get per tier (RAM tier in ${CB_BENCH_RAM:-/dev/shm}, disk tier in ${CB_BENCH_DISK:-/var/tmp})"
+# The shared tier on a Redis server of our own, on a unix socket in $tmp.
+rpid=""
+if [ -z "${CB_BENCH_REDIS:-}" ] && command -v redis-server > /dev/null 2>&1; then
+    redis-server --port 0 --unixsocket "$tmp/redis.sock" --save "" --appendonly no --dir "$tmp" \
+        --daemonize yes --pidfile "$tmp/redis.pid" --logfile "$tmp/redis.log" > /dev/null 2>&1
+    for _ in 1 2 3 4 5 6 7 8 9 10; do [ -S "$tmp/redis.sock" ] && break; sleep 0.2; done
+    if [ -S "$tmp/redis.sock" ]; then CB_BENCH_REDIS="unix://$tmp/redis.sock"; export CB_BENCH_REDIS; rpid=$(cat "$tmp/redis.pid"); fi
+fi
+[ -n "${CB_BENCH_REDIS:-}" ] && echo "== the shared tier: $CB_BENCH_REDIS" || echo "== no redis-server: the shared tier is not measured"
 "$BUILD/bench/bench_store" "$M" 512,32 16 2>&1
+if [ -n "$rpid" ]; then kill "$rpid" 2>/dev/null; fi

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <jansson.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/mman.h>
@@ -375,9 +376,9 @@ static void test_basics(kvgen *g)
         snprintf(d2, sizeof d2, "%s/init", work);
         snprintf(a, sizeof a, "%s/a", d2);
         snprintf(b, sizeof b, "%s/b", d2);
-        cb_store_tier bad1[] = {{"x y", a, 0, 0}};
-        cb_store_tier dup[] = {{"x", a, 0, 0}, {"x", b, 0, 0}};
-        cb_store_tier same[] = {{"x", a, 0, 0}, {"y", a, 0, 0}};
+        cb_store_tier bad1[] = {{"x y", a, 0, 0, NULL, 0}};
+        cb_store_tier dup[] = {{"x", a, 0, 0, NULL, 0}, {"x", b, 0, 0, NULL, 0}};
+        cb_store_tier same[] = {{"x", a, 0, 0, NULL, 0}, {"y", a, 0, 0, NULL, 0}};
         CHECK(cb_store_init(dir, NULL, 0, -1, &err) == CB_ERR_CREATE);
         CHECK(cb_store_init(d2, bad1, 1, -1, &err) == CB_ERR_INVALID);
         CHECK(cb_store_init(d2, dup, 2, -1, &err) == CB_ERR_INVALID);
@@ -386,13 +387,13 @@ static void test_basics(kvgen *g)
         mkdir(b, 0755);
         snprintf(p, sizeof p, "%s/junk", b);
         write_file(p, "x", 1);
-        cb_store_tier nonempty[] = {{"x", a, 0, 0}, {"y", b, 0, 0}};
+        cb_store_tier nonempty[] = {{"x", a, 0, 0, NULL, 0}, {"y", b, 0, 0, NULL, 0}};
         CHECK(cb_store_init(d2, nonempty, 2, -1, &err) == CB_ERR_CREATE);
         CHECK(cb_store_open(&s, d2, 0, &err) == CB_ERR_NOT_FOUND);
         /* A tier directory of another store is refused when opened. */
         unlink(p);
-        cb_store_tier t1[] = {{"x", a, 0, 0}};
-        cb_store_tier t2[] = {{"y", b, 0, 0}};
+        cb_store_tier t1[] = {{"x", a, 0, 0, NULL, 0}};
+        cb_store_tier t2[] = {{"y", b, 0, 0, NULL, 0}};
         char d3[1300];
         snprintf(d3, sizeof d3, "%s/other", d2);
         CHECK_OK(cb_store_init(d2, t1, 1, -1, &err));
@@ -428,7 +429,7 @@ static void test_tiers(kvgen *g, const char *ram)
     snprintf(t0, sizeof t0, "%s/ram", ram);
     snprintf(t1, sizeof t1, "%s/ssd", dir);
     snprintf(t2, sizeof t2, "%s/hdd", dir);
-    cb_store_tier tiers[] = {{"ram", t0, 2 * E, 0}, {"ssd", t1, 2 * E, 0}, {"hdd", t2, 2 * E, 0}};
+    cb_store_tier tiers[] = {{"ram", t0, 2 * E, 0, NULL, 0}, {"ssd", t1, 2 * E, 0, NULL, 0}, {"hdd", t2, 2 * E, 0, NULL, 0}};
 
     tcase("three tiers: put fills the fastest first, LRU moves down, the last tier evicts");
     CHECK_OK(cb_store_init(dir, tiers, 3, 2, &err));
@@ -1009,7 +1010,7 @@ static void test_concurrency(kvgen *g, const char *ram)
     caps[0] = 4 * E;
     caps[1] = 8 * E;
     caps[2] = 16 * E;
-    cb_store_tier tiers[] = {{"ram", t0, caps[0], 0}, {"ssd", t1, caps[1], 0}, {"hdd", t2, caps[2], 0}};
+    cb_store_tier tiers[] = {{"ram", t0, caps[0], 0, NULL, 0}, {"ssd", t1, caps[1], 0, NULL, 0}, {"hdd", t2, caps[2], 0, NULL, 0}};
 
     tcase("concurrency: %d writers, %d readers, gc in a loop for %.0f s on small tiers; then verify", NW, NR, secs);
     if (cb_store_init(dir, tiers, 3, 2, &err) != CB_OK) {
@@ -1198,6 +1199,158 @@ static int make_kv(int argc, char **argv)
     return 0;
 }
 
+/* ------------------------------------------------ read-only (issue 16) */
+
+static void list_names(const char *dir, char *buf, size_t n)
+{
+    char cmd[1400];
+    /* SQLite may make the index's -wal and -shm files where it can (to read
+     * beside writers); they are not the store's contents */
+    snprintf(cmd, sizeof cmd, "ls -A '%s' 2>/dev/null | grep -v '^index.db-'", dir);
+    FILE *f = popen(cmd, "r");
+    size_t k = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[k] = 0;
+    if (f)
+        pclose(f);
+}
+
+typedef struct hctx {
+    const char *key;
+    uint64_t hits;
+    int64_t last;
+    int found;
+} hctx;
+
+static int hits_cb(void *ctx, const cb_store_entry *e)
+{
+    hctx *c = ctx;
+    if (strcmp(e->key, c->key) == 0) {
+        c->hits = e->hits;
+        c->last = e->last_access_us;
+        c->found = 1;
+    }
+    return 0;
+}
+
+static void test_readonly(kvgen *g)
+{
+    char dir[1100], tdir[1200], before[4096], after[4096], lock[1200];
+    cb_store *s = NULL, *r = NULL;
+    cb_error err;
+    entry e[3];
+    for (int i = 0; i < 3; i++)
+        kvgen_make(g, 900 + i, 8, CB_TYPE_F16, &e[i]);
+    snprintf(dir, sizeof dir, "%s/ro", work);
+    snprintf(tdir, sizeof tdir, "%s/tiers/main", dir);
+    snprintf(lock, sizeof lock, "%s/lock", dir);
+    CHECK_OK(cb_store_open(&s, dir, 1, &err));
+    if (!s)
+        return;
+    CHECK_OK(cb_store_put(s, e[0].key, e[0].data, e[0].size, &err));
+    CHECK_OK(cb_store_put(s, e[1].key, e[1].data, e[1].size, &err));
+    CHECK(cb_store_readonly(s) == 0);
+    cb_store_close(s);
+    s = NULL;
+    unlink(lock);
+    list_names(dir, before, sizeof before);
+
+    tcase("cb_store_open_readonly: no lock file, no owner file, reads work");
+    CHECK_OK(cb_store_open_readonly(&r, dir, &err));
+    if (!r)
+        return;
+    CHECK(cb_store_readonly(r) == 1);
+    int found = 0;
+    CHECK_OK(cb_store_lookup(r, e[0].key, &found));
+    CHECK(found == 1);
+    cb_store_ref *ref = NULL;
+    const char *path = NULL;
+    CHECK_OK(cb_store_acquire(r, e[0].key, &ref, &path, &err));
+    CHECK(ref && cb_store_ref_size(ref) == e[0].size);
+    cb_store_release(ref);
+    CHECK(cb_store_acquire(r, e[2].key, &ref, &path, &err) == CB_ERR_NOT_FOUND);
+    cb_store_verify_report vr;
+    CHECK_OK(cb_store_verify(r, 0, NULL, NULL, &vr, &err));
+    CHECK(vr.entries == 2 && vr.problems == 0);
+    cb_store_tier_stat ts[CB_STORE_MAX_TIERS];
+    uint64_t misses = 7;
+    CHECK_OK(cb_store_stat(r, ts, &misses, &err));
+    CHECK(ts[0].entries == 2 && ts[0].hits == 0 && misses == 0);
+    CHECK(access(lock, F_OK) != 0);
+
+    tcase("read-only: writes fail with CB_ERR_CREATE and change nothing");
+    CHECK(cb_store_put(r, e[2].key, e[2].data, e[2].size, &err) == CB_ERR_CREATE);
+    CHECK(strstr(err.msg, "read-only") != NULL);
+    CHECK(cb_store_remove(r, e[0].key, &err) == CB_ERR_CREATE);
+    CHECK(cb_store_pin(r, e[0].key, 1, &err) == CB_ERR_CREATE);
+    CHECK(cb_store_gc(r, NULL, &err) == CB_ERR_CREATE);
+    CHECK(cb_store_verify(r, 1, NULL, NULL, NULL, &err) == CB_ERR_CREATE);
+    list_names(dir, after, sizeof after);
+    CHECK(strcmp(before, after) == 0);
+    if (strcmp(before, after) != 0)
+        printf("# before:\n%s# after:\n%s", before, after);
+    cb_store_close(r);
+    r = NULL;
+
+    tcase("read-only: no access recorded (hits, last access, counters)");
+    CHECK_OK(cb_store_open(&s, dir, 0, &err));
+    if (!s)
+        return;
+    hctx c = {e[0].key, 0, 0, 0};
+    CHECK_OK(cb_store_list(s, NULL, NULL, hits_cb, &c, &err));
+    CHECK(c.found && c.hits == 0);
+    CHECK_OK(cb_store_stat(s, ts, &misses, &err));
+    CHECK(ts[0].hits == 0 && misses == 0);
+
+    tcase("read-only: a tier directory that vanished is not made again, its entries not found, the index kept");
+    cb_store_close(s);
+    s = NULL;
+    char p[1400];
+    snprintf(p, sizeof p, "%s/%s.kv", tdir, e[1].key);
+    unlink(p);
+    CHECK_OK(cb_store_open_readonly(&r, dir, &err));
+    if (!r)
+        return;
+    CHECK(cb_store_acquire(r, e[1].key, &ref, &path, &err) == CB_ERR_NOT_FOUND);
+    n_problems = 0;
+    CHECK(cb_store_verify(r, 0, count_problem, NULL, &vr, &err) == CB_ERR_FORMAT && n_problems == 1);
+    cb_store_close(r);
+    CHECK_OK(cb_store_open(&s, dir, 0, &err));
+    hctx c1 = {e[1].key, 0, 0, 0};
+    CHECK_OK(cb_store_list(s, NULL, NULL, hits_cb, &c1, &err));
+    CHECK(c1.found); /* left for a writer's gc */
+    cb_store_close(s);
+    for (int i = 0; i < 3; i++)
+        free(e[i].data);
+}
+
+/* Found by fuzz_store_conf: a store.json edited to give two tiers one
+ * directory was opened; gc and verify would then take one tier's entries for
+ * the other's orphans.  Opening must refuse it, naming both tiers. */
+static void test_fuzz_findings(void)
+{
+    char dir[1200], conf[1300];
+    cb_store_tier tiers[2] = {{"a", "t/a", 0, 0, NULL, 0}, {"b", "t/b", 0, 0, NULL, 0}};
+    cb_store *s = NULL;
+    cb_error err;
+    json_error_t je;
+
+    tcase("open refuses a configuration whose tiers share a directory (fuzz finding)");
+    snprintf(dir, sizeof dir, "%s/shared-tiers", work);
+    snprintf(conf, sizeof conf, "%s/store.json", dir);
+    CHECK_OK(cb_store_init(dir, tiers, 2, -1, &err));
+    json_t *root = json_load_file(conf, 0, &je);
+    json_t *t = root ? json_object_get(root, "tiers") : NULL;
+    CHECK(json_array_size(t) == 2);
+    if (json_array_size(t) == 2) {
+        json_object_set_new(json_array_get(t, 1), "path", json_string("t/a/"));
+        CHECK(json_dump_file(root, conf, 0) == 0);
+        CHECK(cb_store_open(&s, dir, 0, &err) == CB_ERR_FORMAT && s == NULL);
+        CHECKF(strstr(err.msg, "share") && strstr(err.msg, "tiers a and b"), "%s", err.msg);
+    }
+    json_decref(root);
+    cb_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     const char *tmp = getenv("CB_TEST_TMP");
@@ -1226,6 +1379,8 @@ int main(int argc, char **argv)
     test_tiers(&g, ram);
     test_gc_verify(&g);
     test_archive(&g);
+    test_readonly(&g);
+    test_fuzz_findings();
     show_problems = 1;
     test_concurrency(&g, ram);
 

@@ -1,0 +1,671 @@
+/* remote.c - the shared tier on Redis (hiredis): entries that every host
+ * of a corpus sees, behind the local tiers.
+ *
+ * Keys (SID: the shared tier's id, made once in Redis by the first store
+ * configured with it and kept in store.json; KEY: the entry's key, model
+ * fingerprint and token hash):
+ *   cb:{SID:KEY}:m       hash: bytes, tokens, checksum, created, last_access, hits, parts
+ *   cb:{SID:KEY}:v       list: the KV file's header, then each layer
+ *   cb:{SID:KEY}:t:RND   a part list being uploaded (expires after ST_UPLOAD_TTL s)
+ *   cb:SID:lru           sorted set: KEY scored by its last access (microseconds)
+ *   cb:SID:used          bytes of the entries
+ * An entry's keys share the hash tag {SID:KEY}.  Every change of the
+ * accounting (commit, touch, drop) is one Lua script, which Redis runs
+ * atomically: eviction by LRU to the capacity happens inside the commit,
+ * so concurrent writers on many hosts never see the tier over capacity or
+ * an entry half made.  The scripts reach keys of other entries (victims)
+ * and the store's lru/used keys by name, which a single Redis allows and a
+ * Redis Cluster does not: the shared tier is one Redis server.
+ *
+ * Reads are verified: the parts' total size and XXH3-128 against the
+ * metadata, then the local put verifies header, key and layer checksums.
+ * Any failure (unreachable, timed out, bad entry) is a miss: the caller
+ * computes the chunk; a bad entry is dropped.  After a connection error
+ * the tier is skipped for ST_RETRY_US, so that a dead server costs one
+ * timeout, not one per chunk. */
+#include "store_impl.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <hiredis.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define ST_PART (1u << 20)
+#define ST_UPLOAD_TTL 600
+#define ST_RETRY_US 5000000
+
+static const char LUA_COMMIT[] =
+    "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DEL', KEYS[2]) return 0 end\n"
+    "if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[7]) then redis.call('DEL', KEYS[2]) return -2 end\n"
+    "local b = tonumber(ARGV[2]) local cap = tonumber(ARGV[6])\n"
+    "if cap > 0 and b > cap then redis.call('DEL', KEYS[2]) return -1 end\n"
+    "local used = tonumber(redis.call('GET', KEYS[5]) or '0')\n"
+    "local n = 0\n"
+    "while cap > 0 and used + b > cap do\n"
+    "  local v = redis.call('ZRANGE', KEYS[4], 0, 0)\n"
+    "  if #v == 0 then break end\n"
+    "  local mk = 'cb:{' .. ARGV[8] .. ':' .. v[1] .. '}:m'\n"
+    "  local vb = tonumber(redis.call('HGET', mk, 'bytes') or '0')\n"
+    "  redis.call('DEL', mk, 'cb:{' .. ARGV[8] .. ':' .. v[1] .. '}:v')\n"
+    "  redis.call('ZREM', KEYS[4], v[1])\n"
+    "  used = used - vb n = n + 1\n"
+    "end\n"
+    "if cap > 0 and used + b > cap then redis.call('DEL', KEYS[2]) redis.call('SET', KEYS[5], used) return -1 end\n"
+    "redis.call('RENAME', KEYS[2], KEYS[3]) redis.call('PERSIST', KEYS[3])\n"
+    "redis.call('HSET', KEYS[1], 'bytes', ARGV[2], 'tokens', ARGV[3], 'checksum', ARGV[4], 'created', ARGV[5],\n"
+    "  'last_access', ARGV[5], 'hits', 0, 'parts', ARGV[7])\n"
+    "redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1])\n"
+    "redis.call('SET', KEYS[5], used + b)\n"
+    "return 1 + n\n";
+
+/* KEYS: meta, lru; ARGV: key, now, record.  The metadata, or nil. */
+static const char LUA_TOUCH[] =
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return nil end\n"
+    "if ARGV[3] == '1' then\n"
+    "  redis.call('HINCRBY', KEYS[1], 'hits', 1) redis.call('HSET', KEYS[1], 'last_access', ARGV[2])\n"
+    "  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])\n"
+    "end\n"
+    "return redis.call('HMGET', KEYS[1], 'bytes', 'checksum', 'parts', 'tokens', 'created', 'last_access', 'hits')\n";
+
+/* KEYS: meta, value, lru, used; ARGV: key, checksum ('' = any).  Drop an
+ * entry, unless it was replaced meanwhile (another checksum). */
+static const char LUA_DROP[] =
+    "local c = redis.call('HGET', KEYS[1], 'checksum')\n"
+    "if not c then redis.call('DEL', KEYS[2]) redis.call('ZREM', KEYS[3], ARGV[1]) return 0 end\n"
+    "if ARGV[2] ~= '' and c ~= ARGV[2] then return 0 end\n"
+    "local b = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')\n"
+    "redis.call('DEL', KEYS[1], KEYS[2]) redis.call('ZREM', KEYS[3], ARGV[1])\n"
+    "local u = tonumber(redis.call('GET', KEYS[4]) or '0') - b\n"
+    "if u < 0 then u = 0 end\n"
+    "redis.call('SET', KEYS[4], u)\n"
+    "return 1\n";
+
+/* KEYS: lru, used; ARGV: sid.  Recount: members without metadata leave the
+ * LRU set, and used becomes the sum of the rest. */
+static const char LUA_RECOUNT[] =
+    "local all = redis.call('ZRANGE', KEYS[1], 0, -1) local u = 0 local gone = 0\n"
+    "for _, k in ipairs(all) do\n"
+    "  local mk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:m'\n"
+    "  local b = redis.call('HGET', mk, 'bytes')\n"
+    "  if b and redis.call('EXISTS', 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v') == 1 then u = u + tonumber(b)\n"
+    "  else redis.call('DEL', mk, 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v') redis.call('ZREM', KEYS[1], k) gone = gone + 1 end\n"
+    "end\n"
+    "redis.call('SET', KEYS[2], u)\n"
+    "return {gone, u}\n";
+
+void st_remote_warn(cb_store *s, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    if (!s->warn)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    s->warn(s->warn_ctx, msg);
+}
+
+/* ------------------------------------------------------------ address */
+
+int st_remote_parse(const char *url, char *host, size_t host_n, int *port, int *db, int *is_unix)
+{
+    *db = 0;
+    *port = 6379;
+    *is_unix = 0;
+    if (strncmp(url, "unix://", 7) == 0) {
+        const char *p = url + 7;
+        if (p[0] != '/' || strlen(p) >= host_n || strlen(p) < 2)
+            return -1;
+        snprintf(host, host_n, "%s", p);
+        *is_unix = 1;
+        return 0;
+    }
+    if (strncmp(url, "redis://", 8) != 0)
+        return -1;
+    const char *h = url + 8, *c = strchr(h, ':'), *sl = strchr(h, '/');
+    const char *end = c ? c : sl ? sl : h + strlen(h);
+    if (end == h || (size_t)(end - h) >= host_n)
+        return -1;
+    snprintf(host, host_n, "%.*s", (int)(end - h), h);
+    if (c) {
+        char *e;
+        long v = strtol(c + 1, &e, 10);
+        if (e == c + 1 || v < 1 || v > 65535 || (*e && *e != '/'))
+            return -1;
+        *port = (int)v;
+        sl = *e == '/' ? e : NULL;
+    }
+    if (sl) {
+        char *e;
+        long v = strtol(sl + 1, &e, 10);
+        if (e == sl + 1 || *e || v < 0 || v > 1000000)
+            return -1;
+        *db = (int)v;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- connection */
+
+static void disconnect(st_remote *r)
+{
+    if (r->ctx)
+        redisFree(r->ctx);
+    r->ctx = NULL;
+}
+
+void st_remote_close(st_remote *r)
+{
+    disconnect(r);
+    free(r->url);
+    r->url = NULL;
+}
+
+/* A write to a server that went away raises SIGPIPE, which would kill the
+ * program: it is blocked around each request and a SIGPIPE that the
+ * request caused is consumed (the library leaves signal handling alone). */
+typedef struct pipe_guard {
+    sigset_t old;
+    int pending_before;
+} pipe_guard;
+
+static void pipe_block(pipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    g->pending_before = sigismember(&pend, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void pipe_restore(pipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    if (!g->pending_before && sigismember(&pend, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* A reply, or NULL after marking the tier down (warned once per outage). */
+static redisReply *cmd_argv(cb_store *s, int argc, const char **argv, const size_t *len)
+{
+    st_remote *r = &s->remote;
+    pipe_guard g;
+    pipe_block(&g);
+    redisReply *rep = redisCommandArgv(r->ctx, argc, argv, len);
+    pipe_restore(&g);
+    if (!rep) {
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
+                       r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
+        disconnect(r);
+        r->down_until = st_now_us() + ST_RETRY_US;
+        return NULL;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        st_remote_warn(s, "shared tier %s (%s): %s", r->name, r->url, rep->str);
+        freeReplyObject(rep);
+        return NULL;
+    }
+    return rep;
+}
+
+static redisReply *cmdf(cb_store *s, const char *fmt, ...)
+{
+    st_remote *r = &s->remote;
+    va_list ap;
+    pipe_guard g;
+    pipe_block(&g);
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(r->ctx, fmt, ap);
+    va_end(ap);
+    pipe_restore(&g);
+    if (!rep) {
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
+                       r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
+        disconnect(r);
+        r->down_until = st_now_us() + ST_RETRY_US;
+        return NULL;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        st_remote_warn(s, "shared tier %s (%s): %s", r->name, r->url, rep->str);
+        freeReplyObject(rep);
+        return NULL;
+    }
+    return rep;
+}
+
+/* 1 when connected (connecting now if needed), 0 when the tier is down. */
+int st_remote_up(cb_store *s)
+{
+    st_remote *r = &s->remote;
+    if (!r->url)
+        return 0;
+    if (r->ctx)
+        return 1;
+    if (r->down_until && st_now_us() < r->down_until)
+        return 0;
+    char host[1024];
+    int port, db, is_unix;
+    if (st_remote_parse(r->url, host, sizeof host, &port, &db, &is_unix) != 0)
+        return 0;
+    struct timeval tv = {r->timeout_ms / 1000, (r->timeout_ms % 1000) * 1000};
+    r->ctx = is_unix ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
+    if (!r->ctx || r->ctx->err) {
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
+                       r->ctx ? r->ctx->errstr : "out of memory");
+        disconnect(r);
+        r->down_until = st_now_us() + ST_RETRY_US;
+        return 0;
+    }
+    redisSetTimeout(r->ctx, tv);
+    if (db > 0) {
+        redisReply *rep = cmdf(s, "SELECT %d", db);
+        if (!rep)
+            return 0;
+        freeReplyObject(rep);
+    }
+    r->down_until = 0;
+    return 1;
+}
+
+/* The shared tier's id: the one in Redis under cb:tier:NAME, made when
+ * missing.  0 with id, -1 when Redis cannot be reached. */
+int st_remote_id(cb_store *s, const char *name, char id[33])
+{
+    char fresh[33];
+    st_random_hex(fresh, 32);
+    redisReply *rep = cmdf(s, "SET cb:tier:%s %s NX", name, fresh);
+    if (!rep)
+        return -1;
+    freeReplyObject(rep);
+    if (!(rep = cmdf(s, "GET cb:tier:%s", name)))
+        return -1;
+    int ok = rep->type == REDIS_REPLY_STRING && rep->len == 32 && st_is_hex(rep->str, 32);
+    if (ok)
+        memcpy(id, rep->str, 33);
+    freeReplyObject(rep);
+    return ok ? 0 : -1;
+}
+
+/* ------------------------------------------------------------- checks */
+
+int st_kv_check_bytes(const void *data, size_t size, const char *key, char *why, size_t why_n)
+{
+    char path[64], fkey[66];
+    cb_kvfile *f = NULL;
+    cb_error err;
+    /* The KV file reader takes a path: an anonymous memory file is one,
+     * even in a read-only store. */
+    int fd = memfd_create("cb-kv-check", MFD_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_n, "memfd_create: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int rc = -1;
+    if (st_write_all(fd, data, size) != 0) {
+        snprintf(why, why_n, "memfd: %s", strerror(errno));
+    } else if (cb_kvfile_open(&f, path, &err) != CB_OK || cb_kvfile_verify(f, &err) != CB_OK) {
+        snprintf(why, why_n, "not a valid KV file: %s", err.msg);
+    } else {
+        const cb_kv_meta *m = cb_kvfile_meta(f);
+        cb_kv_key(m->model, m->tokens, fkey);
+        if (strcmp(fkey, key) != 0)
+            snprintf(why, why_n, "it holds the entry %s", fkey);
+        else
+            rc = 0;
+    }
+    cb_kvfile_free(f);
+    close(fd);
+    return rc;
+}
+
+/* --------------------------------------------------------------- keys */
+
+typedef struct rkeys {
+    char m[200], v[200], t[200], lru[80], used[80];
+} rkeys;
+
+static void keys_of(const cb_store *s, const char *key, rkeys *k)
+{
+    const st_remote *r = &s->remote;
+    snprintf(k->m, sizeof k->m, "cb:{%s:%s}:m", r->id, key);
+    snprintf(k->v, sizeof k->v, "cb:{%s:%s}:v", r->id, key);
+    snprintf(k->lru, sizeof k->lru, "cb:%s:lru", r->id);
+    snprintf(k->used, sizeof k->used, "cb:%s:used", r->id);
+}
+
+static cb_status drop(cb_store *s, const char *key, const char *checksum)
+{
+    rkeys k;
+    keys_of(s, key, &k);
+    const char *argv[] = {"EVAL", LUA_DROP, "4", k.m, k.v, k.lru, k.used, key, checksum ? checksum : ""};
+    redisReply *rep = cmd_argv(s, 9, argv, NULL);
+    if (!rep)
+        return CB_ERR_IO;
+    freeReplyObject(rep);
+    return CB_OK;
+}
+
+/* ---------------------------------------------------------------- put */
+
+int st_remote_has(cb_store *s, const char *key)
+{
+    rkeys k;
+    if (!st_remote_up(s))
+        return -1;
+    keys_of(s, key, &k);
+    redisReply *rep = cmdf(s, "EXISTS %s", k.m);
+    if (!rep)
+        return -1;
+    int have = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+    freeReplyObject(rep);
+    return have;
+}
+
+int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, int64_t n_tokens)
+{
+    st_remote *r = &s->remote;
+    rkeys k;
+    char sum[33], num[5][32];
+    if (!st_remote_up(s))
+        return -1;
+    keys_of(s, key, &k);
+    char up[17];
+    st_random_hex(up, 16); /* this upload's own name, whoever else uploads the key */
+    snprintf(k.t, sizeof k.t, "cb:{%s:%s}:t:%s", r->id, key, up);
+    redisReply *rep = cmdf(s, "EXISTS %s", k.m);
+    if (!rep)
+        return -1;
+    int have = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+    freeReplyObject(rep);
+    if (have)
+        return 0;
+    /* Uploaded under its own name, expiring, then committed at once. */
+    /* Parts: the header, then one per layer (cbkv(5): H at 12, L at 48,
+     * S at 96, H + L*S bytes), as a loader reads them; other sizes in
+     * parts of ST_PART bytes. */
+    uint32_t H = 0, L = 0;
+    uint64_t S = 0;
+    if (size >= 128) {
+        memcpy(&H, (const char *)data + 12, 4);
+        memcpy(&L, (const char *)data + 48, 4);
+        memcpy(&S, (const char *)data + 96, 8);
+    }
+    int by_layer = H > 0 && S > 0 && L > 0 && (uint64_t)H + (uint64_t)L * S == size;
+    size_t parts = 0;
+    for (size_t off = 0; off < size; parts++) {
+        size_t n = by_layer ? (parts == 0 ? H : S) : (size - off < ST_PART ? size - off : ST_PART);
+        if (!(rep = cmdf(s, "RPUSH %s %b", k.t, (const char *)data + off, n)))
+            return -1;
+        freeReplyObject(rep);
+        if (parts == 0) {
+            if (!(rep = cmdf(s, "EXPIRE %s %d", k.t, ST_UPLOAD_TTL)))
+                return -1;
+            freeReplyObject(rep);
+        }
+        off += n;
+    }
+    cb_hash128_hex(cb_hash128_bytes(data, size), sum);
+    snprintf(num[0], 32, "%zu", size);
+    snprintf(num[1], 32, "%lld", (long long)n_tokens);
+    snprintf(num[2], 32, "%lld", (long long)st_now_us());
+    snprintf(num[3], 32, "%llu", (unsigned long long)r->cap);
+    snprintf(num[4], 32, "%zu", parts);
+    const char *argv[] = {"EVAL", LUA_COMMIT, "5", k.m, k.t, k.v, k.lru, k.used,
+                          key, num[0], num[1], sum, num[2], num[3], num[4], r->id};
+    if (!(rep = cmd_argv(s, 16, argv, NULL)))
+        return -1;
+    long long res = rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
+    freeReplyObject(rep);
+    if (res == -1)
+        st_remote_warn(s, "shared tier %s: no room for %s (%zu bytes, capacity %llu)", r->name, key, size,
+                       (unsigned long long)r->cap);
+    return res >= 0 ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------- get */
+
+static int64_t int_of(const redisReply *e)
+{
+    return e && e->type == REDIS_REPLY_STRING ? strtoll(e->str, NULL, 10) : -1;
+}
+
+/* Fetch key's bytes into *out (malloc'd): 1 found and its checksum right,
+ * 0 missing or unreachable, -1 bad (dropped when drop_bad, with a warning). */
+int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void **out, size_t *size)
+{
+    st_remote *r = &s->remote;
+    rkeys k;
+    char now[32], sum[33], want[33];
+    *out = NULL;
+    if (!st_remote_up(s))
+        return 0;
+    keys_of(s, key, &k);
+    snprintf(now, sizeof now, "%lld", (long long)st_now_us());
+    const char *argv[] = {"EVAL", LUA_TOUCH, "2", k.m, k.lru, key, now, record && !s->readonly ? "1" : "0"};
+    redisReply *rep = cmd_argv(s, 8, argv, NULL);
+    if (!rep)
+        return 0;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3) {
+        freeReplyObject(rep);
+        return 0;
+    }
+    int64_t bytes = int_of(rep->element[0]), parts = int_of(rep->element[2]);
+    snprintf(want, sizeof want, "%s",
+             rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "");
+    freeReplyObject(rep);
+    if (!(rep = cmdf(s, "LRANGE %s 0 -1", k.v)))
+        return 0;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements == 0) {
+        freeReplyObject(rep);
+        return 0; /* evicted meanwhile */
+    }
+    const char *bad = NULL;
+    size_t total = 0;
+    for (size_t i = 0; i < rep->elements; i++)
+        total += rep->element[i]->type == REDIS_REPLY_STRING ? rep->element[i]->len : 0;
+    if (bytes < 0 || parts != (int64_t)rep->elements || total != (uint64_t)bytes)
+        bad = "its size does not match its metadata";
+    uint8_t *buf = bad ? NULL : malloc(total ? total : 1);
+    if (!bad && !buf) {
+        freeReplyObject(rep);
+        return 0;
+    }
+    if (!bad) {
+        size_t off = 0;
+        for (size_t i = 0; i < rep->elements; i++) {
+            memcpy(buf + off, rep->element[i]->str, rep->element[i]->len);
+            off += rep->element[i]->len;
+        }
+        cb_hash128_hex(cb_hash128_bytes(buf, total), sum);
+        if (strcmp(sum, want) != 0)
+            bad = "its checksum does not match";
+    }
+    freeReplyObject(rep);
+    if (bad) {
+        free(buf);
+        st_remote_warn(s, "shared tier %s: %s: %s; %sthe chunk is computed", r->name, key, bad,
+                       drop_bad && !s->readonly ? "dropped, " : "");
+        if (drop_bad && !s->readonly)
+            drop(s, key, want);
+        return -1;
+    }
+    *out = buf;
+    *size = total;
+    return 1;
+}
+
+cb_status cb_store_shared_drop(cb_store *s, const char *key, cb_error *err)
+{
+    if (!s || !s->remote.url)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "the store has no shared tier");
+    if (!st_key_valid(key))
+        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
+    if (s->readonly)
+        return cb_error_set(err, CB_ERR_CREATE, "%s: the store is read-only", s->dir);
+    if (!st_remote_up(s) || drop(s, key, NULL) != CB_OK)
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be reached", s->remote.name, s->remote.url);
+    return CB_OK;
+}
+
+/* A fetched entry failed the local verification: drop it. */
+void st_remote_reject(cb_store *s, const char *key, const char *why)
+{
+    st_remote_warn(s, "shared tier %s: %s: %s; dropped, the chunk is computed", s->remote.name, key, why);
+    if (!s->readonly && st_remote_up(s))
+        drop(s, key, NULL);
+}
+
+/* --------------------------------------------------------- list, stat */
+
+cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, const cb_store_entry *e), void *ctx,
+                         int *stopped, cb_error *err)
+{
+    st_remote *r = &s->remote;
+    rkeys k;
+    *stopped = 0;
+    if (!st_remote_up(s))
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be reached", r->name, r->url);
+    keys_of(s, "x", &k);
+    redisReply *all = cmdf(s, "ZREVRANGE %s 0 -1", k.lru);
+    if (!all)
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): listing failed", r->name, r->url);
+    for (size_t i = 0; all->type == REDIS_REPLY_ARRAY && i < all->elements && !*stopped; i++) {
+        const char *key = all->element[i]->str;
+        if (!key || !st_key_valid(key) || (model && strncmp(key, model, 32) != 0))
+            continue;
+        keys_of(s, key, &k);
+        redisReply *m = cmdf(s, "HMGET %s bytes checksum tokens created last_access hits", k.m);
+        if (!m) {
+            freeReplyObject(all);
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): listing failed", r->name, r->url);
+        }
+        if (m->type == REDIS_REPLY_ARRAY && m->elements == 6 && m->element[0]->type == REDIS_REPLY_STRING) {
+            char mod[33];
+            snprintf(mod, sizeof mod, "%.32s", key);
+            cb_store_entry e = {key, mod, r->name, r->url,
+                                m->element[1]->type == REDIS_REPLY_STRING ? m->element[1]->str : "",
+                                (uint64_t)int_of(m->element[0]), int_of(m->element[2]), int_of(m->element[3]),
+                                int_of(m->element[4]), (uint64_t)int_of(m->element[5]), 0};
+            *stopped = fn(ctx, &e) != 0;
+        }
+        freeReplyObject(m);
+    }
+    freeReplyObject(all);
+    return CB_OK;
+}
+
+cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err)
+{
+    st_remote *r = &s->remote;
+    rkeys k;
+    if (!r->url)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: the store has no shared tier", s->dir);
+    memset(out, 0, sizeof *out);
+    out->name = r->name;
+    out->path = r->url;
+    out->capacity = r->cap;
+    if (!st_remote_up(s))
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be reached", r->name, r->url);
+    keys_of(s, "x", &k);
+    redisReply *a = cmdf(s, "ZCARD %s", k.lru), *b = a ? cmdf(s, "GET %s", k.used) : NULL;
+    if (!a || !b) {
+        if (a)
+            freeReplyObject(a);
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): stat failed", r->name, r->url);
+    }
+    out->entries = a->type == REDIS_REPLY_INTEGER ? (uint64_t)a->integer : 0;
+    out->bytes = b->type == REDIS_REPLY_STRING ? strtoull(b->str, NULL, 10) : 0;
+    freeReplyObject(a);
+    freeReplyObject(b);
+    return CB_OK;
+}
+
+/* --------------------------------------------------------- gc, verify */
+
+/* Recount the accounting; then every entry is fetched and checked (verify)
+ * and bad ones dropped when fix.  problems counted in *bad. */
+cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void *ctx, const char *what, const char *msg),
+                          void *ctx, uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err)
+{
+    st_remote *r = &s->remote;
+    rkeys k;
+    *n_entries = *n_bad = 0;
+    if (!st_remote_up(s))
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be reached", r->name, r->url);
+    keys_of(s, "x", &k);
+    if (fix) {
+        const char *argv[] = {"EVAL", LUA_RECOUNT, "2", k.lru, k.used, r->id};
+        redisReply *rep = cmd_argv(s, 6, argv, NULL);
+        if (!rep)
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s: recount failed", r->name);
+        freeReplyObject(rep);
+    }
+    if (!fetch)
+        return CB_OK;
+    redisReply *all = cmdf(s, "ZRANGE %s 0 -1", k.lru);
+    if (!all)
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s: listing failed", r->name);
+    for (size_t i = 0; all->type == REDIS_REPLY_ARRAY && i < all->elements; i++) {
+        const char *key = all->element[i]->str;
+        void *buf;
+        size_t size;
+        char why[300];
+        if (!key)
+            continue;
+        (*n_entries)++;
+        keys_of(s, key, &k);
+        redisReply *m = cmdf(s, "HMGET %s checksum bytes", k.m);
+        if (!m)
+            break;
+        char want[33] = "";
+        if (m->type == REDIS_REPLY_ARRAY && m->elements == 2 && m->element[0]->type == REDIS_REPLY_STRING)
+            snprintf(want, sizeof want, "%s", m->element[0]->str);
+        freeReplyObject(m);
+        if (!want[0])
+            continue; /* dropped or evicted meanwhile */
+        why[0] = 0;
+        void (*w)(void *, const char *) = s->warn;
+        s->warn = NULL; /* reported below instead */
+        int got = st_remote_get(s, key, 0, 0, &buf, &size);
+        s->warn = w;
+        if (got == 1) {
+            *n_bytes += size;
+            if (st_kv_check_bytes(buf, size, key, why, sizeof why) != 0) {
+                (*n_bad)++;
+                if (fix)
+                    drop(s, key, want);
+            }
+            free(buf);
+        } else if (got < 0) {
+            snprintf(why, sizeof why, "its bytes do not match its metadata (size or checksum)");
+            (*n_bad)++;
+            if (fix)
+                drop(s, key, want);
+        } else if (!s->remote.ctx) {
+            freeReplyObject(all);
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): lost the connection", r->name, r->url);
+        }
+        if (why[0] && problem) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "shared tier %s: %s%s", r->name, why, fix ? " (dropped)" : "");
+            problem(ctx, key, msg);
+        }
+    }
+    freeReplyObject(all);
+    return CB_OK;
+}

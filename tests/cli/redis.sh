@@ -1,0 +1,272 @@
+#!/bin/sh
+# The shared tier on Redis (issue 16) with a real redis-server on a loopback
+# port and a unix socket inside the test's directory, started and stopped
+# here: write-through, a host with an empty local store answering from it,
+# capacity, a corrupted value dropped and computed, the server killed and
+# restarted, verify/gc, and three "hosts" working at once with clients
+# killed at random and one Redis restart.  Skips where redis-server is missing.
+. "$(dirname "$0")/lib.sh"
+CHUNK=$BINDIR_B/cb-chunk PRE=$BINDIR_B/cb-precompute RUN=$BINDIR_B/cb-run STORE=$BINDIR_B/cb-store
+M=$CB_TEST_TMP/tiny-q8_0.gguf
+RS=$(command -v redis-server); RC=$(command -v redis-cli)
+if [ -z "$RS" ] || [ -z "$RC" ] || [ ! -f "$M" ]; then
+    skip "shared tier on Redis" "no redis-server/redis-cli (make deps) or no $M"
+    done_testing; exit 0
+fi
+SOCK=$T/redis.sock
+PORT=$((20000 + $$ % 20000))
+start_redis() {   # on $PORT (127.0.0.1) and $SOCK, nothing saved
+    "$RS" --bind 127.0.0.1 --port "$PORT" --unixsocket "$SOCK" --save "" --appendonly no --dir "$T" \
+        --daemonize yes --pidfile "$T/redis.pid" --logfile "$T/redis.log" > /dev/null 2>&1
+    i=0
+    while [ $i -lt 50 ]; do
+        "$RC" -s "$SOCK" ping 2>/dev/null | grep -q PONG && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    return 1
+}
+kill_redis() { [ -f "$T/redis.pid" ] && kill -9 "$(cat "$T/redis.pid")" 2>/dev/null; rm -f "$T/redis.pid" "$SOCK"; sleep 0.2; }
+trap 'kill_redis; rm -rf "$T"' EXIT
+if ! start_redis; then
+    PORT=$((PORT + 1)); start_redis || { skip "shared tier on Redis" "redis-server does not start here ($(tail -n 2 "$T/redis.log" 2>/dev/null))"; done_testing; exit 0; }
+fi
+R="$RC -s $SOCK"
+
+mkdir -p "$T/docs"
+for i in 1 2 3; do
+    printf 'Document %s. The river Vale runs past the town of Kelby %s.\n\nIts bridge was built in 19%s0 by the Norden company.\n' $i $i $i > "$T/docs/d$i.txt"
+done
+"$CHUNK" -m "$M" --tokens 24 "$T/docs" > "$T/chunks.jsonl" || { not_ok "cb-chunk"; done_testing; exit 1; }
+Q="Who built the bridge over the Vale?"
+"$RUN" -m "$M" --chunks "$T/chunks.jsonl" --mode full --no-store-write -n 6 -p "$Q" > "$T/a-full" 2>/dev/null \
+    || { not_ok "cb-run --mode full"; done_testing; exit 1; }
+# run HOST [ARGS]: cb-run at ratio 1 on store HOST; answer in $T/ans-HOST, stats in $T/st-HOST.json
+run() { h=$1; shift; "$RUN" -m "$M" --store "$T/$h" --chunks "$T/chunks.jsonl" --ratio 1 -n 6 -p "$Q" --stats "$T/st-$h.json" "$@" > "$T/ans-$h" 2> "$T/err-$h"; }
+stat_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$T/st-$1.json" "$2"; }
+
+# -- init
+expect_exit "init with a shared tier over TCP" 0 $STORE --store "$T/a" init --tier "main=$T/a/t" --tier "shared=redis://127.0.0.1:$PORT/0:64M"
+grep -q '"url": "redis://127.0.0.1:'"$PORT"'/0"' "$T/a/store.json" && grep -q '"capacity": 67108864' "$T/a/store.json" \
+    && ok "store.json names the shared tier and its capacity" || not_ok "store.json shared tier"
+expect_exit "init with a shared tier over a unix socket" 0 $STORE --store "$T/b" init --tier "main=$T/b/t" --tier "shared=unix://$SOCK:64M"
+[ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/a/store.json")" = \
+  "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/b/store.json")" ] \
+    && ok "both stores share the tier's id" || not_ok "the shared tier's id differs"
+expect_exit "init: a shared tier that cannot be reached" 74 $STORE --store "$T/x" init --tier "main=$T/x/t" --tier "shared=redis://127.0.0.1:1/0:1M"
+expect_exit "init: a malformed address" 64 $STORE --store "$T/x" init --tier "main=$T/x/t" --tier "shared=redis://127.0.0.1:99999:1M"
+expect_exit "init: a shared tier alone" 64 $STORE --store "$T/x" init --tier "shared=unix://$SOCK"
+
+# -- write-through, and a host with an empty local store answering from Redis
+"$PRE" -m "$M" --store "$T/a" -q < "$T/chunks.jsonl" > /dev/null && ok "cb-precompute on host a" || not_ok "cb-precompute on host a"
+nkeys=$($STORE --store "$T/a" ls --tier main | wc -l)
+[ "$($STORE --store "$T/b" ls --tier shared | wc -l)" -eq "$nkeys" ] && ok "host b sees a's $nkeys entries in the shared tier" \
+    || not_ok "host b sees the shared entries ($($STORE --store "$T/b" ls --tier shared | wc -l) of $nkeys)"
+[ "$($STORE --store "$T/b" ls --tier main | wc -l)" -eq 0 ] && ok "host b's local tier is empty" || not_ok "host b's local tier"
+run b
+[ -s "$T/ans-b" ] && [ "$(stat_of b n_chunks_missing)" -eq 0 ] && ok "host b answers from the shared tier (no chunk missing)" \
+    || { not_ok "host b from the shared tier"; sed 's/^/#   /' "$T/err-b" | head -5; }
+cmp -s "$T/ans-b" "$T/a-full" && ok "at ratio 1 b's answer equals full prefill's" || not_ok "b at ratio 1 vs full"
+[ "$($STORE --store "$T/b" ls --tier main | wc -l)" -eq "$nkeys" ] && ok "the fetched entries are kept in b's local tier" \
+    || not_ok "promotion into b's local tier"
+expect_exit "verify on a" 0 $STORE --store "$T/a" verify
+expect_exit "verify on b" 0 $STORE --store "$T/b" verify
+expect_exit "gc on b" 0 $STORE --store "$T/b" gc
+expect_exit "stat on b" 0 $STORE --store "$T/b" stat
+grep -q "^shared  *$nkeys " "$T/out" && ok "stat shows the shared tier" || not_ok "stat shows the shared tier"
+
+# -- cb-profile measures the shared tier's load throughput, and leaves nothing in it
+n_before=$($R ZCARD "cb:$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/b/store.json"):lru")
+$BINDIR_B/cb-profile -m "$M" --store "$T/b" --lengths 64 --ratios 0.25 --repeat 2 -o json > "$T/p.json" 2> "$T/err-p"
+python3 - "$T/p.json" <<'PY' && ok "cb-profile measures the shared tier" || { not_ok "cb-profile and the shared tier"; sed 's/^/#   /' "$T/err-p" | head -5; }
+import json, sys
+p = json.load(open(sys.argv[1]))
+t = {x["name"]: x for x in p["tiers"]}
+assert set(t) == {"main", "shared"} and t["shared"]["cold_mbs"] > 0, p["tiers"]
+PY
+[ "$($R ZCARD "cb:$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/b/store.json"):lru")" -eq "$n_before" ] \
+    && ok "cb-profile's test entry is gone from the shared tier" || not_ok "cb-profile left its test entry"
+
+# -- a corrupted value: dropped with a warning, the chunk computed
+SID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/a/store.json")
+K=$($STORE --store "$T/a" ls --tier shared | head -n 1 | cut -d' ' -f1)
+L=$(python3 -c 'import struct,sys; print(struct.unpack_from("<I", open(sys.argv[1], "rb").read(64), 48)[0])' "$($STORE --store "$T/a" get "$K")")
+[ "$($R LLEN "cb:{$SID:$K}:v")" -eq $((L + 1)) ] && [ "$($R HGET "cb:{$SID:$K}:m" parts)" -eq $((L + 1)) ] \
+    && ok "a value is split by layer: the header, then $L layers" || not_ok "parts: $($R LLEN "cb:{$SID:$K}:v"), $L layers"
+python3 - "$SOCK" "cb:{$SID:$K}:v" <<'PY' && ok "a byte of a value flipped in Redis" || not_ok "corrupt a value"
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+def cmd(*a):
+    s.sendall(b"".join([b"*%d\r\n" % len(a)] + [b"$%d\r\n%s\r\n" % (len(x), x) for x in a]))
+    return s.recv(1 << 24)
+key = sys.argv[2].encode()
+r = cmd(b"LINDEX", key, b"0")
+while r.count(b"\r\n") < 2 or len(r) < int(r[1:r.index(b"\r\n")]) + r.index(b"\r\n") + 4:
+    r += s.recv(1 << 24)
+h = r.index(b"\r\n"); n = int(r[1:h]); v = bytearray(r[h + 2:h + 2 + n])
+v[n // 2] ^= 0x40
+assert cmd(b"LSET", key, b"0", bytes(v)).startswith(b"+OK")
+PY
+expect_exit "verify finds the bad value" 65 $STORE --store "$T/a" verify
+grep -q "$K" "$T/out" && ok "verify names the entry" || not_ok "verify names the entry"
+$STORE --store "$T/c" init --tier "main=$T/c/t" --tier "shared=unix://$SOCK:64M" 2>/dev/null
+run c
+[ "$(stat_of c n_chunks_missing)" -ge 1 ] && grep -q "checksum does not match; dropped" "$T/err-c" \
+    && ok "cb-run: the bad entry is dropped with a warning and the chunk computed" \
+    || { not_ok "cb-run on a corrupt value"; sed 's/^/#   /' "$T/err-c" | head -5; }
+cmp -s "$T/ans-c" "$T/a-full" && ok "and the answer equals full prefill's" || not_ok "c at ratio 1 vs full"
+[ "$($R HGET "cb:{$SID:$K}:m" hits)" = 0 ] && ok "the bad entry was dropped, and put again sound once c computed it" \
+    || not_ok "the bad entry in Redis"
+expect_exit "verify after the drop" 0 $STORE --store "$T/a" verify
+
+# -- capacity: a small shared tier never holds more than its capacity
+SZ=$($STORE --store "$T/a" ls --json --tier shared | head -n 1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["bytes"])')
+$STORE --store "$T/s" init --tier "main=$T/s/t:1K" --tier "small=unix://$SOCK:$((SZ * 2 + SZ / 2))" > /dev/null 2>&1
+"$PRE" -m "$M" --store "$T/s" -q < "$T/chunks.jsonl" > /dev/null 2> "$T/err-s"
+SSID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/s/store.json")
+used=$($R GET "cb:$SSID:used"); n_small=$($R ZCARD "cb:$SSID:lru")
+[ "$used" -le $((SZ * 2 + SZ / 2)) ] && [ "$n_small" -eq 2 ] && ok "capacity: the shared tier keeps the 2 newest ($used bytes)" \
+    || not_ok "capacity: $used bytes, $n_small entries"
+
+# -- capacity with concurrent writers: four hosts put at once into a tier of 3 entries
+mkdir -p "$T/kvs"
+"$STORE" --store "$T/a" ls --tier main | cut -d' ' -f1 | while read -r k; do "$STORE" --store "$T/a" get "$k" -o "$T/kvs/$k.kv"; done
+CAP=$((SZ * 3))
+for w in 1 2 3 4; do
+    $STORE --store "$T/w$w" init --tier "main=$T/w$w/t:1K" --tier "cc=unix://$SOCK:$CAP" > /dev/null 2>&1
+done
+CSID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/w1/store.json")
+wpids=""
+for w in 1 2 3 4; do
+    ( for r in 1 2 3; do for f in $(ls "$T"/kvs/*.kv | sort -R 2>/dev/null || ls "$T"/kvs/*.kv); do
+        $STORE --store "$T/w$w" put "$f" > /dev/null 2>&1; done; done ) &
+    wpids="$wpids $!"
+done
+alive() { for p in $wpids; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+maxu=0; samples=0
+while alive && [ $samples -lt 400 ]; do
+    u=$($R GET "cb:$CSID:used"); u=${u:-0}; [ "$u" -gt "$maxu" ] && maxu=$u; samples=$((samples + 1))
+done
+wait
+sum=0; n_cc=0
+for k in $($R ZRANGE "cb:$CSID:lru" 0 -1); do sum=$((sum + $($R HGET "cb:{$CSID:$k}:m" bytes))); n_cc=$((n_cc + 1)); done
+[ "$maxu" -le "$CAP" ] && [ "$($R GET "cb:$CSID:used")" -eq "$sum" ] && [ "$n_cc" -eq 3 ] \
+    && ok "four writers at once: never over capacity ($samples samples, at most $maxu of $CAP bytes), $n_cc entries, accounting exact" \
+    || not_ok "concurrent capacity: max $maxu of $CAP, used $($R GET "cb:$CSID:used") vs $sum, $n_cc entries"
+expect_exit "verify after the concurrent writers" 0 $STORE --store "$T/w1" verify
+
+# -- the server hung (SIGSTOP): every call is bounded by the time-out (500 ms here)
+$STORE --store "$T/d" init --tier "main=$T/d/t" 2>/dev/null
+python3 - "$T/a/store.json" "$T/d/store.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1])); d = json.load(open(sys.argv[2]))
+d["shared"] = dict(a["shared"]); d["shared"]["timeout_ms"] = 500
+json.dump(d, open(sys.argv[2], "w"))
+PY
+kill -STOP "$(cat "$T/redis.pid")"
+t0=$(date +%s)
+run d; rc=$?
+t1=$(date +%s)
+kill -CONT "$(cat "$T/redis.pid")"
+[ $rc -eq 0 ] && [ $((t1 - t0)) -le 8 ] && ok "server hung: cb-run answers in $((t1 - t0)) s" \
+    || { not_ok "cb-run with the server hung (exit $rc, $((t1 - t0)) s)"; sed 's/^/#   /' "$T/err-d" | head -5; }
+cmp -s "$T/ans-d" "$T/a-full" && ok "computed in place, the answer equals full prefill's" || not_ok "d vs full (hung)"
+grep -q "shared tier.*[Tt]imed out\|shared tier.*Resource temporarily" "$T/err-d" && ok "it warns of the time-out" \
+    || { not_ok "the time-out warning"; sed 's/^/#   /' "$T/err-d" | head -5; }
+rm -rf "$T/d/t"/*.kv; $STORE --store "$T/d" verify --repair > /dev/null 2>&1
+
+# -- a server that hangs up mid-put (a fake one: it stops reading after EXISTS, before the upload):
+#    the write gets EPIPE, and SIGPIPE must not kill the program
+python3 - "$T/fake.sock" > /dev/null 2>&1 <<'PY' &
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(4); s.settimeout(20)
+for _ in range(4):
+    try:
+        c, _ = s.accept()
+    except OSError:
+        break
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        if b"EXISTS" in d:
+            # no more reading: the client's next write fails with EPIPE, for sure
+            c.shutdown(socket.SHUT_RD); c.sendall(b":0\r\n"); break
+        c.sendall(b":0\r\n")
+PY
+fpid=$!
+i=0; while [ ! -S "$T/fake.sock" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+$STORE --store "$T/f" init --tier "main=$T/f/t" > /dev/null 2>&1
+python3 - "$T/a/store.json" "$T/f/store.json" "$T/fake.sock" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1])); f = json.load(open(sys.argv[2]))
+f["shared"] = dict(a["shared"]); f["shared"]["url"] = "unix://" + sys.argv[3]; f["shared"]["timeout_ms"] = 500
+json.dump(f, open(sys.argv[2], "w"))
+PY
+expect_exit "a put while the server hangs up mid-upload (no SIGPIPE death)" 0 $STORE --store "$T/f" put "$(ls "$T"/kvs/*.kv | head -n 1)"
+grep -q "shared tier" "$T/err" && ok "and it warns" || { not_ok "the hang-up warning"; sed 's/^/#   /' "$T/err" | head -3; }
+kill "$fpid" 2>/dev/null; wait "$fpid" 2>/dev/null
+
+# -- the server killed: cb-run answers (computed in place); then restarted
+kill_redis
+t0=$(date +%s)
+run d; rc=$?
+t1=$(date +%s)
+[ $rc -eq 0 ] && [ $((t1 - t0)) -le 10 ] && ok "server down: cb-run answers in $((t1 - t0)) s" \
+    || { not_ok "cb-run with the server down (exit $rc, $((t1 - t0)) s)"; sed 's/^/#   /' "$T/err-d" | head -5; }
+cmp -s "$T/ans-d" "$T/a-full" && ok "computed in place, the answer equals full prefill's" || not_ok "d vs full"
+[ "$(grep -c 'shared tier' "$T/err-d")" -eq 1 ] && ok "it warns once" || { not_ok "warnings: $(grep -c 'shared tier' "$T/err-d")"; sed 's/^/#   /' "$T/err-d" | head -5; }
+start_redis && ok "redis restarted" || not_ok "redis restart"
+"$PRE" -m "$M" --store "$T/a" -q < "$T/chunks.jsonl" > /dev/null 2>&1
+rm -rf "$T/d/t"/*.kv; $STORE --store "$T/d" verify --repair > /dev/null 2>&1
+run d
+[ "$(stat_of d n_chunks_missing)" -eq 0 ] && ok "after the restart and a new precompute, d answers from the shared tier" \
+    || { not_ok "d after the restart"; sed 's/^/#   /' "$T/err-d" | head -5; }
+
+# -- three hosts at once: precompute, cb-run, gc on each; clients killed at random; one Redis restart
+for h in h1 h2 h3; do
+    $STORE --store "$T/$h" init --tier "main=$T/$h/t:$((SZ * 3))" --tier "shared=unix://$SOCK:$((SZ * 6))" > /dev/null 2>&1
+done
+for d in 1 2 3 4 5 6 7 8; do
+    printf 'Note %s on the Vale ferry, crossing number %s, in the year 18%s0.\n' $d $d $d > "$T/docs/n$d.txt"
+done
+"$CHUNK" -m "$M" --tokens 16 "$T/docs" > "$T/more.jsonl"
+end=$(( $(date +%s) + 12 ))
+killed=0; restarted=0; pids=""
+while [ "$(date +%s)" -lt "$end" ]; do
+    for h in h1 h2 h3; do
+        case $(( $(od -An -N1 -tu1 /dev/urandom) % 3 )) in
+        0) "$PRE" -m "$M" --store "$T/$h" -q < "$T/more.jsonl" > /dev/null 2>> "$T/log-$h" & ;;
+        1) "$RUN" -m "$M" --store "$T/$h" --chunks "$T/more.jsonl" -n 2 -p "$Q" > /dev/null 2>> "$T/log-$h" & ;;
+        2) $STORE --store "$T/$h" gc > /dev/null 2>> "$T/log-$h" & ;;
+        esac
+        pids="$pids $!"
+    done
+    sleep 0.$(( $(od -An -N1 -tu1 /dev/urandom) % 5 + 1 ))
+    for p in $pids; do
+        if [ $(( $(od -An -N1 -tu1 /dev/urandom) % 4 )) -eq 0 ] && kill -9 "$p" 2>/dev/null; then killed=$((killed + 1)); fi
+    done
+    if [ $restarted -eq 0 ] && [ "$(date +%s)" -ge $((end - 6)) ]; then
+        kill_redis; start_redis && restarted=1
+    fi
+    wait 2>/dev/null; pids=""
+done
+wait
+[ $restarted -eq 1 ] && ok "three hosts: $killed clients killed, one Redis restart" || not_ok "the Redis restart"
+for h in h1 h2 h3; do
+    $STORE --store "$T/$h" gc > /dev/null 2>&1
+    expect_exit "three hosts: verify on $h" 0 $STORE --store "$T/$h" verify
+done
+bad=$(cat "$T"/log-h* 2>/dev/null | grep -c "does not match")
+[ "$bad" -eq 0 ] && ok "no corrupt read" || not_ok "$bad corrupt reads"
+for h in h1 h2 h3; do
+    "$RUN" -m "$M" --store "$T/$h" --chunks "$T/more.jsonl" --ratio 1 -n 6 -p "$Q" > "$T/m-$h" 2>/dev/null
+done
+"$RUN" -m "$M" --chunks "$T/more.jsonl" --mode full --no-store-write -n 6 -p "$Q" > "$T/m-full" 2>/dev/null
+cmp -s "$T/m-h1" "$T/m-full" && cmp -s "$T/m-h2" "$T/m-full" && cmp -s "$T/m-h3" "$T/m-full" \
+    && ok "three hosts: answers at ratio 1 equal full prefill's" || not_ok "three hosts: answers differ from full prefill"
+HSID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/h1/store.json")
+used=$($R GET "cb:$HSID:used"); sum=0
+for k in $($R ZRANGE "cb:$HSID:lru" 0 -1); do sum=$((sum + $($R HGET "cb:{$HSID:$k}:m" bytes))); done
+[ "${used:-0}" -eq "$sum" ] && [ "$sum" -le $((SZ * 6)) ] && ok "the shared tier's accounting matches its entries ($sum bytes)" \
+    || not_ok "accounting: used $used, entries $sum, capacity $((SZ * 6))"
+done_testing
