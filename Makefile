@@ -3,7 +3,8 @@
 #   make help       list the targets and knobs
 # Knobs: DEBUG=1 (no optimisation, -g), SAN=1 (AddressSanitizer + UBSan),
 #        CUDA=0 (skip the CUDA backend) / CUDA=1 (require it; default: built
-#        when nvcc is found), PREFIX=/usr/local DESTDIR= for install, V=1.
+#        when nvcc is found), PREFIX=/usr/local DESTDIR= for install, V=1,
+#        MODEL=smollm2|gemma (the real model of model, demo, bench, parity, eval).
 
 .DEFAULT_GOAL := all
 
@@ -30,6 +31,13 @@ BUILD   ?= build/rel
 endif
 ifeq ($(DEBUG),1)
 BUILD   := $(BUILD)-debug
+endif
+
+# MODEL=gemma: the real-model targets use Gemma-3-270M (through $CB_MODEL,
+# which every program and script reads); default SmolLM2-135M-Instruct.
+ifneq ($(MODEL),)
+MODEL_FILE := $(if $(filter gemma,$(MODEL)),gemma-3-270m-q4_k_m.gguf,$(if $(filter smollm2,$(MODEL)),SmolLM2-135M-Instruct.Q4_1.gguf,$(error MODEL=$(MODEL): smollm2 or gemma)))
+export CB_MODEL := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cacheblend/models/$(MODEL_FILE)
 endif
 
 PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3 hiredis
@@ -149,16 +157,16 @@ test: deps ## install deps, fetch the model, build everything and run every test
 memcheck: deps check-tools ## run every unit test under Valgrind memcheck (tests/memcheck.sh)
 	@BUILD=$(BUILD) sh tests/memcheck.sh
 
-bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/
+bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/ (MODEL=gemma: on Gemma-3-270M)
 	@$(MAKE) --no-print-directory model
 	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) sh tests/bench/run.sh
 
-parity: deps all $(BENCH_BIN) ## compare our logits and greedy output with llama.cpp's (CB_DEVICE=cuda: our GPU path)
+parity: deps all $(BENCH_BIN) ## compare our logits and greedy output with llama.cpp's (MODEL=gemma; CB_DEVICE=cuda: our GPU path)
 	@$(MAKE) --no-print-directory model
 	@[ -f "$(CUDA_MOD)" ] && export CB_CUDA_MODULE=$(CURDIR)/$(CUDA_MOD); export CB_DEVICE=$${CB_DEVICE:-cpu}; \
 	VENV=$$(sh scripts/venv.sh) && $$VENV/bin/python tests/parity/parity.py \
 	    "$${CB_MODEL:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
-	    $(BUILD)/bench/cb-logits $(BINDIR_B)/cb-run
+	    $(BUILD)/bench/cb-logits $(BINDIR_B)/cb-run --ref $(BUILD)/bench/cb-ref-logits
 
 EVAL_ARGS ?=
 eval: deps all ## score full, prefix, reuse and blend on MuSiQue (EVAL_ARGS="-n 30 --ratios 0.15 ...")
@@ -201,7 +209,7 @@ funclen: ## the longest functions in lib/ and src/ (universal-ctags); fails past
 	@sh scripts/funclen.sh 15 200
 
 help: ## this list
-	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1]"
+	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1] [MODEL=smollm2|gemma]"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 
 -include $(shell find build -name '*.d' 2>/dev/null)

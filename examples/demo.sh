@@ -37,14 +37,20 @@ echo
 echo "== cb-precompute --store $S  (chunks already stored are skipped)"
 bin/cb-precompute -m "$M" --store "$S" "$tmp/needed.jsonl" > "$tmp/pre.jsonl"
 echo "   $(grep -c '"cached":false' "$tmp/pre.jsonl") computed now, $(grep -c '"cached":true' "$tmp/pre.jsonl") already stored"
+# A model without a chat template (Gemma-3-270M is a base model) is asked
+# completion-style; an instruction-tuned one in its own chat format.
+bin/cb-run -m "$M" -p x -n 1 --stats "$tmp/probe.json" >/dev/null
+tmpl=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chat_template"])' "$tmp/probe.json")
 i=0
 while [ $i -lt "$NQ" ]; do
     q=$(head -n 1 "$tmp/q$i.txt"); gold=$(tail -n 1 "$tmp/q$i.txt")
     echo
     echo "== Q: $q   (gold: $gold; $(wc -l < "$tmp/q$i.jsonl") chunks from two documents)"
+    if [ "$tmpl" = none ]; then prompt="Question: $q
+Answer:"; else prompt="$q Answer in a few words."; fi
     for mode in full reuse blend; do
         ans=$(bin/cb-run -m "$M" --store "$S" --chunks "$tmp/q$i.jsonl" --mode $mode -n 32 --stop "
-" --stats "$tmp/s.json" -p "$q Answer in a few words.")
+" --stats "$tmp/s.json" -p "$prompt")
         python3 - "$tmp/s.json" "$mode" "$ans" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))

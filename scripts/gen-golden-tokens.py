@@ -9,6 +9,9 @@ usage:
       Tokenize the built-in texts with the model's vocabulary and write the
       golden file (default: tests/data/smollm2-golden.txt, model:
       $CB_MODEL or ~/.cache/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf).
+      A vocabulary with Gemma's turn markers also gets GEMMA_TEXTS:
+        scripts/gen-golden-tokens.py --model .../gemma-3-270m-q4_k_m.gguf \
+            -o tests/data/gemma3-golden.txt
   scripts/gen-golden-tokens.py --vocab VOCAB.gguf [--inp FILE]
       Debugging: print llama.cpp's ids for each input of a conformance suite
       (VOCAB.gguf.inp by default) in the .out format, one line per input, to
@@ -122,6 +125,23 @@ TEXTS = [
     "<repo_name>cacheblend<file_sep>lib/infer/vocab.c\n<filename>x.py<gh_stars>10",
     "<jupyter_start><jupyter_code>print(1)<jupyter_output>1<empty_output>",
     "<|endoftext|><|endoftext|>",
+]
+
+# Gemma's SentencePiece vocabulary: its control tokens, chat markup, runs of
+# spaces and newlines (whole tokens there), byte fallback, digits one by one.
+GEMMA_TEXTS = [
+    "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n",
+    "<start_of_turn>user\nYou are a helpful assistant.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n",
+    "<bos><eos><pad><unk><mask> <bos>text<eos>",
+    "<start_of_turn <end_of_turn start_of_turn> <start_of_image> <end_of_image>",
+    "[multimodal] <unused0> <unused99> <image_soft_token>",
+    "<b>bold</b> <i>x</i> <table><tr><td>1</td></tr></table>",
+    "\u2581leading lower block \u2581\u2581 two",
+    "tab\there\t\t\ttabs      six spaces                  eighteen",
+    "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n",
+    "12345678901234567890 3.14 1,000,000",
+    "\U00010348 \U0001d11e \U000e0041 rare code points \u0fff\u2fff",
+    "Quel est le r\u00f4le de l'\u00e9quipe ? \u00bfQu\u00e9 tal? Wie geht's?",
 ]
 
 LONG = (
@@ -238,7 +258,10 @@ def write_golden(model: str, out: str) -> None:
         "# Fields (tab-separated): mode, text, ids, llama_detokenize(ids); see the script.",
         "# vocab n_tokens=%d pre=%s" % (v.n_tokens(), pre),
     ]
-    for t in TEXTS + [LONG]:
+    texts = TEXTS + [LONG]
+    if len(v.tokenize(b"<start_of_turn>", True)) == 1:
+        texts += GEMMA_TEXTS
+    for t in texts:
         b = t.encode("utf-8")
         modes = ["plain", "special"] if "<" in t else ["plain"]
         for mode in modes:

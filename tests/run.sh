@@ -36,6 +36,15 @@ done
 "$gen" --vocab-only "$CB_TEST_TMP/tiny-vocab.gguf" || exit 70
 "$gen" --layers 4 "$CB_TEST_TMP/tiny4-f32.gguf" || exit 70
 "$gen" --arch qwen2 --type q8_0 "$CB_TEST_TMP/tiny-qwen2.gguf" || exit 70
+# The other architectures and RoPE scalings: qwen3 (Q/K norms), gemma3
+# (sliding windows, post-norms, GELU, embedding scale, BOS), Llama 3.1's
+# rope_freqs, linear scaling (of the global layers only, in gemma3).
+"$gen" --arch qwen3 --type q8_0 --layers 4 "$CB_TEST_TMP/tiny-qwen3.gguf" || exit 70
+"$gen" --arch gemma3 --type q8_0 "$CB_TEST_TMP/tiny-gemma3.gguf" || exit 70
+"$gen" --arch gemma3 --rope-scaling linear "$CB_TEST_TMP/tiny-gemma3-linear.gguf" || exit 70
+"$gen" --rope-scaling llama3 --type q8_0 --layers 4 "$CB_TEST_TMP/tiny-llama3.gguf" || exit 70
+"$gen" --rope-scaling linear "$CB_TEST_TMP/tiny-llama-linear.gguf" || exit 70
+"$gen" --rope-scaling yarn "$CB_TEST_TMP/tiny-yarn.gguf" || exit 70
 
 passed=0; failed=0; skipped=0; broken=""
 run_one() {   # name, command...

@@ -77,16 +77,20 @@ typedef struct cb_backend_ops {
     void (*rmsnorm)(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps);
     /* Rotate x [n, n_head, head_dim] in place at positions pos[n] (host):
      * the first n_rot dims of each head, pairs (2i, 2i+1) ("normal") or
-     * (i, i + n_rot/2) (neox), angle pos * base^(-2i/n_rot). */
+     * (i, i + n_rot/2) (neox), angle pos * base^(-2i/n_rot) / ff[i].  ff:
+     * backend [n_rot/2], the frequency divisors of RoPE scaling (Llama 3's
+     * rope_freqs, a linear factor), or NULL for none. */
     void (*rope)(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int head_dim, int n_rot,
-                 float base, int neox);
+                 float base, const float *ff, int neox);
     /* x += y, n elements */
     void (*add)(cb_backend *b, float *x, const float *y, int64_t n);
     /* out = silu(g) * u, n elements; out may alias g */
     void (*swiglu)(cb_backend *b, const float *g, const float *u, float *out, int64_t n);
-    /* out = gelu(x) (tanh form, as ggml's), n elements; out may alias x.
-     * No supported architecture uses it yet (gemma's MLP will). */
-    void (*gelu)(cb_backend *b, const float *x, float *out, int64_t n);
+    /* out = gelu(g) * u (GELU in ggml's tanh form: gemma's MLP), n
+     * elements; out may alias g */
+    void (*geglu)(cb_backend *b, const float *g, const float *u, float *out, int64_t n);
+    /* x *= s, n elements (gemma's embedding scale) */
+    void (*scale)(cb_backend *b, float *x, float s, int64_t n);
     /* Write n rows of `width` f32 values into a cache of type t (F16 or F32)
      * at row indices at[n]. */
     void (*kv_write)(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src, const int32_t *at,

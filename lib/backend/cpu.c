@@ -264,7 +264,7 @@ static void cpu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y,
 }
 
 static void cpu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot,
-                     float base, int neox)
+                     float base, const float *ff, int neox)
 {
     (void)b;
     float inv[512], cs[512], sn[512];
@@ -272,7 +272,7 @@ static void cpu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int
     if (half > 512)
         half = 512;
     for (int i = 0; i < half; i++)
-        inv[i] = cb_op_rope_freq(i, n_rot, base);
+        inv[i] = ff ? cb_op_rope_freq(i, n_rot, base) / ff[i] : cb_op_rope_freq(i, n_rot, base);
     for (int64_t t = 0; t < n; t++) {
         /* consecutive rows at one position (a chunk moved by one offset)
          * share their angles */
@@ -307,11 +307,18 @@ static void cpu_swiglu(cb_backend *b, const float *g, const float *u, float *out
         out[i] = cb_op_swiglu(g[i], u[i]);
 }
 
-static void cpu_gelu(cb_backend *b, const float *x, float *out, int64_t n)
+static void cpu_geglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++)
-        out[i] = cb_op_gelu(x[i]);
+        out[i] = cb_op_geglu(g[i], u[i]);
+}
+
+static void cpu_scale(cb_backend *b, float *x, float s, int64_t n)
+{
+    (void)b;
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= s;
 }
 
 static void cpu_kv_write(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src, const int32_t *at,
@@ -565,7 +572,8 @@ static const cb_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .add = cpu_add,
     .swiglu = cpu_swiglu,
-    .gelu = cpu_gelu,
+    .geglu = cpu_geglu,
+    .scale = cpu_scale,
     .kv_write = cpu_kv_write,
     .kv_read = cpu_kv_read,
     .attention = cpu_attention,

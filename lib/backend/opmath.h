@@ -29,6 +29,12 @@ CB_OP float cb_op_gelu(float x)
     return 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x)));
 }
 
+/* gelu(g) * u */
+CB_OP float cb_op_geglu(float g, float u)
+{
+    return cb_op_gelu(g) * u;
+}
+
 /* RMSNorm's scale from the sum of squares of d values */
 CB_OP float cb_op_rms_scale(double sum_sq, int64_t d, float eps)
 {

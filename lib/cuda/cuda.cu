@@ -826,9 +826,11 @@ static void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, 
 /* thread per (row, head, pair); inv [n_rot/2]: the pairs' inverse
  * frequencies, computed on the host exactly as the CPU backend does (a
  * device powf differs from the host's in the last bit, which the angle
- * multiplies by the position: 1e-3 rad at 32K) */
+ * multiplies by the position: 1e-3 rad at 32K); ff [n_rot/2] (device) or
+ * NULL: RoPE scaling's divisors, applied by one correctly rounded division
+ * as on the CPU */
 __global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, const float *inv,
-                       int neox)
+                       const float *ff, int neox)
 {
     int half = n_rot / 2;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -838,14 +840,15 @@ __global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int 
     int64_t th = i / half; /* row * n_head + head */
     int a, c;
     float s, co;
-    sincosf((float)pos[th / n_head] * inv[p], &s, &co); /* the CPU's angle, bit for bit */
+    float freq = ff ? __fdiv_rn(inv[p], ff[p]) : inv[p];
+    sincosf((float)pos[th / n_head] * freq, &s, &co); /* the CPU's angle, bit for bit */
     cb_op_rope_pair(p, n_rot, neox, &a, &c);
     float *v = x + th * hd;
     cb_op_rope_rotate(&v[a], &v[c], co, s);
 }
 
 static void cu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot,
-                    float base, int neox)
+                    float base, const float *ff, int neox)
 {
     tctx *t = T(b, "rope");
     int64_t nt = n * n_head * (n_rot / 2);
@@ -858,7 +861,7 @@ static void cu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int 
     for (int i = 0; i < n_rot / 2; i++)
         inv[i] = cb_op_rope_freq(i, n_rot, base);
     const float *dinv = (const float *)stage(t, inv, sizeof(float) * (size_t)(n_rot / 2));
-    LAUNCH_1D(t, nt, k_rope, x, stage_idx(t, pos, n), n, n_head, hd, n_rot, dinv, neox);
+    LAUNCH_1D(t, nt, k_rope, x, stage_idx(t, pos, n), n, n_head, hd, n_rot, dinv, ff, neox);
 }
 
 __global__ void k_add(float *x, const float *y, int64_t n)
@@ -875,11 +878,18 @@ __global__ void k_swiglu(const float *g, const float *u, float *out, int64_t n)
         out[i] = cb_op_swiglu(g[i], u[i]);
 }
 
-__global__ void k_gelu(const float *x, float *out, int64_t n)
+__global__ void k_geglu(const float *g, const float *u, float *out, int64_t n)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        out[i] = cb_op_gelu(x[i]);
+        out[i] = cb_op_geglu(g[i], u[i]);
+}
+
+__global__ void k_scale(float *x, float s, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] *= s;
 }
 
 static void cu_add(cb_backend *b, float *x, const float *y, int64_t n)
@@ -892,9 +902,14 @@ static void cu_swiglu(cb_backend *b, const float *g, const float *u, float *out,
     LAUNCH_1D(T(b, "swiglu"), n, k_swiglu, g, u, out, n);
 }
 
-static void cu_gelu(cb_backend *b, const float *x, float *out, int64_t n)
+static void cu_geglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n)
 {
-    LAUNCH_1D(T(b, "gelu"), n, k_gelu, x, out, n);
+    LAUNCH_1D(T(b, "geglu"), n, k_geglu, g, u, out, n);
+}
+
+static void cu_scale(cb_backend *b, float *x, float s, int64_t n)
+{
+    LAUNCH_1D(T(b, "scale"), n, k_scale, x, s, n);
 }
 
 /* ------------------------------------------------------ KV cache rows */
@@ -1254,7 +1269,8 @@ static void init_ops(void)
     OP(rope, cu_rope);
     OP(add, cu_add);
     OP(swiglu, cu_swiglu);
-    OP(gelu, cu_gelu);
+    OP(geglu, cu_geglu);
+    OP(scale, cu_scale);
     OP(kv_write, cu_kv_write);
     OP(kv_read, cu_kv_read);
     OP(attention, cu_attention);

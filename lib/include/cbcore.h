@@ -383,7 +383,7 @@ typedef struct cb_model cb_model;
 
 /* Architecture parameters read from GGUF metadata. */
 typedef struct cb_hparams {
-    char arch[32];         /* "llama", "qwen2" */
+    char arch[32];         /* "llama", "qwen2", "qwen3", "gemma3" */
     int32_t n_layer;
     int32_t n_embd;
     int32_t n_head;
@@ -394,9 +394,14 @@ typedef struct cb_hparams {
     int32_t n_ctx_train;
     int32_t n_rot;         /* RoPE dimensions per head */
     float rope_base;
-    int rope_neox;         /* 0: pairs (2i, 2i+1) (llama); 1: (i, i+n_rot/2) (qwen2) */
+    int rope_neox;         /* 0: pairs (2i, 2i+1) (llama); 1: (i, i+n_rot/2) (qwen2, qwen3, gemma3) */
     float norm_eps;
     int tied_output;       /* output projection is token_embd */
+    float rope_scale;      /* linear RoPE scaling factor of the global layers (1: none) */
+    int rope_freqs;        /* 1: per-pair RoPE frequency factors (Llama 3's rope_freqs) */
+    int32_t n_swa;         /* sliding window of the local layers (gemma3), 0: none */
+    int32_t n_swa_layers;  /* how many layers use it */
+    float rope_base_swa;   /* RoPE base of the sliding-window layers */
 } cb_hparams;
 
 typedef struct cb_model_params {
@@ -407,14 +412,21 @@ typedef struct cb_model_params {
 } cb_model_params;
 
 /* Load a model: GGUF metadata, tokenizer and every weight, onto a compute
- * backend (p->device).  Architectures: llama (Llama 2/3, Mistral, SmolLM)
- * and qwen2; anything else is CB_ERR_UNSUPPORTED naming it.  A missing or
+ * backend (p->device).  Architectures: llama (Llama 2/3, Mistral, SmolLM;
+ * Llama 3.x's rope_freqs), qwen2, qwen3 and gemma3; anything else, or a
+ * RoPE scaling type other than none and linear, is CB_ERR_UNSUPPORTED
+ * naming it.  A missing or
  * misshapen tensor is CB_ERR_FORMAT naming it.  A device name that does
  * not parse is CB_ERR_INVALID; a CUDA device asked for by name but absent
  * (or a build without the CUDA module) is CB_ERR_DEVICE.  p may be NULL. */
 cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params *p, cb_error *err);
 void cb_model_free(cb_model *m);
 const cb_hparams *cb_model_hparams(const cb_model *m);
+/* Layer l's attention window: > 0 for a sliding-window layer (a row at
+ * position p sees keys p-window+1..p), 0 for a global one (keys 0..p); and
+ * its RoPE base.  l must be in range. */
+int32_t cb_model_layer_window(const cb_model *m, int32_t l);
+float cb_model_layer_rope_base(const cb_model *m, int32_t l);
 const cb_vocab *cb_model_vocab(const cb_model *m);
 const cb_gguf *cb_model_gguf(const cb_model *m);
 /* The compute backend's kind, "cpu" or "cuda" (profiles are kept per
@@ -546,8 +558,12 @@ typedef struct cb_kv_meta {
     int32_t n_tokens;
     int32_t pos0;          /* K of token i was computed (after RoPE) at position pos0 + i */
     int32_t n_lead;        /* lead-in tokens prefilled before the chunk and dropped */
+    uint32_t flags;        /* bit 0: the global layers' RoPE frequencies are divided
+                              (rope_freqs, linear scaling) */
     const int32_t *ids;    /* [n_tokens] (borrowed from the file handle) */
     const int32_t *lead;   /* [n_lead] */
+    const int32_t *window; /* [n_layer] each layer's sliding window, 0: global */
+    const float *layer_rope_base; /* [n_layer] the RoPE base each layer's K was rotated with */
 } cb_kv_meta;
 
 /* The store key of a chunk: hash of its token ids (with the lead-in, so a

@@ -1,14 +1,19 @@
 /* forward.c - the KV cache and the layer-wise forward pass.
  *
+ * Embedding: x = tok_embd[token] (x sqrt(n_embd) for gemma3).
  * One layer on m selected rows (x [m, d], positions p[m]):
  *   xn  = rmsnorm(x) * attn_norm
  *   q   = xn Wq^T (+bq)   [m, H*hd]      k, v = xn Wk^T, xn Wv^T  [m, Hkv*hd]
- *   q,k = rope(q, p), rope(k, p)
+ *   q,k = rmsnorm(q_h) * q_norm, rmsnorm(k_h) * k_norm, per head  (qwen3, gemma3)
+ *   q,k = rope(q, p), rope(k, p)         (the layer's base and frequency divisors)
  *   cache.K[p], cache.V[p] = k, v
- *   a   = attention(q over cache rows 0..p)   [m, H*hd]
- *   x  += a Wo^T
+ *   a   = attention(q over cache rows 0..p, or p-W+1..p in a sliding-window layer)
+ *   o   = a Wo^T;  o = rmsnorm(o) * post_attn_norm   (gemma3)
+ *   x  += o
  *   xn  = rmsnorm(x) * ffn_norm
- *   x  += (silu(xn Wg^T) * (xn Wu^T)) Wd^T
+ *   o   = (act(xn Wg^T) * (xn Wu^T)) Wd^T   act: silu, or gelu (gemma3)
+ *   o   = rmsnorm(o) * post_ffn_norm        (gemma3)
+ *   x  += o
  * Every operation goes through the backend table. */
 #include "model_impl.h"
 
@@ -210,6 +215,8 @@ cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int
         if (tokens[i] < 0 || tokens[i] >= m->hp.n_vocab || pos[i] < 0)
             return CB_ERR_RANGE;
     m->be->ops->get_rows(m->be, m->tok_embd, tokens, n, f->x);
+    if (m->embd_scale != 1.0f)
+        m->be->ops->scale(m->be, f->x, m->embd_scale, (int64_t)n * m->hp.n_embd);
     memcpy(f->pos, pos, sizeof(int32_t) * (size_t)n);
     f->n = n;
     return CB_OK;
@@ -252,11 +259,17 @@ static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
     o->rmsnorm(be, *x, L->attn_norm, f->xn, *n, hp->n_embd, hp->norm_eps);
     if (which & QKV_Q) {
         o->matmul(be, L->wq, f->xn, f->q, *n);
-        o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+        if (L->q_norm)
+            o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)*n * hp->n_head, hp->head_dim, hp->norm_eps);
+        o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
+                hp->rope_neox);
     }
     if (which & QKV_K) {
         o->matmul(be, L->wk, f->xn, f->k, *n);
-        o->rope(be, f->k, f->sel_pos, *n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+        if (L->k_norm)
+            o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)*n * hp->n_head_kv, hp->head_dim, hp->norm_eps);
+        o->rope(be, f->k, f->sel_pos, *n, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
+                hp->rope_neox);
     }
     if (which & QKV_V)
         o->matmul(be, L->wv, f->xn, f->v, *n);
@@ -285,16 +298,23 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     o->kv_write(be, kv->k[layer], kv->type, dkv, f->k, f->sel_pos, n);
     o->kv_write(be, kv->v[layer], kv->type, dkv, f->v, f->sel_pos, n);
     o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head, hp->n_head_kv,
-                 hp->head_dim, 1.0f / sqrtf((float)hp->head_dim), 0, f->att);
+                 hp->head_dim, m->attn_scale, L->window, f->att);
     o->matmul(be, L->wo, f->att, f->xn, n);
+    if (L->post_attn_norm)
+        o->rmsnorm(be, f->xn, L->post_attn_norm, f->xn, n, d, hp->norm_eps);
     o->add(be, x, f->xn, n * d);
 
     /* MLP block */
     o->rmsnorm(be, x, L->ffn_norm, f->xn, n, d, hp->norm_eps);
     o->matmul(be, L->wg, f->xn, f->g, n);
     o->matmul(be, L->wu, f->xn, f->u, n);
-    o->swiglu(be, f->g, f->u, f->g, n * (int64_t)hp->n_ff);
+    if (m->ffn_gelu)
+        o->geglu(be, f->g, f->u, f->g, n * (int64_t)hp->n_ff);
+    else
+        o->swiglu(be, f->g, f->u, f->g, n * (int64_t)hp->n_ff);
     o->matmul(be, L->wd, f->g, f->xn, n);
+    if (L->post_ffn_norm)
+        o->rmsnorm(be, f->xn, L->post_ffn_norm, f->xn, n, d, hp->norm_eps);
     o->add(be, x, f->xn, n * d);
 
     if (rows)
@@ -400,8 +420,9 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
         delta[i] = pos - from_pos0; /* R(p) = R(p - q) R(q) */
     }
     be->ops->upload(be, tmp, k, bytes);
-    if (pos != from_pos0)
-        be->ops->rope(be, tmp, delta, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base, hp->rope_neox);
+    if (pos != from_pos0) /* the layer's own RoPE: a global and a sliding-window layer differ */
+        be->ops->rope(be, tmp, delta, n, hp->n_head_kv, hp->head_dim, hp->n_rot, m->layers[layer].rope_base,
+                      m->layers[layer].rope_ff, hp->rope_neox);
     be->ops->kv_write(be, kv->k[layer], kv->type, kv->width, tmp, at, n);
     be->ops->upload(be, tmp, v, bytes);
     be->ops->kv_write(be, kv->v[layer], kv->type, kv->width, tmp, at, n);

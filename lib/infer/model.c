@@ -1,7 +1,27 @@
 /* model.c - load a GGUF model (hyperparameters, tokenizer, weights) onto a
- * compute backend.  Architectures: the llama family and qwen2. */
+ * compute backend.  Architectures: the llama family, qwen2, qwen3, gemma3.
+ * What each one computes follows llama.cpp's graph for it (src/models/):
+ *
+ *   llama   RMSNorm, normal RoPE pairs, SwiGLU; rope_freqs.weight (Llama 3.x
+ *           RoPE scaling) divides the frequencies of every layer
+ *   qwen2   llama with Q/K/V biases and NEOX pairs
+ *   qwen3   NEOX pairs, per-head RMSNorm of Q and K before RoPE, no biases
+ *   gemma3  embeddings x sqrt(n_embd); Q/K norms as qwen3; RMSNorm of the
+ *           attention output and of the MLP output before each residual add;
+ *           GELU (tanh) gated MLP; every 6th layer (5, 11, 17, ...) global,
+ *           the others sliding-window (attention.sliding_window) with their
+ *           own RoPE base (10000 unless rope.freq_base_swa); scores scaled by
+ *           1/sqrt(key_length) (the 62-layer 27B: 1/sqrt(n_embd/n_head)); no
+ *           final softcapping.  GGUF norm weights already hold gemma's
+ *           (1 + w): llama.cpp's converter adds the 1.
+ *
+ * RoPE scaling: rope.scaling.factor (or the older rope.scale_linear) divides
+ * the frequencies of the global layers, as llama.cpp does whatever the type
+ * says, for types none and linear; yarn, longrope and anything else are
+ * refused by name. */
 #include "model_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,8 +127,88 @@ static cb_status load_proj(cb_model *m, const char *path, int l, const char *wha
     return *w ? CB_OK : cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory loading '%s'", path, name);
 }
 
+static const struct arch_desc {
+    const char *name;
+    int rope_neox;   /* NEOX RoPE pairs */
+    int qk_norm;     /* per-head RMSNorm of Q and K (attn_q_norm, attn_k_norm) */
+    int post_norms;  /* post_attention_norm, post_ffw_norm */
+    int gelu;        /* GELU gated MLP, else SwiGLU */
+    int embd_scale;  /* embeddings x sqrt(n_embd) */
+    int swa_period;  /* every swa_period-th layer global, the others sliding-window; 0: none */
+    int rope_freqs;  /* reads rope_freqs.weight */
+} arches[] = {
+    {"llama", 0, 0, 0, 0, 0, 0, 1},
+    {"qwen2", 1, 0, 0, 0, 0, 0, 0},
+    {"qwen3", 1, 1, 0, 0, 0, 0, 0},
+    {"gemma3", 1, 1, 1, 1, 1, 6, 0},
+};
+
+/* The RoPE scaling metadata: the linear factor (1 when none), or an error
+ * naming a type we do not compute. */
+static cb_status rope_scaling(const cb_gguf *g, const char *path, const char *arch, float *factor, cb_error *err)
+{
+    char k[128];
+    cb_strview type;
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    type = cb_gguf_str(g, k);
+    if (type.data && !cb_strview_eq(type, "none") && !cb_strview_eq(type, "linear"))
+        return cb_error_set(err, CB_ERR_UNSUPPORTED,
+                            "%s: RoPE scaling type '%.*s' is not supported (supported: none, linear, and "
+                            "Llama 3's rope_freqs)",
+                            path, (int)(type.len > 40 ? 40 : type.len), type.data);
+    if (!type.data && cb_gguf_find_key(g, k) >= 0)
+        return cb_error_set(err, CB_ERR_FORMAT, "%s: metadata '%s' is not a string", path, k);
+    snprintf(k, sizeof k, "%s.rope.scaling.factor", arch);
+    double f = cb_gguf_float_or(g, k, 0.0);
+    if (f == 0.0) {
+        snprintf(k, sizeof k, "%s.rope.scale_linear", arch);
+        f = cb_gguf_float_or(g, k, 0.0);
+    }
+    if (f != 0.0 && !(f > 0.0 && f < 1e6))
+        return cb_error_set(err, CB_ERR_FORMAT, "%s: RoPE scaling factor %g is out of range", path, f);
+    *factor = f == 0.0 ? 1.0f : (float)f;
+    return CB_OK;
+}
+
+/* Which layers are sliding-window: attention.sliding_window_pattern, a
+ * period (every period-th layer global) or a per-layer array of booleans
+ * (true: sliding window), else the architecture's period. */
+static cb_status swa_layers(const cb_gguf *g, const char *path, const char *arch, int period, int32_t n_layer,
+                            int32_t n_swa, cb_layer *layers, cb_error *err)
+{
+    char k[128];
+    int64_t i, v;
+    snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", arch);
+    i = cb_gguf_find_key(g, k);
+    if (i >= 0 && cb_gguf_kv_type(g, i) == CB_GGUF_ARRAY) {
+        if (cb_gguf_arr_len(g, i) != (uint64_t)n_layer)
+            return cb_error_set(err, CB_ERR_FORMAT, "%s: '%s' has %llu entries for %d layers", path, k,
+                                (unsigned long long)cb_gguf_arr_len(g, i), n_layer);
+        for (int32_t l = 0; l < n_layer; l++) {
+            if (cb_gguf_arr_get_int(g, i, (uint64_t)l, &v) != CB_OK)
+                return cb_error_set(err, CB_ERR_FORMAT, "%s: '%s' is not an array of booleans", path, k);
+            layers[l].window = v ? n_swa : 0;
+        }
+        return CB_OK;
+    }
+    if (i >= 0) {
+        if (cb_gguf_get_int(g, i, &v) != CB_OK || v < 0 || v > n_layer + 1)
+            return cb_error_set(err, CB_ERR_FORMAT, "%s: metadata '%s' is out of range", path, k);
+        period = (int)v;
+    }
+    for (int32_t l = 0; l < n_layer; l++) /* llama.cpp's set_swa_pattern: period 0 = every layer local */
+        layers[l].window = period == 0 || l % period < period - 1 ? n_swa : 0;
+    return CB_OK;
+}
+
+/* Load a 1-D f32 vector tensor into backend memory (NULL *out when it is
+ * optional and absent). */
+static cb_status load_vec(cb_model *m, const char *path, const char *name, int64_t n, int optional, float **out,
+                          cb_error *err);
+
 cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params *p, cb_error *err)
 {
+    const struct arch_desc *ad = NULL;
     cb_model *m = calloc(1, sizeof *m);
     cb_hparams *hp;
     cb_status st;
@@ -124,9 +224,12 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         st = cb_error_set(err, CB_ERR_FORMAT, "%s: no general.architecture: not a model file", path);
         goto fail;
     }
-    if (!cb_strview_eq(arch, "llama") && !cb_strview_eq(arch, "qwen2")) {
+    for (size_t i = 0; i < sizeof arches / sizeof arches[0]; i++)
+        if (cb_strview_eq(arch, arches[i].name))
+            ad = &arches[i];
+    if (!ad) {
         st = cb_error_set(err, CB_ERR_UNSUPPORTED,
-                          "%s: architecture '%.*s' is not supported (supported: llama, qwen2)", path,
+                          "%s: architecture '%.*s' is not supported (supported: llama, qwen2, qwen3, gemma3)", path,
                           (int)(arch.len > 40 ? 40 : arch.len), arch.data);
         goto fail;
     }
@@ -160,7 +263,25 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", hp->arch);
         hp->norm_eps = (float)cb_gguf_float_or(m->gguf, k, 1e-5);
     }
-    hp->rope_neox = strcmp(hp->arch, "qwen2") == 0;
+    hp->rope_neox = ad->rope_neox;
+    if ((st = rope_scaling(m->gguf, path, hp->arch, &hp->rope_scale, err)) != CB_OK)
+        goto fail;
+    if (ad->swa_period) {
+        char k[128];
+        if ((st = hp_int(m->gguf, path, hp->arch, "attention.sliding_window", &hp->n_swa, 1, err)))
+            goto fail;
+        snprintf(k, sizeof k, "%s.rope.freq_base_swa", hp->arch);
+        hp->rope_base_swa = (float)cb_gguf_float_or(m->gguf, k, 10000.0);
+    }
+    if (!(hp->rope_base > 0) || (hp->n_swa && !(hp->rope_base_swa > 0))) {
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s: RoPE base out of range", path);
+        goto fail;
+    }
+    m->embd_scale = ad->embd_scale ? sqrtf((float)hp->n_embd) : 1.0f;
+    /* gemma3 27B (62 layers) scales by the model width per head, as llama.cpp */
+    m->attn_scale = 1.0f / sqrtf(ad->embd_scale && hp->n_layer == 62 ? (float)(hp->n_embd / hp->n_head)
+                                                                      : (float)hp->head_dim);
+    m->ffn_gelu = ad->gelu;
 
     if ((st = cb_vocab_load(&m->vocab, m->gguf, err)) != CB_OK)
         goto fail;
@@ -200,8 +321,39 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
         goto fail;
     }
+    /* RoPE frequency divisors of the global layers: Llama 3's rope_freqs
+     * times the linear factor */
+    {
+        int64_t half = hp->n_rot / 2;
+        float *ff = NULL;
+        if (ad->rope_freqs && (st = load_tensor(m, path, "rope_freqs.weight", half, 0, 1, NULL, &ff, err)))
+            goto fail;
+        hp->rope_freqs = ff != NULL;
+        if (ff)
+            for (int64_t i = 0; i < half; i++)
+                if (!(ff[i] > 0 && ff[i] < 1e6)) {
+                    free(ff);
+                    st = cb_error_set(err, CB_ERR_FORMAT, "%s: rope_freqs.weight[%lld] is out of range", path,
+                                      (long long)i);
+                    goto fail;
+                }
+        if (!ff && hp->rope_scale != 1.0f && !(ff = malloc(sizeof(float) * (size_t)half)))
+            goto oom;
+        for (int64_t i = 0; ff && i < half; i++)
+            ff[i] = (hp->rope_freqs ? ff[i] : 1.0f) * hp->rope_scale;
+        if (ff && !(m->rope_ff = to_backend(m, ff, half)))
+            goto oom;
+    }
+    if (hp->n_swa && (st = swa_layers(m->gguf, path, hp->arch, ad->swa_period, hp->n_layer, hp->n_swa, m->layers,
+                                      err)))
+        goto fail;
     for (int l = 0; l < hp->n_layer; l++) {
         cb_layer *L = &m->layers[l];
+        /* a sliding-window layer: its own base, no scaling (llama.cpp's
+         * rope_freq_scale_train_swa = 1) */
+        L->rope_base = L->window ? hp->rope_base_swa : hp->rope_base;
+        L->rope_ff = L->window ? NULL : m->rope_ff;
+        hp->n_swa_layers += L->window > 0;
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         if ((st = load_tensor(m, path, name, d, 0, 0, NULL, &host, err)))
             goto fail;
@@ -212,6 +364,22 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
             goto fail;
         if (!(L->ffn_norm = to_backend(m, host, d)))
             goto oom;
+        if (ad->qk_norm) {
+            snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
+            if ((st = load_vec(m, path, name, hp->head_dim, 0, &L->q_norm, err)))
+                goto fail;
+            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", l);
+            if ((st = load_vec(m, path, name, hp->head_dim, 0, &L->k_norm, err)))
+                goto fail;
+        }
+        if (ad->post_norms) {
+            snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", l);
+            if ((st = load_vec(m, path, name, d, 0, &L->post_attn_norm, err)))
+                goto fail;
+            snprintf(name, sizeof name, "blk.%d.post_ffw_norm.weight", l);
+            if ((st = load_vec(m, path, name, d, 0, &L->post_ffn_norm, err)))
+                goto fail;
+        }
         if ((st = load_proj(m, path, l, "attn_q", d, dq, &L->wq, err)) ||
             (st = load_proj(m, path, l, "attn_k", d, dkv, &L->wk, err)) ||
             (st = load_proj(m, path, l, "attn_v", d, dkv, &L->wv, err)) ||
@@ -241,6 +409,10 @@ void cb_model_free(cb_model *m)
                 cb_layer *L = &m->layers[l];
                 o->dealloc(m->be, L->attn_norm);
                 o->dealloc(m->be, L->ffn_norm);
+                o->dealloc(m->be, L->q_norm);
+                o->dealloc(m->be, L->k_norm);
+                o->dealloc(m->be, L->post_attn_norm);
+                o->dealloc(m->be, L->post_ffn_norm);
                 o->weight_free(m->be, L->wq);
                 o->weight_free(m->be, L->wk);
                 o->weight_free(m->be, L->wv);
@@ -253,6 +425,7 @@ void cb_model_free(cb_model *m)
         o->weight_free(m->be, m->tok_embd);
         o->weight_free(m->be, m->output);
         o->dealloc(m->be, m->output_norm);
+        o->dealloc(m->be, m->rope_ff);
         o->free(m->be);
     }
     free(m->layers);
@@ -262,6 +435,21 @@ void cb_model_free(cb_model *m)
 }
 
 const cb_hparams *cb_model_hparams(const cb_model *m) { return &m->hp; }
+int32_t cb_model_layer_window(const cb_model *m, int32_t l) { return m->layers[l].window; }
+float cb_model_layer_rope_base(const cb_model *m, int32_t l) { return m->layers[l].rope_base; }
+
+static cb_status load_vec(cb_model *m, const char *path, const char *name, int64_t n, int optional, float **out,
+                          cb_error *err)
+{
+    float *host = NULL;
+    cb_status st = load_tensor(m, path, name, n, 0, optional, NULL, &host, err);
+    *out = NULL;
+    if (st != CB_OK || !host)
+        return st;
+    if (!(*out = to_backend(m, host, n)))
+        return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
+    return CB_OK;
+}
 const cb_vocab *cb_model_vocab(const cb_model *m) { return m->vocab; }
 const cb_gguf *cb_model_gguf(const cb_model *m) { return m->gguf; }
 const char *cb_model_backend(const cb_model *m) { return m->be->ops->name; }

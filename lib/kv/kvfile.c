@@ -1,10 +1,10 @@
 /* kvfile.c - the KV file: one chunk's precomputed keys and values.
  *
- * Byte layout (little endian), format version 1; also in cbkv(5):
+ * Byte layout (little endian), format version 2; also in cbkv(5):
  *
  *   offset  size  field
  *   0       8     magic "CBKV\r\n\x1a\n"
- *   8       4     format version (1)
+ *   8       4     format version (2; version 1 files are still read)
  *   12      4     H: header bytes, a multiple of 4096; the body starts at H
  *   16      16    model fingerprint (lo u64, hi u64), cb_gguf_fingerprint
  *   32      16    token hash (lo, hi), cb_kv_tokens_hash(lead, ids)
@@ -13,13 +13,14 @@
  *   56      4     head_dim
  *   60      4     n_rot (RoPE dimensions per head)
  *   64      4     rope pairing: 0 (2i, 2i+1) "normal", 1 (i, i+n_rot/2) neox
- *   68      4     rope base (f32)
+ *   68      4     rope base (f32) of the global layers
  *   72      4     element type (ggml id: 0 f32, 1 f16, 8 q8_0, 30 bf16)
  *   76      4     n_tokens
  *   80      4     pos0: K of token i was computed, after RoPE, at position pos0+i
  *   84      4     n_lead: lead-in tokens prefilled before the chunk, dropped
  *   88      4     position mode: 1 = "K after RoPE at pos0+i" (the only one)
- *   92      4     reserved, 0
+ *   92      4     flags: bit 0, the global layers' RoPE frequencies are divided
+ *                 (Llama 3's rope_freqs, a linear factor); version 1: 0
  *   96      8     S: layer stride in bytes, a multiple of 4096
  *   104     8     B: bytes of one layer's K (= its V): n_tokens rows of
  *                 n_head_kv*head_dim elements
@@ -29,6 +30,10 @@
  *   ...     4m    lead-in token ids (int32)
  *   ...     8L    per-layer checksums: XXH3-64 of the layer's S bytes (K, V
  *                 and padding, so that a flip anywhere in the file shows)
+ *   ...     8L    per-layer attention (version 2): the sliding window (u32, 0
+ *                 for a global layer: keys p-window+1..p) and the RoPE base
+ *                 (f32) the layer's K was rotated with; version 1 files are
+ *                 read as window 0 and the base at 68 for every layer
  *   ...           zeros up to H
  *   H + l*S       layer l: K (B bytes), V (B bytes), zeros up to S
  *
@@ -47,7 +52,8 @@
 #include <xxhash.h>
 
 #define KV_MAGIC "CBKV\r\n\x1a\n"
-#define KV_VERSION 1
+#define KV_VERSION 2
+#define KV_FLAG_ROPE_DIV 1u
 #define KV_FIXED 128
 #define KV_MAX_TOKENS (1 << 24)
 #define KV_MAX_LAYERS 4096
@@ -62,6 +68,8 @@ struct cb_kvfile {
     cb_kv_meta meta;
     int32_t *ids, *lead;
     uint64_t *sums;
+    int32_t *window;   /* [n_layer] */
+    float *rope_base;  /* [n_layer] */
 };
 
 static int kv_type_ok(cb_type t)
@@ -101,6 +109,13 @@ void cb_kv_key(cb_hash128 model, cb_hash128 tokens, char key[66])
     snprintf(key, 66, "%s-%s", a, b);
 }
 
+/* Header flags of a model: bit 0 when its global layers' RoPE frequencies
+ * are divided (rope_freqs, a linear factor) */
+static uint32_t rope_flags(const cb_hparams *hp)
+{
+    return hp->rope_freqs || hp->rope_scale != 1.0f ? KV_FLAG_ROPE_DIV : 0;
+}
+
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -123,7 +138,7 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
         return CB_ERR_INVALID;
     B = (uint64_t)row * (uint64_t)n;
     S = align_up(2 * B, CB_KV_ALIGN);
-    H = align_up(KV_FIXED + 4 * (uint64_t)(n + n_lead) + 8 * (uint64_t)hp->n_layer, CB_KV_ALIGN);
+    H = align_up(KV_FIXED + 4 * (uint64_t)(n + n_lead) + 16 * (uint64_t)hp->n_layer, CB_KV_ALIGN);
     total = H + S * (uint64_t)hp->n_layer;
     buf = calloc(1, (size_t)total);
     tmp = malloc(sizeof(float) * (size_t)(n * width));
@@ -151,13 +166,19 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     put32(buf + 80, (uint32_t)pos0);
     put32(buf + 84, (uint32_t)n_lead);
     put32(buf + 88, 1);
+    put32(buf + 92, rope_flags(hp));
     put64(buf + 96, S);
     put64(buf + 104, B);
     put64(buf + 112, total);
     memcpy(buf + KV_FIXED, ids, 4 * (size_t)n);
     if (n_lead)
         memcpy(buf + KV_FIXED + 4 * (size_t)n, lead, 4 * (size_t)n_lead);
-    uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + n_lead);
+    uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + n_lead), *att = sums + 8 * (size_t)hp->n_layer;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        float base = cb_model_layer_rope_base(m, l);
+        put32(att + 8 * (size_t)l, (uint32_t)cb_model_layer_window(m, l));
+        memcpy(att + 8 * (size_t)l + 4, &base, 4);
+    }
     for (int32_t l = 0; l < hp->n_layer; l++) {
         uint8_t *layer = buf + H + S * (uint64_t)l;
         for (int which = 0; which < 2; which++) {
@@ -228,10 +249,12 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
         close(fd);
         return bad(err, path, "bad magic");
     }
-    if (get32(fixed + 8) != KV_VERSION) {
+    uint32_t version = get32(fixed + 8);
+    if (version != 1 && version != KV_VERSION) {
         close(fd);
-        return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: KV format version %u is not supported (this build reads %d)",
-                            path, get32(fixed + 8), KV_VERSION);
+        return cb_error_set(err, CB_ERR_UNSUPPORTED,
+                            "%s: KV format version %u is not supported (this build reads 1 and %d)", path, version,
+                            KV_VERSION);
     }
     f = calloc(1, sizeof *f);
     if (!f) {
@@ -259,6 +282,8 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
     mt->n_tokens = (int32_t)get32(fixed + 76);
     mt->pos0 = (int32_t)get32(fixed + 80);
     mt->n_lead = (int32_t)get32(fixed + 84);
+    mt->flags = version == 1 ? 0 : get32(fixed + 92);
+    uint64_t per_layer = version == 1 ? 8 : 16; /* checksum, then (v2) window and base */
 
     /* Bounds before any allocation sized by the file. */
     const char *why = NULL;
@@ -273,13 +298,16 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
     else if (mt->n_tokens < 1 || mt->n_tokens > KV_MAX_TOKENS || mt->n_lead < 0 || mt->n_lead > KV_MAX_TOKENS ||
              mt->pos0 < 0 || get32(fixed + 88) != 1)
         why = "impossible token counts or positions";
+    else if (mt->flags & ~KV_FLAG_ROPE_DIV)
+        why = "unknown flags";
     else if (cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) == 0) /* not whole blocks */
         why = "rows are not whole blocks of the element type";
     else if (f->B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) *
                          (uint64_t)mt->n_tokens ||
              f->S < 2 * f->B || f->S % CB_KV_ALIGN || f->S > (1ull << 40))
         why = "inconsistent layer sizes";
-    else if (f->H % CB_KV_ALIGN || f->H < KV_FIXED + 4 * (uint64_t)(mt->n_tokens + mt->n_lead) + 8 * (uint64_t)mt->n_layer)
+    else if (f->H % CB_KV_ALIGN ||
+             f->H < KV_FIXED + 4 * (uint64_t)(mt->n_tokens + mt->n_lead) + per_layer * (uint64_t)mt->n_layer)
         why = "inconsistent header size";
     else if (f->size != f->H + f->S * (uint64_t)mt->n_layer)
         why = "inconsistent total size";
@@ -295,7 +323,9 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
     f->ids = malloc(4 * (size_t)mt->n_tokens);
     f->lead = malloc(4 * (size_t)(mt->n_lead ? mt->n_lead : 1));
     f->sums = malloc(8 * (size_t)mt->n_layer);
-    if (!f->hdr || !f->buf || !f->ids || !f->lead || !f->sums) {
+    f->window = malloc(sizeof(int32_t) * (size_t)mt->n_layer);
+    f->rope_base = malloc(sizeof(float) * (size_t)mt->n_layer);
+    if (!f->hdr || !f->buf || !f->ids || !f->lead || !f->sums || !f->window || !f->rope_base) {
         cb_kvfile_free(f);
         return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
     }
@@ -312,9 +342,24 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
     }
     memcpy(f->ids, f->hdr + KV_FIXED, 4 * (size_t)mt->n_tokens);
     memcpy(f->lead, f->hdr + KV_FIXED + 4 * (size_t)mt->n_tokens, 4 * (size_t)mt->n_lead);
-    memcpy(f->sums, f->hdr + KV_FIXED + 4 * (size_t)(mt->n_tokens + mt->n_lead), 8 * (size_t)mt->n_layer);
+    const uint8_t *sums = f->hdr + KV_FIXED + 4 * (size_t)(mt->n_tokens + mt->n_lead);
+    memcpy(f->sums, sums, 8 * (size_t)mt->n_layer);
+    for (int32_t l = 0; l < mt->n_layer; l++) {
+        const uint8_t *a = sums + 8 * (size_t)mt->n_layer + 8 * (size_t)l;
+        f->window[l] = version == 1 ? 0 : (int32_t)get32(a);
+        if (version == 1)
+            f->rope_base[l] = mt->rope_base;
+        else
+            memcpy(&f->rope_base[l], a + 4, 4);
+        if (f->window[l] < 0 || !(f->rope_base[l] > 0)) {
+            cb_kvfile_free(f);
+            return bad(err, path, "impossible per-layer window or RoPE base");
+        }
+    }
     mt->ids = f->ids;
     mt->lead = f->lead;
+    mt->window = f->window;
+    mt->layer_rope_base = f->rope_base;
     if (!cb_hash128_eq(cb_kv_tokens_hash(f->lead, mt->n_lead, f->ids, mt->n_tokens), mt->tokens)) {
         cb_kvfile_free(f);
         return bad(err, path, "token hash does not match its token ids");
@@ -335,6 +380,8 @@ void cb_kvfile_free(cb_kvfile *f)
     free(f->ids);
     free(f->lead);
     free(f->sums);
+    free(f->window);
+    free(f->rope_base);
     free(f);
 }
 
@@ -345,9 +392,13 @@ cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error 
 {
     const cb_hparams *hp = cb_model_hparams(m);
     const cb_kv_meta *mt = &f->meta;
-    if (!cb_hash128_eq(mt->model, cb_model_fingerprint(m)) || mt->n_layer != hp->n_layer ||
-        mt->n_head_kv != hp->n_head_kv || mt->head_dim != hp->head_dim || mt->n_rot != hp->n_rot ||
-        mt->rope_neox != hp->rope_neox || mt->rope_base != hp->rope_base) {
+    int same = cb_hash128_eq(mt->model, cb_model_fingerprint(m)) && mt->n_layer == hp->n_layer &&
+               mt->n_head_kv == hp->n_head_kv && mt->head_dim == hp->head_dim && mt->n_rot == hp->n_rot &&
+               mt->rope_neox == hp->rope_neox && mt->rope_base == hp->rope_base &&
+               mt->flags == rope_flags(hp);
+    for (int32_t l = 0; same && l < hp->n_layer; l++) /* the fusor moves K with the layer's own RoPE */
+        same = mt->window[l] == cb_model_layer_window(m, l) && mt->layer_rope_base[l] == cb_model_layer_rope_base(m, l);
+    if (!same) {
         char a[33], b[33];
         cb_hash128_hex(mt->model, a);
         cb_hash128_hex(cb_model_fingerprint(m), b);

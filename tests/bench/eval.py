@@ -166,6 +166,12 @@ def main():
         pre_s = time.time() - t0
         print(f"precomputed {len(recs)} passages in {pre_s:.1f} s", file=sys.stderr)
 
+        # a model without a chat template (Gemma-3-270M is a base model) is
+        # cued to answer; an instruction-tuned one asked in its chat format
+        probe = os.path.join(work, "probe.json")
+        subprocess.run([run, "-p", "x", "-n", "1", "--stats", probe] + common, stdout=subprocess.DEVNULL, check=True)
+        cue = "\nAnswer:" if json.load(open(probe)).get("chat_template") == "none" else ""
+
         configs = []
         for mode in args.modes.split(","):
             if mode == "blend":
@@ -180,7 +186,7 @@ def main():
             with open(chunks, "w", encoding="utf-8") as f:
                 for c in q["ctxs"][: args.passages]:
                     f.write(json.dumps({"text": f"{c.get('title', '')}\n{c['text']}".strip()}, ensure_ascii=False) + "\n")
-            question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}"
+            question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}{cue}"
             full_logits = full_answer = full_nll = None
             for mode, ratio, strat in sorted(configs, key=lambda c: c[0] != "full"):
                 stats = os.path.join(work, "stats.json")
@@ -243,7 +249,7 @@ def main():
         rows = []
         print(f"\n{len(qa)} questions, {args.passages} passages each, mean prompt "
               f"{sum(r['n_prompt_tokens'] for r in results) / len(results):.0f} tokens; model "
-              f"{args.model or 'default'}; {args.threads} threads; KV {args.kv_type}\n")
+              f"{os.path.basename(args.model or os.environ.get('CB_MODEL') or 'default')}; {args.threads} threads; KV {args.kv_type}\n")
         print("| mode | F1 | EM | identical to full | top-1 = full | KL | KL recovery | gold NLL | NLL gap | "
               "abs NLL gap | NLL recovery | recomputed | TTFT ms | speedup |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

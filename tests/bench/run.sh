@@ -63,6 +63,10 @@ if "$BINDIR_B/cb-run" -m "$M" --device cuda -p x -n 1 >/dev/null 2>"$tmp/cuda.er
 else
     echo "== no CUDA run: $(head -c 200 "$tmp/cuda.err")"
 fi
+# A model with sliding-window layers (Gemma 3): what the window changes for blending.
+if "$BUILD/bench/bench_swa" "$M" "$tmp/text.txt" 1024 "$T" > "$tmp/swa" 2> "$tmp/swa.err"; then
+    echo "== bench_swa: sliding windows and blending"; cat "$tmp/swa"
+fi
 echo "== bench_store: the tiered store, put/get per tier (RAM tier in ${CB_BENCH_RAM:-/dev/shm}, disk tier in ${CB_BENCH_DISK:-/var/tmp})"
 # The shared tier on a Redis server of our own, on a unix socket in $tmp.
 rpid=""

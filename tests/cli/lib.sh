@@ -17,6 +17,10 @@ expect_exit() {
     if [ "$got" -eq "$want" ]; then ok "$name (exit $want)"; else
         not_ok "$name (exit $got, want $want)"; sed 's/^/#   /' "$T/err" | head -5; fi
 }
+gemma_model() {
+    m=${CB_GEMMA_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/gemma-3-270m-q4_k_m.gguf}
+    [ -f "$m" ] && echo "$m"
+}
 done_testing() { echo "1..$n"; [ "$nfail" -eq 0 ]; }
 default_model() {
     m=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}

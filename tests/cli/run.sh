@@ -1,7 +1,7 @@
 #!/bin/sh
 # cb-run generation through the real binary: output, limits, stop strings,
-# the --stats object, exit statuses; and, with the default model, a few
-# factual answers that a working engine gets right.
+# the --stats object, exit statuses; and, with the default model and with
+# Gemma-3-270M, a few factual answers that a working engine gets right.
 . "$(dirname "$0")/lib.sh"
 RUN=$BINDIR_B/cb-run
 TINY=$CB_TEST_TMP/tiny-q8_0.gguf
@@ -46,6 +46,11 @@ sys.stdout.buffer.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q
                         + struct.pack("<IQ", 8, len(v)) + v)' > "$T/mamba.gguf"
 expect_exit "unsupported architecture" 65 "$RUN" -m "$T/mamba.gguf" -p hi
 grep -q mamba "$T/err" && ok "the architecture is named" || not_ok "the architecture is named"
+expect_exit "unsupported RoPE scaling type" 65 "$RUN" -m "$CB_TEST_TMP/tiny-yarn.gguf" -p hi
+grep -q "'yarn'" "$T/err" && ok "the RoPE scaling type is named" || not_ok "the RoPE scaling type is named"
+for a in qwen3 gemma3 llama3; do
+    expect_exit "generate on the tiny $a model" 0 "$RUN" -m "$CB_TEST_TMP/tiny-$a.gguf" -p "The capital" -n 4
+done
 expect_exit "missing model" 66 "$RUN" -m "$T/nope.gguf" -p hi
 expect_exit "stats file in a missing directory" 73 "$RUN" -m "$TINY" -p hi -n 2 --stats "$T/no/such/dir/s.json"
 "$RUN" --help | grep -q -- "--device DEV" && ok "--help lists --device" || not_ok "--help lists --device"
@@ -62,5 +67,35 @@ if M=$(default_model); then
     done
 else
     skip "SmolLM2 factual answers" "default model not fetched"
+fi
+
+# Gemma-3-270M (the base model, no chat template: completion-style prompts);
+# then one answer that needs a chunk, blended from its cache.
+if G=$(gemma_model); then
+    for qa in "What is the capital of Japan?|Tokyo" \
+              "What is the largest planet in the solar system?|Jupiter" \
+              "Who wrote Romeo and Juliet?|Shakespeare" \
+              "What is the boiling point of water in Celsius?|100"; do
+        q=${qa%%|*}; a=${qa#*|}
+        got=$("$RUN" -m "$G" -t 2 -n 12 -p "Question: $q
+Answer:")
+        if printf %s "$got" | grep -qi "$a"; then ok "Gemma-3-270M: $q"; else not_ok "Gemma-3-270M: $q -> $got"; fi
+    done
+    printf '%s\n' '{"text":"The Norden Bridge was designed by the engineer Alice Brown, who studied in Delft."}' \
+        '{"text":"The Norden Bridge spans the river Vale and is 1,240 metres long."}' > "$T/g.jsonl"
+    for mode in full blend blend; do  # the first blend computes and stores the chunks, the second reuses them
+        got=$("$RUN" -m "$G" -t 2 -n 8 --store "$T/gstore" --chunks "$T/g.jsonl" --mode $mode --stats "$T/gs.json" \
+            -p "Question: Who designed the Norden Bridge?
+Answer:")
+        if printf %s "$got" | grep -q "Alice Brown"; then ok "Gemma-3-270M $mode answer from chunks"
+        else not_ok "Gemma-3-270M $mode answer from chunks -> $got"; fi
+    done
+    python3 - "$T/gs.json" <<'PY' && ok "Gemma-3-270M blend reused the stored chunks" || not_ok "Gemma-3-270M blend stats"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["mode"] == "blend" and s["n_cached_tokens"] > 20 and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s
+PY
+else
+    skip "Gemma-3-270M factual answers" "Gemma-3-270M not fetched (make model MODEL=gemma)"
 fi
 done_testing

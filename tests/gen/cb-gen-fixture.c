@@ -1,5 +1,5 @@
-/* cb-gen-fixture - write a tiny random-weight llama-architecture GGUF model
- * with libcbcore's GGUF writer, for tests.
+/* cb-gen-fixture - write a tiny random-weight GGUF model (llama, qwen2,
+ * qwen3 or gemma3 architecture) with libcbcore's GGUF writer, for tests.
  *
  * The vocabulary is a real byte-level BPE: the 256 GPT-2 byte tokens plus
  * merges learnt here from an embedded English text (most frequent pair
@@ -7,10 +7,18 @@
  * <|im_start|> 1, <|im_end|> 2).  Weights come from a fixed-seed generator,
  * so the same flags always give the same bytes.
  *
- *   cb-gen-fixture [--type T] [--arch llama|qwen2] [--layers N] [--embd N]
- *                  [--ff N] [--heads N] [--kv-heads N] [--merges N] [--ctx N]
- *                  [--seed N] [--vocab-only] OUT.gguf
- * qwen2 adds Q/K/V biases (and the engine uses NEOX RoPE pairing for it).
+ *   cb-gen-fixture [--type T] [--arch llama|qwen2|qwen3|gemma3] [--layers N]
+ *                  [--embd N] [--ff N] [--heads N] [--kv-heads N] [--head-dim N]
+ *                  [--window N] [--rope-scaling none|linear|llama3|yarn]
+ *                  [--merges N] [--ctx N] [--seed N] [--vocab-only] OUT.gguf
+ * qwen2 adds Q/K/V biases; qwen3 and gemma3 per-head Q/K norms (and a head
+ * dimension of their own, --head-dim, default 2 x embd/heads); gemma3 the
+ * post-attention and post-MLP norms, a sliding window (--window, default 8)
+ * on every layer but 5, 11, ..., (7 layers by default), a RoPE base of 1e6
+ * for the global layers, and BOS added before every text.  --rope-scaling
+ * llama3 writes rope_freqs.weight as Llama 3.1's converter computes it
+ * (factor 8, low 1, high 4, original context 64); linear a scaling factor
+ * of 4; yarn a type the engine refuses (for the refusal tests).
  */
 #include "cbcore.h"
 
@@ -248,10 +256,11 @@ static cb_type parse_type(const char *s)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: cb-gen-fixture [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K] [--arch llama|qwen2]\n"
-               "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--merges N]\n"
-               "         [--ctx N] [--seed N] [--vocab-only] OUT.gguf\n"
-               "Writes a tiny random-weight llama model with a real BPE vocabulary.\n"
+    fprintf(f, "usage: cb-gen-fixture [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K]\n"
+               "         [--arch llama|qwen2|qwen3|gemma3] [--layers N] [--embd N] [--ff N] [--heads N]\n"
+               "         [--kv-heads N] [--head-dim N] [--window N] [--rope-scaling none|linear|llama3|yarn]\n"
+               "         [--merges N] [--ctx N] [--seed N] [--vocab-only] OUT.gguf\n"
+               "Writes a tiny random-weight model with a real BPE vocabulary.\n"
                "K-quant types need --embd and --ff multiples of 256 (the default then).\n");
 }
 
@@ -263,12 +272,14 @@ int main(int argc, char **argv)
         {"heads", required_argument, 0, 'H'}, {"kv-heads", required_argument, 0, 'K'},
         {"merges", required_argument, 0, 'M'}, {"ctx", required_argument, 0, 'c'},
         {"seed", required_argument, 0, 's'},  {"vocab-only", no_argument, 0, 'V'},
-        {"arch", required_argument, 0, 'A'},
+        {"arch", required_argument, 0, 'A'},  {"head-dim", required_argument, 0, 'D'},
+        {"window", required_argument, 0, 'W'}, {"rope-scaling", required_argument, 0, 'R'},
         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     cb_type wt = CB_TYPE_F32;
-    int layers = 2, embd = 0, ff = 0, heads = 4, kv_heads = 2, want_merges = 200, ctx = 512, vocab_only = 0;
+    int layers = 0, embd = 0, ff = 0, heads = 4, kv_heads = 2, want_merges = 200, ctx = 512, vocab_only = 0;
+    int head_dim = 0, window = 8;
     uint64_t seed = 42;
-    const char *arch = "llama";
+    const char *arch = "llama", *scaling = "none";
     int c;
     cb_error err;
 
@@ -284,12 +295,23 @@ int main(int argc, char **argv)
         case 'c': ctx = atoi(optarg); break;
         case 's': seed = strtoull(optarg, NULL, 10); break;
         case 'V': vocab_only = 1; break;
+        case 'D': head_dim = atoi(optarg); break;
+        case 'W': window = atoi(optarg); break;
         case 'A':
-            if (strcmp(optarg, "llama") && strcmp(optarg, "qwen2")) {
-                fprintf(stderr, "cb-gen-fixture: --arch llama or qwen2\n");
+            if (strcmp(optarg, "llama") && strcmp(optarg, "qwen2") && strcmp(optarg, "qwen3") &&
+                strcmp(optarg, "gemma3")) {
+                fprintf(stderr, "cb-gen-fixture: --arch llama, qwen2, qwen3 or gemma3\n");
                 return 64;
             }
             arch = optarg;
+            break;
+        case 'R':
+            if (strcmp(optarg, "none") && strcmp(optarg, "linear") && strcmp(optarg, "llama3") &&
+                strcmp(optarg, "yarn")) {
+                fprintf(stderr, "cb-gen-fixture: --rope-scaling none, linear, llama3 or yarn\n");
+                return 64;
+            }
+            scaling = optarg;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 64;
@@ -304,7 +326,13 @@ int main(int argc, char **argv)
         embd = kq ? 256 : 64;
     if (!ff)
         ff = kq ? 256 : 128;
-    if (layers < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads || embd % heads || want_merges < 0) {
+    int qk_norm = !strcmp(arch, "qwen3") || !strcmp(arch, "gemma3"), gemma = !strcmp(arch, "gemma3");
+    if (!layers)
+        layers = gemma ? 7 : 2;
+    if (!head_dim && embd % heads == 0)
+        head_dim = qk_norm ? 2 * embd / heads : embd / heads;
+    if (layers < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 2 || head_dim % 2 ||
+        want_merges < 0 || window < 1) {
         fprintf(stderr, "cb-gen-fixture: inconsistent dimensions\n");
         return 64;
     }
@@ -330,7 +358,7 @@ int main(int argc, char **argv)
         texts[i] = vocab[i].text;
         types[i] = i < byte_base ? 3 /* control */ : 1 /* normal */;
     }
-    int hd = embd / heads;
+    int hd = head_dim, dq = heads * hd;
     char k[96];
 #define KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, arch), k)
     cb_gguf_writer_set_str(W, "general.architecture", arch);
@@ -343,7 +371,17 @@ int main(int argc, char **argv)
     cb_gguf_writer_set_u32(W, KEY("attention.head_count"), (uint32_t)heads);
     cb_gguf_writer_set_u32(W, KEY("attention.head_count_kv"), (uint32_t)kv_heads);
     cb_gguf_writer_set_u32(W, KEY("rope.dimension_count"), (uint32_t)hd);
-    cb_gguf_writer_set_f32(W, KEY("rope.freq_base"), 10000.0f);
+    if (hd != embd / heads || embd % heads) {
+        cb_gguf_writer_set_u32(W, KEY("attention.key_length"), (uint32_t)hd);
+        cb_gguf_writer_set_u32(W, KEY("attention.value_length"), (uint32_t)hd);
+    }
+    cb_gguf_writer_set_f32(W, KEY("rope.freq_base"), gemma ? 1e6f : 10000.0f);
+    if (gemma)
+        cb_gguf_writer_set_u32(W, KEY("attention.sliding_window"), (uint32_t)window);
+    if (!strcmp(scaling, "linear") || !strcmp(scaling, "yarn")) {
+        cb_gguf_writer_set_str(W, KEY("rope.scaling.type"), scaling);
+        cb_gguf_writer_set_f32(W, KEY("rope.scaling.factor"), 4.0f);
+    }
     cb_gguf_writer_set_f32(W, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
     cb_gguf_writer_set_u32(W, KEY("vocab_size"), (uint32_t)n_vocab);
     cb_gguf_writer_set_str(W, "tokenizer.ggml.model", "gpt2");
@@ -355,7 +393,7 @@ int main(int argc, char **argv)
     cb_gguf_writer_set_u32(W, "tokenizer.ggml.eos_token_id", 2);
     cb_gguf_writer_set_u32(W, "tokenizer.ggml.unknown_token_id", 0);
     cb_gguf_writer_set_u32(W, "tokenizer.ggml.padding_token_id", 2);
-    cb_gguf_writer_set_bool(W, "tokenizer.ggml.add_bos_token", 0);
+    cb_gguf_writer_set_bool(W, "tokenizer.ggml.add_bos_token", gemma);
     cb_gguf_writer_set_str(W, "tokenizer.chat_template",
                            "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
                            "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
@@ -364,17 +402,47 @@ int main(int argc, char **argv)
         char name[64];
         add_tensor("token_embd.weight", wt, embd, n_vocab, 0.5f, 0.0f);
         add_tensor("output_norm.weight", CB_TYPE_F32, embd, 1, 0.1f, 1.0f);
+        if (!strcmp(scaling, "llama3")) {
+            /* Llama 3.1's frequency factors, as its converter writes them:
+             * 1 for wavelengths under orig/high, the factor over orig/low,
+             * a smooth blend between */
+            const double factor = 8, low = 1, high = 4, orig = 64;
+            int64_t ne[1] = {hd / 2};
+            float *rf = xrealloc(NULL, sizeof(float) * (size_t)(hd / 2));
+            for (int i = 0; i < hd / 2; i++) {
+                double freq = pow(10000.0, -2.0 * i / hd), wavelen = 2 * M_PI / freq;
+                if (wavelen < orig / high)
+                    rf[i] = 1.0f;
+                else if (wavelen > orig / low)
+                    rf[i] = (float)factor;
+                else {
+                    double smooth = (orig / wavelen - low) / (high - low);
+                    rf[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+                }
+            }
+            if (cb_gguf_writer_add_tensor(W, "rope_freqs.weight", CB_TYPE_F32, 1, ne, rf) != CB_OK)
+                die("cannot add tensor");
+            free(rf);
+        }
         for (int l = 0; l < layers; l++) {
 #define T(suffix, t, a, b, scale, off)                                                             \
     snprintf(name, sizeof name, "blk.%d." suffix, l);                                              \
     add_tensor(name, t, a, b, scale, off)
             T("attn_norm.weight", CB_TYPE_F32, embd, 1, 0.1f, 1.0f);
-            T("attn_q.weight", wt, embd, embd, 0.15f, 0.0f);
+            T("attn_q.weight", wt, embd, dq, 0.15f, 0.0f);
             T("attn_k.weight", wt, embd, kv_heads * hd, 0.15f, 0.0f);
             T("attn_v.weight", wt, embd, kv_heads * hd, 0.15f, 0.0f);
-            T("attn_output.weight", wt, embd, embd, 0.15f, 0.0f);
+            T("attn_output.weight", wt, dq, embd, 0.15f, 0.0f);
+            if (qk_norm) {
+                T("attn_q_norm.weight", CB_TYPE_F32, hd, 1, 0.3f, 1.0f);
+                T("attn_k_norm.weight", CB_TYPE_F32, hd, 1, 0.3f, 1.0f);
+            }
+            if (gemma) {
+                T("post_attention_norm.weight", CB_TYPE_F32, embd, 1, 0.1f, 1.0f);
+                T("post_ffw_norm.weight", CB_TYPE_F32, embd, 1, 0.1f, 1.0f);
+            }
             if (!strcmp(arch, "qwen2")) {
-                T("attn_q.bias", CB_TYPE_F32, embd, 1, 0.5f, 0.0f);
+                T("attn_q.bias", CB_TYPE_F32, dq, 1, 0.5f, 0.0f);
                 T("attn_k.bias", CB_TYPE_F32, kv_heads * hd, 1, 0.5f, 0.0f);
                 T("attn_v.bias", CB_TYPE_F32, kv_heads * hd, 1, 0.5f, 0.0f);
             }

@@ -133,6 +133,27 @@ __attribute__((unused)) static const char *t_default_model(void)
     return buf;
 }
 
+/* Path of the second real model, Gemma-3-270M Q4_K_M (make model
+ * MODEL=gemma), when present ($CB_GEMMA_MODEL overrides), else NULL. */
+__attribute__((unused)) static const char *t_gemma_model(void)
+{
+    static char buf[1024];
+    const char *e = getenv("CB_GEMMA_MODEL");
+    const char *cache = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    FILE *f;
+    if (e && *e)
+        snprintf(buf, sizeof buf, "%s", e);
+    else if (cache && *cache)
+        snprintf(buf, sizeof buf, "%s/cacheblend/models/gemma-3-270m-q4_k_m.gguf", cache);
+    else
+        snprintf(buf, sizeof buf, "%s/.cache/cacheblend/models/gemma-3-270m-q4_k_m.gguf", home ? home : ".");
+    if ((f = fopen(buf, "rb")) == NULL)
+        return NULL;
+    fclose(f);
+    return buf;
+}
+
 /* Read a whole file into a malloc'd NUL-terminated buffer. */
 __attribute__((unused)) static char *t_read_file(const char *path, size_t *len)
 {

@@ -175,14 +175,22 @@ static int64_t c_rmsnorm(cb_backend *be, float *out)
     return n * d;
 }
 
-static int rope_neox, rope_nrot, rope_shift;
+static int rope_neox, rope_nrot, rope_shift, rope_ff;
+
+/* frequency divisors for the rope_ff cases: 1 for the fast pairs, 8 for the
+ * slow ones, a ramp between (the shape of Llama 3's rope_freqs) */
+static float ff_of(int i, int n_rot)
+{
+    double t = (double)i / (n_rot / 2);
+    return (float)(t < 0.25 ? 1.0 : t > 0.75 ? 8.0 : 1.0 + 14.0 * (t - 0.25));
+}
 
 static void ref_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, double base, int neox)
 {
     for (int64_t t = 0; t < n; t++)
         for (int h = 0; h < n_head; h++)
             for (int i = 0; i < n_rot / 2; i++) {
-                double th = pos[t] * pow(base, -2.0 * i / n_rot);
+                double th = pos[t] * pow(base, -2.0 * i / n_rot) / (rope_ff ? ff_of(i, n_rot) : 1.0);
                 int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
                 float *v = x + (t * n_head + h) * hd;
                 double x0 = v[a], x1 = v[b];
@@ -207,18 +215,25 @@ static int64_t c_rope(cb_backend *be, float *out)
         memcpy(out, x, bytes);
         ref_rope(out, rope_shift ? sum : pos, n, n_head, hd, rope_nrot, 10000.0, rope_neox);
     } else {
+        float ffh[512], *ff = NULL;
+        for (int i = 0; i < rope_nrot / 2; i++)
+            ffh[i] = ff_of(i, rope_nrot);
+        if (rope_ff)
+            ff = bput(be, ffh, sizeof(float) * (size_t)(rope_nrot / 2));
         float *d = bput(be, x, bytes);
-        be->ops->rope(be, d, pos, n, n_head, hd, rope_nrot, 10000.0f, rope_neox);
+        be->ops->rope(be, d, pos, n, n_head, hd, rope_nrot, 10000.0f, ff, rope_neox);
         if (rope_shift)
-            be->ops->rope(be, d, delta, n, n_head, hd, rope_nrot, 10000.0f, rope_neox);
+            be->ops->rope(be, d, delta, n, n_head, hd, rope_nrot, 10000.0f, ff, rope_neox);
         bget(be, out, d, bytes);
         bfree(be, d);
+        if (ff)
+            bfree(be, ff);
     }
     free(x);
     return n * n_head * hd;
 }
 
-static int ew_op; /* 0 add, 1 swiglu, 2 gelu */
+static int ew_op; /* 0 add, 1 swiglu, 2 geglu, 3 scale */
 
 static int64_t c_elementwise(cb_backend *be, float *out)
 {
@@ -231,7 +246,8 @@ static int64_t c_elementwise(cb_backend *be, float *out)
             double x = a[i], y = b[i];
             out[i] = (float)(ew_op == 0   ? x + y
                              : ew_op == 1 ? x / (1.0 + exp(-x)) * y
-                                          : 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * x * (1.0 + 0.044715 * x * x))));
+                             : ew_op == 2 ? 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * x * (1.0 + 0.044715 * x * x))) * y
+                                          : x * 25.298221281347036);
         }
     } else {
         float *da = bput(be, a, bytes), *db = bput(be, b, bytes);
@@ -239,8 +255,10 @@ static int64_t c_elementwise(cb_backend *be, float *out)
             be->ops->add(be, da, db, n);
         else if (ew_op == 1)
             be->ops->swiglu(be, da, db, da, n);
+        else if (ew_op == 2)
+            be->ops->geglu(be, da, db, da, n);
         else
-            be->ops->gelu(be, da, da, n);
+            be->ops->scale(be, da, 25.298221281347036f, n);
         bget(be, out, da, bytes);
         bfree(be, da), bfree(be, db);
     }
@@ -813,9 +831,9 @@ static int64_t c_rope_long(cb_backend *be, float *out)
         ref_rope(out, r18_rope_shift ? sum : pos, N, n_head, hd, r18_rope_nrot, 1e6, r18_rope_neox);
     } else {
         float *d = bput(be, x, bytes);
-        be->ops->rope(be, d, pos, N, n_head, hd, r18_rope_nrot, 1e6f, r18_rope_neox);
+        be->ops->rope(be, d, pos, N, n_head, hd, r18_rope_nrot, 1e6f, NULL, r18_rope_neox);
         if (r18_rope_shift)
-            be->ops->rope(be, d, delta, N, n_head, hd, r18_rope_nrot, 1e6f, r18_rope_neox);
+            be->ops->rope(be, d, delta, N, n_head, hd, r18_rope_nrot, 1e6f, NULL, r18_rope_neox);
         bget(be, out, d, bytes);
         bfree(be, d);
     }
@@ -1112,7 +1130,7 @@ static void *ld_main(void *p)
         float *tmp = be->ops->alloc_tmp ? be->ops->alloc_tmp(be, bytes) : be->ops->alloc(be, bytes);
         for (int rep = 0; rep < 8; rep++) /* keep the loader's queue long */
             be->ops->upload(be, tmp, a->k + l * LD_CTX * w, bytes);
-        be->ops->rope(be, tmp, a->delta, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6f, 1);
+        be->ops->rope(be, tmp, a->delta, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6f, NULL, 1);
         be->ops->kv_write(be, a->kc[l], CB_TYPE_F16, w, tmp, a->at, LD_CTX);
         be->ops->upload(be, tmp, a->v + l * LD_CTX * w, bytes);
         be->ops->kv_write(be, a->vc[l], CB_TYPE_F16, w, tmp, a->at, LD_CTX);
@@ -1481,18 +1499,22 @@ int main(int argc, char **argv)
 
     for (int neox = 0; neox < 2; neox++)
         for (int part = 0; part < 2; part++)
-            for (int shift = 0; shift < 2; shift++) {
-                rope_neox = neox, rope_nrot = part ? 32 : 64, rope_shift = shift;
-                snprintf(name, sizeof name, "rope %s rot %d%s", neox ? "neox" : "normal", rope_nrot,
-                         shift ? " + shift" : "");
-                run_case(name, c_rope, 1e-8, 1e-8);
-            }
+            for (int shift = 0; shift < 2; shift++)
+                for (int ff = 0; ff < 2; ff++) {
+                    rope_neox = neox, rope_nrot = part ? 32 : 64, rope_shift = shift, rope_ff = ff;
+                    snprintf(name, sizeof name, "rope %s rot %d%s%s", neox ? "neox" : "normal", rope_nrot,
+                             shift ? " + shift" : "", ff ? " freq factors" : "");
+                    run_case(name, c_rope, 1e-8, 1e-8);
+                }
+    rope_ff = 0;
     ew_op = 0;
     run_case("add", c_elementwise, 1e-14, -1);
     ew_op = 1;
     run_case("swiglu", c_elementwise, 1e-12, 1e-10);
     ew_op = 2;
-    run_case("gelu", c_elementwise, 1e-12, 1e-10);
+    run_case("geglu", c_elementwise, 1e-12, 1e-10);
+    ew_op = 3;
+    run_case("scale", c_elementwise, 1e-14, 1e-12);
 
     for (int f16 = 0; f16 < 2; f16++) {
         kv_type = f16 ? CB_TYPE_F16 : CB_TYPE_F32;

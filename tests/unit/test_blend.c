@@ -450,10 +450,25 @@ int main(void)
     TEST_BEGIN();
     snprintf(path, sizeof path, "%s/tiny4-f32.gguf", tmpdir());
     invariants("tiny 4-layer f32", path, CB_TYPE_F32, 1e-4, 1e-4);
+    /* the other architectures: Q/K norms (qwen3); sliding windows of 8
+     * tokens, so that a chunk's later tokens do not see its start,
+     * post-norms, BOS lead-in (gemma3); Llama 3.1's rope_freqs, which the
+     * loaded keys are moved with */
+    static const char *const arch[] = {"qwen3", "gemma3", "llama3"};
+    for (int i = 0; i < 3; i++) {
+        char label[64];
+        snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmpdir(), arch[i]);
+        snprintf(label, sizeof label, "tiny %s", arch[i]);
+        invariants(label, path, CB_TYPE_F32, 1e-4, 1e-4);
+    }
     const char *m = t_default_model();
     if (m)
         invariants("SmolLM2 f16", m, CB_TYPE_F16, 2e-2, 2e-2);
     else
         tskip("SmolLM2 blend invariants", "default model not fetched (make model)");
+    if ((m = t_gemma_model()))
+        invariants("Gemma-3-270M f16", m, CB_TYPE_F16, 2e-2, 2e-2);
+    else
+        tskip("Gemma-3-270M blend invariants", "Gemma-3-270M not fetched (make model MODEL=gemma)");
     TEST_END();
 }

@@ -66,7 +66,8 @@ static void test_roundtrip_and_move(cb_model *m)
     size_t bytes_f16 = 0;
     for (size_t ti = 0; ti < 4; ti++) {
         cb_type t = types[ti];
-        tcase("kv %s: precompute, save, open, read back; moved layer-0 K/V equal full prefill at p", cb_type_name(t));
+        tcase("kv %s %s: precompute, save, open, read back; moved layer-0 K/V equal full prefill at p", hp->arch,
+              cb_type_name(t));
         cb_kvcache *kv = NULL, *full = NULL, *moved = NULL;
         cb_fwd *f = NULL;
         void *buf = NULL;
@@ -91,6 +92,9 @@ static void test_roundtrip_and_move(cb_model *m)
         CHECK(mt->n_tokens == NC && mt->n_lead == (int32_t)lead.n && mt->pos0 == (int32_t)lead.n);
         CHECK(mt->type == t && mt->n_layer == hp->n_layer && mt->n_head_kv == hp->n_head_kv);
         CHECK(memcmp(mt->ids, ids, sizeof ids) == 0);
+        for (int l = 0; l < hp->n_layer; l++) /* what the fusor moves K with, per layer */
+            CHECK(mt->window[l] == cb_model_layer_window(m, l) &&
+                  mt->layer_rope_base[l] == cb_model_layer_rope_base(m, l));
         CHECK(cb_hash128_eq(mt->model, cb_model_fingerprint(m)));
         CHECK(cb_hash128_eq(mt->tokens, cb_kv_tokens_hash(lead.ids, (int32_t)lead.n, ids, NC)));
         CHECK_OK(cb_kvfile_check_model(kf, m, &err));
@@ -129,8 +133,8 @@ static void test_roundtrip_and_move(cb_model *m)
         double sk, sv;
         double ek = max_abs(k, rk, (size_t)(NC * w), &sk) / sk, ev = max_abs(v, rv, (size_t)(NC * w), &sv) / sv;
         CHECKF(ek <= tol[ti] + 1e-5 && ev <= tol[ti] + 1e-5, "moved layer 0: K err %.3g, V err %.3g", ek, ev);
-        printf("# %s: %zu bytes, read-back error %.2e, moved layer-0 K %.2e V %.2e\n", cb_type_name(t), size, worst,
-               ek, ev);
+        printf("# %s %s: %zu bytes, read-back error %.2e, moved layer-0 K %.2e V %.2e\n", hp->arch, cb_type_name(t),
+               size, worst, ek, ev);
         /* and a deeper layer differs (the chunk now has context): the
          * deviation blending corrects */
         CHECK_OK(cb_kvfile_read_layer(kf, hp->n_layer - 1, k, v, &err));
@@ -193,10 +197,10 @@ static void test_corruption(cb_model *m, cb_model *other)
     CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT && strstr(err.msg, "truncated"));
     write_file(flip, orig, 100);
     CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT);
-    orig[8] = 2;
+    orig[8] = 3;
     write_file(flip, orig, n);
-    orig[8] = 1;
-    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_UNSUPPORTED && strstr(err.msg, "version 2"));
+    orig[8] = 2;
+    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_UNSUPPORTED && strstr(err.msg, "version 3"));
     orig[130] ^= 1; /* a token id: header checksum */
     write_file(flip, orig, n);
     orig[130] ^= 1;
@@ -211,6 +215,49 @@ static void test_corruption(cb_model *m, cb_model *other)
     cb_kvfile_free(kf);
     unlink(flip);
     free(orig);
+}
+
+/* Version 1 (no per-layer table, no flags) is still read: every layer
+ * global at the header's RoPE base.  Made here from a version 2 file: the
+ * table zeroed (padding in version 1), version 1, the header checksum
+ * redone. */
+static void test_version1(cb_model *m)
+{
+    char path[1024], v1[1024];
+    cb_error err;
+    size_t n;
+    snprintf(path, sizeof path, "%s/chunk-f16.cbkv", tmpdir());
+    snprintf(v1, sizeof v1, "%s/chunk-v1.cbkv", tmpdir());
+    uint8_t *b = (uint8_t *)t_read_file(path, &n);
+    tcase("kv: a version 1 file opens as all-global layers at its RoPE base");
+    if (!b || n < 4096) {
+        CHECK(0);
+        free(b);
+        return;
+    }
+    uint32_t nl, nt, nlead, H;
+    memcpy(&H, b + 12, 4), memcpy(&nl, b + 48, 4), memcpy(&nt, b + 76, 4), memcpy(&nlead, b + 84, 4);
+    uint8_t *table = b + 128 + 4 * (size_t)(nt + nlead) + 8 * (size_t)nl;
+    memset(table, 0, 8 * (size_t)nl);
+    b[8] = 1;
+    memset(b + 92, 0, 4);
+    memset(b + 120, 0, 8);
+    uint64_t sum = XXH3_64bits(b, H);
+    memcpy(b + 120, &sum, 8);
+    write_file(v1, b, n);
+    cb_kvfile *kf = NULL;
+    CHECK_OK(cb_kvfile_open(&kf, v1, &err));
+    if (kf) {
+        const cb_kv_meta *mt = cb_kvfile_meta(kf);
+        int ok = 1;
+        for (int32_t l = 0; l < mt->n_layer; l++)
+            ok &= mt->window[l] == 0 && mt->layer_rope_base[l] == mt->rope_base;
+        CHECK(ok && mt->flags == 0);
+        CHECK_OK(cb_kvfile_check_model(kf, m, &err)); /* the fixture is all global */
+        CHECK_OK(cb_kvfile_verify(kf, &err));
+    }
+    cb_kvfile_free(kf);
+    free(b);
 }
 
 /* fuzz_kvfile's invariant on a crafted header: one claiming q8_0 for a row of 16 elements
@@ -278,8 +325,15 @@ int main(void)
         CHECK(0);
         TEST_END();
     }
+    /* gemma3 first (sliding-window layers, their own RoPE base): the llama
+     * files written after it are the ones the corruption tests read */
+    cb_model *g = load("gemma3");
+    if (g)
+        test_roundtrip_and_move(g);
+    cb_model_free(g);
     test_roundtrip_and_move(m);
     test_corruption(m, other);
+    test_version1(m);
     test_fuzz_findings();
     test_fingerprint(m, other);
     cb_model_free(m);

@@ -1,7 +1,9 @@
 /* test_tokenizer.c - the tokenizer against llama.cpp: the conformance suites
  * llama.cpp itself tests with (../shared/data/tokenizer/ggml-vocab-*.gguf and
- * their .inp/.out), golden ids that llama.cpp produced for SmolLM2
- * (tests/data/smollm2-golden.txt, from scripts/gen-golden-tokens.py), and
+ * their .inp/.out), golden ids that llama.cpp produced for SmolLM2's BPE and
+ * Gemma 3's 262,144-token SentencePiece vocabularies
+ * (tests/data/{smollm2,gemma3}-golden.txt, from scripts/gen-golden-tokens.py;
+ * each skipped when its model is not fetched), and
  * unit cases on tiny vocabularies written with the GGUF writer. */
 #include "cbcore.h"
 #include "test.h"
@@ -288,25 +290,29 @@ static size_t unescape(const char *s, const char *end, char *out)
     return n;
 }
 
-static void test_golden(void)
+/* name: "smollm2" or "gemma3" (tests/data/<name>-golden.txt); model: the
+ * model file whose vocabulary the ids belong to, NULL when not fetched */
+static void test_golden(const char *name, const char *model, const char *fetch)
 {
-    const char *model = t_default_model();
-    char *data, *line, *save = NULL;
+    char *data, *line, *save = NULL, title[64], file[128];
     cb_vocab *v;
     size_t n_cases = 0, n_pass = 0, n_detok = 0;
     int vocab_ok = 0;
 
+    snprintf(title, sizeof title, "%s golden ids", name);
+    snprintf(file, sizeof file, "tests/data/%s-golden.txt", name);
     if (!model) {
-        tskip("smollm2 golden ids", "default model not found (make model)");
+        char why[128];
+        snprintf(why, sizeof why, "model not found (%s)", fetch);
+        tskip(title, why);
         return;
     }
-    data = t_read_file("tests/data/smollm2-golden.txt", NULL);
+    data = t_read_file(file, NULL);
     if (!data) {
-        tskip("smollm2 golden ids",
-              "tests/data/smollm2-golden.txt not found (run from the repository root)");
+        tskip(title, "golden file not found (run from the repository root)");
         return;
     }
-    tcase("smollm2 golden ids");
+    tcase("%s", title);
     v = vocab_from_file(model);
     CHECK(v != NULL);
     for (line = strtok_r(data, "\n", &save); v && line; line = strtok_r(NULL, "\n", &save)) {
@@ -380,12 +386,12 @@ static void test_golden(void)
     if (v && !vocab_ok) {
         cb_vocab_free(v);
         free(data);
-        tskip("smollm2 golden ids", "the default model is not SmolLM2's vocabulary");
+        tskip(title, "the model file has another vocabulary than the golden file's");
         return;
     }
     CHECK(n_cases > 0);
-    snprintf(t_case_name, sizeof t_case_name, "smollm2 golden ids: %zu/%zu cases, %zu detokenized",
-             n_pass, n_cases, n_detok);
+    snprintf(t_case_name, sizeof t_case_name, "%s: %zu/%zu cases, %zu detokenized", title, n_pass, n_cases,
+             n_detok);
     cb_vocab_free(v);
     free(data);
 }
@@ -802,7 +808,8 @@ int main(void)
     test_tiny_bpe();
     test_tiny_spm();
     test_conformance();
-    test_golden();
+    test_golden("smollm2", t_default_model(), "make model");
+    test_golden("gemma3", t_gemma_model(), "make model MODEL=gemma");
     test_speed();
     TEST_END();
 }
