@@ -2,6 +2,9 @@
 #   make            build lib/libcbcore.{a,so} and the programs into bin/
 #   make help       list the targets and knobs
 # Knobs: DEBUG=1 (no optimisation, -g), SAN=1 (AddressSanitizer + UBSan),
+#        NATIVE=0 (no -march=native: binaries for any x86-64, under
+#        build/rel-generic/; the CPU backend still picks its AVX2 kernels at
+#        run time when the CPU has them),
 #        CUDA=0 (skip the CUDA backend) / CUDA=1 (require it; default: built
 #        when nvcc is found), PREFIX=/usr/local DESTDIR= for install, V=1.
 
@@ -17,7 +20,11 @@ PKGDIR  ?= $(LIBDIR)/pkgconfig
 CC      ?= cc
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter
+ifeq ($(NATIVE),0)
+OPT     := -O2
+else
 OPT     := -O2 -march=native
+endif
 ifeq ($(DEBUG),1)
 OPT     := -O0 -g3
 endif
@@ -30,6 +37,9 @@ BUILD   ?= build/rel
 endif
 ifeq ($(DEBUG),1)
 BUILD   := $(BUILD)-debug
+endif
+ifeq ($(NATIVE),0)
+BUILD   := $(BUILD)-generic
 endif
 
 PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3
@@ -88,6 +98,10 @@ all: lib progs ## build the library and the programs (default)
 lib: $(LIBA) $(LIBSO) ## build lib/libcbcore.a and lib/libcbcore.so
 
 progs: $(PROG_BIN) ## build the programs into bin/
+
+# The AVX2 kernels: built for AVX2 whatever -march is, called only on CPUs
+# that have it (lib/backend/qmm.c checks at run time).
+$(BUILD)/lib/backend/qmm_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -O3
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -190,7 +204,7 @@ format: ## clang-format every C source in place
 	clang-format -i $(LIB_SRC) lib/include/cbcore.h src/*.c src/*.h tests/unit/*.c tests/unit/*.h tests/gen/*.c
 
 help: ## this list
-	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1]"
+	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [NATIVE=0] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1]"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,298 @@
+/* qmm_avx2.c - the AVX2+FMA+F16C kernels of qmm.h.
+ *
+ * The Makefile compiles this file with -mavx2 -mfma -mf16c whatever the
+ * build's -march; qmm_select calls into it only on a CPU that has them.
+ *
+ * Every type is read as groups of 32 elements (one q4_0..q8_0 block, an
+ * eighth of a K block, 32 plain values); a group decodes into four 8-lane
+ * f32 vectors v[0..3] (elements 0-7, 8-15, 16-23, 24-31 of the group) with
+ * the formulas of dequant.h, and the dot kernel multiplies them into 1..4
+ * activation rows held in two (four for one row) accumulators per row. */
+#if defined(__x86_64__) || defined(__i386__)
+#include "../core/dequant.h"
+#include "qmm.h"
+
+#include <immintrin.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* eight unsigned bytes (the low 64 bits of b) as eight f32 lanes */
+AI __m256 u8x8(__m128i b)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+}
+
+AI __m128i ld8(const uint8_t *p)
+{
+    return _mm_loadl_epi64((const __m128i *)p);
+}
+
+AI __m256 bcast_f16(const uint8_t *p)
+{
+    return _mm256_set1_ps(_cvtsh_ss(cb_dq_rd16(p)));
+}
+
+/* ---------------------------------------------------------- decoders */
+
+/* elements 8k..8k+7 of a 32-block's nibbles qs[16]: low nibbles of
+ * qs[0..15] are elements 0..15, high nibbles 16..31 */
+AI __m128i nib_q4(const uint8_t *qs, int k)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i b = ld8(qs + 8 * (k & 1));
+    return k < 2 ? _mm_and_si128(b, m4) : _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+}
+
+AI void dec_f32(const uint8_t *b, int s, __m256 v[4])
+{
+    (void)s;
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_loadu_ps((const float *)b + 8 * k);
+}
+
+AI void dec_f16(const uint8_t *b, int s, __m256 v[4])
+{
+    (void)s;
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16 * k)));
+}
+
+AI void dec_bf16(const uint8_t *b, int s, __m256 v[4])
+{
+    (void)s;
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 16 * k))), 16));
+}
+
+AI void dec_q4_0(const uint8_t *b, int s, __m256 v[4])
+{
+    (void)s;
+    __m256 d = bcast_f16(b), m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_fmadd_ps(u8x8(nib_q4(b + 2, k)), d, m); /* (q-8)*d */
+}
+
+AI void dec_q4_1(const uint8_t *b, int s, __m256 v[4])
+{
+    (void)s;
+    __m256 d = bcast_f16(b), m = bcast_f16(b + 2);
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_fmadd_ps(u8x8(nib_q4(b + 4, k)), d, m);
+}
+
+/* the 5th bits of elements 8k..8k+7 (bits 8k.. of qh) at bit 4 of 32-bit lanes */
+AI __m256i hbit5(__m256i qh, int k)
+{
+    const __m256i sh = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i bits = _mm256_srlv_epi32(qh, _mm256_add_epi32(sh, _mm256_set1_epi32(8 * k)));
+    return _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(1)), 4);
+}
+
+AI __m256i q5_int(const uint8_t *qs, __m256i qh, int k)
+{
+    return _mm256_or_si256(_mm256_cvtepu8_epi32(nib_q4(qs, k)), hbit5(qh, k));
+}
+
+AI void dec_q5_0(const uint8_t *b, int s, __m256 v[4])
+{
+    (void)s;
+    __m256 d = bcast_f16(b), m = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
+    __m256i qh = _mm256_set1_epi32((int)cb_dq_rd32(b + 2));
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q5_int(b + 6, qh, k)), d, m);
+}
+
+AI void dec_q5_1(const uint8_t *b, int s, __m256 v[4])
+{
+    (void)s;
+    __m256 d = bcast_f16(b), m = bcast_f16(b + 2);
+    __m256i qh = _mm256_set1_epi32((int)cb_dq_rd32(b + 4));
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q5_int(b + 8, qh, k)), d, m);
+}
+
+AI void dec_q8_0(const uint8_t *b, int s, __m256 v[4])
+{
+    (void)s;
+    __m256 d = bcast_f16(b);
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(ld8(b + 2 + 8 * k))), d);
+}
+
+/* q4_K/q5_K sub-block s (0..7): scale d*sc and offset -dmin*m */
+AI void k_scale(const uint8_t *b, int s, __m256 *sc, __m256 *mn)
+{
+    int isc, im;
+    cb_dq_scale_min(s, b + 4, &isc, &im);
+    *sc = _mm256_set1_ps(cb_dq_d(b, 0) * (float)isc);
+    *mn = _mm256_set1_ps(-(cb_dq_d(b, 2) * (float)im));
+}
+
+/* elements 8k.. of sub-block s: nibbles of qs[32(s/2) + 8k ..], low for
+ * even s, high for odd */
+AI __m128i nib_k(const uint8_t *qs, int s, int k)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i q = ld8(qs + 32 * (s >> 1) + 8 * k);
+    return s & 1 ? _mm_and_si128(_mm_srli_epi16(q, 4), m4) : _mm_and_si128(q, m4);
+}
+
+AI void dec_q4_k(const uint8_t *b, int s, __m256 v[4])
+{
+    __m256 sc, mn;
+    k_scale(b, s, &sc, &mn);
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_fmadd_ps(u8x8(nib_k(b + 16, s, k)), sc, mn);
+}
+
+AI void dec_q5_k(const uint8_t *b, int s, __m256 v[4])
+{
+    __m256 sc, mn;
+    k_scale(b, s, &sc, &mn);
+    const __m128i bit = _mm_set1_epi8((char)(1 << s)), b4 = _mm_set1_epi8(0x10);
+    for (int k = 0; k < 4; k++) {
+        __m128i h = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(ld8(b + 16 + 8 * k), bit), bit), b4);
+        v[k] = _mm256_fmadd_ps(u8x8(_mm_or_si128(nib_k(b + 48, s, k), h)), sc, mn);
+    }
+}
+
+/* q6_K group s = (half n = s/4, quarter k = s%4): element 128n + 32k + l */
+AI void dec_q6_k(const uint8_t *b, int s, __m256 v[4])
+{
+    int n = s >> 2, k = s & 3;
+    float d = cb_dq_d(b, 208);
+    const uint8_t *ql = b + 64 * n + 32 * (k & 1), *qh = b + 128 + 32 * n;
+    const __m128i m4 = _mm_set1_epi8(0x0f), m2 = _mm_set1_epi8(3);
+    const __m128i shq = _mm_cvtsi32_si128(2 * k), sh4 = _mm_cvtsi32_si128(4 * (k >> 1));
+    for (int j = 0; j < 4; j++) {
+        __m256 ds = _mm256_set1_ps(d * (float)(int8_t)b[192 + 8 * n + 2 * k + (j >> 1)]);
+        __m128i lo = _mm_and_si128(_mm_srl_epi16(ld8(ql + 8 * j), sh4), m4);
+        __m128i hi = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(ld8(qh + 8 * j), shq), m2), 4);
+        __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_or_si128(lo, hi)), _mm256_set1_epi32(32));
+        v[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), ds);
+    }
+}
+
+/* ----------------------------------------------------------- kernels */
+
+AI float hsum(__m256 a)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One weight row against R activation rows: groups of SUBS*32 elements of
+ * BB bytes; a plain-type tail (n_in not a multiple of 32) by the reference
+ * decoder. */
+#define ROW_DOT(R, SUBS, BB, DEC)                                                                              \
+    do {                                                                                                       \
+        enum { NA = (R) == 1 ? 4 : 2 };                                                                        \
+        __m256 acc[R][NA];                                                                                     \
+        for (int r = 0; r < (R); r++)                                                                          \
+            for (int a = 0; a < NA; a++)                                                                       \
+                acc[r][a] = _mm256_setzero_ps();                                                               \
+        const uint8_t *blk = row;                                                                              \
+        const float *xp = x;                                                                                   \
+        for (int64_t bi = 0; bi < nb; bi++, blk += (BB))                                                       \
+            for (int s = 0; s < (SUBS); s++, xp += 32) {                                                       \
+                __m256 v[4];                                                                                   \
+                DEC(blk, s, v);                                                                                \
+                for (int r = 0; r < (R); r++)                                                                  \
+                    for (int k = 0; k < 4; k++)                                                                \
+                        acc[r][k % NA] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + r * ldx + 8 * k),         \
+                                                         acc[r][k % NA]);                                      \
+            }                                                                                                  \
+        for (int r = 0; r < (R); r++) {                                                                        \
+            __m256 tot = acc[r][0];                                                                              \
+            for (int a = 1; a < NA; a++)                                                                       \
+                tot = _mm256_add_ps(tot, acc[r][a]);                                                               \
+            out[r] = hsum(tot);                                                                                  \
+        }                                                                                                      \
+    } while (0)
+
+#define KERNELS(NAME, SUBS, BB, DEC)                                                                           \
+    static void dot_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, const float *x, int64_t ldx,  \
+                           int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)                              \
+    {                                                                                                          \
+        int64_t nb = n_in / (32 * (SUBS)), tail = n_in - nb * 32 * (SUBS);                                     \
+        for (int64_t o = o0; o < o1; o++) {                                                                    \
+            const uint8_t *row = w + (size_t)o * rb;                                                           \
+            float out[QMM_ROWS];                                                                               \
+            switch (nr) {                                                                                      \
+            case 1: ROW_DOT(1, SUBS, BB, DEC); break;                                                          \
+            case 2: ROW_DOT(2, SUBS, BB, DEC); break;                                                          \
+            case 3: ROW_DOT(3, SUBS, BB, DEC); break;                                                          \
+            default: ROW_DOT(4, SUBS, BB, DEC); break;                                                         \
+            }                                                                                                  \
+            if (tail) {                                                                                        \
+                float buf[32];                                                                                 \
+                cb_dequant_row(t, row + nb * (BB), buf, tail);                                                 \
+                for (int r = 0; r < nr; r++)                                                                   \
+                    for (int64_t j = 0; j < tail; j++)                                                         \
+                        out[r] += buf[j] * x[r * ldx + nb * 32 * (SUBS) + j];                                  \
+            }                                                                                                  \
+            for (int r = 0; r < nr; r++)                                                                       \
+                y[r * ldy + o] = out[r];                                                                       \
+        }                                                                                                      \
+    }                                                                                                          \
+    static void rows_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,      \
+                            float *dst)                                                                        \
+    {                                                                                                          \
+        int64_t nb = n_in / (32 * (SUBS)), tail = n_in - nb * 32 * (SUBS);                                     \
+        for (int64_t o = o0; o < o1; o++, dst += n_in) {                                                       \
+            const uint8_t *blk = w + (size_t)o * rb;                                                           \
+            float *d = dst;                                                                                    \
+            for (int64_t bi = 0; bi < nb; bi++, blk += (BB))                                                   \
+                for (int s = 0; s < (SUBS); s++, d += 32) {                                                    \
+                    __m256 v[4];                                                                               \
+                    DEC(blk, s, v);                                                                            \
+                    for (int k = 0; k < 4; k++)                                                                \
+                        _mm256_storeu_ps(d + 8 * k, v[k]);                                                     \
+                }                                                                                              \
+            if (tail)                                                                                          \
+                cb_dequant_row(t, blk, d, tail);                                                               \
+        }                                                                                                      \
+    }
+
+KERNELS(f32, 1, 128, dec_f32)
+KERNELS(f16, 1, 64, dec_f16)
+KERNELS(bf16, 1, 64, dec_bf16)
+KERNELS(q4_0, 1, CB_Q4_0_BYTES, dec_q4_0)
+KERNELS(q4_1, 1, CB_Q4_1_BYTES, dec_q4_1)
+KERNELS(q5_0, 1, CB_Q5_0_BYTES, dec_q5_0)
+KERNELS(q5_1, 1, CB_Q5_1_BYTES, dec_q5_1)
+KERNELS(q8_0, 1, CB_Q8_0_BYTES, dec_q8_0)
+KERNELS(q4_k, 8, CB_Q4_K_BYTES, dec_q4_k)
+KERNELS(q5_k, 8, CB_Q5_K_BYTES, dec_q5_k)
+KERNELS(q6_k, 8, CB_Q6_K_BYTES, dec_q6_k)
+
+int qmm_avx2_get(cb_type t, qmm_kernels *k)
+{
+    switch (t) {
+#define CASE(T, NAME)                                                                                          \
+    case T:                                                                                                    \
+        k->dot = dot_##NAME;                                                                                   \
+        k->rows = rows_##NAME;                                                                                 \
+        break;
+        CASE(CB_TYPE_F32, f32)
+        CASE(CB_TYPE_F16, f16)
+        CASE(CB_TYPE_BF16, bf16)
+        CASE(CB_TYPE_Q4_0, q4_0)
+        CASE(CB_TYPE_Q4_1, q4_1)
+        CASE(CB_TYPE_Q5_0, q5_0)
+        CASE(CB_TYPE_Q5_1, q5_1)
+        CASE(CB_TYPE_Q8_0, q8_0)
+        CASE(CB_TYPE_Q4_K, q4_k)
+        CASE(CB_TYPE_Q5_K, q5_k)
+        CASE(CB_TYPE_Q6_K, q6_k)
+#undef CASE
+    default:
+        return 0;
+    }
+    k->isa = "avx2";
+    return 1;
+}
+#endif
