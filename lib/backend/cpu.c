@@ -613,31 +613,59 @@ static void cpu_deviation(cb_backend *b, const float *src, const void *cache, cb
     }
 }
 
-typedef struct ranked {
-    float v;
-    int32_t i;
-} ranked;
-
-static int by_value_desc(const void *a, const void *b)
+/* a ranks before b: larger value, then lower index */
+static int ranks_before(const float *x, int32_t a, int32_t b)
 {
-    const ranked *x = a, *y = b;
-    if (x->v != y->v)
-        return x->v < y->v ? 1 : -1;
-    return (x->i > y->i) - (x->i < y->i);
+    return x[a] > x[b] || (x[a] == x[b] && a < b);
 }
 
+/* sift h[i] down a heap of n whose root ranks last */
+static void sift_down(const float *x, int32_t *h, int64_t n, int64_t i)
+{
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n)
+            return;
+        if (c + 1 < n && ranks_before(x, h[c], h[c + 1]))
+            c++;
+        if (!ranks_before(x, h[i], h[c]))
+            return;
+        int32_t t = h[i];
+        h[i] = h[c];
+        h[c] = t;
+        i = c;
+    }
+}
+
+/* The k best in idx itself, kept as a heap whose root is the worst of them,
+ * then sorted best first: O(n log k) and no scratch. */
 static void cpu_topk(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx)
 {
     (void)b;
-    ranked *r = malloc(sizeof(ranked) * (size_t)(n ? n : 1));
-    if (!r)
-        abort(); /* n floats' worth: treat like a stack overflow */
-    for (int64_t i = 0; i < n; i++)
-        r[i] = (ranked){x[i], (int32_t)i};
-    qsort(r, (size_t)n, sizeof *r, by_value_desc);
-    for (int64_t i = 0; i < k && i < n; i++)
-        idx[i] = r[i].i;
-    free(r);
+    k = k < n ? k : n;
+    if (k <= 0)
+        return;
+    for (int64_t i = 0; i < n; i++) {
+        if (i < k) {
+            int64_t c = i; /* sift up */
+            idx[c] = (int32_t)i;
+            while (c > 0 && ranks_before(x, idx[(c - 1) / 2], idx[c])) {
+                int32_t t = idx[c];
+                idx[c] = idx[(c - 1) / 2];
+                idx[(c - 1) / 2] = t;
+                c = (c - 1) / 2;
+            }
+        } else if (ranks_before(x, (int32_t)i, idx[0])) {
+            idx[0] = (int32_t)i;
+            sift_down(x, idx, k, 0);
+        }
+    }
+    for (int64_t m = k - 1; m > 0; m--) { /* the worst goes last */
+        int32_t t = idx[0];
+        idx[0] = idx[m];
+        idx[m] = t;
+        sift_down(x, idx, m, 0);
+    }
 }
 
 static void cpu_free(cb_backend *b)

@@ -462,8 +462,13 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
  *                  attention of each over cache positions <= its own (an
  *                  exact causal mask), the MLP; other rows are left as they are
  *   cb_fwd_logits  final norm and output projection for chosen rows
- * A cb_fwd allocates all its scratch at creation; the calls allocate only
- * transient attention scratch. */
+ * A cb_fwd allocates all its scratch at creation (logits are computed
+ * eight rows at a time into a buffer of their own), and the CPU backend
+ * sizes its scratch when it is created and when a model's weights are
+ * loaded: on the CPU, embed, layer, logits, deviation and cb_model_eval
+ * allocate nothing.  (The CUDA backend takes some per-call scratch from its
+ * stream-ordered pool; the cache transfers cb_kvcache_read, _write and
+ * _load stage their rows in a buffer of their own per call.) */
 typedef struct cb_fwd cb_fwd;
 
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max);
