@@ -16,17 +16,6 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* eight unsigned bytes (the low 64 bits of b) as eight f32 lanes */
-AI __m256 u8x8(__m128i b)
-{
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-}
-
-AI __m128i ld8(const uint8_t *p)
-{
-    return _mm_loadl_epi64((const __m128i *)p);
-}
-
 AI __m256 bcast_f16(const uint8_t *p)
 {
     return _mm256_set1_ps(_cvtsh_ss(cb_dq_rd16(p)));
@@ -34,13 +23,32 @@ AI __m256 bcast_f16(const uint8_t *p)
 
 /* ---------------------------------------------------------- decoders */
 
-/* elements 8k..8k+7 of a 32-block's nibbles qs[16]: low nibbles of
- * qs[0..15] are elements 0..15, high nibbles 16..31 */
-AI __m128i nib_q4(const uint8_t *qs, int k)
+/* eight bytes p[0..7] zero-extended into 32-bit lanes (one vpmovzxbd from
+ * memory); nibbles are then one and or one shift away */
+AI __m256i u8x8_32(const uint8_t *p)
 {
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i b = ld8(qs + 8 * (k & 1));
-    return k < 2 ? _mm_and_si128(b, m4) : _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+AI __m256i lo4(__m256i b)
+{
+    return _mm256_and_si256(b, _mm256_set1_epi32(0x0f));
+}
+
+AI __m256i hi4(__m256i b)
+{
+    return _mm256_srli_epi32(b, 4);
+}
+
+/* the four 8-lane integer groups of a 32-block's nibbles qs[16]: low
+ * nibbles of qs[0..15] are elements 0..15, high nibbles 16..31 */
+AI void nib32(const uint8_t *qs, __m256i q[4])
+{
+    __m256i b0 = u8x8_32(qs), b1 = u8x8_32(qs + 8);
+    q[0] = lo4(b0);
+    q[1] = lo4(b1);
+    q[2] = hi4(b0);
+    q[3] = hi4(b1);
 }
 
 AI void dec_f32(const uint8_t *b, int s, __m256 v[4])
@@ -69,16 +77,20 @@ AI void dec_q4_0(const uint8_t *b, int s, __m256 v[4])
 {
     (void)s;
     __m256 d = bcast_f16(b), m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    __m256i q[4];
+    nib32(b + 2, q);
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_fmadd_ps(u8x8(nib_q4(b + 2, k)), d, m); /* (q-8)*d */
+        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, m); /* (q-8)*d */
 }
 
 AI void dec_q4_1(const uint8_t *b, int s, __m256 v[4])
 {
     (void)s;
     __m256 d = bcast_f16(b), m = bcast_f16(b + 2);
+    __m256i q[4];
+    nib32(b + 4, q);
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_fmadd_ps(u8x8(nib_q4(b + 4, k)), d, m);
+        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, m);
 }
 
 /* the 5th bits of elements 8k..8k+7 (bits 8k.. of qh) at bit 4 of 32-bit lanes */
@@ -89,27 +101,24 @@ AI __m256i hbit5(__m256i qh, int k)
     return _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(1)), 4);
 }
 
-AI __m256i q5_int(const uint8_t *qs, __m256i qh, int k)
-{
-    return _mm256_or_si256(_mm256_cvtepu8_epi32(nib_q4(qs, k)), hbit5(qh, k));
-}
-
 AI void dec_q5_0(const uint8_t *b, int s, __m256 v[4])
 {
     (void)s;
     __m256 d = bcast_f16(b), m = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
-    __m256i qh = _mm256_set1_epi32((int)cb_dq_rd32(b + 2));
+    __m256i qh = _mm256_set1_epi32((int)cb_dq_rd32(b + 2)), q[4];
+    nib32(b + 6, q);
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q5_int(b + 6, qh, k)), d, m);
+        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(q[k], hbit5(qh, k))), d, m);
 }
 
 AI void dec_q5_1(const uint8_t *b, int s, __m256 v[4])
 {
     (void)s;
     __m256 d = bcast_f16(b), m = bcast_f16(b + 2);
-    __m256i qh = _mm256_set1_epi32((int)cb_dq_rd32(b + 4));
+    __m256i qh = _mm256_set1_epi32((int)cb_dq_rd32(b + 4)), q[4];
+    nib32(b + 8, q);
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q5_int(b + 8, qh, k)), d, m);
+        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(q[k], hbit5(qh, k))), d, m);
 }
 
 AI void dec_q8_0(const uint8_t *b, int s, __m256 v[4])
@@ -117,7 +126,7 @@ AI void dec_q8_0(const uint8_t *b, int s, __m256 v[4])
     (void)s;
     __m256 d = bcast_f16(b);
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(ld8(b + 2 + 8 * k))), d);
+        v[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k)))), d);
 }
 
 /* q4_K/q5_K sub-block s (0..7): scale d*sc and offset -dmin*m */
@@ -125,17 +134,16 @@ AI void k_scale(const uint8_t *b, int s, __m256 *sc, __m256 *mn)
 {
     int isc, im;
     cb_dq_scale_min(s, b + 4, &isc, &im);
-    *sc = _mm256_set1_ps(cb_dq_d(b, 0) * (float)isc);
-    *mn = _mm256_set1_ps(-(cb_dq_d(b, 2) * (float)im));
+    *sc = _mm256_set1_ps(_cvtsh_ss(cb_dq_rd16(b)) * (float)isc);
+    *mn = _mm256_set1_ps(-(_cvtsh_ss(cb_dq_rd16(b + 2)) * (float)im));
 }
 
 /* elements 8k.. of sub-block s: nibbles of qs[32(s/2) + 8k ..], low for
  * even s, high for odd */
-AI __m128i nib_k(const uint8_t *qs, int s, int k)
+AI __m256i nib_k(const uint8_t *qs, int s, int k)
 {
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i q = ld8(qs + 32 * (s >> 1) + 8 * k);
-    return s & 1 ? _mm_and_si128(_mm_srli_epi16(q, 4), m4) : _mm_and_si128(q, m4);
+    __m256i q = u8x8_32(qs + 32 * (s >> 1) + 8 * k);
+    return s & 1 ? hi4(q) : lo4(q);
 }
 
 AI void dec_q4_k(const uint8_t *b, int s, __m256 v[4])
@@ -143,17 +151,17 @@ AI void dec_q4_k(const uint8_t *b, int s, __m256 v[4])
     __m256 sc, mn;
     k_scale(b, s, &sc, &mn);
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_fmadd_ps(u8x8(nib_k(b + 16, s, k)), sc, mn);
+        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nib_k(b + 16, s, k)), sc, mn);
 }
 
 AI void dec_q5_k(const uint8_t *b, int s, __m256 v[4])
 {
     __m256 sc, mn;
     k_scale(b, s, &sc, &mn);
-    const __m128i bit = _mm_set1_epi8((char)(1 << s)), b4 = _mm_set1_epi8(0x10);
+    const __m256i one = _mm256_set1_epi32(1);
     for (int k = 0; k < 4; k++) {
-        __m128i h = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(ld8(b + 16 + 8 * k), bit), bit), b4);
-        v[k] = _mm256_fmadd_ps(u8x8(_mm_or_si128(nib_k(b + 48, s, k), h)), sc, mn);
+        __m256i h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u8x8_32(b + 16 + 8 * k), s), one), 4);
+        v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(nib_k(b + 48, s, k), h)), sc, mn);
     }
 }
 
@@ -161,15 +169,14 @@ AI void dec_q5_k(const uint8_t *b, int s, __m256 v[4])
 AI void dec_q6_k(const uint8_t *b, int s, __m256 v[4])
 {
     int n = s >> 2, k = s & 3;
-    float d = cb_dq_d(b, 208);
+    float d = _cvtsh_ss(cb_dq_rd16(b + 208));
     const uint8_t *ql = b + 64 * n + 32 * (k & 1), *qh = b + 128 + 32 * n;
-    const __m128i m4 = _mm_set1_epi8(0x0f), m2 = _mm_set1_epi8(3);
-    const __m128i shq = _mm_cvtsi32_si128(2 * k), sh4 = _mm_cvtsi32_si128(4 * (k >> 1));
+    const __m256i m4 = _mm256_set1_epi32(0x0f), m2 = _mm256_set1_epi32(3), c32 = _mm256_set1_epi32(32);
     for (int j = 0; j < 4; j++) {
         __m256 ds = _mm256_set1_ps(d * (float)(int8_t)b[192 + 8 * n + 2 * k + (j >> 1)]);
-        __m128i lo = _mm_and_si128(_mm_srl_epi16(ld8(ql + 8 * j), sh4), m4);
-        __m128i hi = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(ld8(qh + 8 * j), shq), m2), 4);
-        __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_or_si128(lo, hi)), _mm256_set1_epi32(32));
+        __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8_32(ql + 8 * j), 4 * (k >> 1)), m4);
+        __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u8x8_32(qh + 8 * j), 2 * k), m2), 4);
+        __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, hi), c32);
         v[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), ds);
     }
 }
