@@ -41,8 +41,8 @@ engine_rows() {
     model=$1; tag=$2; shift 2
     : > "$tmp/$tag.ours"; : > "$tmp/$tag.theirs"
     for sc in "$@"; do
-        "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s/^rss_kb/rss_kb_$sc/" >> "$tmp/$tag.ours"
-        "$VENV/bin/python" tests/bench/llamacpp_engine.py "$model" "$T" "$sc" | sed "s/^rss_kb/rss_kb_$sc/" >> "$tmp/$tag.theirs"
+        "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.ours"
+        "$VENV/bin/python" tests/bench/llamacpp_engine.py "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.theirs"
     done
 }
 # table TAG SCENARIOS...: one row per figure, ours vs llama.cpp, and peak RSS
@@ -54,12 +54,12 @@ table() {
         kind=${sc%%:*}; rest=${sc#*:}; a=${rest%%:*}; b=${rest#*:}
         case $kind in
             prefill) keys="prefill_${a}_tok_s" ;;
-            decode) keys="prefill_${a}_tok_s decode_${a}_tok_s" ;;
+            decode) keys="decode_${a}_tok_s"; [ "$tag" = default ] || keys="prefill_${a}_tok_s $keys" ;;
             batch) keys="batch_${a}_${b}_rows_s" ;;
         esac
-        ro=$(get "$tmp/$tag.ours" "rss_kb_$sc"); rt=$(get "$tmp/$tag.theirs" "rss_kb_$sc")
+        ro=$(get "$tmp/$tag.ours" "$sc/rss_kb"); rt=$(get "$tmp/$tag.theirs" "$sc/rss_kb")
         for k in $keys; do
-            x=$(get "$tmp/$tag.ours" "$k"); y=$(get "$tmp/$tag.theirs" "$k")
+            x=$(get "$tmp/$tag.ours" "$sc/$k"); y=$(get "$tmp/$tag.theirs" "$sc/$k")
             unit=tok/s; case $k in batch*) unit=rows/s ;; esac
             awk -v k="$k" -v x="${x:-0}" -v y="${y:-0}" -v ro="${ro:-0}" -v rt="${rt:-0}" -v u="$unit" 'BEGIN {
                 sub(/_tok_s$|_rows_s$/, "", k)
@@ -73,7 +73,7 @@ engine_rows "$M" default $SCEN
 # shellcheck disable=SC2086
 table default $SCEN
 echo "machine sgemm (OpenBLAS, 1024^3, $T threads): $(get "$tmp/sgemm" sgemm_gflops) GFLOP/s"
-b48=$(get "$tmp/default.ours" batch_48_2048_rows_s); b512=$(get "$tmp/default.ours" batch_512_2048_rows_s)
+b48=$(get "$tmp/default.ours" batch:48:2048/batch_48_2048_rows_s); b512=$(get "$tmp/default.ours" batch:512:2048/batch_512_2048_rows_s)
 [ -n "$b48" ] && [ -n "$b512" ] && awk -v a="$b48" -v b="$b512" 'BEGIN { printf "48-row batch at %.0f%% of the per-row speed of a 512-row batch (ours; target >= 70%%)\n", 100 * a / b }'
 # Peak RSS of a one-line cb-run on this model, against the target
 # 1.3 x GGUF + KV cache + 64 MB (KV: n_ctx 4096, f16, every layer).
@@ -106,7 +106,7 @@ if "$BINDIR_B/cb-run" -m "$M" --device cuda -p x -n 1 >/dev/null 2>"$tmp/cuda.er
     echo "== bench_engine (ours) on CUDA vs ours on the CPU"
     : > "$tmp/cuda.ours"
     for sc in $SCEN; do
-        CB_BENCH_DEVICE=cuda "$BUILD/bench/bench_engine" "$M" "$T" "$sc" | sed "s/^rss_kb/rss_kb_$sc/" >> "$tmp/cuda.ours"
+        CB_BENCH_DEVICE=cuda "$BUILD/bench/bench_engine" "$M" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/cuda.ours"
     done
     cp "$tmp/default.ours" "$tmp/cuda.theirs"
     # shellcheck disable=SC2086
