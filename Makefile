@@ -55,7 +55,7 @@ else
 Q := @
 endif
 
-LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c lib/kv/*.c lib/store/*.c lib/backend/*.c))
+LIB_SRC  := $(sort $(wildcard lib/core/*.c lib/infer/*.c lib/kv/*.c lib/store/*.c lib/backend/*.c lib/prompt/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(BUILD)/src/cli.o
 PROGS    := $(patsubst src/%.c,%,$(sort $(wildcard src/cb-*.c)))
@@ -91,7 +91,7 @@ endif
 endif
 
 .SECONDARY:
-.PHONY: all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format
+.PHONY: all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format funclen
 
 all: lib progs ## build the library and the programs (default)
 
@@ -150,7 +150,7 @@ model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
 check-tools: all $(TEST_BIN) $(GEN_BIN) $(BENCH_BIN)
 
 # The GGUF fuzz sweep and the tokenizer suites also run under ASan+UBSan.
-SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk
+SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk test_prompt
 
 test: deps ## install deps, fetch the model, build everything and run every test suite
 	@$(MAKE) --no-print-directory model
@@ -205,6 +205,9 @@ clean: ## remove build outputs
 
 format: ## clang-format every C source in place
 	clang-format -i $(LIB_SRC) lib/include/cbcore.h src/*.c src/*.h tests/unit/*.c tests/unit/*.h tests/gen/*.c
+
+funclen: ## the longest functions in lib/ and src/ (universal-ctags); fails past 200 lines
+	@sh scripts/funclen.sh 15 200
 
 help: ## this list
 	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [NATIVE=0] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1]"

@@ -21,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* Archives nested deeper than this are taken as plain documents. */
@@ -85,14 +84,12 @@ static void usage(FILE *f)
 }
 
 enum {
-    OPT_VERSION = 256,
-    OPT_TOKENS,
+    OPT_TOKENS = 256,
     OPT_CHARS,
     OPT_OVERLAP,
     OPT_SEPARATOR,
     OPT_REPAIR,
-    OPT_HIDDEN,
-    OPT_STORE
+    OPT_HIDDEN
 };
 
 typedef struct ctx {
@@ -116,12 +113,7 @@ typedef struct dirstack {
     const struct dirstack *up;
 } dirstack;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return cb_now_ms() / 1e3; }
 
 static void fail(ctx *x, int code)
 {
@@ -559,17 +551,13 @@ int main(int argc, char **argv)
         {"separator", required_argument, 0, OPT_SEPARATOR},
         {"repair-utf8", no_argument, 0, OPT_REPAIR},
         {"hidden", no_argument, 0, OPT_HIDDEN},
-        {"model", required_argument, 0, 'm'},
-        {"store", required_argument, 0, OPT_STORE},
-        {"threads", required_argument, 0, 't'},
-        {"verbose", no_argument, 0, 'v'},
-        {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},
-        {"version", no_argument, 0, OPT_VERSION},
+        CLI_COMMON_OPTS,
+        CLI_STORE_OPT, /* taken for symmetry with the other programs; unused */
         {0, 0, 0, 0},
     };
-    const char *model = NULL, *separator = NULL, *model_used = NULL;
-    int32_t n_tokens = -1, n_chars = -1, overlap = 0, threads = 0;
+    const char *separator = NULL, *model_used = NULL;
+    int32_t n_tokens = -1, n_chars = -1, overlap = 0;
+    cli_common co = {0};
     cb_vocab *vocab = NULL;
     cb_chunker_params cp = {0};
     cb_error err;
@@ -577,7 +565,12 @@ int main(int argc, char **argv)
     int c, code;
 
     cli_prog = "cb-chunk";
-    while ((c = getopt_long(argc, argv, "m:t:vqh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+        if ((code = cli_common_opt(&co, c, optarg, usage)) != CLI_NOT_COMMON) {
+            if (code != CLI_CONTINUE)
+                return code;
+            continue;
+        }
         switch (c) {
         case OPT_TOKENS:
             if (parse_count("--tokens", optarg, &n_tokens))
@@ -594,16 +587,6 @@ int main(int argc, char **argv)
         case OPT_SEPARATOR: separator = optarg; break;
         case OPT_REPAIR: x.repair = 1; break;
         case OPT_HIDDEN: x.hidden = 1; break;
-        case 'm': model = optarg; break;
-        case OPT_STORE: break;
-        case 't':
-            if (parse_count("--threads", optarg, &threads))
-                return CLI_EX_USAGE;
-            break;
-        case 'v': cli_verbosity = 2; break;
-        case 'q': cli_verbosity = 0; break;
-        case 'h': usage(stdout); return cli_finish(0);
-        case OPT_VERSION: cli_version(); return cli_finish(0);
         default: usage(stderr); return CLI_EX_USAGE;
         }
     }
@@ -611,7 +594,7 @@ int main(int argc, char **argv)
         cli_err("--tokens and --chars exclude each other");
         return CLI_EX_USAGE;
     }
-    if (n_chars < 0 && (code = load_vocab(model, n_tokens >= 0, &vocab, &model_used)) != 0)
+    if (n_chars < 0 && (code = load_vocab(co.model, n_tokens >= 0, &vocab, &model_used)) != 0)
         return code;
     cp.vocab = vocab;
     cp.max = vocab ? (n_tokens >= 0 ? n_tokens : CB_CHUNK_DEFAULT_TOKENS)

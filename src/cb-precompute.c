@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t interrupted;
@@ -59,14 +58,7 @@ static void usage(FILE *f)
             "(the chunk in progress is not stored).\n");
 }
 
-enum { OPT_DEVICE = 200, OPT_VERSION = 256, OPT_STORE, OPT_KVTYPE, OPT_STRICT, OPT_PLACE };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE };
 
 /* Write `line` (one JSON object, no newline) with kv and cached added.
  * Keeps the original bytes when the object has neither field yet. */
@@ -90,265 +82,265 @@ static int emit(const char *line, size_t len, json_t *obj, const char *key, int 
     return ferror(stdout) ? -1 : 0;
 }
 
-int main(int argc, char **argv)
+/* The run: options, what it opened, and counts. */
+typedef struct pre {
+    cli_common co;
+    const char *place, *store_dir, *in_name;
+    int strict, from_stdin, progress;
+    cb_type kv_type;
+    FILE *in;
+    cb_model *m;
+    cb_store *store;
+    cb_precomputer *pc;
+    cb_tokens ids;
+    long lineno, n_total, n_done, n_new, n_cached, n_bad;
+    double tok_done, t0, t_last;
+} pre;
+
+static int parse_args(int argc, char **argv, pre *x)
 {
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"store", required_argument, 0, OPT_STORE},
         {"kv-type", required_argument, 0, OPT_KVTYPE}, {"strict", no_argument, 0, OPT_STRICT},
-        {"place", required_argument, 0, OPT_PLACE},
-        {"device", required_argument, 0, OPT_DEVICE},
-        {"threads", required_argument, 0, 't'}, {"verbose", no_argument, 0, 'v'},
-        {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
-        {"version", no_argument, 0, OPT_VERSION}, {0, 0, 0, 0},
+        {"place", required_argument, 0, OPT_PLACE},    CLI_COMMON_OPTS,
+        CLI_STORE_OPT,                                 CLI_DEVICE_OPT,
+        {0, 0, 0, 0},
     };
-    const char *device = NULL;
-    const char *model_opt = NULL, *store_opt = NULL, *in_path = NULL, *place = NULL;
-    int strict = 0, c, code = 0, n_threads = 0;
-    cb_type kv_type = CB_TYPE_F16;
-    char store_buf[4096];
-
-    cli_prog = "cb-precompute";
-    while ((c = getopt_long(argc, argv, "m:t:vqh", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model_opt = optarg; break;
-        case OPT_STORE: store_opt = optarg; break;
-        case OPT_DEVICE: device = optarg; break;
-        case OPT_KVTYPE:
-            if (!strcmp(optarg, "f16"))
-                kv_type = CB_TYPE_F16;
-            else if (!strcmp(optarg, "f32"))
-                kv_type = CB_TYPE_F32;
-            else if (!strcmp(optarg, "bf16"))
-                kv_type = CB_TYPE_BF16;
-            else if (!strcmp(optarg, "q8_0"))
-                kv_type = CB_TYPE_Q8_0;
-            else {
+    static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0"};
+    static const cb_type kv_types[] = {CB_TYPE_F16, CB_TYPE_F32, CB_TYPE_BF16, CB_TYPE_Q8_0};
+    int c, r;
+    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+        if ((r = cli_common_opt(&x->co, c, optarg, usage)) != CLI_NOT_COMMON) {
+            if (r != CLI_CONTINUE)
+                return r;
+        } else if (c == OPT_KVTYPE) {
+            int k = 0;
+            while (k < 4 && strcmp(optarg, kv_names[k]))
+                k++;
+            if (k == 4) {
                 cli_err("--kv-type %s: use f16, f32, bf16 or q8_0", optarg);
                 return CLI_EX_USAGE;
             }
-            break;
-        case OPT_STRICT: strict = 1; break;
-        case OPT_PLACE: place = optarg; break;
-        case 't': n_threads = atoi(optarg); if (n_threads < 1) { cli_err("-t %s: not a thread count", optarg); return CLI_EX_USAGE; } break;
-        case 'v': cli_verbosity = 2; break;
-        case 'q': cli_verbosity = 0; break;
-        case 'h': usage(stdout); return cli_finish(0);
-        case OPT_VERSION: cli_version(); return cli_finish(0);
-        default: usage(stderr); return CLI_EX_USAGE;
+            x->kv_type = kv_types[k];
+        } else if (c == OPT_STRICT) {
+            x->strict = 1;
+        } else if (c == OPT_PLACE) {
+            x->place = optarg;
+        } else {
+            usage(stderr);
+            return CLI_EX_USAGE;
         }
     }
     if (argc - optind > 1) {
         cli_err("one input at most (a file or -)");
         return CLI_EX_USAGE;
     }
-    in_path = optind < argc ? argv[optind] : "-";
-    const char *store_dir = store_opt ? store_opt : cb_store_default_dir(store_buf, sizeof store_buf);
-    const char *model_path = cli_model_path(model_opt);
-    int from_stdin = strcmp(in_path, "-") == 0;
-    const char *in_name = from_stdin ? "(stdin)" : in_path;
-    FILE *in = from_stdin ? stdin : fopen(in_path, "rb");
-    if (!in) {
-        cli_err("%s: %s", in_path, strerror(errno));
-        return CLI_EX_NOINPUT;
-    }
+    return -1;
+}
 
-    cb_model *m = NULL;
-    cb_store *store = NULL;
-    cb_kvcache *kv = NULL;
-    cb_fwd *f = NULL;
-    cb_tokens lead = {0}, ids = {0};
+/* --place: a tier's name, or auto: where the store's profile says. */
+static void choose_tier(pre *x, char *tier, size_t n)
+{
+    cb_profile *prof;
     cb_error err;
-    cb_model_params mp = {n_threads, cli_device(device)};
+    cb_store_tier ti;
+    double load = -1, rec = -1;
+    int t = -1;
+
+    tier[0] = 0;
+    if (!x->place)
+        return;
+    if (strcmp(x->place, "auto") != 0) {
+        snprintf(tier, n, "%s", x->place);
+        return;
+    }
+    prof = calloc(1, sizeof *prof);
+    if (prof && cb_store_profile_load(x->store, cb_model_fingerprint(x->m), cb_model_backend(x->m), prof, &err) ==
+                    CB_OK)
+        t = cb_store_place(x->store, prof, 0.15, 3072, x->kv_type, &load, &rec);
+    free(prof);
+    if (t >= 0 && cb_store_tier_info(x->store, t, &ti) == CB_OK) {
+        snprintf(tier, n, "%s", ti.name);
+        cli_info("--place auto: tier %s (load %.1f ms <= recompute %.1f ms for 3072 tokens at 0.15)", ti.name, load,
+                 rec);
+    } else {
+        cli_err("note: --place auto: no usable profile in %s (run cb-profile); using the fastest tier", x->store_dir);
+    }
+}
+
+/* The model, the store and the precomputer. */
+static int setup(pre *x, const char *model_path)
+{
+    cb_model_params mp = {x->co.n_threads, cli_device(x->co.device)};
+    cb_error err;
+    char tier[64];
+
+    if (cb_model_load(&x->m, model_path, &mp, &err) != CB_OK || cb_store_open(&x->store, x->store_dir, 1, &err) != CB_OK) {
+        cli_err("%s", err.msg);
+        return cli_exit_code(err.status);
+    }
+    choose_tier(x, tier, sizeof tier);
+    if (cb_precomputer_new(&x->pc, x->m, x->store, x->kv_type, tier[0] ? tier : NULL, &err) != CB_OK) {
+        cli_err("%s", err.msg);
+        return cli_exit_code(err.status);
+    }
+    cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path, cb_precomputer_lead(x->pc)->n,
+             x->store_dir, cb_type_name(x->kv_type));
+    return 0;
+}
+
+/* A bad record: reported, and fatal with --strict. */
+static int bad_record(pre *x, json_t *obj, const char *what)
+{
+    cli_err("%s:%ld: %s", x->in_name, x->lineno, what);
+    json_decref(obj);
+    x->n_bad++;
+    return x->strict ? CLI_EX_DATAERR : 0;
+}
+
+static void show_progress(pre *x)
+{
+    double now = cb_now_ms() / 1e3;
+    if (!x->progress || now - x->t_last <= 0.25)
+        return;
+    double el = now - x->t0, rate = x->n_done / (el > 0 ? el : 1);
+    fprintf(stderr, "\rcb-precompute: %ld", x->n_done);
+    if (x->n_total > 0)
+        fprintf(stderr, "/%ld", x->n_total);
+    fprintf(stderr, " chunks (%ld new, %ld cached), %.1f chunks/s, %.0f tokens/s", x->n_new, x->n_cached, rate,
+            x->tok_done / (el > 0 ? el : 1));
+    if (x->n_total > 0 && rate > 0)
+        fprintf(stderr, ", ETA %.0f s", (double)(x->n_total - x->n_done) / rate);
+    fprintf(stderr, "   ");
+    x->t_last = now;
+}
+
+/* One input line: 0 to go on, -1 when interrupted, else an exit status. */
+static int do_record(pre *x, char *line, size_t len)
+{
+    const cb_tokens *lead = cb_precomputer_lead(x->pc);
+    int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
+    json_error_t jerr;
+    json_t *obj = json_loadb(line, len, 0, &jerr);
+    json_t *text = obj ? json_object_get(obj, "text") : NULL;
+    char key[66];
+    int found = 0;
+    cb_error err;
+
+    if (!obj || !json_is_object(obj) || !json_is_string(text))
+        return bad_record(x, obj, !obj ? jerr.text : !json_is_object(obj) ? "not a JSON object" : "no \"text\" string");
+    x->ids.n = 0;
+    cb_tok_encode(cb_model_vocab(x->m), json_string_value(text), json_string_length(text), 0, &x->ids);
+    if (x->ids.n == 0 || (int64_t)lead->n + (int64_t)x->ids.n > n_ctx)
+        return bad_record(x, obj, x->ids.n == 0 ? "empty text" : "chunk longer than the model's context");
+    cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
+    if (cb_store_lookup(x->store, key, &found) != CB_OK) {
+        cli_err("%s: index lookup failed", x->store_dir);
+        json_decref(obj);
+        return CLI_EX_IOERR;
+    }
+    if (!found) {
+        cb_status st = cb_precomputer_run(x->pc, x->ids.ids, (int32_t)x->ids.n, &err);
+        if (interrupted) {
+            json_decref(obj);
+            return -1;
+        }
+        if (st == CB_OK)
+            st = cb_precomputer_store(x->pc, key, &err);
+        else
+            cb_error_set(&err, st, "%s:%ld: %s", x->in_name, x->lineno, err.msg);
+        if (st != CB_OK) {
+            cli_err("%s", err.msg);
+            json_decref(obj);
+            return cli_exit_code(st);
+        }
+        x->n_new++;
+        x->tok_done += (double)x->ids.n;
+    } else {
+        x->n_cached++;
+    }
+    x->n_done++;
+    cli_info("%s:%ld: %zu tokens, %s %s", x->in_name, x->lineno, x->ids.n, found ? "cached" : "stored", key);
+    int r = emit(line, len, obj, key, found);
+    json_decref(obj);
+    if (r != 0) {
+        cli_err("error writing to standard output: %s", strerror(errno));
+        return CLI_EX_IOERR;
+    }
+    show_progress(x);
+    return 0;
+}
+
+static int run(pre *x)
+{
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    long lineno = 0, n_total = -1, n_done = 0, n_new = 0, n_cached = 0, n_bad = 0;
-    double tok_done = 0, t0 = now_s(), t_last = 0;
-    int progress = isatty(2) && cli_verbosity > 0;
+    int code = 0;
 
-    if (cb_model_load(&m, model_path, &mp, &err) != CB_OK) {
-        cli_err("%s", err.msg);
-        code = cli_exit_code(err.status);
-        goto done;
-    }
-    if (cb_store_open(&store, store_dir, 1, &err) != CB_OK) {
-        cli_err("%s", err.msg);
-        code = cli_exit_code(err.status);
-        goto done;
-    }
-    if (cb_kv_lead_in(m, &lead) != CB_OK) {
-        code = CLI_EX_SOFTWARE;
-        goto done;
-    }
-    const cb_hparams *hp = cb_model_hparams(m);
-    cb_hash128 fp = cb_model_fingerprint(m);
-    char tier_name[64] = "";
-    if (place && strcmp(place, "auto") == 0) {
-        cb_profile *prof = calloc(1, sizeof *prof);
-        double load = -1, rec = -1;
-        int t = -1;
-        if (prof && cb_profile_load(prof, store_dir, fp, cb_model_backend(m), &err) == CB_OK)
-            t = cb_controller_place(prof, store, 0.15, 3072, kv_type, &load, &rec);
-        free(prof);
-        cb_store_tier ti;
-        if (t >= 0 && cb_store_tier_info(store, t, &ti) == CB_OK) {
-            snprintf(tier_name, sizeof tier_name, "%s", ti.name);
-            cli_info("--place auto: tier %s (load %.1f ms <= recompute %.1f ms for 3072 tokens at 0.15)", ti.name,
-                     load, rec);
-        } else {
-            cli_err("note: --place auto: no usable profile in %s (run cb-profile); using the fastest tier", store_dir);
-        }
-    } else if (place) {
-        snprintf(tier_name, sizeof tier_name, "%s", place);
-    }
-    int32_t n_ctx = hp->n_ctx_train, kv_cap = 0;
-    if (cb_fwd_new(&f, m, 512) != CB_OK) {
-        cli_err("out of memory");
-        code = CLI_EX_SOFTWARE;
-        goto done;
-    }
-    cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path, lead.n, store_dir,
-             cb_type_name(kv_type));
-    if (progress && !from_stdin) { /* a file: count its records for the ETA */
+    if (x->progress && !x->from_stdin) { /* a file: count its records for the ETA */
         int ch;
-        n_total = 0;
-        while ((ch = getc(in)) != EOF)
-            n_total += ch == '\n';
-        rewind(in);
+        x->n_total = 0;
+        while ((ch = getc(x->in)) != EOF)
+            x->n_total += ch == '\n';
+        rewind(x->in);
     }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
-
-    while (!interrupted && (len = getline(&line, &cap, in)) >= 0) {
-        lineno++;
+    while (!interrupted && code == 0 && (len = getline(&line, &cap, x->in)) >= 0) {
+        x->lineno++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = 0;
-        if (len == 0)
-            continue;
-        json_error_t jerr;
-        json_t *obj = json_loadb(line, (size_t)len, 0, &jerr);
-        json_t *text = obj ? json_object_get(obj, "text") : NULL;
-        if (!obj || !json_is_object(obj) || !json_is_string(text)) {
-            cli_err("%s:%ld: %s", in_name, lineno,
-                    !obj ? jerr.text : !json_is_object(obj) ? "not a JSON object" : "no \"text\" string");
-            json_decref(obj);
-            n_bad++;
-            if (strict) {
-                code = CLI_EX_DATAERR;
-                goto done;
-            }
-            continue;
-        }
-        ids.n = 0;
-        cb_tok_encode(cb_model_vocab(m), json_string_value(text), json_string_length(text), 0, &ids);
-        if (ids.n == 0 || (int64_t)lead.n + (int64_t)ids.n > n_ctx) {
-            cli_err("%s:%ld: %s", in_name, lineno,
-                    ids.n == 0 ? "empty text" : "chunk longer than the model's context");
-            json_decref(obj);
-            n_bad++;
-            if (strict) {
-                code = CLI_EX_DATAERR;
-                goto done;
-            }
-            continue;
-        }
-        char key[66];
-        int found = 0;
-        cb_kv_key(fp, cb_kv_tokens_hash(lead.ids, (int32_t)lead.n, ids.ids, (int32_t)ids.n), key);
-        if (cb_store_lookup(store, key, &found) != CB_OK) {
-            cli_err("%s: index lookup failed", store_dir);
-            json_decref(obj);
-            code = CLI_EX_IOERR;
-            goto done;
-        }
-        if (!found && (int64_t)lead.n + (int64_t)ids.n > kv_cap) {
-            /* the f32 cache grows with the longest chunk seen, in steps of 512 */
-            int64_t want = ((int64_t)lead.n + (int64_t)ids.n + 511) / 512 * 512;
-            cb_kvcache_free(kv);
-            kv = NULL;
-            kv_cap = (int32_t)(want < n_ctx ? want : n_ctx);
-            if (cb_kvcache_new(&kv, m, kv_cap, CB_TYPE_F32) != CB_OK) {
-                cli_err("out of memory (a cache of %d positions)", (int)kv_cap);
-                json_decref(obj);
-                code = CLI_EX_SOFTWARE;
-                goto done;
-            }
-        }
-        if (!found) {
-            void *buf = NULL;
-            size_t size = 0;
-            cb_status st = cb_kv_precompute(f, kv, lead.ids, (int32_t)lead.n, ids.ids, (int32_t)ids.n, kv_type,
-                                            &buf, &size);
-            if (st == CB_OK && !interrupted)
-                st = tier_name[0] ? cb_store_put_in(store, key, buf, size, tier_name, &err)
-                                  : cb_store_put(store, key, buf, size, &err);
-            else if (st != CB_OK)
-                cb_error_set(&err, st, "%s:%ld: precompute failed: %s", in_name, lineno, cb_strerror(st));
-            free(buf);
-            if (interrupted) {
-                json_decref(obj);
-                break;
-            }
-            if (st != CB_OK) {
-                cli_err("%s", err.msg);
-                json_decref(obj);
-                code = cli_exit_code(st);
-                goto done;
-            }
-            n_new++;
-            tok_done += (double)ids.n;
-        } else {
-            n_cached++;
-        }
-        n_done++;
-        cli_info("%s:%ld: %zu tokens, %s %s", in_name, lineno, ids.n, found ? "cached" : "stored", key);
-        if (emit(line, (size_t)len, obj, key, found) != 0) {
-            json_decref(obj);
-            cli_err("error writing to standard output: %s", strerror(errno));
-            code = CLI_EX_IOERR;
-            goto done;
-        }
-        json_decref(obj);
-        double now = now_s();
-        if (progress && now - t_last > 0.25) {
-            double el = now - t0, rate = n_done / (el > 0 ? el : 1);
-            fprintf(stderr, "\rcb-precompute: %ld", n_done);
-            if (n_total > 0)
-                fprintf(stderr, "/%ld", n_total);
-            fprintf(stderr, " chunks (%ld new, %ld cached), %.1f chunks/s, %.0f tokens/s", n_new, n_cached, rate,
-                    tok_done / (el > 0 ? el : 1));
-            if (n_total > 0 && rate > 0)
-                fprintf(stderr, ", ETA %.0f s", (double)(n_total - n_done) / rate);
-            fprintf(stderr, "   ");
-            t_last = now;
-        }
+        if (len > 0)
+            code = do_record(x, line, (size_t)len);
     }
-    if (progress)
+    free(line);
+    if (code > 0)
+        return code;
+    if (x->progress)
         fputc('\n', stderr);
     if (interrupted) {
-        cli_err("interrupted by signal %d after %ld chunks; nothing partial was stored", (int)interrupted, n_done);
-        code = 130;
-        goto done;
+        cli_err("interrupted by signal %d after %ld chunks; nothing partial was stored", (int)interrupted, x->n_done);
+        return 130;
     }
-    if (ferror(in)) {
-        cli_err("%s: read error: %s", in_name, strerror(errno));
-        code = CLI_EX_IOERR;
-        goto done;
+    if (ferror(x->in)) {
+        cli_err("%s: read error: %s", x->in_name, strerror(errno));
+        return CLI_EX_IOERR;
     }
-    double el = now_s() - t0;
-    if (cli_verbosity > 0 && (cli_verbosity > 1 || n_bad))
+    double el = cb_now_ms() / 1e3 - x->t0;
+    if (cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
         fprintf(stderr, "cb-precompute: %ld chunks: %ld stored, %ld already cached, %ld bad records; %.0f tokens/s\n",
-                n_done, n_new, n_cached, n_bad, tok_done / (el > 0 ? el : 1));
-done:
-    free(line);
-    if (in && !from_stdin)
-        fclose(in);
-    cb_tokens_free(&lead);
-    cb_tokens_free(&ids);
-    cb_fwd_free(f);
-    cb_kvcache_free(kv);
-    cb_store_close(store);
-    cb_model_free(m);
+                x->n_done, x->n_new, x->n_cached, x->n_bad, x->tok_done / (el > 0 ? el : 1));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    pre x = {.kv_type = CB_TYPE_F16, .n_total = -1};
+    char store_buf[4096];
+    int code;
+
+    cli_prog = "cb-precompute";
+    if ((code = parse_args(argc, argv, &x)) >= 0)
+        return code;
+    const char *in_path = optind < argc ? argv[optind] : "-";
+    x.store_dir = cli_store_dir(&x.co, store_buf, sizeof store_buf);
+    x.from_stdin = strcmp(in_path, "-") == 0;
+    x.in_name = x.from_stdin ? "(stdin)" : in_path;
+    x.in = x.from_stdin ? stdin : fopen(in_path, "rb");
+    if (!x.in) {
+        cli_err("%s: %s", in_path, strerror(errno));
+        return CLI_EX_NOINPUT;
+    }
+    x.t0 = cb_now_ms() / 1e3;
+    x.progress = isatty(2) && cli_verbosity > 0;
+    if ((code = setup(&x, cli_model_path(x.co.model))) == 0)
+        code = run(&x);
+    if (!x.from_stdin)
+        fclose(x.in);
+    cb_tokens_free(&x.ids);
+    cb_precomputer_free(x.pc);
+    cb_store_close(x.store);
+    cb_model_free(x.m);
     return cli_finish(code);
 }

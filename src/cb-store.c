@@ -74,16 +74,14 @@ static void usage(FILE *f)
 }
 
 enum {
-    OPT_VERSION = 256,
-    OPT_STORE,
-    OPT_JSON,
+    OPT_JSON = 256,
     OPT_TIER,
     OPT_PROMOTE,
     OPT_REPAIR,
     OPT_COST,
     OPT_RATIO,
     OPT_TOKENS,
-    OPT_DEVICE,
+    OPT_DEVICE, /* given[] index of --device (CLI_OPT_DEVICE) */
     OPT_COMPRESS
 };
 
@@ -677,15 +675,15 @@ static int cmd_place(const opts *o)
         code = fail(&err);
         goto done;
     }
-    cb_status pst = cb_profile_load(prof, o->store, fp, kind, &err);
+    cb_status pst = cb_store_profile_load(s, fp, kind, prof, &err);
     if (pst == CB_ERR_NOT_FOUND && !o->device)
-        pst = cb_profile_load(prof, o->store, fp, kind = "cpu", &err);
+        pst = cb_store_profile_load(s, fp, kind = "cpu", prof, &err);
     if (pst != CB_OK) {
         code = fail(&err);
         goto done;
     }
     double load = -1, rec = -1;
-    int t = cb_controller_place(prof, s, o->ratio, o->tokens, CB_TYPE_F16, &load, &rec);
+    int t = cb_store_place(s, prof, o->ratio, o->tokens, CB_TYPE_F16, &load, &rec);
     if (t < 0) {
         cli_err("%s: the profile measured none of this store's tiers: run cb-profile again", o->store);
         code = CLI_EX_DATAERR;
@@ -723,9 +721,9 @@ done:
 int main(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"store", required_argument, 0, OPT_STORE},
-        {"model", required_argument, 0, 'm'},
-        {"threads", required_argument, 0, 't'},
+        CLI_COMMON_OPTS,
+        CLI_STORE_OPT,
+        CLI_DEVICE_OPT,
         {"json", no_argument, 0, OPT_JSON},
         {"tier", required_argument, 0, OPT_TIER},
         {"promote", required_argument, 0, OPT_PROMOTE},
@@ -734,12 +732,7 @@ int main(int argc, char **argv)
         {"compress", required_argument, 0, OPT_COMPRESS},
         {"cost", required_argument, 0, OPT_COST},
         {"ratio", required_argument, 0, OPT_RATIO},
-        {"device", required_argument, 0, OPT_DEVICE},
         {"tokens", required_argument, 0, OPT_TOKENS},
-        {"verbose", no_argument, 0, 'v'},
-        {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},
-        {"version", no_argument, 0, OPT_VERSION},
         {0, 0, 0, 0},
     };
     static const struct {
@@ -754,6 +747,7 @@ int main(int argc, char **argv)
     };
     char store_buf[4096];
     opts o = {0};
+    cli_common co = {0};
     int c, code, given[OPT_COMPRESS + 1] = {0};
 
     cli_prog = "cb-store";
@@ -764,19 +758,14 @@ int main(int argc, char **argv)
     o.costs = calloc((size_t)argc + 1, sizeof *o.costs);
     if (!o.tiers || !o.costs)
         return CLI_EX_SOFTWARE;
-    while ((c = getopt_long(argc, argv, "m:t:o:vqh", lopts, NULL)) != -1) {
-        switch (c) {
-        case OPT_STORE: o.store = optarg; break;
-        case 'm': o.model = optarg; break;
-        case 't': {
-            char *end;
-            long n = strtol(optarg, &end, 10);
-            if (*end || n < 1 || n > 1024) {
-                cli_err("-t: '%s' is not a thread count", optarg);
-                return CLI_EX_USAGE;
-            }
-            break;
+    while ((c = getopt_long(argc, argv, "o:" CLI_COMMON_SHORT, lopts, NULL)) != -1) {
+        given[OPT_DEVICE] |= c == CLI_OPT_DEVICE;
+        if ((code = cli_common_opt(&co, c, optarg, usage)) != CLI_NOT_COMMON) {
+            if (code != CLI_CONTINUE)
+                return code;
+            continue;
         }
+        switch (c) {
         case OPT_JSON: o.json = 1; given[OPT_JSON] = 1; break;
         case OPT_TIER: o.tiers[o.n_tiers++] = optarg; given[OPT_TIER] = 1; break;
         case OPT_PROMOTE: {
@@ -793,7 +782,6 @@ int main(int argc, char **argv)
         case 'o': o.out = optarg; given[0] = 1; break;
         case OPT_REPAIR: o.repair = 1; given[OPT_REPAIR] = 1; break;
         case OPT_COMPRESS: o.compress = optarg; given[OPT_COMPRESS] = 1; break;
-        case OPT_DEVICE: o.device = optarg; given[OPT_DEVICE] = 1; break;
         case OPT_COST: o.costs[o.n_costs++] = optarg; given[OPT_COST] = 1; break;
         case OPT_RATIO: {
             char *end;
@@ -815,13 +803,11 @@ int main(int argc, char **argv)
             given[OPT_TOKENS] = 1;
             break;
         }
-        case 'v': cli_verbosity = 2; break;
-        case 'q': cli_verbosity = 0; break;
-        case 'h': usage(stdout); return cli_finish(0);
-        case OPT_VERSION: cli_version(); return cli_finish(0);
         default: usage(stderr); return CLI_EX_USAGE;
         }
     }
+    o.model = co.model;
+    o.device = co.device;
     if (optind >= argc) {
         usage(stderr);
         return CLI_EX_USAGE;
@@ -829,7 +815,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[optind];
     o.args = argv + optind + 1;
     o.n_args = argc - optind - 1;
-    o.store = o.store ? o.store : cb_store_default_dir(store_buf, sizeof store_buf);
+    o.store = cli_store_dir(&co, store_buf, sizeof store_buf);
     size_t k;
     for (k = 0; k < sizeof cmds / sizeof cmds[0]; k++)
         if (strcmp(cmds[k].name, cmd) == 0)

@@ -2,9 +2,11 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *cli_prog = "cb";
 int cli_verbosity = 1;
@@ -171,4 +173,138 @@ char *cli_utf8_clean(const char *s, size_t n)
     }
     *o = 0;
     return out;
+}
+
+int cli_common_opt(cli_common *co, int c, const char *arg, void (*usage)(FILE *))
+{
+    char *end;
+    long n;
+    switch (c) {
+    case 'm': co->model = arg; return CLI_CONTINUE;
+    case CLI_OPT_STORE: co->store = arg; return CLI_CONTINUE;
+    case CLI_OPT_DEVICE: co->device = arg; return CLI_CONTINUE;
+    case 't':
+        n = strtol(arg, &end, 10);
+        if (end == arg || *end || n < 1 || n > 1024) {
+            cli_err("-t %s: not a thread count (1 to 1024)", arg);
+            return CLI_EX_USAGE;
+        }
+        co->n_threads = (int)n;
+        return CLI_CONTINUE;
+    case 'v': cli_verbosity = 2; return CLI_CONTINUE;
+    case 'q': cli_verbosity = 0; return CLI_CONTINUE;
+    case 'h': usage(stdout); return cli_finish(0);
+    case CLI_OPT_VERSION: cli_version(); return cli_finish(0);
+    case '?': usage(stderr); return CLI_EX_USAGE;
+    }
+    return CLI_NOT_COMMON;
+}
+
+int cli_threads(const cli_common *co)
+{
+    long n;
+    if (co->n_threads > 0)
+        return co->n_threads;
+    n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+const char *cli_store_dir(const cli_common *co, char *buf, size_t n)
+{
+    return co->store ? co->store : cb_store_default_dir(buf, n);
+}
+
+int cli_parse_ids(const char *text, size_t len, const char *name, int32_t n_vocab, cb_tokens *ids)
+{
+    size_t i = 0;
+    while (i < len) {
+        while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r'))
+            i++;
+        if (i >= len)
+            break;
+        char *end;
+        errno = 0;
+        long long v = strtoll(text + i, &end, 10);
+        size_t used = (size_t)(end - (text + i));
+        if (used == 0 || errno != 0 ||
+            (i + used < len && !(text[i + used] == ' ' || text[i + used] == '\t' || text[i + used] == '\n' ||
+                                 text[i + used] == '\r'))) {
+            cli_err("%s: byte %zu: not a token id: '%.20s'", name, i, text + i);
+            return CLI_EX_DATAERR;
+        }
+        if (v < 0 || v >= n_vocab) {
+            cli_err("%s: token id %lld is out of range (the vocabulary has %d tokens)", name, v, (int)n_vocab);
+            return CLI_EX_DATAERR;
+        }
+        if (cb_tokens_push(ids, (int32_t)v) != CB_OK) {
+            cli_err("out of memory");
+            return CLI_EX_SOFTWARE;
+        }
+        i += used;
+    }
+    return 0;
+}
+
+int cli_write_json(const char *path, const void *json_obj)
+{
+    const json_t *obj = json_obj;
+    cb_error err;
+    int code = 0;
+    if (strcmp(path, "-") == 0) {
+        if (json_dumpf(obj, stderr, JSON_COMPACT) != 0 || fputc('\n', stderr) == EOF)
+            code = CLI_EX_IOERR;
+        return code;
+    }
+    char *s = json_dumps(obj, JSON_COMPACT);
+    size_t n = s ? strlen(s) : 0;
+    char *s2 = s ? realloc(s, n + 2) : NULL;
+    if (!s2) {
+        free(s);
+        return CLI_EX_SOFTWARE;
+    }
+    s2[n] = '\n';
+    if (cb_file_write_atomic(path, s2, n + 1, &err) != CB_OK) {
+        cli_err("%s", err.msg);
+        code = cli_exit_code(err.status);
+    }
+    free(s2);
+    return code;
+}
+
+int cli_read_records(const char *path, const char *field, void **out)
+{
+    int code = 0;
+    size_t len;
+    char *all = cli_read_input(path, &len, &code);
+    const char *name = strcmp(path, "-") == 0 ? "(stdin)" : path;
+    json_t *arr = json_array();
+    if (!all) {
+        json_decref(arr);
+        return code;
+    }
+    long lineno = 0;
+    for (char *line = all, *nl; line && *line; line = nl) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl++ = 0;
+        lineno++;
+        if (strspn(line, " \t\r") == strlen(line))
+            continue;
+        json_error_t jerr;
+        json_t *o = json_loads(line, 0, &jerr);
+        if (!o || !json_is_object(o) || !json_is_string(json_object_get(o, field))) {
+            if (!o)
+                cli_err("%s:%ld: %s", name, lineno, jerr.text);
+            else
+                cli_err("%s:%ld: not a chunk record (no \"%s\" string)", name, lineno, field);
+            json_decref(o);
+            json_decref(arr);
+            free(all);
+            return CLI_EX_DATAERR;
+        }
+        json_array_append_new(arr, o);
+    }
+    free(all);
+    *out = arr;
+    return 0;
 }

@@ -6,6 +6,7 @@
 #include "cbcore.h"
 
 #include <stddef.h>
+#include <getopt.h>
 #include <stdio.h>
 
 /* Exit statuses of every program (sysexits.h values). */
@@ -53,7 +54,63 @@ int cli_finish(int code);
  * sequence replaced by U+FFFD (JSON strings must be valid UTF-8). */
 char *cli_utf8_clean(const char *s, size_t n);
 
+/* Parse whitespace-separated token ids ("12 7 99\n") into *ids; a bad
+ * number or an id outside [0, n_vocab) is reported naming `name` and the
+ * byte offset.  Returns 0, 65 (bad data) or 70 (out of memory). */
+int cli_parse_ids(const char *text, size_t len, const char *name, int32_t n_vocab, cb_tokens *ids);
+
+/* Read JSON Lines records (path "-": stdin) into a jansson array (*out, a
+ * json_t *), each an object with a string `field`; blank lines are
+ * skipped.  Prints a message naming the line on failure; returns 0, 65
+ * (a bad record) or the exit status of cli_read_input. */
+int cli_read_records(const char *path, const char *field, void **out);
+
+/* Write one JSON object and a newline to path ("-": stderr) atomically.
+ * Prints a message on failure; returns 0 or an exit status. */
+int cli_write_json(const char *path, const void *json_obj);
+
 /* Print the --version line. */
 void cli_version(void);
+
+/* ------------------------------------------------------ common options
+ * Every program takes -m/--model, -t/--threads, -v/--verbose, -q/--quiet,
+ * -h/--help and --version; those that open a store take --store, those
+ * that compute take --device.  A program lists CLI_COMMON_OPTS (and
+ * CLI_STORE_OPT, CLI_DEVICE_OPT where it takes them) in its getopt_long
+ * table and CLI_COMMON_SHORT in its short options, and hands each option
+ * to cli_common_opt before its own switch. */
+typedef struct cli_common {
+    const char *model;  /* -m as given, NULL when not (cli_model_path resolves it) */
+    const char *store;  /* --store as given, NULL when not */
+    const char *device; /* --device as given, NULL when not (cli_device resolves it) */
+    int n_threads;      /* -t, 0 when not given */
+} cli_common;
+
+enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE };
+
+#define CLI_COMMON_SHORT "m:t:vqh"
+#define CLI_COMMON_OPTS                                                                                      \
+    {"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 't'},                           \
+        {"verbose", no_argument, 0, 'v'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},     \
+        {"version", no_argument, 0, CLI_OPT_VERSION}
+#define CLI_STORE_OPT {"store", required_argument, 0, CLI_OPT_STORE}
+#define CLI_DEVICE_OPT {"device", required_argument, 0, CLI_OPT_DEVICE}
+
+/* cli_common_opt's answer when the option is the program's own. */
+#define CLI_NOT_COMMON (-1)
+/* ... and when it handled it and parsing goes on. */
+#define CLI_CONTINUE (-2)
+
+/* Handle option c (getopt_long's return, arg its optarg).  Returns
+ * CLI_CONTINUE when it took a common option, CLI_NOT_COMMON when c is the
+ * program's own, or the status to exit with now: 0 after printing -h
+ * (usage(stdout)) or --version, 64 after a bad -t (1 to 1024 threads) or
+ * an option getopt rejected ('?': usage(stderr)). */
+int cli_common_opt(cli_common *co, int c, const char *arg, void (*usage)(FILE *));
+
+/* Compute threads: -t, else every online core. */
+int cli_threads(const cli_common *co);
+/* The store directory: --store, else cb_store_default_dir (into buf). */
+const char *cli_store_dir(const cli_common *co, char *buf, size_t n);
 
 #endif

@@ -40,6 +40,11 @@ typedef struct cb_backend_ops {
      * queued; work other threads queued on it must be complete. */
     void *(*alloc)(cb_backend *b, size_t nbytes);
     void (*dealloc)(cb_backend *b, void *p);
+    /* Scratch, optional (NULL: use alloc): nbytes of backend memory that
+     * only the calling thread's work touches, contents undefined, freed with
+     * dealloc.  It returns without waiting for the device, so the hot paths
+     * (a KV load, the deviation, the logits) never drain their queue. */
+    void *(*alloc_tmp)(cb_backend *b, size_t nbytes);
     /* upload returns once src may be reused (the copy itself may still be
      * queued); download returns once dst holds the data. */
     void (*upload)(cb_backend *b, void *dst, const void *src, size_t nbytes);
@@ -58,10 +63,10 @@ typedef struct cb_backend_ops {
     void (*event_wait)(cb_backend *b, void *ev);
 
     /* Weights: take n_out rows of n_in elements of type t from host memory
-     * (a GGUF mapping), and an optional f32 bias (copied).  NULL on failure.
-     * The data must stay valid and unchanged until weight_free: the CPU
-     * backend computes on it where it lies (no copy); a device backend
-     * copies it. */
+     * (a GGUF mapping), and an optional f32 bias (copied).  Usable by every
+     * thread on return.  NULL on failure.  The data must stay valid and
+     * unchanged until weight_free: the CPU backend computes on it where it
+     * lies (no copy); a device backend copies it. */
     cb_bweight *(*weight_new)(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
                               const float *bias);
     void (*weight_free)(cb_backend *b, cb_bweight *w);
@@ -108,7 +113,8 @@ typedef struct cb_backend_ops {
     void (*deviation)(cb_backend *b, const float *src, const void *cache, cb_type t, int64_t width,
                       const int32_t *at, int64_t n, float *dev);
     /* idx (host) [k] = the indices of the k largest of x [n] (backend),
-     * largest first, equal values by lower index first; k <= n. */
+     * largest first, equal values by lower index first, NaN below every
+     * number (cb_op_topk_before); k <= n. */
     void (*topk)(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx);
 } cb_backend_ops;
 
@@ -138,7 +144,7 @@ cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, c
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
  * on failure msg holds the reason. */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 1
+#define CB_CUDA_ABI 2
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

@@ -613,10 +613,10 @@ static void cpu_deviation(cb_backend *b, const float *src, const void *cache, cb
     }
 }
 
-/* a ranks before b: larger value, then lower index */
+/* a ranks before b: larger value, then lower index; NaN after numbers */
 static int ranks_before(const float *x, int32_t a, int32_t b)
 {
-    return x[a] > x[b] || (x[a] == x[b] && a < b);
+    return cb_op_topk_before(x[a], a, x[b], b); /* NaN last, as on CUDA */
 }
 
 /* sift h[i] down a heap of n whose root ranks last */

@@ -57,4 +57,39 @@ CB_OP void cb_op_rope_rotate(float *x0, float *x1, float c, float s)
     *x1 = a * s + b * c;
 }
 
+/* topk's order, a total one on any input: does value a at index ia come
+ * before value b at index ib?  Larger first, equal values by lower index,
+ * NaN below every number (-inf included) and equal to every other NaN, so
+ * that k = n ranks every element exactly once. */
+CB_OP int cb_op_topk_before(float a, int64_t ia, float b, int64_t ib)
+{
+    int na = a != a, nb = b != b;
+    if (na != nb)
+        return nb; /* the number comes first */
+    if (!na && a != b)
+        return a > b;
+    return ia < ib;
+}
+
+/* f16 matrix products (CUDA): the power-of-two exponent e that brings a
+ * block of values whose largest magnitude is amax to amax 2^e in
+ * [2^14, 2^15).  Every element then fits f16 (largest finite 65504) with a
+ * bit to spare, and small ones move away from f16's subnormals; scaling by
+ * 2^e is exact and is undone through the product's alpha.  e is clamped to
+ * [-CB_F16_EXP_MAX, CB_F16_EXP_MAX] so that the alpha of two scaled
+ * operands, 2^-(e1+e2), stays a normal f32: blocks with amax from 2^-45 to
+ * 2^75 land exactly in range (beyond 2^75, 3.8e22, no model's activations
+ * go).  amax 0, inf or NaN: 0 (a non-finite input gives non-finite
+ * outputs, as on the CPU). */
+#define CB_F16_EXP_MAX 60
+CB_OP int cb_op_f16_scale_exp(float amax)
+{
+    int e;
+    if (!(amax > 0.0f) || amax > 3.40282347e38f)
+        return 0;
+    frexpf(amax, &e); /* amax in [2^(e-1), 2^e) */
+    e = 15 - e;
+    return e < -CB_F16_EXP_MAX ? -CB_F16_EXP_MAX : e > CB_F16_EXP_MAX ? CB_F16_EXP_MAX : e;
+}
+
 #endif

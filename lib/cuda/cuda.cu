@@ -24,9 +24,20 @@
  * is refilled only after its event, so two of them keep the host copy and
  * the DMA overlapping.
  *
- * Errors.  Allocation failures are returned (NULL); any other CUDA or cuBLAS
- * failure after the backend started is a device fault or a bug, and the
- * process stops with the call, file and line.
+ * Matrix products in f16 never overflow: a weight is scaled by a power of
+ * two at load and each call's input rows by another (cb_op_f16_scale_exp:
+ * the largest magnitude lands in [2^14, 2^15)), and alpha undoes both.  The
+ * input's scale is found on the device and alpha read from device memory,
+ * so a product never waits for the host.
+ *
+ * Errors.  Only an allocation failure is returned (NULL, which the caller
+ * reports as out of memory).  Any other CUDA or cuBLAS failure after the
+ * backend started is a device fault or a bug: the process stops, naming the
+ * backend operation, the call, file and line, and the error itself.
+ * Kernels fail asynchronously, so without a check after each one a fault
+ * surfaces at a later call; CB_CUDA_SYNC=1 makes every operation wait for
+ * its work and check it, so the report names the operation that caused it,
+ * and makes every matrix product check its outputs for inf and NaN.
  *
  * Verified: compiled and linked for sm_80, sm_86, sm_89, sm_90 and PTX
  * (compute_90) with nvcc 13.0; not yet run on a GPU (no GPU has been
@@ -43,6 +54,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 extern "C" {
 #include "../backend/backend.h"
 }
@@ -51,9 +64,15 @@ extern "C" {
 
 /* ----------------------------------------------------------- errors */
 
+/* the backend operation the calling thread is in (set by T()) */
+static thread_local const char *cur_op = "open";
+/* CB_CUDA_SYNC=1: every operation waits for its work and checks it */
+static int sync_each;
+
 static void die(const char *what, const char *file, int line, const char *why)
 {
-    fprintf(stderr, "cacheblend: CUDA backend: %s failed at %s:%d: %s\n", what, file, line, why);
+    fprintf(stderr, "cacheblend: CUDA backend: %s: %s failed at %s:%d: %s%s\n", cur_op, what, file, line, why,
+            sync_each ? "" : " (the error may come from earlier work: CB_CUDA_SYNC=1 checks after every operation)");
     abort();
 }
 
@@ -90,8 +109,9 @@ static unsigned nblocks(int64_t n, int per)
 
 /* ------------------------------------------------------ thread context */
 
-/* 64 index slots: the host may queue that many indexed operations ahead of
- * the device before it waits for the oldest slot to be free again */
+/* 64 staging slots for index arrays and small tables: the host may queue
+ * that many such operations ahead of the device before it waits for the
+ * oldest slot to be free again */
 enum { N_IDX = 64, STAGE_BYTES = 8 << 20 };
 
 typedef struct slot {
@@ -101,12 +121,21 @@ typedef struct slot {
     cudaEvent_t ev;  /* the last copy out of host */
 } slot;
 
+/* A thread's device scalars for its matrix products (stream-ordered: each
+ * product rewrites them after the previous one has read them). */
+typedef struct mm_scalars {
+    unsigned amax;     /* the input's largest magnitude, as f32 bits (NaN above inf) */
+    float alpha, zero; /* cuBLAS reads both from here (device pointer mode) */
+    unsigned n_bad;    /* CB_CUDA_SYNC: non-finite outputs of the last product */
+} mm_scalars;
+
 typedef struct cuda_ctx cuda_ctx;
 
 typedef struct tctx {
     cuda_ctx *owner;
     cudaStream_t s;
     cublasHandle_t blas;  /* created on the thread's first matmul */
+    mm_scalars *scal;     /* device, with the handle */
     slot idx[N_IDX];      /* index arrays, round robin */
     int next_idx;
     slot stage[2];        /* upload staging, alternating */
@@ -158,6 +187,7 @@ static void tctx_destroy(tctx *t)
         cudaEventDestroy(t->stage[i].ev);
     }
     cudaFree(t->act);
+    cudaFree(t->scal);
     if (t->blas)
         cublasDestroy(t->blas);
     cudaStreamDestroy(t->s);
@@ -178,10 +208,12 @@ static tctx *tctx_new(cuda_ctx *c)
     return t;
 }
 
-/* The calling thread's context, made current on the backend's device. */
-static tctx *T(cb_backend *b)
+/* The calling thread's context, made current on the backend's device; op
+ * names the backend operation for error reports. */
+static tctx *T(cb_backend *b, const char *op)
 {
     cuda_ctx *c = CTX(b);
+    cur_op = op;
     CK(cudaSetDevice(c->dev)); /* per host thread; cheap when unchanged */
     tctx *t = (tctx *)pthread_getspecific(c->key);
     if (t)
@@ -201,53 +233,119 @@ static tctx *T(cb_backend *b)
     return t;
 }
 
-/* Copy n index values from the host to the device through the next index
- * slot; the device copy is valid for work queued after it on t->s. */
-static const int32_t *stage_idx(tctx *t, const int32_t *h, int64_t n)
+/* Copy `bytes` of host data (index arrays, small tables) to the device
+ * through the next staging slot; the device copy is valid for work queued
+ * after it on t->s, until N_IDX more stagings. */
+static const void *stage(tctx *t, const void *h, size_t bytes)
 {
     slot *sl = &t->idx[t->next_idx];
-    size_t bytes = sizeof(int32_t) * (size_t)(n > 0 ? n : 1);
     t->next_idx = (t->next_idx + 1) % N_IDX;
     CK(cudaEventSynchronize(sl->ev)); /* its last copy has left the host buffer */
     if (bytes > sl->cap) {
         size_t cap = bytes < 65536 ? 65536 : bytes * 2;
         CK(cudaFreeHost(sl->host));
         if (sl->dev)
-            CK(cudaFreeAsync(sl->dev, t->s));
+            CK(cudaFreeAsync(sl->dev, t->s)); /* after the work that read it */
+        sl->host = sl->dev = NULL;
+        sl->cap = 0;
         CK(cudaHostAlloc(&sl->host, cap, cudaHostAllocDefault));
         CK(cudaMallocAsync(&sl->dev, cap, t->s));
         sl->cap = cap;
     }
-    memcpy(sl->host, h, sizeof(int32_t) * (size_t)n);
-    CK(cudaMemcpyAsync(sl->dev, sl->host, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, t->s));
+    if (bytes == 0)
+        return sl->dev;
+    memcpy(sl->host, h, bytes);
+    CK(cudaMemcpyAsync(sl->dev, sl->host, bytes, cudaMemcpyHostToDevice, t->s));
     CK(cudaEventRecord(sl->ev, t->s));
-    return (const int32_t *)sl->dev;
+    return sl->dev;
 }
+
+static const int32_t *stage_idx(tctx *t, const int32_t *h, int64_t n)
+{
+    return (const int32_t *)stage(t, h, sizeof(int32_t) * (size_t)(n > 0 ? n : 0));
+}
+
+/* CB_CUDA_SYNC=1: after an operation, wait for the thread's work and stop
+ * on any error, naming the operation */
+static void check_op(cb_backend *b)
+{
+    tctx *t = (tctx *)pthread_getspecific(CTX(b)->key);
+    if (!t)
+        return;
+    CK(cudaStreamSynchronize(t->s));
+    CK(cudaGetLastError());
+}
+
+/* The operation table's entries under CB_CUDA_SYNC=1: the operation, then
+ * check_op. */
+template <auto F> struct checked;
+template <typename R, typename... A, R (*F)(cb_backend *, A...)> struct checked<F> {
+    static R call(cb_backend *b, A... a)
+    {
+        if constexpr (std::is_void_v<R>) {
+            F(b, a...);
+            check_op(b);
+        } else {
+            R r = F(b, a...);
+            check_op(b);
+            return r;
+        }
+    }
+};
 
 /* ------------------------------------------------------------ memory */
 
-static void *cu_alloc(cb_backend *b, size_t nbytes)
+/* cudaMallocAsync on the thread's stream: NULL only when the device is out
+ * of memory (the error is cleared); any other error stops the process. */
+static void *alloc_on(tctx *t, size_t nbytes)
 {
-    tctx *t = T(b);
     void *p = NULL;
-    if (cudaMallocAsync(&p, nbytes ? nbytes : 1, t->s) != cudaSuccess) {
-        cudaGetLastError(); /* clear it: out of memory is reported, not fatal */
+    cudaError_t e = cudaMallocAsync(&p, nbytes ? nbytes : 1, t->s);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); /* not sticky: clear it, the caller reports it */
         return NULL;
     }
+    CK(e);
+    return p;
+}
+
+static void *cu_alloc(cb_backend *b, size_t nbytes)
+{
+    tctx *t = T(b, "alloc");
+    void *p = alloc_on(t, nbytes);
+    if (!p)
+        return NULL;
     CK(cudaMemsetAsync(p, 0, nbytes, t->s));
     CK(cudaStreamSynchronize(t->s)); /* usable by every thread's stream */
     return p;
 }
 
+static void *cu_alloc_tmp(cb_backend *b, size_t nbytes)
+{
+    return alloc_on(T(b, "alloc_tmp"), nbytes); /* stream-ordered: this thread's later work sees it */
+}
+
+static void free_on(tctx *t, void *p)
+{
+    if (p)
+        CK(cudaFreeAsync(p, t->s));
+}
+
 static void cu_dealloc(cb_backend *b, void *p)
 {
     if (p)
-        CK(cudaFreeAsync(p, T(b)->s));
+        free_on(T(b, "dealloc"), p);
 }
 
-static void cu_upload(cb_backend *b, void *dst, const void *src, size_t nbytes)
+static float bits_float(unsigned u)
 {
-    tctx *t = T(b);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void upload_on(tctx *t, void *dst, const void *src, size_t nbytes)
+{
     for (size_t off = 0; off < nbytes;) {
         slot *sl = &t->stage[t->next_stage];
         size_t len = nbytes - off < (size_t)STAGE_BYTES ? nbytes - off : (size_t)STAGE_BYTES;
@@ -264,43 +362,50 @@ static void cu_upload(cb_backend *b, void *dst, const void *src, size_t nbytes)
     }
 }
 
+static void cu_upload(cb_backend *b, void *dst, const void *src, size_t nbytes)
+{
+    upload_on(T(b, "upload"), dst, src, nbytes);
+}
+
 static void cu_download(cb_backend *b, void *dst, const void *src, size_t nbytes)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "download");
     CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, t->s));
     CK(cudaStreamSynchronize(t->s));
 }
 
 static void cu_sync(cb_backend *b)
 {
-    CK(cudaStreamSynchronize(T(b)->s));
+    CK(cudaStreamSynchronize(T(b, "sync")->s));
 }
 
 static void *cu_event_new(cb_backend *b)
 {
     cudaEvent_t ev;
-    T(b); /* on the backend's device */
-    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+    T(b, "event_new"); /* on the backend's device */
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError();
         return NULL;
     }
+    CK(e);
     return (void *)ev;
 }
 
 static void cu_event_free(cb_backend *b, void *ev)
 {
-    T(b);
+    T(b, "event_free");
     CK(cudaEventDestroy((cudaEvent_t)ev));
 }
 
 static void cu_event_record(cb_backend *b, void *ev)
 {
-    CK(cudaEventRecord((cudaEvent_t)ev, T(b)->s));
+    CK(cudaEventRecord((cudaEvent_t)ev, T(b, "event_record")->s));
 }
 
 static void cu_event_wait(cb_backend *b, void *ev)
 {
-    CK(cudaStreamWaitEvent(T(b)->s, (cudaEvent_t)ev, 0));
+    CK(cudaStreamWaitEvent(T(b, "event_wait")->s, (cudaEvent_t)ev, 0));
 }
 
 /* ------------------------------------------------- element conversions */
@@ -437,6 +542,8 @@ static size_t row_bytes(cb_type t, int64_t n)
 template <typename T> static void dequant(cb_type t, const uint8_t *src, T *y, int64_t n, cudaStream_t s)
 {
     const int B = 256;
+    if (n <= 0)
+        return;
     switch (t) {
     case CB_TYPE_F32: k_dq_f32<T><<<nblocks(n, B), B, 0, s>>>(src, y, n); break;
     case CB_TYPE_F16: k_dq_f16<T><<<nblocks(n, B), B, 0, s>>>(src, y, n); break;
@@ -456,45 +563,122 @@ template <typename T> static void dequant(cb_type t, const uint8_t *src, T *y, i
 
 /* ------------------------------------------------------------ weights */
 
+/* the largest magnitude of x [n] into *amax as f32 bits, which order like
+ * the magnitudes (NaN above inf); *amax starts at 0.  A grid-stride loop,
+ * a warp reduction, one atomic per warp. */
+__global__ void k_absmax(const float *x, int64_t n, unsigned *amax)
+{
+    unsigned m = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        m = max(m, __float_as_uint(fabsf(x[i])));
+    for (int o = 16; o > 0; o >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0 && m)
+        atomicMax(amax, m);
+}
+
+static void absmax(tctx *t, const float *x, int64_t n, unsigned *amax)
+{
+    unsigned g = nblocks(n, 256);
+    CK(cudaMemsetAsync(amax, 0, sizeof *amax, t->s));
+    if (n > 0) {
+        k_absmax<<<g < 1024 ? g : 1024, 256, 0, t->s>>>(x, n, amax);
+        CKL();
+    }
+}
+
+/* y [n] = x [n] 2^e in 16 bits; scaled: e = cb_op_f16_scale_exp(*amax)
+ * (else 0).  With alpha: *alpha = 2^-(e + e_w), the product's undoing of
+ * both scales (written by one thread; the product runs after the kernel). */
+template <typename T>
+__global__ void k_to16(const float *x, T *y, int64_t n, const unsigned *amax, int e_w, float *alpha)
+{
+    const int e = amax ? cb_op_f16_scale_exp(__uint_as_float(*amax)) : 0;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = st<T>(ldexpf(x[i], e));
+    if (alpha && i == 0)
+        *alpha = ldexpf(1.0f, -(e + e_w));
+}
+
 struct cb_bweight {
     int64_t n_in, n_out;
-    void *w;           /* [n_out, n_in] of dt */
+    void *w;           /* [n_out, n_in] of dt: the weight times 2^e */
     cudaDataType_t dt; /* CUDA_R_16F or CUDA_R_16BF */
+    int e;             /* f16: cb_op_f16_scale_exp of the weight's largest magnitude; bf16: 0 */
     float *bias;       /* [n_out] or NULL */
 };
 
+/* Rows per dequantization pass through the f32 scratch (about 4M values) */
+static int64_t dq_rows(int64_t n_in)
+{
+    int64_t r = ((int64_t)4 << 20) / (n_in > 0 ? n_in : 1);
+    return r > 0 ? r : 1;
+}
+
+/* The weight's GGUF bytes are dequantized to f32 rows by the type's kernel
+ * (dequant.h's formulas), in passes through a scratch buffer: f16 weights
+ * take two, one for the largest magnitude and one converting to f16 at the
+ * power-of-two scale that keeps every value finite (an f32 weight above
+ * 65504, a q8_0 block scale times 127); bf16 weights one. */
 static cb_bweight *cu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
                                  const float *bias)
 {
-    tctx *th = T(b);
+    tctx *th = T(b, "weight_new");
     size_t rb = row_bytes(t, n_in), raw_bytes = rb * (size_t)n_out;
+    int64_t chunk = dq_rows(n_in);
     cb_bweight *w = (cb_bweight *)calloc(1, sizeof *w);
-    void *raw = NULL;
-    if (!w || rb == 0)
+    uint8_t *raw = NULL;
+    float *f32 = NULL;
+    unsigned *amax = NULL, h_amax = 0;
+    if (!w || rb == 0 || n_out <= 0)
         goto fail;
     w->n_in = n_in;
     w->n_out = n_out;
     w->dt = t == CB_TYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    if (!(w->w = cu_alloc(b, 2 * (size_t)(n_in * n_out))) || !(raw = cu_alloc(b, raw_bytes)))
+    if (!(w->w = alloc_on(th, 2 * (size_t)(n_in * n_out))) || !(raw = (uint8_t *)alloc_on(th, raw_bytes)) ||
+        !(f32 = (float *)alloc_on(th, sizeof(float) * (size_t)(chunk * n_in))) ||
+        !(amax = (unsigned *)alloc_on(th, sizeof *amax)))
         goto fail;
     if (bias) {
-        if (!(w->bias = (float *)cu_alloc(b, sizeof(float) * (size_t)n_out)))
+        if (!(w->bias = (float *)alloc_on(th, sizeof(float) * (size_t)n_out)))
             goto fail;
-        cu_upload(b, w->bias, bias, sizeof(float) * (size_t)n_out);
+        upload_on(th, w->bias, bias, sizeof(float) * (size_t)n_out);
     }
-    cu_upload(b, raw, data, raw_bytes);
-    if (w->dt == CUDA_R_16BF)
-        dequant<__nv_bfloat16>(t, (const uint8_t *)raw, (__nv_bfloat16 *)w->w, n_in * n_out, th->s);
-    else
-        dequant<__half>(t, (const uint8_t *)raw, (__half *)w->w, n_in * n_out, th->s);
-    cu_dealloc(b, raw);
+    upload_on(th, raw, data, raw_bytes);
+    CK(cudaMemsetAsync(amax, 0, sizeof *amax, th->s));
+    for (int pass = w->dt == CUDA_R_16F ? 0 : 1; pass < 2; pass++)
+        for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
+            int64_t nr = n_out - r0 < chunk ? n_out - r0 : chunk, ne = nr * n_in;
+            dequant<float>(t, raw + (size_t)r0 * rb, f32, ne, th->s);
+            if (pass == 0) {
+                unsigned g = nblocks(ne, 256);
+                k_absmax<<<g < 1024 ? g : 1024, 256, 0, th->s>>>(f32, ne, amax);
+                CKL();
+            } else if (w->dt == CUDA_R_16BF) {
+                LAUNCH_1D(th, ne, k_to16, f32, (__nv_bfloat16 *)w->w + r0 * n_in, ne, (const unsigned *)NULL, 0,
+                          (float *)NULL);
+            } else {
+                LAUNCH_1D(th, ne, k_to16, f32, (__half *)w->w + r0 * n_in, ne, (const unsigned *)amax, 0,
+                          (float *)NULL);
+            }
+        }
+    CK(cudaMemcpyAsync(&h_amax, amax, sizeof h_amax, cudaMemcpyDeviceToHost, th->s));
+    /* usable by every thread on return (and the scratch freed after use) */
+    CK(cudaStreamSynchronize(th->s));
+    w->e = w->dt == CUDA_R_16F ? cb_op_f16_scale_exp(bits_float(h_amax)) : 0;
+    free_on(th, raw);
+    free_on(th, f32);
+    free_on(th, amax);
     return w;
 fail:
     if (w) {
-        cu_dealloc(b, w->w);
-        cu_dealloc(b, w->bias);
+        free_on(th, w->w);
+        free_on(th, w->bias);
     }
-    cu_dealloc(b, raw);
+    free_on(th, raw);
+    free_on(th, f32);
+    free_on(th, amax);
     free(w);
     return NULL;
 }
@@ -510,13 +694,6 @@ static void cu_weight_free(cb_backend *b, cb_bweight *w)
 
 /* ------------------------------------------------ small elementwise ops */
 
-template <typename T> __global__ void k_to16(const float *x, T *y, int64_t n)
-{
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        y[i] = st<T>(x[i]);
-}
-
 __global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t n_out)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -524,54 +701,87 @@ __global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t n_out
         y[i] += bias[i % n_out];
 }
 
+/* CB_CUDA_SYNC: count the non-finite values of y [n] into *bad */
+__global__ void k_count_bad(const float *y, int64_t n, unsigned *bad)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && !isfinite(y[i]))
+        atomicAdd(bad, 1u);
+}
+
 static void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "matmul");
     int64_t ne = n * w->n_in;
     size_t need = 2 * (size_t)ne;
-    const float one = 1.0f, zero = 0.0f;
     if (n == 0)
         return;
     if (!t->blas) {
         CKB(cublasCreate(&t->blas));
         CKB(cublasSetStream(t->blas, t->s));
+        /* alpha and beta from device memory: the input's scale is known
+         * only on the device, and the host never waits for it */
+        CKB(cublasSetPointerMode(t->blas, CUBLAS_POINTER_MODE_DEVICE));
+        CK(cudaMallocAsync((void **)&t->scal, sizeof *t->scal, t->s));
+        CK(cudaMemsetAsync(t->scal, 0, sizeof *t->scal, t->s)); /* zero: beta */
     }
     if (need > t->act_cap) {
         if (t->act)
             CK(cudaFreeAsync(t->act, t->s));
+        t->act = NULL, t->act_cap = 0;
         CK(cudaMallocAsync(&t->act, need, t->s));
         t->act_cap = need;
     }
-    if (w->dt == CUDA_R_16BF)
-        LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)t->act, ne);
-    else
-        LAUNCH_1D(t, ne, k_to16, x, (__half *)t->act, ne);
+    if (w->dt == CUDA_R_16BF) { /* bf16 holds any f32 magnitude: no scaling */
+        LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)t->act, ne, (const unsigned *)NULL, w->e, &t->scal->alpha);
+    } else {
+        absmax(t, x, ne, &t->scal->amax);
+        LAUNCH_1D(t, ne, k_to16, x, (__half *)t->act, ne, (const unsigned *)&t->scal->amax, w->e, &t->scal->alpha);
+    }
     /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
      * y^T [n_out, n] = (W as column-major [n_in, n_out])^T x^T */
-    CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in, &one, w->w, w->dt,
-                     (int)w->n_in, t->act, w->dt, (int)w->n_in, &zero, y, CUDA_R_32F, (int)w->n_out,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in, &t->scal->alpha, w->w,
+                     w->dt, (int)w->n_in, t->act, w->dt, (int)w->n_in, &t->scal->zero, y, CUDA_R_32F,
+                     (int)w->n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (w->bias)
         LAUNCH_1D(t, n * w->n_out, k_add_bias, y, w->bias, n, w->n_out);
+    if (sync_each) { /* the debug check: no inf or NaN out of a product */
+        mm_scalars h;
+        CK(cudaMemsetAsync(&t->scal->n_bad, 0, sizeof(unsigned), t->s));
+        LAUNCH_1D(t, n * w->n_out, k_count_bad, y, n * w->n_out, &t->scal->n_bad);
+        if (w->dt == CUDA_R_16BF)
+            absmax(t, x, ne, &t->scal->amax);
+        CK(cudaMemcpyAsync(&h, t->scal, sizeof h, cudaMemcpyDeviceToHost, t->s));
+        CK(cudaStreamSynchronize(t->s));
+        if (h.n_bad) {
+            char why[160];
+            float xa = bits_float(h.amax);
+            snprintf(why, sizeof why, "%u of %lld outputs are inf or NaN; the input's largest magnitude is %g", h.n_bad,
+                     (long long)(n * w->n_out), (double)xa);
+            die("matmul [n x n_in] . [n_out x n_in]^T (CB_CUDA_SYNC check)", __FILE__, __LINE__, why);
+        }
+    }
 }
 
-template <typename T> __global__ void k_get_rows(const T *w, const int32_t *ids, int64_t n, int64_t d, float *dst)
+template <typename T>
+__global__ void k_get_rows(const T *w, const int32_t *ids, int64_t n, int64_t d, float unscale, float *dst)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n * d)
-        dst[i] = ld<T>(w[(int64_t)ids[i / d] * d + i % d]);
+        dst[i] = ld<T>(w[(int64_t)ids[i / d] * d + i % d]) * unscale;
 }
 
 static void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "get_rows");
+    const float unscale = ldexpf(1.0f, -w->e); /* exact */
     if (n == 0)
         return;
     const int32_t *dids = stage_idx(t, ids, n);
     if (w->dt == CUDA_R_16BF)
-        LAUNCH_1D(t, n * w->n_in, k_get_rows, (const __nv_bfloat16 *)w->w, dids, n, w->n_in, dst);
+        LAUNCH_1D(t, n * w->n_in, k_get_rows, (const __nv_bfloat16 *)w->w, dids, n, w->n_in, unscale, dst);
     else
-        LAUNCH_1D(t, n * w->n_in, k_get_rows, (const __half *)w->w, dids, n, w->n_in, dst);
+        LAUNCH_1D(t, n * w->n_in, k_get_rows, (const __half *)w->w, dids, n, w->n_in, unscale, dst);
 }
 
 /* sum of v over the block's threads (blockDim.x a multiple of 32, <= 1024) */
@@ -606,15 +816,19 @@ __global__ void k_rmsnorm(const float *x, const float *g, float *y, int64_t d, f
 
 static void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "rmsnorm");
     if (n == 0)
         return;
     k_rmsnorm<<<(unsigned)n, 256, 0, t->s>>>(x, g, y, d, eps);
     CKL();
 }
 
-/* thread per (row, head, pair) */
-__global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, float base, int neox)
+/* thread per (row, head, pair); inv [n_rot/2]: the pairs' inverse
+ * frequencies, computed on the host exactly as the CPU backend does (a
+ * device powf differs from the host's in the last bit, which the angle
+ * multiplies by the position: 1e-3 rad at 32K) */
+__global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, const float *inv,
+                       int neox)
 {
     int half = n_rot / 2;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -624,7 +838,7 @@ __global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int 
     int64_t th = i / half; /* row * n_head + head */
     int a, c;
     float s, co;
-    sincosf((float)pos[th / n_head] * cb_op_rope_freq(p, n_rot, base), &s, &co);
+    sincosf((float)pos[th / n_head] * inv[p], &s, &co); /* the CPU's angle, bit for bit */
     cb_op_rope_pair(p, n_rot, neox, &a, &c);
     float *v = x + th * hd;
     cb_op_rope_rotate(&v[a], &v[c], co, s);
@@ -633,11 +847,18 @@ __global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int 
 static void cu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot,
                     float base, int neox)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "rope");
     int64_t nt = n * n_head * (n_rot / 2);
+    enum { HALF_MAX = 128 };
+    float inv[HALF_MAX];
     if (nt == 0)
         return;
-    LAUNCH_1D(t, nt, k_rope, x, stage_idx(t, pos, n), n, n_head, hd, n_rot, base, neox);
+    if (n_rot / 2 > HALF_MAX) /* n_rot <= head_dim <= max_head_dim (256) */
+        die("rope", __FILE__, __LINE__, "rotated dimensions above 256");
+    for (int i = 0; i < n_rot / 2; i++)
+        inv[i] = cb_op_rope_freq(i, n_rot, base);
+    const float *dinv = (const float *)stage(t, inv, sizeof(float) * (size_t)(n_rot / 2));
+    LAUNCH_1D(t, nt, k_rope, x, stage_idx(t, pos, n), n, n_head, hd, n_rot, dinv, neox);
 }
 
 __global__ void k_add(float *x, const float *y, int64_t n)
@@ -663,17 +884,17 @@ __global__ void k_gelu(const float *x, float *out, int64_t n)
 
 static void cu_add(cb_backend *b, float *x, const float *y, int64_t n)
 {
-    LAUNCH_1D(T(b), n, k_add, x, y, n);
+    LAUNCH_1D(T(b, "add"), n, k_add, x, y, n);
 }
 
 static void cu_swiglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n)
 {
-    LAUNCH_1D(T(b), n, k_swiglu, g, u, out, n);
+    LAUNCH_1D(T(b, "swiglu"), n, k_swiglu, g, u, out, n);
 }
 
 static void cu_gelu(cb_backend *b, const float *x, float *out, int64_t n)
 {
-    LAUNCH_1D(T(b), n, k_gelu, x, out, n);
+    LAUNCH_1D(T(b, "gelu"), n, k_gelu, x, out, n);
 }
 
 /* ------------------------------------------------------ KV cache rows */
@@ -695,7 +916,7 @@ template <typename T> __global__ void k_kv_read(const T *cache, int64_t width, c
 static void cu_kv_write(cb_backend *b, void *cache, cb_type ty, int64_t width, const float *src, const int32_t *at,
                         int64_t n)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "kv_write");
     if (n == 0)
         return;
     const int32_t *dat = stage_idx(t, at, n);
@@ -708,7 +929,7 @@ static void cu_kv_write(cb_backend *b, void *cache, cb_type ty, int64_t width, c
 static void cu_kv_read(cb_backend *b, const void *cache, cb_type ty, int64_t width, const int32_t *at, int64_t n,
                        float *dst)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "kv_read");
     if (n == 0)
         return;
     const int32_t *dat = stage_idx(t, at, n);
@@ -758,7 +979,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                 int hd, float scale, int window, float *out)
 {
     extern __shared__ float sm[];
-    __shared__ int s_maxp;
+    __shared__ int s_maxp, s_minlo;
     const int ldk = hd + 1; /* padded: lanes read different key rows */
     float *Ks = sm, *Vs = Ks + ATT_KT * ldk, *Qs = Vs + ATT_KT * hd;
     const int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
@@ -767,14 +988,17 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int64_t ldq = (int64_t)n_head * hd, ldkv = (int64_t)n_head_kv * hd;
 
     if (threadIdx.x == 0)
-        s_maxp = -1;
+        s_maxp = -1, s_minlo = INT32_MAX;
     for (int e = threadIdx.x; e < ATT_WARPS * ATT_ROWS * hd; e += blockDim.x) {
         int64_t row = row0 + e / hd;
         Qs[e] = row < n ? q[row * ldq + (int64_t)h * hd + e % hd] * scale : 0.0f;
     }
     __syncthreads();
-    if (threadIdx.x < ATT_WARPS * ATT_ROWS && row0 + threadIdx.x < n)
-        atomicMax(&s_maxp, pos[row0 + threadIdx.x]);
+    if (threadIdx.x < ATT_WARPS * ATT_ROWS && row0 + threadIdx.x < n) {
+        const int p = pos[row0 + threadIdx.x];
+        atomicMax(&s_maxp, p);
+        atomicMin(&s_minlo, window > 0 && p >= window ? p - window + 1 : 0);
+    }
 
     int myp[ATT_ROWS];
     float m[ATT_ROWS], l[ATT_ROWS], acc[ATT_ROWS][ATT_DPL];
@@ -791,7 +1015,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     __syncthreads();
     const int maxp = s_maxp;
 
-    for (int k0 = 0; k0 <= maxp; k0 += ATT_KT) {
+    /* from the tile of the lowest key any row sees (a sliding window skips
+     * the keys before it) */
+    for (int k0 = s_minlo / ATT_KT * ATT_KT; k0 <= maxp; k0 += ATT_KT) {
         for (int e = threadIdx.x; e < ATT_KT * hd; e += blockDim.x) {
             int j = e / hd, d = e % hd;
             int64_t key = (int64_t)k0 + j;
@@ -858,7 +1084,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 static void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
                          cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "attention");
     if (n == 0)
         return;
     if (hd > ATT_HD_MAX) /* cb_model_load refuses such models (max_head_dim) */
@@ -893,14 +1119,14 @@ __global__ void k_scatter(const float *src, const int32_t *idx, int64_t n, int64
 
 static void cu_gather(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "gather");
     if (n > 0)
         LAUNCH_1D(t, n * d, k_gather, src, stage_idx(t, idx, n), n, d, dst);
 }
 
 static void cu_scatter(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "scatter");
     if (n > 0)
         LAUNCH_1D(t, n * d, k_scatter, src, stage_idx(t, idx, n), n, d, dst);
 }
@@ -926,7 +1152,7 @@ __global__ void k_deviation(const float *src, const T *cache, int64_t width, con
 static void cu_deviation(cb_backend *b, const float *src, const void *cache, cb_type ty, int64_t width,
                          const int32_t *at, int64_t n, float *dev)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "deviation");
     if (n == 0)
         return;
     const int32_t *dat = stage_idx(t, at, n);
@@ -938,8 +1164,9 @@ static void cu_deviation(cb_backend *b, const float *src, const void *cache, cb_
 }
 
 /* Top k by rank: element i's rank is the number of elements ordered before
- * it (larger, or equal with a lower index); ranks below k land in out at
- * their rank.  O(n^2) comparisons, through shared-memory tiles: for the few
+ * it (cb_op_topk_before: larger, or equal with a lower index, NaN lowest: a
+ * total order, so the ranks are a permutation and every slot below k is
+ * written once); ranks below k land in out at their rank.  O(n^2) comparisons, through shared-memory tiles: for the few
  * thousand rows of a prompt that is microseconds, and the order is exactly
  * the CPU's sort. */
 __global__ void k_topk_rank(const float *x, int64_t n, int64_t k, int32_t *out)
@@ -956,7 +1183,7 @@ __global__ void k_topk_rank(const float *x, int64_t n, int64_t k, int32_t *out)
         int64_t m = n - j0 < 256 ? n - j0 : 256;
         for (int64_t j = 0; j < m; j++) {
             float xj = tile[j];
-            rank += xj > xi || (xj == xi && j0 + j < i);
+            rank += cb_op_topk_before(xj, j0 + j, xi, i);
         }
     }
     if (i < n && rank < k)
@@ -965,16 +1192,20 @@ __global__ void k_topk_rank(const float *x, int64_t n, int64_t k, int32_t *out)
 
 static void cu_topk(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx)
 {
-    tctx *t = T(b);
+    tctx *t = T(b, "topk");
     int32_t *dout = NULL;
     if (k <= 0 || n <= 0)
         return;
     CK(cudaMallocAsync((void **)&dout, sizeof(int32_t) * (size_t)k, t->s));
+    CK(cudaMemsetAsync(dout, 0xff, sizeof(int32_t) * (size_t)k, t->s)); /* -1: a slot never written */
     k_topk_rank<<<nblocks(n, 256), 256, 0, t->s>>>(x, n, k, dout);
     CKL();
     CK(cudaMemcpyAsync(idx, dout, sizeof(int32_t) * (size_t)k, cudaMemcpyDeviceToHost, t->s));
     CK(cudaFreeAsync(dout, t->s));
     CK(cudaStreamSynchronize(t->s));
+    for (int64_t r = 0; r < k; r++) /* the caller indexes with these: never hand it garbage */
+        if (idx[r] < 0 || idx[r] >= n)
+            die("topk", __FILE__, __LINE__, "a rank slot was left unwritten");
 }
 
 /* ------------------------------------------------------------ backend */
@@ -997,37 +1228,41 @@ static void cu_free(cb_backend *b)
 
 static cb_backend_ops cuda_ops;
 
+/* The table; under CB_CUDA_SYNC=1 every entry checks after its operation */
 static void init_ops(void)
 {
+#define OP(field, fn) o->field = sync_each ? checked<fn>::call : fn
     cb_backend_ops *o = &cuda_ops;
     o->name = "cuda";
     o->max_head_dim = ATT_HD_MAX;
     o->free = cu_free;
-    o->alloc = cu_alloc;
-    o->dealloc = cu_dealloc;
-    o->upload = cu_upload;
-    o->download = cu_download;
-    o->sync = cu_sync;
-    o->event_new = cu_event_new;
-    o->event_free = cu_event_free;
-    o->event_record = cu_event_record;
-    o->event_wait = cu_event_wait;
-    o->weight_new = cu_weight_new;
-    o->weight_free = cu_weight_free;
-    o->matmul = cu_matmul;
-    o->get_rows = cu_get_rows;
-    o->rmsnorm = cu_rmsnorm;
-    o->rope = cu_rope;
-    o->add = cu_add;
-    o->swiglu = cu_swiglu;
-    o->gelu = cu_gelu;
-    o->kv_write = cu_kv_write;
-    o->kv_read = cu_kv_read;
-    o->attention = cu_attention;
-    o->gather = cu_gather;
-    o->scatter = cu_scatter;
-    o->deviation = cu_deviation;
-    o->topk = cu_topk;
+    OP(alloc, cu_alloc);
+    OP(alloc_tmp, cu_alloc_tmp);
+    OP(dealloc, cu_dealloc);
+    OP(upload, cu_upload);
+    OP(download, cu_download);
+    OP(sync, cu_sync);
+    OP(event_new, cu_event_new);
+    OP(event_free, cu_event_free);
+    OP(event_record, cu_event_record);
+    OP(event_wait, cu_event_wait);
+    OP(weight_new, cu_weight_new);
+    OP(weight_free, cu_weight_free);
+    OP(matmul, cu_matmul);
+    OP(get_rows, cu_get_rows);
+    OP(rmsnorm, cu_rmsnorm);
+    OP(rope, cu_rope);
+    OP(add, cu_add);
+    OP(swiglu, cu_swiglu);
+    OP(gelu, cu_gelu);
+    OP(kv_write, cu_kv_write);
+    OP(kv_read, cu_kv_read);
+    OP(attention, cu_attention);
+    OP(gather, cu_gather);
+    OP(scatter, cu_scatter);
+    OP(deviation, cu_deviation);
+    OP(topk, cu_topk);
+#undef OP
 }
 
 extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_backend **out, int abi, int device,
@@ -1085,11 +1320,23 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
     uint64_t keep = UINT64_MAX;
     if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess)
         cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-    /* attention's shared memory for head dimensions up to ATT_HD_MAX */
-    CK(cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)att_smem(ATT_HD_MAX)));
-    CK(cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)att_smem(ATT_HD_MAX)));
+    /* attention's shared memory for head dimensions up to ATT_HD_MAX (80 KB
+     * at 256: above the 48 KB a launch gets without asking) */
+    if ((e = cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)att_smem(ATT_HD_MAX))) != cudaSuccess ||
+        (e = cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)att_smem(ATT_HD_MAX))) != cudaSuccess) {
+        snprintf(msg, msg_len, "%.64s: cannot give attention %zu bytes of shared memory: %s", c->prop.name,
+                 att_smem(ATT_HD_MAX), cudaGetErrorString(e));
+        cudaGetLastError();
+        free(c);
+        free(b);
+        return CB_ERR_DEVICE;
+    }
+    {
+        const char *env = getenv("CB_CUDA_SYNC");
+        sync_each = env && *env && strcmp(env, "0") != 0;
+    }
     pthread_mutex_init(&c->mu, NULL);
     if (pthread_key_create(&c->key, tctx_release) != 0) {
         snprintf(msg, msg_len, "out of thread keys");

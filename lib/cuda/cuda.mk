@@ -28,7 +28,7 @@ $(BUILD)/lib/cuda/%.o: lib/cuda/%.cu
 $(CUDA_MOD): $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	@[ "$(Q)" = "" ] || echo "  LD      $@"
-	$(Q)$(CC) -shared -Wl,--no-undefined -o $@ $^ $(CUDA_LIBS) -lpthread -lstdc++
+	$(Q)$(CC) -shared -Wl,--no-undefined -o $@ $^ $(CUDA_LIBS) -lpthread -lstdc++ -lm
 
 all: $(CUDA_MOD)
 cuda: $(CUDA_MOD) ## build the CUDA backend module (when nvcc is found)

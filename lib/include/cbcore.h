@@ -70,6 +70,11 @@ cb_status cb_error_set(cb_error *err, cb_status st, const char *fmt, ...)
 /* Compare a view with a NUL-terminated string. 1 when equal. */
 int cb_strview_eq(cb_strview a, const char *s);
 
+/* Milliseconds on a monotonic clock (CLOCK_MONOTONIC) from an arbitrary
+ * origin: for measuring durations (time to first token, load and compute
+ * times), never for dates. */
+double cb_now_ms(void);
+
 /* A read-only memory mapping of a whole file. */
 typedef struct cb_mmap {
     const uint8_t *data;
@@ -718,12 +723,9 @@ int cb_profile_type_index(cb_type t);
 /* Serialize to / parse from JSON text.  Errors: CB_ERR_FORMAT, CB_ERR_NOMEM. */
 cb_status cb_profile_to_json(const cb_profile *p, char **json);
 cb_status cb_profile_from_json(cb_profile *p, const char *json, size_t len, cb_error *err);
-/* The profile's file name in a store: profile-<model hex>-<backend>.json */
+/* The profile's file name in a store: profile-<model hex>-<backend>.json
+ * (the store keeps it: cb_store_profile_load, cb_store_profile_save). */
 void cb_profile_name(cb_hash128 model, const char *backend, char *buf, size_t n);
-/* Read the profile of (model, backend) from a store directory.
- * Errors: CB_ERR_NOT_FOUND (none measured yet), CB_ERR_FORMAT, CB_ERR_IO. */
-cb_status cb_profile_load(cb_profile *p, const char *store_dir, cb_hash128 model, const char *backend,
-                          cb_error *err);
 
 /* Predicted time (ms, all layers) to recompute `ratio` of a prompt of L
  * tokens, interpolated linearly in ratio and in L (extrapolated in
@@ -737,13 +739,6 @@ double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_t
  * recompute.  *pred_load and *pred_recompute receive the predictions. */
 double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold, double r_min,
                            double *pred_load, double *pred_recompute);
-/* Placement: the index of the cheapest tier of the store (by its cost)
- * whose predicted cold load time for L tokens does not exceed the
- * recompute time at `ratio`; when none qualifies, the tier that loads
- * fastest.  -1 when the profile measured none of the store's tiers. */
-typedef struct cb_store cb_store; /* the store, below */
-int cb_controller_place(const cb_profile *p, const cb_store *s, double ratio, int64_t L, cb_type t,
-                        double *pred_load, double *pred_recompute);
 
 /* ---------------------------------------------------------------- store */
 
@@ -851,6 +846,9 @@ typedef struct cb_store_ref cb_store_ref;
 cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path, cb_error *err);
 /* Size in bytes of the acquired file. */
 uint64_t cb_store_ref_size(const cb_store_ref *ref);
+/* The tier that holds the acquired file (0 = fastest, as cb_store_tier_info
+ * numbers them): where loading it reads from.  -1 for NULL. */
+int cb_store_ref_tier(const cb_store_ref *ref);
 /* Release a reference; accepts NULL.  Independent of its store handle. */
 void cb_store_release(cb_store_ref *ref);
 
@@ -992,6 +990,29 @@ cb_status cb_store_import(cb_store *s, const char *path, int fd,
                           void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
                           cb_store_import_report *rep, cb_error *err);
 
+/* Profiles live in the store directory, one file per (model, backend),
+ * named by cb_profile_name; only these functions know where.
+ *
+ * The path of the profile of (model, backend) in store s, written into buf
+ * (truncated to n bytes); returns buf. */
+const char *cb_store_profile_path(const cb_store *s, cb_hash128 model, const char *backend, char *buf, size_t n);
+/* Read the profile of (model, backend).  Errors: CB_ERR_NOT_FOUND (none
+ * measured yet: the message names the file and says to run cb-profile),
+ * CB_ERR_FORMAT, CB_ERR_IO. */
+cb_status cb_store_profile_load(const cb_store *s, cb_hash128 model, const char *backend, cb_profile *p,
+                                cb_error *err);
+/* Write p as the profile of its model (p->model, 32 hex digits) and backend,
+ * atomically; *path (may be NULL) receives the file's path.  Errors:
+ * CB_ERR_INVALID (p->model is not a fingerprint), CB_ERR_NOMEM,
+ * CB_ERR_CREATE, CB_ERR_IO. */
+cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *path, size_t path_n, cb_error *err);
+/* Placement: the index of the cheapest tier of the store (by its cost)
+ * whose predicted cold load time for L tokens does not exceed the
+ * recompute time at `ratio`; when none qualifies, the tier that loads
+ * fastest.  -1 when the profile measured none of the store's tiers. */
+int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t L, cb_type t, double *pred_load,
+                   double *pred_recompute);
+
 /* --------------------------------------------------------------- chunker */
 
 /* Splitting documents into chunks (cb-chunk(1)).  A chunk is a byte span
@@ -1118,6 +1139,129 @@ typedef struct cb_chat_parts {
 } cb_chat_parts;
 cb_status cb_chat_render(cb_chat_kind k, const char *system, cb_chat_parts *out);
 void cb_chat_parts_free(cb_chat_parts *p);
+
+/* ------------------------------------------------------------ generation */
+
+typedef struct cb_gen_params {
+    cb_sampler_params sp;
+    int32_t n_predict;         /* at most this many tokens */
+    const char *const *stops;  /* stop strings (not emitted): n_stops of them */
+    int n_stops;
+} cb_gen_params;
+
+typedef struct cb_gen_result {
+    int32_t n_gen;     /* tokens generated, the end-of-generation token not counted */
+    double first_ms;   /* from t0 to the first sampled token (cb_now_ms) */
+    const char *stop;  /* why it ended: "eog", "stop", "length" or "context" */
+} cb_gen_result;
+
+/* Generate after a prefill of pos tokens whose last logits are in `logits`
+ * (n_vocab floats, overwritten): sample (p->sp), hand the token's text to
+ * emit(ctx, text, n), evaluate it at pos, pos+1, ... until an
+ * end-of-generation token, a stop string, p->n_predict tokens or the end
+ * of the cache.  Text is handed on as soon as it can no longer be the
+ * start of a stop string; a stop string and anything after it never is.
+ * emit returns CB_OK to go on, else generation ends with its status.
+ * Errors: CB_ERR_NOMEM, emit's, and the forward pass's. */
+cb_status cb_generate(cb_fwd *f, cb_kvcache *kv, float *logits, int32_t pos, const cb_gen_params *p,
+                      cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
+                      cb_gen_result *res);
+
+/* KL(p || q) of the softmaxes of two logit vectors of n entries (what
+ * cb-run --verify reports), and in *top1 whether their argmaxes agree. */
+double cb_logits_kl(const float *lp, const float *lq, int32_t n, int *top1);
+
+/* --------------------------------------------------------------- prompts */
+
+/* A RAG prompt assembled from token ids, never by re-tokenizing joined text
+ * (that would change the tokens at chunk boundaries and every cache would
+ * miss):
+ *   [BOS + template prefix] [chunk 1] [sep] [chunk 2] ... [chunk k]
+ *   [sep + question + template suffix]
+ * one segment each (sep is the tokens of a blank line); a chunk's tokens
+ * are those of its text alone, so they are exactly the ones its KV file was
+ * computed for (cb_kv_precompute after cb_kv_lead_in), and its store key is
+ * cb_kv_key(model, cb_kv_tokens_hash(lead-in, tokens)).  A chunk whose
+ * text has no tokens adds only its separator.  The prompt borrows its
+ * model. */
+typedef struct cb_prompt cb_prompt;
+
+/* Build the segments: `system` (NULL: none) and the question go through
+ * the model's chat template unless raw; with raw the question is used as
+ * is and control tokens written in it are matched.  chunks[0..n_chunks)
+ * are the chunks' texts, in order.  Every chunk starts without a cache.
+ * Errors: CB_ERR_NOMEM. */
+cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw, const cb_strview *chunks,
+                          size_t n_chunks, const char *question, size_t len, cb_error *err);
+/* Free the prompt, its opened KV files and its store references; accepts NULL. */
+void cb_prompt_free(cb_prompt *p);
+
+/* The segments for cb_blend_prefill (a chunk's kv is its attached KV file,
+ * or NULL), valid until the prompt changes or is freed; *n receives their
+ * count. */
+const cb_segment *cb_prompt_segments(const cb_prompt *p, int32_t *n);
+int64_t cb_prompt_n_tokens(const cb_prompt *p);
+/* Chunks (with tokens), and those without a usable cache. */
+int cb_prompt_n_chunks(const cb_prompt *p);
+int cb_prompt_n_missing(const cb_prompt *p);
+cb_chat_kind cb_prompt_chat(const cb_prompt *p);
+/* The lead-in chunks were keyed with (cb_kv_lead_in). */
+const cb_tokens *cb_prompt_lead(const cb_prompt *p);
+
+/* Find each chunk's cache in store s (NULL: none has one): acquire the
+ * entry (recording the access), open its file and check that it belongs
+ * to the model and holds the chunk's tokens.  A chunk without a usable
+ * cache stays missing (to be computed in place); each file found unusable
+ * is passed to warn(ctx, message) (may be NULL), message naming the key or
+ * the file.  The entries stay acquired until the prompt is freed. */
+void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
+
+/* The ratio --ratio auto takes (cb_controller_ratio): for the prompt's
+ * cached tokens, read from the slowest of the tiers that hold the attached
+ * caches, by the store's profile for the model's backend.  Fills *out.
+ * Errors: CB_ERR_NOT_FOUND (no profile, or no attached cache lies in a
+ * tier the profile measured); the message says which. */
+typedef struct cb_ratio_choice {
+    double ratio;
+    double pred_load_ms, pred_recompute_ms;
+    int64_t n_cached;  /* tokens whose KV comes from the caches */
+    char tier[64];     /* the slowest tier holding one */
+} cb_ratio_choice;
+cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m, cb_type kv_type,
+                               double r_min, cb_ratio_choice *out, cb_error *err);
+
+/* Compute and store the chunks that cb_prompt_attach found missing and the
+ * store still lacks, each prefilled alone (cb_precomputer).  *n_stored
+ * receives how many were stored; a chunk that cannot be is passed to
+ * warn(ctx, message) and skipped.  Errors: CB_ERR_NOMEM (no activations). */
+cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,
+                                  void (*warn)(void *ctx, const char *msg), void *ctx);
+
+/* A precomputer writes chunks' KV files into a store: each chunk prefilled
+ * alone after the model's lead-in (cb_kv_lead_in) in an f32 cache that
+ * grows with the longest chunk seen (in steps of 512 positions, at most the
+ * model's training context), serialized as `type` (F16, F32, BF16, Q8_0)
+ * and put into the store (into tier `tier` when not NULL, see
+ * cb_store_put_in).  It borrows the model and the store. */
+typedef struct cb_precomputer cb_precomputer;
+
+/* Errors: CB_ERR_NOMEM (activations), CB_ERR_INVALID (type), and the
+ * lead-in's. */
+cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type, const char *tier,
+                             cb_error *err);
+void cb_precomputer_free(cb_precomputer *pc);
+const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc);
+/* The store key of chunk ids[0..n). */
+void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n, char key[66]);
+/* Prefill chunk ids[0..n) alone and keep its KV file in memory, for
+ * cb_precomputer_store.  Errors: CB_ERR_RANGE (the lead-in and the chunk
+ * exceed the model's context), CB_ERR_INVALID (n < 1), CB_ERR_NOMEM and
+ * the forward pass's; the message says which. */
+cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err);
+/* Put the KV file of the last cb_precomputer_run into the store under key
+ * (an existing entry is left as it is) and drop it.  Errors: CB_ERR_INVALID
+ * (nothing computed), and cb_store_put's. */
+cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err);
 
 #ifdef __cplusplus
 }

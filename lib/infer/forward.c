@@ -72,6 +72,13 @@ void cb_kvcache_free(cb_kvcache *kv)
     free(kv);
 }
 
+/* Scratch that only this thread's work touches: on a device, no wait for
+ * the queue (the KV loads, the deviation and the logits are hot paths). */
+static void *be_tmp(cb_backend *be, size_t bytes)
+{
+    return be->ops->alloc_tmp ? be->ops->alloc_tmp(be, bytes) : be->ops->alloc(be, bytes);
+}
+
 /* Order this thread's next work on layer `layer` of the cache after the
  * loads another thread queued into it (a device-side wait; nothing on the
  * CPU). */
@@ -97,7 +104,7 @@ static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int3
         pos0 > kv->n_ctx - n)
         return CB_ERR_RANGE;
     int32_t *at = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    float *tmp = be->ops->alloc(be, bytes);
+    float *tmp = be_tmp(be, bytes);
     if (!at || !tmp) {
         free(at);
         be->ops->dealloc(be, tmp);
@@ -386,7 +393,7 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
         return CB_OK;
     at = malloc(sizeof(int32_t) * (size_t)n);
     delta = malloc(sizeof(int32_t) * (size_t)n);
-    tmp = be->ops->alloc(be, bytes);
+    tmp = be_tmp(be, bytes);
     if (!at || !delta || !tmp) {
         free(at);
         free(delta);

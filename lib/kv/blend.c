@@ -30,13 +30,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 cb_blend_params cb_blend_defaults(void)
 {
     cb_blend_params p;
@@ -69,6 +62,8 @@ typedef struct loader {
     cb_error err;
     double busy_ms, t_begin;
     uint64_t bytes;
+    pthread_t thread;
+    int started;        /* the thread runs (else loading ran on the caller's) */
 } loader;
 
 static void loader_run(loader *ld)
@@ -81,7 +76,7 @@ static void loader_run(loader *ld)
     if (st != CB_OK)
         cb_error_set(&err, st, "blend: out of memory");
     for (int32_t l = 0; l < ld->n_layer && st == CB_OK; l++) {
-        double t0 = now_ms();
+        double t0 = cb_now_ms();
         for (int32_t s = 0; s < ld->n_segs && st == CB_OK; s++) {
             if (!ld->use[s])
                 continue;
@@ -94,14 +89,14 @@ static void loader_run(loader *ld)
             ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
         }
         if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
-            double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = now_ms();
+            double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = cb_now_ms();
             if (due > now) {
                 struct timespec ts = {(time_t)((due - now) / 1e3), (long)(fmod(due - now, 1e3) * 1e6)};
                 nanosleep(&ts, NULL);
             }
         }
         pthread_mutex_lock(&ld->mu);
-        ld->busy_ms += now_ms() - t0;
+        ld->busy_ms += cb_now_ms() - t0;
         if (st == CB_OK)
             ld->ready = l + 1;
         else
@@ -109,11 +104,13 @@ static void loader_run(loader *ld)
         pthread_cond_broadcast(&ld->cv);
         pthread_mutex_unlock(&ld->mu);
     }
-    if (st == CB_OK) { /* a device queues the copies: count them until they are done */
-        double t0 = now_ms();
+    { /* a device queues the copies: wait for them on every exit (after an
+       * error too: the caller frees the cache once this thread is joined),
+       * and count them as loading time */
+        double t0 = cb_now_ms();
         cb_model_sync(ld->m);
         pthread_mutex_lock(&ld->mu);
-        ld->busy_ms += now_ms() - t0;
+        ld->busy_ms += cb_now_ms() - t0;
         pthread_mutex_unlock(&ld->mu);
     }
     if (st != CB_OK && ld->st == CB_OK) {
@@ -133,11 +130,55 @@ static void *loader_main(void *arg)
     return NULL;
 }
 
+/* Start loading every used cache, layer by layer, at its new position: on
+ * a thread of its own, or right here with p->sequential_load (or when no
+ * thread can be made).  Nothing to load: every layer is ready at once. */
+static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, int32_t n_segs, const uint8_t *use,
+                         const int32_t *start, cb_kvcache *kv, int64_t max_seg, const cb_blend_params *p)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    int any = 0;
+    for (int32_t s = 0; s < n_segs; s++)
+        any |= use[s];
+    memset(ld, 0, sizeof *ld);
+    pthread_mutex_init(&ld->mu, NULL);
+    pthread_cond_init(&ld->cv, NULL);
+    ld->m = m;
+    ld->segs = segs;
+    ld->n_segs = n_segs;
+    ld->n_layer = hp->n_layer;
+    ld->use = use;
+    ld->start = start;
+    ld->kv = kv;
+    ld->max_seg = max_seg;
+    ld->w = (int64_t)hp->n_head_kv * hp->head_dim;
+    ld->limit_mbs = p->load_limit_mbs;
+    ld->ready = any ? 0 : hp->n_layer;
+    ld->t_begin = cb_now_ms();
+    if (!any)
+        return;
+    if (p->sequential_load || pthread_create(&ld->thread, NULL, loader_main, ld) != 0)
+        loader_run(ld);
+    else
+        ld->started = 1;
+}
+
+/* Wait for the loader to finish (it always runs to the end or to its
+ * first error) and release it. */
+static void loader_stop(loader *ld)
+{
+    if (ld->started)
+        pthread_join(ld->thread, NULL);
+    ld->started = 0;
+    pthread_mutex_destroy(&ld->mu);
+    pthread_cond_destroy(&ld->cv);
+}
+
 /* Wait until layer l is in place; adds the time waited to *stall. */
 static cb_status loader_wait(loader *ld, int32_t l, double *stall, cb_error *err)
 {
     cb_status st;
-    double t0 = now_ms();
+    double t0 = cb_now_ms();
     pthread_mutex_lock(&ld->mu);
     while (ld->ready <= l && ld->st == CB_OK)
         pthread_cond_wait(&ld->cv, &ld->mu);
@@ -145,9 +186,11 @@ static cb_status loader_wait(loader *ld, int32_t l, double *stall, cb_error *err
     if (st != CB_OK && err)
         *err = ld->err;
     pthread_mutex_unlock(&ld->mu);
-    *stall += now_ms() - t0;
+    *stall += cb_now_ms() - t0;
     return st;
 }
+
+/* ------------------------------------------------------------ the plan */
 
 typedef struct scored {
     float score;
@@ -160,6 +203,65 @@ static int by_score_desc(const void *a, const void *b)
     if (x->score != y->score)
         return x->score < y->score ? 1 : -1;
     return (x->row > y->row) - (x->row < y->row);
+}
+
+/* The prompt's rows and what happens to them. */
+typedef struct plan {
+    cb_fwd *f;
+    cb_kvcache *kv;
+    const cb_hparams *hp;
+    const cb_segment *segs;
+    const cb_blend_params *p;
+    int32_t n_segs;
+    int64_t total, max_seg, n_cached, w;
+    int32_t *ids, *pos, *seg_of; /* [total] */
+    int32_t *start;              /* [n_segs]: first row of each segment */
+    uint8_t *use;                /* [n_segs]: its cache is used */
+    uint8_t *cached;             /* [total]: the row's KV comes from a cache */
+    uint8_t *keep;               /* [total]: a cached row still selected for recompute */
+    int32_t *rows;               /* [total]: the computed rows (fresh ones and selected cached ones) */
+    int32_t n_rows;
+    int32_t *top;                /* [total]: hkvd's choice */
+    scored *sc;                  /* [total]: query's scores */
+    float *fresh;                /* query: candidates' fresh keys [total, w] */
+    float *qbuf;                 /* query: the question's queries [nq, n_head*head_dim] */
+    float *srow;                 /* query: one head's attention over the candidates [total] */
+    loader ld;
+    double stall;
+} plan;
+
+static void plan_free(plan *pl)
+{
+    free(pl->ids), free(pl->pos), free(pl->seg_of), free(pl->start), free(pl->use), free(pl->cached);
+    free(pl->keep), free(pl->rows), free(pl->top), free(pl->sc), free(pl->fresh), free(pl->qbuf), free(pl->srow);
+}
+
+/* Check the segments against the model and the cache; the prompt's size. */
+static cb_status plan_check(plan *pl, cb_error *err)
+{
+    const cb_model *m = cb_fwd_model(pl->f);
+    const cb_blend_params *p = pl->p;
+    cb_status st;
+    if (pl->n_segs < 1 || p->n_ratios < 1 || p->n_ratios > CB_BLEND_MAX_STEPS || p->check_layer < 1 ||
+        p->check_layer + p->n_ratios > pl->hp->n_layer)
+        return cb_error_set(err, CB_ERR_INVALID, "blend: check layer %d with %d ratios does not fit %d layers",
+                            p->check_layer, p->n_ratios, pl->hp->n_layer);
+    for (int32_t s = 0; s < pl->n_segs; s++) {
+        const cb_segment *g = &pl->segs[s];
+        pl->total += g->n;
+        pl->max_seg = g->n > pl->max_seg ? g->n : pl->max_seg;
+        if (!g->kv)
+            continue;
+        if ((st = cb_kvfile_check_model(g->kv, m, err)) != CB_OK)
+            return st;
+        if (cb_kvfile_meta(g->kv)->n_tokens != g->n)
+            return cb_error_set(err, CB_ERR_INVALID, "blend: segment %d has %d tokens, its KV file %d", s, g->n,
+                                cb_kvfile_meta(g->kv)->n_tokens);
+    }
+    if (pl->total < 1 || pl->total > cb_kvcache_n_ctx(pl->kv))
+        return cb_error_set(err, CB_ERR_RANGE, "blend: a prompt of %lld tokens does not fit the context of %d",
+                            (long long)pl->total, cb_kvcache_n_ctx(pl->kv));
+    return CB_OK;
 }
 
 /* Does everything before segment s equal its file's lead-in, at the
@@ -178,270 +280,256 @@ static int is_true_prefix(const cb_segment *segs, int32_t s, int32_t start)
     return 1;
 }
 
+/* Lay the rows out, decide which caches the mode uses, and which rows are
+ * cached; the computed set starts as every row that is not. */
+static cb_status plan_rows(plan *pl, cb_error *err)
+{
+    int64_t total = pl->total;
+    int32_t n_segs = pl->n_segs;
+    pl->w = (int64_t)pl->hp->n_head_kv * pl->hp->head_dim;
+    pl->ids = malloc(sizeof(int32_t) * (size_t)total);
+    pl->pos = malloc(sizeof(int32_t) * (size_t)total);
+    pl->rows = malloc(sizeof(int32_t) * (size_t)total);
+    pl->seg_of = malloc(sizeof(int32_t) * (size_t)total);
+    pl->start = malloc(sizeof(int32_t) * (size_t)n_segs);
+    pl->use = calloc((size_t)n_segs, 1);
+    pl->cached = calloc((size_t)total, 1);
+    pl->keep = calloc((size_t)total, 1);
+    pl->sc = malloc(sizeof(scored) * (size_t)total);
+    if (!pl->ids || !pl->pos || !pl->rows || !pl->seg_of || !pl->start || !pl->use || !pl->cached || !pl->keep ||
+        !pl->sc)
+        return cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
+    for (int32_t s = 0, at = 0; s < n_segs; s++) {
+        pl->start[s] = at;
+        for (int32_t j = 0; j < pl->segs[s].n; j++, at++) {
+            pl->ids[at] = pl->segs[s].ids[j];
+            pl->pos[at] = at;
+            pl->seg_of[at] = s;
+        }
+    }
+    if (pl->p->mode == CB_MODE_PREFIX) {
+        for (int32_t s = 0; s < n_segs; s++)
+            if (pl->segs[s].kv) {
+                pl->use[s] = is_true_prefix(pl->segs, s, pl->start[s]);
+                break;
+            }
+    } else if (pl->p->mode == CB_MODE_REUSE || pl->p->mode == CB_MODE_BLEND) {
+        for (int32_t s = 0; s < n_segs; s++)
+            pl->use[s] = pl->segs[s].kv != NULL;
+    }
+    for (int64_t r = 0; r < total; r++)
+        if (pl->use[pl->seg_of[r]] && r != total - 1) /* the last row is always computed: its logits are needed */
+            pl->cached[r] = 1, pl->n_cached++;
+    pl->n_rows = 0;
+    for (int64_t r = 0; r < total; r++)
+        if (!pl->cached[r])
+            pl->rows[pl->n_rows++] = (int32_t)r;
+    return CB_OK;
+}
+
+/* ---------------------------------------------------------- strategies */
+
+/* query: the candidates the last segment's rows (the question) attend to
+ * most, by softmax attention over the candidates' fresh keys at layer l,
+ * summed over the question's rows and heads. */
+static cb_status select_query(plan *pl, int32_t l, const int32_t *cand, int32_t n_c, int64_t want)
+{
+    const cb_hparams *hp = pl->hp;
+    int32_t qs = pl->start[pl->n_segs - 1], nq = (int32_t)(pl->total - qs);
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim;
+    int grp = hp->n_head / hp->n_head_kv;
+    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    int32_t *qrows = malloc(sizeof(int32_t) * (size_t)nq);
+    float *nb = realloc(pl->qbuf, sizeof(float) * (size_t)(nq * dq));
+    cb_status st;
+
+    if (nb)
+        pl->qbuf = nb;
+    if (!qrows || !nb || (!pl->srow && !(pl->srow = malloc(sizeof(float) * (size_t)pl->total)))) {
+        free(qrows);
+        return CB_ERR_NOMEM;
+    }
+    for (int32_t i = 0; i < nq; i++)
+        qrows[i] = qs + i;
+    st = cb_fwd_layer_qkv(pl->f, l, qrows, nq, pl->qbuf, NULL, NULL);
+    if (st == CB_OK)
+        st = cb_fwd_layer_qkv(pl->f, l, cand, n_c, NULL, pl->fresh, NULL);
+    free(qrows);
+    if (st != CB_OK)
+        return st;
+    for (int32_t c = 0; c < n_c; c++)
+        pl->sc[c] = (scored){0.0f, cand[c]};
+    for (int32_t i = 0; i < nq; i++)
+        for (int32_t h = 0; h < hp->n_head; h++) {
+            const float *qv = pl->qbuf + i * dq + (int64_t)h * hp->head_dim;
+            int32_t kh = h / grp;
+            float mx = -INFINITY, sum = 0, *srow = pl->srow;
+            for (int32_t c = 0; c < n_c; c++) {
+                const float *kv_ = pl->fresh + c * pl->w + (int64_t)kh * hp->head_dim;
+                float dot = 0;
+                for (int32_t e = 0; e < hp->head_dim; e++)
+                    dot += qv[e] * kv_[e];
+                srow[c] = dot * scale;
+                mx = srow[c] > mx ? srow[c] : mx;
+            }
+            for (int32_t c = 0; c < n_c; c++)
+                sum += (srow[c] = expf(srow[c] - mx));
+            for (int32_t c = 0; c < n_c; c++)
+                pl->sc[c].score += srow[c] / sum;
+        }
+    qsort(pl->sc, (size_t)n_c, sizeof *pl->sc, by_score_desc);
+    for (int32_t c = 0; c < n_c; c++)
+        pl->keep[pl->sc[c].row] = c < want;
+    return CB_OK;
+}
+
+/* hkvd: the candidates whose fresh K (or V) deviates most from the loaded
+ * cache, ranked on the backend: only the chosen rows come back. */
+static cb_status select_hkvd(plan *pl, int32_t l, const int32_t *cand, int32_t n_c, int64_t want)
+{
+    cb_status st = cb_fwd_deviation(pl->f, pl->kv, l, pl->p->deviation_v, cand, n_c, (int32_t)want, pl->top);
+    if (st != CB_OK)
+        return st;
+    for (int32_t c = 0; c < n_c; c++)
+        pl->keep[cand[c]] = 0;
+    for (int64_t c = 0; c < want; c++)
+        pl->keep[pl->top[c]] = 1;
+    return CB_OK;
+}
+
+/* sink: also the first sink_tokens cached rows of every used cache. */
+static void add_sinks(plan *pl)
+{
+    for (int32_t s = 0; s < pl->n_segs; s++)
+        if (pl->use[s])
+            for (int32_t j = 0; j < pl->p->sink_tokens && j < pl->segs[s].n; j++)
+                if (pl->cached[pl->start[s] + j])
+                    pl->keep[pl->start[s] + j] = 1;
+}
+
+/* ------------------------------------------------------------- fusion */
+
+/* Layers lo..hi-1 for the current computed set (rows NULL: every row). */
+static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *rows, int32_t n_rows, int *layer_err,
+                            cb_error *err)
+{
+    cb_status st;
+    for (int32_t l = lo; l < hi; l++) {
+        if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
+            return st;
+        if ((st = cb_fwd_layer(pl->f, pl->kv, l, rows, n_rows)) != CB_OK)
+            return *layer_err = 1, st;
+    }
+    return CB_OK;
+}
+
+/* One check layer: narrow the candidates (cached rows still kept) to
+ * ratio x the cached rows by the strategy, then compute the layer for the
+ * fresh rows and the survivors. */
+static cb_status check_layer(plan *pl, int32_t step, int *layer_err, cb_error *err, cb_blend_stats *stats)
+{
+    const cb_blend_params *p = pl->p;
+    int32_t l = p->check_layer + step, n_c = 0;
+    int32_t *cand = pl->rows; /* reuse: candidate cached rows, by position */
+    int64_t want = (int64_t)ceilf(p->ratios[step] * (float)pl->n_cached), n_kept = 0;
+    cb_status st;
+
+    if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
+        return st;
+    for (int64_t r = 0; r < pl->total; r++)
+        if (pl->keep[r])
+            cand[n_c++] = (int32_t)r;
+    if (want > n_c)
+        want = n_c;
+    if (want < n_c && n_c > 0) {
+        st = p->strategy == CB_STRATEGY_QUERY ? select_query(pl, l, cand, n_c, want)
+                                              : select_hkvd(pl, l, cand, n_c, want);
+        if (st != CB_OK)
+            return *layer_err = st != CB_ERR_NOMEM, st;
+        if (p->strategy == CB_STRATEGY_SINK)
+            add_sinks(pl);
+    }
+    pl->n_rows = 0;
+    for (int64_t r = 0; r < pl->total; r++) {
+        n_kept += pl->keep[r];
+        if (pl->keep[r] || !pl->cached[r])
+            pl->rows[pl->n_rows++] = (int32_t)r;
+    }
+    stats->n_selected[step] = (int32_t)n_kept;
+    stats->n_recomputed_tokens = (int32_t)n_kept;
+    if ((st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK)
+        *layer_err = 1;
+    return st;
+}
+
+/* Blend: every row before the check layer, the check layers' selections,
+ * then the last selection in the layers after. */
+static cb_status fuse(plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
+{
+    const cb_blend_params *p = pl->p;
+    cb_status st;
+    if ((st = run_layers(pl, 0, p->check_layer, NULL, 0, layer_err, err)) != CB_OK)
+        return st;
+    memcpy(pl->keep, pl->cached, (size_t)pl->total); /* candidates: all cached rows */
+    if (p->strategy == CB_STRATEGY_QUERY && !(pl->fresh = malloc(sizeof(float) * (size_t)(pl->total * pl->w))))
+        return CB_ERR_NOMEM;
+    if (!(pl->top = malloc(sizeof(int32_t) * (size_t)pl->total)))
+        return CB_ERR_NOMEM;
+    for (int32_t step = 0; step < p->n_ratios; step++)
+        if ((st = check_layer(pl, step, layer_err, err, stats)) != CB_OK)
+            return st;
+    return run_layers(pl, p->check_layer + p->n_ratios, pl->hp->n_layer, pl->rows, pl->n_rows, layer_err, err);
+}
+
+/* Everything but blend: every layer for the computed set (all rows when
+ * nothing is cached). */
+static cb_status prefill_plain(plan *pl, int *layer_err, cb_error *err)
+{
+    if (pl->n_cached == 0)
+        return run_layers(pl, 0, pl->hp->n_layer, NULL, 0, layer_err, err);
+    return run_layers(pl, 0, pl->hp->n_layer, pl->rows, pl->n_rows, layer_err, err);
+}
+
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
                            const cb_blend_params *p, float *logits, cb_blend_stats *stats, cb_error *err)
 {
-    const cb_model *m = cb_fwd_model(f);
-    const cb_hparams *hp = cb_model_hparams(m);
-    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
-    int64_t total = 0, max_seg = 0;
-    cb_status st = CB_OK;
-    double t_start = now_ms();
-    int32_t *ids = NULL, *pos = NULL, *rows = NULL, *seg_of = NULL, *start = NULL;
-    uint8_t *use = NULL, *cached = NULL, *keep = NULL;
-    float *fresh = NULL, *qbuf = NULL;
-    int32_t *top = NULL;
-    scored *sc = NULL;
-    loader ld;
-    pthread_t ld_thread;
-    int ld_started = 0;
-    double stall = 0;
+    plan pl = {.f = f, .kv = kv, .segs = segs, .n_segs = n_segs, .p = p, .hp = cb_model_hparams(cb_fwd_model(f))};
+    double t_start = cb_now_ms();
+    int layer_err = 0;
+    cb_status st;
 
-    memset(&ld, 0, sizeof ld);
-    pthread_mutex_init(&ld.mu, NULL);
-    pthread_cond_init(&ld.cv, NULL);
     memset(stats, 0, sizeof *stats);
-    if (n_segs < 1 || p->n_ratios < 1 || p->n_ratios > CB_BLEND_MAX_STEPS || p->check_layer < 1 ||
-        p->check_layer + p->n_ratios > hp->n_layer)
-        return cb_error_set(err, CB_ERR_INVALID, "blend: check layer %d with %d ratios does not fit %d layers",
-                            p->check_layer, p->n_ratios, hp->n_layer);
-    for (int32_t s = 0; s < n_segs; s++) {
-        total += segs[s].n;
-        max_seg = segs[s].n > max_seg ? segs[s].n : max_seg;
-        if (segs[s].kv) {
-            if ((st = cb_kvfile_check_model(segs[s].kv, m, err)) != CB_OK)
-                return st;
-            if (cb_kvfile_meta(segs[s].kv)->n_tokens != segs[s].n)
-                return cb_error_set(err, CB_ERR_INVALID, "blend: segment %d has %d tokens, its KV file %d", s,
-                                    segs[s].n, cb_kvfile_meta(segs[s].kv)->n_tokens);
-        }
-    }
-    if (total < 1 || total > cb_kvcache_n_ctx(kv))
-        return cb_error_set(err, CB_ERR_RANGE, "blend: a prompt of %lld tokens does not fit the context of %d",
-                            (long long)total, cb_kvcache_n_ctx(kv));
-    ids = malloc(sizeof(int32_t) * (size_t)total);
-    pos = malloc(sizeof(int32_t) * (size_t)total);
-    rows = malloc(sizeof(int32_t) * (size_t)total);
-    seg_of = malloc(sizeof(int32_t) * (size_t)total);
-    start = malloc(sizeof(int32_t) * (size_t)n_segs);
-    use = calloc((size_t)n_segs, 1);
-    cached = calloc((size_t)total, 1);
-    keep = calloc((size_t)total, 1);
-    sc = malloc(sizeof(scored) * (size_t)total);
-    if (!ids || !pos || !rows || !seg_of || !start || !use || !cached || !keep || !sc) {
-        st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
+    if ((st = plan_check(&pl, err)) != CB_OK || (st = plan_rows(&pl, err)) != CB_OK)
+        goto out;
+    stats->n_prompt_tokens = (int32_t)pl.total;
+    stats->n_cached_tokens = (int32_t)pl.n_cached;
+    if ((st = cb_fwd_embed(f, pl.ids, pl.pos, (int32_t)pl.total)) != CB_OK) {
+        cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)", (long long)pl.total);
         goto out;
     }
-    for (int32_t s = 0, at = 0; s < n_segs; s++) {
-        start[s] = at;
-        for (int32_t j = 0; j < segs[s].n; j++, at++) {
-            ids[at] = segs[s].ids[j];
-            pos[at] = at;
-            seg_of[at] = s;
-        }
-    }
-    /* Which caches are used. */
-    if (p->mode == CB_MODE_PREFIX) {
-        for (int32_t s = 0; s < n_segs; s++)
-            if (segs[s].kv) {
-                use[s] = is_true_prefix(segs, s, start[s]);
-                break;
-            }
-    } else if (p->mode == CB_MODE_REUSE || p->mode == CB_MODE_BLEND) {
-        for (int32_t s = 0; s < n_segs; s++)
-            use[s] = segs[s].kv != NULL;
-    }
-    int64_t n_cached = 0;
-    for (int64_t r = 0; r < total; r++)
-        if (use[seg_of[r]] && r != total - 1) /* the last row is always computed: its logits are needed */
-            cached[r] = 1, n_cached++;
-    stats->n_prompt_tokens = (int32_t)total;
-    stats->n_cached_tokens = (int32_t)n_cached;
-
-    if ((st = cb_fwd_embed(f, ids, pos, (int32_t)total)) != CB_OK) {
-        cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)", (long long)total);
-        goto out;
-    }
-    /* Start loading every used cache, layer by layer, at its new position. */
-    int any = 0;
-    for (int32_t s = 0; s < n_segs; s++)
-        any |= use[s];
-    ld.m = m;
-    ld.segs = segs;
-    ld.n_segs = n_segs;
-    ld.n_layer = hp->n_layer;
-    ld.use = use;
-    ld.start = start;
-    ld.kv = kv;
-    ld.max_seg = max_seg;
-    ld.w = w;
-    ld.limit_mbs = p->load_limit_mbs;
-    ld.ready = any ? 0 : hp->n_layer;
-    ld.t_begin = now_ms();
-    if (any) {
-        if (p->sequential_load || pthread_create(&ld_thread, NULL, loader_main, &ld) != 0)
-            loader_run(&ld);
-        else
-            ld_started = 1;
-    }
-
-    /* rows = the computed set: fresh rows, plus the selected cached ones. */
-    int32_t n_rows = 0;
-    for (int64_t r = 0; r < total; r++)
-        if (!cached[r])
-            rows[n_rows++] = (int32_t)r;
-    if (p->mode != CB_MODE_BLEND) {
-        for (int32_t l = 0; l < hp->n_layer; l++)
-            if ((st = loader_wait(&ld, l, &stall, err)) != CB_OK)
-                goto out;
-            else if (n_cached == 0 ? (st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK
-                              : (st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
-                goto layer_fail;
-    } else {
-        /* layers before the check layer: every row */
-        for (int32_t l = 0; l < p->check_layer; l++)
-            if ((st = loader_wait(&ld, l, &stall, err)) != CB_OK)
-                goto out;
-            else if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
-                goto layer_fail;
-        /* candidates: all cached rows */
-        for (int64_t r = 0; r < total; r++)
-            keep[r] = cached[r];
-        int64_t n_cand = n_cached;
-        if (p->strategy == CB_STRATEGY_QUERY) /* the candidates' fresh keys, on the host */
-            fresh = malloc(sizeof(float) * (size_t)(total * w));
-        top = malloc(sizeof(int32_t) * (size_t)total);
-        if ((p->strategy == CB_STRATEGY_QUERY && !fresh) || !top) {
-            st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
-            goto out;
-        }
-        for (int32_t step = 0; step < p->n_ratios; step++) {
-            int32_t l = p->check_layer + step;
-            if ((st = loader_wait(&ld, l, &stall, err)) != CB_OK)
-                goto out;
-            int64_t want = (int64_t)ceilf(p->ratios[step] * (float)n_cached);
-            int32_t n_c = 0;
-            int32_t *cand = rows; /* reuse: candidate cached rows, by position */
-            for (int64_t r = 0; r < total; r++)
-                if (keep[r])
-                    cand[n_c++] = (int32_t)r;
-            if (want > n_c)
-                want = n_c;
-            if (want < n_c && n_c > 0) {
-                if (p->strategy == CB_STRATEGY_QUERY) {
-                    /* attention of the last segment's rows (the question) over
-                     * the candidates' fresh keys at this layer */
-                    int32_t qs = start[n_segs - 1], nq = (int32_t)(total - qs);
-                    int64_t dq = (int64_t)hp->n_head * hp->head_dim;
-                    int32_t *qrows = malloc(sizeof(int32_t) * (size_t)nq);
-                    qbuf = realloc(qbuf, sizeof(float) * (size_t)(nq * dq));
-                    if (!qrows || !qbuf) {
-                        free(qrows);
-                        st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
-                        goto out;
-                    }
-                    for (int32_t i = 0; i < nq; i++)
-                        qrows[i] = qs + i;
-                    st = cb_fwd_layer_qkv(f, l, qrows, nq, qbuf, NULL, NULL);
-                    if (st == CB_OK)
-                        st = cb_fwd_layer_qkv(f, l, cand, n_c, NULL, fresh, NULL);
-                    free(qrows);
-                    if (st != CB_OK)
-                        goto layer_fail;
-                    int grp = hp->n_head / hp->n_head_kv;
-                    float scale = 1.0f / sqrtf((float)hp->head_dim);
-                    float *srow = malloc(sizeof(float) * (size_t)n_c);
-                    if (!srow) {
-                        st = cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
-                        goto out;
-                    }
-                    for (int32_t c = 0; c < n_c; c++)
-                        sc[c] = (scored){0.0f, cand[c]};
-                    for (int32_t i = 0; i < nq; i++)
-                        for (int32_t h = 0; h < hp->n_head; h++) {
-                            const float *qv = qbuf + i * dq + (int64_t)h * hp->head_dim;
-                            int32_t kh = h / grp;
-                            float mx = -INFINITY, sum = 0;
-                            for (int32_t c = 0; c < n_c; c++) {
-                                const float *kv_ = fresh + c * w + (int64_t)kh * hp->head_dim;
-                                float dot = 0;
-                                for (int32_t e = 0; e < hp->head_dim; e++)
-                                    dot += qv[e] * kv_[e];
-                                srow[c] = dot * scale;
-                                mx = srow[c] > mx ? srow[c] : mx;
-                            }
-                            for (int32_t c = 0; c < n_c; c++)
-                                sum += (srow[c] = expf(srow[c] - mx));
-                            for (int32_t c = 0; c < n_c; c++)
-                                sc[c].score += srow[c] / sum;
-                        }
-                    free(srow);
-                    qsort(sc, (size_t)n_c, sizeof *sc, by_score_desc);
-                    for (int32_t c = 0; c < n_c; c++)
-                        keep[sc[c].row] = c < want;
-                } else {
-                    /* deviation of fresh K (or V) from the loaded cache,
-                     * ranked on the backend: only the chosen rows come back */
-                    if ((st = cb_fwd_deviation(f, kv, l, p->deviation_v, cand, n_c, (int32_t)want, top)) != CB_OK)
-                        goto layer_fail;
-                    for (int32_t c = 0; c < n_c; c++)
-                        keep[cand[c]] = 0;
-                    for (int64_t c = 0; c < want; c++)
-                        keep[top[c]] = 1;
-                }
-                if (p->strategy == CB_STRATEGY_SINK)
-                    for (int32_t s = 0; s < n_segs; s++)
-                        if (use[s])
-                            for (int32_t j = 0; j < p->sink_tokens && j < segs[s].n; j++)
-                                if (cached[start[s] + j])
-                                    keep[start[s] + j] = 1;
-            }
-            n_cand = 0;
-            n_rows = 0;
-            for (int64_t r = 0; r < total; r++) {
-                if (keep[r])
-                    n_cand++;
-                if (keep[r] || !cached[r])
-                    rows[n_rows++] = (int32_t)r;
-            }
-            stats->n_selected[step] = (int32_t)n_cand;
-            if ((st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
-                goto layer_fail;
-        }
-        stats->n_recomputed_tokens = (int32_t)n_cand;
-        for (int32_t l = p->check_layer + p->n_ratios; l < hp->n_layer; l++)
-            if ((st = loader_wait(&ld, l, &stall, err)) != CB_OK)
-                goto out;
-            else if ((st = cb_fwd_layer(f, kv, l, rows, n_rows)) != CB_OK)
-                goto layer_fail;
-    }
-    {
-        int32_t last = (int32_t)(total - 1);
+    loader_start(&pl.ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, kv, pl.max_seg, p);
+    st = p->mode == CB_MODE_BLEND ? fuse(&pl, &layer_err, err, stats) : prefill_plain(&pl, &layer_err, err);
+    if (st == CB_OK) {
+        int32_t last = (int32_t)(pl.total - 1);
         if ((st = cb_fwd_logits(f, &last, 1, logits)) != CB_OK)
-            goto layer_fail;
+            layer_err = 1;
     }
-    stats->prefill_ms = now_ms() - t_start;
-    if (ld_started) {
-        pthread_join(ld_thread, NULL);
-        ld_started = 0;
-    }
-    stats->load_ms = ld.busy_ms;
-    stats->load_bytes = ld.bytes;
-    stats->stall_ms = stall;
-    stats->recompute_ms = stats->prefill_ms - stall - (p->sequential_load ? ld.busy_ms : 0);
-    stats->overlapped_ms = p->sequential_load ? 0 : ld.busy_ms - stall > 0 ? ld.busy_ms - stall : 0;
+    stats->prefill_ms = cb_now_ms() - t_start;
+    loader_stop(&pl.ld);
+    if (st == CB_ERR_NOMEM && !layer_err)
+        cb_error_set(err, st, "blend: out of memory");
+    else if (st != CB_OK && layer_err)
+        cb_error_set(err, st, "blend: layer computation failed: %s", cb_strerror(st));
+    if (st != CB_OK)
+        goto out;
+    stats->load_ms = pl.ld.busy_ms;
+    stats->load_bytes = pl.ld.bytes;
+    stats->stall_ms = pl.stall;
+    stats->recompute_ms = stats->prefill_ms - pl.stall - (p->sequential_load ? pl.ld.busy_ms : 0);
+    stats->overlapped_ms = p->sequential_load ? 0 : pl.ld.busy_ms - pl.stall > 0 ? pl.ld.busy_ms - pl.stall : 0;
     if (p->mode == CB_MODE_FULL)
         stats->n_recomputed_tokens = 0;
-    st = CB_OK;
-    goto out;
-layer_fail:
-    cb_error_set(err, st, "blend: layer computation failed: %s", cb_strerror(st));
 out:
-    if (ld_started)
-        pthread_join(ld_thread, NULL);
-    pthread_mutex_destroy(&ld.mu);
-    pthread_cond_destroy(&ld.cv);
-    free(ids), free(pos), free(rows), free(seg_of), free(start), free(use), free(cached), free(keep);
-    free(fresh), free(top), free(qbuf), free(sc);
+    plan_free(&pl);
     return st;
 }

@@ -35,7 +35,6 @@
  * Every layer starts on a 4096-byte boundary, so one layer can be read alone
  * (and with O_DIRECT).  Moving the chunk to position p is a RoPE rotation of
  * K by p - (pos0 + i), exact up to rounding. */
-#include "../infer/model_impl.h"
 #include "cbcore.h"
 
 #include <errno.h>
@@ -110,7 +109,8 @@ static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v
 cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
                           const int32_t *ids, int32_t n, int32_t pos0, cb_type type, void **out, size_t *out_size)
 {
-    const cb_hparams *hp = &m->hp;
+    const cb_hparams *hp = cb_model_hparams(m);
+    cb_hash128 fp = cb_model_fingerprint(m);
     int64_t width = (int64_t)hp->n_head_kv * hp->head_dim;
     size_t row = cb_type_row_bytes(type, width);
     uint64_t B, S, H, total;
@@ -136,8 +136,8 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     memcpy(buf, KV_MAGIC, 8);
     put32(buf + 8, KV_VERSION);
     put32(buf + 12, (uint32_t)H);
-    put64(buf + 16, m->fingerprint.lo);
-    put64(buf + 24, m->fingerprint.hi);
+    put64(buf + 16, fp.lo);
+    put64(buf + 24, fp.hi);
     put64(buf + 32, th.lo);
     put64(buf + 40, th.hi);
     put32(buf + 48, (uint32_t)hp->n_layer);

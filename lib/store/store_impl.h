@@ -33,6 +33,7 @@
 
 #include <sqlite3.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define ST_SCHEMA 1
 #define ST_OWNER_LEN 16          /* hex digits of an owner id */
@@ -68,12 +69,53 @@ struct cb_store {
 
 struct cb_store_ref {
     int fd;
+    int tier;      /* the tier whose file fd is */
     uint64_t size;
     char *path;
 };
 
-/* ------------------------------------------------------------ store.c */
+/* The files, each using only those above it (no circle):
+ *   util.c    file-system helpers, keys, ids
+ *   index.c   the SQLite index: schema, statements, transactions
+ *   store.c   configuration, tiers, the store lock, owners, open/close, stat
+ *   tiers.c   moves between tiers: demotion, eviction, promotion
+ *   entry.c   entries: put, lookup, acquire, remove, pin, list
+ *   maint.c   gc, verify and repair
+ *   archive.c export and import; profile.c the profiles kept in the store */
 
+/* -------------------------------------------------------------- util.c */
+
+/* A malloc'd printf-formatted string, or NULL. */
+char *st_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int64_t st_now_us(void);
+/* 1 when p[0..n) are lowercase hex digits. */
+int st_is_hex(const char *p, size_t n);
+int st_key_valid(const char *key);
+/* n_hex random lowercase hex digits and a NUL into out. */
+void st_random_hex(char *out, size_t n_hex);
+/* mkdir -p; 0 or -1 with errno. */
+int st_mkdir_p(const char *path, mode_t mode);
+/* fsync a directory (errors ignored: tmpfs and some filesystems refuse). */
+void st_fsync_dir(const char *dir);
+/* write all n bytes (retrying EINTR and short writes); 0, or -1 with errno */
+int st_write_all(int fd, const void *buf, size_t n);
+/* Copy n bytes from in to out; 0, or -1 with errno. */
+int st_copy_fd(int in, int out, uint64_t n);
+/* Open path and take an exclusive flock without waiting; -1 with errno
+ * EWOULDBLOCK when a reader holds it, ENOENT when missing.  The descriptor
+ * is checked to still be the file at path. */
+int st_lock_file_ex(const char *path);
+/* Unlink a file after taking its exclusive lock; 1 removed, 0 in use, -1 error (errno). */
+int st_unlink_locked(const char *path);
+/* Index of tier `name`, or -1. */
+int st_tier_index(const cb_store *s, const char *name);
+
+/* ------------------------------------------------------------- index.c */
+
+/* Create an empty index (schema ST_SCHEMA) in dir/index.db. */
+cb_status st_index_create(const char *dir, cb_error *err);
+/* Open s->dir's index into s->db (WAL, busy timeout, schema check). */
+cb_status st_index_open(cb_store *s, cb_error *err);
 /* A prepared statement for a constant SQL string (cached by pointer), reset
  * and with bindings cleared; NULL after setting err. */
 sqlite3_stmt *st_stmt(cb_store *s, const char *sql, cb_error *err);
@@ -89,6 +131,24 @@ cb_status st_dberr(cb_store *s, int rc, const char *what, cb_error *err);
  * rolled back and the error (naming `what`) returned. */
 cb_status st_write(cb_store *s, sqlite3_stmt *q, const char *what, int *changed, cb_error *err);
 
+/* An entry's row. */
+typedef struct st_row {
+    int tier, state, pinned;
+    uint64_t bytes;
+    int64_t hits;
+    char checksum[33];
+} st_row;
+/* 1 with *r filled, 0 when key has no row, <0 on error. */
+int st_get_row(cb_store *s, const char *key, st_row *r, cb_error *err);
+/* Run one data-changing statement with key (?1) and tier name (?2) (and a
+ * second tier name, ?3, when tier2 >= 0) in its own transaction; the
+ * number of rows changed, or <0. */
+int st_change(cb_store *s, const char *sql, const char *key, int tier, int tier2, cb_error *err);
+/* Delete key's row in tier `tier` (its own transaction); rows deleted, or <0. */
+int st_delete_at(cb_store *s, const char *key, int tier, cb_error *err);
+
+/* ------------------------------------------------------------- store.c */
+
 /* The store-wide lock on DIR/lock, reentrant within a handle; st_trylock
  * does not wait and returns 1 when it took the lock. */
 cb_status st_lock(cb_store *s, cb_error *err);
@@ -100,35 +160,12 @@ cb_status st_owner(cb_store *s, cb_error *err);
 /* 1 when owner id is alive (its lock file exists and is locked). */
 int st_owner_alive(cb_store *s, const char *id);
 
-/* Index of tier `name`, or -1. */
-int st_tier_index(const cb_store *s, const char *name);
 /* malloc'd TIER/KEY.kv, or TIER/KEY.kv.tmp.OWNER with tmp. */
 char *st_entry_path(const cb_store *s, int tier, const char *key, const char *tmp_owner);
-
-int64_t st_now_us(void);
-int st_key_valid(const char *key);
-/* fsync a directory (errors ignored: tmpfs and some filesystems refuse). */
-void st_fsync_dir(const char *dir);
-/* write all n bytes (retrying EINTR and short writes); 0, or -1 with errno */
-int st_write_all(int fd, const void *buf, size_t n);
-/* Open path and take an exclusive flock without waiting; -1 with errno
- * EWOULDBLOCK when a reader holds it, ENOENT when missing.  The descriptor
- * is checked to still be the file at path. */
-int st_lock_file_ex(const char *path);
-/* Unlink a file after taking its exclusive lock; 1 removed, 0 in use, -1 error (errno). */
-int st_unlink_locked(const char *path);
-
 /* Sum of bytes of tier t's rows, both states. */
 cb_status st_tier_used(cb_store *s, int t, uint64_t *used, cb_error *err);
 
-/* Acquire without (record 0) or with recording the access and promotion. */
-cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **out, cb_error *err);
-/* Adopt a verified copy of the KV file at path; movable: it may be renamed
- * into the tier; expect: the key it must hold (or NULL). */
-cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect, char key_out[66], int *existed,
-                      cb_error *err);
-
-/* --------------------------------------------------------------- maint.c */
+/* ------------------------------------------------------------- tiers.c */
 
 /* Make room for `need` bytes in tier t by moving its least recently used
  * entries down (never `exclude`); called with the lock held.  CB_OK when
@@ -140,5 +177,14 @@ cb_status st_make_room(cb_store *s, int t, uint64_t need, const char *exclude, c
 int st_move(cb_store *s, const char *key, int from, int to, cb_store_gc_report *rep, cb_error *err);
 /* Promote key if the configuration says so (lock held). */
 void st_promote(cb_store *s, const char *key);
+
+/* ------------------------------------------------------------- entry.c */
+
+/* Acquire without (record 0) or with recording the access and promotion. */
+cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **out, cb_error *err);
+/* Adopt a verified copy of the KV file at path; movable: it may be renamed
+ * into the tier; expect: the key it must hold (or NULL). */
+cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect, char key_out[66], int *existed,
+                      cb_error *err);
 
 #endif

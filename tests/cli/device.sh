@@ -4,7 +4,8 @@
 # point, carry SASS for sm_80/86/89/90 and PTX, and use nothing of
 # libcbcore's); and, on a machine with a GPU, CPU vs CUDA end to end on the
 # default model: first-token logits (KL divergence, top-1), greedy answers,
-# and a blend from KV files precomputed on the GPU.  Without a GPU those
+# and a blend from KV files precomputed on the GPU, each also under
+# CB_CUDA_SYNC=1 (every operation checked; the same numbers).  Without a GPU those
 # cases are skipped, saying so.
 # Environment: CB_CUDA_MOD (the module's path when the build made one);
 # CB_TEST_DEVICE (default cuda) names the device the end-to-end cases run
@@ -89,7 +90,9 @@ if [ "$gpu" = 0 ] || [ -z "$M" ]; then
     [ -s "$T/cuda.err" ] && why="no GPU here: $(head -c 120 "$T/cuda.err")"
     [ -z "$M" ] && why="the default model is not in the cache"
     for c in "first-token logits CPU vs CUDA (KL, top-1)" "greedy answers CPU vs CUDA" \
-             "precompute and blend on CUDA vs CPU" "cb-profile on CUDA"; do
+             "CB_CUDA_SYNC=1: every operation checked, same logits" \
+             "precompute and blend on CUDA vs CPU" "CB_CUDA_SYNC=1: the blend, loader included, checked" \
+             "cb-profile on CUDA"; do
         skip "$c" "$why"
     done
     done_testing; exit
@@ -119,6 +122,16 @@ done
     not_ok "first-token logits CPU vs CUDA ($bad of 3 over bound)"
 grep -q Paris "$T/cuda1.txt" && grep -q 7 "$T/cuda2.txt" && grep -qi leonardo "$T/cuda3.txt" &&
     ok "greedy answers on CUDA are right ($same of 3 identical to the CPU's)" || not_ok "greedy answers on CUDA"
+# the debugging mode: every operation synchronized and checked, every
+# product's output checked for inf/NaN; the numbers must not change
+if CB_CUDA_SYNC=1 "$RUN" -m "$M" --device "$DEV" -p "The capital of France is" -n 24 --temp 0 \
+    --logits-out "$T/sync1.bin" >/dev/null 2>"$T/sync.err"; then
+    r=$(python3 "$T/kl.py" "$T/cuda1.bin" "$T/sync1.bin" 1e-6) &&
+        ok "CB_CUDA_SYNC=1: every operation checked, same logits (KL, top-1: $r)" ||
+        not_ok "CB_CUDA_SYNC=1: every operation checked, same logits ($r)"
+else
+    not_ok "CB_CUDA_SYNC=1: every operation checked: $(head -c 300 "$T/sync.err")"
+fi
 printf 'The Zorvath bridge in Kelmar was finished in 1911 by the engineer Ada Brun.\n\nAda Brun was born in Tessaly, a town known for its glassworks.\n' > "$T/doc.txt"
 "$BINDIR_B/cb-chunk" -m "$M" --tokens 16 "$T/doc.txt" > "$T/chunks.jsonl"
 "$PRE" -m "$M" --device "$DEV" --store "$T/gs" < "$T/chunks.jsonl" > "$T/pre-gpu.jsonl" 2>/dev/null &&
@@ -129,6 +142,14 @@ printf 'The Zorvath bridge in Kelmar was finished in 1911 by the engineer Ada Br
     -n 16 --temp 0 --logits-out "$T/bc.bin" > "$T/bc.txt" 2>/dev/null &&
 r=$(python3 "$T/kl.py" "$T/bc.bin" "$T/bg.bin" 0.02) && ok "precompute and blend on CUDA vs CPU (KL, top-1: $r)" ||
     not_ok "precompute and blend on CUDA vs CPU (${r:-a step failed})"
+if CB_CUDA_SYNC=1 "$RUN" -m "$M" --device "$DEV" --store "$T/gs" --chunks "$T/chunks.jsonl" \
+    -p "Where was the bridge's engineer born?" -n 16 --temp 0 --logits-out "$T/bs.bin" >/dev/null 2>"$T/sync.err"; then
+    r=$(python3 "$T/kl.py" "$T/bg.bin" "$T/bs.bin" 1e-6) &&
+        ok "CB_CUDA_SYNC=1: the blend, loader included, checked (KL, top-1: $r)" ||
+        not_ok "CB_CUDA_SYNC=1: the blend, loader included, checked ($r)"
+else
+    not_ok "CB_CUDA_SYNC=1: the blend, loader included, checked: $(head -c 300 "$T/sync.err")"
+fi
 expect_exit "cb-profile on CUDA" 0 "$PROF" -m "$M" --device "$DEV" --store "$T/gs" --lengths 512 --ratios 0.15 --repeat 1
 grep -q "device $DEV" "$T/out" || not_ok "cb-profile names the device"
 done_testing

@@ -10,6 +10,7 @@
  * inputs, f16 caches).  Without a GPU the CUDA cases are skipped, saying
  * why. */
 #include "../../lib/backend/backend.h"
+#include "../../lib/backend/opmath.h"
 #include "cbcore.h"
 #include "test.h"
 
@@ -67,7 +68,7 @@ static void bfree(cb_backend *be, void *d)
     be->ops->dealloc(be, d);
 }
 
-#define MAXOUT (1 << 22)
+#define MAXOUT (12 << 20) /* floats: the 40 MB round trip */
 
 /* A case: run on backend be (NULL: the plain reference) into out; returns
  * the number of values. */
@@ -575,6 +576,626 @@ static int64_t c_event(cb_backend *be, float *out)
     return n * w;
 }
 
+/* ======================================================================
+ * Cases from the CUDA backend's review (issue 18): each is written to
+ * catch one way the device path could compute wrong numbers or fail on
+ * first contact; on the CPU they check the same contract (and some of the
+ * reasoning: the f16 scaling choice, NaN's place in topk).
+ * ====================================================================== */
+
+/* Round to f16 and to bf16 (round to nearest even), as the device does. */
+static float to_f16(float x)
+{
+    return (float)(_Float16)x;
+}
+
+static float to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u)
+        u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* cb_op_f16_scale_exp: max * 2^e lands in [2^14, 2^15) over 80 binades and
+ * every value of the block then fits f16; 0, inf and NaN leave it alone;
+ * the clamp (|e| <= 60, so that alpha stays a normal f32) covers
+ * magnitudes from 2^-45 to 2^75. */
+static void r18_scale_exp(void)
+{
+    int bad = 0;
+    tcase("f16 scale exponent: max 2^e in [2^14, 2^15), the block finite in f16");
+    for (int b = -40; b <= 40; b++)
+        for (int k = 0; k <= 16; k++) {
+            float amax = k < 16 ? ldexpf(1.0f + (float)k / 16.0f, b) : nextafterf(ldexpf(1.0f, b + 1), 0.0f);
+            int e = cb_op_f16_scale_exp(amax);
+            double s = ldexp(amax, e);
+            if (s < 16384.0 || s >= 32768.0 || !isfinite(to_f16(ldexpf(amax, e))) ||
+                !isfinite(to_f16(ldexpf(-amax, e))))
+                bad++;
+        }
+    CHECKF(bad == 0, "%d magnitudes misplaced", bad);
+    CHECK(cb_op_f16_scale_exp(0.0f) == 0);
+    CHECK(cb_op_f16_scale_exp(INFINITY) == 0);
+    CHECK(cb_op_f16_scale_exp(NAN) == 0);
+    CHECK(cb_op_f16_scale_exp(3.0e38f) == -CB_F16_EXP_MAX);
+    CHECK(isfinite(to_f16(ldexpf(nextafterf(ldexpf(1.0f, 75), 0.0f), cb_op_f16_scale_exp(ldexpf(1.0f, 74))))));
+    CHECK(cb_op_f16_scale_exp(1e-30f) == CB_F16_EXP_MAX);
+    CHECK(cb_op_f16_scale_exp(65504.0f * 4) == -3);
+}
+
+/* The choice for matrix products, measured: y = x . W^T with x like a
+ * down-projection input (SwiGLU outputs: heavy tails, plus "massive
+ * activations", a few channels in the 1e3..3e5 range, as reported for
+ * Llama/Qwen-class models) and W q8_0-like N(0, 0.02) weights.  Each
+ * option rounds the operands as the device would and accumulates in double
+ * (cuBLAS: f32); error = normalized mean squared error against the exact
+ * product.  f16 without scaling overflows to inf; f16 with a per-call
+ * power-of-two scale keeps f16's 11-bit precision; bf16 has the range but
+ * 8 bits. */
+static double r18_mm_err(const float *x, const float *w, int64_t n, int64_t n_in, int64_t n_out, int opt)
+{
+    float amax = 0, wmax = 0;
+    for (int64_t i = 0; i < n * n_in; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    for (int64_t i = 0; i < n_out * n_in; i++)
+        wmax = fabsf(w[i]) > wmax ? fabsf(w[i]) : wmax;
+    int ex = opt == 1 ? cb_op_f16_scale_exp(amax) : 0, ew = opt == 1 ? cb_op_f16_scale_exp(wmax) : 0;
+    double e = 0, s = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t o = 0; o < n_out; o++) {
+            double ref = 0, got = 0;
+            for (int64_t j = 0; j < n_in; j++) {
+                float a = x[i * n_in + j], b = w[o * n_in + j];
+                ref += (double)a * b;
+                if (opt == 2)
+                    got += (double)to_bf16(a) * to_bf16(b);
+                else
+                    got += (double)to_f16(ldexpf(a, ex)) * to_f16(ldexpf(b, ew));
+            }
+            got = ldexp(got, -(ex + ew));
+            if (!isfinite(got))
+                return INFINITY;
+            e += (got - ref) * (got - ref);
+            s += ref * ref;
+        }
+    return e / s;
+}
+
+static void r18_mm_choice(void)
+{
+    int64_t n = 8, n_in = 1024, n_out = 64;
+    float *x = malloc(sizeof(float) * (size_t)(n * n_in)), *w = malloc(sizeof(float) * (size_t)(n_out * n_in));
+    seed(1801);
+    for (int64_t i = 0; i < n_out * n_in; i++)
+        w[i] = (float)((urand() + urand() + urand() - 1.5) * 0.04);
+    for (int pass = 0; pass < 3; pass++) {
+        /* 0: ordinary activations; 1: massive activations (1e3..3e5);
+         * 2: tiny activations (1e-6: f16 subnormals without scaling) */
+        for (int64_t i = 0; i < n * n_in; i++) {
+            double g = 4 * (urand() - 0.5), u = 4 * (urand() - 0.5);
+            x[i] = (float)(g / (1 + exp(-g)) * u * (pass == 2 ? 1e-6 : 1.0));
+        }
+        if (pass == 1)
+            for (int64_t i = 0; i < n; i++) {
+                x[i * n_in + 7] = (float)(3e5 * (i % 2 ? -1 : 1));
+                x[i * n_in + 300] = 2500.0f;
+                x[i * n_in + 911] = -7.0e4f;
+            }
+        double e16 = r18_mm_err(x, w, n, n_in, n_out, 0), es = r18_mm_err(x, w, n, n_in, n_out, 1),
+               ebf = r18_mm_err(x, w, n, n_in, n_out, 2);
+        static const char *what[3] = {"ordinary", "outliers to 3e5", "tiny (1e-6)"};
+        tcase("f16 product choice, %s activations: nmse f16 %.1e, f16 + 2^e scale %.1e, bf16 %.1e", what[pass], e16,
+              es, ebf);
+        CHECKF(es < 1e-6, "scaled f16 nmse %.2e", es);
+        CHECKF(es * 4 < ebf, "scaled f16 (%.2e) should beat bf16 (%.2e) by its 3 more bits", es, ebf);
+        if (pass == 1)
+            CHECKF(isinf(e16), "unscaled f16 should overflow (nmse %.2e)", e16);
+        if (pass == 0)
+            CHECKF(es <= e16 * 1.01, "%.3e vs %.3e", es, e16); /* in range a power of two changes (almost) nothing */
+        if (pass == 2)
+            CHECKF(es * 10 < e16, "scaling should lift tiny inputs out of the subnormals (%.2e vs %.2e)", es, e16);
+    }
+    free(x), free(w);
+}
+
+/* matmul with inputs (and f32 weights) above f16's 65504 */
+static int64_t c_matmul_big(cb_backend *be, float *out)
+{
+    int64_t n = 6, n_in = 256, n_out = 40;
+    seed(1802);
+    float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(n * n_in, 1.0f);
+    for (int64_t i = 0; i < n; i++) {
+        x[i * n_in + 3] = 2.5e5f, x[i * n_in + 100] = -9.0e4f, x[i * n_in + 101] = 7.0e4f;
+        if (i == 5)
+            for (int64_t j = 0; j < n_in; j++)
+                x[i * n_in + j] = 1e5f * (j % 2 ? 1 : -1) + (float)j; /* every value out of f16's range */
+    }
+    if (mm_type == CB_TYPE_F32)
+        for (int64_t o = 0; o < n_out; o++)
+            wf[o * n_in + (o * 7) % n_in] = 1.2e5f;
+    size_t rb = cb_type_row_bytes(mm_type, n_in);
+    uint8_t *wq = malloc(rb * (size_t)n_out);
+    for (int64_t o = 0; o < n_out; o++)
+        cb_quant_row(mm_type, wf + o * n_in, wq + (size_t)o * rb, n_in);
+    if (!be) {
+        float *w = malloc(sizeof(float) * (size_t)(n_in * n_out));
+        for (int64_t o = 0; o < n_out; o++)
+            cb_dequant_row(mm_type, wq + (size_t)o * rb, w + o * n_in, n_in);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t o = 0; o < n_out; o++) {
+                double s = 0.0;
+                for (int64_t j = 0; j < n_in; j++)
+                    s += (double)x[i * n_in + j] * w[o * n_in + j];
+                out[i * n_out + o] = (float)s;
+            }
+        free(w);
+    } else {
+        cb_bweight *w = be->ops->weight_new(be, mm_type, n_in, n_out, wq, NULL);
+        float *dx = bput(be, x, sizeof(float) * (size_t)(n * n_in));
+        float *dy = be->ops->alloc(be, sizeof(float) * (size_t)(n * n_out));
+        be->ops->matmul(be, w, dx, dy, n);
+        bget(be, out, dy, sizeof(float) * (size_t)(n * n_out));
+        bfree(be, dx), bfree(be, dy);
+        be->ops->weight_free(be, w);
+    }
+    free(wf), free(x), free(wq);
+    return n * n_out;
+}
+
+/* topk over NaN, +-inf, ties and signed zeros with k = n: the reference
+ * selects by hand, NaN below every number, ties by lower index */
+static int64_t c_topk_nan(cb_backend *be, float *out)
+{
+    int64_t n = topk_n, k = n;
+    seed(1803);
+    float *x = malloc(sizeof(float) * (size_t)n);
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)k);
+    for (int64_t i = 0; i < n; i++) {
+        int r = (int)(urand() * 10);
+        x[i] = r == 0 ? NAN : r == 1 ? INFINITY : r == 2 ? -INFINITY : r == 3 ? -0.0f : r == 4 ? 0.0f
+                                                                                      : (float)(int)(urand() * 5);
+    }
+    x[0] = NAN, x[n - 1] = INFINITY;
+    for (int64_t r = 0; r < k; r++)
+        idx[r] = -7;
+    if (!be) {
+        char *taken = calloc((size_t)n, 1);
+        for (int64_t r = 0; r < k; r++) {
+            int64_t best = -1;
+            for (int64_t i = 0; i < n; i++) {
+                if (taken[i])
+                    continue;
+                if (best < 0 || (isnan(x[best]) && !isnan(x[i])) || (!isnan(x[i]) && x[i] > x[best]))
+                    best = i;
+            }
+            taken[best] = 1;
+            idx[r] = (int32_t)best;
+        }
+        free(taken);
+    } else {
+        float *dx = bput(be, x, sizeof(float) * (size_t)n);
+        be->ops->topk(be, dx, n, k, idx);
+        bfree(be, dx);
+    }
+    for (int64_t r = 0; r < k; r++)
+        out[r] = (float)idx[r];
+    free(x), free(idx);
+    return k;
+}
+
+/* RoPE at base 1e6 (qwen2) at positions up to 32K, then shifted by
+ * negative deltas (a chunk moved earlier), against rope at pos + delta.
+ * The angle is pos * inv_freq in f32 on both backends; a device powf one
+ * bit off the host's would move it by up to 1e-3 rad at 32K. */
+static int r18_rope_nrot, r18_rope_neox, r18_rope_shift;
+
+static int64_t c_rope_long(cb_backend *be, float *out)
+{
+    enum { N = 48 };
+    int n_head = 4, hd = 128;
+    int32_t pos[N], delta[N], sum[N];
+    seed(1804);
+    for (int i = 0; i < N; i++) {
+        pos[i] = i == 0 ? 32767 : i == 1 ? 0 : i == 2 ? 32000 : (int32_t)(urand() * 32768);
+        delta[i] = -(int32_t)(urand() * (pos[i] + 1)); /* pos + delta >= 0 */
+        sum[i] = pos[i] + delta[i];
+    }
+    size_t bytes = sizeof(float) * (size_t)(N * n_head * hd);
+    float *x = rand_vec(N * n_head * hd, 2.0f);
+    if (!be) {
+        memcpy(out, x, bytes);
+        ref_rope(out, r18_rope_shift ? sum : pos, N, n_head, hd, r18_rope_nrot, 1e6, r18_rope_neox);
+    } else {
+        float *d = bput(be, x, bytes);
+        be->ops->rope(be, d, pos, N, n_head, hd, r18_rope_nrot, 1e6f, r18_rope_neox);
+        if (r18_rope_shift)
+            be->ops->rope(be, d, delta, N, n_head, hd, r18_rope_nrot, 1e6f, r18_rope_neox);
+        bget(be, out, d, bytes);
+        bfree(be, d);
+    }
+    free(x);
+    return N * n_head * hd;
+}
+
+/* Attention at model sizes: att_big describes the case.  The reference and
+ * (for the CPU-vs-reference check) the CPU backend take r18_sample rows
+ * spread over the query; CPU vs CUDA takes all of them. */
+static struct {
+    int hd, n_head, n_head_kv, window;
+    int64_t n_ctx, nq;
+} att_big;
+static int r18_sample;
+
+/* plain double-precision attention of rows [n] at pos over caches k, v
+ * (already rounded as stored), into out */
+static void ref_attention(const float *q, const int32_t *pos, int64_t n, const float *k, const float *v, int n_head,
+                          int n_head_kv, int hd, float scale, int window, int64_t n_ctx, float *out)
+{
+    int64_t dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
+    double *s = malloc(sizeof(double) * (size_t)n_ctx), *o = malloc(sizeof(double) * (size_t)hd);
+    for (int64_t i = 0; i < n; i++)
+        for (int h = 0; h < n_head; h++) {
+            int kh = h / (n_head / n_head_kv);
+            double mx = -INFINITY, sum = 0;
+            int64_t lo = window > 0 && pos[i] >= window ? pos[i] - window + 1 : 0;
+            for (int64_t c = lo; c <= pos[i]; c++) {
+                double d = 0;
+                for (int e = 0; e < hd; e++)
+                    d += (double)q[i * dq + h * hd + e] * k[c * w + kh * hd + e];
+                s[c] = d * scale;
+                mx = s[c] > mx ? s[c] : mx;
+            }
+            for (int e = 0; e < hd; e++)
+                o[e] = 0;
+            for (int64_t c = lo; c <= pos[i]; c++) {
+                double p = exp(s[c] - mx);
+                sum += p;
+                for (int e = 0; e < hd; e++)
+                    o[e] += p * v[c * w + kh * hd + e];
+            }
+            for (int e = 0; e < hd; e++)
+                out[i * dq + h * hd + e] = (float)(o[e] / sum);
+        }
+    free(s), free(o);
+}
+
+static int64_t c_attention_big(cb_backend *be, float *out)
+{
+    int n_head = att_big.n_head, n_head_kv = att_big.n_head_kv, hd = att_big.hd;
+    int64_t n_ctx = att_big.n_ctx, nq = att_big.nq, dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)nq);
+    seed(1805 + (uint64_t)hd);
+    /* scattered positions, out of order, repeats, both ends of the cache */
+    for (int64_t i = 0; i < nq; i++)
+        pos[i] = i == 0 ? (int32_t)(n_ctx - 1) : i == 1 ? 0 : i == 2 ? 1 : (int32_t)(urand() * (double)n_ctx);
+    float *q = rand_vec(nq * dq, 2.0f), *k = rand_vec(n_ctx * w, 2.0f), *v = rand_vec(n_ctx * w, 1.0f);
+    for (int64_t i = 0; i < n_ctx * w; i++)
+        k[i] = round_kv(k[i]), v[i] = round_kv(v[i]);
+    /* the rows this run computes: all, or a spread sample */
+    int64_t n = r18_sample ? r18_sample : nq;
+    if (r18_sample)
+        for (int64_t i = 0; i < n; i++) {
+            int64_t src = i * (nq - 1) / (n - 1);
+            memmove(q + i * dq, q + src * dq, sizeof(float) * (size_t)dq);
+            pos[i] = pos[src];
+        }
+    if (!be) {
+        ref_attention(q, pos, n, k, v, n_head, n_head_kv, hd, scale, att_big.window, n_ctx, out);
+    } else {
+        size_t esz = kv_type == CB_TYPE_F32 ? 4 : 2;
+        int32_t *all = malloc(sizeof(int32_t) * (size_t)n_ctx);
+        for (int64_t i = 0; i < n_ctx; i++)
+            all[i] = (int32_t)(n_ctx - 1 - i);
+        /* written in reverse row order, from reversed rows: the same cache */
+        float *kr = malloc(sizeof(float) * (size_t)(n_ctx * w)), *vr = malloc(sizeof(float) * (size_t)(n_ctx * w));
+        for (int64_t i = 0; i < n_ctx; i++) {
+            memcpy(kr + i * w, k + (n_ctx - 1 - i) * w, sizeof(float) * (size_t)w);
+            memcpy(vr + i * w, v + (n_ctx - 1 - i) * w, sizeof(float) * (size_t)w);
+        }
+        void *kc = be->ops->alloc(be, esz * (size_t)(n_ctx * w)), *vc = be->ops->alloc(be, esz * (size_t)(n_ctx * w));
+        float *dk = bput(be, kr, sizeof(float) * (size_t)(n_ctx * w));
+        float *dv = bput(be, vr, sizeof(float) * (size_t)(n_ctx * w));
+        float *dq_ = bput(be, q, sizeof(float) * (size_t)(n * dq));
+        float *dout = be->ops->alloc(be, sizeof(float) * (size_t)(n * dq));
+        be->ops->kv_write(be, kc, kv_type, w, dk, all, n_ctx);
+        be->ops->kv_write(be, vc, kv_type, w, dv, all, n_ctx);
+        be->ops->attention(be, dq_, pos, n, kc, vc, kv_type, n_head, n_head_kv, hd, scale, att_big.window, dout);
+        bget(be, out, dout, sizeof(float) * (size_t)(n * dq));
+        bfree(be, kc), bfree(be, vc), bfree(be, dk), bfree(be, dv), bfree(be, dq_), bfree(be, dout);
+        free(all), free(kr), free(vr);
+    }
+    free(pos), free(q), free(k), free(v);
+    return n * dq;
+}
+
+/* On a device backend (one with a queue: event_new), queue a few ms of
+ * work on this thread's queue, so that what the caller queues next waits
+ * behind it (what a race needs to show); nothing on the CPU. */
+static void busy(cb_backend *be, int reps)
+{
+    int64_t w = 4096, n = 4096; /* 64 MB */
+    if (!be->ops->event_new)
+        return;
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        at[i] = (int32_t)(n - 1 - i);
+    void *cache = be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
+    float *src = be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
+    for (int r = 0; r < reps; r++)
+        be->ops->kv_write(be, cache, CB_TYPE_F32, w, src, at, n);
+    bfree(be, cache), bfree(be, src); /* after the writes, in queue order */
+    free(at);
+}
+
+/* More than 16,384 staged indices in one operation (a staging slot's
+ * growth), then 200 indexed operations queued back to back (more than the
+ * 64 staging slots: the host refills a slot while the device may still be
+ * behind), each with its own index array; later writes overwrite earlier
+ * ones, so the result depends on every array and on their order. */
+static int64_t c_staging(cb_backend *be, float *out)
+{
+    int64_t w = 8, n_ctx = 20000, n_ops = 200, per = 50;
+    seed(1806);
+    float *src = rand_vec(n_ctx * w, 1.0f);
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_ctx), *rd = malloc(sizeof(int32_t) * (size_t)n_ctx);
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)(n_ops * per));
+    for (int64_t i = 0; i < n_ctx; i++)
+        perm[i] = (int32_t)i, rd[i] = (int32_t)i;
+    for (int64_t i = n_ctx - 1; i > 0; i--) {
+        int64_t j = (int64_t)(urand() * (double)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+        j = (int64_t)(urand() * (double)(i + 1));
+        t = rd[i], rd[i] = rd[j], rd[j] = t;
+    }
+    for (int64_t i = 0; i < n_ops * per; i++)
+        at[i] = (int32_t)(urand() * (double)n_ctx);
+    if (!be) {
+        float *cache = malloc(sizeof(float) * (size_t)(n_ctx * w));
+        for (int64_t i = 0; i < n_ctx; i++)
+            memcpy(cache + perm[i] * w, src + i * w, sizeof(float) * (size_t)w);
+        for (int64_t op = 0; op < n_ops; op++)
+            for (int64_t i = 0; i < per; i++) /* op's rows: src rows op*per.. */
+                memcpy(cache + at[op * per + i] * w, src + (op * per + i) * w, sizeof(float) * (size_t)w);
+        for (int64_t i = 0; i < n_ctx; i++)
+            memcpy(out + i * w, cache + rd[i] * w, sizeof(float) * (size_t)w);
+        free(cache);
+    } else {
+        void *cache = be->ops->alloc(be, sizeof(float) * (size_t)(n_ctx * w));
+        float *ds = bput(be, src, sizeof(float) * (size_t)(n_ctx * w));
+        float *dd = be->ops->alloc(be, sizeof(float) * (size_t)(n_ctx * w));
+        int32_t *tmp = malloc(sizeof(int32_t) * (size_t)per);
+        busy(be, 100); /* the 200 operations queue up behind this */
+        be->ops->kv_write(be, cache, CB_TYPE_F32, w, ds, perm, n_ctx);
+        for (int64_t op = 0; op < n_ops; op++) {
+            /* one reused host array, rewritten for every call: the backend
+             * must have copied it out before returning */
+            memcpy(tmp, at + op * per, sizeof(int32_t) * (size_t)per);
+            be->ops->kv_write(be, cache, CB_TYPE_F32, w, ds + op * per * w, tmp, per);
+        }
+        be->ops->kv_read(be, cache, CB_TYPE_F32, w, rd, n_ctx, dd);
+        bget(be, out, dd, sizeof(float) * (size_t)(n_ctx * w));
+        bfree(be, cache), bfree(be, ds), bfree(be, dd);
+        free(tmp);
+    }
+    free(src), free(perm), free(rd), free(at);
+    return n_ctx * w;
+}
+
+/* 40 MB through upload and download (five staging buffers' worth) */
+static int64_t c_roundtrip40(cb_backend *be, float *out)
+{
+    int64_t n = 10 << 20;
+    seed(1807);
+    float *x = rand_vec(n, 1.0f);
+    if (!be) {
+        memcpy(out, x, sizeof(float) * (size_t)n);
+    } else {
+        float *d = bput(be, x, sizeof(float) * (size_t)n);
+        memset(x, 0, sizeof(float) * (size_t)n); /* upload returned: src is ours again */
+        bget(be, out, d, sizeof(float) * (size_t)n);
+        bfree(be, d);
+    }
+    free(x);
+    return n;
+}
+
+/* An allocation the device cannot satisfy returns NULL (reported by the
+ * caller as out of memory), and the backend works on afterwards. */
+static int64_t c_alloc_fail(cb_backend *be, float *out)
+{
+    float x[64];
+    seed(1808);
+    for (int i = 0; i < 64; i++)
+        x[i] = frand(1.0f);
+    out[0] = 1.0f;
+    if (!be) {
+        memcpy(out + 1, x, sizeof x);
+    } else {
+        void *huge = be->ops->alloc(be, (size_t)1 << 44); /* 16 TiB */
+        out[0] = huge == NULL;
+        be->ops->dealloc(be, huge);
+        float *d = bput(be, x, sizeof x);
+        bget(be, out + 1, d, sizeof x);
+        bfree(be, d);
+    }
+    return 65;
+}
+
+/* A weight made on one thread and used on another after a join (no sync):
+ * weight_new must hand back a weight whose upload and dequantization are
+ * done.  64 MB of f32 (eight staging buffers: the last copies are still in
+ * flight when upload returns) after a busy queue: on a device, a weight_new
+ * that returned early would leave the product reading a weight not yet
+ * there. */
+typedef struct wt_arg {
+    cb_backend *be;
+    const uint8_t *wq;
+    const float *bias;
+    int64_t n_in, n_out;
+    cb_bweight *w;
+} wt_arg;
+
+static void *wt_main(void *p)
+{
+    wt_arg *a = p;
+    busy(a->be, 50);
+    a->w = a->be->ops->weight_new(a->be, CB_TYPE_F32, a->n_in, a->n_out, a->wq, a->bias);
+    return NULL;
+}
+
+static int64_t c_weight_thread(cb_backend *be, float *out)
+{
+    int64_t n = 3, n_in = 4096, n_out = 4096;
+    seed(1809);
+    float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(n * n_in, 1.0f), *bias = rand_vec(n_out, 0.5f);
+    const float *wq = wf; /* f32: the GGUF bytes are the values */
+    if (!be) {
+        const float *w = wf;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t o = 0; o < n_out; o++) {
+                double s = bias[o];
+                for (int64_t j = 0; j < n_in; j++)
+                    s += (double)x[i * n_in + j] * w[o * n_in + j];
+                out[i * n_out + o] = (float)s;
+            }
+    } else {
+        pthread_t th;
+        wt_arg a = {be, (const uint8_t *)wq, bias, n_in, n_out, NULL};
+        pthread_create(&th, NULL, wt_main, &a);
+        pthread_join(th, NULL);
+        float *dx = bput(be, x, sizeof(float) * (size_t)(n * n_in));
+        float *dy = be->ops->alloc(be, sizeof(float) * (size_t)(n * n_out));
+        be->ops->matmul(be, a.w, dx, dy, n);
+        bget(be, out, dy, sizeof(float) * (size_t)(n * n_out));
+        bfree(be, dx), bfree(be, dy);
+        be->ops->weight_free(be, a.w);
+    }
+    free(wf), free(x), free(bias);
+    return n * n_out;
+}
+
+/* The KV loader's real pattern (blend.c, cb_kvcache_load): a loader thread
+ * places layer after layer (scratch, upload K, RoPE shift by a negative
+ * delta, cache write, upload V, cache write, free the scratch, record the
+ * layer's event) and tells the computing thread through a mutex; the
+ * computing thread waits for the layer, orders its work after the event
+ * and runs attention on the layer while the loader goes on.  No join
+ * before the last layer is computed, no sync on the loader's side. */
+enum { LD_LAYERS = 4, LD_HEADS = 4, LD_KV = 2, LD_HD = 64, LD_CTX = 640, LD_NQ = 96 };
+
+typedef struct ld_arg {
+    cb_backend *be;
+    void *kc[LD_LAYERS], *vc[LD_LAYERS], *ev[LD_LAYERS];
+    const float *k, *v; /* [LD_LAYERS][LD_CTX, LD_KV*LD_HD] host, roped at from_pos */
+    const int32_t *at, *delta;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ready;
+} ld_arg;
+
+static void *ld_main(void *p)
+{
+    ld_arg *a = p;
+    cb_backend *be = a->be;
+    int64_t w = LD_KV * LD_HD;
+    size_t bytes = sizeof(float) * (size_t)(LD_CTX * w);
+    busy(be, 30);
+    for (int l = 0; l < LD_LAYERS; l++) {
+        float *tmp = be->ops->alloc_tmp ? be->ops->alloc_tmp(be, bytes) : be->ops->alloc(be, bytes);
+        for (int rep = 0; rep < 8; rep++) /* keep the loader's queue long */
+            be->ops->upload(be, tmp, a->k + l * LD_CTX * w, bytes);
+        be->ops->rope(be, tmp, a->delta, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6f, 1);
+        be->ops->kv_write(be, a->kc[l], CB_TYPE_F16, w, tmp, a->at, LD_CTX);
+        be->ops->upload(be, tmp, a->v + l * LD_CTX * w, bytes);
+        be->ops->kv_write(be, a->vc[l], CB_TYPE_F16, w, tmp, a->at, LD_CTX);
+        be->ops->dealloc(be, tmp);
+        if (a->ev[l])
+            be->ops->event_record(be, a->ev[l]);
+        pthread_mutex_lock(&a->mu);
+        a->ready = l + 1;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+    }
+    if (be->ops->sync) /* on every exit, as blend.c's loader: before the caller frees the caches */
+        be->ops->sync(be);
+    return NULL;
+}
+
+static int64_t c_loader(cb_backend *be, float *out)
+{
+    int64_t w = LD_KV * LD_HD, dq = LD_HEADS * LD_HD;
+    float scale = 1.0f / sqrtf((float)LD_HD);
+    int32_t at[LD_CTX], delta[LD_CTX], pos[LD_NQ];
+    seed(1810);
+    /* the chunk was computed at 20000.., lands at 0..: shift by -20000 */
+    for (int i = 0; i < LD_CTX; i++)
+        at[i] = i, delta[i] = -20000;
+    for (int i = 0; i < LD_NQ; i++)
+        pos[i] = i == 0 ? LD_CTX - 1 : (int32_t)(urand() * LD_CTX);
+    float *k = rand_vec(LD_LAYERS * LD_CTX * w, 2.0f), *v = rand_vec(LD_LAYERS * LD_CTX * w, 1.0f);
+    float *q = rand_vec(LD_LAYERS * LD_NQ * dq, 2.0f);
+    int32_t from[LD_CTX];
+    for (int i = 0; i < LD_CTX; i++)
+        from[i] = 20000 + i;
+    for (int l = 0; l < LD_LAYERS; l++) /* the stored keys: roped at their old positions */
+        ref_rope(k + l * LD_CTX * w, from, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6, 1);
+    if (!be) {
+        float *kk = malloc(sizeof(float) * (size_t)(LD_CTX * w)), *vv = malloc(sizeof(float) * (size_t)(LD_CTX * w));
+        for (int l = 0; l < LD_LAYERS; l++) {
+            memcpy(kk, k + l * LD_CTX * w, sizeof(float) * (size_t)(LD_CTX * w));
+            ref_rope(kk, delta, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6, 1);
+            for (int64_t i = 0; i < LD_CTX * w; i++)
+                kk[i] = to_f16(kk[i]), vv[i] = to_f16(v[l * LD_CTX * w + i]);
+            ref_attention(q + l * LD_NQ * dq, pos, LD_NQ, kk, vv, LD_HEADS, LD_KV, LD_HD, scale, 0, LD_CTX,
+                          out + l * LD_NQ * dq);
+        }
+        free(kk), free(vv);
+    } else {
+        ld_arg a;
+        pthread_t th;
+        memset(&a, 0, sizeof a);
+        a.be = be, a.k = k, a.v = v, a.at = at, a.delta = delta;
+        pthread_mutex_init(&a.mu, NULL);
+        pthread_cond_init(&a.cv, NULL);
+        for (int l = 0; l < LD_LAYERS; l++) {
+            a.kc[l] = be->ops->alloc(be, 2 * (size_t)(LD_CTX * w));
+            a.vc[l] = be->ops->alloc(be, 2 * (size_t)(LD_CTX * w));
+            a.ev[l] = be->ops->event_new ? be->ops->event_new(be) : NULL;
+        }
+        float *dq_ = bput(be, q, sizeof(float) * (size_t)(LD_LAYERS * LD_NQ * dq));
+        float *dout = be->ops->alloc(be, sizeof(float) * (size_t)(LD_LAYERS * LD_NQ * dq));
+        pthread_create(&th, NULL, ld_main, &a);
+        for (int l = 0; l < LD_LAYERS; l++) {
+            pthread_mutex_lock(&a.mu);
+            while (a.ready <= l)
+                pthread_cond_wait(&a.cv, &a.mu);
+            pthread_mutex_unlock(&a.mu);
+            if (a.ev[l])
+                be->ops->event_wait(be, a.ev[l]);
+            be->ops->attention(be, dq_ + l * LD_NQ * dq, pos, LD_NQ, a.kc[l], a.vc[l], CB_TYPE_F16, LD_HEADS, LD_KV,
+                               LD_HD, scale, 0, dout + l * LD_NQ * dq);
+        }
+        bget(be, out, dout, sizeof(float) * (size_t)(LD_LAYERS * LD_NQ * dq));
+        pthread_join(th, NULL);
+        for (int l = 0; l < LD_LAYERS; l++) {
+            bfree(be, a.kc[l]), bfree(be, a.vc[l]);
+            if (a.ev[l])
+                be->ops->event_free(be, a.ev[l]);
+        }
+        bfree(be, dq_), bfree(be, dout);
+        pthread_mutex_destroy(&a.mu);
+        pthread_cond_destroy(&a.cv);
+    }
+    free(k), free(v), free(q);
+    return LD_LAYERS * LD_NQ * dq;
+}
+
 /* ------------------------------------------------------------ driver */
 
 static double nmse(const float *ref, const float *got, int64_t n)
@@ -633,10 +1254,185 @@ static void run_case_c(const char *name, case_fn fn, double bound)
     CHECKF(e <= bound, "nmse %.3e > %.0e", e, bound);
 }
 
-int main(void)
+
+/* ------------------------------------------- the review's cases: driver */
+
+/* run_case for the model-sized attention: the reference and the CPU on a
+ * sample of rows (the plain loop is slow), then CPU vs CUDA on all. */
+static void run_case_sampled(const char *name, case_fn fn, double cpu_bound, double cuda_bound)
+{
+    r18_sample = 24;
+    int64_t n_ref = fn(NULL, o_ref), n_cpu = fn(cpu, o_cpu);
+    double e = nmse(o_ref, o_cpu, n_ref);
+    tcase("cpu  %s vs reference, 24 rows (nmse %.2e, bound %.0e)", name, e, cpu_bound);
+    CHECK(n_ref == n_cpu);
+    CHECKF(e <= cpu_bound, "nmse %.3e > %.0e", e, cpu_bound);
+    r18_sample = 0;
+    if (!cuda) {
+        char nm[160];
+        snprintf(nm, sizeof nm, "cuda %s vs cpu", name);
+        tskip(nm, cuda_why);
+        return;
+    }
+    n_cpu = fn(cpu, o_cpu);
+    int64_t n_cu = fn(cuda, o_cuda);
+    e = nmse(o_cpu, o_cuda, n_cpu);
+    tcase("cuda %s vs cpu, all rows (nmse %.2e, bound %.0e)", name, e, cuda_bound);
+    CHECK(n_cu == n_cpu);
+    CHECKF(e <= cuda_bound, "nmse %.3e > %.0e", e, cuda_bound);
+}
+
+/* Error reports, in a child process (a device fault ends the process, and
+ * CB_CUDA_SYNC is read when the backend opens).  mode "nonfinite":
+ * CB_CUDA_SYNC=1, ordinary operations pass the per-operation checks, and a
+ * product whose output is not finite stops the process, saying so.  mode
+ * "fault": a kernel writes through a bad pointer; the next allocation must
+ * report that fault as itself, not return NULL (which callers report as
+ * out of memory).  mode "fault-sync": the same under CB_CUDA_SYNC=1, where
+ * the report names the operation that faulted. */
+static int r18_child(const char *mode)
+{
+    cb_backend *be;
+    cb_error err;
+    int64_t n_in = 64, n_out = 8;
+    if (strcmp(mode, "fault") != 0)
+        setenv("CB_CUDA_SYNC", "1", 1);
+    if (cb_backend_open(&be, "cuda", 0, &err) != CB_OK)
+        return 3;
+    if (strncmp(mode, "fault", 5) == 0) {
+        float src[16] = {0};
+        int32_t at[1] = {0};
+        float *d = bput(be, src, sizeof src);
+        printf("faulting\n");
+        fflush(stdout);
+        be->ops->kv_write(be, (void *)(uintptr_t)0x100, CB_TYPE_F32, 16, d, at, 1);
+        void *p = be->ops->alloc(be, 1024);
+        printf("alloc after the fault returned %s\n", p ? "memory" : "NULL");
+        return 4;
+    }
+    float *x = rand_vec(n_in, 1.0f), y[8], *wf = rand_vec(n_in * n_out, 1.0f);
+    uint16_t wq[64 * 8];
+    for (int64_t o = 0; o < n_out; o++)
+        cb_quant_row(CB_TYPE_F16, wf + o * n_in, wq + o * n_in, n_in);
+    cb_bweight *w = be->ops->weight_new(be, CB_TYPE_F16, n_in, n_out, wq, NULL);
+    float *dx = bput(be, x, sizeof(float) * (size_t)n_in), *dy = be->ops->alloc(be, sizeof y);
+    be->ops->matmul(be, w, dx, dy, 1);
+    bget(be, y, dy, sizeof y);
+    printf("finite product passed\n");
+    fflush(stdout);
+    x[5] = INFINITY;
+    be->ops->upload(be, dx, x, sizeof(float) * (size_t)n_in);
+    be->ops->matmul(be, w, dx, dy, 1); /* must not return */
+    printf("non-finite product returned\n");
+    return 4;
+}
+
+/* run this program as a child in mode `mode`; its stdout and stderr */
+static char *r18_run_child(const char *self, const char *mode)
+{
+    char cmd[1200], *log = malloc(16384);
+    size_t len = 0;
+    snprintf(cmd, sizeof cmd, "'%s' --child %s 2>&1", self, mode);
+    FILE *f = popen(cmd, "r");
+    if (f) {
+        len = fread(log, 1, 16383, f);
+        pclose(f);
+    }
+    log[len] = 0;
+    return log;
+}
+
+static void r18_error_checks(const char *self)
+{
+    static const char *names[3] = {
+        "CB_CUDA_SYNC=1: checks pass, a non-finite product stops the process naming it",
+        "a kernel fault is reported as itself at the next call, not as out of memory",
+        "CB_CUDA_SYNC=1: a kernel fault is reported at the operation that caused it"};
+    if (!cuda) {
+        for (int i = 0; i < 3; i++)
+            tskip(names[i], cuda_why);
+        return;
+    }
+    char *log = r18_run_child(self, "nonfinite");
+    tcase("%s", names[0]);
+    CHECKF(strstr(log, "finite product passed") != NULL, "the checked operations failed: %s", log);
+    CHECKF(strstr(log, "inf or NaN") != NULL && strstr(log, "matmul") != NULL, "no report: %s", log);
+    CHECKF(strstr(log, "non-finite product returned") == NULL, "it returned: %s", log);
+    free(log);
+    log = r18_run_child(self, "fault");
+    tcase("%s", names[1]);
+    CHECKF(strstr(log, "faulting") != NULL, "the child did not start: %s", log);
+    CHECKF((strstr(log, "illegal") != NULL || strstr(log, "launch failure") != NULL) && strstr(log, "out of memory") == NULL,
+           "report: %s", log);
+    CHECKF(strstr(log, "alloc after the fault returned") == NULL, "alloc returned: %s", log);
+    free(log);
+    log = r18_run_child(self, "fault-sync");
+    tcase("%s", names[2]);
+    CHECKF(strstr(log, "CUDA backend: kv_write:") != NULL &&
+               (strstr(log, "illegal") != NULL || strstr(log, "launch failure") != NULL),
+           "report: %s", log);
+    free(log);
+}
+
+static void r18_cases(const char *self)
+{
+    char name[160];
+    r18_scale_exp();
+    r18_mm_choice();
+
+    static const cb_type big_types[] = {CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_Q8_0, CB_TYPE_Q4_K};
+    for (size_t i = 0; i < sizeof big_types / sizeof big_types[0]; i++) {
+        mm_type = big_types[i];
+        snprintf(name, sizeof name, "matmul %s, inputs to 2.5e5", cb_type_name(mm_type));
+        run_case(name, c_matmul_big, 1e-12, 1e-5);
+    }
+
+    for (int neox = 0; neox < 2; neox++)
+        for (int part = 0; part < 2; part++)
+            for (int shift = 0; shift < 2; shift++) {
+                r18_rope_neox = neox, r18_rope_nrot = part ? 64 : 128, r18_rope_shift = shift;
+                snprintf(name, sizeof name, "rope base 1e6 to 32K %s rot %d%s", neox ? "neox" : "normal",
+                         r18_rope_nrot, shift ? " - shift" : "");
+                /* vs the double reference: f32 angles at 32K (llama.cpp's too) */
+                run_case(name, c_rope_long, 1e-5, 1e-10);
+            }
+
+    static const struct {
+        int hd, n_head, n_head_kv, window, f16;
+    } att[] = {
+        {256, 8, 8, 0, 1},   {256, 8, 1, 0, 1},   {256, 8, 1, 512, 1}, {256, 8, 8, 1000, 0},
+        {80, 8, 8, 0, 0},    {80, 8, 1, 333, 1},  {96, 8, 1, 0, 1},    {96, 8, 8, 2048, 0},
+        {112, 8, 8, 0, 1},   {112, 8, 1, 700, 0},
+    };
+    for (size_t i = 0; i < sizeof att / sizeof att[0]; i++) {
+        att_big.hd = att[i].hd, att_big.n_head = att[i].n_head, att_big.n_head_kv = att[i].n_head_kv;
+        att_big.window = att[i].window, att_big.n_ctx = 2304, att_big.nq = 1100;
+        kv_type = att[i].f16 ? CB_TYPE_F16 : CB_TYPE_F32;
+        snprintf(name, sizeof name, "attention %s hd %d %s 2304 keys 1100 rows%s", att[i].f16 ? "f16" : "f32",
+                 att[i].hd, att[i].n_head == att[i].n_head_kv ? "MHA" : "GQA 8:1", att[i].window ? " window" : "");
+        if (att[i].window)
+            snprintf(name + strlen(name), sizeof name - strlen(name), " %d", att[i].window);
+        run_case_sampled(name, c_attention_big, 1e-10, 1e-9);
+    }
+
+    topk_n = 1000;
+    run_case("topk n of n, NaN/inf/-0/ties (1000)", c_topk_nan, -1, -1);
+    topk_n = 7;
+    run_case("topk n of n, NaN/inf/-0/ties (7)", c_topk_nan, -1, -1);
+    run_case("20000 staged indices, 200 indexed ops queued", c_staging, -1, -1);
+    run_case("upload/download 40 MB", c_roundtrip40, -1, -1);
+    run_case("alloc of 16 TiB fails, then works on", c_alloc_fail, -1, -1);
+    run_case("weight made on one thread, used on another", c_weight_thread, 1e-12, 1e-5);
+    run_case("loader pattern: shift, write, event; attention", c_loader, 1e-5, 1e-8);
+    r18_error_checks(self);
+}
+
+int main(int argc, char **argv)
 {
     cb_error err;
     char name[64];
+    if (argc > 2 && strcmp(argv[1], "--child") == 0)
+        return r18_child(argv[2]);
     TEST_BEGIN();
     o_ref = malloc(sizeof(float) * MAXOUT);
     o_cpu = malloc(sizeof(float) * MAXOUT);
@@ -758,6 +1554,7 @@ int main(void)
     run_case("upload/download 12 MB", c_roundtrip, -1, -1);
     run_case("two threads at once", c_threads, -1, -1);
     run_case("event hand-over between threads", c_event, -1, -1);
+    r18_cases(argv[0]);
 
     if (cuda)
         cuda->ops->free(cuda);

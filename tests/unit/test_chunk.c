@@ -1,4 +1,4 @@
-/* test_chunk.c - the chunker (lib/kv/chunk.c): limits in characters and
+/* test_chunk.c - the chunker (lib/infer/chunk.c): limits in characters and
  * tokens, the preferred cut points, UTF-8 boundaries, overlap, separators,
  * determinism and linear cost; UTF-8 validation and repair against
  * Python's errors="replace"; ids against libxxhash directly. */

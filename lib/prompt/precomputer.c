@@ -1,0 +1,131 @@
+/* precomputer.c - chunks' KV files computed alone and put into a store:
+ * what cb-precompute does for every record and cb-run for the chunks it
+ * found without a cache. */
+#include "cbcore.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define PC_BATCH 512 /* rows per prefill batch, and the cache's growth step */
+
+struct cb_precomputer {
+    const cb_model *m;
+    cb_store *store;
+    cb_type type;
+    char *tier;        /* NULL: the fastest tier with room */
+    cb_tokens lead;
+    cb_hash128 fp;
+    cb_fwd *f;         /* PC_BATCH rows */
+    cb_kvcache *kv;    /* f32, kv_cap positions */
+    int32_t kv_cap;
+    void *file;        /* the last KV file computed */
+    size_t file_size;
+};
+
+cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type, const char *tier,
+                             cb_error *err)
+{
+    cb_precomputer *pc = calloc(1, sizeof *pc);
+    cb_status st;
+
+    if (!pc)
+        return cb_error_set(err, CB_ERR_NOMEM, "precompute: out of memory");
+    pc->m = m;
+    pc->store = s;
+    pc->type = type;
+    pc->fp = cb_model_fingerprint(m);
+    if (cb_profile_type_index(type) < 0) {
+        st = cb_error_set(err, CB_ERR_INVALID, "precompute: KV files of type %s are not supported",
+                          cb_type_name(type) ? cb_type_name(type) : "?");
+        goto fail;
+    }
+    if (tier && !(pc->tier = strdup(tier))) {
+        st = cb_error_set(err, CB_ERR_NOMEM, "precompute: out of memory");
+        goto fail;
+    }
+    if ((st = cb_kv_lead_in(m, &pc->lead)) != CB_OK) {
+        cb_error_set(err, st, "precompute: the lead-in: %s", cb_strerror(st));
+        goto fail;
+    }
+    if ((st = cb_fwd_new(&pc->f, m, PC_BATCH)) != CB_OK) {
+        cb_error_set(err, st, "precompute: activations for %d tokens: %s", PC_BATCH, cb_strerror(st));
+        goto fail;
+    }
+    *out = pc;
+    return CB_OK;
+fail:
+    cb_precomputer_free(pc);
+    return st;
+}
+
+void cb_precomputer_free(cb_precomputer *pc)
+{
+    if (!pc)
+        return;
+    free(pc->file);
+    cb_kvcache_free(pc->kv);
+    cb_fwd_free(pc->f);
+    cb_tokens_free(&pc->lead);
+    free(pc->tier);
+    free(pc);
+}
+
+const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc) { return &pc->lead; }
+
+void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n, char key[66])
+{
+    cb_kv_key(pc->fp, cb_kv_tokens_hash(pc->lead.ids, (int32_t)pc->lead.n, ids, n), key);
+}
+
+/* Grow the f32 cache to hold `need` positions, in steps of PC_BATCH, at
+ * most n_ctx. */
+static cb_status reserve(cb_precomputer *pc, int64_t need, int32_t n_ctx, cb_error *err)
+{
+    cb_status st;
+    if (need <= pc->kv_cap)
+        return CB_OK;
+    int64_t want = (need + PC_BATCH - 1) / PC_BATCH * PC_BATCH;
+    cb_kvcache_free(pc->kv);
+    pc->kv = NULL;
+    pc->kv_cap = (int32_t)(want < n_ctx ? want : n_ctx);
+    if ((st = cb_kvcache_new(&pc->kv, pc->m, pc->kv_cap, CB_TYPE_F32)) != CB_OK) {
+        cb_error_set(err, st, "precompute: a KV cache of %d positions: %s", (int)pc->kv_cap, cb_strerror(st));
+        pc->kv_cap = 0;
+    }
+    return st;
+}
+
+cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err)
+{
+    int32_t n_ctx = cb_model_hparams(pc->m)->n_ctx_train;
+    int64_t need = (int64_t)pc->lead.n + n;
+    cb_status st;
+
+    free(pc->file);
+    pc->file = NULL;
+    if (n < 1)
+        return cb_error_set(err, CB_ERR_INVALID, "precompute: an empty chunk");
+    if (need > n_ctx)
+        return cb_error_set(err, CB_ERR_RANGE, "chunk longer than the model's context");
+    if ((st = reserve(pc, need, n_ctx, err)) != CB_OK)
+        return st;
+    st = cb_kv_precompute(pc->f, pc->kv, pc->lead.ids, (int32_t)pc->lead.n, ids, n, pc->type, &pc->file,
+                          &pc->file_size);
+    if (st != CB_OK) {
+        pc->file = NULL;
+        return cb_error_set(err, st, "precompute failed: %s", cb_strerror(st));
+    }
+    return CB_OK;
+}
+
+cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err)
+{
+    cb_status st;
+    if (!pc->file)
+        return cb_error_set(err, CB_ERR_INVALID, "precompute: no KV file to store");
+    st = pc->tier ? cb_store_put_in(pc->store, key, pc->file, pc->file_size, pc->tier, err)
+                  : cb_store_put(pc->store, key, pc->file, pc->file_size, err);
+    free(pc->file);
+    pc->file = NULL;
+    return st;
+}

@@ -1,0 +1,310 @@
+/* prompt.c - a RAG prompt as segments of token ids, with the chunks' KV
+ * caches found in the store: what cb-run (or any client) blends.
+ *
+ * This layer sits on top: it uses the model (tokenizer, chat templates),
+ * the KV files and the store, and nothing below calls it. */
+#include "cbcore.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One segment: its tokens and, for a chunk, where its cache is. */
+typedef struct pseg {
+    cb_tokens toks;
+    int is_chunk;
+    int missing;        /* looked for in the store and found no usable cache */
+    char key[66];
+    cb_kvfile *kf;
+    cb_store_ref *ref;
+} pseg;
+
+struct cb_prompt {
+    const cb_model *m;
+    pseg *s;
+    cb_segment *segs;   /* the view cb_prompt_segments returns */
+    int32_t n, cap;
+    int n_chunks;
+    cb_chat_kind kind;
+    cb_tokens lead;
+};
+
+static pseg *add_seg(cb_prompt *p)
+{
+    if (p->n == p->cap) {
+        int32_t nc = p->cap ? 2 * p->cap : 16;
+        pseg *ns = realloc(p->s, sizeof *ns * (size_t)nc);
+        if (!ns)
+            return NULL;
+        p->s = ns;
+        p->cap = nc;
+    }
+    memset(&p->s[p->n], 0, sizeof p->s[p->n]);
+    return &p->s[p->n++];
+}
+
+static cb_status push_all(cb_tokens *t, const cb_tokens *from)
+{
+    cb_status st = CB_OK;
+    for (size_t j = 0; j < from->n && st == CB_OK; j++)
+        st = cb_tokens_push(t, from->ids[j]);
+    return st;
+}
+
+/* [BOS + template prefix]: BOS when the model adds one. */
+static cb_status add_head(cb_prompt *p, const cb_chat_parts *parts)
+{
+    const cb_vocab *v = cb_model_vocab(p->m);
+    pseg *s = add_seg(p);
+    cb_status st = CB_OK;
+    if (!s)
+        return CB_ERR_NOMEM;
+    if (cb_vocab_add_bos(v) && cb_vocab_bos(v) >= 0)
+        st = cb_tokens_push(&s->toks, cb_vocab_bos(v));
+    if (st == CB_OK && p->kind != CB_CHAT_NONE)
+        st = cb_tok_encode(v, parts->prefix, strlen(parts->prefix), CB_TOK_PARSE_SPECIAL, &s->toks);
+    return st;
+}
+
+/* [sep] [chunk i], keyed by its tokens after the lead-in. */
+static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, int first)
+{
+    const cb_vocab *v = cb_model_vocab(p->m);
+    cb_status st;
+    pseg *s;
+    if (!first) {
+        if (!(s = add_seg(p)))
+            return CB_ERR_NOMEM;
+        if ((st = push_all(&s->toks, sep)) != CB_OK)
+            return st;
+    }
+    if (!(s = add_seg(p)))
+        return CB_ERR_NOMEM;
+    s->is_chunk = 1;
+    if ((st = cb_tok_encode(v, text.data, text.len, 0, &s->toks)) != CB_OK)
+        return st;
+    if (s->toks.n == 0) { /* an empty chunk adds nothing */
+        cb_tokens_free(&s->toks);
+        p->n--;
+        return CB_OK;
+    }
+    cb_kv_key(cb_model_fingerprint(p->m),
+              cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, s->toks.ids, (int32_t)s->toks.n), s->key);
+    p->n_chunks++;
+    return CB_OK;
+}
+
+/* [sep + question + template suffix] */
+static cb_status add_tail(cb_prompt *p, const cb_chat_parts *parts, const cb_tokens *sep, const char *q, size_t len)
+{
+    const cb_vocab *v = cb_model_vocab(p->m);
+    pseg *s = add_seg(p);
+    cb_status st = CB_OK;
+    if (!s)
+        return CB_ERR_NOMEM;
+    if (sep)
+        st = push_all(&s->toks, sep);
+    if (st == CB_OK)
+        st = cb_tok_encode(v, q, len, p->kind == CB_CHAT_NONE ? CB_TOK_PARSE_SPECIAL : 0, &s->toks);
+    if (st == CB_OK && p->kind != CB_CHAT_NONE)
+        st = cb_tok_encode(v, parts->suffix, strlen(parts->suffix), CB_TOK_PARSE_SPECIAL, &s->toks);
+    return st;
+}
+
+cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw, const cb_strview *chunks,
+                          size_t n_chunks, const char *question, size_t len, cb_error *err)
+{
+    cb_prompt *p = calloc(1, sizeof *p);
+    cb_chat_parts parts = {0};
+    cb_tokens sep = {0};
+    cb_status st;
+
+    if (!p)
+        return cb_error_set(err, CB_ERR_NOMEM, "cannot build the prompt: %s", cb_strerror(CB_ERR_NOMEM));
+    p->m = m;
+    p->kind = raw ? CB_CHAT_NONE : cb_chat_detect(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
+    if ((st = cb_kv_lead_in(m, &p->lead)) != CB_OK)
+        goto fail;
+    if (p->kind != CB_CHAT_NONE && (st = cb_chat_render(p->kind, system, &parts)) != CB_OK)
+        goto fail;
+    if ((st = add_head(p, &parts)) != CB_OK)
+        goto fail;
+    if ((st = cb_tok_encode(cb_model_vocab(m), "\n\n", 2, 0, &sep)) != CB_OK)
+        goto fail;
+    for (size_t i = 0; i < n_chunks; i++)
+        if ((st = add_chunk(p, chunks[i], &sep, i == 0)) != CB_OK)
+            goto fail;
+    if ((st = add_tail(p, &parts, n_chunks > 0 ? &sep : NULL, question, len)) != CB_OK)
+        goto fail;
+    if (!(p->segs = calloc((size_t)p->n, sizeof *p->segs))) {
+        st = CB_ERR_NOMEM;
+        goto fail;
+    }
+    cb_tokens_free(&sep);
+    cb_chat_parts_free(&parts);
+    *out = p;
+    return CB_OK;
+fail:
+    cb_tokens_free(&sep);
+    cb_chat_parts_free(&parts);
+    cb_prompt_free(p);
+    return cb_error_set(err, st, "cannot build the prompt: %s", cb_strerror(st));
+}
+
+void cb_prompt_free(cb_prompt *p)
+{
+    if (!p)
+        return;
+    for (int32_t i = 0; i < p->n; i++) {
+        cb_tokens_free(&p->s[i].toks);
+        cb_kvfile_free(p->s[i].kf);
+        cb_store_release(p->s[i].ref);
+    }
+    free(p->s);
+    free(p->segs);
+    cb_tokens_free(&p->lead);
+    free(p);
+}
+
+const cb_segment *cb_prompt_segments(const cb_prompt *p, int32_t *n)
+{
+    for (int32_t i = 0; i < p->n; i++)
+        p->segs[i] = (cb_segment){p->s[i].toks.ids, (int32_t)p->s[i].toks.n, p->s[i].kf};
+    *n = p->n;
+    return p->segs;
+}
+
+int64_t cb_prompt_n_tokens(const cb_prompt *p)
+{
+    int64_t total = 0;
+    for (int32_t i = 0; i < p->n; i++)
+        total += (int64_t)p->s[i].toks.n;
+    return total;
+}
+
+int cb_prompt_n_chunks(const cb_prompt *p) { return p->n_chunks; }
+cb_chat_kind cb_prompt_chat(const cb_prompt *p) { return p->kind; }
+const cb_tokens *cb_prompt_lead(const cb_prompt *p) { return &p->lead; }
+
+int cb_prompt_n_missing(const cb_prompt *p)
+{
+    int n = 0;
+    for (int32_t i = 0; i < p->n; i++)
+        n += p->s[i].is_chunk && !p->s[i].kf;
+    return n;
+}
+
+/* ------------------------------------------------------------- caches */
+
+static void warnf(void (*warn)(void *, const char *), void *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void warnf(void (*warn)(void *, const char *), void *ctx, const char *fmt, ...)
+{
+    char msg[CB_ERROR_MSG_MAX + 128];
+    va_list ap;
+    if (!warn)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    warn(ctx, msg);
+}
+
+/* The cache of one chunk: 1 when usable (s->kf, s->ref kept), else 0. */
+static int attach_one(const cb_model *m, cb_store *store, pseg *s, void (*warn)(void *, const char *), void *ctx)
+{
+    const char *path;
+    cb_error err;
+    if (cb_store_acquire(store, s->key, &s->ref, &path, &err) != CB_OK)
+        return 0;
+    if (cb_kvfile_open(&s->kf, path, &err) != CB_OK || cb_kvfile_check_model(s->kf, m, &err) != CB_OK) {
+        warnf(warn, ctx, "%s: %s; the chunk is recomputed", s->key, err.msg);
+    } else {
+        const cb_kv_meta *mt = cb_kvfile_meta(s->kf);
+        if (mt->n_tokens == (int32_t)s->toks.n && !memcmp(mt->ids, s->toks.ids, sizeof(int32_t) * s->toks.n))
+            return 1;
+        warnf(warn, ctx, "%s: its tokens differ from the chunk's; the chunk is recomputed", path);
+    }
+    cb_kvfile_free(s->kf);
+    s->kf = NULL;
+    cb_store_release(s->ref);
+    s->ref = NULL;
+    return 0;
+}
+
+void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx)
+{
+    for (int32_t i = 0; i < p->n; i++) {
+        pseg *g = &p->s[i];
+        if (g->is_chunk && !g->kf)
+            g->missing = !s || !attach_one(p->m, s, g, warn, ctx);
+    }
+}
+
+cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m, cb_type kv_type,
+                               double r_min, cb_ratio_choice *out, cb_error *err)
+{
+    cb_profile *prof;
+    cb_status st;
+    double worst = -1;
+    cb_type ft = CB_TYPE_F16;
+
+    memset(out, 0, sizeof *out);
+    out->ratio = r_min;
+    out->pred_load_ms = out->pred_recompute_ms = -1;
+    if (!s)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "no store, so no profile");
+    if (!(prof = calloc(1, sizeof *prof)))
+        return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    if ((st = cb_store_profile_load(s, cb_model_fingerprint(m), cb_model_backend(m), prof, err)) != CB_OK)
+        goto done;
+    for (int32_t i = 0; i < p->n; i++) {
+        cb_store_tier ti;
+        if (!p->s[i].kf)
+            continue;
+        out->n_cached += (int64_t)p->s[i].toks.n;
+        ft = cb_kvfile_meta(p->s[i].kf)->type;
+        if (cb_store_tier_info(s, cb_store_ref_tier(p->s[i].ref), &ti) != CB_OK)
+            continue;
+        double lm = cb_profile_load_ms(prof, ti.name, 1, kv_type, 1);
+        if (lm > worst) {
+            worst = lm;
+            snprintf(out->tier, sizeof out->tier, "%s", ti.name);
+        }
+    }
+    if (!out->tier[0]) {
+        st = cb_error_set(err, CB_ERR_NOT_FOUND, "the profile measured none of the tiers holding the chunks");
+        goto done;
+    }
+    out->ratio = cb_controller_ratio(prof, out->tier, out->n_cached, ft, 1, r_min, &out->pred_load_ms,
+                                     &out->pred_recompute_ms);
+done:
+    free(prof);
+    return st;
+}
+
+cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,
+                                  void (*warn)(void *ctx, const char *msg), void *ctx)
+{
+    cb_precomputer *pc = NULL;
+    cb_error err;
+    cb_status st;
+
+    *n_stored = 0;
+    if ((st = cb_precomputer_new(&pc, p->m, s, type, NULL, &err)) != CB_OK)
+        return st;
+    for (int32_t i = 0; i < p->n; i++) {
+        pseg *g = &p->s[i];
+        int found = 0;
+        if (!g->is_chunk || !g->missing || (cb_store_lookup(s, g->key, &found) == CB_OK && found))
+            continue;
+        if (cb_precomputer_run(pc, g->toks.ids, (int32_t)g->toks.n, &err) == CB_OK &&
+            cb_precomputer_store(pc, g->key, &err) == CB_OK)
+            (*n_stored)++;
+        else
+            warnf(warn, ctx, "could not store chunk %s: %s", g->key, err.msg);
+    }
+    cb_precomputer_free(pc);
+    return CB_OK;
+}

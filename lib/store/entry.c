@@ -1,0 +1,829 @@
+/* entry.c - operations on single entries: put (reserve, write, verify,
+ * index), lookup, acquire and release, remove, pin, list. */
+#include "store_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ----------------------------------------------------------------- put */
+
+#define KV_MAGIC "CBKV\r\n\x1a\n"
+
+/* The fields of a KV file header (format version 1, lib/kv/kvfile.c) the
+ * reservation needs before the file is written and verified in full. */
+static cb_status peek_header(const uint8_t *p, size_t size, char key[66], char model[33], int64_t *n_tokens,
+                             cb_error *err)
+{
+    uint32_t ver, nt;
+    uint64_t m[2], t[2], total;
+    if (size < 128 || memcmp(p, KV_MAGIC, 8) != 0)
+        return cb_error_set(err, CB_ERR_FORMAT, "not a valid KV file: %s", size < 128 ? "too short" : "bad magic");
+    memcpy(&ver, p + 8, 4);
+    if (ver != 1)
+        return cb_error_set(err, CB_ERR_UNSUPPORTED, "KV format version %u is not supported", ver);
+    memcpy(&total, p + 112, 8);
+    if (total != size)
+        return cb_error_set(err, CB_ERR_FORMAT, "not a valid KV file: %zu bytes, its header says %llu", size,
+                            (unsigned long long)total);
+    memcpy(m, p + 16, 16);
+    memcpy(t, p + 32, 16);
+    memcpy(&nt, p + 76, 4);
+    cb_kv_key((cb_hash128){m[0], m[1]}, (cb_hash128){t[0], t[1]}, key);
+    memcpy(model, key, 32);
+    model[32] = 0;
+    *n_tokens = nt;
+    return CB_OK;
+}
+
+/* Open and fully verify a KV file; its key, model and token count. */
+static cb_status check_kvfile(const char *path, char key[66], char model[33], int64_t *n_tokens, uint64_t *size,
+                              cb_error *err)
+{
+    cb_kvfile *f = NULL;
+    cb_status st = cb_kvfile_open(&f, path, err);
+    if (st == CB_OK)
+        st = cb_kvfile_verify(f, err);
+    if (st == CB_OK) {
+        const cb_kv_meta *m = cb_kvfile_meta(f);
+        cb_kv_key(m->model, m->tokens, key);
+        cb_hash128_hex(m->model, model);
+        *n_tokens = m->n_tokens;
+        *size = cb_kvfile_size(f);
+    }
+    cb_kvfile_free(f);
+    return st;
+}
+
+/* XXH3-128 of a whole file, and its size. */
+static cb_status hash_file(const char *path, cb_hash128 *h, uint64_t *size, cb_error *err)
+{
+    cb_mmap m;
+    cb_status st = cb_mmap_open(&m, path, err);
+    if (st != CB_OK)
+        return st;
+    *h = cb_hash128_bytes(m.data, m.size);
+    *size = m.size;
+    cb_mmap_close(&m);
+    return CB_OK;
+}
+static const char SQL_GET_STATE[] = "SELECT state, tier, owner FROM entries WHERE key = ?1";
+static const char SQL_DEL_KEY[] = "DELETE FROM entries WHERE key = ?1";
+static const char SQL_RESERVE[] =
+    "INSERT INTO entries(key, model, tier, bytes, n_tokens, created, last_access, hits, checksum, pinned, state, owner)"
+    " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?6, 0, ?7, 0, 0, ?8)";
+static const char SQL_READY[] =
+    "UPDATE entries SET state = 1, owner = NULL, created = ?3, last_access = ?3 WHERE key = ?1 AND owner = ?2 AND state = 0";
+static const char SQL_UNRESERVE[] = "DELETE FROM entries WHERE key = ?1 AND owner = ?2 AND state = 0";
+static const char SQL_REVIVE[] = "UPDATE entries SET state = 1 WHERE key = ?1 AND state = 2";
+static const char SQL_REMOVED[] = "UPDATE entries SET state = 2, pinned = 0 WHERE key = ?1 AND state = 1";
+
+/* Under the lock: is key there already?  A stored row whose file is gone and
+ * a reservation of a dead process are dropped (their files too); a removed
+ * entry that a reader still holds is stored again. */
+static cb_status existing(cb_store *s, const char *key, int *exists, cb_error *err)
+{
+    cb_status st;
+    sqlite3_stmt *q;
+    int state = -1, t = -1;
+    char owner[ST_OWNER_LEN + 1] = {0};
+
+    *exists = 0;
+    if (!(q = st_stmt(s, SQL_GET_STATE, err)))
+        return err ? err->status : CB_ERR_IO;
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) {
+        state = sqlite3_column_int(q, 0);
+        t = st_tier_index(s, (const char *)sqlite3_column_text(q, 1));
+        if (sqlite3_column_text(q, 2))
+            snprintf(owner, sizeof owner, "%s", (const char *)sqlite3_column_text(q, 2));
+    } else if (rc != SQLITE_DONE) {
+        return st_dberr(s, rc, "lookup", err);
+    }
+    sqlite3_reset(q);
+    if (state < 0)
+        return CB_OK;
+    if (t >= 0) {
+        char *p = st_entry_path(s, t, key, NULL);
+        if (!p)
+            return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+        if (state == 1 && access(p, F_OK) == 0)
+            *exists = 1;
+        else if (state == 0 && st_owner_alive(s, owner))
+            *exists = 1;
+        else if (state == 2 && st_unlink_locked(p) == 0) {
+            /* Removed while a reader holds it: the file is whole, so it
+             * simply becomes the entry again. */
+            if ((st = st_begin(s, err)) != CB_OK) {
+                free(p);
+                return st;
+            }
+            if (!(q = st_stmt(s, SQL_REVIVE, err))) {
+                st_rollback(s);
+                free(p);
+                return err ? err->status : CB_ERR_IO;
+            }
+            sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+            rc = sqlite3_step(q);
+            sqlite3_reset(q);
+            if (rc != SQLITE_DONE || (st = st_commit(s, err)) != CB_OK) {
+                st_rollback(s);
+                free(p);
+                return rc != SQLITE_DONE ? st_dberr(s, rc, "revive", err) : st;
+            }
+            *exists = 1;
+        } else if (state == 0) {
+            char *tp = st_entry_path(s, t, key, owner);
+            if (tp)
+                unlink(tp);
+            free(tp);
+            st_unlink_locked(p);
+        }
+        free(p);
+    }
+    if (*exists)
+        return CB_OK;
+    if ((st = st_begin(s, err)) != CB_OK)
+        return st;
+    if (!(q = st_stmt(s, SQL_DEL_KEY, err))) {
+        st_rollback(s);
+        return err ? err->status : CB_ERR_IO;
+    }
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    if ((st = st_write(s, q, "drop a stale entry", NULL, err)) != CB_OK)
+        return st;
+    return st_commit(s, err);
+}
+
+/* Where the bytes of a put come from. */
+typedef struct put_src {
+    const void *data;  /* bytes, or */
+    const char *path;  /* a verified file */
+    int movable;       /* path may be renamed into the tier */
+    const char *key;   /* the caller's key (NULL: the file's) */
+    int first_tier;    /* the fastest tier it may go to */
+} put_src;
+
+/* The row of a reservation (state 0, owned by this handle), in its own
+ * transaction. */
+static cb_status reserve_row(cb_store *s, const char *key, const char *model, int tier, uint64_t size,
+                             int64_t n_tokens, const char *sumhex, cb_error *err)
+{
+    sqlite3_stmt *q;
+    cb_status st;
+    if ((st = st_begin(s, err)) != CB_OK)
+        return st;
+    if (!(q = st_stmt(s, SQL_RESERVE, err))) {
+        st_rollback(s);
+        return err ? err->status : CB_ERR_IO;
+    }
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, model, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 3, s->tiers[tier].name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 4, (sqlite3_int64)size);
+    sqlite3_bind_int64(q, 5, n_tokens);
+    sqlite3_bind_int64(q, 6, st_now_us());
+    sqlite3_bind_text(q, 7, sumhex, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 8, s->owner, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    sqlite3_reset(q);
+    if (rc != SQLITE_DONE) {
+        st_rollback(s);
+        return st_dberr(s, rc, "reserve", err);
+    }
+    if ((st = st_commit(s, err)) != CB_OK)
+        st_rollback(s);
+    return st;
+}
+
+/* 1. Under the store lock: unless key exists (*exists), reserve room in the
+ * fastest tier from src->first_tier that has it after eviction (*tier). */
+static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, const char *model, int64_t n_tokens,
+                             uint64_t size, const char *sumhex, int *tier, int *exists, cb_error *err)
+{
+    cb_status st;
+    *tier = -1;
+    if ((st = st_lock(s, err)) != CB_OK)
+        return st;
+    if ((st = existing(s, key, exists, err)) != CB_OK || *exists)
+        goto out;
+    for (int t = src->first_tier; t < s->n_tiers && *tier < 0; t++) {
+        if (s->tiers[t].cap && size > s->tiers[t].cap)
+            continue;
+        st = st_make_room(s, t, size, NULL, NULL, err);
+        if (st == CB_OK)
+            *tier = t;
+        else if (st != CB_ERR_CREATE)
+            goto out;
+    }
+    if (*tier < 0) {
+        st = cb_error_set(err, CB_ERR_CREATE,
+                          "%s: no tier has room for %llu bytes (the entries that would have to go are pinned or in use)",
+                          key, (unsigned long long)size);
+        goto out;
+    }
+    if ((st = reserve_row(s, key, model, *tier, size, n_tokens, sumhex, err)) != CB_OK)
+        *tier = -1;
+out:
+    st_unlock(s);
+    return st;
+}
+
+/* 2. The temporary file tmp: written (or the movable source renamed to it),
+ * fsynced, verified; then renamed to fin and the directory fsynced. */
+static cb_status put_write(cb_store *s, const put_src *src, const char *key, uint64_t size, cb_hash128 sum, int tier,
+                           const char *tmp, const char *fin, cb_error *err)
+{
+    cb_status st = CB_OK;
+    int fd;
+    if (src->path && src->movable && rename(src->path, tmp) == 0) {
+        fd = open(tmp, O_RDONLY | O_CLOEXEC);
+    } else {
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return cb_error_set(err, CB_ERR_CREATE, "%s: %s", tmp, strerror(errno));
+        int in = -1, bad;
+        if (src->data)
+            bad = st_write_all(fd, src->data, (size_t)size);
+        else
+            bad = (in = open(src->path, O_RDONLY | O_CLOEXEC)) < 0 || st_copy_fd(in, fd, size) != 0;
+        if (in >= 0)
+            close(in);
+        if (bad) {
+            st = cb_error_set(err, CB_ERR_IO, "%s: write: %s", tmp, strerror(errno));
+            close(fd);
+            return st;
+        }
+    }
+    if (fd < 0 || fsync(fd) != 0)
+        st = cb_error_set(err, CB_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    if (st != CB_OK)
+        return st;
+    if (src->data) {
+        /* The bytes were not verified yet: the written file is, in full. */
+        char k2[66], m2[33];
+        int64_t nt;
+        uint64_t sz;
+        if ((st = check_kvfile(tmp, k2, m2, &nt, &sz, err)) != CB_OK)
+            return st;
+        if (strcmp(k2, key) != 0)
+            return cb_error_set(err, CB_ERR_INVALID, "%s: the file's key is %s", key, k2);
+    } else {
+        /* A copy of a verified file: the copy must hash as its source did. */
+        cb_hash128 h;
+        uint64_t sz;
+        if ((st = hash_file(tmp, &h, &sz, err)) != CB_OK)
+            return st;
+        if (!cb_hash128_eq(h, sum) || sz != size)
+            return cb_error_set(err, CB_ERR_IO, "%s: the copy differs from %s", tmp, src->path);
+    }
+    if (rename(tmp, fin) != 0)
+        return cb_error_set(err, CB_ERR_CREATE, "%s: rename: %s", fin, strerror(errno));
+    st_fsync_dir(s->tiers[tier].path);
+    return CB_OK;
+}
+
+/* 3. Visible: the reservation becomes a stored entry. */
+static cb_status put_publish(cb_store *s, const char *key, cb_error *err)
+{
+    sqlite3_stmt *q;
+    cb_status st;
+    int n;
+    if ((st = st_begin(s, err)) != CB_OK)
+        return st;
+    if (!(q = st_stmt(s, SQL_READY, err))) {
+        st_rollback(s);
+        return err ? err->status : CB_ERR_IO;
+    }
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, s->owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 3, st_now_us());
+    if ((st = st_write(s, q, "index", &n, err)) != CB_OK)
+        return st;
+    if ((st = st_commit(s, err)) != CB_OK) {
+        st_rollback(s);
+        return st;
+    }
+    if (n != 1)
+        return cb_error_set(err, CB_ERR_INTERNAL, "%s: the reservation vanished", key);
+    return CB_OK;
+}
+
+/* After a failure: drop this handle's reservation of key. */
+static void put_unreserve(cb_store *s, const char *key)
+{
+    sqlite3_stmt *q = st_stmt(s, SQL_UNRESERVE, NULL);
+    if (q && st_begin(s, NULL) == CB_OK) {
+        sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(q, 2, s->owner, -1, SQLITE_STATIC);
+        sqlite3_step(q);
+        sqlite3_reset(q);
+        if (st_commit(s, NULL) != CB_OK)
+            st_rollback(s);
+    }
+}
+
+static cb_status put_common(cb_store *s, const put_src *src, const char *key, const char *model, int64_t n_tokens,
+                            uint64_t size, cb_hash128 sum, int *existed, cb_error *err)
+{
+    char sumhex[33];
+    char *tmp = NULL, *fin = NULL;
+    int tier = -1, exists = 0;
+    cb_status st;
+
+    if (existed)
+        *existed = 0;
+    if ((st = st_owner(s, err)) != CB_OK)
+        return st;
+    cb_hash128_hex(sum, sumhex);
+    if ((st = put_reserve(s, src, key, model, n_tokens, size, sumhex, &tier, &exists, err)) != CB_OK || exists) {
+        if (exists && existed)
+            *existed = 1;
+        return st;
+    }
+    tmp = st_entry_path(s, tier, key, s->owner);
+    fin = st_entry_path(s, tier, key, NULL);
+    if (!tmp || !fin)
+        st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    else if ((st = put_write(s, src, key, size, sum, tier, tmp, fin, err)) == CB_OK &&
+             (st = put_publish(s, key, err)) != CB_OK)
+        st_unlink_locked(fin);
+    if (st != CB_OK) {
+        if (tmp)
+            unlink(tmp); /* a staged source renamed into the tier goes with it */
+        put_unreserve(s, key);
+    }
+    free(tmp);
+    free(fin);
+    return st;
+}
+
+static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size, int first_tier,
+                           cb_error *err);
+
+cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t size, cb_error *err)
+{
+    return put_bytes(s, key, data, size, 0, err);
+}
+
+cb_status cb_store_put_in(cb_store *s, const char *key, const void *data, size_t size, const char *tier,
+                          cb_error *err)
+{
+    int t = s ? st_tier_index(s, tier) : -1;
+    if (t < 0)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "no tier named '%s' in the store", tier ? tier : "(null)");
+    return put_bytes(s, key, data, size, t, err);
+}
+
+static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size, int first_tier,
+                           cb_error *err)
+{
+    char fkey[66], model[33];
+    int64_t n_tokens = 0;
+    cb_status st;
+
+    if (!s || !data)
+        return cb_error_set(err, CB_ERR_INVALID, "store put: no data");
+    if (key && !st_key_valid(key))
+        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key);
+    if ((st = peek_header(data, size, fkey, model, &n_tokens, err)) != CB_OK)
+        return st;
+    if (key && strcmp(key, fkey) != 0)
+        return cb_error_set(err, CB_ERR_INVALID, "%s: the file's key is %s", key, fkey);
+    put_src src = {data, NULL, 0, key, first_tier};
+    return put_common(s, &src, fkey, model, n_tokens, size, cb_hash128_bytes(data, size), NULL, err);
+}
+
+/* Adopt a file; movable: it may be renamed into the tier (staged imports). */
+cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect, char key_out[66], int *existed,
+                      cb_error *err)
+{
+    char key[66], model[33];
+    int64_t n_tokens;
+    uint64_t size, hsize;
+    cb_hash128 sum;
+    cb_status st;
+
+    if ((st = check_kvfile(path, key, model, &n_tokens, &size, err)) != CB_OK)
+        return st;
+    if (expect && strcmp(expect, key) != 0)
+        return cb_error_set(err, CB_ERR_INVALID, "named %s.kv but holds the entry %s", expect, key);
+    if ((st = hash_file(path, &sum, &hsize, err)) != CB_OK)
+        return st;
+    if (hsize != size)
+        return cb_error_set(err, CB_ERR_FORMAT, "%s: changed while it was read", path);
+    if (key_out)
+        memcpy(key_out, key, 66);
+    put_src src = {NULL, path, movable, NULL, 0};
+    return put_common(s, &src, key, model, n_tokens, size, sum, existed, err);
+}
+
+cb_status cb_store_put_file(cb_store *s, const char *path, char key[66], int *existed, cb_error *err)
+{
+    if (!s || !path)
+        return cb_error_set(err, CB_ERR_INVALID, "store put: no file");
+    return st_put_file(s, path, 0, NULL, key, existed, err);
+}
+
+/* ------------------------------------------------------------- lookup */
+
+static const char SQL_LOOKUP[] = "SELECT tier FROM entries WHERE key = ?1 AND state = 1";
+
+/* Tier of a stored key, -1 when not stored (or in an unknown tier). */
+static cb_status tier_of(cb_store *s, const char *key, int *tier, cb_error *err)
+{
+    sqlite3_stmt *q = st_stmt(s, SQL_LOOKUP, err);
+    *tier = -1;
+    if (!q)
+        return err ? err->status : CB_ERR_IO;
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW)
+        *tier = st_tier_index(s, (const char *)sqlite3_column_text(q, 0));
+    sqlite3_reset(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return st_dberr(s, rc, "lookup", err);
+    return CB_OK;
+}
+
+cb_status cb_store_lookup(cb_store *s, const char *key, int *found)
+{
+    int t;
+    cb_status st;
+    *found = 0;
+    if (!st_key_valid(key))
+        return CB_ERR_INVALID;
+    if ((st = tier_of(s, key, &t, NULL)) != CB_OK)
+        return st;
+    if (t >= 0) {
+        char *p = st_entry_path(s, t, key, NULL);
+        if (!p)
+            return CB_ERR_NOMEM;
+        *found = access(p, F_OK) == 0;
+        free(p);
+    }
+    return CB_OK;
+}
+
+/* ------------------------------------------------------------ acquire */
+
+static const char SQL_ACCESS_GET[] = "SELECT tier, hits, pinned FROM entries WHERE key = ?1 AND state = 1";
+static const char SQL_ACCESS_SET[] = "UPDATE entries SET hits = hits + 1, last_access = ?2 WHERE key = ?1";
+static const char SQL_COUNT[] =
+    "INSERT INTO counters(name, value) VALUES(?1, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1";
+static const char SQL_DEL_MISSING[] = "DELETE FROM entries WHERE key = ?1 AND tier = ?2 AND state = 1";
+
+/* Record an access: hits and last use of the entry, the tier's hit counter
+ * or the miss counter.  *tier -1 when not stored; *hits after this access. */
+static cb_status record_access(cb_store *s, const char *key, int *tier, int64_t *hits, int *pinned, cb_error *err)
+{
+    sqlite3_stmt *q;
+    cb_status st;
+    char cname[48];
+    int rc;
+
+    *tier = -1;
+    if ((st = st_begin(s, err)) != CB_OK)
+        return st;
+    if (!(q = st_stmt(s, SQL_ACCESS_GET, err)))
+        goto fail;
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) {
+        *tier = st_tier_index(s, (const char *)sqlite3_column_text(q, 0));
+        *hits = sqlite3_column_int64(q, 1) + 1;
+        *pinned = sqlite3_column_int(q, 2);
+    } else if (rc != SQLITE_DONE) {
+        st_dberr(s, rc, "lookup", err);
+        goto fail;
+    }
+    sqlite3_reset(q);
+    if (*tier >= 0) {
+        if (!(q = st_stmt(s, SQL_ACCESS_SET, err)))
+            goto fail;
+        sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(q, 2, st_now_us());
+        rc = sqlite3_step(q);
+        sqlite3_reset(q);
+        if (rc != SQLITE_DONE) {
+            st_dberr(s, rc, "record an access", err);
+            goto fail;
+        }
+        snprintf(cname, sizeof cname, "hits:%s", s->tiers[*tier].name);
+    } else {
+        snprintf(cname, sizeof cname, "misses");
+    }
+    if (!(q = st_stmt(s, SQL_COUNT, err)))
+        goto fail;
+    sqlite3_bind_text(q, 1, cname, -1, SQLITE_TRANSIENT);
+    rc = sqlite3_step(q);
+    sqlite3_reset(q);
+    if (rc != SQLITE_DONE) {
+        st_dberr(s, rc, "count an access", err);
+        goto fail;
+    }
+    if ((st = st_commit(s, err)) != CB_OK)
+        goto fail;
+    return CB_OK;
+fail:
+    st_rollback(s);
+    return err && err->status != CB_OK ? err->status : CB_ERR_IO;
+}
+
+/* The file of tier t is missing: drop the entry unless it moved meanwhile. */
+static void drop_missing(cb_store *s, const char *key, int t, const char *path)
+{
+    sqlite3_stmt *q;
+    if (st_begin(s, NULL) != CB_OK)
+        return;
+    /* Inside the write transaction nobody can move the entry, so a file that
+     * is still missing now is gone for good. */
+    if (access(path, F_OK) != 0 && errno == ENOENT && (q = st_stmt(s, SQL_DEL_MISSING, NULL))) {
+        sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(q, 2, s->tiers[t].name, -1, SQLITE_STATIC);
+        sqlite3_step(q);
+        sqlite3_reset(q);
+    }
+    if (st_commit(s, NULL) != CB_OK)
+        st_rollback(s);
+}
+
+cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **out, cb_error *err)
+{
+    cb_status st;
+    int t;
+
+    if (!st_key_valid(key))
+        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
+    if (record) {
+        int64_t hits = 0;
+        int pinned = 0;
+        if ((st = record_access(s, key, &t, &hits, &pinned, err)) != CB_OK)
+            return st;
+        if (t < 0)
+            return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store", key);
+        /* Promotion is opportunistic: a reader never waits for the lock. */
+        if (t > 0 && !pinned && s->promote_hits > 0 && hits >= s->promote_hits && st_trylock(s)) {
+            st_promote(s, key);
+            st_unlock(s);
+        }
+    }
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        struct stat a, b;
+        if ((st = tier_of(s, key, &t, err)) != CB_OK)
+            return st;
+        if (t < 0)
+            return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store", key);
+        char *p = st_entry_path(s, t, key, NULL);
+        if (!p)
+            return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            int e = errno;
+            if (e == ENOENT) {
+                int t2;
+                if (tier_of(s, key, &t2, NULL) == CB_OK && t2 == t)
+                    drop_missing(s, key, t, p);
+                free(p);
+                continue;
+            }
+            free(p);
+            return cb_error_set(err, CB_ERR_IO, "%s: %s", key, strerror(e));
+        }
+        /* A mover or deleter holds the exclusive lock while it works; the
+         * shared lock waits for it, and then the file must still be the one
+         * at the path (not unlinked, not replaced). */
+        while (flock(fd, LOCK_SH) != 0 && errno == EINTR)
+            ;
+        if (fstat(fd, &a) == 0 && stat(p, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev &&
+            a.st_nlink > 0) {
+            cb_store_ref *r = malloc(sizeof *r);
+            if (!r) {
+                close(fd);
+                free(p);
+                return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+            }
+            r->fd = fd;
+            r->tier = t;
+            r->path = p;
+            r->size = (uint64_t)a.st_size;
+            *out = r;
+            return CB_OK;
+        }
+        close(fd);
+        free(p);
+    }
+    return cb_error_set(err, CB_ERR_IO, "%s: the entry keeps moving", key);
+}
+
+cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path, cb_error *err)
+{
+    cb_store_ref *r = NULL;
+    cb_status st;
+    if (!s || !ref)
+        return cb_error_set(err, CB_ERR_INVALID, "store acquire: no handle");
+    if ((st = st_acquire(s, key, 1, &r, err)) != CB_OK)
+        return st;
+    *ref = r;
+    if (path)
+        *path = r->path;
+    return CB_OK;
+}
+
+uint64_t cb_store_ref_size(const cb_store_ref *ref) { return ref ? ref->size : 0; }
+
+int cb_store_ref_tier(const cb_store_ref *ref) { return ref ? ref->tier : -1; }
+
+void cb_store_release(cb_store_ref *ref)
+{
+    if (!ref)
+        return;
+    close(ref->fd);
+    free(ref->path);
+    free(ref);
+}
+
+/* -------------------------------------------------------- remove, pin */
+
+/* Run one statement on key in its own transaction. */
+static cb_status key_change(cb_store *s, const char *sql, const char *key, cb_error *err)
+{
+    sqlite3_stmt *q;
+    cb_status st;
+    if ((st = st_begin(s, err)) != CB_OK)
+        return st;
+    if (!(q = st_stmt(s, sql, err))) {
+        st_rollback(s);
+        return err ? err->status : CB_ERR_IO;
+    }
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    if ((st = st_write(s, q, "update", NULL, err)) != CB_OK)
+        return st;
+    if ((st = st_commit(s, err)) != CB_OK)
+        st_rollback(s);
+    return st;
+}
+
+cb_status cb_store_remove(cb_store *s, const char *key, cb_error *err)
+{
+    sqlite3_stmt *q;
+    cb_status st;
+    int state = -1, t = -1, rc, fd;
+    char owner[ST_OWNER_LEN + 1] = {0};
+    char *p = NULL;
+
+    if (!st_key_valid(key))
+        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
+    if ((st = st_lock(s, err)) != CB_OK)
+        return st;
+    if (!(q = st_stmt(s, SQL_GET_STATE, err))) {
+        st = err ? err->status : CB_ERR_IO;
+        goto done;
+    }
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) {
+        state = sqlite3_column_int(q, 0);
+        t = st_tier_index(s, (const char *)sqlite3_column_text(q, 1));
+        if (sqlite3_column_text(q, 2))
+            snprintf(owner, sizeof owner, "%s", (const char *)sqlite3_column_text(q, 2));
+    }
+    sqlite3_reset(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        st = st_dberr(s, rc, "lookup", err);
+        goto done;
+    }
+    if (state < 0 || state == 2 || (state == 0 && st_owner_alive(s, owner))) {
+        st = cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store", key);
+        goto done;
+    }
+    if (t < 0 || !(p = st_entry_path(s, t, key, NULL))) {
+        st = key_change(s, SQL_DEL_KEY, key, err);
+        goto done;
+    }
+    if (state == 0) {
+        /* the unfinished write of a process that is gone */
+        char *tp = st_entry_path(s, t, key, owner);
+        if (tp)
+            unlink(tp);
+        free(tp);
+        st_unlink_locked(p);
+        st = key_change(s, SQL_DEL_KEY, key, err);
+        goto done;
+    }
+    fd = st_lock_file_ex(p);
+    if (fd < 0 && errno == EWOULDBLOCK) {
+        /* In use: hidden from readers at once; the file stays for the readers
+         * that hold it, and gc deletes it (and the row) after them. */
+        st = key_change(s, SQL_REMOVED, key, err);
+        goto done;
+    }
+    /* The row goes first, then the file (while new readers wait on its lock). */
+    st = key_change(s, SQL_DEL_KEY, key, err);
+    if (fd >= 0) {
+        if (st == CB_OK)
+            unlink(p);
+        close(fd);
+    }
+done:
+    free(p);
+    st_unlock(s);
+    return st;
+}
+
+static const char SQL_PIN[] = "UPDATE entries SET pinned = ?2 WHERE key = ?1 AND state = 1";
+
+cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err)
+{
+    sqlite3_stmt *q;
+    cb_status st;
+    if (!st_key_valid(key))
+        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
+    if ((st = st_begin(s, err)) != CB_OK)
+        return st;
+    if (!(q = st_stmt(s, SQL_PIN, err))) {
+        st_rollback(s);
+        return err ? err->status : CB_ERR_IO;
+    }
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_int(q, 2, pinned ? 1 : 0);
+    int n;
+    if ((st = st_write(s, q, "pin", &n, err)) != CB_OK)
+        return st;
+    if ((st = st_commit(s, err)) != CB_OK) {
+        st_rollback(s);
+        return st;
+    }
+    return n == 1 ? CB_OK : cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store", key);
+}
+
+/* ---------------------------------------------------------- list, stat */
+
+static const char SQL_LIST[] =
+    "SELECT key, model, bytes, n_tokens, created, last_access, hits, checksum, pinned FROM entries"
+    " WHERE tier = ?1 AND state = 1 AND (?2 IS NULL OR model = ?2) ORDER BY last_access DESC, key";
+
+cb_status cb_store_list(cb_store *s, const char *model, const char *tier,
+                        int (*fn)(void *ctx, const cb_store_entry *e), void *ctx, cb_error *err)
+{
+    int only = -1;
+    if (model && (strlen(model) != 32 || !st_is_hex(model, 32)))
+        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a model fingerprint (32 hex digits)", model);
+    if (tier && (only = st_tier_index(s, tier)) < 0)
+        return cb_error_set(err, CB_ERR_INVALID, "no tier '%s' in %s", tier, s->dir);
+    for (int t = 0; t < s->n_tiers; t++) {
+        if (only >= 0 && t != only)
+            continue;
+        /* A statement of its own: fn may call the store. */
+        sqlite3_stmt *q = NULL;
+        int rc = sqlite3_prepare_v2(s->db, SQL_LIST, -1, &q, NULL);
+        if (rc != SQLITE_OK)
+            return st_dberr(s, rc, "list", err);
+        sqlite3_bind_text(q, 1, s->tiers[t].name, -1, SQLITE_STATIC);
+        if (model)
+            sqlite3_bind_text(q, 2, model, -1, SQLITE_STATIC);
+        int stop = 0;
+        while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+            cb_store_entry e;
+            e.key = (const char *)sqlite3_column_text(q, 0);
+            e.model = (const char *)sqlite3_column_text(q, 1);
+            e.tier = s->tiers[t].name;
+            e.bytes = (uint64_t)sqlite3_column_int64(q, 2);
+            e.n_tokens = sqlite3_column_int64(q, 3);
+            e.created_us = sqlite3_column_int64(q, 4);
+            e.last_access_us = sqlite3_column_int64(q, 5);
+            e.hits = (uint64_t)sqlite3_column_int64(q, 6);
+            e.checksum = (const char *)sqlite3_column_text(q, 7);
+            e.pinned = sqlite3_column_int(q, 8);
+            char *p = e.key ? st_entry_path(s, t, e.key, NULL) : NULL;
+            if (!p) {
+                sqlite3_finalize(q);
+                return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+            }
+            e.path = p;
+            stop = fn(ctx, &e);
+            free(p);
+        }
+        sqlite3_finalize(q);
+        if (!stop && rc != SQLITE_DONE)
+            return st_dberr(s, rc, "list", err);
+        if (stop)
+            break;
+    }
+    return CB_OK;
+}
