@@ -60,6 +60,7 @@ typedef struct cpu_ctx {
     cb_pool *pool;
     int n_threads;
     int simd;               /* 0: portable kernels only (tests) */
+    qmm_exp_sum_fn exp_sum; /* softmax's exponentials (NULL: the loop here) */
     thread_scratch *ts;     /* [n_threads] */
     float *parts;           /* [ATT_PARTS] split-key partials */
     pthread_mutex_t grow_mu;
@@ -405,15 +406,27 @@ __attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type
 /* the online-softmax step for one row of scores s[0..nk) (keys c0..):
  * keys outside [lo, hi] get probability 0 */
 __attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int64_t nk, int64_t c0, int64_t lo,
-                                                         int64_t hi, float *mx, float *l, float *restrict o, int hd)
+                                                         int64_t hi, float *mx, float *l, float *restrict o, int hd,
+                                                         qmm_exp_sum_fn exp_sum)
 {
     int64_t a = lo > c0 ? lo - c0 : 0, e = hi + 1 - c0 < nk ? hi + 1 - c0 : nk;
     if (a >= e) {
         memset(s, 0, sizeof(float) * (size_t)nk);
         return;
     }
-    float m = *mx;
-    for (int64_t j = a; j < e; j++)
+    /* eight running maxima and sums, so that the loops vectorize without
+     * reassociating one sum */
+    float m8[8], s8[8] = {0};
+    int64_t j = a;
+    for (int k = 0; k < 8; k++)
+        m8[k] = *mx;
+    for (; j + 8 <= e; j += 8)
+        for (int k = 0; k < 8; k++)
+            m8[k] = s[j + k] > m8[k] ? s[j + k] : m8[k];
+    float m = m8[0];
+    for (int k = 1; k < 8; k++)
+        m = m8[k] > m ? m8[k] : m;
+    for (; j < e; j++)
         m = s[j] > m ? s[j] : m;
     if (m > *mx) {
         float alpha = *mx == -INFINITY ? 0.0f : exp_neg(*mx - m);
@@ -422,15 +435,25 @@ __attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int6
             o[d] *= alpha;
         *mx = m;
     }
-    float sum = 0;
-    for (int64_t j = 0; j < a; j++)
+    for (j = 0; j < a; j++)
         s[j] = 0;
-    for (int64_t j = a; j < e; j++)
+    for (j = e; j < nk; j++)
+        s[j] = 0;
+    if (exp_sum) {
+        *l += exp_sum(s + a, e - a, m);
+        return;
+    }
+    for (j = a; j + 8 <= e; j += 8)
+        for (int k = 0; k < 8; k++) {
+            float p = exp_neg(s[j + k] - m);
+            s[j + k] = p;
+            s8[k] += p;
+        }
+    float sum = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
+    for (; j < e; j++) {
         s[j] = exp_neg(s[j] - m);
-    for (int64_t j = a; j < e; j++)
         sum += s[j];
-    for (int64_t j = e; j < nk; j++)
-        s[j] = 0;
+    }
     *l += sum;
 }
 
@@ -485,7 +508,8 @@ static void att_task(void *arg, int64_t task, int tid)
         for (int64_t r = 0; r < M; r++) {
             int64_t i = i0 + r / nh;
             int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
-            softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd);
+            softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
+                         j->c->exp_sum);
         }
         load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v);
         if (M >= 8) {
@@ -728,6 +752,7 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
     b->ops = &cpu_ops;
     b->ctx = c;
     c->simd = simd;
+    c->exp_sum = qmm_exp_sum(simd);
     c->pool = cb_pool_new(n_threads);
     if (!c->pool)
         goto fail;

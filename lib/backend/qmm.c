@@ -55,6 +55,7 @@ static int cpu_has_avx2(void)
 #else
 static int cpu_has_avx2(void) { return 0; }
 int qmm_avx2_get(cb_type t, qmm_kernels *k) { (void)t, (void)k; return 0; }
+float qmm_avx2_exp_sum(float *s, int64_t n, float m) { (void)s, (void)n, (void)m; return 0; }
 #endif
 
 int qmm_select(cb_type t, int simd, qmm_kernels *k)
@@ -73,4 +74,9 @@ const char *qmm_isa(int simd)
 {
     qmm_kernels k;
     return simd && cpu_has_avx2() && qmm_avx2_get(CB_TYPE_Q4_0, &k) ? "avx2" : "c";
+}
+
+qmm_exp_sum_fn qmm_exp_sum(int simd)
+{
+    return simd && cpu_has_avx2() ? qmm_avx2_exp_sum : NULL;
 }

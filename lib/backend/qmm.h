@@ -43,6 +43,13 @@ typedef struct qmm_kernels {
  * Returns 0 for an unsupported type. */
 int qmm_select(cb_type t, int simd, qmm_kernels *k);
 
+/* s[j] = e^(s[j] - m) for j < n (every s[j] <= m); returns their sum.
+ * The AVX2 version when simd and the CPU has it, else NULL (the caller's
+ * own loop). */
+typedef float (*qmm_exp_sum_fn)(float *s, int64_t n, float m);
+qmm_exp_sum_fn qmm_exp_sum(int simd);
+float qmm_avx2_exp_sum(float *s, int64_t n, float m);
+
 /* "avx2" or "c": the kernels qmm_select(t, simd, ...) picks on this CPU. */
 const char *qmm_isa(int simd);
 

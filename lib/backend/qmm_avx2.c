@@ -13,6 +13,7 @@
 #include "qmm.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define AI static inline __attribute__((always_inline))
 
@@ -275,6 +276,51 @@ KERNELS(q8_0, 1, CB_Q8_0_BYTES, dec_q8_0)
 KERNELS(q4_k, 8, CB_Q4_K_BYTES, dec_q4_k)
 KERNELS(q5_k, 8, CB_Q5_K_BYTES, dec_q5_k)
 KERNELS(q6_k, 8, CB_Q6_K_BYTES, dec_q6_k)
+
+/* s[j] = e^(s[j] - m) (arguments <= 0) for j < n; returns their sum.  The
+ * polynomial of cpu.c's exp_neg (Cephes' exp2f, relative error < 2e-7),
+ * eight lanes at a time. */
+float qmm_avx2_exp_sum(float *s, int64_t n, float m)
+{
+    const __m256 vm = _mm256_set1_ps(m), lo = _mm256_set1_ps(-87.0f), l2e = _mm256_set1_ps(1.44269504088896341f);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm), lo);
+        __m256 t = _mm256_mul_ps(x, l2e);
+        __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 f = _mm256_sub_ps(t, r);
+        __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
+        p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        _mm256_storeu_ps(s + j, p);
+        acc = _mm256_add_ps(acc, p);
+    }
+    float sum = hsum(acc);
+    for (; j < n; j++) {
+        float x = s[j] - m < -87.0f ? -87.0f : s[j] - m;
+        float t = x * 1.44269504088896341f, r = __builtin_rintf(t), f = t - r;
+        float p = 1.535336188319500e-4f;
+        p = p * f + 1.339887440266574e-3f;
+        p = p * f + 9.618437357674640e-3f;
+        p = p * f + 5.550332471162809e-2f;
+        p = p * f + 2.402264791363012e-1f;
+        p = p * f + 6.931472028550421e-1f;
+        p = p * f + 1.0f;
+        int32_t bits = ((int32_t)r + 127) << 23;
+        float sc;
+        memcpy(&sc, &bits, 4);
+        s[j] = p * sc;
+        sum += s[j];
+    }
+    return sum;
+}
 
 int qmm_avx2_get(cb_type t, qmm_kernels *k)
 {
