@@ -29,8 +29,8 @@ ifeq ($(DEBUG),1)
 OPT     := -O0 -g3
 endif
 ifeq ($(SAN),1)
-OPT     += -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-LDSAN   := -fsanitize=address,undefined
+OPT     += -g -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow
+LDSAN   := -fsanitize=address,undefined,float-cast-overflow
 BUILD   ?= build/san
 else
 BUILD   ?= build/rel
@@ -90,8 +90,11 @@ $(error CUDA=1 but nvcc was not found (put it on PATH or set NVCC=/path/to/nvcc)
 endif
 endif
 
+# The libFuzzer harnesses (make fuzz, make fuzz-build).
+include tests/fuzz/fuzz.mk
+
 .SECONDARY:
-.PHONY: all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format funclen
+.PHONY: memcheck all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format funclen
 
 all: lib progs ## build the library and the programs (default)
 
@@ -150,13 +153,18 @@ model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
 check-tools: all $(TEST_BIN) $(GEN_BIN) $(BENCH_BIN)
 
 # The GGUF fuzz sweep and the tokenizer suites also run under ASan+UBSan.
-SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk test_prompt
+SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk test_prompt test_backend_ops
 
 test: deps ## install deps, fetch the model, build everything and run every test suite
 	@$(MAKE) --no-print-directory model
 	@$(MAKE) --no-print-directory check-tools
 	@$(MAKE) --no-print-directory SAN=1 $(SAN_TESTS:%=build/san/tests/%)
-	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" CB_CUDA_MOD="$(CUDA_MOD)" sh tests/run.sh
+	@[ -z "$(FUZZ_CC)" ] || $(MAKE) --no-print-directory fuzz-build
+	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" CB_CUDA_MOD="$(CUDA_MOD)" \
+	    CB_FUZZ_DIR="$(if $(FUZZ_CC),$(FUZZ_B))" sh tests/run.sh
+
+memcheck: deps check-tools ## run every unit test under Valgrind memcheck (tests/memcheck.sh)
+	@BUILD=$(BUILD) sh tests/memcheck.sh
 
 bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/
 	@$(MAKE) --no-print-directory model

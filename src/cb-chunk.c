@@ -268,10 +268,13 @@ static struct archive *archive_open(const void *data, size_t size)
     return a;
 }
 
-/* Read the current entry's data into a malloc'd buffer. */
+/* Read the current entry's data into a malloc'd buffer.  The size an
+ * archive claims sizes the first allocation only up to 16 MiB: a small,
+ * broken archive may claim any size. */
 static char *read_entry(struct archive *a, struct archive_entry *e, size_t *len)
 {
-    size_t n = 0, cap = archive_entry_size_is_set(e) && archive_entry_size(e) > 0
+    size_t n = 0, cap = archive_entry_size_is_set(e) && archive_entry_size(e) > 0 &&
+                                archive_entry_size(e) < (1 << 24)
                             ? (size_t)archive_entry_size(e) + 1 : 1 << 16;
     char *buf = malloc(cap);
     while (buf) {

@@ -283,6 +283,15 @@ int cli_read_records(const char *path, const char *field, void **out)
         return code;
     }
     long lineno = 0;
+    const char *nul = memchr(all, 0, len); /* the loop below would stop there */
+    if (nul) {
+        for (const char *c = all; c <= nul; c++)
+            lineno += c == all || c[-1] == '\n';
+        cli_err("%s:%ld: a NUL byte: not JSON text", name, lineno);
+        json_decref(arr);
+        free(all);
+        return CLI_EX_DATAERR;
+    }
     for (char *line = all, *nl; line && *line; line = nl) {
         nl = strchr(line, '\n');
         if (nl)

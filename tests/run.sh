@@ -2,7 +2,8 @@
 # tests/run.sh - run every unit test program and CLI test script, count the
 # TAP lines they print, and end with "N passed, N failed, N skipped".
 # Environment: BUILD (object dir, default build/rel), BINDIR_B (programs, default bin),
-# CB_CUDA_MOD (the CUDA module's path, when the build made one).
+# CB_CUDA_MOD (the CUDA module's path, when the build made one), CB_FUZZ_DIR
+# (the libFuzzer harnesses, when clang built them), CB_FUZZ_S (their seconds).
 BUILD=${BUILD:-build/rel}
 BINDIR_B=${BINDIR_B:-bin}
 export BUILD BINDIR_B
@@ -62,10 +63,11 @@ for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     run_one "unit/$(basename "$t")" "$t"
 done
-# The same programs built with AddressSanitizer and UBSan (make test builds them).
+# The same programs built with AddressSanitizer and UBSan (make test builds them);
+# an allocation that cannot succeed returns NULL, as it does without ASan.
 for t in ${SAN_TESTS:-}; do
     [ -x "build/san/tests/$t" ] || continue
-    run_one "san/$t" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 "build/san/tests/$t"
+    run_one "san/$t" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 "build/san/tests/$t"
 done
 # The suites check the CPU engine against its references; on a machine
 # with a GPU the programs would default to it, so they are pinned to the
@@ -75,6 +77,14 @@ for t in tests/cli/*.sh; do
     [ -f "$t" ] && [ "$(basename "$t")" != lib.sh ] || continue
     run_one "cli/$(basename "$t" .sh)" sh "$t"
 done
+
+# The libFuzzer harnesses, a short pass from their seeds (CB_FUZZ_S
+# seconds each, default 2; make fuzz runs them longer).
+if [ -n "${CB_FUZZ_DIR:-}" ] && [ -x "$CB_FUZZ_DIR/fuzz_gguf" ]; then
+    run_one "fuzz/short" env FUZZ_FRESH=1 CB_FUZZ_TMP="$CB_TEST_TMP/fuzz" sh tests/fuzz/run.sh "$CB_FUZZ_DIR" "${CB_FUZZ_S:-2}"
+else
+    run_one "fuzz/short" echo "ok 1 - fuzz harnesses # SKIP no clang >= 15 with libFuzzer (make deps installs clang-16 and libclang-rt-16-dev)"
+fi
 
 [ -z "$broken" ] || echo "failing suites:$broken (logs in tests/tmp/)"
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -342,7 +342,8 @@ static inline float exp_neg(float x)
     p = p * f + 2.402264791363012e-1f;
     p = p * f + 6.931472028550421e-1f;
     p = p * f + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    /* NaN (a model with NaN weights) stays NaN; converting it to int is UB */
+    int32_t bits = ((n == n ? (int32_t)n : 0) + 127) << 23;
     float scale;
     memcpy(&scale, &bits, 4);
     return p * scale;

@@ -1026,7 +1026,9 @@ int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t
  * the second half, else the last line break in the second half, else the
  * last word boundary, else the last character that fits.  With `overlap`, a
  * chunk starts `overlap` tokens (or characters) before the end of the previous
- * one, moved forward to the next word start.  With a separator, the document
+ * one, moved forward to the next word start, unless it would then end where
+ * the previous one does (it starts after it instead): every chunk ends later
+ * than the one before.  With a separator, the document
  * is first cut at every match of the regex (the matched text belongs to no
  * chunk), and each piece is then chunked as above, without overlap across
  * pieces.  Whitespace between chunks belongs to none; whitespace-only pieces

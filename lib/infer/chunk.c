@@ -566,6 +566,8 @@ static cb_status split_piece(cb_chunker *c, const char *t, size_t a, size_t b, c
         return emit(out, t, a, b, -1);
     }
     s = a;
+    size_t prev_et = a, prev_e = a;
+    int overlapped = 0;
     while (s < b) {
         size_t emax = window_end(c, t, s, b);
         size_t e = emax >= b ? b : choose_cut(t, s, emax, b);
@@ -586,16 +588,26 @@ static cb_status split_piece(cb_chunker *c, const char *t, size_t a, size_t b, c
                 lim = prev_char(t, et, s);
             e = lim <= s ? next_char(t, s, b) : choose_cut(t, s, lim, b);
         }
+        if (overlapped && et <= prev_et) {
+            /* The overlap gave a chunk inside the previous one (it ends at
+             * the same cut): nothing new, so go on from that cut without. */
+            overlapped = 0;
+            s = skip_ws(t, prev_e, b);
+            continue;
+        }
         if ((st = emit(out, t, s, et, n)) != CB_OK)
             return st;
         if (e >= b)
             break;
         next = e;
+        overlapped = 0;
         if (c->overlap > 0) {
             size_t q = overlap_start(c, t, a, s, et);
             if (q > s && q < et)
-                next = q;
+                next = q, overlapped = 1;
         }
+        prev_et = et;
+        prev_e = e;
         s = skip_ws(t, next, b);
     }
     return CB_OK;

@@ -211,6 +211,8 @@ static cb_status parse_tensor(cb_gguf *g, rd *r, cb_tensor_info *ti)
                             (long long)cb_type_block_elems(ti->type));
     /* nbytes = row bytes * rows, with overflow checks against the file size. */
     uint64_t nb = cb_type_row_bytes(ti->type, ti->ne[0]);
+    if (nb == 0 && ti->ne[0] != 0) /* the row's bytes do not fit in size_t */
+        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s is larger than the file", r->name, what);
     for (int d = 1; d < CB_GGUF_MAX_DIMS; d++) {
         if (ti->ne[d] != 0 && nb > g->size / (uint64_t)ti->ne[d])
             return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s is larger than the file",
@@ -225,13 +227,14 @@ static cb_status parse_tensor(cb_gguf *g, rd *r, cb_tensor_info *ti)
 
 static cb_status gguf_parse(cb_gguf *g, const char *name, cb_error *err)
 {
-    rd r = {g->base, g->base + g->size, name, err};
     cb_status st;
     uint64_t n_tensors, n_kv;
     uint32_t version;
 
+    /* before any pointer arithmetic: an empty file maps to NULL */
     if (g->size < 4 || memcmp(g->base, "GGUF", 4) != 0)
         return cb_error_set(err, CB_ERR_FORMAT, "%s: not a GGUF file (bad magic)", name);
+    rd r = {g->base, g->base + g->size, name, err};
     r.p += 4;
     if ((st = rd_u32(&r, &version, "version")) != CB_OK)
         return st;

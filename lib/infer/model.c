@@ -177,11 +177,6 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
                           path, hp->head_dim, m->be->ops->name, m->be->ops->max_head_dim);
         goto fail;
     }
-    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) {
-        st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
-        goto fail;
-    }
     int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
     float *host = NULL;
     if ((st = load_tensor(m, path, "token_embd.weight", d, hp->n_vocab, 0, &m->tok_embd, NULL, err)))
@@ -193,6 +188,18 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     if ((st = load_tensor(m, path, "output.weight", d, hp->n_vocab, 1, &m->output, NULL, err)))
         goto fail;
     hp->tied_output = m->output == NULL;
+    /* every layer has tensors: a count the file cannot hold is malformed
+     * (it would size the layer table: 10^9 layers in a 20 KB file) */
+    if (hp->n_layer > cb_gguf_n_tensors(m->gguf)) {
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s: block_count %d, but the file holds %lld tensors", path,
+                          hp->n_layer, (long long)cb_gguf_n_tensors(m->gguf));
+        goto fail;
+    }
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
     for (int l = 0; l < hp->n_layer; l++) {
         cb_layer *L = &m->layers[l];
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);

@@ -77,6 +77,9 @@ static int read_points(json_t *a, cb_profile_point *pt, int max)
         double r, ms, sp;
         if (json_unpack(e, "{s:I, s:F, s:F, s:F}", "length", &len, "ratio", &r, "ms_per_layer", &ms, "spread", &sp))
             return -1;
+        /* what a measurement can be; interpolation assumes it */
+        if (len < 1 || len > (1 << 30) || !(r >= 0 && r <= 1) || !(ms >= 0) || !(sp >= 0))
+            return -1;
         pt[n++] = (cb_profile_point){len, r, ms, sp};
     }
     return n;

@@ -273,6 +273,8 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
     else if (mt->n_tokens < 1 || mt->n_tokens > KV_MAX_TOKENS || mt->n_lead < 0 || mt->n_lead > KV_MAX_TOKENS ||
              mt->pos0 < 0 || get32(fixed + 88) != 1)
         why = "impossible token counts or positions";
+    else if (cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) == 0) /* not whole blocks */
+        why = "rows are not whole blocks of the element type";
     else if (f->B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) *
                          (uint64_t)mt->n_tokens ||
              f->S < 2 * f->B || f->S % CB_KV_ALIGN || f->S > (1ull << 40))

@@ -403,9 +403,12 @@ done:
     return st;
 }
 
-/* Each tier directory exists and carries this store's id. */
+/* Each tier directory exists, carries this store's id, and is no other
+ * tier's (an edited store.json could name one twice: gc and verify would
+ * then take one tier's entries for the other's orphans). */
 static cb_status check_tiers(cb_store *s, cb_error *err)
 {
+    struct stat seen[CB_STORE_MAX_TIERS];
     for (int i = 0; i < s->n_tiers; i++) {
         st_tier *t = &s->tiers[i];
         int m = marker_check(t->path, s->id);
@@ -420,6 +423,12 @@ static cb_status check_tiers(cb_store *s, cb_error *err)
             if (st != CB_OK)
                 return st;
         }
+        if (stat(t->path, &seen[i]) != 0)
+            return cb_error_set(err, CB_ERR_IO, "tier %s: %s: %s", t->name, t->path, strerror(errno));
+        for (int j = 0; j < i; j++)
+            if (seen[j].st_dev == seen[i].st_dev && seen[j].st_ino == seen[i].st_ino)
+                return cb_error_set(err, CB_ERR_FORMAT, "%s/%s: tiers %s and %s share the directory %s", s->dir,
+                                    conf_name, s->tiers[j].name, t->name, t->path);
     }
     return CB_OK;
 }

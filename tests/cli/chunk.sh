@@ -193,6 +193,24 @@ expect_exit "invalid UTF-8 inside an archive" 65 "$CHUNK" --chars 100 "$T/bad.ta
 grep -q 'bad.tar.gz!latin1.txt: invalid UTF-8' "$T/err" && ok "the member is named" || not_ok "member named"
 head -c 200 "$T/docs.tar.gz" > "$T/trunc.tar.gz"
 expect_exit "truncated archive" 65 "$CHUNK" --chars 100 "$T/trunc.tar.gz"
+# fuzz_chunk_input's malloc limit on a crafted tar: a member claiming 8 GiB made
+# cb-chunk allocate the claimed size before reading a byte (out of memory
+# under a memory limit, instead of "truncated").
+python3 - "$T/claims8g.tar" <<'PY'
+import io, sys, tarfile
+b = io.BytesIO()
+with tarfile.open(fileobj=b, mode="w", format=tarfile.GNU_FORMAT) as t:
+    ti = tarfile.TarInfo("a.txt"); ti.size = 5; t.addfile(ti, io.BytesIO(b"hello"))
+d = bytearray(b.getvalue()[:2048])
+d[124:136] = b"100000000000"  # size: 8 GiB, in octal
+d[148:156] = b" " * 8
+d[148:156] = ("%06o\0 " % sum(d[:512])).encode()
+open(sys.argv[1], "wb").write(d)
+PY
+expect_exit "a member claiming 8 GiB in a 2 KB archive, under a 1 GiB memory limit" 65 \
+    sh -c 'ulimit -v 1048576 && exec "$0" --chars 100 "$1"' "$CHUNK" "$T/claims8g.tar"
+grep -qi "truncated" "$T/err" && ! grep -qi "allocate\|out of memory" "$T/err" \
+    && ok "it is reported as truncated, not as out of memory" || not_ok "claimed size: $(cat "$T/err")"
 
 # ------------------------------------------------------ archives, links
 mkdir -p "$T/nest"

@@ -107,6 +107,11 @@ assert n3["n_chunks_missing"] == 0, n3
 PY
 expect_exit "bad --chunks record" 65 sh -c "echo 'nope' | '$RUN' -m '$M' --store '$S' --chunks - -p q"
 expect_exit "--chunks - needs the question elsewhere" 64 "$RUN" -m "$M" --store "$S" --chunks -
+# fuzz_records: records after a NUL byte were dropped without a word (the
+# reader stopped at the NUL); the file is refused, naming the line.
+printf '{"text":"a"}\n{"text":"b"}\000\n{"text":"c"}\n' > "$T/nul.jsonl"
+expect_exit "a NUL byte in --chunks" 65 "$RUN" -m "$M" --store "$S" --chunks "$T/nul.jsonl" -n 1 -p q
+grep -q "nul.jsonl:2: " "$T/err" && ok "the NUL byte's line is named" || not_ok "NUL byte: $(cat "$T/err")"
 expect_exit "bad --strategy" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy magic -p q
 # a KV file of another model is refused and recomputed
 M2=$CB_TEST_TMP/tiny-f32.gguf

@@ -116,6 +116,8 @@ static void check_invariants(const char *what, const char *t, size_t len, const 
         }
         if (i > 0 && c->start <= prev_start)
             printf("#   %s: chunk %zu does not start after chunk %zu\n", what, i, i - 1), bad++;
+        if (i > 0 && c->end <= prev_end)
+            printf("#   %s: chunk %zu ends inside chunk %zu (nothing new)\n", what, i, i - 1), bad++;
         if (!overlap) {
             if (c->start < prev_end)
                 printf("#   %s: chunk %zu overlaps the previous one\n", what, i), bad++;
@@ -437,6 +439,22 @@ static void test_overlap_chars(void)
     cb_chunks_free(&cs);
 }
 
+/* Found by fuzz_chunk_input: with overlap, the chunk after a C comment's
+ * opening (a word whose only cut is the end of the previous chunk) started
+ * at that word and ended where the previous one did: a second chunk holding
+ * nothing new. */
+static void test_overlap_inside(void)
+{
+    static const char t[] = ".\\n\";\n\n/* ---------------------------------------------------";
+    cb_chunks cs = {0};
+    cb_chunker *c = mk(NULL, 48, 8, NULL);
+    tcase("overlap (characters): no chunk lies inside the previous one (fuzz finding)");
+    CHECK(split(c, t, &cs) >= 2);
+    check_invariants("overlap inside", t, strlen(t), &cs, NULL, 48, 1, 0);
+    cb_chunker_free(c);
+    cb_chunks_free(&cs);
+}
+
 /* ------------------------------------------------ invariants, at scale */
 
 static void test_random_chars(void)
@@ -624,6 +642,7 @@ int main(void)
     test_cut_points();
     test_separator();
     test_overlap_chars();
+    test_overlap_inside();
     test_random_chars();
 
     snprintf(tiny_path, sizeof tiny_path, "%s/tiny-vocab.gguf", tmp && *tmp ? tmp : "tests/tmp");

@@ -74,6 +74,25 @@ int main(void)
     free(json);
     CHECK(cb_profile_from_json(&q, "{\"version\": 2}", 14, &err) == CB_ERR_FORMAT);
     CHECK(cb_profile_from_json(&q, "not json", 8, &err) == CB_ERR_FORMAT);
+
+    /* fuzz_profile (UBSan) on a crafted profile: measured lengths of -9e18 and 9e18 were
+     * accepted, and interpolating between them overflowed int64_t (UB). */
+    tcase("profile JSON with impossible measurements is CB_ERR_FORMAT (fuzz finding)");
+    static const char *bad[] = {
+        "{\"length\":-9000000000000000000,\"ratio\":1.0,\"ms_per_layer\":1.0,\"spread\":0.0},"
+        "{\"length\":9000000000000000000,\"ratio\":1.0,\"ms_per_layer\":2.0,\"spread\":0.0}",
+        "{\"length\":0,\"ratio\":1.0,\"ms_per_layer\":1.0,\"spread\":0.0}",
+        "{\"length\":512,\"ratio\":1.5,\"ms_per_layer\":1.0,\"spread\":0.0}",
+        "{\"length\":512,\"ratio\":1.0,\"ms_per_layer\":-1.0,\"spread\":0.0}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "{\"version\":1,\"model\":\"m\",\"backend\":\"cpu\",\"n_layer\":1,\"threads\":1,"
+                 "\"kv_bytes_per_token\":{},\"prefill\":[%s],\"recompute\":[],\"tiers\":[]}",
+                 bad[i]);
+        CHECKF(cb_profile_from_json(&q, text, strlen(text), &err) == CB_ERR_FORMAT, "case %zu accepted", i);
+    }
     char name[128];
     cb_hash128 h = {1, 2};
     cb_profile_name(h, "cpu", name, sizeof name);

@@ -400,6 +400,32 @@ static void test_errors(void)
     CHECK(cb_model_load(&m, path, NULL, &err) == CB_ERR_UNSUPPORTED);
     CHECKF(strstr(err.msg, "mamba") != NULL, "%s", err.msg);
     CHECK(m == NULL);
+
+    /* fuzz_model: a 20 KB file claiming 10^9 layers made the loader size
+     * its layer table (a GB-scale calloc) before looking for one tensor;
+     * out of memory instead of malformed. */
+    tcase("model: a layer count the file cannot hold is CB_ERR_FORMAT (fuzz finding)");
+    size_t n = 0;
+    char src[1024];
+    snprintf(src, sizeof src, "%s/tiny-f32.gguf", tmp ? tmp : "tests/tmp");
+    uint8_t *f = (uint8_t *)t_read_file(src, &n);
+    uint8_t *k = f ? memmem(f, n, "llama.block_count", 17) : NULL;
+    uint32_t type = 0, big = 1000000000;
+    if (k)
+        memcpy(&type, k + 17, 4);
+    CHECK(k && type == CB_GGUF_UINT32);
+    if (k && type == CB_GGUF_UINT32) {
+        memcpy(k + 21, &big, 4);
+        snprintf(path, sizeof path, "%s/layers.gguf", tmp ? tmp : "tests/tmp");
+        FILE *o = fopen(path, "wb");
+        CHECK(o && fwrite(f, 1, n, o) == n);
+        if (o)
+            fclose(o);
+        CHECK(cb_model_load(&m, path, NULL, &err) == CB_ERR_FORMAT && m == NULL);
+        CHECKF(strstr(err.msg, "block_count") != NULL, "%s", err.msg);
+        remove(path);
+    }
+    free(f);
 }
 
 typedef struct dev_row {

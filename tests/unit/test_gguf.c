@@ -213,6 +213,44 @@ static void test_malformed(void)
     }
 }
 
+/* Found by fuzzing (each case failed under ASan/UBSan or an invariant of
+ * fuzz_gguf before its fix). */
+static void test_fuzz_findings(void)
+{
+    cb_gguf *g = NULL;
+    cb_error err;
+    char path[1024];
+    const char *tmp = getenv("CB_TEST_TMP");
+
+    /* An empty file maps to NULL: the reader did pointer arithmetic on it
+     * before looking at the size (UBSan: zero offset to null pointer). */
+    tcase("empty file and empty buffer are CB_ERR_FORMAT (fuzz finding)");
+    snprintf(path, sizeof path, "%s/empty.gguf", tmp && *tmp ? tmp : "/tmp");
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    CHECK(cb_gguf_open(&g, path, &err) == CB_ERR_FORMAT && g == NULL);
+    CHECK(cb_gguf_open_memory(&g, NULL, 0, "empty", &err) == CB_ERR_FORMAT && g == NULL);
+    remove(path);
+
+    /* A tensor of 2^62 f32 elements: its row bytes (2^64) wrap to 0, and
+     * the reader took it with nbytes 0 (fuzz_gguf's invariant: nbytes is
+     * row bytes times rows). */
+    {
+        buf b = {0};
+        header(&b, 3, 1, 0);
+        put_str(&b, "big");
+        put_u32(&b, 1);
+        put_u64(&b, 1ull << 62);
+        put_u32(&b, CB_TYPE_F32);
+        put_u64(&b, 0);
+        pad(&b, 32);
+        put(&b, "0123456789abcdef0123456789abcdef", 32);
+        expect_error("tensor whose size wraps (fuzz finding)", &b, CB_ERR_FORMAT, "larger than the file");
+    }
+}
+
 /* ------------------------------------------------- writer round trip */
 
 static void test_roundtrip(void)
@@ -548,6 +586,7 @@ int main(void)
 {
     TEST_BEGIN();
     test_malformed();
+    test_fuzz_findings();
     test_roundtrip();
     test_real_files();
     TEST_END();

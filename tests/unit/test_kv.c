@@ -6,6 +6,7 @@
 #include "test.h"
 
 #include <unistd.h>
+#include <xxhash.h>
 
 static const char *tmpdir(void)
 {
@@ -212,6 +213,45 @@ static void test_corruption(cb_model *m, cb_model *other)
     free(orig);
 }
 
+/* fuzz_kvfile's invariant on a crafted header: one claiming q8_0 for a row of 16 elements
+ * (not a multiple of q8_0's 32-element block) has row bytes 0, so B = 0 and
+ * S = 0 passed the size checks; the file opened and read_layer returned
+ * without writing k and v.  Open must refuse it. */
+static void test_fuzz_findings(void)
+{
+    char path[1024], bad[1024];
+    size_t n;
+    cb_error err;
+    cb_kvfile *kf = NULL;
+    snprintf(path, sizeof path, "%s/chunk-f16.cbkv", tmpdir());
+    snprintf(bad, sizeof bad, "%s/q8-rows.cbkv", tmpdir());
+    uint8_t *f = (uint8_t *)t_read_file(path, &n);
+    tcase("kv: a row that is not whole q8_0 blocks is refused at open (fuzz finding)");
+    if (!f || n < 4096) {
+        CHECK(0);
+        free(f);
+        return;
+    }
+    uint32_t H, one = 1, q8 = CB_TYPE_Q8_0;
+    uint64_t zero = 0, size, sum;
+    memcpy(&H, f + 12, 4);
+    size = H;
+    memcpy(f + 52, &one, 4);   /* n_head_kv 1: rows of head_dim (16) elements */
+    memcpy(f + 72, &q8, 4);    /* q8_0 */
+    memcpy(f + 96, &zero, 8);  /* S */
+    memcpy(f + 104, &zero, 8); /* B: 0 rows of 0 bytes "match" */
+    memcpy(f + 112, &size, 8); /* total: the header alone */
+    memcpy(f + 120, &zero, 8);
+    sum = XXH3_64bits(f, H);
+    memcpy(f + 120, &sum, 8);
+    write_file(bad, f, H);
+    CHECK(cb_kvfile_open(&kf, bad, &err) == CB_ERR_FORMAT && kf == NULL);
+    CHECKF(strstr(err.msg, "q8-rows.cbkv") != NULL, "%s", err.msg);
+    cb_kvfile_free(kf);
+    unlink(bad);
+    free(f);
+}
+
 static void test_fingerprint(cb_model *m, cb_model *other)
 {
     tcase("fingerprint: stable per file, differs between models");
@@ -240,6 +280,7 @@ int main(void)
     }
     test_roundtrip_and_move(m);
     test_corruption(m, other);
+    test_fuzz_findings();
     test_fingerprint(m, other);
     cb_model_free(m);
     cb_model_free(other);

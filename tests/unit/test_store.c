@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <jansson.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/mman.h>
@@ -1198,6 +1199,34 @@ static int make_kv(int argc, char **argv)
     return 0;
 }
 
+/* Found by fuzz_store_conf: a store.json edited to give two tiers one
+ * directory was opened; gc and verify would then take one tier's entries for
+ * the other's orphans.  Opening must refuse it, naming both tiers. */
+static void test_fuzz_findings(void)
+{
+    char dir[1200], conf[1300];
+    cb_store_tier tiers[2] = {{"a", "t/a", 0, 0}, {"b", "t/b", 0, 0}};
+    cb_store *s = NULL;
+    cb_error err;
+    json_error_t je;
+
+    tcase("open refuses a configuration whose tiers share a directory (fuzz finding)");
+    snprintf(dir, sizeof dir, "%s/shared-tiers", work);
+    snprintf(conf, sizeof conf, "%s/store.json", dir);
+    CHECK_OK(cb_store_init(dir, tiers, 2, -1, &err));
+    json_t *root = json_load_file(conf, 0, &je);
+    json_t *t = root ? json_object_get(root, "tiers") : NULL;
+    CHECK(json_array_size(t) == 2);
+    if (json_array_size(t) == 2) {
+        json_object_set_new(json_array_get(t, 1), "path", json_string("t/a/"));
+        CHECK(json_dump_file(root, conf, 0) == 0);
+        CHECK(cb_store_open(&s, dir, 0, &err) == CB_ERR_FORMAT && s == NULL);
+        CHECKF(strstr(err.msg, "share") && strstr(err.msg, "tiers a and b"), "%s", err.msg);
+    }
+    json_decref(root);
+    cb_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     const char *tmp = getenv("CB_TEST_TMP");
@@ -1226,6 +1255,7 @@ int main(int argc, char **argv)
     test_tiers(&g, ram);
     test_gc_verify(&g);
     test_archive(&g);
+    test_fuzz_findings();
     show_problems = 1;
     test_concurrency(&g, ram);
 

@@ -1,0 +1,52 @@
+# tests/fuzz/fuzz.mk - libFuzzer harnesses with AddressSanitizer and UBSan
+# (included by the Makefile).  clang and its libFuzzer runtime come from
+# Debian (clang-N, libclang-rt-N-dev, N >= 15); `make deps` installs them.
+#   make fuzz FUZZ_S=N      run every harness N seconds (default 60)
+#   make fuzz FUZZ=gguf     only some harnesses
+#   make fuzz-build         harnesses, fixtures and seed corpora in build/fuzz
+# Objects are built with -fsanitize=fuzzer-no-link so the library's code is
+# instrumented for coverage; the CUDA backend is not part of these builds.
+
+# clang 15 or later: the CPU backend uses _Float16, which clang 14 lacks on x86.
+FUZZ_CC   ?= $(firstword $(foreach v,19 18 17 16 15,$(shell command -v clang-$(v) 2>/dev/null)))
+FUZZ_B    := build/fuzz
+FUZZ_SAN  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS = $(CSTD) $(WARN) -Wno-unknown-attributes -O1 -g -march=native $(FUZZ_SAN) -fsanitize=fuzzer-no-link -MMD -MP \
+              -Ilib/include -Isrc $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -DCB_LIBDIR='"$(LIBDIR)"'
+FUZZ_LIBOBJ := $(LIB_SRC:%.c=$(FUZZ_B)/%.o) $(FUZZ_B)/src/cli.o
+# one harness per fuzz_*.c; records_*.c are parts of fuzz_records
+FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ_BINS  := $(FUZZ_NAMES:%=$(FUZZ_B)/fuzz_%)
+FUZZ_SEEDS := $(FUZZ_B)/seeds/.stamp
+FUZZ_S     ?= 60
+FUZZ       ?= $(FUZZ_NAMES)
+
+.PHONY: fuzz fuzz-build fuzz-cc
+
+fuzz-cc:
+	@[ -n "$(FUZZ_CC)" ] || { echo "make fuzz: no clang 15 or later (make deps installs clang-16 and libclang-rt-16-dev)" >&2; exit 69; }
+
+$(FUZZ_B)/%.o: %.c | fuzz-cc
+	@mkdir -p $(dir $@)
+	@[ "$(Q)" = "" ] || echo "  FUZZCC  $<"
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -c -o $@ $<
+
+$(FUZZ_B)/fuzz_records: $(FUZZ_B)/tests/fuzz/records_run.o $(FUZZ_B)/tests/fuzz/records_pre.o
+$(FUZZ_B)/fuzz_%: $(FUZZ_B)/tests/fuzz/fuzz_%.o $(FUZZ_LIBOBJ)
+	@mkdir -p $(dir $@)
+	@[ "$(Q)" = "" ] || echo "  FUZZLD  $@"
+	$(Q)$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $(filter %.o,$^) $(LDLIBS)
+
+# Fixtures and seed corpora, from our own generator and programs.
+$(FUZZ_SEEDS): tests/fuzz/seeds.sh $(GEN_BIN) $(PROG_BIN)
+	@rm -rf $(FUZZ_B)/data $(FUZZ_B)/seeds
+	$(Q)sh tests/fuzz/seeds.sh $(FUZZ_B) $(BINDIR_B) $(GEN_BIN)
+	@touch $@
+
+fuzz-build: $(FUZZ_BINS) $(FUZZ_SEEDS) ## build the libFuzzer harnesses and their seed corpora (needs clang)
+
+fuzz: ## run each libFuzzer harness FUZZ_S seconds (default 60; FUZZ="gguf kvfile" picks some)
+	@sh scripts/deps.sh
+	@$(MAKE) --no-print-directory all $(GEN_BIN)
+	@$(MAKE) --no-print-directory fuzz-build
+	@sh tests/fuzz/run.sh $(FUZZ_B) $(FUZZ_S) $(FUZZ)

@@ -1,0 +1,55 @@
+#!/bin/sh
+# tests/memcheck.sh - run every unit test program under Valgrind's memcheck
+# (make memcheck).  A test passes when Valgrind reports no error (invalid
+# reads or writes, uses of uninitialised values, bad frees) and no leak
+# definitely lost, whatever its own checks say (its speed checks fail under
+# Valgrind's slowdown: those are listed); its log is in build/memcheck/NAME.log (outside tests/tmp,
+# which make test empties).  The store's multi-process stress runs 1 s and
+# 5 kill rounds here (CB_STORE_STRESS_S, CB_STORE_ROUNDS).
+# Environment: BUILD (default build/rel), MEMCHECK_TESTS (names to run,
+# default every tests/unit program), VALGRIND_ARGS (extra options).
+BUILD=${BUILD:-build/rel}
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top" || exit 70
+if ! command -v valgrind >/dev/null 2>&1; then
+    echo "1..0 # SKIP valgrind not installed (apt-get install valgrind)"
+    exit 0
+fi
+if [ -z "${CB_SHARED_DATA:-}" ] && [ -d "$top/../shared/data" ]; then
+    CB_SHARED_DATA=$(cd "$top/../shared/data" && pwd); export CB_SHARED_DATA
+fi
+export CB_TEST_TMP="$top/build/memcheck"
+rm -rf "$CB_TEST_TMP"; mkdir -p "$CB_TEST_TMP"
+gen="$BUILD/tests/cb-gen-fixture"
+for t in f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K; do
+    "$gen" --type "$t" "$CB_TEST_TMP/tiny-$t.gguf" || exit 70
+done
+"$gen" --vocab-only "$CB_TEST_TMP/tiny-vocab.gguf" || exit 70
+"$gen" --layers 4 "$CB_TEST_TMP/tiny4-f32.gguf" || exit 70
+"$gen" --arch qwen2 --type q8_0 "$CB_TEST_TMP/tiny-qwen2.gguf" || exit 70
+
+tests=${MEMCHECK_TESTS:-$(cd "$BUILD/tests" && ls test_* 2>/dev/null)}
+n=0; bad=0
+echo "1..$(echo $tests | wc -w)"
+for t in $tests; do
+    n=$((n + 1))
+    log="$CB_TEST_TMP/$t.log"
+    start=$(date +%s)
+    # 99 marks a memcheck error; the test's own failures give 1.
+    CB_DEVICE=cpu CB_STORE_STRESS_S=${CB_STORE_STRESS_S:-1} CB_STORE_ROUNDS=${CB_STORE_ROUNDS:-5} valgrind --tool=memcheck --error-exitcode=99 --leak-check=full \
+        --errors-for-leak-kinds=definite --show-leak-kinds=definite --track-origins=yes \
+        --num-callers=30 ${VALGRIND_ARGS:-} "$BUILD/tests/$t" >"$log" 2>&1
+    rc=$?
+    errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) errors.*/\1/p' "$log" | tail -1)
+    # The test's own failures (rc 1) are not memory errors: under Valgrind's
+    # 20-50x slowdown its speed checks fail.  They are named, not counted.
+    if [ "$rc" -ne 99 ] && [ "${errs:-1}" -eq 0 ]; then
+        echo "ok $n - memcheck $t: 0 errors ($(( $(date +%s) - start ))s)"
+        [ "$rc" -eq 0 ] || grep -E '^not ok' "$log" | sed 's/^/#   under Valgrind the test itself failed: /' | head -5
+    else
+        bad=$((bad + 1))
+        echo "not ok $n - memcheck $t: exit $rc, ${errs:-?} errors (log: $log)"
+        grep -E '^==[0-9]+== (Invalid|Conditional|Use of|Mismatched|.*definitely lost)' "$log" | sort | uniq -c | head -10 | sed 's/^/# /'
+    fi
+done
+[ "$bad" -eq 0 ]
