@@ -47,10 +47,17 @@ void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* F16C by CPUID (leaf 1, ECX bit 29): clang's __builtin_cpu_supports does
+ * not know "f16c" */
 static int cpu_has_avx2(void)
 {
+    unsigned a, b, c, d;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 29)))
+        return 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #else
 static int cpu_has_avx2(void) { return 0; }
