@@ -286,7 +286,8 @@ float qmm_avx2_exp_sum(float *s, int64_t n, float m)
     __m256 acc = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm), lo);
+        /* max(lo, x): a NaN x comes through (the second operand wins) */
+        __m256 x = _mm256_max_ps(lo, _mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
         __m256 t = _mm256_mul_ps(x, l2e);
         __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m256 f = _mm256_sub_ps(t, r);
@@ -313,7 +314,7 @@ float qmm_avx2_exp_sum(float *s, int64_t n, float m)
         p = p * f + 2.402264791363012e-1f;
         p = p * f + 6.931472028550421e-1f;
         p = p * f + 1.0f;
-        int32_t bits = ((int32_t)r + 127) << 23;
+        int32_t bits = ((r == r ? (int32_t)r : 0) + 127) << 23; /* NaN stays NaN, no UB */
         float sc;
         memcpy(&sc, &bits, 4);
         s[j] = p * sc;
