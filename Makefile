@@ -2,6 +2,9 @@
 #   make            build lib/libcbcore.{a,so} and the programs into bin/
 #   make help       list the targets and knobs
 # Knobs: DEBUG=1 (no optimisation, -g), SAN=1 (AddressSanitizer + UBSan),
+#        NATIVE=0 (no -march=native: binaries for any x86-64, under
+#        build/rel-generic/; the CPU backend still picks its AVX2 kernels at
+#        run time when the CPU has them),
 #        CUDA=0 (skip the CUDA backend) / CUDA=1 (require it; default: built
 #        when nvcc is found), PREFIX=/usr/local DESTDIR= for install, V=1,
 #        MODEL=smollm2|gemma (the real model of model, demo, bench, parity, eval).
@@ -18,7 +21,11 @@ PKGDIR  ?= $(LIBDIR)/pkgconfig
 CC      ?= cc
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter
+ifeq ($(NATIVE),0)
+OPT     := -O2
+else
 OPT     := -O2 -march=native
+endif
 ifeq ($(DEBUG),1)
 OPT     := -O0 -g3
 endif
@@ -31,6 +38,9 @@ BUILD   ?= build/rel
 endif
 ifeq ($(DEBUG),1)
 BUILD   := $(BUILD)-debug
+endif
+ifeq ($(NATIVE),0)
+BUILD   := $(BUILD)-generic
 endif
 
 # MODEL=gemma: the real-model targets use Gemma-3-270M (through $CB_MODEL,
@@ -100,6 +110,10 @@ lib: $(LIBA) $(LIBSO) ## build lib/libcbcore.a and lib/libcbcore.so
 
 progs: $(PROG_BIN) ## build the programs into bin/
 
+# The AVX2 kernels: built for AVX2 whatever -march is, called only on CPUs
+# that have it (lib/backend/qmm.c checks at run time).
+$(BUILD)/lib/backend/qmm_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -O3
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@[ "$(Q)" = "" ] || echo "  CC      $<"
@@ -123,6 +137,9 @@ $(BINDIR_B)/%: $(BUILD)/src/%.o $(CLI_OBJ) $(LIBA)
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBA)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
+
+# test_noalloc counts every allocation libcbcore.a makes during a forward pass.
+$(BUILD)/tests/test_noalloc: LDFLAGS += -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc
 
 $(GEN_BIN): $(BUILD)/tests/gen/cb-gen-fixture.o $(LIBA)
 	@mkdir -p $(dir $@)
@@ -209,7 +226,7 @@ funclen: ## the longest functions in lib/ and src/ (universal-ctags); fails past
 	@sh scripts/funclen.sh 15 200
 
 help: ## this list
-	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1] [MODEL=smollm2|gemma]"
+	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [NATIVE=0] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1] [MODEL=smollm2|gemma]"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 
 -include $(shell find build -name '*.d' 2>/dev/null)

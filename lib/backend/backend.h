@@ -63,8 +63,10 @@ typedef struct cb_backend_ops {
     void (*event_wait)(cb_backend *b, void *ev);
 
     /* Weights: take n_out rows of n_in elements of type t from host memory
-     * (a GGUF mapping), and an optional f32 bias.  Usable by every thread
-     * on return.  NULL on failure. */
+     * (a GGUF mapping), and an optional f32 bias (copied).  Usable by every
+     * thread on return.  NULL on failure.  The data must stay valid and
+     * unchanged until weight_free: the CPU backend computes on it where it
+     * lies (no copy); a device backend copies it. */
     cb_bweight *(*weight_new)(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
                               const float *bias);
     void (*weight_free)(cb_backend *b, cb_bweight *w);
@@ -124,12 +126,16 @@ struct cb_backend {
     const cb_backend_ops *ops;
     void *ctx;
     int n_threads;
-    char desc[96]; /* "cpu (2 threads)", "cuda:0 (NVIDIA H100 80GB HBM3)" */
+    char desc[96]; /* "cpu (2 threads, avx2 kernels)", "cuda:0 (NVIDIA H100 80GB HBM3)" */
 };
 
-/* The CPU backend: OpenBLAS for matrix products, weights dequantized to f32
- * at load, threads for attention.  n_threads <= 0: the number of cores. */
+/* The CPU backend: weights computed on in their GGUF types (AVX2 kernels
+ * chosen at run time, else portable C), OpenBLAS sgemm on dequantized panels
+ * for large batches, one persistent thread pool.  n_threads <= 0: the
+ * number of cores.  cb_backend_cpu_new_ex(n, 0) uses only the portable
+ * kernels (the tests compare both). */
 cb_backend *cb_backend_cpu_new(int n_threads);
+cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd);
 
 /* The backend registry (registry.c): "cpu" (also NULL or ""), "cuda" or
  * "cuda:N", or "auto" for CUDA device 0 when one is present, else the CPU.  The

@@ -1,145 +1,78 @@
-/* cpu.c - the CPU backend: OpenBLAS sgemm for every matrix product (weights
- * dequantized to f32 once, at load), a small persistent thread pool for
- * attention and the elementwise work.
- *
- * Why f32 weights: OpenBLAS sgemm runs prefill 1.8-2.7x faster than
- * llama.cpp's quantized kernels on this project's 2-core AVX-512 machines
- * (make bench).  The price is memory (4 bytes a weight) and decoding speed
- * (0.43x llama.cpp's; an f16 copy for matrix-vector products was measured
- * and gained nothing there). */
+/* cpu.c - the CPU backend: weights stay in their GGUF types (views of the
+ * model's mapping, no copy), a persistent thread pool (pool.c), and
+ *   matmul  decode and small batches (n <= MM_SMALL rows): each weight row's
+ *           blocks decoded into f32 lanes and multiplied into up to four
+ *           activation rows at once (qmm.h), threads over output rows;
+ *           larger batches: panels of weight rows dequantized into per-thread
+ *           scratch and multiplied by OpenBLAS sgemm (single-threaded inside
+ *           the pool), threads over panels;
+ *   attention  blocks of keys read from the f16 (or f32) cache into small
+ *           per-thread f32 tiles, online softmax, the query heads sharing a
+ *           KV head together; keys split over threads for decode.
+ * Every buffer a call needs is allocated at backend creation or at
+ * weight_new (setup), none per call. */
+#include "../core/dequant.h"
 #include "backend.h"
 #include "opmath.h"
+#include "pool.h"
+#include "qmm.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* OpenBLAS' own controls (declared in its cblas.h on Debian; repeated here
+/* OpenBLAS' own control (declared in its cblas.h on Debian; repeated here
  * in case another cblas.h is found first). */
 extern void openblas_set_num_threads(int n);
+extern int openblas_get_num_threads(void);
 
-/* ------------------------------------------------------------ thread pool */
-
-typedef void (*task_fn)(void *arg, int64_t i);
-
-typedef struct pool {
-    int n;              /* threads including the caller */
-    pthread_t *th;
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    uint64_t gen;       /* bumped for every job */
-    int busy;           /* workers still in the current job */
-    int quit;
-    task_fn fn;
-    void *arg;
-    int64_t n_tasks;
-    atomic_llong next;
-} pool;
-
-static void pool_run_tasks(pool *p)
+/* Every sgemm runs inside the pool, one per thread: OpenBLAS must not start
+ * its own threads (a program may have changed its count since). */
+static void blas_single(void)
 {
-    for (;;) {
-        int64_t i = atomic_fetch_add(&p->next, 1);
-        if (i >= p->n_tasks)
-            break;
-        p->fn(p->arg, i);
-    }
+    if (openblas_get_num_threads() != 1)
+        openblas_set_num_threads(1);
 }
 
-static void *pool_main(void *arg)
-{
-    pool *p = arg;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (p->gen == seen && !p->quit)
-            pthread_cond_wait(&p->go, &p->mu);
-        if (p->quit)
-            break;
-        seen = p->gen;
-        pthread_mutex_unlock(&p->mu);
-        pool_run_tasks(p);
-        pthread_mutex_lock(&p->mu);
-        if (--p->busy == 0)
-            pthread_cond_signal(&p->done);
-    }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
-}
+enum {
+    MM_SMALL = 4,     /* up to this many rows: the quantized dot kernels */
+    PANEL_MAX = 128,  /* weight rows per sgemm panel */
+    ATT_KB = 256,     /* keys per attention tile */
+    ATT_M = 256,      /* query (row, head) pairs per attention task */
+    ATT_HD = 512,     /* the largest head dimension */
+    ATT_PARTS = 1 << 20, /* floats of split-key partial results */
+};
 
-static pool *pool_new(int n)
-{
-    pool *p = calloc(1, sizeof *p);
-    if (!p)
-        return NULL;
-    p->n = n < 1 ? 1 : n;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->go, NULL);
-    pthread_cond_init(&p->done, NULL);
-    p->th = calloc((size_t)p->n, sizeof *p->th);
-    for (int i = 1; i < p->n; i++)
-        if (pthread_create(&p->th[i], NULL, pool_main, p) != 0)
-            p->n = i; /* run with what we got */
-    return p;
-}
-
-static void pool_free(pool *p)
-{
-    if (!p)
-        return;
-    pthread_mutex_lock(&p->mu);
-    p->quit = 1;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < p->n; i++)
-        pthread_join(p->th[i], NULL);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->go);
-    pthread_cond_destroy(&p->done);
-    free(p->th);
-    free(p);
-}
-
-/* Run fn(arg, i) for i in [0, n_tasks) on all threads; returns when done. */
-static void pool_for(pool *p, task_fn fn, void *arg, int64_t n_tasks)
-{
-    if (p->n == 1 || n_tasks <= 1) {
-        for (int64_t i = 0; i < n_tasks; i++)
-            fn(arg, i);
-        return;
-    }
-    pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->arg = arg;
-    p->n_tasks = n_tasks;
-    atomic_store(&p->next, 0);
-    p->busy = p->n - 1;
-    p->gen++;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
-    pool_run_tasks(p);
-    pthread_mutex_lock(&p->mu);
-    while (p->busy > 0)
-        pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-}
-
-/* ---------------------------------------------------------------- backend */
+typedef struct thread_scratch {
+    float *panel;     /* [PANEL_MAX, max n_in]: grown by weight_new */
+    int64_t panel_in; /* its n_in capacity */
+    float *q, *o;     /* [ATT_M, ATT_HD] */
+    float *k, *v;     /* [ATT_KB, ATT_HD] */
+    float *s;         /* [ATT_M, ATT_KB] */
+    float *mx, *l;    /* [ATT_M] */
+} thread_scratch;
 
 typedef struct cpu_ctx {
-    pool *pool;
+    cb_pool *pool;
     int n_threads;
+    int simd;               /* 0: portable kernels only (tests) */
+    qmm_exp_sum_fn exp_sum; /* softmax's exponentials (NULL: the loop here) */
+    thread_scratch *ts;     /* [n_threads] */
+    float *parts;           /* [ATT_PARTS] split-key partials */
+    pthread_mutex_t grow_mu;
 } cpu_ctx;
 
 struct cb_bweight {
+    cb_type type;
     int64_t n_in, n_out;
-    float *w;    /* [n_out, n_in] */
-    float *bias; /* [n_out] or NULL */
+    const uint8_t *data; /* borrowed: n_out rows of row_bytes */
+    size_t row_bytes;
+    float *bias;         /* [n_out] or NULL */
+    qmm_kernels k;
 };
 
 static cpu_ctx *CTX(cb_backend *b)
@@ -167,50 +100,51 @@ static void cpu_copy(cb_backend *b, void *dst, const void *src, size_t n)
     memcpy(dst, src, n);
 }
 
-typedef struct dq_job {
-    cb_type t;
-    const uint8_t *src;
-    size_t row_bytes;
-    int64_t n_in, n_out;
-    float *dst;
-    int bad;
-} dq_job;
+/* ------------------------------------------------------------ weights */
 
-static void dq_task(void *arg, int64_t i)
+/* Make every thread's sgemm panel hold PANEL_MAX rows of n_in. */
+static int grow_panels(cpu_ctx *c, int64_t n_in)
 {
-    dq_job *j = arg;
-    int64_t r0 = i * 64, r1 = r0 + 64 < j->n_out ? r0 + 64 : j->n_out;
-    for (int64_t r = r0; r < r1; r++)
-        if (cb_dequant_row(j->t, j->src + (size_t)r * j->row_bytes, j->dst + r * j->n_in, j->n_in) != CB_OK)
-            j->bad = 1;
+    int ok = 1;
+    pthread_mutex_lock(&c->grow_mu);
+    for (int t = 0; t < c->n_threads; t++) {
+        thread_scratch *s = &c->ts[t];
+        if (s->panel_in >= n_in)
+            continue;
+        float *p = malloc(sizeof(float) * (size_t)PANEL_MAX * (size_t)n_in);
+        if (!p) {
+            ok = 0;
+            break;
+        }
+        free(s->panel);
+        s->panel = p;
+        s->panel_in = n_in;
+    }
+    pthread_mutex_unlock(&c->grow_mu);
+    return ok;
 }
 
 static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
                                   const float *bias)
 {
+    cpu_ctx *c = CTX(b);
     cb_bweight *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
+    w->type = t;
     w->n_in = n_in;
     w->n_out = n_out;
-    w->w = cpu_alloc(b, sizeof(float) * (size_t)(n_in * n_out));
+    w->data = data;
+    w->row_bytes = cb_type_row_bytes(t, n_in);
+    if (w->row_bytes == 0 || !qmm_select(t, c->simd, &w->k) || !grow_panels(c, n_in))
+        goto fail;
     if (bias) {
-        w->bias = cpu_alloc(b, sizeof(float) * (size_t)n_out);
-        if (w->bias)
-            memcpy(w->bias, bias, sizeof(float) * (size_t)n_out);
+        if (!(w->bias = malloc(sizeof(float) * (size_t)n_out)))
+            goto fail;
+        memcpy(w->bias, bias, sizeof(float) * (size_t)n_out);
     }
-    if (!w->w || (bias && !w->bias))
-        goto fail;
-    dq_job j = {t, data, cb_type_row_bytes(t, n_in), n_in, n_out, w->w, 0};
-    if (j.row_bytes == 0)
-        goto fail;
-    pool_for(CTX(b)->pool, dq_task, &j, (n_out + 63) / 64);
-    if (j.bad)
-        goto fail;
     return w;
 fail:
-    free(w->w);
-    free(w->bias);
     free(w);
     return NULL;
 }
@@ -220,20 +154,63 @@ static void cpu_weight_free(cb_backend *b, cb_bweight *w)
     (void)b;
     if (!w)
         return;
-    free(w->w);
     free(w->bias);
     free(w);
 }
 
+/* ------------------------------------------------------------- matmul */
+
+typedef struct mm_job {
+    cpu_ctx *c;
+    const cb_bweight *w;
+    const float *x;
+    float *y;
+    int64_t n, rows_per_task;
+} mm_job;
+
+/* output rows [i*rows_per_task, ...) for every activation row, QMM_ROWS at a time */
+static void mm_dot_task(void *arg, int64_t i, int tid)
+{
+    const mm_job *j = arg;
+    const cb_bweight *w = j->w;
+    int64_t o0 = i * j->rows_per_task, o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
+    (void)tid;
+    for (int64_t r = 0; r < j->n; r += QMM_ROWS) {
+        int nr = j->n - r < QMM_ROWS ? (int)(j->n - r) : QMM_ROWS;
+        w->k.dot(w->type, w->data, w->row_bytes, w->n_in, j->x + r * w->n_in, w->n_in, nr, o0, o1,
+                 j->y + r * w->n_out, w->n_out);
+    }
+}
+
+/* a panel of weight rows in f32, then y[:, panel] = x . panel^T */
+static void mm_panel_task(void *arg, int64_t i, int tid)
+{
+    const mm_job *j = arg;
+    const cb_bweight *w = j->w;
+    int64_t o0 = i * j->rows_per_task, o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
+    float *p = j->c->ts[tid].panel;
+    w->k.rows(w->type, w->data, w->row_bytes, w->n_in, o0, o1, p);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)(o1 - o0), (int)w->n_in, 1.0f, j->x,
+                (int)w->n_in, p, (int)w->n_in, 0.0f, j->y + o0, (int)w->n_out);
+}
+
 static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
-    (void)b;
-    if (n == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)w->n_out, (int)w->n_in, 1.0f, w->w, (int)w->n_in, x, 1, 0.0f,
-                    y, 1);
+    cpu_ctx *c = CTX(b);
+    int nt = cb_pool_size(c->pool);
+    mm_job j = {c, w, x, y, n, 0};
+    if (n <= MM_SMALL) {
+        /* about 8 tasks a thread, rows in multiples of 4 */
+        int64_t per = (w->n_out + 8 * nt - 1) / (8 * nt);
+        j.rows_per_task = per < 4 ? 4 : (per + 3) / 4 * 4;
+        cb_pool_for(c->pool, mm_dot_task, &j, (w->n_out + j.rows_per_task - 1) / j.rows_per_task);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)w->n_out, (int)w->n_in, 1.0f, x,
-                    (int)w->n_in, w->w, (int)w->n_in, 0.0f, y, (int)w->n_out);
+        blas_single();
+        /* panels of up to PANEL_MAX rows, at least 4 a thread */
+        int64_t per = (w->n_out + 4 * nt - 1) / (4 * nt);
+        per = per < 16 ? 16 : per > PANEL_MAX ? PANEL_MAX : (per + 15) / 16 * 16;
+        j.rows_per_task = per > PANEL_MAX ? PANEL_MAX : per;
+        cb_pool_for(c->pool, mm_panel_task, &j, (w->n_out + j.rows_per_task - 1) / j.rows_per_task);
     }
     if (w->bias)
         for (int64_t i = 0; i < n; i++)
@@ -241,12 +218,15 @@ static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float
                 y[i * w->n_out + o] += w->bias[o];
 }
 
+/* rows of an embedding table, decoded by the reference decoder (exact) */
 static void cpu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++)
-        memcpy(dst + i * w->n_in, w->w + (int64_t)ids[i] * w->n_in, sizeof(float) * (size_t)w->n_in);
+        cb_dequant_row(w->type, w->data + (size_t)ids[i] * w->row_bytes, dst + i * w->n_in, w->n_in);
 }
+
+/* ------------------------------------------------------ elementwise ops */
 
 static void cpu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps)
 {
@@ -376,113 +356,255 @@ static inline float exp_neg(float x)
     return p * scale;
 }
 
-/* Attention work is split into (head, block of ATT_BLOCK query rows) tasks;
- * each computes S = Q K^T with sgemm over keys 0..max position in the block,
- * masks keys past each row's own position, softmaxes, and O = P V. */
-#define ATT_BLOCK 64
+/* ---------------------------------------------------------- attention */
 
+/* A task: the query rows [i0, i1) for heads [h0, h1) (all sharing KV head
+ * hk), over keys [ka, kb) of one split; rows are (row, head) pairs,
+ * r = (i - i0) * nh + (h - h0). */
 typedef struct att_job {
+    cpu_ctx *c;
     const float *q;
     const int32_t *pos;
     int64_t n;
-    const float *k, *v; /* f32 [n_keys, n_head_kv*hd] */
-    int n_head, n_head_kv, hd;
+    const void *k, *v;
+    cb_type t;
+    int n_head, n_head_kv, hd, window;
     float scale;
-    int window; /* > 0: keys pos-window+1 .. pos only */
     float *out;
-    int64_t n_blocks;
-    int64_t n_keys;
+    int nh, n_hsub;     /* heads per task, head subgroups per KV head */
+    int64_t mq, n_qb;   /* query rows per task, query blocks */
+    int n_split;        /* key splits (1: no partials) */
+    int32_t kmin, kmax; /* the keys any row sees: [kmin, kmax) */
 } att_job;
 
-/* O3: gcc 12 -O2 only vectorizes loops of known trip count; the softmax loops need it */
-__attribute__((optimize("O3"))) static void att_task(void *arg, int64_t task)
+__attribute__((optimize("O3"))) static float dot_f(const float *restrict a, const float *restrict b, int n)
 {
-    att_job *j = arg;
-    int h = (int)(task / j->n_blocks);
-    int64_t i0 = (task % j->n_blocks) * ATT_BLOCK, i1 = i0 + ATT_BLOCK < j->n ? i0 + ATT_BLOCK : j->n;
-    int kvh = h / (j->n_head / j->n_head_kv);
-    int ldq = j->n_head * j->hd, ldk = j->n_head_kv * j->hd;
-    int32_t maxp = 0;
-    for (int64_t i = i0; i < i1; i++)
-        if (j->pos[i] > maxp)
-            maxp = j->pos[i];
-    int64_t nk = (int64_t)maxp + 1, m = i1 - i0;
-    float *s = malloc(sizeof(float) * (size_t)(m * nk));
-    if (!s)
-        abort(); /* a few hundred KB: treat like a stack overflow */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk, j->hd, j->scale, j->q + i0 * ldq + h * j->hd,
-                ldq, j->k + kvh * j->hd, ldk, 0.0f, s, (int)nk);
-    for (int64_t r = 0; r < m; r++) {
-        float *row = s + r * nk;
-        int64_t lim = (int64_t)j->pos[i0 + r] + 1;
-        int64_t lo = j->window > 0 && lim > j->window ? lim - j->window : 0;
-        float mx = -INFINITY, sum = 0;
-        for (int64_t c = 0; c < lo; c++)
-            row[c] = 0.0f;
-        row += lo;
-        lim -= lo;
-        for (int64_t c = 0; c < lim; c++)
-            mx = row[c] > mx ? row[c] : mx;
-        for (int64_t c = 0; c < lim; c++)
-            row[c] = exp_neg(row[c] - mx);
-        for (int64_t c = 0; c < lim; c++)
-            sum += row[c];
-        float inv = 1.0f / sum;
-        for (int64_t c = 0; c < lim; c++)
-            row[c] *= inv;
-        for (int64_t c = lim; c < nk - lo; c++)
-            row[c] = 0.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, j->hd, (int)nk, 1.0f, s, (int)nk, j->v + kvh * j->hd,
-                ldk, 0.0f, j->out + i0 * ldq + h * j->hd, ldq);
-    free(s);
+    float s[8] = {0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++)
+            s[k] += a[j + k] * b[j + k];
+    for (; j < n; j++)
+        s[0] += a[j] * b[j];
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
-typedef struct cvt_job {
-    const void *src;
-    float *dst;
-    int64_t n;
-} cvt_job;
-
-static void cvt_task(void *arg, int64_t i)
+/* rows c0..c1 of KV head hk of a cache into an f32 tile [c1-c0, hd] */
+__attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type t, int64_t width, int hk, int hd,
+                                                      int64_t c0, int64_t c1, float *restrict dst)
 {
-    cvt_job *j = arg;
-    int64_t a = i * 65536, e = a + 65536 < j->n ? a + 65536 : j->n;
-    const _Float16 *s = j->src;
-    for (int64_t x = a; x < e; x++)
-        j->dst[x] = (float)s[x];
+    for (int64_t c = c0; c < c1; c++, dst += hd) {
+        if (t == CB_TYPE_F32) {
+            memcpy(dst, (const float *)cache + c * width + (int64_t)hk * hd, sizeof(float) * (size_t)hd);
+            continue;
+        }
+        const uint16_t *s = (const uint16_t *)cache + c * width + (int64_t)hk * hd;
+        for (int e = 0; e < hd; e++) {
+#ifdef __F16C__
+            _Float16 h;
+            memcpy(&h, &s[e], 2);
+            dst[e] = (float)h;
+#else
+            dst[e] = cb_dq_f16(s[e]);
+#endif
+        }
+    }
+}
+
+/* the online-softmax step for one row of scores s[0..nk) (keys c0..):
+ * keys outside [lo, hi] get probability 0 */
+__attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int64_t nk, int64_t c0, int64_t lo,
+                                                         int64_t hi, float *mx, float *l, float *restrict o, int hd,
+                                                         qmm_exp_sum_fn exp_sum)
+{
+    int64_t a = lo > c0 ? lo - c0 : 0, e = hi + 1 - c0 < nk ? hi + 1 - c0 : nk;
+    if (a >= e) {
+        memset(s, 0, sizeof(float) * (size_t)nk);
+        return;
+    }
+    /* eight running maxima and sums, so that the loops vectorize without
+     * reassociating one sum */
+    float m8[8], s8[8] = {0};
+    int64_t j = a;
+    for (int k = 0; k < 8; k++)
+        m8[k] = *mx;
+    for (; j + 8 <= e; j += 8)
+        for (int k = 0; k < 8; k++)
+            m8[k] = s[j + k] > m8[k] ? s[j + k] : m8[k];
+    float m = m8[0];
+    for (int k = 1; k < 8; k++)
+        m = m8[k] > m ? m8[k] : m;
+    for (; j < e; j++)
+        m = s[j] > m ? s[j] : m;
+    if (m > *mx) {
+        float alpha = *mx == -INFINITY ? 0.0f : exp_neg(*mx - m);
+        *l *= alpha;
+        for (int d = 0; d < hd; d++)
+            o[d] *= alpha;
+        *mx = m;
+    }
+    for (j = 0; j < a; j++)
+        s[j] = 0;
+    for (j = e; j < nk; j++)
+        s[j] = 0;
+    if (exp_sum) {
+        *l += exp_sum(s + a, e - a, m);
+        return;
+    }
+    for (j = a; j + 8 <= e; j += 8)
+        for (int k = 0; k < 8; k++) {
+            float p = exp_neg(s[j + k] - m);
+            s[j + k] = p;
+            s8[k] += p;
+        }
+    float sum = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
+    for (; j < e; j++) {
+        s[j] = exp_neg(s[j] - m);
+        sum += s[j];
+    }
+    *l += sum;
+}
+
+__attribute__((optimize("O3"))) static void axpy(float *restrict o, float p, const float *restrict v, int n)
+{
+    for (int d = 0; d < n; d++)
+        o[d] += p * v[d];
+}
+
+static void att_task(void *arg, int64_t task, int tid)
+{
+    const att_job *j = arg;
+    thread_scratch *ts = &j->c->ts[tid];
+    int sp = (int)(task % j->n_split);
+    int64_t rest = task / j->n_split, qb = rest % j->n_qb;
+    int hs = (int)(rest / j->n_qb % j->n_hsub), hk = (int)(rest / j->n_qb / j->n_hsub);
+    int hd = j->hd, G = j->n_head / j->n_head_kv;
+    int h0 = hk * G + hs * j->nh, h1 = h0 + j->nh < (hk + 1) * G ? h0 + j->nh : (hk + 1) * G, nh = h1 - h0;
+    int64_t i0 = qb * j->mq, i1 = i0 + j->mq < j->n ? i0 + j->mq : j->n, M = (i1 - i0) * nh;
+    int64_t ldq = (int64_t)j->n_head * hd, width = (int64_t)j->n_head_kv * hd;
+    int64_t span = j->kmax - j->kmin;
+    int64_t ka = j->kmin + span * sp / j->n_split, kb = j->kmin + span * (sp + 1) / j->n_split;
+    int64_t lo_all = INT64_MAX, hi_all = -1;
+
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+        lo_all = lo < lo_all ? lo : lo_all;
+        hi_all = j->pos[i] > hi_all ? j->pos[i] : hi_all;
+        for (int h = h0; h < h1; h++) {
+            int64_t r = (i - i0) * nh + (h - h0);
+            const float *src = j->q + i * ldq + (int64_t)h * hd;
+            for (int e = 0; e < hd; e++)
+                ts->q[r * hd + e] = src[e] * j->scale;
+            ts->mx[r] = -INFINITY;
+            ts->l[r] = 0;
+            memset(ts->o + r * hd, 0, sizeof(float) * (size_t)hd);
+        }
+    }
+    ka = ka > lo_all ? ka : lo_all;
+    kb = kb < hi_all + 1 ? kb : hi_all + 1;
+    for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
+        int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;
+        load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k);
+        if (M >= 8) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)nk, hd, 1.0f, ts->q, hd, ts->k, hd,
+                        0.0f, ts->s, ATT_KB);
+        } else {
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t c = 0; c < nk; c++)
+                    ts->s[r * ATT_KB + c] = dot_f(ts->q + r * hd, ts->k + c * hd, hd);
+        }
+        for (int64_t r = 0; r < M; r++) {
+            int64_t i = i0 + r / nh;
+            int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+            softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
+                         j->c->exp_sum);
+        }
+        load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v);
+        if (M >= 8) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, hd, (int)nk, 1.0f, ts->s, ATT_KB, ts->v,
+                        hd, 1.0f, ts->o, hd);
+        } else {
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t c = 0; c < nk; c++)
+                    if (ts->s[r * ATT_KB + c] != 0.0f)
+                        axpy(ts->o + r * hd, ts->s[r * ATT_KB + c], ts->v + c * hd, hd);
+        }
+    }
+    for (int64_t r = 0; r < M; r++) {
+        int64_t i = i0 + r / nh;
+        int h = h0 + (int)(r % nh);
+        if (j->n_split == 1) {
+            float inv = 1.0f / ts->l[r];
+            for (int e = 0; e < hd; e++)
+                j->out[i * ldq + (int64_t)h * hd + e] = ts->o[r * hd + e] * inv;
+        } else {
+            float *p = j->c->parts + ((i * j->n_head + h) * j->n_split + sp) * (hd + 2);
+            p[0] = ts->mx[r];
+            p[1] = ts->l[r];
+            memcpy(p + 2, ts->o + r * hd, sizeof(float) * (size_t)hd);
+        }
+    }
+}
+
+/* out = the splits' partial results combined (each: max, sum, o) */
+static void att_merge(const att_job *j)
+{
+    int hd = j->hd;
+    int64_t ldq = (int64_t)j->n_head * hd;
+    for (int64_t i = 0; i < j->n; i++)
+        for (int h = 0; h < j->n_head; h++) {
+            const float *p = j->c->parts + (i * j->n_head + h) * j->n_split * (hd + 2);
+            float m = -INFINITY, l = 0;
+            float *o = j->out + i * ldq + (int64_t)h * hd;
+            for (int s = 0; s < j->n_split; s++)
+                m = p[s * (hd + 2)] > m ? p[s * (hd + 2)] : m;
+            memset(o, 0, sizeof(float) * (size_t)hd);
+            for (int s = 0; s < j->n_split; s++) {
+                const float *ps = p + s * (hd + 2);
+                if (ps[0] == -INFINITY)
+                    continue;
+                float a = exp_neg(ps[0] - m);
+                l += a * ps[1];
+                axpy(o, a, ps + 2, hd);
+            }
+            float inv = 1.0f / l;
+            for (int e = 0; e < hd; e++)
+                o[e] *= inv;
+        }
 }
 
 static void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
                           cb_type t, int n_head, int n_head_kv, int hd, float scale, int window, float *out)
 {
     cpu_ctx *c = CTX(b);
-    int32_t maxp = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (pos[i] > maxp)
-            maxp = pos[i];
-    int64_t n_keys = (int64_t)maxp + 1, width = (int64_t)n_head_kv * hd;
-    const float *kf = k, *vf = v;
-    float *tmp = NULL;
-    if (t != CB_TYPE_F32) {
-        tmp = malloc(sizeof(float) * (size_t)(2 * n_keys * width));
-        if (!tmp)
-            abort();
-        cvt_job ck = {k, tmp, n_keys * width}, cv = {v, tmp + n_keys * width, n_keys * width};
-        pool_for(c->pool, cvt_task, &ck, (ck.n + 65535) / 65536);
-        pool_for(c->pool, cvt_task, &cv, (cv.n + 65535) / 65536);
-        kf = tmp;
-        vf = tmp + n_keys * width;
+    int nt = cb_pool_size(c->pool), G = n_head / n_head_kv;
+    att_job j = {.c = c, .q = q, .pos = pos, .n = n, .k = k, .v = v, .t = t, .n_head = n_head,
+                 .n_head_kv = n_head_kv, .hd = hd, .window = window, .scale = scale, .out = out};
+    j.nh = G < ATT_M ? G : ATT_M;
+    j.n_hsub = (G + j.nh - 1) / j.nh;
+    j.mq = ATT_M / j.nh;
+    j.n_qb = (n + j.mq - 1) / j.mq;
+    j.kmin = INT32_MAX;
+    j.kmax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t lo = window > 0 && pos[i] >= window ? pos[i] - window + 1 : 0;
+        j.kmin = lo < j.kmin ? lo : j.kmin;
+        j.kmax = pos[i] + 1 > j.kmax ? pos[i] + 1 : j.kmax;
     }
-    att_job j = {q,     pos, n,   kf, vf, n_head, n_head_kv, hd, scale, window,
-                 out, (n + ATT_BLOCK - 1) / ATT_BLOCK, n_keys};
-    /* Tasks run concurrently on the pool: each sgemm must be single-threaded. */
-    if (c->n_threads > 1)
-        openblas_set_num_threads(1);
-    pool_for(c->pool, att_task, &j, j.n_blocks * n_head);
-    if (c->n_threads > 1)
-        openblas_set_num_threads(c->n_threads);
-    free(tmp);
+    /* few tasks and many keys (decode): split the keys too */
+    int64_t tasks = (int64_t)n_head_kv * j.n_hsub * j.n_qb;
+    j.n_split = 1;
+    if (tasks < 4 * nt && j.kmax - j.kmin >= 2 * ATT_KB) {
+        int64_t want = (4 * nt + tasks - 1) / tasks, most = (j.kmax - j.kmin) / ATT_KB;
+        int64_t fit = ATT_PARTS / (n * n_head * (int64_t)(hd + 2));
+        want = want < most ? want : most;
+        want = want < fit ? want : fit;
+        j.n_split = want > 1 ? (int)want : 1;
+    }
+    blas_single();
+    cb_pool_for(c->pool, att_task, &j, tasks * j.n_split);
+    if (j.n_split > 1)
+        att_merge(&j);
 }
 
 static void cpu_gather(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst)
@@ -523,42 +645,81 @@ static void cpu_deviation(cb_backend *b, const float *src, const void *cache, cb
     }
 }
 
-typedef struct ranked {
-    float v;
-    int32_t i;
-} ranked;
-
-static int by_value_desc(const void *a, const void *b)
+/* a ranks before b: larger value, then lower index; NaN after numbers */
+static int ranks_before(const float *x, int32_t a, int32_t b)
 {
-    const ranked *x = a, *y = b; /* indices differ: never equal */
-    return cb_op_topk_before(x->v, x->i, y->v, y->i) ? -1 : 1;
+    return cb_op_topk_before(x[a], a, x[b], b); /* NaN last, as on CUDA */
 }
 
+/* sift h[i] down a heap of n whose root ranks last */
+static void sift_down(const float *x, int32_t *h, int64_t n, int64_t i)
+{
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n)
+            return;
+        if (c + 1 < n && ranks_before(x, h[c], h[c + 1]))
+            c++;
+        if (!ranks_before(x, h[i], h[c]))
+            return;
+        int32_t t = h[i];
+        h[i] = h[c];
+        h[c] = t;
+        i = c;
+    }
+}
+
+/* The k best in idx itself, kept as a heap whose root is the worst of them,
+ * then sorted best first: O(n log k) and no scratch. */
 static void cpu_topk(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx)
 {
     (void)b;
-    ranked *r = malloc(sizeof(ranked) * (size_t)(n ? n : 1));
-    if (!r)
-        abort(); /* n floats' worth: treat like a stack overflow */
-    for (int64_t i = 0; i < n; i++)
-        r[i] = (ranked){x[i], (int32_t)i};
-    qsort(r, (size_t)n, sizeof *r, by_value_desc);
-    for (int64_t i = 0; i < k && i < n; i++)
-        idx[i] = r[i].i;
-    free(r);
+    k = k < n ? k : n;
+    if (k <= 0)
+        return;
+    for (int64_t i = 0; i < n; i++) {
+        if (i < k) {
+            int64_t c = i; /* sift up */
+            idx[c] = (int32_t)i;
+            while (c > 0 && ranks_before(x, idx[(c - 1) / 2], idx[c])) {
+                int32_t t = idx[c];
+                idx[c] = idx[(c - 1) / 2];
+                idx[(c - 1) / 2] = t;
+                c = (c - 1) / 2;
+            }
+        } else if (ranks_before(x, (int32_t)i, idx[0])) {
+            idx[0] = (int32_t)i;
+            sift_down(x, idx, k, 0);
+        }
+    }
+    for (int64_t m = k - 1; m > 0; m--) { /* the worst goes last */
+        int32_t t = idx[0];
+        idx[0] = idx[m];
+        idx[m] = t;
+        sift_down(x, idx, m, 0);
+    }
 }
 
 static void cpu_free(cb_backend *b)
 {
     if (!b)
         return;
-    pool_free(CTX(b)->pool);
-    free(b->ctx);
+    cpu_ctx *c = CTX(b);
+    cb_pool_free(c->pool);
+    for (int t = 0; c->ts && t < c->n_threads; t++) {
+        thread_scratch *s = &c->ts[t];
+        free(s->panel), free(s->q), free(s->o), free(s->k), free(s->v), free(s->s), free(s->mx), free(s->l);
+    }
+    free(c->ts);
+    free(c->parts);
+    pthread_mutex_destroy(&c->grow_mu);
+    free(c);
     free(b);
 }
 
 static const cb_backend_ops cpu_ops = {
     .name = "cpu",
+    .max_head_dim = ATT_HD,
     .free = cpu_free,
     .alloc = cpu_alloc,
     .dealloc = cpu_dealloc,
@@ -583,7 +744,7 @@ static const cb_backend_ops cpu_ops = {
     .topk = cpu_topk,
 };
 
-cb_backend *cb_backend_cpu_new(int n_threads)
+cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
 {
     cb_backend *b = calloc(1, sizeof *b);
     cpu_ctx *c = calloc(1, sizeof *c);
@@ -596,17 +757,44 @@ cb_backend *cb_backend_cpu_new(int n_threads)
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
     }
-    c->n_threads = n_threads;
-    c->pool = pool_new(n_threads);
-    if (!c->pool) {
-        free(b);
-        free(c);
-        return NULL;
-    }
-    openblas_set_num_threads(n_threads);
+    pthread_mutex_init(&c->grow_mu, NULL);
     b->ops = &cpu_ops;
     b->ctx = c;
+    c->simd = simd;
+    c->exp_sum = qmm_exp_sum(simd);
+    c->pool = cb_pool_new(n_threads);
+    if (!c->pool)
+        goto fail;
+    c->n_threads = n_threads = cb_pool_size(c->pool);
+    /* calloc: pages are only resident once touched (a small head dimension
+     * touches a corner of each tile) */
+    c->ts = calloc((size_t)n_threads, sizeof *c->ts);
+    c->parts = calloc(ATT_PARTS, sizeof(float));
+    if (!c->ts || !c->parts)
+        goto fail;
+    for (int t = 0; t < n_threads; t++) {
+        thread_scratch *s = &c->ts[t];
+        s->q = calloc((size_t)ATT_M * ATT_HD, sizeof(float));
+        s->o = calloc((size_t)ATT_M * ATT_HD, sizeof(float));
+        s->k = calloc((size_t)ATT_KB * ATT_HD, sizeof(float));
+        s->v = calloc((size_t)ATT_KB * ATT_HD, sizeof(float));
+        s->s = calloc((size_t)ATT_M * ATT_KB, sizeof(float));
+        s->mx = calloc(ATT_M, sizeof(float));
+        s->l = calloc(ATT_M, sizeof(float));
+        if (!s->q || !s->o || !s->k || !s->v || !s->s || !s->mx || !s->l)
+            goto fail;
+    }
+    blas_single();
     b->n_threads = n_threads;
-    snprintf(b->desc, sizeof b->desc, "cpu (%d thread%s)", n_threads, n_threads == 1 ? "" : "s");
+    snprintf(b->desc, sizeof b->desc, "cpu (%d thread%s, %s kernels)", n_threads, n_threads == 1 ? "" : "s",
+             qmm_isa(simd));
     return b;
+fail:
+    cpu_free(b);
+    return NULL;
+}
+
+cb_backend *cb_backend_cpu_new(int n_threads)
+{
+    return cb_backend_cpu_new_ex(n_threads, 1);
 }

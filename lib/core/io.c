@@ -76,11 +76,44 @@ static int fsync_parent(const char *path)
     return rc;
 }
 
+cb_status cb_fd_write_all(int fd, const void *data, size_t size, const char *what, cb_error *err)
+{
+    const uint8_t *p = data;
+    while (size > 0) {
+        ssize_t w = write(fd, p, size);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return cb_error_set(err, CB_ERR_IO, "%s: write: %s", what, strerror(errno));
+        }
+        p += w;
+        size -= (size_t)w;
+    }
+    return CB_OK;
+}
+
+typedef struct buf_emit {
+    const void *data;
+    size_t size;
+    const char *what;
+} buf_emit;
+
+static cb_status emit_buffer(void *ctx, int fd, cb_error *err)
+{
+    buf_emit *b = ctx;
+    return cb_fd_write_all(fd, b->data, b->size, b->what, err);
+}
+
 cb_status cb_file_write_atomic(const char *path, const void *data, size_t size, cb_error *err)
+{
+    buf_emit b = {data, size, path};
+    return cb_file_write_atomic_fn(path, emit_buffer, &b, err);
+}
+
+cb_status cb_file_write_atomic_fn(const char *path, cb_emit_fn emit, void *ctx, cb_error *err)
 {
     size_t n = strlen(path);
     char *tmp = malloc(n + 32);
-    const uint8_t *p = data;
     cb_status st = CB_OK;
     int fd;
 
@@ -96,17 +129,8 @@ cb_status cb_file_write_atomic(const char *path, const void *data, size_t size, 
         return cb_error_set(err, CB_ERR_CREATE, "%s: cannot create temporary file: %s", path,
                             strerror(e));
     }
-    while (size > 0) {
-        ssize_t w = write(fd, p, size);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            st = cb_error_set(err, CB_ERR_IO, "%s: write: %s", tmp, strerror(errno));
-            goto fail;
-        }
-        p += w;
-        size -= (size_t)w;
-    }
+    if ((st = emit(ctx, fd, err)) != CB_OK)
+        goto fail;
     if (fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
         st = cb_error_set(err, CB_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
         goto fail;

@@ -92,6 +92,13 @@ void cb_mmap_close(cb_mmap *m);
  * it was and the temporary file is removed.  Errors: CB_ERR_CREATE, CB_ERR_IO. */
 cb_status cb_file_write_atomic(const char *path, const void *data, size_t size,
                                cb_error *err);
+/* The same for content produced piece by piece: emit(ctx, fd, err) writes
+ * it to fd (cb_fd_write_all) and returns CB_OK, or an error with err set. */
+typedef cb_status (*cb_emit_fn)(void *ctx, int fd, cb_error *err);
+cb_status cb_file_write_atomic_fn(const char *path, cb_emit_fn emit, void *ctx, cb_error *err);
+/* write(2) all of data to fd, retrying on EINTR.  Errors: CB_ERR_IO (err
+ * names `what`). */
+cb_status cb_fd_write_all(int fd, const void *data, size_t size, const char *what, cb_error *err);
 
 /* ---------------------------------------------------------- tensor types */
 
@@ -285,9 +292,19 @@ cb_status cb_gguf_writer_set_arr_str(cb_gguf_writer *w, const char *key,
 cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type t,
                                     uint32_t n_dims, const int64_t *ne,
                                     const void *data);
-/* Serialize into a malloc'd buffer (caller frees). */
+/* Add a tensor whose bytes are produced when the file is written, rows
+ * [row0, row0 + n) at a time into dst (fill returns nonzero on failure), so
+ * that a file larger than memory can be written.  ne as for add_tensor. */
+typedef int (*cb_gguf_fill_fn)(void *ctx, int64_t row0, int64_t n, void *dst);
+cb_status cb_gguf_writer_add_tensor_fn(cb_gguf_writer *w, const char *name, cb_type t,
+                                       uint32_t n_dims, const int64_t *ne,
+                                       cb_gguf_fill_fn fill, void *ctx);
+/* Serialize into a malloc'd buffer (caller frees).  Errors: CB_ERR_NOMEM,
+ * CB_ERR_INVALID (a tensor added with add_tensor_fn: use save). */
 cb_status cb_gguf_writer_bytes(const cb_gguf_writer *w, void **buf, size_t *size);
-/* Write atomically to path.  Errors: CB_ERR_CREATE, CB_ERR_IO, CB_ERR_NOMEM. */
+/* Write atomically to path, streaming the tensors (a few MB of memory
+ * beyond the writer's own).  Errors: CB_ERR_CREATE, CB_ERR_IO, CB_ERR_NOMEM,
+ * CB_ERR_INVALID (a fill callback failed). */
 cb_status cb_gguf_writer_save(const cb_gguf_writer *w, const char *path, cb_error *err);
 
 /* ------------------------------------------------------------- tokenizer */
@@ -479,8 +496,13 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
  *                  attention of each over cache positions <= its own (an
  *                  exact causal mask), the MLP; other rows are left as they are
  *   cb_fwd_logits  final norm and output projection for chosen rows
- * A cb_fwd allocates all its scratch at creation; the calls allocate only
- * transient attention scratch. */
+ * A cb_fwd allocates all its scratch at creation (logits are computed
+ * eight rows at a time into a buffer of their own), and the CPU backend
+ * sizes its scratch when it is created and when a model's weights are
+ * loaded: on the CPU, embed, layer, logits, deviation and cb_model_eval
+ * allocate nothing.  (The CUDA backend takes some per-call scratch from its
+ * stream-ordered pool; the cache transfers cb_kvcache_read, _write and
+ * _load stage their rows in a buffer of their own per call.) */
 typedef struct cb_fwd cb_fwd;
 
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max);

@@ -143,11 +143,16 @@ cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos
 
 /* -------------------------------------------------------------- forward */
 
+/* Rows of logits computed at a time (cb_fwd_logits loops over chunks): the
+ * buffer is [FWD_LOGIT_ROWS, n_vocab], not [n_max, n_vocab]. */
+#define FWD_LOGIT_ROWS 8
+
 struct cb_fwd {
     const cb_model *m;
     int32_t n_max, n;   /* capacity, rows embedded */
     int32_t *pos;       /* host [n_max] */
     int32_t *sel_pos;   /* host [n_max]: positions of the selected rows */
+    int32_t *eval_pos;  /* host [n_max]: cb_model_eval's positions */
     /* backend buffers */
     float *x;           /* [n_max, d] hidden state of every embedded row */
     float *xs;          /* [n_max, d] the selected rows, compacted */
@@ -155,6 +160,8 @@ struct cb_fwd {
     float *q, *att;     /* [n_max, H*hd] */
     float *k, *v;       /* [n_max, Hkv*hd] */
     float *g, *u;       /* [n_max, n_ff] */
+    float *logits;      /* [min(n_max, FWD_LOGIT_ROWS), n_vocab] */
+    float *dev;         /* [n_max] deviations */
 };
 
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
@@ -173,6 +180,7 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     f->n_max = n_max;
     f->pos = calloc((size_t)n_max, sizeof *f->pos);
     f->sel_pos = calloc((size_t)n_max, sizeof *f->sel_pos);
+    f->eval_pos = calloc((size_t)n_max, sizeof *f->eval_pos);
 #define B(field, cols) f->field = be->ops->alloc(be, sizeof(float) * (size_t)n_max * (size_t)(cols))
     B(x, d);
     B(xs, d);
@@ -183,9 +191,12 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     B(v, dkv);
     B(g, hp->n_ff);
     B(u, hp->n_ff);
+    f->logits = be->ops->alloc(be, sizeof(float) * (size_t)(n_max < FWD_LOGIT_ROWS ? n_max : FWD_LOGIT_ROWS) *
+                                       (size_t)hp->n_vocab);
+    B(dev, 1);
 #undef B
-    if (!f->pos || !f->sel_pos || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k || !f->v || !f->g ||
-        !f->u) {
+    if (!f->pos || !f->sel_pos || !f->eval_pos || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k ||
+        !f->v || !f->g || !f->u || !f->logits || !f->dev) {
         cb_fwd_free(f);
         return CB_ERR_NOMEM;
     }
@@ -198,11 +209,12 @@ void cb_fwd_free(cb_fwd *f)
     if (!f)
         return;
     cb_backend *be = f->m->be;
-    float *bufs[] = {f->x, f->xs, f->xn, f->q, f->att, f->k, f->v, f->g, f->u};
+    float *bufs[] = {f->x, f->xs, f->xn, f->q, f->att, f->k, f->v, f->g, f->u, f->logits, f->dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->ops->dealloc(be, bufs[i]);
     free(f->pos);
     free(f->sel_pos);
+    free(f->eval_pos);
     free(f);
 }
 
@@ -340,12 +352,13 @@ cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *l
     if (rows)
         be->ops->gather(be, f->x, rows, n, d, f->xs);
     be->ops->rmsnorm(be, rows ? f->xs : f->x, m->output_norm, f->xn, n, d, hp->norm_eps);
-    float *out = be_tmp(be, sizeof(float) * (size_t)n * (size_t)hp->n_vocab);
-    if (!out)
-        return CB_ERR_NOMEM;
-    be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn, out, n);
-    be->ops->download(be, logits, out, sizeof(float) * (size_t)n * (size_t)hp->n_vocab);
-    be->ops->dealloc(be, out);
+    int32_t chunk = f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
+    for (int32_t i = 0; i < n; i += chunk) {
+        int32_t c = n - i < chunk ? n - i : chunk;
+        be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)i * d, f->logits, c);
+        be->ops->download(be, logits + (int64_t)i * hp->n_vocab, f->logits,
+                          sizeof(float) * (size_t)c * (size_t)hp->n_vocab);
+    }
     return CB_OK;
 }
 
@@ -361,35 +374,27 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst)
 cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits)
 {
     const cb_hparams *hp = &f->m->hp;
-    cb_status st;
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)f->n_max);
+    int32_t *pos = f->eval_pos;
 
-    if (!pos)
-        return CB_ERR_NOMEM;
-    if (n < 1 || pos0 < 0 || pos0 > kv->n_ctx - n) {
-        free(pos);
+    if (n < 1 || pos0 < 0 || pos0 > kv->n_ctx - n)
         return CB_ERR_RANGE;
-    }
     for (int32_t done = 0; done < n;) {
         int32_t b = n - done < f->n_max ? n - done : f->n_max;
         for (int32_t i = 0; i < b; i++)
             pos[i] = pos0 + done + i;
-        if ((st = cb_fwd_embed(f, tokens + done, pos, b)) != CB_OK)
-            goto out;
-        for (int32_t l = 0; l < hp->n_layer; l++)
-            if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
-                goto out;
+        cb_status st = cb_fwd_embed(f, tokens + done, pos, b);
+        for (int32_t l = 0; l < hp->n_layer && st == CB_OK; l++)
+            st = cb_fwd_layer(f, kv, l, NULL, 0);
+        if (st != CB_OK)
+            return st;
         done += b;
         if (done == n && logits) {
             int32_t last = b - 1;
             if ((st = cb_fwd_logits(f, &last, 1, logits)) != CB_OK)
-                goto out;
+                return st;
         }
     }
-    st = CB_OK;
-out:
-    free(pos);
-    return st;
+    return CB_OK;
 }
 
 cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k, const float *v,
@@ -474,13 +479,11 @@ cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int w
     st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, which ? QKV_V : QKV_K, &x, &n);
     if (st != CB_OK || n == 0 || k == 0)
         return st;
-    if (!(dev = be_tmp(be, sizeof(float) * (size_t)n)))
-        return CB_ERR_NOMEM;
+    dev = f->dev;
     kv_after_loads(kv, layer);
     be->ops->deviation(be, which ? f->v : f->k, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width,
                        f->sel_pos, n, dev);
     be->ops->topk(be, dev, n, k, top);
-    be->ops->dealloc(be, dev);
     for (int32_t i = 0; i < k; i++) /* indices into rows -> rows */
         top[i] = rows[top[i]];
     return CB_OK;

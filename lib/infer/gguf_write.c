@@ -1,5 +1,7 @@
 /* gguf_write.c - build a GGUF (version 3) file in memory and save it
- * atomically.  Used by the fixture generator and tests; layout as described
+ * atomically, the tensors streamed (those added with a fill callback are
+ * produced a chunk of rows at a time, so files larger than memory can be
+ * written: the 7B-shaped bench fixtures).  Used by the fixture generator and tests; layout as described
  * at the top of gguf.c. */
 #include "cbcore.h"
 
@@ -18,8 +20,10 @@ typedef struct wtensor {
     cb_type type;
     uint32_t n_dims;
     int64_t ne[CB_GGUF_MAX_DIMS];
-    uint8_t *data;
+    uint8_t *data;      /* NULL: produced by fill at save */
     size_t nbytes;
+    cb_gguf_fill_fn fill;
+    void *fill_ctx;
 } wtensor;
 
 struct cb_gguf_writer {
@@ -177,8 +181,8 @@ cb_status cb_gguf_writer_set_arr_str(cb_gguf_writer *w, const char *key, const c
     return put_kv(w, key, CB_GGUF_ARRAY, b, len);
 }
 
-cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims,
-                                    const int64_t *ne, const void *data)
+static cb_status add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims, const int64_t *ne,
+                            const void *data, cb_gguf_fill_fn fill, void *ctx)
 {
     wtensor wt = {0};
     size_t rows = 1;
@@ -194,6 +198,8 @@ cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type
     wt.nbytes = cb_type_row_bytes(t, ne[0]) * rows;
     wt.type = t;
     wt.n_dims = n_dims;
+    wt.fill = fill;
+    wt.fill_ctx = ctx;
     if (w->n_t == w->cap_t) {
         size_t nc = w->cap_t ? 2 * w->cap_t : 16;
         wtensor *nt = realloc(w->t, nc * sizeof *nt);
@@ -203,8 +209,9 @@ cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type
         w->cap_t = nc;
     }
     wt.name = strdup(name);
-    wt.data = dup_bytes(data, wt.nbytes);
-    if (!wt.name || !wt.data) {
+    if (data)
+        wt.data = dup_bytes(data, wt.nbytes);
+    if (!wt.name || (data && !wt.data)) {
         free(wt.name);
         free(wt.data);
         return CB_ERR_NOMEM;
@@ -213,12 +220,28 @@ cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type
     return CB_OK;
 }
 
+cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims,
+                                    const int64_t *ne, const void *data)
+{
+    return add_tensor(w, name, t, n_dims, ne, data, NULL, NULL);
+}
+
+cb_status cb_gguf_writer_add_tensor_fn(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims,
+                                       const int64_t *ne, cb_gguf_fill_fn fill, void *ctx)
+{
+    if (!fill)
+        return CB_ERR_INVALID;
+    return add_tensor(w, name, t, n_dims, ne, NULL, fill, ctx);
+}
+
 static size_t pad_to(size_t n, size_t a)
 {
     return (n + a - 1) / a * a;
 }
 
-cb_status cb_gguf_writer_bytes(const cb_gguf_writer *w, void **buf, size_t *size)
+/* The header and tensor infos, padded to the data section: hdr_buf [data_off];
+ * *total is the whole file's size. */
+static cb_status build_header(const cb_gguf_writer *w, uint8_t **buf, size_t *data_off_out, size_t *total_out)
 {
     size_t hdr = 4 + 4 + 8 + 8, data = 0;
     int add_align = w->alignment != 32;
@@ -237,7 +260,7 @@ cb_status cb_gguf_writer_bytes(const cb_gguf_writer *w, void **buf, size_t *size
     }
     size_t data_off = pad_to(hdr, w->alignment);
     size_t total = data_off + pad_to(data, w->alignment);
-    b = calloc(1, total ? total : 1);
+    b = calloc(1, data_off ? data_off : 1);
     if (!b)
         return CB_ERR_NOMEM;
     p = b;
@@ -279,23 +302,111 @@ cb_status cb_gguf_writer_bytes(const cb_gguf_writer *w, void **buf, size_t *size
         PUT(&u32, 4);
         u64 = off;
         PUT(&u64, 8);
-        memcpy(b + data_off + off, t->data, t->nbytes);
         off += t->nbytes;
     }
 #undef PUT
+    *buf = b;
+    *data_off_out = data_off;
+    *total_out = total;
+    return CB_OK;
+}
+
+cb_status cb_gguf_writer_bytes(const cb_gguf_writer *w, void **buf, size_t *size)
+{
+    uint8_t *hdr, *b;
+    size_t data_off, total, off = 0;
+    for (size_t i = 0; i < w->n_t; i++)
+        if (!w->t[i].data)
+            return CB_ERR_INVALID;
+    cb_status st = build_header(w, &hdr, &data_off, &total);
+    if (st != CB_OK)
+        return st;
+    b = calloc(1, total ? total : 1);
+    if (!b) {
+        free(hdr);
+        return CB_ERR_NOMEM;
+    }
+    memcpy(b, hdr, data_off);
+    free(hdr);
+    for (size_t i = 0; i < w->n_t; i++) {
+        off = pad_to(off, w->alignment);
+        memcpy(b + data_off + off, w->t[i].data, w->t[i].nbytes);
+        off += w->t[i].nbytes;
+    }
     *buf = b;
     *size = total;
     return CB_OK;
 }
 
+typedef struct save_ctx {
+    const cb_gguf_writer *w;
+    const char *path;
+} save_ctx;
+
+enum { FILL_CHUNK = 4 << 20 }; /* bytes of rows produced at a time */
+
+static cb_status write_zeros(int fd, size_t n, const char *what, cb_error *err)
+{
+    static const uint8_t zeros[256];
+    cb_status st = CB_OK;
+    while (n > 0 && st == CB_OK) {
+        size_t k = n < sizeof zeros ? n : sizeof zeros;
+        st = cb_fd_write_all(fd, zeros, k, what, err);
+        n -= k;
+    }
+    return st;
+}
+
+/* the header, then each tensor's bytes (own or filled), padded */
+static cb_status emit_file(void *ctx, int fd, cb_error *err)
+{
+    const save_ctx *sc = ctx;
+    const cb_gguf_writer *w = sc->w;
+    uint8_t *hdr, *chunk = NULL;
+    size_t data_off, total, off = 0;
+    cb_status st = build_header(w, &hdr, &data_off, &total);
+    if (st != CB_OK)
+        return cb_error_set(err, st, "%s: out of memory", sc->path);
+    st = cb_fd_write_all(fd, hdr, data_off, sc->path, err);
+    free(hdr);
+    for (size_t i = 0; i < w->n_t && st == CB_OK; i++) {
+        const wtensor *t = &w->t[i];
+        size_t pad = pad_to(off, w->alignment) - off;
+        if ((st = write_zeros(fd, pad, sc->path, err)) != CB_OK)
+            break;
+        off += pad;
+        if (t->data) {
+            st = cb_fd_write_all(fd, t->data, t->nbytes, sc->path, err);
+        } else {
+            size_t rb = cb_type_row_bytes(t->type, t->ne[0]);
+            int64_t rows = (int64_t)(t->nbytes / rb), per = FILL_CHUNK / (int64_t)rb;
+            per = per < 1 ? 1 : per;
+            if (!chunk && !(chunk = malloc((size_t)(per > 1 ? FILL_CHUNK : rb) + rb))) {
+                st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", sc->path);
+                break;
+            }
+            for (int64_t r = 0; r < rows && st == CB_OK; r += per) {
+                int64_t n = rows - r < per ? rows - r : per;
+                if (t->fill(t->fill_ctx, r, n, chunk) != 0)
+                    st = cb_error_set(err, CB_ERR_INVALID, "%s: producing tensor '%s' failed", sc->path, t->name);
+                else
+                    st = cb_fd_write_all(fd, chunk, (size_t)n * rb, sc->path, err);
+            }
+            /* the chunk fits the largest row seen so far only: drop it */
+            free(chunk);
+            chunk = NULL;
+        }
+        off += t->nbytes;
+    }
+    free(chunk);
+    size_t pad = total - data_off - off;
+    if (st == CB_OK)
+        st = write_zeros(fd, pad, sc->path, err);
+    return st;
+}
+
 cb_status cb_gguf_writer_save(const cb_gguf_writer *w, const char *path, cb_error *err)
 {
-    void *buf;
-    size_t size;
-    cb_status st = cb_gguf_writer_bytes(w, &buf, &size);
-    if (st != CB_OK)
-        return cb_error_set(err, st, "%s: out of memory", path);
-    st = cb_file_write_atomic(path, buf, size, err);
-    free(buf);
-    return st;
+    save_ctx sc = {w, path};
+    return cb_file_write_atomic_fn(path, emit_file, &sc, err);
 }

@@ -1,24 +1,47 @@
-"""llama.cpp's prefill and decode speed (llama-cpp-python), measured the way
-bench_engine measures ours: same GGUF, threads, ids, batches of 512."""
+"""llama.cpp's speed on one scenario (llama-cpp-python) and this process's
+peak RSS, measured the way bench_engine measures ours: same GGUF, threads,
+ids, batches of 512.  usage: llamacpp_engine.py MODEL THREADS SCENARIO...
+(scenarios as in bench_engine.c: prefill:L, decode:L:N, batch:B:C)."""
+import resource
 import sys
 import time
 
 from llama_cpp import Llama
 
 model, threads = sys.argv[1], int(sys.argv[2])
-lens = [int(x) for x in sys.argv[3:]] or [512, 1024, 2048, 4096]
-for L in lens:
-    llm = Llama(model_path=model, n_ctx=L + 64, n_batch=512, n_ubatch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
+t_load = time.perf_counter()
+llm = None
+for sc in sys.argv[3:]:
+    kind, *nums = sc.split(":")
+    a, b = int(nums[0]), int(nums[1]) if len(nums) > 1 else 0
+    B = a if kind == "batch" else 0
+    C = b if B else a
+    n_tok = C + (B if B else b)
+    llm = Llama(model_path=model, n_ctx=n_tok + 8, n_batch=max(512, B), n_ubatch=max(512, B),
+                n_threads=threads, n_threads_batch=threads, verbose=False)
+    if t_load is not None:
+        print(f"load_s {time.perf_counter() - t_load:.2f}")
+        t_load = None
     nv = llm.n_vocab()
-    toks = [(i * 7919 + 13) % nv for i in range(L)]
+    toks = [(i * 7919 + 13) % nv for i in range(n_tok + 1)]
     t0 = time.perf_counter()
-    llm.eval(toks)
+    llm.eval(toks[:C])
     dt = time.perf_counter() - t0
-    print(f"prefill_{L}_s {dt:.4f}\nprefill_{L}_tok_s {L / dt:.1f}", flush=True)
-    if L == 512:
+    if kind == "prefill":
+        print(f"prefill_{a}_tok_s {a / dt:.1f}", flush=True)
+    elif kind == "decode":
+        print(f"prefill_{C}_tok_s {C / dt:.1f}", flush=True)
         g0 = time.perf_counter()
-        for i in range(64):
-            llm.eval([toks[-1]])
-        print(f"decode_tok_s {64 / (time.perf_counter() - g0):.1f}", flush=True)
+        for i in range(b):
+            llm.eval([toks[C + i]])
+        print(f"decode_{a}_tok_s {b / (time.perf_counter() - g0):.2f}", flush=True)
+    elif kind == "batch":
+        best = 1e9
+        for _ in range(3):
+            llm.n_tokens = C  # eval() drops the cache past n_tokens
+            g0 = time.perf_counter()
+            llm.eval(toks[C:C + B])
+            best = min(best, time.perf_counter() - g0)
+        print(f"batch_{B}_{C}_ms {best * 1e3:.2f}\nbatch_{B}_{C}_rows_s {B / best:.1f}", flush=True)
     del llm
+print(f"rss_kb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")

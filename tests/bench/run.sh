@@ -31,35 +31,86 @@ echo "== ratios (ours / llama.cpp)"
     || echo "token count DIFFERS: ours $(get "$tmp/ours" tok_tokens), llama.cpp $(get "$tmp/theirs" tok_tokens)"
 awk -v a="$(get "$tmp/ours" tok_mb_s)" -v b="$(get "$tmp/theirs" tok_mb_s)" 'BEGIN { printf "tokenize throughput: %.2f MB/s vs %.2f MB/s = %.2fx\n", a, b, a / b }'
 awk -v a="$(get "$tmp/ours" open_vocab_ms)" -v b="$(get "$tmp/theirs" open_vocab_ms)" 'BEGIN { printf "open + vocab load:   %.1f ms vs %.1f ms = %.2fx faster\n", a, b, b / a }'
-# The engine: prefill at 512..4096 tokens and decode, ours and llama.cpp's,
-# same GGUF, same threads, same ids, in this run.
+# The engine, ours and llama.cpp's, on the same GGUF, threads and ids, in
+# this run; one process per scenario so that each row has its own peak RSS.
 T=${CB_BENCH_THREADS:-$(nproc)}
-LENS=${CB_BENCH_LENGTHS:-512 1024 2048 4096}
-echo "== bench_engine (ours), $T threads"
-"$BUILD/bench/bench_engine" "$M" "$T" $LENS | tee "$tmp/eng_ours"
-echo "== llama.cpp, $T threads"
-"$VENV/bin/python" tests/bench/llamacpp_engine.py "$M" "$T" $LENS | tee "$tmp/eng_theirs"
-echo "== prefill and decode, ours vs llama.cpp"
-printf '| %-10s | %12s | %12s | %7s | %9s |\n' "tokens" "ours tok/s" "llama tok/s" "ratio" "our GFLOP/s"
-printf '|%s|\n' "------------|--------------|--------------|---------|-----------"
-for L in $LENS; do
-    a=$(get "$tmp/eng_ours" "prefill_${L}_tok_s"); b=$(get "$tmp/eng_theirs" "prefill_${L}_tok_s"); g=$(get "$tmp/eng_ours" "prefill_${L}_gflops")
-    awk -v L="$L" -v a="$a" -v b="$b" -v g="$g" 'BEGIN { printf "| prefill %-4s | %12.1f | %12.1f | %6.2fx | %9.1f |\n", L, a, b, a / b, g }'
-done
-a=$(get "$tmp/eng_ours" decode_tok_s); b=$(get "$tmp/eng_theirs" decode_tok_s)
-awk -v a="$a" -v b="$b" 'BEGIN { printf "| decode       | %12.1f | %12.1f | %6.2fx |           |\n", a, b, a / b }'
-echo "machine sgemm (OpenBLAS, 1024^3, $T threads): $(get "$tmp/eng_ours" sgemm_gflops) GFLOP/s"
+SCEN=${CB_BENCH_SCENARIOS:-prefill:512 prefill:2048 prefill:4096 decode:512:32 decode:4096:32 batch:16:2048 batch:48:2048 batch:64:2048 batch:512:2048}
+"$BUILD/bench/bench_engine" "$M" "$T" sgemm > "$tmp/sgemm"
+# engine_rows MODEL TAG SCENARIOS...: both engines on each scenario -> $tmp/TAG.{ours,theirs}
+engine_rows() {
+    model=$1; tag=$2; shift 2
+    : > "$tmp/$tag.ours"; : > "$tmp/$tag.theirs"
+    for sc in "$@"; do
+        "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.ours"
+        "$VENV/bin/python" tests/bench/llamacpp_engine.py "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.theirs"
+    done
+}
+# table TAG SCENARIOS...: one row per figure, ours vs llama.cpp, and peak RSS
+table() {
+    tag=$1; shift
+    printf '| %-22s | %11s | %11s | %6s | %8s | %8s |\n' "$tag" "ours" "llama.cpp" "ratio" "our RSS" "llama RSS"
+    printf '|%s|\n' "------------------------|-------------|-------------|--------|----------|----------"
+    for sc in "$@"; do
+        kind=${sc%%:*}; rest=${sc#*:}; a=${rest%%:*}; b=${rest#*:}
+        case $kind in
+            prefill) keys="prefill_${a}_tok_s" ;;
+            decode) keys="decode_${a}_tok_s"; [ "$tag" = default ] || keys="prefill_${a}_tok_s $keys" ;;
+            batch) keys="batch_${a}_${b}_rows_s" ;;
+        esac
+        ro=$(get "$tmp/$tag.ours" "$sc/rss_kb"); rt=$(get "$tmp/$tag.theirs" "$sc/rss_kb")
+        for k in $keys; do
+            x=$(get "$tmp/$tag.ours" "$sc/$k"); y=$(get "$tmp/$tag.theirs" "$sc/$k")
+            unit=tok/s; case $k in batch*) unit=rows/s ;; esac
+            awk -v k="$k" -v x="${x:-0}" -v y="${y:-0}" -v ro="${ro:-0}" -v rt="${rt:-0}" -v u="$unit" 'BEGIN {
+                sub(/_tok_s$|_rows_s$/, "", k)
+                printf "| %-22s | %11.1f | %11.1f | %5.2fx | %5.0f MB | %5.0f MB |  (%s)\n", k, x, y, (y > 0 ? x / y : 0), ro / 1024, rt / 1024, u }'
+        done
+    done
+}
+echo "== engine: ours vs llama.cpp on $(basename "$M"), $T threads, one process per row"
+# shellcheck disable=SC2086
+engine_rows "$M" default $SCEN
+# shellcheck disable=SC2086
+table default $SCEN
+echo "machine sgemm (OpenBLAS, 1024^3, $T threads): $(get "$tmp/sgemm" sgemm_gflops) GFLOP/s"
+b48=$(get "$tmp/default.ours" batch:48:2048/batch_48_2048_rows_s); b512=$(get "$tmp/default.ours" batch:512:2048/batch_512_2048_rows_s)
+[ -n "$b48" ] && [ -n "$b512" ] && awk -v a="$b48" -v b="$b512" 'BEGIN { printf "48-row batch at %.0f%% of the per-row speed of a 512-row batch (ours; target >= 70%%)\n", 100 * a / b }'
+# Peak RSS of a one-line cb-run on this model, against the target
+# 1.3 x GGUF + KV cache + 64 MB (KV: n_ctx 4096, f16, every layer).
+python3 - "$BINDIR_B/cb-run" "$M" <<'PY'
+import os, resource, subprocess, sys
+cb, m = sys.argv[1], sys.argv[2]
+out = subprocess.run([cb, "-m", m, "--device", "cpu", "-p", "The capital of France is", "-n", "16"],
+                     capture_output=True, text=True)
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(f"cb-run -n 16 peak RSS: {rss / 2**20:.0f} MB (GGUF {os.path.getsize(m) / 2**20:.0f} MB; exit {out.returncode})")
+PY
+# The 7B-shaped random-weight llama (Q4_0 and Q4_K), written by our fixture
+# generator into the temporary directory (never committed): prefill 128, decode 32.
+if [ "${CB_BENCH_7B:-1}" = 1 ]; then
+    for q in q4_0 q4_K; do
+        f7="$tmp/llama7b-$q.gguf"
+        g0=$(date +%s)
+        "$BUILD/tests/cb-gen-fixture" --type "$q" --layers 32 --embd 4096 --ff 11008 --heads 32 --kv-heads 32 \
+            --vocab 32000 --untied --ctx 4096 "$f7"
+        echo "== 7B-shaped $q fixture: $(($(wc -c < "$f7") / 1048576)) MB, written in $(($(date +%s) - g0)) s"
+        engine_rows "$f7" "7b-$q" decode:128:32
+        table "7b-$q" decode:128:32
+        rm -f "$f7"
+    done
+else
+    echo "== 7B-shaped fixtures skipped (CB_BENCH_7B=0)"
+fi
 # The same engine on the GPU, when this machine has one and the CUDA module runs.
 if "$BINDIR_B/cb-run" -m "$M" --device cuda -p x -n 1 >/dev/null 2>"$tmp/cuda.err"; then
-    echo "== bench_engine (ours) on CUDA"
-    CB_BENCH_DEVICE=cuda "$BUILD/bench/bench_engine" "$M" "$T" $LENS | tee "$tmp/eng_cuda"
-    printf '| %-10s | %12s | %12s | %7s |\n' "tokens" "cuda tok/s" "cpu tok/s" "ratio"
-    for L in $LENS; do
-        a=$(get "$tmp/eng_cuda" "prefill_${L}_tok_s"); b=$(get "$tmp/eng_ours" "prefill_${L}_tok_s")
-        awk -v L="$L" -v a="$a" -v b="$b" 'BEGIN { printf "| prefill %-4s | %12.1f | %12.1f | %6.2fx |\n", L, a, b, a / b }'
+    echo "== bench_engine (ours) on CUDA vs ours on the CPU"
+    : > "$tmp/cuda.ours"
+    for sc in $SCEN; do
+        CB_BENCH_DEVICE=cuda "$BUILD/bench/bench_engine" "$M" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/cuda.ours"
     done
-    a=$(get "$tmp/eng_cuda" decode_tok_s); b=$(get "$tmp/eng_ours" decode_tok_s)
-    awk -v a="$a" -v b="$b" 'BEGIN { printf "| decode       | %12.1f | %12.1f | %6.2fx |\n", a, b, a / b }'
+    cp "$tmp/default.ours" "$tmp/cuda.theirs"
+    # shellcheck disable=SC2086
+    table cuda $SCEN | sed 's/llama.cpp/  cpu    /; s/llama RSS/ cpu RSS /'
 else
     echo "== no CUDA run: $(head -c 200 "$tmp/cuda.err")"
 fi

@@ -10,7 +10,8 @@
  *   cb-gen-fixture [--type T] [--arch llama|qwen2|qwen3|gemma3] [--layers N]
  *                  [--embd N] [--ff N] [--heads N] [--kv-heads N] [--head-dim N]
  *                  [--window N] [--rope-scaling none|linear|llama3|yarn]
- *                  [--merges N] [--ctx N] [--seed N] [--vocab-only] OUT.gguf
+ *                  [--merges N] [--ctx N] [--vocab N] [--untied] [--seed N]
+ *                  [--vocab-only] OUT.gguf
  * qwen2 adds Q/K/V biases; qwen3 and gemma3 per-head Q/K norms (and a head
  * dimension of their own, --head-dim, default 2 x embd/heads); gemma3 the
  * post-attention and post-MLP norms, a sliding window (--window, default 8)
@@ -19,6 +20,16 @@
  * llama3 writes rope_freqs.weight as Llama 3.1's converter computes it
  * (factor 8, low 1, high 4, original context 64); linear a scaling factor
  * of 4; yarn a type the engine refuses (for the refusal tests).
+ * --vocab N pads the vocabulary to N tokens with unused filler tokens;
+ * --untied adds an output matrix of its own (llama-7B's shape:
+ * --layers 32 --embd 4096 --ff 11008 --heads 32 --kv-heads 32 --vocab 32000
+ * --untied).
+ *
+ * Large tensors (over 4M elements) are streamed into the file as it is
+ * written: their rows are drawn (by a fixed hash of tensor and row) from a
+ * pool of 256 rows quantized once per row length, so a 4 GB model needs
+ * some MB of memory and seconds of CPU; small tensors, the test fixtures,
+ * are fully random as before.
  */
 #include "cbcore.h"
 
@@ -218,6 +229,63 @@ static float rnd_normal(void)
 
 static cb_gguf_writer *W;
 
+enum { BIG_ELEMS = 4 << 20, POOL_ROWS = 256 };
+
+/* A pool of quantized rows for one (type, row length, scale, offset). */
+typedef struct row_pool {
+    cb_type t;
+    int64_t ne0;
+    float scale, offset;
+    size_t rb;
+    uint8_t *rows; /* [POOL_ROWS, rb] */
+} row_pool;
+
+static row_pool pools[16];
+static int n_pools;
+
+typedef struct big_tensor {
+    const row_pool *pool;
+    uint64_t salt;
+} big_tensor;
+
+static const row_pool *get_pool(cb_type t, int64_t ne0, float scale, float offset)
+{
+    for (int i = 0; i < n_pools; i++)
+        if (pools[i].t == t && pools[i].ne0 == ne0 && pools[i].scale == scale && pools[i].offset == offset)
+            return &pools[i];
+    if (n_pools == (int)(sizeof pools / sizeof pools[0]))
+        die("too many row pools");
+    row_pool *p = &pools[n_pools++];
+    float *f = xrealloc(NULL, (size_t)ne0 * sizeof *f);
+    *p = (row_pool){t, ne0, scale, offset, cb_type_row_bytes(t, ne0), NULL};
+    p->rows = xrealloc(NULL, p->rb * POOL_ROWS);
+    for (int r = 0; r < POOL_ROWS; r++) {
+        for (int64_t j = 0; j < ne0; j++)
+            f[j] = offset + scale * rnd_normal();
+        if (cb_quant_row(t, f, p->rows + (size_t)r * p->rb, ne0) != CB_OK)
+            die("quantization failed");
+    }
+    free(f);
+    return p;
+}
+
+static int fill_big(void *ctx, int64_t row0, int64_t n, void *dst)
+{
+    const big_tensor *b = ctx;
+    uint8_t *d = dst;
+    for (int64_t r = row0; r < row0 + n; r++, d += b->pool->rb) {
+        uint64_t h = ((uint64_t)r + 1) * 0x9E3779B97F4A7C15ull ^ b->salt;
+        h ^= h >> 29;
+        h *= 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 32;
+        memcpy(d, b->pool->rows + (size_t)(h % POOL_ROWS) * b->pool->rb, b->pool->rb);
+    }
+    return 0;
+}
+
+static big_tensor *bigs;
+static int n_bigs, cap_bigs;
+
 static void add_tensor(const char *name, cb_type t, int64_t ne0, int64_t ne1, float scale, float offset)
 {
     int64_t ne[2] = {ne0, ne1};
@@ -230,6 +298,16 @@ static void add_tensor(const char *name, cb_type t, int64_t ne0, int64_t ne1, fl
         fprintf(stderr, "cb-gen-fixture: %s: row of %lld does not fit type %s\n", name, (long long)ne0,
                 cb_type_name(t));
         exit(64);
+    }
+    if (ne0 * ne1 > BIG_ELEMS) {
+        if (n_bigs == cap_bigs) /* the tensors keep pointers: allocate once, generously */
+            die("too many large tensors");
+        big_tensor *b = &bigs[n_bigs++];
+        b->pool = get_pool(t, ne0, scale, offset);
+        b->salt = (uint64_t)n_bigs * 0xD1B54A32D192ED03ull;
+        if (cb_gguf_writer_add_tensor_fn(W, name, t, ne1 == 1 ? 1 : 2, ne, fill_big, b) != CB_OK)
+            die("cannot add tensor");
+        return;
     }
     for (size_t i = 0; i < n; i++)
         f[i] = offset + scale * rnd_normal();
@@ -259,7 +337,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: cb-gen-fixture [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K]\n"
                "         [--arch llama|qwen2|qwen3|gemma3] [--layers N] [--embd N] [--ff N] [--heads N]\n"
                "         [--kv-heads N] [--head-dim N] [--window N] [--rope-scaling none|linear|llama3|yarn]\n"
-               "         [--merges N] [--ctx N] [--seed N] [--vocab-only] OUT.gguf\n"
+               "         [--merges N] [--ctx N] [--vocab N] [--untied] [--seed N] [--vocab-only] OUT.gguf\n"
                "Writes a tiny random-weight model with a real BPE vocabulary.\n"
                "K-quant types need --embd and --ff multiples of 256 (the default then).\n");
 }
@@ -274,10 +352,12 @@ int main(int argc, char **argv)
         {"seed", required_argument, 0, 's'},  {"vocab-only", no_argument, 0, 'V'},
         {"arch", required_argument, 0, 'A'},  {"head-dim", required_argument, 0, 'D'},
         {"window", required_argument, 0, 'W'}, {"rope-scaling", required_argument, 0, 'R'},
+        {"vocab", required_argument, 0, 'v'}, {"untied", no_argument, 0, 'U'},
         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     cb_type wt = CB_TYPE_F32;
     int layers = 0, embd = 0, ff = 0, heads = 4, kv_heads = 2, want_merges = 200, ctx = 512, vocab_only = 0;
     int head_dim = 0, window = 8;
+    int want_vocab = 0, untied = 0;
     uint64_t seed = 42;
     const char *arch = "llama", *scaling = "none";
     int c;
@@ -297,6 +377,8 @@ int main(int argc, char **argv)
         case 'V': vocab_only = 1; break;
         case 'D': head_dim = atoi(optarg); break;
         case 'W': window = atoi(optarg); break;
+        case 'v': want_vocab = atoi(optarg); break;
+        case 'U': untied = 1; break;
         case 'A':
             if (strcmp(optarg, "llama") && strcmp(optarg, "qwen2") && strcmp(optarg, "qwen3") &&
                 strcmp(optarg, "gemma3")) {
@@ -348,6 +430,11 @@ int main(int argc, char **argv)
         add_token(s);
     }
     train_bpe(want_merges, byte_base);
+    for (int i = 0; n_vocab < want_vocab; i++) {
+        char filler[32];
+        snprintf(filler, sizeof filler, "<unused%d>", i);
+        add_token(filler);
+    }
 
     W = cb_gguf_writer_new(32);
     if (!W)
@@ -356,7 +443,7 @@ int main(int argc, char **argv)
     int32_t *types = xrealloc(NULL, (size_t)n_vocab * sizeof *types);
     for (int i = 0; i < n_vocab; i++) {
         texts[i] = vocab[i].text;
-        types[i] = i < byte_base ? 3 /* control */ : 1 /* normal */;
+        types[i] = i < byte_base ? 3 /* control */ : strncmp(vocab[i].text, "<unused", 7) ? 1 /* normal */ : 5;
     }
     int hd = head_dim, dq = heads * hd;
     char k[96];
@@ -398,6 +485,8 @@ int main(int argc, char **argv)
                            "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
                            "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
                            "{{ '<|im_start|>assistant\n' }}{% endif %}");
+    cap_bigs = 8 * layers + 2;
+    bigs = xrealloc(NULL, (size_t)cap_bigs * sizeof *bigs);
     if (!vocab_only) {
         char name[64];
         add_tensor("token_embd.weight", wt, embd, n_vocab, 0.5f, 0.0f);
@@ -424,6 +513,8 @@ int main(int argc, char **argv)
                 die("cannot add tensor");
             free(rf);
         }
+        if (untied)
+            add_tensor("output.weight", wt, embd, n_vocab, 0.15f, 0.0f);
         for (int l = 0; l < layers; l++) {
 #define T(suffix, t, a, b, scale, off)                                                             \
     snprintf(name, sizeof name, "blk.%d." suffix, l);                                              \
@@ -466,5 +557,8 @@ int main(int argc, char **argv)
     free(merges);
     free(texts);
     free(types);
+    free(bigs);
+    for (int i = 0; i < n_pools; i++)
+        free(pools[i].rows);
     return 0;
 }

@@ -1,0 +1,89 @@
+/* qmm.c - the portable kernels of qmm.h and the run-time choice of kernels.
+ *
+ * Portable path: decode a chunk of a weight row with cb_dequant_row (the
+ * reference decoding) into an L1-sized buffer, then dot it with each
+ * activation row using eight partial sums (so that gcc vectorizes the
+ * loop without reassociating a single sum). */
+#include "qmm.h"
+
+#include <string.h>
+
+enum { CHUNK = 1024 }; /* elements: a multiple of every block size */
+
+static float dot8(const float *restrict a, const float *restrict b, int64_t n)
+{
+    float s[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++)
+            s[k] += a[j + k] * b[j + k];
+    for (; j < n; j++)
+        s[0] += a[j] * b[j];
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x, int64_t ldx, int nr,
+               int64_t o0, int64_t o1, float *y, int64_t ldy)
+{
+    float buf[CHUNK];
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *row = w + (size_t)o * row_bytes;
+        float acc[QMM_ROWS] = {0};
+        for (int64_t c0 = 0; c0 < n_in; c0 += CHUNK) {
+            int64_t len = n_in - c0 < CHUNK ? n_in - c0 : CHUNK;
+            cb_dequant_row(t, row + cb_type_row_bytes(t, c0), buf, len);
+            for (int r = 0; r < nr; r++)
+                acc[r] += dot8(buf, x + r * ldx + c0, len);
+        }
+        for (int r = 0; r < nr; r++)
+            y[r * ldy + o] = acc[r];
+    }
+}
+
+void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1, float *dst)
+{
+    for (int64_t o = o0; o < o1; o++)
+        cb_dequant_row(t, w + (size_t)o * row_bytes, dst + (o - o0) * n_in, n_in);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* F16C by CPUID (leaf 1, ECX bit 29): clang's __builtin_cpu_supports does
+ * not know "f16c" */
+static int cpu_has_avx2(void)
+{
+    unsigned a, b, c, d;
+    __builtin_cpu_init();
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 29)))
+        return 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+static int cpu_has_avx2(void) { return 0; }
+int qmm_avx2_get(cb_type t, qmm_kernels *k) { (void)t, (void)k; return 0; }
+float qmm_avx2_exp_sum(float *s, int64_t n, float m) { (void)s, (void)n, (void)m; return 0; }
+#endif
+
+int qmm_select(cb_type t, int simd, qmm_kernels *k)
+{
+    if (!cb_type_is_supported(t))
+        return 0;
+    if (simd && cpu_has_avx2() && qmm_avx2_get(t, k))
+        return 1;
+    k->dot = qmm_dot_c;
+    k->rows = qmm_rows_c;
+    k->isa = "c";
+    return 1;
+}
+
+const char *qmm_isa(int simd)
+{
+    qmm_kernels k;
+    return simd && cpu_has_avx2() && qmm_avx2_get(CB_TYPE_Q4_0, &k) ? "avx2" : "c";
+}
+
+qmm_exp_sum_fn qmm_exp_sum(int simd)
+{
+    return simd && cpu_has_avx2() ? qmm_avx2_exp_sum : NULL;
+}

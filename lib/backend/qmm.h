@@ -1,0 +1,63 @@
+/* qmm.h - products with weight rows kept in their GGUF type (private to the
+ * CPU backend, lib/backend/cpu.c).
+ *
+ * A weight matrix W [n_out, n_in] stays as the GGUF stores it: n_out rows
+ * of row_bytes each (cb_type_row_bytes), blocks of 32 or 256 elements.  Two
+ * kernels per type:
+ *   dot   y[r*ldy + o] = sum_j W[o, j] * x[r*ldx + j] for rows r < nr (at
+ *         most QMM_ROWS) and outputs o in [o0, o1): each weight block is
+ *         decoded once into f32 lanes and multiplied into every row
+ *         (decode and small batches);
+ *   rows  dst [o1-o0, n_in] = W rows o0..o1 in f32 (a panel for sgemm,
+ *         prefill).
+ * Accumulation is f32 (activations stay f32); the decoded weights equal
+ * cb_dequant_row's up to one rounding (a fused multiply-add).
+ *
+ * Two implementations: AVX2+FMA+F16C (qmm_avx2.c, built with those flags
+ * whatever the build's -march) chosen at run time when the CPU has them,
+ * and portable C (qmm.c) otherwise.  No AVX-512 kernels: the machines this
+ * was written on have no AVX-512, and untested kernels are not shipped. */
+#ifndef CB_QMM_H
+#define CB_QMM_H
+
+#include "cbcore.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QMM_ROWS 4
+
+typedef void (*qmm_dot_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x,
+                           int64_t ldx, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
+typedef void (*qmm_rows_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1,
+                            float *dst);
+
+typedef struct qmm_kernels {
+    qmm_dot_fn dot;
+    qmm_rows_fn rows;
+    const char *isa; /* "avx2" or "c" */
+} qmm_kernels;
+
+/* The kernels for type t (one of cb_type_is_supported's); simd 0 forces the
+ * portable ones (tests compare both), 1 picks the best the CPU runs.
+ * Returns 0 for an unsupported type. */
+int qmm_select(cb_type t, int simd, qmm_kernels *k);
+
+/* s[j] = e^(s[j] - m) for j < n (every s[j] <= m); returns their sum.
+ * The AVX2 version when simd and the CPU has it, else NULL (the caller's
+ * own loop). */
+typedef float (*qmm_exp_sum_fn)(float *s, int64_t n, float m);
+qmm_exp_sum_fn qmm_exp_sum(int simd);
+float qmm_avx2_exp_sum(float *s, int64_t n, float m);
+
+/* "avx2" or "c": the kernels qmm_select(t, simd, ...) picks on this CPU. */
+const char *qmm_isa(int simd);
+
+/* The portable kernels (qmm.c) and, when compiled in, the AVX2 ones
+ * (qmm_avx2.c; NULL from qmm_avx2_get for a type it does not cover). */
+void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x, int64_t ldx, int nr,
+               int64_t o0, int64_t o1, float *y, int64_t ldy);
+void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1, float *dst);
+int qmm_avx2_get(cb_type t, qmm_kernels *k);
+
+#endif
