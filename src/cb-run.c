@@ -1,13 +1,11 @@
 /* cb-run - answer a prompt: full prefill, or blend the chunks' cached KV
- * with selective recompute (the prompt, its caches and the generation loop
- * are libcbcore's: cb_prompt_*, cb_blend_prefill, cb_generate); here are
- * the options, the output and the stats.
+ * with selective recompute (prompt, caches and generation are libcbcore's:
+ * cb_prompt_*, cb_blend_prefill, cb_generate); here: options, output, stats.
  *
  *   cb-run [-m MODEL] [-p TEXT | -f FILE | stdin] [--chunks FILE] [--mode M] ...
- *   cb-run --tokenize | --detokenize ... */
+ *   cb-run --tokenize | --detokenize ...  (tokenizer modes: cli_tokenize) */
 #include "cli.h"
 
-#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -135,73 +133,6 @@ enum {
     OPT_MAXRATIO
 };
 
-static int parse_num(const char *opt, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || v < lo || v > hi) {
-        cli_err("%s: '%s' is not a number in [%g, %g]", opt, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* ---------------------------------------------------------- tokenizer */
-
-static int run_tokenizer(int mode, const char *model, const char *in_name, const char *input, size_t len,
-                         int special)
-{
-    cb_gguf *g = NULL;
-    cb_vocab *v = NULL;
-    cb_tokens ids = {0};
-    cb_error err;
-    char *text = NULL;
-    size_t tlen = 0;
-    int code = 0;
-
-    if (cb_gguf_open(&g, model, &err) != CB_OK) {
-        cli_err("%s", err.msg);
-        return cli_exit_code(err.status);
-    }
-    if (cb_vocab_load(&v, g, &err) != CB_OK) {
-        cli_err("%s", err.msg);
-        code = cli_exit_code(err.status);
-        goto done;
-    }
-    cli_info("%s: %s tokenizer, pre-tokenizer %s, %d tokens", model,
-             cb_vocab_kind_of(v) == CB_VOCAB_BPE ? "byte-level BPE" : "SentencePiece BPE", cb_vocab_pre(v),
-             (int)cb_vocab_n_tokens(v));
-    if (mode == OPT_TOKENIZE) {
-        cb_status st = cb_tok_encode(v, input, len, special ? CB_TOK_PARSE_SPECIAL : 0, &ids);
-        if (st != CB_OK) {
-            cli_err("%s: tokenizing failed: %s", in_name, cb_strerror(st));
-            code = cli_exit_code(st);
-            goto done;
-        }
-        for (size_t i = 0; i < ids.n; i++)
-            printf(i ? " %d" : "%d", (int)ids.ids[i]);
-        putchar('\n');
-    } else {
-        if ((code = cli_parse_ids(input, len, in_name, cb_vocab_n_tokens(v), &ids)) != 0)
-            goto done;
-        cb_status st = cb_tok_decode(v, ids.ids, ids.n, special ? CB_DETOK_UNPARSE_SPECIAL : 0, &text, &tlen);
-        if (st != CB_OK) {
-            cli_err("%s: detokenizing failed: %s", in_name, cb_strerror(st));
-            code = cli_exit_code(st);
-            goto done;
-        }
-        fwrite(text, 1, tlen, stdout);
-    }
-done:
-    free(text);
-    cb_tokens_free(&ids);
-    cb_vocab_free(v);
-    cb_gguf_free(g);
-    return code;
-}
-
 /* ---------------------------------------------------------- generation */
 
 typedef struct gen_opts {
@@ -216,38 +147,6 @@ typedef struct gen_opts {
     const char **stops;
     int n_stops;
 } gen_opts;
-
-/* Where generated text goes: stdout (or nowhere) and, for --verify, a
- * copy of all of it. */
-typedef struct sink {
-    FILE *out;   /* or NULL */
-    int collect; /* also keep everything in `all` */
-    char *all;
-    size_t all_len, all_cap;
-} sink;
-
-static cb_status sink_write(void *ctx, const char *p, size_t n)
-{
-    sink *s = ctx;
-    if (s->out) {
-        fwrite(p, 1, n, s->out);
-        fflush(s->out);
-    }
-    if (!s->collect)
-        return CB_OK;
-    if (s->all_len + n + 1 > s->all_cap) {
-        size_t nc = (s->all_len + n + 1) * 2;
-        char *nb = realloc(s->all, nc);
-        if (!nb)
-            return CB_ERR_NOMEM;
-        s->all = nb;
-        s->all_cap = nc;
-    }
-    memcpy(s->all + s->all_len, p, n);
-    s->all_len += n;
-    s->all[s->all_len] = 0;
-    return CB_OK;
-}
 
 static const char *const mode_names[] = {"full", "prefix", "reuse", "blend"};
 static const char *const strategy_names[] = {"hkvd", "sink", "query", "probe", "runs"};
@@ -273,7 +172,7 @@ typedef struct run {
     cb_blend_stats bs;
     cb_gen_params gp;
     cb_gen_result gr;
-    sink sm;
+    cli_sink sm;
     float *logits, *first_logits;
     double t_load, t0, gen_ms;
     const char *ratio_source; /* --ratio auto: controller or fallback */
@@ -440,7 +339,7 @@ static int run_verify(run *r)
     int32_t n_vocab = cb_model_hparams(r->m)->n_vocab;
     cb_blend_params fp = r->bp;
     cb_gen_params gp = r->gp;
-    sink full_sm = {NULL, 1, NULL, 0, 0}, greedy_sm = {NULL, 1, NULL, 0, 0};
+    cli_sink full_sm = {NULL, 1, NULL, 0, 0}, greedy_sm = {NULL, 1, NULL, 0, 0};
     float *vlogits = malloc(sizeof(float) * (size_t)n_vocab);
     double full_ms = 0, kl = 0;
     int top1 = 0;
@@ -471,7 +370,7 @@ static int run_verify(run *r)
         if (st == CB_OK && r->cont.n) {
             if ((st = cb_score(f2, kv2, vlogits, (int32_t)r->total, r->cont.ids, (int32_t)r->cont.n, &fsr)) != CB_OK)
                 cb_error_set(&err, st, "scoring: %s", cb_strerror(st));
-        } else if (st == CB_OK && (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, sink_write,
+        } else if (st == CB_OK && (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, cli_sink_write,
                                              pass ? &greedy_sm : &full_sm, tv, &g2)) != CB_OK)
             cb_error_set(&err, st, "generation: %s", cb_strerror(st));
         cb_fwd_free(f2);
@@ -587,7 +486,7 @@ static int run_answer(run *r)
         fflush(stdout);
         return 0;
     }
-    if ((st = cb_generate(r->f, r->kv, r->logits, (int32_t)r->total, &r->gp, sink_write, &r->sm, r->t0, &r->gr)) !=
+    if ((st = cb_generate(r->f, r->kv, r->logits, (int32_t)r->total, &r->gp, cli_sink_write, &r->sm, r->t0, &r->gr)) !=
         CB_OK) {
         cli_err("generation failed: %s", cb_strerror(st));
         return cli_exit_code(st);
@@ -604,7 +503,7 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
     run r = {.o = o, .bp = o->bp, .gr = {0, 0, "length"}, .ratio_source = "given"};
     int code;
 
-    r.sm = (sink){stdout, o->verify, NULL, 0, 0};
+    r.sm = (cli_sink){stdout, o->verify, NULL, 0, 0};
     r.gp = (cb_gen_params){o->sp, o->n_predict, o->stops, o->n_stops};
     r.rc.pred_load_ms = r.rc.pred_recompute_ms = -1;
     if ((code = run_open(&r)) != 0)
@@ -648,25 +547,13 @@ typedef struct cli_run {
     int mode, special;
 } cli_run;
 
-static int parse_enum(const char *opt, const char *arg, const char *const *names, int n, int *out)
-{
-    for (int i = 0; i < n; i++)
-        if (!strcmp(arg, names[i])) {
-            *out = i;
-            return 0;
-        }
-    cli_err("%s %s: use %s", opt, arg,
-            n == 2 ? "k or v" : n == 5 ? "hkvd, sink, query, probe or runs" : "full, prefix, reuse or blend");
-    return -1;
-}
-
 static int parse_ratios(const char *arg, cb_blend_params *bp)
 {
     char *dup = strdup(arg), *save = NULL;
     double d;
     bp->n_ratios = 0;
     for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (bp->n_ratios == CB_BLEND_MAX_STEPS || parse_num("--ratios", t, 0, 1, &d)) {
+        if (bp->n_ratios == CB_BLEND_MAX_STEPS || cli_parse_num("--ratios", t, 0, 1, &d)) {
             if (bp->n_ratios == CB_BLEND_MAX_STEPS)
                 cli_err("--ratios: at most %d", CB_BLEND_MAX_STEPS);
             free(dup);
@@ -690,7 +577,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     int e;
     switch (c) {
     case OPT_MODE:
-        if (parse_enum("--mode", arg, mode_names, 4, &e))
+        if (cli_parse_enum("--mode", arg, mode_names, 4, &e))
             return -1;
         o->bp.mode = (cb_blend_mode)e;
         o->mode_given = 1;
@@ -700,32 +587,32 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.n_ratios = 1;
         if (!strcmp(arg, "auto"))
             return o->ratio_auto = 1, 0;
-        if (parse_num("--ratio", arg, 0, 1, &d))
+        if (cli_parse_num("--ratio", arg, 0, 1, &d))
             return -1;
         o->bp.ratios[0] = (float)d;
         o->ratio_auto = 0;
         return 0;
-    case OPT_MINRATIO: return parse_num("--min-ratio", arg, 0, 1, &o->min_ratio) ? -1 : (o->min_ratio_given = 1, 0);
-    case OPT_MASS: return parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
-    case OPT_MAXRATIO: return parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
+    case OPT_MINRATIO: return cli_parse_num("--min-ratio", arg, 0, 1, &o->min_ratio) ? -1 : (o->min_ratio_given = 1, 0);
+    case OPT_MASS: return cli_parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
+    case OPT_MAXRATIO: return cli_parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
     case OPT_RATIOS: return parse_ratios(arg, &o->bp);
     case OPT_CHECK:
-        if (parse_num("--check-layer", arg, 1, 4096, &d))
+        if (cli_parse_num("--check-layer", arg, 1, 4096, &d))
             return -1;
         o->bp.check_layer = (int32_t)d;
         return 0;
     case OPT_DEVIATION:
-        if (parse_enum("--deviation", arg, devs, 2, &e))
+        if (cli_parse_enum("--deviation", arg, devs, 2, &e))
             return -1;
         o->bp.deviation_v = e;
         return 0;
     case OPT_STRATEGY:
-        if (parse_enum("--strategy", arg, strategy_names, 5, &e))
+        if (cli_parse_enum("--strategy", arg, strategy_names, 5, &e))
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
     case OPT_SINK:
-        if (parse_num("--sink-tokens", arg, 0, 1024, &d))
+        if (cli_parse_num("--sink-tokens", arg, 0, 1024, &d))
             return -1;
         o->bp.sink_tokens = (int32_t)d;
         return 0;
@@ -764,13 +651,13 @@ static int gen_opt(gen_opts *o, cli_run *cr, int c, const char *arg)
     case 'f': cr->file = arg; return 0;
     case OPT_SYSTEM: o->system = arg; return 0;
     case OPT_RAW: o->raw = 1; return 0;
-    case 'n': return parse_num("-n", arg, 0, 1e9, &d) ? -1 : (o->n_predict = (int)d, 0);
-    case OPT_TEMP: return parse_num("--temp", arg, 0, 100, &d) ? -1 : (o->sp.temp = (float)d, 0);
-    case OPT_TOPK: return parse_num("--top-k", arg, 0, 1e9, &d) ? -1 : (o->sp.top_k = (int32_t)d, 0);
-    case OPT_TOPP: return parse_num("--top-p", arg, 0, 1, &d) ? -1 : (o->sp.top_p = (float)d, 0);
-    case OPT_MINP: return parse_num("--min-p", arg, 0, 1, &d) ? -1 : (o->sp.min_p = (float)d, 0);
-    case 's': return parse_num("--seed", arg, 0, 1.8e19, &d) ? -1 : (o->sp.seed = (uint64_t)d, 0);
-    case 'c': return parse_num("-c", arg, 1, 1 << 24, &d) ? -1 : (o->n_ctx = (int)d, 0);
+    case 'n': return cli_parse_num("-n", arg, 0, 1e9, &d) ? -1 : (o->n_predict = (int)d, 0);
+    case OPT_TEMP: return cli_parse_num("--temp", arg, 0, 100, &d) ? -1 : (o->sp.temp = (float)d, 0);
+    case OPT_TOPK: return cli_parse_num("--top-k", arg, 0, 1e9, &d) ? -1 : (o->sp.top_k = (int32_t)d, 0);
+    case OPT_TOPP: return cli_parse_num("--top-p", arg, 0, 1, &d) ? -1 : (o->sp.top_p = (float)d, 0);
+    case OPT_MINP: return cli_parse_num("--min-p", arg, 0, 1, &d) ? -1 : (o->sp.min_p = (float)d, 0);
+    case 's': return cli_parse_num("--seed", arg, 0, 1.8e19, &d) ? -1 : (o->sp.seed = (uint64_t)d, 0);
+    case 'c': return cli_parse_num("-c", arg, 1, 1 << 24, &d) ? -1 : (o->n_ctx = (int)d, 0);
     case OPT_STOP:
         if (!*arg) {
             cli_err("--stop: empty string");
@@ -901,7 +788,7 @@ int main(int argc, char **argv)
     if (access(o.model, R_OK) != 0 && !cr.co.model && !getenv("CB_MODEL"))
         cli_err("note: the default model is fetched with 'make model'; or give -m PATH");
     if (cr.mode) {
-        code = run_tokenizer(cr.mode, o.model, o.in_name, input, len, cr.special);
+        code = cli_tokenize(cr.mode == OPT_DETOKENIZE, o.model, o.in_name, input, len, cr.special);
     } else {
         o.n_threads = cli_threads(&cr.co);
         code = run_generate(&o, input, len);

@@ -317,3 +317,107 @@ int cli_read_records(const char *path, const char *field, void **out)
     *out = arr;
     return 0;
 }
+
+int cli_parse_num(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        cli_err("%s: '%s' is not a number in [%g, %g]", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_tokenize(int decode, const char *model, const char *in_name, const char *input, size_t len,
+                         int special)
+{
+    cb_gguf *g = NULL;
+    cb_vocab *v = NULL;
+    cb_tokens ids = {0};
+    cb_error err;
+    char *text = NULL;
+    size_t tlen = 0;
+    int code = 0;
+
+    if (cb_gguf_open(&g, model, &err) != CB_OK) {
+        cli_err("%s", err.msg);
+        return cli_exit_code(err.status);
+    }
+    if (cb_vocab_load(&v, g, &err) != CB_OK) {
+        cli_err("%s", err.msg);
+        code = cli_exit_code(err.status);
+        goto done;
+    }
+    cli_info("%s: %s tokenizer, pre-tokenizer %s, %d tokens", model,
+             cb_vocab_kind_of(v) == CB_VOCAB_BPE ? "byte-level BPE" : "SentencePiece BPE", cb_vocab_pre(v),
+             (int)cb_vocab_n_tokens(v));
+    if (!decode) {
+        cb_status st = cb_tok_encode(v, input, len, special ? CB_TOK_PARSE_SPECIAL : 0, &ids);
+        if (st != CB_OK) {
+            cli_err("%s: tokenizing failed: %s", in_name, cb_strerror(st));
+            code = cli_exit_code(st);
+            goto done;
+        }
+        for (size_t i = 0; i < ids.n; i++)
+            printf(i ? " %d" : "%d", (int)ids.ids[i]);
+        putchar('\n');
+    } else {
+        if ((code = cli_parse_ids(input, len, in_name, cb_vocab_n_tokens(v), &ids)) != 0)
+            goto done;
+        cb_status st = cb_tok_decode(v, ids.ids, ids.n, special ? CB_DETOK_UNPARSE_SPECIAL : 0, &text, &tlen);
+        if (st != CB_OK) {
+            cli_err("%s: detokenizing failed: %s", in_name, cb_strerror(st));
+            code = cli_exit_code(st);
+            goto done;
+        }
+        fwrite(text, 1, tlen, stdout);
+    }
+done:
+    free(text);
+    cb_tokens_free(&ids);
+    cb_vocab_free(v);
+    cb_gguf_free(g);
+    return code;
+}
+
+int cli_parse_enum(const char *opt, const char *arg, const char *const *names, int n, int *out)
+{
+    char list[256] = "";
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(arg, names[i])) {
+            *out = i;
+            return 0;
+        }
+        len += (size_t)snprintf(list + len, len < sizeof list ? sizeof list - len : 0, "%s%s",
+                                i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+    }
+    cli_err("%s %s: use %s", opt, arg, list);
+    return -1;
+}
+
+cb_status cli_sink_write(void *ctx, const char *p, size_t n)
+{
+    cli_sink *s = ctx;
+    if (s->out) {
+        fwrite(p, 1, n, s->out);
+        fflush(s->out);
+    }
+    if (!s->collect)
+        return CB_OK;
+    if (s->all_len + n + 1 > s->all_cap) {
+        size_t nc = (s->all_len + n + 1) * 2;
+        char *nb = realloc(s->all, nc);
+        if (!nb)
+            return CB_ERR_NOMEM;
+        s->all = nb;
+        s->all_cap = nc;
+    }
+    memcpy(s->all + s->all_len, p, n);
+    s->all_len += n;
+    s->all[s->all_len] = 0;
+    return CB_OK;
+}

@@ -113,4 +113,31 @@ int cli_threads(const cli_common *co);
 /* The store directory: --store, else cb_store_default_dir (into buf). */
 const char *cli_store_dir(const cli_common *co, char *buf, size_t n);
 
+/* A number in [lo, hi] from s into *out; 0, or -1 after saying which
+ * option (opt) got what. */
+int cli_parse_num(const char *opt, const char *s, double lo, double hi, double *out);
+
+/* The index of arg among names[0..n) into *out; 0, or -1 after listing the
+ * choices. */
+int cli_parse_enum(const char *opt, const char *arg, const char *const *names, int n, int *out);
+
+/* The tokenizer modes (cb-run --tokenize / --detokenize): encode input (no
+ * BOS/EOS; special tokens parsed only with `special`) and print the ids on
+ * one line, or (decode) read such a line and print the text.  Needs only
+ * the model's vocabulary.  Returns an exit code. */
+int cli_tokenize(int decode, const char *model, const char *in_name, const char *input, size_t len, int special);
+
+/* Where generated text goes: `out` (or nowhere) and, when `collect`, a
+ * NUL-terminated copy of all of it in `all` (the caller frees it). */
+typedef struct cli_sink {
+    FILE *out;   /* or NULL */
+    int collect; /* also keep everything in `all` */
+    char *all;
+    size_t all_len, all_cap;
+} cli_sink;
+
+/* A text callback (cb_gen_params' shape): write p[0..n) to the sink; CB_ERR_NOMEM
+ * when the copy cannot grow. */
+cb_status cli_sink_write(void *ctx, const char *p, size_t n);
+
 #endif
