@@ -333,29 +333,6 @@ static void cpu_kv_read(cb_backend *b, const void *cache, cb_type t, int64_t wid
     }
 }
 
-/* e^x for x <= 0 (softmax after subtracting the max), written so that gcc
- * vectorizes the loops calling it: x log2(e) = n + f with |f| <= 1/2, 2^f
- * from Cephes' exp2f polynomial (relative error < 2e-7), 2^n by exponent
- * bits.  libm's expf is a call per element and was a quarter of prefill
- * time at 4K tokens. */
-static inline float exp_neg(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504088896341f, n = __builtin_rintf(t), f = t - n;
-    float p = 1.535336188319500e-4f;
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    /* NaN (a model with NaN weights) stays NaN; converting it to int is UB */
-    int32_t bits = ((n == n ? (int32_t)n : 0) + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
-}
-
 /* ---------------------------------------------------------- attention */
 
 /* A task: the query rows [i0, i1) for heads [h0, h1) (all sharing KV head
@@ -376,18 +353,6 @@ typedef struct att_job {
     int n_split;        /* key splits (1: no partials) */
     int32_t kmin, kmax; /* the keys any row sees: [kmin, kmax) */
 } att_job;
-
-__attribute__((optimize("O3"))) static float dot_f(const float *restrict a, const float *restrict b, int n)
-{
-    float s[8] = {0};
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int k = 0; k < 8; k++)
-            s[k] += a[j + k] * b[j + k];
-    for (; j < n; j++)
-        s[0] += a[j] * b[j];
-    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-}
 
 /* rows c0..c1 of KV head hk of a cache into an f32 tile [c1-c0, hd] */
 __attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type t, int64_t width, int hk, int hd,
@@ -437,7 +402,7 @@ __attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int6
     for (; j < e; j++)
         m = s[j] > m ? s[j] : m;
     if (m > *mx) {
-        float alpha = *mx == -INFINITY ? 0.0f : exp_neg(*mx - m);
+        float alpha = *mx == -INFINITY ? 0.0f : qmm_exp_neg(*mx - m);
         *l *= alpha;
         for (int d = 0; d < hd; d++)
             o[d] *= alpha;
@@ -453,13 +418,13 @@ __attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int6
     }
     for (j = a; j + 8 <= e; j += 8)
         for (int k = 0; k < 8; k++) {
-            float p = exp_neg(s[j + k] - m);
+            float p = qmm_exp_neg(s[j + k] - m);
             s[j + k] = p;
             s8[k] += p;
         }
     float sum = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
     for (; j < e; j++) {
-        s[j] = exp_neg(s[j] - m);
+        s[j] = qmm_exp_neg(s[j] - m);
         sum += s[j];
     }
     *l += sum;
@@ -511,7 +476,7 @@ static void att_task(void *arg, int64_t task, int tid)
         } else {
             for (int64_t r = 0; r < M; r++)
                 for (int64_t c = 0; c < nk; c++)
-                    ts->s[r * ATT_KB + c] = dot_f(ts->q + r * hd, ts->k + c * hd, hd);
+                    ts->s[r * ATT_KB + c] = qmm_dot8(ts->q + r * hd, ts->k + c * hd, hd);
         }
         for (int64_t r = 0; r < M; r++) {
             int64_t i = i0 + r / nh;
@@ -563,7 +528,7 @@ static void att_merge(const att_job *j)
                 const float *ps = p + s * (hd + 2);
                 if (ps[0] == -INFINITY)
                     continue;
-                float a = exp_neg(ps[0] - m);
+                float a = qmm_exp_neg(ps[0] - m);
                 l += a * ps[1];
                 axpy(o, a, ps + 2, hd);
             }

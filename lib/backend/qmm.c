@@ -10,18 +10,6 @@
 
 enum { CHUNK = 1024 }; /* elements: a multiple of every block size */
 
-static float dot8(const float *restrict a, const float *restrict b, int64_t n)
-{
-    float s[8] = {0};
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int k = 0; k < 8; k++)
-            s[k] += a[j + k] * b[j + k];
-    for (; j < n; j++)
-        s[0] += a[j] * b[j];
-    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-}
-
 void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x, int64_t ldx, int nr,
                int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
@@ -33,7 +21,7 @@ void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
             int64_t len = n_in - c0 < CHUNK ? n_in - c0 : CHUNK;
             cb_dequant_row(t, row + cb_type_row_bytes(t, c0), buf, len);
             for (int r = 0; r < nr; r++)
-                acc[r] += dot8(buf, x + r * ldx + c0, len);
+                acc[r] += qmm_dot8(buf, x + r * ldx + c0, len);
         }
         for (int r = 0; r < nr; r++)
             y[r * ldy + o] = acc[r];

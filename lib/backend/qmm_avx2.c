@@ -278,7 +278,7 @@ KERNELS(q5_k, 8, CB_Q5_K_BYTES, dec_q5_k)
 KERNELS(q6_k, 8, CB_Q6_K_BYTES, dec_q6_k)
 
 /* s[j] = e^(s[j] - m) (arguments <= 0) for j < n; returns their sum.  The
- * polynomial of cpu.c's exp_neg (Cephes' exp2f, relative error < 2e-7),
+ * polynomial of qmm_exp_neg (Cephes' exp2f, relative error < 2e-7),
  * eight lanes at a time. */
 float qmm_avx2_exp_sum(float *s, int64_t n, float m)
 {
@@ -305,19 +305,7 @@ float qmm_avx2_exp_sum(float *s, int64_t n, float m)
     }
     float sum = hsum(acc);
     for (; j < n; j++) {
-        float x = s[j] - m < -87.0f ? -87.0f : s[j] - m;
-        float t = x * 1.44269504088896341f, r = __builtin_rintf(t), f = t - r;
-        float p = 1.535336188319500e-4f;
-        p = p * f + 1.339887440266574e-3f;
-        p = p * f + 9.618437357674640e-3f;
-        p = p * f + 5.550332471162809e-2f;
-        p = p * f + 2.402264791363012e-1f;
-        p = p * f + 6.931472028550421e-1f;
-        p = p * f + 1.0f;
-        int32_t bits = ((r == r ? (int32_t)r : 0) + 127) << 23; /* NaN stays NaN, no UB */
-        float sc;
-        memcpy(&sc, &bits, 4);
-        s[j] = p * sc;
+        s[j] = qmm_exp_neg(s[j] - m);
         sum += s[j];
     }
     return sum;

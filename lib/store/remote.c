@@ -199,14 +199,11 @@ static void pipe_restore(pipe_guard *g)
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
-/* A reply, or NULL after marking the tier down (warned once per outage). */
-static redisReply *cmd_argv(cb_store *s, int argc, const char **argv, const size_t *len)
+/* rep, or NULL after marking the tier down (no reply: warned once per
+ * outage) or after an error reply (warned, freed). */
+static redisReply *checked(cb_store *s, redisReply *rep)
 {
     st_remote *r = &s->remote;
-    pipe_guard g;
-    pipe_block(&g);
-    redisReply *rep = redisCommandArgv(r->ctx, argc, argv, len);
-    pipe_restore(&g);
     if (!rep) {
         st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
                        r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
@@ -222,6 +219,17 @@ static redisReply *cmd_argv(cb_store *s, int argc, const char **argv, const size
     return rep;
 }
 
+/* A reply, or NULL after marking the tier down (warned once per outage). */
+static redisReply *cmd_argv(cb_store *s, int argc, const char **argv, const size_t *len)
+{
+    st_remote *r = &s->remote;
+    pipe_guard g;
+    pipe_block(&g);
+    redisReply *rep = redisCommandArgv(r->ctx, argc, argv, len);
+    pipe_restore(&g);
+    return checked(s, rep);
+}
+
 static redisReply *cmdf(cb_store *s, const char *fmt, ...)
 {
     st_remote *r = &s->remote;
@@ -232,19 +240,7 @@ static redisReply *cmdf(cb_store *s, const char *fmt, ...)
     redisReply *rep = redisvCommand(r->ctx, fmt, ap);
     va_end(ap);
     pipe_restore(&g);
-    if (!rep) {
-        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
-                       r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
-        disconnect(r);
-        r->down_until = st_now_us() + ST_RETRY_US;
-        return NULL;
-    }
-    if (rep->type == REDIS_REPLY_ERROR) {
-        st_remote_warn(s, "shared tier %s (%s): %s", r->name, r->url, rep->str);
-        freeReplyObject(rep);
-        return NULL;
-    }
-    return rep;
+    return checked(s, rep);
 }
 
 /* 1 when connected (connecting now if needed), 0 when the tier is down. */
