@@ -64,6 +64,8 @@ static void usage(FILE *f)
             "                     the cached tokens the question attends to most at the check\n"
             "                     layer; runs: hkvd's most deviating tokens for half the\n"
             "                     budget, each with the token after it\n"
+            "      --probe-rows N  probe scores by the attention of the question's last N\n"
+            "                     tokens (default 8; 0: all of its tokens)\n"
             "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
             "                     agreement and whether the greedy answers match to --stats\n"
             "      --no-store-write  do not store the KV of chunks that had none\n"
@@ -130,7 +132,8 @@ enum {
     OPT_SCORE,
     OPT_SCOREFILE,
     OPT_MASS,
-    OPT_MAXRATIO
+    OPT_MAXRATIO,
+    OPT_PROBEROWS
 };
 
 /* ---------------------------------------------------------- generation */
@@ -596,11 +599,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     case OPT_MASS: return cli_parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
     case OPT_MAXRATIO: return cli_parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
     case OPT_RATIOS: return parse_ratios(arg, &o->bp);
-    case OPT_CHECK:
-        if (cli_parse_num("--check-layer", arg, 1, 4096, &d))
-            return -1;
-        o->bp.check_layer = (int32_t)d;
-        return 0;
+    case OPT_CHECK: return cli_parse_num("--check-layer", arg, 1, 4096, &d) ? -1 : (o->bp.check_layer = (int32_t)d, 0);
     case OPT_DEVIATION:
         if (cli_parse_enum("--deviation", arg, devs, 2, &e))
             return -1;
@@ -611,11 +610,9 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
-    case OPT_SINK:
-        if (cli_parse_num("--sink-tokens", arg, 0, 1024, &d))
-            return -1;
-        o->bp.sink_tokens = (int32_t)d;
-        return 0;
+    case OPT_SINK: return cli_parse_num("--sink-tokens", arg, 0, 1024, &d) ? -1 : (o->bp.sink_tokens = (int32_t)d, 0);
+    case OPT_PROBEROWS:
+        return cli_parse_num("--probe-rows", arg, 0, 1 << 20, &d) ? -1 : (o->bp.probe_rows = (int32_t)d, 0);
     case OPT_VERIFY: o->verify = 1; return 0;
     case OPT_LOGITS: o->logits_out = arg; return 0;
     case OPT_SCORE: o->score = arg; return 0;
@@ -689,7 +686,8 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"sink-tokens", required_argument, 0, OPT_SINK}, {"verify", no_argument, 0, OPT_VERIFY},
         {"no-store-write", no_argument, 0, OPT_NOSTORE}, {"score", required_argument, 0, OPT_SCORE},
         {"score-file", required_argument, 0, OPT_SCOREFILE}, {"mass", required_argument, 0, OPT_MASS},
-        {"max-ratio", required_argument, 0, OPT_MAXRATIO}, CLI_COMMON_OPTS,
+        {"max-ratio", required_argument, 0, OPT_MAXRATIO}, {"probe-rows", required_argument, 0, OPT_PROBEROWS},
+        CLI_COMMON_OPTS,
         CLI_STORE_OPT, CLI_DEVICE_OPT,
         {0, 0, 0, 0},
     };

@@ -685,11 +685,15 @@ typedef struct cb_blend_params {
                                    * question's attention to the caches, as a ratio
                                    * clamped to [adapt_min, adapt_max]; 0: the ratio */
     float adapt_min, adapt_max;
+    int32_t probe_rows;           /* CB_STRATEGY_PROBE: the question rows whose attention
+                                   * scores the cached tokens: the last probe_rows uncached
+                                   * rows of the last segment (default 8); 0: all of them */
 } cb_blend_params;
 
 /* Defaults: blend, probe (the best measured; hkvd is the paper's), check
  * layer 1 (for the check-layer strategies), one ratio 0.15, deviation on
- * V, 4 sink tokens, adaptive bounds 0.05 and 0.5 (adapt_mass 0: off). */
+ * V, 4 sink tokens, adaptive bounds 0.05 and 0.5 (adapt_mass 0: off),
+ * probe scoring by the last 8 question rows. */
 cb_blend_params cb_blend_defaults(void);
 
 typedef struct cb_blend_stats {

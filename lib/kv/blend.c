@@ -23,6 +23,7 @@
  * waits until the loader has queued the layer's copies, the device until
  * they are done (an event per cache layer, see cb_kvcache_load). */
 #include "cbcore.h"
+#include "../backend/qmm.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -44,6 +45,7 @@ cb_blend_params cb_blend_defaults(void)
     p.sink_tokens = 4;
     p.adapt_min = 0.05f;
     p.adapt_max = 0.5f;
+    p.probe_rows = 8;
     return p;
 }
 
@@ -231,6 +233,7 @@ typedef struct plan {
     float *srow;                 /* query: one head's attention over the candidates [total] */
     loader ld;
     double stall;
+    qmm_exp_sum_fn exp_sum;      /* probe: the vectorized softmax exponential, or NULL */
 } plan;
 
 static void plan_free(plan *pl)
@@ -460,28 +463,33 @@ static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *row
 }
 
 /* probe, at layer l: the softmax attention of the query rows qrows
- * (queries [nq, n_head*hd] in pl->qbuf) over every position up to their
- * own (keys [total, w] from the cache), added to the cached rows' scores
- * in pl->sc (indexed by row), over every head.  The logits of one head
- * are one product (OpenBLAS) into pl->srow [nq, total]. */
-static void probe_add(plan *pl, const int32_t *qrows, int32_t nq, const float *keys)
+ * (queries [nq, n_head*hd] in pl->qbuf) over the positions each sees
+ * (keys [total, w] from the cache): 0..row, or the layer's sliding window
+ * row-window+1..row), added to the cached rows' scores in pl->sc (indexed
+ * by row), over every head.  The logits of one head are one product
+ * (OpenBLAS) into pl->srow [nq, total]. */
+static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, const float *keys)
 {
     const cb_hparams *hp = pl->hp;
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, total = pl->total;
     int grp = hp->n_head / hp->n_head_kv;
+    int32_t window = cb_model_layer_window(cb_fwd_model(pl->f), l);
     float scale = 1.0f / sqrtf((float)hp->head_dim);
     for (int32_t h = 0; h < hp->n_head; h++) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, (int)total, hp->head_dim, scale,
                     pl->qbuf + (int64_t)h * hp->head_dim, (int)dq, keys + (int64_t)(h / grp) * hp->head_dim,
                     (int)pl->w, 0.0f, pl->srow, (int)total);
         for (int32_t i = 0; i < nq; i++) {
+            int32_t n = qrows[i] + 1, j0 = window > 0 && n > window ? n - window : 0; /* the engine's mask */
             float *a = pl->srow + i * total, mx = -INFINITY, sum = 0;
-            int32_t n = qrows[i] + 1; /* the causal mask: positions 0..row */
-            for (int32_t j = 0; j < n; j++)
+            for (int32_t j = j0; j < n; j++)
                 mx = a[j] > mx ? a[j] : mx;
-            for (int32_t j = 0; j < n; j++)
-                sum += (a[j] = expf(a[j] - mx));
-            for (int32_t j = 0; j < n; j++)
+            if (pl->exp_sum)
+                sum = pl->exp_sum(a + j0, n - j0, mx);
+            else
+                for (int32_t j = j0; j < n; j++)
+                    sum += (a[j] = expf(a[j] - mx));
+            for (int32_t j = j0; j < n; j++)
                 if (pl->cached[j])
                     pl->sc[j].score += a[j] / sum;
         }
@@ -514,10 +522,14 @@ static int64_t probe_budget(plan *pl, int64_t n_c, int64_t want, cb_blend_stats 
 }
 
 /* probe: the uncached rows through every layer against the loaded cache,
- * each layer's attention from the last segment's uncached rows scoring
- * the cached rows; then the top ratio x cached rows, with the uncached
- * ones, from the embeddings through every layer (the second pass rewrites
- * the uncached rows' K/V, so nothing of the first remains). */
+ * each layer's attention from the question (the last probe_rows uncached
+ * rows of the last segment, or all of them) scoring the cached rows; then
+ * the top ratio x cached rows, with the uncached ones, from the embeddings
+ * through every layer.  The second pass must recompute the uncached rows
+ * too: from layer 0 on they attend to the selected rows' fresh K/V, not
+ * the loaded ones the first pass saw (only their layer-0 K/V, a function
+ * of the embeddings, could be kept; recomputing them costs ~1/30 of the
+ * pass), so nothing of the first pass remains. */
 static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
 {
     const cb_hparams *hp = pl->hp;
@@ -535,6 +547,11 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     for (int32_t r = qs; r < pl->total; r++)
         if (!pl->cached[r])
             qrows[nq++] = r;
+    if (pl->p->probe_rows > 0 && nq > pl->p->probe_rows) { /* the last ones */
+        memmove(qrows, qrows + nq - pl->p->probe_rows, sizeof(int32_t) * (size_t)pl->p->probe_rows);
+        nq = pl->p->probe_rows;
+    }
+    pl->exp_sum = qmm_exp_sum(1);
     for (int64_t r = 0; r < pl->total; r++)
         pl->sc[r] = (scored){0.0f, (int32_t)r};
     for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < pl->n_cached)); l++) {
@@ -546,7 +563,7 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
             *layer_err = 1;
             goto out;
         }
-        probe_add(pl, qrows, nq, keys);
+        probe_add(pl, l, qrows, nq, keys);
     }
     for (int64_t r = 0; r < pl->total; r++) /* the cached rows, by score */
         if (pl->cached[r])

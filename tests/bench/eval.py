@@ -131,7 +131,8 @@ def main():
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--ratios", default="0.15", help="blend ratios, comma-separated")
     ap.add_argument("--strategies", default="probe,hkvd,runs",
-                    help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio")
+                    help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio; "
+                    "NAME/OPT=V/...: with cb-run --OPT V (e.g. hkvd/check-layer=5, probe/probe-rows=0)")
     ap.add_argument("--modes", default="full,prefix,reuse,blend")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -141,6 +142,8 @@ def main():
     ap.add_argument("--kv-type", default="f16")
     ap.add_argument("--no-answers", action="store_true", help="score only: no generation, no F1/EM")
     ap.add_argument("--extra", default="", help="extra cb-run flags for blend runs")
+    ap.add_argument("--store", default=None,
+                    help="keep the passages' KV in this store (created if missing; reruns skip what it has)")
     args = ap.parse_args()
 
     if not os.path.exists(args.data):
@@ -149,7 +152,7 @@ def main():
     run, pre = os.path.join(args.bin, "cb-run"), os.path.join(args.bin, "cb-precompute")
     common = ["-t", str(args.threads)] + (["-m", args.model] if args.model else [])
     work = tempfile.mkdtemp(prefix="cb-eval-")
-    store = os.path.join(work, "store")
+    store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     try:
         # every passage of every question, precomputed once
         recs = []
@@ -195,8 +198,12 @@ def main():
                        str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
                        "-p", question] + common
                 if ratio is not None:
-                    name, _, mass = strat.partition("@")  # probe@M: --mass M, at most the ratio
+                    name, *opts = strat.split("/")  # NAME/OPT=V: cb-run --OPT V
+                    name, _, mass = name.partition("@")  # probe@M: --mass M, at most the ratio
                     cmd += ["--ratio", str(ratio), "--strategy", name] + (args.extra.split() if args.extra else [])
+                    for o in opts:
+                        k, _, v = o.partition("=")
+                        cmd += [f"--{k}"] + ([v] if v else [])
                     if mass:
                         cmd += ["--mass", mass, "--max-ratio", str(ratio), "--min-ratio", "0"]
                 # the gold answer's score after the prompt (and the first token's logits)
@@ -231,6 +238,7 @@ def main():
                     res["kl"], res["top1"], res["same"] = float("nan"), False, False
                 results.append(res)
             print(f"question {qi + 1}/{len(qa)} done", file=sys.stderr)
+            json.dump({"args": vars(args), "partial": True, "results": results}, open(args.out, "w"), indent=1)
 
         # the table
         def label(c):
