@@ -24,6 +24,7 @@
  * they are done (an event per cache layer, see cb_kvcache_load). */
 #include "cbcore.h"
 #include "../backend/qmm.h"
+#include "../infer/model_impl.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -352,7 +353,7 @@ static cb_status select_query(plan *pl, int32_t l, const int32_t *cand, int32_t 
     int32_t qs = pl->start[pl->n_segs - 1], nq = (int32_t)(pl->total - qs);
     int64_t dq = (int64_t)hp->n_head * hp->head_dim;
     int grp = hp->n_head / hp->n_head_kv;
-    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    float scale = cb_fwd_model(pl->f)->attn_scale; /* the engine's */
     int32_t *qrows = malloc(sizeof(int32_t) * (size_t)nq);
     float *nb = realloc(pl->qbuf, sizeof(float) * (size_t)(nq * dq));
     cb_status st;
@@ -474,7 +475,7 @@ static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, con
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, total = pl->total;
     int grp = hp->n_head / hp->n_head_kv;
     int32_t window = cb_model_layer_window(cb_fwd_model(pl->f), l);
-    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    float scale = cb_fwd_model(pl->f)->attn_scale; /* the engine's */
     for (int32_t h = 0; h < hp->n_head; h++) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, (int)total, hp->head_dim, scale,
                     pl->qbuf + (int64_t)h * hp->head_dim, (int)dq, keys + (int64_t)(h / grp) * hp->head_dim,

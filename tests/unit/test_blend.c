@@ -175,6 +175,89 @@ static cb_status score_after(fixture *fx, const cb_segment *segs, int32_t n_segs
     return s;
 }
 
+/* probe's scoring by hand: the uncached rows through every layer against
+ * the loaded caches (a reuse prefill leaves exactly those caches), the
+ * question's last q_rows uncached rows' softmax attention (double, the
+ * causal mask and each layer's sliding window, or none when windows is 0)
+ * summed per cached row over layers and heads; returns the share of the
+ * total held by the top `want` cached rows (what probe's stats call
+ * selected_mass), or -1. */
+static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, int32_t q_rows, int windows,
+                            double ratio)
+{
+    const cb_hparams *hp = cb_model_hparams(fx->m);
+    int32_t ids[512], pos[512], rows[512], qrows[512], n = 0, n_rows = 0, nq = 0, n_c = 0;
+    uint8_t cached[512];
+    double *score = calloc(512, sizeof(double)), *sc = malloc(512 * sizeof(double)), mass = -1;
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim, w = (int64_t)hp->n_head_kv * hp->head_dim;
+    float *q = malloc(sizeof(float) * 512 * (size_t)dq), *k = malloc(sizeof(float) * 512 * (size_t)w), *lg = NULL;
+    cb_blend_params p = cb_blend_defaults();
+    cb_blend_stats st;
+    cb_kvcache *kv = NULL;
+    cb_fwd *f = NULL;
+    for (int32_t s = 0; s < n_segs; s++)
+        for (int32_t j = 0; j < segs[s].n; j++, n++) {
+            ids[n] = segs[s].ids[j], pos[n] = n;
+            cached[n] = segs[s].kv != NULL;
+            if (s == n_segs - 1 && !cached[n])
+                qrows[nq++] = n;
+        }
+    cached[n - 1] = 0; /* the last row is always computed */
+    for (int32_t r = 0; r < n; r++)
+        if (!cached[r])
+            rows[n_rows++] = r;
+        else
+            n_c++;
+    int32_t q0 = q_rows > 0 && nq > q_rows ? nq - q_rows : 0;
+    p.mode = CB_MODE_REUSE;
+    lg = malloc(sizeof(float) * (size_t)hp->n_vocab);
+    if (run(fx, segs, n_segs, &p, lg, &st, &kv) != CB_OK || cb_fwd_new(&f, fx->m, 512) != CB_OK ||
+        cb_fwd_embed(f, ids, pos, n) != CB_OK)
+        goto out;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        int32_t win = windows ? cb_model_layer_window(fx->m, l) : 0;
+        if (cb_fwd_layer_qkv(f, l, qrows + q0, nq - q0, q, NULL, NULL) != CB_OK ||
+            cb_fwd_layer(f, kv, l, rows, n_rows) != CB_OK || cb_kvcache_read(kv, l, 0, 0, n, k) != CB_OK)
+            goto out;
+        for (int32_t i = 0; i < nq - q0; i++)
+            for (int32_t h = 0; h < hp->n_head; h++) {
+                int32_t row = qrows[q0 + i], j0 = win > 0 && row + 1 > win ? row + 1 - win : 0;
+                double a[512], mx = -INFINITY, sum = 0;
+                for (int32_t j = j0; j <= row; j++) {
+                    double d = 0;
+                    for (int32_t e = 0; e < hp->head_dim; e++)
+                        d += (double)q[i * dq + (int64_t)h * hp->head_dim + e] *
+                             k[j * w + (int64_t)(h / (hp->n_head / hp->n_head_kv)) * hp->head_dim + e];
+                    a[j] = d / sqrt((double)hp->head_dim);
+                    mx = a[j] > mx ? a[j] : mx;
+                }
+                for (int32_t j = j0; j <= row; j++)
+                    sum += (a[j] = exp(a[j] - mx));
+                for (int32_t j = j0; j <= row; j++)
+                    score[j] += cached[j] ? a[j] / sum : 0;
+            }
+    }
+    double total = 0, top = 0;
+    int32_t m = 0;
+    for (int32_t r = 0; r < n; r++)
+        if (cached[r])
+            sc[m++] = score[r], total += score[r];
+    for (int32_t i = 0; i < m; i++) /* the top want, by selection */
+        for (int32_t j = i + 1; j < m; j++)
+            if (sc[j] > sc[i]) {
+                double t = sc[i];
+                sc[i] = sc[j], sc[j] = t;
+            }
+    for (int32_t i = 0; i < (int32_t)ceil(ratio * n_c) && i < m; i++)
+        top += sc[i];
+    mass = total > 0 ? top / total : -1;
+out:
+    cb_fwd_free(f);
+    cb_kvcache_free(kv);
+    free(score), free(sc), free(q), free(k), free(lg);
+    return mass;
+}
+
 static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full, double tol_reuse)
 {
     static const char *const texts[3] = {
@@ -279,6 +362,23 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         double es = rel(a, full, (size_t)nv);
         printf("# %s: %s at 0.15 vs full: %.2e (reuse %.2e)\n", label, names[sg], es, rel(b, full, (size_t)nv));
     }
+
+    tcase("%s: probe's scores equal a plain double loop (the question's last rows, the layers' windows)", label);
+    for (int32_t qr = 0; qr <= 3; qr += 3) {
+        p = cb_blend_defaults();
+        p.probe_rows = qr;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        double want = probe_by_hand(&fx, segs, ns, qr, 1, 0.15), nowin = probe_by_hand(&fx, segs, ns, qr, 0, 0.15);
+        CHECKF(want > 0 && fabs(st.selected_mass - want) < 1e-3 * want, "probe rows %d: selected mass %.6f, by hand %.6f",
+               qr, st.selected_mass, want);
+        printf("# %s: probe rows %d: selected mass %.6f, by hand %.6f (without windows %.6f)\n", label, qr,
+               st.selected_mass, want, nowin);
+    }
+    p.probe_rows = (int32_t)fx.question.n + 100; /* more than the question has: all of it, as 0 */
+    CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+    p.probe_rows = 0;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    CHECK(rel(a, b, (size_t)nv) == 0);
 
     tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds", label);
     {
