@@ -410,7 +410,7 @@ static int run_stats(run *r)
     double ratio = bs->ratio;
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, s:s, "
-        "s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I}",
+        "s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i}",
         "mode", mode_names[bp->mode], "n_prompt_tokens", (json_int_t)r->total, "n_cached_tokens",
         (json_int_t)bs->n_cached_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
         "ttft_ms", r->gr.first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
@@ -422,7 +422,7 @@ static int run_stats(run *r)
         bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(r->m), "device",
         cb_model_device(r->m), "chat_template", cb_chat_name(cb_prompt_chat(r->pr)), "kv_type",
         cb_type_name(o->kv_type), "model_load_ms", r->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
-        "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes);
+        "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes, "probe_rows", bp->probe_rows);
     if (s && o->ratio_auto) {
         json_object_set_new(s, "ratio_source", json_string(r->ratio_source));
         json_object_set_new(s, "predicted_load_ms", json_real(r->rc.pred_load_ms));
