@@ -629,8 +629,9 @@ static int fetch_shared(cb_store *s, const char *key, int record)
     return st == CB_OK;
 }
 
-cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **out, cb_error *err)
+cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out, cb_error *err)
 {
+    int record = flags & ST_ACQ_RECORD;
     cb_status st;
     int t;
 
@@ -654,7 +655,7 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
         struct stat a, b;
         if ((st = tier_of(s, key, &t, err)) != CB_OK)
             return st;
-        if (t < 0 && !fetched && s->remote.url && !s->readonly) {
+        if (t < 0 && !fetched && s->remote.url && !s->readonly && !(flags & ST_ACQ_LOCAL)) {
             fetched = 1;
             if (fetch_shared(s, key, record) == 1)
                 continue;
@@ -698,6 +699,7 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
             }
             r->fd = fd;
             r->tier = t;
+            r->stream = NULL;
             r->path = p;
             r->size = (uint64_t)a.st_size;
             *out = r;
@@ -731,9 +733,86 @@ void cb_store_release(cb_store_ref *ref)
 {
     if (!ref)
         return;
-    close(ref->fd);
+    if (ref->fd >= 0)
+        close(ref->fd);
+    st_stream_unref(ref->stream);
     free(ref->path);
     free(ref);
+}
+
+const char *cb_store_ref_tier_name(const cb_store *s, const cb_store_ref *ref)
+{
+    if (!s || !ref)
+        return NULL;
+    if (ref->stream)
+        return s->remote.name;
+    return ref->tier >= 0 && ref->tier < s->n_tiers ? s->tiers[ref->tier].name : NULL;
+}
+
+cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_store_ref **ref, cb_error *err)
+{
+    cb_store_ref *r = NULL;
+    st_stream *x = NULL;
+    cb_status st;
+    if (!kf || !ref)
+        return cb_error_set(err, CB_ERR_INVALID, "store open: no output");
+    *kf = NULL;
+    *ref = NULL;
+    if (!s)
+        return cb_error_set(err, CB_ERR_INVALID, "store open: no handle");
+    /* $CB_STORE_STREAM=0: fetched whole into a local tier first (to compare) */
+    const char *env = getenv("CB_STORE_STREAM");
+    int stream = s->remote.url && !(env && strcmp(env, "0") == 0);
+    st = st_acquire(s, key, ST_ACQ_RECORD | (stream ? ST_ACQ_LOCAL : 0), &r, err);
+    if (st == CB_OK) {
+        if ((st = cb_kvfile_open(kf, r->path, err)) != CB_OK) {
+            cb_store_release(r);
+            return st;
+        }
+        *ref = r;
+        return CB_OK;
+    }
+    if (st != CB_ERR_NOT_FOUND || !stream)
+        return st;
+    if (st_remote_stream(s, key, kf, &x) != 1)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store", key);
+    if (!(r = calloc(1, sizeof *r)) || !(r->path = strdup(s->remote.name))) {
+        free(r);
+        cb_kvfile_free(*kf);
+        *kf = NULL;
+        st_stream_unref(x);
+        return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    }
+    r->fd = -1;
+    r->tier = s->n_tiers;
+    r->size = cb_kvfile_size(*kf);
+    r->stream = x;
+    *ref = r;
+    return CB_OK;
+}
+
+int cb_store_ref_bad(cb_store *s, cb_store_ref *ref, const char *why)
+{
+    if (!s || !ref || !ref->stream)
+        return 0;
+    return st_stream_bad(s, ref->stream, why);
+}
+
+cb_status cb_store_keep(cb_store *s, cb_store_ref *ref, cb_error *err)
+{
+    const void *data;
+    size_t size;
+    cb_status st;
+    if (!s || !ref || !ref->stream || s->readonly)
+        return CB_OK;
+    const char *key = st_stream_key(ref->stream);
+    if (!st_stream_finish(s, ref->stream, &data, &size))
+        return cb_error_set(err, CB_ERR_CHECKSUM, "%s: not kept: its value in the shared tier %s is bad", key,
+                            s->remote.name);
+    s->no_write_through = 1;
+    st = put_bytes(s, key, data, size, 0, err);
+    s->no_write_through = 0;
+    return st;
 }
 
 /* -------------------------------------------------------- remove, pin */
