@@ -1025,6 +1025,9 @@ void cb_store_set_warn(cb_store *s, void (*warn)(void *ctx, const char *msg), vo
 /* Its figures (name, path = address, capacity, entries, bytes).  Errors:
  * CB_ERR_NOT_FOUND (no shared tier), CB_ERR_IO (cannot be reached). */
 cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err);
+/* The shared tier's name (borrowed), or NULL when the store has none;
+ * nothing is asked of the server. */
+const char *cb_store_shared_name(const cb_store *s);
 /* Drop an entry from the shared tier (for every store using it; the local
  * tiers are left as they are).  Errors: CB_ERR_NOT_FOUND (no shared tier),
  * CB_ERR_INVALID, CB_ERR_CREATE (read-only), CB_ERR_IO (cannot be reached). */

@@ -581,6 +581,11 @@ cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, co
     return CB_OK;
 }
 
+const char *cb_store_shared_name(const cb_store *s)
+{
+    return s && s->remote.url ? s->remote.name : NULL;
+}
+
 cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err)
 {
     st_remote *r = &s->remote;

@@ -85,6 +85,12 @@ assert set(t) == {"main", "shared"} and t["shared"]["cold_mbs"] > 0, p["tiers"]
 PY
 [ "$($R ZCARD "cb:$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/b/store.json"):lru")" -eq "$n_before" ] \
     && ok "cb-profile's test entry is gone from the shared tier" || not_ok "cb-profile left its test entry"
+$STORE --store "$T/b" place -m "$M" --json > "$T/place.json" 2> "$T/err-pl"
+python3 - "$T/place.json" <<'PY' && ok "cb-store place reports the shared tier's streamed load time" || { not_ok "place and the shared tier"; sed 's/^/#   /' "$T/err-pl" | head -3; }
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["shared"]["name"] == "shared" and p["shared"]["load_ms"] > 0 and p["shared"]["hidden"] == (p["shared"]["load_ms"] <= p["recompute_ms"]), p
+PY
 
 # -- a corrupted value: dropped with a warning, the chunk computed
 SID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"]["id"])' "$T/a/store.json")
