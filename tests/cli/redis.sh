@@ -173,6 +173,25 @@ grep -q "layer 0 checksum mismatch" "$T/err-e" && cmp -s "$T/ans-e" "$T/a-full" 
     || { not_ok "streamed corrupt middle layer at ratio 1"; sed 's/^/#   /' "$T/err-e" | head -5; }
 $STORE --store "$T/a" rm "$K2" > /dev/null 2>&1; $STORE --store "$T/a" put "$T/k2.kv" > /dev/null 2>&1
 
+# -- a read-only store (a read-only bind mount as root, else a chmod'ed copy) streams from the shared
+#    tier too, and keeps nothing locally
+$STORE --store "$T/rs" init --tier "main=$T/rs/t" --tier "shared=unix://$SOCK:64M" > /dev/null 2>&1
+mkdir -p "$T/ro"; how=""
+if [ "$(id -u)" -eq 0 ] && mount -o bind,ro "$T/rs" "$T/ro" 2>/dev/null; then
+    if touch "$T/ro/.w" 2>/dev/null; then rm -f "$T/ro/.w"; umount "$T/ro"; else how=mount; fi
+elif [ "$(id -u)" -ne 0 ]; then
+    rmdir "$T/ro"; cp -a "$T/rs" "$T/ro" && chmod -R a-w "$T/ro" && how=chmod
+fi
+if [ -n "$how" ]; then
+    run ro
+    [ "$(stat_of ro n_chunks_missing)" -eq 0 ] && cmp -s "$T/ans-ro" "$T/a-full" && [ -z "$(ls "$T/ro/t")" ] \
+        && ok "read-only store ($how): chunks streamed from the shared tier, answer equals full prefill's, nothing kept" \
+        || { not_ok "read-only store and the shared tier"; sed 's/^/#   /' "$T/err-ro" | head -5; }
+    [ $how = mount ] && umount "$T/ro"; [ $how = chmod ] && chmod -R u+w "$T/ro"
+else
+    skip "read-only store and the shared tier" "neither a read-only bind mount nor a chmod'ed store can be set up here"
+fi
+
 # -- the server dies, or hangs, in the middle of a streamed value (a fake server that serves the
 #    header and layer 0 of K2, then closes the connection or stops answering; time-out 500 ms)
 CK=$($R HGET "cb:{$SID:$K2}:m" checksum)
