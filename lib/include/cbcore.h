@@ -947,7 +947,8 @@ const char *cb_store_ref_tier_name(const cb_store *s, const cb_store_ref *ref);
  * again for 5 s.  Errors as cb_store_acquire and cb_kvfile_open. */
 cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_store_ref **ref, cb_error *err);
 /* A streamed entry failed while read (why: the reader's message, naming
- * it): warned; 1 when the entry was dropped from the shared tier, 2 when
+ * it): warned; 1 when the entry was dropped from the shared tier (or had
+ * been evicted meanwhile), 2 when
  * the connection failed or timed out (the tier is then not used for 5 s:
  * other entries streamed from it will fail too), 0 for a local entry
  * (nothing done). */

@@ -39,6 +39,7 @@
 #define ST_PART (1u << 20)
 #define ST_UPLOAD_TTL 600
 #define ST_RETRY_US 5000000
+#define ST_MAX_PARTS 65536 /* a header and at most 4096 layers (cbkv(5)), or 1 MB parts of 64 GB */
 
 static const char LUA_COMMIT[] =
     "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DEL', KEYS[2]) return 0 end\n"
@@ -707,6 +708,7 @@ struct st_stream {
     int timeout_ms;
     int refs;          /* the KV reader and the store reference */
     int down;          /* the connection failed or timed out (not the entry's fault) */
+    int gone;          /* a part was missing: evicted or dropped meanwhile (not corrupt) */
     char why[200];     /* the first failure */
 };
 
@@ -771,8 +773,10 @@ static cb_status stream_next(st_stream *x, cb_error *err)
     if (!rep)
         return stream_fail(x, 1, err, "%s", x->c->errstr[0] ? x->c->errstr : "no reply");
     cb_status st = CB_OK;
-    if (rep->type == REDIS_REPLY_NIL)
-        st = stream_fail(x, 0, err, "part %lld is missing (dropped or evicted meanwhile)", (long long)x->got);
+    if (rep->type == REDIS_REPLY_NIL) {
+        x->gone = !x->why[0];
+        st = stream_fail(x, 0, err, "part %lld is missing (evicted or dropped meanwhile)", (long long)x->got);
+    }
     else if (rep->type != REDIS_REPLY_STRING)
         st = stream_fail(x, rep->type == REDIS_REPLY_ERROR, err, "part %lld: %s", (long long)x->got,
                          rep->type == REDIS_REPLY_ERROR ? rep->str : "not a string");
@@ -867,7 +871,7 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
     snprintf(x->name, sizeof x->name, "shared tier %s: %s", r->name, key);
     x->timeout_ms = r->timeout_ms;
     x->refs = 1;
-    if (bytes <= 0 || parts <= 0 || parts > bytes || (uint64_t)bytes > SIZE_MAX / 2) {
+    if (bytes <= 0 || parts <= 0 || parts > bytes || parts > ST_MAX_PARTS || (uint64_t)bytes > SIZE_MAX / 2) {
         st_remote_warn(s, "%s: its metadata is malformed; dropped, the chunk is computed", x->name);
         if (!s->readonly)
             drop(s, key, x->want);
@@ -921,9 +925,11 @@ int st_stream_bad(cb_store *s, st_stream *x, const char *why)
         disconnect(r);
         return 2;
     }
-    /* why names the entry (the reader's or the stream's message) */
-    st_remote_warn(s, "%s; %sthe chunk is computed", why, s->readonly ? "" : "dropped, ");
-    if (!s->readonly && st_remote_up(s))
+    /* why names the entry (the reader's or the stream's message); an entry
+     * that went away meanwhile is not dropped (it may be back, sound) */
+    int fix = !s->readonly && !x->gone;
+    st_remote_warn(s, "%s; %sthe chunk is computed", why, fix ? "dropped, " : "");
+    if (fix && st_remote_up(s))
         drop(s, x->key, x->want);
     return 1;
 }

@@ -253,7 +253,7 @@ void st_stream_unref(st_stream *x); /* accepts NULL */
 const char *st_stream_key(const st_stream *x);
 /* A streamed entry failed (why: the message, naming it): warned; when the
  * connection failed the tier is not used for a while (2), else the entry
- * is dropped (1). */
+ * is dropped (1; not when a part had gone, evicted meanwhile). */
 int st_stream_bad(cb_store *s, st_stream *x, const char *why);
 /* Receive the parts not read yet and check the whole value against its
  * metadata: 1 with the bytes (held by x), else 0 (warned, dropped). */
