@@ -128,14 +128,9 @@ static cb_status existing(cb_store *s, const char *key, int *exists, cb_error *e
         else if (state == 2 && st_unlink_locked(p) == 0) {
             /* Removed while a reader holds it: the file is whole, so it
              * simply becomes the entry again. */
-            if ((st = st_begin(s, err)) != CB_OK) {
+            if ((st = st_begin_stmt(s, SQL_REVIVE, &q, err)) != CB_OK) {
                 free(p);
                 return st;
-            }
-            if (!(q = st_stmt(s, SQL_REVIVE, err))) {
-                st_rollback(s);
-                free(p);
-                return err ? err->status : CB_ERR_IO;
             }
             sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
             rc = sqlite3_step(q);
@@ -157,12 +152,8 @@ static cb_status existing(cb_store *s, const char *key, int *exists, cb_error *e
     }
     if (*exists)
         return CB_OK;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, SQL_DEL_KEY, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, SQL_DEL_KEY, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     if ((st = st_write(s, q, "drop a stale entry", NULL, err)) != CB_OK)
         return st;
@@ -185,12 +176,8 @@ static cb_status reserve_row(cb_store *s, const char *key, const char *model, in
 {
     sqlite3_stmt *q;
     cb_status st;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, SQL_RESERVE, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, SQL_RESERVE, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, model, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 3, s->tiers[tier].name, -1, SQLITE_STATIC);
@@ -305,12 +292,8 @@ static cb_status put_publish(cb_store *s, const char *key, cb_error *err)
     sqlite3_stmt *q;
     cb_status st;
     int n;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, SQL_READY, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, SQL_READY, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, s->owner, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 3, st_now_us());
@@ -822,12 +805,8 @@ static cb_status key_change(cb_store *s, const char *sql, const char *key, cb_er
 {
     sqlite3_stmt *q;
     cb_status st;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, sql, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, sql, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     if ((st = st_write(s, q, "update", NULL, err)) != CB_OK)
         return st;
@@ -911,12 +890,8 @@ cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err)
     cb_status st;
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if ((st = st_writable(s, "pin", err)) != CB_OK || (st = st_begin(s, err)) != CB_OK)
+    if ((st = st_writable(s, "pin", err)) != CB_OK || (st = st_begin_stmt(s, SQL_PIN, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, SQL_PIN, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_int(q, 2, pinned ? 1 : 0);
     int n;

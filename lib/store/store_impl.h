@@ -144,6 +144,9 @@ sqlite3_stmt *st_stmt(cb_store *s, const char *sql, cb_error *err);
 /* Run one statement without results (BEGIN, COMMIT, ...). */
 cb_status st_exec(cb_store *s, const char *sql, cb_error *err);
 cb_status st_begin(cb_store *s, cb_error *err); /* BEGIN IMMEDIATE */
+/* BEGIN IMMEDIATE, then *q = st_stmt(sql): CB_OK, or the status (err set
+ * where given) with nothing left open. */
+cb_status st_begin_stmt(cb_store *s, const char *sql, sqlite3_stmt **q, cb_error *err);
 cb_status st_commit(cb_store *s, cb_error *err);
 void st_rollback(cb_store *s);
 /* Map the SQLite result code of the last call into err. */
