@@ -98,6 +98,24 @@ K=$($STORE --store "$T/a" ls --tier shared | head -n 1 | cut -d' ' -f1)
 L=$(python3 -c 'import struct,sys; print(struct.unpack_from("<I", open(sys.argv[1], "rb").read(64), 48)[0])' "$($STORE --store "$T/a" get "$K")")
 [ "$($R LLEN "cb:{$SID:$K}:v")" -eq $((L + 1)) ] && [ "$($R HGET "cb:{$SID:$K}:m" parts)" -eq $((L + 1)) ] \
     && ok "a value is split by layer: the header, then $L layers" || not_ok "parts: $($R LLEN "cb:{$SID:$K}:v"), $L layers"
+# Redis Cluster: every key of one entry (metadata, value, an upload) hashes to one slot, as a
+# cluster-mode server of our own (no slots served: CLUSTER KEYSLOT only) computes it
+CS=$T/cluster.sock
+if "$RS" --port 0 --unixsocket "$CS" --cluster-enabled yes --cluster-config-file "$T/nodes.conf" --save "" \
+        --appendonly no --dir "$T" --daemonize yes --pidfile "$T/cluster.pid" --logfile "$T/cluster.log" > /dev/null 2>&1; then
+    i=0; while [ ! -S "$CS" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    bad=0; n_e=0
+    for k in $($R ZRANGE "cb:$SID:lru" 0 -1); do
+        n_e=$((n_e + 1))
+        slots=$(for x in $($R KEYS "cb:{$SID:$k}:*") "cb:{$SID:$k}:t:0123456789abcdef"; do "$RC" -s "$CS" CLUSTER KEYSLOT "$x"; done | sort -u | wc -l)
+        [ "$slots" -eq 1 ] || bad=$((bad + 1))
+    done
+    kill "$(cat "$T/cluster.pid")" 2>/dev/null
+    [ $n_e -gt 0 ] && [ $bad -eq 0 ] && ok "Redis Cluster: each of $n_e entries' keys share one hash slot" \
+        || not_ok "hash slots: $bad of $n_e entries span several"
+else
+    skip "Redis Cluster hash slots" "redis-server does not start in cluster mode here"
+fi
 python3 - "$SOCK" "cb:{$SID:$K}:v" <<'PY' && ok "a byte of a value flipped in Redis" || not_ok "corrupt a value"
 import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
