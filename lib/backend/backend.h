@@ -120,6 +120,11 @@ typedef struct cb_backend_ops {
      * largest first, equal values by lower index first, NaN below every
      * number (cb_op_topk_before); k <= n. */
     void (*topk)(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx);
+    /* Optional (NULL: the backend has no such mode): on != 0 makes the
+     * products of up to a few rows with block-quantized weights quantize
+     * their activations to 8 bits (llama.cpp's way: faster, not exact);
+     * the weights made afterwards use it.  Called before any weight_new. */
+    void (*set_act8)(cb_backend *b, int on);
 } cb_backend_ops;
 
 struct cb_backend {

@@ -298,6 +298,14 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
                           path, hp->head_dim, m->be->ops->name, m->be->ops->max_head_dim);
         goto fail;
     }
+    if (p && p->act8) {
+        if (!m->be->ops->set_act8) {
+            st = cb_error_set(err, CB_ERR_UNSUPPORTED, "8-bit activations: the %s backend has no such mode",
+                              m->be->ops->name);
+            goto fail;
+        }
+        m->be->ops->set_act8(m->be, 1);
+    }
     int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
     float *host = NULL;
     if ((st = load_tensor(m, path, "token_embd.weight", d, hp->n_vocab, 0, &m->tok_embd, NULL, err)))

@@ -10,7 +10,8 @@
  *                   one batch (blend's recomputed rows, a question), best of
  *                   three: batch_B_C_ms and batch_B_C_rows_s
  * Every scenario also prints rss_kb (getrusage: the peak so far).  $CB_BENCH_DEVICE
- * picks the device (default cpu, the one llama.cpp is compared on).
+ * picks the device (default cpu, the one llama.cpp is compared on);
+ * CB_BENCH_ACT8=1 turns on the 8-bit activations (cb_model_params.act8).
  * Prompts are fixed pseudo-random ids, as in llamacpp_engine.py. */
 #include "cbcore.h"
 
@@ -70,7 +71,8 @@ int main(int argc, char **argv)
         return 0;
     }
     const char *dev = getenv("CB_BENCH_DEVICE");
-    cb_model_params mp = {threads, dev && *dev ? dev : "cpu"};
+    const char *a8 = getenv("CB_BENCH_ACT8");
+    cb_model_params mp = {threads, dev && *dev ? dev : "cpu", a8 && !strcmp(a8, "1")};
     double t_load = now();
     if (cb_model_load(&m, argv[1], &mp, &err) != CB_OK) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);
