@@ -108,7 +108,7 @@ enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE, CLI_OPT_ACT8 };
 #define CLI_DEVICE_HELP                                                                                      \
     "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"                      \
     "                     else CUDA device 0 when a GPU is present, else cpu)\n"                            \
-    "      --act8         8-bit activations in the products of 1 to 4 rows (decode),\n"                     \
+    "      --act8         8-bit activations in the products of 1 to 12 rows (decode),\n"                    \
     "                     as llama.cpp: faster, not exact (default: exact f32; also\n"                      \
     "                     $CB_ACT8=1); CPU only, the default device then\n"
 

@@ -1490,13 +1490,13 @@ static void r18_error_checks(const char *self)
  * product, bound 1e-4 (8-bit activations: an error of up to a 254th of each
  * 32-group's largest value; measured 1.2e-5 to 2.5e-5 on uniform inputs);
  * (3) each other, 1e-11 (measured up to ~2e-13: the same integers, f32 sums
- * in another order).  Batches past the 4-row kernels stay exact (1e-12).  And the
+ * in another order).  Batches past the 12-row dot kernels stay exact (1e-12).  And the
  * two quantizers agree bit for bit, ties and zeros included. */
 static void act8_cases(void)
 {
     static const cb_type q8_types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
                                        CB_TYPE_Q8_0, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
-    static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48}, {4, 1280, 20}, {2, 2048, 9}};
+    static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48}, {4, 1280, 20}, {2, 2048, 9}, {11, 256, 40}};
     char name[128];
     cb_backend *a8 = cb_backend_cpu_new(2), *a8c = cb_backend_cpu_new_ex(2, 0);
     a8->ops->set_act8(a8, 1);
@@ -1535,7 +1535,7 @@ static void act8_cases(void)
         n = c_matmul_act8(NULL, o_ref);
         c_matmul_act8(a8, o_cpu);
         e = nmse(o_ref, o_cpu, n);
-        tcase("act8 %-30s past 4 rows: exact (nmse %.2e, bound 1e-12)", name, e);
+        tcase("act8 %-30s past 12 rows: exact (nmse %.2e, bound 1e-12)", name, e);
         CHECKF(e <= 1e-12, "nmse %.3e", e);
     }
     act8_exact = 0;
@@ -1650,15 +1650,16 @@ int main(int argc, char **argv)
                  mm_type == CB_TYPE_BF16 ? -1 : mm_type == CB_TYPE_F32 ? 1e-6 : 1e-6);
     }
     /* The CPU kernels on every type and batch shape: one row (decode), 3
-     * (a partial group of the 4-row kernel), 16 and 100 (dequantized panels
+     * (a partial group of the 4-row kernel), 9 (the dot kernels in groups of
+     * 4, 4 and 1; they take up to 12 rows), 16 and 100 (dequantized panels
      * into sgemm, several panels, a ragged last one), an input longer than
      * the portable kernel's chunk; plain types also with an input not a
      * multiple of 32.  Bound: nmse 1e-12 against the double-precision loop
      * over the decoded weights (measured: ~5e-14, f32 sums of 256..1280
      * products). */
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48}, {16, 256, 40}, {100, 256, 300},
-                                            {2, 1280, 20}};
+        static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48}, {9, 512, 40}, {16, 256, 40},
+                                            {100, 256, 300}, {2, 1280, 20}};
         mm_type = types[i], mm_bias = 0;
         int plain = cb_type_block_elems(mm_type) == 1;
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0] + (size_t)plain; k++) {
