@@ -73,6 +73,11 @@ typedef struct cb_backend_ops {
 
     /* y [n, n_out] = x [n, n_in] . W^T (+ bias) */
     void (*matmul)(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n);
+    /* Optional (NULL: matmul for each): y[k] = x . w[k]^T (+ bias) for k <
+     * nw, weights of the same n_in (Q, K and V; gate and up): the CPU runs
+     * a decode step's products on one input as one job. */
+    void (*matmul_multi)(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y,
+                         int64_t n);
     /* dst [n, n_in] = rows ids[0..n) of W (an embedding lookup) */
     void (*get_rows)(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst);
     /* y [n, d] = x / rms(x) * g (g: backend vector [d]); y may be x */

@@ -64,6 +64,7 @@ typedef struct cpu_ctx {
     int simd;               /* 0: portable kernels only (tests) */
     qmm_exp_sum_fn exp_sum; /* softmax's exponentials (NULL: the loop here) */
     qmm_f16_fn f16_row;     /* f16 cache rows to f32 (NULL: the loop here) */
+    qmm_quant_fn quant;     /* act8's activation quantizer */
     thread_scratch *ts;     /* [n_threads] */
     float *parts;           /* [ATT_PARTS] split-key partials */
     pthread_mutex_t grow_mu;
@@ -239,27 +240,66 @@ static void mm_panel_task(void *arg, int64_t i, int tid)
                 (int)w->n_in, p, (int)w->n_in, 0.0f, j->y + o0, (int)w->n_out);
 }
 
+/* The products of up to MM_MULTI weights with one input x [n <= MM_SMALL,
+ * n_in] in one pool job: the tasks of weight k are [first[k], first[k+1]). */
+enum { MM_MULTI = 3 };
+typedef struct mm_small {
+    mm_job j[MM_MULTI];
+    int q8[MM_MULTI]; /* weight k takes the quantized activations */
+    int64_t first[MM_MULTI + 1];
+} mm_small;
+
+static void mm_small_task(void *arg, int64_t i, int tid)
+{
+    mm_small *s = arg;
+    int k = 0;
+    while (i >= s->first[k + 1])
+        k++;
+    (s->q8[k] ? mm_dotq_task : mm_dot_task)(&s->j[k], i - s->first[k], tid);
+}
+
+static void mm_small_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
+{
+    int nt = cb_pool_size(c->pool), q8 = 0;
+    int64_t n_in = w[0]->n_in;
+    mm_small s;
+    for (int k = 0; k < nw; k++)
+        q8 |= w[k]->k.dotq != NULL;
+    if (q8) {
+        /* the activations quantized once, by this thread, for every task */
+        pthread_mutex_lock(&c->xq_mu);
+        for (int64_t i = 0; i < n; i++)
+            c->quant(x + i * n_in, n_in, c->xq + i * (n_in / 32));
+    }
+    s.first[0] = 0;
+    for (int k = 0; k < nw; k++) {
+        /* about 8 tasks a thread for each weight, rows in multiples of 4 */
+        int64_t per = (w[k]->n_out + 8 * nt - 1) / (8 * nt);
+        per = per < 4 ? 4 : (per + 3) / 4 * 4;
+        s.q8[k] = w[k]->k.dotq != NULL;
+        s.j[k] = (mm_job){c, w[k], s.q8[k] ? (const float *)(const void *)c->xq : x, y[k], n, per};
+        s.first[k + 1] = s.first[k] + (w[k]->n_out + per - 1) / per;
+    }
+    cb_pool_for(c->pool, mm_small_task, &s, s.first[nw]);
+    if (q8)
+        pthread_mutex_unlock(&c->xq_mu);
+}
+
+static void add_bias(const cb_bweight *w, float *y, int64_t n)
+{
+    if (w->bias)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t o = 0; o < w->n_out; o++)
+                y[i * w->n_out + o] += w->bias[o];
+}
+
 static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
     cpu_ctx *c = CTX(b);
     int nt = cb_pool_size(c->pool);
     mm_job j = {c, w, x, y, n, 0};
     if (n <= MM_SMALL) {
-        /* about 8 tasks a thread, rows in multiples of 4 */
-        int64_t per = (w->n_out + 8 * nt - 1) / (8 * nt);
-        j.rows_per_task = per < 4 ? 4 : (per + 3) / 4 * 4;
-        int64_t tasks = (w->n_out + j.rows_per_task - 1) / j.rows_per_task;
-        if (w->k.dotq) {
-            /* the activations quantized once, by this thread, for every task */
-            pthread_mutex_lock(&c->xq_mu);
-            for (int64_t i = 0; i < n; i++)
-                w->k.quant(x + i * w->n_in, w->n_in, c->xq + i * (w->n_in / 32));
-            j.x = (const float *)(const void *)c->xq;
-            cb_pool_for(c->pool, mm_dotq_task, &j, tasks);
-            pthread_mutex_unlock(&c->xq_mu);
-        } else {
-            cb_pool_for(c->pool, mm_dot_task, &j, tasks);
-        }
+        mm_small_run(c, &w, 1, x, &y, n);
     } else {
         blas_single();
         /* panels of up to PANEL_MAX rows, at least 4 a thread */
@@ -268,10 +308,20 @@ static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float
         j.rows_per_task = per > PANEL_MAX ? PANEL_MAX : per;
         cb_pool_for(c->pool, mm_panel_task, &j, (w->n_out + j.rows_per_task - 1) / j.rows_per_task);
     }
-    if (w->bias)
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t o = 0; o < w->n_out; o++)
-                y[i * w->n_out + o] += w->bias[o];
+    add_bias(w, y, n);
+}
+
+static void cpu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y,
+                             int64_t n)
+{
+    if (n > MM_SMALL || nw > MM_MULTI) {
+        for (int k = 0; k < nw; k++)
+            cpu_matmul(b, w[k], x, y[k], n);
+        return;
+    }
+    mm_small_run(CTX(b), w, nw, x, y, n);
+    for (int k = 0; k < nw; k++)
+        add_bias(w[k], y[k], n);
 }
 
 /* rows of an embedding table, decoded by the reference decoder (exact) */
@@ -763,6 +813,7 @@ static const cb_backend_ops cpu_ops = {
     .weight_new = cpu_weight_new,
     .weight_free = cpu_weight_free,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
@@ -800,6 +851,7 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
     c->simd = simd;
     c->exp_sum = qmm_exp_sum(simd);
     c->f16_row = qmm_f16_row(simd);
+    c->quant = qmm_quant(simd);
     c->pool = cb_pool_new(n_threads);
     if (!c->pool)
         goto fail;

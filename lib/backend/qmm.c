@@ -94,3 +94,9 @@ qmm_f16_fn qmm_f16_row(int simd)
 {
     return simd && cpu_has_avx2() ? qmm_avx2_f16_row : NULL;
 }
+
+qmm_quant_fn qmm_quant(int simd)
+{
+    qmm_kernels k;
+    return qmm_select(CB_TYPE_Q8_0, simd, &k) ? k.quant : qmm_quant8_c;
+}

@@ -119,6 +119,10 @@ typedef void (*qmm_f16_fn)(const uint16_t *s, float *d, int64_t n);
 qmm_f16_fn qmm_f16_row(int simd);
 void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n);
 
+/* The activations' quantizer: the AVX2 one when simd and the CPU has it
+ * (both give the same bytes).  It asks CPUID: call it once, at setup. */
+qmm_quant_fn qmm_quant(int simd);
+
 /* "avx2" or "c": the kernels qmm_select(t, simd, ...) picks on this CPU. */
 const char *qmm_isa(int simd);
 

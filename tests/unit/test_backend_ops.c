@@ -1492,6 +1492,48 @@ static void r18_error_checks(const char *self)
  * (3) each other, 1e-11 (measured up to ~2e-13: the same integers, f32 sums
  * in another order).  Batches past the 12-row dot kernels stay exact (1e-12).  And the
  * two quantizers agree bit for bit, ties and zeros included. */
+/* matmul_multi (one job for the products of one input) gives, bit for bit,
+ * what matmul gives for each weight: three weights of different types and
+ * widths (one with a bias), 1, 5 and 12 rows and 20 (the per-weight
+ * fallback), on backend be */
+static void multi_case(cb_backend *be, const char *label)
+{
+    static const cb_type ty[3] = {CB_TYPE_Q4_1, CB_TYPE_Q8_0, CB_TYPE_Q6_K};
+    static const int64_t outs[3] = {72, 40, 24}, ns[4] = {1, 5, 12, 20};
+    int64_t n_in = 512;
+    seed(7);
+    float *x = rand_vec(20 * n_in, 1.0f), *bias = rand_vec(40, 0.5f);
+    cb_bweight *w[3];
+    uint8_t *wq[3];
+    float *y1[3], *y2[3];
+    for (int k = 0; k < 3; k++) {
+        float *wf = rand_vec(n_in * outs[k], 1.0f);
+        size_t rb = cb_type_row_bytes(ty[k], n_in);
+        wq[k] = malloc(rb * (size_t)outs[k]);
+        for (int64_t o = 0; o < outs[k]; o++)
+            cb_quant_row(ty[k], wf + o * n_in, wq[k] + (size_t)o * rb, n_in);
+        w[k] = be->ops->weight_new(be, ty[k], n_in, outs[k], wq[k], k == 1 ? bias : NULL);
+        y1[k] = malloc(sizeof(float) * 20 * (size_t)outs[k]);
+        y2[k] = malloc(sizeof(float) * 20 * (size_t)outs[k]);
+        free(wf);
+    }
+    for (int i = 0; i < 4; i++) {
+        int same = 1;
+        for (int k = 0; k < 3; k++)
+            be->ops->matmul(be, w[k], x, y1[k], ns[i]);
+        be->ops->matmul_multi(be, (const cb_bweight *const *)w, 3, x, y2, ns[i]);
+        for (int k = 0; k < 3; k++)
+            same &= memcmp(y1[k], y2[k], sizeof(float) * (size_t)(ns[i] * outs[k])) == 0;
+        tcase("%s matmul_multi q4_1+q8_0(bias)+q6_K, %lld rows = matmul each, bit for bit", label, (long long)ns[i]);
+        CHECK(same);
+    }
+    for (int k = 0; k < 3; k++) {
+        be->ops->weight_free(be, w[k]);
+        free(wq[k]), free(y1[k]), free(y2[k]);
+    }
+    free(x), free(bias);
+}
+
 static void act8_cases(void)
 {
     static const cb_type q8_types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
@@ -1502,6 +1544,8 @@ static void act8_cases(void)
     a8->ops->set_act8(a8, 1);
     a8c->ops->set_act8(a8c, 1);
     printf("# 8-bit activations: %s; portable: %s\n", a8->desc, a8c->desc);
+    multi_case(cpu, "cpu ");
+    multi_case(a8, "act8");
     float *o_c = malloc(sizeof(float) * MAXOUT);
     for (size_t i = 0; i < sizeof q8_types / sizeof q8_types[0]; i++) {
         mm_type = q8_types[i], mm_bias = 0;
