@@ -330,54 +330,78 @@ AI __m256i bits16(uint32_t x)
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(16));
 }
 
-/* Group decoders: the integers w (32 bytes), a and b of qmm_group8, and
- * for q6_K its two per-16 scales as 16-bit lanes (sc) */
-AI void g8_q4_0(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256i *sc)
+/* Group decoders: the integers w (32 bytes), a and b of qmm_group8 (K
+ * types: from ka/kb, which their block's PREP filled), and for q6_K its two
+ * per-16 scales as 16-bit lanes (sc) */
+AI void g8_q4_0(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
+                __m256i *sc)
 {
-    (void)g, (void)sc;
+    (void)g, (void)sc, (void)ka, (void)kb;
     *w = nib16(b + 2);
     *a = _cvtsh_ss(cb_dq_rd16(b));
     *bb = -8.0f * *a;
 }
 
-AI void g8_q4_1(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256i *sc)
+AI void g8_q4_1(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
+                __m256i *sc)
 {
-    (void)g, (void)sc;
+    (void)g, (void)sc, (void)ka, (void)kb;
     *w = nib16(b + 4);
     *a = _cvtsh_ss(cb_dq_rd16(b));
     *bb = _cvtsh_ss(cb_dq_rd16(b + 2));
 }
 
-AI void g8_q5_0(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256i *sc)
+AI void g8_q5_0(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
+                __m256i *sc)
 {
-    (void)g, (void)sc;
+    (void)g, (void)sc, (void)ka, (void)kb;
     *w = _mm256_or_si256(nib16(b + 6), bits16(cb_dq_rd32(b + 2)));
     *a = _cvtsh_ss(cb_dq_rd16(b));
     *bb = -16.0f * *a;
 }
 
-AI void g8_q5_1(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256i *sc)
+AI void g8_q5_1(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
+                __m256i *sc)
 {
-    (void)g, (void)sc;
+    (void)g, (void)sc, (void)ka, (void)kb;
     *w = _mm256_or_si256(nib16(b + 8), bits16(cb_dq_rd32(b + 4)));
     *a = _cvtsh_ss(cb_dq_rd16(b));
     *bb = _cvtsh_ss(cb_dq_rd16(b + 2));
 }
 
-AI void g8_q8_0(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256i *sc)
+AI void g8_q8_0(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
+                __m256i *sc)
 {
-    (void)g, (void)sc;
+    (void)g, (void)sc, (void)ka, (void)kb;
     *w = _mm256_loadu_si256((const __m256i *)(b + 2));
     *a = _cvtsh_ss(cb_dq_rd16(b));
     *bb = 0;
 }
 
-AI void k8_scale(const uint8_t *b, int g, float *a, float *bb)
+/* q4_K/q5_K: every sub-block's scale d*sc and offset -dmin*m, once a
+ * block (the groups' decoders take theirs) */
+AI void k8_prep(const uint8_t *b, float *ka, float *kb)
 {
-    int isc, im;
-    cb_dq_scale_min(g, b + 4, &isc, &im);
-    *a = _cvtsh_ss(cb_dq_rd16(b)) * (float)isc;
-    *bb = -(_cvtsh_ss(cb_dq_rd16(b + 2)) * (float)im);
+    float d = _cvtsh_ss(cb_dq_rd16(b)), dmin = _cvtsh_ss(cb_dq_rd16(b + 2));
+    for (int g = 0; g < 8; g++) {
+        int isc, im;
+        cb_dq_scale_min(g, b + 4, &isc, &im);
+        ka[g] = d * (float)isc;
+        kb[g] = -(dmin * (float)im);
+    }
+}
+
+/* q6_K: d (its per-16 scales go into the integers) */
+AI void k6_prep(const uint8_t *b, float *ka, float *kb)
+{
+    ka[0] = _cvtsh_ss(cb_dq_rd16(b + 208));
+    kb[0] = 0;
+}
+
+/* the 32-element types: nothing a block */
+AI void no_prep(const uint8_t *b, float *ka, float *kb)
+{
+    (void)b, (void)ka, (void)kb;
 }
 
 AI __m256i nib_k8(const uint8_t *qs, int g)
@@ -386,25 +410,30 @@ AI __m256i nib_k8(const uint8_t *qs, int g)
     return _mm256_and_si256(g & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(15));
 }
 
-AI void g8_q4_k(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256i *sc)
+AI void g8_q4_k(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
+                __m256i *sc)
 {
     (void)sc;
     *w = nib_k8(b + 16, g);
-    k8_scale(b, g, a, bb);
+    *a = ka[g];
+    *bb = kb[g];
 }
 
-AI void g8_q5_k(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256i *sc)
+AI void g8_q5_k(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
+                __m256i *sc)
 {
     (void)sc;
     __m256i h = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(b + 16)), g),
                                  _mm256_set1_epi8(1));
     *w = _mm256_or_si256(nib_k8(b + 48, g), _mm256_slli_epi16(h, 4));
-    k8_scale(b, g, a, bb);
+    *a = ka[g];
+    *bb = kb[g];
 }
 
 /* q6_K group g = (half n = g/4, quarter k = g%4), as dec_q6_k: w = q - 32
  * (signed), its two scales in sc */
-AI void g8_q6_k(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256i *sc)
+AI void g8_q6_k(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
+                __m256i *sc)
 {
     int n = g >> 2, k = g & 3;
     __m256i lo = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32 * (k & 1)));
@@ -414,8 +443,8 @@ AI void g8_q6_k(const uint8_t *b, int g, __m256i *w, float *a, float *bb, __m256
     *w = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
     const int8_t *s = (const int8_t *)b + 192 + 8 * n + 2 * k;
     *sc = _mm256_set_m128i(_mm_set1_epi16(s[1]), _mm_set1_epi16(s[0]));
-    *a = _cvtsh_ss(cb_dq_rd16(b + 208));
-    *bb = 0;
+    *a = ka[0];
+    *bb = kb[0];
 }
 
 /* Integer dot products of a group's weights w and activations x (signed
@@ -442,7 +471,7 @@ AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
 
 /* One weight row against R quantized activation rows, PER groups a block
  * of BB bytes */
-#define ROW_DOTQ(R, PER, BB, DEC, ISUM)                                                                        \
+#define ROW_DOTQ(R, PER, BB, PREP, DEC, ISUM)                                                                  \
     do {                                                                                                       \
         __m256 acc[R];                                                                                         \
         float mac[R];                                                                                          \
@@ -452,11 +481,13 @@ AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
         }                                                                                                      \
         const uint8_t *blk = row;                                                                              \
         const qmm_q8 *xg = xq;                                                                                 \
-        for (int64_t bi = 0; bi < nb; bi++, blk += (BB))                                                       \
+        for (int64_t bi = 0; bi < nb; bi++, blk += (BB)) {                                                     \
+            float ka[8], kb[8];                                                                                \
+            PREP(blk, ka, kb);                                                                                 \
             for (int g = 0; g < (PER); g++, xg++) {                                                            \
                 __m256i wv, sc = _mm256_setzero_si256();                                                       \
                 float a, b;                                                                                    \
-                DEC(blk, g, &wv, &a, &b, &sc);                                                                 \
+                DEC(blk, g, ka, kb, &wv, &a, &b, &sc);                                                         \
                 for (int r = 0; r < (R); r++) {                                                                \
                     const qmm_q8 *x = xg + r * ldxq;                                                           \
                     __m256i is = ISUM(wv, _mm256_loadu_si256((const __m256i *)x->q), sc);                      \
@@ -464,11 +495,12 @@ AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
                     mac[r] += b * x->s;                                                                        \
                 }                                                                                              \
             }                                                                                                  \
+        }                                                                                                      \
         for (int r = 0; r < (R); r++)                                                                          \
             out[r] = hsum(acc[r]) + mac[r];                                                                    \
     } while (0)
 
-#define KERNEL_Q8(NAME, PER, BB, DEC, ISUM)                                                                    \
+#define KERNEL_Q8(NAME, PER, BB, PREP, DEC, ISUM)                                                                    \
     static void dotq_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, const qmm_q8 *xq,            \
                             int64_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)               \
     {                                                                                                          \
@@ -478,24 +510,24 @@ AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
             const uint8_t *row = w + (size_t)o * rb;                                                           \
             float out[QMM_ROWS];                                                                               \
             switch (nr) {                                                                                      \
-            case 1: ROW_DOTQ(1, PER, BB, DEC, ISUM); break;                                                    \
-            case 2: ROW_DOTQ(2, PER, BB, DEC, ISUM); break;                                                    \
-            case 3: ROW_DOTQ(3, PER, BB, DEC, ISUM); break;                                                    \
-            default: ROW_DOTQ(4, PER, BB, DEC, ISUM); break;                                                   \
+            case 1: ROW_DOTQ(1, PER, BB, PREP, DEC, ISUM); break;                                              \
+            case 2: ROW_DOTQ(2, PER, BB, PREP, DEC, ISUM); break;                                              \
+            case 3: ROW_DOTQ(3, PER, BB, PREP, DEC, ISUM); break;                                              \
+            default: ROW_DOTQ(4, PER, BB, PREP, DEC, ISUM); break;                                             \
             }                                                                                                  \
             for (int r = 0; r < nr; r++)                                                                       \
                 y[r * ldy + o] = out[r];                                                                       \
         }                                                                                                      \
     }
 
-KERNEL_Q8(q4_0, 1, CB_Q4_0_BYTES, g8_q4_0, isum_u)
-KERNEL_Q8(q4_1, 1, CB_Q4_1_BYTES, g8_q4_1, isum_u)
-KERNEL_Q8(q5_0, 1, CB_Q5_0_BYTES, g8_q5_0, isum_u)
-KERNEL_Q8(q5_1, 1, CB_Q5_1_BYTES, g8_q5_1, isum_u)
-KERNEL_Q8(q8_0, 1, CB_Q8_0_BYTES, g8_q8_0, isum_s)
-KERNEL_Q8(q4_k, 8, CB_Q4_K_BYTES, g8_q4_k, isum_u)
-KERNEL_Q8(q5_k, 8, CB_Q5_K_BYTES, g8_q5_k, isum_u)
-KERNEL_Q8(q6_k, 8, CB_Q6_K_BYTES, g8_q6_k, isum_s16)
+KERNEL_Q8(q4_0, 1, CB_Q4_0_BYTES, no_prep, g8_q4_0, isum_u)
+KERNEL_Q8(q4_1, 1, CB_Q4_1_BYTES, no_prep, g8_q4_1, isum_u)
+KERNEL_Q8(q5_0, 1, CB_Q5_0_BYTES, no_prep, g8_q5_0, isum_u)
+KERNEL_Q8(q5_1, 1, CB_Q5_1_BYTES, no_prep, g8_q5_1, isum_u)
+KERNEL_Q8(q8_0, 1, CB_Q8_0_BYTES, no_prep, g8_q8_0, isum_s)
+KERNEL_Q8(q4_k, 8, CB_Q4_K_BYTES, k8_prep, g8_q4_k, isum_u)
+KERNEL_Q8(q5_k, 8, CB_Q5_K_BYTES, k8_prep, g8_q5_k, isum_u)
+KERNEL_Q8(q6_k, 8, CB_Q6_K_BYTES, k6_prep, g8_q6_k, isum_s16)
 
 /* s[j] = e^(s[j] - m) (arguments <= 0) for j < n; returns their sum.  The
  * polynomial of qmm_exp_neg (Cephes' exp2f, relative error < 2e-7),
