@@ -461,7 +461,7 @@ static int run_answer(run *r)
         return code;
     if (o->ratio_auto && r->bp.mode == CB_MODE_BLEND)
         run_auto_ratio(r);
-    if ((st = cb_blend_prefill(r->f, r->kv, r->segs, r->n_segs, &r->bp, r->logits, &r->bs, &err)) != CB_OK) {
+    if ((st = cb_prompt_prefill(r->pr, r->store, r->f, r->kv, &r->bp, r->logits, &r->bs, warn, NULL, &err))) {
         cli_err("%s", err.msg);
         return cli_exit_code(st);
     }
@@ -516,8 +516,8 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
              "%.1f ms; stop: %s",
              (long long)r.total, r.bs.n_cached_tokens, r.bs.n_recomputed_tokens, r.bs.prefill_ms, r.bs.load_ms,
              r.gr.first_ms, r.gr.n_gen, r.gen_ms, r.gr.stop);
-    /* Store the chunks that had no cache, for the next run (after the answer:
-     * it costs this run no latency). */
+    /* For the next run, after the answer (no latency): keep streamed chunks, store missing ones. */
+    cb_prompt_keep(r.pr, r.store, warn, NULL);
     if (o->store_write && r.store && !cb_store_readonly(r.store) && cb_prompt_n_missing(r.pr) > 0)
         cb_prompt_store_missing(r.pr, r.store, CB_TYPE_F16, &r.n_stored, warn, NULL);
     if (o->stats_path)

@@ -63,6 +63,7 @@ typedef struct loader {
     int32_t ready;      /* layers 0..ready-1 are in place */
     cb_status st;
     cb_error err;
+    int32_t failed_seg; /* the segment whose file failed to read, or -1 */
     double busy_ms, t_begin;
     uint64_t bytes;
     pthread_t thread;
@@ -75,6 +76,7 @@ static void loader_run(loader *ld)
     float *v = malloc(sizeof(float) * (size_t)(ld->max_seg * ld->w));
     cb_status st = k && v ? CB_OK : CB_ERR_NOMEM;
     cb_error err;
+    int32_t bad_seg = -1;
 
     if (st != CB_OK)
         cb_error_set(&err, st, "blend: out of memory");
@@ -84,8 +86,10 @@ static void loader_run(loader *ld)
             if (!ld->use[s])
                 continue;
             cb_kvfile *kf = ld->segs[s].kv;
-            if ((st = cb_kvfile_read_layer(kf, l, k, v, &err)) != CB_OK)
+            if ((st = cb_kvfile_read_layer(kf, l, k, v, &err)) != CB_OK) {
+                bad_seg = s;
                 break;
+            }
             st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v, cb_kvfile_meta(kf)->pos0);
             if (st != CB_OK)
                 cb_error_set(&err, st, "blend: cannot place segment %d", s);
@@ -103,7 +107,7 @@ static void loader_run(loader *ld)
         if (st == CB_OK)
             ld->ready = l + 1;
         else
-            ld->st = st, ld->err = err;
+            ld->st = st, ld->err = err, ld->failed_seg = bad_seg;
         pthread_cond_broadcast(&ld->cv);
         pthread_mutex_unlock(&ld->mu);
     }
@@ -157,6 +161,7 @@ static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, 
     ld->w = (int64_t)hp->n_head_kv * hp->head_dim;
     ld->limit_mbs = p->load_limit_mbs;
     ld->ready = any ? 0 : hp->n_layer;
+    ld->failed_seg = -1;
     ld->t_begin = cb_now_ms();
     if (!any)
         return;
@@ -651,6 +656,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     cb_status st;
 
     memset(stats, 0, sizeof *stats);
+    stats->failed_segment = -1;
     stats->ratio_bound = "given";
     stats->ratio = p->mode == CB_MODE_FULL ? 1.0f : p->mode == CB_MODE_BLEND ? p->ratios[p->n_ratios - 1] : 0.0f;
     if ((st = plan_check(&pl, err)) != CB_OK || (st = plan_rows(&pl, err)) != CB_OK)
@@ -670,6 +676,8 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     }
     stats->prefill_ms = cb_now_ms() - t_start;
     loader_stop(&pl.ld);
+    if (st != CB_OK && pl.ld.st != CB_OK && !layer_err)
+        stats->failed_segment = pl.ld.failed_seg;
     if (st == CB_ERR_NOMEM && !layer_err)
         cb_error_set(err, st, "blend: out of memory");
     else if (st != CB_OK && layer_err)
