@@ -43,8 +43,7 @@ static void usage(FILE *f)
             "                     fastest tier with room\n"
             "      --strict       stop at the first bad record (default: report and skip it)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
-            "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"
-            "                     else CUDA device 0 when a GPU is present, else cpu)\n"
+            CLI_DEVICE_HELP
             "  -v, --verbose      report every chunk on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -102,7 +101,7 @@ static int parse_args(int argc, char **argv, pre *x)
     static const struct option opts[] = {
         {"kv-type", required_argument, 0, OPT_KVTYPE}, {"strict", no_argument, 0, OPT_STRICT},
         {"place", required_argument, 0, OPT_PLACE},    CLI_COMMON_OPTS,
-        CLI_STORE_OPT,                                 CLI_DEVICE_OPT,
+        CLI_STORE_OPT,                                 CLI_DEVICE_OPT, CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };
     static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0"};
@@ -176,7 +175,7 @@ static void store_warn(void *ctx, const char *msg)
 /* The model, the store and the precomputer. */
 static int setup(pre *x, const char *model_path)
 {
-    cb_model_params mp = {x->co.n_threads, cli_device(x->co.device)};
+    cb_model_params mp = cli_model_params(x->co.n_threads, x->co.device);
     cb_error err;
     char tier[64];
 

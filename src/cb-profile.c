@@ -33,8 +33,7 @@ static void usage(FILE *f)
             "  -o, --output FMT   md (default) or json\n"
             "      --plot FILE    the curves as a PNG (needs gnuplot)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
-            "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"
-            "                     else CUDA device 0 when a GPU is present, else cpu)\n"
+            CLI_DEVICE_HELP
             "  -v, --verbose      progress on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -132,7 +131,7 @@ static int parse_args(int argc, char **argv, popts *o)
         {"repeat", required_argument, 0, OPT_REPEAT},   {"output", required_argument, 0, 'o'},
         {"plot", required_argument, 0, OPT_PLOT},       {"no-write", no_argument, 0, OPT_NOWRITE},
         CLI_COMMON_OPTS,                                CLI_STORE_OPT,
-        CLI_DEVICE_OPT,                                 {0, 0, 0, 0},
+        CLI_DEVICE_OPT, CLI_ACT8_OPT,                                 {0, 0, 0, 0},
     };
     int c, r;
     while ((c = getopt_long(argc, argv, "o:" CLI_COMMON_SHORT, opts, NULL)) != -1) {
@@ -488,7 +487,7 @@ int main(int argc, char **argv)
     cli_prog = "cb-profile";
     if ((code = parse_args(argc, argv, &o)) >= 0)
         return code;
-    cb_model_params mp = {o.co.n_threads, cli_device(o.co.device)};
+    cb_model_params mp = cli_model_params(o.co.n_threads, o.co.device);
     const char *store_dir = cli_store_dir(&o.co, store_buf, sizeof store_buf);
     if (!(prof = calloc(1, sizeof *prof)))
         return CLI_EX_SOFTWARE;

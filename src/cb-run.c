@@ -91,8 +91,7 @@ static void usage(FILE *f)
             "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model in\n"
             "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/models/)\n"
             "  -t, --threads N    compute threads (default: every core)\n"
-            "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"
-            "                     else CUDA device 0 when a GPU is present, else cpu)\n"
+            CLI_DEVICE_HELP
             "  -v, --verbose      print model facts and timings on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -191,7 +190,7 @@ typedef struct run {
 static int run_open(run *r)
 {
     const gen_opts *o = r->o;
-    cb_model_params mp = {o->n_threads, cli_device(o->device)};
+    cb_model_params mp = cli_model_params(o->n_threads, o->device);
     cb_error err;
     cb_status st;
     int code;
@@ -687,8 +686,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"no-store-write", no_argument, 0, OPT_NOSTORE}, {"score", required_argument, 0, OPT_SCORE},
         {"score-file", required_argument, 0, OPT_SCOREFILE}, {"mass", required_argument, 0, OPT_MASS},
         {"max-ratio", required_argument, 0, OPT_MAXRATIO}, {"probe-rows", required_argument, 0, OPT_PROBEROWS},
-        CLI_COMMON_OPTS,
-        CLI_STORE_OPT, CLI_DEVICE_OPT,
+        CLI_COMMON_OPTS, CLI_STORE_OPT, CLI_DEVICE_OPT, CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };
     int c, r;

@@ -10,6 +10,7 @@
 
 const char *cli_prog = "cb";
 int cli_verbosity = 1;
+int cli_act8;
 
 int cli_exit_code(cb_status st)
 {
@@ -59,6 +60,15 @@ const char *cli_device(const char *opt)
     if (opt && *opt)
         return opt;
     return env && *env ? env : "auto";
+}
+
+cb_model_params cli_model_params(int n_threads, const char *device)
+{
+    const char *env = getenv("CB_ACT8"), *dev = getenv("CB_DEVICE");
+    cb_model_params mp = {n_threads, cli_device(device), cli_act8 || (env && strcmp(env, "1") == 0)};
+    if (mp.act8 && !(device && *device) && !(dev && *dev))
+        mp.device = "cpu";
+    return mp;
 }
 
 const char *cli_model_path(const char *opt)
@@ -183,6 +193,7 @@ int cli_common_opt(cli_common *co, int c, const char *arg, void (*usage)(FILE *)
     case 'm': co->model = arg; return CLI_CONTINUE;
     case CLI_OPT_STORE: co->store = arg; return CLI_CONTINUE;
     case CLI_OPT_DEVICE: co->device = arg; return CLI_CONTINUE;
+    case CLI_OPT_ACT8: cli_act8 = 1; return CLI_CONTINUE;
     case 't':
         n = strtol(arg, &end, 10);
         if (end == arg || *end || n < 1 || n > 1024) {

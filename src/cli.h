@@ -25,6 +25,8 @@ enum cli_exit {
 extern const char *cli_prog;
 /* -v / -q levels: 0 quiet, 1 normal, 2 verbose. */
 extern int cli_verbosity;
+/* --act8 was given (cli_model_params also reads $CB_ACT8). */
+extern int cli_act8;
 
 /* Map a library status to an exit status. */
 int cli_exit_code(cb_status st);
@@ -40,6 +42,11 @@ const char *cli_model_path(const char *opt);
 /* The compute device: opt (--device), else $CB_DEVICE, else "auto" (CUDA
  * device 0 when present, else the CPU). */
 const char *cli_device(const char *opt);
+/* The model parameters of a computing program: n_threads, the device
+ * (cli_device; with 8-bit activations and no device named by --device or
+ * $CB_DEVICE, the CPU, the one device that has them) and act8 (--act8, or
+ * $CB_ACT8 set to 1). */
+cb_model_params cli_model_params(int n_threads, const char *device);
 
 /* Read all of `path` ("-" or NULL: stdin) into a malloc'd buffer with a NUL
  * after the last byte.  On failure prints a message and returns NULL with
@@ -86,7 +93,7 @@ typedef struct cli_common {
     int n_threads;      /* -t, 0 when not given */
 } cli_common;
 
-enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE };
+enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE, CLI_OPT_ACT8 };
 
 #define CLI_COMMON_SHORT "m:t:vqh"
 #define CLI_COMMON_OPTS                                                                                      \
@@ -95,6 +102,15 @@ enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE };
         {"version", no_argument, 0, CLI_OPT_VERSION}
 #define CLI_STORE_OPT {"store", required_argument, 0, CLI_OPT_STORE}
 #define CLI_DEVICE_OPT {"device", required_argument, 0, CLI_OPT_DEVICE}
+/* --act8: the programs that compute (cb-run, cb-precompute, cb-profile) */
+#define CLI_ACT8_OPT {"act8", no_argument, 0, CLI_OPT_ACT8}
+/* their help lines for --device and --act8 */
+#define CLI_DEVICE_HELP                                                                                      \
+    "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"                      \
+    "                     else CUDA device 0 when a GPU is present, else cpu)\n"                            \
+    "      --act8         8-bit activations in the products of 1 to 12 rows (decode),\n"                    \
+    "                     as llama.cpp: faster, not exact (default: exact f32; also\n"                      \
+    "                     $CB_ACT8=1); CPU only, the default device then\n"
 
 /* cli_common_opt's answer when the option is the program's own. */
 #define CLI_NOT_COMMON (-1)

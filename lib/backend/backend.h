@@ -73,6 +73,11 @@ typedef struct cb_backend_ops {
 
     /* y [n, n_out] = x [n, n_in] . W^T (+ bias) */
     void (*matmul)(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n);
+    /* Optional (NULL: matmul for each): y[k] = x . w[k]^T (+ bias) for k <
+     * nw, weights of the same n_in (Q, K and V; gate and up): the CPU runs
+     * a decode step's products on one input as one job. */
+    void (*matmul_multi)(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y,
+                         int64_t n);
     /* dst [n, n_in] = rows ids[0..n) of W (an embedding lookup) */
     void (*get_rows)(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst);
     /* y [n, d] = x / rms(x) * g (g: backend vector [d]); y may be x */
@@ -120,6 +125,11 @@ typedef struct cb_backend_ops {
      * largest first, equal values by lower index first, NaN below every
      * number (cb_op_topk_before); k <= n. */
     void (*topk)(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx);
+    /* Optional (NULL: the backend has no such mode): on != 0 makes the
+     * products of up to a few rows with block-quantized weights quantize
+     * their activations to 8 bits (llama.cpp's way: faster, not exact);
+     * the weights made afterwards use it.  Called before any weight_new. */
+    void (*set_act8)(cb_backend *b, int on);
 } cb_backend_ops;
 
 struct cb_backend {
@@ -148,7 +158,7 @@ cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, c
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
  * on failure msg holds the reason. */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 2
+#define CB_CUDA_ABI 3
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

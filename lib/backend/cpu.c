@@ -2,7 +2,8 @@
  * model's mapping, no copy), a persistent thread pool (pool.c), and
  *   matmul  decode and small batches (n <= MM_SMALL rows): each weight row's
  *           blocks decoded into f32 lanes and multiplied into up to four
- *           activation rows at once (qmm.h), threads over output rows;
+ *           activation rows at once (qmm.h), threads over output rows (with
+ *           act8: the activations quantized to 8 bits, integer products);
  *           larger batches: panels of weight rows dequantized into per-thread
  *           scratch and multiplied by OpenBLAS sgemm (single-threaded inside
  *           the pool), threads over panels;
@@ -39,7 +40,8 @@ static void blas_single(void)
 }
 
 enum {
-    MM_SMALL = 4,     /* up to this many rows: the quantized dot kernels */
+    MM_SMALL = 12,    /* up to this many rows: the quantized dot kernels (measured: they beat
+                         dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
     PANEL_MAX = 128,  /* weight rows per sgemm panel */
     ATT_KB = 256,     /* keys per attention tile */
     ATT_M = 256,      /* query (row, head) pairs per attention task */
@@ -61,9 +63,15 @@ typedef struct cpu_ctx {
     int n_threads;
     int simd;               /* 0: portable kernels only (tests) */
     qmm_exp_sum_fn exp_sum; /* softmax's exponentials (NULL: the loop here) */
+    qmm_f16_fn f16_row;     /* f16 cache rows to f32 (NULL: the loop here) */
+    qmm_quant_fn quant;     /* act8's activation quantizer */
     thread_scratch *ts;     /* [n_threads] */
     float *parts;           /* [ATT_PARTS] split-key partials */
     pthread_mutex_t grow_mu;
+    int act8;               /* 8-bit activations in the small products (cpu_set_act8) */
+    qmm_q8 *xq;             /* [MM_SMALL, xq_groups]: their quantized rows */
+    int64_t xq_groups;      /* groups of 32 a row of xq holds: grown by weight_new */
+    pthread_mutex_t xq_mu;  /* xq belongs to one product at a time */
 } cpu_ctx;
 
 struct cb_bweight {
@@ -124,6 +132,24 @@ static int grow_panels(cpu_ctx *c, int64_t n_in)
     return ok;
 }
 
+/* Make xq hold MM_SMALL quantized rows of n_in. */
+static int grow_xq(cpu_ctx *c, int64_t n_in)
+{
+    int ok = 1;
+    pthread_mutex_lock(&c->xq_mu);
+    if (c->xq_groups < n_in / 32) {
+        qmm_q8 *p = malloc(sizeof *p * (size_t)MM_SMALL * (size_t)(n_in / 32));
+        if (p) {
+            free(c->xq);
+            c->xq = p;
+            c->xq_groups = n_in / 32;
+        }
+        ok = p != NULL;
+    }
+    pthread_mutex_unlock(&c->xq_mu);
+    return ok;
+}
+
 static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
                                   const float *bias)
 {
@@ -137,6 +163,10 @@ static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_
     w->data = data;
     w->row_bytes = cb_type_row_bytes(t, n_in);
     if (w->row_bytes == 0 || !qmm_select(t, c->simd, &w->k) || !grow_panels(c, n_in))
+        goto fail;
+    if (!c->act8)
+        w->k.dotq = NULL; /* the exact path */
+    if (w->k.dotq && !grow_xq(c, n_in))
         goto fail;
     if (bias) {
         if (!(w->bias = malloc(sizeof(float) * (size_t)n_out)))
@@ -182,6 +212,22 @@ static void mm_dot_task(void *arg, int64_t i, int tid)
     }
 }
 
+/* the same with 8-bit activations: j->x is the quantized rows (qmm_q8) */
+static void mm_dotq_task(void *arg, int64_t i, int tid)
+{
+    const mm_job *j = arg;
+    const cb_bweight *w = j->w;
+    int64_t o0 = i * j->rows_per_task, o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
+    int64_t ng = w->n_in / 32;
+    const qmm_q8 *xq = (const qmm_q8 *)(const void *)j->x;
+    (void)tid;
+    for (int64_t r = 0; r < j->n; r += QMM_ROWS) {
+        int nr = j->n - r < QMM_ROWS ? (int)(j->n - r) : QMM_ROWS;
+        w->k.dotq(w->type, w->data, w->row_bytes, w->n_in, xq + r * ng, ng, nr, o0, o1, j->y + r * w->n_out,
+                  w->n_out);
+    }
+}
+
 /* a panel of weight rows in f32, then y[:, panel] = x . panel^T */
 static void mm_panel_task(void *arg, int64_t i, int tid)
 {
@@ -194,16 +240,66 @@ static void mm_panel_task(void *arg, int64_t i, int tid)
                 (int)w->n_in, p, (int)w->n_in, 0.0f, j->y + o0, (int)w->n_out);
 }
 
+/* The products of up to MM_MULTI weights with one input x [n <= MM_SMALL,
+ * n_in] in one pool job: the tasks of weight k are [first[k], first[k+1]). */
+enum { MM_MULTI = 3 };
+typedef struct mm_small {
+    mm_job j[MM_MULTI];
+    int q8[MM_MULTI]; /* weight k takes the quantized activations */
+    int64_t first[MM_MULTI + 1];
+} mm_small;
+
+static void mm_small_task(void *arg, int64_t i, int tid)
+{
+    mm_small *s = arg;
+    int k = 0;
+    while (i >= s->first[k + 1])
+        k++;
+    (s->q8[k] ? mm_dotq_task : mm_dot_task)(&s->j[k], i - s->first[k], tid);
+}
+
+static void mm_small_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
+{
+    int nt = cb_pool_size(c->pool), q8 = 0;
+    int64_t n_in = w[0]->n_in;
+    mm_small s;
+    for (int k = 0; k < nw; k++)
+        q8 |= w[k]->k.dotq != NULL;
+    if (q8) {
+        /* the activations quantized once, by this thread, for every task */
+        pthread_mutex_lock(&c->xq_mu);
+        for (int64_t i = 0; i < n; i++)
+            c->quant(x + i * n_in, n_in, c->xq + i * (n_in / 32));
+    }
+    s.first[0] = 0;
+    for (int k = 0; k < nw; k++) {
+        /* about 8 tasks a thread for each weight, rows in multiples of 4 */
+        int64_t per = (w[k]->n_out + 8 * nt - 1) / (8 * nt);
+        per = per < 4 ? 4 : (per + 3) / 4 * 4;
+        s.q8[k] = w[k]->k.dotq != NULL;
+        s.j[k] = (mm_job){c, w[k], s.q8[k] ? (const float *)(const void *)c->xq : x, y[k], n, per};
+        s.first[k + 1] = s.first[k] + (w[k]->n_out + per - 1) / per;
+    }
+    cb_pool_for(c->pool, mm_small_task, &s, s.first[nw]);
+    if (q8)
+        pthread_mutex_unlock(&c->xq_mu);
+}
+
+static void add_bias(const cb_bweight *w, float *y, int64_t n)
+{
+    if (w->bias)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t o = 0; o < w->n_out; o++)
+                y[i * w->n_out + o] += w->bias[o];
+}
+
 static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
     cpu_ctx *c = CTX(b);
     int nt = cb_pool_size(c->pool);
     mm_job j = {c, w, x, y, n, 0};
     if (n <= MM_SMALL) {
-        /* about 8 tasks a thread, rows in multiples of 4 */
-        int64_t per = (w->n_out + 8 * nt - 1) / (8 * nt);
-        j.rows_per_task = per < 4 ? 4 : (per + 3) / 4 * 4;
-        cb_pool_for(c->pool, mm_dot_task, &j, (w->n_out + j.rows_per_task - 1) / j.rows_per_task);
+        mm_small_run(c, &w, 1, x, &y, n);
     } else {
         blas_single();
         /* panels of up to PANEL_MAX rows, at least 4 a thread */
@@ -212,10 +308,20 @@ static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float
         j.rows_per_task = per > PANEL_MAX ? PANEL_MAX : per;
         cb_pool_for(c->pool, mm_panel_task, &j, (w->n_out + j.rows_per_task - 1) / j.rows_per_task);
     }
-    if (w->bias)
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t o = 0; o < w->n_out; o++)
-                y[i * w->n_out + o] += w->bias[o];
+    add_bias(w, y, n);
+}
+
+static void cpu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y,
+                             int64_t n)
+{
+    if (n > MM_SMALL || nw > MM_MULTI) {
+        for (int k = 0; k < nw; k++)
+            cpu_matmul(b, w[k], x, y[k], n);
+        return;
+    }
+    mm_small_run(CTX(b), w, nw, x, y, n);
+    for (int k = 0; k < nw; k++)
+        add_bias(w[k], y[k], n);
 }
 
 /* rows of an embedding table, decoded by the reference decoder (exact) */
@@ -354,9 +460,11 @@ typedef struct att_job {
     int32_t kmin, kmax; /* the keys any row sees: [kmin, kmax) */
 } att_job;
 
-/* rows c0..c1 of KV head hk of a cache into an f32 tile [c1-c0, hd] */
+/* rows c0..c1 of KV head hk of a cache into an f32 tile [c1-c0, hd];
+ * f16 rows by f16_row when the CPU has F16C (gcc leaves this loop scalar) */
 __attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type t, int64_t width, int hk, int hd,
-                                                      int64_t c0, int64_t c1, float *restrict dst)
+                                                      int64_t c0, int64_t c1, float *restrict dst,
+                                                      qmm_f16_fn f16_row)
 {
     for (int64_t c = c0; c < c1; c++, dst += hd) {
         if (t == CB_TYPE_F32) {
@@ -364,15 +472,12 @@ __attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type
             continue;
         }
         const uint16_t *s = (const uint16_t *)cache + c * width + (int64_t)hk * hd;
-        for (int e = 0; e < hd; e++) {
-#ifdef __F16C__
-            _Float16 h;
-            memcpy(&h, &s[e], 2);
-            dst[e] = (float)h;
-#else
-            dst[e] = cb_dq_f16(s[e]);
-#endif
+        if (f16_row) {
+            f16_row(s, dst, hd);
+            continue;
         }
+        for (int e = 0; e < hd; e++)
+            dst[e] = cb_dq_f16(s[e]);
     }
 }
 
@@ -469,7 +574,7 @@ static void att_task(void *arg, int64_t task, int tid)
     kb = kb < hi_all + 1 ? kb : hi_all + 1;
     for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
         int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;
-        load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k);
+        load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
         if (M >= 8) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)nk, hd, 1.0f, ts->q, hd, ts->k, hd,
                         0.0f, ts->s, ATT_KB);
@@ -484,7 +589,7 @@ static void att_task(void *arg, int64_t task, int tid)
             softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
                          j->c->exp_sum);
         }
-        load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v);
+        load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v, j->c->f16_row);
         if (M >= 8) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, hd, (int)nk, 1.0f, ts->s, ATT_KB, ts->v,
                         hd, 1.0f, ts->o, hd);
@@ -677,9 +782,24 @@ static void cpu_free(cb_backend *b)
     }
     free(c->ts);
     free(c->parts);
+    free(c->xq);
     pthread_mutex_destroy(&c->grow_mu);
+    pthread_mutex_destroy(&c->xq_mu);
     free(c);
     free(b);
+}
+
+static void cpu_describe(cb_backend *b)
+{
+    cpu_ctx *c = CTX(b);
+    snprintf(b->desc, sizeof b->desc, "cpu (%d thread%s, %s kernels%s)", c->n_threads, c->n_threads == 1 ? "" : "s",
+             qmm_isa(c->simd), c->act8 ? ", 8-bit activations" : "");
+}
+
+static void cpu_set_act8(cb_backend *b, int on)
+{
+    CTX(b)->act8 = on;
+    cpu_describe(b);
 }
 
 static const cb_backend_ops cpu_ops = {
@@ -693,6 +813,7 @@ static const cb_backend_ops cpu_ops = {
     .weight_new = cpu_weight_new,
     .weight_free = cpu_weight_free,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
@@ -707,6 +828,7 @@ static const cb_backend_ops cpu_ops = {
     .scatter = cpu_scatter,
     .deviation = cpu_deviation,
     .topk = cpu_topk,
+    .set_act8 = cpu_set_act8,
 };
 
 cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
@@ -723,10 +845,13 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
         n_threads = n > 0 ? (int)n : 1;
     }
     pthread_mutex_init(&c->grow_mu, NULL);
+    pthread_mutex_init(&c->xq_mu, NULL);
     b->ops = &cpu_ops;
     b->ctx = c;
     c->simd = simd;
     c->exp_sum = qmm_exp_sum(simd);
+    c->f16_row = qmm_f16_row(simd);
+    c->quant = qmm_quant(simd);
     c->pool = cb_pool_new(n_threads);
     if (!c->pool)
         goto fail;
@@ -751,8 +876,7 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
     }
     blas_single();
     b->n_threads = n_threads;
-    snprintf(b->desc, sizeof b->desc, "cpu (%d thread%s, %s kernels)", n_threads, n_threads == 1 ? "" : "s",
-             qmm_isa(simd));
+    cpu_describe(b);
     return b;
 fail:
     cpu_free(b);

@@ -51,7 +51,19 @@ static int cpu_has_avx2(void)
 static int cpu_has_avx2(void) { return 0; }
 int qmm_avx2_get(cb_type t, qmm_kernels *k) { (void)t, (void)k; return 0; }
 float qmm_avx2_exp_sum(float *s, int64_t n, float m) { (void)s, (void)n, (void)m; return 0; }
+void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n) { (void)s, (void)d, (void)n; }
 #endif
+
+int qmm_has_q8(cb_type t)
+{
+    switch (t) {
+    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q5_0: case CB_TYPE_Q5_1:
+    case CB_TYPE_Q8_0: case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: case CB_TYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
 
 int qmm_select(cb_type t, int simd, qmm_kernels *k)
 {
@@ -61,6 +73,8 @@ int qmm_select(cb_type t, int simd, qmm_kernels *k)
         return 1;
     k->dot = qmm_dot_c;
     k->rows = qmm_rows_c;
+    k->dotq = qmm_has_q8(t) ? qmm_dotq_c : NULL;
+    k->quant = qmm_quant8_c;
     k->isa = "c";
     return 1;
 }
@@ -74,4 +88,15 @@ const char *qmm_isa(int simd)
 qmm_exp_sum_fn qmm_exp_sum(int simd)
 {
     return simd && cpu_has_avx2() ? qmm_avx2_exp_sum : NULL;
+}
+
+qmm_f16_fn qmm_f16_row(int simd)
+{
+    return simd && cpu_has_avx2() ? qmm_avx2_f16_row : NULL;
+}
+
+qmm_quant_fn qmm_quant(int simd)
+{
+    qmm_kernels k;
+    return qmm_select(CB_TYPE_Q8_0, simd, &k) ? k.quant : qmm_quant8_c;
 }

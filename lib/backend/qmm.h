@@ -13,6 +13,13 @@
  * Accumulation is f32 (activations stay f32); the decoded weights equal
  * cb_dequant_row's up to one rounding (a fused multiply-add).
  *
+ * An optional third kernel, dotq, is the 8-bit activation path (the CPU
+ * backend's act8 mode, off by default): the activation rows are first
+ * quantized per 32 elements to int8 with a scale (qmm_q8), then each weight
+ * group's integers are multiplied with them in integer arithmetic, as
+ * llama.cpp does; qmm8.c states the math.  It exists for the block types
+ * q4_0..q8_0 and q4_K..q6_K; plain types keep the f32 path.
+ *
  * Two implementations: AVX2+FMA+F16C (qmm_avx2.c, built with those flags
  * whatever the build's -march) chosen at run time when the CPU has them,
  * and portable C (qmm.c) otherwise.  No AVX-512 kernels: the machines this
@@ -73,9 +80,24 @@ typedef void (*qmm_dot_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_
 typedef void (*qmm_rows_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1,
                             float *dst);
 
+/* 32 activations quantized: x[j] ~ d * q[j], s = d * sum q */
+typedef struct qmm_q8 {
+    float d, s;
+    int8_t q[32];
+} qmm_q8;
+
+/* xq[n/32] = x[n] quantized (n a multiple of 32) */
+typedef void (*qmm_quant_fn)(const float *x, int64_t n, qmm_q8 *xq);
+/* y[r*ldy + o] = sum over the groups of W row o and of activation row r
+ * (xq + r*ldxq, n_in/32 groups) as qmm8.c states, r < nr <= QMM_ROWS */
+typedef void (*qmm_dotq_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const qmm_q8 *xq,
+                            int64_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
+
 typedef struct qmm_kernels {
     qmm_dot_fn dot;
     qmm_rows_fn rows;
+    qmm_dotq_fn dotq;   /* NULL: no 8-bit activation path for the type */
+    qmm_quant_fn quant; /* with dotq: the activations' quantizer */
     const char *isa; /* "avx2" or "c" */
 } qmm_kernels;
 
@@ -91,6 +113,16 @@ typedef float (*qmm_exp_sum_fn)(float *s, int64_t n, float m);
 qmm_exp_sum_fn qmm_exp_sum(int simd);
 float qmm_avx2_exp_sum(float *s, int64_t n, float m);
 
+/* d[j] = the f16 values s[j] in f32, j < n (exact); the F16C version when
+ * simd and the CPU has it, else NULL (the caller's own loop). */
+typedef void (*qmm_f16_fn)(const uint16_t *s, float *d, int64_t n);
+qmm_f16_fn qmm_f16_row(int simd);
+void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n);
+
+/* The activations' quantizer: the AVX2 one when simd and the CPU has it
+ * (both give the same bytes).  It asks CPUID: call it once, at setup. */
+qmm_quant_fn qmm_quant(int simd);
+
 /* "avx2" or "c": the kernels qmm_select(t, simd, ...) picks on this CPU. */
 const char *qmm_isa(int simd);
 
@@ -100,5 +132,14 @@ void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
                int64_t o0, int64_t o1, float *y, int64_t ldy);
 void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1, float *dst);
 int qmm_avx2_get(cb_type t, qmm_kernels *k);
+
+/* The 8-bit activation path's portable kernels (qmm8.c) and the integer
+ * form of group g of a weight block: value[j] = a * w[j] + b (the tests'
+ * reference checks it against cb_dequant_row). */
+void qmm_quant8_c(const float *x, int64_t n, qmm_q8 *xq);
+void qmm_dotq_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const qmm_q8 *xq, int64_t ldxq, int nr,
+                int64_t o0, int64_t o1, float *y, int64_t ldy);
+void qmm_group8(cb_type t, const uint8_t *b, int g, int16_t w[32], float *a, float *bb);
+int qmm_has_q8(cb_type t);
 
 #endif

@@ -426,6 +426,12 @@ typedef struct cb_model_params {
     const char *device;    /* "cpu" (also NULL, ""), "cuda", "cuda:N", or
                               "auto": CUDA device 0 when one is present,
                               else cpu (the programs' default) */
+    int act8;              /* 1: the CPU's products of 1 to 12 rows with
+                              block-quantized weights quantize their
+                              activations to 8 bits per 32 (as llama.cpp;
+                              faster decode, not exact); 0: exact f32
+                              activations.  A device without the mode
+                              refuses it (CB_ERR_UNSUPPORTED). */
 } cb_model_params;
 
 /* Load a model: GGUF metadata, tokenizer and every weight, onto a compute

@@ -236,6 +236,19 @@ cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int
 
 enum { QKV_Q = 1, QKV_K = 2, QKV_V = 4 };
 
+/* y[k] = x . w[k]^T for the nw weights of one input: one backend call
+ * where the backend has it (one pool job on the CPU) */
+static void matmul_same_input(cb_backend *be, const cb_bweight *const *w, int nw, const float *x, float *const *y,
+                              int64_t n)
+{
+    if (be->ops->matmul_multi && nw > 0) {
+        be->ops->matmul_multi(be, w, nw, x, y, n);
+        return;
+    }
+    for (int k = 0; k < nw; k++)
+        be->ops->matmul(be, w[k], x, y[k], n);
+}
+
 /* The first step of a layer for `rows` (NULL: all): check the rows, note
  * their positions, gather them, normalize, and project the requested ones
  * of Q, K (both with RoPE) and V into f->q, f->k, f->v.  *x is the rows'
@@ -269,22 +282,28 @@ static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
         *x = f->x;
     }
     o->rmsnorm(be, *x, L->attn_norm, f->xn, *n, hp->n_embd, hp->norm_eps);
+    const cb_bweight *w[3];
+    float *y[3];
+    int nw = 0;
+    if (which & QKV_Q)
+        w[nw] = L->wq, y[nw++] = f->q;
+    if (which & QKV_K)
+        w[nw] = L->wk, y[nw++] = f->k;
+    if (which & QKV_V)
+        w[nw] = L->wv, y[nw++] = f->v;
+    matmul_same_input(be, w, nw, f->xn, y, *n);
     if (which & QKV_Q) {
-        o->matmul(be, L->wq, f->xn, f->q, *n);
         if (L->q_norm)
             o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)*n * hp->n_head, hp->head_dim, hp->norm_eps);
         o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
                 hp->rope_neox);
     }
     if (which & QKV_K) {
-        o->matmul(be, L->wk, f->xn, f->k, *n);
         if (L->k_norm)
             o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)*n * hp->n_head_kv, hp->head_dim, hp->norm_eps);
         o->rope(be, f->k, f->sel_pos, *n, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
                 hp->rope_neox);
     }
-    if (which & QKV_V)
-        o->matmul(be, L->wv, f->xn, f->v, *n);
     return CB_OK;
 }
 
@@ -318,8 +337,9 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
 
     /* MLP block */
     o->rmsnorm(be, x, L->ffn_norm, f->xn, n, d, hp->norm_eps);
-    o->matmul(be, L->wg, f->xn, f->g, n);
-    o->matmul(be, L->wu, f->xn, f->u, n);
+    const cb_bweight *gu[2] = {L->wg, L->wu};
+    float *gu_out[2] = {f->g, f->u};
+    matmul_same_input(be, gu, 2, f->xn, gu_out, n);
     if (m->ffn_gelu)
         o->geglu(be, f->g, f->u, f->g, n * (int64_t)hp->n_ff);
     else

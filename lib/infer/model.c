@@ -206,6 +206,25 @@ static cb_status swa_layers(const cb_gguf *g, const char *path, const char *arch
 static cb_status load_vec(cb_model *m, const char *path, const char *name, int64_t n, int optional, float **out,
                           cb_error *err);
 
+/* The model's backend (p->device, p->n_threads), checked against the head
+ * dimension, in 8-bit activation mode when p->act8 (before any weight). */
+static cb_status open_backend(cb_model *m, const char *path, const cb_model_params *p, cb_error *err)
+{
+    cb_status st = cb_backend_open(&m->be, p ? p->device : NULL, p ? p->n_threads : 0, err);
+    if (st != CB_OK)
+        return st;
+    if (m->be->ops->max_head_dim && m->hp.head_dim > m->be->ops->max_head_dim)
+        return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: head dimension %d is more than the %s backend handles (%d)",
+                            path, m->hp.head_dim, m->be->ops->name, m->be->ops->max_head_dim);
+    if (p && p->act8) {
+        if (!m->be->ops->set_act8)
+            return cb_error_set(err, CB_ERR_UNSUPPORTED, "8-bit activations: the %s backend has no such mode",
+                                m->be->ops->name);
+        m->be->ops->set_act8(m->be, 1);
+    }
+    return CB_OK;
+}
+
 cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params *p, cb_error *err)
 {
     const struct arch_desc *ad = NULL;
@@ -291,13 +310,8 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         goto fail;
     }
 
-    if ((st = cb_backend_open(&m->be, p ? p->device : NULL, p ? p->n_threads : 0, err)) != CB_OK)
+    if ((st = open_backend(m, path, p, err)) != CB_OK)
         goto fail;
-    if (m->be->ops->max_head_dim && hp->head_dim > m->be->ops->max_head_dim) {
-        st = cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: head dimension %d is more than the %s backend handles (%d)",
-                          path, hp->head_dim, m->be->ops->name, m->be->ops->max_head_dim);
-        goto fail;
-    }
     int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
     float *host = NULL;
     if ((st = load_tensor(m, path, "token_embd.weight", d, hp->n_vocab, 0, &m->tok_embd, NULL, err)))

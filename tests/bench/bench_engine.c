@@ -9,12 +9,22 @@
  *   batch:B:C       after a C-token prompt, B rows at positions C..C+B-1 in
  *                   one batch (blend's recomputed rows, a question), best of
  *                   three: batch_B_C_ms and batch_B_C_rows_s
+ *   kl:L            the 8-bit activations against the exact path: an
+ *                   L-token prompt of English text fed one token at a time
+ *                   to both (every product of the act8 model through its
+ *                   8-bit kernels, its KV cache included); kl_L_first: the
+ *                   KL (nats) of the next-token distribution after the
+ *                   prompt, kl_L_mean / kl_L_max over every position,
+ *                   kl_L_top1: the share of positions where the top tokens
+ *                   agree
  * Every scenario also prints rss_kb (getrusage: the peak so far).  $CB_BENCH_DEVICE
- * picks the device (default cpu, the one llama.cpp is compared on).
+ * picks the device (default cpu, the one llama.cpp is compared on);
+ * CB_BENCH_ACT8=1 turns on the 8-bit activations (cb_model_params.act8).
  * Prompts are fixed pseudo-random ids, as in llamacpp_engine.py. */
 #include "cbcore.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +45,84 @@ static long rss_kb(void)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss;
+}
+
+/* KL(softmax p || softmax q) in nats */
+static double kl_div(const float *p, const float *q, int n)
+{
+    double mp = -1e300, mq = -1e300, zp = 0, zq = 0, s = 0;
+    for (int i = 0; i < n; i++)
+        mp = p[i] > mp ? p[i] : mp, mq = q[i] > mq ? q[i] : mq;
+    for (int i = 0; i < n; i++)
+        zp += exp(p[i] - mp), zq += exp(q[i] - mq);
+    for (int i = 0; i < n; i++) {
+        double lp = p[i] - mp - log(zp), lq = q[i] - mq - log(zq);
+        s += exp(lp) * (lp - lq);
+    }
+    return s;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+static const char kl_text[] =
+    "The river rises in the hills north of the town and runs south through farmland for about forty "
+    "miles before it reaches the sea. In the nineteenth century it carried timber and grain to the port, "
+    "and the mills along its banks employed most of the people who lived in the valley. When the railway "
+    "came, the river trade declined, and many of the old mills were turned into houses, shops and, in one "
+    "case, a small museum that tells the story of the valley's industry. Today the river is known mostly "
+    "for its fishing and for the walking path that follows it from its source to the coast. ";
+
+/* kl:L on model path with threads: exact vs 8-bit activations */
+static int kl_rows(const char *path, int threads, int L)
+{
+    cb_model *m[2] = {NULL, NULL};
+    cb_kvcache *kv[2] = {NULL, NULL};
+    cb_fwd *f[2] = {NULL, NULL};
+    cb_error err;
+    cb_tokens t = {0};
+    for (int a = 0; a < 2; a++) {
+        cb_model_params mp = {threads, "cpu", a};
+        if (cb_model_load(&m[a], path, &mp, &err) != CB_OK) {
+            fprintf(stderr, "bench_engine: %s\n", err.msg);
+            return 65;
+        }
+    }
+    const cb_vocab *v = cb_model_vocab(m[0]);
+    while ((int)t.n < L) /* BOS as the model wants it, then the text again and again */
+        if (cb_tok_encode(v, kl_text, sizeof kl_text - 1, t.n ? 0 : CB_TOK_ADD_SPECIAL, &t) != CB_OK)
+            return 70;
+    int nv = cb_model_hparams(m[0])->n_vocab;
+    float *lg[2] = {malloc(sizeof(float) * (size_t)nv), malloc(sizeof(float) * (size_t)nv)};
+    for (int a = 0; a < 2; a++)
+        if (cb_kvcache_new(&kv[a], m[a], L + 8, CB_TYPE_F16) != CB_OK || cb_fwd_new(&f[a], m[a], 8) != CB_OK)
+            return 70;
+    double sum = 0, mx = 0, k = 0;
+    int agree = 0;
+    for (int i = 0; i < L; i++) {
+        for (int a = 0; a < 2; a++)
+            if (cb_model_eval(f[a], kv[a], &t.ids[i], 1, i, lg[a]) != CB_OK)
+                return 70;
+        k = kl_div(lg[0], lg[1], nv);
+        sum += k;
+        mx = k > mx ? k : mx;
+        agree += argmax(lg[0], nv) == argmax(lg[1], nv);
+    }
+    printf("kl_%d_first %.3e\nkl_%d_mean %.3e\nkl_%d_max %.3e\nkl_%d_top1 %.3f\n", L, k, L, sum / L, L, mx, L,
+           (double)agree / L);
+    for (int a = 0; a < 2; a++) {
+        cb_fwd_free(f[a]);
+        cb_kvcache_free(kv[a]);
+        cb_model_free(m[a]);
+        free(lg[a]);
+    }
+    cb_tokens_free(&t);
+    return 0;
 }
 
 static void sgemm_rate(int threads)
@@ -69,8 +157,15 @@ int main(int argc, char **argv)
         sgemm_rate(threads);
         return 0;
     }
+    int kl_len = 0;
+    if (argc == 4 && sscanf(argv[3], "kl:%d", &kl_len) == 1 && kl_len > 0) {
+        int code = kl_rows(argv[1], threads, kl_len);
+        printf("rss_kb %ld\n", rss_kb());
+        return code;
+    }
     const char *dev = getenv("CB_BENCH_DEVICE");
-    cb_model_params mp = {threads, dev && *dev ? dev : "cpu"};
+    const char *a8 = getenv("CB_BENCH_ACT8");
+    cb_model_params mp = {threads, dev && *dev ? dev : "cpu", a8 && !strcmp(a8, "1")};
     double t_load = now();
     if (cb_model_load(&m, argv[1], &mp, &err) != CB_OK) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);

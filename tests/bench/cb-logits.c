@@ -13,7 +13,7 @@ int main(int argc, char **argv)
 {
     cb_model *m;
     cb_error err;
-    cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, getenv("CB_DEVICE")}; /* NULL: the CPU */
+    cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, getenv("CB_DEVICE"), 0}; /* NULL: the CPU */
     static char line[1 << 20];
 
     if (argc < 2) {

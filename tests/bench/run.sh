@@ -72,6 +72,30 @@ echo "== engine: ours vs llama.cpp on $(basename "$M"), $T threads, one process 
 engine_rows "$M" default $SCEN
 # shellcheck disable=SC2086
 table default $SCEN
+# The 8-bit activations (--act8): decode next to the exact path and llama.cpp
+# (whose figures above are reused), and their KL to the exact path.
+act8_rows() {
+    model=$1; tag=$2; shift 2
+    for sc in "$@"; do
+        CB_BENCH_ACT8=1 "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.act8"
+        k="decode_$(echo "$sc" | cut -d: -f2)_tok_s"
+        awk -v k="$k" -v x="$(get "$tmp/$tag.act8" "$sc/$k")" -v e="$(get "$tmp/$tag.ours" "$sc/$k")" \
+            -v y="$(get "$tmp/$tag.theirs" "$sc/$k")" -v r="$(get "$tmp/$tag.act8" "$sc/rss_kb")" 'BEGIN {
+            sub(/_tok_s$/, "", k)
+            printf "| %-22s | %11.1f | %11.1f | %5.2fx | %5.0f MB |  (tok/s; exact path %.1f = %.2fx)\n", k " act8", x, y,
+                (y > 0 ? x / y : 0), r / 1024, e, (y > 0 ? e / y : 0) }'
+    done
+}
+DEC=$(for sc in $SCEN; do case $sc in decode:*) printf '%s ' "$sc" ;; esac; done)
+if [ -n "$DEC" ]; then
+    echo "== 8-bit activations (--act8) vs llama.cpp; target: decode >= 1.2x"
+    : > "$tmp/default.act8"
+    # shellcheck disable=SC2086
+    act8_rows "$M" default $DEC
+fi
+"$BUILD/bench/bench_engine" "$M" "$T" kl:256 > "$tmp/kl"
+echo "act8 vs exact, 256 tokens of English fed one at a time: next-token KL after them $(get "$tmp/kl" kl_256_first) nats," \
+    "mean $(get "$tmp/kl" kl_256_mean), max $(get "$tmp/kl" kl_256_max); top-1 agrees at $(get "$tmp/kl" kl_256_top1) of positions"
 echo "machine sgemm (OpenBLAS, 1024^3, $T threads): $(get "$tmp/sgemm" sgemm_gflops) GFLOP/s"
 b48=$(get "$tmp/default.ours" batch:48:2048/batch_48_2048_rows_s); b512=$(get "$tmp/default.ours" batch:512:2048/batch_512_2048_rows_s)
 [ -n "$b48" ] && [ -n "$b512" ] && awk -v a="$b48" -v b="$b512" 'BEGIN { printf "48-row batch at %.0f%% of the per-row speed of a 512-row batch (ours; target >= 70%%)\n", 100 * a / b }'
@@ -96,11 +120,39 @@ if [ "${CB_BENCH_7B:-1}" = 1 ]; then
         echo "== 7B-shaped $q fixture: $(($(wc -c < "$f7") / 1048576)) MB, written in $(($(date +%s) - g0)) s"
         engine_rows "$f7" "7b-$q" decode:128:32
         table "7b-$q" decode:128:32
+        : > "$tmp/7b-$q.act8"
+        act8_rows "$f7" "7b-$q" decode:128:32
         rm -f "$f7"
     done
 else
     echo "== 7B-shaped fixtures skipped (CB_BENCH_7B=0)"
 fi
+# Blend TTFT against full prefill (issue 13's targets: >= 3x on 6 chunks and
+# a ~355-token prompt, >= 4.5x on 6 x 512-token chunks): 6 chunks cut from
+# the text by cb-chunk, stored by cb-precompute, one question; cb-run's
+# --stats ttft_ms, best of 3 per mode, blend with the default strategy
+# (probe) and with hkvd (CacheBlend's own), the default ratio.
+blend_ttft() {
+    ntok=$1; target=$2; d="$tmp/blend$ntok"; mkdir -p "$d"
+    head -c 300000 "$tmp/text.txt" | "$BINDIR_B/cb-chunk" -m "$M" --tokens "$ntok" - | head -n 6 > "$d/chunks.jsonl"
+    "$BINDIR_B/cb-precompute" -q -m "$M" --device cpu -t "$T" --store "$d/store" "$d/chunks.jsonl" > /dev/null
+    for spec in full blend blend:hkvd; do
+        mode=${spec%%:*}; set --; [ "$spec" = blend:hkvd ] && set -- --strategy hkvd
+        best=""
+        for _ in 1 2 3; do
+            "$BINDIR_B/cb-run" -q -m "$M" --device cpu -t "$T" --store "$d/store" --chunks "$d/chunks.jsonl" \
+                --mode "$mode" "$@" -n 1 --stats "$d/s.json" -p "Which of these places is the oldest, and why?" > /dev/null
+            ms=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ttft_ms"])' "$d/s.json")
+            best=$(awk -v a="$ms" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
+        done
+        echo "$spec $best $(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print(s["n_prompt_tokens"], s["n_recomputed_tokens"])' "$d/s.json")" >> "$d/ttft"
+    done
+    awk -v n="$ntok" -v t="$target" '$1 == "full" { f = $2; p = $3 } $1 != "full" { b[$1] = $2; r[$1] = $4 }
+        END { for (k in b) printf "| 6 chunks of <= %3d tokens (%4d-token prompt) | full %7.1f ms | %-10s %6.1f ms (%3d rows recomputed) | %5.2fx | target >= %sx |\n", n, p, f, k, b[k], r[k], f / b[k], t }' "$d/ttft"
+}
+echo "== blend TTFT vs full prefill (ours, $T threads)"
+blend_ttft 56 3
+blend_ttft 512 4.5
 # The same engine on the GPU, when this machine has one and the CUDA module runs.
 if "$BINDIR_B/cb-run" -m "$M" --device cuda -p x -n 1 >/dev/null 2>"$tmp/cuda.err"; then
     echo "== bench_engine (ours) on CUDA vs ours on the CPU"

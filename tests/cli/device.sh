@@ -29,6 +29,21 @@ expect_exit "cb-run --device cpu" 0 "$RUN" -m "$TINY" --device cpu -p "abc" -n 4
 python3 -c "import json,sys; d=json.load(open('$T/s.json')); sys.exit(not (d['backend']=='cpu' and d['device'].startswith('cpu (')))" &&
     ok "--stats names the device" || not_ok "--stats names the device"
 
+# --act8 / $CB_ACT8=1: the CPU's 8-bit activations, said in --stats; the
+# device defaults to the CPU then (the one device that has the mode)
+for p in "cb-run -p x" "cb-precompute" "cb-profile --no-write"; do
+    prog=${p%% *}
+    $BINDIR_B/$prog --help | grep -q -- "--act8" && ok "$prog --help names --act8" || not_ok "$prog --help names --act8"
+done
+expect_exit "cb-run --act8" 0 "$RUN" -m "$TINY" --act8 -p "abc" -n 4 --stats "$T/s8.json"
+python3 -c "import json,sys; d=json.load(open('$T/s8.json')); sys.exit(not (d['backend']=='cpu' and '8-bit activations' in d['device']))" &&
+    ok "--stats says 8-bit activations" || not_ok "--stats says 8-bit activations"
+CB_ACT8=1 "$RUN" -m "$TINY" -p "abc" -n 4 --stats "$T/s8e.json" >/dev/null 2>&1
+python3 -c "import json,sys; sys.exit('8-bit activations' not in json.load(open('$T/s8e.json'))['device'])" &&
+    ok "\$CB_ACT8=1 does the same" || not_ok "\$CB_ACT8=1 does the same"
+python3 -c "import json,sys; sys.exit('8-bit' in json.load(open('$T/s.json'))['device'])" &&
+    ok "without them the activations stay f32" || not_ok "without them the activations stay f32"
+
 DEV=${CB_TEST_DEVICE:-cuda}
 gpu=0
 if [ "$DEV" != cuda ]; then

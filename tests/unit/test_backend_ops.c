@@ -11,6 +11,7 @@
  * why. */
 #include "../../lib/backend/backend.h"
 #include "../../lib/backend/opmath.h"
+#include "../../lib/backend/qmm.h"
 #include "cbcore.h"
 #include "test.h"
 
@@ -115,6 +116,74 @@ static int64_t c_matmul(cb_backend *be, float *out)
     }
     free(wf), free(x), free(bias), free(wq);
     return n * n_out;
+}
+
+/* The 8-bit activation path's math, plain: each 32 activations quantized
+ * (d = max|x| / 127, q = x / d rounded half to even), then the double sum
+ * of the decoded weights times d * q.  act8_exact = 1: c_matmul's exact
+ * reference instead (the f32 product the approximation is measured
+ * against). */
+static int act8_exact;
+
+static int64_t c_matmul_act8(cb_backend *be, float *out)
+{
+    if (be || act8_exact)
+        return c_matmul(be, out);
+    int64_t n = mm_n, n_in = mm_in, n_out = mm_out;
+    seed(1);
+    float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(n * n_in, 1.0f);
+    size_t rb = cb_type_row_bytes(mm_type, n_in);
+    uint8_t *wq = malloc(rb * (size_t)n_out);
+    float *w = malloc(sizeof(float) * (size_t)(n_in * n_out));
+    double *xd = malloc(sizeof(double) * (size_t)(n * n_in));
+    for (int64_t o = 0; o < n_out; o++) {
+        cb_quant_row(mm_type, wf + o * n_in, wq + (size_t)o * rb, n_in);
+        cb_dequant_row(mm_type, wq + (size_t)o * rb, w + o * n_in, n_in);
+    }
+    for (int64_t g = 0; g < n * n_in / 32; g++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[32 * g + j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++)
+            xd[32 * g + j] = (double)d * nearbyintf(x[32 * g + j] * id);
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t o = 0; o < n_out; o++) {
+            double s = 0;
+            for (int64_t j = 0; j < n_in; j++)
+                s += xd[i * n_in + j] * w[o * n_in + j];
+            out[i * n_out + o] = (float)s;
+        }
+    free(wf), free(x), free(wq), free(w), free(xd);
+    return n * n_out;
+}
+
+/* qmm_group8's integers and factors give cb_dequant_row's values (up to
+ * the one rounding each does), for every group of a random row */
+static int64_t c_group8(cb_backend *be, float *out)
+{
+    int64_t n_in = 512;
+    seed(3);
+    float *wf = rand_vec(n_in, 1.0f);
+    size_t rb = cb_type_row_bytes(mm_type, n_in);
+    uint8_t *wq = malloc(rb);
+    cb_quant_row(mm_type, wf, wq, n_in);
+    if (!be) {
+        cb_dequant_row(mm_type, wq, out, n_in);
+    } else {
+        int per = cb_type_block_elems(mm_type) / 32;
+        for (int64_t g = 0; g < n_in / 32; g++) {
+            int16_t wi[32];
+            float a, b;
+            qmm_group8(mm_type, wq + (size_t)(g / per) * cb_type_row_bytes(mm_type, 32 * per), (int)(g % per),
+                       wi, &a, &b);
+            for (int j = 0; j < 32; j++)
+                out[32 * g + j] = (float)((double)a * wi[j] + b);
+        }
+    }
+    free(wf), free(wq);
+    return n_in;
 }
 
 /* get_rows of a weight of type mm_type: [n_out, n_in] table, 9 ids */
@@ -1413,6 +1482,129 @@ static void r18_error_checks(const char *self)
     free(log);
 }
 
+/* The 8-bit activation path (cb_model_params.act8): on every block type
+ * that has it, the dispatched and the portable kernels against (1) the
+ * plain double loop of the same math (activations quantized, then the
+ * product), bound 1e-10 (measured up to ~1e-13: the f32 sums and the
+ * weights' a*w+b against the decoder's one rounding); (2) the exact f32
+ * product, bound 1e-4 (8-bit activations: an error of up to a 254th of each
+ * 32-group's largest value; measured 1.2e-5 to 2.5e-5 on uniform inputs);
+ * (3) each other, 1e-11 (measured up to ~2e-13: the same integers, f32 sums
+ * in another order).  Batches past the 12-row dot kernels stay exact (1e-12).  And the
+ * two quantizers agree bit for bit, ties and zeros included. */
+/* matmul_multi (one job for the products of one input) gives, bit for bit,
+ * what matmul gives for each weight: three weights of different types and
+ * widths (one with a bias), 1, 5 and 12 rows and 20 (the per-weight
+ * fallback), on backend be */
+static void multi_case(cb_backend *be, const char *label)
+{
+    static const cb_type ty[3] = {CB_TYPE_Q4_1, CB_TYPE_Q8_0, CB_TYPE_Q6_K};
+    static const int64_t outs[3] = {72, 40, 24}, ns[4] = {1, 5, 12, 20};
+    int64_t n_in = 512;
+    seed(7);
+    float *x = rand_vec(20 * n_in, 1.0f), *bias = rand_vec(40, 0.5f);
+    cb_bweight *w[3];
+    uint8_t *wq[3];
+    float *y1[3], *y2[3];
+    for (int k = 0; k < 3; k++) {
+        float *wf = rand_vec(n_in * outs[k], 1.0f);
+        size_t rb = cb_type_row_bytes(ty[k], n_in);
+        wq[k] = malloc(rb * (size_t)outs[k]);
+        for (int64_t o = 0; o < outs[k]; o++)
+            cb_quant_row(ty[k], wf + o * n_in, wq[k] + (size_t)o * rb, n_in);
+        w[k] = be->ops->weight_new(be, ty[k], n_in, outs[k], wq[k], k == 1 ? bias : NULL);
+        y1[k] = malloc(sizeof(float) * 20 * (size_t)outs[k]);
+        y2[k] = malloc(sizeof(float) * 20 * (size_t)outs[k]);
+        free(wf);
+    }
+    for (int i = 0; i < 4; i++) {
+        int same = 1;
+        for (int k = 0; k < 3; k++)
+            be->ops->matmul(be, w[k], x, y1[k], ns[i]);
+        be->ops->matmul_multi(be, (const cb_bweight *const *)w, 3, x, y2, ns[i]);
+        for (int k = 0; k < 3; k++)
+            same &= memcmp(y1[k], y2[k], sizeof(float) * (size_t)(ns[i] * outs[k])) == 0;
+        tcase("%s matmul_multi q4_1+q8_0(bias)+q6_K, %lld rows = matmul each, bit for bit", label, (long long)ns[i]);
+        CHECK(same);
+    }
+    for (int k = 0; k < 3; k++) {
+        be->ops->weight_free(be, w[k]);
+        free(wq[k]), free(y1[k]), free(y2[k]);
+    }
+    free(x), free(bias);
+}
+
+static void act8_cases(void)
+{
+    static const cb_type q8_types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
+                                       CB_TYPE_Q8_0, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
+    static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48}, {4, 1280, 20}, {2, 2048, 9}, {11, 256, 40}};
+    char name[128];
+    cb_backend *a8 = cb_backend_cpu_new(2), *a8c = cb_backend_cpu_new_ex(2, 0);
+    a8->ops->set_act8(a8, 1);
+    a8c->ops->set_act8(a8c, 1);
+    printf("# 8-bit activations: %s; portable: %s\n", a8->desc, a8c->desc);
+    multi_case(cpu, "cpu ");
+    multi_case(a8, "act8");
+    float *o_c = malloc(sizeof(float) * MAXOUT);
+    for (size_t i = 0; i < sizeof q8_types / sizeof q8_types[0]; i++) {
+        mm_type = q8_types[i], mm_bias = 0;
+        snprintf(name, sizeof name, "qmm_group8 %s = dequant", cb_type_name(mm_type));
+        int64_t n = c_group8(NULL, o_ref);
+        c_group8(a8, o_cpu);
+        double e = nmse(o_ref, o_cpu, n);
+        tcase("act8 %-30s (nmse %.2e, bound 1e-13)", name, e);
+        CHECKF(e <= 1e-13, "nmse %.3e", e);
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            mm_n = shapes[k][0], mm_in = shapes[k][1], mm_out = shapes[k][2];
+            snprintf(name, sizeof name, "matmul %s %lldx%lldx%lld", cb_type_name(mm_type), (long long)mm_n,
+                     (long long)mm_in, (long long)mm_out);
+            act8_exact = 0;
+            n = c_matmul_act8(NULL, o_ref);
+            c_matmul_act8(a8, o_cpu);
+            c_matmul_act8(a8c, o_c);
+            double ea = nmse(o_ref, o_cpu, n), ec = nmse(o_ref, o_c, n), eac = nmse(o_c, o_cpu, n);
+            tcase("act8 %-30s vs same-math reference (nmse %.2e, portable %.2e; bound 1e-10)", name, ea, ec);
+            CHECKF(ea <= 1e-10 && ec <= 1e-10, "nmse %.3e / %.3e", ea, ec);
+            tcase("act8 %-30s %s vs portable (nmse %.2e, bound 1e-11)", name, qmm_isa(1), eac);
+            CHECKF(eac <= 1e-11, "nmse %.3e", eac);
+            act8_exact = 1;
+            c_matmul_act8(NULL, o_ref);
+            e = nmse(o_ref, o_cpu, n);
+            tcase("act8 %-30s vs exact f32 product (nmse %.2e, bound 1e-4)", name, e);
+            CHECKF(e <= 1e-4 && e > 0, "nmse %.3e", e);
+        }
+        mm_n = 16, mm_in = 256, mm_out = 40, act8_exact = 1;
+        snprintf(name, sizeof name, "matmul %s 16x256x40", cb_type_name(mm_type));
+        n = c_matmul_act8(NULL, o_ref);
+        c_matmul_act8(a8, o_cpu);
+        e = nmse(o_ref, o_cpu, n);
+        tcase("act8 %-30s past 12 rows: exact (nmse %.2e, bound 1e-12)", name, e);
+        CHECKF(e <= 1e-12, "nmse %.3e", e);
+    }
+    act8_exact = 0;
+    /* the quantizers: random values, exact ties (k + 0.5 steps), zeros, a
+     * group of zeros, huge and tiny values */
+    qmm_kernels k;
+    qmm_select(CB_TYPE_Q4_0, 1, &k);
+    int64_t nx = 32 * 64;
+    float *x = rand_vec(nx, 3.0f);
+    for (int64_t j = 0; j < 32; j++) {
+        x[32 + j] = j == 31 ? 127.0f : (float)(j - 16) + 0.5f; /* d = 1: every other value a tie */
+        x[64 + j] = 0;
+        x[96 + j] = j % 3 ? 0 : 1e30f;
+        x[128 + j] = x[j] * 1e-30f;
+    }
+    qmm_q8 *qa = malloc(sizeof *qa * (size_t)(nx / 32)), *qc = malloc(sizeof *qc * (size_t)(nx / 32));
+    k.quant(x, nx, qa);
+    qmm_quant8_c(x, nx, qc);
+    tcase("act8 quantizer %s = portable, bit for bit (ties, zeros, 1e30, 1e-30)", k.isa);
+    CHECK(memcmp(qa, qc, sizeof *qa * (size_t)(nx / 32)) == 0);
+    free(x), free(qa), free(qc), free(o_c);
+    a8->ops->free(a8);
+    a8c->ops->free(a8c);
+}
+
 static void r18_cases(const char *self)
 {
     char name[160];
@@ -1502,15 +1694,16 @@ int main(int argc, char **argv)
                  mm_type == CB_TYPE_BF16 ? -1 : mm_type == CB_TYPE_F32 ? 1e-6 : 1e-6);
     }
     /* The CPU kernels on every type and batch shape: one row (decode), 3
-     * (a partial group of the 4-row kernel), 16 and 100 (dequantized panels
+     * (a partial group of the 4-row kernel), 9 (the dot kernels in groups of
+     * 4, 4 and 1; they take up to 12 rows), 16 and 100 (dequantized panels
      * into sgemm, several panels, a ragged last one), an input longer than
      * the portable kernel's chunk; plain types also with an input not a
      * multiple of 32.  Bound: nmse 1e-12 against the double-precision loop
      * over the decoded weights (measured: ~5e-14, f32 sums of 256..1280
      * products). */
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48}, {16, 256, 40}, {100, 256, 300},
-                                            {2, 1280, 20}};
+        static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48}, {9, 512, 40}, {16, 256, 40},
+                                            {100, 256, 300}, {2, 1280, 20}};
         mm_type = types[i], mm_bias = 0;
         int plain = cb_type_block_elems(mm_type) == 1;
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0] + (size_t)plain; k++) {
@@ -1599,6 +1792,7 @@ int main(int argc, char **argv)
     run_case("upload/download 12 MB", c_roundtrip, -1, -1);
     run_case("two threads at once", c_threads, -1, -1);
     run_case("event hand-over between threads", c_event, -1, -1);
+    act8_cases();
     r18_cases(argv[0]);
 
     if (cuda)

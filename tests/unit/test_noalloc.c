@@ -38,13 +38,13 @@ void *__wrap_realloc(void *p, size_t n)
     return __real_realloc(p, n);
 }
 
-static void run(const char *path, const char *label)
+static void run(const char *path, const char *label, int act8)
 {
     cb_model *m = NULL;
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
     cb_error err;
-    cb_model_params mp = {2, "cpu"};
+    cb_model_params mp = {2, "cpu", act8};
     tcase("%s: prefill, decode, logits, selected rows and deviation allocate nothing", label);
     if (cb_model_load(&m, path, &mp, &err) != CB_OK) {
         CHECKF(0, "%s", err.msg);
@@ -90,8 +90,10 @@ int main(void)
     const char *tmp = getenv("CB_TEST_TMP");
     TEST_BEGIN();
     snprintf(path, sizeof path, "%s/tiny-q4_K.gguf", tmp ? tmp : "tests/tmp");
-    run(path, "tiny q4_K");
+    run(path, "tiny q4_K", 0);
+    run(path, "tiny q4_K, 8-bit activations (their buffer is sized at setup)", 1);
     snprintf(path, sizeof path, "%s/tiny-qwen2.gguf", tmp ? tmp : "tests/tmp");
-    run(path, "tiny qwen2 q8_0 (biases)");
+    run(path, "tiny qwen2 q8_0 (biases)", 0);
+    run(path, "tiny qwen2 q8_0, 8-bit activations", 1);
     TEST_END();
 }
