@@ -3,6 +3,7 @@
 # Debian (clang-N, libclang-rt-N-dev, N >= 15); `make deps` installs them.
 #   make fuzz FUZZ_S=N      run every harness N seconds (default 60)
 #   make fuzz FUZZ=gguf     only some harnesses
+#   make fuzz FUZZ_RUNS=N   stop each harness after N executions (or FUZZ_S)
 #   make fuzz-build         harnesses, fixtures and seed corpora in build/fuzz
 # Objects are built with -fsanitize=fuzzer-no-link so the library's code is
 # instrumented for coverage; the CUDA backend is not part of these builds.
@@ -19,6 +20,7 @@ FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fuzz
 FUZZ_BINS  := $(FUZZ_NAMES:%=$(FUZZ_B)/fuzz_%)
 FUZZ_SEEDS := $(FUZZ_B)/seeds/.stamp
 FUZZ_S     ?= 60
+FUZZ_RUNS  ?=
 FUZZ       ?= $(FUZZ_NAMES)
 
 .PHONY: fuzz fuzz-build fuzz-cc
@@ -49,4 +51,4 @@ fuzz: ## run each libFuzzer harness FUZZ_S seconds (default 60; FUZZ="gguf kvfil
 	@sh scripts/deps.sh
 	@$(MAKE) --no-print-directory all $(GEN_BIN)
 	@$(MAKE) --no-print-directory fuzz-build
-	@sh tests/fuzz/run.sh $(FUZZ_B) $(FUZZ_S) $(FUZZ)
+	@FUZZ_RUNS=$(FUZZ_RUNS) sh tests/fuzz/run.sh $(FUZZ_B) $(FUZZ_S) $(FUZZ)
