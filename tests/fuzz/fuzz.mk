@@ -52,3 +52,30 @@ fuzz: ## run each libFuzzer harness FUZZ_S seconds (default 60; FUZZ="gguf kvfil
 	@$(MAKE) --no-print-directory all $(GEN_BIN)
 	@$(MAKE) --no-print-directory fuzz-build
 	@FUZZ_RUNS=$(FUZZ_RUNS) sh tests/fuzz/run.sh $(FUZZ_B) $(FUZZ_S) $(FUZZ)
+
+# Line coverage of the code each harness targets: the harnesses built again
+# with clang's source-based coverage (no sanitizers) into build/fuzz-cov,
+# each replaying its corpus once (-runs=0), then llvm-profdata/llvm-cov of
+# the same version as clang report per source file (tests/fuzz/cov.sh).
+#   make fuzz-cov                         corpus: build/fuzz/corpus + seeds
+#   make fuzz-cov FUZZ_CORPUS=DIR         DIR/NAME per harness, + seeds
+FUZZ_COVB   := build/fuzz-cov
+FUZZ_COVFL   = $(filter-out $(FUZZ_SAN) -fsanitize=fuzzer-no-link,$(FUZZ_CFLAGS)) -fprofile-instr-generate -fcoverage-mapping
+FUZZ_COVOBJ := $(LIB_SRC:%.c=$(FUZZ_COVB)/%.o) $(FUZZ_COVB)/src/cli.o
+FUZZ_COVBIN := $(FUZZ_NAMES:%=$(FUZZ_COVB)/fuzz_%)
+FUZZ_CORPUS ?= $(FUZZ_B)/corpus
+
+.PHONY: fuzz-cov
+
+$(FUZZ_COVB)/%.o: %.c | fuzz-cc
+	@mkdir -p $(dir $@)
+	@[ "$(Q)" = "" ] || echo "  COVCC   $<"
+	$(Q)$(FUZZ_CC) $(FUZZ_COVFL) -c -o $@ $<
+
+$(FUZZ_COVB)/fuzz_records: $(FUZZ_COVB)/tests/fuzz/records_run.o $(FUZZ_COVB)/tests/fuzz/records_pre.o
+$(FUZZ_COVB)/fuzz_%: $(FUZZ_COVB)/tests/fuzz/fuzz_%.o $(FUZZ_COVOBJ)
+	@[ "$(Q)" = "" ] || echo "  COVLD   $@"
+	$(Q)$(FUZZ_CC) -fsanitize=fuzzer -fprofile-instr-generate -o $@ $(filter %.o,$^) $(LDLIBS)
+
+fuzz-cov: $(FUZZ_COVBIN) $(FUZZ_SEEDS) ## line coverage per harness of the code it targets, from its corpus (needs clang, llvm)
+	@FUZZ_CC=$(FUZZ_CC) sh tests/fuzz/cov.sh $(FUZZ_COVB) $(FUZZ_B) $(FUZZ_CORPUS) $(FUZZ)

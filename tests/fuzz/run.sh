@@ -33,14 +33,7 @@ mkdir -p "$CB_FUZZ_TMP"
 if [ -z "${ASAN_SYMBOLIZER_PATH:-}" ] && command -v llvm-symbolizer >/dev/null 2>&1; then
     ASAN_SYMBOLIZER_PATH=$(command -v llvm-symbolizer); export ASAN_SYMBOLIZER_PATH
 fi
-# Largest input per harness: what its seeds need, small enough to stay fast.
-max_len() {
-    case $1 in
-    gguf|model) echo 32768 ;;
-    kvfile|import|chunk_input) echo 24576 ;;
-    *) echo 4096 ;;
-    esac
-}
+. "$(dirname "$0")/maxlen.sh"
 n=0 bad=0 total_execs=0
 echo "1..$#"
 for h in "$@"; do
