@@ -6,8 +6,13 @@
 # Valgrind's slowdown: those are listed); its log is in build/memcheck/NAME.log (outside tests/tmp,
 # which make test empties).  The store's multi-process stress runs 1 s and
 # 5 kill rounds here (CB_STORE_STRESS_S, CB_STORE_ROUNDS).
+# test_blend runs twice: "test_blend" on the tiny fixtures, and
+# "test_blend:real" on the real models (those fetched) with chunks half as
+# long (CB_BLEND_MODELS, CB_BLEND_SHORT in test_blend.c): at full length
+# they do not finish under Valgrind in an hour.
 # Environment: BUILD (default build/rel), MEMCHECK_TESTS (names to run,
-# default every tests/unit program), VALGRIND_ARGS (extra options).
+# default every tests/unit program and test_blend:real), VALGRIND_ARGS
+# (extra options).
 BUILD=${BUILD:-build/rel}
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top" || exit 70
@@ -27,18 +32,27 @@ done
 "$gen" --vocab-only "$CB_TEST_TMP/tiny-vocab.gguf" || exit 70
 "$gen" --layers 4 "$CB_TEST_TMP/tiny4-f32.gguf" || exit 70
 "$gen" --arch qwen2 --type q8_0 "$CB_TEST_TMP/tiny-qwen2.gguf" || exit 70
+"$gen" --arch qwen3 --type q8_0 --layers 4 "$CB_TEST_TMP/tiny-qwen3.gguf" || exit 70
+"$gen" --arch gemma3 --type q8_0 "$CB_TEST_TMP/tiny-gemma3.gguf" || exit 70
+"$gen" --rope-scaling llama3 --type q8_0 --layers 4 "$CB_TEST_TMP/tiny-llama3.gguf" || exit 70
 
-tests=${MEMCHECK_TESTS:-$(cd "$BUILD/tests" && ls test_* 2>/dev/null)}
+tests=${MEMCHECK_TESTS:-$(cd "$BUILD/tests" && ls test_* 2>/dev/null) test_blend:real}
 n=0; bad=0
 echo "1..$(echo $tests | wc -w)"
 for t in $tests; do
     n=$((n + 1))
     log="$CB_TEST_TMP/$t.log"
     start=$(date +%s)
+    case $t in
+    test_blend) models=tiny short= ;;
+    test_blend:real) models=real short=1 ;;
+    *) models= short= ;;
+    esac
     # 99 marks a memcheck error; the test's own failures give 1.
-    CB_DEVICE=cpu CB_STORE_STRESS_S=${CB_STORE_STRESS_S:-1} CB_STORE_ROUNDS=${CB_STORE_ROUNDS:-5} valgrind --tool=memcheck --error-exitcode=99 --leak-check=full \
+    CB_DEVICE=cpu CB_STORE_STRESS_S=${CB_STORE_STRESS_S:-1} CB_STORE_ROUNDS=${CB_STORE_ROUNDS:-5} \
+    CB_BLEND_MODELS=$models CB_BLEND_SHORT=$short valgrind --tool=memcheck --error-exitcode=99 --leak-check=full \
         --errors-for-leak-kinds=definite --show-leak-kinds=definite --track-origins=yes \
-        --num-callers=30 ${VALGRIND_ARGS:-} "$BUILD/tests/$t" >"$log" 2>&1
+        --num-callers=30 ${VALGRIND_ARGS:-} "$BUILD/tests/${t%%:*}" >"$log" 2>&1
     rc=$?
     errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) errors.*/\1/p' "$log" | tail -1)
     # The test's own failures (rc 1) are not memory errors: under Valgrind's
