@@ -10,7 +10,6 @@ covdir=$1 fdir=$2 corpus=$3
 shift 3 || { echo "usage: cov.sh COVDIR FUZZDIR CORPUS [NAME...]" >&2; exit 64; }
 [ -n "$*" ] || set -- $(cd "$covdir" && ls fuzz_* | sed 's/^fuzz_//')
 . "$(dirname "$0")/maxlen.sh"
-set -f # the function regexes below are not file names
 ver=${FUZZ_CC##*clang-}
 prof=$(command -v llvm-profdata-$ver || command -v llvm-profdata)
 cov=$(command -v llvm-cov-$ver || command -v llvm-cov)
@@ -28,8 +27,8 @@ targets() {
     kvfile) echo "lib/kv/kvfile.c:cb_kvfile_.*|cb_kv_header_size|cb_kv_tokens_hash|parse_fixed|check_magic|bad|read_full|load_layer|kv_type_ok" ;;
     tok_bpe|tok_spm) echo lib/infer/vocab.c ;;
     records) echo "src/cb-precompute.c:emit" "src/cli.c:cli_read_records|cli_read_input" lib/prompt/prompt.c ;;
-    profile) echo lib/store/profile.c lib/kv/controller.c ;;
-    store_conf) echo lib/store/store.c ;;
+    profile) echo lib/kv/controller.c ;;
+    store_conf) echo "lib/store/store.c:read_config|check_tiers|tier_name_valid|abs_path|marker_path|marker_check|open_store|cb_store_open|cb_store_close|cb_store_tier_info|open_lock_file|dir_readonly|shared_id_of" ;;
     import) echo "lib/store/archive.c:cb_store_import|bad_name|base_name|import_room|read_upto|write_all|stage_member" lib/store/entry.c ;;
     chunk_input) echo "src/cb-chunk.c:chunk_doc|archive_open|read_entry|member_name|do_buffer|write_record|json_name" lib/infer/chunk.c ;;
     esac
@@ -59,7 +58,7 @@ for h in "$@"; do
     for t in $(targets "$h"); do
         file=${t%%:*} re=
         [ "$file" = "$t" ] || re=${t#*:}
-        set -- $("$cov" show "$bin" -instr-profile="$out/$h.profdata" ${re:+-name-regex="(^|:)($re)\$"} "$file" | count_lines)
+        set -- $("$cov" show "$bin" -instr-profile="$out/$h.profdata" ${re:+"-name-regex=(^|:)($re)\$"} "$file" | count_lines)
         tn=$((tn + $1)) tr=$((tr + $2))
         printf '%-12s %-24s %8d %8d %6.1f%%\n' "$h" "$(basename "$file")${re:+ (part)}" "$1" "$2" \
             "$(echo "$1 $2" | awk '{ print $1 ? 100 * $2 / $1 : 0 }')"
