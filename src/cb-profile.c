@@ -93,12 +93,9 @@ static void drop_cache(const char *path)
 /* Load every layer of a KV file the way cb-run's loader does: read it from
  * the tier, verify and convert it, and place it in a cache on the compute
  * device (rotated to position 0).  Returns the file's MB/s, or -1. */
-static double load_all(const cb_model *m, const char *path, cb_kvcache *kv, float *k, float *v, cb_error *err)
+/* Every layer of an open KV file into kv (freed here); MB/s from t0. */
+static double load_kv(const cb_model *m, cb_kvfile *kf, double t0, cb_kvcache *kv, float *k, float *v, cb_error *err)
 {
-    cb_kvfile *kf;
-    double t0 = cb_now_ms();
-    if (cb_kvfile_open(&kf, path, err) != CB_OK)
-        return -1;
     const cb_kv_meta *mt = cb_kvfile_meta(kf);
     for (int32_t l = 0; l < mt->n_layer; l++)
         if (cb_kvfile_read_layer(kf, l, k, v, err) != CB_OK ||
@@ -110,6 +107,15 @@ static double load_all(const cb_model *m, const char *path, cb_kvcache *kv, floa
     double mb = (double)cb_kvfile_size(kf) / 1e6, ms = cb_now_ms() - t0;
     cb_kvfile_free(kf);
     return mb / (ms / 1e3);
+}
+
+static double load_all(const cb_model *m, const char *path, cb_kvcache *kv, float *k, float *v, cb_error *err)
+{
+    cb_kvfile *kf;
+    double t0 = cb_now_ms();
+    if (cb_kvfile_open(&kf, path, err) != CB_OK)
+        return -1;
+    return load_kv(m, kf, t0, kv, k, v, err);
 }
 
 typedef struct popts {
@@ -267,11 +273,11 @@ static int test_kvfile(const cb_model *m, int32_t L, void **buf, size_t *size)
     return st == CB_OK ? 0 : cli_exit_code(st);
 }
 
-/* The shared tier (Redis), when the store has one: a get of an entry only
- * it holds (fetch, checks, kept in the fastest local tier), then the load
- * of every layer, as cb-run does on a host that has not seen the chunk;
- * cold and warm alike (Redis keeps values in memory).  The test entry is
- * dropped from the shared tier afterwards. */
+/* The shared tier (Redis), when the store has one: an entry only it
+ * holds, opened and loaded layer by layer as it streams in (its header
+ * and every layer checked), as cb-run's loader does on a host that has
+ * not seen the chunk; cold and warm alike (Redis keeps values in memory).
+ * The test entry is dropped from the shared tier afterwards. */
 static void measure_shared(const cb_model *m, cb_store *store, int repeat, const void *buf, size_t size,
                            cb_kvcache *lkv, float *kb, float *vb, cb_profile *prof)
 {
@@ -301,12 +307,12 @@ static void measure_shared(const cb_model *m, cb_store *store, int repeat, const
         repeat = 16;
     for (int r = 0; r < repeat; r++) {
         cb_store_ref *ref;
-        const char *path;
+        cb_kvfile *kf;
         cb_store_remove(store, key, NULL); /* only the shared tier holds it */
         double t0 = cb_now_ms();
-        if (cb_store_acquire(store, key, &ref, &path, &err) != CB_OK)
+        if (cb_store_open_kv(store, key, &kf, &ref, &err) != CB_OK)
             break;
-        double mbs = load_all(m, path, lkv, kb, vb, &err);
+        double mbs = load_kv(m, kf, t0, lkv, kb, vb, &err);
         double ms = cb_now_ms() - t0;
         cb_store_release(ref);
         if (mbs <= 0)

@@ -64,6 +64,8 @@ static void usage(FILE *f)
             "                     the cached tokens the question attends to most at the check\n"
             "                     layer; runs: hkvd's most deviating tokens for half the\n"
             "                     budget, each with the token after it\n"
+            "      --probe-rows N  probe scores by the attention of the question's last N\n"
+            "                     tokens (default 8; 0: all of its tokens)\n"
             "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
             "                     agreement and whether the greedy answers match to --stats\n"
             "      --no-store-write  do not store the KV of chunks that had none\n"
@@ -130,7 +132,8 @@ enum {
     OPT_SCORE,
     OPT_SCOREFILE,
     OPT_MASS,
-    OPT_MAXRATIO
+    OPT_MAXRATIO,
+    OPT_PROBEROWS
 };
 
 /* ---------------------------------------------------------- generation */
@@ -407,7 +410,7 @@ static int run_stats(run *r)
     double ratio = bs->ratio;
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, s:s, "
-        "s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I}",
+        "s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i}",
         "mode", mode_names[bp->mode], "n_prompt_tokens", (json_int_t)r->total, "n_cached_tokens",
         (json_int_t)bs->n_cached_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
         "ttft_ms", r->gr.first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
@@ -419,7 +422,7 @@ static int run_stats(run *r)
         bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(r->m), "device",
         cb_model_device(r->m), "chat_template", cb_chat_name(cb_prompt_chat(r->pr)), "kv_type",
         cb_type_name(o->kv_type), "model_load_ms", r->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
-        "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes);
+        "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes, "probe_rows", bp->probe_rows);
     if (s && o->ratio_auto) {
         json_object_set_new(s, "ratio_source", json_string(r->ratio_source));
         json_object_set_new(s, "predicted_load_ms", json_real(r->rc.pred_load_ms));
@@ -462,7 +465,7 @@ static int run_answer(run *r)
         return code;
     if (o->ratio_auto && r->bp.mode == CB_MODE_BLEND)
         run_auto_ratio(r);
-    if ((st = cb_blend_prefill(r->f, r->kv, r->segs, r->n_segs, &r->bp, r->logits, &r->bs, &err)) != CB_OK) {
+    if ((st = cb_prompt_prefill(r->pr, r->store, r->f, r->kv, &r->bp, r->logits, &r->bs, warn, NULL, &err))) {
         cli_err("%s", err.msg);
         return cli_exit_code(st);
     }
@@ -517,8 +520,8 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
              "%.1f ms; stop: %s",
              (long long)r.total, r.bs.n_cached_tokens, r.bs.n_recomputed_tokens, r.bs.prefill_ms, r.bs.load_ms,
              r.gr.first_ms, r.gr.n_gen, r.gen_ms, r.gr.stop);
-    /* Store the chunks that had no cache, for the next run (after the answer:
-     * it costs this run no latency). */
+    /* For the next run, after the answer (no latency): keep streamed chunks, store missing ones. */
+    cb_prompt_keep(r.pr, r.store, warn, NULL);
     if (o->store_write && r.store && !cb_store_readonly(r.store) && cb_prompt_n_missing(r.pr) > 0)
         cb_prompt_store_missing(r.pr, r.store, CB_TYPE_F16, &r.n_stored, warn, NULL);
     if (o->stats_path)
@@ -596,11 +599,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     case OPT_MASS: return cli_parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
     case OPT_MAXRATIO: return cli_parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
     case OPT_RATIOS: return parse_ratios(arg, &o->bp);
-    case OPT_CHECK:
-        if (cli_parse_num("--check-layer", arg, 1, 4096, &d))
-            return -1;
-        o->bp.check_layer = (int32_t)d;
-        return 0;
+    case OPT_CHECK: return cli_parse_num("--check-layer", arg, 1, 4096, &d) ? -1 : (o->bp.check_layer = (int32_t)d, 0);
     case OPT_DEVIATION:
         if (cli_parse_enum("--deviation", arg, devs, 2, &e))
             return -1;
@@ -611,11 +610,9 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
-    case OPT_SINK:
-        if (cli_parse_num("--sink-tokens", arg, 0, 1024, &d))
-            return -1;
-        o->bp.sink_tokens = (int32_t)d;
-        return 0;
+    case OPT_SINK: return cli_parse_num("--sink-tokens", arg, 0, 1024, &d) ? -1 : (o->bp.sink_tokens = (int32_t)d, 0);
+    case OPT_PROBEROWS:
+        return cli_parse_num("--probe-rows", arg, 0, 1 << 20, &d) ? -1 : (o->bp.probe_rows = (int32_t)d, 0);
     case OPT_VERIFY: o->verify = 1; return 0;
     case OPT_LOGITS: o->logits_out = arg; return 0;
     case OPT_SCORE: o->score = arg; return 0;
@@ -689,7 +686,8 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"sink-tokens", required_argument, 0, OPT_SINK}, {"verify", no_argument, 0, OPT_VERIFY},
         {"no-store-write", no_argument, 0, OPT_NOSTORE}, {"score", required_argument, 0, OPT_SCORE},
         {"score-file", required_argument, 0, OPT_SCOREFILE}, {"mass", required_argument, 0, OPT_MASS},
-        {"max-ratio", required_argument, 0, OPT_MAXRATIO}, CLI_COMMON_OPTS,
+        {"max-ratio", required_argument, 0, OPT_MAXRATIO}, {"probe-rows", required_argument, 0, OPT_PROBEROWS},
+        CLI_COMMON_OPTS,
         CLI_STORE_OPT, CLI_DEVICE_OPT,
         {0, 0, 0, 0},
     };

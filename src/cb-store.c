@@ -763,6 +763,9 @@ static int cmd_place(const opts *o)
     }
     cb_store_tier ti;
     cb_store_tier_info(s, t, &ti);
+    /* A host that has not seen the chunk streams it from the shared tier. */
+    const char *sh = cb_store_shared_name(s);
+    double sh_load = sh ? cb_profile_load_ms(prof, sh, o->tokens, CB_TYPE_F16, 1) : -1;
     if (o->json) {
         json_t *tiers = json_array();
         for (int i = 0; i < cb_store_n_tiers(s); i++) {
@@ -773,6 +776,9 @@ static int cmd_place(const opts *o)
         }
         json_t *r = json_pack("{s:s, s:f, s:I, s:f, s:f, s:o}", "tier", ti.name, "ratio", o->ratio, "tokens",
                               (json_int_t)o->tokens, "load_ms", load, "recompute_ms", rec, "tiers", tiers);
+        if (sh_load >= 0)
+            json_object_set_new(r, "shared", json_pack("{s:s, s:f, s:b}", "name", sh, "load_ms", sh_load, "hidden",
+                                                       sh_load <= rec));
         json_dumpf(r, stdout, JSON_COMPACT);
         putchar('\n');
         json_decref(r);
@@ -780,6 +786,9 @@ static int cmd_place(const opts *o)
         printf("%s\n", ti.name);
         cli_info("%ld cached tokens at ratio %.2f: recompute %.1f ms, load from %s %.1f ms (cost %g)", o->tokens,
                  o->ratio, rec, ti.name, load, ti.cost);
+        if (sh_load >= 0)
+            cli_info("streamed from the shared tier %s: load %.1f ms, %s", sh, sh_load,
+                     sh_load <= rec ? "hidden behind the recompute" : "longer than the recompute");
     }
 done:
     free(prof);

@@ -630,6 +630,24 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err);
  * Messages name `name`.  Errors: CB_ERR_FORMAT (not a KV file, or fewer
  * than 128 bytes), CB_ERR_UNSUPPORTED (another format version). */
 cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size, cb_error *err);
+
+/* A KV file's bytes from elsewhere than a local file (the store's shared
+ * tier streams them): read(ctx, off, buf, n, err) fills buf with the n
+ * bytes at offset off, or returns a status with err set; the reader asks
+ * for the header (offset 0) when opened and for one layer (H + l*S, S
+ * bytes) at a time, from one thread at a time, and verifies every part by
+ * the file's checksums.  release(ctx) (may be NULL) runs once, when the
+ * reader is freed or fails to open.  name is copied (for messages). */
+typedef struct cb_kv_source {
+    cb_status (*read)(void *ctx, uint64_t off, void *buf, size_t n, cb_error *err);
+    void (*release)(void *ctx);
+    void *ctx;
+    uint64_t size;     /* the whole file's bytes */
+    const char *name;
+} cb_kv_source;
+/* cb_kvfile_open for a source, which it owns from here (released on
+ * failure too).  Errors as cb_kvfile_open, and the source's. */
+cb_status cb_kvfile_open_source(cb_kvfile **out, const cb_kv_source *src, cb_error *err);
 void cb_kvfile_free(cb_kvfile *f);
 const cb_kv_meta *cb_kvfile_meta(const cb_kvfile *f);
 /* CB_OK when the file belongs to model m (fingerprint and shape), else
@@ -693,11 +711,15 @@ typedef struct cb_blend_params {
                                    * question's attention to the caches, as a ratio
                                    * clamped to [adapt_min, adapt_max]; 0: the ratio */
     float adapt_min, adapt_max;
+    int32_t probe_rows;           /* CB_STRATEGY_PROBE: the question rows whose attention
+                                   * scores the cached tokens: the last probe_rows uncached
+                                   * rows of the last segment (default 8); 0: all of them */
 } cb_blend_params;
 
 /* Defaults: blend, probe (the best measured; hkvd is the paper's), check
  * layer 1 (for the check-layer strategies), one ratio 0.15, deviation on
- * V, 4 sink tokens, adaptive bounds 0.05 and 0.5 (adapt_mass 0: off). */
+ * V, 4 sink tokens, adaptive bounds 0.05 and 0.5 (adapt_mass 0: off),
+ * probe scoring by the last 8 question rows. */
 cb_blend_params cb_blend_defaults(void);
 
 typedef struct cb_blend_stats {
@@ -715,13 +737,18 @@ typedef struct cb_blend_stats {
     double stall_ms;              /* computation waiting for a layer still loading */
     uint64_t load_bytes;          /* KV bytes read from files */
     double prefill_ms;            /* all of it, to the logits */
+    int32_t failed_segment;       /* after an error: the segment whose cache could not
+                                   * be read (a layer missing, corrupt or timed out),
+                                   * else -1; see cb_prompt_prefill */
 } cb_blend_stats;
 
 /* Build the KV cache of a prompt given as segments, in the chosen mode, and
  * return the last position's logits (n_vocab floats).  f must hold every
  * prompt row (n_max >= total tokens); kv must hold the prompt.  Cached
- * segments' files are read layer by layer and verified; a file that fails
- * is an error (callers treat its chunk as missing before calling).
+ * segments' files are read layer by layer and verified; a layer that fails
+ * is an error naming the segment in stats->failed_segment: earlier layers
+ * of it may already have been used, so the caller computes that chunk and
+ * runs the whole prefill again (cb_prompt_prefill does).
  * Errors: CB_ERR_RANGE (too long), CB_ERR_CHECKSUM, CB_ERR_MISMATCH,
  * CB_ERR_IO, CB_ERR_NOMEM, CB_ERR_INVALID (params). */
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
@@ -914,6 +941,36 @@ uint64_t cb_store_ref_size(const cb_store_ref *ref);
 int cb_store_ref_tier(const cb_store_ref *ref);
 /* Release a reference; accepts NULL.  Independent of its store handle. */
 void cb_store_release(cb_store_ref *ref);
+/* The name of the tier the reference reads from (a local tier's, or the
+ * shared tier's for a streamed entry), borrowed from s; NULL for NULL. */
+const char *cb_store_ref_tier_name(const cb_store *s, const cb_store_ref *ref);
+
+/* Open an entry's KV file for reading, as cb_store_acquire then
+ * cb_kvfile_open, with one difference: an entry that only the shared tier
+ * holds is not copied into a local tier first but streamed (*ref's tier
+ * is then cb_store_n_tiers(s)): its header is fetched and verified now,
+ * every layer is requested at once and taken as the reader reaches it (so
+ * that a loader gets layer l+1 while layer l is computed), each verified
+ * by the file's checksums when read; a part that does not come within
+ * the tier's time-out fails the read.  The bytes stay in memory until the
+ * reference and the reader are both freed.  A bad entry (header, metadata)
+ * is warned about (cb_store_set_warn), dropped from the shared tier and
+ * reported as missing; an unreachable tier as well, and it is not tried
+ * again for 5 s.  Errors as cb_store_acquire and cb_kvfile_open. */
+cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_store_ref **ref, cb_error *err);
+/* A streamed entry failed while read (why: the reader's message, naming
+ * it): warned; 1 when the entry was dropped from the shared tier (or had
+ * been evicted meanwhile), 2 when
+ * the connection failed or timed out (the tier is then not used for 5 s:
+ * other entries streamed from it will fail too), 0 for a local entry
+ * (nothing done). */
+int cb_store_ref_bad(cb_store *s, cb_store_ref *ref, const char *why);
+/* Keep a streamed entry in the fastest local tier with room (not written
+ * back): the parts not read yet are received, the whole value checked
+ * against its metadata (size, XXH3-128), then put as by cb_store_put.
+ * CB_OK at once for a local entry or a read-only store.  Errors:
+ * CB_ERR_CHECKSUM (the value is bad: warned and dropped), cb_store_put's. */
+cb_status cb_store_keep(cb_store *s, cb_store_ref *ref, cb_error *err);
 
 /* Remove an entry: at once invisible to lookups and readers, its file
  * deleted; a file in use stays (still counted against its tier) until its
@@ -981,6 +1038,9 @@ void cb_store_set_warn(cb_store *s, void (*warn)(void *ctx, const char *msg), vo
 /* Its figures (name, path = address, capacity, entries, bytes).  Errors:
  * CB_ERR_NOT_FOUND (no shared tier), CB_ERR_IO (cannot be reached). */
 cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err);
+/* The shared tier's name (borrowed), or NULL when the store has none;
+ * nothing is asked of the server. */
+const char *cb_store_shared_name(const cb_store *s);
 /* Drop an entry from the shared tier (for every store using it; the local
  * tiers are left as they are).  Errors: CB_ERR_NOT_FOUND (no shared tier),
  * CB_ERR_INVALID, CB_ERR_CREATE (read-only), CB_ERR_IO (cannot be reached). */
@@ -1321,8 +1381,9 @@ cb_chat_kind cb_prompt_chat(const cb_prompt *p);
 /* The lead-in chunks were keyed with (cb_kv_lead_in). */
 const cb_tokens *cb_prompt_lead(const cb_prompt *p);
 
-/* Find each chunk's cache in store s (NULL: none has one): acquire the
- * entry (recording the access), open its file and check that it belongs
+/* Find each chunk's cache in store s (NULL: none has one): open the
+ * entry (cb_store_open_kv: recording the access; an entry only the shared
+ * tier holds is streamed layer by layer), and check that it belongs
  * to the model and holds the chunk's tokens.  A chunk without a usable
  * cache stays missing (to be computed in place); each file found unusable
  * is passed to warn(ctx, message) (may be NULL), message naming the key or
@@ -1342,6 +1403,22 @@ typedef struct cb_ratio_choice {
 } cb_ratio_choice;
 cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m, cb_type kv_type,
                                double r_min, cb_ratio_choice *out, cb_error *err);
+
+/* cb_blend_prefill of the prompt's segments in f and kv; when a cache
+ * fails while it is read (a layer missing, corrupt or timed out: see
+ * cb_blend_stats.failed_segment), its chunk is computed instead and the
+ * prefill runs again, so the answer is the one without that cache, never
+ * one from a corrupt entry.  The failure is passed to warn(ctx, message)
+ * (or, for an entry streamed from the shared tier, to the store's warning
+ * function, the entry dropped; a tier that stopped answering is not used
+ * for 5 s and its other streamed chunks are computed too).  Errors as
+ * cb_blend_prefill for anything else. */
+cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv, const cb_blend_params *bp,
+                            float *logits, cb_blend_stats *stats, void (*warn)(void *ctx, const char *msg), void *ctx,
+                            cb_error *err);
+/* After the answer: keep the caches streamed from the shared tier in a
+ * local tier (cb_store_keep); a failure is passed to warn (may be NULL). */
+void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
 
 /* Compute and store the chunks that cb_prompt_attach found missing and the
  * store still lacks, each prefilled alone (cb_precomputer).  *n_stored

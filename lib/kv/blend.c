@@ -23,6 +23,8 @@
  * waits until the loader has queued the layer's copies, the device until
  * they are done (an event per cache layer, see cb_kvcache_load). */
 #include "cbcore.h"
+#include "../backend/qmm.h"
+#include "../infer/model_impl.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -44,6 +46,7 @@ cb_blend_params cb_blend_defaults(void)
     p.sink_tokens = 4;
     p.adapt_min = 0.05f;
     p.adapt_max = 0.5f;
+    p.probe_rows = 8;
     return p;
 }
 
@@ -63,6 +66,7 @@ typedef struct loader {
     int32_t ready;      /* layers 0..ready-1 are in place */
     cb_status st;
     cb_error err;
+    int32_t failed_seg; /* the segment whose file failed to read, or -1 */
     double busy_ms, t_begin;
     uint64_t bytes;
     pthread_t thread;
@@ -75,6 +79,7 @@ static void loader_run(loader *ld)
     float *v = malloc(sizeof(float) * (size_t)(ld->max_seg * ld->w));
     cb_status st = k && v ? CB_OK : CB_ERR_NOMEM;
     cb_error err;
+    int32_t bad_seg = -1;
 
     if (st != CB_OK)
         cb_error_set(&err, st, "blend: out of memory");
@@ -84,8 +89,10 @@ static void loader_run(loader *ld)
             if (!ld->use[s])
                 continue;
             cb_kvfile *kf = ld->segs[s].kv;
-            if ((st = cb_kvfile_read_layer(kf, l, k, v, &err)) != CB_OK)
+            if ((st = cb_kvfile_read_layer(kf, l, k, v, &err)) != CB_OK) {
+                bad_seg = s;
                 break;
+            }
             st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v, cb_kvfile_meta(kf)->pos0);
             if (st != CB_OK)
                 cb_error_set(&err, st, "blend: cannot place segment %d", s);
@@ -103,7 +110,7 @@ static void loader_run(loader *ld)
         if (st == CB_OK)
             ld->ready = l + 1;
         else
-            ld->st = st, ld->err = err;
+            ld->st = st, ld->err = err, ld->failed_seg = bad_seg;
         pthread_cond_broadcast(&ld->cv);
         pthread_mutex_unlock(&ld->mu);
     }
@@ -157,6 +164,7 @@ static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, 
     ld->w = (int64_t)hp->n_head_kv * hp->head_dim;
     ld->limit_mbs = p->load_limit_mbs;
     ld->ready = any ? 0 : hp->n_layer;
+    ld->failed_seg = -1;
     ld->t_begin = cb_now_ms();
     if (!any)
         return;
@@ -231,6 +239,7 @@ typedef struct plan {
     float *srow;                 /* query: one head's attention over the candidates [total] */
     loader ld;
     double stall;
+    qmm_exp_sum_fn exp_sum;      /* probe: the vectorized softmax exponential, or NULL */
 } plan;
 
 static void plan_free(plan *pl)
@@ -349,7 +358,7 @@ static cb_status select_query(plan *pl, int32_t l, const int32_t *cand, int32_t 
     int32_t qs = pl->start[pl->n_segs - 1], nq = (int32_t)(pl->total - qs);
     int64_t dq = (int64_t)hp->n_head * hp->head_dim;
     int grp = hp->n_head / hp->n_head_kv;
-    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    float scale = cb_fwd_model(pl->f)->attn_scale; /* the engine's */
     int32_t *qrows = malloc(sizeof(int32_t) * (size_t)nq);
     float *nb = realloc(pl->qbuf, sizeof(float) * (size_t)(nq * dq));
     cb_status st;
@@ -460,28 +469,33 @@ static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *row
 }
 
 /* probe, at layer l: the softmax attention of the query rows qrows
- * (queries [nq, n_head*hd] in pl->qbuf) over every position up to their
- * own (keys [total, w] from the cache), added to the cached rows' scores
- * in pl->sc (indexed by row), over every head.  The logits of one head
- * are one product (OpenBLAS) into pl->srow [nq, total]. */
-static void probe_add(plan *pl, const int32_t *qrows, int32_t nq, const float *keys)
+ * (queries [nq, n_head*hd] in pl->qbuf) over the positions each sees
+ * under the engine's mask (0..row, or on a sliding-window layer
+ * row-window+1..row; keys [total, w] from the cache), added to the cached
+ * rows' scores in pl->sc (indexed by row), over every head.  The logits of one head are one product
+ * (OpenBLAS) into pl->srow [nq, total]. */
+static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, const float *keys)
 {
     const cb_hparams *hp = pl->hp;
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, total = pl->total;
     int grp = hp->n_head / hp->n_head_kv;
-    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    int32_t window = cb_model_layer_window(cb_fwd_model(pl->f), l);
+    float scale = cb_fwd_model(pl->f)->attn_scale; /* the engine's */
     for (int32_t h = 0; h < hp->n_head; h++) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, (int)total, hp->head_dim, scale,
                     pl->qbuf + (int64_t)h * hp->head_dim, (int)dq, keys + (int64_t)(h / grp) * hp->head_dim,
                     (int)pl->w, 0.0f, pl->srow, (int)total);
         for (int32_t i = 0; i < nq; i++) {
+            int32_t n = qrows[i] + 1, j0 = window > 0 && n > window ? n - window : 0; /* the engine's mask */
             float *a = pl->srow + i * total, mx = -INFINITY, sum = 0;
-            int32_t n = qrows[i] + 1; /* the causal mask: positions 0..row */
-            for (int32_t j = 0; j < n; j++)
+            for (int32_t j = j0; j < n; j++)
                 mx = a[j] > mx ? a[j] : mx;
-            for (int32_t j = 0; j < n; j++)
-                sum += (a[j] = expf(a[j] - mx));
-            for (int32_t j = 0; j < n; j++)
+            if (pl->exp_sum)
+                sum = pl->exp_sum(a + j0, n - j0, mx);
+            else
+                for (int32_t j = j0; j < n; j++)
+                    sum += (a[j] = expf(a[j] - mx));
+            for (int32_t j = j0; j < n; j++)
                 if (pl->cached[j])
                     pl->sc[j].score += a[j] / sum;
         }
@@ -514,10 +528,15 @@ static int64_t probe_budget(plan *pl, int64_t n_c, int64_t want, cb_blend_stats 
 }
 
 /* probe: the uncached rows through every layer against the loaded cache,
- * each layer's attention from the last segment's uncached rows scoring
- * the cached rows; then the top ratio x cached rows, with the uncached
- * ones, from the embeddings through every layer (the second pass rewrites
- * the uncached rows' K/V, so nothing of the first remains). */
+ * each layer's attention from the question (the last probe_rows uncached
+ * rows of the last segment, or all of them) scoring the cached rows; then
+ * the top ratio x cached rows, with the uncached ones, from the embeddings
+ * through every layer.  The second pass must recompute the uncached rows
+ * too: from layer 0 on they attend to the selected rows' fresh K/V, not
+ * the loaded ones the first pass saw.  Only their layer-0 K/V (a function
+ * of the embeddings) is the same, a negligible share of the pass (6
+ * passages: 43 of 593 rows in 1 of 30 layers), so nothing of the first
+ * pass is kept. */
 static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
 {
     const cb_hparams *hp = pl->hp;
@@ -535,6 +554,11 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     for (int32_t r = qs; r < pl->total; r++)
         if (!pl->cached[r])
             qrows[nq++] = r;
+    if (pl->p->probe_rows > 0 && nq > pl->p->probe_rows) { /* the last ones */
+        memmove(qrows, qrows + nq - pl->p->probe_rows, sizeof(int32_t) * (size_t)pl->p->probe_rows);
+        nq = pl->p->probe_rows;
+    }
+    pl->exp_sum = qmm_exp_sum(1);
     for (int64_t r = 0; r < pl->total; r++)
         pl->sc[r] = (scored){0.0f, (int32_t)r};
     for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < pl->n_cached)); l++) {
@@ -546,7 +570,7 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
             *layer_err = 1;
             goto out;
         }
-        probe_add(pl, qrows, nq, keys);
+        probe_add(pl, l, qrows, nq, keys);
     }
     for (int64_t r = 0; r < pl->total; r++) /* the cached rows, by score */
         if (pl->cached[r])
@@ -651,6 +675,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     cb_status st;
 
     memset(stats, 0, sizeof *stats);
+    stats->failed_segment = -1;
     stats->ratio_bound = "given";
     stats->ratio = p->mode == CB_MODE_FULL ? 1.0f : p->mode == CB_MODE_BLEND ? p->ratios[p->n_ratios - 1] : 0.0f;
     if ((st = plan_check(&pl, err)) != CB_OK || (st = plan_rows(&pl, err)) != CB_OK)
@@ -670,6 +695,8 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     }
     stats->prefill_ms = cb_now_ms() - t_start;
     loader_stop(&pl.ld);
+    if (st != CB_OK && pl.ld.st != CB_OK && !layer_err)
+        stats->failed_segment = pl.ld.failed_seg;
     if (st == CB_ERR_NOMEM && !layer_err)
         cb_error_set(err, st, "blend: out of memory");
     else if (st != CB_OK && layer_err)

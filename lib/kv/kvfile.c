@@ -60,7 +60,8 @@
 
 struct cb_kvfile {
     char *path;
-    int fd;
+    int fd;            /* a local file, or -1 for a source */
+    cb_kv_source src;  /* src.read NULL for a local file */
     uint8_t *hdr;      /* H bytes */
     uint32_t H;
     uint64_t S, B, size;
@@ -207,7 +208,7 @@ static cb_status bad(cb_error *err, const char *path, const char *what)
     return cb_error_set(err, CB_ERR_FORMAT, "%s: not a valid KV file: %s", path, what);
 }
 
-static int read_full(int fd, void *buf, size_t n, uint64_t off)
+static int read_fd(int fd, void *buf, size_t n, uint64_t off)
 {
     uint8_t *p = buf;
     while (n > 0) {
@@ -301,11 +302,31 @@ cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint6
     return why ? bad(err, name, why) : CB_OK;
 }
 
+/* n bytes at off from the file or the source: CB_OK, or a status with
+ * err set (a source says why; a file's short read is CB_ERR_IO). */
+static cb_status read_at(cb_kvfile *f, void *buf, size_t n, uint64_t off, const char *what, cb_error *err)
+{
+    if (f->src.read)
+        return f->src.read(f->src.ctx, off, buf, n, err);
+    if (read_fd(f->fd, buf, n, off) != 0)
+        return cb_error_set(err, CB_ERR_IO, "%s: read error in %s", f->path, what);
+    return CB_OK;
+}
+
+static void release_input(int fd, const cb_kv_source *src)
+{
+    if (fd >= 0)
+        close(fd);
+    if (src && src->release)
+        src->release(src->ctx);
+}
+
+static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_source *src, uint64_t file_size,
+                         cb_error *err);
+
 cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
 {
-    uint8_t fixed[KV_FIXED];
     struct stat sb;
-    cb_kvfile *f;
     cb_status st;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
 
@@ -319,32 +340,61 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
         close(fd);
         return st;
     }
-    if ((uint64_t)sb.st_size < KV_FIXED || read_full(fd, fixed, KV_FIXED, 0) != 0) {
-        close(fd);
-        return bad(err, path, "shorter than its fixed header");
+    return kv_open(out, path, fd, NULL, (uint64_t)sb.st_size, err);
+}
+
+cb_status cb_kvfile_open_source(cb_kvfile **out, const cb_kv_source *src, cb_error *err)
+{
+    if (!src || !src->read) {
+        release_input(-1, src);
+        return cb_error_set(err, CB_ERR_INVALID, "KV source: no read function");
     }
-    if ((st = check_magic(fixed, path, err)) != CB_OK) {
-        close(fd);
-        return st;
-    }
-    uint32_t version = get32(fixed + 8);
+    return kv_open(out, src->name ? src->name : "(KV source)", -1, src, src->size, err);
+}
+
+/* The reader of a file (fd) or a source (src), which it owns from here:
+ * released on failure, else by cb_kvfile_free. */
+static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_source *src, uint64_t file_size,
+                         cb_error *err)
+{
+    uint8_t fixed[KV_FIXED];
+    cb_kvfile *f;
+    cb_status st;
+
     f = calloc(1, sizeof *f);
     if (!f) {
-        close(fd);
+        release_input(fd, src);
         return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
     }
     f->fd = fd;
-    f->path = strdup(path);
+    if (src)
+        f->src = *src;
+    if (!(f->path = strdup(path))) {
+        cb_kvfile_free(f);
+        return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
+    }
+    if (file_size < KV_FIXED) {
+        cb_kvfile_free(f);
+        return bad(err, path, "shorter than its fixed header");
+    }
+    if ((st = read_at(f, fixed, KV_FIXED, 0, "its header", err)) != CB_OK) {
+        cb_kvfile_free(f);
+        return st;
+    }
+    if ((st = check_magic(fixed, path, err)) != CB_OK) {
+        cb_kvfile_free(f);
+        return st;
+    }
+    uint32_t version = get32(fixed + 8);
     cb_kv_meta *mt = &f->meta;
 
     /* Bounds before any allocation sized by the file. */
-    const char *why = f->path ? parse_fixed(fixed, mt, &f->H, &f->S, &f->B, &f->size) : "out of memory";
-    if (!why && f->size != (uint64_t)sb.st_size)
+    const char *why = parse_fixed(fixed, mt, &f->H, &f->S, &f->B, &f->size);
+    if (!why && f->size != file_size)
         why = "truncated or extended (size differs from its header)";
     if (why) {
-        st = why[0] == 'o' ? cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path) : bad(err, path, why);
         cb_kvfile_free(f);
-        return st;
+        return bad(err, path, why);
     }
     f->hdr = malloc(f->H);
     f->buf = malloc((size_t)f->S);
@@ -357,8 +407,7 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
         cb_kvfile_free(f);
         return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
     }
-    if (read_full(fd, f->hdr, f->H, 0) != 0) {
-        st = cb_error_set(err, CB_ERR_IO, "%s: read error", path);
+    if ((st = read_at(f, f->hdr, f->H, 0, "its header", err)) != CB_OK) {
         cb_kvfile_free(f);
         return st;
     }
@@ -400,8 +449,7 @@ void cb_kvfile_free(cb_kvfile *f)
 {
     if (!f)
         return;
-    if (f->fd >= 0)
-        close(f->fd);
+    release_input(f->fd, &f->src);
     free(f->path);
     free(f->hdr);
     free(f->buf);
@@ -440,8 +488,11 @@ static cb_status load_layer(cb_kvfile *f, int32_t l, cb_error *err)
 {
     if (l < 0 || l >= f->meta.n_layer)
         return cb_error_set(err, CB_ERR_RANGE, "%s: layer %d out of range", f->path, l);
-    if (read_full(f->fd, f->buf, (size_t)f->S, f->H + f->S * (uint64_t)l) != 0)
-        return cb_error_set(err, CB_ERR_IO, "%s: read error in layer %d", f->path, l);
+    char what[32];
+    snprintf(what, sizeof what, "layer %d", l);
+    cb_status st = read_at(f, f->buf, (size_t)f->S, f->H + f->S * (uint64_t)l, what, err);
+    if (st != CB_OK)
+        return st;
     if (XXH3_64bits(f->buf, (size_t)f->S) != f->sums[l])
         return cb_error_set(err, CB_ERR_CHECKSUM, "%s: layer %d checksum mismatch: the KV file is corrupt", f->path,
                             l);

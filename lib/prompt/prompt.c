@@ -211,25 +211,32 @@ static void warnf(void (*warn)(void *, const char *), void *ctx, const char *fmt
     warn(ctx, msg);
 }
 
+/* Forget a segment's cache: it is computed. */
+static void detach(pseg *s)
+{
+    cb_kvfile_free(s->kf);
+    s->kf = NULL;
+    cb_store_release(s->ref);
+    s->ref = NULL;
+    s->missing = 1;
+}
+
 /* The cache of one chunk: 1 when usable (s->kf, s->ref kept), else 0. */
 static int attach_one(const cb_model *m, cb_store *store, pseg *s, void (*warn)(void *, const char *), void *ctx)
 {
-    const char *path;
     cb_error err;
-    if (cb_store_acquire(store, s->key, &s->ref, &path, &err) != CB_OK)
+    cb_status st = cb_store_open_kv(store, s->key, &s->kf, &s->ref, &err);
+    if (st == CB_ERR_NOT_FOUND)
         return 0;
-    if (cb_kvfile_open(&s->kf, path, &err) != CB_OK || cb_kvfile_check_model(s->kf, m, &err) != CB_OK) {
+    if (st != CB_OK || cb_kvfile_check_model(s->kf, m, &err) != CB_OK) {
         warnf(warn, ctx, "%s: %s; the chunk is recomputed", s->key, err.msg);
     } else {
         const cb_kv_meta *mt = cb_kvfile_meta(s->kf);
         if (mt->n_tokens == (int32_t)s->toks.n && !memcmp(mt->ids, s->toks.ids, sizeof(int32_t) * s->toks.n))
             return 1;
-        warnf(warn, ctx, "%s: its tokens differ from the chunk's; the chunk is recomputed", path);
+        warnf(warn, ctx, "%s: its tokens differ from the chunk's; the chunk is recomputed", s->key);
     }
-    cb_kvfile_free(s->kf);
-    s->kf = NULL;
-    cb_store_release(s->ref);
-    s->ref = NULL;
+    detach(s);
     return 0;
 }
 
@@ -260,17 +267,16 @@ cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_m
     if ((st = cb_store_profile_load(s, cb_model_fingerprint(m), cb_model_backend(m), prof, err)) != CB_OK)
         goto done;
     for (int32_t i = 0; i < p->n; i++) {
-        cb_store_tier ti;
         if (!p->s[i].kf)
             continue;
         out->n_cached += (int64_t)p->s[i].toks.n;
         ft = cb_kvfile_meta(p->s[i].kf)->type;
-        if (cb_store_tier_info(s, cb_store_ref_tier(p->s[i].ref), &ti) != CB_OK)
-            continue;
-        double lm = cb_profile_load_ms(prof, ti.name, 1, kv_type, 1);
+        /* a streamed chunk loads at the shared tier's measured speed */
+        const char *tier = cb_store_ref_tier_name(s, p->s[i].ref);
+        double lm = tier ? cb_profile_load_ms(prof, tier, 1, kv_type, 1) : -1;
         if (lm > worst) {
             worst = lm;
-            snprintf(out->tier, sizeof out->tier, "%s", ti.name);
+            snprintf(out->tier, sizeof out->tier, "%s", tier);
         }
     }
     if (!out->tier[0]) {
@@ -282,6 +288,38 @@ cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_m
 done:
     free(prof);
     return st;
+}
+
+cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv, const cb_blend_params *bp,
+                            float *logits, cb_blend_stats *stats, void (*warn)(void *ctx, const char *msg), void *ctx,
+                            cb_error *err)
+{
+    for (;;) {
+        int32_t n;
+        const cb_segment *segs = cb_prompt_segments(p, &n);
+        cb_status st = cb_blend_prefill(f, kv, segs, n, bp, logits, stats, err);
+        int32_t bad = stats->failed_segment;
+        if (st == CB_OK || bad < 0 || bad >= p->n || !p->s[bad].kf)
+            return st;
+        /* Layers of it may have been used already: the chunk is computed
+         * and the prefill starts over, so the answer is the one it would
+         * have been with the chunk missing. */
+        int what = cb_store_ref_bad(s, p->s[bad].ref, err->msg);
+        if (what == 0)
+            warnf(warn, ctx, "%s; the chunk is computed", err->msg);
+        detach(&p->s[bad]);
+        for (int32_t i = 0; what == 2 && i < p->n; i++) /* the tier is down: its other streams fail too */
+            if (p->s[i].kf && p->s[i].ref && cb_store_ref_tier(p->s[i].ref) == cb_store_n_tiers(s))
+                detach(&p->s[i]);
+    }
+}
+
+void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx)
+{
+    cb_error err;
+    for (int32_t i = 0; s && i < p->n; i++)
+        if (p->s[i].ref && cb_store_keep(s, p->s[i].ref, &err) != CB_OK && err.status != CB_ERR_CHECKSUM)
+            warnf(warn, ctx, "%s: fetched from the shared tier but not kept here: %s", p->s[i].key, err.msg);
 }
 
 cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,

@@ -128,14 +128,9 @@ static cb_status existing(cb_store *s, const char *key, int *exists, cb_error *e
         else if (state == 2 && st_unlink_locked(p) == 0) {
             /* Removed while a reader holds it: the file is whole, so it
              * simply becomes the entry again. */
-            if ((st = st_begin(s, err)) != CB_OK) {
+            if ((st = st_begin_stmt(s, SQL_REVIVE, &q, err)) != CB_OK) {
                 free(p);
                 return st;
-            }
-            if (!(q = st_stmt(s, SQL_REVIVE, err))) {
-                st_rollback(s);
-                free(p);
-                return err ? err->status : CB_ERR_IO;
             }
             sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
             rc = sqlite3_step(q);
@@ -157,12 +152,8 @@ static cb_status existing(cb_store *s, const char *key, int *exists, cb_error *e
     }
     if (*exists)
         return CB_OK;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, SQL_DEL_KEY, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, SQL_DEL_KEY, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     if ((st = st_write(s, q, "drop a stale entry", NULL, err)) != CB_OK)
         return st;
@@ -185,12 +176,8 @@ static cb_status reserve_row(cb_store *s, const char *key, const char *model, in
 {
     sqlite3_stmt *q;
     cb_status st;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, SQL_RESERVE, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, SQL_RESERVE, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, model, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 3, s->tiers[tier].name, -1, SQLITE_STATIC);
@@ -305,12 +292,8 @@ static cb_status put_publish(cb_store *s, const char *key, cb_error *err)
     sqlite3_stmt *q;
     cb_status st;
     int n;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, SQL_READY, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, SQL_READY, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, s->owner, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 3, st_now_us());
@@ -629,8 +612,9 @@ static int fetch_shared(cb_store *s, const char *key, int record)
     return st == CB_OK;
 }
 
-cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **out, cb_error *err)
+cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out, cb_error *err)
 {
+    int record = flags & ST_ACQ_RECORD;
     cb_status st;
     int t;
 
@@ -654,7 +638,7 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
         struct stat a, b;
         if ((st = tier_of(s, key, &t, err)) != CB_OK)
             return st;
-        if (t < 0 && !fetched && s->remote.url && !s->readonly) {
+        if (t < 0 && !fetched && s->remote.url && !s->readonly && !(flags & ST_ACQ_LOCAL)) {
             fetched = 1;
             if (fetch_shared(s, key, record) == 1)
                 continue;
@@ -698,6 +682,7 @@ cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **ou
             }
             r->fd = fd;
             r->tier = t;
+            r->stream = NULL;
             r->path = p;
             r->size = (uint64_t)a.st_size;
             *out = r;
@@ -731,9 +716,86 @@ void cb_store_release(cb_store_ref *ref)
 {
     if (!ref)
         return;
-    close(ref->fd);
+    if (ref->fd >= 0)
+        close(ref->fd);
+    st_stream_unref(ref->stream);
     free(ref->path);
     free(ref);
+}
+
+const char *cb_store_ref_tier_name(const cb_store *s, const cb_store_ref *ref)
+{
+    if (!s || !ref)
+        return NULL;
+    if (ref->stream)
+        return s->remote.name;
+    return ref->tier >= 0 && ref->tier < s->n_tiers ? s->tiers[ref->tier].name : NULL;
+}
+
+cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_store_ref **ref, cb_error *err)
+{
+    cb_store_ref *r = NULL;
+    st_stream *x = NULL;
+    cb_status st;
+    if (!kf || !ref)
+        return cb_error_set(err, CB_ERR_INVALID, "store open: no output");
+    *kf = NULL;
+    *ref = NULL;
+    if (!s)
+        return cb_error_set(err, CB_ERR_INVALID, "store open: no handle");
+    /* $CB_STORE_STREAM=0: fetched whole into a local tier first (to compare) */
+    const char *env = getenv("CB_STORE_STREAM");
+    int stream = s->remote.url && !(env && strcmp(env, "0") == 0);
+    st = st_acquire(s, key, ST_ACQ_RECORD | (stream ? ST_ACQ_LOCAL : 0), &r, err);
+    if (st == CB_OK) {
+        if ((st = cb_kvfile_open(kf, r->path, err)) != CB_OK) {
+            cb_store_release(r);
+            return st;
+        }
+        *ref = r;
+        return CB_OK;
+    }
+    if (st != CB_ERR_NOT_FOUND || !stream)
+        return st;
+    if (st_remote_stream(s, key, kf, &x) != 1)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store", key);
+    if (!(r = calloc(1, sizeof *r)) || !(r->path = strdup(s->remote.name))) {
+        free(r);
+        cb_kvfile_free(*kf);
+        *kf = NULL;
+        st_stream_unref(x);
+        return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    }
+    r->fd = -1;
+    r->tier = s->n_tiers;
+    r->size = cb_kvfile_size(*kf);
+    r->stream = x;
+    *ref = r;
+    return CB_OK;
+}
+
+int cb_store_ref_bad(cb_store *s, cb_store_ref *ref, const char *why)
+{
+    if (!s || !ref || !ref->stream)
+        return 0;
+    return st_stream_bad(s, ref->stream, why);
+}
+
+cb_status cb_store_keep(cb_store *s, cb_store_ref *ref, cb_error *err)
+{
+    const void *data;
+    size_t size;
+    cb_status st;
+    if (!s || !ref || !ref->stream || s->readonly)
+        return CB_OK;
+    const char *key = st_stream_key(ref->stream);
+    if (!st_stream_finish(s, ref->stream, &data, &size))
+        return cb_error_set(err, CB_ERR_CHECKSUM, "%s: not kept: its value in the shared tier %s is bad", key,
+                            s->remote.name);
+    s->no_write_through = 1;
+    st = put_bytes(s, key, data, size, 0, err);
+    s->no_write_through = 0;
+    return st;
 }
 
 /* -------------------------------------------------------- remove, pin */
@@ -743,12 +805,8 @@ static cb_status key_change(cb_store *s, const char *sql, const char *key, cb_er
 {
     sqlite3_stmt *q;
     cb_status st;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, sql, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, sql, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     if ((st = st_write(s, q, "update", NULL, err)) != CB_OK)
         return st;
@@ -832,12 +890,8 @@ cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err)
     cb_status st;
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if ((st = st_writable(s, "pin", err)) != CB_OK || (st = st_begin(s, err)) != CB_OK)
+    if ((st = st_writable(s, "pin", err)) != CB_OK || (st = st_begin_stmt(s, SQL_PIN, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, SQL_PIN, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_int(q, 2, pinned ? 1 : 0);
     int n;

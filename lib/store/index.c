@@ -89,6 +89,18 @@ static const char SQL_COMMIT[] = "COMMIT";
 static const char SQL_ROLLBACK[] = "ROLLBACK";
 
 cb_status st_begin(cb_store *s, cb_error *err) { return st_exec(s, SQL_BEGIN, err); }
+
+cb_status st_begin_stmt(cb_store *s, const char *sql, sqlite3_stmt **q, cb_error *err)
+{
+    cb_status st = st_begin(s, err);
+    if (st != CB_OK)
+        return st;
+    if (!(*q = st_stmt(s, sql, err))) {
+        st_rollback(s);
+        return err ? err->status : CB_ERR_IO;
+    }
+    return CB_OK;
+}
 cb_status st_commit(cb_store *s, cb_error *err) { return st_exec(s, SQL_COMMIT, err); }
 void st_rollback(cb_store *s)
 {
@@ -253,12 +265,8 @@ int st_change(cb_store *s, const char *sql, const char *key, int tier, int tier2
 {
     sqlite3_stmt *q;
     cb_status st;
-    if ((st = st_begin(s, err)) != CB_OK)
+    if ((st = st_begin_stmt(s, sql, &q, err)) != CB_OK)
         return st;
-    if (!(q = st_stmt(s, sql, err))) {
-        st_rollback(s);
-        return err ? err->status : CB_ERR_IO;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, s->tiers[tier].name, -1, SQLITE_STATIC);
     if (tier2 >= 0)

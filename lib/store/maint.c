@@ -270,11 +270,8 @@ cb_status cb_store_gc(cb_store *s, cb_store_gc_report *rep, cb_error *err)
                     continue;
             } else {
                 sqlite3_stmt *q;
-                if (st_begin(s, err) != CB_OK || !(q = st_stmt(s, "DELETE FROM entries WHERE key = ?1", err))) {
-                    st_rollback(s);
-                    st = err ? err->status : CB_ERR_IO;
+                if ((st = st_begin_stmt(s, "DELETE FROM entries WHERE key = ?1", &q, err)) != CB_OK)
                     goto done;
-                }
                 sqlite3_bind_text(q, 1, r->key, -1, SQLITE_STATIC);
                 sqlite3_step(q);
                 sqlite3_reset(q);
@@ -437,12 +434,8 @@ static int adopt(cb_store *s, const char *key, const char *model, int t, uint64_
                  int64_t mtime_us, const char *sum)
 {
     sqlite3_stmt *q;
-    if (st_begin(s, NULL) != CB_OK)
+    if (st_begin_stmt(s, SQL_ADOPT, &q, NULL) != CB_OK)
         return -1;
-    if (!(q = st_stmt(s, SQL_ADOPT, NULL))) {
-        st_rollback(s);
-        return -1;
-    }
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, model, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 3, s->tiers[t].name, -1, SQLITE_STATIC);
@@ -530,7 +523,7 @@ static cb_status verify_row(vctx *v, const rowl *r)
              * own terms is kept and the index corrected. */
             if (check_file(p, r->key, NULL, sum, model, &nt, &size, &v->rep->bytes, why, sizeof why) == NULL) {
                 sqlite3_stmt *q;
-                if (st_begin(s, NULL) == CB_OK && (q = st_stmt(s, SQL_FIXSUM, NULL))) {
+                if (st_begin_stmt(s, SQL_FIXSUM, &q, NULL) == CB_OK) {
                     sqlite3_bind_text(q, 1, r->key, -1, SQLITE_STATIC);
                     sqlite3_bind_text(q, 2, sum, -1, SQLITE_STATIC);
                     sqlite3_bind_int64(q, 3, (sqlite3_int64)size);

@@ -39,6 +39,7 @@
 #define ST_PART (1u << 20)
 #define ST_UPLOAD_TTL 600
 #define ST_RETRY_US 5000000
+#define ST_MAX_PARTS 65536 /* a header and at most 4096 layers (cbkv(5)), or 1 MB parts of 64 GB */
 
 static const char LUA_COMMIT[] =
     "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DEL', KEYS[2]) return 0 end\n"
@@ -243,6 +244,28 @@ static redisReply *cmdf(cb_store *s, const char *fmt, ...)
     return checked(s, rep);
 }
 
+/* A new connection to r's server, its time-out set for connecting and
+ * each read or write; *db the database to select.  NULL with the reason. */
+static redisContext *connect_to(const st_remote *r, int *db, char *why, size_t why_n)
+{
+    char host[1024];
+    int port, is_unix;
+    if (st_remote_parse(r->url, host, sizeof host, &port, db, &is_unix) != 0) {
+        snprintf(why, why_n, "malformed address");
+        return NULL;
+    }
+    struct timeval tv = {r->timeout_ms / 1000, (r->timeout_ms % 1000) * 1000};
+    redisContext *c = is_unix ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
+    if (!c || c->err) {
+        snprintf(why, why_n, "%s", c ? c->errstr : "out of memory");
+        if (c)
+            redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    return c;
+}
+
 /* 1 when connected (connecting now if needed), 0 when the tier is down. */
 int st_remote_up(cb_store *s)
 {
@@ -253,20 +276,14 @@ int st_remote_up(cb_store *s)
         return 1;
     if (r->down_until && st_now_us() < r->down_until)
         return 0;
-    char host[1024];
-    int port, db, is_unix;
-    if (st_remote_parse(r->url, host, sizeof host, &port, &db, &is_unix) != 0)
-        return 0;
-    struct timeval tv = {r->timeout_ms / 1000, (r->timeout_ms % 1000) * 1000};
-    r->ctx = is_unix ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
-    if (!r->ctx || r->ctx->err) {
+    int db;
+    char why[128];
+    if (!(r->ctx = connect_to(r, &db, why, sizeof why))) {
         st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
-                       r->ctx ? r->ctx->errstr : "out of memory");
-        disconnect(r);
+                       why);
         r->down_until = st_now_us() + ST_RETRY_US;
         return 0;
     }
-    redisSetTimeout(r->ctx, tv);
     if (db > 0) {
         redisReply *rep = cmdf(s, "SELECT %d", db);
         if (!rep)
@@ -565,6 +582,11 @@ cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, co
     return CB_OK;
 }
 
+const char *cb_store_shared_name(const cb_store *s)
+{
+    return s && s->remote.url ? s->remote.name : NULL;
+}
+
 cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err)
 {
     st_remote *r = &s->remote;
@@ -664,4 +686,275 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void 
     }
     freeReplyObject(all);
     return CB_OK;
+}
+
+/* ------------------------------------------------------------- stream */
+
+/* An entry read layer by layer (cb_store_open_kv): every part requested
+ * at once on a connection of its own (the server queues the replies), and
+ * taken in order as the KV reader reaches it, so that layer l+1 arrives
+ * while layer l is computed.  The parts are kept in buf, for re-reads and
+ * for keeping the entry locally afterwards (st_stream_finish), where the
+ * whole value is checked against its metadata.  Used by one thread at a
+ * time: the reader's (the loader's), then the store's. */
+struct st_stream {
+    redisContext *c;   /* NULL after a failure */
+    char key[66];
+    char name[120];    /* "shared tier NAME: KEY", for messages */
+    char want[33];     /* XXH3-128 of the whole value, from its metadata */
+    uint8_t *buf;      /* [size] */
+    uint64_t size, have;
+    int64_t parts, got; /* parts in the value, parts received */
+    int timeout_ms;
+    int refs;          /* the KV reader and the store reference */
+    int down;          /* the connection failed or timed out (not the entry's fault) */
+    int gone;          /* a part was missing: evicted or dropped meanwhile (not corrupt) */
+    char why[200];     /* the first failure */
+};
+
+static void stream_unref(void *ctx)
+{
+    st_stream *x = ctx;
+    if (!x || --x->refs > 0)
+        return;
+    if (x->c)
+        redisFree(x->c);
+    free(x->buf);
+    free(x);
+}
+
+static cb_status stream_fail(st_stream *x, int down, cb_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static cb_status stream_fail(st_stream *x, int down, cb_error *err, const char *fmt, ...)
+{
+    va_list ap;
+    if (!x->why[0]) {
+        va_start(ap, fmt);
+        vsnprintf(x->why, sizeof x->why, fmt, ap);
+        va_end(ap);
+        x->down = down;
+    }
+    if (x->c)
+        redisFree(x->c);
+    x->c = NULL;
+    return cb_error_set(err, down ? CB_ERR_IO : CB_ERR_FORMAT, "%s: %s", x->name, x->why);
+}
+
+/* The next reply, within the time-out (each read is bounded by the
+ * socket's time-out too, so a part takes at most about twice it). */
+static redisReply *stream_reply(st_stream *x)
+{
+    void *rep = NULL;
+    int64_t deadline = st_now_us() + (int64_t)x->timeout_ms * 1000;
+    if (redisGetReplyFromReader(x->c, &rep) != REDIS_OK)
+        return NULL;
+    while (!rep) {
+        if (st_now_us() > deadline) {
+            snprintf(x->c->errstr, sizeof x->c->errstr, "timed out after %d ms", x->timeout_ms);
+            return NULL;
+        }
+        if (redisBufferRead(x->c) != REDIS_OK || redisGetReplyFromReader(x->c, &rep) != REDIS_OK)
+            return NULL;
+    }
+    return rep;
+}
+
+/* Receive the next part into buf. */
+static cb_status stream_next(st_stream *x, cb_error *err)
+{
+    if (!x->c)
+        return cb_error_set(err, x->down ? CB_ERR_IO : CB_ERR_FORMAT, "%s: %s", x->name, x->why);
+    if (x->got >= x->parts)
+        return stream_fail(x, 0, err, "its parts end at %llu of %llu bytes", (unsigned long long)x->have,
+                           (unsigned long long)x->size);
+    redisReply *rep = stream_reply(x);
+    if (!rep && x->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return stream_fail(x, 1, err, "timed out after %d ms", x->timeout_ms);
+    if (!rep)
+        return stream_fail(x, 1, err, "%s", x->c->errstr[0] ? x->c->errstr : "no reply");
+    cb_status st = CB_OK;
+    if (rep->type == REDIS_REPLY_NIL) {
+        x->gone = !x->why[0];
+        st = stream_fail(x, 0, err, "part %lld is missing (evicted or dropped meanwhile)", (long long)x->got);
+    }
+    else if (rep->type != REDIS_REPLY_STRING)
+        st = stream_fail(x, rep->type == REDIS_REPLY_ERROR, err, "part %lld: %s", (long long)x->got,
+                         rep->type == REDIS_REPLY_ERROR ? rep->str : "not a string");
+    else if (rep->len > x->size - x->have)
+        st = stream_fail(x, 0, err, "its size does not match its metadata");
+    else {
+        memcpy(x->buf + x->have, rep->str, rep->len);
+        x->have += rep->len;
+        x->got++;
+    }
+    freeReplyObject(rep);
+    return st;
+}
+
+static cb_status stream_read(void *ctx, uint64_t off, void *buf, size_t n, cb_error *err)
+{
+    st_stream *x = ctx;
+    cb_status st;
+    if (off > x->size || n > x->size - off)
+        return cb_error_set(err, CB_ERR_FORMAT, "%s: a read past its %llu bytes", x->name,
+                            (unsigned long long)x->size);
+    while (x->have < off + n)
+        if ((st = stream_next(x, err)) != CB_OK)
+            return st;
+    memcpy(buf, x->buf + off, n);
+    return CB_OK;
+}
+
+/* Ask for every part of key's value on a new connection. */
+static int stream_request(cb_store *s, st_stream *x, const char *vkey, char *why, size_t why_n)
+{
+    int db, done = 0;
+    pipe_guard g;
+    char idx[24];
+    if (!(x->c = connect_to(&s->remote, &db, why, why_n)))
+        return -1;
+    if (db > 0)
+        redisAppendCommand(x->c, "SELECT %d", db);
+    for (int64_t i = 0; i < x->parts; i++) {
+        snprintf(idx, sizeof idx, "%lld", (long long)i);
+        const char *argv[] = {"LINDEX", vkey, idx};
+        redisAppendCommandArgv(x->c, 3, argv, NULL);
+    }
+    pipe_block(&g);
+    while (!done && redisBufferWrite(x->c, &done) == REDIS_OK)
+        ;
+    pipe_restore(&g);
+    if (!done) {
+        snprintf(why, why_n, "%s", x->c->errstr[0] ? x->c->errstr : "cannot send");
+        return -1;
+    }
+    redisReply *rep = db > 0 ? stream_reply(x) : NULL;
+    if (db > 0 && (!rep || rep->type == REDIS_REPLY_ERROR)) {
+        snprintf(why, why_n, "SELECT %d: %s", db, rep ? rep->str : x->c->errstr);
+        if (rep)
+            freeReplyObject(rep);
+        return -1;
+    }
+    if (rep)
+        freeReplyObject(rep);
+    return 0;
+}
+
+int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **out)
+{
+    st_remote *r = &s->remote;
+    rkeys k;
+    char now[32], why[200];
+    *kf = NULL;
+    *out = NULL;
+    if (!st_remote_up(s))
+        return 0;
+    keys_of(s, key, &k);
+    snprintf(now, sizeof now, "%lld", (long long)st_now_us());
+    const char *argv[] = {"EVAL", LUA_TOUCH, "2", k.m, k.lru, key, now, s->readonly ? "0" : "1"};
+    redisReply *rep = cmd_argv(s, 8, argv, NULL);
+    if (!rep)
+        return 0;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3) {
+        freeReplyObject(rep);
+        return 0;
+    }
+    st_stream *x = calloc(1, sizeof *x);
+    int64_t bytes = int_of(rep->element[0]), parts = int_of(rep->element[2]);
+    if (x)
+        snprintf(x->want, sizeof x->want, "%s",
+                 rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "");
+    freeReplyObject(rep);
+    if (!x)
+        return 0;
+    snprintf(x->key, sizeof x->key, "%s", key);
+    snprintf(x->name, sizeof x->name, "shared tier %s: %s", r->name, key);
+    x->timeout_ms = r->timeout_ms;
+    x->refs = 1;
+    if (bytes <= 0 || parts <= 0 || parts > bytes || parts > ST_MAX_PARTS || (uint64_t)bytes > SIZE_MAX / 2) {
+        st_remote_warn(s, "%s: its metadata is malformed; dropped, the chunk is computed", x->name);
+        if (!s->readonly)
+            drop(s, key, x->want);
+        stream_unref(x);
+        return -1;
+    }
+    x->size = (uint64_t)bytes;
+    x->parts = parts;
+    if (!(x->buf = malloc((size_t)x->size))) {
+        stream_unref(x);
+        return 0;
+    }
+    if (stream_request(s, x, k.v, why, sizeof why) != 0) {
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
+                       why);
+        r->down_until = st_now_us() + ST_RETRY_US;
+        disconnect(r);
+        stream_unref(x);
+        return 0;
+    }
+    /* The reader verifies the header part now, each layer part when read. */
+    cb_kv_source src = {stream_read, stream_unref, x, x->size, x->name};
+    cb_error err;
+    x->refs = 2;
+    if (cb_kvfile_open_source(kf, &src, &err) != CB_OK) { /* it released the reader's hold */
+        int down = st_stream_bad(s, x, err.msg) == 2;
+        stream_unref(x);
+        return down ? 0 : -1;
+    }
+    *out = x;
+    return 1;
+}
+
+void st_stream_unref(st_stream *x)
+{
+    stream_unref(x);
+}
+
+const char *st_stream_key(const st_stream *x)
+{
+    return x->key;
+}
+
+int st_stream_bad(cb_store *s, st_stream *x, const char *why)
+{
+    st_remote *r = &s->remote;
+    if (x->down) {
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
+                       x->why);
+        r->down_until = st_now_us() + ST_RETRY_US;
+        disconnect(r);
+        return 2;
+    }
+    /* why names the entry (the reader's or the stream's message); an entry
+     * that went away meanwhile is not dropped (it may be back, sound) */
+    int fix = !s->readonly && !x->gone;
+    st_remote_warn(s, "%s; %sthe chunk is computed", why, fix ? "dropped, " : "");
+    if (fix && st_remote_up(s))
+        drop(s, x->key, x->want);
+    return 1;
+}
+
+int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size)
+{
+    cb_error err;
+    char sum[33];
+    while (x->got < x->parts)
+        if (stream_next(x, &err) != CB_OK) {
+            st_stream_bad(s, x, err.msg);
+            return 0;
+        }
+    if (x->have != x->size) {
+        stream_fail(x, 0, &err, "its size does not match its metadata");
+        st_stream_bad(s, x, err.msg);
+        return 0;
+    }
+    cb_hash128_hex(cb_hash128_bytes(x->buf, (size_t)x->size), sum);
+    if (strcmp(sum, x->want) != 0) {
+        stream_fail(x, 0, &err, "its checksum does not match");
+        st_stream_bad(s, x, err.msg);
+        return 0;
+    }
+    *data = x->buf;
+    *size = (size_t)x->size;
+    return 1;
 }

@@ -85,11 +85,14 @@ struct cb_store {
     } stmts[ST_NSTMT];
 };
 
+typedef struct st_stream st_stream;
+
 struct cb_store_ref {
-    int fd;
-    int tier;      /* the tier whose file fd is */
+    int fd;        /* -1 for a stream */
+    int tier;      /* the tier whose file fd is; n_tiers: the shared tier */
     uint64_t size;
-    char *path;
+    char *path;    /* the file, or the shared tier's name */
+    st_stream *stream; /* an entry read from the shared tier, else NULL */
 };
 
 /* The files, each using only those above it (no circle):
@@ -141,6 +144,9 @@ sqlite3_stmt *st_stmt(cb_store *s, const char *sql, cb_error *err);
 /* Run one statement without results (BEGIN, COMMIT, ...). */
 cb_status st_exec(cb_store *s, const char *sql, cb_error *err);
 cb_status st_begin(cb_store *s, cb_error *err); /* BEGIN IMMEDIATE */
+/* BEGIN IMMEDIATE, then *q = st_stmt(sql): CB_OK, or the status (err set
+ * where given) with nothing left open. */
+cb_status st_begin_stmt(cb_store *s, const char *sql, sqlite3_stmt **q, cb_error *err);
 cb_status st_commit(cb_store *s, cb_error *err);
 void st_rollback(cb_store *s);
 /* Map the SQLite result code of the last call into err. */
@@ -206,8 +212,12 @@ void st_promote(cb_store *s, const char *key);
 
 /* ------------------------------------------------------------- entry.c */
 
-/* Acquire without (record 0) or with recording the access and promotion. */
-cb_status st_acquire(cb_store *s, const char *key, int record, cb_store_ref **out, cb_error *err);
+/* Acquire without (flags 0) or with recording the access and promotion
+ * (ST_ACQ_RECORD); a local miss is fetched from the shared tier unless
+ * ST_ACQ_LOCAL. */
+#define ST_ACQ_RECORD 1
+#define ST_ACQ_LOCAL 2
+cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out, cb_error *err);
 /* Adopt a verified copy of the KV file at path; movable: it may be renamed
  * into the tier; expect: the key it must hold (or NULL). */
 cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect, char key_out[66], int *existed,
@@ -236,6 +246,21 @@ cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, co
                          int *stopped, cb_error *err);
 cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void *ctx, const char *what, const char *msg),
                           void *ctx, uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err);
+
+/* Open key's value in the shared tier for reading layer by layer (its
+ * access recorded unless read-only): 1 with *kf (its header verified) and
+ * *x (held for the caller), 0 missing or the tier down, -1 bad (dropped,
+ * warned). */
+int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **x);
+void st_stream_unref(st_stream *x); /* accepts NULL */
+const char *st_stream_key(const st_stream *x);
+/* A streamed entry failed (why: the message, naming it): warned; when the
+ * connection failed the tier is not used for a while (2), else the entry
+ * is dropped (1; not when a part had gone, evicted meanwhile). */
+int st_stream_bad(cb_store *s, st_stream *x, const char *why);
+/* Receive the parts not read yet and check the whole value against its
+ * metadata: 1 with the bytes (held by x), else 0 (warned, dropped). */
+int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size);
 
 /* 0 when the bytes are a valid KV file (header, every layer's
  * checksum) holding key, else -1 with the reason in why. */

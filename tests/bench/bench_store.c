@@ -12,7 +12,11 @@
  *            so that the entry goes to the shared tier alone (upload and
  *            commit script); get = cb_store_acquire of an entry that only
  *            the shared tier holds (fetch, checksum, verification, kept in
- *            the local RAM tier) + reading it
+ *            the local RAM tier) + reading it; fetch+layers = the same
+ *            through cb_store_open_kv with $CB_STORE_STREAM=0, then every
+ *            layer read (verified, converted to f32) as cb-run's loader
+ *            reads it; stream = cb_store_open_kv streaming the entry from
+ *            Redis while those layers are read
  * KV files are real: MODEL prefills TOKENS tokens once and cb_kv_serialize
  * writes them (f16) under ENTRIES different token lists.
  *
@@ -193,6 +197,20 @@ static int bench_tier(const char *name, const char *tier_dir, const char *base, 
     return 0;
 }
 
+/* Every layer of kf read, verified and converted to f32: 0, or -1. */
+static int read_layers(cb_kvfile *kf, cb_error *err)
+{
+    const cb_kv_meta *mt = cb_kvfile_meta(kf);
+    size_t per = (size_t)mt->n_tokens * (size_t)(mt->n_head_kv * mt->head_dim);
+    float *k = malloc(sizeof(float) * per), *v = malloc(sizeof(float) * per);
+    int rc = k && v ? 0 : -1;
+    for (int32_t l = 0; rc == 0 && l < mt->n_layer; l++)
+        rc = cb_kvfile_read_layer(kf, l, k, v, err) == CB_OK ? 0 : -1;
+    free(k);
+    free(v);
+    return rc;
+}
+
 /* The shared tier on Redis at url: put through a local tier without room,
  * get of entries that only it holds. */
 static int bench_shared(const char *url, const char *ram, const char *base, kv *e, int n, int tokens, char *buf,
@@ -239,6 +257,30 @@ static int bench_shared(const char *url, const char *ram, const char *base, kv *
             t[m++] = now() - t0;
         }
     record("shared", "get", tokens, summarize(t, m, (double)e[0].size));
+    /* What cb-run's loader does with such an entry: fetched whole then read
+     * layer by layer ($CB_STORE_STREAM=0, as before streaming), or streamed. */
+    for (int mode = 0; mode < 2; mode++) {
+        m = 0;
+        if (mode == 0)
+            setenv("CB_STORE_STREAM", "0", 1);
+        for (int r = 0; r < 3; r++)
+            for (int i = 0; i < n; i++) {
+                cb_store_ref *ref;
+                cb_kvfile *kf;
+                cb_store_remove(sg, e[i].key, NULL);
+                double t0 = now();
+                if (cb_store_open_kv(sg, e[i].key, &kf, &ref, &err) != CB_OK || read_layers(kf, &err) != 0 ||
+                    cb_store_ref_tier(ref) != (mode ? 1 : 0)) {
+                    fprintf(stderr, "bench_store: shared %s: %s\n", mode ? "stream" : "fetch+layers", err.msg);
+                    return -1;
+                }
+                cb_kvfile_free(kf);
+                cb_store_release(ref);
+                t[m++] = now() - t0;
+            }
+        unsetenv("CB_STORE_STREAM");
+        record("shared", mode ? "stream" : "fetch+layers", tokens, summarize(t, m, (double)e[0].size));
+    }
     cb_store_close(sp);
     cb_store_close(sg);
     nftw(tp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);

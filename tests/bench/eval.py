@@ -121,6 +121,52 @@ def plot(rows, work, png):
     subprocess.run(["gnuplot", "-e", script], check=False)
 
 
+def report(args, configs, results, n_q, work, pre_s):
+    """Print the table of results (and write them and the plot)."""
+    def label(c):
+        return c[0] if c[1] is None else f"blend r={c[1]:g} {c[2]}"
+
+    def mean(rs, k):
+        return sum(r[k] for r in rs) / len(rs) if rs else float("nan")
+
+    def recovery(reuse, full, x):
+        return (reuse - x) / (reuse - full) if reuse - full > 1e-12 else float("nan")
+
+    by = {c: [r for r in results if (r["mode"], r["ratio"], r["strategy"]) == c] for c in configs}
+    fr, rr = by.get(("full", None, None), []), by.get(("reuse", None, None), [])
+    mean_full, mean_full_f1 = mean(fr, "ttft_ms"), mean(fr, "f1")
+    kl_reuse, gap_reuse = mean(rr, "kl"), mean(rr, "nll_absgap")
+    rows = []
+    print(f"\n{n_q} questions, {args.passages} passages each, mean prompt "
+          f"{sum(r['n_prompt_tokens'] for r in results) / len(results):.0f} tokens; model "
+          f"{os.path.basename(args.model or os.environ.get('CB_MODEL') or 'default')}; {args.threads} threads; KV {args.kv_type}\n")
+    print("| mode | F1 | EM | identical to full | top-1 = full | KL | KL recovery | gold NLL | NLL gap | "
+          "abs NLL gap | NLL recovery | recomputed | TTFT ms | speedup |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in configs:
+        rs = by[c]
+        kl, gap, agap = mean(rs, "kl"), mean(rs, "nll_gap"), mean(rs, "nll_absgap")
+        row = {"config": label(c), "mode": c[0], "ratio": c[1], "strategy": c[2], "f1": mean(rs, "f1"),
+               "em": mean(rs, "em"), "identical": mean(rs, "same"),
+               "top1": sum(1 for r in rs if r["top1"]) / len(rs), "kl": kl,
+               "kl_recovery": recovery(kl_reuse, 0.0, kl), "nll": mean(rs, "nll"), "nll_gap": gap,
+               "nll_absgap": agap, "nll_recovery": recovery(gap_reuse, 0.0, agap),
+               "recomputed": sum(r["n_recomputed_tokens"] for r in rs) / max(1, sum(r["n_cached_tokens"] for r in rs)),
+               "ttft_ms": mean(rs, "ttft_ms"), "speedup": mean_full / mean(rs, "ttft_ms")}
+        rows.append(row)
+        print(f"| {row['config']} | {row['f1']:.3f} | {row['em']:.3f} | {row['identical']:.0%} | {row['top1']:.0%} | "
+              f"{kl:.4f} | {row['kl_recovery']:.1%} | {row['nll']:.3f} | {gap:+.3f} | {agap:.3f} | {row['nll_recovery']:.1%} | "
+              f"{row['recomputed']:.1%} | {row['ttft_ms']:.0f} | {row['speedup']:.2f}x |")
+    print(f"\n(full prefill F1 {mean_full_f1:.3f}; recovery = (reuse - x) / (reuse - full) of the mean KL and of "
+          "the mean absolute NLL gap; recomputed = recomputed / cached tokens)")
+    json.dump({"args": vars(args), "precompute_s": pre_s, "summary": rows, "results": results},
+              open(args.out, "w"), indent=1)
+    print(f"\nresults: {args.out}", file=sys.stderr)
+    if args.plot and shutil.which("gnuplot"):
+        plot(rows, work, os.path.abspath(args.plot))
+        print(f"plot: {args.plot}", file=sys.stderr)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     top = os.path.dirname(os.path.dirname(here))
@@ -131,7 +177,8 @@ def main():
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--ratios", default="0.15", help="blend ratios, comma-separated")
     ap.add_argument("--strategies", default="probe,hkvd,runs",
-                    help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio")
+                    help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio; "
+                    "NAME/OPT=V/...: with cb-run --OPT V (e.g. hkvd/check-layer=5, probe/probe-rows=0)")
     ap.add_argument("--modes", default="full,prefix,reuse,blend")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -141,7 +188,26 @@ def main():
     ap.add_argument("--kv-type", default="f16")
     ap.add_argument("--no-answers", action="store_true", help="score only: no generation, no F1/EM")
     ap.add_argument("--extra", default="", help="extra cb-run flags for blend runs")
+    ap.add_argument("--store", default=None,
+                    help="keep the passages' KV in this store (created if missing; reruns skip what it has)")
+    ap.add_argument("--table-from", default=None,
+                    help="print the table of a results file (--out of an earlier or interrupted run)")
     args = ap.parse_args()
+    if args.table_from:
+        saved = json.load(open(args.table_from))
+        results, configs = saved["results"], []
+        for r in results:
+            if (r["mode"], r["ratio"], r["strategy"]) not in configs:
+                configs.append((r["mode"], r["ratio"], r["strategy"]))
+        configs.sort(key=lambda c: c[0] != "full")
+        vars(args).update({k: v for k, v in saved["args"].items() if k in ("passages", "model", "threads", "kv_type")})
+        args.out = args.table_from + ".table.json"
+        work = tempfile.mkdtemp(prefix="cb-eval-")
+        try:
+            report(args, configs, results, len({r["q"] for r in results}), work, saved.get("precompute_s", 0.0))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
 
     if not os.path.exists(args.data):
         sys.exit(f"eval: {args.data}: no such file (give --data)")
@@ -149,7 +215,7 @@ def main():
     run, pre = os.path.join(args.bin, "cb-run"), os.path.join(args.bin, "cb-precompute")
     common = ["-t", str(args.threads)] + (["-m", args.model] if args.model else [])
     work = tempfile.mkdtemp(prefix="cb-eval-")
-    store = os.path.join(work, "store")
+    store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     try:
         # every passage of every question, precomputed once
         recs = []
@@ -195,8 +261,12 @@ def main():
                        str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
                        "-p", question] + common
                 if ratio is not None:
-                    name, _, mass = strat.partition("@")  # probe@M: --mass M, at most the ratio
+                    name, *opts = strat.split("/")  # NAME/OPT=V: cb-run --OPT V
+                    name, _, mass = name.partition("@")  # probe@M: --mass M, at most the ratio
                     cmd += ["--ratio", str(ratio), "--strategy", name] + (args.extra.split() if args.extra else [])
+                    for o in opts:
+                        k, _, v = o.partition("=")
+                        cmd += [f"--{k}"] + ([v] if v else [])
                     if mass:
                         cmd += ["--mass", mass, "--max-ratio", str(ratio), "--min-ratio", "0"]
                 # the gold answer's score after the prompt (and the first token's logits)
@@ -231,50 +301,9 @@ def main():
                     res["kl"], res["top1"], res["same"] = float("nan"), False, False
                 results.append(res)
             print(f"question {qi + 1}/{len(qa)} done", file=sys.stderr)
+            json.dump({"args": vars(args), "partial": True, "results": results}, open(args.out, "w"), indent=1)
 
-        # the table
-        def label(c):
-            return c[0] if c[1] is None else f"blend r={c[1]:g} {c[2]}"
-
-        def mean(rs, k):
-            return sum(r[k] for r in rs) / len(rs) if rs else float("nan")
-
-        def recovery(reuse, full, x):
-            return (reuse - x) / (reuse - full) if reuse - full > 1e-12 else float("nan")
-
-        by = {c: [r for r in results if (r["mode"], r["ratio"], r["strategy"]) == c] for c in configs}
-        fr, rr = by.get(("full", None, None), []), by.get(("reuse", None, None), [])
-        mean_full, mean_full_f1 = mean(fr, "ttft_ms"), mean(fr, "f1")
-        kl_reuse, gap_reuse = mean(rr, "kl"), mean(rr, "nll_absgap")
-        rows = []
-        print(f"\n{len(qa)} questions, {args.passages} passages each, mean prompt "
-              f"{sum(r['n_prompt_tokens'] for r in results) / len(results):.0f} tokens; model "
-              f"{os.path.basename(args.model or os.environ.get('CB_MODEL') or 'default')}; {args.threads} threads; KV {args.kv_type}\n")
-        print("| mode | F1 | EM | identical to full | top-1 = full | KL | KL recovery | gold NLL | NLL gap | "
-              "abs NLL gap | NLL recovery | recomputed | TTFT ms | speedup |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for c in configs:
-            rs = by[c]
-            kl, gap, agap = mean(rs, "kl"), mean(rs, "nll_gap"), mean(rs, "nll_absgap")
-            row = {"config": label(c), "mode": c[0], "ratio": c[1], "strategy": c[2], "f1": mean(rs, "f1"),
-                   "em": mean(rs, "em"), "identical": mean(rs, "same"),
-                   "top1": sum(1 for r in rs if r["top1"]) / len(rs), "kl": kl,
-                   "kl_recovery": recovery(kl_reuse, 0.0, kl), "nll": mean(rs, "nll"), "nll_gap": gap,
-                   "nll_absgap": agap, "nll_recovery": recovery(gap_reuse, 0.0, agap),
-                   "recomputed": sum(r["n_recomputed_tokens"] for r in rs) / max(1, sum(r["n_cached_tokens"] for r in rs)),
-                   "ttft_ms": mean(rs, "ttft_ms"), "speedup": mean_full / mean(rs, "ttft_ms")}
-            rows.append(row)
-            print(f"| {row['config']} | {row['f1']:.3f} | {row['em']:.3f} | {row['identical']:.0%} | {row['top1']:.0%} | "
-                  f"{kl:.4f} | {row['kl_recovery']:.1%} | {row['nll']:.3f} | {gap:+.3f} | {agap:.3f} | {row['nll_recovery']:.1%} | "
-                  f"{row['recomputed']:.1%} | {row['ttft_ms']:.0f} | {row['speedup']:.2f}x |")
-        print(f"\n(full prefill F1 {mean_full_f1:.3f}; recovery = (reuse - x) / (reuse - full) of the mean KL and of "
-              "the mean absolute NLL gap; recomputed = recomputed / cached tokens)")
-        json.dump({"args": vars(args), "precompute_s": pre_s, "summary": rows, "results": results},
-                  open(args.out, "w"), indent=1)
-        print(f"\nresults: {args.out}", file=sys.stderr)
-        if args.plot and shutil.which("gnuplot"):
-            plot(rows, work, os.path.abspath(args.plot))
-            print(f"plot: {args.plot}", file=sys.stderr)
+        report(args, configs, results, len(qa), work, pre_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

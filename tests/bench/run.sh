@@ -129,4 +129,9 @@ if [ -z "${CB_BENCH_REDIS:-}" ] && command -v redis-server > /dev/null 2>&1; the
 fi
 [ -n "${CB_BENCH_REDIS:-}" ] && echo "== the shared tier: $CB_BENCH_REDIS" || echo "== no redis-server: the shared tier is not measured"
 "$BUILD/bench/bench_store" "$M" 512,32 16 2>&1
+# cb-run's TTFT on a host whose chunks only the shared tier holds: fetched whole vs streamed by layer.
+if [ -n "${CB_BENCH_REDIS:-}" ]; then
+    CB_BENCH_REDIS=$CB_BENCH_REDIS sh tests/bench/shared_ttft.sh "$M" "$tmp/text.txt" 6 512 3 blend
+    CB_BENCH_REDIS=$CB_BENCH_REDIS sh tests/bench/shared_ttft.sh "$M" "$tmp/text.txt" 6 512 3 reuse
+fi
 if [ -n "$rpid" ]; then kill "$rpid" 2>/dev/null; fi

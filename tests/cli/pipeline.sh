@@ -136,6 +136,11 @@ assert 0.05 <= s["ratio"] <= 0.4 + 1 / s["n_cached_tokens"], s  # ceil(ratio x c
 assert s["n_recomputed_tokens"] == round(s["ratio"] * s["n_cached_tokens"]), s
 assert (a["selected_mass"] >= 0.5) == (a["bound"] != "max"), s
 PY
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --probe-rows 1 -n 2 -p "$Q" --stats "$T/pr1.json" > /dev/null \
+    && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["strategy"] == "probe" and s["probe_rows"] == 1 and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/pr1.json" \
+    && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["probe_rows"] == 8' "$T/sg-probe.json" \
+    && ok "--probe-rows, in the stats (default 8)" || not_ok "--probe-rows"
+expect_exit "--probe-rows negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-rows -1 -p q
 expect_exit "--mass with another strategy" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy hkvd --mass 0.5 -p q
 expect_exit "--min-ratio above --max-ratio" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --min-ratio 0.6 -p q
 expect_exit "--score and --score-file together" 64 "$RUN" -m "$M" -p q --score a --score-file "$T/ans.txt"

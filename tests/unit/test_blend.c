@@ -6,14 +6,12 @@
  * against a plain-loop NLL.
  *
  * For Valgrind (tests/memcheck.sh), whose slowdown the real models' cases
- * do not survive at full length: CB_BLEND_MODELS=tiny or =real runs only
- * the fixtures or only the real models, and CB_BLEND_SHORT=1 makes the
- * three chunks about half as long (every case still runs with the same
- * tolerances, but blend at 0.15 is not required to beat reuse there),
- * and stops after full, ratio 1, ratio 0, reuse and blend at 0.15, then
- * scores once: the strategies, prefix caching, reordering and pipelining
- * run on every fixture.  CB_BLEND_MODELS=smollm2 or =gemma picks one
- * real model. */
+ * do not survive at full length: CB_BLEND_MODELS=tiny, =real, =smollm2 or
+ * =gemma runs only those models, and CB_BLEND_SHORT=1 makes the three
+ * chunks about half as long and stops after full, ratio 1, ratio 0, reuse
+ * and blend at 0.15 (not required to beat reuse there), then scores once:
+ * the strategies, probe, prefix caching, reordering and pipelining run on
+ * every fixture. */
 #include "cbcore.h"
 #include "test.h"
 
@@ -191,6 +189,89 @@ static int short_texts(void)
     return e && *e && strcmp(e, "0") != 0;
 }
 
+/* probe's scoring by hand: the uncached rows through every layer against
+ * the loaded caches (a reuse prefill leaves exactly those caches), the
+ * question's last q_rows uncached rows' softmax attention (double, the
+ * causal mask and each layer's sliding window, or none when windows is 0)
+ * summed per cached row over layers and heads; returns the share of the
+ * total held by the top `want` cached rows (what probe's stats call
+ * selected_mass), or -1. */
+static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, int32_t q_rows, int windows,
+                            double ratio)
+{
+    const cb_hparams *hp = cb_model_hparams(fx->m);
+    int32_t ids[512], pos[512], rows[512], qrows[512], n = 0, n_rows = 0, nq = 0, n_c = 0;
+    uint8_t cached[512];
+    double *score = calloc(512, sizeof(double)), *sc = malloc(512 * sizeof(double)), mass = -1;
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim, w = (int64_t)hp->n_head_kv * hp->head_dim;
+    float *q = malloc(sizeof(float) * 512 * (size_t)dq), *k = malloc(sizeof(float) * 512 * (size_t)w), *lg = NULL;
+    cb_blend_params p = cb_blend_defaults();
+    cb_blend_stats st;
+    cb_kvcache *kv = NULL;
+    cb_fwd *f = NULL;
+    for (int32_t s = 0; s < n_segs; s++)
+        for (int32_t j = 0; j < segs[s].n; j++, n++) {
+            ids[n] = segs[s].ids[j], pos[n] = n;
+            cached[n] = segs[s].kv != NULL;
+            if (s == n_segs - 1 && !cached[n])
+                qrows[nq++] = n;
+        }
+    cached[n - 1] = 0; /* the last row is always computed */
+    for (int32_t r = 0; r < n; r++)
+        if (!cached[r])
+            rows[n_rows++] = r;
+        else
+            n_c++;
+    int32_t q0 = q_rows > 0 && nq > q_rows ? nq - q_rows : 0;
+    p.mode = CB_MODE_REUSE;
+    lg = malloc(sizeof(float) * (size_t)hp->n_vocab);
+    if (run(fx, segs, n_segs, &p, lg, &st, &kv) != CB_OK || cb_fwd_new(&f, fx->m, 512) != CB_OK ||
+        cb_fwd_embed(f, ids, pos, n) != CB_OK)
+        goto out;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        int32_t win = windows ? cb_model_layer_window(fx->m, l) : 0;
+        if (cb_fwd_layer_qkv(f, l, qrows + q0, nq - q0, q, NULL, NULL) != CB_OK ||
+            cb_fwd_layer(f, kv, l, rows, n_rows) != CB_OK || cb_kvcache_read(kv, l, 0, 0, n, k) != CB_OK)
+            goto out;
+        for (int32_t i = 0; i < nq - q0; i++)
+            for (int32_t h = 0; h < hp->n_head; h++) {
+                int32_t row = qrows[q0 + i], j0 = win > 0 && row + 1 > win ? row + 1 - win : 0;
+                double a[512], mx = -INFINITY, sum = 0;
+                for (int32_t j = j0; j <= row; j++) {
+                    double d = 0;
+                    for (int32_t e = 0; e < hp->head_dim; e++)
+                        d += (double)q[i * dq + (int64_t)h * hp->head_dim + e] *
+                             k[j * w + (int64_t)(h / (hp->n_head / hp->n_head_kv)) * hp->head_dim + e];
+                    a[j] = d / sqrt((double)hp->head_dim);
+                    mx = a[j] > mx ? a[j] : mx;
+                }
+                for (int32_t j = j0; j <= row; j++)
+                    sum += (a[j] = exp(a[j] - mx));
+                for (int32_t j = j0; j <= row; j++)
+                    score[j] += cached[j] ? a[j] / sum : 0;
+            }
+    }
+    double total = 0, top = 0;
+    int32_t m = 0;
+    for (int32_t r = 0; r < n; r++)
+        if (cached[r])
+            sc[m++] = score[r], total += score[r];
+    for (int32_t i = 0; i < m; i++) /* the top want, by selection */
+        for (int32_t j = i + 1; j < m; j++)
+            if (sc[j] > sc[i]) {
+                double t = sc[i];
+                sc[i] = sc[j], sc[j] = t;
+            }
+    for (int32_t i = 0; i < (int32_t)ceil(ratio * n_c) && i < m; i++)
+        top += sc[i];
+    mass = total > 0 ? top / total : -1;
+out:
+    cb_fwd_free(f);
+    cb_kvcache_free(kv);
+    free(score), free(sc), free(q), free(k), free(lg);
+    return mass;
+}
+
 static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full, double tol_reuse)
 {
     static const char *const long_texts[3] = {
@@ -204,8 +285,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     const char *const *texts = few ? few_texts : long_texts;
     fixture fx;
     tcase("%s: set up three precomputed chunks", label);
-    if (setup(&fx, model_path, kvt, texts,
-              "Where did the chief engineer of the Norden Bridge study?") != 0) {
+    if (setup(&fx, model_path, kvt, texts, "Where did the chief engineer of the Norden Bridge study?") != 0) {
         CHECK(0);
         return;
     }
@@ -288,8 +368,6 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
               names[sg]);
         p = cb_blend_defaults();
         p.strategy = (cb_blend_strategy)sg;
-        if (few) /* short: each strategy's selection once; its ends on the fixtures */
-            goto budget;
         p.ratios[0] = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         p.mode = CB_MODE_FULL;
@@ -306,7 +384,6 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             CHECK(st.n_recomputed_tokens == 3 * p.sink_tokens);
         else
             CHECKF(e < tol_reuse && st.n_recomputed_tokens == 0, "ratio 0 vs reuse: relative error %.3g", e);
-    budget:
         p.ratios[0] = 0.15f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         int32_t budget = (int32_t)ceilf(0.15f * st.n_cached_tokens);
@@ -316,10 +393,25 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         printf("# %s: %s at 0.15 vs full: %.2e (reuse %.2e)\n", label, names[sg], es, rel(b, full, (size_t)nv));
     }
 
-    if (few)
-        tskip("probe's adaptive ratio", "CB_BLEND_SHORT: checked on the fixtures");
-    else {
-        tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds", label);
+    tcase("%s: probe's scores equal a plain double loop (the question's last rows, the layers' windows)", label);
+    for (int32_t qr = 0; qr <= 3; qr += 3) {
+        p = cb_blend_defaults();
+        p.probe_rows = qr;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        double want = probe_by_hand(&fx, segs, ns, qr, 1, 0.15), nowin = probe_by_hand(&fx, segs, ns, qr, 0, 0.15);
+        CHECKF(want > 0 && fabs(st.selected_mass - want) < 1e-3 * want, "probe rows %d: selected mass %.6f, by hand %.6f",
+               qr, st.selected_mass, want);
+        printf("# %s: probe rows %d: selected mass %.6f, by hand %.6f (without windows %.6f)\n", label, qr,
+               st.selected_mass, want, nowin);
+    }
+    p.probe_rows = (int32_t)fx.question.n + 100; /* more than the question has: all of it, as 0 */
+    CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+    p.probe_rows = 0;
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+    CHECK(rel(a, b, (size_t)nv) == 0);
+
+    tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds", label);
+    {
         int32_t n_sel[3];
         float masses[3] = {0.3f, 0.6f, 0.9f};
         p = cb_blend_defaults();
@@ -418,7 +510,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECK(memcmp(a, b, sizeof(float) * (size_t)nv) == 0);
     CHECK(st.load_bytes > 0 && st.stall_ms >= 0);
 
-    if (strstr(label, "SmolLM2") && !few) {
+    if (strstr(label, "SmolLM2")) {
         /* A slow tier, emulated by throttling the loader so that loading
          * takes about as long as the blend's computation: pipelined, the
          * prefill takes about the longer of the two; sequential, their sum. */

@@ -217,6 +217,95 @@ static void test_corruption(cb_model *m, cb_model *other)
     free(orig);
 }
 
+/* A source in memory: the bytes, where reads start failing, and how many
+ * times it was released. */
+typedef struct memsrc {
+    const uint8_t *data;
+    uint64_t fail_from; /* reads reaching past this offset fail */
+    int released, reads;
+} memsrc;
+
+static cb_status mem_read(void *ctx, uint64_t off, void *buf, size_t n, cb_error *err)
+{
+    memsrc *ms = ctx;
+    ms->reads++;
+    if (off + n > ms->fail_from)
+        return cb_error_set(err, CB_ERR_IO, "memsrc: gone at %llu", (unsigned long long)off);
+    memcpy(buf, ms->data + off, n);
+    return CB_OK;
+}
+
+static void mem_release(void *ctx) { ((memsrc *)ctx)->released++; }
+
+/* The same file through a source: the same layers; a source's failure and
+ * a flipped byte in a layer reach the reader as errors of that layer only;
+ * the source is released once, on free or on a failed open. */
+static void test_source(void)
+{
+    char path[1024];
+    size_t n;
+    cb_error err;
+    snprintf(path, sizeof path, "%s/chunk-f16.cbkv", tmpdir());
+    uint8_t *orig = (uint8_t *)t_read_file(path, &n);
+
+    tcase("kv source: layers equal the file's; failures and corruption are that layer's errors; released once");
+    if (!orig) {
+        CHECK(0);
+        return;
+    }
+    cb_kvfile *a = NULL, *b = NULL;
+    memsrc ms = {orig, n, 0, 0};
+    cb_kv_source src = {mem_read, mem_release, &ms, n, "mem"};
+    CHECK_OK(cb_kvfile_open(&a, path, &err));
+    CHECK_OK(cb_kvfile_open_source(&b, &src, &err));
+    if (!a || !b) {
+        cb_kvfile_free(a);
+        cb_kvfile_free(b);
+        free(orig);
+        return;
+    }
+    const cb_kv_meta *mt = cb_kvfile_meta(a);
+    size_t per = (size_t)mt->n_tokens * (size_t)(mt->n_head_kv * mt->head_dim);
+    float *k1 = malloc(4 * per), *v1 = malloc(4 * per), *k2 = malloc(4 * per), *v2 = malloc(4 * per);
+    uint32_t h32;
+    uint64_t H, S;
+    memcpy(&h32, orig + 12, 4);
+    memcpy(&S, orig + 96, 8);
+    H = h32;
+    int same = 1;
+    for (int32_t l = 0; l < mt->n_layer; l++) {
+        CHECK_OK(cb_kvfile_read_layer(a, l, k1, v1, &err));
+        CHECK_OK(cb_kvfile_read_layer(b, l, k2, v2, &err));
+        same &= !memcmp(k1, k2, 4 * per) && !memcmp(v1, v2, 4 * per);
+    }
+    CHECK(same && cb_kvfile_size(b) == n && ms.released == 0);
+    /* the last layer's bytes stop coming: that layer fails, earlier ones read */
+    int32_t last = mt->n_layer - 1;
+    ms.fail_from = H + S * (uint64_t)last + 1;
+    CHECK(cb_kvfile_read_layer(b, last, k2, v2, &err) == CB_ERR_IO && strstr(err.msg, "memsrc: gone"));
+    CHECK_OK(cb_kvfile_read_layer(b, 0, k2, v2, &err));
+    /* a flipped byte in a layer: a checksum error of that layer */
+    ms.fail_from = n;
+    orig[H + S * (uint64_t)last + 5] ^= 4;
+    CHECK(cb_kvfile_read_layer(b, last, k2, v2, &err) == CB_ERR_CHECKSUM && strstr(err.msg, "mem: layer"));
+    orig[H + S * (uint64_t)last + 5] ^= 4;
+    cb_kvfile_free(b);
+    CHECK(ms.released == 1);
+    /* a failed open releases it too: a bad header, a short source, no reader */
+    memsrc m2 = {orig, n, 0, 0};
+    cb_kv_source s2 = {mem_read, mem_release, &m2, n, "mem"};
+    orig[130] ^= 1;
+    CHECK(cb_kvfile_open_source(&b, &s2, &err) == CB_ERR_CHECKSUM && m2.released == 1);
+    orig[130] ^= 1;
+    s2.size = n - 1;
+    CHECK(cb_kvfile_open_source(&b, &s2, &err) == CB_ERR_FORMAT && m2.released == 2);
+    s2.read = NULL;
+    CHECK(cb_kvfile_open_source(&b, &s2, &err) == CB_ERR_INVALID && m2.released == 3);
+    free(k1), free(v1), free(k2), free(v2);
+    cb_kvfile_free(a);
+    free(orig);
+}
+
 /* Version 1 (no per-layer table, no flags) is still read: every layer
  * global at the header's RoPE base.  Made here from a version 2 file: the
  * table zeroed (padding in version 1), version 1, the header checksum
@@ -333,6 +422,7 @@ int main(void)
     cb_model_free(g);
     test_roundtrip_and_move(m);
     test_corruption(m, other);
+    test_source();
     test_version1(m);
     test_fuzz_findings();
     test_fingerprint(m, other);

@@ -6,6 +6,7 @@
 #include "cbcore.h"
 #include "test.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 static const char *tmpdir(void)
@@ -295,6 +296,36 @@ int main(void)
             md = fmax(md, fabs((double)l1[i] - l2[i]));
         CHECKF(md < 1e-5 && bs1.n_cached_tokens == bs2.n_cached_tokens, "max |diff| %g", md);
         CHECK(bs1.n_cached_tokens > 0 && bs1.n_recomputed_tokens > 0);
+
+        tcase("cb_prompt_prefill: a layer found corrupt mid-prefill: that chunk computed, the answer as without it");
+        int fd = -1;
+        uint64_t at = 0;
+        if (cb_store_acquire(s, key2, &ref, &path, &err) == CB_OK && (fd = open(path, O_RDWR)) >= 0) {
+            uint8_t hdr[128], byte;
+            uint32_t H, L;
+            uint64_t S;
+            CHECK(pread(fd, hdr, sizeof hdr, 0) == (ssize_t)sizeof hdr);
+            memcpy(&H, hdr + 12, 4), memcpy(&L, hdr + 48, 4), memcpy(&S, hdr + 96, 8);
+            at = H + S * (L - 1) + 3; /* the last layer: every earlier one is used first */
+            CHECK(pread(fd, &byte, 1, (off_t)at) == 1);
+            byte ^= 0x20;
+            CHECK(pwrite(fd, &byte, 1, (off_t)at) == 1);
+            CHECK(cb_blend_prefill(f, kv, sg, n, &bp, l2, &bs2, &err) == CB_ERR_CHECKSUM && bs2.failed_segment == 4);
+            int warned = n_warn;
+            CHECK_OK(cb_prompt_prefill(p, s, f, kv, &bp, l1, &bs1, count_warn, NULL, &err));
+            CHECK(n_warn == warned + 1 && cb_prompt_n_missing(p) == 1 && bs1.failed_segment == -1);
+            sg = cb_prompt_segments(p, &n);
+            CHECK(sg[4].kv == NULL && sg[1].kv != NULL);
+            hand[4].kv = NULL;
+            CHECK_OK(cb_blend_prefill(f, kv, hand, n, &bp, l2, &bs2, &err));
+            CHECK(memcmp(l1, l2, sizeof(float) * (size_t)nv) == 0 && bs1.n_cached_tokens == bs2.n_cached_tokens);
+            byte ^= 0x20;
+            CHECK(pwrite(fd, &byte, 1, (off_t)at) == 1);
+            close(fd);
+        } else {
+            CHECK(0);
+        }
+        cb_store_release(ref);
         cb_fwd_free(f);
         cb_kvcache_free(kv);
         free(l1);
