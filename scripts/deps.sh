@@ -5,16 +5,17 @@ set -e
 pkgs="build-essential pkg-config libpcre2-dev libxxhash-dev libarchive-dev libopenblas-dev
       libjansson-dev libsqlite3-dev libhiredis-dev redis-server zstd unzip gnuplot-nox python3 python3-venv python3-pip ca-certificates"
 # make fuzz: clang 15 or later (x86 _Float16) and its libFuzzer runtime;
-# make memcheck: valgrind.  The first clang-N installed, else one apt has.
+# make fuzz-cov: llvm-N (llvm-profdata, llvm-cov); make memcheck: valgrind.
+# The first clang-N installed, else one apt has.
 fz=""
 for v in 16 17 18 19 15; do
     if dpkg-query -W -f='${Status}' "clang-$v" 2>/dev/null | grep -q "install ok installed"; then
-        fz="clang-$v libclang-rt-$v-dev"; break
+        fz="clang-$v libclang-rt-$v-dev llvm-$v"; break
     fi
 done
 if [ -z "$fz" ]; then
     for v in 16 17 18 19 15; do
-        apt-cache show "clang-$v" >/dev/null 2>&1 && { fz="clang-$v libclang-rt-$v-dev"; break; }
+        apt-cache show "clang-$v" >/dev/null 2>&1 && { fz="clang-$v libclang-rt-$v-dev llvm-$v"; break; }
     done
 fi
 pkgs="$pkgs $fz valgrind"

@@ -91,7 +91,7 @@ done
 # The libFuzzer harnesses, a short pass from their seeds (CB_FUZZ_S
 # seconds each, default 2; make fuzz runs them longer).
 if [ -n "${CB_FUZZ_DIR:-}" ] && [ -x "$CB_FUZZ_DIR/fuzz_gguf" ]; then
-    run_one "fuzz/short" env FUZZ_FRESH=1 CB_FUZZ_TMP="$CB_TEST_TMP/fuzz" sh tests/fuzz/run.sh "$CB_FUZZ_DIR" "${CB_FUZZ_S:-2}"
+    run_one "fuzz/short" env FUZZ_FRESH=1 sh tests/fuzz/run.sh "$CB_FUZZ_DIR" "${CB_FUZZ_S:-2}"
 else
     run_one "fuzz/short" echo "ok 1 - fuzz harnesses # SKIP no clang >= 15 with libFuzzer (make deps installs clang-16 and libclang-rt-16-dev)"
 fi

@@ -628,6 +628,14 @@ typedef struct cb_kvfile cb_kvfile;
  * truncated, inconsistent), CB_ERR_CHECKSUM (header checksum),
  * CB_ERR_UNSUPPORTED (another format version). */
 cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err);
+/* The size in bytes a KV file must have whose first n bytes are `fixed`:
+ * checks the fixed header (its first 128 bytes) as cb_kvfile_open does
+ * (magic, version, shape, element type, and the header, layer and total
+ * sizes against each other), so that a reader of a stream (an archive
+ * member) knows how much a valid file can hold before reading the rest.
+ * Messages name `name`.  Errors: CB_ERR_FORMAT (not a KV file, or fewer
+ * than 128 bytes), CB_ERR_UNSUPPORTED (another format version). */
+cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size, cb_error *err);
 
 /* A KV file's bytes from elsewhere than a local file (the store's shared
  * tier streams them): read(ctx, off, buf, n, err) fills buf with the n
@@ -1126,8 +1134,16 @@ typedef struct cb_store_import_report {
  * anything that is not a valid KV file, or a name "<key>.kv" that is not its
  * contents' key, are rejected and passed to problem(ctx, name, reason) (may
  * be NULL).  Valid entries are imported even when others are rejected.
- * rep may be NULL.  Errors: CB_ERR_FORMAT (some entries were rejected, or
- * the archive is malformed or truncated), CB_ERR_NOT_FOUND, CB_ERR_CREATE,
+ * Staging is bounded (decompression bombs): an entry's fixed KV header is
+ * read first (cb_kv_header_size), an entry whose archive size is not the
+ * size its header gives is rejected without being staged, and no more than
+ * that size is ever written.  An entry larger than the largest tier's
+ * capacity (when every tier has one) or than the space free for staging
+ * stops the import before anything of it is written: CB_ERR_FORMAT
+ * (capacity) or CB_ERR_IO (space), the message naming the archive and the
+ * entry; entries imported before it stay.  rep may be NULL.  Errors:
+ * CB_ERR_FORMAT (some entries were rejected, or the archive is malformed or
+ * truncated, or an entry exceeds a tier), CB_ERR_NOT_FOUND, CB_ERR_CREATE,
  * CB_ERR_IO. */
 cb_status cb_store_import(cb_store *s, const char *path, int fd,
                           void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,

@@ -224,6 +224,84 @@ static int read_fd(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+/* The fields of the fixed header, checked as far as they can be without
+ * the rest of the file; NULL, or why they are impossible. */
+static const char *parse_fixed(const uint8_t *fixed, cb_kv_meta *mt, uint32_t *H, uint64_t *S, uint64_t *B,
+                               uint64_t *size)
+{
+    uint32_t version = get32(fixed + 8);
+    *H = get32(fixed + 12);
+    *S = get64(fixed + 96);
+    *B = get64(fixed + 104);
+    *size = get64(fixed + 112);
+    mt->model.lo = get64(fixed + 16);
+    mt->model.hi = get64(fixed + 24);
+    mt->tokens.lo = get64(fixed + 32);
+    mt->tokens.hi = get64(fixed + 40);
+    mt->n_layer = (int32_t)get32(fixed + 48);
+    mt->n_head_kv = (int32_t)get32(fixed + 52);
+    mt->head_dim = (int32_t)get32(fixed + 56);
+    mt->n_rot = (int32_t)get32(fixed + 60);
+    mt->rope_neox = (int32_t)get32(fixed + 64);
+    memcpy(&mt->rope_base, fixed + 68, 4);
+    mt->type = (cb_type)get32(fixed + 72);
+    mt->n_tokens = (int32_t)get32(fixed + 76);
+    mt->pos0 = (int32_t)get32(fixed + 80);
+    mt->n_lead = (int32_t)get32(fixed + 84);
+    mt->flags = version == 1 ? 0 : get32(fixed + 92);
+    uint64_t per_layer = version == 1 ? 8 : 16; /* checksum, then (v2) window and base */
+
+    if (mt->n_layer < 1 || mt->n_layer > KV_MAX_LAYERS || mt->n_head_kv < 1 || mt->n_head_kv > 4096 ||
+        mt->head_dim < 1 || mt->head_dim > 4096 || mt->n_rot < 0 || mt->n_rot > mt->head_dim ||
+        (mt->rope_neox != 0 && mt->rope_neox != 1))
+        return "impossible model shape";
+    if (!kv_type_ok(mt->type))
+        return "unknown element type";
+    if (mt->n_tokens < 1 || mt->n_tokens > KV_MAX_TOKENS || mt->n_lead < 0 || mt->n_lead > KV_MAX_TOKENS ||
+        mt->pos0 < 0 || get32(fixed + 88) != 1)
+        return "impossible token counts or positions";
+    if (mt->flags & ~KV_FLAG_ROPE_DIV)
+        return "unknown flags";
+    if (cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) == 0) /* not whole blocks */
+        return "rows are not whole blocks of the element type";
+    if (*B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) * (uint64_t)mt->n_tokens ||
+        *S < 2 * *B || *S % CB_KV_ALIGN || *S > (1ull << 40))
+        return "inconsistent layer sizes";
+    if (*H % CB_KV_ALIGN ||
+        *H < KV_FIXED + 4 * (uint64_t)(mt->n_tokens + mt->n_lead) + per_layer * (uint64_t)mt->n_layer)
+        return "inconsistent header size";
+    if (*size != *H + *S * (uint64_t)mt->n_layer)
+        return "inconsistent total size";
+    return NULL;
+}
+
+/* Magic and version of a fixed header: CB_OK, or the error. */
+static cb_status check_magic(const uint8_t *fixed, const char *path, cb_error *err)
+{
+    if (memcmp(fixed, KV_MAGIC, 8) != 0)
+        return bad(err, path, "bad magic");
+    uint32_t version = get32(fixed + 8);
+    if (version != 1 && version != KV_VERSION)
+        return cb_error_set(err, CB_ERR_UNSUPPORTED,
+                            "%s: KV format version %u is not supported (this build reads 1 and %d)", path, version,
+                            KV_VERSION);
+    return CB_OK;
+}
+
+cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size, cb_error *err)
+{
+    cb_kv_meta mt;
+    uint32_t H;
+    uint64_t S, B;
+    cb_status st;
+    if (n < KV_FIXED)
+        return bad(err, name, "shorter than its fixed header");
+    if ((st = check_magic(fixed, name, err)) != CB_OK)
+        return st;
+    const char *why = parse_fixed(fixed, &mt, &H, &S, &B, size);
+    return why ? bad(err, name, why) : CB_OK;
+}
+
 /* n bytes at off from the file or the source: CB_OK, or a status with
  * err set (a source says why; a file's short read is CB_ERR_IO). */
 static cb_status read_at(cb_kvfile *f, void *buf, size_t n, uint64_t off, const char *what, cb_error *err)
@@ -303,64 +381,16 @@ static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_
         cb_kvfile_free(f);
         return st;
     }
-    if (memcmp(fixed, KV_MAGIC, 8) != 0) {
+    if ((st = check_magic(fixed, path, err)) != CB_OK) {
         cb_kvfile_free(f);
-        return bad(err, path, "bad magic");
+        return st;
     }
     uint32_t version = get32(fixed + 8);
-    if (version != 1 && version != KV_VERSION) {
-        cb_kvfile_free(f);
-        return cb_error_set(err, CB_ERR_UNSUPPORTED,
-                            "%s: KV format version %u is not supported (this build reads 1 and %d)", path, version,
-                            KV_VERSION);
-    }
-    f->H = get32(fixed + 12);
-    f->S = get64(fixed + 96);
-    f->B = get64(fixed + 104);
-    f->size = get64(fixed + 112);
     cb_kv_meta *mt = &f->meta;
-    mt->model.lo = get64(fixed + 16);
-    mt->model.hi = get64(fixed + 24);
-    mt->tokens.lo = get64(fixed + 32);
-    mt->tokens.hi = get64(fixed + 40);
-    mt->n_layer = (int32_t)get32(fixed + 48);
-    mt->n_head_kv = (int32_t)get32(fixed + 52);
-    mt->head_dim = (int32_t)get32(fixed + 56);
-    mt->n_rot = (int32_t)get32(fixed + 60);
-    mt->rope_neox = (int32_t)get32(fixed + 64);
-    memcpy(&mt->rope_base, fixed + 68, 4);
-    mt->type = (cb_type)get32(fixed + 72);
-    mt->n_tokens = (int32_t)get32(fixed + 76);
-    mt->pos0 = (int32_t)get32(fixed + 80);
-    mt->n_lead = (int32_t)get32(fixed + 84);
-    mt->flags = version == 1 ? 0 : get32(fixed + 92);
-    uint64_t per_layer = version == 1 ? 8 : 16; /* checksum, then (v2) window and base */
 
     /* Bounds before any allocation sized by the file. */
-    const char *why = NULL;
-    if (mt->n_layer < 1 || mt->n_layer > KV_MAX_LAYERS || mt->n_head_kv < 1 || mt->n_head_kv > 4096 ||
-             mt->head_dim < 1 || mt->head_dim > 4096 || mt->n_rot < 0 || mt->n_rot > mt->head_dim ||
-             (mt->rope_neox != 0 && mt->rope_neox != 1))
-        why = "impossible model shape";
-    else if (!kv_type_ok(mt->type))
-        why = "unknown element type";
-    else if (mt->n_tokens < 1 || mt->n_tokens > KV_MAX_TOKENS || mt->n_lead < 0 || mt->n_lead > KV_MAX_TOKENS ||
-             mt->pos0 < 0 || get32(fixed + 88) != 1)
-        why = "impossible token counts or positions";
-    else if (mt->flags & ~KV_FLAG_ROPE_DIV)
-        why = "unknown flags";
-    else if (cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) == 0) /* not whole blocks */
-        why = "rows are not whole blocks of the element type";
-    else if (f->B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) *
-                         (uint64_t)mt->n_tokens ||
-             f->S < 2 * f->B || f->S % CB_KV_ALIGN || f->S > (1ull << 40))
-        why = "inconsistent layer sizes";
-    else if (f->H % CB_KV_ALIGN ||
-             f->H < KV_FIXED + 4 * (uint64_t)(mt->n_tokens + mt->n_lead) + per_layer * (uint64_t)mt->n_layer)
-        why = "inconsistent header size";
-    else if (f->size != f->H + f->S * (uint64_t)mt->n_layer)
-        why = "inconsistent total size";
-    else if (f->size != file_size)
+    const char *why = parse_fixed(fixed, mt, &f->H, &f->S, &f->B, &f->size);
+    if (!why && f->size != file_size)
         why = "truncated or extended (size differs from its header)";
     if (why) {
         cb_kvfile_free(f);

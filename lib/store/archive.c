@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 
@@ -228,6 +229,132 @@ static const char *base_name(const char *p)
     return b ? b + 1 : p;
 }
 
+/* The most an import may stage: the largest tier's capacity when every
+ * tier has one (a larger entry fits nowhere), and the space free where the
+ * staging file lives; *what says which bound it is.  UINT64_MAX: none. */
+static uint64_t import_room(const cb_store *s, const char *stage_dir, const char **what)
+{
+    uint64_t room = UINT64_MAX, largest = 0;
+    struct statvfs vfs;
+    int bounded = s->n_tiers > 0;
+    *what = NULL;
+    for (int t = 0; t < s->n_tiers; t++) {
+        bounded &= s->tiers[t].cap > 0;
+        if (s->tiers[t].cap > largest)
+            largest = s->tiers[t].cap;
+    }
+    if (bounded) {
+        room = largest;
+        *what = "the largest tier's capacity";
+    }
+    if (statvfs(stage_dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < room) {
+        room = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+        *what = "the space free for staging";
+    }
+    return room;
+}
+
+/* Read up to n bytes of the current member: the count, or -1. */
+static la_ssize_t read_upto(struct archive *a, char *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        la_ssize_t r = archive_read_data(a, buf + got, n - got);
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return (la_ssize_t)got;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return errno ? errno : EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* How staging one member went. */
+enum { STAGED, REJECTED, FAILED };
+
+/* Stage the current member (`name` in archive `an`, which the archive says
+ * holds `declared` bytes) into `stage`, reading no more than a KV file with
+ * the member's own header can be: the fixed header first (a member that is
+ * not a KV file, or whose size is not its header's, is REJECTED with *why
+ * in msg, and skipped), and never more than `room` (a member claiming more
+ * FAILED at once, before anything is written, so that a decompression bomb
+ * neither fills the disk nor is read to its end).  FAILED sets *fst and err
+ * and leaves no staging file. */
+static int stage_member(struct archive *a, const char *an, const char *name, uint64_t declared, uint64_t room,
+                        const char *room_what, const char *stage, char *buf, size_t bufsize, cb_error *msg,
+                        cb_status *fst, cb_error *err)
+{
+    uint64_t expect, done = 0;
+    if (declared > room) {
+        *fst = cb_error_set(err, strstr(room_what, "free") ? CB_ERR_IO : CB_ERR_FORMAT,
+                     "%s: %s: %llu bytes, more than %s (%llu bytes): nothing imported from it", an, name,
+                     (unsigned long long)declared, room_what, (unsigned long long)room);
+        return FAILED;
+    }
+    la_ssize_t r = read_upto(a, buf, 128);
+    if (r < 0) {
+        *fst = cb_error_set(err, CB_ERR_FORMAT, "%s: %s: %s", an, name, archive_error_string(a));
+        return FAILED;
+    }
+    if (cb_kv_header_size(buf, (size_t)r, name, &expect, msg) != CB_OK) {
+        archive_read_data_skip(a);
+        return REJECTED;
+    }
+    if (declared != expect) {
+        cb_error_set(msg, CB_ERR_FORMAT, "%s: holds %llu bytes, but a KV file with its header is %llu bytes", name,
+                     (unsigned long long)declared, (unsigned long long)expect);
+        archive_read_data_skip(a);
+        return REJECTED;
+    }
+    int out = open(stage, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), werr = 0;
+    if (out < 0) {
+        *fst = cb_error_set(err, CB_ERR_CREATE, "%s: %s", stage, strerror(errno));
+        return FAILED;
+    }
+    while (r > 0) {
+        /* a stream may yield more than its member declared (zip): stop there */
+        if ((uint64_t)r > expect - done) {
+            close(out);
+            unlink(stage);
+            *fst = cb_error_set(err, CB_ERR_FORMAT,
+                         "%s: %s: holds more than the %llu bytes its archive entry and KV header give: nothing "
+                         "imported from it",
+                         an, name, (unsigned long long)expect);
+            return FAILED;
+        }
+        if ((werr = write_all(out, buf, (size_t)r)) != 0)
+            break;
+        done += (uint64_t)r;
+        r = archive_read_data(a, buf, bufsize);
+    }
+    close(out);
+    if (werr) {
+        unlink(stage);
+        *fst = cb_error_set(err, CB_ERR_IO, "%s: %s", stage, strerror(werr));
+        return FAILED;
+    }
+    if (r < 0) {
+        unlink(stage);
+        *fst = cb_error_set(err, CB_ERR_FORMAT, "%s: %s: %s", an, name, archive_error_string(a));
+        return FAILED;
+    }
+    return STAGED;
+}
+
 cb_status cb_store_import(cb_store *s, const char *path, int fd,
                           void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
                           cb_store_import_report *rep, cb_error *err)
@@ -248,10 +375,11 @@ cb_status cb_store_import(cb_store *s, const char *path, int fd,
         return st;
     if (path && access(path, R_OK) != 0)
         return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: %s", path, strerror(errno));
+    char tdir[4096];
+    const char *an = path ? path : "(stdin)";
+    snprintf(tdir, sizeof tdir, "%s/tmp", s->dir);
     {
         size_t n = strlen(s->dir) + 64;
-        char tdir[4096];
-        snprintf(tdir, sizeof tdir, "%s/tmp", s->dir);
         mkdir(tdir, 0755);
         if (!(stage = malloc(n)) || !(buf = malloc(1 << 20))) {
             st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
@@ -294,7 +422,7 @@ cb_status cb_store_import(cb_store *s, const char *path, int fd,
             why = "a hard link";
         else if (!why && type != AE_IFREG)
             why = "not a regular file";
-        else if (!why && !archive_entry_size_is_set(ae))
+        else if (!why && (!archive_entry_size_is_set(ae) || archive_entry_size(ae) < 0))
             why = "no size";
         if (why) {
             rep->rejected++;
@@ -303,45 +431,24 @@ cb_status cb_store_import(cb_store *s, const char *path, int fd,
             archive_read_data_skip(a);
             continue;
         }
-        /* Stage the member, then adopt it like `put FILE`: verified in full. */
-        int out = open(stage, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (out < 0) {
-            st = cb_error_set(err, CB_ERR_CREATE, "%s: %s", stage, strerror(errno));
+        /* Stage the member, bounded by its own KV header, then adopt it
+         * like `put FILE`: verified in full. */
+        cb_error e;
+        const char *room_what;
+        uint64_t room = import_room(s, tdir, &room_what);
+        int how = stage_member(a, an, name, (uint64_t)archive_entry_size(ae), room, room_what ? room_what : "", stage,
+                               buf, 1 << 20, &e, &st, err);
+        if (how == FAILED)
             goto done;
-        }
-        la_ssize_t r;
-        int werr = 0;
-        while ((r = archive_read_data(a, buf, 1 << 20)) > 0) {
-            const char *p = buf;
-            while (r > 0) {
-                ssize_t w = write(out, p, (size_t)r);
-                if (w < 0 && errno == EINTR)
-                    continue;
-                if (w <= 0) {
-                    werr = errno ? errno : EIO;
-                    break;
-                }
-                p += w;
-                r -= w;
-            }
-            if (werr)
-                break;
-        }
-        close(out);
-        if (werr) {
-            unlink(stage);
-            st = cb_error_set(err, CB_ERR_IO, "%s: %s", stage, strerror(werr));
-            goto done;
-        }
-        if (r < 0) {
-            unlink(stage);
-            st = cb_error_set(err, CB_ERR_FORMAT, "%s: %s: %s", path ? path : "(stdin)", name,
-                              archive_error_string(a));
-            goto done;
+        if (how == REJECTED) {
+            rep->rejected++;
+            size_t nl = strlen(name);
+            if (problem) /* the member's name is the problem's subject already */
+                problem(ctx, name, strncmp(e.msg, name, nl) == 0 && e.msg[nl] == ':' ? e.msg + nl + 2 : e.msg);
+            continue;
         }
         char key[66], expect[CB_STORE_KEY_LEN + 1];
         int existed = 0;
-        cb_error e;
         const char *b = base_name(name);
         int named = strlen(b) == CB_STORE_KEY_LEN + 3 && strcmp(b + CB_STORE_KEY_LEN, ".kv") == 0;
         if (named) {

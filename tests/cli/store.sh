@@ -169,4 +169,23 @@ expect_exit "import a hostile archive" 65 $STORE --store "$T/st4" import "$T/evi
 [ ! -e /tmp/cb-evil-abs.kv ] && [ ! -e "$T/cb-evil-up.kv" ] && [ ! -e "$T/st4/cb-evil-up.kv" ] \
     && ok "nothing was written outside the store" || not_ok "nothing outside the store"
 expect_exit "verify after the hostile import" 0 $STORE --store "$T/st4" verify
+# A decompression bomb: a small tar.gz whose member, a valid KV header and
+# then zeros, unpacks to 32 MiB.  Nothing of it may be staged (files are
+# limited to 8 MiB here: staging it whole would fail with "File too large").
+python3 - "$T/bomb.tar.gz" "$KV0" <<'PY'
+import io, sys, tarfile
+head = open(sys.argv[2], "rb").read()[:4096]
+with tarfile.open(sys.argv[1], "w:gz", format=tarfile.PAX_FORMAT) as t:
+    ti = tarfile.TarInfo("bomb.kv"); ti.size = 32 << 20
+    t.addfile(ti, io.BytesIO(head + bytes(ti.size - len(head))))
+PY
+before=$($STORE --store "$T/st4" ls | wc -l)
+expect_exit "import a decompression bomb" 65 sh -c "ulimit -f 8192; exec $STORE --store $T/st4 import $T/bomb.tar.gz"
+grep -q "bomb.kv: rejected: holds 33554432 bytes, but a KV file with its header is $SZ bytes" "$T/err" \
+    && ok "the bomb is named, with its size and its header's" || not_ok "bomb message: $(cat "$T/err")"
+[ "$($STORE --store "$T/st4" ls | wc -l)" -eq "$before" ] && [ -z "$(ls -A "$T/st4/tmp")" ] \
+    && ok "the store is as it was, nothing staged" || not_ok "store after the bomb"
+expect_exit "a bomb larger than every tier: import stops" 65 sh -c "ulimit -f 8192; exec $S import $T/bomb.tar.gz"
+grep -q "bomb.tar.gz: bomb.kv: 33554432 bytes, more than the largest tier's capacity (1048576 bytes)" "$T/err" \
+    && ok "the archive, the member and the bound are named" || not_ok "bomb message: $(cat "$T/err")"
 done_testing

@@ -3,6 +3,7 @@
 # Debian (clang-N, libclang-rt-N-dev, N >= 15); `make deps` installs them.
 #   make fuzz FUZZ_S=N      run every harness N seconds (default 60)
 #   make fuzz FUZZ=gguf     only some harnesses
+#   make fuzz FUZZ_RUNS=N   stop each harness after N executions (or FUZZ_S)
 #   make fuzz-build         harnesses, fixtures and seed corpora in build/fuzz
 # Objects are built with -fsanitize=fuzzer-no-link so the library's code is
 # instrumented for coverage; the CUDA backend is not part of these builds.
@@ -19,6 +20,7 @@ FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fuzz
 FUZZ_BINS  := $(FUZZ_NAMES:%=$(FUZZ_B)/fuzz_%)
 FUZZ_SEEDS := $(FUZZ_B)/seeds/.stamp
 FUZZ_S     ?= 60
+FUZZ_RUNS  ?=
 FUZZ       ?= $(FUZZ_NAMES)
 
 .PHONY: fuzz fuzz-build fuzz-cc
@@ -49,4 +51,31 @@ fuzz: ## run each libFuzzer harness FUZZ_S seconds (default 60; FUZZ="gguf kvfil
 	@sh scripts/deps.sh
 	@$(MAKE) --no-print-directory all $(GEN_BIN)
 	@$(MAKE) --no-print-directory fuzz-build
-	@sh tests/fuzz/run.sh $(FUZZ_B) $(FUZZ_S) $(FUZZ)
+	@FUZZ_RUNS=$(FUZZ_RUNS) sh tests/fuzz/run.sh $(FUZZ_B) $(FUZZ_S) $(FUZZ)
+
+# Line coverage of the code each harness targets: the harnesses built again
+# with clang's source-based coverage (no sanitizers) into build/fuzz-cov,
+# each replaying its corpus once (-runs=0), then llvm-profdata/llvm-cov of
+# the same version as clang report per source file (tests/fuzz/cov.sh).
+#   make fuzz-cov                         corpus: build/fuzz/corpus + seeds
+#   make fuzz-cov FUZZ_CORPUS=DIR         DIR/NAME per harness, + seeds
+FUZZ_COVB   := build/fuzz-cov
+FUZZ_COVFL   = $(filter-out $(FUZZ_SAN) -fsanitize=fuzzer-no-link,$(FUZZ_CFLAGS)) -fprofile-instr-generate -fcoverage-mapping
+FUZZ_COVOBJ := $(LIB_SRC:%.c=$(FUZZ_COVB)/%.o) $(FUZZ_COVB)/src/cli.o
+FUZZ_COVBIN := $(FUZZ_NAMES:%=$(FUZZ_COVB)/fuzz_%)
+FUZZ_CORPUS ?= $(FUZZ_B)/corpus
+
+.PHONY: fuzz-cov
+
+$(FUZZ_COVB)/%.o: %.c | fuzz-cc
+	@mkdir -p $(dir $@)
+	@[ "$(Q)" = "" ] || echo "  COVCC   $<"
+	$(Q)$(FUZZ_CC) $(FUZZ_COVFL) -c -o $@ $<
+
+$(FUZZ_COVB)/fuzz_records: $(FUZZ_COVB)/tests/fuzz/records_run.o $(FUZZ_COVB)/tests/fuzz/records_pre.o
+$(FUZZ_COVB)/fuzz_%: $(FUZZ_COVB)/tests/fuzz/fuzz_%.o $(FUZZ_COVOBJ)
+	@[ "$(Q)" = "" ] || echo "  COVLD   $@"
+	$(Q)$(FUZZ_CC) -fsanitize=fuzzer -fprofile-instr-generate -o $@ $(filter %.o,$^) $(LDLIBS)
+
+fuzz-cov: $(FUZZ_COVBIN) $(FUZZ_SEEDS) ## line coverage per harness of the code it targets, from its corpus (needs clang, llvm)
+	@FUZZ_CC=$(FUZZ_CC) sh tests/fuzz/cov.sh $(FUZZ_COVB) $(FUZZ_B) $(FUZZ_CORPUS) $(FUZZ)

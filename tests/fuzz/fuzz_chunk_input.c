@@ -1,19 +1,26 @@
 /* fuzz_chunk_input - what cb-chunk reads: a document or an archive (every
  * format and compression libarchive reads, nested up to cb-chunk's depth
  * limit), through cb-chunk's own code (do_buffer, compiled from
- * src/cb-chunk.c with its main renamed), and the chunker's contract on the
- * bytes as one document.
+ * src/cb-chunk.c with its main renamed), and the chunker's contract on
+ * every document cb-chunk chunks (a plain input, or each archive member).
  *
  * Input: one flag byte (bit 0: count tokens with the BPE fixture vocabulary,
  * else characters; bit 1: --repair-utf8; bit 2: a separator regex), then
  * the bytes.  The records cb-chunk prints go to /dev/null.
  *
- * Properties (cb_chunker_split on valid UTF-8): chunks are in document
- * order, inside the document, non-empty, start and end on UTF-8 boundaries
- * and not on whitespace, hold at most max tokens or characters unless they
- * are a single character, and their id is the hash of their bytes. */
+ * Properties, checked on the chunks cb-chunk's own cb_chunker_split call
+ * returned (the call is wrapped, so nothing is split twice): chunks are in
+ * document order, inside the document, non-empty, start and end on UTF-8
+ * boundaries and not on whitespace, hold at most max tokens or characters
+ * unless they are a single character, n_tokens is the token count of the
+ * chunk's text alone, and their id is the hash of their bytes. */
+#include "cbcore.h"
+
+cb_status fuzz_chunker_split(cb_chunker *c, const char *text, size_t len, cb_chunks *out);
 #define main cb_chunk_main
+#define cb_chunker_split fuzz_chunker_split
 #include "../../src/cb-chunk.c"
+#undef cb_chunker_split
 #undef main
 
 #include "fuzz.h"
@@ -68,18 +75,16 @@ static size_t n_chars(const char *s, size_t n)
     return k;
 }
 
-static void check_chunks(cb_chunker *c, int tokens, const char *text, size_t len)
+static int cur_tokens; /* this input's chunker counts tokens */
+
+/* The chunker's contract on the chunks out->v[n0..) of text[0..len). */
+static void check_chunks(const cb_chunks *out, size_t n0, int tokens, const char *text, size_t len)
 {
-    cb_chunks out = {0};
-    if (cb_chunker_split(c, text, len, &out) != CB_OK) {
-        cb_chunks_free(&out);
-        return;
-    }
     size_t prev_start = 0, prev_end = 0;
-    for (size_t i = 0; i < out.n; i++) {
-        const cb_chunk *k = &out.v[i];
+    for (size_t i = n0; i < out->n; i++) {
+        const cb_chunk *k = &out->v[i];
         FUZZ_CHECK(k->start < k->end && k->end <= len);
-        FUZZ_CHECK(i == 0 || (k->start > prev_start && k->end > prev_end));
+        FUZZ_CHECK(i == n0 || (k->start > prev_start && k->end > prev_end));
         FUZZ_CHECK(((unsigned char)text[k->start] & 0xC0) != 0x80);
         FUZZ_CHECK(k->end == len || ((unsigned char)text[k->end] & 0xC0) != 0x80);
         FUZZ_CHECK(!is_space_at(text, len, k->start) && !is_space_at(text, len, k->end - 1));
@@ -99,7 +104,19 @@ static void check_chunks(cb_chunker *c, int tokens, const char *text, size_t len
         prev_start = k->start;
         prev_end = k->end;
     }
-    cb_chunks_free(&out);
+}
+
+/* cb-chunk's call of the chunker, checked: every document cb-chunk chunks
+ * (chunk_doc gives it valid UTF-8, repaired or refused before). */
+#undef cb_chunker_split
+cb_status fuzz_chunker_split(cb_chunker *c, const char *text, size_t len, cb_chunks *out)
+{
+    size_t n0 = out->n;
+    cb_status st = cb_chunker_split(c, text, len, out);
+    FUZZ_CHECK(cb_utf8_check(text, len) == len);
+    if (st == CB_OK)
+        check_chunks(out, n0, cur_tokens, text, len);
+    return st;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -118,11 +135,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!buf)
         return 0;
     memcpy(buf, data + 1, n);
+    cur_tokens = tokens;
     do_buffer(&x, "fuzz", buf, n, 0);
     FUZZ_CHECK(x.status == 0 || x.status == CLI_EX_DATAERR);
     cb_chunks_free(&x.chunks);
-    if (cb_utf8_check(buf, n) == n)
-        check_chunks(ck[tokens][sep], tokens, buf, n);
     free(buf);
     return 0;
 }

@@ -3,7 +3,15 @@
  * full KV reuse; prefix caching of a true prefix equals full prefill;
  * reordering chunks only moves their caches; selection counts follow the
  * ratios (one check layer, gradual filtering, every strategy); cb_score
- * against a plain-loop NLL. */
+ * against a plain-loop NLL.
+ *
+ * For Valgrind (tests/memcheck.sh), whose slowdown the real models' cases
+ * do not survive at full length: CB_BLEND_MODELS=tiny, =real, =smollm2 or
+ * =gemma runs only those models, and CB_BLEND_SHORT=1 makes the three
+ * chunks about half as long and stops after full, ratio 1, ratio 0, reuse
+ * and blend at 0.15 (not required to beat reuse there), then scores once:
+ * the strategies, probe, prefix caching, reordering and pipelining run on
+ * every fixture. */
 #include "cbcore.h"
 #include "test.h"
 
@@ -175,6 +183,12 @@ static cb_status score_after(fixture *fx, const cb_segment *segs, int32_t n_segs
     return s;
 }
 
+static int short_texts(void)
+{
+    const char *e = getenv("CB_BLEND_SHORT");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 /* probe's scoring by hand: the uncached rows through every layer against
  * the loaded caches (a reuse prefill leaves exactly those caches), the
  * question's last q_rows uncached rows' softmax attention (double, the
@@ -260,10 +274,15 @@ out:
 
 static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full, double tol_reuse)
 {
-    static const char *const texts[3] = {
+    static const char *const long_texts[3] = {
         "Alice Brown is the chief engineer of the Norden Bridge project, which began in 2019.",
         "The Norden Bridge spans the river Vale and is 1,240 metres long; its main tower is made of steel.",
         "Alice Brown studied civil engineering in Delft and later worked on harbour cranes in Rotterdam."};
+    static const char *const few_texts[3] = {"Alice Brown is the chief engineer of the Norden Bridge project.",
+                                             "The Norden Bridge spans the river Vale; its tower is steel.",
+                                             "Alice Brown studied civil engineering in Delft."};
+    int few = short_texts();
+    const char *const *texts = few ? few_texts : long_texts;
     fixture fx;
     tcase("%s: set up three precomputed chunks", label);
     if (setup(&fx, model_path, kvt, texts, "Where did the chief engineer of the Norden Bridge study?") != 0) {
@@ -309,8 +328,19 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens), "%d of %d", st.n_selected[0],
            st.n_cached_tokens);
     double eb = rel(a, full, (size_t)nv);
-    CHECKF(eb < dr, "blend %.3g is not closer to full than reuse %.3g", eb, dr);
+    /* a quality property of these texts, checked at full length only: with
+     * the short ones 5 recomputed tokens do not always beat reuse (Gemma) */
+    CHECKF(few || eb < dr, "blend %.3g is not closer to full than reuse %.3g", eb, dr);
     printf("# %s: blend 0.15 vs full: %.2e (reuse %.2e)\n", label, eb, dr);
+    if (few) {
+        /* Valgrind's pace on a real model is some 30 MFLOP/s: each run
+         * there costs minutes, so the short mode stops at the paths that
+         * depend on the model (quantized weights, its vocabulary, sizes)
+         * and scores once; the strategies, prefix, reordering and
+         * pipelining run on every fixture. */
+        tskip("strategies, prefix, reordering, pipelining", "CB_BLEND_SHORT: checked on the fixtures");
+        goto score;
+    }
 
     tcase("%s: gradual filtering and the sink and query strategies", label);
     p.strategy = CB_STRATEGY_HKVD; /* gradual filtering is the check-layer strategies' */
@@ -509,6 +539,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECKF(good, "pipelined prefill did not follow max(load, recompute) in three attempts");
     }
 
+score:
     tcase("%s: cb_score equals the NLL of a full forward over prompt + continuation", label);
     {
         cb_tokens cont = {0};
@@ -547,28 +578,39 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
 int main(void)
 {
     char path[1024];
+    const char *which = getenv("CB_BLEND_MODELS");
+    int all = !which || !*which, tiny = all || !strcmp(which, "tiny");
+    int real = all || !strcmp(which, "real") || !strcmp(which, "smollm2") || !strcmp(which, "gemma");
+    int smol = real && strcmp(which ? which : "", "gemma") != 0, gemma = real && strcmp(which ? which : "", "smollm2") != 0;
     TEST_BEGIN();
+    if (!tiny)
+        tskip("tiny fixtures' blend invariants", "CB_BLEND_MODELS says real models only");
+    if (!smol)
+        tskip("SmolLM2 blend invariants", "CB_BLEND_MODELS leaves it out");
+    if (!gemma)
+        tskip("Gemma-3-270M blend invariants", "CB_BLEND_MODELS leaves it out");
     snprintf(path, sizeof path, "%s/tiny4-f32.gguf", tmpdir());
-    invariants("tiny 4-layer f32", path, CB_TYPE_F32, 1e-4, 1e-4);
+    if (tiny)
+        invariants("tiny 4-layer f32", path, CB_TYPE_F32, 1e-4, 1e-4);
     /* the other architectures: Q/K norms (qwen3); sliding windows of 8
      * tokens, so that a chunk's later tokens do not see its start,
      * post-norms, BOS lead-in (gemma3); Llama 3.1's rope_freqs, which the
      * loaded keys are moved with */
     static const char *const arch[] = {"qwen3", "gemma3", "llama3"};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3 && tiny; i++) {
         char label[64];
         snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmpdir(), arch[i]);
         snprintf(label, sizeof label, "tiny %s", arch[i]);
         invariants(label, path, CB_TYPE_F32, 1e-4, 1e-4);
     }
-    const char *m = t_default_model();
+    const char *m = smol ? t_default_model() : NULL;
     if (m)
         invariants("SmolLM2 f16", m, CB_TYPE_F16, 2e-2, 2e-2);
-    else
+    else if (smol)
         tskip("SmolLM2 blend invariants", "default model not fetched (make model)");
-    if ((m = t_gemma_model()))
+    if (gemma && (m = t_gemma_model()))
         invariants("Gemma-3-270M f16", m, CB_TYPE_F16, 2e-2, 2e-2);
-    else
+    else if (gemma)
         tskip("Gemma-3-270M blend invariants", "Gemma-3-270M not fetched (make model MODEL=gemma)");
     TEST_END();
 }

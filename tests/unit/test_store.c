@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -852,6 +853,122 @@ static void test_archive(kvgen *g)
         free(e[i].data);
 }
 
+/* ------------------------------------------- decompression bombs (import) */
+
+static char bomb_msg[512];
+static void bomb_cb(void *ctx, const char *what, const char *msg)
+{
+    (void)ctx;
+    n_rejected++;
+    snprintf(bomb_msg, sizeof bomb_msg, "%s: %s", what, msg);
+}
+
+/* Files left in DIR/tmp (the import's staging directory). */
+static int n_staged(const char *dir)
+{
+    char p[1300];
+    int n = 0;
+    snprintf(p, sizeof p, "%s/tmp", dir);
+    DIR *d = opendir(p);
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL)
+        n += de->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* A tar.gz holding e0 as is, then `bomb` (BOMB bytes: e1's first 4096
+ * bytes, a valid KV header, then zeros) and `zeros` (BOMB zero bytes). */
+#define BOMB (32u << 20)
+static void write_bomb(const char *arch, const entry *e0, const entry *e1, int with_zeros)
+{
+    char *big = calloc(1, BOMB), name[80];
+    struct archive *w = archive_write_new();
+    archive_write_set_format_pax_restricted(w);
+    archive_write_add_filter_gzip(w);
+    archive_write_open_filename(w, arch);
+    snprintf(name, sizeof name, "%s.kv", e0->key);
+    add_member(w, name, AE_IFREG, e0->data, e0->size, NULL);
+    if (big) {
+        memcpy(big, e1->data, e1->size < 4096 ? e1->size : 4096);
+        add_member(w, "bomb.kv", AE_IFREG, big, BOMB, NULL);
+        if (with_zeros) {
+            memset(big, 0, 4096);
+            add_member(w, "zeros.kv", AE_IFREG, big, BOMB, NULL);
+        }
+    }
+    archive_write_close(w);
+    archive_write_free(w);
+    free(big);
+}
+
+/* cb-store import used to stage a whole member before looking at it, so
+ * that a small archive could fill the disk.  Files are limited to 8 MiB
+ * while importing: a 32 MiB staging write would fail with EFBIG. */
+static void test_import_bomb(kvgen *g)
+{
+    char dir[1100], dir2[1100], arch[1100];
+    entry e[2];
+    cb_store *s = NULL;
+    cb_error err;
+    cb_store_import_report ir;
+    struct rlimit old, lim;
+    cb_store_tier small[1] = {{"small", "t/small", 1u << 20, 0, NULL, 0}};
+
+    for (int i = 0; i < 2; i++)
+        kvgen_make(g, 700 + i, 12, CB_TYPE_F16, &e[i]);
+    snprintf(arch, sizeof arch, "%s/bomb.tar.gz", work);
+    write_bomb(arch, &e[0], &e[1], 1);
+    snprintf(dir, sizeof dir, "%s/bomb", work);
+    CHECK_OK(cb_store_open(&s, dir, 1, &err));
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 8u << 20;
+    void (*was)(int) = signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &lim);
+
+    tcase("import rejects members that decompress to more than their KV header (a gzip of zeros), unstaged");
+    n_rejected = 0;
+    cb_status st = cb_store_import(s, arch, -1, bomb_cb, NULL, &ir, &err);
+    CHECKF(st == CB_ERR_FORMAT && ir.imported == 1 && ir.rejected == 2 && n_rejected == 2, "%s: %s", cb_strerror(st),
+           err.msg);
+    CHECKF(strstr(bomb_msg, "zeros.kv: not a valid KV file: bad magic"), "%s", bomb_msg);
+    CHECK(n_entries(s, NULL) == 1 && n_staged(dir) == 0);
+    CHECK_OK(cb_store_verify(s, 0, count_problem, NULL, NULL, &err));
+
+    tcase("the bomb alone: named with its size and its header's, store as it was");
+    write_bomb(arch, &e[0], &e[1], 0);
+    CHECK_OK(cb_store_remove(s, e[0].key, &err));
+    n_rejected = 0;
+    st = cb_store_import(s, arch, -1, bomb_cb, NULL, &ir, &err);
+    char want[128];
+    snprintf(want, sizeof want, "bomb.kv: holds %u bytes, but a KV file with its header is %zu bytes", BOMB, e[1].size);
+    CHECKF(st == CB_ERR_FORMAT && ir.rejected == 1 && strstr(bomb_msg, want), "%s", bomb_msg);
+    CHECK(n_entries(s, NULL) == 1 && n_staged(dir) == 0);
+    cb_store_close(s);
+    s = NULL;
+
+    tcase("a member larger than the largest tier's capacity stops the import before writing");
+    snprintf(dir2, sizeof dir2, "%s/bomb-small", work);
+    CHECK_OK(cb_store_init(dir2, small, 1, -1, &err));
+    CHECK_OK(cb_store_open(&s, dir2, 0, &err));
+    if (s) {
+        n_rejected = 0;
+        st = cb_store_import(s, arch, -1, bomb_cb, NULL, &ir, &err);
+        CHECKF(st == CB_ERR_FORMAT && strstr(err.msg, arch) && strstr(err.msg, "bomb.kv: 33554432 bytes") &&
+                   strstr(err.msg, "capacity"), "%s", err.msg);
+        CHECK(ir.imported == 1 && n_entries(s, NULL) == 1 && n_staged(dir2) == 0);
+        CHECK_OK(cb_store_verify(s, 0, count_problem, NULL, NULL, &err));
+        cb_store_close(s);
+    }
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, was);
+    unlink(arch);
+    for (int i = 0; i < 2; i++)
+        free(e[i].data);
+}
+
 /* ------------------------------------------------- concurrency, crashes */
 
 typedef struct slot {
@@ -1379,6 +1496,7 @@ int main(int argc, char **argv)
     test_tiers(&g, ram);
     test_gc_verify(&g);
     test_archive(&g);
+    test_import_bomb(&g);
     test_readonly(&g);
     test_fuzz_findings();
     show_problems = 1;
