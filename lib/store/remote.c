@@ -457,30 +457,42 @@ static int64_t int_of(const redisReply *e)
     return e && e->type == REDIS_REPLY_STRING ? strtoll(e->str, NULL, 10) : -1;
 }
 
+/* Read key's metadata, recording the access (hits, LRU time) when record:
+ * 1 with its size, part count and checksum, 0 missing or unreachable. */
+static int touch_meta(cb_store *s, const char *key, int record, const rkeys *k, int64_t *bytes, int64_t *parts,
+                      char want[33])
+{
+    char now[32];
+    snprintf(now, sizeof now, "%lld", (long long)st_now_us());
+    const char *argv[] = {"EVAL", LUA_TOUCH, "2", k->m, k->lru, key, now, record ? "1" : "0"};
+    redisReply *rep = cmd_argv(s, 8, argv, NULL);
+    if (!rep)
+        return 0;
+    int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 3;
+    if (ok) {
+        *bytes = int_of(rep->element[0]);
+        *parts = int_of(rep->element[2]);
+        snprintf(want, 33, "%s", rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "");
+    }
+    freeReplyObject(rep);
+    return ok;
+}
+
 /* Fetch key's bytes into *out (malloc'd): 1 found and its checksum right,
  * 0 missing or unreachable, -1 bad (dropped when drop_bad, with a warning). */
 int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void **out, size_t *size)
 {
     st_remote *r = &s->remote;
     rkeys k;
-    char now[32], sum[33], want[33];
+    char sum[33], want[33];
+    int64_t bytes, parts;
+    redisReply *rep;
     *out = NULL;
     if (!st_remote_up(s))
         return 0;
     keys_of(s, key, &k);
-    snprintf(now, sizeof now, "%lld", (long long)st_now_us());
-    const char *argv[] = {"EVAL", LUA_TOUCH, "2", k.m, k.lru, key, now, record && !s->readonly ? "1" : "0"};
-    redisReply *rep = cmd_argv(s, 8, argv, NULL);
-    if (!rep)
+    if (!touch_meta(s, key, record && !s->readonly, &k, &bytes, &parts, want))
         return 0;
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3) {
-        freeReplyObject(rep);
-        return 0;
-    }
-    int64_t bytes = int_of(rep->element[0]), parts = int_of(rep->element[2]);
-    snprintf(want, sizeof want, "%s",
-             rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "");
-    freeReplyObject(rep);
     if (!(rep = cmdf(s, "LRANGE %s 0 -1", k.v)))
         return 0;
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements == 0) {
@@ -844,29 +856,19 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
 {
     st_remote *r = &s->remote;
     rkeys k;
-    char now[32], why[200];
+    char why[200], want[33];
+    int64_t bytes, parts;
     *kf = NULL;
     *out = NULL;
     if (!st_remote_up(s))
         return 0;
     keys_of(s, key, &k);
-    snprintf(now, sizeof now, "%lld", (long long)st_now_us());
-    const char *argv[] = {"EVAL", LUA_TOUCH, "2", k.m, k.lru, key, now, s->readonly ? "0" : "1"};
-    redisReply *rep = cmd_argv(s, 8, argv, NULL);
-    if (!rep)
+    if (!touch_meta(s, key, !s->readonly, &k, &bytes, &parts, want))
         return 0;
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3) {
-        freeReplyObject(rep);
-        return 0;
-    }
     st_stream *x = calloc(1, sizeof *x);
-    int64_t bytes = int_of(rep->element[0]), parts = int_of(rep->element[2]);
-    if (x)
-        snprintf(x->want, sizeof x->want, "%s",
-                 rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "");
-    freeReplyObject(rep);
     if (!x)
         return 0;
+    memcpy(x->want, want, sizeof x->want);
     snprintf(x->key, sizeof x->key, "%s", key);
     snprintf(x->name, sizeof x->name, "shared tier %s: %s", r->name, key);
     x->timeout_ms = r->timeout_ms;
