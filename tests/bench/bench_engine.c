@@ -47,29 +47,6 @@ static long rss_kb(void)
     return ru.ru_maxrss;
 }
 
-/* KL(softmax p || softmax q) in nats */
-static double kl_div(const float *p, const float *q, int n)
-{
-    double mp = -1e300, mq = -1e300, zp = 0, zq = 0, s = 0;
-    for (int i = 0; i < n; i++)
-        mp = p[i] > mp ? p[i] : mp, mq = q[i] > mq ? q[i] : mq;
-    for (int i = 0; i < n; i++)
-        zp += exp(p[i] - mp), zq += exp(q[i] - mq);
-    for (int i = 0; i < n; i++) {
-        double lp = p[i] - mp - log(zp), lq = q[i] - mq - log(zq);
-        s += exp(lp) * (lp - lq);
-    }
-    return s;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        b = x[i] > x[b] ? i : b;
-    return b;
-}
-
 static const char kl_text[] =
     "The river rises in the hills north of the town and runs south through farmland for about forty "
     "miles before it reaches the sea. In the nineteenth century it carried timber and grain to the port, "
@@ -108,10 +85,11 @@ static int kl_rows(const char *path, int threads, int L)
         for (int a = 0; a < 2; a++)
             if (cb_model_eval(f[a], kv[a], &t.ids[i], 1, i, lg[a]) != CB_OK)
                 return 70;
-        k = kl_div(lg[0], lg[1], nv);
+        int same;
+        k = cb_logits_kl(lg[0], lg[1], nv, &same);
         sum += k;
         mx = k > mx ? k : mx;
-        agree += argmax(lg[0], nv) == argmax(lg[1], nv);
+        agree += same;
     }
     printf("kl_%d_first %.3e\nkl_%d_mean %.3e\nkl_%d_max %.3e\nkl_%d_top1 %.3f\n", L, k, L, sum / L, L, mx, L,
            (double)agree / L);

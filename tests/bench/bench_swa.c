@@ -25,16 +25,8 @@
 
 static double kl(const float *p, const float *q, int n) /* KL(softmax p || softmax q) */
 {
-    double mp = -1e300, mq = -1e300, zp = 0, zq = 0, s = 0;
-    for (int i = 0; i < n; i++)
-        mp = p[i] > mp ? p[i] : mp, mq = q[i] > mq ? q[i] : mq;
-    for (int i = 0; i < n; i++)
-        zp += exp(p[i] - mp), zq += exp(q[i] - mq);
-    for (int i = 0; i < n; i++) {
-        double lp = p[i] - mp - log(zp), lq = q[i] - mq - log(zq);
-        s += exp(lp) * (lp - lq);
-    }
-    return s;
+    int same;
+    return cb_logits_kl(p, q, n, &same);
 }
 
 static char *slurp(const char *path)
