@@ -4,12 +4,17 @@
  *
  * Sandbox: tier paths are directories the store creates, so an input whose
  * JSON holds any string (key or value) that starts with '/', contains ".."
- * or "://" is skipped: every tier stays inside the temporary directory.
+ * or holds "://" anywhere but after "redis://" or "unix://" at its start is
+ * skipped: every tier stays inside the temporary directory.  A shared
+ * tier's address (the "shared" section) is parsed and checked when the store
+ * opens, but nothing here connects: the store is empty, so no lookup reaches
+ * the shared tier (and CB_STORE_TIMEOUT_MS=1 bounds any attempt).
  * After each input everything but the index and the lock is removed.
  *
  * Properties of an accepted configuration: 1..CB_STORE_MAX_TIERS tiers with
  * valid, distinct names and distinct directories that exist and carry the
- * store's marker; the store answers a lookup. */
+ * store's marker; a "shared" section gives a shared tier whose name is a
+ * valid tier name; the store answers a lookup. */
 #include "cbcore.h"
 #include "fuzz.h"
 
@@ -24,6 +29,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     cb_error err;
     if (asprintf(&dir, "%s/store", fuzz_tmpdir()) < 0 || asprintf(&conf, "%s/store.json", dir) < 0)
         abort();
+    setenv("CB_STORE_TIMEOUT_MS", "1", 1);
     if (cb_store_init(dir, NULL, 0, -1, &err) != CB_OK) {
         fprintf(stderr, "fuzz: %s\n", err.msg);
         exit(1);
@@ -40,7 +46,8 @@ static int escapes(json_t *j)
     if (json_is_string(j)) {
         const char *s = json_string_value(j);
         size_t n = json_string_length(j);
-        return (n > 0 && s[0] == '/') || memmem(s, n, "..", 2) || memmem(s, n, "://", 3);
+        size_t skip = !strncmp(s, "redis://", 8) ? 8 : !strncmp(s, "unix://", 7) ? 7 : 0;
+        return (n > 0 && s[0] == '/') || memmem(s, n, "..", 2) || memmem(s + skip, n - skip, "://", 3);
     }
     if (json_is_object(j)) {
         json_object_foreach(j, k, v)
@@ -62,7 +69,8 @@ static void reset(void)
         abort();
     while ((e = readdir(d)) != NULL) {
         const char *n = e->d_name;
-        if (!strcmp(n, ".") || !strcmp(n, "..") || !strncmp(n, "index.db", 8) || !strcmp(n, "lock"))
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "index.db") || !strcmp(n, "index.db-wal") || !strcmp(n, "index.db-shm") ||
+            !strcmp(n, "index.db-journal") || !strcmp(n, "lock"))
             continue;
         char *p;
         if (asprintf(&p, "%s/%s", dir, n) < 0)
@@ -79,6 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* the same decoder cb_store_open uses, so the sandbox test sees what it sees */
     json_t *j = json_loadb((const char *)data, size, 0, &je);
     int skip = j && escapes(j);
+    int has_shared = json_is_object(j) && json_object_get(j, "shared") != NULL;
     json_decref(j);
     if (skip)
         return 0;
@@ -107,6 +116,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int i = 0; i < n; i++)
             free(real[i]);
         FUZZ_CHECK(cb_store_tier_info(s, n, &(cb_store_tier){0}) == CB_ERR_RANGE);
+        const char *sh = cb_store_shared_name(s);
+        FUZZ_CHECK(!sh == !has_shared);
+        FUZZ_CHECK(!sh || (strlen(sh) >= 1 && strlen(sh) <= 32));
         int found = 1;
         FUZZ_CHECK(cb_store_lookup(s, "00000000000000000000000000000000-00000000000000000000000000000000",
                                    &found) == CB_OK && !found);

@@ -83,6 +83,16 @@ for spec in "" "--tier fast=@/ram:1M --tier slow=@/disk" "--tier a=@/t/a:4K --ti
     "$bin/cb-store" --store "$w/conf" -q init $(echo "$spec" | sed "s|@|$w/conf|g")
     sed "s|$w/conf/||" "$w/conf/store.json" > "$S/store_conf/conf-$i.json"
 done
+# a shared tier's section, as cb-store init writes it with a redis:// or
+# unix:// tier (init itself needs a server; the harness never connects)
+python3 - "$S/store_conf" <<'PY'
+import json, sys
+d = sys.argv[1]
+c = json.load(open(d + "/conf-2.json"))
+for i, url in enumerate(["redis://127.0.0.1:6379/2", "unix:///run/redis.sock"]):
+    c["shared"] = {"name": "team", "url": url, "id": "0123456789abcdef" * 2, "capacity": 1 << 30, "timeout_ms": 500}
+    json.dump(c, open("%s/conf-shared-%d.json" % (d, i), "w"), indent=2)
+PY
 
 # --- profile JSON (a real measurement of the tiny model, kept short)
 if "$bin/cb-profile" -q -t 1 --device cpu -m "$out/data/model.gguf" --store "$st" --lengths 16,32 \
