@@ -1,7 +1,11 @@
 /* pool.c - see pool.h.  Workers wait on a generation counter: spin with
  * pause for SPIN_NS, then futex-wait on it; the caller wakes sleepers only
  * when there are any (a counter of sleepers, sequentially consistent with
- * the generation, so no wake-up is lost). */
+ * the generation, so no wake-up is lost).  A spinning thread yields the CPU
+ * only when the pool has more threads than the CPUs this process may run
+ * on (then the thread it waits for may be waiting for a CPU); otherwise a
+ * yield hands the core to another process for a time slice while the
+ * thread it waits for runs, and every decode step pays it. */
 #include "pool.h"
 
 #include <linux/futex.h>
@@ -24,6 +28,7 @@ enum { SPIN_NS = 200000 }; /* 0.2 ms: longer than the gaps inside a decode step 
 
 struct cb_pool {
     int n;
+    int yield;              /* more threads than CPUs: spinners yield */
     pthread_t *th;
     pthread_mutex_t job_mu; /* one job at a time */
     atomic_uint gen;        /* futex word: bumped for every job (and quit) */
@@ -61,7 +66,7 @@ static int64_t now_ns(void)
 }
 
 /* Wait until *w != v: spin, then sleep.  *sleepers counts the sleepers. */
-static void wait_change(atomic_uint *w, unsigned v, atomic_int *sleepers)
+static void wait_change(atomic_uint *w, unsigned v, atomic_int *sleepers, int yield)
 {
     int64_t t0 = 0;
     for (unsigned i = 1;; i++) {
@@ -74,7 +79,8 @@ static void wait_change(atomic_uint *w, unsigned v, atomic_int *sleepers)
                 t0 = t;
             else if (t - t0 > SPIN_NS)
                 break;
-            sched_yield(); /* a loaded machine: let the thread we wait for run */
+            if (yield)
+                sched_yield(); /* oversubscribed: let the thread we wait for run */
         }
     }
     atomic_fetch_add(sleepers, 1);
@@ -100,7 +106,7 @@ static void *worker(void *a)
     free(a);
     unsigned seen = 0; /* gen at creation: a job may come before this thread runs */
     for (;;) {
-        wait_change(&p->gen, seen, &p->sleepers);
+        wait_change(&p->gen, seen, &p->sleepers, p->yield);
         seen = atomic_load(&p->gen);
         if (atomic_load(&p->quit))
             break;
@@ -120,6 +126,8 @@ cb_pool *cb_pool_new(int n)
     if (!p)
         return NULL;
     p->n = n < 1 ? 1 : n;
+    cpu_set_t cpus;
+    p->yield = sched_getaffinity(0, sizeof cpus, &cpus) != 0 || p->n > CPU_COUNT(&cpus);
     p->th = calloc((size_t)p->n, sizeof *p->th);
     if (!p->th) {
         free(p);
@@ -194,7 +202,8 @@ void cb_pool_for(cb_pool *p, cb_task_fn fn, void *arg, int64_t n_tasks)
                 atomic_store(&p->caller_sleeps, 0);
                 break;
             }
-            sched_yield();
+            if (p->yield)
+                sched_yield();
         }
     }
     pthread_mutex_unlock(&p->job_mu);
