@@ -64,6 +64,8 @@ typedef struct cpu_ctx {
     int simd;               /* 0: portable kernels only (tests) */
     qmm_exp_sum_fn exp_sum; /* softmax's exponentials (NULL: the loop here) */
     qmm_f16_fn f16_row;     /* f16 cache rows to f32 (NULL: the loop here) */
+    qmm_att_qk_fn att_qk;   /* the fused f16 products of small attention tasks (NULL: tiles) */
+    qmm_att_pv_fn att_pv;
     qmm_quant_fn quant;     /* act8's activation quantizer */
     thread_scratch *ts;     /* [n_threads] */
     float *parts;           /* [ATT_PARTS] split-key partials */
@@ -572,8 +574,23 @@ static void att_task(void *arg, int64_t task, int tid)
     }
     ka = ka > lo_all ? ka : lo_all;
     kb = kb < hi_all + 1 ? kb : hi_all + 1;
+    /* decode's few rows on an f16 cache: products that read the cache
+     * directly (no tile in f32, no call per key) */
+    int fused = M <= QMM_ATT_M && j->t == CB_TYPE_F16 && hd % 8 == 0 && j->c->att_qk && j->c->att_pv;
+    const uint16_t *kh16 = (const uint16_t *)j->k + (int64_t)hk * hd, *vh16 = (const uint16_t *)j->v + (int64_t)hk * hd;
     for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
         int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;
+        if (fused) {
+            j->c->att_qk(ts->q, (int)M, hd, kh16 + c0 * width, width, nk, ts->s, ATT_KB);
+            for (int64_t r = 0; r < M; r++) {
+                int64_t i = i0 + r / nh;
+                int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+                softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
+                             j->c->exp_sum);
+            }
+            j->c->att_pv(ts->s, (int)M, ATT_KB, vh16 + c0 * width, width, nk, hd, ts->o);
+            continue;
+        }
         load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
         if (M >= 8) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)nk, hd, 1.0f, ts->q, hd, ts->k, hd,
@@ -851,6 +868,8 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
     c->simd = simd;
     c->exp_sum = qmm_exp_sum(simd);
     c->f16_row = qmm_f16_row(simd);
+    c->att_qk = qmm_att_qk(simd);
+    c->att_pv = qmm_att_pv(simd);
     c->quant = qmm_quant(simd);
     c->pool = cb_pool_new(n_threads);
     if (!c->pool)

@@ -95,6 +95,16 @@ qmm_f16_fn qmm_f16_row(int simd)
     return simd && cpu_has_avx2() ? qmm_avx2_f16_row : NULL;
 }
 
+qmm_att_qk_fn qmm_att_qk(int simd)
+{
+    return simd && cpu_has_avx2() ? qmm_avx2_att_qk : NULL;
+}
+
+qmm_att_pv_fn qmm_att_pv(int simd)
+{
+    return simd && cpu_has_avx2() ? qmm_avx2_att_pv : NULL;
+}
+
 qmm_quant_fn qmm_quant(int simd)
 {
     qmm_kernels k;

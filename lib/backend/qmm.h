@@ -119,6 +119,22 @@ typedef void (*qmm_f16_fn)(const uint16_t *s, float *d, int64_t n);
 qmm_f16_fn qmm_f16_row(int simd);
 void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n);
 
+/* Attention's small products on an f16 cache, with the conversion fused
+ * in (decode: the query heads that share a KV head, M = 1..7 rows; hd a
+ * multiple of 8).  qk: s[r*lds + c] = q[r*hd ..] . k[c*ldk ..], c < nk;
+ * pv: o[r*hd + e] += sum over c < nk of p[r*lds + c] * v[c*ldv + e], in
+ * key order.  The F16C+FMA versions when simd and the CPU has them, else
+ * NULL (the caller converts tiles and uses its own loops). */
+typedef void (*qmm_att_qk_fn)(const float *q, int m, int hd, const uint16_t *k, int64_t ldk, int64_t nk, float *s,
+                              int64_t lds);
+typedef void (*qmm_att_pv_fn)(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk, int hd,
+                              float *o);
+enum { QMM_ATT_M = 7 }; /* the most rows the fused products take */
+qmm_att_qk_fn qmm_att_qk(int simd);
+qmm_att_pv_fn qmm_att_pv(int simd);
+void qmm_avx2_att_qk(const float *q, int m, int hd, const uint16_t *k, int64_t ldk, int64_t nk, float *s, int64_t lds);
+void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk, int hd, float *o);
+
 /* The activations' quantizer: the AVX2 one when simd and the CPU has it
  * (both give the same bytes).  It asks CPUID: call it once, at setup. */
 qmm_quant_fn qmm_quant(int simd);

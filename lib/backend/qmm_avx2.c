@@ -572,6 +572,112 @@ void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n)
         d[j] = _cvtsh_ss(s[j]);
 }
 
+/* ---------------------------------------------------------- attention */
+
+/* qk for M rows: each key's row converted once, 8 lanes at a time, into M
+ * accumulators (two per row, even and odd lanes of 8, when M <= 3) */
+AI void att_qk_m(const float *q, const int M, int hd, const uint16_t *k, int64_t ldk, int64_t nk, float *s,
+                 int64_t lds)
+{
+    const int two = M <= 3 && hd % 16 == 0;
+    for (int64_t c = 0; c < nk; c++) {
+        const uint16_t *kr = k + c * ldk;
+        __m256 a0[QMM_ATT_M], a1[QMM_ATT_M];
+        for (int r = 0; r < M; r++)
+            a0[r] = a1[r] = _mm256_setzero_ps();
+        if (two) {
+            for (int e = 0; e < hd; e += 16) {
+                __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + e)));
+                __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + e + 8)));
+                for (int r = 0; r < M; r++) {
+                    a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * hd + e), k0, a0[r]);
+                    a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * hd + e + 8), k1, a1[r]);
+                }
+            }
+            for (int r = 0; r < M; r++)
+                s[r * lds + c] = hsum(_mm256_add_ps(a0[r], a1[r]));
+        } else {
+            for (int e = 0; e < hd; e += 8) {
+                __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + e)));
+                for (int r = 0; r < M; r++)
+                    a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * hd + e), k0, a0[r]);
+            }
+            for (int r = 0; r < M; r++)
+                s[r * lds + c] = hsum(a0[r]);
+        }
+    }
+}
+
+void qmm_avx2_att_qk(const float *q, int m, int hd, const uint16_t *k, int64_t ldk, int64_t nk, float *s, int64_t lds)
+{
+    switch (m) {
+#define QK(M)                                                                                                  \
+    case M:                                                                                                    \
+        att_qk_m(q, M, hd, k, ldk, nk, s, lds);                                                                \
+        break;
+        QK(1) QK(2) QK(3) QK(4) QK(5) QK(6) QK(7)
+#undef QK
+    default:
+        break;
+    }
+}
+
+/* pv for M rows: the output in registers, 16 lanes a row (8 when M > 4),
+ * one pass over the keys for each such slice of it */
+AI void att_pv_m(const float *p, const int M, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk, int hd,
+                 float *o)
+{
+    const int two = M <= 4;
+    int e = 0;
+    for (; two && e + 16 <= hd; e += 16) {
+        __m256 a0[QMM_ATT_M], a1[QMM_ATT_M];
+        for (int r = 0; r < M; r++) {
+            a0[r] = _mm256_loadu_ps(o + r * hd + e);
+            a1[r] = _mm256_loadu_ps(o + r * hd + e + 8);
+        }
+        for (int64_t c = 0; c < nk; c++) {
+            const uint16_t *vr = v + c * ldv + e;
+            __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vr));
+            __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + 8)));
+            for (int r = 0; r < M; r++) {
+                __m256 pr = _mm256_broadcast_ss(p + r * lds + c);
+                a0[r] = _mm256_fmadd_ps(pr, v0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(pr, v1, a1[r]);
+            }
+        }
+        for (int r = 0; r < M; r++) {
+            _mm256_storeu_ps(o + r * hd + e, a0[r]);
+            _mm256_storeu_ps(o + r * hd + e + 8, a1[r]);
+        }
+    }
+    for (; e < hd; e += 8) {
+        __m256 a0[QMM_ATT_M];
+        for (int r = 0; r < M; r++)
+            a0[r] = _mm256_loadu_ps(o + r * hd + e);
+        for (int64_t c = 0; c < nk; c++) {
+            __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + c * ldv + e)));
+            for (int r = 0; r < M; r++)
+                a0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * lds + c), v0, a0[r]);
+        }
+        for (int r = 0; r < M; r++)
+            _mm256_storeu_ps(o + r * hd + e, a0[r]);
+    }
+}
+
+void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk, int hd, float *o)
+{
+    switch (m) {
+#define PV(M)                                                                                                  \
+    case M:                                                                                                    \
+        att_pv_m(p, M, lds, v, ldv, nk, hd, o);                                                                \
+        break;
+        PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7)
+#undef PV
+    default:
+        break;
+    }
+}
+
 int qmm_avx2_get(cb_type t, qmm_kernels *k)
 {
     k->dotq = NULL;

@@ -374,14 +374,14 @@ static int64_t c_kv(cb_backend *be, float *out)
     return nr * w;
 }
 
-static int att_hd, att_nq, att_window, att_ctx = 150, att_nan;
+static int att_hd, att_nq, att_window, att_ctx = 150, att_nan, att_heads = 6, att_kv_heads = 2;
 
 /* attention of att_nq query rows at arbitrary positions (out of order,
- * gaps, the last key) over a 150-row cache, 6 heads over 2 KV heads;
- * att_window > 0: a sliding-window layer */
+ * gaps, the last key) over an att_ctx-row cache, att_heads heads over
+ * att_kv_heads KV heads; att_window > 0: a sliding-window layer */
 static int64_t c_attention(cb_backend *be, float *out)
 {
-    int n_head = 6, n_head_kv = 2, hd = att_hd;
+    int n_head = att_heads, n_head_kv = att_kv_heads, hd = att_hd;
     int64_t n_ctx = att_ctx, n = att_nq, dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
@@ -1778,6 +1778,21 @@ int main(int argc, char **argv)
             run_case(name, c_attention, 1e-10, 1e-9);
             run_case_c(name, c_attention, 1e-10); /* the portable softmax */
         }
+        /* decode's shapes on the f16 cache: 1-7 (row, head) pairs of one KV
+         * head per task, which the CPU multiplies on the cache directly
+         * (with F16C; the portable path converts tiles) */
+        for (int ci = 0; f16 && ci < 7; ci++) {
+            static const int heads[7][2] = {{6, 2}, {6, 2}, {4, 4}, {4, 4}, {4, 4}, {8, 2}, {6, 2}};
+            static const int nqs[7] = {1, 2, 1, 5, 7, 1, 1}, hds[7] = {64, 64, 40, 128, 64, 48, 40};
+            static const int wins[7] = {0, 0, 0, 70, 0, 300, 70};
+            att_heads = heads[ci][0], att_kv_heads = heads[ci][1], att_nq = nqs[ci], att_hd = hds[ci];
+            att_window = wins[ci];
+            snprintf(name, sizeof name, "attention f16 1300 keys, %d x %d heads/KV head, hd %d, window %d", att_nq,
+                     att_heads / att_kv_heads, att_hd, att_window);
+            run_case(name, c_attention, 1e-10, 1e-9);
+            run_case_c(name, c_attention, 1e-10);
+        }
+        att_heads = 6, att_kv_heads = 2, att_hd = 64;
         att_ctx = 150;
         att_window = 0;
         snprintf(name, sizeof name, "deviation %s", f16 ? "f16" : "f32");
