@@ -684,6 +684,8 @@ static void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int
     if (tasks < 4 * nt && j.kmax - j.kmin >= 2 * ATT_KB) {
         int64_t want = (4 * nt + tasks - 1) / tasks, most = (j.kmax - j.kmin) / ATT_KB;
         int64_t fit = ATT_PARTS / (n * n_head * (int64_t)(hd + 2));
+        while ((tasks * want) % nt) /* equal shares: 3 KV heads on 2 threads in 12 tasks, not 9 */
+            want++;
         want = want < most ? want : most;
         want = want < fit ? want : fit;
         j.n_split = want > 1 ? (int)want : 1;
