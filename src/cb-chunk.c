@@ -25,6 +25,10 @@
 
 /* Archives nested deeper than this are taken as plain documents. */
 #define MAX_DEPTH 8
+/* An archive member (or a compressed file's content) is read whole into
+ * memory: larger than this is refused, so that a small bomb cannot take
+ * the machine's memory (--max-member). */
+#define MAX_MEMBER_DEFAULT ((uint64_t)256 << 20)
 
 static void usage(FILE *f)
 {
@@ -65,6 +69,11 @@ static void usage(FILE *f)
             "      --repair-utf8  replace invalid UTF-8 with U+FFFD (offsets then count\n"
             "                     the repaired text) instead of failing with status 65\n"
             "      --hidden       also walk files and directories whose names start with .\n"
+            "      --max-member SIZE\n"
+            "                     refuse an archive member (or a compressed file's\n"
+            "                     content) that unpacks to more than SIZE bytes (K, M,\n"
+            "                     G suffixes; default 256M): it is read whole into\n"
+            "                     memory\n"
             "\n"
             "Common:\n"
             "  -m, --model PATH   GGUF model whose tokenizer counts tokens (default:\n"
@@ -89,13 +98,15 @@ enum {
     OPT_OVERLAP,
     OPT_SEPARATOR,
     OPT_REPAIR,
-    OPT_HIDDEN
+    OPT_HIDDEN,
+    OPT_MAX_MEMBER
 };
 
 typedef struct ctx {
     cb_chunker *ck;
     int tokens; /* token mode: records carry n_tokens */
     int repair, hidden;
+    uint64_t max_member; /* bytes; 0: MAX_MEMBER_DEFAULT */
     int status; /* exit status of the first failure, 0 when none */
     int fatal;  /* stdout failed: stop */
     size_t n_docs, n_chunks;
@@ -271,24 +282,30 @@ static struct archive *archive_open(const void *data, size_t size)
 /* Read the current entry's data into a malloc'd buffer.  The size an
  * archive claims sizes the first allocation only up to 16 MiB: a small,
  * broken archive may claim any size. */
-static char *read_entry(struct archive *a, struct archive_entry *e, size_t *len)
+/* The member's bytes, at most limit of them: NULL with errno EFBIG when it
+ * holds more (nothing more is read), ENOMEM, or 0 for libarchive's error. */
+static char *read_entry(struct archive *a, struct archive_entry *e, uint64_t limit, size_t *len)
 {
     size_t n = 0, cap = archive_entry_size_is_set(e) && archive_entry_size(e) > 0 &&
-                                archive_entry_size(e) < (1 << 24)
+                                archive_entry_size(e) < (1 << 24) && (uint64_t)archive_entry_size(e) <= limit
                             ? (size_t)archive_entry_size(e) + 1 : 1 << 16;
     char *buf = malloc(cap);
+    errno = ENOMEM;
     while (buf) {
         la_ssize_t r;
         if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
+            /* grow to at most limit + 2: one byte past the limit tells */
+            size_t want = cap * 2 > limit + 2 ? (size_t)limit + 2 : cap * 2;
+            char *nb = want > cap ? realloc(buf, want) : NULL;
             if (!nb)
                 break;
             buf = nb;
-            cap *= 2;
+            cap = want;
         }
         r = archive_read_data(a, buf + n, cap - n - 1);
         if (r < 0) {
             free(buf);
+            errno = 0;
             return NULL;
         }
         if (r == 0) {
@@ -296,10 +313,27 @@ static char *read_entry(struct archive *a, struct archive_entry *e, size_t *len)
             return buf;
         }
         n += (size_t)r;
+        if (n > limit) {
+            free(buf);
+            errno = EFBIG;
+            return NULL;
+        }
     }
     free(buf);
-    errno = ENOMEM;
     return NULL;
+}
+
+/* Why read_entry failed, for "NAME: WHY" */
+static const char *entry_error(struct archive *a, const ctx *x, char *buf, size_t n)
+{
+    if (errno == EFBIG) {
+        snprintf(buf, n, "unpacks to more than %llu bytes (--max-member): skipped",
+                 (unsigned long long)(x->max_member ? x->max_member : MAX_MEMBER_DEFAULT));
+        return buf;
+    }
+    if (errno == ENOMEM)
+        return strerror(ENOMEM);
+    return archive_error_string(a) ? archive_error_string(a) : "unreadable member";
 }
 
 /* A member's name for the doc field: leading "./" and "/" dropped. */
@@ -356,8 +390,9 @@ static void do_buffer(ctx *x, const char *name, const void *data, size_t size, i
             return;
         }
         /* one compressed file (notes.txt.gz): the document is what it holds */
-        if (!(buf = read_entry(a, e, &n))) {
-            cli_err("%s: %s", name, archive_error_string(a) ? archive_error_string(a) : strerror(errno));
+        if (!(buf = read_entry(a, e, x->max_member ? x->max_member : MAX_MEMBER_DEFAULT, &n))) {
+            char why[96];
+            cli_err("%s: %s", name, entry_error(a, x, why, sizeof why));
             fail(x, CLI_EX_DATAERR);
             goto done;
         }
@@ -371,9 +406,13 @@ static void do_buffer(ctx *x, const char *name, const void *data, size_t size, i
         size_t n;
         if (archive_entry_filetype(e) != AE_IFREG || !*m)
             continue;
-        if (!(buf = read_entry(a, e, &n))) {
-            cli_err("%s!%s: %s", name, m, archive_error_string(a) ? archive_error_string(a) : strerror(errno));
+        if (!(buf = read_entry(a, e, x->max_member ? x->max_member : MAX_MEMBER_DEFAULT, &n))) {
+            char why[96];
+            int big = errno == EFBIG;
+            cli_err("%s!%s: %s", name, m, entry_error(a, x, why, sizeof why));
             fail(x, CLI_EX_DATAERR);
+            if (big)
+                continue; /* the next member's header can still be read */
             goto done;
         }
         if (asprintf(&full, "%s!%s", name, m) < 0) {
@@ -554,6 +593,7 @@ int main(int argc, char **argv)
         {"separator", required_argument, 0, OPT_SEPARATOR},
         {"repair-utf8", no_argument, 0, OPT_REPAIR},
         {"hidden", no_argument, 0, OPT_HIDDEN},
+        {"max-member", required_argument, 0, OPT_MAX_MEMBER},
         CLI_COMMON_OPTS,
         CLI_STORE_OPT, /* taken for symmetry with the other programs; unused */
         {0, 0, 0, 0},
@@ -590,6 +630,12 @@ int main(int argc, char **argv)
         case OPT_SEPARATOR: separator = optarg; break;
         case OPT_REPAIR: x.repair = 1; break;
         case OPT_HIDDEN: x.hidden = 1; break;
+        case OPT_MAX_MEMBER:
+            if (cli_parse_size(optarg, &x.max_member) != 0) {
+                cli_err("--max-member: '%s' is not a size (e.g. 64M, 2G)", optarg);
+                return CLI_EX_USAGE;
+            }
+            break;
         default: usage(stderr); return CLI_EX_USAGE;
         }
     }

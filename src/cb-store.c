@@ -106,32 +106,6 @@ typedef struct opts {
 
 /* ------------------------------------------------------------ helpers */
 
-/* "2G", "512M", "1.5T", "4096": bytes (powers of 1024). */
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    double mul = 1;
-    if (end == s || errno || v < 0)
-        return -1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-    }
-    if (mul > 1 && *end == 'i')
-        end++;
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (*end || v * mul > 9.0e18 || v * mul < 1)
-        return -1;
-    *out = (uint64_t)(v * mul + 0.5);
-    return 0;
-}
-
 static const char *human(uint64_t n, char buf[24])
 {
     static const char suf[] = "BKMGTP";
@@ -211,7 +185,7 @@ static int shared_spec(const char *spec, const char *eq, cb_store_tier *t, char 
     uint64_t cap = 0;
     size_t ulen = strlen(p);
     if (colon && colon >= after && (p[0] == 'u' || colons == 2)) {
-        if (parse_size(colon + 1, &cap) != 0) {
+        if (cli_parse_size(colon + 1, &cap) != 0) {
             cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec, colon + 1);
             return CLI_EX_USAGE;
         }
@@ -263,7 +237,7 @@ static int cmd_init(const opts *o)
             continue;
         }
         const char *colon = strrchr(p, ':');
-        if (colon && parse_size(colon + 1, &cap) == 0)
+        if (colon && cli_parse_size(colon + 1, &cap) == 0)
             plen = (size_t)(colon - p);
         else if (colon && colon[1] && strchr(colon + 1, '/') == NULL) {
             cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec, colon + 1);

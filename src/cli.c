@@ -329,6 +329,32 @@ int cli_read_records(const char *path, const char *field, void **out)
     return 0;
 }
 
+/* "2G", "512M", "1.5T", "4096": bytes (powers of 1024). */
+int cli_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (end == s || errno || v < 0)
+        return -1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i')
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end || v * mul > 9.0e18 || v * mul < 1)
+        return -1;
+    *out = (uint64_t)(v * mul + 0.5);
+    return 0;
+}
+
 int cli_parse_num(const char *opt, const char *s, double lo, double hi, double *out)
 {
     char *end;

@@ -132,6 +132,9 @@ const char *cli_store_dir(const cli_common *co, char *buf, size_t n);
 /* A number in [lo, hi] from s into *out; 0, or -1 after saying which
  * option (opt) got what. */
 int cli_parse_num(const char *opt, const char *s, double lo, double hi, double *out);
+/* "2G", "512M", "1.5T", "4096" (powers of 1024; K/M/G/T, an optional i
+ * and B): bytes >= 1 into *out; -1 when it is not such a size. */
+int cli_parse_size(const char *s, uint64_t *out);
 
 /* The index of arg among names[0..n) into *out; 0, or -1 after listing the
  * choices. */

@@ -290,4 +290,32 @@ for q in qs:
     assert not any(a in c for a in q["answers"] for c in chunks[q["needs"][0]]), q
 PY
 fi
+# A decompression bomb: a tar.gz whose member unpacks to 3 MiB of one
+# repeated word (a few KiB packed) between two small members.  Under --max-member 1M it is
+# refused by name with status 65 (read no further than the limit), the
+# others are still chunked; the default limit passes it.
+python3 - "$T/bomb.tar.gz" <<'PY'
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], "w:gz") as t:
+    for name, data in [("a.txt", b"First small document.\n"), ("big.txt", b"word " * (3 << 18)),
+                       ("z.txt", b"Last small document.\n")]:
+        ti = tarfile.TarInfo(name); ti.size = len(data); t.addfile(ti, io.BytesIO(data))
+PY
+"$CHUNK" --chars 64 --max-member 1M "$T/bomb.tar.gz" > "$T/bomb.jsonl" 2> "$T/bomb.err"; rc=$?
+[ "$rc" = 65 ] && grep -q "bomb.tar.gz!big.txt: unpacks to more than 1048576 bytes (--max-member): skipped" "$T/bomb.err" \
+    && ok "--max-member: a member unpacking past the limit is refused by name, status 65" \
+    || not_ok "--max-member: bomb refused (rc $rc: $(cat "$T/bomb.err"))"
+grep -q '"doc":"[^"]*bomb.tar.gz!a.txt"' "$T/bomb.jsonl" && grep -q '"doc":"[^"]*bomb.tar.gz!z.txt"' "$T/bomb.jsonl" \
+    && ! grep -q 'big.txt' "$T/bomb.jsonl" \
+    && ok "--max-member: the members before and after it are still chunked" || not_ok "--max-member: other members"
+python3 -c 'import sys; sys.stdout.write("word " * (3 << 18))' | gzip -c > "$T/words.gz"
+"$CHUNK" --chars 64 --max-member 64K "$T/words.gz" > /dev/null 2> "$T/gz.err"; rc=$?
+[ "$rc" = 65 ] && grep -q "words.gz: unpacks to more than 65536 bytes" "$T/gz.err" \
+    && ok "--max-member: a compressed file's content too" || not_ok "--max-member: .gz (rc $rc: $(cat "$T/gz.err"))"
+"$CHUNK" --chars 64 --max-member 1M5 "$T/words.gz" > /dev/null 2> "$T/mm.err"; rc=$?
+[ "$rc" = 64 ] && grep -q -- "--max-member: '1M5' is not a size" "$T/mm.err" && ok "--max-member: a bad size is a usage error" \
+    || not_ok "--max-member: bad size (rc $rc)"
+"$CHUNK" --chars 64 "$T/bomb.tar.gz" 2> "$T/bomb2.err" | grep -c '"doc":"[^"]*big.txt"' > /dev/null; rc=$?
+[ ! -s "$T/bomb2.err" ] && [ "$rc" = 0 ] && ok "--max-member: the default (256M) passes a 3 MiB member" \
+    || not_ok "--max-member: default limit ($(cat "$T/bomb2.err"))"
 done_testing
