@@ -279,11 +279,11 @@ static struct archive *archive_open(const void *data, size_t size)
     return a;
 }
 
-/* Read the current entry's data into a malloc'd buffer.  The size an
- * archive claims sizes the first allocation only up to 16 MiB: a small,
- * broken archive may claim any size. */
-/* The member's bytes, at most limit of them: NULL with errno EFBIG when it
- * holds more (nothing more is read), ENOMEM, or 0 for libarchive's error. */
+/* Read the current entry's data, at most limit bytes of it, into a
+ * malloc'd buffer.  The size an archive claims sizes the first allocation
+ * only up to 16 MiB: a small, broken archive may claim any size.  NULL with
+ * errno EFBIG when it holds more than limit (nothing past limit + 1 is
+ * read), ENOMEM, or 0 for libarchive's error. */
 static char *read_entry(struct archive *a, struct archive_entry *e, uint64_t limit, size_t *len)
 {
     size_t n = 0, cap = archive_entry_size_is_set(e) && archive_entry_size(e) > 0 &&
@@ -297,6 +297,8 @@ static char *read_entry(struct archive *a, struct archive_entry *e, uint64_t lim
             /* grow to at most limit + 2: one byte past the limit tells */
             size_t want = cap * 2 > limit + 2 ? (size_t)limit + 2 : cap * 2;
             char *nb = want > cap ? realloc(buf, want) : NULL;
+            if (want <= cap)
+                errno = EFBIG;
             if (!nb)
                 break;
             buf = nb;
