@@ -574,9 +574,12 @@ static void att_task(void *arg, int64_t task, int tid)
     }
     ka = ka > lo_all ? ka : lo_all;
     kb = kb < hi_all + 1 ? kb : hi_all + 1;
-    /* decode's few rows on an f16 cache: products that read the cache
-     * directly (no tile in f32, no call per key) */
-    int fused = M <= QMM_ATT_M && j->t == CB_TYPE_F16 && hd % 8 == 0 && j->c->att_qk && j->c->att_pv;
+    /* decode (one query row, its heads that share KV head hk) on an f16
+     * cache: products that read the cache directly (no tile in f32, no call
+     * per key).  One row sees every key in [ka, kb), so no probability is 0
+     * by the mask and no masked key's value enters its sum (several rows
+     * keep the tiles, whose loop skips zero probabilities). */
+    int fused = i1 - i0 == 1 && M <= QMM_ATT_M && j->t == CB_TYPE_F16 && hd % 8 == 0 && j->c->att_qk && j->c->att_pv;
     const uint16_t *kh16 = (const uint16_t *)j->k + (int64_t)hk * hd, *vh16 = (const uint16_t *)j->v + (int64_t)hk * hd;
     for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
         int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;

@@ -1778,13 +1778,15 @@ int main(int argc, char **argv)
             run_case(name, c_attention, 1e-10, 1e-9);
             run_case_c(name, c_attention, 1e-10); /* the portable softmax */
         }
-        /* decode's shapes on the f16 cache: 1-7 (row, head) pairs of one KV
-         * head per task, which the CPU multiplies on the cache directly
-         * (with F16C; the portable path converts tiles) */
-        for (int ci = 0; f16 && ci < 7; ci++) {
-            static const int heads[7][2] = {{6, 2}, {6, 2}, {4, 4}, {4, 4}, {4, 4}, {8, 2}, {6, 2}};
-            static const int nqs[7] = {1, 2, 1, 5, 7, 1, 1}, hds[7] = {64, 64, 40, 128, 64, 48, 40};
-            static const int wins[7] = {0, 0, 0, 70, 0, 300, 70};
+        /* decode's shapes on the f16 cache: one row's 1-7 heads sharing a KV
+         * head, which the CPU multiplies on the cache directly (with F16C;
+         * the portable path converts tiles), and two to five rows (tiles) */
+        for (int ci = 0; f16 && ci < 10; ci++) {
+            static const int heads[10][2] = {{6, 2}, {4, 2}, {4, 4}, {10, 2}, {14, 2}, {8, 2}, {12, 2},
+                                             {6, 2}, {4, 4}, {6, 2}};
+            static const int nqs[10] = {1, 1, 1, 1, 1, 1, 1, 2, 5, 1};
+            static const int hds[10] = {64, 64, 40, 128, 64, 48, 64, 64, 128, 40};
+            static const int wins[10] = {0, 0, 0, 70, 0, 300, 0, 0, 70, 70};
             att_heads = heads[ci][0], att_kv_heads = heads[ci][1], att_nq = nqs[ci], att_hd = hds[ci];
             att_window = wins[ci];
             snprintf(name, sizeof name, "attention f16 1300 keys, %d x %d heads/KV head, hd %d, window %d", att_nq,
