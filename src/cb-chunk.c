@@ -325,12 +325,18 @@ static char *read_entry(struct archive *a, struct archive_entry *e, uint64_t lim
     return NULL;
 }
 
+/* The most bytes a member may unpack to (--max-member, else the default). */
+static uint64_t member_limit(const ctx *x)
+{
+    return x->max_member ? x->max_member : MAX_MEMBER_DEFAULT;
+}
+
 /* Why read_entry failed, for "NAME: WHY" */
 static const char *entry_error(struct archive *a, const ctx *x, char *buf, size_t n)
 {
     if (errno == EFBIG) {
         snprintf(buf, n, "unpacks to more than %llu bytes (--max-member): skipped",
-                 (unsigned long long)(x->max_member ? x->max_member : MAX_MEMBER_DEFAULT));
+                 (unsigned long long)member_limit(x));
         return buf;
     }
     if (errno == ENOMEM)
@@ -392,7 +398,7 @@ static void do_buffer(ctx *x, const char *name, const void *data, size_t size, i
             return;
         }
         /* one compressed file (notes.txt.gz): the document is what it holds */
-        if (!(buf = read_entry(a, e, x->max_member ? x->max_member : MAX_MEMBER_DEFAULT, &n))) {
+        if (!(buf = read_entry(a, e, member_limit(x), &n))) {
             char why[96];
             cli_err("%s: %s", name, entry_error(a, x, why, sizeof why));
             fail(x, CLI_EX_DATAERR);
@@ -408,7 +414,7 @@ static void do_buffer(ctx *x, const char *name, const void *data, size_t size, i
         size_t n;
         if (archive_entry_filetype(e) != AE_IFREG || !*m)
             continue;
-        if (!(buf = read_entry(a, e, x->max_member ? x->max_member : MAX_MEMBER_DEFAULT, &n))) {
+        if (!(buf = read_entry(a, e, member_limit(x), &n))) {
             char why[96];
             int big = errno == EFBIG;
             cli_err("%s!%s: %s", name, m, entry_error(a, x, why, sizeof why));

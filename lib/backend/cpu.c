@@ -585,29 +585,26 @@ static void att_task(void *arg, int64_t task, int tid)
         int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;
         if (fused) {
             j->c->att_qk(ts->q, (int)M, hd, kh16 + c0 * width, width, nk, ts->s, ATT_KB);
-            for (int64_t r = 0; r < M; r++) {
-                int64_t i = i0 + r / nh;
-                int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
-                softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
-                             j->c->exp_sum);
-            }
-            j->c->att_pv(ts->s, (int)M, ATT_KB, vh16 + c0 * width, width, nk, hd, ts->o);
-            continue;
-        }
-        load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
-        if (M >= 8) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)nk, hd, 1.0f, ts->q, hd, ts->k, hd,
-                        0.0f, ts->s, ATT_KB);
         } else {
-            for (int64_t r = 0; r < M; r++)
-                for (int64_t c = 0; c < nk; c++)
-                    ts->s[r * ATT_KB + c] = qmm_dot8(ts->q + r * hd, ts->k + c * hd, hd);
+            load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
+            if (M >= 8) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)nk, hd, 1.0f, ts->q, hd, ts->k,
+                            hd, 0.0f, ts->s, ATT_KB);
+            } else {
+                for (int64_t r = 0; r < M; r++)
+                    for (int64_t c = 0; c < nk; c++)
+                        ts->s[r * ATT_KB + c] = qmm_dot8(ts->q + r * hd, ts->k + c * hd, hd);
+            }
         }
         for (int64_t r = 0; r < M; r++) {
             int64_t i = i0 + r / nh;
             int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
             softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
                          j->c->exp_sum);
+        }
+        if (fused) {
+            j->c->att_pv(ts->s, (int)M, ATT_KB, vh16 + c0 * width, width, nk, hd, ts->o);
+            continue;
         }
         load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v, j->c->f16_row);
         if (M >= 8) {
