@@ -31,12 +31,29 @@
 extern void openblas_set_num_threads(int n);
 extern int openblas_get_num_threads(void);
 
+/* OpenBLAS' pthread build starts its worker threads when it loads, and
+ * each spins (sched_yield in a loop) for about 2^28 cycles before it
+ * sleeps: a tenth of a second of a core taken from our pool at the start of
+ * every process, a third of a short blended prompt's time to first token.
+ * blas_thread_shutdown_ (exported for fork handling) ends them; OpenBLAS
+ * starts them again by itself if a program asks it for threads later.
+ * Weak: another BLAS, or a serial OpenBLAS, has no such threads. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
 /* Every sgemm runs inside the pool, one per thread: OpenBLAS must not start
  * its own threads (a program may have changed its count since). */
 static void blas_single(void)
 {
     if (openblas_get_num_threads() != 1)
         openblas_set_num_threads(1);
+}
+
+/* the same, and OpenBLAS' spinning threads ended (backend creation) */
+static void blas_quiet(void)
+{
+    blas_single();
+    if (blas_thread_shutdown_)
+        blas_thread_shutdown_();
 }
 
 enum {
@@ -895,7 +912,7 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
         if (!s->q || !s->o || !s->k || !s->v || !s->s || !s->mx || !s->l)
             goto fail;
     }
-    blas_single();
+    blas_quiet();
     b->n_threads = n_threads;
     cpu_describe(b);
     return b;

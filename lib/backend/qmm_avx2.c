@@ -500,6 +500,44 @@ AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
             out[r] = hsum(acc[r]) + mac[r];                                                                    \
     } while (0)
 
+/* ROW_DOTQ(1) in two chains (even and odd groups), so that the latency of
+ * one accumulation does not bound decode's stream of blocks */
+#define Q8_STEP(BLK, G, X, ACC, MAC, KA, KB, DEC, ISUM)                                                       \
+    do {                                                                                                       \
+        __m256i wv, sc = _mm256_setzero_si256();                                                               \
+        float a, b;                                                                                            \
+        DEC(BLK, G, KA, KB, &wv, &a, &b, &sc);                                                                 \
+        __m256i is = ISUM(wv, _mm256_loadu_si256((const __m256i *)(X)->q), sc);                                \
+        ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(a * (X)->d), ACC);                        \
+        MAC += b * (X)->s;                                                                                     \
+    } while (0)
+
+#define ROW_DOTQ1(PER, BB, PREP, DEC, ISUM)                                                                    \
+    do {                                                                                                       \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                         \
+        float mac0 = 0, mac1 = 0, ka[8], kb[8];                                                                \
+        const uint8_t *blk = row;                                                                              \
+        const qmm_q8 *xg = xq;                                                                                 \
+        int64_t bi = 0;                                                                                        \
+        if ((PER) == 1) {                                                                                      \
+            for (; bi + 2 <= nb; bi += 2, blk += 2 * (BB), xg += 2) {                                          \
+                Q8_STEP(blk, 0, xg, acc0, mac0, ka, kb, DEC, ISUM);                                            \
+                Q8_STEP(blk + (BB), 0, xg + 1, acc1, mac1, ka, kb, DEC, ISUM);                                 \
+            }                                                                                                  \
+            if (bi < nb)                                                                                       \
+                Q8_STEP(blk, 0, xg, acc0, mac0, ka, kb, DEC, ISUM);                                            \
+        } else {                                                                                               \
+            for (; bi < nb; bi++, blk += (BB)) {                                                               \
+                PREP(blk, ka, kb);                                                                             \
+                for (int g = 0; g < (PER); g += 2, xg += 2) {                                                  \
+                    Q8_STEP(blk, g, xg, acc0, mac0, ka, kb, DEC, ISUM);                                        \
+                    Q8_STEP(blk, g + 1, xg + 1, acc1, mac1, ka, kb, DEC, ISUM);                                \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        out[0] = hsum(_mm256_add_ps(acc0, acc1)) + (mac0 + mac1);                                              \
+    } while (0)
+
 #define KERNEL_Q8(NAME, PER, BB, PREP, DEC, ISUM)                                                                    \
     static void dotq_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, const qmm_q8 *xq,            \
                             int64_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)               \
@@ -510,7 +548,7 @@ AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
             const uint8_t *row = w + (size_t)o * rb;                                                           \
             float out[QMM_ROWS];                                                                               \
             switch (nr) {                                                                                      \
-            case 1: ROW_DOTQ(1, PER, BB, PREP, DEC, ISUM); break;                                              \
+            case 1: ROW_DOTQ1(PER, BB, PREP, DEC, ISUM); break;                                                \
             case 2: ROW_DOTQ(2, PER, BB, PREP, DEC, ISUM); break;                                              \
             case 3: ROW_DOTQ(3, PER, BB, PREP, DEC, ISUM); break;                                              \
             default: ROW_DOTQ(4, PER, BB, PREP, DEC, ISUM); break;                                             \
