@@ -379,16 +379,21 @@ AI void g8_q8_0(const uint8_t *b, int g, const float *ka, const float *kb, __m25
 }
 
 /* q4_K/q5_K: every sub-block's scale d*sc and offset -dmin*m, once a
- * block (the groups' decoders take theirs) */
+ * block (the groups' decoders take theirs).  The twelve bytes of 6-bit
+ * scales and mins (cb_dq_scale_min) unpacked four at a time in 32-bit
+ * words: bytes 0-3 give sc 0-3, 4-7 m 0-3, and 8-11 the low four bits of
+ * sc 4-7 and m 4-7, whose top two bits are bytes 0-3's and 4-7's. */
 AI void k8_prep(const uint8_t *b, float *ka, float *kb)
 {
     float d = _cvtsh_ss(cb_dq_rd16(b)), dmin = _cvtsh_ss(cb_dq_rd16(b + 2));
-    for (int g = 0; g < 8; g++) {
-        int isc, im;
-        cb_dq_scale_min(g, b + 4, &isc, &im);
-        ka[g] = d * (float)isc;
-        kb[g] = -(dmin * (float)im);
-    }
+    uint32_t w0 = cb_dq_rd32(b + 4), w1 = cb_dq_rd32(b + 8), w2 = cb_dq_rd32(b + 12);
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    __m128i v = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+    _mm256_storeu_ps(ka, _mm256_mul_ps(sc, _mm256_set1_ps(d)));
+    _mm256_storeu_ps(kb, _mm256_mul_ps(m, _mm256_set1_ps(-dmin))); /* = -(dmin * m), exactly */
 }
 
 /* q6_K: d (its per-16 scales go into the integers) */
