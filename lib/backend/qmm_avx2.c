@@ -396,6 +396,70 @@ AI void k8_prep(const uint8_t *b, float *ka, float *kb)
     _mm256_storeu_ps(kb, _mm256_mul_ps(m, _mm256_set1_ps(-dmin))); /* = -(dmin * m), exactly */
 }
 
+/* ------------------------------------ the one-row kernel's scale vectors */
+
+/* Eight groups' a and b (qmm_group8) as vectors: the eight sub-blocks of a
+ * K block, or eight consecutive 32-blocks of BB bytes (their f16 fields
+ * fetched by one gather; the gather's four bytes never pass a block's end) */
+AI __m256 f16lo8(__m256i w)
+{
+    __m256i p = _mm256_packus_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0xffff)), _mm256_setzero_si256());
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+}
+
+AI __m256i gather8(const uint8_t *b, int bb)
+{
+    return _mm256_setr_epi32((int)cb_dq_rd32(b), (int)cb_dq_rd32(b + bb), (int)cb_dq_rd32(b + 2 * bb),
+                             (int)cb_dq_rd32(b + 3 * bb), (int)cb_dq_rd32(b + 4 * bb), (int)cb_dq_rd32(b + 5 * bb),
+                             (int)cb_dq_rd32(b + 6 * bb), (int)cb_dq_rd32(b + 7 * bb));
+}
+
+AI void v8_q4_0(const uint8_t *b, __m256 *a, __m256 *bb)
+{
+    *a = f16lo8(gather8(b, CB_Q4_0_BYTES));
+    *bb = _mm256_mul_ps(*a, _mm256_set1_ps(-8.0f));
+}
+
+AI void v8_q4_1(const uint8_t *b, __m256 *a, __m256 *bb)
+{
+    __m256i w = gather8(b, CB_Q4_1_BYTES);
+    *a = f16lo8(w);
+    *bb = f16lo8(_mm256_srli_epi32(w, 16));
+}
+
+AI void v8_q5_0(const uint8_t *b, __m256 *a, __m256 *bb)
+{
+    *a = f16lo8(gather8(b, CB_Q5_0_BYTES));
+    *bb = _mm256_mul_ps(*a, _mm256_set1_ps(-16.0f));
+}
+
+AI void v8_q5_1(const uint8_t *b, __m256 *a, __m256 *bb)
+{
+    __m256i w = gather8(b, CB_Q5_1_BYTES);
+    *a = f16lo8(w);
+    *bb = f16lo8(_mm256_srli_epi32(w, 16));
+}
+
+AI void v8_q8_0(const uint8_t *b, __m256 *a, __m256 *bb)
+{
+    *a = f16lo8(gather8(b, CB_Q8_0_BYTES));
+    *bb = _mm256_setzero_ps();
+}
+
+AI void v8_k45(const uint8_t *b, __m256 *a, __m256 *bb)
+{
+    float ka[8], kb[8];
+    k8_prep(b, ka, kb);
+    *a = _mm256_loadu_ps(ka);
+    *bb = _mm256_loadu_ps(kb);
+}
+
+AI void v8_q6_k(const uint8_t *b, __m256 *a, __m256 *bb)
+{
+    *a = _mm256_set1_ps(_cvtsh_ss(cb_dq_rd16(b + 208)));
+    *bb = _mm256_setzero_ps();
+}
+
 /* q6_K: d (its per-16 scales go into the integers) */
 AI void k6_prep(const uint8_t *b, float *ka, float *kb)
 {
@@ -505,55 +569,66 @@ AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
             out[r] = hsum(acc[r]) + mac[r];                                                                    \
     } while (0)
 
-/* ROW_DOTQ(1) in two chains (even and odd groups), so that the latency of
- * one accumulation does not bound decode's stream of blocks */
-#define Q8_STEP(BLK, G, X, ACC, MAC, KA, KB, DEC, ISUM)                                                       \
+/* One weight row against one activation row (decode), eight groups at a
+ * time: their scales a (times the activations' d) and offsets b (times the
+ * activations' s) as two vectors, so that each group's own work is its
+ * integer dot product and one multiply-add, in two chains (even and odd
+ * groups).  xd, xs: the activation groups' d and s, contiguous.  Groups
+ * past the last eight (32-element types) take ROW_DOTQ(1)'s steps. */
+#define ROW_DOTQ1(PER, BB, V8, DEC, ISUM)                                                                      \
     do {                                                                                                       \
-        __m256i wv, sc = _mm256_setzero_si256();                                                               \
-        float a, b;                                                                                            \
-        DEC(BLK, G, KA, KB, &wv, &a, &b, &sc);                                                                 \
-        __m256i is = ISUM(wv, _mm256_loadu_si256((const __m256i *)(X)->q), sc);                                \
-        ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(a * (X)->d), ACC);                        \
-        MAC += b * (X)->s;                                                                                     \
-    } while (0)
-
-#define ROW_DOTQ1(PER, BB, PREP, DEC, ISUM)                                                                    \
-    do {                                                                                                       \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                         \
-        float mac0 = 0, mac1 = 0, ka[8], kb[8];                                                                \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), macv = _mm256_setzero_ps();            \
+        float mac = 0, ka[8] = {0}, kb[8] = {0}, ad[8];                                                        \
         const uint8_t *blk = row;                                                                              \
-        const qmm_q8 *xg = xq;                                                                                 \
-        int64_t bi = 0;                                                                                        \
-        if ((PER) == 1) {                                                                                      \
-            for (; bi + 2 <= nb; bi += 2, blk += 2 * (BB), xg += 2) {                                          \
-                Q8_STEP(blk, 0, xg, acc0, mac0, ka, kb, DEC, ISUM);                                            \
-                Q8_STEP(blk + (BB), 0, xg + 1, acc1, mac1, ka, kb, DEC, ISUM);                                 \
-            }                                                                                                  \
-            if (bi < nb)                                                                                       \
-                Q8_STEP(blk, 0, xg, acc0, mac0, ka, kb, DEC, ISUM);                                            \
-        } else {                                                                                               \
-            for (; bi < nb; bi++, blk += (BB)) {                                                               \
-                PREP(blk, ka, kb);                                                                             \
-                for (int g = 0; g < (PER); g += 2, xg += 2) {                                                  \
-                    Q8_STEP(blk, g, xg, acc0, mac0, ka, kb, DEC, ISUM);                                        \
-                    Q8_STEP(blk, g + 1, xg + 1, acc1, mac1, ka, kb, DEC, ISUM);                                \
-                }                                                                                              \
+        int64_t g0 = 0, ng = nb * (PER);                                                                       \
+        for (; g0 + 8 <= ng; g0 += 8, blk += (PER) == 1 ? 8 * (BB) : (BB)) {                                  \
+            __m256 va, vb;                                                                                     \
+            V8(blk, &va, &vb);                                                                                 \
+            _mm256_storeu_ps(ad, _mm256_mul_ps(va, _mm256_loadu_ps(xd + g0)));                                 \
+            macv = _mm256_fmadd_ps(vb, _mm256_loadu_ps(xs + g0), macv);                                        \
+            for (int k = 0; k < 8; k += 2) {                                                                   \
+                __m256i w0, w1, sc0 = _mm256_setzero_si256(), sc1 = _mm256_setzero_si256();                    \
+                float a_, b_;                                                                                  \
+                DEC((PER) == 1 ? blk + k * (BB) : blk, (PER) == 1 ? 0 : k, ka, kb, &w0, &a_, &b_, &sc0);       \
+                DEC((PER) == 1 ? blk + (k + 1) * (BB) : blk, (PER) == 1 ? 0 : k + 1, ka, kb, &w1, &a_, &b_,    \
+                    &sc1);                                                                                     \
+                __m256i i0 = ISUM(w0, _mm256_loadu_si256((const __m256i *)xq[g0 + k].q), sc0);                 \
+                __m256i i1 = ISUM(w1, _mm256_loadu_si256((const __m256i *)xq[g0 + k + 1].q), sc1);             \
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_broadcast_ss(ad + k), acc0);             \
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_broadcast_ss(ad + k + 1), acc1);         \
             }                                                                                                  \
         }                                                                                                      \
-        out[0] = hsum(_mm256_add_ps(acc0, acc1)) + (mac0 + mac1);                                              \
+        for (; g0 < ng; g0++, blk += (BB)) { /* (PER) == 1 here: ng % 8 blocks */                             \
+            __m256i wv, sc = _mm256_setzero_si256();                                                           \
+            float a, b;                                                                                        \
+            DEC(blk, 0, ka, kb, &wv, &a, &b, &sc);                                                             \
+            __m256i is = ISUM(wv, _mm256_loadu_si256((const __m256i *)xq[g0].q), sc);                          \
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(a * xd[g0]), acc0);                  \
+            mac += b * xs[g0];                                                                                 \
+        }                                                                                                      \
+        out[0] = hsum(_mm256_add_ps(acc0, acc1)) + (hsum(macv) + mac);                                         \
     } while (0)
 
-#define KERNEL_Q8(NAME, PER, BB, PREP, DEC, ISUM)                                                                    \
+/* the one-row kernel's activation scales, contiguous (at most XD_MAX groups:
+ * 64K inputs; wider rows take ROW_DOTQ(1)) */
+enum { XD_MAX = 2048 };
+
+#define KERNEL_Q8(NAME, PER, BB, PREP, V8, DEC, ISUM)                                                          \
     static void dotq_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, const qmm_q8 *xq,            \
                             int64_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)               \
     {                                                                                                          \
         (void)t;                                                                                               \
         int64_t nb = n_in / (32 * (PER));                                                                      \
+        float xd[XD_MAX], xs[XD_MAX];                                                                          \
+        int one = nr == 1 && n_in / 32 <= XD_MAX;                                                              \
+        for (int64_t g = 0; one && g < n_in / 32; g++)                                                         \
+            xd[g] = xq[g].d, xs[g] = xq[g].s;                                                                  \
         for (int64_t o = o0; o < o1; o++) {                                                                    \
             const uint8_t *row = w + (size_t)o * rb;                                                           \
             float out[QMM_ROWS];                                                                               \
-            switch (nr) {                                                                                      \
-            case 1: ROW_DOTQ1(PER, BB, PREP, DEC, ISUM); break;                                                \
+            switch (one ? 0 : nr) {                                                                            \
+            case 0: ROW_DOTQ1(PER, BB, V8, DEC, ISUM); break;                                                  \
+            case 1: ROW_DOTQ(1, PER, BB, PREP, DEC, ISUM); break;                                              \
             case 2: ROW_DOTQ(2, PER, BB, PREP, DEC, ISUM); break;                                              \
             case 3: ROW_DOTQ(3, PER, BB, PREP, DEC, ISUM); break;                                              \
             default: ROW_DOTQ(4, PER, BB, PREP, DEC, ISUM); break;                                             \
@@ -563,14 +638,14 @@ AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
         }                                                                                                      \
     }
 
-KERNEL_Q8(q4_0, 1, CB_Q4_0_BYTES, no_prep, g8_q4_0, isum_u)
-KERNEL_Q8(q4_1, 1, CB_Q4_1_BYTES, no_prep, g8_q4_1, isum_u)
-KERNEL_Q8(q5_0, 1, CB_Q5_0_BYTES, no_prep, g8_q5_0, isum_u)
-KERNEL_Q8(q5_1, 1, CB_Q5_1_BYTES, no_prep, g8_q5_1, isum_u)
-KERNEL_Q8(q8_0, 1, CB_Q8_0_BYTES, no_prep, g8_q8_0, isum_s)
-KERNEL_Q8(q4_k, 8, CB_Q4_K_BYTES, k8_prep, g8_q4_k, isum_u)
-KERNEL_Q8(q5_k, 8, CB_Q5_K_BYTES, k8_prep, g8_q5_k, isum_u)
-KERNEL_Q8(q6_k, 8, CB_Q6_K_BYTES, k6_prep, g8_q6_k, isum_s16)
+KERNEL_Q8(q4_0, 1, CB_Q4_0_BYTES, no_prep, v8_q4_0, g8_q4_0, isum_u)
+KERNEL_Q8(q4_1, 1, CB_Q4_1_BYTES, no_prep, v8_q4_1, g8_q4_1, isum_u)
+KERNEL_Q8(q5_0, 1, CB_Q5_0_BYTES, no_prep, v8_q5_0, g8_q5_0, isum_u)
+KERNEL_Q8(q5_1, 1, CB_Q5_1_BYTES, no_prep, v8_q5_1, g8_q5_1, isum_u)
+KERNEL_Q8(q8_0, 1, CB_Q8_0_BYTES, no_prep, v8_q8_0, g8_q8_0, isum_s)
+KERNEL_Q8(q4_k, 8, CB_Q4_K_BYTES, k8_prep, v8_k45, g8_q4_k, isum_u)
+KERNEL_Q8(q5_k, 8, CB_Q5_K_BYTES, k8_prep, v8_k45, g8_q5_k, isum_u)
+KERNEL_Q8(q6_k, 8, CB_Q6_K_BYTES, k6_prep, v8_q6_k, g8_q6_k, isum_s16)
 
 /* s[j] = e^(s[j] - m) (arguments <= 0) for j < n; returns their sum.  The
  * polynomial of qmm_exp_neg (Cephes' exp2f, relative error < 2e-7),

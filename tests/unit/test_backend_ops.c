@@ -1538,8 +1538,8 @@ static void act8_cases(void)
 {
     static const cb_type q8_types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
                                        CB_TYPE_Q8_0, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
-    /* the last: one row of an odd number of 32-blocks (the one-row kernel's
-     * two chains take blocks in pairs), for the 32-element types only */
+    /* the last: one row of 15 32-blocks (the one-row kernel takes eight
+     * groups at a time, then one: the 32-element types only) */
     static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48},  {4, 1280, 20},
                                         {2, 2048, 9}, {11, 256, 40}, {1, 480, 20}};
     char name[128];
@@ -1579,6 +1579,17 @@ static void act8_cases(void)
             tcase("act8 %-30s vs exact f32 product (nmse %.2e, bound 1e-4)", name, e);
             CHECKF(e <= 1e-4 && e > 0, "nmse %.3e", e);
         }
+        /* one row of 2,056 groups: past the one-row kernel's 2,048, the
+         * general kernel; f32 sums of 65,792 terms, so 1e-9 */
+        mm_n = 1, mm_in = 65792, mm_out = 16, act8_exact = 0;
+        snprintf(name, sizeof name, "matmul %s 1x65792x16", cb_type_name(mm_type));
+        n = c_matmul_act8(NULL, o_ref);
+        c_matmul_act8(a8, o_cpu);
+        c_matmul_act8(a8c, o_c);
+        e = nmse(o_ref, o_cpu, n);
+        double e2 = nmse(o_ref, o_c, n);
+        tcase("act8 %-30s vs same-math reference (nmse %.2e, portable %.2e; bound 1e-9)", name, e, e2);
+        CHECKF(e <= 1e-9 && e2 <= 1e-9, "nmse %.3e / %.3e", e, e2);
         mm_n = 16, mm_in = 256, mm_out = 40, act8_exact = 1;
         snprintf(name, sizeof name, "matmul %s 16x256x40", cb_type_name(mm_type));
         n = c_matmul_act8(NULL, o_ref);
