@@ -33,11 +33,13 @@ extern int openblas_get_num_threads(void);
 
 /* OpenBLAS' pthread build starts its worker threads when it loads, and
  * each spins (sched_yield in a loop) for about 2^28 cycles before it
- * sleeps: a tenth of a second of a core taken from our pool at the start of
- * every process, a third of a short blended prompt's time to first token.
- * blas_thread_shutdown_ (exported for fork handling) ends them; OpenBLAS
- * starts them again by itself if a program asks it for threads later.
- * Weak: another BLAS, or a serial OpenBLAS, has no such threads. */
+ * sleeps: on 2 cores, ~80 ms of CPU taken from our pool at the start of
+ * every cb-run (measured by perf on a 333-token blend whose time to first
+ * token is ~300 ms).  blas_thread_shutdown_ (exported for fork handling)
+ * ends them; OpenBLAS starts them again by itself if a program asks it
+ * for threads later.  The library already owns OpenBLAS' threading
+ * (blas_single sets its count for the whole process).  Weak: another
+ * BLAS, or a serial OpenBLAS, has no such threads. */
 extern int blas_thread_shutdown_(void) __attribute__((weak));
 
 /* Every sgemm runs inside the pool, one per thread: OpenBLAS must not start
