@@ -191,7 +191,8 @@ def main():
     ap.add_argument("--store", default=None,
                     help="keep the passages' KV in this store (created if missing; reruns skip what it has)")
     ap.add_argument("--table-from", default=None,
-                    help="print the table of a results file (--out of an earlier or interrupted run)")
+                    help="print the table of a results file (--out of an earlier or interrupted run); "
+                    "its table JSON and plot go beside it unless --plot is given")
     args = ap.parse_args()
     if args.table_from:
         saved = json.load(open(args.table_from))
@@ -202,6 +203,8 @@ def main():
         configs.sort(key=lambda c: c[0] != "full")
         vars(args).update({k: v for k, v in saved["args"].items() if k in ("passages", "model", "threads", "kv_type")})
         args.out = args.table_from + ".table.json"
+        if args.plot == ap.get_default("plot"):  # beside the results, not in the current directory
+            args.plot = args.table_from + ".png"
         work = tempfile.mkdtemp(prefix="cb-eval-")
         try:
             report(args, configs, results, len({r["q"] for r in results}), work, saved.get("precompute_s", 0.0))
