@@ -408,10 +408,10 @@ static int run_stats(run *r)
         json_array_append_new(sel, json_integer(bs->n_selected[i]));
     double ratio = bs->ratio;
     json_t *s = json_pack(
-        "{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, s:s, "
-        "s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i}",
+        "{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, "
+        "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i}",
         "mode", mode_names[bp->mode], "n_prompt_tokens", (json_int_t)r->total, "n_cached_tokens",
-        (json_int_t)bs->n_cached_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
+        (json_int_t)bs->n_cached_tokens, "n_exact_tokens", (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
         "ttft_ms", r->gr.first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
         (json_int_t)r->gr.n_gen, "gen_ms", r->gen_ms, "recompute_ms", bs->recompute_ms, "n_selected", sel,
         "prefill_tok_s", r->total / (bs->prefill_ms / 1e3), "gen_tok_s",

@@ -14,7 +14,11 @@
  *            survivors again (gradual filtering).
  *   later:   the last selection only.
  * Attention is the engine's exact causal mask: a selected row at position p
- * sees keys 0..p only.
+ * sees keys 0..p only.  The first cache, when everything before it is
+ * exactly the lead-in it was computed after, at the same positions (a true
+ * prefix, as prefix caching requires), holds what full prefill computes:
+ * its rows are exact, never computed and never candidates; C and the
+ * ratios count the other cached rows.
  *
  * Loading is pipelined: a loader thread reads and places layer l+1 of every
  * cached segment while layer l is computed; computing a layer waits only
@@ -216,6 +220,10 @@ static int by_score_desc(const void *a, const void *b)
     return (x->row > y->row) - (x->row < y->row);
 }
 
+/* cached[r]: computed (0), loaded and a candidate for recompute, or loaded
+ * and exact (a true prefix's: never recomputed) */
+enum { ROW_CAND = 1, ROW_EXACT = 2 };
+
 /* The prompt's rows and what happens to them. */
 typedef struct plan {
     cb_fwd *f;
@@ -225,10 +233,11 @@ typedef struct plan {
     const cb_blend_params *p;
     int32_t n_segs;
     int64_t total, max_seg, n_cached, w;
+    int64_t n_exact;             /* cached rows of a true prefix (cached[r] == ROW_EXACT) */
     int32_t *ids, *pos, *seg_of; /* [total] */
     int32_t *start;              /* [n_segs]: first row of each segment */
     uint8_t *use;                /* [n_segs]: its cache is used */
-    uint8_t *cached;             /* [total]: the row's KV comes from a cache */
+    uint8_t *cached;             /* [total]: the row's KV comes from a cache (ROW_*) */
     uint8_t *keep;               /* [total]: a cached row still selected for recompute */
     int32_t *rows;               /* [total]: the computed rows (fresh ones and selected cached ones) */
     int32_t n_rows;
@@ -339,7 +348,16 @@ static cb_status plan_rows(plan *pl, cb_error *err)
     }
     for (int64_t r = 0; r < total; r++)
         if (pl->use[pl->seg_of[r]] && r != total - 1) /* the last row is always computed: its logits are needed */
-            pl->cached[r] = 1, pl->n_cached++;
+            pl->cached[r] = ROW_CAND, pl->n_cached++;
+    if (pl->p->mode == CB_MODE_BLEND)
+        for (int32_t s = 0; s < n_segs; s++)
+            if (pl->use[s]) { /* the first cache: exact when a true prefix */
+                int exact = is_true_prefix(pl->segs, s, pl->start[s]);
+                for (int32_t j = 0; exact && j < pl->segs[s].n; j++)
+                    if (pl->cached[pl->start[s] + j])
+                        pl->cached[pl->start[s] + j] = ROW_EXACT, pl->n_exact++;
+                break;
+            }
     pl->n_rows = 0;
     for (int64_t r = 0; r < total; r++)
         if (!pl->cached[r])
@@ -433,7 +451,8 @@ static cb_status select_runs(plan *pl, int32_t l, const int32_t *cand, int32_t n
         pl->keep[pl->top[a]] = 1, got++;
     for (int64_t a = 0; a < n_anchor && got < want; a++) {
         int32_t next = pl->top[a] + 1;
-        if (next < pl->total && pl->cached[next] && !pl->keep[next] && pl->seg_of[next] == pl->seg_of[pl->top[a]])
+        if (next < pl->total && pl->cached[next] == ROW_CAND && !pl->keep[next] &&
+            pl->seg_of[next] == pl->seg_of[pl->top[a]])
             pl->keep[next] = 1, got++;
     }
     for (int64_t a = n_anchor; a < n_c && got < want; a++)
@@ -442,13 +461,14 @@ static cb_status select_runs(plan *pl, int32_t l, const int32_t *cand, int32_t n
     return CB_OK;
 }
 
-/* sink: also the first sink_tokens cached rows of every used cache. */
+/* sink: also the first sink_tokens cached rows of every used cache (but
+ * an exact one). */
 static void add_sinks(plan *pl)
 {
     for (int32_t s = 0; s < pl->n_segs; s++)
         if (pl->use[s])
             for (int32_t j = 0; j < pl->p->sink_tokens && j < pl->segs[s].n; j++)
-                if (pl->cached[pl->start[s] + j])
+                if (pl->cached[pl->start[s] + j] == ROW_CAND)
                     pl->keep[pl->start[s] + j] = 1;
 }
 
@@ -496,7 +516,7 @@ static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, con
                 for (int32_t j = j0; j < n; j++)
                     sum += (a[j] = expf(a[j] - mx));
             for (int32_t j = j0; j < n; j++)
-                if (pl->cached[j])
+                if (pl->cached[j] == ROW_CAND)
                     pl->sc[j].score += a[j] / sum;
         }
     }
@@ -541,7 +561,8 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
 {
     const cb_hparams *hp = pl->hp;
     int32_t qs = pl->start[pl->n_segs - 1], nq = 0, *qrows = NULL;
-    int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)pl->n_cached), n_c = 0;
+    int64_t n_cand = pl->n_cached - pl->n_exact, n_c = 0;
+    int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)n_cand);
     float *keys = NULL;
     cb_status st = CB_ERR_NOMEM;
 
@@ -561,7 +582,7 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     pl->exp_sum = qmm_exp_sum(1);
     for (int64_t r = 0; r < pl->total; r++)
         pl->sc[r] = (scored){0.0f, (int32_t)r};
-    for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < pl->n_cached)); l++) {
+    for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
         if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
             goto out;
         if ((st = cb_fwd_layer_qkv(pl->f, l, qrows, nq, pl->qbuf, NULL, NULL)) != CB_OK ||
@@ -572,8 +593,8 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
         }
         probe_add(pl, l, qrows, nq, keys);
     }
-    for (int64_t r = 0; r < pl->total; r++) /* the cached rows, by score */
-        if (pl->cached[r])
+    for (int64_t r = 0; r < pl->total; r++) /* the candidates, by score */
+        if (pl->cached[r] == ROW_CAND)
             pl->sc[n_c++] = pl->sc[r];
     qsort(pl->sc, (size_t)n_c, sizeof *pl->sc, by_score_desc);
     want = probe_budget(pl, n_c, want, stats);
@@ -604,7 +625,7 @@ static cb_status check_layer(plan *pl, int32_t step, int *layer_err, cb_error *e
     const cb_blend_params *p = pl->p;
     int32_t l = p->check_layer + step, n_c = 0;
     int32_t *cand = pl->rows; /* reuse: candidate cached rows, by position */
-    int64_t want = (int64_t)ceilf(p->ratios[step] * (float)pl->n_cached), n_kept = 0;
+    int64_t want = (int64_t)ceilf(p->ratios[step] * (float)(pl->n_cached - pl->n_exact)), n_kept = 0;
     cb_status st;
 
     if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
@@ -644,9 +665,15 @@ static cb_status fuse(plan *pl, int *layer_err, cb_error *err, cb_blend_stats *s
     cb_status st;
     if (p->strategy == CB_STRATEGY_PROBE)
         return fuse_probe(pl, layer_err, err, stats);
-    if ((st = run_layers(pl, 0, p->check_layer, NULL, 0, layer_err, err)) != CB_OK)
+    pl->n_rows = 0; /* before the check layer: every row but the exact ones */
+    for (int64_t r = 0; r < pl->total && pl->n_exact > 0; r++)
+        if (pl->cached[r] != ROW_EXACT)
+            pl->rows[pl->n_rows++] = (int32_t)r;
+    if ((st = run_layers(pl, 0, p->check_layer, pl->n_exact > 0 ? pl->rows : NULL, pl->n_rows, layer_err, err)) !=
+        CB_OK)
         return st;
-    memcpy(pl->keep, pl->cached, (size_t)pl->total); /* candidates: all cached rows */
+    for (int64_t r = 0; r < pl->total; r++) /* candidates: all cached rows that can deviate */
+        pl->keep[r] = pl->cached[r] == ROW_CAND;
     if (p->strategy == CB_STRATEGY_QUERY && !(pl->fresh = malloc(sizeof(float) * (size_t)(pl->total * pl->w))))
         return CB_ERR_NOMEM;
     if (!(pl->top = malloc(sizeof(int32_t) * (size_t)pl->total)))
@@ -682,6 +709,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         goto out;
     stats->n_prompt_tokens = (int32_t)pl.total;
     stats->n_cached_tokens = (int32_t)pl.n_cached;
+    stats->n_exact_tokens = (int32_t)pl.n_exact;
     if ((st = cb_fwd_embed(f, pl.ids, pl.pos, (int32_t)pl.total)) != CB_OK) {
         cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)", (long long)pl.total);
         goto out;

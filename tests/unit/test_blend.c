@@ -100,6 +100,9 @@ static int32_t build(fixture *fx, const int order[3], cb_segment *segs)
     return n;
 }
 
+/* the cached tokens a blend may recompute: all but a true prefix's */
+static int32_t cand(const cb_blend_stats *st) { return st->n_cached_tokens - st->n_exact_tokens; }
+
 static cb_status run(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_blend_params *p, float *logits,
                      cb_blend_stats *st, cb_kvcache **kv_out)
 {
@@ -189,6 +192,26 @@ static int short_texts(void)
     return e && *e && strcmp(e, "0") != 0;
 }
 
+/* The segment whose cache is exact, or -1: the first cached one, when the
+ * tokens before it are its file's lead-in and it was computed where it
+ * sits (blend never recomputes its rows). */
+static int32_t exact_segment(const cb_segment *segs, int32_t n_segs)
+{
+    int32_t at = 0, s = 0;
+    while (s < n_segs && !segs[s].kv)
+        at += segs[s++].n;
+    if (s == n_segs)
+        return -1;
+    const cb_kv_meta *mt = cb_kvfile_meta(segs[s].kv);
+    if (mt->n_lead != at || mt->pos0 != at)
+        return -1;
+    for (int32_t i = 0, k = 0; i < s; i++)
+        for (int32_t j = 0; j < segs[i].n; j++)
+            if (segs[i].ids[j] != mt->lead[k++])
+                return -1;
+    return s;
+}
+
 /* probe's scoring by hand: the uncached rows through every layer against
  * the loaded caches (a reuse prefill leaves exactly those caches), the
  * question's last q_rows uncached rows' softmax attention (double, the
@@ -209,10 +232,11 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
     cb_blend_stats st;
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
+    int32_t ex = exact_segment(segs, n_segs);
     for (int32_t s = 0; s < n_segs; s++)
         for (int32_t j = 0; j < segs[s].n; j++, n++) {
             ids[n] = segs[s].ids[j], pos[n] = n;
-            cached[n] = segs[s].kv != NULL;
+            cached[n] = segs[s].kv != NULL ? (s == ex ? 2 : 1) : 0;
             if (s == n_segs - 1 && !cached[n])
                 qrows[nq++] = n;
         }
@@ -221,7 +245,7 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
         if (!cached[r])
             rows[n_rows++] = r;
         else
-            n_c++;
+            n_c += cached[r] == 1;
     int32_t q0 = q_rows > 0 && nq > q_rows ? nq - q_rows : 0;
     p.mode = CB_MODE_REUSE;
     lg = malloc(sizeof(float) * (size_t)hp->n_vocab);
@@ -248,13 +272,13 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
                 for (int32_t j = j0; j <= row; j++)
                     sum += (a[j] = exp(a[j] - mx));
                 for (int32_t j = j0; j <= row; j++)
-                    score[j] += cached[j] ? a[j] / sum : 0;
+                    score[j] += cached[j] == 1 ? a[j] / sum : 0;
             }
     }
     double total = 0, top = 0;
     int32_t m = 0;
     for (int32_t r = 0; r < n; r++)
-        if (cached[r])
+        if (cached[r] == 1)
             sc[m++] = score[r], total += score[r];
     for (int32_t i = 0; i < m; i++) /* the top want, by selection */
         for (int32_t j = i + 1; j < m; j++)
@@ -308,7 +332,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     double e = rel(a, full, (size_t)nv);
     CHECKF(e < tol_full, "relative error %.3g", e);
-    CHECK(st.n_recomputed_tokens == st.n_cached_tokens && st.n_cached_tokens > 0);
+    CHECK(st.n_recomputed_tokens == cand(&st) && st.n_cached_tokens > 0);
     printf("# %s: ratio 1 vs full: %.2e (%d cached tokens)\n", label, e, st.n_cached_tokens);
 
     tcase("%s: blend at ratio 0 equals full KV reuse", label);
@@ -325,7 +349,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     tcase("%s: blend at 0.15 selects ceil(0.15 x cached) and lies between reuse and full", label);
     p = cb_blend_defaults();
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens), "%d of %d", st.n_selected[0],
+    CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * cand(&st)), "%d of %d", st.n_selected[0],
            st.n_cached_tokens);
     double eb = rel(a, full, (size_t)nv);
     /* a quality property of these texts, checked at full length only: with
@@ -348,16 +372,16 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     p.ratios[0] = 0.5f;
     p.ratios[1] = 0.25f;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECK(st.n_selected[0] == (int32_t)ceilf(0.5f * st.n_cached_tokens));
-    CHECK(st.n_selected[1] == (int32_t)ceilf(0.25f * st.n_cached_tokens));
+    CHECK(st.n_selected[0] == (int32_t)ceilf(0.5f * cand(&st)));
+    CHECK(st.n_selected[1] == (int32_t)ceilf(0.25f * cand(&st)));
     p = cb_blend_defaults();
     p.strategy = CB_STRATEGY_SINK;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECK(st.n_selected[0] >= (int32_t)ceilf(0.15f * st.n_cached_tokens));
-    CHECK(st.n_selected[0] <= (int32_t)ceilf(0.15f * st.n_cached_tokens) + 3 * p.sink_tokens);
+    CHECK(st.n_selected[0] >= (int32_t)ceilf(0.15f * cand(&st)));
+    CHECK(st.n_selected[0] <= (int32_t)ceilf(0.15f * cand(&st)) + 3 * p.sink_tokens);
     p.strategy = CB_STRATEGY_QUERY;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECK(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens));
+    CHECK(st.n_selected[0] == (int32_t)ceilf(0.15f * cand(&st)));
     p = cb_blend_defaults();
     p.deviation_v = 0;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
@@ -380,13 +404,13 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p.ratios[0] = 0.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         e = rel(a, b, (size_t)nv);
-        if (sg == CB_STRATEGY_SINK) /* by design: the sinks even at ratio 0 */
-            CHECK(st.n_recomputed_tokens == 3 * p.sink_tokens);
+        if (sg == CB_STRATEGY_SINK) /* by design: the sinks even at ratio 0 (not chunk 0's: exact) */
+            CHECKF(st.n_recomputed_tokens == 2 * p.sink_tokens, "%d sinks", st.n_recomputed_tokens);
         else
             CHECKF(e < tol_reuse && st.n_recomputed_tokens == 0, "ratio 0 vs reuse: relative error %.3g", e);
         p.ratios[0] = 0.15f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        int32_t budget = (int32_t)ceilf(0.15f * st.n_cached_tokens);
+        int32_t budget = (int32_t)ceilf(0.15f * cand(&st));
         CHECKF(sg == CB_STRATEGY_SINK ? st.n_selected[0] >= budget : st.n_selected[0] == budget, "%d selected of %d",
                st.n_selected[0], st.n_cached_tokens);
         double es = rel(a, full, (size_t)nv);
@@ -423,7 +447,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
             n_sel[i] = st.n_selected[0];
             CHECKF(!strcmp(st.ratio_bound, "mass") && st.selected_mass >= masses[i] &&
-                       fabsf(st.ratio - (float)n_sel[i] / st.n_cached_tokens) < 1e-6,
+                       fabsf(st.ratio - (float)n_sel[i] / cand(&st)) < 1e-6,
                    "mass %.1f: %d selected, %.3f of the mass, bound %s", masses[i], n_sel[i], st.selected_mass,
                    st.ratio_bound);
             printf("# %s: mass %.1f: ratio %.3f (%d of %d)\n", label, masses[i], st.ratio, n_sel[i],
@@ -431,7 +455,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         }
         CHECK(0 < n_sel[0] && n_sel[0] <= n_sel[1] && n_sel[1] <= n_sel[2]);
         p.adapt_mass = 0.6f; /* one token fewer would not hold it: the choice is the smallest */
-        p.adapt_max = ((float)n_sel[1] - 1.5f) / (float)st.n_cached_tokens; /* ceil: n_sel[1] - 1 */
+        p.adapt_max = ((float)n_sel[1] - 1.5f) / (float)cand(&st); /* ceil: n_sel[1] - 1 */
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         CHECKF(!strcmp(st.ratio_bound, "max") && st.n_selected[0] == n_sel[1] - 1 && st.selected_mass < 0.6f,
                "%s %d %.3f", st.ratio_bound, st.n_selected[0], st.selected_mass);
@@ -439,7 +463,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p.adapt_min = 0.2f;
         p.adapt_max = 0.5f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        CHECK(!strcmp(st.ratio_bound, "min") && st.n_selected[0] == (int32_t)ceilf(0.2f * st.n_cached_tokens));
+        CHECK(!strcmp(st.ratio_bound, "min") && st.n_selected[0] == (int32_t)ceilf(0.2f * cand(&st)));
         p.strategy = CB_STRATEGY_HKVD;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
         p = cb_blend_defaults(); /* probe selects once */
@@ -466,6 +490,49 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     cb_segment shifted[4] = {ps[0], {fx.sep.ids, (int32_t)fx.sep.n, NULL}, ps[1], ps[2]};
     CHECK_OK(run(&fx, shifted, 4, &p, a, &st, NULL));
     CHECK(st.n_cached_tokens == 0); /* not after its lead-in: nothing reused */
+
+    tcase("%s: blend keeps a true prefix's cache as loaded, and only that one", label);
+    {
+        /* chunk 0 right after its lead-in is exact: at ratio 1 every other
+         * cached row is recomputed, its rows stay as reuse loads them */
+        int32_t n0 = (int32_t)fx.chunk[0].n, n1 = (int32_t)fx.chunk[1].n, p0 = (int32_t)fx.lead.n;
+        int32_t p1 = p0 + n0 + (int32_t)fx.sep.n;
+        int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+        float *kr = malloc(sizeof(float) * 512 * w), *kbl = malloc(sizeof(float) * 512 * w);
+        cb_kvcache *kreuse = NULL, *kblend = NULL;
+        p = cb_blend_defaults();
+        p.mode = CB_MODE_REUSE;
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, &kreuse));
+        CHECK(st.n_exact_tokens == 0); /* reuse: nothing is recomputed anyway */
+        p.mode = CB_MODE_BLEND;
+        p.ratios[0] = 1.0f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, &kblend));
+        CHECKF(st.n_exact_tokens == n0 && exact_segment(segs, ns) == 1, "%d exact tokens, chunk 0 has %d",
+               st.n_exact_tokens, n0);
+        int same0 = 1, same1 = 1;
+        for (int l = 0; l < hp->n_layer && kreuse && kblend; l++)
+            for (int kv_ = 0; kv_ < 2; kv_++) {
+                cb_kvcache_read(kreuse, l, kv_, 0, p1 + n1, kr);
+                cb_kvcache_read(kblend, l, kv_, 0, p1 + n1, kbl);
+                same0 &= memcmp(kr + p0 * w, kbl + p0 * w, sizeof(float) * (size_t)(n0 * w)) == 0;
+                same1 &= l == 0 || memcmp(kr + p1 * w, kbl + p1 * w, sizeof(float) * (size_t)(n1 * w)) == 0;
+            }
+        CHECKF(same0, "chunk 0's K/V were recomputed");
+        CHECKF(!same1, "chunk 1's K/V were not recomputed");
+        cb_segment moved[16];
+        int order3[3] = {1, 0, 2};
+        int32_t ns3 = build(&fx, order3, moved); /* chunk 1 first: exact; chunk 0 elsewhere: not */
+        CHECK_OK(run(&fx, moved, ns3, &p, a, &st, NULL));
+        CHECK(st.n_exact_tokens == n1 && exact_segment(moved, ns3) == 1);
+        cb_segment lagged[16] = {segs[0], {fx.sep.ids, (int32_t)fx.sep.n, NULL}};
+        for (int32_t i = 1; i < ns; i++)
+            lagged[i + 1] = segs[i];
+        CHECK_OK(run(&fx, lagged, ns + 1, &p, a, &st, NULL)); /* not after its lead-in: none exact */
+        CHECK(st.n_exact_tokens == 0 && exact_segment(lagged, ns + 1) == -1 &&
+              st.n_recomputed_tokens == st.n_cached_tokens);
+        free(kr), free(kbl);
+        cb_kvcache_free(kreuse), cb_kvcache_free(kblend);
+    }
 
     tcase("%s: reordering chunks only moves their caches", label);
     int order2[3] = {2, 0, 1};
