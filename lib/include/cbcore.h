@@ -706,8 +706,9 @@ typedef struct cb_blend_params {
     cb_blend_strategy strategy;
     int32_t check_layer;          /* first check layer (default 1) */
     int32_t n_ratios;             /* 1: one check layer; more: gradual filtering */
-    float ratios[CB_BLEND_MAX_STEPS]; /* fraction of the cached tokens that can deviate
-                                   * (all but an exact prefix's) kept at check layer + i */
+    float ratios[CB_BLEND_MAX_STEPS]; /* fraction of cached tokens kept at check layer + i
+                                   * (chosen among those that can deviate: not an exact
+                                   * prefix's) */
     int deviation_v;              /* 0: deviation of K (after RoPE), 1: of V */
     int32_t sink_tokens;          /* CB_STRATEGY_SINK: tokens per segment (default 4) */
     int sequential_load;          /* 1: load every layer before computing (no pipelining) */
@@ -734,8 +735,7 @@ typedef struct cb_blend_stats {
     int32_t n_cached_tokens;      /* tokens whose KV came from a cache */
     int32_t n_exact_tokens;       /* blend: those of them in a true prefix (the first
                                    * cache, after exactly its lead-in): what full prefill
-                                   * computes, so never candidates for recompute; the
-                                   * ratio counts the other n_cached - n_exact */
+                                   * computes, so never candidates for recompute */
     int32_t n_recomputed_tokens;  /* cached tokens recomputed at the last check layer */
     int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
     float ratio;                  /* the ratio used: the last step's, or adapt_mass's choice */

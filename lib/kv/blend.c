@@ -17,8 +17,8 @@
  * sees keys 0..p only.  The first cache, when everything before it is
  * exactly the lead-in it was computed after, at the same positions (a true
  * prefix, as prefix caching requires), holds what full prefill computes:
- * its rows are exact, never computed and never candidates; C and the
- * ratios count the other cached rows.
+ * its rows are exact, never computed and never candidates: the ratios'
+ * budgets (of all cached rows) go to the other cached rows.
  *
  * Loading is pipelined: a loader thread reads and places layer l+1 of every
  * cached segment while layer l is computed; computing a layer waits only
@@ -524,7 +524,8 @@ static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, con
 
 /* probe's budget: the given one, or with adapt_mass the fewest top rows
  * (scores sorted in pl->sc[0..n_c)) holding that share of the mass,
- * clamped to [adapt_min, adapt_max] x n_c; the stats say which and why. */
+ * clamped to [adapt_min, adapt_max] x the cached rows (and to the n_c
+ * candidates); the stats say which and why. */
 static int64_t probe_budget(plan *pl, int64_t n_c, int64_t want, cb_blend_stats *stats)
 {
     const cb_blend_params *p = pl->p;
@@ -533,12 +534,14 @@ static int64_t probe_budget(plan *pl, int64_t n_c, int64_t want, cb_blend_stats 
     for (int64_t c = 0; c < n_c; c++)
         total += pl->sc[c].score;
     if (p->adapt_mass > 0 && n_c > 0) {
-        int64_t lo = (int64_t)ceilf(p->adapt_min * (float)n_c), hi = (int64_t)ceilf(p->adapt_max * (float)n_c);
+        int64_t lo = (int64_t)ceilf(p->adapt_min * (float)pl->n_cached);
+        int64_t hi = (int64_t)ceilf(p->adapt_max * (float)pl->n_cached);
+        lo = lo < n_c ? lo : n_c, hi = hi < n_c ? hi : n_c;
         while (k < n_c && acc < p->adapt_mass * total)
             acc += pl->sc[k++].score;
         stats->ratio_bound = k < lo ? "min" : k > hi ? "max" : "mass";
         want = k < lo ? lo : k > hi ? hi : k;
-        stats->ratio = (float)want / (float)n_c;
+        stats->ratio = (float)want / (float)pl->n_cached;
     }
     acc = 0;
     for (int64_t c = 0; c < want && c < n_c; c++)
@@ -562,7 +565,7 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     const cb_hparams *hp = pl->hp;
     int32_t qs = pl->start[pl->n_segs - 1], nq = 0, *qrows = NULL;
     int64_t n_cand = pl->n_cached - pl->n_exact, n_c = 0;
-    int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)n_cand);
+    int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)pl->n_cached);
     float *keys = NULL;
     cb_status st = CB_ERR_NOMEM;
 
@@ -625,7 +628,7 @@ static cb_status check_layer(plan *pl, int32_t step, int *layer_err, cb_error *e
     const cb_blend_params *p = pl->p;
     int32_t l = p->check_layer + step, n_c = 0;
     int32_t *cand = pl->rows; /* reuse: candidate cached rows, by position */
-    int64_t want = (int64_t)ceilf(p->ratios[step] * (float)(pl->n_cached - pl->n_exact)), n_kept = 0;
+    int64_t want = (int64_t)ceilf(p->ratios[step] * (float)pl->n_cached), n_kept = 0;
     cb_status st;
 
     if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)

@@ -245,7 +245,7 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
         if (!cached[r])
             rows[n_rows++] = r;
         else
-            n_c += cached[r] == 1;
+            n_c++;
     int32_t q0 = q_rows > 0 && nq > q_rows ? nq - q_rows : 0;
     p.mode = CB_MODE_REUSE;
     lg = malloc(sizeof(float) * (size_t)hp->n_vocab);
@@ -349,7 +349,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     tcase("%s: blend at 0.15 selects ceil(0.15 x cached) and lies between reuse and full", label);
     p = cb_blend_defaults();
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * cand(&st)), "%d of %d", st.n_selected[0],
+    CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens), "%d of %d", st.n_selected[0],
            st.n_cached_tokens);
     double eb = rel(a, full, (size_t)nv);
     /* a quality property of these texts, checked at full length only: with
@@ -372,16 +372,16 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     p.ratios[0] = 0.5f;
     p.ratios[1] = 0.25f;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECK(st.n_selected[0] == (int32_t)ceilf(0.5f * cand(&st)));
-    CHECK(st.n_selected[1] == (int32_t)ceilf(0.25f * cand(&st)));
+    CHECK(st.n_selected[0] == (int32_t)ceilf(0.5f * st.n_cached_tokens));
+    CHECK(st.n_selected[1] == (int32_t)ceilf(0.25f * st.n_cached_tokens));
     p = cb_blend_defaults();
     p.strategy = CB_STRATEGY_SINK;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECK(st.n_selected[0] >= (int32_t)ceilf(0.15f * cand(&st)));
-    CHECK(st.n_selected[0] <= (int32_t)ceilf(0.15f * cand(&st)) + 3 * p.sink_tokens);
+    CHECK(st.n_selected[0] >= (int32_t)ceilf(0.15f * st.n_cached_tokens));
+    CHECK(st.n_selected[0] <= (int32_t)ceilf(0.15f * st.n_cached_tokens) + 3 * p.sink_tokens);
     p.strategy = CB_STRATEGY_QUERY;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECK(st.n_selected[0] == (int32_t)ceilf(0.15f * cand(&st)));
+    CHECK(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens));
     p = cb_blend_defaults();
     p.deviation_v = 0;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
@@ -410,7 +410,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             CHECKF(e < tol_reuse && st.n_recomputed_tokens == 0, "ratio 0 vs reuse: relative error %.3g", e);
         p.ratios[0] = 0.15f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        int32_t budget = (int32_t)ceilf(0.15f * cand(&st));
+        int32_t budget = (int32_t)ceilf(0.15f * st.n_cached_tokens);
         CHECKF(sg == CB_STRATEGY_SINK ? st.n_selected[0] >= budget : st.n_selected[0] == budget, "%d selected of %d",
                st.n_selected[0], st.n_cached_tokens);
         double es = rel(a, full, (size_t)nv);
@@ -447,7 +447,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
             n_sel[i] = st.n_selected[0];
             CHECKF(!strcmp(st.ratio_bound, "mass") && st.selected_mass >= masses[i] &&
-                       fabsf(st.ratio - (float)n_sel[i] / cand(&st)) < 1e-6,
+                       fabsf(st.ratio - (float)n_sel[i] / st.n_cached_tokens) < 1e-6,
                    "mass %.1f: %d selected, %.3f of the mass, bound %s", masses[i], n_sel[i], st.selected_mass,
                    st.ratio_bound);
             printf("# %s: mass %.1f: ratio %.3f (%d of %d)\n", label, masses[i], st.ratio, n_sel[i],
@@ -455,7 +455,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         }
         CHECK(0 < n_sel[0] && n_sel[0] <= n_sel[1] && n_sel[1] <= n_sel[2]);
         p.adapt_mass = 0.6f; /* one token fewer would not hold it: the choice is the smallest */
-        p.adapt_max = ((float)n_sel[1] - 1.5f) / (float)cand(&st); /* ceil: n_sel[1] - 1 */
+        p.adapt_max = ((float)n_sel[1] - 1.5f) / (float)st.n_cached_tokens; /* ceil: n_sel[1] - 1 */
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         CHECKF(!strcmp(st.ratio_bound, "max") && st.n_selected[0] == n_sel[1] - 1 && st.selected_mass < 0.6f,
                "%s %d %.3f", st.ratio_bound, st.n_selected[0], st.selected_mass);
@@ -463,7 +463,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p.adapt_min = 0.2f;
         p.adapt_max = 0.5f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        CHECK(!strcmp(st.ratio_bound, "min") && st.n_selected[0] == (int32_t)ceilf(0.2f * cand(&st)));
+        CHECK(!strcmp(st.ratio_bound, "min") && st.n_selected[0] == (int32_t)ceilf(0.2f * st.n_cached_tokens));
         p.strategy = CB_STRATEGY_HKVD;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
         p = cb_blend_defaults(); /* probe selects once */
