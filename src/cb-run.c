@@ -66,6 +66,9 @@ static void usage(FILE *f)
             "                     budget, each with the token after it\n"
             "      --probe-rows N  probe scores by the attention of the question's last N\n"
             "                     tokens (default 8; 0: all of its tokens)\n"
+            "      --key-temp T   reuse, blend: divide the cached keys by T as they load, a\n"
+            "                     temperature on the attention to the tokens not recomputed\n"
+            "                     (after APE; default 1: as computed)\n"
             "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
             "                     agreement and whether the greedy answers match to --stats\n"
             "      --no-store-write  do not store the KV of chunks that had none\n"
@@ -132,8 +135,8 @@ enum {
     OPT_SCOREFILE,
     OPT_MASS,
     OPT_MAXRATIO,
-    OPT_PROBEROWS
-};
+    OPT_PROBEROWS,
+    OPT_KEYTEMP };
 
 /* ---------------------------------------------------------- generation */
 
@@ -409,7 +412,7 @@ static int run_stats(run *r)
     double ratio = bs->ratio;
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, "
-        "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i}",
+        "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i, s:f}",
         "mode", mode_names[bp->mode], "n_prompt_tokens", (json_int_t)r->total, "n_cached_tokens",
         (json_int_t)bs->n_cached_tokens, "n_exact_tokens", (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
         "ttft_ms", r->gr.first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
@@ -421,7 +424,8 @@ static int run_stats(run *r)
         bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(r->m), "device",
         cb_model_device(r->m), "chat_template", cb_chat_name(cb_prompt_chat(r->pr)), "kv_type",
         cb_type_name(o->kv_type), "model_load_ms", r->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
-        "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes, "probe_rows", bp->probe_rows);
+        "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes, "probe_rows", bp->probe_rows,
+        "key_temp", (double)bp->key_temp);
     if (s && o->ratio_auto) {
         json_object_set_new(s, "ratio_source", json_string(r->ratio_source));
         json_object_set_new(s, "predicted_load_ms", json_real(r->rc.pred_load_ms));
@@ -574,7 +578,7 @@ static int parse_ratios(const char *arg, cb_blend_params *bp)
 /* Blending and cache options; 1 when c is not one of them, -1 on a usage error. */
 static int blend_opt(gen_opts *o, int c, const char *arg)
 {
-    static const char *const devs[] = {"k", "v"};
+    static const char *const devs[] = {"k", "v"}, *const kv_types[] = {"f16", "f32"};
     double d;
     int e;
     switch (c) {
@@ -612,6 +616,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     case OPT_SINK: return cli_parse_num("--sink-tokens", arg, 0, 1024, &d) ? -1 : (o->bp.sink_tokens = (int32_t)d, 0);
     case OPT_PROBEROWS:
         return cli_parse_num("--probe-rows", arg, 0, 1 << 20, &d) ? -1 : (o->bp.probe_rows = (int32_t)d, 0);
+    case OPT_KEYTEMP: return cli_parse_num("--key-temp", arg, 0.01, 100, &d) ? -1 : (o->bp.key_temp = (float)d, 0);
     case OPT_VERIFY: o->verify = 1; return 0;
     case OPT_LOGITS: o->logits_out = arg; return 0;
     case OPT_SCORE: o->score = arg; return 0;
@@ -619,11 +624,9 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     case OPT_NOSTORE: o->store_write = 0; return 0;
     case OPT_STATS: o->stats_path = arg; return 0;
     case OPT_KVTYPE:
-        if (strcmp(arg, "f16") && strcmp(arg, "f32")) {
-            cli_err("--kv-type %s: use f16 or f32", arg);
+        if (cli_parse_enum("--kv-type", arg, kv_types, 2, &e))
             return -1;
-        }
-        o->kv_type = arg[1] == '1' ? CB_TYPE_F16 : CB_TYPE_F32;
+        o->kv_type = e ? CB_TYPE_F32 : CB_TYPE_F16;
         return 0;
     }
     return 1;
@@ -686,6 +689,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"no-store-write", no_argument, 0, OPT_NOSTORE}, {"score", required_argument, 0, OPT_SCORE},
         {"score-file", required_argument, 0, OPT_SCOREFILE}, {"mass", required_argument, 0, OPT_MASS},
         {"max-ratio", required_argument, 0, OPT_MAXRATIO}, {"probe-rows", required_argument, 0, OPT_PROBEROWS},
+        {"key-temp", required_argument, 0, OPT_KEYTEMP},
         CLI_COMMON_OPTS, CLI_STORE_OPT, CLI_DEVICE_OPT, CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };

@@ -722,6 +722,10 @@ typedef struct cb_blend_params {
     int32_t probe_rows;           /* CB_STRATEGY_PROBE: the question rows whose attention
                                    * scores the cached tokens: the last probe_rows uncached
                                    * rows of the last segment (default 8); 0: all of them */
+    float key_temp;               /* reuse and blend: the cached keys (not a true prefix's)
+                                   * divided by it as they are loaded, a temperature on the
+                                   * attention to tokens that keep their cached K/V (after
+                                   * APE, arXiv 2502.05431); > 0, 1: as computed */
 } cb_blend_params;
 
 /* Defaults: blend, probe (the best measured; hkvd is the paper's), check
@@ -733,7 +737,7 @@ cb_blend_params cb_blend_defaults(void);
 typedef struct cb_blend_stats {
     int32_t n_prompt_tokens;
     int32_t n_cached_tokens;      /* tokens whose KV came from a cache */
-    int32_t n_exact_tokens;       /* blend: those of them in a true prefix (the first
+    int32_t n_exact_tokens;       /* blend, reuse: those in a true prefix (the first
                                    * cache, after exactly its lead-in): what full prefill
                                    * computes, so never candidates for recompute */
     int32_t n_recomputed_tokens;  /* cached tokens recomputed at the last check layer */

@@ -18,7 +18,10 @@
  * exactly the lead-in it was computed after, at the same positions (a true
  * prefix, as prefix caching requires), holds what full prefill computes:
  * its rows are exact, never computed and never candidates: the ratios'
- * budgets (of all cached rows) go to the other cached rows.
+ * budgets (of all cached rows) go to the other cached rows.  The keys of
+ * the other caches may be divided by a temperature as they are loaded
+ * (key_temp, after APE): the attention the computed rows give the tokens
+ * that keep their loaded K/V; recomputed rows overwrite theirs.
  *
  * Loading is pipelined: a loader thread reads and places layer l+1 of every
  * cached segment while layer l is computed; computing a layer waits only
@@ -51,6 +54,7 @@ cb_blend_params cb_blend_defaults(void)
     p.adapt_min = 0.05f;
     p.adapt_max = 0.5f;
     p.probe_rows = 8;
+    p.key_temp = 1.0f;
     return p;
 }
 
@@ -71,6 +75,8 @@ typedef struct loader {
     cb_status st;
     cb_error err;
     int32_t failed_seg; /* the segment whose file failed to read, or -1 */
+    int32_t exact_seg;  /* a true prefix's segment (its keys stay as they are), or -1 */
+    float key_scale;    /* the other caches' keys are multiplied by it (1 / key_temp) */
     double busy_ms, t_begin;
     uint64_t bytes;
     pthread_t thread;
@@ -97,6 +103,9 @@ static void loader_run(loader *ld)
                 bad_seg = s;
                 break;
             }
+            if (ld->key_scale != 1.0f && s != ld->exact_seg)
+                for (int64_t e = 0; e < (int64_t)ld->segs[s].n * ld->w; e++)
+                    k[e] *= ld->key_scale;
             st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v, cb_kvfile_meta(kf)->pos0);
             if (st != CB_OK)
                 cb_error_set(&err, st, "blend: cannot place segment %d", s);
@@ -144,11 +153,13 @@ static void *loader_main(void *arg)
     return NULL;
 }
 
-/* Start loading every used cache, layer by layer, at its new position: on
- * a thread of its own, or right here with p->sequential_load (or when no
+/* Start loading every used cache, layer by layer, at its new position
+ * (the keys of all but segment exact_seg divided by p->key_temp): on a
+ * thread of its own, or right here with p->sequential_load (or when no
  * thread can be made).  Nothing to load: every layer is ready at once. */
 static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, int32_t n_segs, const uint8_t *use,
-                         const int32_t *start, cb_kvcache *kv, int64_t max_seg, const cb_blend_params *p)
+                         const int32_t *start, int32_t exact_seg, cb_kvcache *kv, int64_t max_seg,
+                         const cb_blend_params *p)
 {
     const cb_hparams *hp = cb_model_hparams(m);
     int any = 0;
@@ -169,6 +180,8 @@ static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, 
     ld->limit_mbs = p->load_limit_mbs;
     ld->ready = any ? 0 : hp->n_layer;
     ld->failed_seg = -1;
+    ld->exact_seg = exact_seg;
+    ld->key_scale = p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE ? 1.0f / p->key_temp : 1.0f;
     ld->t_begin = cb_now_ms();
     if (!any)
         return;
@@ -234,6 +247,7 @@ typedef struct plan {
     int32_t n_segs;
     int64_t total, max_seg, n_cached, w;
     int64_t n_exact;             /* cached rows of a true prefix (cached[r] == ROW_EXACT) */
+    int32_t exact_seg;           /* that segment, or -1 */
     int32_t *ids, *pos, *seg_of; /* [total] */
     int32_t *start;              /* [n_segs]: first row of each segment */
     uint8_t *use;                /* [n_segs]: its cache is used */
@@ -267,6 +281,9 @@ static cb_status plan_check(plan *pl, cb_error *err)
         p->check_layer + p->n_ratios > pl->hp->n_layer)
         return cb_error_set(err, CB_ERR_INVALID, "blend: check layer %d with %d ratios does not fit %d layers",
                             p->check_layer, p->n_ratios, pl->hp->n_layer);
+    if (!(p->key_temp > 0.0f && p->key_temp < 1e30f))
+        return cb_error_set(err, CB_ERR_INVALID, "blend: the key temperature must be positive, not %g",
+                            (double)p->key_temp);
     if (p->strategy == CB_STRATEGY_PROBE && p->n_ratios != 1)
         return cb_error_set(err, CB_ERR_INVALID, "blend: probe selects once: give one ratio, not %d", p->n_ratios);
     if (p->adapt_mass < 0 || p->adapt_mass > 1 ||
@@ -349,11 +366,12 @@ static cb_status plan_rows(plan *pl, cb_error *err)
     for (int64_t r = 0; r < total; r++)
         if (pl->use[pl->seg_of[r]] && r != total - 1) /* the last row is always computed: its logits are needed */
             pl->cached[r] = ROW_CAND, pl->n_cached++;
-    if (pl->p->mode == CB_MODE_BLEND)
+    pl->exact_seg = -1;
+    if (pl->p->mode == CB_MODE_BLEND || pl->p->mode == CB_MODE_REUSE)
         for (int32_t s = 0; s < n_segs; s++)
             if (pl->use[s]) { /* the first cache: exact when a true prefix */
-                int exact = is_true_prefix(pl->segs, s, pl->start[s]);
-                for (int32_t j = 0; exact && j < pl->segs[s].n; j++)
+                pl->exact_seg = is_true_prefix(pl->segs, s, pl->start[s]) ? s : -1;
+                for (int32_t j = 0; pl->exact_seg == s && j < pl->segs[s].n; j++)
                     if (pl->cached[pl->start[s] + j])
                         pl->cached[pl->start[s] + j] = ROW_EXACT, pl->n_exact++;
                 break;
@@ -717,7 +735,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)", (long long)pl.total);
         goto out;
     }
-    loader_start(&pl.ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, kv, pl.max_seg, p);
+    loader_start(&pl.ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_seg, kv, pl.max_seg, p);
     st = p->mode == CB_MODE_BLEND ? fuse(&pl, &layer_err, err, stats) : prefill_plain(&pl, &layer_err, err);
     if (st == CB_OK) {
         int32_t last = (int32_t)(pl.total - 1);

@@ -143,6 +143,10 @@ PY
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["strategy"] == "probe" and s["probe_rows"] == 1 and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/pr1.json" \
     && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["probe_rows"] == 8' "$T/sg-probe.json" \
     && ok "--probe-rows, in the stats (default 8)" || not_ok "--probe-rows"
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --key-temp 1.1 -n 2 -p "$Q" --stats "$T/kt.json" > /dev/null \
+    && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert abs(s["key_temp"] - 1.1) < 1e-6 and s["n_recomputed_tokens"] > 0, s' "$T/kt.json" \
+    && ok "--key-temp, in the stats" || not_ok "--key-temp"
+expect_exit "bad --key-temp" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --key-temp 0 -n 1 -p "$Q"
 expect_exit "--probe-rows negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-rows -1 -p q
 expect_exit "--mass with another strategy" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy hkvd --mass 0.5 -p q
 expect_exit "--min-ratio above --max-ratio" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --min-ratio 0.6 -p q

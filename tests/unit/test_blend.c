@@ -503,7 +503,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p = cb_blend_defaults();
         p.mode = CB_MODE_REUSE;
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, &kreuse));
-        CHECK(st.n_exact_tokens == 0); /* reuse: nothing is recomputed anyway */
+        CHECK(st.n_exact_tokens == n0); /* reuse knows it too (no temperature on it) */
         p.mode = CB_MODE_BLEND;
         p.ratios[0] = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, &kblend));
@@ -532,6 +532,70 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
               st.n_recomputed_tokens == st.n_cached_tokens);
         free(kr), free(kbl);
         cb_kvcache_free(kreuse), cb_kvcache_free(kblend);
+    }
+
+    tcase("%s: --key-temp divides the loaded keys of all but a true prefix, and ratio 1 still is full", label);
+    {
+        /* reuse with T: every cached key but chunk 0's is T=1's divided by T
+         * (RoPE is linear: rotating a scaled key scales the rotated one), the
+         * values unchanged; blend at ratio 0 is that reuse; at ratio 1 every
+         * scaled key is recomputed, so full prefill again */
+        const float T = 1.25f;
+        int32_t n_all = 0, lo = (int32_t)fx.lead.n, hi = lo + (int32_t)fx.chunk[0].n;
+        for (int32_t s = 0; s < ns; s++)
+            n_all += segs[s].n;
+        int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+        float *k1 = malloc(sizeof(float) * (size_t)(n_all * w)), *kt = malloc(sizeof(float) * (size_t)(n_all * w));
+        float *v1 = malloc(sizeof(float) * (size_t)(n_all * w)), *vt = malloc(sizeof(float) * (size_t)(n_all * w));
+        cb_kvcache *kv1 = NULL, *kvT = NULL;
+        p = cb_blend_defaults();
+        p.mode = CB_MODE_REUSE;
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, &kv1));
+        p.key_temp = T;
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, &kvT));
+        double worst = 0;
+        int exact_same = 1, v_same = 1, scaled_rows = 0;
+        for (int l = 0; l < hp->n_layer && kv1 && kvT; l++) {
+            cb_kvcache_read(kv1, l, 0, 0, n_all, k1), cb_kvcache_read(kvT, l, 0, 0, n_all, kt);
+            cb_kvcache_read(kv1, l, 1, 0, n_all, v1), cb_kvcache_read(kvT, l, 1, 0, n_all, vt);
+            int32_t at = 0;
+            for (int32_t s = 0; s < ns; at += segs[s++].n) {
+                if (!segs[s].kv) /* computed rows: they attended to the scaled keys */
+                    continue;
+                for (int32_t r = at; r < at + segs[s].n && r < n_all - 1; r++) {
+                    v_same &= memcmp(v1 + r * w, vt + r * w, sizeof(float) * (size_t)w) == 0;
+                    if (r >= lo && r < hi) {
+                        exact_same &= memcmp(k1 + r * w, kt + r * w, sizeof(float) * (size_t)w) == 0;
+                        continue;
+                    }
+                    double d = 0, m = 0; /* relative to the row's largest element */
+                    for (int64_t j = 0; j < w; j++) {
+                        double want = (double)k1[r * w + j] / T;
+                        d = fabs(kt[r * w + j] - want) > d ? fabs(kt[r * w + j] - want) : d;
+                        m = fabs(want) > m ? fabs(want) : m;
+                    }
+                    worst = d / m > worst ? d / m : worst;
+                    scaled_rows += l == 0;
+                }
+            }
+        }
+        CHECKF(worst < 1e-5 && exact_same && v_same && scaled_rows > 0,
+               "scaled keys off by %.3g (relative), chunk 0 kept %d, values kept %d, %d rows", worst, exact_same, v_same,
+               scaled_rows);
+        p.mode = CB_MODE_BLEND;
+        p.ratios[0] = 0.0f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECKF(rel(a, b, (size_t)nv) < tol_reuse, "ratio 0 vs reuse, both at T: %.3g", rel(a, b, (size_t)nv));
+        p.ratios[0] = 1.0f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        p.mode = CB_MODE_FULL;
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+        CHECKF(rel(a, b, (size_t)nv) < tol_full, "ratio 1 at T vs full: %.3g", rel(a, b, (size_t)nv));
+        p = cb_blend_defaults();
+        p.key_temp = 0.0f;
+        CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
+        free(k1), free(kt), free(v1), free(vt);
+        cb_kvcache_free(kv1), cb_kvcache_free(kvT);
     }
 
     tcase("%s: reordering chunks only moves their caches", label);
