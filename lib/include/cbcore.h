@@ -731,7 +731,7 @@ typedef struct cb_blend_params {
 /* Defaults: blend, probe (the best measured; hkvd is the paper's), check
  * layer 1 (for the check-layer strategies), one ratio 0.15, deviation on
  * V, 4 sink tokens, adaptive bounds 0.05 and 0.5 (adapt_mass 0: off),
- * probe scoring by the last 8 question rows. */
+ * probe scoring by the last 8 question rows, key temperature 1 (off). */
 cb_blend_params cb_blend_defaults(void);
 
 typedef struct cb_blend_stats {
