@@ -65,7 +65,7 @@ static void usage(FILE *f)
             "                     layer; runs: hkvd's most deviating tokens for half the\n"
             "                     budget, each with the token after it\n"
             "      --probe-rows N  probe scores by the attention of the question's last N\n"
-            "                     tokens (default 8; 0: all of its tokens)\n"
+            "                     tokens (default 0: all of its tokens)\n"
             "      --key-temp T   reuse, blend: divide the cached keys by T as they load, a\n"
             "                     temperature on the attention to the tokens not recomputed\n"
             "                     (after APE; default 1: as computed)\n"

@@ -721,7 +721,7 @@ typedef struct cb_blend_params {
     float adapt_min, adapt_max;
     int32_t probe_rows;           /* CB_STRATEGY_PROBE: the question rows whose attention
                                    * scores the cached tokens: the last probe_rows uncached
-                                   * rows of the last segment (default 8); 0: all of them */
+                                   * rows of the last segment; 0 (default): all of them */
     float key_temp;               /* reuse and blend: the cached keys (not a true prefix's)
                                    * divided by it as they are loaded, a temperature on the
                                    * attention to tokens that keep their cached K/V (after
@@ -731,7 +731,7 @@ typedef struct cb_blend_params {
 /* Defaults: blend, probe (the best measured; hkvd is the paper's), check
  * layer 1 (for the check-layer strategies), one ratio 0.15, deviation on
  * V, 4 sink tokens, adaptive bounds 0.05 and 0.5 (adapt_mass 0: off),
- * probe scoring by the last 8 question rows, key temperature 1 (off). */
+ * probe scoring by every question row, key temperature 1 (off). */
 cb_blend_params cb_blend_defaults(void);
 
 typedef struct cb_blend_stats {

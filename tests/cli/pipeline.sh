@@ -141,8 +141,8 @@ assert (a["selected_mass"] >= 0.5) == (a["bound"] != "max"), s
 PY
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --probe-rows 1 -n 2 -p "$Q" --stats "$T/pr1.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["strategy"] == "probe" and s["probe_rows"] == 1 and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/pr1.json" \
-    && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["probe_rows"] == 8' "$T/sg-probe.json" \
-    && ok "--probe-rows, in the stats (default 8)" || not_ok "--probe-rows"
+    && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["probe_rows"] == 0' "$T/sg-probe.json" \
+    && ok "--probe-rows, in the stats (default 0: all)" || not_ok "--probe-rows"
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --key-temp 1.1 -n 2 -p "$Q" --stats "$T/kt.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert abs(s["key_temp"] - 1.1) < 1e-6 and s["n_recomputed_tokens"] > 0, s' "$T/kt.json" \
     && ok "--key-temp, in the stats" || not_ok "--key-temp"
