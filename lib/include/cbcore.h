@@ -526,6 +526,11 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
  * the hidden states are not touched.  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
 cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q, float *k,
                            float *v);
+/* The queries (RoPE applied) that the last cb_fwd_layer (or _qkv with q)
+ * on f computed for its rows[from .. from+n), copied to q [n, n_head*hd];
+ * what those rows attended with, without projecting them again.  Errors:
+ * CB_ERR_RANGE (not rows of that call; a call that failed computed none). */
+cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *q);
 /* Blending's selection: recompute K (which 0) or V (1) of `rows` at
  * `layer` from the hidden state (as cb_fwd_layer_qkv), and return in top
  * the k rows whose fresh values are farthest (squared L2) from the cache's

@@ -162,6 +162,7 @@ struct cb_fwd {
     float *g, *u;       /* [n_max, n_ff] */
     float *logits;      /* [min(n_max, FWD_LOGIT_ROWS), n_vocab] */
     float *dev;         /* [n_max] deviations */
+    int32_t n_q;        /* rows whose queries q holds (the last projection of Q) */
 };
 
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
@@ -266,6 +267,8 @@ static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
     *n = rows ? n_rows : f->n;
     if (layer < 0 || layer >= hp->n_layer || *n < 0 || *n > f->n)
         return CB_ERR_RANGE;
+    if (which & QKV_Q)
+        f->n_q = 0; /* until they are computed */
     for (int32_t i = 0; i < *n; i++) {
         int32_t r = rows ? rows[i] : i;
         if (r < 0 || r >= f->n || (n_ctx > 0 && f->pos[r] >= n_ctx))
@@ -297,6 +300,7 @@ static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
             o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)*n * hp->n_head, hp->head_dim, hp->norm_eps);
         o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
                 hp->rope_neox);
+        f->n_q = *n;
     }
     if (which & QKV_K) {
         if (L->k_norm)
@@ -482,6 +486,16 @@ cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
         be->ops->download(be, k, f->k, sizeof(float) * (size_t)(n * dkv));
     if (v)
         be->ops->download(be, v, f->v, sizeof(float) * (size_t)(n * dkv));
+    return CB_OK;
+}
+
+cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *q)
+{
+    const cb_hparams *hp = &f->m->hp;
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim;
+    if (from < 0 || n < 0 || from > f->n_q - n)
+        return CB_ERR_RANGE;
+    f->m->be->ops->download(f->m->be, q, f->q + from * dq, sizeof(float) * (size_t)(n * dq));
     return CB_OK;
 }
 

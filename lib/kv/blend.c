@@ -570,7 +570,8 @@ static int64_t probe_budget(plan *pl, int64_t n_c, int64_t want, cb_blend_stats 
 
 /* probe: the uncached rows through every layer against the loaded cache,
  * each layer's attention from the question (the last probe_rows uncached
- * rows of the last segment, or all of them) scoring the cached rows; then
+ * rows of the last segment, or all of them, with the queries that layer
+ * computed for them) scoring the cached rows; then
  * the top ratio x cached rows, with the uncached ones, from the embeddings
  * through every layer.  The second pass must recompute the uncached rows
  * too: from layer 0 on they attend to the selected rows' fresh K/V, not
@@ -593,9 +594,9 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     pl->srow = malloc(sizeof(float) * (size_t)((pl->total - qs) * pl->total));
     if (!qrows || !keys || !pl->qbuf || !pl->srow)
         goto out;
-    for (int32_t r = qs; r < pl->total; r++)
-        if (!pl->cached[r])
-            qrows[nq++] = r;
+    for (int32_t i = 0; i < pl->n_rows; i++) /* the last segment's uncached rows: the tail of pl->rows */
+        if (pl->rows[i] >= qs)
+            qrows[nq++] = pl->rows[i];
     if (pl->p->probe_rows > 0 && nq > pl->p->probe_rows) { /* the last ones */
         memmove(qrows, qrows + nq - pl->p->probe_rows, sizeof(int32_t) * (size_t)pl->p->probe_rows);
         nq = pl->p->probe_rows;
@@ -606,8 +607,8 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
         if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
             goto out;
-        if ((st = cb_fwd_layer_qkv(pl->f, l, qrows, nq, pl->qbuf, NULL, NULL)) != CB_OK ||
-            (st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK ||
+        if ((st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK ||
+            (st = cb_fwd_layer_queries(pl->f, pl->n_rows - nq, nq, pl->qbuf)) != CB_OK ||
             (st = cb_kvcache_read(pl->kv, l, 0, 0, (int32_t)pl->total, keys)) != CB_OK) {
             *layer_err = 1;
             goto out;

@@ -307,6 +307,52 @@ static void test_deviation(void)
     }
 }
 
+/* cb_fwd_layer_queries: the queries a layer pass attended with, rows
+ * [from, from+n) of that pass, equal those cb_fwd_layer_qkv projects for
+ * the same rows alone (same hidden states: taken before the layer runs). */
+static void test_layer_queries(void)
+{
+    const char *tmp = getenv("CB_TEST_TMP");
+    char path[1024];
+    cb_model *m = NULL;
+    cb_kvcache *kv = NULL;
+    cb_fwd *f = NULL;
+    cb_error err;
+    int32_t n = 20, toks[20], pos[20], rows[11];
+    snprintf(path, sizeof path, "%s/tiny-qwen3.gguf", tmp ? tmp : "tests/tmp"); /* Q norms too */
+    tcase("forward: cb_fwd_layer_queries returns the queries the layer pass computed for its rows");
+    if (cb_model_load(&m, path, NULL, &err) != CB_OK) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    const cb_hparams *hp = cb_model_hparams(m);
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim;
+    float *want = malloc(sizeof(float) * (size_t)(4 * dq)), *got = malloc(sizeof(float) * (size_t)(4 * dq));
+    CHECK_OK(cb_kvcache_new(&kv, m, 32, CB_TYPE_F16));
+    CHECK_OK(cb_fwd_new(&f, m, n));
+    for (int32_t i = 0; i < n; i++)
+        toks[i] = (i * 29 + 5) % hp->n_vocab, pos[i] = i;
+    for (int i = 0; i < 11; i++)
+        rows[i] = (i * 7) % n; /* unordered */
+    CHECK_OK(cb_fwd_embed(f, toks, pos, n));
+    CHECK_OK(cb_fwd_layer(f, kv, 0, NULL, 0));
+    CHECK_OK(cb_fwd_layer_qkv(f, 1, rows + 5, 4, want, NULL, NULL));
+    CHECK_OK(cb_fwd_layer(f, kv, 1, rows, 11));
+    CHECK_OK(cb_fwd_layer_queries(f, 5, 4, got));
+    double md = 0, mx = 0;
+    for (int64_t i = 0; i < 4 * dq; i++) {
+        md = fabs((double)got[i] - want[i]) > md ? fabs((double)got[i] - want[i]) : md;
+        mx = fabs((double)want[i]) > mx ? fabs((double)want[i]) : mx;
+    }
+    CHECKF(md <= 1e-5 * mx && mx > 0, "max |diff| %.3g of %.3g", md, mx);
+    CHECK(cb_fwd_layer_queries(f, 8, 4, got) == CB_ERR_RANGE); /* past the pass's 11 rows */
+    CHECK(cb_fwd_layer_queries(f, -1, 1, got) == CB_ERR_RANGE);
+    CHECK_OK(cb_fwd_layer_qkv(f, 1, rows, 3, NULL, got, NULL)); /* keys only: q is not touched */
+    CHECK(cb_fwd_layer_queries(f, 0, 1, got) == CB_OK); /* K only: the pass's queries stay */
+    free(want), free(got);
+    cb_fwd_free(f), cb_kvcache_free(kv), cb_model_free(m);
+}
+
 /* The real Gemma-3-270M against the plain loop on one chat prompt: the
  * whole architecture at its real size (262,144-token tied output, 18
  * layers, head dimension 256, one KV head).  llama.cpp on this file is
@@ -428,6 +474,7 @@ int main(void)
         test_act8(types[i]);
     test_act8("gemma3");
     test_deviation();
+    test_layer_queries();
     test_errors();
     test_gemma();
     TEST_END();
