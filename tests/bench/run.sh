@@ -9,7 +9,14 @@ cd "$top"
 # bench programs live in $BUILD/bench: point them at the CUDA module when built
 [ -f lib/libcbcore-cuda.so ] && { CB_CUDA_MODULE=$top/lib/libcbcore-cuda.so; export CB_CUDA_MODULE; }
 M=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp=$(mktemp -d); rpid=""
+stop_redis() {   # ours (below), and wait until it is gone: it writes its log into $tmp as it stops
+    [ -n "$rpid" ] || return 0
+    kill "$rpid" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do kill -0 "$rpid" 2>/dev/null || break; sleep 0.1; done
+    rpid=""
+}
+trap 'stop_redis; rm -rf "$tmp"' EXIT
 # A 1 MB text: the MuSiQue passages when ../shared is there, else repeated prose.
 if [ -f ../shared/data/musique_s.json ]; then
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.stdout.write("\n\n".join(c["title"]+"\n"+c["text"] for q in d for c in q["ctxs"])[:1000000])' \
@@ -172,7 +179,6 @@ if "$BUILD/bench/bench_swa" "$M" "$tmp/text.txt" 1024 "$T" > "$tmp/swa" 2> "$tmp
 fi
 echo "== bench_store: the tiered store, put/get per tier (RAM tier in ${CB_BENCH_RAM:-/dev/shm}, disk tier in ${CB_BENCH_DISK:-/var/tmp})"
 # The shared tier on a Redis server of our own, on a unix socket in $tmp.
-rpid=""
 if [ -z "${CB_BENCH_REDIS:-}" ] && command -v redis-server > /dev/null 2>&1; then
     redis-server --port 0 --unixsocket "$tmp/redis.sock" --save "" --appendonly no --dir "$tmp" \
         --daemonize yes --pidfile "$tmp/redis.pid" --logfile "$tmp/redis.log" > /dev/null 2>&1
@@ -186,4 +192,4 @@ if [ -n "${CB_BENCH_REDIS:-}" ]; then
     CB_BENCH_REDIS=$CB_BENCH_REDIS sh tests/bench/shared_ttft.sh "$M" "$tmp/text.txt" 6 512 3 blend
     CB_BENCH_REDIS=$CB_BENCH_REDIS sh tests/bench/shared_ttft.sh "$M" "$tmp/text.txt" 6 512 3 reuse
 fi
-if [ -n "$rpid" ]; then kill "$rpid" 2>/dev/null; fi
+stop_redis
