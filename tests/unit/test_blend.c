@@ -1,9 +1,11 @@
 /* test_blend.c - the invariants of cache blending, on the tiny fixture and
  * on the default model: ratio 1 reproduces full prefill; ratio 0 equals
- * full KV reuse; prefix caching of a true prefix equals full prefill;
- * reordering chunks only moves their caches; selection counts follow the
- * ratios (one check layer, gradual filtering, every strategy); cb_score
- * against a plain-loop NLL.
+ * full KV reuse; prefix caching of a true prefix equals full prefill, and
+ * blend leaves that prefix's cache as loaded; the key temperature divides
+ * exactly the loaded keys it should; reordering chunks only moves their
+ * caches; selection counts follow the ratios (one check layer, gradual
+ * filtering, every strategy); probe's scores against a plain loop;
+ * cb_score against a plain-loop NLL.
  *
  * For Valgrind (tests/memcheck.sh), whose slowdown the real models' cases
  * do not survive at full length: CB_BLEND_MODELS=tiny, =real, =smollm2 or
