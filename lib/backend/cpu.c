@@ -602,38 +602,51 @@ static void att_task(void *arg, int64_t task, int tid)
     const uint16_t *kh16 = (const uint16_t *)j->k + (int64_t)hk * hd, *vh16 = (const uint16_t *)j->v + (int64_t)hk * hd;
     for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
         int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;
+        /* the rows that see this tile: leading rows before it and trailing
+         * ones whose window starts after it see nothing of it (rows in
+         * position order, as a prefill's or blend's are: all but the first
+         * and last such rows are computed, masked, in any order) */
+        int64_t ia = i0, ib = i1;
+        while (ia < ib && j->pos[ia] < c0)
+            ia++;
+        while (ib > ia && j->window > 0 && j->pos[ib - 1] - j->window + 1 >= c1)
+            ib--;
+        int64_t ra = (ia - i0) * nh, rn = (ib - ia) * nh;
+        float *sa = ts->s + ra * ATT_KB, *qa = ts->q + ra * hd, *oa = ts->o + ra * hd;
+        if (rn == 0)
+            continue;
         if (fused) {
-            j->c->att_qk(ts->q, (int)M, hd, kh16 + c0 * width, width, nk, ts->s, ATT_KB);
+            j->c->att_qk(qa, (int)rn, hd, kh16 + c0 * width, width, nk, sa, ATT_KB);
         } else {
             load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
-            if (M >= 8) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)nk, hd, 1.0f, ts->q, hd, ts->k,
-                            hd, 0.0f, ts->s, ATT_KB);
+            if (rn >= 8) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rn, (int)nk, hd, 1.0f, qa, hd, ts->k, hd,
+                            0.0f, sa, ATT_KB);
             } else {
-                for (int64_t r = 0; r < M; r++)
+                for (int64_t r = 0; r < rn; r++)
                     for (int64_t c = 0; c < nk; c++)
-                        ts->s[r * ATT_KB + c] = qmm_dot8(ts->q + r * hd, ts->k + c * hd, hd);
+                        sa[r * ATT_KB + c] = qmm_dot8(qa + r * hd, ts->k + c * hd, hd);
             }
         }
-        for (int64_t r = 0; r < M; r++) {
+        for (int64_t r = ra; r < ra + rn; r++) {
             int64_t i = i0 + r / nh;
             int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
             softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
                          j->c->exp_sum);
         }
         if (fused) {
-            j->c->att_pv(ts->s, (int)M, ATT_KB, vh16 + c0 * width, width, nk, hd, ts->o);
+            j->c->att_pv(sa, (int)rn, ATT_KB, vh16 + c0 * width, width, nk, hd, oa);
             continue;
         }
         load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v, j->c->f16_row);
-        if (M >= 8) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, hd, (int)nk, 1.0f, ts->s, ATT_KB, ts->v,
-                        hd, 1.0f, ts->o, hd);
+        if (rn >= 8) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rn, hd, (int)nk, 1.0f, sa, ATT_KB, ts->v, hd,
+                        1.0f, oa, hd);
         } else {
-            for (int64_t r = 0; r < M; r++)
+            for (int64_t r = 0; r < rn; r++)
                 for (int64_t c = 0; c < nk; c++)
-                    if (ts->s[r * ATT_KB + c] != 0.0f)
-                        axpy(ts->o + r * hd, ts->s[r * ATT_KB + c], ts->v + c * hd, hd);
+                    if (sa[r * ATT_KB + c] != 0.0f)
+                        axpy(oa + r * hd, sa[r * ATT_KB + c], ts->v + c * hd, hd);
         }
     }
     for (int64_t r = 0; r < M; r++) {

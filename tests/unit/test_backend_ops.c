@@ -374,11 +374,21 @@ static int64_t c_kv(cb_backend *be, float *out)
     return nr * w;
 }
 
-static int att_hd, att_nq, att_window, att_ctx = 150, att_nan, att_heads = 6, att_kv_heads = 2;
+static int att_hd, att_nq, att_window, att_ctx = 150, att_nan, att_heads = 6, att_kv_heads = 2, att_sorted;
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
 
 /* attention of att_nq query rows at arbitrary positions (out of order,
  * gaps, the last key) over an att_ctx-row cache, att_heads heads over
- * att_kv_heads KV heads; att_window > 0: a sliding-window layer */
+ * att_kv_heads KV heads; att_window > 0: a sliding-window layer.
+ * att_sorted: the positions in ascending order, as blend's recomputed
+ * rows are (the CPU skips the rows a key tile is wholly masked for), with
+ * rows on and beside the CPU's tile edges (multiples of 256 from 0, and
+ * from where two splits of 1300 keys meet). */
 static int64_t c_attention(cb_backend *be, float *out)
 {
     int n_head = att_heads, n_head_kv = att_kv_heads, hd = att_hd;
@@ -388,6 +398,13 @@ static int64_t c_attention(cb_backend *be, float *out)
     seed(7);
     for (int64_t i = 0; i < n; i++)
         pos[i] = i == 0 ? (int32_t)n_ctx - 1 : i == 1 ? 0 : (int32_t)(urand() * (double)n_ctx);
+    if (att_sorted) {
+        static const int32_t edges[] = {255, 256, 257, 511, 512, 649, 650, 651, 767, 768, 905, 906, 1023, 1024};
+        for (size_t e = 0; e < sizeof edges / sizeof edges[0] && (int64_t)e + 2 < n; e++)
+            if (edges[e] < n_ctx)
+                pos[e + 2] = edges[e];
+        qsort(pos, (size_t)n, sizeof *pos, cmp_i32);
+    }
     float *q = rand_vec(n * dq, 2.0f), *k = rand_vec(n_ctx * w, 2.0f), *v = rand_vec(n_ctx * w, 1.0f);
     for (int64_t i = 0; i < n_ctx * w; i++)
         k[i] = round_kv(k[i]), v[i] = round_kv(v[i]);
@@ -1794,6 +1811,17 @@ int main(int argc, char **argv)
             run_case(name, c_attention, 1e-10, 1e-9);
             run_case_c(name, c_attention, 1e-10); /* the portable softmax */
         }
+        /* blend's rows: scattered but in position order (prefill's are
+         * consecutive), some beside tile edges; windows end tiles early */
+        att_sorted = 1;
+        for (int ci = 0; ci < 4; ci++) {
+            static const int nqs[4] = {200, 200, 700, 90}, wins[4] = {0, 300, 70, 0};
+            att_nq = nqs[ci], att_window = wins[ci];
+            snprintf(name, sizeof name, "attention %s 1300 keys %d rows in position order, window %d",
+                     f16 ? "f16" : "f32", att_nq, att_window);
+            run_case(name, c_attention, 1e-10, 1e-9);
+        }
+        att_sorted = 0;
         /* decode's shapes on the f16 cache: one row's 1-7 heads sharing a KV
          * head, which the CPU multiplies on the cache directly (with F16C;
          * the portable path converts tiles), and two to five rows (tiles) */
