@@ -509,10 +509,10 @@ static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *row
 /* probe, at layer l: the softmax attention of the query rows qrows
  * (queries [nq, n_head*hd] in pl->qbuf) over the positions each sees
  * under the engine's mask (0..row, or on a sliding-window layer
- * row-window+1..row; keys [total, w] from the cache), added to the cached
- * rows' scores in pl->sc (indexed by row), over every head.  The logits of one head are one product
- * (OpenBLAS) into pl->srow [nq, total]. */
-static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, const float *keys)
+ * row-window+1..row; keys [total, w] from the cache), added to every
+ * row's mass[total], over every head (only the candidates' count).  The
+ * logits of one head are one product (OpenBLAS) into pl->srow [nq, total]. */
+static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, const float *keys, float *restrict mass)
 {
     const cb_hparams *hp = pl->hp;
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, total = pl->total;
@@ -533,9 +533,9 @@ static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, con
             else
                 for (int32_t j = j0; j < n; j++)
                     sum += (a[j] = expf(a[j] - mx));
+            float inv = 1.0f / sum;
             for (int32_t j = j0; j < n; j++)
-                if (pl->cached[j] == ROW_CAND)
-                    pl->sc[j].score += a[j] / sum;
+                mass[j] += a[j] * inv;
         }
     }
 }
@@ -585,14 +585,15 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     int32_t qs = pl->start[pl->n_segs - 1], nq = 0, *qrows = NULL;
     int64_t n_cand = pl->n_cached - pl->n_exact, n_c = 0;
     int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)pl->n_cached);
-    float *keys = NULL;
+    float *keys = NULL, *mass = NULL;
     cb_status st = CB_ERR_NOMEM;
 
     qrows = malloc(sizeof(int32_t) * (size_t)(pl->total - qs));
     keys = malloc(sizeof(float) * (size_t)(pl->total * pl->w));
+    mass = calloc((size_t)pl->total, sizeof(float));
     pl->qbuf = malloc(sizeof(float) * (size_t)((pl->total - qs) * hp->n_head * hp->head_dim));
     pl->srow = malloc(sizeof(float) * (size_t)((pl->total - qs) * pl->total));
-    if (!qrows || !keys || !pl->qbuf || !pl->srow)
+    if (!qrows || !keys || !mass || !pl->qbuf || !pl->srow)
         goto out;
     for (int32_t i = 0; i < pl->n_rows; i++) /* the last segment's uncached rows: the tail of pl->rows */
         if (pl->rows[i] >= qs)
@@ -602,8 +603,6 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
         nq = pl->p->probe_rows;
     }
     pl->exp_sum = qmm_exp_sum(1);
-    for (int64_t r = 0; r < pl->total; r++)
-        pl->sc[r] = (scored){0.0f, (int32_t)r};
     for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
         if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
             goto out;
@@ -613,11 +612,11 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
             *layer_err = 1;
             goto out;
         }
-        probe_add(pl, l, qrows, nq, keys);
+        probe_add(pl, l, qrows, nq, keys, mass);
     }
     for (int64_t r = 0; r < pl->total; r++) /* the candidates, by score */
         if (pl->cached[r] == ROW_CAND)
-            pl->sc[n_c++] = pl->sc[r];
+            pl->sc[n_c++] = (scored){mass[r], (int32_t)r};
     qsort(pl->sc, (size_t)n_c, sizeof *pl->sc, by_score_desc);
     want = probe_budget(pl, n_c, want, stats);
     memset(pl->keep, 0, (size_t)pl->total);
@@ -636,6 +635,7 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
 out:
     free(qrows);
     free(keys);
+    free(mass);
     return st;
 }
 
