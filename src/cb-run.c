@@ -68,7 +68,7 @@ static void usage(FILE *f)
             "                     tokens (default 0: all of its tokens)\n"
             "      --key-temp T   reuse, blend: divide the cached keys by T as they load, a\n"
             "                     temperature on the attention to the tokens not recomputed\n"
-            "                     (after APE; default 1: as computed)\n"
+            "                     (after APE; default: the model's, 1.05 on gemma3, else 1)\n"
             "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
             "                     agreement and whether the greedy answers match to --stats\n"
             "      --no-store-write  do not store the KV of chunks that had none\n"
@@ -425,7 +425,7 @@ static int run_stats(run *r)
         cb_model_device(r->m), "chat_template", cb_chat_name(cb_prompt_chat(r->pr)), "kv_type",
         cb_type_name(o->kv_type), "model_load_ms", r->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
         "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes, "probe_rows", bp->probe_rows,
-        "key_temp", (double)bp->key_temp);
+        "key_temp", (double)bs->key_temp);
     if (s && o->ratio_auto) {
         json_object_set_new(s, "ratio_source", json_string(r->ratio_source));
         json_object_set_new(s, "predicted_load_ms", json_real(r->rc.pred_load_ms));

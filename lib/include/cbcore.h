@@ -730,14 +730,20 @@ typedef struct cb_blend_params {
     float key_temp;               /* reuse and blend: the cached keys (not a true prefix's)
                                    * divided by it as they are loaded, a temperature on the
                                    * attention to tokens that keep their cached K/V (after
-                                   * APE, arXiv 2502.05431); > 0, 1: as computed */
+                                   * APE, arXiv 2502.05431); 1: as computed; 0 (default):
+                                   * the model's, cb_blend_key_temp */
 } cb_blend_params;
 
 /* Defaults: blend, probe (the best measured; hkvd is the paper's), check
  * layer 1 (for the check-layer strategies), one ratio 0.15, deviation on
  * V, 4 sink tokens, adaptive bounds 0.05 and 0.5 (adapt_mass 0: off),
- * probe scoring by every question row, key temperature 1 (off). */
+ * probe scoring by every question row, the model's key temperature. */
 cb_blend_params cb_blend_defaults(void);
+
+/* The key temperature p gives on model m: p->key_temp when > 0, else the
+ * architecture's measured default: 1.05 for gemma3 (measured on
+ * Gemma-3-270M), 1 (none) for the others. */
+float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p);
 
 typedef struct cb_blend_stats {
     int32_t n_prompt_tokens;
@@ -751,6 +757,7 @@ typedef struct cb_blend_stats {
     float selected_mass;          /* probe: the share of the attention mass selected */
     const char *ratio_bound;      /* adapt_mass: "mass" (it reached adapt_mass), "min" or
                                    * "max" (clamped); else "given" */
+    float key_temp;               /* reuse, blend: the key temperature used; else 1 */
     double load_ms;               /* reading and placing cached KV (the loader's busy time) */
     double recompute_ms;          /* layer computation (compute busy time, stalls excluded) */
     double overlapped_ms;         /* load time hidden behind computation */

@@ -350,6 +350,11 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
 
     tcase("%s: blend at 0.15 selects ceil(0.15 x cached) and lies between reuse and full", label);
     p = cb_blend_defaults();
+    p.key_temp = 1.0f; /* the selection alone (the temperature is a measured choice, not a property) */
+    p.mode = CB_MODE_REUSE;
+    CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+    dr = rel(b, full, (size_t)nv);
+    p.mode = CB_MODE_BLEND;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens), "%d of %d", st.n_selected[0],
            st.n_cached_tokens);
@@ -394,6 +399,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
               names[sg]);
         p = cb_blend_defaults();
         p.strategy = (cb_blend_strategy)sg;
+        if (sg != CB_STRATEGY_PROBE) /* they compute every row before the check layer: untempered there */
+            p.key_temp = 1.0f;
         p.ratios[0] = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         p.mode = CB_MODE_FULL;
@@ -552,6 +559,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         cb_kvcache *kv1 = NULL, *kvT = NULL;
         p = cb_blend_defaults();
         p.mode = CB_MODE_REUSE;
+        p.key_temp = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, &kv1));
         p.key_temp = T;
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, &kvT));
@@ -594,10 +602,30 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
         CHECKF(rel(a, b, (size_t)nv) < tol_full, "ratio 1 at T vs full: %.3g", rel(a, b, (size_t)nv));
         p = cb_blend_defaults();
-        p.key_temp = 0.0f;
+        p.key_temp = -1.0f;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
         free(k1), free(kt), free(v1), free(vt);
         cb_kvcache_free(kv1), cb_kvcache_free(kvT);
+    }
+
+    tcase("%s: the default key temperature is the architecture's (gemma3 1.05, else 1)", label);
+    {
+        const float want = strcmp(hp->arch, "gemma3") == 0 ? 1.05f : 1.0f;
+        p = cb_blend_defaults();
+        p.mode = CB_MODE_REUSE;
+        CHECK(p.key_temp == 0.0f && cb_blend_key_temp(fx.m, &p) == want);
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECKF(st.key_temp == want, "stats say %g", (double)st.key_temp);
+        p.key_temp = want; /* the same run, bit for bit */
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+        CHECK(memcmp(a, b, sizeof(float) * (size_t)nv) == 0);
+        p.key_temp = 1.0f; /* and on gemma3 not the unscaled one */
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+        CHECK((memcmp(a, b, sizeof(float) * (size_t)nv) != 0) == (want != 1.0f) && st.key_temp == 1.0f);
+        p.key_temp = 1.3f;
+        p.mode = CB_MODE_FULL; /* nothing loaded: no temperature */
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECK(st.key_temp == 1.0f && cb_blend_key_temp(fx.m, &p) == 1.3f);
     }
 
     tcase("%s: reordering chunks only moves their caches", label);
@@ -607,6 +635,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     cb_kvcache *ka = NULL, *kb = NULL, *ca = NULL, *cbk = NULL;
     p = cb_blend_defaults();
     p.mode = CB_MODE_REUSE;
+    p.key_temp = 1.0f; /* chunk 0 is a true prefix in one prompt only: tempered in the other */
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, &ka));
     CHECK_OK(run(&fx, segs2, ns2, &p, b, &st, &kb));
     /* chunk 0 sits after the lead-in in the first prompt, after chunk 2 and a
