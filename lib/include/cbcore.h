@@ -519,6 +519,19 @@ cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int
 /* rows: indices into the embedded batch, or NULL for all.  Errors:
  * CB_ERR_RANGE (layer, row, or a position past the cache). */
 cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows);
+/* The part of cb_fwd_layer that later tokens need: the K and V of rows
+ * (NULL: all) written into the cache; no attention, no MLP, the hidden
+ * states untouched.  A prefill's last layer needs no more for the rows whose
+ * output nothing reads (all but the one whose logits are taken).  Errors:
+ * those of cb_fwd_layer. */
+cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows);
+/* The last layer of a prefill whose output only out_row's logits read:
+ * cb_fwd_layer_kv for the rows (NULL: all) but the last, then cb_fwd_layer
+ * for the last, which must be out_row (else the whole layer for every
+ * row).  Every row's K/V is as cb_fwd_layer writes it; only out_row's
+ * hidden state goes through the layer (about 1/n_layer of a prefill's
+ * products and attention saved). */
+cb_status cb_fwd_last_layer(cb_fwd *f, cb_kvcache *kv, const int32_t *rows, int32_t n_rows, int32_t out_row);
 /* The first step of cb_fwd_layer alone, for inspection: the attention
  * norm and Q/K/V projections of rows (NULL: all) at their positions, with
  * RoPE applied to Q and K, copied to host f32 arrays q [n, n_head*hd]
@@ -546,7 +559,9 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst);
 /* Evaluate n tokens at positions pos0..pos0+n-1 through every layer, in
  * batches of the cb_fwd's n_max, writing their KV into the cache; logits of
  * the last token go to `logits` (n_vocab floats) when not NULL.  This is
- * ordinary prefill (n > 1) and decoding (n == 1). */
+ * ordinary prefill (n > 1) and decoding (n == 1).  The last layer computes
+ * only K/V for the other rows (cb_fwd_last_layer): afterwards their hidden
+ * states are those before it. */
 cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits);
 
 /* -------------------------------------------------------------- hashing */

@@ -153,6 +153,7 @@ struct cb_fwd {
     int32_t *pos;       /* host [n_max] */
     int32_t *sel_pos;   /* host [n_max]: positions of the selected rows */
     int32_t *eval_pos;  /* host [n_max]: cb_model_eval's positions */
+    int32_t *seq;       /* host [n_max]: 0, 1, ..., n_max-1 (rows 0..k-1 as a row list) */
     /* backend buffers */
     float *x;           /* [n_max, d] hidden state of every embedded row */
     float *xs;          /* [n_max, d] the selected rows, compacted */
@@ -182,6 +183,9 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     f->pos = calloc((size_t)n_max, sizeof *f->pos);
     f->sel_pos = calloc((size_t)n_max, sizeof *f->sel_pos);
     f->eval_pos = calloc((size_t)n_max, sizeof *f->eval_pos);
+    f->seq = malloc(sizeof *f->seq * (size_t)n_max);
+    for (int32_t i = 0; f->seq && i < n_max; i++)
+        f->seq[i] = i;
 #define B(field, cols) f->field = be->ops->alloc(be, sizeof(float) * (size_t)n_max * (size_t)(cols))
     B(x, d);
     B(xs, d);
@@ -196,7 +200,7 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
                                        (size_t)hp->n_vocab);
     B(dev, 1);
 #undef B
-    if (!f->pos || !f->sel_pos || !f->eval_pos || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k ||
+    if (!f->pos || !f->sel_pos || !f->eval_pos || !f->seq || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k ||
         !f->v || !f->g || !f->u || !f->logits || !f->dev) {
         cb_fwd_free(f);
         return CB_ERR_NOMEM;
@@ -216,6 +220,7 @@ void cb_fwd_free(cb_fwd *f)
     free(f->pos);
     free(f->sel_pos);
     free(f->eval_pos);
+    free(f->seq);
     free(f);
 }
 
@@ -358,6 +363,37 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     return CB_OK;
 }
 
+cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows)
+{
+    const cb_backend_ops *o = f->m->be->ops;
+    cb_backend *be = f->m->be;
+    int32_t n;
+    float *x = NULL;
+    cb_status st;
+
+    if (kv->m != f->m)
+        return CB_ERR_RANGE;
+    if ((st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, QKV_K | QKV_V, &x, &n)) != CB_OK || n == 0)
+        return st;
+    kv_after_loads(kv, layer);
+    o->kv_write(be, kv->k[layer], kv->type, kv->width, f->k, f->sel_pos, n);
+    o->kv_write(be, kv->v[layer], kv->type, kv->width, f->v, f->sel_pos, n);
+    return CB_OK;
+}
+
+cb_status cb_fwd_last_layer(cb_fwd *f, cb_kvcache *kv, const int32_t *rows, int32_t n_rows, int32_t out_row)
+{
+    int32_t last = f->m->hp.n_layer - 1, n = rows ? n_rows : f->n;
+    const int32_t *r = rows ? rows : f->seq;
+    cb_status st;
+
+    if (n < 1 || r[n - 1] != out_row) /* not the last of the rows: the whole layer for all */
+        return cb_fwd_layer(f, kv, last, rows, n_rows);
+    if ((st = cb_fwd_layer_kv(f, kv, last, r, n - 1)) != CB_OK)
+        return st;
+    return cb_fwd_layer(f, kv, last, &r[n - 1], 1);
+}
+
 cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *logits)
 {
     const cb_model *m = f->m;
@@ -407,8 +443,13 @@ cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_
         for (int32_t i = 0; i < b; i++)
             pos[i] = pos0 + done + i;
         cb_status st = cb_fwd_embed(f, tokens + done, pos, b);
-        for (int32_t l = 0; l < hp->n_layer && st == CB_OK; l++)
+        for (int32_t l = 0; l < hp->n_layer - 1 && st == CB_OK; l++)
             st = cb_fwd_layer(f, kv, l, NULL, 0);
+        /* the last layer: every row's K/V (later tokens attend to them), the
+         * rest of it only for the row whose logits are wanted */
+        if (st == CB_OK)
+            st = done + b == n && logits ? cb_fwd_last_layer(f, kv, NULL, 0, b - 1)
+                                         : cb_fwd_layer_kv(f, kv, hp->n_layer - 1, NULL, 0);
         if (st != CB_OK)
             return st;
         done += b;

@@ -508,7 +508,9 @@ static void add_sinks(plan *pl)
 
 /* ------------------------------------------------------------- fusion */
 
-/* Layers lo..hi-1 for the current computed set (rows NULL: every row). */
+/* Layers lo..hi-1 for the current computed set (rows NULL: every row);
+ * the model's last layer only as far as the prompt's last row's logits and
+ * the cache need (cb_fwd_last_layer). */
 static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *rows, int32_t n_rows, int *layer_err,
                             cb_error *err)
 {
@@ -516,7 +518,9 @@ static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *row
     for (int32_t l = lo; l < hi; l++) {
         if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
             return st;
-        if ((st = cb_fwd_layer(pl->f, pl->kv, l, rows, n_rows)) != CB_OK)
+        st = l == pl->hp->n_layer - 1 ? cb_fwd_last_layer(pl->f, pl->kv, rows, n_rows, (int32_t)pl->total - 1)
+                                      : cb_fwd_layer(pl->f, pl->kv, l, rows, n_rows);
+        if (st != CB_OK)
             return *layer_err = 1, st;
     }
     return CB_OK;

@@ -3,7 +3,9 @@
  * on the tiny fixture models in every tensor type; and the engine's own
  * invariants: batched prefill == token-by-token decoding, logits at position
  * j == logits of the prefix ending at j (the causal mask is exact), a layer
- * run on an explicit subset of rows == the same layer on all rows. */
+ * run on an explicit subset of rows == the same layer on all rows, a
+ * prefill's last layer as K/V only for rows whose output nobody reads ==
+ * the whole layer. */
 #include "cbcore.h"
 #include "refmodel.h"
 #include "test.h"
@@ -353,6 +355,100 @@ static void test_layer_queries(void)
     cb_fwd_free(f), cb_kvcache_free(kv), cb_model_free(m);
 }
 
+/* cb_fwd_layer_kv and cb_fwd_last_layer against cb_fwd_layer on the same
+ * rows: the same cache (every row's K and V, to 1e-6 of the largest), the
+ * out row's hidden state the same, the other rows' untouched; the fallback
+ * when the out row is not the last; cb_model_eval's logits and cache
+ * against a run of whole layers.  On gemma3 (windows, Q/K norms, tied
+ * output). */
+static double max_rel(const float *a, const float *b, int64_t n)
+{
+    double md = 0, mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        md = fabs((double)a[i] - b[i]) > md ? fabs((double)a[i] - b[i]) : md;
+        mx = fabs((double)b[i]) > mx ? fabs((double)b[i]) : mx;
+    }
+    return mx > 0 ? md / mx : (md > 0 ? 1 : 0);
+}
+
+static void test_last_layer(void)
+{
+    const char *tmp = getenv("CB_TEST_TMP");
+    char path[1024];
+    cb_model *m = NULL;
+    cb_kvcache *kv[2] = {NULL, NULL};
+    cb_fwd *f[2] = {NULL, NULL};
+    cb_error err;
+    enum { N = 24 };
+    int32_t toks[N], pos[N], rows[9];
+    snprintf(path, sizeof path, "%s/tiny-gemma3.gguf", tmp ? tmp : "tests/tmp");
+    tcase("forward: the last layer computes K/V only for rows whose output no one reads");
+    if (cb_model_load(&m, path, NULL, &err) != CB_OK) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    const cb_hparams *hp = cb_model_hparams(m);
+    int32_t L = hp->n_layer - 1, nv = hp->n_vocab;
+    int64_t d = hp->n_embd, w = (int64_t)hp->n_head_kv * hp->head_dim;
+    float *ka = malloc(sizeof(float) * N * w), *kb = malloc(sizeof(float) * N * w);
+    float *ha = malloc(sizeof(float) * d), *hb = malloc(sizeof(float) * d), *h0 = malloc(sizeof(float) * d);
+    float *la = malloc(sizeof(float) * nv), *lb = malloc(sizeof(float) * nv);
+    for (int32_t i = 0; i < N; i++)
+        toks[i] = (i * 31 + 3) % nv, pos[i] = i;
+    for (int i = 0; i < 9; i++)
+        rows[i] = 2 * i + 5; /* in order, the out row (21) last */
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(cb_kvcache_new(&kv[k], m, 32, CB_TYPE_F32));
+        CHECK_OK(cb_fwd_new(&f[k], m, N));
+        CHECK_OK(cb_fwd_embed(f[k], toks, pos, N));
+        for (int32_t l = 0; l < L; l++)
+            CHECK_OK(cb_fwd_layer(f[k], kv[k], l, NULL, 0));
+    }
+    double e = 0;
+    CHECK_OK(cb_fwd_hidden(f[1], 7, h0));
+    CHECK_OK(cb_fwd_layer(f[0], kv[0], L, rows, 9));
+    CHECK_OK(cb_fwd_last_layer(f[1], kv[1], rows, 9, 21));
+    for (int which = 0; which < 2; which++) {
+        CHECK_OK(cb_kvcache_read(kv[0], L, which, 0, N, ka));
+        CHECK_OK(cb_kvcache_read(kv[1], L, which, 0, N, kb));
+        e = max_rel(kb, ka, N * w) > e ? max_rel(kb, ka, N * w) : e;
+    }
+    CHECK_OK(cb_fwd_hidden(f[0], 21, ha));
+    CHECK_OK(cb_fwd_hidden(f[1], 21, hb));
+    double eh = max_rel(hb, ha, d);
+    CHECK_OK(cb_fwd_hidden(f[1], 7, hb));
+    int untouched = memcmp(hb, h0, sizeof(float) * (size_t)d) == 0;
+    CHECK_OK(cb_fwd_hidden(f[0], 7, ha));
+    int moved = memcmp(ha, h0, sizeof(float) * (size_t)d) != 0;
+    CHECKF(e < 1e-6 && eh < 1e-6 && untouched && moved, "K/V %.3g, out row %.3g, row 7 untouched %d (moved %d)", e,
+           eh, untouched, moved);
+    CHECK_OK(cb_fwd_last_layer(f[1], kv[1], rows, 9, 13)); /* 13 is not last: the whole layer */
+    CHECK_OK(cb_fwd_hidden(f[1], 7, hb));
+    CHECK(memcmp(hb, h0, sizeof(float) * (size_t)d) != 0);
+    CHECK(cb_fwd_layer_kv(f[1], kv[1], L + 1, NULL, 0) == CB_ERR_RANGE);
+    /* cb_model_eval (K/V only for all but the last row in the last layer)
+     * against embed + whole layers + logits */
+    for (int k = 0; k < 2; k++) {
+        cb_kvcache_free(kv[k]);
+        kv[k] = NULL;
+        CHECK_OK(cb_kvcache_new(&kv[k], m, 32, CB_TYPE_F32));
+    }
+    CHECK_OK(cb_model_eval(f[1], kv[1], toks, N, 0, lb));
+    CHECK_OK(cb_fwd_embed(f[0], toks, pos, N));
+    for (int32_t l = 0; l <= L; l++)
+        CHECK_OK(cb_fwd_layer(f[0], kv[0], l, NULL, 0));
+    int32_t last = N - 1;
+    CHECK_OK(cb_fwd_logits(f[0], &last, 1, la));
+    CHECK_OK(cb_kvcache_read(kv[0], L, 1, 0, N, ka));
+    CHECK_OK(cb_kvcache_read(kv[1], L, 1, 0, N, kb));
+    double ev = max_rel(kb, ka, N * w), el = max_rel(lb, la, nv);
+    CHECKF(ev < 1e-6 && el < 1e-5, "cb_model_eval: last layer's V %.3g, logits %.3g", ev, el);
+    free(ka), free(kb), free(ha), free(hb), free(h0), free(la), free(lb);
+    for (int k = 0; k < 2; k++)
+        cb_fwd_free(f[k]), cb_kvcache_free(kv[k]);
+    cb_model_free(m);
+}
+
 /* The real Gemma-3-270M against the plain loop on one chat prompt: the
  * whole architecture at its real size (262,144-token tied output, 18
  * layers, head dimension 256, one KV head).  llama.cpp on this file is
@@ -475,6 +571,7 @@ int main(void)
     test_act8("gemma3");
     test_deviation();
     test_layer_queries();
+    test_last_layer();
     test_errors();
     test_gemma();
     TEST_END();
