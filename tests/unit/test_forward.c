@@ -361,16 +361,6 @@ static void test_layer_queries(void)
  * when the out row is not the last; cb_model_eval's logits and cache
  * against a run of whole layers.  On gemma3 (windows, Q/K norms, tied
  * output). */
-static double max_rel(const float *a, const float *b, int64_t n)
-{
-    double md = 0, mx = 0;
-    for (int64_t i = 0; i < n; i++) {
-        md = fabs((double)a[i] - b[i]) > md ? fabs((double)a[i] - b[i]) : md;
-        mx = fabs((double)b[i]) > mx ? fabs((double)b[i]) : mx;
-    }
-    return mx > 0 ? md / mx : (md > 0 ? 1 : 0);
-}
-
 static void test_last_layer(void)
 {
     const char *tmp = getenv("CB_TEST_TMP");
@@ -411,11 +401,12 @@ static void test_last_layer(void)
     for (int which = 0; which < 2; which++) {
         CHECK_OK(cb_kvcache_read(kv[0], L, which, 0, N, ka));
         CHECK_OK(cb_kvcache_read(kv[1], L, which, 0, N, kb));
-        e = max_rel(kb, ka, N * w) > e ? max_rel(kb, ka, N * w) : e;
+        double ew = rel_err_f(kb, ka, (size_t)(N * w));
+        e = ew > e ? ew : e;
     }
     CHECK_OK(cb_fwd_hidden(f[0], 21, ha));
     CHECK_OK(cb_fwd_hidden(f[1], 21, hb));
-    double eh = max_rel(hb, ha, d);
+    double eh = rel_err_f(hb, ha, (size_t)d);
     CHECK_OK(cb_fwd_hidden(f[1], 7, hb));
     int untouched = memcmp(hb, h0, sizeof(float) * (size_t)d) == 0;
     CHECK_OK(cb_fwd_hidden(f[0], 7, ha));
@@ -441,7 +432,7 @@ static void test_last_layer(void)
     CHECK_OK(cb_fwd_logits(f[0], &last, 1, la));
     CHECK_OK(cb_kvcache_read(kv[0], L, 1, 0, N, ka));
     CHECK_OK(cb_kvcache_read(kv[1], L, 1, 0, N, kb));
-    double ev = max_rel(kb, ka, N * w), el = max_rel(lb, la, nv);
+    double ev = rel_err_f(kb, ka, (size_t)(N * w)), el = rel_err_f(lb, la, (size_t)nv);
     CHECKF(ev < 1e-6 && el < 1e-5, "cb_model_eval: last layer's V %.3g, logits %.3g", ev, el);
     free(ka), free(kb), free(ha), free(hb), free(h0), free(la), free(lb);
     for (int k = 0; k < 2; k++)
