@@ -54,7 +54,10 @@ PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3 hiredis
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 CFLAGS  += -DCB_LIBDIR='"$(LIBDIR)"'
-LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -lopenblas -ljansson -lxxhash -larchive -lsqlite3 -lhiredis) -lm -lpthread -ldl
+# OpenBLAS is not linked: lib/backend/blas.c loads it when a product first
+# needs it (its constructor would start a thread a core in every program).
+LDLIBS  := $(shell pkg-config --libs $(filter-out openblas,$(PKGS)) 2>/dev/null || echo -lpcre2-8 -ljansson -lxxhash -larchive -lsqlite3 -lhiredis) -lm -lpthread -ldl
+BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 LDFLAGS += $(LDSAN)
 
 ifeq ($(V),1)
@@ -145,9 +148,10 @@ $(GEN_BIN): $(BUILD)/tests/gen/cb-gen-fixture.o $(LIBA)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
 
+# bench_engine times OpenBLAS' sgemm itself
 $(BUILD)/bench/%: $(BUILD)/tests/bench/%.o $(LIBA)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIBA) $(LDLIBS) $(BLAS_LIBS)
 
 deps: ## install the Debian packages the build and tests need (apt-get; quiet when present)
 	@sh scripts/deps.sh

@@ -14,49 +14,17 @@
  * weight_new (setup), none per call. */
 #include "../core/dequant.h"
 #include "backend.h"
+#include "blas.h"
 #include "opmath.h"
 #include "pool.h"
 #include "qmm.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* OpenBLAS' own control (declared in its cblas.h on Debian; repeated here
- * in case another cblas.h is found first). */
-extern void openblas_set_num_threads(int n);
-extern int openblas_get_num_threads(void);
-
-/* OpenBLAS' pthread build starts its worker threads when it loads, and
- * each spins (sched_yield in a loop) for about 2^28 cycles before it
- * sleeps: on 2 cores, ~80 ms of CPU taken from our pool at the start of
- * every cb-run (measured by perf on a 333-token blend whose time to first
- * token is ~300 ms).  blas_thread_shutdown_ (exported for fork handling)
- * ends them; OpenBLAS starts them again by itself if a program asks it
- * for threads later.  The library already owns OpenBLAS' threading
- * (blas_single sets its count for the whole process).  Weak: another
- * BLAS, or a serial OpenBLAS, has no such threads. */
-extern int blas_thread_shutdown_(void) __attribute__((weak));
-
-/* Every sgemm runs inside the pool, one per thread: OpenBLAS must not start
- * its own threads (a program may have changed its count since). */
-static void blas_single(void)
-{
-    if (openblas_get_num_threads() != 1)
-        openblas_set_num_threads(1);
-}
-
-/* the same, and OpenBLAS' spinning threads ended (backend creation) */
-static void blas_quiet(void)
-{
-    blas_single();
-    if (blas_thread_shutdown_)
-        blas_thread_shutdown_();
-}
 
 enum {
     MM_SMALL = 12,    /* up to this many rows: the quantized dot kernels (measured: they beat
@@ -257,7 +225,7 @@ static void mm_panel_task(void *arg, int64_t i, int tid)
     int64_t o0 = i * j->rows_per_task, o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
     float *p = j->c->ts[tid].panel;
     w->k.rows(w->type, w->data, w->row_bytes, w->n_in, o0, o1, p);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)(o1 - o0), (int)w->n_in, 1.0f, j->x,
+    cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)(o1 - o0), (int)w->n_in, 1.0f, j->x,
                 (int)w->n_in, p, (int)w->n_in, 0.0f, j->y + o0, (int)w->n_out);
 }
 
@@ -322,7 +290,7 @@ static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float
     if (n <= MM_SMALL) {
         mm_small_run(c, &w, 1, x, &y, n);
     } else {
-        blas_single();
+        cb_blas_single();
         /* panels of up to PANEL_MAX rows, at least 4 a thread */
         int64_t per = (w->n_out + 4 * nt - 1) / (4 * nt);
         per = per < 16 ? 16 : per > PANEL_MAX ? PANEL_MAX : (per + 15) / 16 * 16;
@@ -620,7 +588,7 @@ static void att_task(void *arg, int64_t task, int tid)
         } else {
             load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
             if (rn >= 8) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rn, (int)nk, hd, 1.0f, qa, hd, ts->k, hd,
+                cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rn, (int)nk, hd, 1.0f, qa, hd, ts->k, hd,
                             0.0f, sa, ATT_KB);
             } else {
                 for (int64_t r = 0; r < rn; r++)
@@ -640,7 +608,7 @@ static void att_task(void *arg, int64_t task, int tid)
         }
         load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v, j->c->f16_row);
         if (rn >= 8) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rn, hd, (int)nk, 1.0f, sa, ATT_KB, ts->v, hd,
+            cb_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rn, hd, (int)nk, 1.0f, sa, ATT_KB, ts->v, hd,
                         1.0f, oa, hd);
         } else {
             for (int64_t r = 0; r < rn; r++)
@@ -722,7 +690,7 @@ static void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int
         want = want < fit ? want : fit;
         j.n_split = want > 1 ? (int)want : 1;
     }
-    blas_single();
+    cb_blas_single();
     cb_pool_for(c->pool, att_task, &j, tasks * j.n_split);
     if (j.n_split > 1)
         att_merge(&j);
@@ -884,6 +852,8 @@ static const cb_backend_ops cpu_ops = {
 
 cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
 {
+    if (cb_blas_load()) /* no OpenBLAS: cb_backend_open says why */
+        return NULL;
     cb_backend *b = calloc(1, sizeof *b);
     cpu_ctx *c = calloc(1, sizeof *c);
     if (!b || !c) {
@@ -927,7 +897,7 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
         if (!s->q || !s->o || !s->k || !s->v || !s->s || !s->mx || !s->l)
             goto fail;
     }
-    blas_quiet();
+    cb_blas_quiet();
     b->n_threads = n_threads;
     cpu_describe(b);
     return b;

@@ -16,6 +16,7 @@
  * device nodes exist, and any failure there falls back to the CPU (the
  * programs' default). */
 #include "backend.h"
+#include "blas.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -113,6 +114,9 @@ static cb_status open_cuda(cb_backend **out, int dev, cb_error *err)
 
 static cb_status open_cpu(cb_backend **out, int n_threads, cb_error *err)
 {
+    const char *no_blas = cb_blas_load();
+    if (no_blas)
+        return cb_error_set(err, CB_ERR_DEVICE, "cpu: %s", no_blas);
     *out = cb_backend_cpu_new(n_threads);
     return *out ? CB_OK : cb_error_set(err, CB_ERR_NOMEM, "cpu: cannot start the CPU backend");
 }

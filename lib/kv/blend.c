@@ -34,10 +34,10 @@
  * waits until the loader has queued the layer's copies, the device until
  * they are done (an event per cache layer, see cb_kvcache_load). */
 #include "cbcore.h"
+#include "../backend/blas.h"
 #include "../backend/qmm.h"
 #include "../infer/model_impl.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -302,6 +302,9 @@ static cb_status plan_check(plan *pl, cb_error *err)
                             (double)p->key_temp);
     if (p->strategy == CB_STRATEGY_PROBE && p->n_ratios != 1)
         return cb_error_set(err, CB_ERR_INVALID, "blend: probe selects once: give one ratio, not %d", p->n_ratios);
+    const char *no_blas = p->strategy == CB_STRATEGY_PROBE ? cb_blas_load() : NULL; /* its scores, on the host */
+    if (no_blas)
+        return cb_error_set(err, CB_ERR_DEVICE, "blend: %s", no_blas);
     if (p->adapt_mass < 0 || p->adapt_mass > 1 ||
         (p->adapt_mass > 0 && (p->strategy != CB_STRATEGY_PROBE || p->adapt_min < 0 || p->adapt_min > p->adapt_max ||
                                p->adapt_max > 1)))
@@ -540,7 +543,7 @@ static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, con
     int32_t window = cb_model_layer_window(cb_fwd_model(pl->f), l);
     float scale = cb_fwd_model(pl->f)->attn_scale; /* the engine's */
     for (int32_t h = 0; h < hp->n_head; h++) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, (int)total, hp->head_dim, scale,
+        cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, (int)total, hp->head_dim, scale,
                     pl->qbuf + (int64_t)h * hp->head_dim, (int)dq, keys + (int64_t)(h / grp) * hp->head_dim,
                     (int)pl->w, 0.0f, pl->srow, (int)total);
         for (int32_t i = 0; i < nq; i++) {

@@ -10,11 +10,13 @@
  * inputs, f16 caches).  Without a GPU the CUDA cases are skipped, saying
  * why. */
 #include "../../lib/backend/backend.h"
+#include "../../lib/backend/blas.h"
 #include "../../lib/backend/opmath.h"
 #include "../../lib/backend/qmm.h"
 #include "cbcore.h"
 #include "test.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -1706,6 +1708,39 @@ static void r18_cases(const char *self)
     r18_error_checks(self);
 }
 
+/* threads of this process, from /proc (-1 where there is none) */
+static int n_threads_now(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    if (!d)
+        return -1;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* OpenBLAS is loaded by the library when first needed, with one thread for
+ * its start: linked, its constructor started a thread a core before main
+ * (and on a 16-core VM under ulimit -v 1G failed to, and raised SIGINT).
+ * First in main: nothing here has loaded it or started a thread yet. */
+static void blas_on_demand(void)
+{
+    int before = n_threads_now(), set_before = getenv("OPENBLAS_NUM_THREADS") != NULL;
+    const char *why = cb_blas_load();
+    int after = n_threads_now();
+    tcase("OpenBLAS loaded on demand: %s; threads %d -> %d", why ? why : "loaded", before, after);
+    CHECK(why == NULL && cb_sgemm != NULL);
+    CHECKF(set_before || after == before, "OpenBLAS started %d threads as it loaded", after - before);
+    CHECKF(set_before || getenv("OPENBLAS_NUM_THREADS") == NULL, "OPENBLAS_NUM_THREADS left set to %s",
+           getenv("OPENBLAS_NUM_THREADS"));
+    CHECK(cb_blas_load() == NULL); /* once */
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, -1, 2, 1, 0}, c[4];
+    cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2, 2, 3, 1.0f, a, 3, b, 3, 0.0f, c, 2);
+    CHECK(c[0] == -2 && c[1] == 4 && c[2] == -2 && c[3] == 13);
+}
+
 int main(int argc, char **argv)
 {
     cb_error err;
@@ -1713,6 +1748,7 @@ int main(int argc, char **argv)
     if (argc > 2 && strcmp(argv[1], "--child") == 0)
         return r18_child(argv[2]);
     TEST_BEGIN();
+    blas_on_demand();
     o_ref = malloc(sizeof(float) * MAXOUT);
     o_cpu = malloc(sizeof(float) * MAXOUT);
     o_cuda = malloc(sizeof(float) * MAXOUT);
