@@ -40,9 +40,13 @@
  * and makes every matrix product check its outputs for inf and NaN.
  *
  * Verified: compiled and linked for sm_80, sm_86, sm_89, sm_90 and PTX
- * (compute_90) with nvcc 13.0; not yet run on a GPU (no GPU has been
- * available to this project): tests/unit/test_backend_ops.c and
- * tests/cli/device.sh are the checks to run first on one. */
+ * (compute_90) with nvcc 13.0, and run on an H100 (80 GB HBM3, driver
+ * 580.159, November 2026): tests/unit/test_backend_ops.c (every CUDA case
+ * against the CPU backend, split-key attention included) and
+ * tests/cli/device.sh (CPU vs CUDA end to end on SmolLM2: first-token KL
+ * 1e-5, the same greedy answers; blend from KV files precomputed on the
+ * GPU).  No GPU was lent after that; what changes here needs those two
+ * again on one. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -991,7 +995,7 @@ __device__ __forceinline__ float warp_sum(float v)
 template <typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_attention(const float *q, const int32_t *pos, int64_t n, const T *k, const T *v, int n_head, int n_head_kv,
-                int hd, float scale, int window, float *out)
+                int hd, float scale, int window, float *out, float *part)
 {
     extern __shared__ float sm[];
     __shared__ int s_maxp, s_minlo;
@@ -1031,8 +1035,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int maxp = s_maxp;
 
     /* from the tile of the lowest key any row sees (a sliding window skips
-     * the keys before it) */
-    for (int k0 = s_minlo / ATT_KT * ATT_KT; k0 <= maxp; k0 += ATT_KT) {
+     * the keys before it) to the tile of the highest; split over
+     * gridDim.z blocks, this one taking its share of the tiles */
+    const int t_lo = s_minlo / ATT_KT, n_tiles = maxp < 0 ? 0 : maxp / ATT_KT - t_lo + 1;
+    const int per = (n_tiles + (int)gridDim.z - 1) / (int)gridDim.z;
+    const int k_first = (t_lo + (int)blockIdx.z * per) * ATT_KT;
+    const int k_end = min(maxp + 1, (t_lo + ((int)blockIdx.z + 1) * per) * ATT_KT);
+    for (int k0 = k_first; k0 < k_end; k0 += ATT_KT) {
         for (int e = threadIdx.x; e < ATT_KT * hd; e += blockDim.x) {
             int j = e / hd, d = e % hd;
             int64_t key = (int64_t)k0 + j;
@@ -1086,6 +1095,18 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         int64_t row = row0 + warp * ATT_ROWS + r;
         if (row >= n)
             continue;
+        if (gridDim.z > 1) { /* this split's share: unnormalized, with its max and sum (none: -inf, 0) */
+            float *pp = part + (((int64_t)blockIdx.z * n + row) * n_head + h) * (hd + 2);
+#pragma unroll
+            for (int c = 0; c < ATT_DPL; c++) {
+                int d = lane + 32 * c;
+                if (d < hd)
+                    pp[d] = acc[r][c];
+            }
+            if (lane == 0)
+                pp[hd] = m[r], pp[hd + 1] = l[r];
+            continue;
+        }
         const float inv = 1.0f / l[r];
 #pragma unroll
         for (int c = 0; c < ATT_DPL; c++) {
@@ -1094,6 +1115,55 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                 out[row * ldq + (int64_t)h * hd + d] = acc[r][c] * inv;
         }
     }
+}
+
+/* The splits' shares of one (row, head) merged, one thread a dimension:
+ *   M = max_z m_z,  out = sum_z acc_z e^(m_z-M) / sum_z l_z e^(m_z-M)
+ * (a split that saw no key of the row has m = -inf and weighs nothing;
+ * every row sees its own position, so M is finite). */
+__global__ void k_att_merge(const float *part, int n_split, int64_t n, int n_head, int hd, float *out)
+{
+    const int64_t row = blockIdx.x;
+    const int h = blockIdx.y, d = threadIdx.x;
+    const int64_t stride = n * n_head * (hd + 2);
+    const float *p0 = part + (row * n_head + h) * (hd + 2);
+    float mx = -INFINITY;
+    for (int z = 0; z < n_split; z++)
+        mx = fmaxf(mx, p0[z * stride + hd]);
+    float num = 0.0f, den = 0.0f;
+    for (int z = 0; z < n_split; z++) {
+        const float mz = p0[z * stride + hd];
+        const float wz = mz == -INFINITY ? 0.0f : expf(mz - mx);
+        num += wz * p0[z * stride + d];
+        den += wz * p0[z * stride + hd + 1];
+    }
+    out[row * (int64_t)n_head * hd + (int64_t)h * hd + d] = num / den;
+}
+
+/* How many blocks share one (row block, head)'s keys: enough blocks for
+ * ATT_FILL a multiprocessor when there are few query rows (decode, small
+ * batches: one block a head would run a 4K-token cache's keys one tile
+ * after another on 9 of 132 multiprocessors), each split at least
+ * ATT_MIN_TILES tiles, at most ATT_MAX_SPLIT. */
+enum { ATT_FILL = 4, ATT_MIN_TILES = 2, ATT_MAX_SPLIT = 64 };
+
+static int att_splits(const cudaDeviceProp *prop, int64_t n, const int32_t *pos, int n_head, int window)
+{
+    int64_t base = (int64_t)nblocks(n, ATT_WARPS * ATT_ROWS) * n_head;
+    int64_t want = (int64_t)ATT_FILL * prop->multiProcessorCount;
+    if (base >= want)
+        return 1;
+    int32_t maxp = -1, minlo = INT32_MAX;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t p = pos[i], lo = window > 0 && p >= window ? p - window + 1 : 0;
+        maxp = p > maxp ? p : maxp;
+        minlo = lo < minlo ? lo : minlo;
+    }
+    int64_t tiles = maxp < 0 ? 0 : maxp / ATT_KT - minlo / ATT_KT + 1;
+    int64_t z = (want + base - 1) / base, most = tiles / ATT_MIN_TILES;
+    z = z < most ? z : most;
+    z = z < (int64_t)ATT_MAX_SPLIT ? z : (int64_t)ATT_MAX_SPLIT;
+    return z > 1 ? (int)z : 1;
 }
 
 static void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
@@ -1105,15 +1175,24 @@ static void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int6
     if (hd > ATT_HD_MAX) /* cb_model_load refuses such models (max_head_dim) */
         die("attention", __FILE__, __LINE__, "head dimension above 256");
     const int32_t *dpos = stage_idx(t, pos, n);
-    dim3 grid(nblocks(n, ATT_WARPS * ATT_ROWS), (unsigned)n_head);
+    int z = att_splits(&t->owner->prop, n, pos, n_head, window);
+    float *part = NULL;
+    if (z > 1 && !(part = (float *)alloc_on(t, sizeof(float) * (size_t)z * (size_t)(n * n_head) * (size_t)(hd + 2))))
+        z = 1; /* no memory for the shares: unsplit, slower, the same result */
+    dim3 grid(nblocks(n, ATT_WARPS * ATT_ROWS), (unsigned)n_head, (unsigned)z);
     size_t smem = att_smem(hd);
     if (ty == CB_TYPE_F32)
         k_attention<float><<<grid, ATT_WARPS * 32, smem, t->s>>>(q, dpos, n, (const float *)k, (const float *)v,
-                                                                n_head, n_head_kv, hd, scale, window, out);
+                                                                n_head, n_head_kv, hd, scale, window, out, part);
     else
         k_attention<__half><<<grid, ATT_WARPS * 32, smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v,
-                                                                 n_head, n_head_kv, hd, scale, window, out);
+                                                                 n_head, n_head_kv, hd, scale, window, out, part);
     CKL();
+    if (z > 1) {
+        k_att_merge<<<dim3((unsigned)n, (unsigned)n_head), (unsigned)hd, 0, t->s>>>(part, z, n, n_head, hd, out);
+        CKL();
+        free_on(t, part);
+    }
 }
 
 /* --------------------------------------------------- gather / scatter */
