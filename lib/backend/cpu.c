@@ -226,7 +226,7 @@ static void mm_panel_task(void *arg, int64_t i, int tid)
     float *p = j->c->ts[tid].panel;
     w->k.rows(w->type, w->data, w->row_bytes, w->n_in, o0, o1, p);
     cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)(o1 - o0), (int)w->n_in, 1.0f, j->x,
-                (int)w->n_in, p, (int)w->n_in, 0.0f, j->y + o0, (int)w->n_out);
+             (int)w->n_in, p, (int)w->n_in, 0.0f, j->y + o0, (int)w->n_out);
 }
 
 /* The products of up to MM_MULTI weights with one input x [n <= MM_SMALL,
@@ -589,7 +589,7 @@ static void att_task(void *arg, int64_t task, int tid)
             load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
             if (rn >= 8) {
                 cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rn, (int)nk, hd, 1.0f, qa, hd, ts->k, hd,
-                            0.0f, sa, ATT_KB);
+                         0.0f, sa, ATT_KB);
             } else {
                 for (int64_t r = 0; r < rn; r++)
                     for (int64_t c = 0; c < nk; c++)
@@ -609,7 +609,7 @@ static void att_task(void *arg, int64_t task, int tid)
         load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v, j->c->f16_row);
         if (rn >= 8) {
             cb_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rn, hd, (int)nk, 1.0f, sa, ATT_KB, ts->v, hd,
-                        1.0f, oa, hd);
+                     1.0f, oa, hd);
         } else {
             for (int64_t r = 0; r < rn; r++)
                 for (int64_t c = 0; c < nk; c++)

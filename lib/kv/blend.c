@@ -544,8 +544,8 @@ static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, con
     float scale = cb_fwd_model(pl->f)->attn_scale; /* the engine's */
     for (int32_t h = 0; h < hp->n_head; h++) {
         cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, (int)total, hp->head_dim, scale,
-                    pl->qbuf + (int64_t)h * hp->head_dim, (int)dq, keys + (int64_t)(h / grp) * hp->head_dim,
-                    (int)pl->w, 0.0f, pl->srow, (int)total);
+                 pl->qbuf + (int64_t)h * hp->head_dim, (int)dq, keys + (int64_t)(h / grp) * hp->head_dim,
+                 (int)pl->w, 0.0f, pl->srow, (int)total);
         for (int32_t i = 0; i < nq; i++) {
             int32_t n = qrows[i] + 1, j0 = window > 0 && n > window ? n - window : 0; /* the engine's mask */
             float *a = pl->srow + i * total, mx = -INFINITY, sum = 0;
