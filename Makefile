@@ -116,6 +116,7 @@ progs: $(PROG_BIN) ## build the programs into bin/
 # The AVX2 kernels: built for AVX2 whatever -march is, called only on CPUs
 # that have it (lib/backend/qmm.c checks at run time).
 $(BUILD)/lib/backend/qmm_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -O3
+$(BUILD)/lib/backend/qgemm_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -O3
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -10,7 +10,7 @@
 
 const char *cli_prog = "cb";
 int cli_verbosity = 1;
-int cli_act8;
+int cli_exact = -1;
 
 int cli_exit_code(cb_status st)
 {
@@ -64,9 +64,9 @@ const char *cli_device(const char *opt)
 
 cb_model_params cli_model_params(int n_threads, const char *device)
 {
-    const char *env = getenv("CB_ACT8"), *dev = getenv("CB_DEVICE");
-    cb_model_params mp = {n_threads, cli_device(device), cli_act8 || (env && strcmp(env, "1") == 0)};
-    if (mp.act8 && !(device && *device) && !(dev && *dev))
+    const char *env = getenv("CB_EXACT"), *dev = getenv("CB_DEVICE");
+    cb_model_params mp = {n_threads, cli_device(device), cli_exact >= 0 ? cli_exact : env && strcmp(env, "1") == 0};
+    if (mp.exact && !(device && *device) && !(dev && *dev))
         mp.device = "cpu";
     return mp;
 }
@@ -83,9 +83,9 @@ const char *cli_model_path(const char *opt)
     if (env && *env)
         return env;
     if (cache && *cache)
-        snprintf(buf, sizeof buf, "%s/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+        snprintf(buf, sizeof buf, "%s/cacheblend/models/" CLI_DEFAULT_MODEL, cache);
     else
-        snprintf(buf, sizeof buf, "%s/.cache/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        snprintf(buf, sizeof buf, "%s/.cache/cacheblend/models/" CLI_DEFAULT_MODEL,
                  home && *home ? home : ".");
     return buf;
 }
@@ -193,7 +193,8 @@ int cli_common_opt(cli_common *co, int c, const char *arg, void (*usage)(FILE *)
     case 'm': co->model = arg; return CLI_CONTINUE;
     case CLI_OPT_STORE: co->store = arg; return CLI_CONTINUE;
     case CLI_OPT_DEVICE: co->device = arg; return CLI_CONTINUE;
-    case CLI_OPT_ACT8: cli_act8 = 1; return CLI_CONTINUE;
+    case CLI_OPT_ACT8: cli_exact = 0; return CLI_CONTINUE;
+    case CLI_OPT_EXACT: cli_exact = 1; return CLI_CONTINUE;
     case 't':
         n = strtol(arg, &end, 10);
         if (end == arg || *end || n < 1 || n > 1024) {

@@ -25,8 +25,9 @@ enum cli_exit {
 extern const char *cli_prog;
 /* -v / -q levels: 0 quiet, 1 normal, 2 verbose. */
 extern int cli_verbosity;
-/* --act8 was given (cli_model_params also reads $CB_ACT8). */
-extern int cli_act8;
+/* --exact (1) or --act8 (0) was given, the last of them; -1: neither
+ * (cli_model_params then reads $CB_EXACT). */
+extern int cli_exact;
 
 /* Map a library status to an exit status. */
 int cli_exit_code(cb_status st);
@@ -36,6 +37,11 @@ void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The same, only when -v was given. */
 void cli_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The default model's file name in the model cache (make model): the
+ * smallest model that answers the demo's questions in full prefill and in
+ * blend (README, "The default model"). */
+#define CLI_DEFAULT_MODEL "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+
 /* The model path: `opt` (-m), else $CB_MODEL, else the default model in the
  * model cache.  Returns a pointer to static storage. */
 const char *cli_model_path(const char *opt);
@@ -43,9 +49,9 @@ const char *cli_model_path(const char *opt);
  * device 0 when present, else the CPU). */
 const char *cli_device(const char *opt);
 /* The model parameters of a computing program: n_threads, the device
- * (cli_device; with 8-bit activations and no device named by --device or
- * $CB_DEVICE, the CPU, the one device that has them) and act8 (--act8, or
- * $CB_ACT8 set to 1). */
+ * (cli_device; with --exact and no device named by --device or
+ * $CB_DEVICE, the CPU, the one device that has that path) and exact
+ * (--exact, or $CB_EXACT set to 1; --act8 asks for the default). */
 cb_model_params cli_model_params(int n_threads, const char *device);
 
 /* Read all of `path` ("-" or NULL: stdin) into a malloc'd buffer with a NUL
@@ -93,7 +99,7 @@ typedef struct cli_common {
     int n_threads;      /* -t, 0 when not given */
 } cli_common;
 
-enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE, CLI_OPT_ACT8 };
+enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE, CLI_OPT_ACT8, CLI_OPT_EXACT };
 
 #define CLI_COMMON_SHORT "m:t:vqh"
 #define CLI_COMMON_OPTS                                                                                      \
@@ -102,15 +108,18 @@ enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE, CLI_OPT_ACT8 };
         {"version", no_argument, 0, CLI_OPT_VERSION}
 #define CLI_STORE_OPT {"store", required_argument, 0, CLI_OPT_STORE}
 #define CLI_DEVICE_OPT {"device", required_argument, 0, CLI_OPT_DEVICE}
-/* --act8: the programs that compute (cb-run, cb-precompute, cb-profile) */
-#define CLI_ACT8_OPT {"act8", no_argument, 0, CLI_OPT_ACT8}
-/* their help lines for --device and --act8 */
+/* --exact and --act8: the programs that compute (cb-run, cb-precompute,
+ * cb-profile) */
+#define CLI_ACT8_OPT {"act8", no_argument, 0, CLI_OPT_ACT8}, {"exact", no_argument, 0, CLI_OPT_EXACT}
+/* their help lines for --device, --exact and --act8 */
 #define CLI_DEVICE_HELP                                                                                      \
     "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"                      \
     "                     else CUDA device 0 when a GPU is present, else cpu)\n"                            \
-    "      --act8         8-bit activations in the products of 1 to 12 rows (decode),\n"                    \
-    "                     as llama.cpp: faster, not exact (default: exact f32; also\n"                      \
-    "                     $CB_ACT8=1); CPU only, the default device then\n"
+    "      --exact        f32 activations in every product: the reference path\n"                          \
+    "                     (also $CB_EXACT=1); CPU only, the default device then.\n"                        \
+    "                     The default quantizes activations to 8 bits, as llama.cpp\n"                     \
+    "                     (faster; its error is far below what blending changes)\n"                        \
+    "      --act8         the default (8-bit activations); undoes an earlier --exact\n"
 
 /* cli_common_opt's answer when the option is the program's own. */
 #define CLI_NOT_COMMON (-1)

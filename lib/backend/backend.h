@@ -125,11 +125,17 @@ typedef struct cb_backend_ops {
      * largest first, equal values by lower index first, NaN below every
      * number (cb_op_topk_before); k <= n. */
     void (*topk)(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx);
-    /* Optional (NULL: the backend has no such mode): on != 0 makes the
-     * products of up to a few rows with block-quantized weights quantize
-     * their activations to 8 bits (llama.cpp's way: faster, not exact);
-     * the weights made afterwards use it.  Called before any weight_new. */
+    /* Optional (NULL: the backend has no such mode): on != 0 (the CPU's
+     * default) makes every product with block-quantized weights quantize
+     * its activations to 8 bits (llama.cpp's way: faster, not exact); 0
+     * keeps f32 activations (the exact path).  The weights made afterwards
+     * use it: call it before any weight_new. */
     void (*set_act8)(cb_backend *b, int on);
+    /* Optional (NULL: nothing to size): matmul will be given batches of up
+     * to n rows; the backend sizes its scratch now, so that those products
+     * allocate nothing (a larger batch still works).  Called after the
+     * weights are made (cb_fwd_new). */
+    void (*reserve)(cb_backend *b, int64_t n);
 } cb_backend_ops;
 
 struct cb_backend {

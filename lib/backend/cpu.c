@@ -17,6 +17,7 @@
 #include "blas.h"
 #include "opmath.h"
 #include "pool.h"
+#include "qgemm.h"
 #include "qmm.h"
 
 #include <math.h>
@@ -27,6 +28,8 @@
 #include <unistd.h>
 
 enum {
+    QG_ROW_MAX = 1,   /* 8-bit activations: up to this many rows through the one-row kernel,
+                         more through packed panels */
     MM_SMALL = 12,    /* up to this many rows: the quantized dot kernels (measured: they beat
                          dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
     PANEL_MAX = 128,  /* weight rows per sgemm panel */
@@ -39,6 +42,8 @@ enum {
 typedef struct thread_scratch {
     float *panel;     /* [PANEL_MAX, max n_in]: grown by weight_new */
     int64_t panel_in; /* its n_in capacity */
+    uint8_t *qpanel;  /* a packed panel of the blocked 8-bit products (qgemm.h) */
+    size_t qpanel_bytes;
     float *q, *o;     /* [ATT_M, ATT_HD] */
     float *k, *v;     /* [ATT_KB, ATT_HD] */
     float *s;         /* [ATT_M, ATT_KB] */
@@ -53,14 +58,17 @@ typedef struct cpu_ctx {
     qmm_f16_fn f16_row;     /* f16 cache rows to f32 (NULL: the loop here) */
     qmm_att_qk_fn att_qk;   /* the fused f16 products of small attention tasks (NULL: tiles) */
     qmm_att_pv_fn att_pv;
-    qmm_quant_fn quant;     /* act8's activation quantizer */
     thread_scratch *ts;     /* [n_threads] */
     float *parts;           /* [ATT_PARTS] split-key partials */
     pthread_mutex_t grow_mu;
-    int act8;               /* 8-bit activations in the small products (cpu_set_act8) */
-    qmm_q8 *xq;             /* [MM_SMALL, xq_groups]: their quantized rows */
-    int64_t xq_groups;      /* groups of 32 a row of xq holds: grown by weight_new */
-    pthread_mutex_t xq_mu;  /* xq belongs to one product at a time */
+    int act8;               /* 8-bit activations in every product of block-quantized weights
+                               (cpu_set_act8; the default) */
+    qg_kernels qg;          /* their kernels (qgemm.h) */
+    size_t xg_row[2];       /* bytes of a quantized row in the K and the 32-element form (the
+                               widest weight's, set by weight_new) */
+    uint8_t *xg;            /* [xg_rows] rows of each form: the batch's quantized activations */
+    int64_t xg_rows;        /* grown by cpu_reserve (or a larger batch) */
+    pthread_mutex_t xg_mu;  /* xg belongs to one product at a time */
 } cpu_ctx;
 
 struct cb_bweight {
@@ -70,6 +78,7 @@ struct cb_bweight {
     size_t row_bytes;
     float *bias;         /* [n_out] or NULL */
     qmm_kernels k;
+    int qg;              /* 1: batches through the blocked 8-bit products */
 };
 
 static cpu_ctx *CTX(cb_backend *b)
@@ -121,22 +130,51 @@ static int grow_panels(cpu_ctx *c, int64_t n_in)
     return ok;
 }
 
-/* Make xq hold MM_SMALL quantized rows of n_in. */
-static int grow_xq(cpu_ctx *c, int64_t n_in)
+/* Make every thread's packed panel hold one of type t over n_in, and xg's
+ * rows one activation row of that width in t's form. */
+static int grow_qpanels(cpu_ctx *c, cb_type t, int64_t n_in)
 {
-    int ok = 1;
-    pthread_mutex_lock(&c->xq_mu);
-    if (c->xq_groups < n_in / 32) {
-        qmm_q8 *p = malloc(sizeof *p * (size_t)MM_SMALL * (size_t)(n_in / 32));
-        if (p) {
-            free(c->xq);
-            c->xq = p;
-            c->xq_groups = n_in / 32;
+    size_t need = qg_panel_bytes(t, n_in), row = qg_act_bytes(t, n_in);
+    int ok = 1, f = qg_is_k(t) ? 0 : 1;
+    pthread_mutex_lock(&c->grow_mu);
+    for (int i = 0; i < c->n_threads && ok; i++) {
+        thread_scratch *s = &c->ts[i];
+        if (s->qpanel_bytes >= need)
+            continue;
+        uint8_t *p = malloc(need);
+        if (!p)
+            ok = 0;
+        else {
+            free(s->qpanel);
+            s->qpanel = p;
+            s->qpanel_bytes = need;
         }
-        ok = p != NULL;
     }
-    pthread_mutex_unlock(&c->xq_mu);
+    pthread_mutex_unlock(&c->grow_mu);
+    pthread_mutex_lock(&c->xg_mu);
+    if (ok && row > c->xg_row[f]) {
+        /* the row layout changes: the buffer is made anew at the next reserve */
+        c->xg_row[f] = row;
+        free(c->xg);
+        c->xg = NULL;
+        c->xg_rows = 0;
+    }
+    pthread_mutex_unlock(&c->xg_mu);
     return ok;
+}
+
+/* xg holding n quantized rows of each form (the caller holds xg_mu) */
+static int grow_xg(cpu_ctx *c, int64_t n)
+{
+    if (n <= c->xg_rows)
+        return 1;
+    uint8_t *p = malloc((c->xg_row[0] + c->xg_row[1]) * (size_t)n + 64);
+    if (!p)
+        return 0;
+    free(c->xg);
+    c->xg = p;
+    c->xg_rows = n;
+    return 1;
 }
 
 static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
@@ -153,9 +191,8 @@ static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_
     w->row_bytes = cb_type_row_bytes(t, n_in);
     if (w->row_bytes == 0 || !qmm_select(t, c->simd, &w->k) || !grow_panels(c, n_in))
         goto fail;
-    if (!c->act8)
-        w->k.dotq = NULL; /* the exact path */
-    if (w->k.dotq && !grow_xq(c, n_in))
+    w->qg = c->act8 && qg_has(t);
+    if (w->qg && !grow_qpanels(c, t, n_in))
         goto fail;
     if (bias) {
         if (!(w->bias = malloc(sizeof(float) * (size_t)n_out)))
@@ -201,22 +238,6 @@ static void mm_dot_task(void *arg, int64_t i, int tid)
     }
 }
 
-/* the same with 8-bit activations: j->x is the quantized rows (qmm_q8) */
-static void mm_dotq_task(void *arg, int64_t i, int tid)
-{
-    const mm_job *j = arg;
-    const cb_bweight *w = j->w;
-    int64_t o0 = i * j->rows_per_task, o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
-    int64_t ng = w->n_in / 32;
-    const qmm_q8 *xq = (const qmm_q8 *)(const void *)j->x;
-    (void)tid;
-    for (int64_t r = 0; r < j->n; r += QMM_ROWS) {
-        int nr = j->n - r < QMM_ROWS ? (int)(j->n - r) : QMM_ROWS;
-        w->k.dotq(w->type, w->data, w->row_bytes, w->n_in, xq + r * ng, ng, nr, o0, o1, j->y + r * w->n_out,
-                  w->n_out);
-    }
-}
-
 /* a panel of weight rows in f32, then y[:, panel] = x . panel^T */
 static void mm_panel_task(void *arg, int64_t i, int tid)
 {
@@ -234,7 +255,6 @@ static void mm_panel_task(void *arg, int64_t i, int tid)
 enum { MM_MULTI = 3 };
 typedef struct mm_small {
     mm_job j[MM_MULTI];
-    int q8[MM_MULTI]; /* weight k takes the quantized activations */
     int64_t first[MM_MULTI + 1];
 } mm_small;
 
@@ -244,34 +264,134 @@ static void mm_small_task(void *arg, int64_t i, int tid)
     int k = 0;
     while (i >= s->first[k + 1])
         k++;
-    (s->q8[k] ? mm_dotq_task : mm_dot_task)(&s->j[k], i - s->first[k], tid);
+    mm_dot_task(&s->j[k], i - s->first[k], tid);
 }
 
 static void mm_small_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
 {
-    int nt = cb_pool_size(c->pool), q8 = 0;
-    int64_t n_in = w[0]->n_in;
+    int nt = cb_pool_size(c->pool);
     mm_small s;
-    for (int k = 0; k < nw; k++)
-        q8 |= w[k]->k.dotq != NULL;
-    if (q8) {
-        /* the activations quantized once, by this thread, for every task */
-        pthread_mutex_lock(&c->xq_mu);
-        for (int64_t i = 0; i < n; i++)
-            c->quant(x + i * n_in, n_in, c->xq + i * (n_in / 32));
-    }
     s.first[0] = 0;
     for (int k = 0; k < nw; k++) {
         /* about 8 tasks a thread for each weight, rows in multiples of 4 */
         int64_t per = (w[k]->n_out + 8 * nt - 1) / (8 * nt);
         per = per < 4 ? 4 : (per + 3) / 4 * 4;
-        s.q8[k] = w[k]->k.dotq != NULL;
-        s.j[k] = (mm_job){c, w[k], s.q8[k] ? (const float *)(const void *)c->xq : x, y[k], n, per};
+        s.j[k] = (mm_job){c, w[k], x, y[k], n, per};
         s.first[k + 1] = s.first[k] + (w[k]->n_out + per - 1) / per;
     }
     cb_pool_for(c->pool, mm_small_task, &s, s.first[nw]);
-    if (q8)
-        pthread_mutex_unlock(&c->xq_mu);
+}
+
+static void mm_panels(cpu_ctx *c, const cb_bweight *w, const float *x, float *y, int64_t n);
+
+/* ------------------------------------------ the blocked 8-bit products */
+
+/* The products of up to MM_MULTI weights (all qg) with one input x [n,
+ * n_in] in one pool job, a task a packed panel of QG_P rows: weight k's
+ * tasks are [first[k], first[k+1]). */
+typedef struct qg_job {
+    cpu_ctx *c;
+    const cb_bweight *w[MM_MULTI];
+    float *y[MM_MULTI];
+    int64_t first[MM_MULTI + 1];
+    int64_t per;          /* one-row mode: output rows a task (a multiple of QG_P) */
+    const float *x;
+    uint8_t *xq[2];       /* the K form, the 32-element form */
+    int need[2];          /* the forms some weight takes */
+    int64_t n, r0;        /* rows r0 .. r0+n of x (a slice of the batch) */
+} qg_job;
+
+/* quantize row i of the slice into the forms the weights take */
+static void qg_quant_task(void *arg, int64_t i, int tid)
+{
+    qg_job *j = arg;
+    cpu_ctx *c = j->c;
+    int64_t n_in = j->w[0]->n_in;
+    const float *x = j->x + (j->r0 + i) * n_in;
+    (void)tid;
+    if (j->need[0])
+        c->qg.quant_k(x, n_in, (qg_q8k *)(void *)(j->xq[0] + (size_t)i * c->xg_row[0]));
+    if (j->need[1])
+        c->qg.quant_0(x, n_in, (qmm_q8 *)(void *)(j->xq[1] + (size_t)i * c->xg_row[1]));
+}
+
+static void qg_task(void *arg, int64_t i, int tid)
+{
+    qg_job *j = arg;
+    cpu_ctx *c = j->c;
+    int k = 0;
+    while (i >= j->first[k + 1])
+        k++;
+    const cb_bweight *w = j->w[k];
+    int64_t o0 = (i - j->first[k]) * QG_P;
+    int np = w->n_out - o0 < QG_P ? (int)(w->n_out - o0) : QG_P, f = qg_is_k(w->type) ? 0 : 1;
+    uint8_t *panel = c->ts[tid].qpanel;
+    qg_pack(w->type, w->data, w->row_bytes, w->n_in, o0, np, panel, c->qg.interleave);
+    c->qg.gemm(w->type, panel, w->n_in, j->xq[f], c->xg_row[f], j->n, np, j->y[k] + j->r0 * w->n_out + o0,
+               w->n_out);
+}
+
+/* one-row mode (decode, a few rows): output rows [per*i, ...) of one
+ * weight for every activation row, through the one-row kernel (no
+ * packing; the same bits as qg_task's) */
+static void qg_row_task(void *arg, int64_t i, int tid)
+{
+    qg_job *j = arg;
+    cpu_ctx *c = j->c;
+    int k = 0;
+    (void)tid;
+    while (i >= j->first[k + 1])
+        k++;
+    const cb_bweight *w = j->w[k];
+    int64_t o0 = (i - j->first[k]) * j->per, o1 = o0 + j->per < w->n_out ? o0 + j->per : w->n_out;
+    int f = qg_is_k(w->type) ? 0 : 1;
+    for (int64_t r = 0; r < j->n; r++)
+        c->qg.gemv(w->type, w->data, w->row_bytes, w->n_in, j->xq[f] + (size_t)r * c->xg_row[f], o0, o1,
+                   j->y[k] + (j->r0 + r) * w->n_out);
+}
+
+/* y[k] = x . w[k]^T for nw <= MM_MULTI qg weights of one n_in: x quantized
+ * once per form, in slices of the rows xg holds (all of them after
+ * cpu_reserve); up to QG_ROW_MAX rows through the one-row kernel, more
+ * through packed panels (the same bits either way) */
+static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
+{
+    qg_job j = {.c = c, .x = x};
+    int nt = cb_pool_size(c->pool), rows = n <= QG_ROW_MAX;
+    pthread_mutex_lock(&c->xg_mu);
+    if (!grow_xg(c, n) && !grow_xg(c, 64)) {
+        /* no memory for even a small slice: the exact path, weight by weight */
+        pthread_mutex_unlock(&c->xg_mu);
+        for (int k = 0; k < nw; k++)
+            mm_panels(c, w[k], x, y[k], n);
+        return;
+    }
+    j.xq[0] = c->xg;
+    j.xq[1] = c->xg + c->xg_row[0] * (size_t)c->xg_rows;
+    j.first[0] = 0;
+    j.per = QG_P;
+    for (int k = 0; k < nw; k++) {
+        /* one-row mode: about 8 tasks a thread for the widest weight, whole panels */
+        int64_t per = (w[k]->n_out + 8 * nt - 1) / (8 * nt);
+        per = (per + QG_P - 1) / QG_P * QG_P;
+        if (rows && per > j.per)
+            j.per = per;
+        j.w[k] = w[k];
+        j.y[k] = y[k];
+        j.need[qg_is_k(w[k]->type) ? 0 : 1] = 1;
+    }
+    for (int k = 0; k < nw; k++)
+        j.first[k + 1] = j.first[k] + (w[k]->n_out + j.per - 1) / j.per;
+    for (int64_t r0 = 0; r0 < n; r0 += c->xg_rows) {
+        j.r0 = r0;
+        j.n = n - r0 < c->xg_rows ? n - r0 : c->xg_rows;
+        if (rows && j.n == 1) /* one row: quantized here, no job */
+            qg_quant_task(&j, 0, 0);
+        else
+            cb_pool_for(c->pool, qg_quant_task, &j, j.n);
+        cb_pool_for(c->pool, rows ? qg_row_task : qg_task, &j, j.first[nw]);
+    }
+    pthread_mutex_unlock(&c->xg_mu);
 }
 
 static void add_bias(const cb_bweight *w, float *y, int64_t n)
@@ -282,35 +402,60 @@ static void add_bias(const cb_bweight *w, float *y, int64_t n)
                 y[i * w->n_out + o] += w->bias[o];
 }
 
+/* the exact large-batch path: f32 panels of weight rows through sgemm */
+static void mm_panels(cpu_ctx *c, const cb_bweight *w, const float *x, float *y, int64_t n)
+{
+    int nt = cb_pool_size(c->pool);
+    mm_job j = {c, w, x, y, n, 0};
+    cb_blas_single();
+    /* panels of up to PANEL_MAX rows, at least 4 a thread */
+    int64_t per = (w->n_out + 4 * nt - 1) / (4 * nt);
+    per = per < 16 ? 16 : per > PANEL_MAX ? PANEL_MAX : (per + 15) / 16 * 16;
+    j.rows_per_task = per > PANEL_MAX ? PANEL_MAX : per;
+    cb_pool_for(c->pool, mm_panel_task, &j, (w->n_out + j.rows_per_task - 1) / j.rows_per_task);
+}
+
 static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
     cpu_ctx *c = CTX(b);
-    int nt = cb_pool_size(c->pool);
-    mm_job j = {c, w, x, y, n, 0};
-    if (n <= MM_SMALL) {
+    if (w->qg)
+        qg_run(c, &w, 1, x, &y, n);
+    else if (n <= MM_SMALL)
         mm_small_run(c, &w, 1, x, &y, n);
-    } else {
-        cb_blas_single();
-        /* panels of up to PANEL_MAX rows, at least 4 a thread */
-        int64_t per = (w->n_out + 4 * nt - 1) / (4 * nt);
-        per = per < 16 ? 16 : per > PANEL_MAX ? PANEL_MAX : (per + 15) / 16 * 16;
-        j.rows_per_task = per > PANEL_MAX ? PANEL_MAX : per;
-        cb_pool_for(c->pool, mm_panel_task, &j, (w->n_out + j.rows_per_task - 1) / j.rows_per_task);
-    }
+    else
+        mm_panels(c, w, x, y, n);
     add_bias(w, y, n);
 }
 
 static void cpu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y,
                              int64_t n)
 {
-    if (n > MM_SMALL || nw > MM_MULTI) {
+    cpu_ctx *c = CTX(b);
+    int all_qg = nw <= MM_MULTI;
+    for (int k = 0; k < nw; k++)
+        all_qg &= w[k]->qg;
+    if (all_qg) {
+        qg_run(c, w, nw, x, y, n); /* the input quantized once for all */
+    } else if (n <= MM_SMALL && nw <= MM_MULTI) {
+        mm_small_run(c, w, nw, x, y, n);
+    } else {
         for (int k = 0; k < nw; k++)
             cpu_matmul(b, w[k], x, y[k], n);
         return;
     }
-    mm_small_run(CTX(b), w, nw, x, y, n);
     for (int k = 0; k < nw; k++)
         add_bias(w[k], y[k], n);
+}
+
+/* Size xg for batches of n rows, so that their products allocate nothing. */
+static void cpu_reserve(cb_backend *b, int64_t n)
+{
+    cpu_ctx *c = CTX(b);
+    if (!c->act8)
+        return;
+    pthread_mutex_lock(&c->xg_mu);
+    grow_xg(c, n); /* on failure the products go in smaller slices */
+    pthread_mutex_unlock(&c->xg_mu);
 }
 
 /* rows of an embedding table, decoded by the reference decoder (exact) */
@@ -798,12 +943,13 @@ static void cpu_free(cb_backend *b)
     for (int t = 0; c->ts && t < c->n_threads; t++) {
         thread_scratch *s = &c->ts[t];
         free(s->panel), free(s->q), free(s->o), free(s->k), free(s->v), free(s->s), free(s->mx), free(s->l);
+        free(s->qpanel);
     }
     free(c->ts);
     free(c->parts);
-    free(c->xq);
+    free(c->xg);
     pthread_mutex_destroy(&c->grow_mu);
-    pthread_mutex_destroy(&c->xq_mu);
+    pthread_mutex_destroy(&c->xg_mu);
     free(c);
     free(b);
 }
@@ -848,6 +994,7 @@ static const cb_backend_ops cpu_ops = {
     .deviation = cpu_deviation,
     .topk = cpu_topk,
     .set_act8 = cpu_set_act8,
+    .reserve = cpu_reserve,
 };
 
 cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
@@ -866,7 +1013,7 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
         n_threads = n > 0 ? (int)n : 1;
     }
     pthread_mutex_init(&c->grow_mu, NULL);
-    pthread_mutex_init(&c->xq_mu, NULL);
+    pthread_mutex_init(&c->xg_mu, NULL);
     b->ops = &cpu_ops;
     b->ctx = c;
     c->simd = simd;
@@ -874,7 +1021,8 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
     c->f16_row = qmm_f16_row(simd);
     c->att_qk = qmm_att_qk(simd);
     c->att_pv = qmm_att_pv(simd);
-    c->quant = qmm_quant(simd);
+    qg_select(simd, &c->qg);
+    c->act8 = 1; /* the default: 8-bit activations (cpu_set_act8(b, 0) for the exact path) */
     c->pool = cb_pool_new(n_threads);
     if (!c->pool)
         goto fail;

@@ -38,17 +38,21 @@ void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int
 #include <cpuid.h>
 
 /* F16C by CPUID (leaf 1, ECX bit 29): clang's __builtin_cpu_supports does
- * not know "f16c" */
-static int cpu_has_avx2(void)
+ * not know "f16c".  Asked once: CPUID traps to the hypervisor in a virtual
+ * machine, and every weight of a model loaded asks. */
+int qmm_cpu_avx2(void)
 {
-    unsigned a, b, c, d;
-    __builtin_cpu_init();
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 29)))
-        return 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static int known = -1; /* a benign race: every thread computes the same */
+    if (known < 0) {
+        unsigned a, b, c, d;
+        __builtin_cpu_init();
+        known = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) && __builtin_cpu_supports("avx2") &&
+                __builtin_cpu_supports("fma");
+    }
+    return known;
 }
 #else
-static int cpu_has_avx2(void) { return 0; }
+int qmm_cpu_avx2(void) { return 0; }
 int qmm_avx2_get(cb_type t, qmm_kernels *k) { (void)t, (void)k; return 0; }
 float qmm_avx2_exp_sum(float *s, int64_t n, float m) { (void)s, (void)n, (void)m; return 0; }
 void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n) { (void)s, (void)d, (void)n; }
@@ -69,11 +73,10 @@ int qmm_select(cb_type t, int simd, qmm_kernels *k)
 {
     if (!cb_type_is_supported(t))
         return 0;
-    if (simd && cpu_has_avx2() && qmm_avx2_get(t, k))
+    if (simd && qmm_cpu_avx2() && qmm_avx2_get(t, k))
         return 1;
     k->dot = qmm_dot_c;
     k->rows = qmm_rows_c;
-    k->dotq = qmm_has_q8(t) ? qmm_dotq_c : NULL;
     k->quant = qmm_quant8_c;
     k->isa = "c";
     return 1;
@@ -82,27 +85,27 @@ int qmm_select(cb_type t, int simd, qmm_kernels *k)
 const char *qmm_isa(int simd)
 {
     qmm_kernels k;
-    return simd && cpu_has_avx2() && qmm_avx2_get(CB_TYPE_Q4_0, &k) ? "avx2" : "c";
+    return simd && qmm_cpu_avx2() && qmm_avx2_get(CB_TYPE_Q4_0, &k) ? "avx2" : "c";
 }
 
 qmm_exp_sum_fn qmm_exp_sum(int simd)
 {
-    return simd && cpu_has_avx2() ? qmm_avx2_exp_sum : NULL;
+    return simd && qmm_cpu_avx2() ? qmm_avx2_exp_sum : NULL;
 }
 
 qmm_f16_fn qmm_f16_row(int simd)
 {
-    return simd && cpu_has_avx2() ? qmm_avx2_f16_row : NULL;
+    return simd && qmm_cpu_avx2() ? qmm_avx2_f16_row : NULL;
 }
 
 qmm_att_qk_fn qmm_att_qk(int simd)
 {
-    return simd && cpu_has_avx2() ? qmm_avx2_att_qk : NULL;
+    return simd && qmm_cpu_avx2() ? qmm_avx2_att_qk : NULL;
 }
 
 qmm_att_pv_fn qmm_att_pv(int simd)
 {
-    return simd && cpu_has_avx2() ? qmm_avx2_att_pv : NULL;
+    return simd && qmm_cpu_avx2() ? qmm_avx2_att_pv : NULL;
 }
 
 qmm_quant_fn qmm_quant(int simd)

@@ -13,17 +13,13 @@
  * Accumulation is f32 (activations stay f32); the decoded weights equal
  * cb_dequant_row's up to one rounding (a fused multiply-add).
  *
- * An optional third kernel, dotq, is the 8-bit activation path (the CPU
- * backend's act8 mode, off by default): the activation rows are first
- * quantized per 32 elements to int8 with a scale (qmm_q8), then each weight
- * group's integers are multiplied with them in integer arithmetic, as
- * llama.cpp does; qmm8.c states the math.  It exists for the block types
- * q4_0..q8_0 and q4_K..q6_K; plain types keep the f32 path.
+ * These are the exact path's (--exact); the default 8-bit activation
+ * products are qgemm.h's, which read the per-32 activation form and the
+ * weights' integer form defined here (qmm8.c).
  *
  * Two implementations: AVX2+FMA+F16C (qmm_avx2.c, built with those flags
  * whatever the build's -march) chosen at run time when the CPU has them,
- * and portable C (qmm.c) otherwise.  No AVX-512 kernels: the machines this
- * was written on have no AVX-512, and untested kernels are not shipped. */
+ * and portable C (qmm.c) otherwise. */
 #ifndef CB_QMM_H
 #define CB_QMM_H
 
@@ -88,17 +84,12 @@ typedef struct qmm_q8 {
 
 /* xq[n/32] = x[n] quantized (n a multiple of 32) */
 typedef void (*qmm_quant_fn)(const float *x, int64_t n, qmm_q8 *xq);
-/* y[r*ldy + o] = sum over the groups of W row o and of activation row r
- * (xq + r*ldxq, n_in/32 groups) as qmm8.c states, r < nr <= QMM_ROWS */
-typedef void (*qmm_dotq_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const qmm_q8 *xq,
-                            int64_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
 
 typedef struct qmm_kernels {
     qmm_dot_fn dot;
     qmm_rows_fn rows;
-    qmm_dotq_fn dotq;   /* NULL: no 8-bit activation path for the type */
-    qmm_quant_fn quant; /* with dotq: the activations' quantizer */
-    const char *isa; /* "avx2" or "c" */
+    qmm_quant_fn quant; /* the per-32 activation quantizer (the same for every type) */
+    const char *isa;    /* "avx2" or "c" */
 } qmm_kernels;
 
 /* The kernels for type t (one of cb_type_is_supported's); simd 0 forces the
@@ -139,6 +130,9 @@ void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int6
  * (both give the same bytes).  It asks CPUID: call it once, at setup. */
 qmm_quant_fn qmm_quant(int simd);
 
+/* 1 when this CPU has AVX2, FMA and F16C (asked once) */
+int qmm_cpu_avx2(void);
+
 /* "avx2" or "c": the kernels qmm_select(t, simd, ...) picks on this CPU. */
 const char *qmm_isa(int simd);
 
@@ -149,12 +143,13 @@ void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
 void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1, float *dst);
 int qmm_avx2_get(cb_type t, qmm_kernels *k);
 
-/* The 8-bit activation path's portable kernels (qmm8.c) and the integer
+/* The per-32 activation quantizer, portable (qmm8.c), and the integer
  * form of group g of a weight block: value[j] = a * w[j] + b (the tests'
- * reference checks it against cb_dequant_row). */
+ * reference checks it against cb_dequant_row).  qmm_has_q8: the block
+ * types that have an integer form (the 8-bit products'). */
 void qmm_quant8_c(const float *x, int64_t n, qmm_q8 *xq);
-void qmm_dotq_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const qmm_q8 *xq, int64_t ldxq, int nr,
-                int64_t o0, int64_t o1, float *y, int64_t ldy);
+/* q[n] = one group of n activations quantized (the math above); returns d */
+float qmm_quant_group(const float *x, int n, int8_t *q);
 void qmm_group8(cb_type t, const uint8_t *b, int g, int16_t w[32], float *a, float *bb);
 int qmm_has_q8(cb_type t);
 

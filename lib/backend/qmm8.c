@@ -1,35 +1,35 @@
-/* qmm8.c - the portable kernels of qmm.h's 8-bit activation path.
- *
- * The math both implementations (this file and qmm_avx2.c) compute, per
- * group of 32 elements (a q4_0..q8_0 block, a K sub-block):
+/* qmm8.c - the 8-bit activations' per-32 form (qmm_q8, llama.cpp's Q8_0)
+ * and the integer form of the weight blocks, portable (the products that
+ * use them: qgemm.h):
  *   activations  d = max|x| / 127, q[j] = round-half-even(x[j] * (1/d))
- *                (q = 0 when d = 0), s = d * sum q;
- *   weights      value[j] = a * w[j] + b with integers w (qmm_group8);
- *   product      a * d * sum_j w[j] q[j] + b * s,
- * summed over the groups in f32.  The integer sum is exact, so the only
- * departures from the activations' f32 product are the rounding of q
- * (relative 1/254 of a group's largest element at most) and f32 sums. */
+ *                (q = 0 when d = 0, or x NaN or infinite), s = d * sum q;
+ *   weights      value[j] = a * w[j] + b with integers w (qmm_group8). */
 #include "../core/dequant.h"
 #include "qmm.h"
 
 #include <math.h>
 
+float qmm_quant_group(const float *x, int n, int8_t *q)
+{
+    float amax = 0;
+    for (int j = 0; j < n; j++)
+        amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < n; j++) {
+        float v = x[j] * id; /* NaN when x is NaN or infinite: q = 0 (no conversion of a NaN) */
+        q[j] = (int8_t)(v == v ? (int)nearbyintf(v) : 0); /* the default rounding: half to even, as vcvtps2dq */
+    }
+    return d;
+}
+
 void qmm_quant8_c(const float *x, int64_t n, qmm_q8 *xq)
 {
     for (int64_t g = 0; g < n / 32; g++, x += 32, xq++) {
-        float amax = 0;
-        for (int j = 0; j < 32; j++)
-            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            float v = x[j] * id; /* NaN when x is NaN or infinite: q = 0 (no conversion of a NaN) */
-            int q = v == v ? (int)nearbyintf(v) : 0; /* the default rounding: half to even, as vcvtps2dq */
-            xq->q[j] = (int8_t)q;
-            sum += q;
-        }
-        xq->d = d;
-        xq->s = d * (float)sum;
+        xq->d = qmm_quant_group(x, 32, xq->q);
+        for (int j = 0; j < 32; j++)
+            sum += xq->q[j];
+        xq->s = xq->d * (float)sum;
     }
 }
 
@@ -95,31 +95,5 @@ void qmm_group8(cb_type t, const uint8_t *b, int g, int16_t w[32], float *a, flo
     default:
         *a = 0;
         return;
-    }
-}
-
-void qmm_dotq_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const qmm_q8 *xq, int64_t ldxq, int nr,
-                int64_t o0, int64_t o1, float *y, int64_t ldy)
-{
-    int64_t ng = n_in / 32;
-    int per = t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K ? 8 : 1; /* groups a block */
-    size_t bb = cb_type_row_bytes(t, 32 * per);
-    for (int64_t o = o0; o < o1; o++) {
-        const uint8_t *row = w + (size_t)o * row_bytes;
-        float acc[QMM_ROWS] = {0};
-        for (int64_t g = 0; g < ng; g++) {
-            int16_t wi[32];
-            float a, b;
-            qmm_group8(t, row + (size_t)(g / per) * bb, (int)(g % per), wi, &a, &b);
-            for (int r = 0; r < nr; r++) {
-                const qmm_q8 *xg = xq + r * ldxq + g;
-                int32_t isum = 0;
-                for (int j = 0; j < 32; j++)
-                    isum += wi[j] * xg->q[j];
-                acc[r] += (a * xg->d) * (float)isum + b * xg->s;
-            }
-        }
-        for (int r = 0; r < nr; r++)
-            y[r * ldy + o] = acc[r];
     }
 }

@@ -280,7 +280,8 @@ KERNELS(q6_k, 8, CB_Q6_K_BYTES, dec_q6_k)
 /* -------------------------------------------- 8-bit activations (qmm8.c) */
 
 /* xq = x quantized: qmm_quant8_c's math, bit for bit (vcvtps2dq rounds half
- * to even, as nearbyintf does in the default mode) */
+ * to even, as nearbyintf does in the default mode; NaN ignored by the
+ * maximum and quantized to 0) */
 static void quant8(const float *x, int64_t n, qmm_q8 *xq)
 {
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -288,7 +289,7 @@ static void quant8(const float *x, int64_t n, qmm_q8 *xq)
         __m256 v[4], m = _mm256_setzero_ps();
         for (int k = 0; k < 4; k++) {
             v[k] = _mm256_loadu_ps(x + 8 * k);
-            m = _mm256_max_ps(m, _mm256_and_ps(v[k], absm));
+            m = _mm256_max_ps(_mm256_and_ps(v[k], absm), m); /* a NaN is ignored, as in C */
         }
         __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
@@ -297,7 +298,8 @@ static void quant8(const float *x, int64_t n, qmm_q8 *xq)
         __m256 vid = _mm256_set1_ps(id);
         __m256i q[4], sum = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
-            q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
+            __m256 p = _mm256_mul_ps(v[k], vid); /* NaN (x NaN or infinite): 0, as in C */
+            q[k] = _mm256_and_si256(_mm256_cvtps_epi32(p), _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_ORD_Q)));
             sum = _mm256_add_epi32(sum, q[k]);
         }
         /* the packs interleave 128-bit lanes: dwords come out as elements
@@ -312,341 +314,6 @@ static void quant8(const float *x, int64_t n, qmm_q8 *xq)
         xq->s = d * (float)_mm_cvtsi128_si32(s4);
     }
 }
-
-/* 16 bytes of nibbles as 32 bytes: the low nibbles, then the high ones */
-AI __m256i nib16(const uint8_t *qs)
-{
-    __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-}
-
-/* bit j of x as 16 in byte j (q5 types' fifth bits) */
-AI __m256i bits16(uint32_t x)
-{
-    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
-                                          3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(16));
-}
-
-/* Group decoders: the integers w (32 bytes), a and b of qmm_group8 (K
- * types: from ka/kb, which their block's PREP filled), and for q6_K its two
- * per-16 scales as 16-bit lanes (sc) */
-AI void g8_q4_0(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
-                __m256i *sc)
-{
-    (void)g, (void)sc, (void)ka, (void)kb;
-    *w = nib16(b + 2);
-    *a = _cvtsh_ss(cb_dq_rd16(b));
-    *bb = -8.0f * *a;
-}
-
-AI void g8_q4_1(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
-                __m256i *sc)
-{
-    (void)g, (void)sc, (void)ka, (void)kb;
-    *w = nib16(b + 4);
-    *a = _cvtsh_ss(cb_dq_rd16(b));
-    *bb = _cvtsh_ss(cb_dq_rd16(b + 2));
-}
-
-AI void g8_q5_0(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
-                __m256i *sc)
-{
-    (void)g, (void)sc, (void)ka, (void)kb;
-    *w = _mm256_or_si256(nib16(b + 6), bits16(cb_dq_rd32(b + 2)));
-    *a = _cvtsh_ss(cb_dq_rd16(b));
-    *bb = -16.0f * *a;
-}
-
-AI void g8_q5_1(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
-                __m256i *sc)
-{
-    (void)g, (void)sc, (void)ka, (void)kb;
-    *w = _mm256_or_si256(nib16(b + 8), bits16(cb_dq_rd32(b + 4)));
-    *a = _cvtsh_ss(cb_dq_rd16(b));
-    *bb = _cvtsh_ss(cb_dq_rd16(b + 2));
-}
-
-AI void g8_q8_0(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
-                __m256i *sc)
-{
-    (void)g, (void)sc, (void)ka, (void)kb;
-    *w = _mm256_loadu_si256((const __m256i *)(b + 2));
-    *a = _cvtsh_ss(cb_dq_rd16(b));
-    *bb = 0;
-}
-
-/* q4_K/q5_K: every sub-block's scale d*sc and offset -dmin*m, once a
- * block (the groups' decoders take theirs).  The twelve bytes of 6-bit
- * scales and mins (cb_dq_scale_min) unpacked four at a time in 32-bit
- * words: bytes 0-3 give sc 0-3, 4-7 m 0-3, and 8-11 the low four bits of
- * sc 4-7 and m 4-7, whose top two bits are bytes 0-3's and 4-7's. */
-AI void k8_prep(const uint8_t *b, float *ka, float *kb)
-{
-    float d = _cvtsh_ss(cb_dq_rd16(b)), dmin = _cvtsh_ss(cb_dq_rd16(b + 2));
-    uint32_t w0 = cb_dq_rd32(b + 4), w1 = cb_dq_rd32(b + 8), w2 = cb_dq_rd32(b + 12);
-    uint32_t sc_lo = w0 & 0x3f3f3f3fu, sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
-    uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
-    __m128i v = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
-    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
-    _mm256_storeu_ps(ka, _mm256_mul_ps(sc, _mm256_set1_ps(d)));
-    _mm256_storeu_ps(kb, _mm256_mul_ps(m, _mm256_set1_ps(-dmin))); /* = -(dmin * m), exactly */
-}
-
-/* ------------------------------------ the one-row kernel's scale vectors */
-
-/* Eight groups' a and b (qmm_group8) as vectors: the eight sub-blocks of a
- * K block, or eight consecutive 32-blocks of BB bytes (the first four
- * bytes of each, its f16 d and, for q4_1/q5_1, m: eight scalar loads, which
- * measured faster here than vpgatherdd) */
-AI __m256 f16lo8(__m256i w)
-{
-    __m256i p = _mm256_packus_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0xffff)), _mm256_setzero_si256());
-    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
-}
-
-AI __m256i gather8(const uint8_t *b, int bb)
-{
-    return _mm256_setr_epi32((int)cb_dq_rd32(b), (int)cb_dq_rd32(b + bb), (int)cb_dq_rd32(b + 2 * bb),
-                             (int)cb_dq_rd32(b + 3 * bb), (int)cb_dq_rd32(b + 4 * bb), (int)cb_dq_rd32(b + 5 * bb),
-                             (int)cb_dq_rd32(b + 6 * bb), (int)cb_dq_rd32(b + 7 * bb));
-}
-
-AI void v8_q4_0(const uint8_t *b, __m256 *a, __m256 *bb)
-{
-    *a = f16lo8(gather8(b, CB_Q4_0_BYTES));
-    *bb = _mm256_mul_ps(*a, _mm256_set1_ps(-8.0f));
-}
-
-AI void v8_q4_1(const uint8_t *b, __m256 *a, __m256 *bb)
-{
-    __m256i w = gather8(b, CB_Q4_1_BYTES);
-    *a = f16lo8(w);
-    *bb = f16lo8(_mm256_srli_epi32(w, 16));
-}
-
-AI void v8_q5_0(const uint8_t *b, __m256 *a, __m256 *bb)
-{
-    *a = f16lo8(gather8(b, CB_Q5_0_BYTES));
-    *bb = _mm256_mul_ps(*a, _mm256_set1_ps(-16.0f));
-}
-
-AI void v8_q5_1(const uint8_t *b, __m256 *a, __m256 *bb)
-{
-    __m256i w = gather8(b, CB_Q5_1_BYTES);
-    *a = f16lo8(w);
-    *bb = f16lo8(_mm256_srli_epi32(w, 16));
-}
-
-AI void v8_q8_0(const uint8_t *b, __m256 *a, __m256 *bb)
-{
-    *a = f16lo8(gather8(b, CB_Q8_0_BYTES));
-    *bb = _mm256_setzero_ps();
-}
-
-AI void v8_k45(const uint8_t *b, __m256 *a, __m256 *bb)
-{
-    float ka[8], kb[8];
-    k8_prep(b, ka, kb);
-    *a = _mm256_loadu_ps(ka);
-    *bb = _mm256_loadu_ps(kb);
-}
-
-AI void v8_q6_k(const uint8_t *b, __m256 *a, __m256 *bb)
-{
-    *a = _mm256_set1_ps(_cvtsh_ss(cb_dq_rd16(b + 208)));
-    *bb = _mm256_setzero_ps();
-}
-
-/* q6_K: d (its per-16 scales go into the integers) */
-AI void k6_prep(const uint8_t *b, float *ka, float *kb)
-{
-    ka[0] = _cvtsh_ss(cb_dq_rd16(b + 208));
-    kb[0] = 0;
-}
-
-/* the 32-element types: nothing a block */
-AI void no_prep(const uint8_t *b, float *ka, float *kb)
-{
-    (void)b, (void)ka, (void)kb;
-}
-
-AI __m256i nib_k8(const uint8_t *qs, int g)
-{
-    __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (g >> 1)));
-    return _mm256_and_si256(g & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(15));
-}
-
-AI void g8_q4_k(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
-                __m256i *sc)
-{
-    (void)sc;
-    *w = nib_k8(b + 16, g);
-    *a = ka[g];
-    *bb = kb[g];
-}
-
-AI void g8_q5_k(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
-                __m256i *sc)
-{
-    (void)sc;
-    __m256i h = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(b + 16)), g),
-                                 _mm256_set1_epi8(1));
-    *w = _mm256_or_si256(nib_k8(b + 48, g), _mm256_slli_epi16(h, 4));
-    *a = ka[g];
-    *bb = kb[g];
-}
-
-/* q6_K group g = (half n = g/4, quarter k = g%4), as dec_q6_k: w = q - 32
- * (signed), its two scales in sc */
-AI void g8_q6_k(const uint8_t *b, int g, const float *ka, const float *kb, __m256i *w, float *a, float *bb,
-                __m256i *sc)
-{
-    int n = g >> 2, k = g & 3;
-    __m256i lo = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32 * (k & 1)));
-    __m256i hi = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
-    lo = _mm256_and_si256(_mm256_srli_epi16(lo, 4 * (k >> 1)), _mm256_set1_epi8(15));
-    hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 2 * k), _mm256_set1_epi8(3)), 4);
-    *w = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
-    const int8_t *s = (const int8_t *)b + 192 + 8 * n + 2 * k;
-    *sc = _mm256_set_m128i(_mm_set1_epi16(s[1]), _mm_set1_epi16(s[0]));
-    *a = ka[0];
-    *bb = kb[0];
-}
-
-/* Integer dot products of a group's weights w and activations x (signed
- * bytes), as eight 32-bit partial sums: unsigned w (0..31) straight into
- * vpmaddubsw; signed w (q8_0, q6_K) as |w| times x with w's sign (no
- * 16-bit pair can overflow: 2 * 128 * 127 < 32768) */
-AI __m256i isum_u(__m256i w, __m256i x, __m256i sc)
-{
-    (void)sc;
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-}
-
-AI __m256i isum_s(__m256i w, __m256i x, __m256i sc)
-{
-    (void)sc;
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
-                             _mm256_set1_epi16(1));
-}
-
-AI __m256i isum_s16(__m256i w, __m256i x, __m256i sc)
-{
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), sc);
-}
-
-/* One weight row against R quantized activation rows, PER groups a block
- * of BB bytes */
-#define ROW_DOTQ(R, PER, BB, PREP, DEC, ISUM)                                                                  \
-    do {                                                                                                       \
-        __m256 acc[R];                                                                                         \
-        float mac[R];                                                                                          \
-        for (int r = 0; r < (R); r++) {                                                                        \
-            acc[r] = _mm256_setzero_ps();                                                                      \
-            mac[r] = 0;                                                                                        \
-        }                                                                                                      \
-        const uint8_t *blk = row;                                                                              \
-        const qmm_q8 *xg = xq;                                                                                 \
-        for (int64_t bi = 0; bi < nb; bi++, blk += (BB)) {                                                     \
-            float ka[8], kb[8];                                                                                \
-            PREP(blk, ka, kb);                                                                                 \
-            for (int g = 0; g < (PER); g++, xg++) {                                                            \
-                __m256i wv, sc = _mm256_setzero_si256();                                                       \
-                float a, b;                                                                                    \
-                DEC(blk, g, ka, kb, &wv, &a, &b, &sc);                                                         \
-                for (int r = 0; r < (R); r++) {                                                                \
-                    const qmm_q8 *x = xg + r * ldxq;                                                           \
-                    __m256i is = ISUM(wv, _mm256_loadu_si256((const __m256i *)x->q), sc);                      \
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(a * x->d), acc[r]);        \
-                    mac[r] += b * x->s;                                                                        \
-                }                                                                                              \
-            }                                                                                                  \
-        }                                                                                                      \
-        for (int r = 0; r < (R); r++)                                                                          \
-            out[r] = hsum(acc[r]) + mac[r];                                                                    \
-    } while (0)
-
-/* One weight row against one activation row (decode), eight groups at a
- * time: their scales a (times the activations' d) and offsets b (times the
- * activations' s) as two vectors, so that each group's own work is its
- * integer dot product and one multiply-add, in two chains (even and odd
- * groups).  xd, xs: the activation groups' d and s, contiguous.  Groups
- * past the last eight (32-element types) take ROW_DOTQ(1)'s steps. */
-#define ROW_DOTQ1(PER, BB, V8, DEC, ISUM)                                                                      \
-    do {                                                                                                       \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), macv = _mm256_setzero_ps();            \
-        float mac = 0, ka[8] = {0}, kb[8] = {0}, ad[8];                                                        \
-        const uint8_t *blk = row;                                                                              \
-        int64_t g0 = 0, ng = nb * (PER);                                                                       \
-        for (; g0 + 8 <= ng; g0 += 8, blk += (PER) == 1 ? 8 * (BB) : (BB)) {                                  \
-            __m256 va, vb;                                                                                     \
-            V8(blk, &va, &vb);                                                                                 \
-            _mm256_storeu_ps(ad, _mm256_mul_ps(va, _mm256_loadu_ps(xd + g0)));                                 \
-            macv = _mm256_fmadd_ps(vb, _mm256_loadu_ps(xs + g0), macv);                                        \
-            for (int k = 0; k < 8; k += 2) {                                                                   \
-                __m256i w0, w1, sc0 = _mm256_setzero_si256(), sc1 = _mm256_setzero_si256();                    \
-                float a_, b_;                                                                                  \
-                DEC((PER) == 1 ? blk + k * (BB) : blk, (PER) == 1 ? 0 : k, ka, kb, &w0, &a_, &b_, &sc0);       \
-                DEC((PER) == 1 ? blk + (k + 1) * (BB) : blk, (PER) == 1 ? 0 : k + 1, ka, kb, &w1, &a_, &b_,    \
-                    &sc1);                                                                                     \
-                __m256i i0 = ISUM(w0, _mm256_loadu_si256((const __m256i *)xq[g0 + k].q), sc0);                 \
-                __m256i i1 = ISUM(w1, _mm256_loadu_si256((const __m256i *)xq[g0 + k + 1].q), sc1);             \
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_broadcast_ss(ad + k), acc0);             \
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_broadcast_ss(ad + k + 1), acc1);         \
-            }                                                                                                  \
-        }                                                                                                      \
-        for (; g0 < ng; g0++, blk += (BB)) { /* (PER) == 1 here: ng % 8 blocks */                             \
-            __m256i wv, sc = _mm256_setzero_si256();                                                           \
-            float a, b;                                                                                        \
-            DEC(blk, 0, ka, kb, &wv, &a, &b, &sc);                                                             \
-            __m256i is = ISUM(wv, _mm256_loadu_si256((const __m256i *)xq[g0].q), sc);                          \
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(a * xd[g0]), acc0);                  \
-            mac += b * xs[g0];                                                                                 \
-        }                                                                                                      \
-        out[0] = hsum(_mm256_add_ps(acc0, acc1)) + (hsum(macv) + mac);                                         \
-    } while (0)
-
-/* the one-row kernel's activation scales, contiguous (at most XD_MAX groups:
- * 64K inputs; wider rows take ROW_DOTQ(1)) */
-enum { XD_MAX = 2048 };
-
-#define KERNEL_Q8(NAME, PER, BB, PREP, V8, DEC, ISUM)                                                          \
-    static void dotq_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, const qmm_q8 *xq,            \
-                            int64_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)               \
-    {                                                                                                          \
-        (void)t;                                                                                               \
-        int64_t nb = n_in / (32 * (PER));                                                                      \
-        float xd[XD_MAX], xs[XD_MAX];                                                                          \
-        int one = nr == 1 && n_in / 32 <= XD_MAX;                                                              \
-        for (int64_t g = 0; one && g < n_in / 32; g++)                                                         \
-            xd[g] = xq[g].d, xs[g] = xq[g].s;                                                                  \
-        for (int64_t o = o0; o < o1; o++) {                                                                    \
-            const uint8_t *row = w + (size_t)o * rb;                                                           \
-            float out[QMM_ROWS];                                                                               \
-            switch (one ? 0 : nr) {                                                                            \
-            case 0: ROW_DOTQ1(PER, BB, V8, DEC, ISUM); break;                                                  \
-            case 1: ROW_DOTQ(1, PER, BB, PREP, DEC, ISUM); break;                                              \
-            case 2: ROW_DOTQ(2, PER, BB, PREP, DEC, ISUM); break;                                              \
-            case 3: ROW_DOTQ(3, PER, BB, PREP, DEC, ISUM); break;                                              \
-            default: ROW_DOTQ(4, PER, BB, PREP, DEC, ISUM); break;                                             \
-            }                                                                                                  \
-            for (int r = 0; r < nr; r++)                                                                       \
-                y[r * ldy + o] = out[r];                                                                       \
-        }                                                                                                      \
-    }
-
-KERNEL_Q8(q4_0, 1, CB_Q4_0_BYTES, no_prep, v8_q4_0, g8_q4_0, isum_u)
-KERNEL_Q8(q4_1, 1, CB_Q4_1_BYTES, no_prep, v8_q4_1, g8_q4_1, isum_u)
-KERNEL_Q8(q5_0, 1, CB_Q5_0_BYTES, no_prep, v8_q5_0, g8_q5_0, isum_u)
-KERNEL_Q8(q5_1, 1, CB_Q5_1_BYTES, no_prep, v8_q5_1, g8_q5_1, isum_u)
-KERNEL_Q8(q8_0, 1, CB_Q8_0_BYTES, no_prep, v8_q8_0, g8_q8_0, isum_s)
-KERNEL_Q8(q4_k, 8, CB_Q4_K_BYTES, k8_prep, v8_k45, g8_q4_k, isum_u)
-KERNEL_Q8(q5_k, 8, CB_Q5_K_BYTES, k8_prep, v8_k45, g8_q5_k, isum_u)
-KERNEL_Q8(q6_k, 8, CB_Q6_K_BYTES, k6_prep, v8_q6_k, g8_q6_k, isum_s16)
 
 /* s[j] = e^(s[j] - m) (arguments <= 0) for j < n; returns their sum.  The
  * polynomial of qmm_exp_neg (Cephes' exp2f, relative error < 2e-7),
@@ -799,25 +466,23 @@ void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int6
 
 int qmm_avx2_get(cb_type t, qmm_kernels *k)
 {
-    k->dotq = NULL;
     switch (t) {
-#define CASE(T, NAME, Q)                                                                                       \
+#define CASE(T, NAME)                                                                                          \
     case T:                                                                                                    \
         k->dot = dot_##NAME;                                                                                   \
         k->rows = rows_##NAME;                                                                                 \
-        k->dotq = Q;                                                                                           \
         break;
-        CASE(CB_TYPE_F32, f32, NULL)
-        CASE(CB_TYPE_F16, f16, NULL)
-        CASE(CB_TYPE_BF16, bf16, NULL)
-        CASE(CB_TYPE_Q4_0, q4_0, dotq_q4_0)
-        CASE(CB_TYPE_Q4_1, q4_1, dotq_q4_1)
-        CASE(CB_TYPE_Q5_0, q5_0, dotq_q5_0)
-        CASE(CB_TYPE_Q5_1, q5_1, dotq_q5_1)
-        CASE(CB_TYPE_Q8_0, q8_0, dotq_q8_0)
-        CASE(CB_TYPE_Q4_K, q4_k, dotq_q4_k)
-        CASE(CB_TYPE_Q5_K, q5_k, dotq_q5_k)
-        CASE(CB_TYPE_Q6_K, q6_k, dotq_q6_k)
+        CASE(CB_TYPE_F32, f32)
+        CASE(CB_TYPE_F16, f16)
+        CASE(CB_TYPE_BF16, bf16)
+        CASE(CB_TYPE_Q4_0, q4_0)
+        CASE(CB_TYPE_Q4_1, q4_1)
+        CASE(CB_TYPE_Q5_0, q5_0)
+        CASE(CB_TYPE_Q5_1, q5_1)
+        CASE(CB_TYPE_Q8_0, q8_0)
+        CASE(CB_TYPE_Q4_K, q4_k)
+        CASE(CB_TYPE_Q5_K, q5_k)
+        CASE(CB_TYPE_Q6_K, q6_k)
 #undef CASE
     default:
         return 0;

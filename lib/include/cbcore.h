@@ -426,12 +426,14 @@ typedef struct cb_model_params {
     const char *device;    /* "cpu" (also NULL, ""), "cuda", "cuda:N", or
                               "auto": CUDA device 0 when one is present,
                               else cpu (the programs' default) */
-    int act8;              /* 1: the CPU's products of 1 to 12 rows with
+    int exact;             /* 0 (the default): the CPU's products with
                               block-quantized weights quantize their
-                              activations to 8 bits per 32 (as llama.cpp;
-                              faster decode, not exact); 0: exact f32
-                              activations.  A device without the mode
-                              refuses it (CB_ERR_UNSUPPORTED). */
+                              activations to 8 bits (per 32, or per 256
+                              for K-quants in batches; as llama.cpp:
+                              faster, not exact); 1: f32 activations in
+                              every product, the reference path.  A device
+                              without an exact path (cuda: f16 products)
+                              refuses 1 (CB_ERR_UNSUPPORTED). */
 } cb_model_params;
 
 /* Load a model: GGUF metadata, tokenizer and every weight, onto a compute

@@ -196,6 +196,8 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     B(v, dkv);
     B(g, hp->n_ff);
     B(u, hp->n_ff);
+    if (be->ops->reserve)
+        be->ops->reserve(be, n_max);
     f->logits = be->ops->alloc(be, sizeof(float) * (size_t)(n_max < FWD_LOGIT_ROWS ? n_max : FWD_LOGIT_ROWS) *
                                        (size_t)hp->n_vocab);
     B(dev, 1);

@@ -207,7 +207,7 @@ static cb_status load_vec(cb_model *m, const char *path, const char *name, int64
                           cb_error *err);
 
 /* The model's backend (p->device, p->n_threads), checked against the head
- * dimension, in 8-bit activation mode when p->act8 (before any weight). */
+ * dimension, on its exact path when p->exact (before any weight). */
 static cb_status open_backend(cb_model *m, const char *path, const cb_model_params *p, cb_error *err)
 {
     cb_status st = cb_backend_open(&m->be, p ? p->device : NULL, p ? p->n_threads : 0, err);
@@ -216,11 +216,12 @@ static cb_status open_backend(cb_model *m, const char *path, const cb_model_para
     if (m->be->ops->max_head_dim && m->hp.head_dim > m->be->ops->max_head_dim)
         return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: head dimension %d is more than the %s backend handles (%d)",
                             path, m->hp.head_dim, m->be->ops->name, m->be->ops->max_head_dim);
-    if (p && p->act8) {
+    if (p && p->exact) {
         if (!m->be->ops->set_act8)
-            return cb_error_set(err, CB_ERR_UNSUPPORTED, "8-bit activations: the %s backend has no such mode",
+            return cb_error_set(err, CB_ERR_UNSUPPORTED,
+                                "exact f32 products: the %s backend has no such path (its products are its own)",
                                 m->be->ops->name);
-        m->be->ops->set_act8(m->be, 1);
+        m->be->ops->set_act8(m->be, 0);
     }
     return CB_OK;
 }

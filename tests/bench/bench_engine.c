@@ -14,17 +14,27 @@
  *                   to both (every product of the act8 model through its
  *                   8-bit kernels, its KV cache included); kl_L_first: the
  *                   KL (nats) of the next-token distribution after the
- *                   prompt, kl_L_mean / kl_L_max over every position,
+ *                   prompt, kl_L_mean / kl_L_median / kl_L_max over every
+ *                   position (Qwen2.5's first position, whose massive
+ *                   activations 8-bit rounding per 256 values distorts,
+ *                   can dominate the mean),
  *                   kl_L_top1: the share of positions where the top tokens
  *                   agree
+ *   membw           this machine's memory read bandwidth with THREADS
+ *                   threads (each streaming its share of 1 GiB, best of 5):
+ *                   membw_gb_s (the decode figures' yardstick)
+ * decode also prints decode_L_gb_s: the weight bytes a token reads (every
+ * 2-D weight but an untied token embedding) times the token rate.
  * Every scenario also prints rss_kb (getrusage: the peak so far).  $CB_BENCH_DEVICE
  * picks the device (default cpu, the one llama.cpp is compared on);
- * CB_BENCH_ACT8=1 turns on the 8-bit activations (cb_model_params.act8).
+ * CB_BENCH_EXACT=1 runs the exact path (cb_model_params.exact; default:
+ * 8-bit activations).
  * Prompts are fixed pseudo-random ids, as in llamacpp_engine.py. */
 #include "cbcore.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +65,12 @@ static const char kl_text[] =
     "case, a small museum that tells the story of the valley's industry. Today the river is known mostly "
     "for its fishing and for the walking path that follows it from its source to the coast. ";
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* kl:L on model path with threads: exact vs 8-bit activations */
 static int kl_rows(const char *path, int threads, int L)
 {
@@ -64,7 +80,7 @@ static int kl_rows(const char *path, int threads, int L)
     cb_error err;
     cb_tokens t = {0};
     for (int a = 0; a < 2; a++) {
-        cb_model_params mp = {threads, "cpu", a};
+        cb_model_params mp = {threads, "cpu", !a}; /* m[0] exact, m[1] the default */
         if (cb_model_load(&m[a], path, &mp, &err) != CB_OK) {
             fprintf(stderr, "bench_engine: %s\n", err.msg);
             return 65;
@@ -79,7 +95,7 @@ static int kl_rows(const char *path, int threads, int L)
     for (int a = 0; a < 2; a++)
         if (cb_kvcache_new(&kv[a], m[a], L + 8, CB_TYPE_F16) != CB_OK || cb_fwd_new(&f[a], m[a], 8) != CB_OK)
             return 70;
-    double sum = 0, mx = 0, k = 0;
+    double sum = 0, mx = 0, k = 0, *all = malloc(sizeof(double) * (size_t)L);
     int agree = 0;
     for (int i = 0; i < L; i++) {
         for (int a = 0; a < 2; a++)
@@ -87,12 +103,15 @@ static int kl_rows(const char *path, int threads, int L)
                 return 70;
         int same;
         k = cb_logits_kl(lg[0], lg[1], nv, &same);
+        all[i] = k;
         sum += k;
         mx = k > mx ? k : mx;
         agree += same;
     }
-    printf("kl_%d_first %.3e\nkl_%d_mean %.3e\nkl_%d_max %.3e\nkl_%d_top1 %.3f\n", L, k, L, sum / L, L, mx, L,
-           (double)agree / L);
+    qsort(all, (size_t)L, sizeof *all, cmp_double);
+    printf("kl_%d_first %.3e\nkl_%d_mean %.3e\nkl_%d_median %.3e\nkl_%d_max %.3e\nkl_%d_top1 %.3f\n", L, k, L,
+           sum / L, L, all[L / 2], L, mx, L, (double)agree / L);
+    free(all);
     for (int a = 0; a < 2; a++) {
         cb_fwd_free(f[a]);
         cb_kvcache_free(kv[a]);
@@ -101,6 +120,73 @@ static int kl_rows(const char *path, int threads, int L)
     }
     cb_tokens_free(&t);
     return 0;
+}
+
+/* membw: T threads each read their share of 1 GiB with 32-byte loads */
+typedef struct bw_arg {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} bw_arg;
+
+static void *bw_read(void *arg)
+{
+    bw_arg *a = arg;
+    uint64_t s[4] = {0};
+    for (size_t i = 0; i + 4 <= a->n; i += 4)
+        for (int k = 0; k < 4; k++)
+            s[k] ^= a->p[i + k];
+    a->sum = s[0] ^ s[1] ^ s[2] ^ s[3];
+    return NULL;
+}
+
+static void membw(int threads)
+{
+    size_t n = (size_t)1 << 27; /* 1 GiB of uint64 */
+    uint64_t *buf = malloc(sizeof *buf * n);
+    pthread_t th[64];
+    bw_arg a[64];
+    double best = 1e9;
+    if (!buf)
+        return;
+    threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    memset(buf, 1, sizeof *buf * n);
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        for (int i = 0; i < threads; i++) {
+            a[i] = (bw_arg){buf + n / (size_t)threads * (size_t)i, n / (size_t)threads, 0};
+            pthread_create(&th[i], NULL, bw_read, &a[i]);
+        }
+        for (int i = 0; i < threads; i++)
+            pthread_join(th[i], NULL);
+        double dt = now() - t0;
+        best = dt < best ? dt : best;
+    }
+    printf("membw_gb_s %.1f\n", (double)(sizeof *buf * n) / best / 1e9);
+    free(buf);
+}
+
+/* the bytes of weights one decode step reads: every 2-D tensor but the
+ * token embedding, which a decode step reads one row of, unless the
+ * model has no output.weight (tied: the logits read all of it) */
+static double decode_bytes(const char *path)
+{
+    cb_gguf *g;
+    cb_error err;
+    double sum = 0;
+    if (cb_gguf_open(&g, path, &err) != CB_OK)
+        return 0;
+    int tied = cb_gguf_find_tensor(g, "output.weight") < 0;
+    for (int64_t i = 0; i < cb_gguf_n_tensors(g); i++) {
+        cb_tensor_info ti;
+        if (cb_gguf_tensor(g, i, &ti) != CB_OK || ti.n_dims < 2)
+            continue;
+        if (!tied && ti.name.len == 17 && memcmp(ti.name.data, "token_embd.weight", 17) == 0)
+            continue;
+        sum += (double)ti.nbytes;
+    }
+    cb_gguf_free(g);
+    return sum;
 }
 
 static void sgemm_rate(int threads)
@@ -135,6 +221,10 @@ int main(int argc, char **argv)
         sgemm_rate(threads);
         return 0;
     }
+    if (argc == 4 && strcmp(argv[3], "membw") == 0) {
+        membw(threads);
+        return 0;
+    }
     int kl_len = 0;
     if (argc == 4 && sscanf(argv[3], "kl:%d", &kl_len) == 1 && kl_len > 0) {
         int code = kl_rows(argv[1], threads, kl_len);
@@ -142,8 +232,8 @@ int main(int argc, char **argv)
         return code;
     }
     const char *dev = getenv("CB_BENCH_DEVICE");
-    const char *a8 = getenv("CB_BENCH_ACT8");
-    cb_model_params mp = {threads, dev && *dev ? dev : "cpu", a8 && !strcmp(a8, "1")};
+    const char *ex = getenv("CB_BENCH_EXACT");
+    cb_model_params mp = {threads, dev && *dev ? dev : "cpu", ex && !strcmp(ex, "1")};
     double t_load = now();
     if (cb_model_load(&m, argv[1], &mp, &err) != CB_OK) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);
@@ -180,7 +270,8 @@ int main(int argc, char **argv)
             t0 = now();
             for (int i = 0; i < N; i++)
                 cb_model_eval(f, kv, &t[C + i], 1, C + i, logits);
-            printf("decode_%d_tok_s %.2f\n", L, N / (now() - t0));
+            double rate = N / (now() - t0);
+            printf("decode_%d_tok_s %.2f\ndecode_%d_gb_s %.2f\n", L, rate, L, decode_bytes(argv[1]) * rate / 1e9);
         } else if (B) {
             double best = 1e9;
             for (int r = 0; r < 3; r++) {

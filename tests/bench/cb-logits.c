@@ -2,7 +2,8 @@
  * stdin, evaluate each line as a fresh prompt (positions 0..n-1) and write
  * the last position's logits to stdout as n_vocab little-endian float32.
  * usage: cb-logits MODEL [THREADS] < ids.txt > logits.f32
- * $CB_DEVICE picks the device (default cpu). */
+ * $CB_DEVICE picks the device (default cpu); $CB_EXACT=1 the exact path
+ * (default: 8-bit activations, as the programs). */
 #include "cbcore.h"
 
 #include <stdio.h>
@@ -13,7 +14,9 @@ int main(int argc, char **argv)
 {
     cb_model *m;
     cb_error err;
-    cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, getenv("CB_DEVICE"), 0}; /* NULL: the CPU */
+    const char *ex = getenv("CB_EXACT");
+    cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, getenv("CB_DEVICE"), /* NULL: the CPU */
+                          ex && strcmp(ex, "1") == 0};
     static char line[1 << 20];
 
     if (argc < 2) {

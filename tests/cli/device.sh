@@ -29,20 +29,24 @@ expect_exit "cb-run --device cpu" 0 "$RUN" -m "$TINY" --device cpu -p "abc" -n 4
 python3 -c "import json,sys; d=json.load(open('$T/s.json')); sys.exit(not (d['backend']=='cpu' and d['device'].startswith('cpu (')))" &&
     ok "--stats names the device" || not_ok "--stats names the device"
 
-# --act8 / $CB_ACT8=1: the CPU's 8-bit activations, said in --stats; the
-# device defaults to the CPU then (the one device that has the mode)
+# The default: 8-bit activations, said in --stats; --exact / $CB_EXACT=1:
+# f32 activations (the device defaults to the CPU then, the one device
+# that has that path); --act8 asks for the default (the last of the two wins)
 for p in "cb-run -p x" "cb-precompute" "cb-profile --no-write"; do
     prog=${p%% *}
-    $BINDIR_B/$prog --help | grep -q -- "--act8" && ok "$prog --help names --act8" || not_ok "$prog --help names --act8"
+    $BINDIR_B/$prog --help | grep -q -- "--exact" && $BINDIR_B/$prog --help | grep -q -- "--act8" &&
+        ok "$prog --help names --exact and --act8" || not_ok "$prog --help names --exact and --act8"
 done
-expect_exit "cb-run --act8" 0 "$RUN" -m "$TINY" --act8 -p "abc" -n 4 --stats "$T/s8.json"
-python3 -c "import json,sys; d=json.load(open('$T/s8.json')); sys.exit(not (d['backend']=='cpu' and '8-bit activations' in d['device']))" &&
-    ok "--stats says 8-bit activations" || not_ok "--stats says 8-bit activations"
-CB_ACT8=1 "$RUN" -m "$TINY" -p "abc" -n 4 --stats "$T/s8e.json" >/dev/null 2>&1
-python3 -c "import json,sys; sys.exit('8-bit activations' not in json.load(open('$T/s8e.json'))['device'])" &&
-    ok "\$CB_ACT8=1 does the same" || not_ok "\$CB_ACT8=1 does the same"
-python3 -c "import json,sys; sys.exit('8-bit' in json.load(open('$T/s.json'))['device'])" &&
-    ok "without them the activations stay f32" || not_ok "without them the activations stay f32"
+has8() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(not (d['backend']=='cpu' and ('8-bit activations' in d['device']) == (sys.argv[2]=='1')))" "$1" "$2"; }
+has8 "$T/s.json" 1 && ok "by default --stats says 8-bit activations" || not_ok "by default --stats says 8-bit activations"
+expect_exit "cb-run --exact" 0 "$RUN" -m "$TINY" --exact -p "abc" -n 4 --stats "$T/sx.json"
+has8 "$T/sx.json" 0 && ok "--exact: f32 activations" || not_ok "--exact: f32 activations"
+CB_EXACT=1 CB_DEVICE= "$RUN" -m "$TINY" -p "abc" -n 4 --stats "$T/sxe.json" >/dev/null 2>&1
+has8 "$T/sxe.json" 0 && ok "\$CB_EXACT=1 does the same, on the CPU" || not_ok "\$CB_EXACT=1 does the same, on the CPU"
+CB_EXACT=1 "$RUN" -m "$TINY" --act8 -p "abc" -n 4 --stats "$T/s8.json" >/dev/null 2>&1
+has8 "$T/s8.json" 1 && ok "--act8 undoes \$CB_EXACT=1" || not_ok "--act8 undoes \$CB_EXACT=1"
+"$RUN" -m "$TINY" --act8 --exact -p "abc" -n 4 --stats "$T/s8x.json" >/dev/null 2>&1
+has8 "$T/s8x.json" 0 && ok "the last of --act8 and --exact wins" || not_ok "the last of --act8 and --exact wins"
 
 DEV=${CB_TEST_DEVICE:-cuda}
 gpu=0
@@ -99,7 +103,7 @@ else
 fi
 
 # ------------------------------------------------ CPU vs CUDA end to end
-M=$(default_model)
+M=$(smol_model)
 if [ "$gpu" = 0 ] || [ -z "$M" ]; then
     why="no GPU here (no NVIDIA driver)"
     [ -s "$T/cuda.err" ] && why="no GPU here: $(head -c 120 "$T/cuda.err")"

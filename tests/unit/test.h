@@ -112,25 +112,45 @@ __attribute__((unused)) static const char *t_shared_data(void)
     return NULL;
 }
 
-/* Path of the default model when present, else NULL. */
-__attribute__((unused)) static const char *t_default_model(void)
+/* The exact path (f32 activations in every product, the CPU, every core):
+ * the reference every bound of these tests is stated against.  The default
+ * (8-bit activations) has cases of its own, each saying its bound. */
+__attribute__((unused)) static const cb_model_params T_EXACT = {0, NULL, 1};
+
+/* A model in the model cache, when present: $env if set, else file;
+ * NULL when absent. */
+__attribute__((unused)) static const char *t_cached_model(const char *env, const char *file, char *buf, size_t n)
 {
-    static char buf[1024];
-    const char *e = getenv("CB_MODEL");
+    const char *e = getenv(env);
     const char *cache = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
     FILE *f;
     if (e && *e)
-        snprintf(buf, sizeof buf, "%s", e);
+        snprintf(buf, n, "%s", e);
     else if (cache && *cache)
-        snprintf(buf, sizeof buf, "%s/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+        snprintf(buf, n, "%s/cacheblend/models/%s", cache, file);
     else
-        snprintf(buf, sizeof buf, "%s/.cache/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 home ? home : ".");
+        snprintf(buf, n, "%s/.cache/cacheblend/models/%s", home ? home : ".", file);
     if ((f = fopen(buf, "rb")) == NULL)
         return NULL;
     fclose(f);
     return buf;
+}
+
+/* The tests' small real model, SmolLM2-135M-Instruct Q4_1 (make model
+ * MODEL=smollm2; $CB_SMOL_MODEL overrides), when present, else NULL. */
+__attribute__((unused)) static const char *t_smol_model(void)
+{
+    static char buf[1024];
+    return t_cached_model("CB_SMOL_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf", buf, sizeof buf);
+}
+
+/* The programs' default model, Qwen2.5-Coder-1.5B-Instruct Q4_K_M (make
+ * model; $CB_MODEL overrides), when present, else NULL. */
+__attribute__((unused)) static const char *t_default_model(void)
+{
+    static char buf[1024];
+    return t_cached_model("CB_MODEL", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", buf, sizeof buf);
 }
 
 /* Path of the second real model, Gemma-3-270M Q4_K_M (make model
@@ -138,20 +158,7 @@ __attribute__((unused)) static const char *t_default_model(void)
 __attribute__((unused)) static const char *t_gemma_model(void)
 {
     static char buf[1024];
-    const char *e = getenv("CB_GEMMA_MODEL");
-    const char *cache = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-    FILE *f;
-    if (e && *e)
-        snprintf(buf, sizeof buf, "%s", e);
-    else if (cache && *cache)
-        snprintf(buf, sizeof buf, "%s/cacheblend/models/gemma-3-270m-q4_k_m.gguf", cache);
-    else
-        snprintf(buf, sizeof buf, "%s/.cache/cacheblend/models/gemma-3-270m-q4_k_m.gguf", home ? home : ".");
-    if ((f = fopen(buf, "rb")) == NULL)
-        return NULL;
-    fclose(f);
-    return buf;
+    return t_cached_model("CB_GEMMA_MODEL", "gemma-3-270m-q4_k_m.gguf", buf, sizeof buf);
 }
 
 /* Read a whole file into a malloc'd NUL-terminated buffer. */

@@ -12,6 +12,7 @@
 #include "../../lib/backend/backend.h"
 #include "../../lib/backend/blas.h"
 #include "../../lib/backend/opmath.h"
+#include "../../lib/backend/qgemm.h"
 #include "../../lib/backend/qmm.h"
 #include "cbcore.h"
 #include "test.h"
@@ -120,9 +121,10 @@ static int64_t c_matmul(cb_backend *be, float *out)
     return n * n_out;
 }
 
-/* The 8-bit activation path's math, plain: each 32 activations quantized
- * (d = max|x| / 127, q = x / d rounded half to even), then the double sum
- * of the decoded weights times d * q.  act8_exact = 1: c_matmul's exact
+/* The 8-bit activation path's math, plain: each group of 32 activations
+ * (256 for the K-quants: llama.cpp's Q8_K) quantized (d = max|x| / 127,
+ * q = x / d rounded half to even), then the double sum of the decoded
+ * weights times d * q (qgemm.h).  act8_exact = 1: c_matmul's exact
  * reference instead (the f32 product the approximation is measured
  * against). */
 static int act8_exact;
@@ -142,13 +144,14 @@ static int64_t c_matmul_act8(cb_backend *be, float *out)
         cb_quant_row(mm_type, wf + o * n_in, wq + (size_t)o * rb, n_in);
         cb_dequant_row(mm_type, wq + (size_t)o * rb, w + o * n_in, n_in);
     }
-    for (int64_t g = 0; g < n * n_in / 32; g++) {
+    int gl = (int)cb_type_block_elems(mm_type); /* 256 for the K-quants (Q8_K), else 32 (Q8_0) */
+    for (int64_t g = 0; g < n * n_in / gl; g++) {
         float amax = 0;
-        for (int j = 0; j < 32; j++)
-            amax = fmaxf(amax, fabsf(x[32 * g + j]));
+        for (int j = 0; j < gl; j++)
+            amax = fmaxf(amax, fabsf(x[gl * g + j]));
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int j = 0; j < 32; j++)
-            xd[32 * g + j] = (double)d * nearbyintf(x[32 * g + j] * id);
+        for (int j = 0; j < gl; j++)
+            xd[gl * g + j] = (double)d * nearbyintf(x[gl * g + j] * id);
     }
     for (int64_t i = 0; i < n; i++)
         for (int64_t o = 0; o < n_out; o++) {
@@ -1522,10 +1525,13 @@ static void r18_error_checks(const char *self)
  * product), bound 1e-10 (measured up to ~1e-13: the f32 sums and the
  * weights' a*w+b against the decoder's one rounding); (2) the exact f32
  * product, bound 1e-4 (8-bit activations: an error of up to a 254th of each
- * 32-group's largest value; measured 1.2e-5 to 2.5e-5 on uniform inputs);
- * (3) each other, 1e-11 (measured up to ~2e-13: the same integers, f32 sums
- * in another order).  Batches past the 12-row dot kernels stay exact (1e-12).  And the
- * two quantizers agree bit for bit, ties and zeros included. */
+ * 32-group's largest value (256 for the K-quants in batches); measured
+ * 1.2e-5 to 6e-5 on uniform inputs); (3) each other, 1e-11 (measured up
+ * to ~2e-13: the same integers, f32 sums in another order; the blocked
+ * kernels of batches past 12 rows agree bit for bit).  Shapes cover the
+ * blocked kernels' tails: rows not a multiple of their 4, outputs not a
+ * multiple of their 8-row panels.  And the quantizers agree bit for bit
+ * with the portable ones, ties and zeros included. */
 /* matmul_multi (one job for the products of one input) gives, bit for bit,
  * what matmul gives for each weight: three weights of different types and
  * widths (one with a bias), 1, 5 and 12 rows and 20 (the per-weight
@@ -1533,7 +1539,7 @@ static void r18_error_checks(const char *self)
 static void multi_case(cb_backend *be, const char *label)
 {
     static const cb_type ty[3] = {CB_TYPE_Q4_1, CB_TYPE_Q8_0, CB_TYPE_Q6_K};
-    static const int64_t outs[3] = {72, 40, 24}, ns[4] = {1, 5, 12, 20};
+    static const int64_t outs[3] = {72, 40, 20}, ns[4] = {1, 5, 12, 20};
     int64_t n_in = 512;
     seed(7);
     float *x = rand_vec(20 * n_in, 1.0f), *bias = rand_vec(40, 0.5f);
@@ -1574,8 +1580,9 @@ static void act8_cases(void)
                                        CB_TYPE_Q8_0, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
     /* the last: one row of 15 32-blocks (the one-row kernel takes eight
      * groups at a time, then one: the 32-element types only) */
-    static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48},  {4, 1280, 20},
-                                        {2, 2048, 9}, {11, 256, 40}, {1, 480, 20}};
+    static const int64_t shapes[][3] = {{1, 512, 48},  {3, 512, 48},   {4, 1280, 20},  {2, 2048, 9},
+                                        {11, 256, 40}, {1, 480, 20},   {13, 512, 40},  {16, 256, 8},
+                                        {30, 768, 21}, {64, 1280, 24}, {101, 2048, 17}, {14, 480, 13}};
     char name[128];
     cb_backend *a8 = cb_backend_cpu_new(2), *a8c = cb_backend_cpu_new_ex(2, 0);
     a8->ops->set_act8(a8, 1);
@@ -1624,13 +1631,6 @@ static void act8_cases(void)
         double e2 = nmse(o_ref, o_c, n);
         tcase("act8 %-30s vs same-math reference (nmse %.2e, portable %.2e; bound 1e-9)", name, e, e2);
         CHECKF(e <= 1e-9 && e2 <= 1e-9, "nmse %.3e / %.3e", e, e2);
-        mm_n = 16, mm_in = 256, mm_out = 40, act8_exact = 1;
-        snprintf(name, sizeof name, "matmul %s 16x256x40", cb_type_name(mm_type));
-        n = c_matmul_act8(NULL, o_ref);
-        c_matmul_act8(a8, o_cpu);
-        e = nmse(o_ref, o_cpu, n);
-        tcase("act8 %-30s past 12 rows: exact (nmse %.2e, bound 1e-12)", name, e);
-        CHECKF(e <= 1e-12, "nmse %.3e", e);
     }
     act8_exact = 0;
     /* the quantizers: random values, exact ties (k + 0.5 steps), zeros, a
@@ -1645,11 +1645,31 @@ static void act8_cases(void)
         x[96 + j] = j % 3 ? 0 : 1e30f;
         x[128 + j] = x[j] * 1e-30f;
     }
+    x[160 + 7] = NAN;
     qmm_q8 *qa = malloc(sizeof *qa * (size_t)(nx / 32)), *qc = malloc(sizeof *qc * (size_t)(nx / 32));
     k.quant(x, nx, qa);
     qmm_quant8_c(x, nx, qc);
-    tcase("act8 quantizer %s = portable, bit for bit (ties, zeros, 1e30, 1e-30)", k.isa);
+    tcase("act8 quantizer %s = portable, bit for bit (ties, zeros, 1e30, 1e-30, NaN)", k.isa);
     CHECK(memcmp(qa, qc, sizeof *qa * (size_t)(nx / 32)) == 0);
+    /* the K form: the same values as 256-groups (NaN too: ignored by the
+     * maximum, quantized to 0), and its sums per 16 and 32 */
+    qg_kernels g;
+    qg_select(1, &g);
+    x[200] = NAN;
+    qg_q8k *ka = malloc(sizeof *ka * (size_t)(nx / 256)), *kc = malloc(sizeof *kc * (size_t)(nx / 256));
+    g.quant_k(x, nx, ka);
+    qg_quant8k_c(x, nx, kc);
+    int sums = 1;
+    for (int64_t b = 0; b < nx / 256; b++)
+        for (int s = 0; s < 16; s++) {
+            int t = 0;
+            for (int j = 0; j < 16; j++)
+                t += kc[b].q[16 * s + j];
+            sums &= kc[b].bs16[s] == t && (s % 2 || kc[b].bs32[s / 2] == t + kc[b].bs16[s + 1]);
+        }
+    tcase("act8 K quantizer %s = portable, bit for bit; its sums per 16 and 32 are the sums", g.isa);
+    CHECK(memcmp(ka, kc, sizeof *ka * (size_t)(nx / 256)) == 0 && sums && kc[0].q[200] == 0);
+    free(ka), free(kc);
     free(x), free(qa), free(qc), free(o_c);
     a8->ops->free(a8);
     a8c->ops->free(a8c);
@@ -1754,6 +1774,9 @@ int main(int argc, char **argv)
     o_cuda = malloc(sizeof(float) * MAXOUT);
     cpu = cb_backend_cpu_new(2);
     cpu_c = cb_backend_cpu_new_ex(2, 0);
+    /* the exact path: every bound below but act8_cases' is stated for it */
+    cpu->ops->set_act8(cpu, 0);
+    cpu_c->ops->set_act8(cpu_c, 0);
     printf("# CPU backend: %s; portable: %s\n", cpu->desc, cpu_c->desc);
     if (cb_backend_open(&cuda, "cuda", 0, &err) != CB_OK) {
         cuda = NULL;

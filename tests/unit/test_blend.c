@@ -45,7 +45,7 @@ static int setup(fixture *fx, const char *model_path, cb_type kvt, const char *c
 {
     cb_error err;
     memset(fx, 0, sizeof *fx);
-    if (cb_model_load(&fx->m, model_path, NULL, &err) != CB_OK) {
+    if (cb_model_load(&fx->m, model_path, &T_EXACT, &err) != CB_OK) {
         printf("# %s\n", err.msg);
         return -1;
     }
@@ -765,7 +765,7 @@ int main(void)
         snprintf(label, sizeof label, "tiny %s", arch[i]);
         invariants(label, path, CB_TYPE_F32, 1e-4, 1e-4);
     }
-    const char *m = smol ? t_default_model() : NULL;
+    const char *m = smol ? t_smol_model() : NULL;
     if (m)
         invariants("SmolLM2 f16", m, CB_TYPE_F16, 2e-2, 2e-2);
     else if (smol)

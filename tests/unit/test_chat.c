@@ -83,7 +83,7 @@ static const char *const tmpl_others[] = {
 
 static void test_detect(void)
 {
-    const char *model = t_default_model();
+    const char *model = t_smol_model();
     tcase("detect: llama3, mistral, llama2, gemma, qwen2 templates");
     CHECK(cb_chat_detect(sv(tmpl_llama3)) == CB_CHAT_LLAMA3);
     CHECK(cb_chat_detect(sv(tmpl_mistral)) == CB_CHAT_MISTRAL);

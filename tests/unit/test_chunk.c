@@ -657,7 +657,7 @@ int main(void)
     } else {
         tskip("tokens (tiny BPE)", "tests/tmp/tiny-vocab.gguf missing: run tests/run.sh");
     }
-    smol = load_vocab(t_default_model());
+    smol = load_vocab(t_smol_model());
     if (smol) {
         size_t len = 0;
         char *t = musique_text(300000, &len);

@@ -523,7 +523,7 @@ static void fuzz_file(const char *label, const char *path, int n_points, int n_f
 
 static void test_real_files(void)
 {
-    const char *model = t_default_model();
+    const char *model = t_smol_model();
     const char *shared = t_shared_data();
     const char *tmp = getenv("CB_TEST_TMP");
     char path[1024];

@@ -20,7 +20,7 @@ static cb_model *load(const char *type)
     cb_model *m = NULL;
     cb_error err;
     snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmpdir(), type);
-    if (cb_model_load(&m, path, NULL, &err) != CB_OK)
+    if (cb_model_load(&m, path, &T_EXACT, &err) != CB_OK)
         printf("# %s\n", err.msg);
     return m;
 }

@@ -38,13 +38,13 @@ void *__wrap_realloc(void *p, size_t n)
     return __real_realloc(p, n);
 }
 
-static void run(const char *path, const char *label, int act8)
+static void run(const char *path, const char *label, int exact)
 {
     cb_model *m = NULL;
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
     cb_error err;
-    cb_model_params mp = {2, "cpu", act8};
+    cb_model_params mp = {2, "cpu", exact};
     tcase("%s: prefill, decode, logits, selected rows and deviation allocate nothing", label);
     if (cb_model_load(&m, path, &mp, &err) != CB_OK) {
         CHECKF(0, "%s", err.msg);
@@ -90,10 +90,10 @@ int main(void)
     const char *tmp = getenv("CB_TEST_TMP");
     TEST_BEGIN();
     snprintf(path, sizeof path, "%s/tiny-q4_K.gguf", tmp ? tmp : "tests/tmp");
-    run(path, "tiny q4_K", 0);
-    run(path, "tiny q4_K, 8-bit activations (their buffer is sized at setup)", 1);
+    run(path, "tiny q4_K, exact", 1);
+    run(path, "tiny q4_K, 8-bit activations (their buffers are sized at setup)", 0);
     snprintf(path, sizeof path, "%s/tiny-qwen2.gguf", tmp ? tmp : "tests/tmp");
-    run(path, "tiny qwen2 q8_0 (biases)", 0);
-    run(path, "tiny qwen2 q8_0, 8-bit activations", 1);
+    run(path, "tiny qwen2 q8_0 (biases), exact", 1);
+    run(path, "tiny qwen2 q8_0, 8-bit activations", 0);
     TEST_END();
 }

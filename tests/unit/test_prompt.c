@@ -204,7 +204,7 @@ int main(void)
 
     snprintf(model, sizeof model, "%s/tiny-f32.gguf", tmpdir());
     snprintf(dir, sizeof dir, "%s/prompt-store-%ld", tmpdir(), (long)getpid());
-    if (cb_model_load(&m, model, NULL, &err) != CB_OK) {
+    if (cb_model_load(&m, model, &T_EXACT, &err) != CB_OK) {
         tskip("lib/prompt", "no tiny fixture (run make test)");
         TEST_END();
     }

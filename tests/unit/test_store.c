@@ -52,7 +52,7 @@ static int kvgen_open(kvgen *g, const char *path)
     int32_t ids[256];
     memset(g, 0, sizeof *g);
     g->n_ctx = 256;
-    if (cb_model_load(&g->m, path, NULL, &err) != CB_OK) {
+    if (cb_model_load(&g->m, path, &T_EXACT, &err) != CB_OK) {
         printf("# %s\n", err.msg);
         return -1;
     }

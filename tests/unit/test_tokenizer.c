@@ -399,7 +399,7 @@ static void test_golden(const char *name, const char *model, const char *fetch)
 /* Speed: 100 KB of mixed text must tokenize in milliseconds. */
 static void test_speed(void)
 {
-    const char *model = t_default_model();
+    const char *model = t_smol_model();
     const char *dir = t_shared_data();
     char path[1024];
     cb_vocab *v;
@@ -808,7 +808,7 @@ int main(void)
     test_tiny_bpe();
     test_tiny_spm();
     test_conformance();
-    test_golden("smollm2", t_default_model(), "make model");
+    test_golden("smollm2", t_smol_model(), "make model");
     test_golden("gemma3", t_gemma_model(), "make model MODEL=gemma");
     test_speed();
     TEST_END();

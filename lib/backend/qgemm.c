@@ -1,0 +1,334 @@
+/* qgemm.c - the blocked 8-bit products (qgemm.h): the panel packers, the
+ * portable activation quantizer and kernel, and the run-time choice.
+ *
+ * A packed panel is a sequence of blocks, one per weight block of the
+ * rows (256 elements for K-quants, 32 otherwise), each laid out as
+ *   K types   w    int8 [8 sub-blocks][8 chunks][8 rows][4]   2048 B
+ *                  (element 32s + 4k + e of row i at ((s*8 + k)*8 + i)*4 + e)
+ *             sc   int16 [S][8 rows][2]: each row's scale twice (the pair
+ *                  vpmaddwd sums); S = 8 (q4_K, q5_K) or 16 (q6_K, per 16)
+ *             mn   int16 [S/2][8 rows][2]: (m_2p, m_2p+1) for q4_K/q5_K;
+ *                  (32 sc_2p, 32 sc_2p+1) for q6_K (its -32 offset)
+ *             d    f32 [8], dmin f32 [8]
+ *   32-types  w    int8 [8 chunks][8 rows][4]                  256 B
+ *             d    f32 [8], b f32 [8]                           64 B
+ * Rows past the panel's last are zero (they compute zeros, never stored). */
+#include "qgemm.h"
+
+#include "../core/dequant.h"
+
+#include <math.h>
+#include <string.h>
+
+int qg_has(cb_type t)
+{
+    return qmm_has_q8(t);
+}
+
+int qg_is_k(cb_type t)
+{
+    return t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K;
+}
+
+/* bytes of one packed block and the offsets of its parts */
+enum {
+    QGK_W = 0, QGK_SC = 2048,
+    QGK45_MN = 2048 + 256, QGK45_D = 2048 + 256 + 128, QGK45_BYTES = 2048 + 256 + 128 + 64,
+    QGK6_MN = 2048 + 512, QGK6_D = 2048 + 512 + 256, QGK6_BYTES = 2048 + 512 + 256 + 64,
+    QG0_W = 0, QG0_D = 256, QG0_B = 288, QG0_BYTES = 320,
+};
+
+static size_t block_bytes(cb_type t)
+{
+    return t == CB_TYPE_Q6_K ? QGK6_BYTES : qg_is_k(t) ? QGK45_BYTES : QG0_BYTES;
+}
+
+size_t qg_act_bytes(cb_type t, int64_t n_in)
+{
+    return qg_is_k(t) ? sizeof(qg_q8k) * (size_t)(n_in / 256) : sizeof(qmm_q8) * (size_t)(n_in / 32);
+}
+
+size_t qg_panel_bytes(cb_type t, int64_t n_in)
+{
+    return block_bytes(t) * (size_t)(n_in / (qg_is_k(t) ? 256 : 32));
+}
+
+/* ------------------------------------------------------------- packing */
+
+static void put_f32(uint8_t *p, int i, float v)
+{
+    memcpy(p + 4 * i, &v, 4);
+}
+
+static void put_i16x2(uint8_t *p, int i, int v0, int v1)
+{
+    int16_t s[2] = {(int16_t)v0, (int16_t)v1};
+    memcpy(p + 4 * i, s, 4);
+}
+
+/* One weight block in the integer form both the packers and the portable
+ * one-row kernel read: value[j] = d * sc[s(j)] * q[j] - dmin * m[s(j)]
+ * (K types; q6_K: q in 0..63, mn = 32 * sc) or d * q[j] + dmin (the
+ * 32-element types, dmin being qmm_group8's offset b). */
+typedef struct qg_blk {
+    int8_t q[256];
+    int16_t sc[16]; /* q4_K, q5_K: 8 (per 32); q6_K: 16 (per 16) */
+    int16_t mn[16]; /* q4_K, q5_K: m per 32; q6_K: 32 * sc per 16 */
+    float d, dmin;
+} qg_blk;
+
+static void decode_block(cb_type t, const uint8_t *b, qg_blk *o)
+{
+    if (t == CB_TYPE_Q6_K) {
+        const int8_t *sc = (const int8_t *)b + 192;
+        for (int n = 0; n < 2; n++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++)
+                    o->q[128 * n + 32 * k + l] =
+                        (int8_t)(((b[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15) |
+                                 ((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
+        /* element j's scale is sc[j / 16] (ggml: element 128n + 32k + l
+         * takes scales[8n + 2k + l/16]) */
+        for (int k = 0; k < 16; k++)
+            o->sc[k] = sc[k], o->mn[k] = (int16_t)(32 * sc[k]);
+        o->d = cb_dq_d(b, 208), o->dmin = 0;
+    } else if (qg_is_k(t)) {
+        int k5 = t == CB_TYPE_Q5_K, sc, m;
+        const uint8_t *qs = b + (k5 ? 48 : 16);
+        for (int p = 0; p < 4; p++)
+            for (int j = 0; j < 32; j++) {
+                o->q[64 * p + j] = (int8_t)(qs[32 * p + j] & 15);
+                o->q[64 * p + 32 + j] = (int8_t)(qs[32 * p + j] >> 4);
+            }
+        for (int s = 0; k5 && s < 8; s++)
+            for (int j = 0; j < 32; j++)
+                o->q[32 * s + j] = (int8_t)(o->q[32 * s + j] | ((b[16 + j] >> s) & 1) << 4);
+        for (int s = 0; s < 8; s++) {
+            cb_dq_scale_min(s, b + 4, &sc, &m);
+            o->sc[s] = (int16_t)sc, o->mn[s] = (int16_t)m;
+        }
+        o->d = cb_dq_d(b, 0), o->dmin = cb_dq_d(b, 2);
+    } else {
+        int16_t w[32];
+        qmm_group8(t, b, 0, w, &o->d, &o->dmin);
+        for (int j = 0; j < 32; j++)
+            o->q[j] = (int8_t)w[j];
+    }
+}
+
+/* a decoded block of row i into a packed block's scale parts */
+static void pack_scales(cb_type t, const qg_blk *k, int i, uint8_t *dst)
+{
+    if (t == CB_TYPE_Q6_K) {
+        for (int s = 0; s < 16; s++)
+            put_i16x2(dst + QGK_SC + 32 * s, i, k->sc[s], k->sc[s]);
+        for (int p = 0; p < 8; p++)
+            put_i16x2(dst + QGK6_MN + 32 * p, i, k->mn[2 * p], k->mn[2 * p + 1]);
+        put_f32(dst + QGK6_D, i, k->d);
+        put_f32(dst + QGK6_D + 32, i, 0.0f);
+    } else if (qg_is_k(t)) {
+        for (int s = 0; s < 8; s++)
+            put_i16x2(dst + QGK_SC + 32 * s, i, k->sc[s], k->sc[s]);
+        for (int p = 0; p < 4; p++)
+            put_i16x2(dst + QGK45_MN + 32 * p, i, k->mn[2 * p], k->mn[2 * p + 1]);
+        put_f32(dst + QGK45_D, i, k->d);
+        put_f32(dst + QGK45_D + 32, i, k->dmin);
+    } else {
+        put_f32(dst + QG0_D, i, k->d);
+        put_f32(dst + QG0_B, i, k->dmin);
+    }
+}
+
+/* dst [n/4][QG_P][4] = q [QG_P][n], four bytes at a time */
+void qg_interleave_c(const int8_t *q, int n, uint8_t *dst)
+{
+    for (int c = 0; c < n / 4; c++)
+        for (int i = 0; i < QG_P; i++)
+            memcpy(dst + (c * QG_P + i) * 4, q + i * n + 4 * c, 4);
+}
+
+void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
+             qg_interleave_fn ilv)
+{
+    int k = qg_is_k(t), n = k ? 256 : 32;
+    int64_t nb = n_in / n;
+    size_t bb = block_bytes(t), wb = cb_type_row_bytes(t, n);
+    int8_t q[QG_P * 256];
+    qg_blk blk;
+    if (nr < QG_P) {
+        memset(dst, 0, bb * (size_t)nb);
+        memset(q, 0, sizeof q);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = dst + (size_t)b * bb;
+        for (int i = 0; i < nr; i++) {
+            decode_block(t, w + (size_t)(o0 + i) * row_bytes + (size_t)b * wb, &blk);
+            memcpy(q + i * n, blk.q, (size_t)n);
+            pack_scales(t, &blk, i, pb);
+        }
+        ilv(q, n, pb);
+    }
+}
+
+/* qg_gemm's sums for one row, from the GGUF blocks where they lie */
+void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0, int64_t o1,
+               float *y)
+{
+    int k = qg_is_k(t), q6 = t == CB_TYPE_Q6_K, n = k ? 256 : 32;
+    int64_t nb = n_in / n;
+    size_t wb = cb_type_row_bytes(t, n);
+    qg_blk blk;
+    for (int64_t o = o0; o < o1; o++) {
+        float acc = 0;
+        for (int64_t b = 0; b < nb; b++) {
+            decode_block(t, w + (size_t)o * row_bytes + (size_t)b * wb, &blk);
+            if (k) {
+                const qg_q8k *x = (const qg_q8k *)(const void *)xq + b;
+                int sub = q6 ? 16 : 32;
+                int32_t isum = 0, msum = 0;
+                for (int s = 0; s < 256 / sub; s++) {
+                    int32_t d = 0;
+                    for (int j = s * sub; j < (s + 1) * sub; j++)
+                        d += blk.q[j] * x->q[j];
+                    isum += blk.sc[s] * d;
+                    msum += blk.mn[s] * (q6 ? x->bs16[s] : x->bs32[s]);
+                }
+                if (q6) {
+                    acc = fmaf((float)(isum - msum), blk.d * x->d, acc);
+                } else {
+                    acc = fmaf((float)isum, blk.d * x->d, acc);
+                    acc = fmaf(-(float)msum, blk.dmin * x->d, acc);
+                }
+            } else {
+                const qmm_q8 *x = (const qmm_q8 *)(const void *)xq + b;
+                int32_t isum = 0;
+                for (int j = 0; j < 32; j++)
+                    isum += blk.q[j] * x->q[j];
+                acc = fmaf((float)isum, blk.d * x->d, acc);
+                acc = fmaf(blk.dmin, x->s, acc);
+            }
+        }
+        y[o] = acc;
+    }
+}
+
+/* ---------------------------------------------------------- activations */
+
+void qg_quant8k_c(const float *x, int64_t n, qg_q8k *xq)
+{
+    for (int64_t g = 0; g < n / 256; g++, x += 256, xq++) {
+        xq->d = qmm_quant_group(x, 256, xq->q);
+        for (int s = 0; s < 16; s++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++)
+                sum += xq->q[16 * s + j];
+            xq->bs16[s] = (int16_t)sum;
+        }
+        for (int s = 0; s < 8; s++)
+            xq->bs32[s] = (int16_t)(xq->bs16[2 * s] + xq->bs16[2 * s + 1]);
+    }
+}
+
+/* -------------------------------------------------------------- kernel */
+
+static float rd_f32(const uint8_t *p, int i)
+{
+    float v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+}
+
+static int rd_i16(const uint8_t *p, int k)
+{
+    int16_t v;
+    memcpy(&v, p + 2 * k, 2);
+    return v;
+}
+
+/* one activation row against the panel's row i: the sum the AVX2 kernel
+ * makes in lane i, block by block, in the same order of f32 operations */
+static float dot_k(cb_type t, const uint8_t *panel, int64_t nb, const qg_q8k *x, int i)
+{
+    size_t bb = block_bytes(t);
+    int q6 = t == CB_TYPE_Q6_K;
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++, x++) {
+        const uint8_t *blk = panel + (size_t)b * bb;
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 256; j += 4) {
+            int32_t s4 = 0;
+            for (int e = 0; e < 4; e++)
+                s4 += blk[QGK_W + (((j / 32) * 8 + (j % 32) / 4) * QG_P + i) * 4 + e] * x->q[j + e];
+            int sub = q6 ? j / 16 : j / 32;
+            isum += rd_i16(blk + QGK_SC + 32 * sub, 2 * i) * s4;
+        }
+        const uint8_t *mn = blk + (q6 ? QGK6_MN : QGK45_MN);
+        for (int p = 0; p < (q6 ? 8 : 4); p++) {
+            const int16_t *bs = q6 ? x->bs16 : x->bs32;
+            msum += rd_i16(mn + 32 * p, 2 * i) * bs[2 * p] + rd_i16(mn + 32 * p, 2 * i + 1) * bs[2 * p + 1];
+        }
+        const uint8_t *dp = blk + (q6 ? QGK6_D : QGK45_D);
+        if (q6) {
+            acc = fmaf((float)(isum - msum), rd_f32(dp, i) * x->d, acc);
+        } else {
+            acc = fmaf((float)isum, rd_f32(dp, i) * x->d, acc);
+            acc = fmaf(-(float)msum, rd_f32(dp + 32, i) * x->d, acc);
+        }
+    }
+    return acc;
+}
+
+static float dot_0(const uint8_t *panel, int64_t nb, const qmm_q8 *x, int i)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++, x++) {
+        const uint8_t *blk = panel + (size_t)b * QG0_BYTES;
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++)
+            isum += (int8_t)blk[QG0_W + ((j / 4) * QG_P + i) * 4 + j % 4] * x->q[j];
+        acc = fmaf((float)isum, rd_f32(blk + QG0_D, i) * x->d, acc);
+        acc = fmaf(rd_f32(blk + QG0_B, i), x->s, acc);
+    }
+    return acc;
+}
+
+void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
+               float *y, int64_t ldy)
+{
+    int k = qg_is_k(t);
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *x = xq + (size_t)r * ldxq;
+        for (int i = 0; i < np; i++)
+            y[r * ldy + i] = k ? dot_k(t, panel, n_in / 256, (const qg_q8k *)(const void *)x, i)
+                               : dot_0(panel, n_in / 32, (const qmm_q8 *)(const void *)x, i);
+    }
+}
+
+/* ------------------------------------------------------------- choice */
+
+#if !defined(__x86_64__) && !defined(__i386__)
+void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq) { qg_quant8k_c(x, n, xq); }
+void qg_interleave_avx2(const int8_t *q, int n, uint8_t *dst) { qg_interleave_c(q, n, dst); }
+void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
+                  int64_t o1, float *y) { qg_gemv_c(t, w, row_bytes, n_in, xq, o0, o1, y); }
+void qg_gemm_avx2(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
+                  float *y, int64_t ldy) { qg_gemm_c(t, panel, n_in, xq, ldxq, n, np, y, ldy); }
+#endif
+
+void qg_select(int simd, qg_kernels *k)
+{
+    if (simd && qmm_cpu_avx2()) {
+        k->quant_k = qg_quant8k_avx2;
+        k->gemm = qg_gemm_avx2;
+        k->gemv = qg_gemv_avx2;
+        k->interleave = qg_interleave_avx2;
+        k->isa = "avx2";
+    } else {
+        k->quant_k = qg_quant8k_c;
+        k->gemm = qg_gemm_c;
+        k->gemv = qg_gemv_c;
+        k->interleave = qg_interleave_c;
+        k->isa = "c";
+    }
+    k->quant_0 = qmm_quant(simd);
+}

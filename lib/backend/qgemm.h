@@ -1,0 +1,118 @@
+/* qgemm.h - the blocked 8-bit products of the CPU backend (private to
+ * lib/backend): y [n, n_out] = x [n, n_in] . W^T for batches of more than a
+ * few rows (prefill, a blend's recomputed rows), with block-quantized
+ * weights W kept in their GGUF type and activations quantized to 8 bits.
+ *
+ * The math, per weight row o and activation row r:
+ *
+ *   K-quant weights (q4_K, q5_K, q6_K), activations as qg_q8k: each 256
+ *   activations of a row are d * q[j] with d = max|x| / 127 and q[j] =
+ *   round-half-even(x[j] / d) in [-127, 127] (llama.cpp's Q8_K), plus the
+ *   sums of q per 16 and per 32.  A weight block is d_w * sc_s * w[j] -
+ *   dmin_w * m_s with unsigned integers w and integer sub-block scales sc_s,
+ *   offsets m_s (q6_K: w = q in 0..63, sc_s its int8 scale per 16, and the
+ *   offset -32 * sc_s * d_w folded into the integers).  The block's product
+ *   is then d_x * (d_w * I - dmin_w * M) with exact integer sums
+ *   I = sum_s sc_s * sum_{j in s} w[j] q[j] and M = sum_s m_s * bsum_s.
+ *
+ *   32-element types (q4_0, q4_1, q5_0, q5_1, q8_0), activations as
+ *   qmm_q8 (per 32: d, q, s = d * sum q, as llama.cpp's Q8_0): a block is
+ *   d_w * w[j] + b_w (b_w = -8 d, m, -16 d, m, 0), its product
+ *   d_w * d_x * sum w[j] q[j] + b_w * s_x.
+ *
+ * Block results are summed in f32, block by block in order, with fused
+ * multiply-adds (the order is part of the contract: the AVX2 and portable
+ * kernels agree bit for bit).  The only departures from the f32 product of
+ * the activations are the rounding of q (relative 1/254 of a block's largest
+ * activation at most) and f32 sums.
+ *
+ * Work is split by panels of QG_P = 8 weight rows: a panel is packed once
+ * (qg_pack: the rows' integers interleaved four bytes at a time, so that
+ * one 32-byte vector holds four consecutive elements of each of the eight
+ * rows, beside their scales), and then multiplied with every activation
+ * row, up to QG_R rows at a time.  Packing reads the GGUF blocks where they
+ * lie (no copy of the model is kept) and costs one pass over the panel's
+ * bytes per product, paid back over the batch's rows. */
+#ifndef CB_QGEMM_H
+#define CB_QGEMM_H
+
+#include "cbcore.h"
+#include "qmm.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    QG_P = 8, /* weight rows per panel */
+    QG_R = 4, /* activation rows per kernel step */
+};
+
+/* 256 activations quantized (llama.cpp's Q8_K): x[j] ~ d * q[j]; bs16[i]
+ * and bs32[i] the sums of q over elements 16i.. and 32i.. */
+typedef struct qg_q8k {
+    float d;
+    int16_t bs16[16];
+    int16_t bs32[8];
+    int8_t q[256];
+} qg_q8k;
+
+/* 1: type t has blocked 8-bit kernels (the eight block types) */
+int qg_has(cb_type t);
+/* 1: t is a K-quant (activations as qg_q8k, 256 a block), 0: a 32-element
+ * type (qmm_q8) */
+int qg_is_k(cb_type t);
+/* Bytes of one quantized activation row of n_in elements for type t, and
+ * of a packed panel of n_in elements. */
+size_t qg_act_bytes(cb_type t, int64_t n_in);
+size_t qg_panel_bytes(cb_type t, int64_t n_in);
+
+/* dst [n/4][QG_P][4] = q [QG_P][n] (n a multiple of 32): the rows'
+ * integers interleaved four bytes at a time */
+typedef void (*qg_interleave_fn)(const int8_t *q, int n, uint8_t *dst);
+void qg_interleave_c(const int8_t *q, int n, uint8_t *dst);
+void qg_interleave_avx2(const int8_t *q, int n, uint8_t *dst);
+
+/* The packed panel of W rows o0 .. o0+nr-1 (nr <= QG_P; missing rows are
+ * zero) into dst [qg_panel_bytes], interleaved by ilv (qg_kernels'). */
+void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
+             qg_interleave_fn ilv);
+
+/* Activations: the K form of n elements (a multiple of 256) into xq. */
+typedef void (*qg_quant_fn)(const float *x, int64_t n, qg_q8k *xq);
+void qg_quant8k_c(const float *x, int64_t n, qg_q8k *xq);
+void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq);
+
+/* y[r*ldy + o0 + i] (i < np <= QG_P) = the product of activation row r
+ * (at xq + r * ldxq bytes, qg_act_bytes apart) with the packed panel's row
+ * i, for r < n. */
+typedef void (*qg_gemm_fn)(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
+                           int np, float *y, int64_t ldy);
+void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
+               float *y, int64_t ldy);
+void qg_gemm_avx2(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
+                  float *y, int64_t ldy);
+
+/* y[o] for o in [o0, o1) = W row o (GGUF layout, row_bytes apart) times
+ * one activation row xq in t's form: the same bits qg_gemm gives for that
+ * row (decode: no packing). */
+typedef void (*qg_gemv_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                           int64_t o0, int64_t o1, float *y);
+void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0, int64_t o1,
+               float *y);
+void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
+                  int64_t o1, float *y);
+
+typedef struct qg_kernels {
+    qg_quant_fn quant_k;  /* K types' activation quantizer */
+    qmm_quant_fn quant_0; /* the 32-element types' (qmm.h's) */
+    qg_gemm_fn gemm;
+    qg_gemv_fn gemv;
+    qg_interleave_fn interleave;
+    const char *isa;      /* "avx2" or "c" */
+} qg_kernels;
+
+/* The kernels: simd 0 forces the portable ones, 1 the best the CPU runs.
+ * Asks CPUID: call it at setup. */
+void qg_select(int simd, qg_kernels *k);
+
+#endif
