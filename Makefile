@@ -7,7 +7,8 @@
 #        run time when the CPU has them),
 #        CUDA=0 (skip the CUDA backend) / CUDA=1 (require it; default: built
 #        when nvcc is found), PREFIX=/usr/local DESTDIR= for install, V=1,
-#        MODEL=smollm2|gemma (the real model of model, demo, bench, parity, eval).
+#        MODEL=qwen1.5b|qwen0.5b|smollm2|gemma (the real model of model, demo,
+#        bench, parity, eval; default: the programs' default, qwen1.5b).
 
 .DEFAULT_GOAL := all
 
@@ -43,10 +44,12 @@ ifeq ($(NATIVE),0)
 BUILD   := $(BUILD)-generic
 endif
 
-# MODEL=gemma: the real-model targets use Gemma-3-270M (through $CB_MODEL,
-# which every program and script reads); default SmolLM2-135M-Instruct.
+# MODEL=...: the real-model targets (model, demo, bench, parity, eval) use
+# that model, through $CB_MODEL, which every program and script reads;
+# default: the programs' default model, Qwen2.5-Coder-1.5B-Instruct.
+MODELS := qwen1.5b qwen0.5b smollm2 gemma
 ifneq ($(MODEL),)
-MODEL_FILE := $(if $(filter gemma,$(MODEL)),gemma-3-270m-q4_k_m.gguf,$(if $(filter smollm2,$(MODEL)),SmolLM2-135M-Instruct.Q4_1.gguf,$(error MODEL=$(MODEL): smollm2 or gemma)))
+MODEL_FILE := $(or $(if $(filter qwen1.5b,$(MODEL)),qwen2.5-coder-1.5b-instruct-q4_k_m.gguf),$(if $(filter qwen0.5b,$(MODEL)),qwen2.5-coder-0.5b-instruct-q4_k_m.gguf),$(if $(filter smollm2,$(MODEL)),SmolLM2-135M-Instruct.Q4_1.gguf),$(if $(filter gemma,$(MODEL)),gemma-3-270m-q4_k_m.gguf),$(error MODEL=$(MODEL): one of $(MODELS)))
 export CB_MODEL := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cacheblend/models/$(MODEL_FILE)
 endif
 
@@ -157,8 +160,8 @@ $(BUILD)/bench/%: $(BUILD)/tests/bench/%.o $(LIBA)
 deps: ## install the Debian packages the build and tests need (apt-get; quiet when present)
 	@sh scripts/deps.sh
 
-model: ## fetch the default model (SmolLM2-135M-Instruct Q4_1) into the cache; MODEL=gemma for Gemma-3-270M
-	@sh scripts/fetch-model.sh $(or $(MODEL),smollm2)
+model: ## fetch the default model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M) into the cache; MODEL=qwen0.5b|smollm2|gemma for another
+	@sh scripts/fetch-model.sh $(or $(MODEL),qwen1.5b)
 
 model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
 	@sh scripts/fetch-model.sh gemma
@@ -168,7 +171,8 @@ check-tools: all $(TEST_BIN) $(GEN_BIN) $(BENCH_BIN)
 # The GGUF fuzz sweep and the tokenizer suites also run under ASan+UBSan.
 SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk test_prompt test_backend_ops
 
-test: deps ## install deps, fetch the model, build everything and run every test suite
+test: deps ## install deps, fetch the models, build everything and run every test suite
+	@sh scripts/fetch-model.sh smollm2
 	@$(MAKE) --no-print-directory model
 	@$(MAKE) --no-print-directory check-tools
 	@$(MAKE) --no-print-directory SAN=1 $(SAN_TESTS:%=build/san/tests/%)
@@ -187,7 +191,7 @@ parity: deps all $(BENCH_BIN) ## compare our logits and greedy output with llama
 	@$(MAKE) --no-print-directory model
 	@[ -f "$(CUDA_MOD)" ] && export CB_CUDA_MODULE=$(CURDIR)/$(CUDA_MOD); export CB_DEVICE=$${CB_DEVICE:-cpu}; \
 	VENV=$$(sh scripts/venv.sh) && $$VENV/bin/python tests/parity/parity.py \
-	    "$${CB_MODEL:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
+	    "$${CB_MODEL:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cacheblend/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}" \
 	    $(BUILD)/bench/cb-logits $(BINDIR_B)/cb-run --ref $(BUILD)/bench/cb-ref-logits
 
 EVAL_ARGS ?=
@@ -231,7 +235,7 @@ funclen: ## the longest functions in lib/ and src/ (universal-ctags); fails past
 	@sh scripts/funclen.sh 15 200
 
 help: ## this list
-	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [NATIVE=0] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1] [MODEL=smollm2|gemma]"
+	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [NATIVE=0] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1] [MODEL=qwen1.5b|qwen0.5b|smollm2|gemma]"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -5,7 +5,7 @@
 # and CacheBlend, with their times to first token.
 set -eu
 cd "$(dirname "$0")/.."
-M=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+M=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
 S=${CB_DEMO_STORE:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/demo-store}
 NQ=${CB_DEMO_QUESTIONS:-3}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

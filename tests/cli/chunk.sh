@@ -247,7 +247,7 @@ expect_exit "--chars wins over a model" 0 env CB_MODEL="$TINY" "$CHUNK" --chars 
 grep -q '"n_tokens"' "$T/out" && not_ok "--chars: no n_tokens" || ok "--chars: no n_tokens"
 expect_exit "malformed model" 65 "$CHUNK" -m "$D/a.txt" "$D/a.txt"
 
-if M=$(default_model); then
+if M=$(smol_model); then
     expect_exit "SmolLM2 (found by the usual rule: \$CB_MODEL, else the default file)" 0 "$CHUNK" "$D"
     valid "$T/out" "$D" 1 && ok "SmolLM2: records follow the contract" || not_ok "SmolLM2: records"
     python3 - "$T/out" "$RUN" <<'PY' && ok "SmolLM2: n_tokens matches cb-run --tokenize" || not_ok "SmolLM2: n_tokens"

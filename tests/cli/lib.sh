@@ -22,7 +22,13 @@ gemma_model() {
     [ -f "$m" ] && echo "$m"
 }
 done_testing() { echo "1..$n"; [ "$nfail" -eq 0 ]; }
+# the tests' small real model (make model MODEL=smollm2), when present
+smol_model() {
+    m=${CB_SMOL_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+    [ -f "$m" ] && echo "$m"
+}
+# the programs' default model (make model), when present
 default_model() {
-    m=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+    m=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
     [ -f "$m" ] && echo "$m"
 }

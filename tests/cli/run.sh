@@ -55,7 +55,7 @@ expect_exit "missing model" 66 "$RUN" -m "$T/nope.gguf" -p hi
 expect_exit "stats file in a missing directory" 73 "$RUN" -m "$TINY" -p hi -n 2 --stats "$T/no/such/dir/s.json"
 "$RUN" --help | grep -q -- "--device DEV" && ok "--help lists --device" || not_ok "--help lists --device"
 
-if M=$(default_model); then
+if M=$(smol_model); then
     ask() { "$RUN" -m "$M" -t 2 -n 48 -p "$1"; }
     for qa in "What is the capital of France?|Paris" \
               "How many days are in a week?|7\|seven" \

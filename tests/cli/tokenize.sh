@@ -40,7 +40,7 @@ if [ -w /dev/full ]; then
     expect_exit "write error on stdout" 74 sh -c "'$RUN' --tokenize -m '$TINY' -p hi > /dev/full"
 fi
 
-if M=$(default_model); then
+if M=$(smol_model); then
     [ "$("$RUN" --tokenize -m "$M" -p 'Hello world')" = "19556 905" ] && ok "SmolLM2: 'Hello world' is 19556 905" \
         || not_ok "SmolLM2: Hello world"
     "$RUN" --tokenize -f "$T/in.txt" | "$RUN" --detokenize | cmp -s - "$T/in.txt" \
