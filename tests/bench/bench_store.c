@@ -139,7 +139,7 @@ static int bench_tier(const char *name, const char *tier_dir, const char *base, 
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n * 4, sizeof *t);
-    cb_store_tier tier = {name, tier_dir, 0, 0, NULL, 0};
+    cb_store_tier tier = {name, tier_dir, 0, 0, NULL, 0, NULL, NULL};
 
     snprintf(dir, sizeof dir, "%s/store-%s-%d", base, name, tokens);
     if (!t || cb_store_init(dir, &tier, 1, 0, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
@@ -224,8 +224,8 @@ static int bench_shared(const char *url, const char *ram, const char *base, kv *
     snprintf(dir_g, sizeof dir_g, "%s/store-shared-get-%d", base, tokens);
     snprintf(tp, sizeof tp, "%s-sp%d", ram, tokens);
     snprintf(tg, sizeof tg, "%s-sg%d", ram, tokens);
-    cb_store_tier a[2] = {{"local", tp, 1, 0, NULL, 0}, {"shared", NULL, 0, 0, url, 5000}};
-    cb_store_tier b[2] = {{"local", tg, 0, 0, NULL, 0}, {"shared", NULL, 0, 0, url, 5000}};
+    cb_store_tier a[2] = {{"local", tp, 1, 0, NULL, 0, NULL, NULL}, {"shared", NULL, 0, 0, url, 5000, NULL, NULL}};
+    cb_store_tier b[2] = {{"local", tg, 0, 0, NULL, 0, NULL, NULL}, {"shared", NULL, 0, 0, url, 5000, NULL, NULL}};
     if (!t || cb_store_init(dir_p, a, 2, 0, &err) != CB_OK || cb_store_open(&sp, dir_p, 0, &err) != CB_OK ||
         cb_store_init(dir_g, b, 2, 0, &err) != CB_OK || cb_store_open(&sg, dir_g, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: shared tier %s: %s\n", url, err.msg);
@@ -296,7 +296,7 @@ static int bench_demote(const char *ram, const char *disk, const char *base, kv 
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n, sizeof *t);
-    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0, NULL, 0}, {"disk", disk, 0, 0, NULL, 0}};
+    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0, NULL, 0, NULL, NULL}, {"disk", disk, 0, 0, NULL, 0, NULL, NULL}};
     snprintf(dir, sizeof dir, "%s/store-demote-%d", base, tokens);
     if (!t || cb_store_init(dir, tiers, 2, 1, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: %s\n", err.msg);
