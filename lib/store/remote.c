@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define ST_PART (1u << 20)
@@ -1004,49 +1005,72 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void 
 
 /* An entry read layer by layer (cb_store_open_kv): every part requested
  * at once on a connection of its own (the server queues the replies), and
- * taken in order as the KV reader reaches it, so that layer l+1 arrives
- * while layer l is computed.  The parts are kept in buf, for re-reads and
- * for keeping the entry locally afterwards (st_stream_finish), where the
- * whole value is checked against its metadata.  With a tier key each part
- * is checked against its MAC as it arrives, before it enters buf, so that
- * the reader never sees a byte of a part that does not verify.  Used by
- * one thread at a time: the reader's (the loader's), then the store's. */
+ * received in order by a thread of the stream's own, which checks each
+ * part (with a tier key, against its MAC) before it puts it into buf and
+ * publishes it; the KV reader waits for the bytes it asks for, so that the
+ * receiving and checking of layer l+1 runs while layer l is converted and
+ * computed on.  The parts are kept in buf, for re-reads and for keeping the
+ * entry locally afterwards (st_stream_finish), where the whole value is
+ * checked against its metadata.  The reader never sees a byte of a part
+ * that failed.  Besides the receiver, one thread at a time uses it: the
+ * reader's (the loader's), then the store's. */
 struct st_stream {
-    redisContext *c;   /* NULL after a failure */
+    redisContext *c;   /* the receiver's; freed with the stream */
     char key[66];
     char name[120];    /* "shared tier NAME: KEY", for messages */
     char want[33];     /* XXH3-128 of the whole value, from its metadata */
-    uint8_t *buf;      /* [size] */
-    uint64_t size, have;
-    int64_t parts, got; /* parts in the value, parts received */
+    uint8_t *buf;      /* [size]: [0, have) published, written by the receiver only beyond */
+    int64_t parts;     /* parts in the value */
+    uint64_t size;
     int timeout_ms;
-    int refs;          /* the KV reader and the store reference */
-    int down;          /* the connection failed or timed out (not the entry's fault) */
-    int gone;          /* a part was missing: evicted or dropped meanwhile (not corrupt) */
-    int forged;        /* a part's MAC did not verify */
-    st_mac_ctx *mac;   /* the tier key (a context of the stream's own), NULL: none */
+    st_mac_ctx *mac;   /* the tier key (a context of the receiver's own), NULL: none */
     st_part_id pid;    /* what the tags bind (pid.sid points at sid, pid.key at key) */
     char sid[33];
     uint8_t *tags;     /* [parts][ST_TAG_BYTES] */
+    pthread_t th;
+    int th_on;         /* the receiver was started */
+    pthread_mutex_t mu; /* guards what follows */
+    pthread_cond_t cv;  /* a part published, or a failure */
+    uint64_t have;     /* bytes published */
+    int64_t got;       /* parts published */
+    int refs;          /* the KV reader and the store reference */
+    int stop;          /* the last reference went: the receiver ends */
+    int failed;        /* the receiver ended on a failure (why) */
+    int down;          /* the connection failed or timed out (not the entry's fault) */
+    int gone;          /* a part was missing: evicted or dropped meanwhile (not corrupt) */
+    int forged;        /* a part's MAC did not verify */
     char why[200];     /* the first failure */
 };
 
 static void stream_unref(void *ctx)
 {
     st_stream *x = ctx;
-    if (!x || --x->refs > 0)
+    if (!x)
         return;
+    pthread_mutex_lock(&x->mu);
+    int last = --x->refs <= 0;
+    x->stop |= last;
+    pthread_mutex_unlock(&x->mu);
+    if (!last)
+        return;
+    if (x->th_on) {
+        if (x->c)
+            shutdown(x->c->fd, SHUT_RDWR); /* a receiver waiting on the socket wakes */
+        pthread_join(x->th, NULL);
+    }
     if (x->c)
         redisFree(x->c);
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv);
     st_mac_ctx_free(x->mac);
     free(x->tags);
     free(x->buf);
     free(x);
 }
 
-static cb_status stream_fail(st_stream *x, int down, cb_error *err, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static cb_status stream_fail(st_stream *x, int down, cb_error *err, const char *fmt, ...)
+/* Record the first failure (lock held) and wake whoever waits. */
+static void fail_locked(st_stream *x, int down, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail_locked(st_stream *x, int down, const char *fmt, ...)
 {
     va_list ap;
     if (!x->why[0]) {
@@ -1055,10 +1079,14 @@ static cb_status stream_fail(st_stream *x, int down, cb_error *err, const char *
         va_end(ap);
         x->down = down;
     }
-    if (x->c)
-        redisFree(x->c);
-    x->c = NULL;
-    return cb_error_set(err, down ? CB_ERR_IO : CB_ERR_FORMAT, "%s: %s", x->name, x->why);
+    x->failed = 1;
+    pthread_cond_broadcast(&x->cv);
+}
+
+/* The stream's failure as a status (lock held). */
+static cb_status stream_err(const st_stream *x, cb_error *err)
+{
+    return cb_error_set(err, x->down ? CB_ERR_IO : CB_ERR_FORMAT, "%s: %s", x->name, x->why);
 }
 
 /* The next reply, within the time-out (each read is bounded by the
@@ -1080,40 +1108,77 @@ static redisReply *stream_reply(st_stream *x)
     return rep;
 }
 
-/* Receive the next part into buf. */
-static cb_status stream_next(st_stream *x, cb_error *err)
+/* The receiver: each part received, checked, put into buf, published. */
+static void *stream_main(void *arg)
 {
-    if (!x->c)
-        return cb_error_set(err, x->down ? CB_ERR_IO : CB_ERR_FORMAT, "%s: %s", x->name, x->why);
-    if (x->got >= x->parts)
-        return stream_fail(x, 0, err, "its parts end at %llu of %llu bytes", (unsigned long long)x->have,
-                           (unsigned long long)x->size);
-    redisReply *rep = stream_reply(x);
-    if (!rep && x->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK))
-        return stream_fail(x, 1, err, "timed out after %d ms", x->timeout_ms);
-    if (!rep)
-        return stream_fail(x, 1, err, "%s", x->c->errstr[0] ? x->c->errstr : "no reply");
+    st_stream *x = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's threads' */
+    for (int64_t i = 0; i < x->parts; i++) {
+        pthread_mutex_lock(&x->mu);
+        int stop = x->stop;
+        uint64_t have = x->have;
+        pthread_mutex_unlock(&x->mu);
+        if (stop)
+            break;
+        redisReply *rep = stream_reply(x);
+        int timed_out = !rep && x->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+        const char *bad = NULL;
+        int mac_bad = 0;
+        if (rep && rep->type == REDIS_REPLY_STRING && rep->len <= x->size - have)
+            mac_bad = x->mac && !st_mac_check(x->mac, &x->pid, (uint64_t)i, rep->str, rep->len,
+                                              x->tags + i * ST_TAG_BYTES);
+        else if (rep && rep->type == REDIS_REPLY_STRING)
+            bad = "its size does not match its metadata";
+        if (rep && !bad && !mac_bad && rep->type == REDIS_REPLY_STRING)
+            memcpy(x->buf + have, rep->str, rep->len); /* before publishing: nobody reads there yet */
+        pthread_mutex_lock(&x->mu);
+        if (timed_out)
+            fail_locked(x, 1, "timed out after %d ms", x->timeout_ms);
+        else if (!rep)
+            fail_locked(x, 1, "%s", x->c->errstr[0] ? x->c->errstr : "no reply");
+        else if (rep->type == REDIS_REPLY_NIL) {
+            x->gone = !x->why[0];
+            fail_locked(x, 0, "part %lld is missing (evicted or dropped meanwhile)", (long long)i);
+        } else if (rep->type != REDIS_REPLY_STRING)
+            fail_locked(x, rep->type == REDIS_REPLY_ERROR, "part %lld: %s", (long long)i,
+                        rep->type == REDIS_REPLY_ERROR ? rep->str : "not a string");
+        else if (bad)
+            fail_locked(x, 0, "%s", bad);
+        else if (mac_bad) {
+            x->forged = !x->why[0];
+            fail_locked(x, 0, "part %lld: its MAC does not verify (forged, or changed in Redis)", (long long)i);
+        } else {
+            x->have += rep->len;
+            x->got++;
+            pthread_cond_broadcast(&x->cv);
+        }
+        int failed = x->failed;
+        pthread_mutex_unlock(&x->mu);
+        if (rep)
+            freeReplyObject(rep);
+        if (failed)
+            break;
+    }
+    return NULL;
+}
+
+/* Wait until the receiver has published `until` bytes (or every part, or
+ * failed): CB_OK when it has, else the failure with err set. */
+static cb_status stream_wait(st_stream *x, uint64_t until, cb_error *err)
+{
     cb_status st = CB_OK;
-    if (rep->type == REDIS_REPLY_NIL) {
-        x->gone = !x->why[0];
-        st = stream_fail(x, 0, err, "part %lld is missing (evicted or dropped meanwhile)", (long long)x->got);
+    pthread_mutex_lock(&x->mu);
+    while (x->have < until && x->got < x->parts && !x->failed)
+        pthread_cond_wait(&x->cv, &x->mu);
+    if (x->have < until) {
+        if (!x->failed)
+            fail_locked(x, 0, "its parts end at %llu of %llu bytes", (unsigned long long)x->have,
+                        (unsigned long long)x->size);
+        st = stream_err(x, err);
     }
-    else if (rep->type != REDIS_REPLY_STRING)
-        st = stream_fail(x, rep->type == REDIS_REPLY_ERROR, err, "part %lld: %s", (long long)x->got,
-                         rep->type == REDIS_REPLY_ERROR ? rep->str : "not a string");
-    else if (rep->len > x->size - x->have)
-        st = stream_fail(x, 0, err, "its size does not match its metadata");
-    else if (x->mac &&
-             !st_mac_check(x->mac, &x->pid, (uint64_t)x->got, rep->str, rep->len, x->tags + x->got * ST_TAG_BYTES)) {
-        x->forged = !x->why[0];
-        st = stream_fail(x, 0, err, "part %lld: its MAC does not verify (forged, or changed in Redis)",
-                         (long long)x->got);
-    } else {
-        memcpy(x->buf + x->have, rep->str, rep->len);
-        x->have += rep->len;
-        x->got++;
-    }
-    freeReplyObject(rep);
+    pthread_mutex_unlock(&x->mu);
     return st;
 }
 
@@ -1124,10 +1189,9 @@ static cb_status stream_read(void *ctx, uint64_t off, void *buf, size_t n, cb_er
     if (off > x->size || n > x->size - off)
         return cb_error_set(err, CB_ERR_FORMAT, "%s: a read past its %llu bytes", x->name,
                             (unsigned long long)x->size);
-    while (x->have < off + n)
-        if ((st = stream_next(x, err)) != CB_OK)
-            return st;
-    memcpy(buf, x->buf + off, n);
+    if ((st = stream_wait(x, off + n, err)) != CB_OK)
+        return st;
+    memcpy(buf, x->buf + off, n); /* published bytes never change */
     return CB_OK;
 }
 
@@ -1184,6 +1248,8 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
         free(m.tags);
         return 0;
     }
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->cv, NULL);
     memcpy(x->want, m.want, sizeof x->want);
     snprintf(x->key, sizeof x->key, "%s", key);
     snprintf(x->name, sizeof x->name, "shared tier %s: %s", r->name, key);
@@ -1230,6 +1296,11 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
         stream_unref(x);
         return 0;
     }
+    if (pthread_create(&x->th, NULL, stream_main, x) != 0) {
+        stream_unref(x);
+        return 0;
+    }
+    x->th_on = 1;
     /* The reader verifies the header part now, each layer part when read. */
     cb_kv_source src = {stream_read, stream_unref, x, x->size, x->name};
     cb_error err;
@@ -1256,7 +1327,11 @@ const char *st_stream_key(const st_stream *x)
 int st_stream_bad(cb_store *s, st_stream *x, const char *why)
 {
     st_remote *r = &s->remote;
-    if (x->down) {
+    pthread_mutex_lock(&x->mu);
+    int down = x->down, gone = x->gone, forged = x->forged;
+    x->forged = 0; /* counted once */
+    pthread_mutex_unlock(&x->mu);
+    if (down) {
         st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
                        x->why);
         r->down_until = st_now_us() + ST_RETRY_US;
@@ -1265,9 +1340,8 @@ int st_stream_bad(cb_store *s, st_stream *x, const char *why)
     }
     /* why names the entry (the reader's or the stream's message); an entry
      * that went away meanwhile is not dropped (it may be back, sound) */
-    int fix = !s->readonly && !r->ro && !x->gone;
-    r->n_refused += x->forged;
-    x->forged = 0; /* counted once */
+    int fix = !s->readonly && !r->ro && !gone;
+    r->n_refused += forged;
     st_remote_warn(s, "%s; %sthe chunk is computed", why, fix ? "dropped, " : "");
     if (fix && st_remote_up(s))
         drop(s, x->key, x->want);
@@ -1278,19 +1352,28 @@ int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size)
 {
     cb_error err;
     char sum[33];
-    while (x->got < x->parts)
-        if (stream_next(x, &err) != CB_OK) {
-            st_stream_bad(s, x, err.msg);
-            return 0;
-        }
-    if (x->have != x->size) {
-        stream_fail(x, 0, &err, "its size does not match its metadata");
+    if (stream_wait(x, x->size, &err) != CB_OK) {
         st_stream_bad(s, x, err.msg);
         return 0;
     }
-    cb_hash128_hex(cb_hash128_bytes(x->buf, (size_t)x->size), sum);
-    if (strcmp(sum, x->want) != 0) {
-        stream_fail(x, 0, &err, "its checksum does not match");
+    pthread_mutex_lock(&x->mu);
+    int whole = x->got == x->parts && x->have == x->size;
+    if (!whole)
+        fail_locked(x, 0, "its size does not match its metadata");
+    pthread_mutex_unlock(&x->mu);
+    if (whole) {
+        cb_hash128_hex(cb_hash128_bytes(x->buf, (size_t)x->size), sum);
+        if (strcmp(sum, x->want) != 0) {
+            pthread_mutex_lock(&x->mu);
+            fail_locked(x, 0, "its checksum does not match");
+            pthread_mutex_unlock(&x->mu);
+            whole = 0;
+        }
+    }
+    if (!whole) {
+        pthread_mutex_lock(&x->mu);
+        stream_err(x, &err);
+        pthread_mutex_unlock(&x->mu);
         st_stream_bad(s, x, err.msg);
         return 0;
     }
