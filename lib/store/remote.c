@@ -353,7 +353,10 @@ static redisContext *connect_to(const st_remote *r, int *db, char *why, size_t w
         int argc = 3;
         if (!r->user[0])
             argv[1] = r->pass, argc = 2;
+        pipe_guard g; /* a server gone meanwhile: EPIPE, not SIGPIPE */
+        pipe_block(&g);
         redisReply *rep = redisCommandArgv(c, argc, argv, NULL);
+        pipe_restore(&g);
         char buf[300];
         if (!rep || rep->type == REDIS_REPLY_ERROR) {
             const char *login = rep ? login_refused(r, rep->str, buf, sizeof buf) : NULL;
