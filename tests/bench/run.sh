@@ -186,7 +186,8 @@ if [ -z "${CB_BENCH_REDIS:-}" ] && command -v redis-server > /dev/null 2>&1; the
     if [ -S "$tmp/redis.sock" ]; then CB_BENCH_REDIS="unix://$tmp/redis.sock"; export CB_BENCH_REDIS; rpid=$(cat "$tmp/redis.pid"); fi
 fi
 [ -n "${CB_BENCH_REDIS:-}" ] && echo "== the shared tier: $CB_BENCH_REDIS" || echo "== no redis-server: the shared tier is not measured"
-"$BUILD/bench/bench_store" "$M" 512,32 16 2>&1 | tee "$tmp/store"
+"$BUILD/bench/bench_store" "$M" 512,32 16 > "$tmp/store" 2>&1 || { cat "$tmp/store"; exit 70; }
+cat "$tmp/store"
 # the price of authenticated entries (a tier key): streamed with MACs against without, measured alternately
 awk '$1 ~ /^store_shared_stream(\+mac)?_[0-9]+_ms_p50$/ { split($1, a, "_"); v[a[3] " " a[4]] = $2 }
      END { for (k in v) { split(k, b, " "); if (b[1] == "stream+mac" && ("stream " b[2]) in v)
