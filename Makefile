@@ -53,13 +53,13 @@ MODEL_FILE := $(or $(if $(filter qwen1.5b,$(MODEL)),qwen2.5-coder-1.5b-instruct-
 export CB_MODEL := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cacheblend/models/$(MODEL_FILE)
 endif
 
-PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3 hiredis
+PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3 hiredis libcrypto
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 CFLAGS  += -DCB_LIBDIR='"$(LIBDIR)"'
 # OpenBLAS is not linked: lib/backend/blas.c loads it when a product first
 # needs it (its constructor would start a thread a core in every program).
-LDLIBS  := $(shell pkg-config --libs $(filter-out openblas,$(PKGS)) 2>/dev/null || echo -lpcre2-8 -ljansson -lxxhash -larchive -lsqlite3 -lhiredis) -lm -lpthread -ldl
+LDLIBS  := $(shell pkg-config --libs $(filter-out openblas,$(PKGS)) 2>/dev/null || echo -lpcre2-8 -ljansson -lxxhash -larchive -lsqlite3 -lhiredis -lcrypto) -lm -lpthread -ldl
 BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 LDFLAGS += $(LDSAN)
 

@@ -2,6 +2,7 @@
  *
  *   cb-store [--store DIR] COMMAND [ARGS]
  *     init [--tier NAME=PATH[:CAPACITY]]... [--promote N] [--timeout MS]
+ *          [--auth-file FILE] [--key-file FILE]     keygen FILE
  *     ls [--json] [-m MODEL] [--tier NAME]     stat [--json]
  *     get KEY [-o FILE]     put FILE...     rm KEY...     pin KEY...     unpin KEY...
  *     gc     verify [--repair]     export ARCHIVE [KEY...]     import ARCHIVE
@@ -40,10 +41,21 @@ static void usage(FILE *f)
             "                     every store made with it (local tiers cache it); --timeout:\n"
             "                     its connect and request time-out (default 1000 ms;\n"
             "                     $CB_STORE_TIMEOUT_MS overrides it)\n"
+            "       [--auth-file FILE] [--key-file FILE]\n"
+            "                     the shared tier's secrets, kept in files only their\n"
+            "                     owner may read (mode 0600; store.json records their\n"
+            "                     names): --auth-file, one line PASSWORD or USER PASSWORD\n"
+            "                     to log in to Redis ($CB_REDIS_AUTH_FILE overrides it);\n"
+            "                     --key-file, a tier key: entries are written with an\n"
+            "                     HMAC-SHA256 per part and read only when it verifies\n"
+            "                     ($CB_TIER_KEY_FILE overrides it)\n"
+            "  keygen FILE        make a tier key: 32 random bytes, mode 0600 (never over\n"
+            "                     an existing file); copy it to every host of the tier\n"
             "  ls [--json] [-m MODEL] [--tier NAME]\n"
             "                     list entries: key, tier, bytes, hits, last use, pin;\n"
             "                     MODEL is a GGUF file or a 32-hex-digit fingerprint\n"
-            "  stat [--json]      per tier: entries, bytes, capacity, hits and hit rate\n"
+            "  stat [--json]      per tier: entries, bytes, capacity, hits and hit rate;\n"
+            "                     the shared tier's login and whether it is authenticated\n"
             "  get KEY [-o FILE]  print the entry's path, or copy it to FILE ('-' = stdout)\n"
             "  put FILE...        verify KV files and add them; prints each one's key\n"
             "  rm KEY...          remove entries\n"
@@ -74,9 +86,10 @@ static void usage(FILE *f)
             "      --version      print the version\n"
             "\n"
             "Exit status: 0 success, 64 usage error, 65 bad data (a file that is not a valid\n"
-            "KV file, an inconsistent store), 66 missing input (no store, no such key or\n"
-            "file), 70 internal error, 73 cannot create output (or no tier has room),\n"
-            "74 I/O error.\n");
+            "KV file, an inconsistent store, a secret file others may read), 66 missing\n"
+            "input (no store, no such key or file), 70 internal error, 73 cannot create\n"
+            "output (or no tier has room), 74 I/O error (the shared tier cannot be reached,\n"
+            "or refuses the login).\n");
 }
 
 enum {
@@ -89,11 +102,13 @@ enum {
     OPT_TOKENS,
     OPT_DEVICE, /* given[] index of --device (CLI_OPT_DEVICE) */
     OPT_COMPRESS,
-    OPT_TIMEOUT
+    OPT_TIMEOUT,
+    OPT_AUTH_FILE,
+    OPT_KEY_FILE
 };
 
 typedef struct opts {
-    const char *store, *model, *out, *compress, *device;
+    const char *store, *model, *out, *compress, *device, *auth_file, *key_file;
     const char **tiers;
     int n_tiers, json, repair, promote, timeout_ms;
     const char **costs;
@@ -206,10 +221,25 @@ static int shared_spec(const char *spec, const char *eq, cb_store_tier *t, char 
     return 0;
 }
 
+/* A file name made absolute against the current directory (malloc'd). */
+static char *abs_name(const char *p)
+{
+    char cwd[PATH_MAX];
+    char *r = NULL;
+    if (p[0] == '/')
+        r = strdup(p);
+    else if (getcwd(cwd, sizeof cwd) && asprintf(&r, "%s/%s", cwd, p) < 0)
+        r = NULL;
+    if (!r)
+        cli_err("%s: cannot make the name absolute: %s", p, strerror(errno));
+    return r;
+}
+
 static int cmd_init(const opts *o)
 {
     cb_store_tier t[CB_STORE_MAX_TIERS];
     char *bufs[CB_STORE_MAX_TIERS] = {0};
+    char *auth = NULL, *key = NULL;
     cb_error err;
     int code = 0;
 
@@ -295,9 +325,26 @@ static int cmd_init(const opts *o)
             goto done;
         }
     }
+    /* the secrets' file names, absolute (cb-run runs anywhere); never their contents */
+    if ((o->auth_file && !(auth = abs_name(o->auth_file))) || (o->key_file && !(key = abs_name(o->key_file)))) {
+        code = CLI_EX_SOFTWARE;
+        goto done;
+    }
+    int have_shared = 0;
     for (int i = 0; i < o->n_tiers; i++)
-        if (t[i].url)
+        if (t[i].url) {
             t[i].timeout_ms = o->timeout_ms;
+            t[i].auth_file = auth;
+            t[i].key_file = key;
+            have_shared = 1;
+        } else {
+            t[i].auth_file = t[i].key_file = NULL;
+        }
+    if ((auth || key) && !have_shared) {
+        cli_err("init: --auth-file and --key-file are for a shared tier (--tier NAME=redis://... or unix://...)");
+        code = CLI_EX_USAGE;
+        goto done;
+    }
     if (cb_store_init(o->store, o->n_tiers ? t : NULL, o->n_tiers, o->promote, &err) != CB_OK) {
         code = fail(&err);
         goto done;
@@ -306,7 +353,22 @@ static int cmd_init(const opts *o)
 done:
     for (int i = 0; i < CB_STORE_MAX_TIERS; i++)
         free(bufs[i]);
+    free(auth);
+    free(key);
     return code;
+}
+
+static int cmd_keygen(const opts *o)
+{
+    cb_error err;
+    int code;
+    if ((code = need_args(o, "keygen", 1, 1)) != 0)
+        return code;
+    if (cb_store_keygen(o->args[0], &err) != CB_OK)
+        return fail(&err);
+    cli_info("keygen: a tier key in %s (mode 0600): give it to every host of the shared tier with "
+             "cb-store init --key-file, or $CB_TIER_KEY_FILE", o->args[0]);
+    return 0;
 }
 
 /* ------------------------------------------------------------- ls, stat */
@@ -404,9 +466,13 @@ static int cmd_stat(const opts *o)
     for (int i = 0; i < n; i++)
         hits += st[i].hits;
     uint64_t gets = hits + misses;
+    cb_store_shared_auth sa;
+    int have_sa = cb_store_shared_name(s) && cb_store_shared_auth_info(s, &sa, &err) == CB_OK;
+    if (cb_store_shared_name(s) && !have_sa)
+        cli_err("warning: %s", err.msg);
     if (cb_store_shared_stat(s, &st[n], &err) == CB_OK)
         n++; /* the shared tier; its hits are in each entry (ls) */
-    else if (err.status != CB_ERR_NOT_FOUND)
+    else if (err.status != CB_ERR_NOT_FOUND && have_sa)
         cli_err("warning: %s", err.msg);
     if (o->json) {
         json_t *tiers = json_array(), *root;
@@ -421,6 +487,12 @@ static int cmd_stat(const opts *o)
                          cb_store_promote_hits(s), "tiers", tiers, "gets", (json_int_t)gets, "hits",
                          (json_int_t)hits, "misses", (json_int_t)misses, "hit_rate",
                          gets ? (double)hits / (double)gets : 0.0);
+        if (root && have_sa)
+            json_object_set_new(root, "shared_auth",
+                                json_pack("{s:s, s:b, s:s?, s:s?, s:b, s:b}", "tier", cb_store_shared_name(s),
+                                          "authenticated", sa.authenticated, "key_id",
+                                          sa.authenticated ? sa.key_id : NULL, "user", sa.user[0] ? sa.user : NULL,
+                                          "password", sa.password, "read_only", sa.read_only));
         if (!root || json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
             code = CLI_EX_SOFTWARE;
         putchar('\n');
@@ -443,6 +515,17 @@ static int cmd_stat(const opts *o)
         }
         printf("gets %llu, hits %llu, misses %llu, hit rate %.1f%%\n", (unsigned long long)gets,
                (unsigned long long)hits, (unsigned long long)misses, gets ? 100.0 * (double)hits / (double)gets : 0.0);
+        if (have_sa) {
+            printf("shared tier %s: login %s%s%s%s\n", cb_store_shared_name(s),
+                   sa.password ? "with a password" : "without a password", sa.user[0] ? " as user " : "", sa.user,
+                   sa.read_only ? " (read-only: the server refused this user a write)" : "");
+            if (sa.authenticated)
+                printf("shared tier %s: authenticated: entries carry an HMAC-SHA256 per part (tier key %s), and a "
+                       "part whose MAC does not verify is never used\n", cb_store_shared_name(s), sa.key_id);
+            else
+                printf("shared tier %s: unauthenticated: no tier key (cb-store keygen, init --key-file): whoever "
+                       "can write to Redis can plant entries\n", cb_store_shared_name(s));
+        }
     }
 done:
     cb_store_close(s);
@@ -787,6 +870,8 @@ int main(int argc, char **argv)
         {"compress", required_argument, 0, OPT_COMPRESS},
         {"cost", required_argument, 0, OPT_COST},
         {"timeout", required_argument, 0, OPT_TIMEOUT},
+        {"auth-file", required_argument, 0, OPT_AUTH_FILE},
+        {"key-file", required_argument, 0, OPT_KEY_FILE},
         {"ratio", required_argument, 0, OPT_RATIO},
         {"tokens", required_argument, 0, OPT_TOKENS},
         {0, 0, 0, 0},
@@ -796,7 +881,7 @@ int main(int argc, char **argv)
         int (*fn)(const opts *);
         const char *flags; /* command-specific options it takes */
     } cmds[] = {
-        {"init", cmd_init, "tier promote cost timeout"}, {"place", cmd_place, "json ratio tokens model device"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
+        {"init", cmd_init, "tier promote cost timeout auth-file key-file"}, {"keygen", cmd_keygen, ""}, {"place", cmd_place, "json ratio tokens model device"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
         {"get", cmd_get, "output"},         {"put", cmd_put, ""},              {"rm", NULL, ""},
         {"pin", NULL, ""},                  {"unpin", NULL, ""},               {"gc", cmd_gc, ""},
         {"verify", cmd_verify, "repair"},   {"export", cmd_export, "compress"}, {"import", cmd_import, ""},
@@ -804,7 +889,7 @@ int main(int argc, char **argv)
     char store_buf[4096];
     opts o = {0};
     cli_common co = {0};
-    int c, code, given[OPT_TIMEOUT + 1] = {0};
+    int c, code, given[OPT_KEY_FILE + 1] = {0};
 
     cli_prog = "cb-store";
     o.promote = -1;
@@ -847,6 +932,8 @@ int main(int argc, char **argv)
             break;
         }
         case 'o': o.out = optarg; given[0] = 1; break;
+        case OPT_AUTH_FILE: o.auth_file = optarg; given[OPT_AUTH_FILE] = 1; break;
+        case OPT_KEY_FILE: o.key_file = optarg; given[OPT_KEY_FILE] = 1; break;
         case OPT_REPAIR: o.repair = 1; given[OPT_REPAIR] = 1; break;
         case OPT_COMPRESS: o.compress = optarg; given[OPT_COMPRESS] = 1; break;
         case OPT_COST: o.costs[o.n_costs++] = optarg; given[OPT_COST] = 1; break;
@@ -900,7 +987,8 @@ int main(int argc, char **argv)
                     {OPT_REPAIR, "repair", "--repair"},    {OPT_COMPRESS, "compress", "--compress"},
                     {OPT_COST, "cost", "--cost"},          {OPT_RATIO, "ratio", "--ratio"},
                     {OPT_TOKENS, "tokens", "--tokens"},    {OPT_DEVICE, "device", "--device"},
-                    {OPT_TIMEOUT, "timeout", "--timeout"}};
+                    {OPT_TIMEOUT, "timeout", "--timeout"},   {OPT_AUTH_FILE, "auth-file", "--auth-file"},
+                    {OPT_KEY_FILE, "key-file", "--key-file"}};
     for (size_t i = 0; i < sizeof specific / sizeof specific[0]; i++)
         if (given[specific[i].id] && !strstr(cmds[k].flags, specific[i].word)) {
             cli_err("%s: %s does not apply", cmd, specific[i].flag);

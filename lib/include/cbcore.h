@@ -894,7 +894,21 @@ typedef struct cb_store_tier {
     int timeout_ms;    /* the shared tier: connect and per-request time-out in
                         * milliseconds (0: 1000; the environment's
                         * CB_STORE_TIMEOUT_MS overrides it when a store opens) */
+    const char *auth_file; /* the shared tier, cb_store_init: a Redis password file
+                        * (one line, PASSWORD or USER PASSWORD; mode 0600), or
+                        * NULL; its name is recorded, never its contents, and
+                        * $CB_REDIS_AUTH_FILE overrides it; relative names are
+                        * relative to the store */
+    const char *key_file;  /* the shared tier, cb_store_init: its tier key
+                        * (cb_store_keygen), or NULL; recorded likewise,
+                        * $CB_TIER_KEY_FILE overrides it */
 } cb_store_tier;
+
+/* Make a tier key: 32 random bytes (libcrypto's RAND_bytes) written as 64
+ * hexadecimal digits and a newline into a new file at path, mode 0600,
+ * never over an existing file.  Errors: CB_ERR_CREATE (path exists or
+ * cannot be made), CB_ERR_IO, CB_ERR_INTERNAL (no random bytes). */
+cb_status cb_store_keygen(const char *path, cb_error *err);
 
 /* Create a store in dir (made with its parents when missing) with n_tiers
  * tiers, fastest first (tiers NULL or n_tiers 0: one tier "main" in
@@ -904,7 +918,9 @@ typedef struct cb_store_tier {
  * each must be empty or missing, and no two tiers may share one.
  * Errors: CB_ERR_CREATE (a store already exists there, a directory cannot be
  * created or is not empty), CB_ERR_INVALID (names, duplicates, too many
- * tiers), CB_ERR_IO. */
+ * tiers), CB_ERR_IO (the shared tier cannot be reached, or refuses the
+ * login), and for the shared tier's secret files CB_ERR_NOT_FOUND (missing
+ * or unreadable) and CB_ERR_FORMAT (others may read it, or malformed). */
 cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits,
                         cb_error *err);
 
@@ -1085,6 +1101,23 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
 /* The shared tier's name (borrowed), or NULL when the store has none;
  * nothing is asked of the server. */
 const char *cb_store_shared_name(const cb_store *s);
+/* How the shared tier is secured, as this handle uses it. */
+typedef struct cb_store_shared_auth {
+    int authenticated;   /* 1: a tier key: entries are written with MACs and
+                          * read only when every part's MAC verifies */
+    char key_id[17];     /* the tier key's id (16 hex digits; the same key on
+                          * every host gives the same id), "" without one */
+    char user[128];      /* the Redis ACL user, "" for none */
+    int password;        /* 1: the handle logs in with a password */
+    int read_only;       /* 1: the server refused this user a write (NOPERM) */
+    uint64_t n_refused;  /* entries this handle refused: no MAC, another key's,
+                          * or a part whose MAC did not verify */
+} cb_store_shared_auth;
+/* Fill *out, reading the secret files when not read yet (nothing is asked
+ * of the server).  Errors: CB_ERR_NOT_FOUND (no shared tier, or a secret
+ * file missing), CB_ERR_FORMAT (a secret file others may read, or
+ * malformed). */
+cb_status cb_store_shared_auth_info(cb_store *s, cb_store_shared_auth *out, cb_error *err);
 /* Drop an entry from the shared tier (for every store using it; the local
  * tiers are left as they are).  Errors: CB_ERR_NOT_FOUND (no shared tier),
  * CB_ERR_INVALID, CB_ERR_CREATE (read-only), CB_ERR_IO (cannot be reached). */

@@ -212,19 +212,24 @@ static cb_status shared_id_of(const cb_store_tier *t, char id[33], cb_error *err
     memset(&tmp, 0, sizeof tmp);
     snprintf(tmp.remote.name, sizeof tmp.remote.name, "%s", t->name);
     tmp.remote.url = (char *)t->url;
+    tmp.remote.auth_file = (char *)t->auth_file;
+    tmp.remote.key_file = (char *)t->key_file;
     tmp.remote.timeout_ms = t->timeout_ms > 0 ? t->timeout_ms : ST_REMOTE_TIMEOUT_MS;
-    int rc = st_remote_up(&tmp) ? st_remote_id(&tmp, t->name, id) : -1;
-    tmp.remote.url = NULL;
+    /* the secrets first: a file that cannot be used is its own error */
+    cb_status st = st_remote_secrets(&tmp.remote, err);
+    int rc = st != CB_OK ? -1 : st_remote_up(&tmp) ? st_remote_id(&tmp, t->name, id) : -1;
+    if (st == CB_OK && rc != 0)
+        st = cb_error_set(err, CB_ERR_IO, "tier %s: %s: %s", t->name, t->url,
+                          tmp.remote.why[0] ? tmp.remote.why : "cannot be reached");
+    tmp.remote.url = tmp.remote.auth_file = tmp.remote.key_file = NULL;
     st_remote_close(&tmp.remote);
-    if (rc != 0)
-        return cb_error_set(err, CB_ERR_IO, "tier %s: %s cannot be reached", t->name, t->url);
-    return CB_OK;
+    return st;
 }
 
 static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits, int *exists,
                              cb_error *err)
 {
-    static const cb_store_tier def = {"main", "tiers/main", 0, 0, NULL, 0};
+    static const cb_store_tier def = {"main", "tiers/main", 0, 0, NULL, 0, NULL, NULL};
     char *conf = st_asprintf("%s/%s", dir, conf_name);
     char *abs[CB_STORE_MAX_TIERS] = {0};
     char *real[CB_STORE_MAX_TIERS] = {0};
@@ -314,11 +319,17 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
                                              "capacity", (json_int_t)tiers[i].capacity, "cost",
                                              tiers[i].cost > 0 ? tiers[i].cost : (double)(n_tiers - i)));
     json_object_set(root, "tiers", arr);
-    if (shared)
-        json_object_set_new(root, "shared", json_pack("{s:s, s:s, s:s, s:I, s:i}", "name", shared->name, "url",
-                                                      shared->url, "id", shared_id, "capacity",
-                                                      (json_int_t)shared->capacity, "timeout_ms",
-                                                      shared->timeout_ms > 0 ? shared->timeout_ms : ST_REMOTE_TIMEOUT_MS));
+    if (shared) {
+        json_t *sh = json_pack("{s:s, s:s, s:s, s:I, s:i}", "name", shared->name, "url", shared->url, "id", shared_id,
+                               "capacity", (json_int_t)shared->capacity, "timeout_ms",
+                               shared->timeout_ms > 0 ? shared->timeout_ms : ST_REMOTE_TIMEOUT_MS);
+        /* the secrets' files, never what they hold */
+        if (sh && shared->auth_file)
+            json_object_set_new(sh, "auth_file", json_string(shared->auth_file));
+        if (sh && shared->key_file)
+            json_object_set_new(sh, "key_file", json_string(shared->key_file));
+        json_object_set_new(root, "shared", sh);
+    }
     text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (!text) {
         st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
@@ -467,13 +478,22 @@ static cb_status read_config(cb_store *s, cb_error *err)
         const char *url = json_string_value(json_object_get(sh, "url"));
         const char *sid = json_string_value(json_object_get(sh, "id"));
         json_t *cap = json_object_get(sh, "capacity"), *to = json_object_get(sh, "timeout_ms");
+        json_t *af = json_object_get(sh, "auth_file"), *kf = json_object_get(sh, "key_file");
         char host[1024];
         int port, db, is_unix;
         if (!tier_name_valid(name) || !url || st_remote_parse(url, host, sizeof host, &port, &db, &is_unix) != 0 ||
             !sid || strlen(sid) != 32 || !st_is_hex(sid, 32) || (cap && (!json_is_integer(cap) || json_integer_value(cap) < 0)) ||
-            (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 600000))) {
+            (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 600000)) ||
+            (af && (!json_is_string(af) || !*json_string_value(af))) ||
+            (kf && (!json_is_string(kf) || !*json_string_value(kf)))) {
             st = cb_error_set(err, CB_ERR_FORMAT, "%s: shared: needs a name, a url, an id, a capacity >= 0 and a timeout_ms "
-                              "from 1 to 600000", conf);
+                              "from 1 to 600000 (auth_file and key_file: file names)", conf);
+            goto done;
+        }
+        /* relative to the store, as tier paths are */
+        if ((af && !(s->remote.auth_file = abs_path(s->dir, json_string_value(af)))) ||
+            (kf && !(s->remote.key_file = abs_path(s->dir, json_string_value(kf))))) {
+            st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
             goto done;
         }
         snprintf(s->remote.name, sizeof s->remote.name, "%s", name);

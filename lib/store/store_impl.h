@@ -50,6 +50,17 @@ typedef struct st_tier {
     double cost;     /* relative cost per byte, for placement */
 } st_tier;
 
+/* A tier key ready to MAC parts (secret.c); ctx NULL: no key. */
+typedef struct evp_mac_ctx_st st_mac_ctx;
+typedef struct st_mac {
+    st_mac_ctx *ctx; /* keyed HMAC-SHA256 */
+    char id[17];     /* the key's id: 16 hex digits of HMAC(K, "cacheblend-key-id-v1") */
+} st_mac;
+
+#define ST_KEY_BYTES 32
+#define ST_NONCE_BYTES 16
+#define ST_TAG_BYTES 32
+
 /* The shared tier on Redis (remote.c); url NULL when the store has none. */
 typedef struct st_remote {
     char name[33];
@@ -59,6 +70,19 @@ typedef struct st_remote {
     int timeout_ms;    /* connect and per command */
     struct redisContext *ctx; /* NULL when not connected */
     int64_t down_until; /* after a failure: not tried again before (us) */
+    /* Secrets (secret.c), read when first connecting: the files' paths as
+     * store.json records them (NULL: none; $CB_REDIS_AUTH_FILE and
+     * $CB_TIER_KEY_FILE override them), never their contents. */
+    char *auth_file, *key_file;
+    int secrets;       /* 0 not read yet, 1 read, -1 unusable (the tier is not used) */
+    char user[128];    /* the ACL user, "" for the password alone */
+    char pass[512];    /* the password ("" none); cleansed when closed */
+    st_mac mac;        /* the tier key: entries are written with and read only with MACs */
+    int ro;            /* the server refused this user a write (NOPERM): reads only */
+    int ro_warned;     /* said once that nothing is written through */
+    int quiet;         /* a NOPERM expected: not warned of */
+    char why[CB_ERROR_MSG_MAX]; /* the last failure, for messages (never a secret) */
+    uint64_t n_refused; /* entries refused: no MAC, or one that does not verify */
 } st_remote;
 
 #define ST_REMOTE_TIMEOUT_MS 1000
@@ -97,7 +121,8 @@ struct cb_store_ref {
 
 /* The files, each using only those above it (no circle):
  *   util.c    file-system helpers, keys, ids
- *   remote.c  the shared tier on Redis (uses only util.c)
+ *   secret.c  the shared tier's secrets and its entries' MACs (libcrypto)
+ *   remote.c  the shared tier on Redis (uses util.c and secret.c)
  *   index.c   the SQLite index: schema, statements, transactions
  *   store.c   configuration, tiers, the store lock, owners, open/close, stat
  *   tiers.c   moves between tiers: demotion, eviction, promotion
@@ -231,6 +256,9 @@ void st_remote_warn(cb_store *s, const char *fmt, ...) __attribute__((format(pri
 /* 1 when connected (connecting when needed), 0 when down. */
 int st_remote_up(cb_store *s);
 void st_remote_close(st_remote *r);
+/* Read r's secret files when not read yet (the environment's names first):
+ * CB_OK, or the error (kept: the tier is not used by this handle). */
+cb_status st_remote_secrets(st_remote *r, cb_error *err);
 /* The shared tier's id from Redis (made when missing): 0, or -1. */
 int st_remote_id(cb_store *s, const char *name, char id[33]);
 /* 1 when the shared tier holds key, 0 when not, -1 when it is down. */
@@ -261,6 +289,41 @@ int st_stream_bad(cb_store *s, st_stream *x, const char *why);
 /* Receive the parts not read yet and check the whole value against its
  * metadata: 1 with the bytes (held by x), else 0 (warned, dropped). */
 int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size);
+
+/* ------------------------------------------------------------ secret.c */
+
+/* Read a Redis password file (one line: PASSWORD, or USER PASSWORD; mode
+ * 0600 or stricter, owned by this user or root) into user ("" when none)
+ * and pass.  Errors: CB_ERR_NOT_FOUND (missing, unreadable), CB_ERR_FORMAT
+ * (too open, another owner, malformed), CB_ERR_IO; messages never hold the
+ * file's contents. */
+cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, size_t pass_n, cb_error *err);
+/* Read a tier key file (64 hex digits, kept like a password file) into m.
+ * Errors as st_auth_load, and CB_ERR_INTERNAL (no HMAC in libcrypto). */
+cb_status st_key_load(const char *path, st_mac *m, cb_error *err);
+/* m from the raw key bytes (tests). */
+cb_status st_mac_from_key(st_mac *m, const uint8_t key[ST_KEY_BYTES], cb_error *err);
+void st_mac_free(st_mac *m); /* m may hold no key */
+/* A context of one's own (for a stream, used on its reader's thread), NULL
+ * without a key or memory; freed by st_mac_ctx_free (accepts NULL). */
+st_mac_ctx *st_mac_dup(const st_mac *m);
+void st_mac_ctx_free(st_mac_ctx *c);
+
+/* What a part's tag binds besides its bytes (secret.c's comment). */
+typedef struct st_part_id {
+    const char *sid;  /* the shared tier's id, 32 hex digits */
+    const char *key;  /* the entry's key, 65 characters */
+    uint8_t nonce[ST_NONCE_BYTES]; /* the upload's */
+    uint64_t n_parts, total;
+} st_part_id;
+/* tag of part i of len bytes: 0, or -1 when libcrypto fails. */
+int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
+                uint8_t tag[ST_TAG_BYTES]);
+/* 1 when want is part i's tag (compared in constant time), else 0. */
+int st_mac_check(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
+                 const uint8_t want[ST_TAG_BYTES]);
+/* A fresh random nonce: 0, or -1 when libcrypto has no random bytes. */
+int st_mac_nonce(uint8_t nonce[ST_NONCE_BYTES]);
 
 /* 0 when the bytes are a valid KV file (header, every layer's
  * checksum) holding key, else -1 with the reason in why. */

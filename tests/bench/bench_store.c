@@ -16,7 +16,11 @@
  *            through cb_store_open_kv with $CB_STORE_STREAM=0, then every
  *            layer read (verified, converted to f32) as cb-run's loader
  *            reads it; stream = cb_store_open_kv streaming the entry from
- *            Redis while those layers are read
+ *            Redis while those layers are read; stream+mac = the same from a
+ *            tier whose entries carry HMAC-SHA256 tags (a tier key made by
+ *            cb_store_keygen; every part's tag checked as it arrives),
+ *            measured alternately with stream, entry by entry, so that both
+ *            see the same load on a shared machine
  * KV files are real: MODEL prefills TOKENS tokens once and cb_kv_serialize
  * writes them (f16) under ENTRIES different token lists.
  *
@@ -139,7 +143,7 @@ static int bench_tier(const char *name, const char *tier_dir, const char *base, 
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n * 4, sizeof *t);
-    cb_store_tier tier = {name, tier_dir, 0, 0, NULL, 0};
+    cb_store_tier tier = {name, tier_dir, 0, 0, NULL, 0, NULL, NULL};
 
     snprintf(dir, sizeof dir, "%s/store-%s-%d", base, name, tokens);
     if (!t || cb_store_init(dir, &tier, 1, 0, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
@@ -211,25 +215,57 @@ static int read_layers(cb_kvfile *kf, cb_error *err)
     return rc;
 }
 
+/* One entry opened through cb_store_open_kv (streamed unless
+ * $CB_STORE_STREAM=0) and every layer read, after its local copy is
+ * removed; the seconds it took, or -1. */
+static double open_read(cb_store *s, const kv *e, int want_tier, const char *what)
+{
+    cb_store_ref *ref;
+    cb_kvfile *kf;
+    cb_error err;
+    cb_store_remove(s, e->key, NULL); /* only the shared tier holds it */
+    double t0 = now();
+    if (cb_store_open_kv(s, e->key, &kf, &ref, &err) != CB_OK || read_layers(kf, &err) != 0 ||
+        cb_store_ref_tier(ref) != want_tier) {
+        fprintf(stderr, "bench_store: shared %s: %s\n", what, err.msg);
+        return -1;
+    }
+    cb_kvfile_free(kf);
+    cb_store_release(ref);
+    return now() - t0;
+}
+
 /* The shared tier on Redis at url: put through a local tier without room,
- * get of entries that only it holds. */
+ * get of entries that only it holds; the same streamed from a tier whose
+ * entries are authenticated (named sharedmac: a namespace of its own). */
 static int bench_shared(const char *url, const char *ram, const char *base, kv *e, int n, int tokens, char *buf,
                         size_t cap)
 {
-    char dir_p[4200], dir_g[4200], tp[4300], tg[4300];
-    cb_store *sp = NULL, *sg = NULL;
+    char dir_p[4200], dir_g[4200], dir_m[4200], dir_mg[4200], tp[4300], tg[4300], tm[4300], tmg[4300], key[4300];
+    cb_store *sp = NULL, *sg = NULL, *sm = NULL, *smg = NULL;
     cb_error err;
-    double *t = calloc((size_t)n * 3, sizeof *t);
+    double *t = calloc((size_t)n * 3, sizeof *t), *tk = calloc((size_t)n * 3, sizeof *tk);
     snprintf(dir_p, sizeof dir_p, "%s/store-shared-put-%d", base, tokens);
     snprintf(dir_g, sizeof dir_g, "%s/store-shared-get-%d", base, tokens);
+    snprintf(dir_m, sizeof dir_m, "%s/store-sharedmac-put-%d", base, tokens);
+    snprintf(dir_mg, sizeof dir_mg, "%s/store-sharedmac-get-%d", base, tokens);
     snprintf(tp, sizeof tp, "%s-sp%d", ram, tokens);
     snprintf(tg, sizeof tg, "%s-sg%d", ram, tokens);
-    cb_store_tier a[2] = {{"local", tp, 1, 0, NULL, 0}, {"shared", NULL, 0, 0, url, 5000}};
-    cb_store_tier b[2] = {{"local", tg, 0, 0, NULL, 0}, {"shared", NULL, 0, 0, url, 5000}};
-    if (!t || cb_store_init(dir_p, a, 2, 0, &err) != CB_OK || cb_store_open(&sp, dir_p, 0, &err) != CB_OK ||
-        cb_store_init(dir_g, b, 2, 0, &err) != CB_OK || cb_store_open(&sg, dir_g, 0, &err) != CB_OK) {
+    snprintf(tm, sizeof tm, "%s-sm%d", ram, tokens);
+    snprintf(tmg, sizeof tmg, "%s-smg%d", ram, tokens);
+    snprintf(key, sizeof key, "%s/tier-%d.key", base, tokens);
+    cb_store_tier a[2] = {{"local", tp, 1, 0, NULL, 0, NULL, NULL}, {"shared", NULL, 0, 0, url, 5000, NULL, NULL}};
+    cb_store_tier b[2] = {{"local", tg, 0, 0, NULL, 0, NULL, NULL}, {"shared", NULL, 0, 0, url, 5000, NULL, NULL}};
+    cb_store_tier c[2] = {{"local", tm, 1, 0, NULL, 0, NULL, NULL}, {"sharedmac", NULL, 0, 0, url, 5000, NULL, key}};
+    cb_store_tier d[2] = {{"local", tmg, 0, 0, NULL, 0, NULL, NULL}, {"sharedmac", NULL, 0, 0, url, 5000, NULL, key}};
+    if (!t || !tk || cb_store_init(dir_p, a, 2, 0, &err) != CB_OK || cb_store_open(&sp, dir_p, 0, &err) != CB_OK ||
+        cb_store_init(dir_g, b, 2, 0, &err) != CB_OK || cb_store_open(&sg, dir_g, 0, &err) != CB_OK ||
+        cb_store_keygen(key, &err) != CB_OK || cb_store_init(dir_m, c, 2, 0, &err) != CB_OK ||
+        cb_store_open(&sm, dir_m, 0, &err) != CB_OK || cb_store_init(dir_mg, d, 2, 0, &err) != CB_OK ||
+        cb_store_open(&smg, dir_mg, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: shared tier %s: %s\n", url, err.msg);
         free(t);
+        free(tk);
         return -1;
     }
     for (int i = 0; i < n; i++) {
@@ -258,34 +294,38 @@ static int bench_shared(const char *url, const char *ram, const char *base, kv *
         }
     record("shared", "get", tokens, summarize(t, m, (double)e[0].size));
     /* What cb-run's loader does with such an entry: fetched whole then read
-     * layer by layer ($CB_STORE_STREAM=0, as before streaming), or streamed. */
-    for (int mode = 0; mode < 2; mode++) {
-        m = 0;
-        if (mode == 0)
-            setenv("CB_STORE_STREAM", "0", 1);
-        for (int r = 0; r < 3; r++)
-            for (int i = 0; i < n; i++) {
-                cb_store_ref *ref;
-                cb_kvfile *kf;
-                cb_store_remove(sg, e[i].key, NULL);
-                double t0 = now();
-                if (cb_store_open_kv(sg, e[i].key, &kf, &ref, &err) != CB_OK || read_layers(kf, &err) != 0 ||
-                    cb_store_ref_tier(ref) != (mode ? 1 : 0)) {
-                    fprintf(stderr, "bench_store: shared %s: %s\n", mode ? "stream" : "fetch+layers", err.msg);
-                    return -1;
-                }
-                cb_kvfile_free(kf);
-                cb_store_release(ref);
-                t[m++] = now() - t0;
-            }
-        unsetenv("CB_STORE_STREAM");
-        record("shared", mode ? "stream" : "fetch+layers", tokens, summarize(t, m, (double)e[0].size));
-    }
+     * layer by layer ($CB_STORE_STREAM=0, as before streaming), or streamed;
+     * streamed, entry by entry, from the plain tier and the authenticated one. */
+    for (int i = 0; i < n; i++)
+        if (cb_store_put(sm, e[i].key, e[i].data, e[i].size, &err) != CB_OK) {
+            fprintf(stderr, "bench_store: sharedmac put: %s\n", err.msg);
+            return -1;
+        }
+    m = 0;
+    setenv("CB_STORE_STREAM", "0", 1);
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < n; i++)
+            if ((t[m++] = open_read(sg, &e[i], 0, "fetch+layers")) < 0)
+                return -1;
+    unsetenv("CB_STORE_STREAM");
+    record("shared", "fetch+layers", tokens, summarize(t, m, (double)e[0].size));
+    m = 0;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < n; i++, m++)
+            if ((t[m] = open_read(sg, &e[i], 1, "stream")) < 0 || (tk[m] = open_read(smg, &e[i], 1, "stream+mac")) < 0)
+                return -1;
+    record("shared", "stream", tokens, summarize(t, m, (double)e[0].size));
+    record("shared", "stream+mac", tokens, summarize(tk, m, (double)e[0].size));
     cb_store_close(sp);
     cb_store_close(sg);
+    cb_store_close(sm);
+    cb_store_close(smg);
     nftw(tp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     nftw(tg, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(tm, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(tmg, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     free(t);
+    free(tk);
     return 0;
 }
 
@@ -296,7 +336,7 @@ static int bench_demote(const char *ram, const char *disk, const char *base, kv 
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n, sizeof *t);
-    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0, NULL, 0}, {"disk", disk, 0, 0, NULL, 0}};
+    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0, NULL, 0, NULL, NULL}, {"disk", disk, 0, 0, NULL, 0, NULL, NULL}};
     snprintf(dir, sizeof dir, "%s/store-demote-%d", base, tokens);
     if (!t || cb_store_init(dir, tiers, 2, 1, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: %s\n", err.msg);

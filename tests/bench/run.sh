@@ -185,7 +185,12 @@ if [ -z "${CB_BENCH_REDIS:-}" ] && command -v redis-server > /dev/null 2>&1; the
     if [ -S "$tmp/redis.sock" ]; then CB_BENCH_REDIS="unix://$tmp/redis.sock"; export CB_BENCH_REDIS; rpid=$(cat "$tmp/redis.pid"); fi
 fi
 [ -n "${CB_BENCH_REDIS:-}" ] && echo "== the shared tier: $CB_BENCH_REDIS" || echo "== no redis-server: the shared tier is not measured"
-"$BUILD/bench/bench_store" "$M" 512,32 16 2>&1
+"$BUILD/bench/bench_store" "$M" 512,32 16 > "$tmp/store" 2>&1 || { cat "$tmp/store"; exit 70; }
+cat "$tmp/store"
+# the price of authenticated entries (a tier key): streamed with MACs against without, measured alternately
+awk '$1 ~ /^store_shared_stream(\+mac)?_[0-9]+_ms_p50$/ { split($1, a, "_"); v[a[3] " " a[4]] = $2 }
+     END { for (k in v) { split(k, b, " "); if (b[1] == "stream+mac" && ("stream " b[2]) in v)
+           printf "shared tier, %s tokens: streamed with MACs %.2f ms, without %.2f ms (p50): %+.1f%%\n", b[2], v[k], v["stream " b[2]], 100 * (v[k] / v["stream " b[2]] - 1) } }' "$tmp/store"
 # cb-run's TTFT on a host whose chunks only the shared tier holds: fetched whole vs streamed by layer.
 if [ -n "${CB_BENCH_REDIS:-}" ]; then
     CB_BENCH_REDIS=$CB_BENCH_REDIS sh tests/bench/shared_ttft.sh "$M" "$tmp/text.txt" 6 512 3 blend

@@ -21,6 +21,16 @@ gemma_model() {
     m=${CB_GEMMA_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/gemma-3-270m-q4_k_m.gguf}
     [ -f "$m" ] && echo "$m"
 }
+# vale_chunks MODEL OUT: three short documents about the river Vale in $T/docs, chunked by 24
+# tokens into OUT; Q, a question they answer
+vale_chunks() {
+    mkdir -p "$T/docs"
+    for i in 1 2 3; do
+        printf 'Document %s. The river Vale runs past the town of Kelby %s.\n\nIts bridge was built in 19%s0 by the Norden company.\n' $i $i $i > "$T/docs/d$i.txt"
+    done
+    Q="Who built the bridge over the Vale?"
+    "$BINDIR_B/cb-chunk" -m "$1" --tokens 24 "$T/docs" > "$2"
+}
 done_testing() { echo "1..$n"; [ "$nfail" -eq 0 ]; }
 # the tests' small real model (make model MODEL=smollm2), when present
 smol_model() {

@@ -32,12 +32,7 @@ if ! start_redis; then
 fi
 R="$RC -s $SOCK"
 
-mkdir -p "$T/docs"
-for i in 1 2 3; do
-    printf 'Document %s. The river Vale runs past the town of Kelby %s.\n\nIts bridge was built in 19%s0 by the Norden company.\n' $i $i $i > "$T/docs/d$i.txt"
-done
-"$CHUNK" -m "$M" --tokens 24 "$T/docs" > "$T/chunks.jsonl" || { not_ok "cb-chunk"; done_testing; exit 1; }
-Q="Who built the bridge over the Vale?"
+vale_chunks "$M" "$T/chunks.jsonl" || { not_ok "cb-chunk"; done_testing; exit 1; }
 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --mode full --no-store-write -n 6 -p "$Q" > "$T/a-full" 2>/dev/null \
     || { not_ok "cb-run --mode full"; done_testing; exit 1; }
 # run HOST [ARGS]: cb-run at ratio 1 on store HOST; answer in $T/ans-HOST, stats in $T/st-HOST.json

@@ -219,7 +219,7 @@ int main(void)
     }
 
     tcase("cb_prompt_attach: caches found in the tier that holds them, checked, kept acquired");
-    cb_store_tier tiers[2] = {{"fast", "fast", 0, 0, NULL, 0}, {"slow", "slow", 0, 0, NULL, 0}};
+    cb_store_tier tiers[2] = {{"fast", "fast", 0, 0, NULL, 0, NULL, NULL}, {"slow", "slow", 0, 0, NULL, 0, NULL, NULL}};
     CHECK_OK(cb_store_init(dir, tiers, 2, 0, &err));
     CHECK_OK(cb_store_open(&s, dir, 0, &err));
     CHECK_OK(cb_precomputer_new(&pc, m, s, CB_TYPE_F16, "slow", &err));

@@ -3,6 +3,8 @@
  * repair, export and import (with hostile archives); then many processes at
  * once (4 writers, 8 readers, gc in a loop) and 50 rounds of SIGKILL at
  * random moments, each followed by gc and a verify that must be clean.
+ * First, without a model: the shared tier's secret files and the MACs of
+ * its entries (a vector from an independent HMAC, and what each tag binds).
  *
  * KV files are real: the tiny fixture model prefills a few tokens once and
  * cb_kv_serialize writes them under many token-id lists (distinct keys).
@@ -14,6 +16,7 @@
  * the concurrency test, default 4), CB_STORE_ROUNDS (kill rounds, default 50). */
 #include "cbcore.h"
 #include "test.h"
+#include "../../lib/store/store_impl.h" /* the shared tier's secrets and MACs */
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -377,9 +380,9 @@ static void test_basics(kvgen *g)
         snprintf(d2, sizeof d2, "%s/init", work);
         snprintf(a, sizeof a, "%s/a", d2);
         snprintf(b, sizeof b, "%s/b", d2);
-        cb_store_tier bad1[] = {{"x y", a, 0, 0, NULL, 0}};
-        cb_store_tier dup[] = {{"x", a, 0, 0, NULL, 0}, {"x", b, 0, 0, NULL, 0}};
-        cb_store_tier same[] = {{"x", a, 0, 0, NULL, 0}, {"y", a, 0, 0, NULL, 0}};
+        cb_store_tier bad1[] = {{"x y", a, 0, 0, NULL, 0, NULL, NULL}};
+        cb_store_tier dup[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL}, {"x", b, 0, 0, NULL, 0, NULL, NULL}};
+        cb_store_tier same[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL}, {"y", a, 0, 0, NULL, 0, NULL, NULL}};
         CHECK(cb_store_init(dir, NULL, 0, -1, &err) == CB_ERR_CREATE);
         CHECK(cb_store_init(d2, bad1, 1, -1, &err) == CB_ERR_INVALID);
         CHECK(cb_store_init(d2, dup, 2, -1, &err) == CB_ERR_INVALID);
@@ -388,13 +391,13 @@ static void test_basics(kvgen *g)
         mkdir(b, 0755);
         snprintf(p, sizeof p, "%s/junk", b);
         write_file(p, "x", 1);
-        cb_store_tier nonempty[] = {{"x", a, 0, 0, NULL, 0}, {"y", b, 0, 0, NULL, 0}};
+        cb_store_tier nonempty[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL}, {"y", b, 0, 0, NULL, 0, NULL, NULL}};
         CHECK(cb_store_init(d2, nonempty, 2, -1, &err) == CB_ERR_CREATE);
         CHECK(cb_store_open(&s, d2, 0, &err) == CB_ERR_NOT_FOUND);
         /* A tier directory of another store is refused when opened. */
         unlink(p);
-        cb_store_tier t1[] = {{"x", a, 0, 0, NULL, 0}};
-        cb_store_tier t2[] = {{"y", b, 0, 0, NULL, 0}};
+        cb_store_tier t1[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL}};
+        cb_store_tier t2[] = {{"y", b, 0, 0, NULL, 0, NULL, NULL}};
         char d3[1300];
         snprintf(d3, sizeof d3, "%s/other", d2);
         CHECK_OK(cb_store_init(d2, t1, 1, -1, &err));
@@ -430,7 +433,7 @@ static void test_tiers(kvgen *g, const char *ram)
     snprintf(t0, sizeof t0, "%s/ram", ram);
     snprintf(t1, sizeof t1, "%s/ssd", dir);
     snprintf(t2, sizeof t2, "%s/hdd", dir);
-    cb_store_tier tiers[] = {{"ram", t0, 2 * E, 0, NULL, 0}, {"ssd", t1, 2 * E, 0, NULL, 0}, {"hdd", t2, 2 * E, 0, NULL, 0}};
+    cb_store_tier tiers[] = {{"ram", t0, 2 * E, 0, NULL, 0, NULL, NULL}, {"ssd", t1, 2 * E, 0, NULL, 0, NULL, NULL}, {"hdd", t2, 2 * E, 0, NULL, 0, NULL, NULL}};
 
     tcase("three tiers: put fills the fastest first, LRU moves down, the last tier evicts");
     CHECK_OK(cb_store_init(dir, tiers, 3, 2, &err));
@@ -914,7 +917,7 @@ static void test_import_bomb(kvgen *g)
     cb_error err;
     cb_store_import_report ir;
     struct rlimit old, lim;
-    cb_store_tier small[1] = {{"small", "t/small", 1u << 20, 0, NULL, 0}};
+    cb_store_tier small[1] = {{"small", "t/small", 1u << 20, 0, NULL, 0, NULL, NULL}};
 
     for (int i = 0; i < 2; i++)
         kvgen_make(g, 700 + i, 12, CB_TYPE_F16, &e[i]);
@@ -1127,7 +1130,7 @@ static void test_concurrency(kvgen *g, const char *ram)
     caps[0] = 4 * E;
     caps[1] = 8 * E;
     caps[2] = 16 * E;
-    cb_store_tier tiers[] = {{"ram", t0, caps[0], 0, NULL, 0}, {"ssd", t1, caps[1], 0, NULL, 0}, {"hdd", t2, caps[2], 0, NULL, 0}};
+    cb_store_tier tiers[] = {{"ram", t0, caps[0], 0, NULL, 0, NULL, NULL}, {"ssd", t1, caps[1], 0, NULL, 0, NULL, NULL}, {"hdd", t2, caps[2], 0, NULL, 0, NULL, NULL}};
 
     tcase("concurrency: %d writers, %d readers, gc in a loop for %.0f s on small tiers; then verify", NW, NR, secs);
     if (cb_store_init(dir, tiers, 3, 2, &err) != CB_OK) {
@@ -1443,10 +1446,194 @@ static void test_readonly(kvgen *g)
 /* Found by fuzz_store_conf: a store.json edited to give two tiers one
  * directory was opened; gc and verify would then take one tier's entries for
  * the other's orphans.  Opening must refuse it, naming both tiers. */
+/* ------------------------------------------------------------- secrets */
+
+static void write_secret(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    chmod(path, mode);
+}
+
+static void test_secrets(const char *tmp)
+{
+    char dir[1100], p[1200], q[1400], user[128], pass[512];
+    cb_error err;
+    st_mac m = {0}, m2 = {0};
+
+    snprintf(dir, sizeof dir, "%s/secrets.%d", tmp, (int)getpid());
+    rmrf(dir);
+    mkdir(dir, 0700);
+
+    tcase("keygen: a 0600 file of 64 hex digits, never overwritten; the same key gives the same id");
+    snprintf(p, sizeof p, "%s/tier.key", dir);
+    CHECK_OK(cb_store_keygen(p, &err));
+    struct stat sb;
+    CHECK(stat(p, &sb) == 0 && (sb.st_mode & 0777) == 0600 && sb.st_size == 65);
+    CHECK(cb_store_keygen(p, &err) == CB_ERR_CREATE);
+    CHECK_OK(st_key_load(p, &m, &err));
+    CHECK_OK(st_key_load(p, &m2, &err));
+    CHECK(m.ctx && strlen(m.id) == 16 && strcmp(m.id, m2.id) == 0);
+    snprintf(q, sizeof q, "%s/tier2.key", dir);
+    CHECK_OK(cb_store_keygen(q, &err));
+    CHECK_OK(st_key_load(q, &m2, &err));
+    CHECK(strcmp(m.id, m2.id) != 0);
+    st_mac_free(&m);
+    st_mac_free(&m2);
+
+    tcase("secret files: refused when others may read them or malformed, and no message holds the secret");
+    char key_text[80] = "";
+    FILE *kf = fopen(p, "r");
+    if (kf) {
+        CHECK(fgets(key_text, sizeof key_text, kf) != NULL);
+        fclose(kf);
+    }
+    key_text[64] = 0;
+    chmod(p, 0640);
+    CHECK(st_key_load(p, &m, &err) == CB_ERR_FORMAT && strstr(err.msg, "too open") && !strstr(err.msg, key_text));
+    chmod(p, 0604);
+    CHECK(st_key_load(p, &m, &err) == CB_ERR_FORMAT);
+    chmod(p, 0600);
+    snprintf(q, sizeof q, "%s/short.key", dir);
+    write_secret(q, "00112233\n", 0600);
+    CHECK(st_key_load(q, &m, &err) == CB_ERR_FORMAT && strstr(err.msg, "not a tier key") && !strstr(err.msg, "0011"));
+    snprintf(q, sizeof q, "%s/none.key", dir);
+    CHECK(st_key_load(q, &m, &err) == CB_ERR_NOT_FOUND && m.ctx == NULL);
+    snprintf(q, sizeof q, "%s/pw", dir);
+    write_secret(q, "s3cret-Pw\n", 0600);
+    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_OK && !user[0] &&
+          strcmp(pass, "s3cret-Pw") == 0);
+    write_secret(q, "cb-cron pass with spaces", 0600);
+    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_OK && strcmp(user, "cb-cron") == 0 &&
+          strcmp(pass, "pass with spaces") == 0);
+    write_secret(q, "s3cret-Pw\nsecond\n", 0600);
+    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT && !strstr(err.msg, "s3cret"));
+    write_secret(q, "\n", 0600);
+    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT);
+    write_secret(q, "s3cret-Pw\n", 0644);
+    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT && strstr(err.msg, "0644") &&
+          !strstr(err.msg, "s3cret"));
+    if (geteuid() == 0) {
+        CHECK(chown(q, 1, 1) == 0);
+        chmod(q, 0600);
+        CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT &&
+              strstr(err.msg, "owned by user 1"));
+    }
+
+    tcase("part MAC: HMAC-SHA256 of the layout in cb-store(5), as Python's hmac computes it");
+    uint8_t K[ST_KEY_BYTES], tag[ST_TAG_BYTES], t2[ST_TAG_BYTES];
+    for (int i = 0; i < ST_KEY_BYTES; i++)
+        K[i] = (uint8_t)i;
+    char ekey[66];
+    memset(ekey, 'a', 32);
+    ekey[32] = '-';
+    memset(ekey + 33, 'b', 32);
+    ekey[65] = 0;
+    st_part_id id = {"0123456789abcdef0123456789abcdef", ekey, {0}, 3, 4096};
+    for (int i = 0; i < ST_NONCE_BYTES; i++)
+        id.nonce[i] = (uint8_t)(100 + i);
+    static const char part[] = "the header part";
+    /* python3: hmac.new(bytes(range(32)), b"cacheblend-part-v1\0" + sid + key + bytes(range(100, 116)) +
+     * struct.pack("<QQQQ", 1, 3, 4096, 15) + b"the header part", hashlib.sha256).hexdigest() */
+    static const char want[] = "3b2abb9617b4fa48fb4979a68ab5dd1f78efae661f364aef78f630b1b6c8eba1";
+    char hex[2 * ST_TAG_BYTES + 1];
+    CHECK_OK(st_mac_from_key(&m, K, &err));
+    CHECK(strcmp(m.id, "42b36802331f4633") == 0);
+    CHECK_OK(st_mac_part(m.ctx, &id, 1, part, strlen(part), tag));
+    for (int i = 0; i < ST_TAG_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", tag[i]);
+    CHECKF(strcmp(hex, want) == 0, "%s", hex);
+    CHECK(st_mac_check(m.ctx, &id, 1, part, strlen(part), tag) == 1);
+
+    tcase("part MAC: binds the tier, the entry, the upload, the place, the size, every byte");
+    st_mac_ctx *c = st_mac_dup(&m);
+    CHECK(c != NULL && st_mac_check(c, &id, 1, part, strlen(part), tag) == 1);
+    CHECK(st_mac_check(c, &id, 0, part, strlen(part), tag) == 0);              /* another place */
+    CHECK(st_mac_check(c, &id, 2, part, strlen(part), tag) == 0);
+    CHECK(st_mac_check(c, &id, 1, part, strlen(part) - 1, tag) == 0);          /* cut short */
+    char flipped[sizeof part];
+    memcpy(flipped, part, sizeof part);
+    flipped[3] ^= 1;
+    CHECK(st_mac_check(c, &id, 1, flipped, strlen(part), tag) == 0);           /* one bit */
+    st_part_id o = id;
+    o.n_parts = 2;
+    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* fewer parts */
+    o = id;
+    o.total = 4095;
+    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* another size */
+    o = id;
+    o.nonce[0] ^= 1;
+    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* another upload */
+    char k2[66];
+    memcpy(k2, ekey, sizeof k2);
+    k2[64] = 'c';
+    o = id;
+    o.key = k2;
+    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* another entry */
+    o = id;
+    o.sid = "1123456789abcdef0123456789abcdef";
+    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* another tier */
+    K[0] ^= 1;
+    CHECK_OK(st_mac_from_key(&m2, K, &err));
+    CHECK(st_mac_check(m2.ctx, &id, 1, part, strlen(part), tag) == 0);          /* another key */
+    CHECK_OK(st_mac_part(m2.ctx, &id, 1, part, strlen(part), t2));
+    CHECK(memcmp(tag, t2, sizeof tag) != 0 && strcmp(m.id, m2.id) != 0);
+    uint8_t n1[ST_NONCE_BYTES], n2[ST_NONCE_BYTES];
+    CHECK(st_mac_nonce(n1) == 0 && st_mac_nonce(n2) == 0 && memcmp(n1, n2, sizeof n1) != 0);
+    st_mac_ctx_free(c);
+    st_mac_free(&m);
+    st_mac_free(&m2);
+
+    tcase("store.json names the secret files (relative to the store), the environment overrides them");
+    char sdir[1200], conf[1300];
+    snprintf(sdir, sizeof sdir, "%s/store", dir);
+    snprintf(conf, sizeof conf, "%s/store.json", sdir);
+    CHECK_OK(cb_store_init(sdir, NULL, 0, -1, &err));
+    json_error_t je;
+    json_t *root = json_load_file(conf, 0, &je);
+    json_object_set_new(root, "shared", json_pack("{s:s, s:s, s:s, s:s, s:s}", "name", "shared", "url",
+                                                  "redis://127.0.0.1:1", "id", "0123456789abcdef0123456789abcdef",
+                                                  "auth_file", "cron.auth", "key_file", "../tier.key"));
+    CHECK(json_dump_file(root, conf, 0) == 0);
+    snprintf(q, sizeof q, "%s/cron.auth", sdir);
+    write_secret(q, "cb-cron Pw-in-file\n", 0600);
+    cb_store *s = NULL;
+    cb_store_shared_auth sa;
+    CHECK_OK(cb_store_open(&s, sdir, 0, &err));
+    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_OK && sa.authenticated && sa.password &&
+          strcmp(sa.user, "cb-query") != 0 && strcmp(sa.user, "cb-cron") == 0 && strlen(sa.key_id) == 16);
+    cb_store_close(s);
+    snprintf(q, sizeof q, "%s/query.auth", dir);
+    write_secret(q, "cb-query other\n", 0600);
+    setenv("CB_REDIS_AUTH_FILE", q, 1);
+    setenv("CB_TIER_KEY_FILE", "", 1); /* empty: the recorded one */
+    s = NULL;
+    CHECK_OK(cb_store_open(&s, sdir, 0, &err));
+    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_OK && strcmp(sa.user, "cb-query") == 0 && sa.authenticated);
+    cb_store_close(s);
+    snprintf(q, sizeof q, "%s/missing.key", dir);
+    setenv("CB_TIER_KEY_FILE", q, 1);
+    s = NULL;
+    CHECK_OK(cb_store_open(&s, sdir, 0, &err));
+    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_ERR_NOT_FOUND && strstr(err.msg, "missing.key"));
+    cb_store_close(s);
+    unsetenv("CB_REDIS_AUTH_FILE");
+    unsetenv("CB_TIER_KEY_FILE");
+    json_object_set_new(json_object_get(root, "shared"), "auth_file", json_integer(3));
+    CHECK(json_dump_file(root, conf, 0) == 0);
+    s = NULL;
+    CHECK(cb_store_open(&s, sdir, 0, &err) == CB_ERR_FORMAT && s == NULL);
+    json_decref(root);
+    rmrf(dir);
+}
+
 static void test_fuzz_findings(void)
 {
     char dir[1200], conf[1300];
-    cb_store_tier tiers[2] = {{"a", "t/a", 0, 0, NULL, 0}, {"b", "t/b", 0, 0, NULL, 0}};
+    cb_store_tier tiers[2] = {{"a", "t/a", 0, 0, NULL, 0, NULL, NULL}, {"b", "t/b", 0, 0, NULL, 0, NULL, NULL}};
     cb_store *s = NULL;
     cb_error err;
     json_error_t je;
@@ -1477,6 +1664,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--make-kv") == 0)
         return make_kv(argc, argv);
     TEST_BEGIN();
+    test_secrets(tmp && *tmp ? tmp : "tests/tmp");
     snprintf(model, sizeof model, "%s/tiny-f32.gguf", tmp && *tmp ? tmp : "tests/tmp");
     if (access(model, R_OK) != 0 || kvgen_open(&g, model) != 0) {
         tskip("store", "no fixture model (tests/run.sh generates tiny-f32.gguf)");

@@ -1,0 +1,298 @@
+/* secret.c - the shared tier's secrets and the MACs of its entries
+ * (OpenSSL's libcrypto): the Redis password and the tier key are read from
+ * files that only their owner may read (checked like ssh's keys), and never
+ * put into a message; every part of an entry a keyed host writes carries an
+ * HMAC-SHA256 tag that binds it to its tier, its key, its upload, its
+ * place and its entry's size (cb-store(5), SHARED TIER):
+ *
+ *   tag_i = HMAC-SHA256(K, "cacheblend-part-v1\0" || SID (32) || KEY (65)
+ *                          || NONCE (16) || u64le i || u64le N
+ *                          || u64le TOTAL || u64le len_i || part_i)
+ *
+ * K: the tier key (32 random bytes); SID: the shared tier's id; KEY: the
+ * entry's key; NONCE: random, one per upload; N: the entry's parts; TOTAL:
+ * its bytes.  Every field before the part has a fixed length, so no two
+ * inputs read the same.  A reader checks each part's tag when the part
+ * arrives, before any byte of it is used. */
+#include "store_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ST_SECRET_MAX 4096 /* bytes of a secret file */
+
+/* ------------------------------------------------------------- files */
+
+/* n less a final newline (and \r), which buf then ends before. */
+static size_t strip_eol(char *buf, size_t n)
+{
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        buf[--n] = 0;
+    return n;
+}
+
+/* Read a secret file into buf (NUL-terminated, at most cap - 1 bytes, a
+ * final newline dropped):
+ * a regular file that its owner (this user, or root) alone may read or
+ * write.  Messages name the file and `what`, never what it holds. */
+static cb_status secret_read(const char *path, const char *what, char *buf, size_t cap, size_t *len, cb_error *err)
+{
+    struct stat sb;
+    cb_status st = CB_OK;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        return cb_error_set(err, e == ENOENT || e == EACCES ? CB_ERR_NOT_FOUND : CB_ERR_IO, "%s %s: %s", what, path,
+                            strerror(e));
+    }
+    if (fstat(fd, &sb) != 0) {
+        st = cb_error_set(err, CB_ERR_IO, "%s %s: %s", what, path, strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s %s: not a regular file", what, path);
+        goto done;
+    }
+    if (sb.st_mode & 077) {
+        st = cb_error_set(err, CB_ERR_FORMAT,
+                          "%s %s: permissions %04o are too open: others may read it (chmod 600 %s)", what, path,
+                          (unsigned)(sb.st_mode & 07777), path);
+        goto done;
+    }
+    if (sb.st_uid != geteuid() && sb.st_uid != 0) {
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s %s: owned by user %u, not by this user or root", what, path,
+                          (unsigned)sb.st_uid);
+        goto done;
+    }
+    size_t n = 0;
+    while (n < cap - 1) {
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            st = cb_error_set(err, CB_ERR_IO, "%s %s: %s", what, path, strerror(errno));
+            goto done;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    if (n == cap - 1) {
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s %s: longer than %zu bytes", what, path, cap - 2);
+        goto done;
+    }
+    buf[n] = 0;
+    *len = strip_eol(buf, n);
+done:
+    close(fd);
+    if (st != CB_OK)
+        OPENSSL_cleanse(buf, cap);
+    return st;
+}
+
+cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, size_t pass_n, cb_error *err)
+{
+    char buf[ST_SECRET_MAX];
+    size_t n;
+    cb_status st = secret_read(path, "Redis password file", buf, sizeof buf, &n, err);
+    if (st != CB_OK)
+        return st;
+    /* one line: PASSWORD, or USER PASSWORD */
+    const char *sp = strchr(buf, ' ');
+    const char *u = sp ? buf : "", *p = sp ? sp + 1 : buf;
+    size_t ul = sp ? (size_t)(sp - buf) : 0;
+    if (!*p || strchr(buf, '\n') || memchr(buf, 0, n) || (sp && ul == 0)) {
+        st = cb_error_set(err, CB_ERR_FORMAT, "Redis password file %s: want one line, PASSWORD or USER PASSWORD", path);
+    } else if (ul >= user_n || strlen(p) >= pass_n) {
+        st = cb_error_set(err, CB_ERR_FORMAT, "Redis password file %s: the user or the password is too long", path);
+    } else {
+        snprintf(user, user_n, "%.*s", (int)ul, u);
+        snprintf(pass, pass_n, "%s", p);
+    }
+    OPENSSL_cleanse(buf, sizeof buf);
+    return st;
+}
+
+/* ---------------------------------------------------------------- MAC */
+
+static const char KEY_ID_LABEL[] = "cacheblend-key-id-v1";
+static const char PART_LABEL[] = "cacheblend-part-v1"; /* and its NUL */
+
+void st_mac_free(st_mac *m)
+{
+    EVP_MAC_CTX_free(m->ctx);
+    m->ctx = NULL;
+    m->id[0] = 0;
+}
+
+/* A keyed HMAC-SHA256 context, or NULL. */
+static EVP_MAC_CTX *hmac_new(const uint8_t *key, size_t n)
+{
+    EVP_MAC *alg = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC_CTX *c = alg ? EVP_MAC_CTX_new(alg) : NULL;
+    OSSL_PARAM prm[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+                        OSSL_PARAM_construct_end()};
+    EVP_MAC_free(alg); /* the context keeps its own reference */
+    if (c && EVP_MAC_init(c, key, n, prm) != 1) {
+        EVP_MAC_CTX_free(c);
+        c = NULL;
+    }
+    return c;
+}
+
+cb_status st_mac_from_key(st_mac *m, const uint8_t key[ST_KEY_BYTES], cb_error *err)
+{
+    uint8_t t[32];
+    size_t tl;
+    static const char hx[] = "0123456789abcdef";
+    st_mac_free(m);
+    if (!(m->ctx = hmac_new(key, ST_KEY_BYTES)))
+        return cb_error_set(err, CB_ERR_INTERNAL, "HMAC-SHA256 is not available in libcrypto");
+    if (EVP_MAC_init(m->ctx, NULL, 0, NULL) != 1 ||
+        EVP_MAC_update(m->ctx, (const uint8_t *)KEY_ID_LABEL, sizeof KEY_ID_LABEL - 1) != 1 ||
+        EVP_MAC_final(m->ctx, t, &tl, sizeof t) != 1) {
+        st_mac_free(m);
+        return cb_error_set(err, CB_ERR_INTERNAL, "HMAC-SHA256 failed");
+    }
+    for (int i = 0; i < 8; i++) {
+        m->id[2 * i] = hx[t[i] >> 4];
+        m->id[2 * i + 1] = hx[t[i] & 15];
+    }
+    m->id[16] = 0;
+    return CB_OK;
+}
+
+cb_status st_key_load(const char *path, st_mac *m, cb_error *err)
+{
+    char buf[256];
+    uint8_t key[ST_KEY_BYTES];
+    size_t n;
+    cb_status st = secret_read(path, "tier key", buf, sizeof buf, &n, err);
+    if (st != CB_OK)
+        return st;
+    if (n != 2 * ST_KEY_BYTES || !st_is_hex(buf, n)) {
+        OPENSSL_cleanse(buf, sizeof buf);
+        return cb_error_set(err, CB_ERR_FORMAT, "tier key %s: not a tier key (%d hexadecimal digits; cb-store keygen "
+                            "makes one)", path, 2 * ST_KEY_BYTES);
+    }
+    for (size_t i = 0; i < ST_KEY_BYTES; i++) {
+        char c0 = buf[2 * i], c1 = buf[2 * i + 1];
+        key[i] = (uint8_t)(((c0 <= '9' ? c0 - '0' : c0 - 'a' + 10) << 4) | (c1 <= '9' ? c1 - '0' : c1 - 'a' + 10));
+    }
+    OPENSSL_cleanse(buf, sizeof buf);
+    st = st_mac_from_key(m, key, err);
+    OPENSSL_cleanse(key, sizeof key);
+    return st;
+}
+
+st_mac_ctx *st_mac_dup(const st_mac *m)
+{
+    return m->ctx ? EVP_MAC_CTX_dup(m->ctx) : NULL;
+}
+
+void st_mac_ctx_free(st_mac_ctx *c)
+{
+    EVP_MAC_CTX_free(c);
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len, uint8_t tag[ST_TAG_BYTES])
+{
+    uint8_t pre[sizeof PART_LABEL + 32 + 65 + ST_NONCE_BYTES + 32];
+    uint8_t *p = pre;
+    size_t tl;
+    memcpy(p, PART_LABEL, sizeof PART_LABEL); /* with its NUL */
+    p += sizeof PART_LABEL;
+    memcpy(p, id->sid, 32);
+    p += 32;
+    memcpy(p, id->key, 65);
+    p += 65;
+    memcpy(p, id->nonce, ST_NONCE_BYTES);
+    p += ST_NONCE_BYTES;
+    put_u64(p, i);
+    put_u64(p + 8, id->n_parts);
+    put_u64(p + 16, id->total);
+    put_u64(p + 24, (uint64_t)len);
+    if (EVP_MAC_init(c, NULL, 0, NULL) != 1 || EVP_MAC_update(c, pre, sizeof pre) != 1 ||
+        (len && EVP_MAC_update(c, part, len) != 1) || EVP_MAC_final(c, tag, &tl, ST_TAG_BYTES) != 1 ||
+        tl != ST_TAG_BYTES)
+        return -1;
+    return 0;
+}
+
+int st_mac_check(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
+                 const uint8_t want[ST_TAG_BYTES])
+{
+    uint8_t tag[ST_TAG_BYTES];
+    if (st_mac_part(c, id, i, part, len, tag) != 0)
+        return 0;
+    return CRYPTO_memcmp(tag, want, ST_TAG_BYTES) == 0;
+}
+
+int st_mac_nonce(uint8_t nonce[ST_NONCE_BYTES])
+{
+    return RAND_bytes(nonce, ST_NONCE_BYTES) == 1 ? 0 : -1;
+}
+
+/* -------------------------------------------------------------- keygen */
+
+cb_status cb_store_keygen(const char *path, cb_error *err)
+{
+    static const char hx[] = "0123456789abcdef";
+    uint8_t key[ST_KEY_BYTES];
+    char text[2 * ST_KEY_BYTES + 2];
+    cb_status st = CB_OK;
+    if (!path || !*path)
+        return cb_error_set(err, CB_ERR_INVALID, "keygen: no file");
+    if (access(path, F_OK) == 0)
+        return cb_error_set(err, CB_ERR_CREATE, "%s: exists; a tier key is never overwritten (remove it first)", path);
+    if (RAND_bytes(key, sizeof key) != 1)
+        return cb_error_set(err, CB_ERR_INTERNAL, "keygen: no random bytes from libcrypto");
+    for (size_t i = 0; i < ST_KEY_BYTES; i++) {
+        text[2 * i] = hx[key[i] >> 4];
+        text[2 * i + 1] = hx[key[i] & 15];
+    }
+    text[2 * ST_KEY_BYTES] = '\n';
+    text[2 * ST_KEY_BYTES + 1] = 0;
+    OPENSSL_cleanse(key, sizeof key);
+    /* Made 0600 from the start, complete and synced under a temporary name,
+     * then linked to its name, which fails when something got there first. */
+    char *tmp = st_asprintf("%s.tmp.%d", path, (int)getpid());
+    int fd = tmp ? open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1;
+    if (fd < 0) {
+        st = cb_error_set(err, CB_ERR_CREATE, "%s: %s", tmp ? tmp : path, tmp ? strerror(errno) : "out of memory");
+        goto done;
+    }
+    if (fchmod(fd, 0600) != 0 || st_write_all(fd, text, strlen(text)) != 0 || fsync(fd) != 0) {
+        st = cb_error_set(err, CB_ERR_IO, "%s: %s", tmp, strerror(errno));
+    } else if (link(tmp, path) != 0) {
+        st = cb_error_set(err, CB_ERR_CREATE, "%s: %s", path, strerror(errno));
+    }
+    close(fd);
+    unlink(tmp);
+    if (st == CB_OK) {
+        char *dir = strdup(path), *sl = dir ? strrchr(dir, '/') : NULL;
+        if (sl)
+            *(sl == dir ? sl + 1 : sl) = 0;
+        st_fsync_dir(sl ? dir : ".");
+        free(dir);
+    }
+done:
+    OPENSSL_cleanse(text, sizeof text);
+    free(tmp);
+    return st;
+}
