@@ -62,10 +62,24 @@ const char *cli_device(const char *opt)
     return env && *env ? env : "auto";
 }
 
+const char *cli_fp_cache(void)
+{
+    static char buf[4096];
+    const char *cache = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (cache && *cache)
+        snprintf(buf, sizeof buf, "%s/cacheblend/fingerprints", cache);
+    else if (home && *home)
+        snprintf(buf, sizeof buf, "%s/.cache/cacheblend/fingerprints", home);
+    else
+        return NULL;
+    return buf;
+}
+
 cb_model_params cli_model_params(int n_threads, const char *device)
 {
     const char *env = getenv("CB_EXACT"), *dev = getenv("CB_DEVICE");
-    cb_model_params mp = {n_threads, cli_device(device), cli_exact >= 0 ? cli_exact : env && strcmp(env, "1") == 0};
+    cb_model_params mp = {n_threads, cli_device(device), cli_exact >= 0 ? cli_exact : env && strcmp(env, "1") == 0,
+                          cli_fp_cache()};
     if (mp.exact && !(device && *device) && !(dev && *dev))
         mp.device = "cpu";
     return mp;

@@ -53,6 +53,10 @@ const char *cli_device(const char *opt);
  * $CB_DEVICE, the CPU, the one device that has that path) and exact
  * (--exact, or $CB_EXACT set to 1; --act8 asks for the default). */
 cb_model_params cli_model_params(int n_threads, const char *device);
+/* Where the programs remember model fingerprints (cb_model_params.fp_cache):
+ * ${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/fingerprints; NULL without a
+ * home.  Static storage. */
+const char *cli_fp_cache(void);
 
 /* Read all of `path` ("-" or NULL: stdin) into a malloc'd buffer with a NUL
  * after the last byte.  On failure prints a message and returns NULL with

@@ -434,6 +434,10 @@ typedef struct cb_model_params {
                               every product, the reference path.  A device
                               without an exact path (cuda: f16 products)
                               refuses 1 (CB_ERR_UNSUPPORTED). */
+    const char *fp_cache;  /* a directory that remembers model fingerprints
+                              across loads (cb_gguf_fingerprint_cached; the
+                              programs: ~/.cache/cacheblend/fingerprints);
+                              NULL: hashed at every load */
 } cb_model_params;
 
 /* Load a model: GGUF metadata, tokenizer and every weight, onto a compute
@@ -583,8 +587,18 @@ int cb_hash128_eq(cb_hash128 a, cb_hash128 b);
 /* The model fingerprint: XXH3-128 over the architecture parameters, the
  * tokenizer (tokens, types, scores, merges) and every tensor's name, type,
  * shape and data, so that a KV file can never be used with another model.
- * Hashing reads the whole file once (~10 GB/s); cb_model caches it. */
+ * Hashing reads the whole file once (~4 GB/s with its page faults: a
+ * quarter of a second for a 1 GB model); cb_model keeps it. */
 cb_status cb_gguf_fingerprint(const cb_gguf *g, cb_hash128 *out);
+/* The same, remembered across processes: when dir holds a record for the
+ * file at path (mapped as g) made while the file had its present device,
+ * inode, size, modification and status-change times, its fingerprint
+ * without hashing; else computed and recorded there (one small file, made
+ * atomically; dir is created, mode 0700; failing to record is not an
+ * error).  A file rewritten in place changes its status-change time, which
+ * no one can set back, so a stale record is never used.  dir NULL: always
+ * computed.  Errors: those of cb_gguf_fingerprint. */
+cb_status cb_gguf_fingerprint_cached(const cb_gguf *g, const char *path, const char *dir, cb_hash128 *out);
 cb_hash128 cb_model_fingerprint(const cb_model *m);
 
 /* ------------------------------------------------------------- KV files */

@@ -7,8 +7,11 @@
  * is left out on purpose: it does not change what the model computes. */
 #include "cbcore.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 static void upd(XXH3_state_t *st, const void *p, size_t n)
@@ -95,5 +98,53 @@ cb_status cb_gguf_fingerprint(const cb_gguf *g, cb_hash128 *out)
     XXH3_freeState(st);
     out->lo = h.low64;
     out->hi = h.high64;
+    return CB_OK;
+}
+
+/* The record of path's fingerprint in dir: "fp-" and the XXH3-64 of the
+ * path, holding one line: a tag, the file's identity and the fingerprint. */
+static void record_name(const char *dir, const char *path, char *buf, size_t n)
+{
+    char *real = realpath(path, NULL);
+    const char *p = real ? real : path;
+    snprintf(buf, n, "%s/fp-%016llx", dir, (unsigned long long)XXH3_64bits(p, strlen(p)));
+    free(real);
+}
+
+static void identity(const struct stat *sb, char *buf, size_t n)
+{
+    snprintf(buf, n, "cacheblend-fp-1 %llu %llu %lld %lld.%09ld %lld.%09ld", (unsigned long long)sb->st_dev,
+             (unsigned long long)sb->st_ino, (long long)sb->st_size, (long long)sb->st_mtim.tv_sec,
+             (long)sb->st_mtim.tv_nsec, (long long)sb->st_ctim.tv_sec, (long)sb->st_ctim.tv_nsec);
+}
+
+cb_status cb_gguf_fingerprint_cached(const cb_gguf *g, const char *path, const char *dir, cb_hash128 *out)
+{
+    char rec[4096], id[256], line[512];
+    struct stat sb;
+    cb_status st;
+    if (!dir || !*dir || stat(path, &sb) != 0 || (size_t)sb.st_size != cb_gguf_file_size(g))
+        return cb_gguf_fingerprint(g, out);
+    record_name(dir, path, rec, sizeof rec);
+    identity(&sb, id, sizeof id);
+    FILE *f = fopen(rec, "r");
+    if (f) {
+        size_t il = strlen(id);
+        int hit = fgets(line, sizeof line, f) && strncmp(line, id, il) == 0 && line[il] == ' ';
+        fclose(f);
+        if (hit) {
+            line[strcspn(line, "\n")] = 0;
+            if (cb_hash128_parse(line + il + 1, out) == CB_OK)
+                return CB_OK;
+        }
+    }
+    if ((st = cb_gguf_fingerprint(g, out)) != CB_OK)
+        return st;
+    char hex[33];
+    cb_error err;
+    cb_hash128_hex(*out, hex);
+    int n = snprintf(line, sizeof line, "%s %s\n", id, hex);
+    if ((mkdir(dir, 0700) == 0 || errno == EEXIST) && n > 0 && (size_t)n < sizeof line)
+        (void)cb_file_write_atomic(rec, line, (size_t)n, &err); /* a cache: not recording is not an error */
     return CB_OK;
 }

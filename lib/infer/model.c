@@ -306,7 +306,7 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     if ((st = cb_vocab_load(&m->vocab, m->gguf, err)) != CB_OK)
         goto fail;
     hp->n_vocab = cb_vocab_n_tokens(m->vocab);
-    if ((st = cb_gguf_fingerprint(m->gguf, &m->fingerprint)) != CB_OK) {
+    if ((st = cb_gguf_fingerprint_cached(m->gguf, path, p ? p->fp_cache : NULL, &m->fingerprint)) != CB_OK) {
         st = cb_error_set(err, st, "%s: out of memory", path);
         goto fail;
     }

@@ -80,7 +80,7 @@ static int kl_rows(const char *path, int threads, int L)
     cb_error err;
     cb_tokens t = {0};
     for (int a = 0; a < 2; a++) {
-        cb_model_params mp = {threads, "cpu", !a}; /* m[0] exact, m[1] the default */
+        cb_model_params mp = {threads, "cpu", !a, NULL}; /* m[0] exact, m[1] the default */
         if (cb_model_load(&m[a], path, &mp, &err) != CB_OK) {
             fprintf(stderr, "bench_engine: %s\n", err.msg);
             return 65;
@@ -233,7 +233,12 @@ int main(int argc, char **argv)
     }
     const char *dev = getenv("CB_BENCH_DEVICE");
     const char *ex = getenv("CB_BENCH_EXACT");
-    cb_model_params mp = {threads, dev && *dev ? dev : "cpu", ex && !strcmp(ex, "1")};
+    /* the fingerprint remembered where the programs keep it (load_s is what a cb-run pays) */
+    char fpc[1024];
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    snprintf(fpc, sizeof fpc, "%s%s/cacheblend/fingerprints", xdg && *xdg ? xdg : home ? home : ".",
+             xdg && *xdg ? "" : "/.cache");
+    cb_model_params mp = {threads, dev && *dev ? dev : "cpu", ex && !strcmp(ex, "1"), fpc};
     double t_load = now();
     if (cb_model_load(&m, argv[1], &mp, &err) != CB_OK) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);

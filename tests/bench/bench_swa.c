@@ -55,7 +55,7 @@ int main(int argc, char **argv)
         return 64;
     }
     int L = argc > 3 ? atoi(argv[3]) : 1024;
-    cb_model_params mp = {argc > 4 ? atoi(argv[4]) : 0, NULL, 0};
+    cb_model_params mp = {argc > 4 ? atoi(argv[4]) : 0, NULL, 0, NULL};
     cb_model *m;
     cb_error err;
     if (cb_model_load(&m, argv[1], &mp, &err) != CB_OK) {

@@ -16,7 +16,7 @@ int main(int argc, char **argv)
     cb_error err;
     const char *ex = getenv("CB_EXACT");
     cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, getenv("CB_DEVICE"), /* NULL: the CPU */
-                          ex && strcmp(ex, "1") == 0};
+                          ex && strcmp(ex, "1") == 0, NULL};
     static char line[1 << 20];
 
     if (argc < 2) {

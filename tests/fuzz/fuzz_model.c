@@ -17,7 +17,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    cb_model_params mp = {1, "cpu", 0};
+    cb_model_params mp = {1, "cpu", 0, NULL};
     cb_model *m = NULL;
     cb_error err = {0};
 

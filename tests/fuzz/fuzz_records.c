@@ -26,7 +26,7 @@ static int out_fd;
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    cb_model_params mp = {1, "cpu", 0};
+    cb_model_params mp = {1, "cpu", 0, NULL};
     cb_error err;
     char *model = fuzz_data_path("model.gguf");
     if (cb_model_load(&M, model, &mp, &err) != CB_OK) {

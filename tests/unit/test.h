@@ -115,7 +115,7 @@ __attribute__((unused)) static const char *t_shared_data(void)
 /* The exact path (f32 activations in every product, the CPU, every core):
  * the reference every bound of these tests is stated against.  The default
  * (8-bit activations) has cases of its own, each saying its bound. */
-__attribute__((unused)) static const cb_model_params T_EXACT = {0, NULL, 1};
+__attribute__((unused)) static const cb_model_params T_EXACT = {0, NULL, 1, NULL};
 
 /* A model in the model cache, when present: $env if set, else file;
  * NULL when absent. */

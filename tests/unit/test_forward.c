@@ -516,17 +516,20 @@ static double logit_kl(const float *a, const float *b, int nv)
  * engine's next-token distribution after the prompt: KL(exact || default)
  * in nats, twice: the prompt fed one token at a time (every product through
  * the one-row kernels, the KV cache included) and as one batch of N_TOK
- * rows (the blocked kernels, qgemm.h).  Measured: 5e-4 (q8_0, q4_0) to
- * 1.5e-2 (q4_K, q6_K) on these random-weight models, ~1e-11 on the gemma3
- * one (a nearly certain next token); bound 5e-2, and not 0 (the path ran).
- * A wrong scale or sign gives KL of order 1. */
+ * rows (the blocked kernels, qgemm.h): the same products, so the same
+ * figure.  Measured: 5e-4 (q8_0, q4_0) to 9e-3 (q4_K) and 6.8e-2 (q6_K,
+ * whose activations are rounded per 256 as llama.cpp's Q8_K) on these
+ * random-weight models, whose flat distributions magnify it (Qwen2.5's
+ * real q4_K/q6_K file: median 2e-4 over 128 positions, bench_engine kl),
+ * ~1e-11 on the gemma3 one (a nearly certain next token); bound 0.15, and
+ * not 0 (the path ran).  A wrong scale or sign gives KL of order 1. */
 static void test_act8(const char *type)
 {
     char path[1024];
     const char *tmp = getenv("CB_TEST_TMP");
     cb_model *m = NULL, *m8 = NULL;
     cb_error err;
-    cb_model_params p8 = {2, "cpu", 0};
+    cb_model_params p8 = {2, "cpu", 0, NULL};
     snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmp ? tmp : "tests/tmp", type);
     tcase("forward %s, 8-bit activations: next-token KL to the exact path bounded, not 0 (decode, batch)", type);
     if (cb_model_load(&m, path, &T_EXACT, &err) != CB_OK || cb_model_load(&m8, path, &p8, &err) != CB_OK) {
@@ -553,7 +556,7 @@ static void test_act8(const char *type)
     double kl = logit_kl(a, b, nv), klb = logit_kl(a, c, nv);
     printf("# %s, 8-bit activations: %s; KL to exact %.3e nats (decode), %.3e (one batch)\n", type,
            cb_model_device(m8), kl, klb);
-    CHECKF(kl < 5e-2 && kl > 0 && klb < 5e-2 && klb > 0, "KL %.3e, %.3e", kl, klb);
+    CHECKF(kl < 0.15 && kl > 0 && klb < 0.15 && klb > 0, "KL %.3e, %.3e", kl, klb);
     cb_fwd_free(f), cb_fwd_free(f8);
     cb_kvcache_free(kv), cb_kvcache_free(kv8), cb_kvcache_free(kvb);
     free(a), free(b), free(c);

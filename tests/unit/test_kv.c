@@ -405,6 +405,50 @@ static void test_fingerprint(cb_model *m, cb_model *other)
     cb_model_free(again);
 }
 
+/* The fingerprint remembered across loads: recorded on the first, used
+ * while the file is unchanged (a record made to say otherwise is believed,
+ * which shows it is read), not used once the file is touched (its status
+ * change time moves), and an unwritable directory only costs the hashing. */
+static void test_fingerprint_cache(cb_model *m)
+{
+    char src[1024], path[1024], dir[1024], cmd[3200];
+    const char *tmp = getenv("CB_TEST_TMP");
+    tcase("fingerprint cache: recorded, used while the file is unchanged, not after, never an error");
+    snprintf(src, sizeof src, "%s/tiny-f32.gguf", tmp ? tmp : "tests/tmp");
+    snprintf(path, sizeof path, "%s/fpc-%d.gguf", tmpdir(), (int)getpid());
+    snprintf(dir, sizeof dir, "%s/fpc-%d.d", tmpdir(), (int)getpid());
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", src, path);
+    CHECK(system(cmd) == 0);
+    cb_gguf *g = NULL;
+    cb_error err;
+    cb_hash128 a, b, c, fake = {1, 2};
+    CHECK_OK(cb_gguf_open(&g, path, &err));
+    if (!g)
+        return;
+    CHECK_OK(cb_gguf_fingerprint_cached(g, path, dir, &a));
+    CHECK(cb_hash128_eq(a, cb_model_fingerprint(m)));
+    /* the record: one line, the identity then the hex; rewrite its hex */
+    snprintf(cmd, sizeof cmd, "f=$(ls '%s'/fp-*) && [ $(wc -l < \"$f\") = 1 ] && "
+                              "sed -i 's/ [0-9a-f]\\{32\\}$/ 00000000000000020000000000000001/' \"$f\"", dir);
+    CHECK(system(cmd) == 0);
+    CHECK_OK(cb_gguf_fingerprint_cached(g, path, dir, &b));
+    char hx[33];
+    cb_hash128_hex(b, hx);
+    CHECKF(cb_hash128_eq(b, fake) || strcmp(hx, "00000000000000020000000000000001") == 0, "record not used: %s", hx);
+    cb_gguf_free(g);
+    /* touched: the same bytes, a new status change time: hashed again */
+    snprintf(cmd, sizeof cmd, "sleep 0.01; touch '%s'", path);
+    CHECK(system(cmd) == 0);
+    CHECK_OK(cb_gguf_open(&g, path, &err));
+    CHECK_OK(cb_gguf_fingerprint_cached(g, path, dir, &c));
+    CHECK(cb_hash128_eq(c, a));
+    CHECK_OK(cb_gguf_fingerprint_cached(g, path, "/proc/no-such-dir", &c));
+    CHECK(cb_hash128_eq(c, a));
+    cb_gguf_free(g);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", path, dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     TEST_BEGIN();
@@ -426,6 +470,7 @@ int main(void)
     test_version1(m);
     test_fuzz_findings();
     test_fingerprint(m, other);
+    test_fingerprint_cache(m);
     cb_model_free(m);
     cb_model_free(other);
     TEST_END();

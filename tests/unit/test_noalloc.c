@@ -44,7 +44,7 @@ static void run(const char *path, const char *label, int exact)
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
     cb_error err;
-    cb_model_params mp = {2, "cpu", exact};
+    cb_model_params mp = {2, "cpu", exact, NULL};
     tcase("%s: prefill, decode, logits, selected rows and deviation allocate nothing", label);
     if (cb_model_load(&m, path, &mp, &err) != CB_OK) {
         CHECKF(0, "%s", err.msg);
