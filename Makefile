@@ -120,6 +120,9 @@ progs: $(PROG_BIN) ## build the programs into bin/
 # that have it (lib/backend/qmm.c checks at run time).
 $(BUILD)/lib/backend/qmm_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -O3
 $(BUILD)/lib/backend/qgemm_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -O3
+$(BUILD)/lib/backend/qgemm_avxvnni.o: CFLAGS += -mavx2 -mfma -mf16c -mavxvnni -O3
+$(BUILD)/lib/backend/qgemm_avx512.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -O3
+$(BUILD)/lib/backend/qgemm_avx512vnni.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni -O3
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -144,6 +147,22 @@ $(BINDIR_B)/%: $(BUILD)/src/%.o $(CLI_OBJ) $(LIBA)
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBA)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
+
+# test_qgemm also runs the AVX-VNNI and AVX-512 kernels on SIMDe's portable
+# intrinsics (Debian's libsimde-dev, header-only), so that machines without
+# them test their logic: each compiled again with QG_EMULATE (x86-64 only:
+# SIMDe's 512-bit fused multiply-adds are then the 256-bit FMA's).
+SIMDE := $(if $(filter x86_64,$(shell uname -m)),$(wildcard /usr/include/simde/x86/avx512.h))
+ifneq ($(SIMDE),)
+QG_EMU_OBJ := $(patsubst %,$(BUILD)/tests/emu/qgemm_%.o,avxvnni avx512 avx512vnni)
+$(BUILD)/tests/emu/qgemm_%.o: lib/backend/qgemm_%.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -mavx2 -mfma -mf16c -DQG_EMULATE -O1 -c -o $@ $<
+$(BUILD)/tests/unit/test_qgemm.o: CFLAGS += -DQG_HAVE_EMU
+endif
+$(BUILD)/tests/test_qgemm: $(BUILD)/tests/unit/test_qgemm.o $(QG_EMU_OBJ) $(LIBA)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # test_noalloc counts every allocation libcbcore.a makes during a forward pass.
 $(BUILD)/tests/test_noalloc: LDFLAGS += -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc

@@ -3,7 +3,7 @@
 # need.  Idempotent: prints nothing and changes nothing when all are present.
 set -e
 pkgs="build-essential pkg-config libpcre2-dev libxxhash-dev libarchive-dev libopenblas-dev
-      libjansson-dev libsqlite3-dev libhiredis-dev libssl-dev redis-server stunnel4 zstd unzip gnuplot-nox python3
+      libjansson-dev libsqlite3-dev libhiredis-dev libsimde-dev libssl-dev redis-server stunnel4 zstd unzip gnuplot-nox python3
       python3-venv python3-pip ca-certificates"
 # libssl-dev: libcrypto (HMAC-SHA256, random bytes) for the shared tier's
 # authenticated entries; stunnel4: tests/cli/redis-auth.sh's TLS tunnel.

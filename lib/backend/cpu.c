@@ -134,7 +134,7 @@ static int grow_panels(cpu_ctx *c, int64_t n_in)
  * rows one activation row of that width in t's form. */
 static int grow_qpanels(cpu_ctx *c, cb_type t, int64_t n_in)
 {
-    size_t need = qg_panel_bytes(t, n_in), row = qg_act_bytes(t, n_in);
+    size_t need = qg_panel_bytes(t, n_in, c->qg.layout.p), row = qg_act_bytes(t, n_in);
     int ok = 1, f = qg_is_k(t) ? 0 : 1;
     pthread_mutex_lock(&c->grow_mu);
     for (int i = 0; i < c->n_threads && ok; i++) {
@@ -287,14 +287,14 @@ static void mm_panels(cpu_ctx *c, const cb_bweight *w, const float *x, float *y,
 /* ------------------------------------------ the blocked 8-bit products */
 
 /* The products of up to MM_MULTI weights (all qg) with one input x [n,
- * n_in] in one pool job, a task a packed panel of QG_P rows: weight k's
+ * n_in] in one pool job, a task a packed panel (qg.layout.p rows): weight k's
  * tasks are [first[k], first[k+1]). */
 typedef struct qg_job {
     cpu_ctx *c;
     const cb_bweight *w[MM_MULTI];
     float *y[MM_MULTI];
     int64_t first[MM_MULTI + 1];
-    int64_t per;          /* one-row mode: output rows a task (a multiple of QG_P) */
+    int64_t per;          /* output rows a task (one-row mode: a multiple of 8; else a panel) */
     const float *x;
     uint8_t *xq[2];       /* the K form, the 32-element form */
     int need[2];          /* the forms some weight takes */
@@ -323,10 +323,11 @@ static void qg_task(void *arg, int64_t i, int tid)
     while (i >= j->first[k + 1])
         k++;
     const cb_bweight *w = j->w[k];
-    int64_t o0 = (i - j->first[k]) * QG_P;
-    int np = w->n_out - o0 < QG_P ? (int)(w->n_out - o0) : QG_P, f = qg_is_k(w->type) ? 0 : 1;
+    int p = c->qg.layout.p;
+    int64_t o0 = (i - j->first[k]) * p;
+    int np = w->n_out - o0 < p ? (int)(w->n_out - o0) : p, f = qg_is_k(w->type) ? 0 : 1;
     uint8_t *panel = c->ts[tid].qpanel;
-    qg_pack(w->type, w->data, w->row_bytes, w->n_in, o0, np, panel, c->qg.interleave);
+    qg_pack(w->type, w->data, w->row_bytes, w->n_in, o0, np, panel, c->qg.layout, c->qg.interleave);
     c->qg.gemm(w->type, panel, w->n_in, j->xq[f], c->xg_row[f], j->n, np, j->y[k] + j->r0 * w->n_out + o0,
                w->n_out);
 }
@@ -369,11 +370,11 @@ static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *
     j.xq[0] = c->xg;
     j.xq[1] = c->xg + c->xg_row[0] * (size_t)c->xg_rows;
     j.first[0] = 0;
-    j.per = QG_P;
+    j.per = c->qg.layout.p; /* a panel a task */
     for (int k = 0; k < nw; k++) {
-        /* one-row mode: about 8 tasks a thread for the widest weight, whole panels */
+        /* one-row mode: about 8 tasks a thread for the widest weight, in eights */
         int64_t per = (w[k]->n_out + 8 * nt - 1) / (8 * nt);
-        per = (per + QG_P - 1) / QG_P * QG_P;
+        per = (per + 7) / 8 * 8;
         if (rows && per > j.per)
             j.per = per;
         j.w[k] = w[k];
@@ -957,8 +958,9 @@ static void cpu_free(cb_backend *b)
 static void cpu_describe(cb_backend *b)
 {
     cpu_ctx *c = CTX(b);
-    snprintf(b->desc, sizeof b->desc, "cpu (%d thread%s, %s kernels%s)", c->n_threads, c->n_threads == 1 ? "" : "s",
-             qmm_isa(c->simd), c->act8 ? ", 8-bit activations" : "");
+    snprintf(b->desc, sizeof b->desc, "cpu (%d thread%s, %s kernels%s%s%s)", c->n_threads,
+             c->n_threads == 1 ? "" : "s", qmm_isa(c->simd), c->act8 ? ", 8-bit activations (" : "",
+             c->act8 ? c->qg.isa : "", c->act8 ? ")" : "");
 }
 
 static void cpu_set_act8(cb_backend *b, int on)

@@ -1,17 +1,19 @@
 /* qgemm.c - the blocked 8-bit products (qgemm.h): the panel packers, the
  * portable activation quantizer and kernel, and the run-time choice.
  *
- * A packed panel is a sequence of blocks, one per weight block of the
- * rows (256 elements for K-quants, 32 otherwise), each laid out as
- *   K types   w    int8 [8 sub-blocks][8 chunks][8 rows][4]   2048 B
- *                  (element 32s + 4k + e of row i at ((s*8 + k)*8 + i)*4 + e)
- *             sc   int16 [S][8 rows][2]: each row's scale twice (the pair
- *                  vpmaddwd sums); S = 8 (q4_K, q5_K) or 16 (q6_K, per 16)
- *             mn   int16 [S/2][8 rows][2]: (m_2p, m_2p+1) for q4_K/q5_K;
+ * A packed panel of P rows (the layout's p) is a sequence of blocks, one
+ * per weight block of the rows (256 elements for K-quants, 32 otherwise),
+ * each laid out as (offsets in qgemm.h's QG_OFF_*)
+ *   K types   w    int8 [8 sub-blocks][8 chunks][P rows][4]     256 P B
+ *                  (element 32s + 4k + e of row i at ((s*8 + k)*P + i)*4 + e)
+ *             sc   [S][P rows] of 4 bytes: each row's scale as the int16
+ *                  pair (sc, sc) vpmaddwd sums, or as int32 (sc32, for
+ *                  vpmulld); S = 8 (q4_K, q5_K) or 16 (q6_K, per 16)
+ *             mn   int16 [S/2][P rows][2]: (m_2p, m_2p+1) for q4_K/q5_K;
  *                  (32 sc_2p, 32 sc_2p+1) for q6_K (its -32 offset)
- *             d    f32 [8], dmin f32 [8]
- *   32-types  w    int8 [8 chunks][8 rows][4]                  256 B
- *             d    f32 [8], b f32 [8]                           64 B
+ *             d    f32 [P], dmin f32 [P]
+ *   32-types  w    int8 [8 chunks][P rows][4]                      32 P B
+ *             d    f32 [P], b f32 [P]                               8 P B
  * Rows past the panel's last are zero (they compute zeros, never stored). */
 #include "qgemm.h"
 
@@ -30,17 +32,18 @@ int qg_is_k(cb_type t)
     return t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K;
 }
 
-/* bytes of one packed block and the offsets of its parts */
+/* the offsets of a packed block's parts, for the C kernel's 8 rows */
 enum {
-    QGK_W = 0, QGK_SC = 2048,
-    QGK45_MN = 2048 + 256, QGK45_D = 2048 + 256 + 128, QGK45_BYTES = 2048 + 256 + 128 + 64,
-    QGK6_MN = 2048 + 512, QGK6_D = 2048 + 512 + 256, QGK6_BYTES = 2048 + 512 + 256 + 64,
-    QG0_W = 0, QG0_D = 256, QG0_B = 288, QG0_BYTES = 320,
+    QGK_W = 0, QGK_SC = QG_OFF_K_SC * QG_P,
+    QGK45_MN = QG_OFF_K45_MN * QG_P, QGK45_D = QG_OFF_K45_D * QG_P,
+    QGK6_MN = QG_OFF_K6_MN * QG_P, QGK6_D = QG_OFF_K6_D * QG_P,
+    QG0_W = 0, QG0_D = QG_OFF_0_D * QG_P, QG0_B = QG_OFF_0_B * QG_P,
 };
 
-static size_t block_bytes(cb_type t)
+/* bytes of one packed block of p rows */
+static size_t block_bytes(cb_type t, int p)
 {
-    return t == CB_TYPE_Q6_K ? QGK6_BYTES : qg_is_k(t) ? QGK45_BYTES : QG0_BYTES;
+    return (size_t)p * (t == CB_TYPE_Q6_K ? QG_OFF_K6_BYTES : qg_is_k(t) ? QG_OFF_K45_BYTES : QG_OFF_0_BYTES);
 }
 
 size_t qg_act_bytes(cb_type t, int64_t n_in)
@@ -48,9 +51,9 @@ size_t qg_act_bytes(cb_type t, int64_t n_in)
     return qg_is_k(t) ? sizeof(qg_q8k) * (size_t)(n_in / 256) : sizeof(qmm_q8) * (size_t)(n_in / 32);
 }
 
-size_t qg_panel_bytes(cb_type t, int64_t n_in)
+size_t qg_panel_bytes(cb_type t, int64_t n_in, int p)
 {
-    return block_bytes(t) * (size_t)(n_in / (qg_is_k(t) ? 256 : 32));
+    return block_bytes(t, p) * (size_t)(n_in / (qg_is_k(t) ? 256 : 32));
 }
 
 /* ------------------------------------------------------------- packing */
@@ -64,6 +67,17 @@ static void put_i16x2(uint8_t *p, int i, int v0, int v1)
 {
     int16_t s[2] = {(int16_t)v0, (int16_t)v1};
     memcpy(p + 4 * i, s, 4);
+}
+
+/* a sub-block scale in the layout's form */
+static void put_sc(uint8_t *p, int i, int v, qg_layout l)
+{
+    if (l.sc32) {
+        int32_t w = v;
+        memcpy(p + 4 * i, &w, 4);
+    } else {
+        put_i16x2(p, i, v, v);
+    }
 }
 
 /* One weight block in the integer form both the packers and the portable
@@ -116,46 +130,47 @@ static void decode_block(cb_type t, const uint8_t *b, qg_blk *o)
     }
 }
 
-/* a decoded block of row i into a packed block's scale parts */
-static void pack_scales(cb_type t, const qg_blk *k, int i, uint8_t *dst)
+/* a decoded block of row i into a packed block's scale parts (layout l) */
+static void pack_scales(cb_type t, const qg_blk *k, int i, uint8_t *dst, qg_layout l)
 {
+    int p = l.p;
     if (t == CB_TYPE_Q6_K) {
         for (int s = 0; s < 16; s++)
-            put_i16x2(dst + QGK_SC + 32 * s, i, k->sc[s], k->sc[s]);
-        for (int p = 0; p < 8; p++)
-            put_i16x2(dst + QGK6_MN + 32 * p, i, k->mn[2 * p], k->mn[2 * p + 1]);
-        put_f32(dst + QGK6_D, i, k->d);
-        put_f32(dst + QGK6_D + 32, i, 0.0f);
+            put_sc(dst + (QG_OFF_K_SC + 4 * s) * p, i, k->sc[s], l);
+        for (int j = 0; j < 8; j++)
+            put_i16x2(dst + (QG_OFF_K6_MN + 4 * j) * p, i, k->mn[2 * j], k->mn[2 * j + 1]);
+        put_f32(dst + QG_OFF_K6_D * p, i, k->d);
+        put_f32(dst + (QG_OFF_K6_D + 4) * p, i, 0.0f);
     } else if (qg_is_k(t)) {
         for (int s = 0; s < 8; s++)
-            put_i16x2(dst + QGK_SC + 32 * s, i, k->sc[s], k->sc[s]);
-        for (int p = 0; p < 4; p++)
-            put_i16x2(dst + QGK45_MN + 32 * p, i, k->mn[2 * p], k->mn[2 * p + 1]);
-        put_f32(dst + QGK45_D, i, k->d);
-        put_f32(dst + QGK45_D + 32, i, k->dmin);
+            put_sc(dst + (QG_OFF_K_SC + 4 * s) * p, i, k->sc[s], l);
+        for (int j = 0; j < 4; j++)
+            put_i16x2(dst + (QG_OFF_K45_MN + 4 * j) * p, i, k->mn[2 * j], k->mn[2 * j + 1]);
+        put_f32(dst + QG_OFF_K45_D * p, i, k->d);
+        put_f32(dst + (QG_OFF_K45_D + 4) * p, i, k->dmin);
     } else {
-        put_f32(dst + QG0_D, i, k->d);
-        put_f32(dst + QG0_B, i, k->dmin);
+        put_f32(dst + QG_OFF_0_D * p, i, k->d);
+        put_f32(dst + QG_OFF_0_B * p, i, k->dmin);
     }
 }
 
-/* dst [n/4][QG_P][4] = q [QG_P][n], four bytes at a time */
-void qg_interleave_c(const int8_t *q, int n, uint8_t *dst)
+/* dst [n/4][p][4] = q [p][n], four bytes at a time */
+void qg_interleave_c(const int8_t *q, int n, int p, uint8_t *dst)
 {
     for (int c = 0; c < n / 4; c++)
-        for (int i = 0; i < QG_P; i++)
-            memcpy(dst + (c * QG_P + i) * 4, q + i * n + 4 * c, 4);
+        for (int i = 0; i < p; i++)
+            memcpy(dst + (c * p + i) * 4, q + i * n + 4 * c, 4);
 }
 
 void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-             qg_interleave_fn ilv)
+             qg_layout l, qg_interleave_fn ilv)
 {
     int k = qg_is_k(t), n = k ? 256 : 32;
     int64_t nb = n_in / n;
-    size_t bb = block_bytes(t), wb = cb_type_row_bytes(t, n);
-    int8_t q[QG_P * 256];
+    size_t bb = block_bytes(t, l.p), wb = cb_type_row_bytes(t, n);
+    int8_t q[QG_PMAX * 256];
     qg_blk blk;
-    if (nr < QG_P) {
+    if (nr < l.p) {
         memset(dst, 0, bb * (size_t)nb);
         memset(q, 0, sizeof q);
     }
@@ -164,9 +179,9 @@ void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_
         for (int i = 0; i < nr; i++) {
             decode_block(t, w + (size_t)(o0 + i) * row_bytes + (size_t)b * wb, &blk);
             memcpy(q + i * n, blk.q, (size_t)n);
-            pack_scales(t, &blk, i, pb);
+            pack_scales(t, &blk, i, pb, l);
         }
-        ilv(q, n, pb);
+        ilv(q, n, l.p, pb);
     }
 }
 
@@ -249,7 +264,7 @@ static int rd_i16(const uint8_t *p, int k)
  * makes in lane i, block by block, in the same order of f32 operations */
 static float dot_k(cb_type t, const uint8_t *panel, int64_t nb, const qg_q8k *x, int i)
 {
-    size_t bb = block_bytes(t);
+    size_t bb = block_bytes(t, QG_P);
     int q6 = t == CB_TYPE_Q6_K;
     float acc = 0;
     for (int64_t b = 0; b < nb; b++, x++) {
@@ -282,7 +297,7 @@ static float dot_0(const uint8_t *panel, int64_t nb, const qmm_q8 *x, int i)
 {
     float acc = 0;
     for (int64_t b = 0; b < nb; b++, x++) {
-        const uint8_t *blk = panel + (size_t)b * QG0_BYTES;
+        const uint8_t *blk = panel + (size_t)b * block_bytes(CB_TYPE_Q8_0, QG_P);
         int32_t isum = 0;
         for (int j = 0; j < 32; j++)
             isum += (int8_t)blk[QG0_W + ((j / 4) * QG_P + i) * 4 + j % 4] * x->q[j];
@@ -306,29 +321,78 @@ void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq,
 
 /* ------------------------------------------------------------- choice */
 
-#if !defined(__x86_64__) && !defined(__i386__)
+#if defined(__x86_64__) || defined(__i386__)
+/* asked once: CPUID traps to the hypervisor in a virtual machine
+ * (__builtin_cpu_supports also checks that the OS saves the registers) */
+unsigned qg_cpu_isas(void)
+{
+    static int known = -1; /* a benign race: every thread computes the same */
+    if (known < 0) {
+        unsigned m = 1u << QG_ISA_C;
+        if (qmm_cpu_avx2()) {
+            m |= 1u << QG_ISA_AVX2;
+            if (__builtin_cpu_supports("avxvnni"))
+                m |= 1u << QG_ISA_AVXVNNI;
+            if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+                m |= 1u << QG_ISA_AVX512;
+                if (__builtin_cpu_supports("avx512vnni"))
+                    m |= 1u << QG_ISA_AVX512VNNI;
+            }
+        }
+        known = (int)m;
+    }
+    return (unsigned)known;
+}
+#else
+unsigned qg_cpu_isas(void) { return 1u << QG_ISA_C; }
 void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq) { qg_quant8k_c(x, n, xq); }
-void qg_interleave_avx2(const int8_t *q, int n, uint8_t *dst) { qg_interleave_c(q, n, dst); }
+void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst) { qg_interleave_c(q, n, p, dst); }
 void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
                   int64_t o1, float *y) { qg_gemv_c(t, w, row_bytes, n_in, xq, o0, o1, y); }
-void qg_gemm_avx2(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
-                  float *y, int64_t ldy) { qg_gemm_c(t, panel, n_in, xq, ldxq, n, np, y, ldy); }
+#define NO_X86(NAME)                                                                                          \
+    void NAME(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np, \
+              float *y, int64_t ldy) { qg_gemm_c(t, panel, n_in, xq, ldxq, n, np, y, ldy); }
+NO_X86(qg_gemm_avx2)
+NO_X86(qg_gemm_avxvnni)
+NO_X86(qg_gemm_avx512)
+NO_X86(qg_gemm_avx512vnni)
 #endif
+
+void qg_select_isa(int isa, qg_kernels *k)
+{
+    static const struct {
+        qg_gemm_fn gemm;
+        qg_layout layout;
+        const char *name;
+    } g[] = {
+        [QG_ISA_C] = {qg_gemm_c, {QG_P, 0}, "c"},
+        [QG_ISA_AVX2] = {qg_gemm_avx2, {QG_P, 0}, "avx2"},
+        [QG_ISA_AVXVNNI] = {qg_gemm_avxvnni, {QG_P, 1}, "avxvnni"},
+        [QG_ISA_AVX512] = {qg_gemm_avx512, {QG_PMAX, 0}, "avx512"},
+        [QG_ISA_AVX512VNNI] = {qg_gemm_avx512vnni, {QG_PMAX, 1}, "avx512vnni"},
+    };
+    if (!(qg_cpu_isas() & 1u << isa))
+        isa = qg_cpu_isa();
+    k->gemm = g[isa].gemm;
+    k->layout = g[isa].layout;
+    k->isa = g[isa].name;
+    k->quant_k = isa == QG_ISA_C ? qg_quant8k_c : qg_quant8k_avx2;
+    k->gemv = isa == QG_ISA_C ? qg_gemv_c : qg_gemv_avx2;
+    k->interleave = isa == QG_ISA_C ? qg_interleave_c : qg_interleave_avx2;
+    k->quant_0 = qmm_quant(isa != QG_ISA_C);
+}
+
+int qg_cpu_isa(void)
+{
+    unsigned m = qg_cpu_isas();
+    int best = QG_ISA_C;
+    for (int i = QG_ISA_C; i <= QG_ISA_AVX512VNNI; i++)
+        if (m & 1u << i)
+            best = i;
+    return best;
+}
 
 void qg_select(int simd, qg_kernels *k)
 {
-    if (simd && qmm_cpu_avx2()) {
-        k->quant_k = qg_quant8k_avx2;
-        k->gemm = qg_gemm_avx2;
-        k->gemv = qg_gemv_avx2;
-        k->interleave = qg_interleave_avx2;
-        k->isa = "avx2";
-    } else {
-        k->quant_k = qg_quant8k_c;
-        k->gemm = qg_gemm_c;
-        k->gemv = qg_gemv_c;
-        k->interleave = qg_interleave_c;
-        k->isa = "c";
-    }
-    k->quant_0 = qmm_quant(simd);
+    qg_select_isa(simd ? qg_cpu_isa() : QG_ISA_C, k);
 }

@@ -26,13 +26,21 @@
  * the activations are the rounding of q (relative 1/254 of a block's largest
  * activation at most) and f32 sums.
  *
- * Work is split by panels of QG_P = 8 weight rows: a panel is packed once
- * (qg_pack: the rows' integers interleaved four bytes at a time, so that
- * one 32-byte vector holds four consecutive elements of each of the eight
- * rows, beside their scales), and then multiplied with every activation
- * row, up to QG_R rows at a time.  Packing reads the GGUF blocks where they
- * lie (no copy of the model is kept) and costs one pass over the panel's
- * bytes per product, paid back over the batch's rows. */
+ * Work is split by panels of p weight rows, p the lanes of the kernels'
+ * vectors (8: AVX2, AVX-VNNI and portable; 16: AVX-512): a panel is packed
+ * once (qg_pack: the rows' integers interleaved four bytes at a time, so
+ * that one vector holds four consecutive elements of each of the p rows,
+ * beside their scales), and then multiplied with every activation row, up
+ * to QG_R rows at a time.  Packing reads the GGUF blocks where they lie (no
+ * copy of the model is kept) and costs one pass over the panel's bytes per
+ * product, paid back over the batch's rows.
+ *
+ * The kernels, chosen at run time: AVX2 (vpmaddubsw into 16-bit sums,
+ * vpmaddwd with the scales), AVX-VNNI (vpdpbusd into 32-bit sums, vpmulld
+ * with the scales), AVX-512BW and AVX-512 VNNI (the same on 16 rows), and
+ * portable C.  The AVX-512 and AVX-VNNI ones are also compiled through
+ * SIMDe's portable intrinsics (test_qgemm_isa), so that machines without
+ * them test their logic against the portable kernel bit for bit. */
 #ifndef CB_QGEMM_H
 #define CB_QGEMM_H
 
@@ -43,9 +51,25 @@
 #include <stdint.h>
 
 enum {
-    QG_P = 8, /* weight rows per panel */
-    QG_R = 4, /* activation rows per kernel step */
+    QG_P = 8,     /* weight rows per panel of the 256-bit and portable kernels */
+    QG_PMAX = 16, /* ... of the 512-bit ones */
+    QG_R = 4,     /* activation rows per kernel step */
 };
+
+/* The offsets of a packed block's parts, and its size, in units of p bytes
+ * (qgemm.c states the layout) */
+enum {
+    QG_OFF_K_SC = 256,                                          /* after w */
+    QG_OFF_K45_MN = 288, QG_OFF_K45_D = 304, QG_OFF_K45_BYTES = 312, /* q4_K, q5_K: 8 scales */
+    QG_OFF_K6_MN = 320, QG_OFF_K6_D = 352, QG_OFF_K6_BYTES = 360,    /* q6_K: 16 scales */
+    QG_OFF_0_D = 32, QG_OFF_0_B = 36, QG_OFF_0_BYTES = 40,           /* the 32-element types */
+};
+
+/* A packed panel's layout: p rows; the sub-block scales as int16 pairs
+ * (sc, sc) for vpmaddwd (sc32 0) or as int32 for vpmulld (sc32 1) */
+typedef struct qg_layout {
+    int p, sc32;
+} qg_layout;
 
 /* 256 activations quantized (llama.cpp's Q8_K): x[j] ~ d * q[j]; bs16[i]
  * and bs32[i] the sums of q over elements 16i.. and 32i.. */
@@ -64,33 +88,39 @@ int qg_is_k(cb_type t);
 /* Bytes of one quantized activation row of n_in elements for type t, and
  * of a packed panel of n_in elements. */
 size_t qg_act_bytes(cb_type t, int64_t n_in);
-size_t qg_panel_bytes(cb_type t, int64_t n_in);
+size_t qg_panel_bytes(cb_type t, int64_t n_in, int p);
 
-/* dst [n/4][QG_P][4] = q [QG_P][n] (n a multiple of 32): the rows'
+/* dst [n/4][p][4] = q [p][n] (n a multiple of 32, p 8 or 16): the rows'
  * integers interleaved four bytes at a time */
-typedef void (*qg_interleave_fn)(const int8_t *q, int n, uint8_t *dst);
-void qg_interleave_c(const int8_t *q, int n, uint8_t *dst);
-void qg_interleave_avx2(const int8_t *q, int n, uint8_t *dst);
+typedef void (*qg_interleave_fn)(const int8_t *q, int n, int p, uint8_t *dst);
+void qg_interleave_c(const int8_t *q, int n, int p, uint8_t *dst);
+void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst);
 
-/* The packed panel of W rows o0 .. o0+nr-1 (nr <= QG_P; missing rows are
- * zero) into dst [qg_panel_bytes], interleaved by ilv (qg_kernels'). */
+/* The packed panel (layout l) of W rows o0 .. o0+nr-1 (nr <= l.p; missing
+ * rows are zero) into dst [qg_panel_bytes], interleaved by ilv. */
 void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-             qg_interleave_fn ilv);
+             qg_layout l, qg_interleave_fn ilv);
 
 /* Activations: the K form of n elements (a multiple of 256) into xq. */
 typedef void (*qg_quant_fn)(const float *x, int64_t n, qg_q8k *xq);
 void qg_quant8k_c(const float *x, int64_t n, qg_q8k *xq);
 void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq);
 
-/* y[r*ldy + o0 + i] (i < np <= QG_P) = the product of activation row r
- * (at xq + r * ldxq bytes, qg_act_bytes apart) with the packed panel's row
- * i, for r < n. */
+/* y[r*ldy + i] (i < np <= the layout's p) = the product of activation row
+ * r (at xq + r * ldxq bytes, qg_act_bytes apart) with the packed panel's
+ * row i, for r < n.  Each kernel reads its own layout (qg_kernels.layout). */
 typedef void (*qg_gemm_fn)(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
                            int np, float *y, int64_t ldy);
 void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
                float *y, int64_t ldy);
 void qg_gemm_avx2(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
                   float *y, int64_t ldy);
+void qg_gemm_avxvnni(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
+                     float *y, int64_t ldy);
+void qg_gemm_avx512(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
+                    float *y, int64_t ldy);
+void qg_gemm_avx512vnni(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
+                        int np, float *y, int64_t ldy);
 
 /* y[o] for o in [o0, o1) = W row o (GGUF layout, row_bytes apart) times
  * one activation row xq in t's form: the same bits qg_gemm gives for that
@@ -106,13 +136,21 @@ typedef struct qg_kernels {
     qg_quant_fn quant_k;  /* K types' activation quantizer */
     qmm_quant_fn quant_0; /* the 32-element types' (qmm.h's) */
     qg_gemm_fn gemm;
+    qg_layout layout;     /* the panels gemm reads */
     qg_gemv_fn gemv;
     qg_interleave_fn interleave;
-    const char *isa;      /* "avx2" or "c" */
+    const char *isa;      /* the blocked kernels': "avx512vnni", "avx512", "avxvnni", "avx2" or "c" */
 } qg_kernels;
 
-/* The kernels: simd 0 forces the portable ones, 1 the best the CPU runs.
- * Asks CPUID: call it at setup. */
+/* The ISAs, in order of preference: the set this CPU runs (bit i for
+ * QG_ISA_i; asks CPUID once) and the best of them. */
+enum { QG_ISA_C, QG_ISA_AVX2, QG_ISA_AVXVNNI, QG_ISA_AVX512, QG_ISA_AVX512VNNI };
+unsigned qg_cpu_isas(void);
+int qg_cpu_isa(void);
+
+/* The kernels of isa (QG_ISA_*; one the CPU lacks: its best). */
+void qg_select_isa(int isa, qg_kernels *k);
+/* simd 0: the portable kernels; 1: the best the CPU runs */
 void qg_select(int simd, qg_kernels *k);
 
 #endif

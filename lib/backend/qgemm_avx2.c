@@ -1,6 +1,7 @@
 /* qgemm_avx2.c - the AVX2 kernels of qgemm.h (compiled with -mavx2 -mfma
  * whatever the build's -march; qg_select calls them only on a CPU that has
- * them).
+ * them): the K form's quantizer, the panels' interleave, the one-row
+ * kernels, and qgemm_tile.h's blocked kernel with vpmaddubsw.
  *
  * A kernel step multiplies one packed panel (eight weight rows, four
  * consecutive elements of each in a 32-byte vector) with up to QG_R
@@ -19,13 +20,6 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
-
-/* the part offsets of a packed block (qgemm.c's enum) */
-enum {
-    K_SC = 2048, K45_MN = 2048 + 256, K45_D = 2048 + 256 + 128, K45_BYTES = 2048 + 256 + 128 + 64,
-    K6_MN = 2048 + 512, K6_D = 2048 + 512 + 256, K6_BYTES = 2048 + 512 + 256 + 64,
-    B0_D = 256, B0_B = 288, B0_BYTES = 320,
-};
 
 AI __m256i bc32(const void *p)
 {
@@ -86,177 +80,47 @@ void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq)
 
 /* --------------------------------------------------------------- packing */
 
-/* qg_interleave_c: eight rows' 32-byte pieces transposed as 8 x 8 dwords */
-void qg_interleave_avx2(const int8_t *q, int n, uint8_t *dst)
+/* qg_interleave_c: each eight rows' 32-byte pieces transposed as 8 x 8
+ * dwords (p 16: two such groups, side by side in each chunk) */
+void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst)
 {
-    for (int c = 0; c < n; c += 32, dst += 32 * QG_P) {
-        __m256i r[8], a[8], b[8];
-        for (int i = 0; i < 8; i++)
-            r[i] = _mm256_loadu_si256((const __m256i *)(const void *)(q + i * n + c));
-        for (int i = 0; i < 8; i += 2) {
-            a[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]); /* r0[0] r1[0] r0[1] r1[1] | r0[4] ... */
-            a[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
-        }
-        for (int i = 0; i < 8; i += 4) {
-            b[i] = _mm256_unpacklo_epi64(a[i], a[i + 2]);     /* dword 0 of rows i..i+3 | dword 4 */
-            b[i + 1] = _mm256_unpackhi_epi64(a[i], a[i + 2]); /* dword 1 | 5 */
-            b[i + 2] = _mm256_unpacklo_epi64(a[i + 1], a[i + 3]); /* 2 | 6 */
-            b[i + 3] = _mm256_unpackhi_epi64(a[i + 1], a[i + 3]); /* 3 | 7 */
-        }
-        for (int d = 0; d < 4; d++) {
-            _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * d), _mm256_permute2x128_si256(b[d], b[4 + d], 0x20));
-            _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * (d + 4)),
-                                _mm256_permute2x128_si256(b[d], b[4 + d], 0x31));
-        }
-    }
-}
-
-/* ------------------------------------------------------------- kernels */
-
-/* the R rows' 8 results (lanes past np not stored) */
-AI void store_rows(const __m256 *acc, int R, int np, float *y, int64_t ldy)
-{
-    for (int r = 0; r < R; r++) {
-        if (np == QG_P) {
-            _mm256_storeu_ps(y + r * ldy, acc[r]);
-        } else {
-            float t[8];
-            _mm256_storeu_ps(t, acc[r]);
-            memcpy(y + r * ldy, t, sizeof(float) * (size_t)np);
-        }
-    }
-}
-
-/* K-quant panel x R activation rows.  kind 4: q4_K (8 chunks a 16-bit
- * sum), 5: q5_K (4), 6: q6_K (2, scales per 16, the -32 in mn) */
-AI void tile_k(const int kind, const int R, const uint8_t *panel, int64_t nb, const uint8_t *x0, size_t ldx,
-               float *y, int64_t ldy, int np)
-{
-    const int bb = kind == 6 ? K6_BYTES : K45_BYTES, per = kind == 4 ? 8 : kind == 5 ? 4 : 2;
-    __m256 acc[QG_R];
-    const qg_q8k *xr[QG_R];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        xr[r] = (const qg_q8k *)(const void *)(x0 + (size_t)r * ldx);
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = panel + (size_t)b * (size_t)bb;
-        __m256i iacc[QG_R];
-        for (int r = 0; r < R; r++)
-            iacc[r] = _mm256_setzero_si256();
-        for (int s = 0; s < 8; s++) {
-            const uint8_t *ws = blk + 256 * s;
-            for (int k0 = 0; k0 < 8; k0 += per) {
-                __m256i a16[QG_R];
-                for (int r = 0; r < R; r++)
-                    a16[r] = _mm256_setzero_si256();
-                for (int k = k0; k < k0 + per; k++) {
-                    __m256i w = ld(ws + 32 * k);
-                    for (int r = 0; r < R; r++) {
-                        a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(w, bc32(xr[r][b].q + 32 * s + 4 * k)));
-                        PIN(a16[r]);
-                    }
-                }
-                /* q6_K: chunks 0-3 are sub-block 2s of 16, 4-7 are 2s+1 */
-                __m256i sc = ld(blk + K_SC + 32 * (kind == 6 ? 2 * s + (k0 >= 4) : s));
-                for (int r = 0; r < R; r++) {
-                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(a16[r], sc));
-                    PIN(iacc[r]);
-                }
+    for (int c = 0; c < n; c += 32, dst += 32 * p)
+        for (int h = 0; h < p; h += 8) {
+            __m256i r[8], a[8], b[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_loadu_si256((const __m256i *)(const void *)(q + (h + i) * n + c));
+            for (int i = 0; i < 8; i += 2) {
+                a[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]); /* r0[0] r1[0] r0[1] r1[1] | r0[4] ... */
+                a[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                b[i] = _mm256_unpacklo_epi64(a[i], a[i + 2]);         /* dword 0 of rows i..i+3 | dword 4 */
+                b[i + 1] = _mm256_unpackhi_epi64(a[i], a[i + 2]);     /* dword 1 | 5 */
+                b[i + 2] = _mm256_unpacklo_epi64(a[i + 1], a[i + 3]); /* 2 | 6 */
+                b[i + 3] = _mm256_unpackhi_epi64(a[i + 1], a[i + 3]); /* 3 | 7 */
+            }
+            for (int d = 0; d < 4; d++) {
+                _mm256_storeu_si256((__m256i *)(void *)(dst + 4 * p * d + 4 * h),
+                                    _mm256_permute2x128_si256(b[d], b[4 + d], 0x20));
+                _mm256_storeu_si256((__m256i *)(void *)(dst + 4 * p * (d + 4) + 4 * h),
+                                    _mm256_permute2x128_si256(b[d], b[4 + d], 0x31));
             }
         }
-        if (kind == 6) {
-            for (int p = 0; p < 8; p++) {
-                __m256i mn = ld(blk + K6_MN + 32 * p);
-                for (int r = 0; r < R; r++) {
-                    iacc[r] = _mm256_sub_epi32(iacc[r], _mm256_madd_epi16(mn, bc32(&xr[r][b].bs16[2 * p])));
-                    PIN(iacc[r]);
-                }
-            }
-            __m256 dv = _mm256_loadu_ps((const float *)(const void *)(blk + K6_D));
-            for (int r = 0; r < R; r++)
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_mul_ps(dv, _mm256_set1_ps(xr[r][b].d)),
-                                         acc[r]);
-        } else {
-            __m256i mi[QG_R];
-            for (int r = 0; r < R; r++)
-                mi[r] = _mm256_setzero_si256();
-            for (int p = 0; p < 4; p++) {
-                __m256i mn = ld(blk + K45_MN + 32 * p);
-                for (int r = 0; r < R; r++) {
-                    mi[r] = _mm256_add_epi32(mi[r], _mm256_madd_epi16(mn, bc32(&xr[r][b].bs32[2 * p])));
-                    PIN(mi[r]);
-                }
-            }
-            __m256 dv = _mm256_loadu_ps((const float *)(const void *)(blk + K45_D));
-            __m256 mv = _mm256_loadu_ps((const float *)(const void *)(blk + K45_D + 32));
-            for (int r = 0; r < R; r++) {
-                __m256 dx = _mm256_set1_ps(xr[r][b].d);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_mul_ps(dv, dx), acc[r]);
-                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi[r]), _mm256_mul_ps(mv, dx), acc[r]);
-            }
-        }
-    }
-    store_rows(acc, R, np, y, ldy);
-}
-
-/* 32-element panel x R rows.  kind 4: 4-bit unsigned (8 chunks a 16-bit
- * sum), 5: 5-bit (4), 8: q8_0's signed bytes (|w| times x with w's sign,
- * a 32-bit sum a chunk) */
-AI void tile_0(const int kind, const int R, const uint8_t *panel, int64_t nb, const uint8_t *x0, size_t ldx,
-               float *y, int64_t ldy, int np)
-{
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[QG_R];
-    const qmm_q8 *xr[QG_R];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        xr[r] = (const qmm_q8 *)(const void *)(x0 + (size_t)r * ldx);
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = panel + (size_t)b * B0_BYTES;
-        __m256i is[QG_R];
-        for (int r = 0; r < R; r++)
-            is[r] = _mm256_setzero_si256();
-        if (kind == 8) {
-            for (int k = 0; k < 8; k++) {
-                __m256i w = ld(blk + 32 * k), aw = _mm256_sign_epi8(w, w);
-                for (int r = 0; r < R; r++) {
-                    __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bc32(xr[r][b].q + 4 * k), w));
-                    is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p, ones));
-                    PIN(is[r]);
-                }
-            }
-        } else {
-            const int per = kind == 4 ? 8 : 4;
-            for (int k0 = 0; k0 < 8; k0 += per) {
-                __m256i a16[QG_R];
-                for (int r = 0; r < R; r++)
-                    a16[r] = _mm256_setzero_si256();
-                for (int k = k0; k < k0 + per; k++) {
-                    __m256i w = ld(blk + 32 * k);
-                    for (int r = 0; r < R; r++) {
-                        a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(w, bc32(xr[r][b].q + 4 * k)));
-                        PIN(a16[r]);
-                    }
-                }
-                for (int r = 0; r < R; r++) {
-                    is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(a16[r], ones));
-                    PIN(is[r]);
-                }
-            }
-        }
-        __m256 dv = _mm256_loadu_ps((const float *)(const void *)(blk + B0_D));
-        __m256 bv = _mm256_loadu_ps((const float *)(const void *)(blk + B0_B));
-        for (int r = 0; r < R; r++) {
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r]), _mm256_mul_ps(dv, _mm256_set1_ps(xr[r][b].d)), acc[r]);
-            acc[r] = _mm256_fmadd_ps(bv, _mm256_set1_ps(xr[r][b].s), acc[r]);
-        }
-    }
-    store_rows(acc, R, np, y, ldy);
 }
 
 /* ------------------------------------------- one activation row (decode) */
+
+/* the first np of the eight results */
+AI void store8(__m256 acc, int np, float *y)
+{
+    if (np == 8) {
+        _mm256_storeu_ps(y, acc);
+    } else {
+        float t[8];
+        _mm256_storeu_ps(t, acc);
+        memcpy(y, t, sizeof(float) * (size_t)np);
+    }
+}
 
 /* lane i = the sum of v[i]'s eight lanes (exact: 32-bit integers) */
 AI __m256i tree8(const __m256i *v)
@@ -342,13 +206,15 @@ AI void kblock(const int kind, const uint8_t *b, const qg_q8k *x, __m256i *vi, _
     uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
     __m256i scm = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
     __m256i sc2 = _mm256_permute2x128_si256(scm, scm, 0x00); /* sc0..7 in both halves */
-    __m128i mm = _mm_madd_epi16(_mm256_extracti128_si256(scm, 1), _mm_loadu_si128((const __m128i *)(const void *)x->bs32));
+    __m128i bs = _mm_loadu_si128((const __m128i *)(const void *)x->bs32);
+    __m128i mm = _mm_madd_epi16(_mm256_extracti128_si256(scm, 1), bs);
     *vm = _mm256_set_m128i(_mm_setzero_si128(), mm);
     __m256i hb = kind == 5 ? ld(b + 16) : _mm256_setzero_si256();
     const uint8_t *qs = b + (kind == 5 ? 48 : 16);
     for (int p = 0; p < 4; p++) {
         __m256i q = ld(qs + 32 * p);
-        __m256i lo = _mm256_and_si256(q, _mm256_set1_epi8(15)), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(15));
+        __m256i lo = _mm256_and_si256(q, _mm256_set1_epi8(15));
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(15));
         if (kind == 5) {
             const __m256i one = _mm256_set1_epi8(1);
             lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), one), 4));
@@ -356,7 +222,8 @@ AI void kblock(const int kind, const uint8_t *b, const qg_q8k *x, __m256i *vi, _
         }
         __m256i p0 = _mm256_maddubs_epi16(lo, ld((const uint8_t *)x->q + 64 * p));
         __m256i p1 = _mm256_maddubs_epi16(hi, ld((const uint8_t *)x->q + 64 * p + 32));
-        __m256i s0 = _mm256_shuffle_epi8(sc2, ld(bcast16_idx[2 * p])), s1 = _mm256_shuffle_epi8(sc2, ld(bcast16_idx[2 * p + 1]));
+        __m256i s0 = _mm256_shuffle_epi8(sc2, ld(bcast16_idx[2 * p]));
+        __m256i s1 = _mm256_shuffle_epi8(sc2, ld(bcast16_idx[2 * p + 1]));
         acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
     }
     *vi = acc;
@@ -393,7 +260,7 @@ AI void gemv_k(const int kind, const uint8_t *w, size_t rb, int64_t n_in, const 
                 acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(tree8(vm)), _mm256_mul_ps(mv, dx), acc);
             }
         }
-        store_rows(&acc, 1, o1 - o < 8 ? (int)(o1 - o) : 8, y + o, 0);
+        store8(acc, o1 - o < 8 ? (int)(o1 - o) : 8, y + o);
     }
 }
 
@@ -438,7 +305,7 @@ AI void gemv_0(const int kind, const uint8_t *w, size_t rb, int64_t n_in, const 
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tree8(vi)), _mm256_mul_ps(dv, _mm256_set1_ps(x[b].d)), acc);
             acc = _mm256_fmadd_ps(bv, _mm256_set1_ps(x[b].s), acc);
         }
-        store_rows(&acc, 1, o1 - o < 8 ? (int)(o1 - o) : 8, y + o, 0);
+        store8(acc, o1 - o < 8 ? (int)(o1 - o) : 8, y + o);
     }
 }
 
@@ -482,52 +349,33 @@ void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, c
     }
 }
 
-typedef void (*tile_fn)(const uint8_t *panel, int64_t nb, const uint8_t *x0, size_t ldx, float *y, int64_t ldy,
-                        int np);
+/* --------------------------------------------- the blocked kernel (AVX2) */
 
-#define TILES(F, KIND)                                                                                           \
-    static void F##KIND##_1(const uint8_t *p, int64_t nb, const uint8_t *x, size_t lx, float *y, int64_t ly, int np) \
-    {                                                                                                            \
-        F(KIND, 1, p, nb, x, lx, y, ly, np);                                                                     \
-    }                                                                                                            \
-    static void F##KIND##_2(const uint8_t *p, int64_t nb, const uint8_t *x, size_t lx, float *y, int64_t ly, int np) \
-    {                                                                                                            \
-        F(KIND, 2, p, nb, x, lx, y, ly, np);                                                                     \
-    }                                                                                                            \
-    static void F##KIND##_3(const uint8_t *p, int64_t nb, const uint8_t *x, size_t lx, float *y, int64_t ly, int np) \
-    {                                                                                                            \
-        F(KIND, 3, p, nb, x, lx, y, ly, np);                                                                     \
-    }                                                                                                            \
-    static void F##KIND##_4(const uint8_t *p, int64_t nb, const uint8_t *x, size_t lx, float *y, int64_t ly, int np) \
-    {                                                                                                            \
-        F(KIND, 4, p, nb, x, lx, y, ly, np);                                                                     \
-    }                                                                                                            \
-    static const tile_fn F##KIND[QG_R + 1] = {NULL, F##KIND##_1, F##KIND##_2, F##KIND##_3, F##KIND##_4};
-
-TILES(tile_k, 4)
-TILES(tile_k, 5)
-TILES(tile_k, 6)
-TILES(tile_0, 4)
-TILES(tile_0, 5)
-TILES(tile_0, 8)
-
-void qg_gemm_avx2(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
-                  float *y, int64_t ldy)
-{
-    const tile_fn *f;
-    int64_t nb;
-    switch (t) {
-    case CB_TYPE_Q4_K: f = tile_k4, nb = n_in / 256; break;
-    case CB_TYPE_Q5_K: f = tile_k5, nb = n_in / 256; break;
-    case CB_TYPE_Q6_K: f = tile_k6, nb = n_in / 256; break;
-    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: f = tile_04, nb = n_in / 32; break;
-    case CB_TYPE_Q5_0: case CB_TYPE_Q5_1: f = tile_05, nb = n_in / 32; break;
-    case CB_TYPE_Q8_0: f = tile_08, nb = n_in / 32; break;
-    default: return;
-    }
-    for (int64_t r = 0; r < n; r += QG_R) {
-        int nr = n - r < QG_R ? (int)(n - r) : QG_R;
-        f[nr](panel, nb, xq + (size_t)r * ldxq, ldxq, y + r * ldy, ldy, np);
-    }
-}
+#define QGT_GEMM qg_gemm_avx2
+#define QGT_P 8
+#define QGT_VNNI 0
+typedef __m256i vi;
+typedef __m256 vf;
+#define VI_LD(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define VI_BC32(p) bc32(p)
+#define VI_ZERO _mm256_setzero_si256()
+#define VI_SET16(v) _mm256_set1_epi16(v)
+#define VI_ADD16 _mm256_add_epi16
+#define VI_ADD32 _mm256_add_epi32
+#define VI_SUB32 _mm256_sub_epi32
+#define VI_MADD _mm256_madd_epi16
+#define VI_MADDUBS _mm256_maddubs_epi16
+/* |w| times x with w's sign: no 16-bit pair can overflow (2 * 128 * 127 < 32768) */
+#define VI_SDOT(acc, w, x)                                                                                     \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), \
+                                            _mm256_set1_epi16(1)))
+#define VF_LD(p) _mm256_loadu_ps((const float *)(const void *)(p))
+#define VF_ZERO _mm256_setzero_ps()
+#define VF_SET1 _mm256_set1_ps
+#define VF_MUL _mm256_mul_ps
+#define VF_FMADD _mm256_fmadd_ps
+#define VF_FNMADD _mm256_fnmadd_ps
+#define VF_CVT _mm256_cvtepi32_ps
+#define VF_ST(p, v) _mm256_storeu_ps(p, v)
+#include "qgemm_tile.h"
 #endif
