@@ -327,7 +327,7 @@ static void qg_task(void *arg, int64_t i, int tid)
     int64_t o0 = (i - j->first[k]) * p;
     int np = w->n_out - o0 < p ? (int)(w->n_out - o0) : p, f = qg_is_k(w->type) ? 0 : 1;
     uint8_t *panel = c->ts[tid].qpanel;
-    qg_pack(w->type, w->data, w->row_bytes, w->n_in, o0, np, panel, c->qg.layout, c->qg.interleave);
+    qg_pack(w->type, w->data, w->row_bytes, w->n_in, o0, np, panel, &c->qg);
     c->qg.gemm(w->type, panel, w->n_in, j->xq[f], c->xg_row[f], j->n, np, j->y[k] + j->r0 * w->n_out + o0,
                w->n_out);
 }

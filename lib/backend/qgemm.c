@@ -80,27 +80,15 @@ static void put_sc(uint8_t *p, int i, int v, qg_layout l)
     }
 }
 
-/* One weight block in the integer form both the packers and the portable
- * one-row kernel read: value[j] = d * sc[s(j)] * q[j] - dmin * m[s(j)]
- * (K types; q6_K: q in 0..63, mn = 32 * sc) or d * q[j] + dmin (the
- * 32-element types, dmin being qmm_group8's offset b). */
-typedef struct qg_blk {
-    int8_t q[256];
-    int16_t sc[16]; /* q4_K, q5_K: 8 (per 32); q6_K: 16 (per 16) */
-    int16_t mn[16]; /* q4_K, q5_K: m per 32; q6_K: 32 * sc per 16 */
-    float d, dmin;
-} qg_blk;
-
-static void decode_block(cb_type t, const uint8_t *b, qg_blk *o)
+void qg_decode_c(cb_type t, const uint8_t *b, int8_t *q, qg_scales *o)
 {
     if (t == CB_TYPE_Q6_K) {
         const int8_t *sc = (const int8_t *)b + 192;
         for (int n = 0; n < 2; n++)
             for (int k = 0; k < 4; k++)
                 for (int l = 0; l < 32; l++)
-                    o->q[128 * n + 32 * k + l] =
-                        (int8_t)(((b[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15) |
-                                 ((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
+                    q[128 * n + 32 * k + l] = (int8_t)(((b[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15) |
+                                                       ((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
         /* element j's scale is sc[j / 16] (ggml: element 128n + 32k + l
          * takes scales[8n + 2k + l/16]) */
         for (int k = 0; k < 16; k++)
@@ -111,12 +99,12 @@ static void decode_block(cb_type t, const uint8_t *b, qg_blk *o)
         const uint8_t *qs = b + (k5 ? 48 : 16);
         for (int p = 0; p < 4; p++)
             for (int j = 0; j < 32; j++) {
-                o->q[64 * p + j] = (int8_t)(qs[32 * p + j] & 15);
-                o->q[64 * p + 32 + j] = (int8_t)(qs[32 * p + j] >> 4);
+                q[64 * p + j] = (int8_t)(qs[32 * p + j] & 15);
+                q[64 * p + 32 + j] = (int8_t)(qs[32 * p + j] >> 4);
             }
         for (int s = 0; k5 && s < 8; s++)
             for (int j = 0; j < 32; j++)
-                o->q[32 * s + j] = (int8_t)(o->q[32 * s + j] | ((b[16 + j] >> s) & 1) << 4);
+                q[32 * s + j] = (int8_t)(q[32 * s + j] | ((b[16 + j] >> s) & 1) << 4);
         for (int s = 0; s < 8; s++) {
             cb_dq_scale_min(s, b + 4, &sc, &m);
             o->sc[s] = (int16_t)sc, o->mn[s] = (int16_t)m;
@@ -126,12 +114,12 @@ static void decode_block(cb_type t, const uint8_t *b, qg_blk *o)
         int16_t w[32];
         qmm_group8(t, b, 0, w, &o->d, &o->dmin);
         for (int j = 0; j < 32; j++)
-            o->q[j] = (int8_t)w[j];
+            q[j] = (int8_t)w[j];
     }
 }
 
 /* a decoded block of row i into a packed block's scale parts (layout l) */
-static void pack_scales(cb_type t, const qg_blk *k, int i, uint8_t *dst, qg_layout l)
+static void pack_scales(cb_type t, const qg_scales *k, int i, uint8_t *dst, qg_layout l)
 {
     int p = l.p;
     if (t == CB_TYPE_Q6_K) {
@@ -163,13 +151,14 @@ void qg_interleave_c(const int8_t *q, int n, int p, uint8_t *dst)
 }
 
 void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-             qg_layout l, qg_interleave_fn ilv)
+             const qg_kernels *k)
 {
-    int k = qg_is_k(t), n = k ? 256 : 32;
+    qg_layout l = k->layout;
+    int n = qg_is_k(t) ? 256 : 32;
     int64_t nb = n_in / n;
     size_t bb = block_bytes(t, l.p), wb = cb_type_row_bytes(t, n);
     int8_t q[QG_PMAX * 256];
-    qg_blk blk;
+    qg_scales sc;
     if (nr < l.p) {
         memset(dst, 0, bb * (size_t)nb);
         memset(q, 0, sizeof q);
@@ -177,11 +166,10 @@ void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *pb = dst + (size_t)b * bb;
         for (int i = 0; i < nr; i++) {
-            decode_block(t, w + (size_t)(o0 + i) * row_bytes + (size_t)b * wb, &blk);
-            memcpy(q + i * n, blk.q, (size_t)n);
-            pack_scales(t, &blk, i, pb, l);
+            k->decode(t, w + (size_t)(o0 + i) * row_bytes + (size_t)b * wb, q + i * n, &sc);
+            pack_scales(t, &sc, i, pb, l);
         }
-        ilv(q, n, l.p, pb);
+        k->interleave(q, n, l.p, pb);
     }
 }
 
@@ -192,11 +180,14 @@ void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
     int k = qg_is_k(t), q6 = t == CB_TYPE_Q6_K, n = k ? 256 : 32;
     int64_t nb = n_in / n;
     size_t wb = cb_type_row_bytes(t, n);
-    qg_blk blk;
+    struct {
+        int8_t q[256];
+    } blkq;
+    qg_scales blk;
     for (int64_t o = o0; o < o1; o++) {
         float acc = 0;
         for (int64_t b = 0; b < nb; b++) {
-            decode_block(t, w + (size_t)o * row_bytes + (size_t)b * wb, &blk);
+            qg_decode_c(t, w + (size_t)o * row_bytes + (size_t)b * wb, blkq.q, &blk);
             if (k) {
                 const qg_q8k *x = (const qg_q8k *)(const void *)xq + b;
                 int sub = q6 ? 16 : 32;
@@ -204,7 +195,7 @@ void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
                 for (int s = 0; s < 256 / sub; s++) {
                     int32_t d = 0;
                     for (int j = s * sub; j < (s + 1) * sub; j++)
-                        d += blk.q[j] * x->q[j];
+                        d += blkq.q[j] * x->q[j];
                     isum += blk.sc[s] * d;
                     msum += blk.mn[s] * (q6 ? x->bs16[s] : x->bs32[s]);
                 }
@@ -218,7 +209,7 @@ void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
                 const qmm_q8 *x = (const qmm_q8 *)(const void *)xq + b;
                 int32_t isum = 0;
                 for (int j = 0; j < 32; j++)
-                    isum += blk.q[j] * x->q[j];
+                    isum += blkq.q[j] * x->q[j];
                 acc = fmaf((float)isum, blk.d * x->d, acc);
                 acc = fmaf(blk.dmin, x->s, acc);
             }
@@ -347,6 +338,7 @@ unsigned qg_cpu_isas(void)
 unsigned qg_cpu_isas(void) { return 1u << QG_ISA_C; }
 void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq) { qg_quant8k_c(x, n, xq); }
 void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst) { qg_interleave_c(q, n, p, dst); }
+void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s) { qg_decode_c(t, b, q, s); }
 void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
                   int64_t o1, float *y) { qg_gemv_c(t, w, row_bytes, n_in, xq, o0, o1, y); }
 #define NO_X86(NAME)                                                                                          \
@@ -379,6 +371,7 @@ void qg_select_isa(int isa, qg_kernels *k)
     k->quant_k = isa == QG_ISA_C ? qg_quant8k_c : qg_quant8k_avx2;
     k->gemv = isa == QG_ISA_C ? qg_gemv_c : qg_gemv_avx2;
     k->interleave = isa == QG_ISA_C ? qg_interleave_c : qg_interleave_avx2;
+    k->decode = isa == QG_ISA_C ? qg_decode_c : qg_decode_avx2;
     k->quant_0 = qmm_quant(isa != QG_ISA_C);
 }
 

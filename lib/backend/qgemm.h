@@ -96,10 +96,26 @@ typedef void (*qg_interleave_fn)(const int8_t *q, int n, int p, uint8_t *dst);
 void qg_interleave_c(const int8_t *q, int n, int p, uint8_t *dst);
 void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst);
 
-/* The packed panel (layout l) of W rows o0 .. o0+nr-1 (nr <= l.p; missing
- * rows are zero) into dst [qg_panel_bytes], interleaved by ilv. */
+/* One weight block in integer form: its integers into q[32] (the 32-element
+ * types) or q[256] (K-quants), its scales into s: value[j] = d * sc[s(j)] *
+ * q[j] - dmin * mn[s(j)] for q4_K/q5_K (8 sub-blocks of 32), d * sc[s(j)] *
+ * q[j] - d * mn[s(j)] for q6_K (q in 0..63, 16 sub-blocks of 16, mn = 32 *
+ * sc), d * q[j] + dmin for the 32-element types (dmin being qmm_group8's
+ * offset). */
+typedef struct qg_scales {
+    int16_t sc[16], mn[16];
+    float d, dmin;
+} qg_scales;
+typedef void (*qg_decode_fn)(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s);
+void qg_decode_c(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s);
+void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s);
+
+typedef struct qg_kernels qg_kernels;
+/* The packed panel of W rows o0 .. o0+nr-1 (nr <= k->layout.p; missing
+ * rows are zero) into dst [qg_panel_bytes], in k's layout, decoded and
+ * interleaved by k's kernels. */
 void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-             qg_layout l, qg_interleave_fn ilv);
+             const qg_kernels *k);
 
 /* Activations: the K form of n elements (a multiple of 256) into xq. */
 typedef void (*qg_quant_fn)(const float *x, int64_t n, qg_q8k *xq);
@@ -132,15 +148,16 @@ void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
 void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
                   int64_t o1, float *y);
 
-typedef struct qg_kernels {
+struct qg_kernels {
     qg_quant_fn quant_k;  /* K types' activation quantizer */
     qmm_quant_fn quant_0; /* the 32-element types' (qmm.h's) */
     qg_gemm_fn gemm;
     qg_layout layout;     /* the panels gemm reads */
     qg_gemv_fn gemv;
+    qg_decode_fn decode;  /* the packer's */
     qg_interleave_fn interleave;
     const char *isa;      /* the blocked kernels': "avx512vnni", "avx512", "avxvnni", "avx2" or "c" */
-} qg_kernels;
+};
 
 /* The ISAs, in order of preference: the set this CPU runs (bit i for
  * QG_ISA_i; asks CPUID once) and the best of them. */

@@ -349,6 +349,87 @@ void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, c
     }
 }
 
+/* ------------------------------------------------ the packer's decoder */
+
+AI float f16(const uint8_t *p)
+{
+    return _cvtsh_ss(rd16(p));
+}
+
+/* qg_decode_c's integers and scales, the integers 32 at a time */
+void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *o)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    switch (t) {
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_1:
+    case CB_TYPE_Q8_0: {
+        __m256i v = t == CB_TYPE_Q4_0   ? nib16(b + 2)
+                    : t == CB_TYPE_Q4_1 ? nib16(b + 4)
+                    : t == CB_TYPE_Q5_0 ? _mm256_or_si256(nib16(b + 6), bits16(rd32(b + 2)))
+                    : t == CB_TYPE_Q5_1 ? _mm256_or_si256(nib16(b + 8), bits16(rd32(b + 4)))
+                                        : ld(b + 2);
+        _mm256_storeu_si256((__m256i *)(void *)q, v);
+        o->d = f16(b);
+        /* qmm_group8's offsets: -8 d, m, -16 d, m, 0 */
+        o->dmin = t == CB_TYPE_Q4_0   ? -8.0f * o->d
+                  : t == CB_TYPE_Q5_0 ? -16.0f * o->d
+                  : t == CB_TYPE_Q8_0 ? 0.0f
+                                      : f16(b + 2);
+        return;
+    }
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K: {
+        int k5 = t == CB_TYPE_Q5_K;
+        const uint8_t *qs = b + (k5 ? 48 : 16);
+        __m256i hb = k5 ? ld(b + 16) : _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i v = ld(qs + 32 * p);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (k5) {
+                const __m256i one = _mm256_set1_epi8(1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p + 1), one), 4));
+            }
+            _mm256_storeu_si256((__m256i *)(void *)(q + 64 * p), lo);
+            _mm256_storeu_si256((__m256i *)(void *)(q + 64 * p + 32), hi);
+        }
+        /* the twelve bytes of 6-bit scales and mins, four at a time (kblock) */
+        uint32_t w0 = rd32(b + 4), w1 = rd32(b + 8), w2 = rd32(b + 12);
+        uint32_t sc4[2] = {w0 & 0x3f3f3f3fu, (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4};
+        uint32_t m4b[2] = {w1 & 0x3f3f3f3fu, ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4};
+        for (int s = 0; s < 8; s++) {
+            o->sc[s] = (int16_t)((sc4[s >> 2] >> (8 * (s & 3))) & 0xff);
+            o->mn[s] = (int16_t)((m4b[s >> 2] >> (8 * (s & 3))) & 0xff);
+        }
+        o->d = f16(b), o->dmin = f16(b + 2);
+        return;
+    }
+    case CB_TYPE_Q6_K: {
+        const __m256i m2 = _mm256_set1_epi8(3);
+        for (int n = 0; n < 2; n++) {
+            __m256i la = ld(b + 64 * n), lb = ld(b + 64 * n + 32), h = ld(b + 128 + 32 * n);
+            for (int k = 0; k < 4; k++) {
+                __m256i l = k & 1 ? lb : la;
+                l = _mm256_and_si256(k & 2 ? _mm256_srli_epi16(l, 4) : l, m4);
+                __m256i hh = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), m2);
+                _mm256_storeu_si256((__m256i *)(void *)(q + 128 * n + 32 * k),
+                                    _mm256_or_si256(l, _mm256_slli_epi16(hh, 4)));
+            }
+        }
+        const int8_t *sc = (const int8_t *)b + 192;
+        for (int k = 0; k < 16; k++)
+            o->sc[k] = sc[k], o->mn[k] = (int16_t)(32 * sc[k]);
+        o->d = f16(b + 208), o->dmin = 0;
+        return;
+    }
+    default:
+        return;
+    }
+}
+
 /* --------------------------------------------- the blocked kernel (AVX2) */
 
 #define QGT_GEMM qg_gemm_avx2

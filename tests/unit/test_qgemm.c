@@ -79,14 +79,15 @@ static void problem_free(problem *p)
     free(p->w), free(p->x), free(p->xq), free(p->ref);
 }
 
-/* y = the product through kernel gemm reading layout l, panel by panel */
-static void run_gemm(const problem *p, qg_gemm_fn gemm, qg_layout l, qg_interleave_fn ilv, float *y)
+/* y = the product through k's packer and kernel, panel by panel */
+static void run_gemm(const problem *p, const qg_kernels *k, float *y)
 {
-    uint8_t *panel = malloc(qg_panel_bytes(p->t, p->n_in, l.p));
-    for (int64_t o0 = 0; o0 < p->n_out; o0 += l.p) {
-        int np = p->n_out - o0 < l.p ? (int)(p->n_out - o0) : l.p;
-        qg_pack(p->t, p->w, p->rb, p->n_in, o0, np, panel, l, ilv);
-        gemm(p->t, panel, p->n_in, p->xq, p->ab, p->n, np, y + o0, p->n_out);
+    int pr = k->layout.p;
+    uint8_t *panel = malloc(qg_panel_bytes(p->t, p->n_in, pr));
+    for (int64_t o0 = 0; o0 < p->n_out; o0 += pr) {
+        int np = p->n_out - o0 < pr ? (int)(p->n_out - o0) : pr;
+        qg_pack(p->t, p->w, p->rb, p->n_in, o0, np, panel, k);
+        k->gemm(p->t, panel, p->n_in, p->xq, p->ab, p->n, np, y + o0, p->n_out);
     }
     free(panel);
 }
@@ -154,7 +155,7 @@ int main(void)
             problem_make(&p, t, n, n_in, n_out);
             qg_kernels c;
             qg_select_isa(QG_ISA_C, &c);
-            run_gemm(&p, c.gemm, c.layout, c.interleave, p.ref);
+            run_gemm(&p, &c, p.ref);
             double e = same_math_nmse(&p, p.ref);
             tcase("qgemm %s %lldx%lldx%lld: portable kernel vs same-math double loop (nmse %.1e, bound 1e-10)",
                   cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out, e);
@@ -172,7 +173,7 @@ int main(void)
                 qg_kernels k;
                 qg_select_isa(isa, &k);
                 memset(y, 0xff, sizeof(float) * (size_t)(n * n_out));
-                run_gemm(&p, k.gemm, k.layout, k.interleave, y);
+                run_gemm(&p, &k, y);
                 CHECK(memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0);
             }
 #ifdef QG_HAVE_EMU
@@ -186,8 +187,10 @@ int main(void)
             for (size_t i = 0; i < sizeof emu / sizeof emu[0]; i++) {
                 tcase("qgemm %s %lldx%lldx%lld: %s kernel on SIMDe = portable, bit for bit", cb_type_name(t),
                       (long long)n, (long long)n_in, (long long)n_out, emu[i].name);
+                qg_kernels ek = c; /* the portable packer, in the emulated kernel's layout */
+                ek.gemm = emu[i].f, ek.layout = emu[i].l;
                 memset(y, 0xff, sizeof(float) * (size_t)(n * n_out));
-                run_gemm(&p, emu[i].f, emu[i].l, qg_interleave_c, y);
+                run_gemm(&p, &ek, y);
                 CHECK(memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0);
             }
 #endif
@@ -210,6 +213,33 @@ int main(void)
             free(y);
             problem_free(&p);
         }
+    }
+    /* the AVX2 decoder = the portable one, every type */
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        char name[96];
+        snprintf(name, sizeof name, "qgemm: AVX2 decoder of %s blocks = portable", cb_type_name(types[ti]));
+        if (!(isas & 1u << QG_ISA_AVX2)) {
+            tskip(name, "this CPU has no AVX2");
+            continue;
+        }
+        tcase("%s", name);
+        cb_type t = types[ti];
+        size_t rb = cb_type_row_bytes(t, 1024);
+        uint8_t *w = malloc(rb);
+        float row[1024];
+        for (int j = 0; j < 1024; j++)
+            row[j] = frand() * (j % 9 == 0 ? 3.0f : 1.0f);
+        cb_quant_row(t, row, w, 1024);
+        int g = qg_is_k(t) ? 256 : 32;
+        for (int b = 0; b < 1024 / g; b++) {
+            int8_t qa[256], qc[256];
+            qg_scales sa, sc;
+            memset(&sa, 0, sizeof sa), memset(&sc, 0, sizeof sc);
+            qg_decode_avx2(t, w + (size_t)b * cb_type_row_bytes(t, g), qa, &sa);
+            qg_decode_c(t, w + (size_t)b * cb_type_row_bytes(t, g), qc, &sc);
+            CHECK(memcmp(qa, qc, (size_t)g) == 0 && memcmp(&sa, &sc, sizeof sa) == 0);
+        }
+        free(w);
     }
     /* the interleave, 8 and 16 rows */
     for (int pr = 8; pr <= 16; pr += 8) {
