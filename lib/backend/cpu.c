@@ -28,8 +28,10 @@
 #include <unistd.h>
 
 enum {
-    QG_ROW_MAX = 1,   /* 8-bit activations: up to this many rows through the one-row kernel,
-                         more through packed panels */
+    QG_ROW_MAX = 6,   /* 8-bit activations: up to this many rows through the one-row kernel,
+                         more through packed panels (measured, q4_K 8960 x 1536, one thread:
+                         the one-row kernel ahead up to 6 rows, packing ahead from 7; q4_0
+                         up to 8) */
     MM_SMALL = 12,    /* up to this many rows: the quantized dot kernels (measured: they beat
                          dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
     PANEL_MAX = 128,  /* weight rows per sgemm panel */
@@ -346,9 +348,11 @@ static void qg_row_task(void *arg, int64_t i, int tid)
     const cb_bweight *w = j->w[k];
     int64_t o0 = (i - j->first[k]) * j->per, o1 = o0 + j->per < w->n_out ? o0 + j->per : w->n_out;
     int f = qg_is_k(w->type) ? 0 : 1;
-    for (int64_t r = 0; r < j->n; r++)
-        c->qg.gemv(w->type, w->data, w->row_bytes, w->n_in, j->xq[f] + (size_t)r * c->xg_row[f], o0, o1,
-                   j->y[k] + (j->r0 + r) * w->n_out);
+    /* 64 weight rows at a time for every activation row: they stay in cache */
+    for (int64_t a = o0; a < o1; a += 64)
+        for (int64_t r = 0; r < j->n; r++)
+            c->qg.gemv(w->type, w->data, w->row_bytes, w->n_in, j->xq[f] + (size_t)r * c->xg_row[f], a,
+                       a + 64 < o1 ? a + 64 : o1, j->y[k] + (j->r0 + r) * w->n_out);
 }
 
 /* y[k] = x . w[k]^T for nw <= MM_MULTI qg weights of one n_in: x quantized
