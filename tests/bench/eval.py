@@ -3,13 +3,21 @@
 caching, full KV reuse and CacheBlend on a QA set, through the real programs.
 
 Input: a JSON list, or JSON Lines, of {question, answers: [...], ctxs: [{title,
-text}]} (the format of ../shared/data/musique_s.json). For each question the
-first --passages passages become chunks; every chunk is precomputed into a
-scratch store with cb-precompute; then cb-run answers with each mode (and each
-blend ratio and strategy), greedily, and scores the first gold answer
-(cb-run --score: its mean NLL per token after the prompt); each mode's
-first-token distribution (cb-run --logits-out) is compared with full
-prefill's.
+text}]} (the format of ../shared/data/musique_s.json). Each question's chunks
+come from its first --passages passages, in one of three shapes (--shape):
+  paper  the passages themselves (MuSiQue's: ~550 tokens each), as the paper;
+  many   the passages split at sentence ends into chunks of 100 to 150 tokens
+         (each chunk's target drawn from that range by a generator seeded with
+         the question's number; tokens counted as 1.35 a word), then as many
+         of those not holding a gold answer dropped, seeded, as leave
+         --chunks-max (default 20) in their order;
+  short  the passages cut to ~50 tokens: from the first sentence holding a gold
+         answer (else the first sentence), 50 tokens' worth of words.
+Every chunk is precomputed into a store with cb-precompute; then cb-run
+answers with each mode (and each blend ratio and strategy), greedily, and
+each mode's first-token distribution (cb-run --logits-out) is compared with
+full prefill's; with --score, a second run per mode scores the first gold
+answer (cb-run --score: its mean NLL per token after the prompt).
 
 Prints a markdown table per mode, strategy and ratio: F1 and exact match
 (SQuAD normalization, max over gold answers); answers identical to full;
@@ -86,6 +94,57 @@ def load_qa(path):
         return [json.loads(l) for l in text.splitlines() if l.strip()]
 
 
+SENT = re.compile(r"(?<=[.!?])\s+(?=\S)")
+
+
+def ntok(text):
+    """Tokens, estimated: 1.35 per word (Qwen2.5's and SmolLM2's BPE on
+    MuSiQue's English measure 1.3-1.4)."""
+    return 1.35 * len(text.split())
+
+
+def make_chunks(q, qi, shape, passages, chunks_max=20):
+    """The chunk texts of question q (number qi) in the given shape."""
+    import random
+    ctxs = q["ctxs"][:passages]
+    golds = [normalize(a) for a in q["answers"] if normalize(a)]
+    has_gold = lambda t: any(g in normalize(t) for g in golds)
+    if shape == "paper":
+        return [f"{c.get('title', '')}\n{c['text']}".strip() for c in ctxs]
+    rng = random.Random(qi)
+    out = []
+    for c in ctxs:
+        sents = [x for x in SENT.split(c["text"].strip()) if x]
+        title = c.get("title", "").strip()
+        if shape == "short":
+            # from the first sentence holding a gold answer (else the first), ~50 tokens' worth
+            first = next((i for i, x in enumerate(sents) if has_gold(x)), 0)
+            words, text = [], " ".join(sents[first:]).split()
+            for w in text:
+                if ntok(" ".join(words + [w])) > 50:
+                    break
+                words.append(w)
+            out.append(f"{title}\n{' '.join(words)}".strip())
+            continue
+        # many: sentences grouped up to a target size drawn from [100, 150] tokens
+        cur, target = [], rng.uniform(100, 150)
+        for x in sents:
+            if cur and ntok(" ".join(cur + [x])) > target:
+                out.append(" ".join(cur))
+                cur, target = [], rng.uniform(100, 150)
+            cur.append(x)
+        if cur and out and ntok(" ".join(cur)) < 50:  # a short tail joins the chunk before it
+            out[-1] += " " + " ".join(cur)
+        elif cur:
+            out.append(" ".join(cur))
+    if shape == "many" and len(out) > chunks_max:
+        drop = [i for i, t in enumerate(out) if not has_gold(t)]
+        rng.shuffle(drop)
+        gone = set(drop[: len(out) - chunks_max])
+        out = [t for i, t in enumerate(out) if i not in gone][:chunks_max]
+    return out
+
+
 def first_line(ans):
     ans = ans.strip()
     return ans.split("\n")[0].strip() if ans else ""
@@ -137,12 +196,20 @@ def report(args, configs, results, n_q, work, pre_s):
     mean_full, mean_full_f1 = mean(fr, "ttft_ms"), mean(fr, "f1")
     kl_reuse, gap_reuse = mean(rr, "kl"), mean(rr, "nll_absgap")
     rows = []
-    print(f"\n{n_q} questions, {args.passages} passages each, mean prompt "
+    print(f"\n{n_q} questions, shape {getattr(args, 'shape', 'paper')}, {args.passages} passages each, mean prompt "
           f"{sum(r['n_prompt_tokens'] for r in results) / len(results):.0f} tokens; model "
           f"{os.path.basename(args.model or os.environ.get('CB_MODEL') or 'default')}; {args.threads} threads; KV {args.kv_type}\n")
-    print("| mode | F1 | EM | identical to full | top-1 = full | KL | KL recovery | gold NLL | NLL gap | "
-          "abs NLL gap | NLL recovery | recomputed | TTFT ms | speedup |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    def se(xs):
+        xs = [x for x in xs if x == x]
+        if len(xs) < 2:
+            return float("nan")
+        m = sum(xs) / len(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+    full_f1 = {r["q"]: r["f1"] for r in fr}
+    print("| mode | F1 (+- s.e.) | F1 - full's (+- s.e., paired) | F1 kept | EM | identical to full | top-1 = full | "
+          "KL | KL recovery | gold NLL | NLL gap | abs NLL gap | NLL recovery | recomputed | TTFT ms | speedup |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in configs:
         rs = by[c]
         kl, gap, agap = mean(rs, "kl"), mean(rs, "nll_gap"), mean(rs, "nll_absgap")
@@ -153,8 +220,13 @@ def report(args, configs, results, n_q, work, pre_s):
                "nll_absgap": agap, "nll_recovery": recovery(gap_reuse, 0.0, agap),
                "recomputed": sum(r["n_recomputed_tokens"] for r in rs) / max(1, sum(r["n_cached_tokens"] for r in rs)),
                "ttft_ms": mean(rs, "ttft_ms"), "speedup": mean_full / mean(rs, "ttft_ms")}
+        diffs = [r["f1"] - full_f1[r["q"]] for r in rs if r["q"] in full_f1]
+        row["f1_se"], row["f1_diff"], row["f1_diff_se"] = se([r["f1"] for r in rs]), mean(
+            [{"d": d} for d in diffs], "d"), se(diffs)
+        row["f1_kept"] = row["f1"] / mean_full_f1 if mean_full_f1 > 0 else float("nan")
         rows.append(row)
-        print(f"| {row['config']} | {row['f1']:.3f} | {row['em']:.3f} | {row['identical']:.0%} | {row['top1']:.0%} | "
+        print(f"| {row['config']} | {row['f1']:.3f} +- {row['f1_se']:.3f} | {row['f1_diff']:+.3f} +- {row['f1_diff_se']:.3f} | "
+              f"{row['f1_kept']:.0%} | {row['em']:.3f} | {row['identical']:.0%} | {row['top1']:.0%} | "
               f"{kl:.4f} | {row['kl_recovery']:.1%} | {row['nll']:.3f} | {gap:+.3f} | {agap:.3f} | {row['nll_recovery']:.1%} | "
               f"{row['recomputed']:.1%} | {row['ttft_ms']:.0f} | {row['speedup']:.2f}x |")
     print(f"\n(full prefill F1 {mean_full_f1:.3f}; recovery = (reuse - x) / (reuse - full) of the mean KL and of "
@@ -174,6 +246,12 @@ def main():
     ap.add_argument("--data", default=os.path.join(top, "..", "shared", "data", "musique_s.json"))
     ap.add_argument("-n", "--questions", type=int, default=30)
     ap.add_argument("--passages", type=int, default=6)
+    ap.add_argument("--shape", choices=["paper", "many", "short"], default="paper",
+                    help="the chunks: the passages (paper), 20 sentence-aligned chunks of 100-150 tokens (many), "
+                    "the passages cut to ~50 tokens around the answer (short)")
+    ap.add_argument("--chunks-max", type=int, default=20, help="many: the chunks kept")
+    ap.add_argument("--score", action="store_true",
+                    help="also score the gold answer (cb-run --score: its NLL; one more run per mode)")
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--ratios", default="0.15", help="blend ratios, comma-separated")
     ap.add_argument("--strategies", default="probe,hkvd,runs",
@@ -221,10 +299,11 @@ def main():
     store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     try:
         # every passage of every question, precomputed once
-        recs = []
+        recs, qchunks = [], []
         for qi, q in enumerate(qa):
-            for pi, c in enumerate(q["ctxs"][: args.passages]):
-                recs.append({"doc": f"q{qi}", "seq": pi, "text": f"{c.get('title', '')}\n{c['text']}".strip()})
+            qchunks.append(make_chunks(q, qi, args.shape, args.passages, args.chunks_max))
+            for pi, t in enumerate(qchunks[-1]):
+                recs.append({"doc": f"q{qi}", "seq": pi, "text": t})
         allf = os.path.join(work, "all.jsonl")
         with open(allf, "w", encoding="utf-8") as f:
             for r in recs:
@@ -253,8 +332,8 @@ def main():
         for qi, q in enumerate(qa):
             chunks = os.path.join(work, f"q{qi}.jsonl")
             with open(chunks, "w", encoding="utf-8") as f:
-                for c in q["ctxs"][: args.passages]:
-                    f.write(json.dumps({"text": f"{c.get('title', '')}\n{c['text']}".strip()}, ensure_ascii=False) + "\n")
+                for t in qchunks[qi]:
+                    f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
             question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}{cue}"
             full_logits = full_answer = full_nll = None
             for mode, ratio, strat in sorted(configs, key=lambda c: c[0] != "full"):
@@ -272,14 +351,17 @@ def main():
                         cmd += [f"--{k}"] + ([v] if v else [])
                     if mass:
                         cmd += ["--mass", mass, "--max-ratio", str(ratio), "--min-ratio", "0"]
-                # the gold answer's score after the prompt (and the first token's logits)
-                subprocess.run(cmd + ["--score", q["answers"][0]], stdout=subprocess.DEVNULL, check=True)
-                st = json.load(open(stats))
-                score = st["score"]
+                score = {"nll": float("nan"), "n_tokens": 0, "top1": float("nan")}
+                if args.score or args.no_answers:  # the gold answer's score after the prompt (and the first token's logits)
+                    subprocess.run(cmd + ["--score", q["answers"][0]], stdout=subprocess.DEVNULL, check=True)
+                    st = json.load(open(stats))
+                    score = st["score"]
                 ans = ""
-                if not args.no_answers:  # the answer, generated in the same mode
-                    gcmd = [a for a in cmd if a not in ("--logits-out", lfile)]
+                if not args.no_answers:  # the answer (and, without --score, the first token's logits)
+                    gcmd = cmd if not args.score else [a for a in cmd if a not in ("--logits-out", lfile)]
                     ans = subprocess.run(gcmd, stdout=subprocess.PIPE, check=True).stdout.decode("utf-8", "replace")
+                    if not args.score:
+                        st = json.load(open(stats))
                 pred = first_line(ans)
                 res = {
                     "q": qi, "mode": mode, "ratio": ratio, "strategy": strat, "answer": ans,
