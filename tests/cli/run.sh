@@ -66,7 +66,33 @@ if M=$(smol_model); then
         if printf %s "$got" | grep -qi "$a"; then ok "SmolLM2: $q"; else not_ok "SmolLM2: $q -> $got"; fi
     done
 else
-    skip "SmolLM2 factual answers" "default model not fetched"
+    skip "SmolLM2 factual answers" "SmolLM2 not fetched (make model MODEL=smollm2)"
+fi
+
+# The default model (Qwen2.5-Coder-1.5B), end to end: the program's own
+# default (no -m), the demo's first two-hop question from its two chunks
+# in full prefill, then blended from their stored caches, on the default
+# path; one full prefill on the exact path.
+if D=$(default_model); then
+    Q="In which town was the founder of Heliograph Audio born? Answer in a few words."
+    for f in companies/heliograph-audio.md people/emeric-strand-halvorsen.md; do
+        python3 -c 'import json, sys; print(json.dumps({"text": open(sys.argv[1], encoding="utf-8").read()}))' \
+            "examples/corpus/$f"
+    done > "$T/q.jsonl"
+    for spec in full blend blend exact; do  # the first blend stores the chunks, the second reuses them
+        mode=${spec%exact}; mode=${mode:-full}; x=""; [ "$spec" = exact ] && x=--exact
+        got=$(CB_MODEL="$D" "$RUN" -t 2 -n 8 $x --store "$T/dstore" --chunks "$T/q.jsonl" --mode "$mode" \
+            --stats "$T/ds.json" -p "$Q")
+        if printf %s "$got" | grep -q "Kelby Strand"; then ok "default model, $spec: $got"
+        else not_ok "default model, $spec -> $got"; fi
+    done
+    python3 - "$T/ds.json" <<'PY' && ok "the --exact run said so" || not_ok "the --exact run's stats"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["mode"] == "full" and "8-bit" not in s["device"], s
+PY
+else
+    skip "default model end to end" "the default model is not fetched (make model)"
 fi
 
 # Gemma-3-270M (the base model, no chat template: completion-style prompts);
