@@ -1,0 +1,196 @@
+/* bench_kernels - the 8-bit activation kernels alone (lib/backend/qgemm.h),
+ * on random weights of each block type, with THREADS threads:
+ *   rowprod  the one-row product (decode) over 64 MB of weights, so that
+ *            they stream from memory: rowprod_TYPE_gb_s (weight bytes read
+ *            per second), next to membw_gb_s, the same threads reading a
+ *            plain 1 GB buffer
+ *   blocked  a 512-row batch through packed panels (prefill):
+ *            blocked_TYPE_gmacs (multiply-adds per second, packing
+ *            included) and blocked_TYPE_pack_pct (its share)
+ * usage: bench_kernels THREADS [rowprod|blocked]...  The kernels are the
+ * ones the CPU backend picks (kernels_isa says which). */
+#include "../../lib/backend/qgemm.h"
+#include "cbcore.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint32_t rng = 1;
+static float frand(void)
+{
+    rng = rng * 1103515245u + 12345u;
+    return (float)((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static qg_kernels K;
+
+typedef struct job {
+    cb_type t;
+    const uint8_t *w, *xq;
+    size_t rb;
+    int64_t n_in, o0, o1;
+    float *y;
+    const uint64_t *buf; /* membw */
+    size_t nbuf;
+    uint64_t sum;
+} job;
+
+static void *rowprod_run(void *arg)
+{
+    job *j = arg;
+    for (int64_t o = j->o0; o < j->o1; o += 64)
+        K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, o, o + 64 < j->o1 ? o + 64 : j->o1, j->y);
+    return NULL;
+}
+
+static void *membw_run(void *arg)
+{
+    job *j = arg;
+    uint64_t s[4] = {0};
+    for (size_t i = 0; i + 4 <= j->nbuf; i += 4)
+        for (int k = 0; k < 4; k++)
+            s[k] ^= j->buf[i + k];
+    j->sum = s[0] ^ s[1] ^ s[2] ^ s[3];
+    return NULL;
+}
+
+/* best of 5 of fn over T threads splitting [0, n) */
+static double timed(void *(*fn)(void *), job *proto, int64_t n, int T)
+{
+    pthread_t th[64];
+    job j[64];
+    double best = 1e9;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        for (int i = 0; i < T; i++) {
+            j[i] = *proto;
+            j[i].o0 = n * i / T / 64 * 64, j[i].o1 = i == T - 1 ? n : n * (i + 1) / T / 64 * 64;
+            if (proto->buf) {
+                j[i].buf = proto->buf + proto->nbuf / (size_t)T * (size_t)i;
+                j[i].nbuf = proto->nbuf / (size_t)T;
+            }
+            pthread_create(&th[i], NULL, fn, &j[i]);
+        }
+        for (int i = 0; i < T; i++)
+            pthread_join(th[i], NULL);
+        double dt = now() - t0;
+        best = dt < best ? dt : best;
+    }
+    return best;
+}
+
+static uint8_t *random_weights(cb_type t, int64_t n_in, int64_t n_out)
+{
+    size_t rb = cb_type_row_bytes(t, n_in);
+    uint8_t *w = malloc(rb * (size_t)n_out);
+    float *row = malloc(sizeof(float) * (size_t)n_in);
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t j = 0; j < n_in; j++)
+            row[j] = 0.05f * frand();
+        cb_quant_row(t, row, w + (size_t)o * rb, n_in);
+    }
+    free(row);
+    return w;
+}
+
+static uint8_t *quantized_rows(cb_type t, int64_t n_in, int64_t n)
+{
+    size_t ab = qg_act_bytes(t, n_in);
+    uint8_t *xq = malloc(ab * (size_t)n);
+    float *x = malloc(sizeof(float) * (size_t)n_in);
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t j = 0; j < n_in; j++)
+            x[j] = frand();
+        if (qg_is_k(t))
+            K.quant_k(x, n_in, (qg_q8k *)(void *)(xq + (size_t)r * ab));
+        else
+            K.quant_0(x, n_in, (qmm_q8 *)(void *)(xq + (size_t)r * ab));
+    }
+    free(x);
+    return xq;
+}
+
+static const cb_type types[] = {CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K, CB_TYPE_Q4_0, CB_TYPE_Q5_0, CB_TYPE_Q8_0};
+
+static void rowprod(int T)
+{
+    job bw = {0};
+    size_t nb = (size_t)1 << 27;
+    uint64_t *buf = malloc(sizeof *buf * nb);
+    memset(buf, 1, sizeof *buf * nb);
+    bw.buf = buf, bw.nbuf = nb;
+    printf("membw_gb_s %.1f\n", (double)(sizeof *buf * nb) / timed(membw_run, &bw, 0, T) / 1e9);
+    free(buf);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        cb_type t = types[i];
+        int64_t n_in = 1536, rb = (int64_t)cb_type_row_bytes(t, n_in), n_out = ((int64_t)64 << 20) / rb / 64 * 64;
+        job j = {.t = t, .rb = (size_t)rb, .n_in = n_in};
+        uint8_t *w = random_weights(t, n_in, n_out), *xq = quantized_rows(t, n_in, 1);
+        float *y = malloc(sizeof(float) * (size_t)n_out);
+        j.w = w, j.xq = xq, j.y = y;
+        double dt = timed(rowprod_run, &j, n_out, T);
+        printf("rowprod_%s_gb_s %.1f\n", cb_type_name(t), (double)rb * (double)n_out / dt / 1e9);
+        free(w), free(xq), free(y);
+    }
+}
+
+static void blocked(void)
+{
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        cb_type t = types[i];
+        int64_t n_in = 1536, n_out = 2048, n = 512;
+        size_t rb = cb_type_row_bytes(t, n_in), ab = qg_act_bytes(t, n_in);
+        uint8_t *w = random_weights(t, n_in, n_out), *xq = quantized_rows(t, n_in, n);
+        uint8_t *panel = malloc(qg_panel_bytes(t, n_in, K.layout.p));
+        float *y = malloc(sizeof(float) * (size_t)(n * n_out));
+        double best = 1e9, pack = 0;
+        for (int r = 0; r < 5; r++) {
+            double t0 = now(), tp = 0;
+            for (int64_t o0 = 0; o0 < n_out; o0 += K.layout.p) {
+                double a = now();
+                qg_pack(t, w, rb, n_in, o0, K.layout.p, panel, &K);
+                tp += now() - a;
+                K.gemm(t, panel, n_in, xq, ab, n, K.layout.p, y + o0, n_out);
+            }
+            double dt = now() - t0;
+            if (dt < best)
+                best = dt, pack = tp;
+        }
+        printf("blocked_%s_gmacs %.1f\nblocked_%s_pack_pct %.1f\n", cb_type_name(t),
+               (double)n * (double)n_in * (double)n_out / best / 1e9, cb_type_name(t), 100 * pack / best);
+        free(w), free(xq), free(panel), free(y);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_kernels THREADS rowprod|blocked...\n");
+        return 64;
+    }
+    int T = atoi(argv[1]);
+    T = T < 1 ? 1 : T > 64 ? 64 : T;
+    qg_select(1, &K);
+    printf("kernels_isa %s\n", K.isa);
+    for (int a = 2; a < argc; a++) {
+        if (!strcmp(argv[a], "rowprod"))
+            rowprod(T);
+        else if (!strcmp(argv[a], "blocked"))
+            blocked();
+        else {
+            fprintf(stderr, "bench_kernels: unknown scenario '%s'\n", argv[a]);
+            return 64;
+        }
+    }
+    return 0;
+}
