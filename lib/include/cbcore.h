@@ -564,6 +564,26 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst);
  * states are those before it. */
 cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits);
 
+/* One decoding step of n independent sequences together: sequence i's
+ * token tokens[i] at position pos[i] of its own cache kv[i] (n distinct
+ * caches of f's model; positions below pos[i] already in it), through
+ * every layer, its K/V written into kv[i]; logits [n, n_vocab] (host)
+ * receive each sequence's next-token logits.  The matrix products take
+ * every sequence's row at once (decoding is bound by reading the weights,
+ * so n tokens cost little more than one); attention runs for each row over
+ * its own cache.  Sequence i's results are the same bits whatever it is
+ * decoded with, or alone (n = 1): the products run only on row counts the
+ * backend keeps row-stable (lib/backend/backend.h), padded with copies of
+ * row 0 that write nothing.  f must hold cb_fwd_decode_rows(m, n) rows;
+ * its hidden states are overwritten.  Errors: CB_ERR_INVALID (n < 1, more
+ * rows than f holds, a cache given twice), CB_ERR_RANGE (a token id, a
+ * position outside its cache, a cache of another model). */
+cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
+                        float *logits);
+/* The rows a cb_fwd needs for cb_fwd_decode of n sequences (n rounded up
+ * to the backend's row-stable step); 0 for n < 1. */
+int32_t cb_fwd_decode_rows(const cb_model *m, int32_t n);
+
 /* -------------------------------------------------------------- hashing */
 
 /* 128-bit digest (XXH3-128), printed as 32 lowercase hex digits. */
@@ -1359,10 +1379,54 @@ typedef struct cb_gen_result {
  * of the cache.  Text is handed on as soon as it can no longer be the
  * start of a stop string; a stop string and anything after it never is.
  * emit returns CB_OK to go on, else generation ends with its status.
- * Errors: CB_ERR_NOMEM, emit's, and the forward pass's. */
+ * The tokens are evaluated by cb_fwd_decode in activations of their own
+ * (f gives the model): cb_generate is a cb_gen_batch of one, so a batched
+ * sequence's answer is bit for bit this one.  `logits` ends as the last
+ * evaluated logits.  Errors: CB_ERR_NOMEM, emit's, and the forward
+ * pass's. */
 cb_status cb_generate(cb_fwd *f, cb_kvcache *kv, float *logits, int32_t pos, const cb_gen_params *p,
                       cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
                       cb_gen_result *res);
+
+/* Generations decoded together: sequences join after their prefills and
+ * leave when done, and each step evaluates one token of every active
+ * sequence in one cb_fwd_decode (the weights read once for all of them).
+ * A sequence's tokens, text and result are exactly those cb_generate gives
+ * it alone with the same parameters (cb_generate is a batch of one).  The
+ * batch borrows the model, the caches and the stop strings; it owns its
+ * decoding activations (cb_fwd_decode_rows(m, cap) rows), a sampler and
+ * the logits of each sequence. */
+typedef struct cb_gen_batch cb_gen_batch;
+
+/* A batch of up to cap sequences on model m.  Errors: CB_ERR_INVALID (cap
+ * < 1), CB_ERR_NOMEM. */
+cb_status cb_gen_batch_new(cb_gen_batch **out, const cb_model *m, int32_t cap);
+/* Free it (the caches are the callers'); accepts NULL. */
+void cb_gen_batch_free(cb_gen_batch *b);
+/* Add a sequence after a prefill of pos tokens into kv whose last logits
+ * are `logits` (n_vocab floats, copied): it generates as cb_generate does
+ * (p, emit, ctx and t0 as there; p is copied, its stop strings borrowed
+ * until the sequence is taken).  *slot receives its slot, until
+ * cb_gen_batch_take.  Errors: CB_ERR_RANGE (no free slot, pos outside
+ * kv), CB_ERR_INVALID (kv is an active sequence's), CB_ERR_NOMEM. */
+cb_status cb_gen_batch_add(cb_gen_batch *b, cb_kvcache *kv, const float *logits, int32_t pos, const cb_gen_params *p,
+                           cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
+                           int32_t *slot);
+/* Sequences still generating. */
+int32_t cb_gen_batch_active(const cb_gen_batch *b);
+/* One step: every active sequence samples a token, hands its text on, and
+ * either ends (end of generation, a stop string, its n_predict, the end of
+ * its cache, or an error of its own) or has its token evaluated with the
+ * others' in one cb_fwd_decode.  The slots that ended in this step go to
+ * done[] (cap entries at most), their count to *n_done; take them with
+ * cb_gen_batch_take.  Returns the decode step's status: when it fails,
+ * every sequence in it ends with that status (the batch stays usable). */
+cb_status cb_gen_batch_step(cb_gen_batch *b, int32_t *done, int32_t *n_done);
+/* The result of an ended sequence, and its status (CB_OK, or the error it
+ * ended with: emit's, CB_ERR_NOMEM, the forward pass's); logits (may be
+ * NULL) receive its last logits.  Frees the slot.  CB_ERR_RANGE for a
+ * slot that is free or still generating. */
+cb_status cb_gen_batch_take(cb_gen_batch *b, int32_t slot, cb_gen_result *res, float *logits);
 
 /* The teacher-forced score of a continuation after a prefill. */
 typedef struct cb_score_result {
