@@ -184,7 +184,7 @@ cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, c
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
  * on failure msg holds the reason. */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 3
+#define CB_CUDA_ABI 4
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif
