@@ -146,6 +146,22 @@ int cli_finish(int code)
     return code;
 }
 
+uint64_t cli_mem_available(void)
+{
+    char line[256];
+    unsigned long long kb = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    if (kb > 0)
+        return (uint64_t)kb * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : (uint64_t)1 << 30;
+}
+
 void cli_version(void)
 {
     printf("%s (cacheblend) %s\n", cli_prog, CB_VERSION_STRING);

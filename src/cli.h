@@ -76,6 +76,10 @@ int cli_read_records(const char *path, const char *field, void **out);
  * Prints a message on failure; returns 0 or an exit status. */
 int cli_write_json(const char *path, const void *json_obj);
 
+/* The memory this machine can give a process now: MemAvailable from
+ * /proc/meminfo, else the free pages (sysconf), else 1 GiB. */
+uint64_t cli_mem_available(void);
+
 /* Print the --version line. */
 void cli_version(void);
 

@@ -94,6 +94,13 @@ static void kv_after_loads(const cb_kvcache *kv, int32_t layer)
         be->ops->event_wait(be, kv->loaded[layer]);
 }
 
+uint64_t cb_kvcache_bytes(const cb_model *m, int32_t n_ctx, cb_type type)
+{
+    const cb_hparams *hp = &m->hp;
+    uint64_t esz = type == CB_TYPE_F32 ? 4 : 2;
+    return n_ctx < 1 ? 0 : 2 * esz * (uint64_t)hp->n_layer * (uint64_t)n_ctx * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
+}
+
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv) { return kv->n_ctx; }
 cb_type cb_kvcache_type(const cb_kvcache *kv) { return kv->type; }
 
