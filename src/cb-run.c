@@ -17,6 +17,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: cb-run [options] [-p TEXT | -f FILE]      answer a prompt (stdin by default)\n"
+            "       cb-run [options] --batch [FILE|-]         answer the questions of a JSON Lines file\n"
             "       cb-run --tokenize   [-m MODEL] [--special] [-p TEXT | -f FILE]\n"
             "       cb-run --detokenize [-m MODEL] [--special] [-p IDS | -f FILE]\n"
             "\n"
@@ -82,7 +83,24 @@ static void usage(FILE *f)
             "                     little-endian float32) to FILE, for offline comparison\n"
             "      --kv-type T    KV cache elements: f16 (default) or f32\n"
             "      --stats FILE   write timing and token counts as one JSON object to FILE\n"
-            "                     ('-' = stderr)\n"
+            "                     ('-' = stderr); with --batch, the batch's totals\n"
+            "\n"
+            "Many questions (--batch):\n"
+            "      --batch        read questions as JSON Lines from FILE (or stdin), an object a\n"
+            "                     line: \"question\" (or \"prompt\"); optional \"id\", \"chunks\"\n"
+            "                     (records with \"text\" or \"kv\", or store keys), \"system\",\n"
+            "                     \"mode\", \"ratio\", \"strategy\", \"n_predict\", \"score\", \"stop\";\n"
+            "                     the options above give the defaults.  An answer line each,\n"
+            "                     in input order: \"id\", \"answer\" (or \"score\"), \"stats\", and\n"
+            "                     the fields not read; a bad line gets \"error\" and \"line\",\n"
+            "                     the rest go on, and the exit status is 65.  The questions\n"
+            "                     are prefilled one after the other and decoded together,\n"
+            "                     a token of each per step; answers are a lone run's\n"
+            "      --batch-size N at most N questions in flight (default: as many KV caches\n"
+            "                     of the model's whole context as fit the KV budget, 1 to 16)\n"
+            "      --kv-budget SIZE  the KV caches in flight stay within SIZE (512M, 4G; a\n"
+            "                     larger question runs alone; default: half the available\n"
+            "                     memory)\n"
             "\n"
             "Tokenizer:\n"
             "  --tokenize         print the token ids of exactly the input bytes (no BOS or\n"
@@ -412,7 +430,7 @@ static int run_verify(run *r)
     } else if (st == CB_OK) {
         const char *mine = o->sp.temp > 0 ? greedy_sm.all : r->sm.all, *full = full_sm.all;
         int same = strcmp(mine ? mine : "", full ? full : "") == 0;
-        char *clean = cli_utf8_clean(full ? full : "", full ? full_sm.all_len : 0);
+        char *clean = cli_utf8_clean(full ? full : "", full ? full_sm.all_len : 0, NULL);
         r->verify = json_pack("{s:f, s:b, s:b, s:f, s:s}", "kl", kl, "top1_agree", top1, "same_answer", same,
                               "full_prefill_ms", full_ms, "full_answer", clean ? clean : "");
         free(clean);
@@ -766,8 +784,9 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
         json_object_set_new(out, "score", json_pack("{s:f, s:I, s:f}", "nll", a->score.nll, "n_tokens",
                                                      (json_int_t)a->score.n_tokens, "top1", a->score.top1));
     } else {
-        char *clean = cli_utf8_clean(a->text ? a->text : "", a->len);
-        json_object_set_new(out, "answer", json_string(clean ? clean : ""));
+        size_t n = 0;
+        char *clean = cli_utf8_clean(a->text ? a->text : "", a->len, &n);
+        json_object_set_new(out, "answer", json_stringn(clean ? clean : "", n));
         free(clean);
     }
     json_object_foreach(q->obj, k, v) {
@@ -781,7 +800,9 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
         stats_src ss = {&a->bp, &a->bs, a->n_prompt_tokens, &a->gen, a->gen_ms, t_load, a->n_chunks, a->n_missing,
                         a->n_stored, a->chat, a->ratio_source, &a->rc, strcmp(a->ratio_source, "given") != 0,
                         a->scored ? &a->score : NULL};
-        json_object_set_new(out, "stats", stats_json(o, m, &ss));
+        json_t *st = stats_json(o, m, &ss);
+        json_object_set_new(st, "kv_bytes", json_integer((json_int_t)a->kv_bytes));
+        json_object_set_new(out, "stats", st);
     }
     char *line = json_dumps(out, JSON_COMPACT);
     json_decref(out);

@@ -167,7 +167,7 @@ void cli_version(void)
     printf("%s (cacheblend) %s\n", cli_prog, CB_VERSION_STRING);
 }
 
-char *cli_utf8_clean(const char *s, size_t n)
+char *cli_utf8_clean(const char *s, size_t n, size_t *out_len)
 {
     const unsigned char *p = (const unsigned char *)s;
     char *out = malloc(3 * n + 1), *o = out;
@@ -198,6 +198,8 @@ char *cli_utf8_clean(const char *s, size_t n)
         }
     }
     *o = 0;
+    if (out_len)
+        *out_len = (size_t)(o - out);
     return out;
 }
 

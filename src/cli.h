@@ -58,8 +58,9 @@ char *cli_read_input(const char *path, size_t *len, int *exit_code);
 int cli_finish(int code);
 
 /* A malloc'd NUL-terminated copy of n bytes with every invalid UTF-8
- * sequence replaced by U+FFFD (JSON strings must be valid UTF-8). */
-char *cli_utf8_clean(const char *s, size_t n);
+ * sequence replaced by U+FFFD (JSON strings must be valid UTF-8); its
+ * length (NUL bytes in it included) into *out_len when not NULL. */
+char *cli_utf8_clean(const char *s, size_t n, size_t *out_len);
 
 /* Parse whitespace-separated token ids ("12 7 99\n") into *ids; a bad
  * number or an id outside [0, n_vocab) is reported naming `name` and the
