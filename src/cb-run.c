@@ -1009,13 +1009,14 @@ static int run_batch(const gen_opts *o, const char *path, int32_t size, uint64_t
     FILE *in = strcmp(path, "-") ? fopen(path, "r") : stdin;
     long lineno = 0, total = 0;
     size_t seq = 0;
-    int eof = 0, code, tty = isatty(2) && cli_verbosity > 0;
+    int eof = 0, code, tty;
     double t0;
 
     if (!in) {
         cli_err("%s: %s", path, strerror(errno));
         return CLI_EX_NOINPUT;
     }
+    tty = isatty(2) && cli_verbosity > 0;
     if ((code = batch_open(&r, size, budget)) != 0)
         goto done;
     t0 = cb_now_ms();
