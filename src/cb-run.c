@@ -175,8 +175,6 @@ typedef struct gen_opts {
     int n_stops;
 } gen_opts;
 
-static const char *const mode_names[] = {"full", "prefix", "reuse", "blend"};
-static const char *const strategy_names[] = {"hkvd", "sink", "query", "probe", "runs"};
 
 static void warn(void *ctx, const char *msg)
 {
@@ -339,7 +337,7 @@ static int run_prompt(run *r, const char *text, size_t len)
              cb_model_device(r->m), r->t_load);
     cli_info("chat template %s; prompt %lld tokens in %d segments, %d chunks (%d without cache); mode %s",
              cb_chat_name(cb_prompt_chat(r->pr)), (long long)r->total, r->n_segs, cb_prompt_n_chunks(r->pr),
-             cb_prompt_n_missing(r->pr), mode_names[r->bp.mode]);
+             cb_prompt_n_missing(r->pr), cli_mode_names[r->bp.mode]);
     return 0;
 }
 
@@ -470,14 +468,14 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, "
         "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i, s:f}",
-        "mode", mode_names[bp->mode], "n_prompt_tokens", (json_int_t)ss->total, "n_cached_tokens",
+        "mode", cli_mode_names[bp->mode], "n_prompt_tokens", (json_int_t)ss->total, "n_cached_tokens",
         (json_int_t)bs->n_cached_tokens, "n_exact_tokens", (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
         "ttft_ms", ss->gr->first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
         (json_int_t)ss->gr->n_gen, "gen_ms", ss->gen_ms, "recompute_ms", bs->recompute_ms, "n_selected", sel,
         "prefill_tok_s", ss->total / (bs->prefill_ms / 1e3), "gen_tok_s",
         ss->gr->n_gen ? ss->gr->n_gen / (ss->gen_ms / 1e3) : 0.0, "stop", ss->gr->stop, "n_chunks",
         ss->n_chunks, "n_chunks_missing", ss->n_missing, "n_chunks_stored", ss->n_stored,
-        "check_layer", bp->check_layer, "strategy", strategy_names[bp->strategy], "deviation",
+        "check_layer", bp->check_layer, "strategy", cli_strategy_names[bp->strategy], "deviation",
         bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m), "device",
         cb_model_device(m), "chat_template", cb_chat_name(ss->chat), "kv_type",
         cb_type_name(o->kv_type), "model_load_ms", ss->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
@@ -619,152 +617,19 @@ done:
  * written.  A bad line gets a line with "error" and its line number, and the
  * rest go on. */
 
-/* The fields a question line may have; the others pass through to its answer. */
-static const char *const q_fields[] = {"id",       "question", "prompt", "chunks", "system", "mode",
-                                       "ratio",    "strategy", "n_predict", "score", "stop"};
-
-/* One line, from reading to writing: the parsed object and what its request
- * points into. */
+/* One line, from reading to writing. */
 typedef struct qline {
     long lineno;
     size_t seq;             /* its place in the output */
-    json_t *obj;
-    cb_chunk_src *srcs;
-    const char **stops;
+    cli_question q;         /* the parsed object and what its request points into */
 } qline;
 
 static void qline_free(qline *q)
 {
     if (!q)
         return;
-    json_decref(q->obj);
-    free(q->srcs);
-    free(q->stops);
+    cli_question_free(&q->q);
     free(q);
-}
-
-/* The chunks of a question: its "chunks" (records with "text", records
- * with only "kv", or keys), else --chunks'.  0, or -1 with msg. */
-static int q_chunks(qline *q, json_t *defaults, cb_request *rq, char *msg, size_t n)
-{
-    json_t *c = json_object_get(q->obj, "chunks");
-    if (!c)
-        c = defaults;
-    if (!c || json_is_null(c))
-        return 0;
-    if (!json_is_array(c))
-        return snprintf(msg, n, "\"chunks\" is not an array"), -1;
-    size_t k = json_array_size(c);
-    if (!(q->srcs = calloc(k ? k : 1, sizeof *q->srcs)))
-        return snprintf(msg, n, "out of memory"), -1;
-    for (size_t i = 0; i < k; i++) {
-        json_t *e = json_array_get(c, i), *t = json_is_object(e) ? json_object_get(e, "text") : NULL;
-        json_t *key = json_is_string(e) ? e : json_is_object(e) && !t ? json_object_get(e, "kv") : NULL;
-        if (json_is_string(t))
-            q->srcs[i].text = (cb_strview){json_string_value(t), json_string_length(t)};
-        else if (json_is_string(key))
-            q->srcs[i].key = json_string_value(key);
-        else
-            return snprintf(msg, n, "chunk %zu is neither a record with \"text\" or \"kv\" nor a key", i + 1), -1;
-    }
-    rq->chunks = q->srcs;
-    rq->n_chunks = k;
-    return 0;
-}
-
-/* "stop": a string or an array of strings (replacing --stop's). */
-static int q_stops(qline *q, json_t *v, cb_request *rq, char *msg, size_t n)
-{
-    size_t k = json_is_array(v) ? json_array_size(v) : 1;
-    if (!(q->stops = calloc(k ? k : 1, sizeof *q->stops)))
-        return snprintf(msg, n, "out of memory"), -1;
-    for (size_t i = 0; i < k; i++) {
-        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-        if (!json_is_string(e) || json_string_length(e) == 0)
-            return snprintf(msg, n, "\"stop\" is not a non-empty string or an array of them"), -1;
-        q->stops[i] = json_string_value(e);
-    }
-    rq->gp.stops = q->stops;
-    rq->gp.n_stops = (int)k;
-    return 0;
-}
-
-static int q_enum(json_t *v, const char *field, const char *const *names, int k, int *out, char *msg, size_t n)
-{
-    size_t len = (size_t)snprintf(msg, n, "\"%s\" is not ", field);
-    for (int i = 0; json_is_string(v) && i < k; i++)
-        if (!strcmp(json_string_value(v), names[i]))
-            return *out = i, 0;
-    for (int i = 0; i < k && len < n; i++)
-        len += (size_t)snprintf(msg + len, n - len, "%s%s", i == 0 ? "" : i == k - 1 ? " or " : ", ", names[i]);
-    return -1;
-}
-
-/* The blending and generation fields over the options' defaults. */
-static int q_params(const gen_opts *o, json_t *obj, cb_request *rq, char *msg, size_t n)
-{
-    json_t *v;
-    int e, mode_given = o->mode_given;
-    if ((v = json_object_get(obj, "mode"))) {
-        if (q_enum(v, "mode", mode_names, 4, &e, msg, n))
-            return -1;
-        rq->bp.mode = (cb_blend_mode)e, mode_given = 1;
-    }
-    if (!mode_given)
-        rq->bp.mode = rq->n_chunks > 0 ? CB_MODE_BLEND : CB_MODE_FULL; /* nothing to reuse: full, as a lone run */
-    if ((v = json_object_get(obj, "strategy"))) {
-        if (q_enum(v, "strategy", strategy_names, 5, &e, msg, n))
-            return -1;
-        rq->bp.strategy = (cb_blend_strategy)e;
-    }
-    if ((v = json_object_get(obj, "ratio"))) {
-        if (json_is_string(v) && !strcmp(json_string_value(v), "auto")) {
-            rq->ratio_auto = 1;
-        } else if (json_is_number(v) && json_number_value(v) >= 0 && json_number_value(v) <= 1) {
-            rq->ratio_auto = 0;
-            rq->bp.n_ratios = 1;
-            rq->bp.ratios[0] = (float)json_number_value(v);
-        } else {
-            return snprintf(msg, n, "\"ratio\" is not a number in [0, 1] or \"auto\""), -1;
-        }
-    }
-    if ((v = json_object_get(obj, "n_predict"))) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000000)
-            return snprintf(msg, n, "\"n_predict\" is not a count"), -1;
-        rq->gp.n_predict = (int32_t)json_integer_value(v);
-    }
-    if (rq->bp.adapt_mass > 0 && (rq->bp.strategy != CB_STRATEGY_PROBE || rq->ratio_auto))
-        return snprintf(msg, n, "--mass needs the probe strategy and a given ratio"), -1;
-    return 0;
-}
-
-/* A question line into a request over the options' defaults (pointing into
- * q); 0, or -1 with msg. */
-static int q_request(const gen_opts *o, qline *q, json_t *chunks, cb_request *rq, char *msg, size_t n)
-{
-    json_t *obj = q->obj, *v, *qt = json_object_get(obj, "question"), *pt = json_object_get(obj, "prompt");
-    *rq = (cb_request){o->system, o->raw, NULL, 0, {NULL, 0}, {NULL, 0}, o->bp, o->ratio_auto, o->min_ratio,
-                       {o->sp, o->n_predict, o->stops, o->n_stops}, o->n_ctx, o->kv_type, o->store_write};
-    if (o->score)
-        rq->score = (cb_strview){o->score, strlen(o->score)};
-    if ((qt && pt) || !(qt ? qt : pt) || !json_is_string(qt ? qt : pt))
-        return snprintf(msg, n, "give the question as one string, \"question\" or \"prompt\""), -1;
-    rq->question = (cb_strview){json_string_value(qt ? qt : pt), json_string_length(qt ? qt : pt)};
-    if ((v = json_object_get(obj, "system"))) {
-        if (!json_is_string(v) && !json_is_null(v))
-            return snprintf(msg, n, "\"system\" is not a string"), -1;
-        rq->system = json_string_value(v); /* NULL for null: none */
-    }
-    if ((v = json_object_get(obj, "score"))) {
-        if (!json_is_string(v))
-            return snprintf(msg, n, "\"score\" is not a string"), -1;
-        rq->score = (cb_strview){json_string_value(v), json_string_length(v)};
-    }
-    if ((v = json_object_get(obj, "stop")) && q_stops(q, v, rq, msg, n))
-        return -1;
-    if (q_chunks(q, chunks, rq, msg, n))
-        return -1;
-    return q_params(o, obj, rq, msg, n);
 }
 
 /* The answer line of q: its id, the answer (or score, or error) and the
@@ -772,7 +637,7 @@ static int q_request(const gen_opts *o, qline *q, json_t *chunks, cb_request *rq
 static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, const qline *q, const cb_answer *a,
                          const char *error)
 {
-    json_t *out = json_object(), *id = q->obj ? json_object_get(q->obj, "id") : NULL;
+    json_t *obj = q->q.obj, *out = json_object(), *id = obj ? json_object_get(obj, "id") : NULL;
     const char *k;
     json_t *v;
     if (id)
@@ -789,13 +654,9 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
         json_object_set_new(out, "answer", json_stringn(clean ? clean : "", n));
         free(clean);
     }
-    json_object_foreach(q->obj, k, v) {
-        size_t i = 0;
-        while (i < sizeof q_fields / sizeof q_fields[0] && strcmp(k, q_fields[i]) != 0)
-            i++;
-        if (i == sizeof q_fields / sizeof q_fields[0] && !json_object_get(out, k))
+    json_object_foreach(obj, k, v)
+        if (!cli_question_reads(k) && !json_object_get(out, k))
             json_object_set(out, k, v);
-    }
     if (!error) {
         stats_src ss = {&a->bp, &a->bs, a->n_prompt_tokens, &a->gen, a->gen_ms, t_load, a->n_chunks, a->n_missing,
                         a->n_stored, a->chat, a->ratio_source, &a->rc, strcmp(a->ratio_source, "given") != 0,
@@ -886,6 +747,7 @@ typedef struct brun {
     cb_model *m;
     cb_store *store;
     json_t *chunks;     /* --chunks' records, as a "chunks" array */
+    cb_request defaults; /* the options' */
     cb_batch *b;
     outq w;
     double t_load;
@@ -928,7 +790,6 @@ static int feed(brun *r, FILE *in, long *lineno, size_t *seq)
     char *line = NULL, msg[256];
     size_t cap = 0;
     ssize_t len;
-    json_error_t jerr;
     cb_request rq;
     for (;;) {
         if ((len = getline(&line, &cap, in)) < 0) {
@@ -946,14 +807,10 @@ static int feed(brun *r, FILE *in, long *lineno, size_t *seq)
         return 1;
     }
     q->lineno = *lineno, q->seq = (*seq)++;
-    q->obj = json_loadb(line, (size_t)len, 0, &jerr);
+    int bad = cli_question_parse(line, (size_t)len, &r->defaults, r->o->mode_given, r->chunks, &q->q, &rq, msg,
+                                 sizeof msg);
     free(line);
-    if (!q->obj || !json_is_object(q->obj)) {
-        snprintf(msg, sizeof msg, "%s", q->obj ? "not a JSON object" : jerr.text);
-        json_decref(q->obj), q->obj = NULL;
-        line_failed(r, q, msg, CB_ERR_FORMAT);
-        qline_free(q);
-    } else if (q_request(r->o, q, r->chunks, &rq, msg, sizeof msg) != 0) {
+    if (bad) {
         line_failed(r, q, msg, CB_ERR_FORMAT);
         qline_free(q);
     } else if (cb_batch_submit(r->b, &rq, q) != CB_OK) {
@@ -1017,6 +874,10 @@ static int run_batch(const gen_opts *o, const char *path, int32_t size, uint64_t
         return CLI_EX_NOINPUT;
     }
     tty = isatty(2) && cli_verbosity > 0;
+    r.defaults = (cb_request){o->system, o->raw, NULL, 0, {NULL, 0}, {NULL, 0}, o->bp, o->ratio_auto, o->min_ratio,
+                              {o->sp, o->n_predict, o->stops, o->n_stops}, o->n_ctx, o->kv_type, o->store_write};
+    if (o->score)
+        r.defaults.score = (cb_strview){o->score, strlen(o->score)};
     if ((code = batch_open(&r, size, budget)) != 0)
         goto done;
     t0 = cb_now_ms();
@@ -1098,7 +959,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     int e;
     switch (c) {
     case OPT_MODE:
-        if (cli_parse_enum("--mode", arg, mode_names, 4, &e))
+        if (cli_parse_enum("--mode", arg, cli_mode_names, 4, &e))
             return -1;
         o->bp.mode = (cb_blend_mode)e;
         o->mode_given = 1;
@@ -1124,7 +985,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.deviation_v = e;
         return 0;
     case OPT_STRATEGY:
-        if (cli_parse_enum("--strategy", arg, strategy_names, 5, &e))
+        if (cli_parse_enum("--strategy", arg, cli_strategy_names, 5, &e))
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
