@@ -25,7 +25,7 @@ QUESTIONS = ["What did the river carry?", "Where does the river rise?", "What ha
 
 
 def run(cmd):
-    """stdout, wall seconds and peak RSS (KiB) of one program run"""
+    """stdout, wall seconds, peak RSS (KiB) and CPU seconds of one program run"""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
@@ -35,7 +35,7 @@ def run(cmd):
         out.seek(0), err.seek(0)
         if code != 0:
             sys.exit(f"throughput.py: {' '.join(cmd[:3])} ... exited {code}: {err.read().decode()[-300:]}")
-        return out.read(), wall, ru.ru_maxrss
+        return out.read(), wall, ru.ru_maxrss, ru.ru_utime + ru.ru_stime
 
 
 def main():
@@ -71,12 +71,12 @@ def main():
         for k, text in enumerate(ts):
             path = f"{tmp}/t{i}_{k}.txt"
             open(path, "w", encoding="utf-8").write(text)
-            out, _, _ = run([f"{b}/cb-chunk", "-m", m, "--tokens", str(a.tokens), path])
+            out = run([f"{b}/cb-chunk", "-m", m, "--tokens", str(a.tokens), path])[0]
             recs.append((i, json.loads(out.decode().splitlines()[0])))
     with open(f"{tmp}/chunks.jsonl", "w", encoding="utf-8") as f:
         for _, r in recs:
             f.write(json.dumps(r) + "\n")
-    out, _, _ = run([f"{b}/cb-precompute", "-q", "-m", m, "-t", t, "--store", store, f"{tmp}/chunks.jsonl"])
+    out = run([f"{b}/cb-precompute", "-q", "-m", m, "-t", t, "--store", store, f"{tmp}/chunks.jsonl"])[0]
     pre = [json.loads(l) for l in out.decode().splitlines()]
     per_q = [[] for _ in questions]
     for (i, _), r in zip(recs, pre):
@@ -88,16 +88,19 @@ def main():
             with open(f"{tmp}/q{i}.jsonl", "w", encoding="utf-8") as g:
                 g.write("".join(json.dumps(r) + "\n" for r in per_q[i]))
             f.write(json.dumps({"id": i, "question": q, "chunks": [r["kv"] for r in per_q[i]]}) + "\n")
-    sep_s, bat_s, rss, same, tokens = [], [], 0, 0, 0
+    sep_s, bat_s, sep_cpu, bat_cpu, rss, same, tokens = [], [], [], [], 0, 0, 0
     for _ in range(a.rounds):
-        lone, t0 = [], time.perf_counter()
+        lone, t0, cpu = [], time.perf_counter(), 0.0
         for i, q in enumerate(questions):
-            out, _, _ = run([f"{b}/cb-run"] + common + ["--chunks", f"{tmp}/q{i}.jsonl", "-p", q])
+            out, _, _, c = run([f"{b}/cb-run"] + common + ["--chunks", f"{tmp}/q{i}.jsonl", "-p", q])
             lone.append(out.decode("utf-8", "replace"))
+            cpu += c
         sep_s.append(time.perf_counter() - t0)
-        out, wall, rss_kb = run([f"{b}/cb-run"] + common + ["--stats", f"{tmp}/bstats.json", "--batch",
-                                                            f"{tmp}/batch.jsonl"])
+        sep_cpu.append(cpu)
+        out, wall, rss_kb, c = run([f"{b}/cb-run"] + common + ["--stats", f"{tmp}/bstats.json", "--batch",
+                                                               f"{tmp}/batch.jsonl"])
         bat_s.append(wall)
+        bat_cpu.append(c)
         rss = max(rss, rss_kb)
         ans = [json.loads(l) for l in out.decode().splitlines()]
         same = sum(o["answer"] == lone[o["id"]] for o in ans)
@@ -109,8 +112,10 @@ def main():
     print(f"| {name[:30]:30s} | {n} x {a.chunks} chunks of ~{n_tok:.0f} tokens ({shape}), {a.answer}-token answers "
           f"| {s:6.1f} s ({n / s:.2f} q/s) | {bt:6.1f} s ({n / bt:.2f} q/s, {tokens / bt:.1f} tok/s) "
           f"| {s / bt:4.2f}x |")
+    sc, bc = statistics.median(sep_cpu), statistics.median(bat_cpu)
     print(f"   identical answers, batch vs separate: {same}/{n}; rounds: separate "
-          + " ".join(f"{x:.1f}" for x in sep_s) + " s, batch " + " ".join(f"{x:.1f}" for x in bat_s) + " s")
+          + " ".join(f"{x:.1f}" for x in sep_s) + " s, batch " + " ".join(f"{x:.1f}" for x in bat_s) + " s; "
+          f"CPU time (less disturbed on a shared machine): separate {sc:.1f} s, batch {bc:.1f} s = {sc / bc:.2f}x")
     fsize = os.path.getsize(m) / 2**20
     print(f"   --batch peak RSS {rss / 1024:.0f} MB: model file {fsize:.0f} MB + KV in flight at most "
           f"{st['kv_peak'] / 2**20:.0f} MB ({st['in_flight_peak']} questions; budget {st['kv_budget'] / 2**20:.0f} MB)")
