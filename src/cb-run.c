@@ -6,6 +6,7 @@
  *   cb-run --tokenize | --detokenize ...  (tokenizer modes: cli_tokenize) */
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: cb-run [options] [-p TEXT | -f FILE]      answer a prompt (stdin by default)\n"
+            "       cb-run [options] --batch [FILE|-]         answer the questions of a JSON Lines file\n"
             "       cb-run --tokenize   [-m MODEL] [--special] [-p TEXT | -f FILE]\n"
             "       cb-run --detokenize [-m MODEL] [--special] [-p IDS | -f FILE]\n"
             "\n"
@@ -81,7 +83,24 @@ static void usage(FILE *f)
             "                     little-endian float32) to FILE, for offline comparison\n"
             "      --kv-type T    KV cache elements: f16 (default) or f32\n"
             "      --stats FILE   write timing and token counts as one JSON object to FILE\n"
-            "                     ('-' = stderr)\n"
+            "                     ('-' = stderr); with --batch, the batch's totals\n"
+            "\n"
+            "Many questions (--batch):\n"
+            "      --batch        read questions as JSON Lines from FILE (or stdin), an object a\n"
+            "                     line: \"question\" (or \"prompt\"); optional \"id\", \"chunks\"\n"
+            "                     (records with \"text\" or \"kv\", or store keys), \"system\",\n"
+            "                     \"mode\", \"ratio\", \"strategy\", \"n_predict\", \"score\", \"stop\";\n"
+            "                     the options above give the defaults.  An answer line each,\n"
+            "                     in input order: \"id\", \"answer\" (or \"score\"), \"stats\", and\n"
+            "                     the fields not read; a bad line gets \"error\" and \"line\",\n"
+            "                     the rest go on, and the exit status is 65.  The questions\n"
+            "                     are prefilled one after the other and decoded together,\n"
+            "                     a token of each per step; answers are a lone run's\n"
+            "      --batch-size N at most N questions in flight (default: as many KV caches\n"
+            "                     of the model's whole context as fit the KV budget, 1 to 16)\n"
+            "      --kv-budget SIZE  the KV caches in flight stay within SIZE (512M, 4G; a\n"
+            "                     larger question runs alone; default: half the available\n"
+            "                     memory)\n"
             "\n"
             "Tokenizer:\n"
             "  --tokenize         print the token ids of exactly the input bytes (no BOS or\n"
@@ -136,7 +155,10 @@ enum {
     OPT_MASS,
     OPT_MAXRATIO,
     OPT_PROBEROWS,
-    OPT_KEYTEMP };
+    OPT_KEYTEMP,
+    OPT_BATCH,
+    OPT_BATCHSIZE,
+    OPT_KVBUDGET };
 
 /* ---------------------------------------------------------- generation */
 
@@ -153,8 +175,6 @@ typedef struct gen_opts {
     int n_stops;
 } gen_opts;
 
-static const char *const mode_names[] = {"full", "prefix", "reuse", "blend"};
-static const char *const strategy_names[] = {"hkvd", "sink", "query", "probe", "runs"};
 
 static void warn(void *ctx, const char *msg)
 {
@@ -188,37 +208,58 @@ typedef struct run {
     cb_score_result sr;  /* --score: its score */
 } run;
 
-/* The chunk records, the model and (when chunks can be reused or stored)
- * the store. */
-static int run_open(run *r)
+/* --chunks' records (into *chunks) and the model (its load time into
+ * *t_load). */
+static int open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *t_load)
 {
-    const gen_opts *o = r->o;
     cb_model_params mp = cli_model_params(o->n_threads, o->device);
     cb_error err;
     cb_status st;
     int code;
     double t = cb_now_ms();
 
-    if (o->chunks_path && (code = cli_read_records(o->chunks_path, "text", (void **)&r->chunks)) != 0)
+    if (o->chunks_path && (code = cli_read_records(o->chunks_path, "text", (void **)chunks)) != 0)
         return code;
-    if ((st = cb_model_load(&r->m, o->model, &mp, &err)) != CB_OK) {
+    if ((st = cb_model_load(m, o->model, &mp, &err)) != CB_OK) {
         cli_err("%s", err.msg);
         return cli_exit_code(st);
     }
-    r->t_load = cb_now_ms() - t;
-    if (r->chunks && json_array_size(r->chunks) > 0 &&
-        (r->bp.mode != CB_MODE_FULL || (o->store_write && o->store_dir)) &&
-        (st = cb_store_open(&r->store, o->store_dir, o->store_write, &err)) != CB_OK) {
+    *t_load = cb_now_ms() - t;
+    return 0;
+}
+
+/* The store (created when it will be written): a missing one is a
+ * warning, every chunk then computed. */
+static int open_store(const gen_opts *o, cb_store **s)
+{
+    cb_error err;
+    cb_status st = cb_store_open(s, o->store_dir, o->store_write, &err);
+    if (st != CB_OK) {
         if (st != CB_ERR_NOT_FOUND) {
             cli_err("%s", err.msg);
             return cli_exit_code(st);
         }
         cli_err("warning: %s; every chunk is computed", err.msg);
+        return 0;
     }
-    if (r->store)
-        cb_store_set_warn(r->store, warn, NULL);
-    if (r->store && cb_store_readonly(r->store) && o->store_write)
+    cb_store_set_warn(*s, warn, NULL);
+    if (cb_store_readonly(*s) && o->store_write)
         cli_err("note: the store %s is read-only: chunks missing from it are computed and not stored", o->store_dir);
+    return 0;
+}
+
+/* The chunk records, the model and (when chunks can be reused or stored)
+ * the store. */
+static int run_open(run *r)
+{
+    const gen_opts *o = r->o;
+    int code;
+
+    if ((code = open_model(o, &r->chunks, &r->m, &r->t_load)) != 0)
+        return code;
+    if (r->chunks && json_array_size(r->chunks) > 0 &&
+        (r->bp.mode != CB_MODE_FULL || (o->store_write && o->store_dir)))
+        return open_store(o, &r->store);
     return 0;
 }
 
@@ -296,7 +337,7 @@ static int run_prompt(run *r, const char *text, size_t len)
              cb_model_device(r->m), r->t_load);
     cli_info("chat template %s; prompt %lld tokens in %d segments, %d chunks (%d without cache); mode %s",
              cb_chat_name(cb_prompt_chat(r->pr)), (long long)r->total, r->n_segs, cb_prompt_n_chunks(r->pr),
-             cb_prompt_n_missing(r->pr), mode_names[r->bp.mode]);
+             cb_prompt_n_missing(r->pr), cli_mode_names[r->bp.mode]);
     return 0;
 }
 
@@ -387,7 +428,7 @@ static int run_verify(run *r)
     } else if (st == CB_OK) {
         const char *mine = o->sp.temp > 0 ? greedy_sm.all : r->sm.all, *full = full_sm.all;
         int same = strcmp(mine ? mine : "", full ? full : "") == 0;
-        char *clean = cli_utf8_clean(full ? full : "", full ? full_sm.all_len : 0);
+        char *clean = cli_utf8_clean(full ? full : "", full ? full_sm.all_len : 0, NULL);
         r->verify = json_pack("{s:f, s:b, s:b, s:f, s:s}", "kl", kl, "top1_agree", top1, "same_answer", same,
                               "full_prefill_ms", full_ms, "full_answer", clean ? clean : "");
         free(clean);
@@ -399,13 +440,27 @@ static int run_verify(run *r)
     return st == CB_OK ? 0 : CLI_EX_SOFTWARE;
 }
 
-static int run_stats(run *r)
+/* What --stats reports of one answer (a lone run's, or each --batch
+ * answer's "stats"). */
+typedef struct stats_src {
+    const cb_blend_params *bp;
+    const cb_blend_stats *bs;
+    int64_t total;
+    const cb_gen_result *gr;
+    double gen_ms, t_load;
+    int n_chunks, n_missing, n_stored;
+    cb_chat_kind chat;
+    const char *ratio_source; /* with ratio_auto */
+    const cb_ratio_choice *rc;
+    int ratio_auto;
+    const cb_score_result *score; /* or NULL */
+} stats_src;
+
+static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src *ss)
 {
-    const gen_opts *o = r->o;
-    const cb_blend_params *bp = &r->bp;
-    const cb_blend_stats *bs = &r->bs;
+    const cb_blend_params *bp = ss->bp;
+    const cb_blend_stats *bs = ss->bs;
     json_t *sel = json_array();
-    int code;
 
     for (int i = 0; bp->mode == CB_MODE_BLEND && i < bp->n_ratios; i++)
         json_array_append_new(sel, json_integer(bs->n_selected[i]));
@@ -413,25 +468,25 @@ static int run_stats(run *r)
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, "
         "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i, s:f}",
-        "mode", mode_names[bp->mode], "n_prompt_tokens", (json_int_t)r->total, "n_cached_tokens",
+        "mode", cli_mode_names[bp->mode], "n_prompt_tokens", (json_int_t)ss->total, "n_cached_tokens",
         (json_int_t)bs->n_cached_tokens, "n_exact_tokens", (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
-        "ttft_ms", r->gr.first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
-        (json_int_t)r->gr.n_gen, "gen_ms", r->gen_ms, "recompute_ms", bs->recompute_ms, "n_selected", sel,
-        "prefill_tok_s", r->total / (bs->prefill_ms / 1e3), "gen_tok_s",
-        r->gr.n_gen ? r->gr.n_gen / (r->gen_ms / 1e3) : 0.0, "stop", r->gr.stop, "n_chunks",
-        cb_prompt_n_chunks(r->pr), "n_chunks_missing", cb_prompt_n_missing(r->pr), "n_chunks_stored", r->n_stored,
-        "check_layer", bp->check_layer, "strategy", strategy_names[bp->strategy], "deviation",
-        bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(r->m), "device",
-        cb_model_device(r->m), "chat_template", cb_chat_name(cb_prompt_chat(r->pr)), "kv_type",
-        cb_type_name(o->kv_type), "model_load_ms", r->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
+        "ttft_ms", ss->gr->first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
+        (json_int_t)ss->gr->n_gen, "gen_ms", ss->gen_ms, "recompute_ms", bs->recompute_ms, "n_selected", sel,
+        "prefill_tok_s", ss->total / (bs->prefill_ms / 1e3), "gen_tok_s",
+        ss->gr->n_gen ? ss->gr->n_gen / (ss->gen_ms / 1e3) : 0.0, "stop", ss->gr->stop, "n_chunks",
+        ss->n_chunks, "n_chunks_missing", ss->n_missing, "n_chunks_stored", ss->n_stored,
+        "check_layer", bp->check_layer, "strategy", cli_strategy_names[bp->strategy], "deviation",
+        bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m), "device",
+        cb_model_device(m), "chat_template", cb_chat_name(ss->chat), "kv_type",
+        cb_type_name(o->kv_type), "model_load_ms", ss->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
         "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes, "probe_rows", bp->probe_rows,
         "key_temp", (double)bs->key_temp);
-    if (s && o->ratio_auto) {
-        json_object_set_new(s, "ratio_source", json_string(r->ratio_source));
-        json_object_set_new(s, "predicted_load_ms", json_real(r->rc.pred_load_ms));
-        json_object_set_new(s, "predicted_recompute_ms", json_real(r->rc.pred_recompute_ms));
-        if (r->rc.tier[0])
-            json_object_set_new(s, "tier", json_string(r->rc.tier));
+    if (s && ss->ratio_auto) {
+        json_object_set_new(s, "ratio_source", json_string(ss->ratio_source));
+        json_object_set_new(s, "predicted_load_ms", json_real(ss->rc->pred_load_ms));
+        json_object_set_new(s, "predicted_recompute_ms", json_real(ss->rc->pred_recompute_ms));
+        if (ss->rc->tier[0])
+            json_object_set_new(s, "tier", json_string(ss->rc->tier));
     }
     if (s && bp->adapt_mass > 0 && bp->mode == CB_MODE_BLEND) {
         json_object_set_new(s, "ratio_source", json_string("adaptive"));
@@ -440,10 +495,20 @@ static int run_stats(run *r)
                                       bs->selected_mass, "min_ratio", bp->adapt_min, "max_ratio", bp->adapt_max,
                                       "bound", bs->ratio_bound));
     }
-    if (s && r->cont.n)
+    if (s && ss->score)
         json_object_set_new(s, "score",
-                            json_pack("{s:f, s:I, s:f}", "nll", r->sr.nll, "n_tokens", (json_int_t)r->sr.n_tokens,
-                                      "top1", r->sr.top1));
+                            json_pack("{s:f, s:I, s:f}", "nll", ss->score->nll, "n_tokens",
+                                      (json_int_t)ss->score->n_tokens, "top1", ss->score->top1));
+    return s;
+}
+
+static int run_stats(run *r)
+{
+    stats_src ss = {&r->bp, &r->bs, r->total, &r->gr, r->gen_ms, r->t_load, cb_prompt_n_chunks(r->pr),
+                    cb_prompt_n_missing(r->pr), r->n_stored, cb_prompt_chat(r->pr), r->ratio_source, &r->rc,
+                    r->o->ratio_auto, r->cont.n ? &r->sr : NULL};
+    json_t *s = stats_json(r->o, r->m, &ss);
+    int code;
     if (s && r->verify)
         json_object_set_new(s, "verify", r->verify), r->verify = NULL;
     cb_store_shared_auth sa;
@@ -452,7 +517,7 @@ static int run_stats(run *r)
         json_object_set_new(s, "shared", json_pack("{s:s, s:b, s:I}", "tier", cb_store_shared_name(r->store),
                                                    "authenticated", sa.authenticated, "n_refused",
                                                    (json_int_t)sa.n_refused));
-    code = s ? cli_write_json(o->stats_path, s) : CLI_EX_SOFTWARE;
+    code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
     json_decref(s);
     return code;
 }
@@ -550,6 +615,313 @@ done:
     return code;
 }
 
+/* ---------------------------------------------------------- --batch
+ *
+ * JSON Lines in, one question a line; JSON Lines out, an answer a line in
+ * input order.  The questions run through cb_batch (lib/prompt/batch.c):
+ * here only the lines are read, turned into requests, and the answers
+ * written.  A bad line gets a line with "error" and its line number, and the
+ * rest go on. */
+
+/* One line, from reading to writing. */
+typedef struct qline {
+    long lineno;
+    size_t seq;             /* its place in the output */
+    cli_question q;         /* the parsed object and what its request points into */
+} qline;
+
+static void qline_free(qline *q)
+{
+    if (!q)
+        return;
+    cli_question_free(&q->q);
+    free(q);
+}
+
+/* The answer line of q: its id, the answer (or score, or error) and the
+ * fields the batch does not read; NULL when out of memory. */
+static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, const qline *q, const cb_answer *a,
+                         const char *error)
+{
+    json_t *obj = q->q.obj, *out = json_object(), *id = obj ? json_object_get(obj, "id") : NULL;
+    const char *k;
+    json_t *v;
+    if (id)
+        json_object_set(out, "id", id);
+    if (error) {
+        json_object_set_new(out, "line", json_integer(q->lineno));
+        json_object_set_new(out, "error", json_string(error));
+    } else if (a->scored) {
+        json_object_set_new(out, "score", json_pack("{s:f, s:I, s:f}", "nll", a->score.nll, "n_tokens",
+                                                     (json_int_t)a->score.n_tokens, "top1", a->score.top1));
+    } else {
+        size_t n = 0;
+        char *clean = cli_utf8_clean(a->text ? a->text : "", a->len, &n);
+        json_object_set_new(out, "answer", json_stringn(clean ? clean : "", n));
+        free(clean);
+    }
+    json_object_foreach(obj, k, v)
+        if (!cli_question_reads(k) && !json_object_get(out, k))
+            json_object_set(out, k, v);
+    if (!error) {
+        stats_src ss = {&a->bp, &a->bs, a->n_prompt_tokens, &a->gen, a->gen_ms, t_load, a->n_chunks, a->n_missing,
+                        a->n_stored, a->chat, a->ratio_source, &a->rc, strcmp(a->ratio_source, "given") != 0,
+                        a->scored ? &a->score : NULL};
+        json_t *st = stats_json(o, m, &ss);
+        json_object_set_new(st, "kv_bytes", json_integer((json_int_t)a->kv_bytes));
+        json_object_set_new(out, "stats", st);
+    }
+    char *line = json_dumps(out, JSON_COMPACT);
+    json_decref(out);
+    return line;
+}
+
+/* Answers written in input order: lines that are ready wait for the ones
+ * before them. */
+typedef struct outq {
+    char **ready;       /* [cap]: line seq = next + i, or NULL */
+    size_t next, cap;
+    int io_err;
+} outq;
+
+static int outq_put(outq *w, size_t seq, char *line)
+{
+    size_t i = seq - w->next;
+    if (!line)
+        return -1;
+    if (i >= w->cap) {
+        size_t nc = (i + 1) * 2;
+        char **nr = realloc(w->ready, sizeof *nr * nc);
+        if (!nr)
+            return free(line), -1;
+        memset(nr + w->cap, 0, sizeof *nr * (nc - w->cap));
+        w->ready = nr, w->cap = nc;
+    }
+    w->ready[i] = line;
+    while (w->cap > 0 && w->ready[0]) {
+        if (puts(w->ready[0]) == EOF)
+            w->io_err = 1;
+        free(w->ready[0]);
+        memmove(w->ready, w->ready + 1, sizeof *w->ready * (w->cap - 1));
+        w->ready[w->cap - 1] = NULL;
+        w->next++;
+    }
+    fflush(stdout);
+    return 0;
+}
+
+/* The progress line on a terminal: questions, their rate, tokens/s, ETA. */
+static void progress(const cb_batch_info *in, long total, double t0, int last)
+{
+    static double shown;
+    double now = cb_now_ms(), s = (now - t0) / 1e3;
+    int64_t done = in->n_answered + in->n_failed;
+    if (!last && now - shown < 250)
+        return;
+    shown = now;
+    fprintf(stderr, "\r%s: %lld", cli_prog, (long long)done);
+    if (total > 0)
+        fprintf(stderr, "/%ld", total);
+    fprintf(stderr, " questions, %.2f/s, %.1f tok/s, %d in flight", s > 0 ? done / s : 0.0,
+            s > 0 ? in->n_tokens / s : 0.0, in->in_flight);
+    if (total > 0 && done > 0 && !last)
+        fprintf(stderr, ", ETA %.0f s", (double)(total - done) * s / (double)done);
+    fputs(last ? "\n" : "   ", stderr);
+}
+
+/* Non-blank lines of a regular file (for the ETA); 0 when not one. */
+static long count_questions(const char *path)
+{
+    long n = 0;
+    int c, blank = 1;
+    FILE *f = strcmp(path, "-") ? fopen(path, "r") : NULL;
+    if (!f)
+        return 0;
+    while ((c = getc(f)) != EOF) {
+        if (c == '\n')
+            n += !blank, blank = 1;
+        else if (c != ' ' && c != '\t' && c != '\r')
+            blank = 0;
+    }
+    fclose(f);
+    return n + !blank;
+}
+
+/* The batch's model, store, default chunks, limits and output. */
+typedef struct brun {
+    const gen_opts *o;
+    cb_model *m;
+    cb_store *store;
+    json_t *chunks;     /* --chunks' records, as a "chunks" array */
+    cb_request defaults; /* the options' */
+    cb_batch *b;
+    outq w;
+    double t_load;
+    int worst;          /* the exit status so far */
+} brun;
+
+/* A line's failure: an error line, and the exit status it makes (65 for
+ * bad data, else the failure's). */
+static void line_failed(brun *r, qline *q, const char *msg, cb_status st)
+{
+    int code = cli_exit_code(st);
+    if (code == CLI_EX_USAGE || code == CLI_EX_NOINPUT || code == CLI_EX_OK)
+        code = CLI_EX_DATAERR; /* a bad parameter, a key the store lacks: the line's data */
+    if (code != CLI_EX_DATAERR)
+        cli_err("line %ld: %s", q->lineno, msg);
+    if (code != CLI_EX_DATAERR || r->worst == 0)
+        r->worst = code;
+    if (outq_put(&r->w, q->seq, answer_line(r->o, r->m, r->t_load, q, NULL, msg)) != 0)
+        r->worst = CLI_EX_SOFTWARE;
+}
+
+/* Write the answers that ended. */
+static void drain(brun *r)
+{
+    cb_answer *a;
+    while ((a = cb_batch_next(r->b))) {
+        qline *q = a->tag;
+        if (a->status != CB_OK)
+            line_failed(r, q, a->msg, a->status);
+        else if (outq_put(&r->w, q->seq, answer_line(r->o, r->m, r->t_load, q, a, NULL)) != 0)
+            r->worst = CLI_EX_SOFTWARE;
+        qline_free(q);
+        cb_answer_free(a);
+    }
+}
+
+/* Read, parse and submit one line; 1 at the end of the input. */
+static int feed(brun *r, FILE *in, long *lineno, size_t *seq)
+{
+    char *line = NULL, msg[256];
+    size_t cap = 0;
+    ssize_t len;
+    cb_request rq;
+    for (;;) {
+        if ((len = getline(&line, &cap, in)) < 0) {
+            free(line);
+            return 1;
+        }
+        ++*lineno;
+        if (strspn(line, " \t\r\n") != (size_t)len)
+            break;
+    }
+    qline *q = calloc(1, sizeof *q);
+    if (!q) {
+        free(line);
+        r->worst = CLI_EX_SOFTWARE;
+        return 1;
+    }
+    q->lineno = *lineno, q->seq = (*seq)++;
+    int bad = cli_question_parse(line, (size_t)len, &r->defaults, r->o->mode_given, r->chunks, &q->q, &rq, msg,
+                                 sizeof msg);
+    free(line);
+    if (bad) {
+        line_failed(r, q, msg, CB_ERR_FORMAT);
+        qline_free(q);
+    } else if (cb_batch_submit(r->b, &rq, q) != CB_OK) {
+        line_failed(r, q, "out of memory", CB_ERR_NOMEM);
+        qline_free(q);
+    }
+    return 0;
+}
+
+/* The model, the store, --chunks, and the batch with its limits. */
+static int batch_open(brun *r, int32_t size, uint64_t budget)
+{
+    const gen_opts *o = r->o;
+    cb_status st;
+    int code;
+
+    if ((code = open_model(o, &r->chunks, &r->m, &r->t_load)) != 0 || (code = open_store(o, &r->store)) != 0)
+        return code;
+    if (!budget)
+        budget = cli_mem_available() / 2;
+    int32_t dflt = cb_batch_default_size(r->m, o->kv_type, budget);
+    cli_info("batch: %d questions in flight (default %d: KV caches of %lld positions, the model's context, "
+             "within %.0f MiB, at most %d), KV budget %.0f MiB",
+             size ? size : dflt, dflt, (long long)cb_model_hparams(r->m)->n_ctx_train,
+             (double)budget / 1048576.0, CB_BATCH_MAX, (double)budget / 1048576.0);
+    if ((st = cb_batch_new(&r->b, r->m, r->store, size ? size : dflt, budget, warn, NULL)) != CB_OK) {
+        cli_err("%s", cb_strerror(st));
+        return cli_exit_code(st);
+    }
+    return 0;
+}
+
+/* --stats with --batch: the whole batch's figures. */
+static int batch_stats(const brun *r, double ms)
+{
+    const cb_batch_info *in = cb_batch_get_info(r->b);
+    json_t *s = json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:i, s:i, s:I, s:I, s:I, s:f, s:s, s:s}",
+                          "n_questions", (json_int_t)in->n_submitted, "n_answered", (json_int_t)in->n_answered,
+                          "n_failed", (json_int_t)in->n_failed, "n_gen_tokens", (json_int_t)in->n_tokens,
+                          "wall_ms", ms, "questions_s", in->n_submitted / (ms / 1e3), "gen_tok_s",
+                          in->n_tokens / (ms / 1e3), "batch_size", in->cap, "in_flight_peak", in->in_flight_peak,
+                          "kv_budget", (json_int_t)in->kv_budget, "kv_peak", (json_int_t)in->kv_peak, "n_steps",
+                          (json_int_t)in->n_steps, "model_load_ms", r->t_load, "model", r->o->model, "device",
+                          cb_model_device(r->m));
+    int code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
+    json_decref(s);
+    return code;
+}
+
+static int run_batch(const gen_opts *o, const char *path, int32_t size, uint64_t budget)
+{
+    brun r = {.o = o};
+    FILE *in = strcmp(path, "-") ? fopen(path, "r") : stdin;
+    long lineno = 0, total = 0;
+    size_t seq = 0;
+    int eof = 0, code, tty;
+    double t0;
+
+    if (!in) {
+        cli_err("%s: %s", path, strerror(errno));
+        return CLI_EX_NOINPUT;
+    }
+    tty = isatty(2) && cli_verbosity > 0;
+    r.defaults = (cb_request){o->system, o->raw, NULL, 0, {NULL, 0}, {NULL, 0}, o->bp, o->ratio_auto, o->min_ratio,
+                              {o->sp, o->n_predict, o->stops, o->n_stops}, o->n_ctx, o->kv_type, o->store_write};
+    if (o->score)
+        r.defaults.score = (cb_strview){o->score, strlen(o->score)};
+    if ((code = batch_open(&r, size, budget)) != 0)
+        goto done;
+    t0 = cb_now_ms();
+    if (tty)
+        total = count_questions(path);
+    while (!eof || cb_batch_busy(r.b)) {
+        while (!eof && !cb_batch_full(r.b))
+            eof = feed(&r, in, &lineno, &seq);
+        drain(&r);
+        if (cb_batch_busy(r.b))
+            cb_batch_step(r.b);
+        if (tty)
+            progress(cb_batch_get_info(r.b), total, t0, 0);
+    }
+    if (tty)
+        progress(cb_batch_get_info(r.b), total, t0, 1);
+    if (ferror(in)) {
+        cli_err("%s: read error", path);
+        r.worst = CLI_EX_IOERR;
+    }
+    code = r.w.io_err ? CLI_EX_IOERR : r.worst;
+    if (o->stats_path) {
+        int sc = batch_stats(&r, cb_now_ms() - t0);
+        code = code ? code : sc;
+    }
+done:
+    if (in != stdin)
+        fclose(in);
+    for (size_t i = 0; i < r.w.cap; i++)
+        free(r.w.ready[i]);
+    free(r.w.ready);
+    cb_batch_free(r.b);
+    cb_store_close(r.store);
+    cb_model_free(r.m);
+    json_decref(r.chunks);
+    return code;
+}
+
 /* ---------------------------------------------------------- options */
 
 /* What main needs besides gen_opts. */
@@ -557,6 +929,10 @@ typedef struct cli_run {
     cli_common co;
     const char *prompt, *file;
     int mode, special;
+    int batch;              /* --batch */
+    const char *batch_in;   /* its FILE (default stdin) */
+    int32_t batch_size;     /* --batch-size, 0: the default */
+    uint64_t kv_budget;     /* --kv-budget, 0: half the available memory */
 } cli_run;
 
 static int parse_ratios(const char *arg, cb_blend_params *bp)
@@ -589,7 +965,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     int e;
     switch (c) {
     case OPT_MODE:
-        if (cli_parse_enum("--mode", arg, mode_names, 4, &e))
+        if (cli_parse_enum("--mode", arg, cli_mode_names, 4, &e))
             return -1;
         o->bp.mode = (cb_blend_mode)e;
         o->mode_given = 1;
@@ -615,7 +991,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.deviation_v = e;
         return 0;
     case OPT_STRATEGY:
-        if (cli_parse_enum("--strategy", arg, strategy_names, 5, &e))
+        if (cli_parse_enum("--strategy", arg, cli_strategy_names, 5, &e))
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
@@ -652,6 +1028,15 @@ static int gen_opt(gen_opts *o, cli_run *cr, int c, const char *arg)
         cr->mode = c;
         return 0;
     case OPT_SPECIAL: cr->special = 1; return 0;
+    case OPT_BATCH: cr->batch = 1; return 0;
+    case OPT_BATCHSIZE:
+        return cli_parse_num("--batch-size", arg, 1, 4096, &d) ? -1 : (cr->batch_size = (int32_t)d, 0);
+    case OPT_KVBUDGET:
+        if (cli_parse_size(arg, &cr->kv_budget) != 0) {
+            cli_err("--kv-budget %s: not a size (4096, 512M, 2G)", arg);
+            return -1;
+        }
+        return 0;
     case 'p': cr->prompt = arg; return 0;
     case 'f': cr->file = arg; return 0;
     case OPT_SYSTEM: o->system = arg; return 0;
@@ -695,7 +1080,8 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"no-store-write", no_argument, 0, OPT_NOSTORE}, {"score", required_argument, 0, OPT_SCORE},
         {"score-file", required_argument, 0, OPT_SCOREFILE}, {"mass", required_argument, 0, OPT_MASS},
         {"max-ratio", required_argument, 0, OPT_MAXRATIO}, {"probe-rows", required_argument, 0, OPT_PROBEROWS},
-        {"key-temp", required_argument, 0, OPT_KEYTEMP},
+        {"key-temp", required_argument, 0, OPT_KEYTEMP}, {"batch", no_argument, 0, OPT_BATCH},
+        {"batch-size", required_argument, 0, OPT_BATCHSIZE}, {"kv-budget", required_argument, 0, OPT_KVBUDGET},
         CLI_COMMON_OPTS, CLI_STORE_OPT, CLI_DEVICE_OPT, CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };
@@ -710,8 +1096,26 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
             return CLI_EX_USAGE;
         }
     }
+    if (cr->batch && optind < argc)
+        cr->batch_in = argv[optind++];
     if (optind < argc) {
-        cli_err("unexpected argument '%s' (the prompt goes after -p)", argv[optind]);
+        cli_err("unexpected argument '%s' (%s)", argv[optind],
+                cr->batch ? "--batch reads one FILE" : "the prompt goes after -p");
+        return CLI_EX_USAGE;
+    }
+    if (cr->batch) {
+        const char *no = cr->prompt ? "-p" : cr->file ? "-f" : cr->mode ? "--tokenize/--detokenize" : o->verify ? "--verify"
+                         : o->logits_out ? "--logits-out" : o->score_file ? "--score-file" : NULL;
+        if (no) {
+            cli_err("%s does not go with --batch (the questions are its input's lines)", no);
+            return CLI_EX_USAGE;
+        }
+        if (o->chunks_path && !strcmp(o->chunks_path, "-") && (!cr->batch_in || !strcmp(cr->batch_in, "-"))) {
+            cli_err("--chunks - and --batch both read stdin: give the questions as a FILE");
+            return CLI_EX_USAGE;
+        }
+    } else if (cr->batch_size || cr->kv_budget) {
+        cli_err("--batch-size and --kv-budget go with --batch");
         return CLI_EX_USAGE;
     }
     if (cr->prompt && cr->file) {
@@ -776,6 +1180,14 @@ int main(int argc, char **argv)
     o.model = cli_model_path(cr.co.model);
     o.device = cr.co.device;
     o.store_dir = cli_store_dir(&cr.co, store_buf, sizeof store_buf);
+    if (access(o.model, R_OK) != 0 && !cr.co.model && !getenv("CB_MODEL"))
+        cli_err("note: the default model is fetched with 'make model'; or give -m PATH");
+    if (cr.batch) {
+        o.n_threads = cli_threads(&cr.co);
+        code = run_batch(&o, cr.batch_in ? cr.batch_in : "-", cr.batch_size, cr.kv_budget);
+        free(o.stops);
+        return cli_finish(code);
+    }
     if (cr.prompt) {
         input = strdup(cr.prompt);
         len = strlen(cr.prompt);
@@ -791,8 +1203,6 @@ int main(int argc, char **argv)
     o.in_name = cr.prompt ? "-p" : cr.file && strcmp(cr.file, "-") != 0 ? cr.file : "(stdin)";
     if (!o.chunks_path && !o.mode_given)
         o.bp.mode = CB_MODE_FULL; /* nothing to reuse */
-    if (access(o.model, R_OK) != 0 && !cr.co.model && !getenv("CB_MODEL"))
-        cli_err("note: the default model is fetched with 'make model'; or give -m PATH");
     if (cr.mode) {
         code = cli_tokenize(cr.mode == OPT_DETOKENIZE, o.model, o.in_name, input, len, cr.special);
     } else {

@@ -160,12 +160,28 @@ int cli_finish(int code)
     return code;
 }
 
+uint64_t cli_mem_available(void)
+{
+    char line[256];
+    unsigned long long kb = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    if (kb > 0)
+        return (uint64_t)kb * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : (uint64_t)1 << 30;
+}
+
 void cli_version(void)
 {
     printf("%s (cacheblend) %s\n", cli_prog, CB_VERSION_STRING);
 }
 
-char *cli_utf8_clean(const char *s, size_t n)
+char *cli_utf8_clean(const char *s, size_t n, size_t *out_len)
 {
     const unsigned char *p = (const unsigned char *)s;
     char *out = malloc(3 * n + 1), *o = out;
@@ -196,6 +212,8 @@ char *cli_utf8_clean(const char *s, size_t n)
         }
     }
     *o = 0;
+    if (out_len)
+        *out_len = (size_t)(o - out);
     return out;
 }
 
@@ -472,4 +490,157 @@ cb_status cli_sink_write(void *ctx, const char *p, size_t n)
     s->all_len += n;
     s->all[s->all_len] = 0;
     return CB_OK;
+}
+
+/* ------------------------------------------------------ --batch questions */
+
+const char *const cli_mode_names[4] = {"full", "prefix", "reuse", "blend"};
+const char *const cli_strategy_names[5] = {"hkvd", "sink", "query", "probe", "runs"};
+
+/* The fields a question line may have; the others pass through to its answer. */
+static const char *const q_fields[] = {"id",    "question", "prompt",    "chunks", "system", "mode",
+                                       "ratio", "strategy", "n_predict", "score",  "stop"};
+
+int cli_question_reads(const char *field)
+{
+    for (size_t i = 0; i < sizeof q_fields / sizeof q_fields[0]; i++)
+        if (!strcmp(field, q_fields[i]))
+            return 1;
+    return 0;
+}
+
+void cli_question_free(cli_question *q)
+{
+    json_decref(q->obj);
+    free(q->srcs);
+    free(q->stops);
+    memset(q, 0, sizeof *q);
+}
+
+/* The chunks of a question: its "chunks" (records with "text", records
+ * with only "kv", or keys), else the defaults'.  0, or -1 with msg. */
+static int q_chunks(cli_question *q, json_t *defaults, cb_request *rq, char *msg, size_t n)
+{
+    json_t *c = json_object_get(q->obj, "chunks");
+    if (!c)
+        c = defaults;
+    if (!c || json_is_null(c))
+        return 0;
+    if (!json_is_array(c))
+        return snprintf(msg, n, "\"chunks\" is not an array"), -1;
+    size_t k = json_array_size(c);
+    if (!(q->srcs = calloc(k ? k : 1, sizeof *q->srcs)))
+        return snprintf(msg, n, "out of memory"), -1;
+    for (size_t i = 0; i < k; i++) {
+        json_t *e = json_array_get(c, i), *t = json_is_object(e) ? json_object_get(e, "text") : NULL;
+        json_t *key = json_is_string(e) ? e : json_is_object(e) && !t ? json_object_get(e, "kv") : NULL;
+        if (json_is_string(t))
+            q->srcs[i].text = (cb_strview){json_string_value(t), json_string_length(t)};
+        else if (json_is_string(key))
+            q->srcs[i].key = json_string_value(key);
+        else
+            return snprintf(msg, n, "chunk %zu is neither a record with \"text\" or \"kv\" nor a key", i + 1), -1;
+    }
+    rq->chunks = q->srcs;
+    rq->n_chunks = k;
+    return 0;
+}
+
+/* "stop": a string or an array of strings (replacing the defaults'). */
+static int q_stops(cli_question *q, json_t *v, cb_request *rq, char *msg, size_t n)
+{
+    size_t k = json_is_array(v) ? json_array_size(v) : 1;
+    if (!(q->stops = calloc(k ? k : 1, sizeof *q->stops)))
+        return snprintf(msg, n, "out of memory"), -1;
+    for (size_t i = 0; i < k; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_string(e) || json_string_length(e) == 0 || strlen(json_string_value(e)) != json_string_length(e))
+            return snprintf(msg, n, "\"stop\" is not a non-empty string or an array of them"), -1;
+        q->stops[i] = json_string_value(e);
+    }
+    rq->gp.stops = q->stops;
+    rq->gp.n_stops = (int)k;
+    return 0;
+}
+
+static int q_enum(json_t *v, const char *field, const char *const *names, int k, int *out, char *msg, size_t n)
+{
+    size_t len = (size_t)snprintf(msg, n, "\"%s\" is not ", field);
+    for (int i = 0; json_is_string(v) && i < k; i++)
+        if (!strcmp(json_string_value(v), names[i]))
+            return *out = i, 0;
+    for (int i = 0; i < k && len < n; i++)
+        len += (size_t)snprintf(msg + len, n - len, "%s%s", i == 0 ? "" : i == k - 1 ? " or " : ", ", names[i]);
+    return -1;
+}
+
+/* The blending and generation fields over the defaults. */
+static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size_t n)
+{
+    json_t *v;
+    int e;
+    if ((v = json_object_get(obj, "mode"))) {
+        if (q_enum(v, "mode", cli_mode_names, 4, &e, msg, n))
+            return -1;
+        rq->bp.mode = (cb_blend_mode)e, mode_given = 1;
+    }
+    if (!mode_given)
+        rq->bp.mode = rq->n_chunks > 0 ? CB_MODE_BLEND : CB_MODE_FULL; /* nothing to reuse: full, as a lone run */
+    if ((v = json_object_get(obj, "strategy"))) {
+        if (q_enum(v, "strategy", cli_strategy_names, 5, &e, msg, n))
+            return -1;
+        rq->bp.strategy = (cb_blend_strategy)e;
+    }
+    if ((v = json_object_get(obj, "ratio"))) {
+        if (json_is_string(v) && !strcmp(json_string_value(v), "auto")) {
+            rq->ratio_auto = 1;
+        } else if (json_is_number(v) && json_number_value(v) >= 0 && json_number_value(v) <= 1) {
+            rq->ratio_auto = 0;
+            rq->bp.n_ratios = 1;
+            rq->bp.ratios[0] = (float)json_number_value(v);
+        } else {
+            return snprintf(msg, n, "\"ratio\" is not a number in [0, 1] or \"auto\""), -1;
+        }
+    }
+    if ((v = json_object_get(obj, "n_predict"))) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000000)
+            return snprintf(msg, n, "\"n_predict\" is not a count"), -1;
+        rq->gp.n_predict = (int32_t)json_integer_value(v);
+    }
+    if (rq->bp.adapt_mass > 0 && (rq->bp.strategy != CB_STRATEGY_PROBE || rq->ratio_auto))
+        return snprintf(msg, n, "--mass needs the probe strategy and a given ratio"), -1;
+    return 0;
+}
+
+int cli_question_parse(const char *line, size_t len, const cb_request *defaults, int mode_given,
+                       json_t *default_chunks, cli_question *q, cb_request *rq, char *msg, size_t n)
+{
+    json_error_t jerr;
+    json_t *v, *qt, *pt;
+    memset(q, 0, sizeof *q);
+    *rq = *defaults;
+    if (!(q->obj = json_loadb(line, len, 0, &jerr)) || !json_is_object(q->obj)) {
+        snprintf(msg, n, "%s", q->obj ? "not a JSON object" : jerr.text);
+        json_decref(q->obj), q->obj = NULL;
+        return -1;
+    }
+    qt = json_object_get(q->obj, "question"), pt = json_object_get(q->obj, "prompt");
+    if ((qt && pt) || !(qt ? qt : pt) || !json_is_string(qt ? qt : pt))
+        return snprintf(msg, n, "give the question as one string, \"question\" or \"prompt\""), -1;
+    rq->question = (cb_strview){json_string_value(qt ? qt : pt), json_string_length(qt ? qt : pt)};
+    if ((v = json_object_get(q->obj, "system"))) {
+        if (!json_is_string(v) && !json_is_null(v))
+            return snprintf(msg, n, "\"system\" is not a string"), -1;
+        rq->system = json_string_value(v); /* NULL for null: none */
+    }
+    if ((v = json_object_get(q->obj, "score"))) {
+        if (!json_is_string(v))
+            return snprintf(msg, n, "\"score\" is not a string"), -1;
+        rq->score = (cb_strview){json_string_value(v), json_string_length(v)};
+    }
+    if ((v = json_object_get(q->obj, "stop")) && q_stops(q, v, rq, msg, n))
+        return -1;
+    if (q_chunks(q, default_chunks, rq, msg, n))
+        return -1;
+    return q_params(q->obj, mode_given, rq, msg, n);
 }

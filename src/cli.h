@@ -68,8 +68,9 @@ char *cli_read_input(const char *path, size_t *len, int *exit_code);
 int cli_finish(int code);
 
 /* A malloc'd NUL-terminated copy of n bytes with every invalid UTF-8
- * sequence replaced by U+FFFD (JSON strings must be valid UTF-8). */
-char *cli_utf8_clean(const char *s, size_t n);
+ * sequence replaced by U+FFFD (JSON strings must be valid UTF-8); its
+ * length (NUL bytes in it included) into *out_len when not NULL. */
+char *cli_utf8_clean(const char *s, size_t n, size_t *out_len);
 
 /* Parse whitespace-separated token ids ("12 7 99\n") into *ids; a bad
  * number or an id outside [0, n_vocab) is reported naming `name` and the
@@ -85,6 +86,10 @@ int cli_read_records(const char *path, const char *field, void **out);
 /* Write one JSON object and a newline to path ("-": stderr) atomically.
  * Prints a message on failure; returns 0 or an exit status. */
 int cli_write_json(const char *path, const void *json_obj);
+
+/* The memory this machine can give a process now: MemAvailable from
+ * /proc/meminfo, else the free pages (sysconf), else 1 GiB. */
+uint64_t cli_mem_available(void);
 
 /* Print the --version line. */
 void cli_version(void);
@@ -171,5 +176,38 @@ typedef struct cli_sink {
 /* A text callback (cb_gen_params' shape): write p[0..n) to the sink; CB_ERR_NOMEM
  * when the copy cannot grow. */
 cb_status cli_sink_write(void *ctx, const char *p, size_t n);
+
+/* ------------------------------------------------------ --batch questions */
+
+/* The names of cb_blend_mode's and cb_blend_strategy's values. */
+extern const char *const cli_mode_names[4];
+extern const char *const cli_strategy_names[5];
+
+struct json_t; /* jansson's */
+
+/* A question line of cb-run --batch, parsed: the line's JSON object and
+ * what the request made from it points into. */
+typedef struct cli_question {
+    struct json_t *obj;     /* the line's object (NULL when the line was none) */
+    cb_chunk_src *srcs;     /* the request's chunks */
+    const char **stops;     /* the request's stop strings */
+} cli_question;
+
+/* Parse a --batch line (len bytes: a JSON object) into *rq: *defaults with
+ * the line's fields over it ("question" or "prompt", "system", "chunks":
+ * records with "text", records with only "kv", or store keys; "mode",
+ * "ratio" (or "auto"), "strategy", "n_predict", "score", "stop": a string
+ * or an array of them).  default_chunks (a json_t array of records, or
+ * NULL) serves a line without "chunks"; without mode_given or a "mode",
+ * the mode is blend with chunks and full without.  rq points into q and
+ * into the line's object until cli_question_free(q).  Returns 0, or -1
+ * with the reason in msg (q->obj kept when the line was an object, for its
+ * "id"). */
+int cli_question_parse(const char *line, size_t len, const cb_request *defaults, int mode_given,
+                       struct json_t *default_chunks, cli_question *q, cb_request *rq, char *msg, size_t n);
+void cli_question_free(cli_question *q);
+/* 1 for a field cli_question_parse reads (the others pass through to the
+ * answer). */
+int cli_question_reads(const char *field);
 
 #endif

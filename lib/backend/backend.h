@@ -71,7 +71,8 @@ typedef struct cb_backend_ops {
                               const float *bias);
     void (*weight_free)(cb_backend *b, cb_bweight *w);
 
-    /* y [n, n_out] = x [n, n_in] . W^T (+ bias) */
+    /* y [n, n_out] = x [n, n_in] . W^T (+ bias).  Row i of y is computed
+     * from row i of x alone (see "Row-stable products" below). */
     void (*matmul)(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n);
     /* Optional (NULL: matmul for each): y[k] = x . w[k]^T (+ bias) for k <
      * nw, weights of the same n_in (Q, K and V; gate and up): the CPU runs
@@ -136,7 +137,32 @@ typedef struct cb_backend_ops {
      * allocate nothing (a larger batch still works).  Called after the
      * weights are made (cb_fwd_new). */
     void (*reserve)(cb_backend *b, int64_t n);
+    /* Optional declaration (0: the backend keeps the row-stability
+     * contract below): 1 when its products' rows may depend on the call's
+     * other rows or on their number beyond what the contract allows (CUDA:
+     * cuBLAS picks its algorithm by shape, and a call's input rows share
+     * one f16 scale).  cb_fwd_decode then gives every sequence's row
+     * products of its own. */
+    int rows_unstable;
 } cb_backend_ops;
+
+/* Row-stable products (what cb_fwd_decode, which decodes independent
+ * sequences together, relies on for a sequence's tokens to be the same
+ * bits whatever it is batched with).  matmul and matmul_multi compute row
+ * i of y from row i of x alone: the values of the other rows never change
+ * it.  Which kernel computes it may depend on the number of rows n (the
+ * CPU: one row through its one-row kernels, which keep more partial sums
+ * than the multi-row ones, rows four at a time up to 12 with a lone last
+ * row through the one-row kernel again, panels and sgemm past 12; with
+ * act8 likewise), so a row's bits may change with n; but every backend
+ * that does not declare rows_unstable gives a row the same bits in all
+ * products whose n is a multiple of CB_ROWS_STEP and at most CB_ROWS_MAX,
+ * with or without act8.  test_backend_ops checks it for every weight type
+ * on the CPU's kernels.  A backend whose one-row product sums as its
+ * multi-row ones do may lower CB_ROWS_STEP to 1 here (a lone decoding
+ * sequence then needs no padding row). */
+#define CB_ROWS_STEP 2
+#define CB_ROWS_MAX 12
 
 struct cb_backend {
     const cb_backend_ops *ops;
@@ -164,7 +190,7 @@ cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, c
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
  * on failure msg holds the reason. */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 3
+#define CB_CUDA_ABI 4
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

@@ -1358,6 +1358,9 @@ static void init_ops(void)
     OP(deviation, cu_deviation);
     OP(topk, cu_topk);
 #undef OP
+    /* cuBLAS picks its algorithm by shape and a product's input rows share
+     * one f16 scale: a row's bits can depend on its company (backend.h) */
+    o->rows_unstable = 1;
 }
 
 extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_backend **out, int abi, int device,

@@ -479,6 +479,9 @@ typedef struct cb_kvcache cb_kvcache;
 /* Errors: CB_ERR_INVALID (type not F16/F32, n_ctx < 1), CB_ERR_NOMEM. */
 cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_type type);
 void cb_kvcache_free(cb_kvcache *kv);
+/* The bytes of K and V a cache of n_ctx positions of type `type` holds
+ * (what cb_kvcache_new allocates for them: every layer's K and V). */
+uint64_t cb_kvcache_bytes(const cb_model *m, int32_t n_ctx, cb_type type);
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv);
 cb_type cb_kvcache_type(const cb_kvcache *kv);
 /* Copy n rows of layer `layer`'s K (which 0) or V (which 1) starting at
@@ -569,6 +572,26 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst);
  * only K/V for the other rows (cb_fwd_last_layer): afterwards their hidden
  * states are those before it. */
 cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits);
+
+/* One decoding step of n independent sequences together: sequence i's
+ * token tokens[i] at position pos[i] of its own cache kv[i] (n distinct
+ * caches of f's model; positions below pos[i] already in it), through
+ * every layer, its K/V written into kv[i]; logits [n, n_vocab] (host)
+ * receive each sequence's next-token logits.  The matrix products take
+ * every sequence's row at once (decoding is bound by reading the weights,
+ * so n tokens cost little more than one); attention runs for each row over
+ * its own cache.  Sequence i's results are the same bits whatever it is
+ * decoded with, or alone (n = 1): the products run only on row counts the
+ * backend keeps row-stable (lib/backend/backend.h), padded with copies of
+ * row 0 that write nothing.  f must hold cb_fwd_decode_rows(m, n) rows;
+ * its hidden states are overwritten.  Errors: CB_ERR_INVALID (n < 1, more
+ * rows than f holds, a cache given twice), CB_ERR_RANGE (a token id, a
+ * position outside its cache, a cache of another model). */
+cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
+                        float *logits);
+/* The rows a cb_fwd needs for cb_fwd_decode of n sequences (n rounded up
+ * to the backend's row-stable step); 0 for n < 1. */
+int32_t cb_fwd_decode_rows(const cb_model *m, int32_t n);
 
 /* -------------------------------------------------------------- hashing */
 
@@ -1408,10 +1431,54 @@ typedef struct cb_gen_result {
  * of the cache.  Text is handed on as soon as it can no longer be the
  * start of a stop string; a stop string and anything after it never is.
  * emit returns CB_OK to go on, else generation ends with its status.
- * Errors: CB_ERR_NOMEM, emit's, and the forward pass's. */
+ * The tokens are evaluated by cb_fwd_decode in activations of their own
+ * (f gives the model): cb_generate is a cb_gen_batch of one, so a batched
+ * sequence's answer is bit for bit this one.  `logits` ends as the last
+ * evaluated logits.  Errors: CB_ERR_NOMEM, emit's, and the forward
+ * pass's. */
 cb_status cb_generate(cb_fwd *f, cb_kvcache *kv, float *logits, int32_t pos, const cb_gen_params *p,
                       cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
                       cb_gen_result *res);
+
+/* Generations decoded together: sequences join after their prefills and
+ * leave when done, and each step evaluates one token of every active
+ * sequence in one cb_fwd_decode (the weights read once for all of them).
+ * A sequence's tokens, text and result are exactly those cb_generate gives
+ * it alone with the same parameters (cb_generate is a batch of one).  The
+ * batch borrows the model, the caches and the stop strings; it owns its
+ * decoding activations (cb_fwd_decode_rows(m, cap) rows), a sampler and
+ * the logits of each sequence. */
+typedef struct cb_gen_batch cb_gen_batch;
+
+/* A batch of up to cap sequences on model m.  Errors: CB_ERR_INVALID (cap
+ * < 1), CB_ERR_NOMEM. */
+cb_status cb_gen_batch_new(cb_gen_batch **out, const cb_model *m, int32_t cap);
+/* Free it (the caches are the callers'); accepts NULL. */
+void cb_gen_batch_free(cb_gen_batch *b);
+/* Add a sequence after a prefill of pos tokens into kv whose last logits
+ * are `logits` (n_vocab floats, copied): it generates as cb_generate does
+ * (p, emit, ctx and t0 as there; p is copied, its stop strings borrowed
+ * until the sequence is taken).  *slot receives its slot, until
+ * cb_gen_batch_take.  Errors: CB_ERR_RANGE (no free slot, pos outside
+ * kv), CB_ERR_INVALID (kv is an active sequence's), CB_ERR_NOMEM. */
+cb_status cb_gen_batch_add(cb_gen_batch *b, cb_kvcache *kv, const float *logits, int32_t pos, const cb_gen_params *p,
+                           cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
+                           int32_t *slot);
+/* Sequences still generating. */
+int32_t cb_gen_batch_active(const cb_gen_batch *b);
+/* One step: every active sequence samples a token, hands its text on, and
+ * either ends (end of generation, a stop string, its n_predict, the end of
+ * its cache, or an error of its own) or has its token evaluated with the
+ * others' in one cb_fwd_decode.  The slots that ended in this step go to
+ * done[] (cap entries at most), their count to *n_done; take them with
+ * cb_gen_batch_take.  Returns the decode step's status: when it fails,
+ * every sequence in it ends with that status (the batch stays usable). */
+cb_status cb_gen_batch_step(cb_gen_batch *b, int32_t *done, int32_t *n_done);
+/* The result of an ended sequence, and its status (CB_OK, or the error it
+ * ended with: emit's, CB_ERR_NOMEM, the forward pass's); logits (may be
+ * NULL) receive its last logits.  Frees the slot.  CB_ERR_RANGE for a
+ * slot that is free or still generating. */
+cb_status cb_gen_batch_take(cb_gen_batch *b, int32_t slot, cb_gen_result *res, float *logits);
 
 /* The teacher-forced score of a continuation after a prefill. */
 typedef struct cb_score_result {
@@ -1457,6 +1524,23 @@ typedef struct cb_prompt cb_prompt;
  * Errors: CB_ERR_NOMEM. */
 cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw, const cb_strview *chunks,
                           size_t n_chunks, const char *question, size_t len, cb_error *err);
+/* A chunk of a prompt: its text, or (text.data NULL) the key of its KV
+ * file in a store (what cb-precompute writes as "kv"). */
+typedef struct cb_chunk_src {
+    cb_strview text;
+    const char *key;
+} cb_chunk_src;
+/* cb_prompt_build with chunks given by text or by key.  A keyed chunk's
+ * tokens are the ones its KV file in store s holds (the file is opened as
+ * cb_store_open_kv does and attached at once, so cb_prompt_attach leaves
+ * it be); a text chunk is as in cb_prompt_build.  Errors: those of
+ * cb_prompt_build, and for a keyed chunk (err names the key):
+ * CB_ERR_FORMAT (not a key), CB_ERR_NOT_FOUND (s is NULL or does not hold
+ * it), CB_ERR_MISMATCH (a file of another model, or whose tokens are not
+ * the key's), and cb_store_open_kv's. */
+cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, const char *system, int raw,
+                               const cb_chunk_src *chunks, size_t n_chunks, const char *question, size_t len,
+                               cb_error *err);
 /* Free the prompt, its opened KV files and its store references; accepts NULL. */
 void cb_prompt_free(cb_prompt *p);
 
@@ -1517,6 +1601,115 @@ void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const cha
  * warn(ctx, message) and skipped.  Errors: CB_ERR_NOMEM (no activations). */
 cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,
                                   void (*warn)(void *ctx, const char *msg), void *ctx);
+
+/* ------------------------------------------------------ batches of questions */
+
+/* Many questions answered by one process: the model and store opened once,
+ * each question prefilled when it starts (its own mode and parameters, one
+ * question at a time), the started ones decoded together, one token of each
+ * per step (cb_gen_batch), each with its own KV cache, ending on its own.
+ * At most `cap` questions are in flight and their caches stay within a byte
+ * budget: a question whose cache would pass it waits, parked, until others
+ * end (or runs alone when nothing else is in flight).  A question's answer,
+ * token counts and blend statistics are what a lone cb_prompt_build_from,
+ * cb_prompt_attach, cb_prompt_prefill and cb_generate (or cb_score) give it
+ * with the same parameters: the same calls, and decoding whose rows never
+ * depend on their company.  One thread: submit, step and next run in the
+ * caller's. */
+typedef struct cb_batch cb_batch;
+
+/* One question.  Everything it points to need live only during
+ * cb_batch_submit (the stop strings are copied). */
+typedef struct cb_request {
+    const char *system;         /* system text, or NULL */
+    int raw;                    /* no chat template (as cb_prompt_build's raw) */
+    const cb_chunk_src *chunks; /* texts or store keys, in order */
+    size_t n_chunks;
+    cb_strview question;
+    cb_strview score;           /* .data not NULL: score this continuation (cb_score)
+                                 * instead of generating */
+    cb_blend_params bp;         /* the mode and blending parameters */
+    int ratio_auto;             /* blend: the loading controller's ratio (cb_prompt_auto_ratio),
+                                 * at least min_ratio, which is also the fallback */
+    double min_ratio;
+    cb_gen_params gp;           /* sampling, n_predict, stop strings */
+    int32_t n_ctx;              /* cache positions; 0: prompt + n_predict (or the
+                                 * continuation), at most the training context */
+    cb_type kv_type;            /* F16 or F32 */
+    int store_write;            /* afterwards, store the KV of chunks that had none */
+} cb_request;
+
+/* A question's outcome, owned by the caller once cb_batch_next returns it
+ * (cb_answer_free).  status CB_OK: answered; else msg says why not, and
+ * the fields filled before the failure stay (the prompt's size, ...). */
+typedef struct cb_answer {
+    void *tag;                  /* cb_batch_submit's */
+    cb_status status;
+    char msg[CB_ERROR_MSG_MAX];
+    char *text;                 /* the generated text, NUL-terminated (NULL when none) */
+    size_t len;
+    int scored;                 /* score holds the continuation's score; no text */
+    cb_score_result score;
+    cb_gen_result gen;          /* first_ms: from submission to the first token (TTFT) */
+    double gen_ms;              /* from the first token to the last */
+    cb_blend_params bp;         /* the parameters used (the ratio --ratio auto chose) */
+    const char *ratio_source;   /* "given", "controller" or "fallback" */
+    cb_ratio_choice rc;         /* the controller's choice, with ratio_auto */
+    cb_blend_stats bs;
+    int64_t n_prompt_tokens;
+    int n_chunks, n_missing, n_stored;
+    cb_chat_kind chat;
+    uint64_t kv_bytes;          /* its cache's (cb_kvcache_bytes) */
+} cb_answer;
+void cb_answer_free(cb_answer *a);
+
+/* What the batch did so far. */
+typedef struct cb_batch_info {
+    int32_t cap;                /* questions in flight at most */
+    uint64_t kv_budget;
+    int32_t in_flight, in_flight_peak;
+    uint64_t kv_in_flight, kv_peak; /* bytes of the caches in flight, and the most */
+    int64_t n_submitted, n_answered, n_failed;
+    int64_t n_tokens;           /* tokens generated by the questions that ended */
+    int64_t n_steps;            /* decode steps */
+} cb_batch_info;
+
+/* The most questions in flight by default (decoding 16 together costs about
+ * what 12 cost per token: the row-stable products take 12 rows at most). */
+#define CB_BATCH_MAX 16
+/* The default limit: as many questions as fit kv_budget, each with a cache
+ * of the model's whole training context in kv_type, from 1 to
+ * CB_BATCH_MAX. */
+int32_t cb_batch_default_size(const cb_model *m, cb_type kv_type, uint64_t kv_budget);
+
+/* A batch on model m and store s (NULL: none; chunks are then computed,
+ * keyed chunks are missing), at most cap questions in flight, their caches
+ * within kv_budget bytes.  warn(ctx, msg) (may be NULL) hears what a lone
+ * run would warn about.  Borrows m and s.  Errors: CB_ERR_INVALID (cap <
+ * 1), CB_ERR_NOMEM. */
+cb_status cb_batch_new(cb_batch **out, cb_model *m, cb_store *s, int32_t cap, uint64_t kv_budget,
+                       void (*warn)(void *ctx, const char *msg), void *ctx);
+/* Free it and everything in flight or not yet taken; accepts NULL. */
+void cb_batch_free(cb_batch *b);
+/* 1 when no question can be submitted now (cap in flight, or one parked
+ * waiting for room): step until it is 0. */
+int cb_batch_full(const cb_batch *b);
+/* 1 while questions are in flight or parked, or answers wait to be taken. */
+int cb_batch_busy(const cb_batch *b);
+/* Start a question: build its prompt and find its caches; if its cache
+ * fits, prefill it now (and score it, or have it join the decoding), else
+ * park it.  A question that fails (a bad prompt, a chunk key the store
+ * lacks, a prompt longer than the context, ...) becomes an answer with its
+ * status at once.  Returns CB_OK when the question was taken (whatever
+ * becomes of it); CB_ERR_RANGE when the batch is full; CB_ERR_NOMEM. */
+cb_status cb_batch_submit(cb_batch *b, const cb_request *rq, void *tag);
+/* Start the parked question if it fits now, then one decode step of every
+ * question decoding; the ones that end become answers.  Returns the
+ * step's status (a failed step ends its questions with it). */
+cb_status cb_batch_step(cb_batch *b);
+/* The next answer, in the order the questions ended (NULL: none now). */
+cb_answer *cb_batch_next(cb_batch *b);
+const cb_batch_info *cb_batch_get_info(const cb_batch *b);
 
 /* A precomputer writes chunks' KV files into a store: each chunk prefilled
  * alone after the model's lead-in (cb_kv_lead_in) in an f32 cache that

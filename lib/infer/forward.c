@@ -94,6 +94,13 @@ static void kv_after_loads(const cb_kvcache *kv, int32_t layer)
         be->ops->event_wait(be, kv->loaded[layer]);
 }
 
+uint64_t cb_kvcache_bytes(const cb_model *m, int32_t n_ctx, cb_type type)
+{
+    const cb_hparams *hp = &m->hp;
+    uint64_t esz = type == CB_TYPE_F32 ? 4 : 2;
+    return n_ctx < 1 ? 0 : 2 * esz * (uint64_t)hp->n_layer * (uint64_t)n_ctx * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
+}
+
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv) { return kv->n_ctx; }
 cb_type cb_kvcache_type(const cb_kvcache *kv) { return kv->type; }
 
@@ -154,6 +161,8 @@ struct cb_fwd {
     int32_t *sel_pos;   /* host [n_max]: positions of the selected rows */
     int32_t *eval_pos;  /* host [n_max]: cb_model_eval's positions */
     int32_t *seq;       /* host [n_max]: 0, 1, ..., n_max-1 (rows 0..k-1 as a row list) */
+    int32_t *eval_tok;  /* host [n_max]: cb_fwd_decode's tokens, padding rows included */
+    float *zero_row;    /* host [H*hd] zeros: a padding row's attention output */
     /* backend buffers */
     float *x;           /* [n_max, d] hidden state of every embedded row */
     float *xs;          /* [n_max, d] the selected rows, compacted */
@@ -184,6 +193,8 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     f->sel_pos = calloc((size_t)n_max, sizeof *f->sel_pos);
     f->eval_pos = calloc((size_t)n_max, sizeof *f->eval_pos);
     f->seq = malloc(sizeof *f->seq * (size_t)n_max);
+    f->eval_tok = calloc((size_t)n_max, sizeof *f->eval_tok);
+    f->zero_row = calloc((size_t)dq, sizeof *f->zero_row);
     for (int32_t i = 0; f->seq && i < n_max; i++)
         f->seq[i] = i;
 #define B(field, cols) f->field = be->ops->alloc(be, sizeof(float) * (size_t)n_max * (size_t)(cols))
@@ -202,7 +213,7 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
                                        (size_t)hp->n_vocab);
     B(dev, 1);
 #undef B
-    if (!f->pos || !f->sel_pos || !f->eval_pos || !f->seq || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k ||
+    if (!f->pos || !f->sel_pos || !f->eval_pos || !f->seq || !f->eval_tok || !f->zero_row || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k ||
         !f->v || !f->g || !f->u || !f->logits || !f->dev) {
         cb_fwd_free(f);
         return CB_ERR_NOMEM;
@@ -223,6 +234,8 @@ void cb_fwd_free(cb_fwd *f)
     free(f->sel_pos);
     free(f->eval_pos);
     free(f->seq);
+    free(f->eval_tok);
+    free(f->zero_row);
     free(f);
 }
 
@@ -461,6 +474,165 @@ cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_
                 return st;
         }
     }
+    return CB_OK;
+}
+
+/* ------------------------------------------------------------- decoding
+ *
+ * One step of n independent sequences: a row each (token i at position
+ * pos[i] of cache kv[i]), the products over every row at once (decoding
+ * reads each weight once per step, whatever n), the attention of each row
+ * over its own cache.  Every product runs on row-stable counts (backend.h:
+ * multiples of CB_ROWS_STEP, at most CB_ROWS_MAX rows a call), so a row's
+ * bits never depend on the other rows or on how many there are; the rows
+ * past the n sequences (at most CB_ROWS_STEP - 1) pad the count and are
+ * copies of row 0 whose attention output is zero and whose K/V goes
+ * nowhere.  A backend that declares rows_unstable runs each sequence in a
+ * step of its own (one row, no padding). */
+
+_Static_assert(FWD_LOGIT_ROWS % CB_ROWS_STEP == 0 && FWD_LOGIT_ROWS <= CB_ROWS_MAX,
+               "the logits' products must be row-stable counts");
+
+int32_t cb_fwd_decode_rows(const cb_model *m, int32_t n)
+{
+    if (n < 1)
+        return 0;
+    if (m->be->ops->rows_unstable)
+        return 1;
+    return (n + CB_ROWS_STEP - 1) / CB_ROWS_STEP * CB_ROWS_STEP;
+}
+
+/* y[k] [rows, n_out[k]] = x [rows, n_in] . w[k]^T, in products of at most
+ * CB_ROWS_MAX rows (rows is a multiple of CB_ROWS_STEP, so every piece is) */
+static void decode_products(cb_backend *be, const cb_bweight *const *w, int nw, const float *x, int64_t n_in,
+                            float *const *y, const int64_t *n_out, int64_t rows)
+{
+    for (int64_t r = 0; r < rows; r += CB_ROWS_MAX) {
+        int64_t c = rows - r < CB_ROWS_MAX ? rows - r : CB_ROWS_MAX;
+        float *yr[3];
+        for (int k = 0; k < nw; k++)
+            yr[k] = y[k] + r * n_out[k];
+        matmul_same_input(be, w, nw, x + r * n_in, yr, c);
+    }
+}
+
+/* Attention of rows 0..n-1, each over its own cache, their K/V written
+ * first; the padding rows' outputs are zero. */
+static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n, int32_t rows,
+                             int32_t layer)
+{
+    const cb_model *m = f->m;
+    const cb_hparams *hp = &m->hp;
+    const cb_backend_ops *o = m->be->ops;
+    cb_backend *be = m->be;
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    for (int32_t i = 0; i < n; i++) {
+        const cb_kvcache *c = kv[i];
+        kv_after_loads(c, layer);
+        o->kv_write(be, c->k[layer], c->type, dkv, f->k + i * dkv, &pos[i], 1);
+        o->kv_write(be, c->v[layer], c->type, dkv, f->v + i * dkv, &pos[i], 1);
+        o->attention(be, f->q + i * dq, &pos[i], 1, c->k[layer], c->v[layer], c->type, hp->n_head, hp->n_head_kv,
+                     hp->head_dim, m->attn_scale, m->layers[layer].window, f->att + i * dq);
+    }
+    for (int32_t i = n; i < rows; i++)
+        o->upload(be, f->att + i * dq, f->zero_row, sizeof(float) * (size_t)dq);
+}
+
+/* One layer of a decode step on rows 0..rows-1 (f->pos their positions). */
+static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n, int32_t rows, int32_t l)
+{
+    const cb_model *m = f->m;
+    const cb_hparams *hp = &m->hp;
+    const cb_backend_ops *o = m->be->ops;
+    cb_backend *be = m->be;
+    const cb_layer *L = &m->layers[l];
+    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    int64_t ff = hp->n_ff;
+
+    o->rmsnorm(be, f->x, L->attn_norm, f->xn, rows, d, hp->norm_eps);
+    const cb_bweight *qkv[3] = {L->wq, L->wk, L->wv};
+    float *qkv_out[3] = {f->q, f->k, f->v};
+    decode_products(be, qkv, 3, f->xn, d, qkv_out, (const int64_t[]){dq, dkv, dkv}, rows);
+    if (L->q_norm)
+        o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)rows * hp->n_head, hp->head_dim, hp->norm_eps);
+    o->rope(be, f->q, f->pos, rows, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff, hp->rope_neox);
+    if (L->k_norm)
+        o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)rows * hp->n_head_kv, hp->head_dim, hp->norm_eps);
+    o->rope(be, f->k, f->pos, rows, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
+            hp->rope_neox);
+    decode_attention(f, kv, pos, n, rows, l);
+    const cb_bweight *wo[1] = {L->wo}, *wd[1] = {L->wd};
+    decode_products(be, wo, 1, f->att, dq, &f->xn, &d, rows);
+    if (L->post_attn_norm)
+        o->rmsnorm(be, f->xn, L->post_attn_norm, f->xn, rows, d, hp->norm_eps);
+    o->add(be, f->x, f->xn, rows * d);
+
+    o->rmsnorm(be, f->x, L->ffn_norm, f->xn, rows, d, hp->norm_eps);
+    const cb_bweight *gu[2] = {L->wg, L->wu};
+    float *gu_out[2] = {f->g, f->u};
+    decode_products(be, gu, 2, f->xn, d, gu_out, (const int64_t[]){ff, ff}, rows);
+    if (m->ffn_gelu)
+        o->geglu(be, f->g, f->u, f->g, rows * ff);
+    else
+        o->swiglu(be, f->g, f->u, f->g, rows * ff);
+    decode_products(be, wd, 1, f->g, ff, &f->xn, &d, rows);
+    if (L->post_ffn_norm)
+        o->rmsnorm(be, f->xn, L->post_ffn_norm, f->xn, rows, d, hp->norm_eps);
+    o->add(be, f->x, f->xn, rows * d);
+}
+
+/* A decode step of sequences 0..n-1 on `rows` rows (n real, the rest
+ * padding); logits [n, n_vocab]. */
+static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
+                             int32_t rows, float *logits)
+{
+    const cb_model *m = f->m;
+    const cb_hparams *hp = &m->hp;
+    cb_backend *be = m->be;
+    int64_t d = hp->n_embd;
+    cb_status st;
+
+    for (int32_t i = 0; i < rows; i++) {
+        f->eval_tok[i] = tokens[i < n ? i : 0];
+        f->eval_pos[i] = pos[i < n ? i : 0];
+    }
+    if ((st = cb_fwd_embed(f, f->eval_tok, f->eval_pos, rows)) != CB_OK)
+        return st;
+    f->n_q = 0; /* the queries of these rows are no layer's to inspect */
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        decode_layer(f, kv, pos, n, rows, l);
+    be->ops->rmsnorm(be, f->x, m->output_norm, f->xn, rows, d, hp->norm_eps);
+    int32_t chunk = f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
+    for (int32_t r = 0; r < rows && r < n; r += chunk) {
+        int32_t c = rows - r < chunk ? rows - r : chunk, keep = n - r < c ? n - r : c;
+        be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)r * d, f->logits, c);
+        be->ops->download(be, logits + (int64_t)r * hp->n_vocab, f->logits,
+                          sizeof(float) * (size_t)keep * (size_t)hp->n_vocab);
+    }
+    return CB_OK;
+}
+
+cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
+                        float *logits)
+{
+    const cb_model *m = f->m;
+    int32_t rows = cb_fwd_decode_rows(m, n);
+    cb_status st;
+
+    if (n < 1 || rows > f->n_max)
+        return CB_ERR_INVALID;
+    for (int32_t i = 0; i < n; i++) {
+        if (kv[i]->m != m || pos[i] < 0 || pos[i] >= kv[i]->n_ctx)
+            return CB_ERR_RANGE;
+        for (int32_t j = 0; j < i; j++)
+            if (kv[j] == kv[i])
+                return CB_ERR_INVALID;
+    }
+    if (!m->be->ops->rows_unstable)
+        return decode_step(f, kv, tokens, pos, n, rows, logits);
+    for (int32_t i = 0; i < n; i++) /* a step of its own for each */
+        if ((st = decode_step(f, &kv[i], &tokens[i], &pos[i], 1, 1, logits + (int64_t)i * m->hp.n_vocab)) != CB_OK)
+            return st;
     return CB_OK;
 }
 

@@ -4,6 +4,7 @@
  * This layer sits on top: it uses the model (tokenizer, chat templates),
  * the KV files and the store, and nothing below calls it. */
 #include "cbcore.h"
+#include "prompt_impl.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -95,6 +96,42 @@ static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, 
     return CB_OK;
 }
 
+/* [sep] [chunk], the chunk given by the key of its stored KV file: its
+ * tokens are the ones the file holds, and the file is attached now. */
+static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, const cb_tokens *sep, int first,
+                               cb_error *err)
+{
+    cb_status rc;
+    pseg *s;
+    if (strlen(key) != sizeof s->key - 1)
+        return cb_error_set(err, CB_ERR_FORMAT, "'%.80s' is not a chunk key (65 characters: model-tokens)", key);
+    if (!st)
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "chunk %s: no store to find it in", key);
+    if (!first) {
+        if (!(s = add_seg(p)) || push_all(&s->toks, sep) != CB_OK)
+            return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    }
+    if (!(s = add_seg(p)))
+        return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    s->is_chunk = 1;
+    memcpy(s->key, key, sizeof s->key);
+    if ((rc = cb_store_open_kv(st, key, &s->kf, &s->ref, err)) != CB_OK)
+        return rc == CB_ERR_NOT_FOUND ? cb_error_set(err, rc, "chunk %s is not in the store", key) : rc;
+    if ((rc = cb_kvfile_check_model(s->kf, p->m, err)) != CB_OK)
+        return rc;
+    const cb_kv_meta *mt = cb_kvfile_meta(s->kf);
+    for (int32_t i = 0; i < mt->n_tokens; i++)
+        if (cb_tokens_push(&s->toks, mt->ids[i]) != CB_OK)
+            return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    char want[66];
+    cb_kv_key(cb_model_fingerprint(p->m), cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, mt->ids, mt->n_tokens),
+              want);
+    if (strcmp(want, key) != 0)
+        return cb_error_set(err, CB_ERR_MISMATCH, "chunk %s: its file holds the tokens of %s", key, want);
+    p->n_chunks++;
+    return CB_OK;
+}
+
 /* [sep + question + template suffix] */
 static cb_status add_tail(cb_prompt *p, const cb_chat_parts *parts, const cb_tokens *sep, const char *q, size_t len)
 {
@@ -112,8 +149,11 @@ static cb_status add_tail(cb_prompt *p, const cb_chat_parts *parts, const cb_tok
     return st;
 }
 
-cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw, const cb_strview *chunks,
-                          size_t n_chunks, const char *question, size_t len, cb_error *err)
+/* cb_prompt_build and cb_prompt_build_from: the chunks as texts, or as
+ * sources (texts or store keys). */
+static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, const char *system, int raw,
+                       const cb_strview *texts, const cb_chunk_src *srcs, size_t n_chunks, const char *question,
+                       size_t len, cb_error *err)
 {
     cb_prompt *p = calloc(1, sizeof *p);
     cb_chat_parts parts = {0};
@@ -132,9 +172,14 @@ cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system
         goto fail;
     if ((st = cb_tok_encode(cb_model_vocab(m), "\n\n", 2, 0, &sep)) != CB_OK)
         goto fail;
-    for (size_t i = 0; i < n_chunks; i++)
-        if ((st = add_chunk(p, chunks[i], &sep, i == 0)) != CB_OK)
+    for (size_t i = 0; i < n_chunks; i++) {
+        if (srcs && !srcs[i].text.data) {
+            if ((st = add_chunk_key(p, store, srcs[i].key, &sep, i == 0, err)) != CB_OK)
+                goto fail_keyed;
+        } else if ((st = add_chunk(p, srcs ? srcs[i].text : texts[i], &sep, i == 0)) != CB_OK) {
             goto fail;
+        }
+    }
     if ((st = add_tail(p, &parts, n_chunks > 0 ? &sep : NULL, question, len)) != CB_OK)
         goto fail;
     if (!(p->segs = calloc((size_t)p->n, sizeof *p->segs))) {
@@ -146,10 +191,25 @@ cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system
     *out = p;
     return CB_OK;
 fail:
+    cb_error_set(err, st, "cannot build the prompt: %s", cb_strerror(st));
+fail_keyed: /* err says which key */
     cb_tokens_free(&sep);
     cb_chat_parts_free(&parts);
     cb_prompt_free(p);
-    return cb_error_set(err, st, "cannot build the prompt: %s", cb_strerror(st));
+    return st;
+}
+
+cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw, const cb_strview *chunks,
+                          size_t n_chunks, const char *question, size_t len, cb_error *err)
+{
+    return build(out, m, NULL, system, raw, chunks, NULL, n_chunks, question, len, err);
+}
+
+cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, const char *system, int raw,
+                               const cb_chunk_src *chunks, size_t n_chunks, const char *question, size_t len,
+                               cb_error *err)
+{
+    return build(out, m, s, system, raw, NULL, chunks, n_chunks, question, len, err);
 }
 
 void cb_prompt_free(cb_prompt *p)
@@ -197,9 +257,7 @@ int cb_prompt_n_missing(const cb_prompt *p)
 
 /* ------------------------------------------------------------- caches */
 
-static void warnf(void (*warn)(void *, const char *), void *ctx, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void warnf(void (*warn)(void *, const char *), void *ctx, const char *fmt, ...)
+void pr_warnf(void (*warn)(void *, const char *), void *ctx, const char *fmt, ...)
 {
     char msg[CB_ERROR_MSG_MAX + 128];
     va_list ap;
@@ -229,12 +287,12 @@ static int attach_one(const cb_model *m, cb_store *store, pseg *s, void (*warn)(
     if (st == CB_ERR_NOT_FOUND)
         return 0;
     if (st != CB_OK || cb_kvfile_check_model(s->kf, m, &err) != CB_OK) {
-        warnf(warn, ctx, "%s: %s; the chunk is recomputed", s->key, err.msg);
+        pr_warnf(warn, ctx, "%s: %s; the chunk is recomputed", s->key, err.msg);
     } else {
         const cb_kv_meta *mt = cb_kvfile_meta(s->kf);
         if (mt->n_tokens == (int32_t)s->toks.n && !memcmp(mt->ids, s->toks.ids, sizeof(int32_t) * s->toks.n))
             return 1;
-        warnf(warn, ctx, "%s: its tokens differ from the chunk's; the chunk is recomputed", s->key);
+        pr_warnf(warn, ctx, "%s: its tokens differ from the chunk's; the chunk is recomputed", s->key);
     }
     detach(s);
     return 0;
@@ -306,7 +364,7 @@ cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv
          * have been with the chunk missing. */
         int what = cb_store_ref_bad(s, p->s[bad].ref, err->msg);
         if (what == 0)
-            warnf(warn, ctx, "%s; the chunk is computed", err->msg);
+            pr_warnf(warn, ctx, "%s; the chunk is computed", err->msg);
         detach(&p->s[bad]);
         for (int32_t i = 0; what == 2 && i < p->n; i++) /* the tier is down: its other streams fail too */
             if (p->s[i].kf && p->s[i].ref && cb_store_ref_tier(p->s[i].ref) == cb_store_n_tiers(s))
@@ -319,7 +377,7 @@ void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const cha
     cb_error err;
     for (int32_t i = 0; s && i < p->n; i++)
         if (p->s[i].ref && cb_store_keep(s, p->s[i].ref, &err) != CB_OK && err.status != CB_ERR_CHECKSUM)
-            warnf(warn, ctx, "%s: fetched from the shared tier but not kept here: %s", p->s[i].key, err.msg);
+            pr_warnf(warn, ctx, "%s: fetched from the shared tier but not kept here: %s", p->s[i].key, err.msg);
 }
 
 cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,
@@ -341,7 +399,7 @@ cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *
             cb_precomputer_store(pc, g->key, &err) == CB_OK)
             (*n_stored)++;
         else
-            warnf(warn, ctx, "could not store chunk %s: %s", g->key, err.msg);
+            pr_warnf(warn, ctx, "could not store chunk %s: %s", g->key, err.msg);
     }
     cb_precomputer_free(pc);
     return CB_OK;

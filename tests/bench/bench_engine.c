@@ -9,6 +9,10 @@
  *   batch:B:C       after a C-token prompt, B rows at positions C..C+B-1 in
  *                   one batch (blend's recomputed rows, a question), best of
  *                   three: batch_B_C_ms and batch_B_C_rows_s
+ *   seqs:S:L        S sequences, each after an L-token prompt (copies of one
+ *                   prefill), decoded together 32 steps by cb_fwd_decode,
+ *                   as cb-run decodes (S = 1: a lone answer, --batch: more):
+ *                   seqs_S_L_tok_s, the tokens of all S per second
  *   kl:L            the 8-bit activations against the exact path: an
  *                   L-token prompt of English text fed one token at a time
  *                   to both (every product of the act8 model through its
@@ -189,6 +193,45 @@ static double decode_bytes(const char *path)
     return sum;
 }
 
+/* seqs:S:L: S sequences after an L-token prompt, decoded together */
+static int seqs_rate(cb_model *m, int S, int L)
+{
+    enum { STEPS = 32 };
+    const cb_hparams *hp = cb_model_hparams(m);
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+    cb_kvcache *kv[64] = {0};
+    cb_fwd *f = NULL, *fd = NULL;
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)L), tok[64], pos[64];
+    float *rows = malloc(sizeof(float) * (size_t)(L * w)), *lg = malloc(sizeof(float) * (size_t)S * hp->n_vocab);
+    int ok = t && rows && lg && cb_fwd_new(&f, m, L) == CB_OK && cb_fwd_new(&fd, m, cb_fwd_decode_rows(m, S)) == CB_OK;
+    for (int i = 0; ok && i < L; i++)
+        t[i] = (int32_t)((i * 7919 + 13) % hp->n_vocab);
+    for (int s = 0; ok && s < S; s++)
+        ok = cb_kvcache_new(&kv[s], m, L + STEPS, CB_TYPE_F16) == CB_OK;
+    ok = ok && cb_model_eval(f, kv[0], t, L, 0, NULL) == CB_OK;
+    for (int s = 1; ok && s < S; s++) /* the same prompt's cache in each */
+        for (int l = 0; ok && l < hp->n_layer; l++)
+            for (int which = 0; ok && which < 2; which++)
+                ok = cb_kvcache_read(kv[0], l, which, 0, L, rows) == CB_OK &&
+                     cb_kvcache_write(kv[s], l, which, 0, L, rows) == CB_OK;
+    double t0 = now();
+    for (int i = 0; ok && i < STEPS; i++) {
+        for (int s = 0; s < S; s++) {
+            tok[s] = (int32_t)((s * 31 + i * 7919 + 13) % hp->n_vocab);
+            pos[s] = L + i;
+        }
+        ok = cb_fwd_decode(fd, kv, tok, pos, S, lg) == CB_OK;
+    }
+    if (ok)
+        printf("seqs_%d_%d_tok_s %.2f\n", S, L, S * STEPS / (now() - t0));
+    fflush(stdout);
+    for (int s = 0; s < S; s++)
+        cb_kvcache_free(kv[s]);
+    cb_fwd_free(f), cb_fwd_free(fd);
+    free(t), free(rows), free(lg);
+    return ok ? 0 : 1;
+}
+
 static void sgemm_rate(int threads)
 {
     int n = 1024;
@@ -248,6 +291,14 @@ int main(int argc, char **argv)
     const cb_hparams *hp = cb_model_hparams(m);
     float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
     for (int a = 3; a < argc; a++) {
+        int S = 0, SL = 0;
+        if (sscanf(argv[a], "seqs:%d:%d", &S, &SL) == 2) {
+            if (S < 1 || S > 64 || SL < 1 || seqs_rate(m, S, SL) != 0) {
+                fprintf(stderr, "bench_engine: scenario '%s' failed\n", argv[a]);
+                return 70;
+            }
+            continue;
+        }
         int L = 0, N = 0;
         char kind[16] = "";
         if (sscanf(argv[a], "%15[a-z]:%d:%d", kind, &L, &N) < 2 || L < 1) {

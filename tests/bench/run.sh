@@ -171,6 +171,41 @@ blend_ttft() {
 echo "== blend TTFT vs full prefill (ours, $T threads)"
 blend_ttft 56 3
 blend_ttft 512 4.5
+# Many questions in one process (cb-run --batch): 16 questions, each with 6
+# stored chunks and 32-token answers, answered by 16 separate cb-run calls
+# and by one cb-run --batch, alternated, medians of $CB_BENCH_ROUNDS rounds
+# (default 3); identical answers checked; on SmolLM2 and on $CB_MODEL when
+# it is another model (one round there unless CB_BENCH_ROUNDS says more).
+# Then decoding alone: 8 sequences together against one (cb_fwd_decode,
+# the step cb-run decodes with), after 512-token prompts, medians of 3.
+SMOL=${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf
+R=${CB_BENCH_ROUNDS:-3}
+echo "== throughput: 16 separate cb-run calls vs one cb-run --batch ($T threads; targets: >= 4x on SmolLM2, >= 3x on the default model)"
+printf '| %-30s | %s | %s | %s | %s |\n' model questions "separate calls" "one --batch" ratio
+printf '|%s|\n' "--------------------------------|---|---|---|---"
+if [ -f "$SMOL" ]; then
+    python3 tests/bench/throughput.py "$BINDIR_B" "$SMOL" "$T" --rounds "$R" | tee "$tmp/tp.smol" | grep -v '^throughput_'
+    [ -f ../shared/data/musique_s.json ] && python3 tests/bench/throughput.py "$BINDIR_B" "$SMOL" "$T" --rounds 1 \
+        --tokens 512 --musique ../shared/data/musique_s.json | grep -v '^throughput_'
+fi
+if [ "$M" != "$SMOL" ]; then
+    python3 tests/bench/throughput.py "$BINDIR_B" "$M" "$T" --rounds "${CB_BENCH_ROUNDS:-1}" | grep -v '^throughput_'
+fi
+for _ in 1 2 3; do
+    "$BUILD/bench/bench_engine" "$M" "$T" seqs:1:512 seqs:8:512 >> "$tmp/seqs"
+done
+python3 - "$tmp/seqs" "$(basename "$M")" <<'PY'
+import statistics, sys
+v = {}
+for l in open(sys.argv[1]):
+    if l.startswith("seqs_"):
+        k, x = l.split()[:2]
+        v.setdefault(k, []).append(float(x))
+one, eight = statistics.median(v["seqs_1_512_tok_s"]), statistics.median(v["seqs_8_512_tok_s"])
+print(f"decode after 512-token prompts on {sys.argv[2]}: one question {one:.1f} tok/s, 8 together {eight:.1f} tok/s "
+      f"= {eight / one:.2f}x (target >= 5x; medians of 3: " + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in
+      zip(v["seqs_1_512_tok_s"], v["seqs_8_512_tok_s"])) + ")")
+PY
 # The same engine on the GPU, when this machine has one and the CUDA module runs.
 if "$BINDIR_B/cb-run" -m "$M" --device cuda -p x -n 1 >/dev/null 2>"$tmp/cuda.err"; then
     echo "== bench_engine (ours) on CUDA vs ours on the CPU"

@@ -26,8 +26,9 @@ targets() {
     model) echo lib/infer/model.c lib/infer/forward.c ;;
     kvfile) echo "lib/kv/kvfile.c:kv_open|cb_kvfile_open|cb_kvfile_free|cb_kvfile_meta|cb_kvfile_size|cb_kvfile_read_layer|cb_kvfile_verify|load_layer|read_at|read_fd|release_input|parse_fixed|check_magic|cb_kv_header_size|cb_kv_tokens_hash|bad|kv_type_ok|get32|get64" ;;
     tok_bpe|tok_spm) echo lib/infer/vocab.c ;;
-    records) echo "src/cb-precompute.c:emit" "src/cli.c:cli_read_records|cli_read_input" \
-        "lib/prompt/prompt.c:add_seg|push_all|add_head|add_chunk|add_tail|cb_prompt_build|cb_prompt_free|cb_prompt_segments|cb_prompt_n_tokens|cb_prompt_n_chunks" ;;
+    records) echo "src/cb-precompute.c:emit" \
+        "src/cli.c:cli_read_records|cli_read_input|cli_question_parse|cli_question_free|q_chunks|q_stops|q_enum|q_params" \
+        "lib/prompt/prompt.c:add_seg|push_all|add_head|add_chunk|add_chunk_key|add_tail|build|cb_prompt_build|cb_prompt_build_from|cb_prompt_free|cb_prompt_segments|cb_prompt_n_tokens|cb_prompt_n_chunks" ;;
     profile) echo lib/kv/controller.c ;;
     store_conf) echo "lib/store/store.c:read_config|check_tiers|tier_name_valid|abs_path|marker_path|marker_check|open_store|cb_store_open|cb_store_close|cb_store_tier_info|open_lock_file|dir_readonly|shared_id_of" ;;
     import) echo "lib/store/archive.c:cb_store_import|bad_name|base_name|import_room|read_upto|write_all|stage_member" lib/store/entry.c ;;

@@ -33,7 +33,8 @@ $(FUZZ_B)/%.o: %.c | fuzz-cc
 	@[ "$(Q)" = "" ] || echo "  FUZZCC  $<"
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -c -o $@ $<
 
-$(FUZZ_B)/fuzz_records: $(FUZZ_B)/tests/fuzz/records_run.o $(FUZZ_B)/tests/fuzz/records_pre.o
+$(FUZZ_B)/fuzz_records: $(FUZZ_B)/tests/fuzz/records_run.o $(FUZZ_B)/tests/fuzz/records_pre.o \
+    $(FUZZ_B)/tests/fuzz/records_batch.o
 $(FUZZ_B)/fuzz_%: $(FUZZ_B)/tests/fuzz/fuzz_%.o $(FUZZ_LIBOBJ)
 	@mkdir -p $(dir $@)
 	@[ "$(Q)" = "" ] || echo "  FUZZLD  $@"

@@ -1,8 +1,9 @@
 /* fuzz_records - the chunk records (JSON Lines) cb-precompute and cb-run
- * read, through the programs' own code (records_pre.c, records_run.c).
+ * read, and cb-run --batch's question lines, through the programs' own code
+ * (records_pre.c, records_run.c, records_batch.c).
  *
- * Input: one byte choosing the reader (bit 0: cb-run, else cb-precompute),
- * then the JSON Lines.  Texts are tokenized with the tiny fixture model's
+ * Input: one byte choosing the reader (its value mod 3: 0 cb-precompute,
+ * 1 cb-run --chunks, 2 cb-run --batch), then the JSON Lines.  Texts are tokenized with the tiny fixture model's
  * vocabulary (data/model.gguf).
  *
  * Properties.  cb-precompute: every record comes out as one line that
@@ -10,7 +11,7 @@
  * when the record had neither, its bytes up to the closing brace are passed
  * through unchanged.  cb-run: every line that is not blank is a record (an
  * object with a "text" string), and the prompt built from them holds
- * in-range ids. */
+ * in-range ids.  cb-run --batch: see records_batch.c. */
 #include "cbcore.h"
 #include "fuzz.h"
 
@@ -18,6 +19,7 @@
 
 int fuzz_run_records(const cb_model *m, const char *path);
 int fuzz_precompute_record(const char *line, size_t len, const char *key, int cached);
+int fuzz_batch_line(const cb_model *m, const char *line, size_t len);
 
 static cb_model *M;
 static char *in_path, *out_path;
@@ -117,13 +119,29 @@ static void precompute(const char *data, size_t size)
     free(copy);
 }
 
+/* cb-run --batch: each line that is not blank, as getline hands it over */
+static void batch(const char *data, size_t size)
+{
+    for (size_t pos = 0; pos < size;) {
+        const char *line = data + pos, *nl = memchr(line, '\n', size - pos);
+        size_t len = nl ? (size_t)(nl - line) + 1 : size - pos, k = 0;
+        pos += len;
+        while (k < len && line[k] && strchr(" \t\r\n", line[k]))
+            k++;
+        if (k < len)
+            fuzz_batch_line(M, line, len);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    if (data[0] & 1) {
+    if (data[0] % 3 == 1) {
         fuzz_write_file(in_path, data + 1, size - 1);
         fuzz_run_records(M, in_path);
+    } else if (data[0] % 3 == 2) {
+        batch((const char *)data + 1, size - 1);
     } else {
         precompute((const char *)data + 1, size - 1);
     }

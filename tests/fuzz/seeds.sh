@@ -136,6 +136,18 @@ for f in chunks.jsonl pre.jsonl; do
 done
 printf '{"text":"a","kv":"x"}\n  \n{"text":"b"}  \r\n{"doc":{"x":[1,2]},"text":"\\u00e9\\n"}\n' > "$w/edge.jsonl"
 flag 0 "$w/edge.jsonl" "$S/records/pre-edge"; flag 1 "$w/edge.jsonl" "$S/records/run-edge"
+# cb-run --batch question lines: every field, records, keys, bad values
+cat > "$w/batch.jsonl" <<'EOF'
+{"id": 1, "question": "Who built the bridge?", "gold": ["x"], "n_predict": 9, "stop": ["\n", "."]}
+{"id": "b", "prompt": "Where?", "chunks": [{"text": "The river Vale.", "kv": "k"}, {"kv": "0123456789abcdef0123456789abcdef-0123456789abcdef0123456789abcdef"}], "mode": "reuse"}
+
+{"question": "q", "chunks": ["0123456789abcdef0123456789abcdef-0123456789abcdef0123456789abcdef"], "strategy": "hkvd", "ratio": 0.5}
+{"question": "q", "system": null, "score": "Paris.", "ratio": "auto", "chunks": null}
+{"question": "q", "system": "Be brief.", "mode": "warp", "ratio": 2, "n_predict": -1, "stop": ""}
+[1, 2]
+not json
+EOF
+flag 2 "$w/batch.jsonl" "$S/records/batch-lines"
 
 rm -rf "$w"
 for h in "$S"/*; do
