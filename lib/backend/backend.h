@@ -150,17 +150,16 @@ typedef struct cb_backend_ops {
  * sequences together, relies on for a sequence's tokens to be the same
  * bits whatever it is batched with).  matmul and matmul_multi compute row
  * i of y from row i of x alone: the values of the other rows never change
- * it.  Which kernel computes it may depend on the number of rows n (the
- * CPU: one row through its one-row kernels, which keep more partial sums
- * than the multi-row ones, rows four at a time up to 12 with a lone last
- * row through the one-row kernel again, panels and sgemm past 12; with
- * act8 likewise), so a row's bits may change with n; but every backend
- * that does not declare rows_unstable gives a row the same bits in all
- * products whose n is a multiple of CB_ROWS_STEP and at most CB_ROWS_MAX,
- * with or without act8.  test_backend_ops checks it for every weight type
- * on the CPU's kernels.  A backend whose one-row product sums as its
- * multi-row ones do may lower CB_ROWS_STEP to 1 here (a lone decoding
- * sequence then needs no padding row). */
+ * it.  Which kernel computes it may depend on the number of rows n, so a
+ * row's bits may change with n; but every backend that does not declare
+ * rows_unstable gives a row the same bits in all products whose n is a
+ * multiple of its rows_step and at most its rows_max (struct cb_backend).
+ * The CPU's exact path: CB_ROWS_STEP (2) and CB_ROWS_MAX (12) (one row
+ * goes through a one-row kernel with more partial sums than the multi-row
+ * ones, rows four at a time up to 12 with a lone last row through it
+ * again, panels and sgemm past 12); its 8-bit path (qgemm.h: every kernel
+ * computes the same sequence): 1 and any count.  test_backend_ops checks
+ * it for every weight type on the CPU's kernels. */
 #define CB_ROWS_STEP 2
 #define CB_ROWS_MAX 12
 
@@ -168,6 +167,7 @@ struct cb_backend {
     const cb_backend_ops *ops;
     void *ctx;
     int n_threads;
+    int rows_step, rows_max; /* the row-stable product sizes (above); kept by the backend */
     char desc[96]; /* "cpu (2 threads, avx2 kernels)", "cuda:0 (NVIDIA H100 80GB HBM3)" */
 };
 

@@ -66,6 +66,7 @@ typedef struct cpu_ctx {
     int act8;               /* 8-bit activations in every product of block-quantized weights
                                (cpu_set_act8; the default) */
     qg_kernels qg;          /* their kernels (qgemm.h) */
+    int plain_weights;      /* 1: some weight goes through the exact kernels (cpu_rows) */
     size_t xg_row[2];       /* bytes of a quantized row in the K and the 32-element form (the
                                widest weight's, set by weight_new) */
     uint8_t *xg;            /* [xg_rows] rows of each form: the batch's quantized activations */
@@ -87,6 +88,8 @@ static cpu_ctx *CTX(cb_backend *b)
 {
     return b->ctx;
 }
+
+static void cpu_rows(cb_backend *b);
 
 static void *cpu_alloc(cb_backend *b, size_t nbytes)
 {
@@ -196,6 +199,10 @@ static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_
     w->qg = c->act8 && qg_has(t);
     if (w->qg && !grow_qpanels(c, t, n_in))
         goto fail;
+    if (!w->qg && !c->plain_weights) { /* its products follow the exact kernels' row stability */
+        c->plain_weights = 1;
+        cpu_rows(b);
+    }
     if (bias) {
         if (!(w->bias = malloc(sizeof(float) * (size_t)n_out)))
             goto fail;
@@ -967,9 +974,19 @@ static void cpu_describe(cb_backend *b)
              c->act8 ? c->qg.isa : "", c->act8 ? ")" : "");
 }
 
+/* the row-stable product sizes (backend.h): any count when every weight
+ * goes through the 8-bit kernels; else the exact kernels' */
+static void cpu_rows(cb_backend *b)
+{
+    int any = CTX(b)->act8 && !CTX(b)->plain_weights;
+    b->rows_step = any ? 1 : CB_ROWS_STEP;
+    b->rows_max = any ? INT32_MAX : CB_ROWS_MAX;
+}
+
 static void cpu_set_act8(cb_backend *b, int on)
 {
     CTX(b)->act8 = on;
+    cpu_rows(b);
     cpu_describe(b);
 }
 
@@ -1053,6 +1070,7 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
     }
     cb_blas_quiet();
     b->n_threads = n_threads;
+    cpu_rows(b);
     cpu_describe(b);
     return b;
 fail:

@@ -483,9 +483,9 @@ cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_
  * pos[i] of cache kv[i]), the products over every row at once (decoding
  * reads each weight once per step, whatever n), the attention of each row
  * over its own cache.  Every product runs on row-stable counts (backend.h:
- * multiples of CB_ROWS_STEP, at most CB_ROWS_MAX rows a call), so a row's
- * bits never depend on the other rows or on how many there are; the rows
- * past the n sequences (at most CB_ROWS_STEP - 1) pad the count and are
+ * multiples of the backend's rows_step, at most rows_max rows a call), so a
+ * row's bits never depend on the other rows or on how many there are; the
+ * rows past the n sequences (at most rows_step - 1) pad the count and are
  * copies of row 0 whose attention output is zero and whose K/V goes
  * nowhere.  A backend that declares rows_unstable runs each sequence in a
  * step of its own (one row, no padding). */
@@ -499,16 +499,19 @@ int32_t cb_fwd_decode_rows(const cb_model *m, int32_t n)
         return 0;
     if (m->be->ops->rows_unstable)
         return 1;
-    return (n + CB_ROWS_STEP - 1) / CB_ROWS_STEP * CB_ROWS_STEP;
+    int step = m->be->rows_step > 0 ? m->be->rows_step : CB_ROWS_STEP;
+    return (n + step - 1) / step * step;
 }
 
 /* y[k] [rows, n_out[k]] = x [rows, n_in] . w[k]^T, in products of at most
- * CB_ROWS_MAX rows (rows is a multiple of CB_ROWS_STEP, so every piece is) */
+ * the backend's rows_max rows (rows is a multiple of its rows_step, so every
+ * piece is: rows_max is one) */
 static void decode_products(cb_backend *be, const cb_bweight *const *w, int nw, const float *x, int64_t n_in,
                             float *const *y, const int64_t *n_out, int64_t rows)
 {
-    for (int64_t r = 0; r < rows; r += CB_ROWS_MAX) {
-        int64_t c = rows - r < CB_ROWS_MAX ? rows - r : CB_ROWS_MAX;
+    int64_t most = be->rows_max > 0 ? be->rows_max : CB_ROWS_MAX;
+    for (int64_t r = 0; r < rows; r += most) {
+        int64_t c = rows - r < most ? rows - r : most;
         float *yr[3];
         for (int k = 0; k < nw; k++)
             yr[k] = y[k] + r * n_out[k];

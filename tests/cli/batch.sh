@@ -87,7 +87,7 @@ for i, q in enumerate(qs):
     args += ["-p", q.get("question", q.get("prompt"))]
     open(f"{t}/a{i}", "w", encoding="utf-8").write("\0".join(args))
 PY
-for act8 in "" --act8; do
+for act8 in --exact ""; do  # the exact path, then the default (8-bit activations)
     for temp in 0 0.8; do
         rm -rf "$T/lone"; mkdir "$T/lone"
         for i in 0 1 2 3 4 5 6 7 8; do

@@ -1677,15 +1677,16 @@ static void act8_cases(void)
 
 /* The row-stability contract (backend.h), which cb_fwd_decode's batches
  * of independent sequences rest on: in every product whose row count is a
- * multiple of CB_ROWS_STEP up to CB_ROWS_MAX, through matmul and through
- * matmul_multi, each row gets the bits it gets in a product of
- * CB_ROWS_STEP rows with other company (row 0 of the smallest stable
+ * multiple of the backend's rows_step up to its rows_max (here at most 24:
+ * the 8-bit path's panels and one-row kernel both), through matmul and
+ * through matmul_multi, each row gets the bits it gets in a product of
+ * rows_step rows with other company (row 0 of the smallest stable
  * product), for every weight type and an input width that is not a
  * multiple of 32 for the plain types.  The rows sit at every index, and
  * the other rows' values (including huge ones) must not matter. */
 static void rows_stable_case(cb_backend *be, const char *label, cb_type t, int64_t n_in)
 {
-    int64_t n_out = 36, nmax = CB_ROWS_MAX;
+    int64_t n_out = 36, nmax = 24;
     seed(11);
     float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec((nmax + 2) * n_in, 1.0f);
     float *alone = malloc(sizeof(float) * (size_t)(nmax * n_out)), *y = malloc(sizeof(float) * (size_t)(nmax * n_out));
@@ -1697,22 +1698,25 @@ static void rows_stable_case(cb_backend *be, const char *label, cb_type t, int64
     for (int64_t j = 0; j < n_in; j++) /* the company of the smallest products: other values, one huge */
         x[(nmax + 1) * n_in + j] = j % 7 ? 3e4f : -0.5f;
     cb_bweight *w = be->ops->weight_new(be, t, n_in, n_out, wq, NULL);
+    /* the sizes the backend declares once it has this weight */
+    const int64_t step = be->rows_step;
+    nmax = be->rows_max < nmax ? be->rows_max : nmax;
     const cb_bweight *ws[2] = {w, w};
     float *dx = be->ops->alloc(be, sizeof(float) * (size_t)(nmax * n_in));
     float *dy = be->ops->alloc(be, sizeof(float) * (size_t)(nmax * n_out));
     float *dy2 = be->ops->alloc(be, sizeof(float) * (size_t)(nmax * n_out));
     float *outs[2] = {dy, dy2};
-    /* each row alone: at index 0 of a CB_ROWS_STEP-row product */
+    /* each row alone: at index 0 of a rows_step-row product */
     for (int64_t r = 0; r < nmax; r++) {
         memcpy(xs, x + r * n_in, sizeof(float) * (size_t)n_in);
-        for (int64_t k = 1; k < CB_ROWS_STEP; k++)
+        for (int64_t k = 1; k < step; k++)
             memcpy(xs + k * n_in, x + (nmax + 1) * n_in, sizeof(float) * (size_t)n_in);
-        be->ops->upload(be, dx, xs, sizeof(float) * (size_t)(CB_ROWS_STEP * n_in));
-        be->ops->matmul(be, w, dx, dy, CB_ROWS_STEP);
+        be->ops->upload(be, dx, xs, sizeof(float) * (size_t)(step * n_in));
+        be->ops->matmul(be, w, dx, dy, step);
         bget(be, alone + r * n_out, dy, sizeof(float) * (size_t)n_out);
     }
     int bad = 0, bad_multi = 0, checked = 0;
-    for (int64_t n = CB_ROWS_STEP; n <= nmax; n += CB_ROWS_STEP)
+    for (int64_t n = step; n <= nmax; n += step)
         for (int64_t shift = 0; shift < n; shift += n > 4 ? 3 : 1) {
             /* rows r at index (r + shift) % n */
             for (int64_t r = 0; r < n; r++)
@@ -1732,8 +1736,8 @@ static void rows_stable_case(cb_backend *be, const char *label, cb_type t, int64
                                     sizeof(float) * (size_t)n_out) != 0;
             }
         }
-    tcase("%s rows stable: %s %lld wide, %d-row steps to %d rows, every index (%d rows)", label, cb_type_name(t),
-          (long long)n_in, CB_ROWS_STEP, CB_ROWS_MAX, checked);
+    tcase("%s rows stable: %s %lld wide, %lld-row steps to %lld rows, every index (%d rows)", label,
+          cb_type_name(t), (long long)n_in, (long long)step, (long long)nmax, checked);
     CHECKF(bad == 0 && bad_multi == 0, "rows whose bits differ from alone: matmul %d, matmul_multi %d", bad,
            bad_multi);
     bfree(be, dx), bfree(be, dy), bfree(be, dy2);
@@ -1746,13 +1750,10 @@ static void rows_stable_cases(void)
     static const cb_type types[] = {CB_TYPE_F32,  CB_TYPE_F16,  CB_TYPE_BF16, CB_TYPE_Q4_0,
                                     CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1, CB_TYPE_Q8_0,
                                     CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
-    cb_backend *a8 = cb_backend_cpu_new(2), *a8c = cb_backend_cpu_new_ex(2, 0);
-    a8->ops->set_act8(a8, 1);
-    a8c->ops->set_act8(a8c, 1);
     struct {
         cb_backend *be;
         const char *label;
-    } bes[] = {{cpu, "cpu  "}, {cpu_c, "cpu-c"}, {a8, "act8 "}, {a8c, "act8-c"}};
+    } bes[] = {{cpu, "cpu  "}, {cpu_c, "cpu-c"}};
     for (size_t b = 0; b < sizeof bes / sizeof bes[0]; b++)
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
             int plain = cb_type_block_elems(types[i]) == 1;
@@ -1760,10 +1761,23 @@ static void rows_stable_cases(void)
             if (plain && b == 0)
                 rows_stable_case(bes[b].be, bes[b].label, types[i], 100);
         }
-    if (cuda && !cuda->ops->rows_unstable)
+    /* the 8-bit path, a fresh backend a type: a block type alone gives
+     * 1-row steps to any count; a plain type's weight brings back the
+     * exact kernels' 2 and 12 */
+    for (int simd = 1; simd >= 0; simd--)
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+            cb_backend *a8 = cb_backend_cpu_new_ex(2, simd);
+            a8->ops->set_act8(a8, 1);
+            rows_stable_case(a8, simd ? "act8 " : "act8-c", types[i], 512);
+            int plain = cb_type_block_elems(types[i]) == 1;
+            tcase("act8 with a %s weight declares %s", cb_type_name(types[i]),
+                  plain ? "the exact kernels' row steps" : "any row count stable");
+            CHECK(plain ? a8->rows_step == CB_ROWS_STEP && a8->rows_max == CB_ROWS_MAX
+                        : a8->rows_step == 1 && a8->rows_max >= 1 << 20);
+            a8->ops->free(a8);
+        }
+    if (cuda && !cuda->ops->rows_unstable && cuda->rows_step > 0)
         rows_stable_case(cuda, "cuda ", CB_TYPE_Q8_0, 512);
-    a8->ops->free(a8);
-    a8c->ops->free(a8c);
 }
 
 static void r18_cases(const char *self)

@@ -30,7 +30,7 @@ static cb_model *load(const char *type, int act8)
     char path[1024];
     cb_model *m = NULL;
     cb_error err;
-    cb_model_params p = {2, "cpu", act8};
+    cb_model_params p = {2, "cpu", !act8, NULL}; /* exact unless act8 */
     snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmp_dir(), type);
     if (cb_model_load(&m, path, &p, &err) != CB_OK) {
         printf("# %s\n", err.msg);
