@@ -313,20 +313,36 @@ void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq,
 /* ------------------------------------------------------------- choice */
 
 #if defined(__x86_64__) || defined(__i386__)
-/* asked once: CPUID traps to the hypervisor in a virtual machine
- * (__builtin_cpu_supports also checks that the OS saves the registers) */
+#include <cpuid.h>
+
+/* XCR0, the register state the OS saves (XGETBV 0; the caller knows OSXSAVE) */
+static uint64_t xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+/* Asked once: CPUID traps to the hypervisor in a virtual machine.  By
+ * CPUID leaf 7 and XCR0, not __builtin_cpu_supports, which compilers know
+ * for different feature names (clang 16 has no "avxvnni"). */
 unsigned qg_cpu_isas(void)
 {
     static int known = -1; /* a benign race: every thread computes the same */
     if (known < 0) {
-        unsigned m = 1u << QG_ISA_C;
+        unsigned m = 1u << QG_ISA_C, a, b, c, d;
         if (qmm_cpu_avx2()) {
             m |= 1u << QG_ISA_AVX2;
-            if (__builtin_cpu_supports("avxvnni"))
+            uint64_t x = 0;
+            if (__get_cpuid(1, &a, &b, &c, &d) && (c & 1u << 27)) /* OSXSAVE */
+                x = xcr0();
+            int ymm = (x & 0x6) == 0x6, zmm = (x & 0xe6) == 0xe6; /* SSE+AVX; and opmask, ZMM state */
+            if (ymm && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & 1u << 4)) /* AVX-VNNI */
                 m |= 1u << QG_ISA_AVXVNNI;
-            if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+            if (zmm && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & 1u << 16) && (b & 1u << 30) &&
+                (b & 1u << 31)) { /* AVX-512 F, BW, VL */
                 m |= 1u << QG_ISA_AVX512;
-                if (__builtin_cpu_supports("avx512vnni"))
+                if (c & 1u << 11) /* AVX512_VNNI */
                     m |= 1u << QG_ISA_AVX512VNNI;
             }
         }
