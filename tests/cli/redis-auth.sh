@@ -93,8 +93,10 @@ SID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"][
 nkeys=$(radm ZCARD "cb:$SID:lru")
 K=$(radm ZRANGE "cb:$SID:lru" 0 0)
 [ "$nkeys" -gt 2 ] && [ "$(radm HGET "cb:{$SID:$K}:m" mac_key)" = "$($STORE --store "$T/q" stat --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["shared_auth"]["key_id"])')" ] \
-    && [ "$(radm HSTRLEN "cb:{$SID:$K}:m" macs)" -eq $((64 * $(radm HGET "cb:{$SID:$K}:m" parts))) ] \
-    && ok "$nkeys entries in the shared tier, each with an HMAC-SHA256 tag per part" || not_ok "the entries' MACs ($nkeys entries)"
+    && [ "$(radm HSTRLEN "cb:{$SID:$K}:m" macs)" -eq $((32 * $(radm HGET "cb:{$SID:$K}:m" parts))) ] \
+    && [ "$(radm HGET "cb:{$SID:$K}:m" mac_alg)" = aes-256-gmac-v2 ] \
+    && ok "$nkeys entries in the shared tier, each with an AES-256-GMAC tag per part (mac_alg aes-256-gmac-v2)" \
+    || not_ok "the entries' MACs ($nkeys entries)"
 # run STORE OUT [ARGS]: cb-run --mode reuse (the caches used as they are: a forged value shows) on STORE
 run() { h=$1; o=$2; shift 2; "$RUN" -m "$M" --store "$T/$h" --chunks "$T/chunks.jsonl" --mode reuse -n 1 -p "$Q" \
     --no-store-write --logits-out "$T/lg-$o" --stats "$T/st-$o.json" "$@" > /dev/null 2> "$T/err-$o" & p=$!; watch_ps $p; wait $p
@@ -172,7 +174,7 @@ $STORE --store "$T/atk2" init --tier "main=$T/atk2/t" --tier "shared=$URL" --aut
 # a reader without the key (as every host was before issue 35), which the forged entry fools
 $STORE --store "$T/nokey" init --tier "main=$T/nokey/t" --tier "shared=$URL" --auth-file "$T/query.auth" > /dev/null 2>> "$T/all-err"
 MK="cb:{$SID:$K}:m" VK="cb:{$SID:$K}:v"
-legit_macs() { for f in mac_key mac_nonce macs; do r cb-cron "$CRON" HGET "$MK" $f; done > "$T/legit-mac"; }
+legit_macs() { for f in mac_key mac_nonce macs mac_alg; do r cb-cron "$CRON" HGET "$MK" $f; done > "$T/legit-mac"; }
 legit_macs
 restore() {   # K legitimate again, as the cron host writes it
     r cb-cron "$CRON" DEL "$MK" "$VK" > /dev/null
@@ -230,7 +232,8 @@ run nokey fooled
 check_attack "attack 1 (no MAC)"
 # 2. the forged value under the legitimate entry's MAC fields
 plant atk
-r cb-cron "$CRON" HSET "$MK" mac_key "$(sed -n 1p "$T/legit-mac")" mac_nonce "$(sed -n 2p "$T/legit-mac")" macs "$(sed -n 3p "$T/legit-mac")" > /dev/null
+r cb-cron "$CRON" HSET "$MK" mac_key "$(sed -n 1p "$T/legit-mac")" mac_nonce "$(sed -n 2p "$T/legit-mac")" macs "$(sed -n 3p "$T/legit-mac")" \
+    mac_alg "$(sed -n 4p "$T/legit-mac")" > /dev/null
 check_attack "attack 2 (the forged value, K's legitimate MACs)"
 # 3. MACs made with a key of the attacker's own
 plant atk2
