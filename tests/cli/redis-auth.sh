@@ -31,7 +31,10 @@ acl() { sed -n "/^\.\\\\\" acl-$1\$/,/^\.\\\\\" end/p" "$(dirname "$0")/../../ma
 [ "$(grep -c '^user cb-' "$T/redis.conf")" -eq 2 ] || { not_ok "the ACL lines of cb-store(5) (found $(grep -c '^user cb-' "$T/redis.conf"))"; done_testing; exit 1; }
 "$RS" "$T/redis.conf" > /dev/null 2>&1
 i=0; while [ ! -S "$SOCK" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-trap '[ -f "$T/redis.pid" ] && kill "$(cat "$T/redis.pid")" 2>/dev/null; [ -n "${tpids:-}" ] && kill $tpids 2>/dev/null; rm -rf "$T"' EXIT
+# (the server logs into $T while it shuts down: waited for, up to 2 s, before $T goes)
+stop_redis() { rp=$(cat "$T/redis.pid" 2>/dev/null) || return 0; kill "$rp" 2>/dev/null
+    i=0; while kill -0 "$rp" 2>/dev/null && [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done; }
+trap 'stop_redis; [ -n "${tpids:-}" ] && kill $tpids 2>/dev/null; rm -rf "$T"' EXIT
 if ! REDISCLI_AUTH=$ADMIN "$RC" --no-auth-warning -s "$SOCK" ping 2>/dev/null | grep -q PONG; then
     skip "the shared tier secured" "redis-server does not start here ($(tail -n 2 "$T/redis.log" 2>/dev/null))"
     done_testing; exit 0
