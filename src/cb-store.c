@@ -47,7 +47,7 @@ static void usage(FILE *f)
             "                     names): --auth-file, one line PASSWORD or USER PASSWORD\n"
             "                     to log in to Redis ($CB_REDIS_AUTH_FILE overrides it);\n"
             "                     --key-file, a tier key: entries are written with an\n"
-            "                     HMAC-SHA256 per part and read only when it verifies\n"
+            "                     AES-256-GMAC tag per part and read only when it verifies\n"
             "                     ($CB_TIER_KEY_FILE overrides it)\n"
             "  keygen FILE        make a tier key: 32 random bytes, mode 0600 (never over\n"
             "                     an existing file); copy it to every host of the tier\n"
@@ -520,7 +520,7 @@ static int cmd_stat(const opts *o)
                    sa.password ? "with a password" : "without a password", sa.user[0] ? " as user " : "", sa.user,
                    sa.read_only ? " (read-only: the server refused this user a write)" : "");
             if (sa.authenticated)
-                printf("shared tier %s: authenticated: entries carry an HMAC-SHA256 per part (tier key %s), and a "
+                printf("shared tier %s: authenticated: entries carry an AES-256-GMAC tag per part (tier key %s), and a "
                        "part whose MAC does not verify is never used\n", cb_store_shared_name(s), sa.key_id);
             else
                 printf("shared tier %s: unauthenticated: no tier key (cb-store keygen, init --key-file): whoever "

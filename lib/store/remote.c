@@ -19,10 +19,12 @@
  *
  * Reads are verified: the parts' total size and XXH3-128 against the
  * metadata, then the local put verifies header, key and layer checksums.
- * With a tier key (secret.c), a writer adds to the metadata an HMAC-SHA256
- * tag per part (mac_key, mac_nonce, macs) and a reader takes no part whose
- * tag does not verify: an entry without tags, with another key's, or with
- * one part that fails is refused (dropped) as a corrupt one is.  A password
+ * With a tier key (secret.c), a writer adds to the metadata an AES-256-GMAC
+ * tag per part (mac_key, mac_alg, mac_nonce, macs) and a reader takes no
+ * part whose tag does not verify: an entry without tags, with another key's,
+ * with no algorithm or one it does not know (mac_alg; v1 entries of older
+ * hosts have none), or with one part that fails is refused (dropped) as a
+ * corrupt one is.  A password
  * file makes every connection log in first (AUTH [USER] PASSWORD); a user
  * the server refuses a write (NOPERM) is taken as read-only from then on.
  * Any failure (unreachable, timed out, bad entry) is a miss: the caller
@@ -69,7 +71,9 @@ static const char LUA_COMMIT[] =
     "redis.call('RENAME', KEYS[2], KEYS[3]) redis.call('PERSIST', KEYS[3])\n"
     "redis.call('HSET', KEYS[1], 'bytes', ARGV[2], 'tokens', ARGV[3], 'checksum', ARGV[4], 'created', ARGV[5],\n"
     "  'last_access', ARGV[5], 'hits', 0, 'parts', ARGV[7])\n"
-    "if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'mac_key', ARGV[9], 'mac_nonce', ARGV[10], 'macs', ARGV[11]) end\n"
+    "if ARGV[9] ~= '' then\n"
+    "  redis.call('HSET', KEYS[1], 'mac_key', ARGV[9], 'mac_nonce', ARGV[10], 'macs', ARGV[11], 'mac_alg', ARGV[12])\n"
+    "end\n"
     "redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1])\n"
     "redis.call('SET', KEYS[5], used + b)\n"
     "return 1 + n\n";
@@ -82,7 +86,7 @@ static const char LUA_TOUCH[] =
     "  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])\n"
     "end\n"
     "return redis.call('HMGET', KEYS[1], 'bytes', 'checksum', 'parts', 'tokens', 'created', 'last_access', 'hits',\n"
-    "  'mac_key', 'mac_nonce', 'macs')\n";
+    "  'mac_key', 'mac_nonce', 'macs', 'mac_alg')\n";
 
 /* KEYS: meta, value, lru, used; ARGV: key, checksum ('' = any).  Drop an
  * entry, unless it was replaced meanwhile (another checksum). */
@@ -500,7 +504,8 @@ typedef struct rmeta {
     int64_t bytes, parts;
     char want[33];      /* XXH3-128 of the whole value */
     char mac_key[17];   /* the id of the key its tags were made with, "" none */
-    int has_mac;        /* mac_key, nonce and tags present and well-formed */
+    char mac_alg[24];   /* their algorithm: "" none, "?" not a name, else as stored */
+    int has_mac;        /* mac_key, mac_alg known, nonce and tags present and well-formed */
     uint8_t nonce[ST_NONCE_BYTES];
     uint8_t *tags;      /* [parts][ST_TAG_BYTES], malloc'd, or NULL */
 } rmeta;
@@ -526,20 +531,34 @@ static void tohex(const uint8_t *p, size_t n, char *out)
     out[2 * n] = 0;
 }
 
-/* The mac fields of a reply (elements 7, 8, 9 of the metadata's HMGET). */
+/* An algorithm's name as stored (anyone who may write Redis chose it), or
+ * "?" when it is no short name: fit for a message. */
+static void alg_name(const redisReply *a, char *out, size_t n)
+{
+    out[0] = 0;
+    if (a->type != REDIS_REPLY_STRING)
+        return;
+    int ok = a->len > 0 && a->len < n;
+    for (size_t i = 0; ok && i < a->len; i++)
+        ok = (a->str[i] >= 'a' && a->str[i] <= 'z') || (a->str[i] >= '0' && a->str[i] <= '9') || a->str[i] == '-';
+    snprintf(out, n, "%s", ok ? a->str : "?");
+}
+
+/* The mac fields of a reply (elements 7, 8, 9, 10 of the metadata's HMGET). */
 static void meta_macs(rmeta *m, const redisReply *rep)
 {
     m->mac_key[0] = 0;
+    m->mac_alg[0] = 0;
     m->has_mac = 0;
     m->tags = NULL;
-    if (rep->elements < 10)
+    if (rep->elements < 11)
         return;
     const redisReply *k = rep->element[7], *n = rep->element[8], *t = rep->element[9];
-    if (k->type != REDIS_REPLY_STRING || n->type != REDIS_REPLY_STRING || t->type != REDIS_REPLY_STRING)
-        return;
-    if (k->len == 16 && st_is_hex(k->str, 16))
+    alg_name(rep->element[10], m->mac_alg, sizeof m->mac_alg);
+    if (k->type == REDIS_REPLY_STRING && k->len == 16 && st_is_hex(k->str, 16))
         memcpy(m->mac_key, k->str, 17);
-    if (!m->mac_key[0] || n->len != 2 * ST_NONCE_BYTES || unhex(n->str, ST_NONCE_BYTES, m->nonce) != 0 ||
+    if (!m->mac_key[0] || strcmp(m->mac_alg, ST_MAC_ALG) != 0 || n->type != REDIS_REPLY_STRING ||
+        t->type != REDIS_REPLY_STRING || n->len != 2 * ST_NONCE_BYTES || unhex(n->str, ST_NONCE_BYTES, m->nonce) != 0 ||
         m->parts <= 0 || m->parts > ST_MAX_PARTS || t->len != (size_t)m->parts * 2 * ST_TAG_BYTES ||
         !(m->tags = malloc((size_t)m->parts * ST_TAG_BYTES)))
         return;
@@ -551,18 +570,23 @@ static void meta_macs(rmeta *m, const redisReply *rep)
     m->has_mac = 1;
 }
 
-/* With a tier key: 0 when the metadata carries tags made with it, else -1
- * with why (an entry a host without the key wrote, or planted).  Without
- * a key: 0. */
+/* With a tier key: 0 when the metadata carries tags made with it by the
+ * algorithm this host knows, else -1 with why (an entry a host without the
+ * key wrote, an older host's, or planted).  Without a key: 0. */
 static int mac_usable(const cb_store *s, const rmeta *m, char *why, size_t why_n)
 {
     const st_remote *r = &s->remote;
-    if (!r->mac.ctx)
+    if (!r->mac.kdf)
         return 0;
     if (!m->mac_key[0])
         snprintf(why, why_n, "it carries no MAC (written without the tier key, or planted)");
     else if (strcmp(m->mac_key, r->mac.id) != 0)
         snprintf(why, why_n, "its MAC was made with another tier key (id %s; ours is %s)", m->mac_key, r->mac.id);
+    else if (!m->mac_alg[0])
+        snprintf(why, why_n, "its MAC names no algorithm (an older host's HMAC-SHA256 tags, which are not read any "
+                 "more, or planted)");
+    else if (strcmp(m->mac_alg, ST_MAC_ALG) != 0)
+        snprintf(why, why_n, "its MAC algorithm %s is unknown here (this host reads %s)", m->mac_alg, ST_MAC_ALG);
     else if (!m->has_mac)
         snprintf(why, why_n, "its MAC is malformed");
     else
@@ -614,21 +638,22 @@ static size_t part_len(const void *data, size_t size, size_t i, size_t off)
 
 /* 1 when an entry is stored under key that a keyed reader would take (or
  * there is no key: any entry), 0 when there is none or one it would
- * refuse (no tags, another key's; dropped here so that this put replaces
- * it), -1 when the tier is down. */
+ * refuse (no tags, another key's, another algorithm's or none; dropped here
+ * so that this put replaces it), -1 when the tier is down. */
 static int have_usable(cb_store *s, const char *key, const rkeys *k)
 {
     st_remote *r = &s->remote;
-    redisReply *rep = r->mac.ctx ? cmdf(s, "HMGET %s checksum mac_key", k->m) : cmdf(s, "EXISTS %s", k->m);
+    redisReply *rep = r->mac.kdf ? cmdf(s, "HMGET %s checksum mac_key mac_alg", k->m) : cmdf(s, "EXISTS %s", k->m);
     if (!rep)
         return -1;
-    if (!r->mac.ctx) {
+    if (!r->mac.kdf) {
         int have = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
         freeReplyObject(rep);
         return have;
     }
-    int have = rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 && rep->element[0]->type == REDIS_REPLY_STRING;
-    if (have && !(rep->element[1]->type == REDIS_REPLY_STRING && strcmp(rep->element[1]->str, r->mac.id) == 0)) {
+    int have = rep->type == REDIS_REPLY_ARRAY && rep->elements == 3 && rep->element[0]->type == REDIS_REPLY_STRING;
+    if (have && !(rep->element[1]->type == REDIS_REPLY_STRING && strcmp(rep->element[1]->str, r->mac.id) == 0 &&
+                  rep->element[2]->type == REDIS_REPLY_STRING && strcmp(rep->element[2]->str, ST_MAC_ALG) == 0)) {
         char want[33];
         snprintf(want, sizeof want, "%s", rep->element[0]->str);
         have = drop(s, key, want) == CB_OK ? 0 : 1;
@@ -643,6 +668,7 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     rkeys k;
     char sum[33], num[5][32], mac_key[17] = "", nonce_hex[2 * ST_NONCE_BYTES + 1] = "";
     char *macs = NULL;
+    st_mac_ctx *mc = NULL;
     int rc = -1;
     if (!st_remote_up(s))
         return -1;
@@ -663,9 +689,11 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     for (size_t off = 0; off < size; parts++)
         off += part_len(data, size, parts, off);
     st_part_id id = {r->id, key, {0}, parts, size};
-    if (r->mac.ctx) {
-        if (st_mac_nonce(id.nonce) != 0 || !(macs = malloc(parts * 2 * ST_TAG_BYTES + 1))) {
+    if (r->mac.kdf) {
+        if (st_mac_nonce(id.nonce) != 0 || !(macs = malloc(parts * 2 * ST_TAG_BYTES + 1)) ||
+            !(mc = st_mac_upload(&r->mac, &id))) { /* the upload's own key: drawn after its nonce */
             st_remote_warn(s, "shared tier %s: %s: not written (no random bytes or memory for its MAC)", r->name, key);
+            free(macs);
             return -1;
         }
         snprintf(mac_key, sizeof mac_key, "%s", r->mac.id);
@@ -679,8 +707,8 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
         size_t n = part_len(data, size, i, off);
         if (macs) {
             uint8_t tag[ST_TAG_BYTES];
-            if (st_mac_part(r->mac.ctx, &id, i, (const char *)data + off, n, tag) != 0) {
-                st_remote_warn(s, "shared tier %s: %s: not written (HMAC-SHA256 failed)", r->name, key);
+            if (st_mac_part(mc, &id, i, (const char *)data + off, n, tag) != 0) {
+                st_remote_warn(s, "shared tier %s: %s: not written (its MAC failed in libcrypto)", r->name, key);
                 goto done;
             }
             tohex(tag, ST_TAG_BYTES, macs + i * 2 * ST_TAG_BYTES);
@@ -702,8 +730,8 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     snprintf(num[3], 32, "%llu", (unsigned long long)r->cap);
     snprintf(num[4], 32, "%zu", parts);
     const char *argv[] = {"EVAL", LUA_COMMIT, "5", k.m, k.t, k.v, k.lru, k.used, key, num[0], num[1], sum,
-                          num[2], num[3], num[4], r->id, mac_key, nonce_hex, macs ? macs : ""};
-    if (!(rep = cmd_argv(s, 19, argv, NULL)))
+                          num[2], num[3], num[4], r->id, mac_key, nonce_hex, macs ? macs : "", ST_MAC_ALG};
+    if (!(rep = cmd_argv(s, 20, argv, NULL)))
         goto done;
     long long res = rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
     freeReplyObject(rep);
@@ -712,6 +740,7 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
                        (unsigned long long)r->cap);
     rc = res >= 0 ? 0 : -1;
 done:
+    st_mac_ctx_free(mc);
     free(macs);
     return rc;
 }
@@ -740,7 +769,7 @@ static int touch_meta(cb_store *s, const char *key, int record, const rkeys *k, 
         if (!rep && (!s->remote.ro || !s->remote.ctx))
             return 0;
     }
-    if (!rep && !(rep = cmdf(s, "HMGET %s bytes checksum parts tokens created last_access hits mac_key mac_nonce macs",
+    if (!rep && !(rep = cmdf(s, "HMGET %s bytes checksum parts tokens created last_access hits mac_key mac_nonce macs mac_alg",
                              k->m))) /* as LUA_TOUCH without recording: a read-only user's way */
         return 0;
     int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 3 && rep->element[0]->type == REDIS_REPLY_STRING;
@@ -788,15 +817,21 @@ int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void *
         bad = "its size does not match its metadata";
     else if (mac_usable(s, &m, why, sizeof why) != 0)
         bad = why, forged = 1;
-    if (!bad && r->mac.ctx) {
+    if (!bad && r->mac.kdf) {
         st_part_id id;
         part_id(s, key, &m, &id);
+        st_mac_ctx *mc = st_mac_upload(&r->mac, &id);
+        if (!mc) {
+            freeReplyObject(rep);
+            free(m.tags);
+            return 0; /* no memory: a miss, the entry left as it is */
+        }
         for (size_t i = 0; i < rep->elements && !bad; i++)
-            if (!st_mac_check(r->mac.ctx, &id, i, rep->element[i]->str, rep->element[i]->len,
-                              m.tags + i * ST_TAG_BYTES)) {
+            if (!st_mac_check(mc, &id, i, rep->element[i]->str, rep->element[i]->len, m.tags + i * ST_TAG_BYTES)) {
                 snprintf(why, sizeof why, "part %zu: its MAC does not verify (forged, or changed in Redis)", i);
                 bad = why, forged = 1;
             }
+        st_mac_ctx_free(mc);
     }
     uint8_t *buf = bad ? NULL : malloc(total ? total : 1);
     if (!bad && !buf) {
@@ -1026,7 +1061,7 @@ struct st_stream {
     int64_t parts;     /* parts in the value */
     uint64_t size;
     int timeout_ms;
-    st_mac_ctx *mac;   /* the tier key (a context of the receiver's own), NULL: none */
+    st_mac_ctx *mac;   /* the upload's GMAC key (a context of the receiver's own), NULL: no tier key */
     st_part_id pid;    /* what the tags bind (pid.sid points at sid, pid.key at key) */
     char sid[33];
     uint8_t *tags;     /* [parts][ST_TAG_BYTES] */
@@ -1278,11 +1313,11 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
     }
     x->size = (uint64_t)m.bytes;
     x->parts = m.parts;
-    if (r->mac.ctx) {
+    if (r->mac.kdf) {
         memcpy(x->sid, r->id, sizeof x->sid);
         part_id(s, x->key, &m, &x->pid);
         x->pid.sid = x->sid;
-        if (!(x->mac = st_mac_dup(&r->mac))) {
+        if (!(x->mac = st_mac_upload(&r->mac, &x->pid))) {
             stream_unref(x);
             return 0;
         }
@@ -1394,7 +1429,7 @@ cb_status cb_store_shared_auth_info(cb_store *s, cb_store_shared_auth *out, cb_e
         return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: the store has no shared tier", s->dir);
     if ((st = st_remote_secrets(r, err)) != CB_OK)
         return st;
-    out->authenticated = r->mac.ctx != NULL;
+    out->authenticated = r->mac.kdf != NULL;
     snprintf(out->key_id, sizeof out->key_id, "%s", r->mac.id);
     snprintf(out->user, sizeof out->user, "%s", r->user);
     out->password = r->pass[0] != 0;

@@ -2,18 +2,25 @@
  * (OpenSSL's libcrypto): the Redis password and the tier key are read from
  * files that only their owner may read (checked like ssh's keys), and never
  * put into a message; every part of an entry a keyed host writes carries an
- * HMAC-SHA256 tag that binds it to its tier, its key, its upload, its
- * place and its entry's size (cb-store(5), SHARED TIER):
+ * AES-256-GMAC tag that binds it to its tier, its key, its upload, its
+ * place and its entry's size (cb-store(5), SHARED TIER; mac_alg
+ * "aes-256-gmac-v2"):
  *
- *   tag_i = HMAC-SHA256(K, "cacheblend-part-v1\0" || SID (32) || KEY (65)
- *                          || NONCE (16) || u64le i || u64le N
- *                          || u64le TOTAL || u64le len_i || part_i)
+ *   K_u   = HKDF-SHA256-Expand(K, "cacheblend-entry-key-v2\0" || SID (32)
+ *                                 || KEY (65) || NONCE (16), 32)
+ *   IV_i  = u64le i || 0 (4 bytes)
+ *   tag_i = GMAC-AES-256(K_u, IV_i, "cacheblend-part-v2\0" || SID || KEY
+ *                        || NONCE || u64le i || u64le N || u64le TOTAL
+ *                        || u64le len_i || part_i)
  *
  * K: the tier key (32 random bytes); SID: the shared tier's id; KEY: the
  * entry's key; NONCE: random, one per upload; N: the entry's parts; TOTAL:
  * its bytes.  Every field before the part has a fixed length, so no two
- * inputs read the same.  A reader checks each part's tag when the part
- * arrives, before any byte of it is used. */
+ * inputs read the same.  GMAC must never see one IV twice under one key:
+ * K_u is an upload's own (a fresh 128-bit NONCE per put), and within an
+ * upload the IV is the part's index.  A reader checks each part's tag when
+ * the part arrives, before any byte of it is used.  GMAC runs at 3.5-5.9
+ * GB/s here (GHASH on PCLMUL), HMAC-SHA256, the v1 construction, at 1.3-1.5. */
 #include "store_impl.h"
 
 #include <errno.h>
@@ -21,6 +28,7 @@
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/kdf.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,49 +133,46 @@ cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, 
 /* ---------------------------------------------------------------- MAC */
 
 static const char KEY_ID_LABEL[] = "cacheblend-key-id-v1";
-static const char PART_LABEL[] = "cacheblend-part-v1"; /* and its NUL */
+static const char ENTRY_LABEL[] = "cacheblend-entry-key-v2"; /* and its NUL */
+static const char PART_LABEL[] = "cacheblend-part-v2";       /* and its NUL */
 
 void st_mac_free(st_mac *m)
 {
-    EVP_MAC_CTX_free(m->ctx);
-    m->ctx = NULL;
+    EVP_KDF_CTX_free(m->kdf);
+    m->kdf = NULL;
     m->id[0] = 0;
-}
-
-/* A keyed HMAC-SHA256 context, or NULL. */
-static EVP_MAC_CTX *hmac_new(const uint8_t *key, size_t n)
-{
-    EVP_MAC *alg = EVP_MAC_fetch(NULL, "HMAC", NULL);
-    EVP_MAC_CTX *c = alg ? EVP_MAC_CTX_new(alg) : NULL;
-    OSSL_PARAM prm[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
-                        OSSL_PARAM_construct_end()};
-    EVP_MAC_free(alg); /* the context keeps its own reference */
-    if (c && EVP_MAC_init(c, key, n, prm) != 1) {
-        EVP_MAC_CTX_free(c);
-        c = NULL;
-    }
-    return c;
 }
 
 cb_status st_mac_from_key(st_mac *m, const uint8_t key[ST_KEY_BYTES], cb_error *err)
 {
     uint8_t t[32];
-    size_t tl;
+    size_t tl = 0;
     static const char hx[] = "0123456789abcdef";
     st_mac_free(m);
-    if (!(m->ctx = hmac_new(key, ST_KEY_BYTES)))
+    /* The key's id, as v1 made it: HMAC-SHA256(K, "cacheblend-key-id-v1"). */
+    if (!EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, key, ST_KEY_BYTES, (const uint8_t *)KEY_ID_LABEL,
+                   sizeof KEY_ID_LABEL - 1, t, sizeof t, &tl) ||
+        tl != sizeof t)
         return cb_error_set(err, CB_ERR_INTERNAL, "HMAC-SHA256 is not available in libcrypto");
-    if (EVP_MAC_init(m->ctx, NULL, 0, NULL) != 1 ||
-        EVP_MAC_update(m->ctx, (const uint8_t *)KEY_ID_LABEL, sizeof KEY_ID_LABEL - 1) != 1 ||
-        EVP_MAC_final(m->ctx, t, &tl, sizeof t) != 1) {
-        st_mac_free(m);
-        return cb_error_set(err, CB_ERR_INTERNAL, "HMAC-SHA256 failed");
-    }
     for (int i = 0; i < 8; i++) {
         m->id[2 * i] = hx[t[i] >> 4];
         m->id[2 * i + 1] = hx[t[i] & 15];
     }
     m->id[16] = 0;
+    /* HKDF's expand step alone: K is already a uniformly random key (RFC
+     * 5869, 3.3).  The context keeps its own copy of K. */
+    EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
+    int mode = EVP_KDF_HKDF_MODE_EXPAND_ONLY;
+    OSSL_PARAM prm[] = {OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
+                        OSSL_PARAM_construct_int(OSSL_KDF_PARAM_MODE, &mode),
+                        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)key, ST_KEY_BYTES),
+                        OSSL_PARAM_construct_end()};
+    m->kdf = kdf ? EVP_KDF_CTX_new(kdf) : NULL;
+    EVP_KDF_free(kdf); /* the context keeps its own reference */
+    if (!m->kdf || EVP_KDF_CTX_set_params(m->kdf, prm) != 1) {
+        st_mac_free(m);
+        return cb_error_set(err, CB_ERR_INTERNAL, "HKDF-SHA256 is not available in libcrypto");
+    }
     return CB_OK;
 }
 
@@ -194,9 +199,32 @@ cb_status st_key_load(const char *path, st_mac *m, cb_error *err)
     return st;
 }
 
-st_mac_ctx *st_mac_dup(const st_mac *m)
+st_mac_ctx *st_mac_upload(const st_mac *m, const st_part_id *id)
 {
-    return m->ctx ? EVP_MAC_CTX_dup(m->ctx) : NULL;
+    uint8_t ku[32];
+    EVP_MAC_CTX *c = NULL;
+    if (!m->kdf)
+        return NULL;
+    /* info: the label and its NUL, SID, KEY, NONCE (fixed lengths), given
+     * in pieces, which HKDF concatenates */
+    OSSL_PARAM info[] = {OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)ENTRY_LABEL, sizeof ENTRY_LABEL),
+                         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->sid, 32),
+                         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->key, 65),
+                         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->nonce, ST_NONCE_BYTES),
+                         OSSL_PARAM_construct_end()};
+    if (EVP_KDF_derive(m->kdf, ku, sizeof ku, info) == 1) {
+        EVP_MAC *alg = EVP_MAC_fetch(NULL, "GMAC", NULL);
+        OSSL_PARAM prm[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER, (char *)"AES-256-GCM", 0),
+                            OSSL_PARAM_construct_end()};
+        c = alg ? EVP_MAC_CTX_new(alg) : NULL;
+        EVP_MAC_free(alg); /* the context keeps its own reference */
+        if (c && EVP_MAC_init(c, ku, sizeof ku, prm) != 1) {
+            EVP_MAC_CTX_free(c);
+            c = NULL;
+        }
+    }
+    OPENSSL_cleanse(ku, sizeof ku);
+    return c;
 }
 
 void st_mac_ctx_free(st_mac_ctx *c)
@@ -212,7 +240,7 @@ static void put_u64(uint8_t *p, uint64_t v)
 
 int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len, uint8_t tag[ST_TAG_BYTES])
 {
-    uint8_t pre[sizeof PART_LABEL + 32 + 65 + ST_NONCE_BYTES + 32];
+    uint8_t pre[sizeof PART_LABEL + 32 + 65 + ST_NONCE_BYTES + 32], iv[12] = {0};
     uint8_t *p = pre;
     size_t tl;
     memcpy(p, PART_LABEL, sizeof PART_LABEL); /* with its NUL */
@@ -227,7 +255,9 @@ int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *par
     put_u64(p + 8, id->n_parts);
     put_u64(p + 16, id->total);
     put_u64(p + 24, (uint64_t)len);
-    if (EVP_MAC_init(c, NULL, 0, NULL) != 1 || EVP_MAC_update(c, pre, sizeof pre) != 1 ||
+    put_u64(iv, i); /* unique within the upload, whose key is its own */
+    OSSL_PARAM prm[] = {OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof iv), OSSL_PARAM_construct_end()};
+    if (!c || EVP_MAC_init(c, NULL, 0, prm) != 1 || EVP_MAC_update(c, pre, sizeof pre) != 1 ||
         (len && EVP_MAC_update(c, part, len) != 1) || EVP_MAC_final(c, tag, &tl, ST_TAG_BYTES) != 1 ||
         tl != ST_TAG_BYTES)
         return -1;

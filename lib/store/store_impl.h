@@ -50,16 +50,19 @@ typedef struct st_tier {
     double cost;     /* relative cost per byte, for placement */
 } st_tier;
 
-/* A tier key ready to MAC parts (secret.c); ctx NULL: no key. */
-typedef struct evp_mac_ctx_st st_mac_ctx;
+/* A tier key ready to MAC parts (secret.c); kdf NULL: no key. */
+typedef struct evp_mac_ctx_st st_mac_ctx; /* one upload's GMAC key (st_mac_upload) */
 typedef struct st_mac {
-    st_mac_ctx *ctx; /* keyed HMAC-SHA256 */
+    struct evp_kdf_ctx_st *kdf; /* HKDF-SHA256 (expand only) keyed with the tier key */
     char id[17];     /* the key's id: 16 hex digits of HMAC(K, "cacheblend-key-id-v1") */
 } st_mac;
 
 #define ST_KEY_BYTES 32
 #define ST_NONCE_BYTES 16
-#define ST_TAG_BYTES 32
+#define ST_TAG_BYTES 16
+/* The metadata's mac_alg: the only construction this version writes or
+ * reads (secret.c).  v1 entries (HMAC-SHA256, no mac_alg) are refused. */
+#define ST_MAC_ALG "aes-256-gmac-v2"
 
 /* The shared tier on Redis (remote.c); url NULL when the store has none. */
 typedef struct st_remote {
@@ -299,15 +302,11 @@ int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size)
  * file's contents. */
 cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, size_t pass_n, cb_error *err);
 /* Read a tier key file (64 hex digits, kept like a password file) into m.
- * Errors as st_auth_load, and CB_ERR_INTERNAL (no HMAC in libcrypto). */
+ * Errors as st_auth_load, and CB_ERR_INTERNAL (no HMAC, HKDF in libcrypto). */
 cb_status st_key_load(const char *path, st_mac *m, cb_error *err);
 /* m from the raw key bytes (tests). */
 cb_status st_mac_from_key(st_mac *m, const uint8_t key[ST_KEY_BYTES], cb_error *err);
 void st_mac_free(st_mac *m); /* m may hold no key */
-/* A context of one's own (for a stream, used on its reader's thread), NULL
- * without a key or memory; freed by st_mac_ctx_free (accepts NULL). */
-st_mac_ctx *st_mac_dup(const st_mac *m);
-void st_mac_ctx_free(st_mac_ctx *c);
 
 /* What a part's tag binds besides its bytes (secret.c's comment). */
 typedef struct st_part_id {
@@ -316,7 +315,14 @@ typedef struct st_part_id {
     uint8_t nonce[ST_NONCE_BYTES]; /* the upload's */
     uint64_t n_parts, total;
 } st_part_id;
-/* tag of part i of len bytes: 0, or -1 when libcrypto fails. */
+/* The GMAC key of the upload id names (its tier, entry and nonce), derived
+ * from m's tier key: a context of the caller's own (a stream hands it to its
+ * receiver's thread), NULL without a key or memory; freed by
+ * st_mac_ctx_free (accepts NULL).  Uses m's context: one thread at a time. */
+st_mac_ctx *st_mac_upload(const st_mac *m, const st_part_id *id);
+void st_mac_ctx_free(st_mac_ctx *c);
+/* tag of part i of len bytes under c (id's upload's): 0, or -1 when
+ * libcrypto fails.  A writer tags each i of an upload once. */
 int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
                 uint8_t tag[ST_TAG_BYTES]);
 /* 1 when want is part i's tag (compared in constant time), else 0. */

@@ -17,7 +17,7 @@
  *            layer read (verified, converted to f32) as cb-run's loader
  *            reads it; stream = cb_store_open_kv streaming the entry from
  *            Redis while those layers are read; stream+mac = the same from a
- *            tier whose entries carry HMAC-SHA256 tags (a tier key made by
+ *            tier whose entries carry AES-256-GMAC tags (a tier key made by
  *            cb_store_keygen; every part's tag checked as it arrives),
  *            measured alternately with stream, entry by entry, so that both
  *            see the same load on a shared machine

@@ -4,7 +4,10 @@
 # users of cb-store(5): logins refused and accepted, a read-only user that
 # reads but cannot write, secret files checked like ssh's keys, entries
 # authenticated by a tier key against an attacker who can write to Redis
-# (five ways of planting an entry), the secrets never in store.json, ps or
+# (thirteen ways of planting or changing an entry: forged values, another
+# key's MACs, parts moved, nonce, count, size or a bit changed, tags or
+# algorithm missing or unknown, an older host's HMAC-SHA256 entry), the
+# secrets never in store.json, ps or
 # a message, and the tunnel of cb-store(5) through stunnel (skipped where
 # stunnel is missing).  Skips where redis-server is missing.
 . "$(dirname "$0")/lib.sh"
@@ -31,7 +34,10 @@ acl() { sed -n "/^\.\\\\\" acl-$1\$/,/^\.\\\\\" end/p" "$(dirname "$0")/../../ma
 [ "$(grep -c '^user cb-' "$T/redis.conf")" -eq 2 ] || { not_ok "the ACL lines of cb-store(5) (found $(grep -c '^user cb-' "$T/redis.conf"))"; done_testing; exit 1; }
 "$RS" "$T/redis.conf" > /dev/null 2>&1
 i=0; while [ ! -S "$SOCK" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-trap '[ -f "$T/redis.pid" ] && kill "$(cat "$T/redis.pid")" 2>/dev/null; [ -n "${tpids:-}" ] && kill $tpids 2>/dev/null; rm -rf "$T"' EXIT
+# (the server logs into $T while it shuts down: waited for, up to 2 s, before $T goes)
+stop_redis() { rp=$(cat "$T/redis.pid" 2>/dev/null) || return 0; kill "$rp" 2>/dev/null
+    i=0; while kill -0 "$rp" 2>/dev/null && [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done; }
+trap 'stop_redis; [ -n "${tpids:-}" ] && kill $tpids 2>/dev/null; rm -rf "$T"' EXIT
 if ! REDISCLI_AUTH=$ADMIN "$RC" --no-auth-warning -s "$SOCK" ping 2>/dev/null | grep -q PONG; then
     skip "the shared tier secured" "redis-server does not start here ($(tail -n 2 "$T/redis.log" 2>/dev/null))"
     done_testing; exit 0
@@ -93,8 +99,10 @@ SID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shared"][
 nkeys=$(radm ZCARD "cb:$SID:lru")
 K=$(radm ZRANGE "cb:$SID:lru" 0 0)
 [ "$nkeys" -gt 2 ] && [ "$(radm HGET "cb:{$SID:$K}:m" mac_key)" = "$($STORE --store "$T/q" stat --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["shared_auth"]["key_id"])')" ] \
-    && [ "$(radm HSTRLEN "cb:{$SID:$K}:m" macs)" -eq $((64 * $(radm HGET "cb:{$SID:$K}:m" parts))) ] \
-    && ok "$nkeys entries in the shared tier, each with an HMAC-SHA256 tag per part" || not_ok "the entries' MACs ($nkeys entries)"
+    && [ "$(radm HSTRLEN "cb:{$SID:$K}:m" macs)" -eq $((32 * $(radm HGET "cb:{$SID:$K}:m" parts))) ] \
+    && [ "$(radm HGET "cb:{$SID:$K}:m" mac_alg)" = aes-256-gmac-v2 ] \
+    && ok "$nkeys entries in the shared tier, each with an AES-256-GMAC tag per part (mac_alg aes-256-gmac-v2)" \
+    || not_ok "the entries' MACs ($nkeys entries)"
 # run STORE OUT [ARGS]: cb-run --mode reuse (the caches used as they are: a forged value shows) on STORE
 run() { h=$1; o=$2; shift 2; "$RUN" -m "$M" --store "$T/$h" --chunks "$T/chunks.jsonl" --mode reuse -n 1 -p "$Q" \
     --no-store-write --logits-out "$T/lg-$o" --stats "$T/st-$o.json" "$@" > /dev/null 2> "$T/err-$o" & p=$!; watch_ps $p; wait $p
@@ -172,7 +180,7 @@ $STORE --store "$T/atk2" init --tier "main=$T/atk2/t" --tier "shared=$URL" --aut
 # a reader without the key (as every host was before issue 35), which the forged entry fools
 $STORE --store "$T/nokey" init --tier "main=$T/nokey/t" --tier "shared=$URL" --auth-file "$T/query.auth" > /dev/null 2>> "$T/all-err"
 MK="cb:{$SID:$K}:m" VK="cb:{$SID:$K}:v"
-legit_macs() { for f in mac_key mac_nonce macs; do r cb-cron "$CRON" HGET "$MK" $f; done > "$T/legit-mac"; }
+legit_macs() { for f in mac_key mac_nonce macs mac_alg; do r cb-cron "$CRON" HGET "$MK" $f; done > "$T/legit-mac"; }
 legit_macs
 restore() {   # K legitimate again, as the cron host writes it
     r cb-cron "$CRON" DEL "$MK" "$VK" > /dev/null
@@ -183,10 +191,10 @@ plant() {   # the forged entry written by a store of the attacker's ($1), over t
     $STORE --store "$T/$1" rm "$K" > /dev/null 2>&1
     $STORE --store "$T/$1" put "$T/forged.kv" > /dev/null 2>> "$T/all-err"
 }
-# rawcmd swap|copy ...: the attacker rewrites parts in place (binary-safe; as Redis' admin)
+# rawcmd swap|copy|flip|cut|grow|v1 ...: the attacker rewrites parts in place (binary-safe; as Redis' admin)
 rawcmd() {
     RPASS=$ADMIN python3 - "$SOCK" "$@" <<'PY'
-import os, socket, sys
+import hashlib, hmac, os, socket, struct, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rb")
 def cmd(*a):
     a = [x if isinstance(x, bytes) else x.encode() for x in a]
@@ -203,21 +211,36 @@ if a[0] == "swap":       # swap parts i and j of list a[1]
     cmd("LSET", k, i, pj); cmd("LSET", k, j, pi)
 elif a[0] == "copy":     # part i of list a[1] into list a[3] at i
     cmd("LSET", a[3], a[2], cmd("LINDEX", a[1], a[2]))
+elif a[0] == "flip":     # one bit of part i of list a[1], at byte a[3]
+    p = bytearray(cmd("LINDEX", a[1], a[2])); p[int(a[3])] ^= 0x10; cmd("LSET", a[1], a[2], bytes(p))
+elif a[0] == "cut":      # entry (hash a[1], list a[2]) one part shorter, its metadata and tags to match
+    mk, vk = a[1], a[2]; p = cmd("RPOP", vk)
+    cmd("HSET", mk, "parts", str(int(cmd("HGET", mk, "parts")) - 1), "bytes", str(int(cmd("HGET", mk, "bytes")) - len(p)),
+        "macs", cmd("HGET", mk, "macs")[:-32])
+elif a[0] == "grow":     # 16 bytes more on the last part, the size to match
+    mk, vk = a[1], a[2]; cmd("LSET", vk, "-1", cmd("LINDEX", vk, "-1") + bytes(16)); cmd("HINCRBY", mk, "bytes", "16")
+elif a[0] == "v1":       # the entry retagged as an older host (v1) writes one: HMAC-SHA256 tags, no mac_alg
+    mk, vk, sid, key, K = a[1], a[2], a[3], a[4], bytes.fromhex(os.environ["TKEY"])
+    n, total, nonce = int(cmd("HGET", mk, "parts")), int(cmd("HGET", mk, "bytes")), os.urandom(16)
+    tags = "".join(hmac.new(K, b"cacheblend-part-v1\0" + sid.encode() + key.encode() + nonce +
+                            struct.pack("<QQQQ", i, n, total, len(p)) + p, hashlib.sha256).hexdigest()
+                   for i, p in ((i, cmd("LINDEX", vk, str(i))) for i in range(n)))
+    cmd("HSET", mk, "mac_nonce", nonce.hex(), "macs", tags); cmd("HDEL", mk, "mac_alg")
 PY
 }
 planted=0 refused=0
 # fresh NAME: a query host with the tier key and an empty local tier (cb-run keeps what it streams)
 fresh() { rm -rf "$T/$1"; $STORE --store "$T/$1" init --tier "main=$T/$1/t" --tier "shared=$URL" --auth-file "$T/query.auth" \
     --key-file "$T/tier.key" > /dev/null 2>> "$T/all-err"; }
-# check_attack NAME: a fresh query host's answer after a plant
+# check_attack NAME [WHY]: a fresh query host's answer after a plant, refused because of WHY (a regex)
 check_attack() {
     planted=$((planted + 1))
     fresh "qa$planted"
     run "qa$planted" "a$planted"; rc=$?
     nr=$(stat_of "a$planted" shared n_refused 2>/dev/null || echo -1)
     refused=$((refused + nr))
-    [ $rc -eq 0 ] && [ "$nr" -eq 1 ] && cmp -s "$T/lg-a$planted" "$T/lg-ref" && grep -q "MAC" "$T/err-a$planted" \
-        && ok "$1: refused (n_refused 1, warned), the answer is the one without K" \
+    [ $rc -eq 0 ] && [ "$nr" -eq 1 ] && cmp -s "$T/lg-a$planted" "$T/lg-ref" && grep -q "${2:-MAC}" "$T/err-a$planted" \
+        && ok "$1: refused (n_refused 1, warned: ${2:-MAC}), the answer is the one without K" \
         || { not_ok "$1 (exit $rc, n_refused $nr)"; sed 's/^/#   /' "$T/err-a$planted" | head -3; }
 }
 # 1. the forged entry without a MAC, as a host without the key writes one
@@ -227,27 +250,59 @@ plant atk
 run nokey fooled
 [ "$(stat_of fooled n_chunks_missing)" -eq 0 ] && ! cmp -s "$T/lg-fooled" "$T/lg-ref" && ! cmp -s "$T/lg-fooled" "$T/lg-legit" \
     && ok "a reader without the tier key uses it: its answer changes (what the key prevents)" || not_ok "the forged entry does not bite"
-check_attack "attack 1 (no MAC)"
+check_attack "attack 1 (no MAC)" "carries no MAC"
 # 2. the forged value under the legitimate entry's MAC fields
 plant atk
-r cb-cron "$CRON" HSET "$MK" mac_key "$(sed -n 1p "$T/legit-mac")" mac_nonce "$(sed -n 2p "$T/legit-mac")" macs "$(sed -n 3p "$T/legit-mac")" > /dev/null
-check_attack "attack 2 (the forged value, K's legitimate MACs)"
+r cb-cron "$CRON" HSET "$MK" mac_key "$(sed -n 1p "$T/legit-mac")" mac_nonce "$(sed -n 2p "$T/legit-mac")" macs "$(sed -n 3p "$T/legit-mac")" \
+    mac_alg "$(sed -n 4p "$T/legit-mac")" > /dev/null
+check_attack "attack 2 (the forged value, K's legitimate MACs)" "part [0-9]*: its MAC does not verify"
 # 3. MACs made with a key of the attacker's own
 plant atk2
 [ "$(r cb-cron "$CRON" HGET "$MK" mac_key)" != "$(sed -n 1p "$T/legit-mac")" ] || not_ok "plant 3"
-check_attack "attack 3 (MACs made with another key)"
+check_attack "attack 3 (MACs made with another key)" "another tier key"
 # 4. K's own legitimate parts, reordered (layers 0 and 1 swapped)
 restore; rawcmd swap "$VK" 1 2
-check_attack "attack 4 (K's own parts reordered)"
+check_attack "attack 4 (K's own parts reordered)" "part 1: its MAC does not verify"
 # 5. a legitimate part of another entry of the same size in K's place
 restore
 K2=$(for k in $(radm ZRANGE "cb:$SID:lru" 0 -1); do [ "$k" != "$K" ] && [ "$(radm HGET "cb:{$SID:$k}:m" bytes)" = "$(radm HGET "$MK" bytes)" ] && echo "$k"; done | head -n 1)
 if [ -n "$K2" ]; then
     rawcmd copy "cb:{$SID:$K2}:v" 1 "$VK"
-    check_attack "attack 5 (another entry's legitimate part)"
+    check_attack "attack 5 (another entry's legitimate part)" "part 1: its MAC does not verify"
 else
     skip "attack 5 (another entry's part)" "no other entry of K's size"
 fi
+# 6. K's legitimate parts and tags under another upload's nonce
+restore; r cb-cron "$CRON" HSET "$MK" mac_nonce "$(rnd)$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')" > /dev/null
+check_attack "attack 6 (another nonce)" "part 0: its MAC does not verify"
+# 7. one bit of a layer changed
+restore; rawcmd flip "$VK" 2 100
+check_attack "attack 7 (one bit of layer 1)" "part 2: its MAC does not verify"
+# 8. the entry cut short by its last part, count, size and tags made to match (the tags bind N)
+restore; rawcmd cut "$MK" "$VK"
+check_attack "attack 8 (one part fewer, the metadata to match)" "part 0: its MAC does not verify"
+# 9. 16 bytes more at the end, the size to match (the tags bind TOTAL and each part's length)
+restore; rawcmd grow "$MK" "$VK"
+check_attack "attack 9 (16 bytes more, the size to match)" "part 0: its MAC does not verify"
+# 10. the tags taken away, everything else left
+restore; radm HDEL "$MK" macs > /dev/null   # as Redis' admin: the cron user has no HDEL
+check_attack "attack 10 (no tags)" "its MAC is malformed"
+# 11. an algorithm this version does not know
+restore; r cb-cron "$CRON" HSET "$MK" mac_alg hmac-md5-v0 > /dev/null
+check_attack "attack 11 (an unknown mac_alg)" "algorithm hmac-md5-v0 is unknown"
+# 12. K's entry as an older host (v1: HMAC-SHA256 tags, no mac_alg) writes it, with the right key:
+#     not read any more (cb-store(5) says why); a keyed writer replaces it
+restore; TKEY=$(cat "$T/tier.key") rawcmd v1 "$MK" "$VK" "$SID" "$K"
+[ "$(radm HSTRLEN "$MK" macs)" -eq $((64 * $(radm HGET "$MK" parts))) ] && [ "$(radm HEXISTS "$MK" mac_alg)" -eq 0 ] \
+    || not_ok "plant 12 (a v1 entry)"
+check_attack "attack 12 (an older host's v1 entry, no mac_alg)" "names no algorithm"
+# 13. that v1 entry relabelled as this version's algorithm
+r cb-cron "$CRON" HSET "$MK" mac_alg aes-256-gmac-v2 > /dev/null
+check_attack "attack 13 (a v1 entry with mac_alg aes-256-gmac-v2)" "its MAC is malformed"
+radm HDEL "$MK" mac_alg > /dev/null   # a v1 entry again
+$STORE --store "$T/cron" rm "$K" > /dev/null 2>&1; $STORE --store "$T/cron" put "$T/k.kv" > /dev/null 2>> "$T/all-err"
+[ "$(radm HGET "$MK" mac_alg)" = aes-256-gmac-v2 ] && [ "$(radm HSTRLEN "$MK" macs)" -eq $((32 * $(radm HGET "$MK" parts))) ] \
+    && ok "the cron host's put replaces the v1 entry with an aes-256-gmac-v2 one" || not_ok "a v1 entry is not replaced"
 [ $refused -eq $planted ] && ok "forged entries used: 0 of $planted planted ($refused refused)" || not_ok "refused $refused of $planted"
 restore
 fresh qb; run qb after

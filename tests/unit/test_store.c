@@ -4,7 +4,8 @@
  * once (4 writers, 8 readers, gc in a loop) and 50 rounds of SIGKILL at
  * random moments, each followed by gc and a verify that must be clean.
  * First, without a model: the shared tier's secret files and the MACs of
- * its entries (a vector from an independent HMAC, and what each tag binds).
+ * its entries (a vector from an independent AES-GCM and HKDF, and what each
+ * tag binds).
  *
  * KV files are real: the tiny fixture model prefills a few tokens once and
  * cb_kv_serialize writes them under many token-id lists (distinct keys).
@@ -1458,6 +1459,16 @@ static void write_secret(const char *path, const char *text, mode_t mode)
     chmod(path, mode);
 }
 
+/* As a reader checks part i: under the upload key it derives from what
+ * the metadata says (id), against tag: 1 verifies, 0 not (or no context). */
+static int mac_check_as(const st_mac *m, const st_part_id *id, uint64_t i, const char *part, const uint8_t *tag)
+{
+    st_mac_ctx *c = st_mac_upload(m, id);
+    int ok = c && st_mac_check(c, id, i, part, strlen(part), tag) == 1;
+    st_mac_ctx_free(c);
+    return ok;
+}
+
 static void test_secrets(const char *tmp)
 {
     char dir[1100], p[1200], q[1400], user[128], pass[512];
@@ -1476,7 +1487,7 @@ static void test_secrets(const char *tmp)
     CHECK(cb_store_keygen(p, &err) == CB_ERR_CREATE);
     CHECK_OK(st_key_load(p, &m, &err));
     CHECK_OK(st_key_load(p, &m2, &err));
-    CHECK(m.ctx && strlen(m.id) == 16 && strcmp(m.id, m2.id) == 0);
+    CHECK(m.kdf && strlen(m.id) == 16 && strcmp(m.id, m2.id) == 0);
     snprintf(q, sizeof q, "%s/tier2.key", dir);
     CHECK_OK(cb_store_keygen(q, &err));
     CHECK_OK(st_key_load(q, &m2, &err));
@@ -1501,7 +1512,7 @@ static void test_secrets(const char *tmp)
     write_secret(q, "00112233\n", 0600);
     CHECK(st_key_load(q, &m, &err) == CB_ERR_FORMAT && strstr(err.msg, "not a tier key") && !strstr(err.msg, "0011"));
     snprintf(q, sizeof q, "%s/none.key", dir);
-    CHECK(st_key_load(q, &m, &err) == CB_ERR_NOT_FOUND && m.ctx == NULL);
+    CHECK(st_key_load(q, &m, &err) == CB_ERR_NOT_FOUND && m.kdf == NULL);
     snprintf(q, sizeof q, "%s/pw", dir);
     write_secret(q, "s3cret-Pw\n", 0600);
     CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_OK && !user[0] &&
@@ -1523,8 +1534,9 @@ static void test_secrets(const char *tmp)
               strstr(err.msg, "owned by user 1"));
     }
 
-    tcase("part MAC: HMAC-SHA256 of the layout in cb-store(5), as Python's hmac computes it");
-    uint8_t K[ST_KEY_BYTES], tag[ST_TAG_BYTES], t2[ST_TAG_BYTES];
+    tcase("part MAC: AES-256-GMAC under the upload's HKDF key, the layout of cb-store(5), as Python's "
+          "cryptography computes it");
+    uint8_t K[ST_KEY_BYTES], tag[ST_TAG_BYTES], t2[ST_TAG_BYTES], t3[ST_TAG_BYTES];
     for (int i = 0; i < ST_KEY_BYTES; i++)
         K[i] = (uint8_t)i;
     char ekey[66];
@@ -1535,52 +1547,69 @@ static void test_secrets(const char *tmp)
     st_part_id id = {"0123456789abcdef0123456789abcdef", ekey, {0}, 3, 4096};
     for (int i = 0; i < ST_NONCE_BYTES; i++)
         id.nonce[i] = (uint8_t)(100 + i);
-    static const char part[] = "the header part";
-    /* python3: hmac.new(bytes(range(32)), b"cacheblend-part-v1\0" + sid + key + bytes(range(100, 116)) +
-     * struct.pack("<QQQQ", 1, 3, 4096, 15) + b"the header part", hashlib.sha256).hexdigest() */
-    static const char want[] = "3b2abb9617b4fa48fb4979a68ab5dd1f78efae661f364aef78f630b1b6c8eba1";
+    static const char part[] = "the header part", other[] = "the layer 0 part";
+    /* python3 (cryptography): sid, key = b"0123456789abcdef" * 2, b"a" * 32 + b"-" + b"b" * 32;
+     * nonce = bytes(range(100, 116)); ku = HKDFExpand(hashes.SHA256(), 32,
+     *     b"cacheblend-entry-key-v2\0" + sid + key + nonce).derive(bytes(range(32)));
+     * AESGCM(ku).encrypt(struct.pack("<Q", 1) + bytes(4), b"", b"cacheblend-part-v2\0" + sid + key +
+     *     nonce + struct.pack("<QQQQ", 1, 3, 4096, 15) + b"the header part").hex() */
+    static const char want[] = "d9b19211c601f163f8456a8387f7f92b";
     char hex[2 * ST_TAG_BYTES + 1];
+    CHECK(st_mac_upload(&m, &id) == NULL && st_mac_part(NULL, &id, 1, part, strlen(part), tag) == -1); /* no key */
     CHECK_OK(st_mac_from_key(&m, K, &err));
-    CHECK(strcmp(m.id, "42b36802331f4633") == 0);
-    CHECK_OK(st_mac_part(m.ctx, &id, 1, part, strlen(part), tag));
+    CHECK(strcmp(m.id, "42b36802331f4633") == 0); /* the key's id is v1's: HMAC-SHA256(K, "cacheblend-key-id-v1") */
+    st_mac_ctx *c = st_mac_upload(&m, &id);
+    CHECK(c != NULL);
+    CHECK_OK(st_mac_part(c, &id, 1, part, strlen(part), tag));
     for (int i = 0; i < ST_TAG_BYTES; i++)
         snprintf(hex + 2 * i, 3, "%02x", tag[i]);
     CHECKF(strcmp(hex, want) == 0, "%s", hex);
-    CHECK(st_mac_check(m.ctx, &id, 1, part, strlen(part), tag) == 1);
+    CHECK_OK(st_mac_part(c, &id, 2, other, strlen(other), t2)); /* the context holds no state between parts */
+    CHECK(st_mac_check(c, &id, 1, part, strlen(part), tag) == 1 && st_mac_check(c, &id, 2, other, strlen(other), t2) == 1);
 
-    tcase("part MAC: binds the tier, the entry, the upload, the place, the size, every byte");
-    st_mac_ctx *c = st_mac_dup(&m);
-    CHECK(c != NULL && st_mac_check(c, &id, 1, part, strlen(part), tag) == 1);
+    tcase("part MAC: binds the tier, the entry, the upload, the place, the count, the size, every byte");
     CHECK(st_mac_check(c, &id, 0, part, strlen(part), tag) == 0);              /* another place */
     CHECK(st_mac_check(c, &id, 2, part, strlen(part), tag) == 0);
+    CHECK(st_mac_check(c, &id, 2, part, strlen(part), tag) == 0 &&             /* two parts swapped */
+          st_mac_check(c, &id, 1, other, strlen(other), t2) == 0 && st_mac_check(c, &id, 1, other, strlen(other), tag) == 0);
     CHECK(st_mac_check(c, &id, 1, part, strlen(part) - 1, tag) == 0);          /* cut short */
     char flipped[sizeof part];
     memcpy(flipped, part, sizeof part);
     flipped[3] ^= 1;
     CHECK(st_mac_check(c, &id, 1, flipped, strlen(part), tag) == 0);           /* one bit */
+    /* each changed field checked as a reader does (the upload's key derived
+     * from what the metadata says) and under the right upload's key */
     st_part_id o = id;
     o.n_parts = 2;
-    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* fewer parts */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* count */
     o = id;
     o.total = 4095;
-    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* another size */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* size */
     o = id;
     o.nonce[0] ^= 1;
-    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* another upload */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* upload */
     char k2[66];
     memcpy(k2, ekey, sizeof k2);
     k2[64] = 'c';
     o = id;
     o.key = k2;
-    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* another entry */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* entry */
     o = id;
     o.sid = "1123456789abcdef0123456789abcdef";
-    CHECK(st_mac_check(c, &o, 1, part, strlen(part), tag) == 0);               /* another tier */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* tier */
+    CHECK(mac_check_as(&m, &id, 1, part, tag) == 1); /* and unchanged, a reader's own context verifies */
+    o = id;
+    o.nonce[15] ^= 0x80; /* another upload of the same part: another key, another tag */
+    st_mac_ctx *co = st_mac_upload(&m, &o);
+    CHECK(co && st_mac_part(co, &o, 1, part, strlen(part), t3) == 0 && memcmp(tag, t3, sizeof tag) != 0);
+    st_mac_ctx_free(co);
     K[0] ^= 1;
     CHECK_OK(st_mac_from_key(&m2, K, &err));
-    CHECK(st_mac_check(m2.ctx, &id, 1, part, strlen(part), tag) == 0);          /* another key */
-    CHECK_OK(st_mac_part(m2.ctx, &id, 1, part, strlen(part), t2));
-    CHECK(memcmp(tag, t2, sizeof tag) != 0 && strcmp(m.id, m2.id) != 0);
+    CHECK(mac_check_as(&m2, &id, 1, part, tag) == 0);                          /* another key */
+    co = st_mac_upload(&m2, &id);
+    CHECK(co && st_mac_part(co, &id, 1, part, strlen(part), t3) == 0 && memcmp(tag, t3, sizeof tag) != 0 &&
+          strcmp(m.id, m2.id) != 0);
+    st_mac_ctx_free(co);
     uint8_t n1[ST_NONCE_BYTES], n2[ST_NONCE_BYTES];
     CHECK(st_mac_nonce(n1) == 0 && st_mac_nonce(n2) == 0 && memcmp(n1, n2, sizeof n1) != 0);
     st_mac_ctx_free(c);
