@@ -104,6 +104,16 @@ $(error CUDA=1 but nvcc was not found (put it on PATH or set NVCC=/path/to/nvcc)
 endif
 endif
 
+# The CPU's kernel files (lib/backend), each compiled with its ISA's flags
+# whatever the build's -march, and called only on a CPU that has them (the
+# fuzz build applies the same flags).
+ISA_FLAGS_qmm_avx2 := -mavx2 -mfma -mf16c
+ISA_FLAGS_qgemm_avx2 := -mavx2 -mfma -mf16c
+ISA_FLAGS_qgemm_avxvnni := -mavx2 -mfma -mf16c -mavxvnni
+ISA_FLAGS_qgemm_avx512 := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl
+ISA_FLAGS_qgemm_avx512vnni := $(ISA_FLAGS_qgemm_avx512) -mavx512vnni
+ISA_FILES := qmm_avx2 qgemm_avx2 qgemm_avxvnni qgemm_avx512 qgemm_avx512vnni
+
 # The libFuzzer harnesses (make fuzz, make fuzz-build).
 include tests/fuzz/fuzz.mk
 
@@ -116,13 +126,9 @@ lib: $(LIBA) $(LIBSO) ## build lib/libcbcore.a and lib/libcbcore.so
 
 progs: $(PROG_BIN) ## build the programs into bin/
 
-# The AVX2 kernels: built for AVX2 whatever -march is, called only on CPUs
-# that have it (lib/backend/qmm.c checks at run time).
-$(BUILD)/lib/backend/qmm_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -O3
-$(BUILD)/lib/backend/qgemm_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -O3
-$(BUILD)/lib/backend/qgemm_avxvnni.o: CFLAGS += -mavx2 -mfma -mf16c -mavxvnni -O3
-$(BUILD)/lib/backend/qgemm_avx512.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -O3
-$(BUILD)/lib/backend/qgemm_avx512vnni.o: CFLAGS += -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni -O3
+# The kernel files' ISA flags (ISA_FLAGS_*, above); lib/backend/qmm.c and
+# qgemm.c check the CPU at run time.
+$(foreach f,$(ISA_FILES),$(eval $(BUILD)/lib/backend/$(f).o: CFLAGS += $(ISA_FLAGS_$(f)) -O3))
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

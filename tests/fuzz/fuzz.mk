@@ -28,6 +28,9 @@ FUZZ       ?= $(FUZZ_NAMES)
 fuzz-cc:
 	@[ -n "$(FUZZ_CC)" ] || { echo "make fuzz: no clang 15 or later (make deps installs clang-16 and libclang-rt-16-dev)" >&2; exit 69; }
 
+# the CPU's kernel files, each with its ISA's flags (the Makefile's ISA_FLAGS_*)
+$(foreach f,$(ISA_FILES),$(eval $(FUZZ_B)/lib/backend/$(f).o: FUZZ_CFLAGS += $(ISA_FLAGS_$(f))))
+
 $(FUZZ_B)/%.o: %.c | fuzz-cc
 	@mkdir -p $(dir $@)
 	@[ "$(Q)" = "" ] || echo "  FUZZCC  $<"
@@ -67,6 +70,8 @@ FUZZ_COVBIN := $(FUZZ_NAMES:%=$(FUZZ_COVB)/fuzz_%)
 FUZZ_CORPUS ?= $(FUZZ_B)/corpus
 
 .PHONY: fuzz-cov
+
+$(foreach f,$(ISA_FILES),$(eval $(FUZZ_COVB)/lib/backend/$(f).o: FUZZ_CFLAGS += $(ISA_FLAGS_$(f))))
 
 $(FUZZ_COVB)/%.o: %.c | fuzz-cc
 	@mkdir -p $(dir $@)
