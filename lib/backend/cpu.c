@@ -28,10 +28,11 @@
 #include <unistd.h>
 
 enum {
-    QG_ROW_MAX = 6,   /* 8-bit activations: up to this many rows through the one-row kernel,
-                         more through packed panels (measured, q4_K 8960 x 1536, one thread:
-                         the one-row kernel ahead up to 6 rows, packing ahead from 7; q4_0
-                         up to 8) */
+    QG_ROW_MAX_K = 12, /* 8-bit activations: up to this many rows through the one-row kernel
+                         (the rows sharing each block's decoding), more through packed panels
+                         (measured, 8960 x 1536 weights, one thread: q4_K's one-row kernel ahead
+                         up to 10-12 rows, q6_K's to 16) */
+    QG_ROW_MAX_0 = 4,  /* ... the 32-element types (q4_0, q5_0: packing ahead from 5-6) */
     MM_SMALL = 12,    /* up to this many rows: the quantized dot kernels (measured: they beat
                          dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
     PANEL_MAX = 128,  /* weight rows per sgemm panel */
@@ -355,21 +356,21 @@ static void qg_row_task(void *arg, int64_t i, int tid)
     const cb_bweight *w = j->w[k];
     int64_t o0 = (i - j->first[k]) * j->per, o1 = o0 + j->per < w->n_out ? o0 + j->per : w->n_out;
     int f = qg_is_k(w->type) ? 0 : 1;
-    /* 64 weight rows at a time for every activation row: they stay in cache */
+    /* 64 weight rows at a time for every activation row, four of which
+     * share each block's decoding: the rows stay in cache */
     for (int64_t a = o0; a < o1; a += 64)
-        for (int64_t r = 0; r < j->n; r++)
-            c->qg.gemv(w->type, w->data, w->row_bytes, w->n_in, j->xq[f] + (size_t)r * c->xg_row[f], a,
-                       a + 64 < o1 ? a + 64 : o1, j->y[k] + (j->r0 + r) * w->n_out);
+        c->qg.gemv(w->type, w->data, w->row_bytes, w->n_in, j->xq[f], c->xg_row[f], (int)j->n, a,
+                   a + 64 < o1 ? a + 64 : o1, j->y[k] + j->r0 * w->n_out, w->n_out);
 }
 
 /* y[k] = x . w[k]^T for nw <= MM_MULTI qg weights of one n_in: x quantized
  * once per form, in slices of the rows xg holds (all of them after
- * cpu_reserve); up to QG_ROW_MAX rows through the one-row kernel, more
+ * cpu_reserve); up to QG_ROW_MAX_K (_0) rows through the one-row kernel, more
  * through packed panels (the same bits either way) */
 static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
 {
     qg_job j = {.c = c, .x = x};
-    int nt = cb_pool_size(c->pool), rows = n <= QG_ROW_MAX;
+    int nt = cb_pool_size(c->pool), rows = n <= (qg_is_k(w[0]->type) ? QG_ROW_MAX_K : QG_ROW_MAX_0);
     pthread_mutex_lock(&c->xg_mu);
     if (!grow_xg(c, n) && !grow_xg(c, 64)) {
         /* no memory for even a small slice: the exact path, weight by weight */

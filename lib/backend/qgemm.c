@@ -153,29 +153,42 @@ void qg_interleave_c(const int8_t *q, int n, int p, uint8_t *dst)
 void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
              const qg_kernels *k)
 {
+    enum { QBUF = 32768 }; /* the chunk's integers: in L1 until interleaved */
+    if (k->pack) {
+        k->pack(t, w, row_bytes, n_in, o0, nr, dst, k->layout);
+        return;
+    }
     qg_layout l = k->layout;
-    int n = qg_is_k(t) ? 256 : 32;
+    int n = qg_is_k(t) ? 256 : 32, ch = QBUF / (n * l.p);
     int64_t nb = n_in / n;
     size_t bb = block_bytes(t, l.p), wb = cb_type_row_bytes(t, n);
-    int8_t q[QG_PMAX * 256];
+    int8_t q[QBUF];
     qg_scales sc;
     if (nr < l.p) {
         memset(dst, 0, bb * (size_t)nb);
         memset(q, 0, sizeof q);
     }
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *pb = dst + (size_t)b * bb;
+    /* each row read straight through a chunk of blocks (one stream the
+     * hardware prefetches, with a hint ahead; block by block across the
+     * rows it ran at 1-1.7 GB/s), then the chunk's blocks interleaved */
+    for (int64_t b0 = 0; b0 < nb; b0 += ch) {
+        int nbc = nb - b0 < ch ? (int)(nb - b0) : ch;
         for (int i = 0; i < nr; i++) {
-            k->decode(t, w + (size_t)(o0 + i) * row_bytes + (size_t)b * wb, q + i * n, &sc);
-            pack_scales(t, &sc, i, pb, l);
+            const uint8_t *row = w + (size_t)(o0 + i) * row_bytes + (size_t)b0 * wb;
+            for (int b = 0; b < nbc; b++) {
+                __builtin_prefetch(row + (size_t)b * wb + 2048);
+                k->decode(t, row + (size_t)b * wb, q + (b * l.p + i) * n, &sc);
+                pack_scales(t, &sc, i, dst + (size_t)(b0 + b) * bb, l);
+            }
         }
-        k->interleave(q, n, l.p, pb);
+        for (int b = 0; b < nbc; b++)
+            k->interleave(q + b * l.p * n, n, l.p, dst + (size_t)(b0 + b) * bb);
     }
 }
 
-/* qg_gemm's sums for one row, from the GGUF blocks where they lie */
-void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0, int64_t o1,
-               float *y)
+/* qg_gemm's sums for one activation row, from the GGUF blocks where they lie */
+static void gemv_row_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
+                       int64_t o1, float *y)
 {
     int k = qg_is_k(t), q6 = t == CB_TYPE_Q6_K, n = k ? 256 : 32;
     int64_t nb = n_in / n;
@@ -216,6 +229,13 @@ void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
         }
         y[o] = acc;
     }
+}
+
+void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq, int nr,
+               int64_t o0, int64_t o1, float *y, int64_t ldy)
+{
+    for (int r = 0; r < nr; r++)
+        gemv_row_c(t, w, row_bytes, n_in, xq + (size_t)r * ldxq, o0, o1, y + r * ldy);
 }
 
 /* ---------------------------------------------------------- activations */
@@ -355,8 +375,13 @@ unsigned qg_cpu_isas(void) { return 1u << QG_ISA_C; }
 void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq) { qg_quant8k_c(x, n, xq); }
 void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst) { qg_interleave_c(q, n, p, dst); }
 void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s) { qg_decode_c(t, b, q, s); }
-void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
-                  int64_t o1, float *y) { qg_gemv_c(t, w, row_bytes, n_in, xq, o0, o1, y); }
+void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
+                  qg_layout l) { (void)t, (void)w, (void)row_bytes, (void)n_in, (void)o0, (void)nr, (void)dst, (void)l; }
+void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq,
+                  int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
+{
+    qg_gemv_c(t, w, row_bytes, n_in, xq, ldxq, nr, o0, o1, y, ldy);
+}
 #define NO_X86(NAME)                                                                                          \
     void NAME(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np, \
               float *y, int64_t ldy) { qg_gemm_c(t, panel, n_in, xq, ldxq, n, np, y, ldy); }
@@ -388,6 +413,7 @@ void qg_select_isa(int isa, qg_kernels *k)
     k->gemv = isa == QG_ISA_C ? qg_gemv_c : qg_gemv_avx2;
     k->interleave = isa == QG_ISA_C ? qg_interleave_c : qg_interleave_avx2;
     k->decode = isa == QG_ISA_C ? qg_decode_c : qg_decode_avx2;
+    k->pack = isa == QG_ISA_C ? NULL : qg_pack_avx2;
     k->quant_0 = qmm_quant(isa != QG_ISA_C);
 }
 

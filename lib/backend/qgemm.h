@@ -111,6 +111,12 @@ void qg_decode_c(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s);
 void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s);
 
 typedef struct qg_kernels qg_kernels;
+/* The AVX2 packer (qg_pack's work in one pass, the same bytes as the
+ * portable one): k->pack when the kernels have it. */
+typedef void (*qg_pack_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr,
+                           uint8_t *dst, qg_layout l);
+void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
+                  qg_layout l);
 /* The packed panel of W rows o0 .. o0+nr-1 (nr <= k->layout.p; missing
  * rows are zero) into dst [qg_panel_bytes], in k's layout, decoded and
  * interleaved by k's kernels. */
@@ -138,15 +144,17 @@ void qg_gemm_avx512(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t
 void qg_gemm_avx512vnni(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
                         int np, float *y, int64_t ldy);
 
-/* y[o] for o in [o0, o1) = W row o (GGUF layout, row_bytes apart) times
- * one activation row xq in t's form: the same bits qg_gemm gives for that
- * row (decode: no packing). */
+/* y[r*ldy + o] for o in [o0, o1) and r < nr = W row o (GGUF layout,
+ * row_bytes apart) times activation row r (at xq + r * ldxq bytes, in t's
+ * form): the same bits qg_gemm gives for that row (decode and a few rows:
+ * no packing; the rows share each weight block's decoding, QG_R at a
+ * time). */
 typedef void (*qg_gemv_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
-                           int64_t o0, int64_t o1, float *y);
-void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0, int64_t o1,
-               float *y);
-void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
-                  int64_t o1, float *y);
+                           size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
+void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq, int nr,
+               int64_t o0, int64_t o1, float *y, int64_t ldy);
+void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq,
+                  int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
 
 struct qg_kernels {
     qg_quant_fn quant_k;  /* K types' activation quantizer */
@@ -154,7 +162,8 @@ struct qg_kernels {
     qg_gemm_fn gemm;
     qg_layout layout;     /* the panels gemm reads */
     qg_gemv_fn gemv;
-    qg_decode_fn decode;  /* the packer's */
+    qg_decode_fn decode;  /* the portable packer's */
+    qg_pack_fn pack;      /* NULL: the portable packer (decode, interleave) */
     qg_interleave_fn interleave;
     const char *isa;      /* the blocked kernels': "avx512vnni", "avx512", "avxvnni", "avx2" or "c" */
 };

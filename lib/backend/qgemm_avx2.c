@@ -80,31 +80,38 @@ void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq)
 
 /* --------------------------------------------------------------- packing */
 
+/* r[i] (eight rows' dwords 0..7) transposed: out[d] = dword d of rows 0..7 */
+AI void transpose8(const __m256i *r, __m256i *out)
+{
+    __m256i a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]); /* r0[0] r1[0] r0[1] r1[1] | r0[4] ... */
+        a[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        b[i] = _mm256_unpacklo_epi64(a[i], a[i + 2]);         /* dword 0 of rows i..i+3 | dword 4 */
+        b[i + 1] = _mm256_unpackhi_epi64(a[i], a[i + 2]);     /* dword 1 | 5 */
+        b[i + 2] = _mm256_unpacklo_epi64(a[i + 1], a[i + 3]); /* 2 | 6 */
+        b[i + 3] = _mm256_unpackhi_epi64(a[i + 1], a[i + 3]); /* 3 | 7 */
+    }
+    for (int d = 0; d < 4; d++) {
+        out[d] = _mm256_permute2x128_si256(b[d], b[4 + d], 0x20);
+        out[d + 4] = _mm256_permute2x128_si256(b[d], b[4 + d], 0x31);
+    }
+}
+
 /* qg_interleave_c: each eight rows' 32-byte pieces transposed as 8 x 8
  * dwords (p 16: two such groups, side by side in each chunk) */
 void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst)
 {
     for (int c = 0; c < n; c += 32, dst += 32 * p)
         for (int h = 0; h < p; h += 8) {
-            __m256i r[8], a[8], b[8];
+            __m256i r[8], o[8];
             for (int i = 0; i < 8; i++)
                 r[i] = _mm256_loadu_si256((const __m256i *)(const void *)(q + (h + i) * n + c));
-            for (int i = 0; i < 8; i += 2) {
-                a[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]); /* r0[0] r1[0] r0[1] r1[1] | r0[4] ... */
-                a[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
-            }
-            for (int i = 0; i < 8; i += 4) {
-                b[i] = _mm256_unpacklo_epi64(a[i], a[i + 2]);         /* dword 0 of rows i..i+3 | dword 4 */
-                b[i + 1] = _mm256_unpackhi_epi64(a[i], a[i + 2]);     /* dword 1 | 5 */
-                b[i + 2] = _mm256_unpacklo_epi64(a[i + 1], a[i + 3]); /* 2 | 6 */
-                b[i + 3] = _mm256_unpackhi_epi64(a[i + 1], a[i + 3]); /* 3 | 7 */
-            }
-            for (int d = 0; d < 4; d++) {
-                _mm256_storeu_si256((__m256i *)(void *)(dst + 4 * p * d + 4 * h),
-                                    _mm256_permute2x128_si256(b[d], b[4 + d], 0x20));
-                _mm256_storeu_si256((__m256i *)(void *)(dst + 4 * p * (d + 4) + 4 * h),
-                                    _mm256_permute2x128_si256(b[d], b[4 + d], 0x31));
-            }
+            transpose8(r, o);
+            for (int d = 0; d < 8; d++)
+                _mm256_storeu_si256((__m256i *)(void *)(dst + 4 * p * d + 4 * h), o[d]);
         }
 }
 
@@ -171,13 +178,16 @@ static const uint8_t bcast16_idx[8][32] = {
 #undef I
 };
 
-/* One K block of one weight row against x: the block's integer sum
- * sum_s sc_s sum_j w[j] q[j] spread over 8 lanes (*vi) and the offsets'
- * sum_s m_s bs32_s over 4 (*vm).  kind 4: q4_K, 5: q5_K, 6: q6_K (whose
- * -32 * sc offsets come off vi; vm stays 0). */
-AI void kblock(const int kind, const uint8_t *b, const qg_q8k *x, __m256i *vi, __m256i *vm)
+/* One K block of one weight row against R activation rows xr[r] (their
+ * block): each row's integer sum sum_s sc_s sum_j w[j] q[j] spread over 8
+ * lanes (vi[r]) and its offsets' sum_s m_s bs32_s over 4 (vm[r]).  The
+ * weights are decoded once for the R rows.  kind 4: q4_K, 5: q5_K, 6: q6_K
+ * (whose -32 * sc offsets come off vi; vm stays 0). */
+AI void kblock(const int kind, const int R, const uint8_t *b, const qg_q8k *const *xr, __m256i *vi, __m256i *vm)
 {
-    __m256i acc = _mm256_setzero_si256();
+    __m256i acc[QG_R];
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_si256();
     if (kind == 6) {
         __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b + 192)));
         const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
@@ -190,15 +200,19 @@ AI void kblock(const int kind, const uint8_t *b, const qg_q8k *x, __m256i *vi, _
                 l = _mm256_and_si256(k & 2 ? _mm256_srli_epi16(l, 4) : l, m4);
                 __m256i hh = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), m2);
                 __m256i q = _mm256_or_si256(l, _mm256_slli_epi16(hh, 4));
-                __m256i p = _mm256_maddubs_epi16(q, ld((const uint8_t *)x->q + 128 * n + 32 * k));
                 /* sub-blocks 8n+2k (elements 0-15: the low half) and 8n+2k+1 */
                 __m256i s = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(4 * n + k)), pick);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+                for (int r = 0; r < R; r++) {
+                    __m256i p = _mm256_maddubs_epi16(q, ld((const uint8_t *)xr[r]->q + 128 * n + 32 * k));
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, s));
+                }
             }
         }
-        __m256i off = _mm256_madd_epi16(_mm256_slli_epi16(sc, 5), ld((const uint8_t *)x->bs16));
-        *vi = _mm256_sub_epi32(acc, off);
-        *vm = _mm256_setzero_si256();
+        __m256i sc32 = _mm256_slli_epi16(sc, 5);
+        for (int r = 0; r < R; r++) {
+            vi[r] = _mm256_sub_epi32(acc[r], _mm256_madd_epi16(sc32, ld((const uint8_t *)xr[r]->bs16)));
+            vm[r] = _mm256_setzero_si256();
+        }
         return;
     }
     uint32_t w0 = rd32(b + 4), w1 = rd32(b + 8), w2 = rd32(b + 12);
@@ -206,9 +220,10 @@ AI void kblock(const int kind, const uint8_t *b, const qg_q8k *x, __m256i *vi, _
     uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
     __m256i scm = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
     __m256i sc2 = _mm256_permute2x128_si256(scm, scm, 0x00); /* sc0..7 in both halves */
-    __m128i bs = _mm_loadu_si128((const __m128i *)(const void *)x->bs32);
-    __m128i mm = _mm_madd_epi16(_mm256_extracti128_si256(scm, 1), bs);
-    *vm = _mm256_set_m128i(_mm_setzero_si128(), mm);
+    for (int r = 0; r < R; r++) {
+        __m128i bs = _mm_loadu_si128((const __m128i *)(const void *)xr[r]->bs32);
+        vm[r] = _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(_mm256_extracti128_si256(scm, 1), bs));
+    }
     __m256i hb = kind == 5 ? ld(b + 16) : _mm256_setzero_si256();
     const uint8_t *qs = b + (kind == 5 ? 48 : 16);
     for (int p = 0; p < 4; p++) {
@@ -220,13 +235,16 @@ AI void kblock(const int kind, const uint8_t *b, const qg_q8k *x, __m256i *vi, _
             lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), one), 4));
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p + 1), one), 4));
         }
-        __m256i p0 = _mm256_maddubs_epi16(lo, ld((const uint8_t *)x->q + 64 * p));
-        __m256i p1 = _mm256_maddubs_epi16(hi, ld((const uint8_t *)x->q + 64 * p + 32));
         __m256i s0 = _mm256_shuffle_epi8(sc2, ld(bcast16_idx[2 * p]));
         __m256i s1 = _mm256_shuffle_epi8(sc2, ld(bcast16_idx[2 * p + 1]));
-        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+        for (int r = 0; r < R; r++) {
+            __m256i p0 = _mm256_maddubs_epi16(lo, ld((const uint8_t *)xr[r]->q + 64 * p));
+            __m256i p1 = _mm256_maddubs_epi16(hi, ld((const uint8_t *)xr[r]->q + 64 * p + 32));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+        }
     }
-    *vi = acc;
+    for (int r = 0; r < R; r++)
+        vi[r] = acc[r];
 }
 
 /* the sum of v's eight 32-bit lanes */
@@ -239,14 +257,15 @@ AI int32_t hsum_i32(__m256i v)
 }
 
 /* The one-row kernels read eight weight rows at a time, each row straight
- * through (GB_K or GB_0 blocks at a time: one sequential stream over the
+ * through (a chunk of blocks at a time: one sequential stream over the
  * eight adjacent rows, which the hardware prefetches; reading the eight
  * rows block by block in turn ran at a third of the memory's speed), and
- * keep each row-block's exact integer sums (software prefetch ahead of the
- * stream: PF_AHEAD); then, block by block, the eight
- * rows' qg_gemm fused multiply-adds, lane by lane.  The last group's missing
+ * keep each row-block's exact integer sums for each of up to QG_R
+ * activation rows, which share the weights' decoding (software prefetch
+ * ahead of the stream: PF_AHEAD); then, block by block, the eight rows'
+ * qg_gemm fused multiply-adds, lane by lane.  The last group's missing
  * rows repeat its last row and are not stored. */
-enum { GB_K = 64, GB_0 = 64 };
+enum { GB_K = 64, GB_0 = 64 }; /* blocks a chunk, for one activation row; a quarter for more */
 /* Prefetching this far ahead of the block being read (measured: 1 KB
  * ahead reached 9.8 GB/s from memory on q4_K, one thread; 4 KB 11.8;
  * without, 6.7: the hardware's prefetcher alone leaves the loop waiting) */
@@ -254,83 +273,98 @@ enum { GB_K = 64, GB_0 = 64 };
 #define PF_AHEAD 4096
 #endif
 
-/* K-quant rows [o0, o1) against one activation row */
-AI void gemv_k(const int kind, const uint8_t *w, size_t rb, int64_t n_in, const qg_q8k *x, int64_t o0, int64_t o1,
-               float *y)
+/* K-quant rows [o0, o1) against R activation rows (x + r * ldx blocks),
+ * results at y + r * ldy */
+AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in, const qg_q8k *x, int64_t ldx,
+               int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     const size_t bb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
+    const int gb = R == 1 ? GB_K : GB_K / QG_R; /* blocks a chunk: its sums stay in L1 */
     int64_t nb = n_in / 256;
-    int32_t is[GB_K][8], ms[GB_K][8];
+    int32_t is[QG_R][GB_K][8], ms[QG_R][GB_K][8];
     uint16_t dh[GB_K][8], mh[GB_K][8];
     for (int64_t o = o0; o < o1; o += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b0 = 0; b0 < nb; b0 += GB_K) {
-            int nbc = nb - b0 < GB_K ? (int)(nb - b0) : GB_K;
+        __m256 acc[QG_R];
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_setzero_ps();
+        for (int64_t b0 = 0; b0 < nb; b0 += gb) {
+            int nbc = nb - b0 < gb ? (int)(nb - b0) : gb;
             for (int i = 0; i < 8; i++) {
                 const uint8_t *row = w + (size_t)(o + i < o1 ? o + i : o1 - 1) * rb + (size_t)b0 * bb;
                 for (int b = 0; b < nbc; b++) {
                     const uint8_t *blk = row + (size_t)b * bb;
-                    __m256i vi, vm;
+                    const qg_q8k *xr[QG_R];
+                    __m256i vi[QG_R], vm[QG_R];
                     _mm_prefetch((const char *)(blk + PF_AHEAD), _MM_HINT_T0);
                     _mm_prefetch((const char *)(blk + PF_AHEAD + 64), _MM_HINT_T0);
                     _mm_prefetch((const char *)(blk + PF_AHEAD + 128), _MM_HINT_T0);
-                    kblock(kind, blk, x + b0 + b, &vi, &vm);
-                    is[b][i] = hsum_i32(vi);
-                    ms[b][i] = hsum_i32(vm);
+                    for (int r = 0; r < R; r++)
+                        xr[r] = x + r * ldx + b0 + b;
+                    kblock(kind, R, blk, xr, vi, vm);
+                    for (int r = 0; r < R; r++) {
+                        is[r][b][i] = hsum_i32(vi[r]);
+                        ms[r][b][i] = hsum_i32(vm[r]);
+                    }
                     dh[b][i] = rd16(blk + (kind == 6 ? 208 : 0));
                     mh[b][i] = kind == 6 ? 0 : rd16(blk + 2);
                 }
             }
             for (int b = 0; b < nbc; b++) {
-                __m256 dx = _mm256_set1_ps(x[b0 + b].d);
                 __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh[b]));
-                __m256 iv = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)is[b]));
-                acc = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, dx), acc);
-                if (kind != 6) {
-                    __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]));
-                    __m256 sv = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)ms[b]));
-                    acc = _mm256_fnmadd_ps(sv, _mm256_mul_ps(mv, dx), acc);
+                __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]));
+                for (int r = 0; r < R; r++) {
+                    __m256 dx = _mm256_set1_ps(x[r * ldx + b0 + b].d);
+                    __m256 iv = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)is[r][b]));
+                    acc[r] = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, dx), acc[r]);
+                    if (kind != 6) {
+                        __m256 sv = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)ms[r][b]));
+                        acc[r] = _mm256_fnmadd_ps(sv, _mm256_mul_ps(mv, dx), acc[r]);
+                    }
                 }
             }
         }
-        store8(acc, o1 - o < 8 ? (int)(o1 - o) : 8, y + o);
+        for (int r = 0; r < R; r++)
+            store8(acc[r], o1 - o < 8 ? (int)(o1 - o) : 8, y + r * ldy + o);
     }
 }
 
-/* 32-element rows [o0, o1) against one activation row (qmm_q8).  kind 40:
+/* 32-element rows [o0, o1) against R activation rows (qmm_q8).  kind 40:
  * q4_0, 41: q4_1, 50: q5_0, 51: q5_1, 80: q8_0 */
-AI void gemv_0(const int kind, const uint8_t *w, size_t rb, int64_t n_in, const qmm_q8 *x, int64_t o0, int64_t o1,
-               float *y)
+AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in, const qmm_q8 *x, int64_t ldx,
+               int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     const size_t bb = kind == 40 ? 18 : kind == 41 ? 20 : kind == 50 ? 22 : kind == 51 ? 24 : 34;
     const __m256i ones = _mm256_set1_epi16(1);
+    const int gb = R == 1 ? GB_0 : GB_0 / QG_R;
     int64_t nb = n_in / 32;
-    __m256i vs[GB_0][8]; /* a row-block's eight partial sums: tree8 adds them, eight rows at once */
+    __m256i vs[GB_0][8]; /* [b][i] for one row; [r * gb + b][i] for several: tree8 adds a block's eight */
     uint16_t dh[GB_0][8], mh[GB_0][8];
     for (int64_t o = o0; o < o1; o += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b0 = 0; b0 < nb; b0 += GB_0) {
-            int nbc = nb - b0 < GB_0 ? (int)(nb - b0) : GB_0;
+        __m256 acc[QG_R];
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_setzero_ps();
+        for (int64_t b0 = 0; b0 < nb; b0 += gb) {
+            int nbc = nb - b0 < gb ? (int)(nb - b0) : gb;
             for (int i = 0; i < 8; i++) {
                 const uint8_t *row = w + (size_t)(o + i < o1 ? o + i : o1 - 1) * rb + (size_t)b0 * bb;
                 for (int b = 0; b < nbc; b++) {
                     const uint8_t *blk = row + (size_t)b * bb;
-                    __m256i p, xv = ld((const uint8_t *)x[b0 + b].q);
-                    if ((b & 3) == 0) /* a line every 64 to 136 bytes */
-                        _mm_prefetch((const char *)(blk + PF_AHEAD), _MM_HINT_T0);
-                    if ((b & 3) == 2)
-                        _mm_prefetch((const char *)(blk + PF_AHEAD + 64), _MM_HINT_T0);
+                    __m256i q, aw = _mm256_setzero_si256();
                     if (kind == 80) {
-                        __m256i q = ld(blk + 2);
-                        p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+                        q = ld(blk + 2);
+                        aw = _mm256_sign_epi8(q, q);
                     } else {
-                        __m256i q = kind == 40   ? nib16(blk + 2)
-                                    : kind == 41 ? nib16(blk + 4)
-                                    : kind == 50 ? _mm256_or_si256(nib16(blk + 6), bits16(rd32(blk + 2)))
-                                                 : _mm256_or_si256(nib16(blk + 8), bits16(rd32(blk + 4)));
-                        p = _mm256_maddubs_epi16(q, xv);
+                        q = kind == 40   ? nib16(blk + 2)
+                            : kind == 41 ? nib16(blk + 4)
+                            : kind == 50 ? _mm256_or_si256(nib16(blk + 6), bits16(rd32(blk + 2)))
+                                         : _mm256_or_si256(nib16(blk + 8), bits16(rd32(blk + 4)));
                     }
-                    vs[b][i] = _mm256_madd_epi16(p, ones);
+                    for (int r = 0; r < R; r++) {
+                        __m256i xv = ld((const uint8_t *)x[r * ldx + b0 + b].q);
+                        __m256i p = kind == 80 ? _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, q))
+                                               : _mm256_maddubs_epi16(q, xv);
+                        vs[r * gb + b][i] = _mm256_madd_epi16(p, ones);
+                    }
                     dh[b][i] = rd16(blk);
                     mh[b][i] = rd16(blk + 2);
                 }
@@ -342,52 +376,72 @@ AI void gemv_0(const int kind, const uint8_t *w, size_t rb, int64_t n_in, const 
                             : kind == 40 ? _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f))
                             : kind == 50 ? _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f))
                                          : _mm256_setzero_ps();
-                __m256 iv = _mm256_cvtepi32_ps(tree8(vs[b]));
-                acc = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, _mm256_set1_ps(x[b0 + b].d)), acc);
-                acc = _mm256_fmadd_ps(bv, _mm256_set1_ps(x[b0 + b].s), acc);
+                for (int r = 0; r < R; r++) {
+                    const qmm_q8 *xb = &x[r * ldx + b0 + b];
+                    __m256 iv = _mm256_cvtepi32_ps(tree8(vs[r * gb + b]));
+                    acc[r] = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(bv, _mm256_set1_ps(xb->s), acc[r]);
+                }
             }
         }
-        store8(acc, o1 - o < 8 ? (int)(o1 - o) : 8, y + o);
+        for (int r = 0; r < R; r++)
+            store8(acc[r], o1 - o < 8 ? (int)(o1 - o) : 8, y + r * ldy + o);
     }
 }
 
-static void gemv_q4k(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x, int64_t o0, int64_t o1, float *y)
-{
-    gemv_k(4, w, rb, n, (const qg_q8k *)(const void *)x, o0, o1, y);
-}
-static void gemv_q5k(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x, int64_t o0, int64_t o1, float *y)
-{
-    gemv_k(5, w, rb, n, (const qg_q8k *)(const void *)x, o0, o1, y);
-}
-static void gemv_q6k(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x, int64_t o0, int64_t o1, float *y)
-{
-    gemv_k(6, w, rb, n, (const qg_q8k *)(const void *)x, o0, o1, y);
-}
-#define GEMV0(NAME, KIND)                                                                                        \
-    static void gemv_##NAME(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x, int64_t o0, int64_t o1,     \
-                            float *y)                                                                            \
-    {                                                                                                            \
-        gemv_0(KIND, w, rb, n, (const qmm_q8 *)(const void *)x, o0, o1, y);                                      \
+/* the entry points: one function per (type, row count), the kernels
+ * instantiated with constant R */
+typedef void (*gemv_fn)(const uint8_t *w, size_t rb, int64_t n_in, const uint8_t *x, size_t ldx, int64_t o0,
+                        int64_t o1, float *y, int64_t ldy);
+#define GEMV_K(KIND, R)                                                                                        \
+    static void gemv_k##KIND##_##R(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x, size_t ldx,       \
+                                   int64_t o0, int64_t o1, float *y, int64_t ldy)                              \
+    {                                                                                                          \
+        gemv_k(KIND, R, w, rb, n, (const qg_q8k *)(const void *)x, (int64_t)(ldx / sizeof(qg_q8k)), o0, o1, y, \
+               ldy);                                                                                           \
     }
-GEMV0(q4_0, 40)
-GEMV0(q4_1, 41)
-GEMV0(q5_0, 50)
-GEMV0(q5_1, 51)
-GEMV0(q8_0, 80)
+#define GEMV_0(KIND, R)                                                                                        \
+    static void gemv_0##KIND##_##R(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x, size_t ldx,       \
+                                   int64_t o0, int64_t o1, float *y, int64_t ldy)                              \
+    {                                                                                                          \
+        gemv_0(KIND, R, w, rb, n, (const qmm_q8 *)(const void *)x, (int64_t)(ldx / sizeof(qmm_q8)), o0, o1, y, \
+               ldy);                                                                                           \
+    }
+#define GEMV_ALL(M, KIND) M(KIND, 1) M(KIND, 2) M(KIND, 3) M(KIND, 4)
+GEMV_ALL(GEMV_K, 4)
+GEMV_ALL(GEMV_K, 5)
+GEMV_ALL(GEMV_K, 6)
+GEMV_ALL(GEMV_0, 40)
+GEMV_ALL(GEMV_0, 41)
+GEMV_ALL(GEMV_0, 50)
+GEMV_ALL(GEMV_0, 51)
+GEMV_ALL(GEMV_0, 80)
+#define GEMV_TAB(P, KIND)                                                                                      \
+    {                                                                                                          \
+        NULL, P##KIND##_1, P##KIND##_2, P##KIND##_3, P##KIND##_4                                               \
+    }
 
-void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
-                  int64_t o1, float *y)
+void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq,
+                  int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
+    static const gemv_fn k4[] = GEMV_TAB(gemv_k, 4), k5[] = GEMV_TAB(gemv_k, 5), k6[] = GEMV_TAB(gemv_k, 6),
+                         q40[] = GEMV_TAB(gemv_0, 40), q41[] = GEMV_TAB(gemv_0, 41), q50[] = GEMV_TAB(gemv_0, 50),
+                         q51[] = GEMV_TAB(gemv_0, 51), q80[] = GEMV_TAB(gemv_0, 80);
+    const gemv_fn *f;
     switch (t) {
-    case CB_TYPE_Q4_0: gemv_q4_0(w, row_bytes, n_in, xq, o0, o1, y); break;
-    case CB_TYPE_Q4_1: gemv_q4_1(w, row_bytes, n_in, xq, o0, o1, y); break;
-    case CB_TYPE_Q5_0: gemv_q5_0(w, row_bytes, n_in, xq, o0, o1, y); break;
-    case CB_TYPE_Q5_1: gemv_q5_1(w, row_bytes, n_in, xq, o0, o1, y); break;
-    case CB_TYPE_Q8_0: gemv_q8_0(w, row_bytes, n_in, xq, o0, o1, y); break;
-    case CB_TYPE_Q4_K: gemv_q4k(w, row_bytes, n_in, xq, o0, o1, y); break;
-    case CB_TYPE_Q5_K: gemv_q5k(w, row_bytes, n_in, xq, o0, o1, y); break;
-    case CB_TYPE_Q6_K: gemv_q6k(w, row_bytes, n_in, xq, o0, o1, y); break;
-    default: break;
+    case CB_TYPE_Q4_0: f = q40; break;
+    case CB_TYPE_Q4_1: f = q41; break;
+    case CB_TYPE_Q5_0: f = q50; break;
+    case CB_TYPE_Q5_1: f = q51; break;
+    case CB_TYPE_Q8_0: f = q80; break;
+    case CB_TYPE_Q4_K: f = k4; break;
+    case CB_TYPE_Q5_K: f = k5; break;
+    case CB_TYPE_Q6_K: f = k6; break;
+    default: return;
+    }
+    for (int r = 0; r < nr; r += QG_R) {
+        int n = nr - r < QG_R ? nr - r : QG_R;
+        f[n](w, row_bytes, n_in, xq + (size_t)r * ldxq, ldxq, o0, o1, y + r * ldy, ldy);
     }
 }
 
@@ -470,6 +524,110 @@ void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *o)
     default:
         return;
     }
+}
+
+/* ------------------------------------------------------- the packer */
+
+/* a 32-element block's integers as 32 bytes (qg_decode_c's), and its d and
+ * offset */
+AI __m256i dec32(cb_type t, const uint8_t *b, float *d, float *off)
+{
+    *d = f16(b);
+    switch (t) {
+    case CB_TYPE_Q4_0: *off = -8.0f * *d; return nib16(b + 2);
+    case CB_TYPE_Q4_1: *off = f16(b + 2); return nib16(b + 4);
+    case CB_TYPE_Q5_0: *off = -16.0f * *d; return _mm256_or_si256(nib16(b + 6), bits16(rd32(b + 2)));
+    case CB_TYPE_Q5_1: *off = f16(b + 2); return _mm256_or_si256(nib16(b + 8), bits16(rd32(b + 4)));
+    default: *off = 0.0f; return ld(b + 2); /* q8_0 */
+    }
+}
+
+/* qg_pack for the 32-element types: each row's blocks decoded straight
+ * through a chunk (one stream), then each block's eight rows transposed
+ * into place, its d and offsets stored as vectors */
+static void pack32(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int nr, uint8_t *dst, int p)
+{
+    enum { CH = 32 };
+    const size_t bb = cb_type_row_bytes(t, 32), pbb = (size_t)QG_OFF_0_BYTES * (size_t)p;
+    __m256i v[CH][8];
+    float d[CH][8], off[CH][8];
+    for (int h = 0; h < p; h += 8)
+        for (int64_t b0 = 0; b0 < nb; b0 += CH) {
+            int nbc = nb - b0 < CH ? (int)(nb - b0) : CH;
+            for (int ii = 0; ii < 8; ii++) {
+                int i = h + ii;
+                const uint8_t *row = w + (size_t)(o0 + (i < nr ? i : 0)) * rb + (size_t)b0 * bb;
+                for (int b = 0; b < nbc; b++) {
+                    if (i >= nr) { /* past the panel's rows: zeros */
+                        v[b][ii] = _mm256_setzero_si256();
+                        d[b][ii] = off[b][ii] = 0.0f;
+                        continue;
+                    }
+                    if ((b & 3) == 0)
+                        _mm_prefetch((const char *)(row + (size_t)b * bb + 2048), _MM_HINT_T0);
+                    v[b][ii] = dec32(t, row + (size_t)b * bb, &d[b][ii], &off[b][ii]);
+                }
+            }
+            for (int b = 0; b < nbc; b++) {
+                uint8_t *o = dst + (size_t)(b0 + b) * pbb;
+                __m256i tr[8];
+                transpose8(v[b], tr);
+                for (int c = 0; c < 8; c++)
+                    _mm256_storeu_si256((__m256i *)(void *)(o + 4 * (c * p + h)), tr[c]);
+                _mm256_storeu_ps((float *)(void *)(o + 4 * (QG_OFF_0_D / 4 * p + h)), _mm256_loadu_ps(d[b]));
+                _mm256_storeu_ps((float *)(void *)(o + 4 * (QG_OFF_0_B / 4 * p + h)), _mm256_loadu_ps(off[b]));
+            }
+        }
+}
+
+/* qg_pack for the K-quants: each row's blocks decoded straight through a
+ * chunk, its scales stored in place, then each block interleaved */
+static void packk(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int nr, uint8_t *dst, qg_layout l)
+{
+    enum { QBUF = 32768 };
+    const int p = l.p, ch = QBUF / (256 * p), q6 = t == CB_TYPE_Q6_K;
+    const size_t bb = cb_type_row_bytes(t, 256), pbb = (size_t)p * (q6 ? QG_OFF_K6_BYTES : QG_OFF_K45_BYTES);
+    const int ns = q6 ? 16 : 8, mn_off = q6 ? QG_OFF_K6_MN : QG_OFF_K45_MN, d_off = q6 ? QG_OFF_K6_D : QG_OFF_K45_D;
+    int8_t q[QBUF];
+    if (nr < p)
+        memset(q, 0, sizeof q);
+    for (int64_t b0 = 0; b0 < nb; b0 += ch) {
+        int nbc = nb - b0 < ch ? (int)(nb - b0) : ch;
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *row = w + (size_t)(o0 + i) * rb + (size_t)b0 * bb;
+            for (int b = 0; b < nbc; b++) {
+                uint8_t *o = dst + (size_t)(b0 + b) * pbb;
+                qg_scales sc;
+                _mm_prefetch((const char *)(row + (size_t)b * bb + 2048), _MM_HINT_T0);
+                qg_decode_avx2(t, row + (size_t)b * bb, q + (b * p + i) * 256, &sc);
+                for (int k = 0; k < ns; k++) {
+                    int32_t v = l.sc32 ? sc.sc[k] : (int32_t)((uint32_t)(uint16_t)sc.sc[k] * 0x10001u);
+                    memcpy(o + 4 * ((QG_OFF_K_SC / 4 + k) * p + i), &v, 4);
+                }
+                for (int k = 0; k < ns / 2; k++) {
+                    int16_t m2[2] = {sc.mn[2 * k], sc.mn[2 * k + 1]};
+                    memcpy(o + 4 * ((mn_off / 4 + k) * p + i), m2, 4);
+                }
+                memcpy(o + 4 * (d_off / 4 * p + i), &sc.d, 4);
+                memcpy(o + 4 * ((d_off / 4 + 1) * p + i), &sc.dmin, 4);
+            }
+        }
+        for (int b = 0; b < nbc; b++)
+            qg_interleave_avx2(q + b * p * 256, 256, p, dst + (size_t)(b0 + b) * pbb);
+    }
+}
+
+void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
+                  qg_layout l)
+{
+    int k = qg_is_k(t);
+    int64_t nb = n_in / (k ? 256 : 32);
+    if (nr < l.p) /* the missing rows' scales and offsets: zero */
+        memset(dst, 0, qg_panel_bytes(t, n_in, l.p));
+    if (k)
+        packk(t, w, row_bytes, nb, o0, nr, dst, l);
+    else
+        pack32(t, w, row_bytes, nb, o0, nr, dst, l.p);
 }
 
 /* --------------------------------------------- the blocked kernel (AVX2) */

@@ -49,7 +49,7 @@ static void *rowprod_run(void *arg)
 {
     job *j = arg;
     for (int64_t o = j->o0; o < j->o1; o += 64)
-        K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, o, o + 64 < j->o1 ? o + 64 : j->o1, j->y);
+        K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, 0, 1, o, o + 64 < j->o1 ? o + 64 : j->o1, j->y, 0);
     return NULL;
 }
 

@@ -197,7 +197,7 @@ int main(void)
             /* the one-row kernels, row by row: the blocked kernels' bits */
             for (int isa = QG_ISA_C; isa <= QG_ISA_AVX2; isa++) {
                 char name[160];
-                snprintf(name, sizeof name, "qgemm %s %lldx%lldx%lld: %s one-row kernel = blocked, bit for bit",
+                snprintf(name, sizeof name, "qgemm %s %lldx%lldx%lld: %s one-row kernel = blocked, bit for bit (a row, and rows together)",
                          cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out, isa_names[isa]);
                 if (!(isas & 1u << isa)) {
                     tskip(name, "this CPU has no AVX2");
@@ -206,13 +206,48 @@ int main(void)
                 tcase("%s", name);
                 qg_kernels k;
                 qg_select_isa(isa, &k);
-                for (int64_t r = 0; r < n; r++)
-                    k.gemv(t, p.w, p.rb, n_in, p.xq + (size_t)r * p.ab, 0, n_out, y + r * n_out);
-                CHECK(memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0);
+                for (int64_t r = 0; r < n; r++) /* row by row */
+                    k.gemv(t, p.w, p.rb, n_in, p.xq + (size_t)r * p.ab, p.ab, 1, 0, n_out, y + r * n_out, n_out);
+                int rows1 = memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0;
+                memset(y, 0xff, sizeof(float) * (size_t)(n * n_out)); /* all rows in one call (QG_R at a time) */
+                k.gemv(t, p.w, p.rb, n_in, p.xq, p.ab, (int)n, 0, n_out, y, n_out);
+                CHECK(rows1 && memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0);
             }
             free(y);
             problem_free(&p);
         }
+    }
+    /* the AVX2 packer = the portable one, byte for byte, every type and
+     * layout (8 and 16 rows, scales as pairs and as int32), a full panel
+     * and one cut short */
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        char name[96];
+        snprintf(name, sizeof name, "qgemm: AVX2 packer of %s panels = portable, every layout", cb_type_name(types[ti]));
+        if (!(isas & 1u << QG_ISA_AVX2)) {
+            tskip(name, "this CPU has no AVX2");
+            continue;
+        }
+        tcase("%s", name);
+        cb_type t = types[ti];
+        int64_t n_in = 2560 / cb_type_block_elems(t) * cb_type_block_elems(t), n_out = 29;
+        problem p;
+        problem_make(&p, t, 1, n_in, n_out);
+        qg_kernels c, a;
+        qg_select_isa(QG_ISA_C, &c);
+        qg_select_isa(QG_ISA_AVX2, &a);
+        for (int pr = 8; pr <= 16; pr += 8)
+            for (int s32 = 0; s32 <= 1; s32++)
+                for (int nr = pr; nr >= pr - 3; nr -= 3) {
+                    size_t pb = qg_panel_bytes(t, n_in, pr);
+                    uint8_t *x = malloc(pb), *y = malloc(pb);
+                    memset(x, 0x5a, pb), memset(y, 0xa5, pb);
+                    c.layout = a.layout = (qg_layout){pr, s32};
+                    qg_pack(t, p.w, p.rb, n_in, 5, nr, x, &c);
+                    qg_pack(t, p.w, p.rb, n_in, 5, nr, y, &a);
+                    CHECKF(memcmp(x, y, pb) == 0, "%d rows of %d, sc32 %d", nr, pr, s32);
+                    free(x), free(y);
+                }
+        problem_free(&p);
     }
     /* the AVX2 decoder = the portable one, every type */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
