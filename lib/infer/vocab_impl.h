@@ -65,7 +65,7 @@ struct pre_def {
 typedef struct tok_entry {
     uint32_t off, len; /* text in cb_vocab.text */
     float score;
-    uint32_t attr;     /* CB_TOKEN_* | TOK_LSTRIP | TOK_RSTRIP */
+    uint32_t attr; /* CB_TOKEN_* | TOK_LSTRIP | TOK_RSTRIP */
 } tok_entry;
 
 struct cb_vocab {
@@ -75,23 +75,23 @@ struct cb_vocab {
 
     int32_t n_tokens;
     tok_entry *tok;
-    char *text;        /* all token texts, NUL-separated */
-    uint32_t *tmap;    /* open addressing: token text -> id + 1 (0 empty) */
+    char *text;     /* all token texts, NUL-separated */
+    uint32_t *tmap; /* open addressing: token text -> id + 1 (0 empty) */
     size_t tmap_mask;
 
     uint32_t n_merges; /* BPE: "left right" strings by rank */
     char *mtext;
     uint32_t *moff, *mlen;
-    uint32_t *mmap;    /* open addressing: merge string -> rank + 1 */
+    uint32_t *mmap; /* open addressing: merge string -> rank + 1 */
     size_t mmap_mask;
 
     int32_t bos, eos, eot, eom, unk, pad;
     int add_bos, add_eos, add_space_prefix, clean_spaces;
 
-    int32_t *eog;      /* sorted end-of-generation ids */
+    int32_t *eog; /* sorted end-of-generation ids */
     size_t n_eog;
 
-    int32_t *special;  /* ids of control/user-defined/unknown tokens, longest text first */
+    int32_t *special; /* ids of control/user-defined/unknown tokens, longest text first */
     size_t n_special;
 
     /* Byte fallback for a merged symbol outside the vocabulary: SPM's
@@ -288,7 +288,7 @@ typedef struct work {
     bigram *heap;
     size_t n_heap, cap_heap;
     int spm;
-    strbuf buf;   /* the word or text being merged */
+    strbuf buf; /* the word or text being merged */
 } work;
 
 /* ------------------------------------------------------------- fragments */
@@ -334,8 +334,8 @@ cb_status vc_pretokenize(const cb_vocab *v, const char *s, size_t n, pcre2_match
 /* vocab_special.c */
 cb_status vc_load_specials(cb_vocab *v, const cb_gguf *g, cb_error *err);
 cb_status vc_build_special_cache(cb_vocab *v, const cb_gguf *g);
-cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int parse_special,
-                       frags *f, frags *tmp);
+cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int parse_special, frags *f,
+                       frags *tmp);
 
 /* vocab_bpe.c, vocab_spm.c: the byte tables after the tokens are loaded,
  * and the encoding of one fragment of raw text. */

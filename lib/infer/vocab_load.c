@@ -140,8 +140,7 @@ static cb_status load_tokens(cb_vocab *v, const cb_gguf *g, cb_error *err)
                 memcmp(v->text + v->tok[slot - 1].off, v->text + t->off, t->len) == 0)
                 return cb_error_set(err, CB_ERR_FORMAT,
                                     "duplicate token in vocabulary: '%.*s' has ids %u and %llu",
-                                    (int)t->len, v->text + t->off, slot - 1,
-                                    (unsigned long long)i);
+                                    (int)t->len, v->text + t->off, slot - 1, (unsigned long long)i);
         }
     }
     return CB_OK;
@@ -301,4 +300,3 @@ uint32_t cb_vocab_token_attr(const cb_vocab *v, int32_t id)
         return 0;
     return v->tok[id].attr & TOK_PUBLIC_ATTRS;
 }
-

@@ -9,10 +9,10 @@
  * regex splits the pieces the previous one produced; text a regex does not
  * match stays a piece of its own. */
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
-#define RE_LLAMA3                                                                          \
+#define RE_LLAMA3                                                                              \
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
     "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                           \
+#define RE_QWEN2                                                                               \
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
@@ -63,7 +63,7 @@ const struct pre_def *vc_pre_find(cb_strview name)
  * whitespace is the Unicode White_Space property (from its own tables),
  * while PCRE2's \s also takes U+180E (it keeps the pre-Unicode-6.3 list of
  * horizontal spaces), so \s and \S become explicit White_Space classes. */
-#define WHITE_SPACE                                                                        \
+#define WHITE_SPACE                                                                          \
     "\\t-\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}" \
     "\\x{3000}"
 static cb_status compile_regex(cb_vocab *v, const char *pat, cb_error *err)
@@ -155,8 +155,8 @@ cb_status vc_pretokenize(const cb_vocab *v, const char *s, size_t n, pcre2_match
             const char *p = s + out->v[k].off;
             size_t len = out->v[k].len, pos = 0, last = 0;
             while (pos < len) {
-                int rc = pcre2_match(v->re[r], (PCRE2_SPTR)p, len, pos, PCRE2_NO_UTF_CHECK, md,
-                                     NULL);
+                int rc =
+                    pcre2_match(v->re[r], (PCRE2_SPTR)p, len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
                 PCRE2_SIZE *ov;
                 if (rc == PCRE2_ERROR_NOMATCH)
                     break;

@@ -67,30 +67,74 @@ cb_status vc_load_specials(cb_vocab *v, const cb_gguf *g, cb_error *err)
     /* DeepSeek's names use U+FF5C (fullwidth bar) and U+2581 (SPM space). */
 #define FWB "\xef\xbd\x9c"
 #define SPS "\xe2\x96\x81"
-    static const char *const eot_names[] = {
-        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-        "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-        "<" FWB "end" SPS "of" SPS "sentence" FWB ">", "<end_of_utterance>", NULL};
+    static const char *const eot_names[] = {"<|eot_id|>",
+                                            "<|im_end|>",
+                                            "<|end|>",
+                                            "<end_of_turn>",
+                                            "<|endoftext|>",
+                                            "<|end_of_text|>",
+                                            "<EOT>",
+                                            "_<EOT>",
+                                            "[EOT]",
+                                            "<" FWB "end" SPS "of" SPS "sentence" FWB ">",
+                                            "<end_of_utterance>",
+                                            NULL};
     static const char *const eom_names[] = {"<|eom_id|>", NULL};
-    static const char *const fim_pre_names[] = {
-        "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<" FWB "fim" SPS "begin" FWB ">",
-        "<PRE>", SPS "<PRE>", "<|code_prefix|>", "<|prefix|>", NULL};
-    static const char *const fim_suf_names[] = {
-        "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<" FWB "fim" SPS "hole" FWB ">",
-        "<SUF>", SPS "<SUF>", "<|code_suffix|>", "<|suffix|>", NULL};
-    static const char *const fim_mid_names[] = {
-        "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<" FWB "fim" SPS "end" FWB ">",
-        "<MID>", SPS "<MID>", "<|code_middle|>", "<|middle|>", NULL};
-    static const char *const fim_pad_names[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
-                                                "[PAD]", NULL};
+    static const char *const fim_pre_names[] = {"<|fim_prefix|>",
+                                                "<fim-prefix>",
+                                                "<fim_prefix>",
+                                                "<" FWB "fim" SPS "begin" FWB ">",
+                                                "<PRE>",
+                                                SPS "<PRE>",
+                                                "<|code_prefix|>",
+                                                "<|prefix|>",
+                                                NULL};
+    static const char *const fim_suf_names[] = {"<|fim_suffix|>",
+                                                "<fim-suffix>",
+                                                "<fim_suffix>",
+                                                "<" FWB "fim" SPS "hole" FWB ">",
+                                                "<SUF>",
+                                                SPS "<SUF>",
+                                                "<|code_suffix|>",
+                                                "<|suffix|>",
+                                                NULL};
+    static const char *const fim_mid_names[] = {"<|fim_middle|>",
+                                                "<fim-middle>",
+                                                "<fim_middle>",
+                                                "<" FWB "fim" SPS "end" FWB ">",
+                                                "<MID>",
+                                                SPS "<MID>",
+                                                "<|code_middle|>",
+                                                "<|middle|>",
+                                                NULL};
+    static const char *const fim_pad_names[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>",
+                                                "<PAD>",       "[PAD]",     NULL};
     static const char *const fim_rep_names[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
-                                                "<REPO>", "<reponame>", NULL};
+                                                "<REPO>",       "<reponame>",    NULL};
     static const char *const fim_sep_names[] = {"<|file_sep|>", NULL};
-    static const char *const eog_names[] = {
-        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-        "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
-        "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
-        "<|tool_response>", "<" FWB "end" SPS "of" SPS "sentence" FWB ">", "[e~[", NULL};
+    static const char *const eog_names[] = {"<|eot_id|>",
+                                            "<|im_end|>",
+                                            "<|end|>",
+                                            "<|return|>",
+                                            "<|call|>",
+                                            "<|flush|>",
+                                            "<|calls|>",
+                                            "<end_of_turn>",
+                                            "<|endoftext|>",
+                                            "</s>",
+                                            "<|eom_id|>",
+                                            "<EOT>",
+                                            "_<EOT>",
+                                            "[EOT]",
+                                            "[EOS]",
+                                            "<|end_of_text|>",
+                                            "<end_of_utterance>",
+                                            "<eos>",
+                                            "<turn|>",
+                                            "<|tool_response>",
+                                            "<" FWB "end" SPS "of" SPS "sentence" FWB ">",
+                                            "[e~[",
+                                            NULL};
 #undef FWB
 #undef SPS
 
@@ -123,7 +167,7 @@ cb_status vc_load_specials(cb_vocab *v, const cb_gguf *g, cb_error *err)
         int32_t *id;
         const char *const *names;
     } by_text[] = {
-        {&v->eot, eot_names},     {&v->eom, eom_names},     {&fim_pre, fim_pre_names},
+        {&v->eot, eot_names},      {&v->eom, eom_names},      {&fim_pre, fim_pre_names},
         {&fim_suf, fim_suf_names}, {&fim_mid, fim_mid_names}, {&fim_pad, fim_pad_names},
         {&fim_rep, fim_rep_names}, {&fim_sep, fim_sep_names},
     };
@@ -311,8 +355,7 @@ cb_status vc_build_special_cache(cb_vocab *v, const cb_gguf *g)
 
 int cb_vocab_is_eog(const cb_vocab *v, int32_t id)
 {
-    return id >= 0 && v->n_eog &&
-           bsearch(&id, v->eog, v->n_eog, sizeof *v->eog, cmp_i32) != NULL;
+    return id >= 0 && v->n_eog && bsearch(&id, v->eog, v->n_eog, sizeof *v->eog, cmp_i32) != NULL;
 }
 
 /* ------------------------------------------------------------- partition */
@@ -334,16 +377,13 @@ static cb_status frags_push(frags *f, size_t off, size_t len, int32_t id)
     return CB_OK;
 }
 
-static int is_space(char c)
-{
-    return c == ' ' || (c >= '\t' && c <= '\r');
-}
+static int is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 /* Cut special tokens out of the text, longest first, each one everywhere it
  * occurs in the raw fragments left by the longer ones (llama.cpp's
  * tokenizer_st_partition). */
-cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int parse_special,
-                       frags *f, frags *tmp)
+cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int parse_special, frags *f,
+                       frags *tmp)
 {
     /* Which byte pairs occur: tokens whose first two bytes never do are
      * skipped without a search.  Vocabularies with thousands of special
@@ -384,8 +424,7 @@ cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int pars
             frag fr = f->v[k];
             size_t off = fr.off, rem = fr.len;
             const char *m;
-            if (fr.id >= 0 || rem < t->len ||
-                !(m = memmem(text + off, rem, ts, t->len))) {
+            if (fr.id >= 0 || rem < t->len || !(m = memmem(text + off, rem, ts, t->len))) {
                 if (frags_push(tmp, fr.off, fr.len, fr.id) != CB_OK)
                     goto nomem;
                 continue;

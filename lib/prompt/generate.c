@@ -72,10 +72,10 @@ static int hold_push(holdback *h, const char *p, size_t n)
  * among many (row-stable products), so a batched answer is a lone one. */
 
 typedef struct gseq {
-    int used, active;    /* slot taken; still generating */
-    cb_kvcache *kv;      /* borrowed */
-    int32_t pos;         /* where its next token goes */
-    cb_gen_params p;     /* stops borrowed */
+    int used, active; /* slot taken; still generating */
+    cb_kvcache *kv;   /* borrowed */
+    int32_t pos;      /* where its next token goes */
+    cb_gen_params p;  /* stops borrowed */
     cb_sampler *smp;
     holdback h;
     double t0;
@@ -85,12 +85,12 @@ typedef struct gseq {
 
 struct cb_gen_batch {
     const cb_model *m;
-    cb_fwd *f;           /* the decode step's rows */
+    cb_fwd *f; /* the decode step's rows */
     int32_t cap, n_vocab;
-    gseq *s;             /* [cap] */
-    float *logits;       /* [cap, n_vocab]: each slot's next-token logits */
-    float *step_logits;  /* [cap, n_vocab]: a step's, in step order */
-    cb_kvcache **kv;     /* [cap]: a step's caches, tokens, positions, slots */
+    gseq *s;            /* [cap] */
+    float *logits;      /* [cap, n_vocab]: each slot's next-token logits */
+    float *step_logits; /* [cap, n_vocab]: a step's, in step order */
+    cb_kvcache **kv;    /* [cap]: a step's caches, tokens, positions, slots */
     int32_t *tok, *pos, *idx;
     char *piece;
     size_t piece_len, piece_cap;
@@ -137,14 +137,16 @@ void cb_gen_batch_free(cb_gen_batch *b)
     for (int32_t i = 0; b->s && i < b->cap; i++)
         slot_clear(&b->s[i]);
     cb_fwd_free(b->f);
-    free(b->s), free(b->logits), free(b->step_logits), free(b->kv), free(b->tok), free(b->pos), free(b->idx);
+    free(b->s), free(b->logits), free(b->step_logits), free(b->kv), free(b->tok), free(b->pos),
+        free(b->idx);
     free(b->piece);
     free(b);
 }
 
-cb_status cb_gen_batch_add(cb_gen_batch *b, cb_kvcache *kv, const float *logits, int32_t pos, const cb_gen_params *p,
-                           cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
-                           int32_t *slot)
+cb_status cb_gen_batch_add(cb_gen_batch *b, cb_kvcache *kv, const float *logits, int32_t pos,
+                           const cb_gen_params *p,
+                           cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx,
+                           double t0, int32_t *slot)
 {
     int32_t i = 0;
     while (i < b->cap && b->s[i].used)
@@ -250,7 +252,8 @@ cb_status cb_gen_batch_step(cb_gen_batch *b, int32_t *done, int32_t *n_done)
         gseq *q = &b->s[b->idx[k]];
         if (st == CB_OK) {
             memcpy(b->logits + (size_t)b->idx[k] * (size_t)b->n_vocab,
-                   b->step_logits + (size_t)k * (size_t)b->n_vocab, sizeof(float) * (size_t)b->n_vocab);
+                   b->step_logits + (size_t)k * (size_t)b->n_vocab,
+                   sizeof(float) * (size_t)b->n_vocab);
             continue;
         }
         q->st = st; /* the step failed: every sequence in it ends with its status */
@@ -268,14 +271,15 @@ cb_status cb_gen_batch_take(cb_gen_batch *b, int32_t slot, cb_gen_result *res, f
     cb_status st = q->st;
     *res = q->res;
     if (logits)
-        memcpy(logits, b->logits + (size_t)slot * (size_t)b->n_vocab, sizeof(float) * (size_t)b->n_vocab);
+        memcpy(logits, b->logits + (size_t)slot * (size_t)b->n_vocab,
+               sizeof(float) * (size_t)b->n_vocab);
     slot_clear(q);
     return st;
 }
 
 cb_status cb_generate(cb_fwd *f, cb_kvcache *kv, float *logits, int32_t pos, const cb_gen_params *p,
-                      cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
-                      cb_gen_result *res)
+                      cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx,
+                      double t0, cb_gen_result *res)
 {
     cb_gen_batch *b = NULL;
     int32_t slot, done[1], n_done;
@@ -332,8 +336,8 @@ static double log_prob(const float *l, int32_t n, int32_t tok, int *is_top)
     return (double)l[tok] - mx - log(z);
 }
 
-cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, const int32_t *cont, int32_t n,
-                   cb_score_result *res)
+cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, const int32_t *cont,
+                   int32_t n, cb_score_result *res)
 {
     int32_t n_vocab = cb_model_hparams(cb_fwd_model(f))->n_vocab, nb = n - 1;
     int32_t *rows = NULL, *at = NULL;
