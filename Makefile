@@ -53,6 +53,9 @@ MODEL_FILE := $(or $(if $(filter qwen1.5b,$(MODEL)),qwen2.5-coder-1.5b-instruct-
 export CB_MODEL := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cacheblend/models/$(MODEL_FILE)
 endif
 
+# The release, written once: CB_VERSION_STRING in the public header.
+VERSION := $(shell sed -n 's/^\#define CB_VERSION_STRING "\(.*\)"$$/\1/p' lib/include/cbcore.h)
+
 PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3 hiredis libcrypto
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -237,18 +240,21 @@ install: all ## install programs, library, header, man pages and libcbcore.pc un
 	[ -z "$(CUDA_MOD)" ] || install -m 755 $(CUDA_MOD) $(DESTDIR)$(LIBDIR)/
 	ln -sf libcbcore.so.0 $(DESTDIR)$(LIBDIR)/libcbcore.so
 	install -m 644 lib/include/cbcore.h $(DESTDIR)$(INCDIR)/
-	for f in man/man1/*.1; do [ -f "$$f" ] && install -m 644 "$$f" $(DESTDIR)$(MANDIR)/man1/; done; true
-	for f in man/man3/*.3; do [ -f "$$f" ] && install -m 644 "$$f" $(DESTDIR)$(MANDIR)/man3/; done; true
-	for f in man/man5/*.5; do [ -f "$$f" ] && install -m 644 "$$f" $(DESTDIR)$(MANDIR)/man5/; done; true
+	@# the man pages' footer (.Os) gets the release
+	for f in man/man[1357]/*.[1357]; do \
+	    d=$(DESTDIR)$(MANDIR)/$$(basename $$(dirname $$f)); \
+	    sed 's|^\.Os cacheblend$$|.Os cacheblend $(VERSION)|' "$$f" > "$$d/$$(basename $$f)" && \
+	    chmod 644 "$$d/$$(basename $$f)" || exit 1; \
+	done
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCDIR@|$(INCDIR)|' \
-	    -e 's|@VERSION@|0.1.0|' -e 's|@LIBS@|$(LDLIBS)|' lib/libcbcore.pc.in > $(DESTDIR)$(PKGDIR)/libcbcore.pc
+	    -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(LDLIBS)|' lib/libcbcore.pc.in > $(DESTDIR)$(PKGDIR)/libcbcore.pc
 
 uninstall: ## remove what install put under $(DESTDIR)$(PREFIX)
 	rm -f $(PROGS:%=$(DESTDIR)$(BINDIR)/%)
 	rm -f $(DESTDIR)$(LIBDIR)/libcbcore.a $(DESTDIR)$(LIBDIR)/libcbcore.so $(DESTDIR)$(LIBDIR)/libcbcore.so.0
 	rm -f $(DESTDIR)$(LIBDIR)/libcbcore-cuda.so
 	rm -f $(DESTDIR)$(INCDIR)/cbcore.h $(DESTDIR)$(PKGDIR)/libcbcore.pc
-	for f in man/man1/*.1 man/man3/*.3 man/man5/*.5; do rm -f $(DESTDIR)$(MANDIR)/$$(basename $$(dirname $$f))/$$(basename $$f); done
+	for f in man/man[1357]/*.[1357]; do rm -f $(DESTDIR)$(MANDIR)/$$(basename $$(dirname $$f))/$$(basename $$f); done
 
 clean: ## remove build outputs
 	rm -rf build bin/* lib/libcbcore.a lib/libcbcore.so lib/libcbcore-cuda.so
@@ -265,7 +271,6 @@ format: ## clang-format-14 every C source in place (.clang-format)
 
 format-check: ## fail, naming the places, where make format would change a file (make test runs it)
 	@$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SRC)
-
 
 funclen: ## the longest functions in lib/ and src/ (universal-ctags); fails past 200 lines
 	@sh scripts/funclen.sh 15 200

@@ -24,6 +24,8 @@
 extern "C" {
 #endif
 
+/* The release: the one place it is written.  The Makefile reads it from here
+ * for libcbcore.pc and the man pages it installs. */
 #define CB_VERSION_STRING "0.1.0"
 
 /* ------------------------------------------------------------------ core */
