@@ -233,7 +233,7 @@ demo: deps ## fetch the model, print its facts and tokenize a sample
 
 install: all ## install programs, library, header, man pages and libcbcore.pc under $(DESTDIR)$(PREFIX)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PKGDIR)
-	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man7
 	install -m 755 $(PROG_BIN) $(DESTDIR)$(BINDIR)/
 	install -m 644 $(LIBA) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libcbcore.so.0

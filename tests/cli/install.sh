@@ -2,7 +2,7 @@
 # tests/cli/install.sh - make install into a scratch DESTDIR: the release,
 # written once (CB_VERSION_STRING in lib/include/cbcore.h), reaches
 # libcbcore.pc, every installed man page's footer and every program's
-# --version.
+# --version; cacheblend(7) is installed.
 . "$(dirname "$0")/lib.sh"
 top=$(cd "$(dirname "$0")/../.." && pwd)
 ver=$(sed -n 's/^#define CB_VERSION_STRING "\(.*\)"$/\1/p' "$top/lib/include/cbcore.h")
@@ -29,6 +29,7 @@ for f in "$d"/usr/share/man/man*/*; do
 done
 if [ "$pages" -gt 0 ] && [ -z "$bad" ]; then ok "$pages man pages installed, each with .Os cacheblend $ver"
 else not_ok "$pages man pages installed; without .Os cacheblend $ver:$bad"; fi
+check "cacheblend(7) is installed" [ -f "$d/usr/share/man/man7/cacheblend.7" ]
 for p in cb-chunk cb-precompute cb-store cb-profile cb-run; do
     out=$("$BINDIR_B/$p" --version 2>&1)
     check "$p --version: $out" [ "$out" = "$p (cacheblend) $ver" ]
