@@ -14,6 +14,7 @@
  * tokenizations, whatever its size. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "cbcore.h"
+#include "../core/vec.h"
 
 #include <pcre2.h>
 #include <stdlib.h>
@@ -422,12 +423,10 @@ static cb_status emit(cb_chunks *out, const char *t, size_t s, size_t e, int32_t
 {
     cb_chunk *ch;
     if (out->n == out->cap) {
-        size_t nc = out->cap ? out->cap * 2 : 64;
-        cb_chunk *v = realloc(out->v, nc * sizeof *v);
+        cb_chunk *v = cb_vec_reserve(out->v, &out->cap, out->n + 1, sizeof *v, 64);
         if (!v)
             return CB_ERR_NOMEM;
         out->v = v;
-        out->cap = nc;
     }
     ch = &out->v[out->n++];
     memset(ch, 0, sizeof *ch);

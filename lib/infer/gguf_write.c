@@ -4,6 +4,7 @@
  * written: the 7B-shaped bench fixtures).  Used by the fixture generator and tests; layout as described
  * at the top of gguf.c. */
 #include "cbcore.h"
+#include "../core/vec.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -80,14 +81,12 @@ static cb_status put_kv(cb_gguf_writer *w, const char *key, uint32_t type, uint8
         }
     }
     if (w->n_kv == w->cap_kv) {
-        size_t nc = w->cap_kv ? 2 * w->cap_kv : 16;
-        wkv *nk = realloc(w->kv, nc * sizeof *nk);
+        wkv *nk = cb_vec_reserve(w->kv, &w->cap_kv, w->n_kv + 1, sizeof *nk, 16);
         if (!nk) {
             free(val);
             return CB_ERR_NOMEM;
         }
         w->kv = nk;
-        w->cap_kv = nc;
     }
     char *k = strdup(key);
     if (!k) {
@@ -203,12 +202,10 @@ static cb_status add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint
     wt.fill = fill;
     wt.fill_ctx = ctx;
     if (w->n_t == w->cap_t) {
-        size_t nc = w->cap_t ? 2 * w->cap_t : 16;
-        wtensor *nt = realloc(w->t, nc * sizeof *nt);
+        wtensor *nt = cb_vec_reserve(w->t, &w->cap_t, w->n_t + 1, sizeof *nt, 16);
         if (!nt)
             return CB_ERR_NOMEM;
         w->t = nt;
-        w->cap_t = nc;
     }
     wt.name = strdup(name);
     if (data)

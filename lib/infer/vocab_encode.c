@@ -6,12 +6,10 @@
 cb_status cb_tokens_push(cb_tokens *t, int32_t id)
 {
     if (t->n == t->cap) {
-        size_t cap = t->cap ? 2 * t->cap : 64;
-        int32_t *p = realloc(t->ids, cap * sizeof *p);
+        int32_t *p = cb_vec_reserve(t->ids, &t->cap, t->n + 1, sizeof *p, 64);
         if (!p)
             return CB_ERR_NOMEM;
         t->ids = p;
-        t->cap = cap;
     }
     t->ids[t->n++] = id;
     return CB_OK;
@@ -43,12 +41,10 @@ static cb_status heap_push(work *w, bigram b)
 {
     size_t i;
     if (w->n_heap == w->cap_heap) {
-        size_t c = w->cap_heap ? 2 * w->cap_heap : 64;
-        bigram *p = realloc(w->heap, c * sizeof *p);
+        bigram *p = cb_vec_reserve(w->heap, &w->cap_heap, w->n_heap + 1, sizeof *p, 64);
         if (!p)
             return CB_ERR_NOMEM;
         w->heap = p;
-        w->cap_heap = c;
     }
     i = w->n_heap++;
     while (i > 0) {
@@ -94,12 +90,10 @@ static cb_status split_symbols(work *w)
         if (len > n - off)
             len = n - off;
         if (w->n_syms == w->cap_syms) {
-            size_t c = w->cap_syms ? 2 * w->cap_syms : 256;
-            sym *p = realloc(w->syms, c * sizeof *p);
+            sym *p = cb_vec_reserve(w->syms, &w->cap_syms, w->n_syms + 1, sizeof *p, 256);
             if (!p)
                 return CB_ERR_NOMEM;
             w->syms = p;
-            w->cap_syms = c;
         }
         s = &w->syms[w->n_syms];
         s->off = (uint32_t)off;

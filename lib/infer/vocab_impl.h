@@ -33,6 +33,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "cbcore.h"
+#include "../core/vec.h"
 
 #include <pcre2.h>
 #include <stdlib.h>
@@ -243,15 +244,10 @@ typedef struct strbuf {
 static inline cb_status sb_reserve(char **p, size_t *cap, size_t need)
 {
     if (need > *cap) {
-        size_t c = *cap ? *cap : 64;
-        char *q;
-        while (c < need)
-            c *= 2;
-        q = realloc(*p, c);
+        char *q = cb_vec_reserve(*p, cap, need, 1, 64);
         if (!q)
             return CB_ERR_NOMEM;
         *p = q;
-        *cap = c;
     }
     return CB_OK;
 }

@@ -126,12 +126,10 @@ cb_status vc_pre_compile(cb_vocab *v, cb_error *err)
 static cb_status spans_push(spans *s, size_t off, size_t len)
 {
     if (s->n == s->cap) {
-        size_t c = s->cap ? 2 * s->cap : 64;
-        span *p = realloc(s->v, c * sizeof *p);
+        span *p = cb_vec_reserve(s->v, &s->cap, s->n + 1, sizeof *p, 64);
         if (!p)
             return CB_ERR_NOMEM;
         s->v = p;
-        s->cap = c;
     }
     s->v[s->n].off = off;
     s->v[s->n].len = len;

@@ -33,12 +33,10 @@ static cb_status eog_add(cb_vocab *v, int32_t id, size_t *cap)
         if (v->eog[i] == id)
             return CB_OK;
     if (v->n_eog == *cap) {
-        size_t c = *cap ? 2 * *cap : 16;
-        int32_t *p = realloc(v->eog, c * sizeof *p);
+        int32_t *p = cb_vec_reserve(v->eog, cap, v->n_eog + 1, sizeof *p, 16);
         if (!p)
             return CB_ERR_NOMEM;
         v->eog = p;
-        *cap = c;
     }
     v->eog[v->n_eog++] = id;
     return CB_OK;
@@ -363,12 +361,10 @@ int cb_vocab_is_eog(const cb_vocab *v, int32_t id)
 static cb_status frags_push(frags *f, size_t off, size_t len, int32_t id)
 {
     if (f->n == f->cap) {
-        size_t c = f->cap ? 2 * f->cap : 16;
-        frag *p = realloc(f->v, c * sizeof *p);
+        frag *p = cb_vec_reserve(f->v, &f->cap, f->n + 1, sizeof *p, 16);
         if (!p)
             return CB_ERR_NOMEM;
         f->v = p;
-        f->cap = c;
     }
     f->v[f->n].off = off;
     f->v[f->n].len = len;

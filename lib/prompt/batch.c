@@ -9,6 +9,7 @@
  * with the same parameters: the same calls, and decoding whose rows do not
  * depend on their company (cb_fwd_decode). */
 #include "cbcore.h"
+#include "../core/vec.h"
 #include "prompt_impl.h"
 
 #include <stdio.h>
@@ -157,14 +158,13 @@ static void finish(cb_batch *b, job *j, cb_status st, const cb_error *err)
         b->info.n_failed++;
     }
     if (b->n_out == b->out_cap) {
-        size_t nc = b->out_cap ? 2 * b->out_cap : 16;
-        cb_answer **no = realloc(b->out, sizeof *no * nc);
+        cb_answer **no = cb_vec_reserve(b->out, &b->out_cap, b->n_out + 1, sizeof *no, 16);
         if (!no) { /* the answer cannot be kept: it is lost, and said so */
             pr_warnf(b->warn, b->wctx, "out of memory: an answer was dropped");
             job_free(j);
             return;
         }
-        b->out = no, b->out_cap = nc;
+        b->out = no;
     }
     b->out[b->n_out++] = a;
     j->a = NULL;
@@ -176,11 +176,10 @@ static cb_status collect(void *ctx, const char *p, size_t n)
     job *j = ctx;
     cb_answer *a = j->a;
     if (a->len + n + 1 > j->cap) {
-        size_t nc = (a->len + n + 1) * 2;
-        char *nb = realloc(a->text, nc);
+        char *nb = cb_vec_reserve(a->text, &j->cap, a->len + n + 1, 1, 64);
         if (!nb)
             return CB_ERR_NOMEM;
-        a->text = nb, j->cap = nc;
+        a->text = nb;
     }
     memcpy(a->text + a->len, p, n);
     a->len += n;

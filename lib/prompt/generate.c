@@ -3,6 +3,7 @@
  * token, until end of generation, a stop string, the length or the
  * context runs out. */
 #include "cbcore.h"
+#include "../core/vec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,12 +25,10 @@ static int hold_push(holdback *h, const char *p, size_t n)
 {
     cb_status st;
     if (h->len + n + 1 > h->cap) {
-        size_t nc = (h->len + n + 1) * 2;
-        char *nb = realloc(h->buf, nc);
+        char *nb = cb_vec_reserve(h->buf, &h->cap, h->len + n + 1, 1, 64);
         if (!nb)
             return CB_ERR_NOMEM;
         h->buf = nb;
-        h->cap = nc;
     }
     memcpy(h->buf + h->len, p, n);
     h->len += n;

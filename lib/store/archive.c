@@ -3,6 +3,7 @@
  * by default; import reads any tar (or zip, cpio), refuses every entry that
  * is not a plain, safely named, valid KV file, and adopts the rest. */
 #include "store_impl.h"
+#include "../core/vec.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -44,12 +45,10 @@ static int collect_key(void *ctx, const cb_store_entry *e)
 {
     keyl *l = ctx;
     if (l->n == l->cap) {
-        size_t c = l->cap ? l->cap * 2 : 256;
-        void *nv = realloc(l->v, c * sizeof *l->v);
+        void *nv = cb_vec_reserve(l->v, &l->cap, l->n + 1, sizeof *l->v, 256);
         if (!nv)
             return 1;
         l->v = nv;
-        l->cap = c;
     }
     snprintf(l->v[l->n++], CB_STORE_KEY_LEN + 1, "%s", e->key);
     return 0;

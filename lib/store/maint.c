@@ -3,6 +3,7 @@
  * Everything here runs under the store lock (DIR/lock); readers go on
  * meanwhile, and an entry a reader holds is skipped. */
 #include "store_impl.h"
+#include "../core/vec.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -65,12 +66,10 @@ static void names_free(names *l)
 static int names_push(names *l, const char *s)
 {
     if (l->n == l->cap) {
-        size_t c = l->cap ? l->cap * 2 : 64;
-        char **v = realloc(l->v, c * sizeof *v);
+        char **v = cb_vec_reserve(l->v, &l->cap, l->n + 1, sizeof *v, 64);
         if (!v)
             return -1;
         l->v = v;
-        l->cap = c;
     }
     if (!(l->v[l->n] = strdup(s)))
         return -1;
@@ -177,15 +176,13 @@ static cb_status all_rows(cb_store *s, rowl **out, size_t *n, cb_error *err)
         return err ? err->status : CB_ERR_IO;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         if (cnt == cap) {
-            size_t c = cap ? cap * 2 : 256;
-            rowl *nv = realloc(v, c * sizeof *nv);
+            rowl *nv = cb_vec_reserve(v, &cap, cnt + 1, sizeof *nv, 256);
             if (!nv) {
                 sqlite3_reset(q);
                 free(v);
                 return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
             }
             v = nv;
-            cap = c;
         }
         fill_rowl(q, &v[cnt++]);
     }
