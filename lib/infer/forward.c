@@ -42,18 +42,18 @@ cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_
     kv->v = calloc((size_t)hp->n_layer, sizeof *kv->v);
     kv->loaded = calloc((size_t)hp->n_layer, sizeof *kv->loaded);
     if (!kv->k || !kv->v || !kv->loaded)
-        goto oom;
+        goto fail;
     for (int l = 0; l < hp->n_layer; l++) {
         kv->k[l] = m->be->ops->alloc(m->be, esz * (size_t)(n_ctx * kv->width));
         kv->v[l] = m->be->ops->alloc(m->be, esz * (size_t)(n_ctx * kv->width));
         if (!kv->k[l] || !kv->v[l])
-            goto oom;
+            goto fail;
         if (m->be->ops->event_new && !(kv->loaded[l] = m->be->ops->event_new(m->be)))
-            goto oom;
+            goto fail;
     }
     *out = kv;
     return CB_OK;
-oom:
+fail:
     cb_kvcache_free(kv);
     return CB_ERR_NOMEM;
 }

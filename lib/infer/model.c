@@ -343,7 +343,7 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     if ((st = load_tensor(m, path, "output_norm.weight", d, 0, 0, NULL, &host, err)))
         goto fail;
     if (!(m->output_norm = to_backend(m, host, d)))
-        goto oom;
+        goto nomem;
     if ((st = load_tensor(m, path, "output.weight", d, hp->n_vocab, 1, &m->output, NULL, err)))
         goto fail;
     hp->tied_output = m->output == NULL;
@@ -378,11 +378,11 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
                     goto fail;
                 }
         if (!ff && hp->rope_scale != 1.0f && !(ff = malloc(sizeof(float) * (size_t)half)))
-            goto oom;
+            goto nomem;
         for (int64_t i = 0; ff && i < half; i++)
             ff[i] = (hp->rope_freqs ? ff[i] : 1.0f) * hp->rope_scale;
         if (ff && !(m->rope_ff = to_backend(m, ff, half)))
-            goto oom;
+            goto nomem;
     }
     if (hp->n_swa && (st = swa_layers(m->gguf, path, hp->arch, ad->swa_period, hp->n_layer,
                                       hp->n_swa, m->layers, err)))
@@ -398,12 +398,12 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         if ((st = load_tensor(m, path, name, d, 0, 0, NULL, &host, err)))
             goto fail;
         if (!(L->attn_norm = to_backend(m, host, d)))
-            goto oom;
+            goto nomem;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
         if ((st = load_tensor(m, path, name, d, 0, 0, NULL, &host, err)))
             goto fail;
         if (!(L->ffn_norm = to_backend(m, host, d)))
-            goto oom;
+            goto nomem;
         if (ad->qk_norm) {
             snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
             if ((st = load_vec(m, path, name, hp->head_dim, 0, &L->q_norm, err)))
@@ -431,7 +431,7 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     }
     *out = m;
     return CB_OK;
-oom:
+nomem:
     st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
 fail:
     cb_model_free(m);

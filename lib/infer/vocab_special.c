@@ -212,13 +212,13 @@ cb_status vc_load_specials(cb_vocab *v, const cb_gguf *g, cb_error *err)
      * EOT, EOM. */
     if (eog_add(v, fim_pad, &eog_cap) || eog_add(v, fim_rep, &eog_cap) ||
         eog_add(v, fim_sep, &eog_cap))
-        goto nomem;
+        goto fail;
     for (size_t k = 0; eog_names[k]; k++) {
         id = token_find_str(v, eog_names[k]);
         if (id == NO_TOKEN)
             continue;
         if (eog_add(v, id, &eog_cap))
-            goto nomem;
+            goto fail;
         v->tok[id].attr |= CB_TOKEN_CONTROL;
     }
     /* gpt-oss: these always render. */
@@ -231,7 +231,7 @@ cb_status vc_load_specials(cb_vocab *v, const cb_gguf *g, cb_error *err)
     }
     if (eog_add(v, v->eos, &eog_cap) || eog_add(v, v->eot, &eog_cap) ||
         eog_add(v, v->eom, &eog_cap))
-        goto nomem;
+        goto fail;
     /* o200k_harmony and solar-open: <|end|> is not an end of generation when
      * <|return|> and <|call|> (or <|calls|> and <|flush|>) are. */
     {
@@ -271,7 +271,7 @@ cb_status vc_load_specials(cb_vocab *v, const cb_gguf *g, cb_error *err)
     if (v->n_eog)
         qsort(v->eog, v->n_eog, sizeof *v->eog, cmp_i32);
     return CB_OK;
-nomem:
+fail:
     return cb_error_set(err, CB_ERR_NOMEM, "out of memory loading the vocabulary");
 }
 
@@ -422,7 +422,7 @@ cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int pars
             const char *m;
             if (fr.id >= 0 || rem < t->len || !(m = memmem(text + off, rem, ts, t->len))) {
                 if (frags_push(tmp, fr.off, fr.len, fr.id) != CB_OK)
-                    goto nomem;
+                    goto fail;
                 continue;
             }
             any = 1;
@@ -433,9 +433,9 @@ cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int pars
                     while (left > 0 && is_space(text[off + left - 1]))
                         left--;
                 if (left > 0 && frags_push(tmp, off, left, -1) != CB_OK)
-                    goto nomem;
+                    goto fail;
                 if (frags_push(tmp, 0, 0, id) != CB_OK)
-                    goto nomem;
+                    goto fail;
                 rem -= mo + t->len - off;
                 off = mo + t->len;
                 if (t->attr & TOK_RSTRIP)
@@ -446,7 +446,7 @@ cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int pars
                 m = rem >= t->len ? memmem(text + off, rem, ts, t->len) : NULL;
             }
             if (rem > 0 && frags_push(tmp, off, rem, -1) != CB_OK)
-                goto nomem;
+                goto fail;
         }
         if (any) {
             frags x = *f;
@@ -456,7 +456,7 @@ cb_status vc_partition(const cb_vocab *v, const char *text, size_t len, int pars
     }
     free(pairs);
     return CB_OK;
-nomem:
+fail:
     free(pairs);
     return CB_ERR_NOMEM;
 }

@@ -361,17 +361,17 @@ cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, 
         lg = malloc(sizeof(float) * (size_t)nb * (size_t)n_vocab);
         if (!rows || !at || !lg) {
             st = CB_ERR_NOMEM;
-            goto out;
+            goto done;
         }
         for (int32_t i = 0; i < nb; i++)
             rows[i] = i, at[i] = pos + i;
         if ((st = cb_fwd_embed(f, cont, at, nb)) != CB_OK)
-            goto out;
+            goto done;
         for (int32_t l = 0; l < cb_model_hparams(cb_fwd_model(f))->n_layer; l++)
             if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
-                goto out;
+                goto done;
         if ((st = cb_fwd_logits(f, rows, nb, lg)) != CB_OK)
-            goto out;
+            goto done;
         for (int32_t i = 0; i < nb; i++) {
             sum -= log_prob(lg + (size_t)i * (size_t)n_vocab, n_vocab, cont[i + 1], &top);
             n_top += top;
@@ -380,7 +380,7 @@ cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, 
     res->n_tokens = n;
     res->nll = sum / n;
     res->top1 = (double)n_top / n;
-out:
+done:
     free(rows), free(at), free(lg);
     return st;
 }

@@ -212,7 +212,7 @@ static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, c
     if ((st = st_lock(s, err)) != CB_OK)
         return st;
     if ((st = existing(s, key, exists, err)) != CB_OK || *exists)
-        goto out;
+        goto done;
     for (int t = src->first_tier; t < s->n_tiers && *tier < 0; t++) {
         if (s->tiers[t].cap && size > s->tiers[t].cap)
             continue;
@@ -220,18 +220,18 @@ static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, c
         if (st == CB_OK)
             *tier = t;
         else if (st != CB_ERR_CREATE)
-            goto out;
+            goto done;
     }
     if (*tier < 0) {
         st = cb_error_set(
             err, CB_ERR_CREATE,
             "%s: no tier has room for %llu bytes (the entries that would have to go are pinned or in use)",
             key, (unsigned long long)size);
-        goto out;
+        goto done;
     }
     if ((st = reserve_row(s, key, model, *tier, size, n_tokens, sumhex, err)) != CB_OK)
         *tier = -1;
-out:
+done:
     st_unlock(s);
     return st;
 }
