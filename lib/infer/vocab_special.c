@@ -57,85 +57,45 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Token texts llama.cpp recognises special tokens by (llama_vocab::impl::
+ * load).  DeepSeek's names use U+FF5C (fullwidth bar) and U+2581 (SPM
+ * space). */
+#define FWB "\xef\xbd\x9c"
+#define SPS "\xe2\x96\x81"
+/* clang-format off */
+static const char *const eot_names[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
+    "<" FWB "end" SPS "of" SPS "sentence" FWB ">", "<end_of_utterance>", NULL};
+static const char *const eom_names[] = {"<|eom_id|>", NULL};
+static const char *const fim_pre_names[] = {
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<" FWB "fim" SPS "begin" FWB ">",
+    "<PRE>", SPS "<PRE>", "<|code_prefix|>", "<|prefix|>", NULL};
+static const char *const fim_suf_names[] = {
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<" FWB "fim" SPS "hole" FWB ">",
+    "<SUF>", SPS "<SUF>", "<|code_suffix|>", "<|suffix|>", NULL};
+static const char *const fim_mid_names[] = {
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<" FWB "fim" SPS "end" FWB ">",
+    "<MID>", SPS "<MID>", "<|code_middle|>", "<|middle|>", NULL};
+static const char *const fim_pad_names[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+                                            "[PAD]", NULL};
+static const char *const fim_rep_names[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+                                            "<REPO>", "<reponame>", NULL};
+static const char *const fim_sep_names[] = {"<|file_sep|>", NULL};
+static const char *const eog_names[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
+    "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
+    "<|tool_response>", "<" FWB "end" SPS "of" SPS "sentence" FWB ">", "[e~[", NULL};
+/* clang-format on */
+#undef FWB
+#undef SPS
+
 /* Special ids, end-of-generation set and the attribute fix-ups llama.cpp
  * derives from token texts (the "auto-detect special tokens by text" part
  * of llama_vocab::impl::load). */
 cb_status vc_load_specials(cb_vocab *v, const cb_gguf *g, cb_error *err)
 {
-    /* DeepSeek's names use U+FF5C (fullwidth bar) and U+2581 (SPM space). */
-#define FWB "\xef\xbd\x9c"
-#define SPS "\xe2\x96\x81"
-    static const char *const eot_names[] = {"<|eot_id|>",
-                                            "<|im_end|>",
-                                            "<|end|>",
-                                            "<end_of_turn>",
-                                            "<|endoftext|>",
-                                            "<|end_of_text|>",
-                                            "<EOT>",
-                                            "_<EOT>",
-                                            "[EOT]",
-                                            "<" FWB "end" SPS "of" SPS "sentence" FWB ">",
-                                            "<end_of_utterance>",
-                                            NULL};
-    static const char *const eom_names[] = {"<|eom_id|>", NULL};
-    static const char *const fim_pre_names[] = {"<|fim_prefix|>",
-                                                "<fim-prefix>",
-                                                "<fim_prefix>",
-                                                "<" FWB "fim" SPS "begin" FWB ">",
-                                                "<PRE>",
-                                                SPS "<PRE>",
-                                                "<|code_prefix|>",
-                                                "<|prefix|>",
-                                                NULL};
-    static const char *const fim_suf_names[] = {"<|fim_suffix|>",
-                                                "<fim-suffix>",
-                                                "<fim_suffix>",
-                                                "<" FWB "fim" SPS "hole" FWB ">",
-                                                "<SUF>",
-                                                SPS "<SUF>",
-                                                "<|code_suffix|>",
-                                                "<|suffix|>",
-                                                NULL};
-    static const char *const fim_mid_names[] = {"<|fim_middle|>",
-                                                "<fim-middle>",
-                                                "<fim_middle>",
-                                                "<" FWB "fim" SPS "end" FWB ">",
-                                                "<MID>",
-                                                SPS "<MID>",
-                                                "<|code_middle|>",
-                                                "<|middle|>",
-                                                NULL};
-    static const char *const fim_pad_names[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>",
-                                                "<PAD>",       "[PAD]",     NULL};
-    static const char *const fim_rep_names[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
-                                                "<REPO>",       "<reponame>",    NULL};
-    static const char *const fim_sep_names[] = {"<|file_sep|>", NULL};
-    static const char *const eog_names[] = {"<|eot_id|>",
-                                            "<|im_end|>",
-                                            "<|end|>",
-                                            "<|return|>",
-                                            "<|call|>",
-                                            "<|flush|>",
-                                            "<|calls|>",
-                                            "<end_of_turn>",
-                                            "<|endoftext|>",
-                                            "</s>",
-                                            "<|eom_id|>",
-                                            "<EOT>",
-                                            "_<EOT>",
-                                            "[EOT]",
-                                            "[EOS]",
-                                            "<|end_of_text|>",
-                                            "<end_of_utterance>",
-                                            "<eos>",
-                                            "<turn|>",
-                                            "<|tool_response>",
-                                            "<" FWB "end" SPS "of" SPS "sentence" FWB ">",
-                                            "[e~[",
-                                            NULL};
-#undef FWB
-#undef SPS
-
     int32_t sep = NO_TOKEN, mask = NO_TOKEN;
     int32_t fim_pre = NO_TOKEN, fim_suf = NO_TOKEN, fim_mid = NO_TOKEN;
     int32_t fim_pad = NO_TOKEN, fim_rep = NO_TOKEN, fim_sep = NO_TOKEN;
