@@ -21,7 +21,11 @@ if [ -z "$fz" ]; then
         apt-cache show "clang-$v" >/dev/null 2>&1 && { fz="clang-$v libclang-rt-$v-dev llvm-$v"; break; }
     done
 fi
-pkgs="$pkgs $fz valgrind"
+# make format and its check in make test: clang-format 14 exactly (other
+# versions format differently; the check is skipped without it).
+cf=""
+apt-cache show clang-format-14 >/dev/null 2>&1 && cf=clang-format-14
+pkgs="$pkgs $fz $cf valgrind"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

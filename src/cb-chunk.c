@@ -32,64 +32,63 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: cb-chunk [options] [PATH...]\n"
-            "\n"
-            "Split documents into chunks and write one JSON record per chunk on stdout:\n"
-            "  {\"id\", \"doc\", \"seq\", \"start\", \"end\", \"n_tokens\", \"text\"}\n"
-            "id is the XXH3-128 of the text (32 hex digits), doc the source, seq the\n"
-            "chunk's number in its document, start/end its byte span, n_tokens its\n"
-            "token count (token mode only).\n"
-            "\n"
-            "PATH is a file, a directory (recursive, sorted by name, hidden entries\n"
-            "skipped), an archive (tar, tar.gz/bz2/xz/zst, zip, 7z, cpio, ar, iso, ...,\n"
-            "recognised by content; members are documents named ARCHIVE!MEMBER), or -\n"
-            "for stdin (the default).  Text must be UTF-8.\n"
-            "\n"
-            "Splitting:\n"
-            "      --tokens N     at most N tokens of the model's tokenizer per chunk\n"
-            "                     (default 512).  Token mode is the default whenever a\n"
-            "                     model is found: -m, else $CB_MODEL, else the default\n"
-            "                     model file if it has been fetched\n"
-            "      --chars N      at most N characters (code points) per chunk; forces\n"
-            "                     character mode (the default, with N = 2048, when no\n"
-            "                     model is found)\n"
-            "                     N = 0 means no limit in either mode\n"
-            "      --overlap N    start each chunk with the last N tokens (characters) of\n"
-            "                     the previous one, from a word start (default 0)\n"
-            "      --separator RE also cut at every match of the PCRE2 regex RE (UTF,\n"
-            "                     multi-line: ^ and $ match at line ends); the match\n"
-            "                     belongs to no chunk; pieces over the limit are split\n"
-            "                     further\n"
-            "Chunks end at a paragraph break, else a sentence end, else a line break,\n"
-            "else a word boundary, else any character boundary; whitespace at cuts\n"
-            "belongs to no chunk.\n"
-            "\n"
-            "Input:\n"
-            "      --repair-utf8  replace invalid UTF-8 with U+FFFD (offsets then count\n"
-            "                     the repaired text) instead of failing with status 65\n"
-            "      --hidden       also walk files and directories whose names start with .\n"
-            "      --max-member SIZE\n"
-            "                     refuse an archive member (or a compressed file's\n"
-            "                     content) that unpacks to more than SIZE bytes (K, M,\n"
-            "                     G suffixes; default 256M): it is read whole into\n"
-            "                     memory\n"
-            "\n"
-            "Common:\n"
-            "  -m, --model PATH   GGUF model whose tokenizer counts tokens (default:\n"
-            "                     $CB_MODEL, else the default model in\n"
-            "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/models/)\n"
-            "      --store DIR    accepted for uniformity; cb-chunk uses no store\n"
-            "  -t, --threads N    accepted for uniformity; cb-chunk runs on one thread\n"
-            "  -v, --verbose      report the mode, skipped entries and a summary on stderr\n"
-            "  -q, --quiet        print nothing but errors\n"
-            "  -h, --help         this help\n"
-            "      --version      print the version\n"
-            "\n"
-            "A bad input is reported and skipped; the others are still chunked.\n"
-            "Exit status: 0 success, 64 usage error, 65 bad input data (invalid UTF-8,\n"
-            "corrupt archive, malformed model), 66 input missing or unreadable,\n"
-            "70 internal error, 74 I/O error.\n");
+    fprintf(f, "usage: cb-chunk [options] [PATH...]\n"
+               "\n"
+               "Split documents into chunks and write one JSON record per chunk on stdout:\n"
+               "  {\"id\", \"doc\", \"seq\", \"start\", \"end\", \"n_tokens\", \"text\"}\n"
+               "id is the XXH3-128 of the text (32 hex digits), doc the source, seq the\n"
+               "chunk's number in its document, start/end its byte span, n_tokens its\n"
+               "token count (token mode only).\n"
+               "\n"
+               "PATH is a file, a directory (recursive, sorted by name, hidden entries\n"
+               "skipped), an archive (tar, tar.gz/bz2/xz/zst, zip, 7z, cpio, ar, iso, ...,\n"
+               "recognised by content; members are documents named ARCHIVE!MEMBER), or -\n"
+               "for stdin (the default).  Text must be UTF-8.\n"
+               "\n"
+               "Splitting:\n"
+               "      --tokens N     at most N tokens of the model's tokenizer per chunk\n"
+               "                     (default 512).  Token mode is the default whenever a\n"
+               "                     model is found: -m, else $CB_MODEL, else the default\n"
+               "                     model file if it has been fetched\n"
+               "      --chars N      at most N characters (code points) per chunk; forces\n"
+               "                     character mode (the default, with N = 2048, when no\n"
+               "                     model is found)\n"
+               "                     N = 0 means no limit in either mode\n"
+               "      --overlap N    start each chunk with the last N tokens (characters) of\n"
+               "                     the previous one, from a word start (default 0)\n"
+               "      --separator RE also cut at every match of the PCRE2 regex RE (UTF,\n"
+               "                     multi-line: ^ and $ match at line ends); the match\n"
+               "                     belongs to no chunk; pieces over the limit are split\n"
+               "                     further\n"
+               "Chunks end at a paragraph break, else a sentence end, else a line break,\n"
+               "else a word boundary, else any character boundary; whitespace at cuts\n"
+               "belongs to no chunk.\n"
+               "\n"
+               "Input:\n"
+               "      --repair-utf8  replace invalid UTF-8 with U+FFFD (offsets then count\n"
+               "                     the repaired text) instead of failing with status 65\n"
+               "      --hidden       also walk files and directories whose names start with .\n"
+               "      --max-member SIZE\n"
+               "                     refuse an archive member (or a compressed file's\n"
+               "                     content) that unpacks to more than SIZE bytes (K, M,\n"
+               "                     G suffixes; default 256M): it is read whole into\n"
+               "                     memory\n"
+               "\n"
+               "Common:\n"
+               "  -m, --model PATH   GGUF model whose tokenizer counts tokens (default:\n"
+               "                     $CB_MODEL, else the default model in\n"
+               "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/models/)\n"
+               "      --store DIR    accepted for uniformity; cb-chunk uses no store\n"
+               "  -t, --threads N    accepted for uniformity; cb-chunk runs on one thread\n"
+               "  -v, --verbose      report the mode, skipped entries and a summary on stderr\n"
+               "  -q, --quiet        print nothing but errors\n"
+               "  -h, --help         this help\n"
+               "      --version      print the version\n"
+               "\n"
+               "A bad input is reported and skipped; the others are still chunked.\n"
+               "Exit status: 0 success, 64 usage error, 65 bad input data (invalid UTF-8,\n"
+               "corrupt archive, malformed model), 66 input missing or unreadable,\n"
+               "70 internal error, 74 I/O error.\n");
 }
 
 enum {
@@ -107,8 +106,8 @@ typedef struct ctx {
     int tokens; /* token mode: records carry n_tokens */
     int repair, hidden;
     uint64_t max_member; /* bytes; 0: MAX_MEMBER_DEFAULT */
-    int status; /* exit status of the first failure, 0 when none */
-    int fatal;  /* stdout failed: stop */
+    int status;          /* exit status of the first failure, 0 when none */
+    int fatal;           /* stdout failed: stop */
     size_t n_docs, n_chunks;
     uint64_t n_bytes;
     int progress;
@@ -154,8 +153,8 @@ static void show_progress(ctx *x, int last)
     if (last)
         fprintf(stderr, "\r\033[K");
     else
-        fprintf(stderr, "\r%s: %zu documents, %zu chunks, %.1f MB\033[K", cli_prog, x->n_docs, x->n_chunks,
-                (double)x->n_bytes / 1e6);
+        fprintf(stderr, "\r%s: %zu documents, %zu chunks, %.1f MB\033[K", cli_prog, x->n_docs,
+                x->n_chunks, (double)x->n_bytes / 1e6);
     fflush(stderr);
 }
 
@@ -190,7 +189,8 @@ static int write_record(ctx *x, json_t *doc, const char *text, const cb_chunk *c
     if (x->tokens)
         json_object_set_new(o, "n_tokens", json_integer(c->n_tokens));
     json_object_set_new(o, "text", json_stringn_nocheck(text + c->start, c->end - c->start));
-    rc = json_object_size(o) == (size_t)(x->tokens ? 7 : 6) ? json_dumpf(o, stdout, JSON_COMPACT) : -1;
+    rc = json_object_size(o) == (size_t)(x->tokens ? 7 : 6) ? json_dumpf(o, stdout, JSON_COMPACT)
+                                                            : -1;
     json_decref(o);
     if (rc == 0 && putchar('\n') == EOF)
         rc = -1;
@@ -210,7 +210,8 @@ static void chunk_doc(ctx *x, const char *name, const char *data, size_t len)
     if ((bad = cb_utf8_check(data, len)) != len) {
         size_t n_bad = 0;
         if (!x->repair) {
-            cli_err("%s: invalid UTF-8 at byte %zu (--repair-utf8 replaces bad bytes with U+FFFD)", name, bad);
+            cli_err("%s: invalid UTF-8 at byte %zu (--repair-utf8 replaces bad bytes with U+FFFD)",
+                    name, bad);
             fail(x, CLI_EX_DATAERR);
             return;
         }
@@ -219,7 +220,8 @@ static void chunk_doc(ctx *x, const char *name, const char *data, size_t len)
             fail(x, CLI_EX_SOFTWARE);
             return;
         }
-        cli_info("%s: replaced %zu invalid UTF-8 sequences with U+FFFD (first at byte %zu)", name, n_bad, bad);
+        cli_info("%s: replaced %zu invalid UTF-8 sequences with U+FFFD (first at byte %zu)", name,
+                 n_bad, bad);
         data = fixed;
     }
     x->chunks.n = 0;
@@ -287,8 +289,10 @@ static struct archive *archive_open(const void *data, size_t size)
 static char *read_entry(struct archive *a, struct archive_entry *e, uint64_t limit, size_t *len)
 {
     size_t n = 0, cap = archive_entry_size_is_set(e) && archive_entry_size(e) > 0 &&
-                                archive_entry_size(e) < (1 << 24) && (uint64_t)archive_entry_size(e) <= limit
-                            ? (size_t)archive_entry_size(e) + 1 : 1 << 16;
+                                archive_entry_size(e) < (1 << 24) &&
+                                (uint64_t)archive_entry_size(e) <= limit
+                            ? (size_t)archive_entry_size(e) + 1
+                            : 1 << 16;
     char *buf = malloc(cap);
     errno = ENOMEM;
     while (buf) {
@@ -385,7 +389,8 @@ static void do_buffer(ctx *x, const char *name, const void *data, size_t size, i
     if (r == ARCHIVE_EOF)
         goto done; /* an archive without members */
     if (r < ARCHIVE_WARN) {
-        cli_err("%s: %s", name, archive_error_string(a) ? archive_error_string(a) : "unreadable archive");
+        cli_err("%s: %s", name,
+                archive_error_string(a) ? archive_error_string(a) : "unreadable archive");
         fail(x, CLI_EX_DATAERR);
         goto done;
     }
@@ -435,7 +440,8 @@ static void do_buffer(ctx *x, const char *name, const void *data, size_t size, i
             goto done;
     }
     if (r != ARCHIVE_EOF) {
-        cli_err("%s: %s", name, archive_error_string(a) ? archive_error_string(a) : "corrupt archive");
+        cli_err("%s: %s", name,
+                archive_error_string(a) ? archive_error_string(a) : "corrupt archive");
         fail(x, CLI_EX_DATAERR);
     }
 done:
@@ -481,7 +487,8 @@ static void do_dir(ctx *x, const char *path, const dirstack *me)
         if (x->fatal || strcmp(d, ".") == 0 || strcmp(d, "..") == 0)
             goto next;
         if (d[0] == '.' && !x->hidden) {
-            cli_info("%s%s%s: hidden, skipped (--hidden walks it)", path, plen && path[plen - 1] == '/' ? "" : "/", d);
+            cli_info("%s%s%s: hidden, skipped (--hidden walks it)", path,
+                     plen && path[plen - 1] == '/' ? "" : "/", d);
             goto next;
         }
         if (asprintf(&child, "%s%s%s", path, plen && path[plen - 1] == '/' ? "" : "/", d) < 0) {
@@ -512,7 +519,8 @@ static void do_path(ctx *x, const char *path, int explicit, const dirstack *up)
             return;
         }
         cli_err("%s: %s", path, strerror(e));
-        fail(x, e == ENOENT || e == EACCES || e == ENOTDIR || e == ELOOP ? CLI_EX_NOINPUT : CLI_EX_IOERR);
+        fail(x, e == ENOENT || e == EACCES || e == ENOTDIR || e == ELOOP ? CLI_EX_NOINPUT
+                                                                         : CLI_EX_IOERR);
         return;
     }
     if (S_ISDIR(sb.st_mode)) {
@@ -571,9 +579,10 @@ static int load_vocab(const char *opt_model, int need, cb_vocab **out, const cha
         const char *def = cli_model_path(NULL);
         if (access(def, F_OK) != 0) {
             if (need) {
-                cli_err("--tokens needs a model: give -m or $CB_MODEL, or fetch the default one with "
-                        "'make model' (%s is missing)",
-                        def);
+                cli_err(
+                    "--tokens needs a model: give -m or $CB_MODEL, or fetch the default one with "
+                    "'make model' (%s is missing)",
+                    def);
                 return CLI_EX_NOINPUT;
             }
             cli_info("no model (%s is missing): chunking by characters", def);

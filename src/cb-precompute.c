@@ -18,43 +18,39 @@
 
 static volatile sig_atomic_t interrupted;
 
-static void on_signal(int sig)
-{
-    interrupted = sig;
-}
+static void on_signal(int sig) { interrupted = sig; }
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: cb-precompute [options] [FILE|-]\n"
-            "\n"
-            "Prefill every chunk record's text alone (after the model's lead-in) and write\n"
-            "its KV file into the store; chunks already stored are skipped. Each input\n"
-            "record is written to stdout with \"kv\" (the store key) and \"cached\" added.\n"
-            "\n"
-            "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model)\n"
-            "      --store DIR    the store (default: $CB_STORE, else\n"
-            "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store); created if absent\n"
-            "      --kv-type T    element type of the KV files: f16 (default), f32, bf16, or\n"
-            "                     q8_0 (8-bit, about half the size of f16)\n"
-            "      --place WHERE  the tier new entries go to: a tier's name, or auto: the\n"
-            "                     cheapest tier whose load time does not exceed the recompute\n"
-            "                     time (cb-store place, from the store's profile); default: the\n"
-            "                     fastest tier with room\n"
-            "      --strict       stop at the first bad record (default: report and skip it)\n"
-            "  -t, --threads N    compute threads (default: every core)\n"
-            CLI_DEVICE_HELP
-            "  -v, --verbose      report every chunk on stderr\n"
-            "  -q, --quiet        print nothing but errors\n"
-            "  -h, --help         this help\n"
-            "      --version      print the version\n"
-            "\n"
-            "A progress line (chunks/s, tokens/s, ETA) goes to stderr when it is a terminal.\n"
-            "\n"
-            "Exit status: 0 success, 64 usage error, 65 bad input data (with --strict, or a\n"
-            "malformed model), 66 input missing, 69 compute device not available,\n"
-            "70 internal error, 73 cannot create output, 74 I/O error, 130 interrupted\n"
-            "(the chunk in progress is not stored).\n");
+    fprintf(
+        f, "usage: cb-precompute [options] [FILE|-]\n"
+           "\n"
+           "Prefill every chunk record's text alone (after the model's lead-in) and write\n"
+           "its KV file into the store; chunks already stored are skipped. Each input\n"
+           "record is written to stdout with \"kv\" (the store key) and \"cached\" added.\n"
+           "\n"
+           "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model)\n"
+           "      --store DIR    the store (default: $CB_STORE, else\n"
+           "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store); created if absent\n"
+           "      --kv-type T    element type of the KV files: f16 (default), f32, bf16, or\n"
+           "                     q8_0 (8-bit, about half the size of f16)\n"
+           "      --place WHERE  the tier new entries go to: a tier's name, or auto: the\n"
+           "                     cheapest tier whose load time does not exceed the recompute\n"
+           "                     time (cb-store place, from the store's profile); default: the\n"
+           "                     fastest tier with room\n"
+           "      --strict       stop at the first bad record (default: report and skip it)\n"
+           "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
+           "  -v, --verbose      report every chunk on stderr\n"
+           "  -q, --quiet        print nothing but errors\n"
+           "  -h, --help         this help\n"
+           "      --version      print the version\n"
+           "\n"
+           "A progress line (chunks/s, tokens/s, ETA) goes to stderr when it is a terminal.\n"
+           "\n"
+           "Exit status: 0 success, 64 usage error, 65 bad input data (with --strict, or a\n"
+           "malformed model), 66 input missing, 69 compute device not available,\n"
+           "70 internal error, 73 cannot create output, 74 I/O error, 130 interrupted\n"
+           "(the chunk in progress is not stored).\n");
 }
 
 enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE };
@@ -99,9 +95,13 @@ typedef struct pre {
 static int parse_args(int argc, char **argv, pre *x)
 {
     static const struct option opts[] = {
-        {"kv-type", required_argument, 0, OPT_KVTYPE}, {"strict", no_argument, 0, OPT_STRICT},
-        {"place", required_argument, 0, OPT_PLACE},    CLI_COMMON_OPTS,
-        CLI_STORE_OPT,                                 CLI_DEVICE_OPT, CLI_ACT8_OPT,
+        {"kv-type", required_argument, 0, OPT_KVTYPE},
+        {"strict", no_argument, 0, OPT_STRICT},
+        {"place", required_argument, 0, OPT_PLACE},
+        CLI_COMMON_OPTS,
+        CLI_STORE_OPT,
+        CLI_DEVICE_OPT,
+        CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };
     static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0"};
@@ -153,16 +153,19 @@ static void choose_tier(pre *x, char *tier, size_t n)
         return;
     }
     prof = calloc(1, sizeof *prof);
-    if (prof && cb_store_profile_load(x->store, cb_model_fingerprint(x->m), cb_model_backend(x->m), prof, &err) ==
-                    CB_OK)
+    if (prof && cb_store_profile_load(x->store, cb_model_fingerprint(x->m), cb_model_backend(x->m),
+                                      prof, &err) == CB_OK)
         t = cb_store_place(x->store, prof, 0.15, 3072, x->kv_type, &load, &rec);
     free(prof);
     if (t >= 0 && cb_store_tier_info(x->store, t, &ti) == CB_OK) {
         snprintf(tier, n, "%s", ti.name);
-        cli_info("--place auto: tier %s (load %.1f ms <= recompute %.1f ms for 3072 tokens at 0.15)", ti.name, load,
-                 rec);
+        cli_info(
+            "--place auto: tier %s (load %.1f ms <= recompute %.1f ms for 3072 tokens at 0.15)",
+            ti.name, load, rec);
     } else {
-        cli_err("note: --place auto: no usable profile in %s (run cb-profile); using the fastest tier", x->store_dir);
+        cli_err(
+            "note: --place auto: no usable profile in %s (run cb-profile); using the fastest tier",
+            x->store_dir);
     }
 }
 
@@ -179,18 +182,20 @@ static int setup(pre *x, const char *model_path)
     cb_error err;
     char tier[64];
 
-    if (cb_model_load(&x->m, model_path, &mp, &err) != CB_OK || cb_store_open(&x->store, x->store_dir, 1, &err) != CB_OK) {
+    if (cb_model_load(&x->m, model_path, &mp, &err) != CB_OK ||
+        cb_store_open(&x->store, x->store_dir, 1, &err) != CB_OK) {
         cli_err("%s", err.msg);
         return cli_exit_code(err.status);
     }
     cb_store_set_warn(x->store, store_warn, NULL);
     choose_tier(x, tier, sizeof tier);
-    if (cb_precomputer_new(&x->pc, x->m, x->store, x->kv_type, tier[0] ? tier : NULL, &err) != CB_OK) {
+    if (cb_precomputer_new(&x->pc, x->m, x->store, x->kv_type, tier[0] ? tier : NULL, &err) !=
+        CB_OK) {
         cli_err("%s", err.msg);
         return cli_exit_code(err.status);
     }
-    cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path, cb_precomputer_lead(x->pc)->n,
-             x->store_dir, cb_type_name(x->kv_type));
+    cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path,
+             cb_precomputer_lead(x->pc)->n, x->store_dir, cb_type_name(x->kv_type));
     return 0;
 }
 
@@ -212,8 +217,8 @@ static void show_progress(pre *x)
     fprintf(stderr, "\rcb-precompute: %ld", x->n_done);
     if (x->n_total > 0)
         fprintf(stderr, "/%ld", x->n_total);
-    fprintf(stderr, " chunks (%ld new, %ld cached), %.1f chunks/s, %.0f tokens/s", x->n_new, x->n_cached, rate,
-            x->tok_done / (el > 0 ? el : 1));
+    fprintf(stderr, " chunks (%ld new, %ld cached), %.1f chunks/s, %.0f tokens/s", x->n_new,
+            x->n_cached, rate, x->tok_done / (el > 0 ? el : 1));
     if (x->n_total > 0 && rate > 0)
         fprintf(stderr, ", ETA %.0f s", (double)(x->n_total - x->n_done) / rate);
     fprintf(stderr, "   ");
@@ -233,11 +238,16 @@ static int do_record(pre *x, char *line, size_t len)
     cb_error err;
 
     if (!obj || !json_is_object(obj) || !json_is_string(text))
-        return bad_record(x, obj, !obj ? jerr.text : !json_is_object(obj) ? "not a JSON object" : "no \"text\" string");
+        return bad_record(x, obj,
+                          !obj                   ? jerr.text
+                          : !json_is_object(obj) ? "not a JSON object"
+                                                 : "no \"text\" string");
     x->ids.n = 0;
-    cb_tok_encode(cb_model_vocab(x->m), json_string_value(text), json_string_length(text), 0, &x->ids);
+    cb_tok_encode(cb_model_vocab(x->m), json_string_value(text), json_string_length(text), 0,
+                  &x->ids);
     if (x->ids.n == 0 || (int64_t)lead->n + (int64_t)x->ids.n > n_ctx)
-        return bad_record(x, obj, x->ids.n == 0 ? "empty text" : "chunk longer than the model's context");
+        return bad_record(x, obj,
+                          x->ids.n == 0 ? "empty text" : "chunk longer than the model's context");
     cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
     if (cb_store_lookup(x->store, key, &found) != CB_OK) {
         cli_err("%s: index lookup failed", x->store_dir);
@@ -265,7 +275,8 @@ static int do_record(pre *x, char *line, size_t len)
         x->n_cached++;
     }
     x->n_done++;
-    cli_info("%s:%ld: %zu tokens, %s %s", x->in_name, x->lineno, x->ids.n, found ? "cached" : "stored", key);
+    cli_info("%s:%ld: %zu tokens, %s %s", x->in_name, x->lineno, x->ids.n,
+             found ? "cached" : "stored", key);
     int r = emit(line, len, obj, key, found);
     json_decref(obj);
     if (r != 0) {
@@ -306,7 +317,8 @@ static int run(pre *x)
     if (x->progress)
         fputc('\n', stderr);
     if (interrupted) {
-        cli_err("interrupted by signal %d after %ld chunks; nothing partial was stored", (int)interrupted, x->n_done);
+        cli_err("interrupted by signal %d after %ld chunks; nothing partial was stored",
+                (int)interrupted, x->n_done);
         return 130;
     }
     if (ferror(x->in)) {
@@ -315,8 +327,10 @@ static int run(pre *x)
     }
     double el = cb_now_ms() / 1e3 - x->t0;
     if (cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
-        fprintf(stderr, "cb-precompute: %ld chunks: %ld stored, %ld already cached, %ld bad records; %.0f tokens/s\n",
-                x->n_done, x->n_new, x->n_cached, x->n_bad, x->tok_done / (el > 0 ? el : 1));
+        fprintf(
+            stderr,
+            "cb-precompute: %ld chunks: %ld stored, %ld already cached, %ld bad records; %.0f tokens/s\n",
+            x->n_done, x->n_new, x->n_cached, x->n_bad, x->tok_done / (el > 0 ? el : 1));
     return 0;
 }
 

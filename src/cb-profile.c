@@ -32,8 +32,7 @@ static void usage(FILE *f)
             "      --no-write     measure and print, but do not write the profile\n"
             "  -o, --output FMT   md (default) or json\n"
             "      --plot FILE    the curves as a PNG (needs gnuplot)\n"
-            "  -t, --threads N    compute threads (default: every core)\n"
-            CLI_DEVICE_HELP
+            "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
             "  -v, --verbose      progress on stderr\n"
             "  -q, --quiet        print nothing but errors\n"
             "  -h, --help         this help\n"
@@ -93,7 +92,8 @@ static void drop_cache(const char *path)
  * the tier, verify and convert it, and place it in a cache on the compute
  * device (rotated to position 0).  Returns the file's MB/s, or -1. */
 /* Every layer of an open KV file into kv (freed here); MB/s from t0. */
-static double load_kv(const cb_model *m, cb_kvfile *kf, double t0, cb_kvcache *kv, float *k, float *v, cb_error *err)
+static double load_kv(const cb_model *m, cb_kvfile *kf, double t0, cb_kvcache *kv, float *k,
+                      float *v, cb_error *err)
 {
     const cb_kv_meta *mt = cb_kvfile_meta(kf);
     for (int32_t l = 0; l < mt->n_layer; l++)
@@ -108,7 +108,8 @@ static double load_kv(const cb_model *m, cb_kvfile *kf, double t0, cb_kvcache *k
     return mb / (ms / 1e3);
 }
 
-static double load_all(const cb_model *m, const char *path, cb_kvcache *kv, float *k, float *v, cb_error *err)
+static double load_all(const cb_model *m, const char *path, cb_kvcache *kv, float *k, float *v,
+                       cb_error *err)
 {
     cb_kvfile *kf;
     double t0 = cb_now_ms();
@@ -127,11 +128,17 @@ typedef struct popts {
 static int parse_args(int argc, char **argv, popts *o)
 {
     static const struct option opts[] = {
-        {"lengths", required_argument, 0, OPT_LENGTHS}, {"ratios", required_argument, 0, OPT_RATIOS},
-        {"repeat", required_argument, 0, OPT_REPEAT},   {"output", required_argument, 0, 'o'},
-        {"plot", required_argument, 0, OPT_PLOT},       {"no-write", no_argument, 0, OPT_NOWRITE},
-        CLI_COMMON_OPTS,                                CLI_STORE_OPT,
-        CLI_DEVICE_OPT, CLI_ACT8_OPT,                                 {0, 0, 0, 0},
+        {"lengths", required_argument, 0, OPT_LENGTHS},
+        {"ratios", required_argument, 0, OPT_RATIOS},
+        {"repeat", required_argument, 0, OPT_REPEAT},
+        {"output", required_argument, 0, 'o'},
+        {"plot", required_argument, 0, OPT_PLOT},
+        {"no-write", no_argument, 0, OPT_NOWRITE},
+        CLI_COMMON_OPTS,
+        CLI_STORE_OPT,
+        CLI_DEVICE_OPT,
+        CLI_ACT8_OPT,
+        {0, 0, 0, 0},
     };
     int c, r;
     while ((c = getopt_long(argc, argv, "o:" CLI_COMMON_SHORT, opts, NULL)) != -1) {
@@ -183,10 +190,12 @@ static int parse_args(int argc, char **argv, popts *o)
 /* Full prefill of L tokens, whole prompt in one batch like a blend does,
  * then selective recompute at every ratio: one prefill point and n_ratios
  * recompute points added to prof. */
-static int measure_length(const cb_model *m, const popts *o, int64_t L, double *samples, cb_profile *prof)
+static int measure_length(const cb_model *m, const popts *o, int64_t L, double *samples,
+                          cb_profile *prof)
 {
     const cb_hparams *hp = cb_model_hparams(m);
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)L), *rows = malloc(sizeof(int32_t) * (size_t)L);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)L),
+            *rows = malloc(sizeof(int32_t) * (size_t)L);
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
     cb_status st = toks && rows ? CB_OK : CB_ERR_NOMEM;
@@ -277,8 +286,8 @@ static int test_kvfile(const cb_model *m, int32_t L, void **buf, size_t *size)
  * and every layer checked), as cb-run's loader does on a host that has
  * not seen the chunk; cold and warm alike (Redis keeps values in memory).
  * The test entry is dropped from the shared tier afterwards. */
-static void measure_shared(const cb_model *m, cb_store *store, int repeat, const void *buf, size_t size,
-                           cb_kvcache *lkv, float *kb, float *vb, cb_profile *prof)
+static void measure_shared(const cb_model *m, cb_store *store, int repeat, const void *buf,
+                           size_t size, cb_kvcache *lkv, float *kb, float *vb, cb_profile *prof)
 {
     cb_store_tier_stat sh;
     cb_error err;
@@ -336,7 +345,8 @@ static int measure_tiers(const cb_model *m, cb_store *store, int repeat, cb_prof
     const cb_hparams *hp = cb_model_hparams(m);
     int32_t L = 1024 < hp->n_ctx_train - 8 ? 1024 : hp->n_ctx_train - 8;
     int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
-    float *kb = malloc(sizeof(float) * (size_t)(L * w)), *vb = malloc(sizeof(float) * (size_t)(L * w));
+    float *kb = malloc(sizeof(float) * (size_t)(L * w)),
+          *vb = malloc(sizeof(float) * (size_t)(L * w));
     cb_kvcache *lkv = NULL; /* where the loads land: cb-run's f16 cache on the device */
     void *buf = NULL;
     size_t size = 0;
@@ -384,8 +394,8 @@ static int measure_tiers(const cb_model *m, cb_store *store, int repeat, cb_prof
 
 static void print_md(const cb_profile *prof, const popts *o, const cb_model *m)
 {
-    printf("model %s (%s), device %s, %d layers; medians of %d runs\n\n", cli_model_path(o->co.model), prof->model,
-           cb_model_device(m), prof->n_layer, o->repeat);
+    printf("model %s (%s), device %s, %d layers; medians of %d runs\n\n",
+           cli_model_path(o->co.model), prof->model, cb_model_device(m), prof->n_layer, o->repeat);
     printf("| length | full prefill ms/layer | full prefill ms |");
     for (int ri = 0; ri < o->n_ratios; ri++)
         printf(" recompute r=%.2f ms/layer |", o->ratios[ri]);
@@ -394,19 +404,22 @@ static void print_md(const cb_profile *prof, const popts *o, const cb_model *m)
         printf("---|");
     printf("\n");
     for (int i = 0; i < prof->n_prefill; i++) {
-        printf("| %lld | %.2f | %.0f |", (long long)prof->prefill[i].length, prof->prefill[i].ms_per_layer,
-               prof->prefill[i].ms_per_layer * prof->n_layer);
+        printf("| %lld | %.2f | %.0f |", (long long)prof->prefill[i].length,
+               prof->prefill[i].ms_per_layer, prof->prefill[i].ms_per_layer * prof->n_layer);
         for (int j = 0; j < prof->n_recompute; j++)
             if (prof->recompute[j].length == prof->prefill[i].length)
                 printf(" %.2f |", prof->recompute[j].ms_per_layer);
         printf("\n");
     }
-    printf("\n| tier | cold MB/s | warm MB/s | load ms for 1024 f16 tokens (cold) |\n|---|---|---|---|\n");
+    printf(
+        "\n| tier | cold MB/s | warm MB/s | load ms for 1024 f16 tokens (cold) |\n|---|---|---|---|\n");
     for (int t = 0; t < prof->n_tiers; t++)
-        printf("| %s | %.0f | %.0f | %.1f |\n", prof->tiers[t].name, prof->tiers[t].cold_mbs, prof->tiers[t].warm_mbs,
+        printf("| %s | %.0f | %.0f | %.1f |\n", prof->tiers[t].name, prof->tiers[t].cold_mbs,
+               prof->tiers[t].warm_mbs,
                cb_profile_load_ms(prof, prof->tiers[t].name, 1024, CB_TYPE_F16, 1));
-    printf("\nKV bytes per token: f32 %.0f, f16 %.0f, bf16 %.0f, q8_0 %.0f\n", prof->kv_bytes_per_token[0],
-           prof->kv_bytes_per_token[1], prof->kv_bytes_per_token[2], prof->kv_bytes_per_token[3]);
+    printf("\nKV bytes per token: f32 %.0f, f16 %.0f, bf16 %.0f, q8_0 %.0f\n",
+           prof->kv_bytes_per_token[0], prof->kv_bytes_per_token[1], prof->kv_bytes_per_token[2],
+           prof->kv_bytes_per_token[3]);
 }
 
 /* --plot: the recompute curves through gnuplot. */
@@ -429,13 +442,15 @@ static int plot(const cb_profile *prof, const char *png)
     }
     fclose(df);
     char cmd[8192];
-    int off = snprintf(cmd, sizeof cmd,
-                       "gnuplot -e \"set terminal png size 900,600; set output '%s'; set xlabel 'recompute ratio'; "
-                       "set ylabel 'ms per layer'; set grid; set key left top; set title 'recompute time per layer "
-                       "(%s, %d threads)'; plot ",
-                       png, prof->backend, prof->threads);
+    int off = snprintf(
+        cmd, sizeof cmd,
+        "gnuplot -e \"set terminal png size 900,600; set output '%s'; set xlabel 'recompute ratio'; "
+        "set ylabel 'ms per layer'; set grid; set key left top; set title 'recompute time per layer "
+        "(%s, %d threads)'; plot ",
+        png, prof->backend, prof->threads);
     for (int i = 0; i < prof->n_prefill; i++)
-        off += snprintf(cmd + off, sizeof cmd - (size_t)off, "%s'%s' index %d using 1:2 with linespoints title '%lld tokens'",
+        off += snprintf(cmd + off, sizeof cmd - (size_t)off,
+                        "%s'%s' index %d using 1:2 with linespoints title '%lld tokens'",
                         i ? ", " : "", dat, i, (long long)prof->prefill[i].length);
     snprintf(cmd + off, sizeof cmd - (size_t)off, "\"");
     if (system(cmd) != 0) {
@@ -460,12 +475,14 @@ static int measure(const cb_model *m, cb_store *store, const popts *o, cb_profil
     prof->n_layer = hp->n_layer;
     prof->threads = cli_threads(&o->co);
     for (int i = 0; i < 4; i++) /* K and V of every layer */
-        prof->kv_bytes_per_token[i] = 2.0 * (double)hp->n_layer * (double)cb_type_row_bytes(kvt[i], w);
+        prof->kv_bytes_per_token[i] =
+            2.0 * (double)hp->n_layer * (double)cb_type_row_bytes(kvt[i], w);
     for (int i = 0; code == 0 && i < o->n_lens; i++) /* lengths within the context */
         if ((int64_t)o->lens[i] <= hp->n_ctx_train)
             code = measure_length(m, o, (int64_t)o->lens[i], samples, prof);
         else if (o->lens_given)
-            cli_err("note: length %.0f is past the model's context (%d): skipped", o->lens[i], hp->n_ctx_train);
+            cli_err("note: length %.0f is past the model's context (%d): skipped", o->lens[i],
+                    hp->n_ctx_train);
     if (code == 0)
         code = measure_tiers(m, store, o->repeat, prof);
     free(samples);
@@ -474,8 +491,13 @@ static int measure(const cb_model *m, cb_store *store, const popts *o, cb_profil
 
 int main(int argc, char **argv)
 {
-    popts o = {.fmt = "md", .lens = {512, 1024, 2048, 4096, 8192}, .ratios = {0.05, 0.1, 0.15, 0.25, 0.5},
-               .n_lens = 5, .n_ratios = 5, .repeat = 3, .write = 1};
+    popts o = {.fmt = "md",
+               .lens = {512, 1024, 2048, 4096, 8192},
+               .ratios = {0.05, 0.1, 0.15, 0.25, 0.5},
+               .n_lens = 5,
+               .n_ratios = 5,
+               .repeat = 3,
+               .write = 1};
     char store_buf[4096], path[4096];
     cb_model *m = NULL;
     cb_store *store = NULL;

@@ -15,114 +15,114 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: cb-run [options] [-p TEXT | -f FILE]      answer a prompt (stdin by default)\n"
-            "       cb-run [options] --batch [FILE|-]         answer the questions of a JSON Lines file\n"
-            "       cb-run --tokenize   [-m MODEL] [--special] [-p TEXT | -f FILE]\n"
-            "       cb-run --detokenize [-m MODEL] [--special] [-p IDS | -f FILE]\n"
-            "\n"
-            "Generation:\n"
-            "  -p, --prompt TEXT  the prompt (or the question)\n"
-            "  -f, --file FILE    read the prompt from FILE ('-' for stdin; stdin is the default)\n"
-            "      --system TEXT  system message for the chat template\n"
-            "      --raw          send the prompt as is, without the chat template (control\n"
-            "                     tokens written in it, such as <|im_start|>, are matched)\n"
-            "  -n, --n-predict N  generate at most N tokens (default 256)\n"
-            "      --temp T       temperature; 0 is greedy (default 0)\n"
-            "      --top-k K      keep the K most likely tokens (default 40; 0 = off)\n"
-            "      --top-p P      nucleus sampling (default 0.95; 1 = off)\n"
-            "      --min-p P      drop tokens below P x the top probability (default 0.05)\n"
-            "  -s, --seed N       sampling seed (default 0)\n"
-            "      --stop STR     stop when STR is generated (not printed); repeatable\n"
-            "  -c, --ctx N        context size in tokens (default: prompt + N, at most the\n"
-            "                     model's training context)\n"
-            "\n"
-            "Reusing cached chunks (see cb-precompute(1)):\n"
-            "      --chunks FILE  chunk records (JSON Lines with \"text\"), placed in order between\n"
-            "                     the system text and the question ('-' = stdin)\n"
-            "      --store DIR    the store holding their KV files (default: $CB_STORE, else\n"
-            "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store)\n"
-            "      --mode MODE    blend (default with --chunks): reuse every chunk's cache and\n"
-            "                     recompute the most deviating tokens; reuse: reuse caches,\n"
-            "                     recompute nothing; prefix: reuse the leading chunk only when\n"
-            "                     it is a true prefix; full: ordinary prefill (default without)\n"
-            "      --ratio R|auto fraction of cached tokens recomputed (default 0.15); auto: the\n"
-            "                     loading controller's choice from the store's profile (see\n"
-            "                     cb-profile(1)): recompute as much as loading the KV hides\n"
-            "      --min-ratio R  the least ratio auto picks (default 0.15), or --mass (0.05)\n"
-            "      --mass M       with --strategy probe: per prompt, the smallest ratio whose\n"
-            "                     tokens hold the share M of the question's attention to the\n"
-            "                     cached tokens, between --min-ratio and --max-ratio\n"
-            "      --max-ratio R  the most --mass picks (default 0.5)\n"
-            "      --ratios LIST  gradual filtering: r1,r2,... at successive check layers\n"
-            "                     (hkvd, sink, query, runs)\n"
-            "      --check-layer N  the (first) layer where deviation is measured (default 1)\n"
-            "      --deviation k|v  measure deviation on keys or values (default v)\n"
-            "      --strategy S   probe (default): run the question through every layer\n"
-            "                     against the loaded caches first, then recompute the cached\n"
-            "                     tokens it attends to most in every layer; hkvd (the paper's):\n"
-            "                     the most deviating tokens at the check layer; sink: hkvd and\n"
-            "                     the first --sink-tokens N (default 4) of every chunk; query:\n"
-            "                     the cached tokens the question attends to most at the check\n"
-            "                     layer; runs: hkvd's most deviating tokens for half the\n"
-            "                     budget, each with the token after it\n"
-            "      --probe-rows N  probe scores by the attention of the question's last N\n"
-            "                     tokens (default 0: all of its tokens)\n"
-            "      --key-temp T   reuse, blend: divide the cached keys by T as they load, a\n"
-            "                     temperature on the attention to the tokens not recomputed\n"
-            "                     (after APE; default: the model's, 1.05 on gemma3, else 1)\n"
-            "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
-            "                     agreement and whether the greedy answers match to --stats\n"
-            "      --no-store-write  do not store the KV of chunks that had none\n"
-            "      --score TEXT   score TEXT as the answer instead of generating: its mean\n"
-            "                     negative log-likelihood per token after the prompt (teacher\n"
-            "                     forcing) goes to stdout, details to --stats; with --verify\n"
-            "                     also full prefill's\n"
-            "      --score-file FILE  the same, the continuation read from FILE ('-' = stdin)\n"
-            "      --logits-out FILE  write the first generated token's logits (n_vocab\n"
-            "                     little-endian float32) to FILE, for offline comparison\n"
-            "      --kv-type T    KV cache elements: f16 (default) or f32\n"
-            "      --stats FILE   write timing and token counts as one JSON object to FILE\n"
-            "                     ('-' = stderr); with --batch, the batch's totals\n"
-            "\n"
-            "Many questions (--batch):\n"
-            "      --batch        read questions as JSON Lines from FILE (or stdin), an object a\n"
-            "                     line: \"question\" (or \"prompt\"); optional \"id\", \"chunks\"\n"
-            "                     (records with \"text\" or \"kv\", or store keys), \"system\",\n"
-            "                     \"mode\", \"ratio\", \"strategy\", \"n_predict\", \"score\", \"stop\";\n"
-            "                     the options above give the defaults.  An answer line each,\n"
-            "                     in input order: \"id\", \"answer\" (or \"score\"), \"stats\", and\n"
-            "                     the fields not read; a bad line gets \"error\" and \"line\",\n"
-            "                     the rest go on, and the exit status is 65.  The questions\n"
-            "                     are prefilled one after the other and decoded together,\n"
-            "                     a token of each per step; answers are a lone run's\n"
-            "      --batch-size N at most N questions in flight (default: as many KV caches\n"
-            "                     of the model's whole context as fit the KV budget, 1 to 16)\n"
-            "      --kv-budget SIZE  the KV caches in flight stay within SIZE (512M, 4G; a\n"
-            "                     larger question runs alone; default: half the available\n"
-            "                     memory)\n"
-            "\n"
-            "Tokenizer:\n"
-            "  --tokenize         print the token ids of exactly the input bytes (no BOS or\n"
-            "                     EOS) as one line of space-separated integers\n"
-            "  --detokenize       read space-separated token ids and print their text\n"
-            "  --special          tokenize: match control tokens in the text; detokenize:\n"
-            "                     print control tokens as their text\n"
-            "\n"
-            "Common:\n"
-            "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model in\n"
-            "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/models/)\n"
-            "  -t, --threads N    compute threads (default: every core)\n"
-            CLI_DEVICE_HELP
-            "  -v, --verbose      print model facts and timings on stderr\n"
-            "  -q, --quiet        print nothing but errors\n"
-            "  -h, --help         this help\n"
-            "      --version      print the version\n"
-            "\n"
-            "Exit status: 0 success, 64 usage error, 65 bad input data (malformed GGUF,\n"
-            "unsupported model, unknown token id, prompt longer than the context),\n"
-            "66 input missing, 69 compute device not available, 70 internal error,\n"
-            "73 cannot create output, 74 I/O error.\n");
+    fprintf(
+        f,
+        "usage: cb-run [options] [-p TEXT | -f FILE]      answer a prompt (stdin by default)\n"
+        "       cb-run [options] --batch [FILE|-]         answer the questions of a JSON Lines file\n"
+        "       cb-run --tokenize   [-m MODEL] [--special] [-p TEXT | -f FILE]\n"
+        "       cb-run --detokenize [-m MODEL] [--special] [-p IDS | -f FILE]\n"
+        "\n"
+        "Generation:\n"
+        "  -p, --prompt TEXT  the prompt (or the question)\n"
+        "  -f, --file FILE    read the prompt from FILE ('-' for stdin; stdin is the default)\n"
+        "      --system TEXT  system message for the chat template\n"
+        "      --raw          send the prompt as is, without the chat template (control\n"
+        "                     tokens written in it, such as <|im_start|>, are matched)\n"
+        "  -n, --n-predict N  generate at most N tokens (default 256)\n"
+        "      --temp T       temperature; 0 is greedy (default 0)\n"
+        "      --top-k K      keep the K most likely tokens (default 40; 0 = off)\n"
+        "      --top-p P      nucleus sampling (default 0.95; 1 = off)\n"
+        "      --min-p P      drop tokens below P x the top probability (default 0.05)\n"
+        "  -s, --seed N       sampling seed (default 0)\n"
+        "      --stop STR     stop when STR is generated (not printed); repeatable\n"
+        "  -c, --ctx N        context size in tokens (default: prompt + N, at most the\n"
+        "                     model's training context)\n"
+        "\n"
+        "Reusing cached chunks (see cb-precompute(1)):\n"
+        "      --chunks FILE  chunk records (JSON Lines with \"text\"), placed in order between\n"
+        "                     the system text and the question ('-' = stdin)\n"
+        "      --store DIR    the store holding their KV files (default: $CB_STORE, else\n"
+        "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store)\n"
+        "      --mode MODE    blend (default with --chunks): reuse every chunk's cache and\n"
+        "                     recompute the most deviating tokens; reuse: reuse caches,\n"
+        "                     recompute nothing; prefix: reuse the leading chunk only when\n"
+        "                     it is a true prefix; full: ordinary prefill (default without)\n"
+        "      --ratio R|auto fraction of cached tokens recomputed (default 0.15); auto: the\n"
+        "                     loading controller's choice from the store's profile (see\n"
+        "                     cb-profile(1)): recompute as much as loading the KV hides\n"
+        "      --min-ratio R  the least ratio auto picks (default 0.15), or --mass (0.05)\n"
+        "      --mass M       with --strategy probe: per prompt, the smallest ratio whose\n"
+        "                     tokens hold the share M of the question's attention to the\n"
+        "                     cached tokens, between --min-ratio and --max-ratio\n"
+        "      --max-ratio R  the most --mass picks (default 0.5)\n"
+        "      --ratios LIST  gradual filtering: r1,r2,... at successive check layers\n"
+        "                     (hkvd, sink, query, runs)\n"
+        "      --check-layer N  the (first) layer where deviation is measured (default 1)\n"
+        "      --deviation k|v  measure deviation on keys or values (default v)\n"
+        "      --strategy S   probe (default): run the question through every layer\n"
+        "                     against the loaded caches first, then recompute the cached\n"
+        "                     tokens it attends to most in every layer; hkvd (the paper's):\n"
+        "                     the most deviating tokens at the check layer; sink: hkvd and\n"
+        "                     the first --sink-tokens N (default 4) of every chunk; query:\n"
+        "                     the cached tokens the question attends to most at the check\n"
+        "                     layer; runs: hkvd's most deviating tokens for half the\n"
+        "                     budget, each with the token after it\n"
+        "      --probe-rows N  probe scores by the attention of the question's last N\n"
+        "                     tokens (default 0: all of its tokens)\n"
+        "      --key-temp T   reuse, blend: divide the cached keys by T as they load, a\n"
+        "                     temperature on the attention to the tokens not recomputed\n"
+        "                     (after APE; default: the model's, 1.05 on gemma3, else 1)\n"
+        "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
+        "                     agreement and whether the greedy answers match to --stats\n"
+        "      --no-store-write  do not store the KV of chunks that had none\n"
+        "      --score TEXT   score TEXT as the answer instead of generating: its mean\n"
+        "                     negative log-likelihood per token after the prompt (teacher\n"
+        "                     forcing) goes to stdout, details to --stats; with --verify\n"
+        "                     also full prefill's\n"
+        "      --score-file FILE  the same, the continuation read from FILE ('-' = stdin)\n"
+        "      --logits-out FILE  write the first generated token's logits (n_vocab\n"
+        "                     little-endian float32) to FILE, for offline comparison\n"
+        "      --kv-type T    KV cache elements: f16 (default) or f32\n"
+        "      --stats FILE   write timing and token counts as one JSON object to FILE\n"
+        "                     ('-' = stderr); with --batch, the batch's totals\n"
+        "\n"
+        "Many questions (--batch):\n"
+        "      --batch        read questions as JSON Lines from FILE (or stdin), an object a\n"
+        "                     line: \"question\" (or \"prompt\"); optional \"id\", \"chunks\"\n"
+        "                     (records with \"text\" or \"kv\", or store keys), \"system\",\n"
+        "                     \"mode\", \"ratio\", \"strategy\", \"n_predict\", \"score\", \"stop\";\n"
+        "                     the options above give the defaults.  An answer line each,\n"
+        "                     in input order: \"id\", \"answer\" (or \"score\"), \"stats\", and\n"
+        "                     the fields not read; a bad line gets \"error\" and \"line\",\n"
+        "                     the rest go on, and the exit status is 65.  The questions\n"
+        "                     are prefilled one after the other and decoded together,\n"
+        "                     a token of each per step; answers are a lone run's\n"
+        "      --batch-size N at most N questions in flight (default: as many KV caches\n"
+        "                     of the model's whole context as fit the KV budget, 1 to 16)\n"
+        "      --kv-budget SIZE  the KV caches in flight stay within SIZE (512M, 4G; a\n"
+        "                     larger question runs alone; default: half the available\n"
+        "                     memory)\n"
+        "\n"
+        "Tokenizer:\n"
+        "  --tokenize         print the token ids of exactly the input bytes (no BOS or\n"
+        "                     EOS) as one line of space-separated integers\n"
+        "  --detokenize       read space-separated token ids and print their text\n"
+        "  --special          tokenize: match control tokens in the text; detokenize:\n"
+        "                     print control tokens as their text\n"
+        "\n"
+        "Common:\n"
+        "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model in\n"
+        "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/models/)\n"
+        "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
+        "  -v, --verbose      print model facts and timings on stderr\n"
+        "  -q, --quiet        print nothing but errors\n"
+        "  -h, --help         this help\n"
+        "      --version      print the version\n"
+        "\n"
+        "Exit status: 0 success, 64 usage error, 65 bad input data (malformed GGUF,\n"
+        "unsupported model, unknown token id, prompt longer than the context),\n"
+        "66 input missing, 69 compute device not available, 70 internal error,\n"
+        "73 cannot create output, 74 I/O error.\n");
 }
 
 enum {
@@ -158,12 +158,14 @@ enum {
     OPT_KEYTEMP,
     OPT_BATCH,
     OPT_BATCHSIZE,
-    OPT_KVBUDGET };
+    OPT_KVBUDGET
+};
 
 /* ---------------------------------------------------------- generation */
 
 typedef struct gen_opts {
-    const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path, *logits_out, *device;
+    const char *model, *system, *stats_path, *in_name, *store_dir, *chunks_path, *logits_out,
+        *device;
     const char *score, *score_file; /* --score TEXT, --score-file FILE */
     int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto, min_ratio_given;
     double min_ratio;
@@ -176,10 +178,7 @@ typedef struct gen_opts {
 } gen_opts;
 
 
-static void warn(void *ctx, const char *msg)
-{
-    cli_err("warning: %s", msg);
-}
+static void warn(void *ctx, const char *msg) { cli_err("warning: %s", msg); }
 
 /* Everything one answer holds, from the model to the stats. */
 typedef struct run {
@@ -204,8 +203,8 @@ typedef struct run {
     cb_ratio_choice rc;
     json_t *verify;
     int n_stored;
-    cb_tokens cont;      /* --score: the continuation's tokens */
-    cb_score_result sr;  /* --score: its score */
+    cb_tokens cont;     /* --score: the continuation's tokens */
+    cb_score_result sr; /* --score: its score */
 } run;
 
 /* --chunks' records (into *chunks) and the model (its load time into
@@ -244,7 +243,9 @@ static int open_store(const gen_opts *o, cb_store **s)
     }
     cb_store_set_warn(*s, warn, NULL);
     if (cb_store_readonly(*s) && o->store_write)
-        cli_err("note: the store %s is read-only: chunks missing from it are computed and not stored", o->store_dir);
+        cli_err(
+            "note: the store %s is read-only: chunks missing from it are computed and not stored",
+            o->store_dir);
     return 0;
 }
 
@@ -276,8 +277,9 @@ static int run_continuation(run *r)
 
     if (o->score_file && !(buf = cli_read_input(o->score_file, &len, &code)))
         return code;
-    st = cb_tok_encode(cb_model_vocab(r->m), o->score ? o->score : buf, o->score ? strlen(o->score) : len,
-                       o->raw ? CB_TOK_PARSE_SPECIAL : 0, &r->cont);
+    st = cb_tok_encode(cb_model_vocab(r->m), o->score ? o->score : buf,
+                       o->score ? strlen(o->score) : len, o->raw ? CB_TOK_PARSE_SPECIAL : 0,
+                       &r->cont);
     free(buf);
     if (st != CB_OK) {
         cli_err("%s: tokenizing the continuation failed: %s", name, cb_strerror(st));
@@ -329,15 +331,16 @@ static int run_prompt(run *r, const char *text, size_t len)
     if (o->n_ctx <= 0 && r->n_ctx > hp->n_ctx_train)
         r->n_ctx = hp->n_ctx_train > r->total ? hp->n_ctx_train : r->total + 1;
     if (r->total >= r->n_ctx) {
-        cli_err("%s: the prompt has %lld tokens; the context holds %lld (-c)", o->in_name, (long long)r->total,
-                (long long)r->n_ctx);
+        cli_err("%s: the prompt has %lld tokens; the context holds %lld (-c)", o->in_name,
+                (long long)r->total, (long long)r->n_ctx);
         return CLI_EX_DATAERR;
     }
     cli_info("%s: %s, %d layers, device %s, loaded in %.0f ms", o->model, hp->arch, hp->n_layer,
              cb_model_device(r->m), r->t_load);
-    cli_info("chat template %s; prompt %lld tokens in %d segments, %d chunks (%d without cache); mode %s",
-             cb_chat_name(cb_prompt_chat(r->pr)), (long long)r->total, r->n_segs, cb_prompt_n_chunks(r->pr),
-             cb_prompt_n_missing(r->pr), cli_mode_names[r->bp.mode]);
+    cli_info(
+        "chat template %s; prompt %lld tokens in %d segments, %d chunks (%d without cache); mode %s",
+        cb_chat_name(cb_prompt_chat(r->pr)), (long long)r->total, r->n_segs,
+        cb_prompt_n_chunks(r->pr), cb_prompt_n_missing(r->pr), cli_mode_names[r->bp.mode]);
     return 0;
 }
 
@@ -349,7 +352,8 @@ static int run_alloc(const run *r, cb_kvcache **kv, cb_fwd **f)
         cli_err("a KV cache of %lld positions: %s", (long long)r->n_ctx, cb_strerror(st));
         return cli_exit_code(st);
     }
-    if ((st = cb_fwd_new(f, r->m, (int32_t)(r->total > (int64_t)r->cont.n ? r->total : (int64_t)r->cont.n))) !=
+    if ((st = cb_fwd_new(
+             f, r->m, (int32_t)(r->total > (int64_t)r->cont.n ? r->total : (int64_t)r->cont.n))) !=
         CB_OK) {
         cli_err("activations for %lld tokens: %s", (long long)r->total, cb_strerror(st));
         return cli_exit_code(st);
@@ -362,19 +366,22 @@ static void run_auto_ratio(run *r)
 {
     const gen_opts *o = r->o;
     cb_error err;
-    if (cb_prompt_auto_ratio(r->pr, r->store, r->m, o->kv_type, o->min_ratio, &r->rc, &err) == CB_OK) {
+    if (cb_prompt_auto_ratio(r->pr, r->store, r->m, o->kv_type, o->min_ratio, &r->rc, &err) ==
+        CB_OK) {
         r->bp.ratios[0] = (float)r->rc.ratio;
         r->ratio_source = "controller";
-        cli_info("--ratio auto: %.3f for %lld cached tokens in tier %s (predicted load %.1f ms, recompute %.1f ms)",
-                 r->bp.ratios[0], (long long)r->rc.n_cached, r->rc.tier, r->rc.pred_load_ms,
-                 r->rc.pred_recompute_ms);
+        cli_info(
+            "--ratio auto: %.3f for %lld cached tokens in tier %s (predicted load %.1f ms, recompute %.1f ms)",
+            r->bp.ratios[0], (long long)r->rc.n_cached, r->rc.tier, r->rc.pred_load_ms,
+            r->rc.pred_recompute_ms);
         return;
     }
     r->bp.ratios[0] = (float)o->min_ratio;
     r->ratio_source = "fallback";
-    cli_err("note: --ratio auto: no profile for this model and backend in %s (run cb-profile); using "
-            "--min-ratio %.2f",
-            o->store_dir, o->min_ratio);
+    cli_err(
+        "note: --ratio auto: no profile for this model and backend in %s (run cb-profile); using "
+        "--min-ratio %.2f",
+        o->store_dir, o->min_ratio);
 }
 
 /* --verify: full prefill of the same tokens (the first token's KL and
@@ -408,29 +415,34 @@ static int run_verify(run *r)
         if (run_alloc(r, &kv2, &f2) != 0)
             st = cb_error_set(&err, CB_ERR_NOMEM, "no memory for the second prefill");
         else
-            st = cb_blend_prefill(f2, kv2, r->segs, r->n_segs, pass ? &r->bp : &fp, vlogits, &bs2, &err);
+            st = cb_blend_prefill(f2, kv2, r->segs, r->n_segs, pass ? &r->bp : &fp, vlogits, &bs2,
+                                  &err);
         if (st == CB_OK && pass == 0) {
             full_ms = cb_now_ms() - tv;
             kl = cb_logits_kl(vlogits, r->first_logits, n_vocab, &top1);
         }
         if (st == CB_OK && r->cont.n) {
-            if ((st = cb_score(f2, kv2, vlogits, (int32_t)r->total, r->cont.ids, (int32_t)r->cont.n, &fsr)) != CB_OK)
+            if ((st = cb_score(f2, kv2, vlogits, (int32_t)r->total, r->cont.ids, (int32_t)r->cont.n,
+                               &fsr)) != CB_OK)
                 cb_error_set(&err, st, "scoring: %s", cb_strerror(st));
-        } else if (st == CB_OK && (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, cli_sink_write,
-                                             pass ? &greedy_sm : &full_sm, tv, &g2)) != CB_OK)
+        } else if (st == CB_OK &&
+                   (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, cli_sink_write,
+                                     pass ? &greedy_sm : &full_sm, tv, &g2)) != CB_OK)
             cb_error_set(&err, st, "generation: %s", cb_strerror(st));
         cb_fwd_free(f2);
         cb_kvcache_free(kv2);
     }
     if (st == CB_OK && r->cont.n) {
-        r->verify = json_pack("{s:f, s:b, s:f, s:f, s:f}", "kl", kl, "top1_agree", top1, "full_prefill_ms", full_ms,
-                              "score_nll", fsr.nll, "score_top1", fsr.top1);
+        r->verify =
+            json_pack("{s:f, s:b, s:f, s:f, s:f}", "kl", kl, "top1_agree", top1, "full_prefill_ms",
+                      full_ms, "score_nll", fsr.nll, "score_top1", fsr.top1);
     } else if (st == CB_OK) {
         const char *mine = o->sp.temp > 0 ? greedy_sm.all : r->sm.all, *full = full_sm.all;
         int same = strcmp(mine ? mine : "", full ? full : "") == 0;
         char *clean = cli_utf8_clean(full ? full : "", full ? full_sm.all_len : 0, NULL);
-        r->verify = json_pack("{s:f, s:b, s:b, s:f, s:s}", "kl", kl, "top1_agree", top1, "same_answer", same,
-                              "full_prefill_ms", full_ms, "full_answer", clean ? clean : "");
+        r->verify =
+            json_pack("{s:f, s:b, s:b, s:f, s:s}", "kl", kl, "top1_agree", top1, "same_answer",
+                      same, "full_prefill_ms", full_ms, "full_answer", clean ? clean : "");
         free(clean);
     } else {
         cli_err("--verify: the full-prefill comparison failed: %s", err.msg);
@@ -468,19 +480,21 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, "
         "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i, s:f}",
-        "mode", cli_mode_names[bp->mode], "n_prompt_tokens", (json_int_t)ss->total, "n_cached_tokens",
-        (json_int_t)bs->n_cached_tokens, "n_exact_tokens", (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens, "ratio", ratio,
-        "ttft_ms", ss->gr->first_ms, "prefill_ms", bs->prefill_ms, "load_ms", bs->load_ms, "n_gen_tokens",
-        (json_int_t)ss->gr->n_gen, "gen_ms", ss->gen_ms, "recompute_ms", bs->recompute_ms, "n_selected", sel,
-        "prefill_tok_s", ss->total / (bs->prefill_ms / 1e3), "gen_tok_s",
+        "mode", cli_mode_names[bp->mode], "n_prompt_tokens", (json_int_t)ss->total,
+        "n_cached_tokens", (json_int_t)bs->n_cached_tokens, "n_exact_tokens",
+        (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens,
+        "ratio", ratio, "ttft_ms", ss->gr->first_ms, "prefill_ms", bs->prefill_ms, "load_ms",
+        bs->load_ms, "n_gen_tokens", (json_int_t)ss->gr->n_gen, "gen_ms", ss->gen_ms,
+        "recompute_ms", bs->recompute_ms, "n_selected", sel, "prefill_tok_s",
+        ss->total / (bs->prefill_ms / 1e3), "gen_tok_s",
         ss->gr->n_gen ? ss->gr->n_gen / (ss->gen_ms / 1e3) : 0.0, "stop", ss->gr->stop, "n_chunks",
         ss->n_chunks, "n_chunks_missing", ss->n_missing, "n_chunks_stored", ss->n_stored,
         "check_layer", bp->check_layer, "strategy", cli_strategy_names[bp->strategy], "deviation",
-        bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m), "device",
-        cb_model_device(m), "chat_template", cb_chat_name(ss->chat), "kv_type",
-        cb_type_name(o->kv_type), "model_load_ms", ss->t_load, "model", o->model, "overlapped_ms", bs->overlapped_ms,
-        "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes, "probe_rows", bp->probe_rows,
-        "key_temp", (double)bs->key_temp);
+        bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m),
+        "device", cb_model_device(m), "chat_template", cb_chat_name(ss->chat), "kv_type",
+        cb_type_name(o->kv_type), "model_load_ms", ss->t_load, "model", o->model, "overlapped_ms",
+        bs->overlapped_ms, "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes,
+        "probe_rows", bp->probe_rows, "key_temp", (double)bs->key_temp);
     if (s && ss->ratio_auto) {
         json_object_set_new(s, "ratio_source", json_string(ss->ratio_source));
         json_object_set_new(s, "predicted_load_ms", json_real(ss->rc->pred_load_ms));
@@ -491,9 +505,10 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
     if (s && bp->adapt_mass > 0 && bp->mode == CB_MODE_BLEND) {
         json_object_set_new(s, "ratio_source", json_string("adaptive"));
         json_object_set_new(s, "adaptive",
-                            json_pack("{s:f, s:f, s:f, s:f, s:s}", "mass", bp->adapt_mass, "selected_mass",
-                                      bs->selected_mass, "min_ratio", bp->adapt_min, "max_ratio", bp->adapt_max,
-                                      "bound", bs->ratio_bound));
+                            json_pack("{s:f, s:f, s:f, s:f, s:s}", "mass", bp->adapt_mass,
+                                      "selected_mass", bs->selected_mass, "min_ratio",
+                                      bp->adapt_min, "max_ratio", bp->adapt_max, "bound",
+                                      bs->ratio_bound));
     }
     if (s && ss->score)
         json_object_set_new(s, "score",
@@ -504,19 +519,32 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
 
 static int run_stats(run *r)
 {
-    stats_src ss = {&r->bp, &r->bs, r->total, &r->gr, r->gen_ms, r->t_load, cb_prompt_n_chunks(r->pr),
-                    cb_prompt_n_missing(r->pr), r->n_stored, cb_prompt_chat(r->pr), r->ratio_source, &r->rc,
-                    r->o->ratio_auto, r->cont.n ? &r->sr : NULL};
+    stats_src ss = {&r->bp,
+                    &r->bs,
+                    r->total,
+                    &r->gr,
+                    r->gen_ms,
+                    r->t_load,
+                    cb_prompt_n_chunks(r->pr),
+                    cb_prompt_n_missing(r->pr),
+                    r->n_stored,
+                    cb_prompt_chat(r->pr),
+                    r->ratio_source,
+                    &r->rc,
+                    r->o->ratio_auto,
+                    r->cont.n ? &r->sr : NULL};
     json_t *s = stats_json(r->o, r->m, &ss);
     int code;
     if (s && r->verify)
         json_object_set_new(s, "verify", r->verify), r->verify = NULL;
     cb_store_shared_auth sa;
     cb_error e2;
-    if (s && r->store && cb_store_shared_name(r->store) && cb_store_shared_auth_info(r->store, &sa, &e2) == CB_OK)
-        json_object_set_new(s, "shared", json_pack("{s:s, s:b, s:I}", "tier", cb_store_shared_name(r->store),
-                                                   "authenticated", sa.authenticated, "n_refused",
-                                                   (json_int_t)sa.n_refused));
+    if (s && r->store && cb_store_shared_name(r->store) &&
+        cb_store_shared_auth_info(r->store, &sa, &e2) == CB_OK)
+        json_object_set_new(s, "shared",
+                            json_pack("{s:s, s:b, s:I}", "tier", cb_store_shared_name(r->store),
+                                      "authenticated", sa.authenticated, "n_refused",
+                                      (json_int_t)sa.n_refused));
     code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
     json_decref(s);
     return code;
@@ -539,11 +567,13 @@ static int run_answer(run *r)
         return code;
     if (o->ratio_auto && r->bp.mode == CB_MODE_BLEND)
         run_auto_ratio(r);
-    if ((st = cb_prompt_prefill(r->pr, r->store, r->f, r->kv, &r->bp, r->logits, &r->bs, warn, NULL, &err))) {
+    if ((st = cb_prompt_prefill(r->pr, r->store, r->f, r->kv, &r->bp, r->logits, &r->bs, warn, NULL,
+                                &err))) {
         cli_err("%s", err.msg);
         return cli_exit_code(st);
     }
-    if (o->logits_out && cb_file_write_atomic(o->logits_out, r->logits, sizeof(float) * (size_t)n_vocab, &err) != CB_OK) {
+    if (o->logits_out && cb_file_write_atomic(o->logits_out, r->logits,
+                                              sizeof(float) * (size_t)n_vocab, &err) != CB_OK) {
         cli_err("%s", err.msg);
         return cli_exit_code(err.status);
     }
@@ -552,8 +582,8 @@ static int run_answer(run *r)
     if (r->cont.n) { /* no generation: the first token's distribution is ready now */
         r->gr.first_ms = cb_now_ms() - r->t0;
         r->gr.stop = "score";
-        if ((st = cb_score(r->f, r->kv, r->logits, (int32_t)r->total, r->cont.ids, (int32_t)r->cont.n, &r->sr)) !=
-            CB_OK) {
+        if ((st = cb_score(r->f, r->kv, r->logits, (int32_t)r->total, r->cont.ids,
+                           (int32_t)r->cont.n, &r->sr)) != CB_OK) {
             cli_err("%s: scoring the continuation failed: %s", o->score ? "--score" : o->score_file,
                     cb_strerror(st));
             return cli_exit_code(st);
@@ -563,8 +593,8 @@ static int run_answer(run *r)
         fflush(stdout);
         return 0;
     }
-    if ((st = cb_generate(r->f, r->kv, r->logits, (int32_t)r->total, &r->gp, cli_sink_write, &r->sm, r->t0, &r->gr)) !=
-        CB_OK) {
+    if ((st = cb_generate(r->f, r->kv, r->logits, (int32_t)r->total, &r->gp, cli_sink_write, &r->sm,
+                          r->t0, &r->gr)) != CB_OK) {
         cli_err("generation failed: %s", cb_strerror(st));
         return cli_exit_code(st);
     }
@@ -585,15 +615,17 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
     r.rc.pred_load_ms = r.rc.pred_recompute_ms = -1;
     if ((code = run_open(&r)) != 0)
         goto done;
-    r.t0 = cb_now_ms(); /* TTFT counts from here: prompt assembly, cache lookup, prefill, first token */
+    r.t0 =
+        cb_now_ms(); /* TTFT counts from here: prompt assembly, cache lookup, prefill, first token */
     if ((code = run_prompt(&r, text, len)) != 0 || (code = run_answer(&r)) != 0)
         goto done;
     if (o->verify && r.first_logits)
         code = run_verify(&r);
-    cli_info("prefill %lld tokens (%d cached, %d recomputed) in %.1f ms (load %.1f ms); TTFT %.1f ms; %d tokens in "
-             "%.1f ms; stop: %s",
-             (long long)r.total, r.bs.n_cached_tokens, r.bs.n_recomputed_tokens, r.bs.prefill_ms, r.bs.load_ms,
-             r.gr.first_ms, r.gr.n_gen, r.gen_ms, r.gr.stop);
+    cli_info(
+        "prefill %lld tokens (%d cached, %d recomputed) in %.1f ms (load %.1f ms); TTFT %.1f ms; %d tokens in "
+        "%.1f ms; stop: %s",
+        (long long)r.total, r.bs.n_cached_tokens, r.bs.n_recomputed_tokens, r.bs.prefill_ms,
+        r.bs.load_ms, r.gr.first_ms, r.gr.n_gen, r.gen_ms, r.gr.stop);
     /* For the next run, after the answer (no latency): keep streamed chunks, store missing ones. */
     cb_prompt_keep(r.pr, r.store, warn, NULL);
     if (o->store_write && r.store && !cb_store_readonly(r.store) && cb_prompt_n_missing(r.pr) > 0)
@@ -626,8 +658,8 @@ done:
 /* One line, from reading to writing. */
 typedef struct qline {
     long lineno;
-    size_t seq;             /* its place in the output */
-    cli_question q;         /* the parsed object and what its request points into */
+    size_t seq;     /* its place in the output */
+    cli_question q; /* the parsed object and what its request points into */
 } qline;
 
 static void qline_free(qline *q)
@@ -640,8 +672,8 @@ static void qline_free(qline *q)
 
 /* The answer line of q: its id, the answer (or score, or error) and the
  * fields the batch does not read; NULL when out of memory. */
-static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, const qline *q, const cb_answer *a,
-                         const char *error)
+static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, const qline *q,
+                         const cb_answer *a, const char *error)
 {
     json_t *obj = q->q.obj, *out = json_object(), *id = obj ? json_object_get(obj, "id") : NULL;
     const char *k;
@@ -652,8 +684,9 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
         json_object_set_new(out, "line", json_integer(q->lineno));
         json_object_set_new(out, "error", json_string(error));
     } else if (a->scored) {
-        json_object_set_new(out, "score", json_pack("{s:f, s:I, s:f}", "nll", a->score.nll, "n_tokens",
-                                                     (json_int_t)a->score.n_tokens, "top1", a->score.top1));
+        json_object_set_new(out, "score",
+                            json_pack("{s:f, s:I, s:f}", "nll", a->score.nll, "n_tokens",
+                                      (json_int_t)a->score.n_tokens, "top1", a->score.top1));
     } else {
         size_t n = 0;
         char *clean = cli_utf8_clean(a->text ? a->text : "", a->len, &n);
@@ -664,8 +697,19 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
         if (!cli_question_reads(k) && !json_object_get(out, k))
             json_object_set(out, k, v);
     if (!error) {
-        stats_src ss = {&a->bp, &a->bs, a->n_prompt_tokens, &a->gen, a->gen_ms, t_load, a->n_chunks, a->n_missing,
-                        a->n_stored, a->chat, a->ratio_source, &a->rc, strcmp(a->ratio_source, "given") != 0,
+        stats_src ss = {&a->bp,
+                        &a->bs,
+                        a->n_prompt_tokens,
+                        &a->gen,
+                        a->gen_ms,
+                        t_load,
+                        a->n_chunks,
+                        a->n_missing,
+                        a->n_stored,
+                        a->chat,
+                        a->ratio_source,
+                        &a->rc,
+                        strcmp(a->ratio_source, "given") != 0,
                         a->scored ? &a->score : NULL};
         json_t *st = stats_json(o, m, &ss);
         json_object_set_new(st, "kv_bytes", json_integer((json_int_t)a->kv_bytes));
@@ -679,7 +723,7 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
 /* Answers written in input order: lines that are ready wait for the ones
  * before them. */
 typedef struct outq {
-    char **ready;       /* [cap]: line seq = next + i, or NULL */
+    char **ready; /* [cap]: line seq = next + i, or NULL */
     size_t next, cap;
     int io_err;
 } outq;
@@ -752,12 +796,12 @@ typedef struct brun {
     const gen_opts *o;
     cb_model *m;
     cb_store *store;
-    json_t *chunks;     /* --chunks' records, as a "chunks" array */
+    json_t *chunks;      /* --chunks' records, as a "chunks" array */
     cb_request defaults; /* the options' */
     cb_batch *b;
     outq w;
     double t_load;
-    int worst;          /* the exit status so far */
+    int worst; /* the exit status so far */
 } brun;
 
 /* A line's failure: an error line, and the exit status it makes (65 for
@@ -813,8 +857,8 @@ static int feed(brun *r, FILE *in, long *lineno, size_t *seq)
         return 1;
     }
     q->lineno = *lineno, q->seq = (*seq)++;
-    int bad = cli_question_parse(line, (size_t)len, &r->defaults, r->o->mode_given, r->chunks, &q->q, &rq, msg,
-                                 sizeof msg);
+    int bad = cli_question_parse(line, (size_t)len, &r->defaults, r->o->mode_given, r->chunks,
+                                 &q->q, &rq, msg, sizeof msg);
     free(line);
     if (bad) {
         line_failed(r, q, msg, CB_ERR_FORMAT);
@@ -833,16 +877,19 @@ static int batch_open(brun *r, int32_t size, uint64_t budget)
     cb_status st;
     int code;
 
-    if ((code = open_model(o, &r->chunks, &r->m, &r->t_load)) != 0 || (code = open_store(o, &r->store)) != 0)
+    if ((code = open_model(o, &r->chunks, &r->m, &r->t_load)) != 0 ||
+        (code = open_store(o, &r->store)) != 0)
         return code;
     if (!budget)
         budget = cli_mem_available() / 2;
     int32_t dflt = cb_batch_default_size(r->m, o->kv_type, budget);
-    cli_info("batch: %d questions in flight (default %d: KV caches of %lld positions, the model's context, "
-             "within %.0f MiB, at most %d), KV budget %.0f MiB",
-             size ? size : dflt, dflt, (long long)cb_model_hparams(r->m)->n_ctx_train,
-             (double)budget / 1048576.0, CB_BATCH_MAX, (double)budget / 1048576.0);
-    if ((st = cb_batch_new(&r->b, r->m, r->store, size ? size : dflt, budget, warn, NULL)) != CB_OK) {
+    cli_info(
+        "batch: %d questions in flight (default %d: KV caches of %lld positions, the model's context, "
+        "within %.0f MiB, at most %d), KV budget %.0f MiB",
+        size ? size : dflt, dflt, (long long)cb_model_hparams(r->m)->n_ctx_train,
+        (double)budget / 1048576.0, CB_BATCH_MAX, (double)budget / 1048576.0);
+    if ((st = cb_batch_new(&r->b, r->m, r->store, size ? size : dflt, budget, warn, NULL)) !=
+        CB_OK) {
         cli_err("%s", cb_strerror(st));
         return cli_exit_code(st);
     }
@@ -853,14 +900,15 @@ static int batch_open(brun *r, int32_t size, uint64_t budget)
 static int batch_stats(const brun *r, double ms)
 {
     const cb_batch_info *in = cb_batch_get_info(r->b);
-    json_t *s = json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:i, s:i, s:I, s:I, s:I, s:f, s:s, s:s}",
-                          "n_questions", (json_int_t)in->n_submitted, "n_answered", (json_int_t)in->n_answered,
-                          "n_failed", (json_int_t)in->n_failed, "n_gen_tokens", (json_int_t)in->n_tokens,
-                          "wall_ms", ms, "questions_s", in->n_submitted / (ms / 1e3), "gen_tok_s",
-                          in->n_tokens / (ms / 1e3), "batch_size", in->cap, "in_flight_peak", in->in_flight_peak,
-                          "kv_budget", (json_int_t)in->kv_budget, "kv_peak", (json_int_t)in->kv_peak, "n_steps",
-                          (json_int_t)in->n_steps, "model_load_ms", r->t_load, "model", r->o->model, "device",
-                          cb_model_device(r->m));
+    json_t *s = json_pack(
+        "{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:i, s:i, s:I, s:I, s:I, s:f, s:s, s:s}",
+        "n_questions", (json_int_t)in->n_submitted, "n_answered", (json_int_t)in->n_answered,
+        "n_failed", (json_int_t)in->n_failed, "n_gen_tokens", (json_int_t)in->n_tokens, "wall_ms",
+        ms, "questions_s", in->n_submitted / (ms / 1e3), "gen_tok_s", in->n_tokens / (ms / 1e3),
+        "batch_size", in->cap, "in_flight_peak", in->in_flight_peak, "kv_budget",
+        (json_int_t)in->kv_budget, "kv_peak", (json_int_t)in->kv_peak, "n_steps",
+        (json_int_t)in->n_steps, "model_load_ms", r->t_load, "model", r->o->model, "device",
+        cb_model_device(r->m));
     int code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
     json_decref(s);
     return code;
@@ -880,8 +928,13 @@ static int run_batch(const gen_opts *o, const char *path, int32_t size, uint64_t
         return CLI_EX_NOINPUT;
     }
     tty = isatty(2) && cli_verbosity > 0;
-    r.defaults = (cb_request){o->system, o->raw, NULL, 0, {NULL, 0}, {NULL, 0}, o->bp, o->ratio_auto, o->min_ratio,
-                              {o->sp, o->n_predict, o->stops, o->n_stops}, o->n_ctx, o->kv_type, o->store_write};
+    r.defaults = (cb_request){o->system,     o->raw,
+                              NULL,          0,
+                              {NULL, 0},     {NULL, 0},
+                              o->bp,         o->ratio_auto,
+                              o->min_ratio,  {o->sp, o->n_predict, o->stops, o->n_stops},
+                              o->n_ctx,      o->kv_type,
+                              o->store_write};
     if (o->score)
         r.defaults.score = (cb_strview){o->score, strlen(o->score)};
     if ((code = batch_open(&r, size, budget)) != 0)
@@ -929,10 +982,10 @@ typedef struct cli_run {
     cli_common co;
     const char *prompt, *file;
     int mode, special;
-    int batch;              /* --batch */
-    const char *batch_in;   /* its FILE (default stdin) */
-    int32_t batch_size;     /* --batch-size, 0: the default */
-    uint64_t kv_budget;     /* --kv-budget, 0: half the available memory */
+    int batch;            /* --batch */
+    const char *batch_in; /* its FILE (default stdin) */
+    int32_t batch_size;   /* --batch-size, 0: the default */
+    uint64_t kv_budget;   /* --kv-budget, 0: half the available memory */
 } cli_run;
 
 static int parse_ratios(const char *arg, cb_blend_params *bp)
@@ -980,11 +1033,18 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.ratios[0] = (float)d;
         o->ratio_auto = 0;
         return 0;
-    case OPT_MINRATIO: return cli_parse_num("--min-ratio", arg, 0, 1, &o->min_ratio) ? -1 : (o->min_ratio_given = 1, 0);
-    case OPT_MASS: return cli_parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
-    case OPT_MAXRATIO: return cli_parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
+    case OPT_MINRATIO:
+        return cli_parse_num("--min-ratio", arg, 0, 1, &o->min_ratio) ? -1
+                                                                      : (o->min_ratio_given = 1, 0);
+    case OPT_MASS:
+        return cli_parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
+    case OPT_MAXRATIO:
+        return cli_parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
     case OPT_RATIOS: return parse_ratios(arg, &o->bp);
-    case OPT_CHECK: return cli_parse_num("--check-layer", arg, 1, 4096, &d) ? -1 : (o->bp.check_layer = (int32_t)d, 0);
+    case OPT_CHECK:
+        return cli_parse_num("--check-layer", arg, 1, 4096, &d)
+                   ? -1
+                   : (o->bp.check_layer = (int32_t)d, 0);
     case OPT_DEVIATION:
         if (cli_parse_enum("--deviation", arg, devs, 2, &e))
             return -1;
@@ -995,10 +1055,17 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
-    case OPT_SINK: return cli_parse_num("--sink-tokens", arg, 0, 1024, &d) ? -1 : (o->bp.sink_tokens = (int32_t)d, 0);
+    case OPT_SINK:
+        return cli_parse_num("--sink-tokens", arg, 0, 1024, &d)
+                   ? -1
+                   : (o->bp.sink_tokens = (int32_t)d, 0);
     case OPT_PROBEROWS:
-        return cli_parse_num("--probe-rows", arg, 0, 1 << 20, &d) ? -1 : (o->bp.probe_rows = (int32_t)d, 0);
-    case OPT_KEYTEMP: return cli_parse_num("--key-temp", arg, 0.01, 100, &d) ? -1 : (o->bp.key_temp = (float)d, 0);
+        return cli_parse_num("--probe-rows", arg, 0, 1 << 20, &d)
+                   ? -1
+                   : (o->bp.probe_rows = (int32_t)d, 0);
+    case OPT_KEYTEMP:
+        return cli_parse_num("--key-temp", arg, 0.01, 100, &d) ? -1
+                                                               : (o->bp.key_temp = (float)d, 0);
     case OPT_VERIFY: o->verify = 1; return 0;
     case OPT_LOGITS: o->logits_out = arg; return 0;
     case OPT_SCORE: o->score = arg; return 0;
@@ -1030,7 +1097,8 @@ static int gen_opt(gen_opts *o, cli_run *cr, int c, const char *arg)
     case OPT_SPECIAL: cr->special = 1; return 0;
     case OPT_BATCH: cr->batch = 1; return 0;
     case OPT_BATCHSIZE:
-        return cli_parse_num("--batch-size", arg, 1, 4096, &d) ? -1 : (cr->batch_size = (int32_t)d, 0);
+        return cli_parse_num("--batch-size", arg, 1, 4096, &d) ? -1
+                                                               : (cr->batch_size = (int32_t)d, 0);
     case OPT_KVBUDGET:
         if (cli_parse_size(arg, &cr->kv_budget) != 0) {
             cli_err("--kv-budget %s: not a size (4096, 512M, 2G)", arg);
@@ -1042,11 +1110,16 @@ static int gen_opt(gen_opts *o, cli_run *cr, int c, const char *arg)
     case OPT_SYSTEM: o->system = arg; return 0;
     case OPT_RAW: o->raw = 1; return 0;
     case 'n': return cli_parse_num("-n", arg, 0, 1e9, &d) ? -1 : (o->n_predict = (int)d, 0);
-    case OPT_TEMP: return cli_parse_num("--temp", arg, 0, 100, &d) ? -1 : (o->sp.temp = (float)d, 0);
-    case OPT_TOPK: return cli_parse_num("--top-k", arg, 0, 1e9, &d) ? -1 : (o->sp.top_k = (int32_t)d, 0);
-    case OPT_TOPP: return cli_parse_num("--top-p", arg, 0, 1, &d) ? -1 : (o->sp.top_p = (float)d, 0);
-    case OPT_MINP: return cli_parse_num("--min-p", arg, 0, 1, &d) ? -1 : (o->sp.min_p = (float)d, 0);
-    case 's': return cli_parse_num("--seed", arg, 0, 1.8e19, &d) ? -1 : (o->sp.seed = (uint64_t)d, 0);
+    case OPT_TEMP:
+        return cli_parse_num("--temp", arg, 0, 100, &d) ? -1 : (o->sp.temp = (float)d, 0);
+    case OPT_TOPK:
+        return cli_parse_num("--top-k", arg, 0, 1e9, &d) ? -1 : (o->sp.top_k = (int32_t)d, 0);
+    case OPT_TOPP:
+        return cli_parse_num("--top-p", arg, 0, 1, &d) ? -1 : (o->sp.top_p = (float)d, 0);
+    case OPT_MINP:
+        return cli_parse_num("--min-p", arg, 0, 1, &d) ? -1 : (o->sp.min_p = (float)d, 0);
+    case 's':
+        return cli_parse_num("--seed", arg, 0, 1.8e19, &d) ? -1 : (o->sp.seed = (uint64_t)d, 0);
     case 'c': return cli_parse_num("-c", arg, 1, 1 << 24, &d) ? -1 : (o->n_ctx = (int)d, 0);
     case OPT_STOP:
         if (!*arg) {
@@ -1063,26 +1136,48 @@ static int gen_opt(gen_opts *o, cli_run *cr, int c, const char *arg)
 static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
 {
     static const struct option opts[] = {
-        {"tokenize", no_argument, 0, OPT_TOKENIZE}, {"detokenize", no_argument, 0, OPT_DETOKENIZE},
-        {"special", no_argument, 0, OPT_SPECIAL}, {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'}, {"system", required_argument, 0, OPT_SYSTEM},
-        {"raw", no_argument, 0, OPT_RAW}, {"n-predict", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
-        {"top-p", required_argument, 0, OPT_TOPP}, {"min-p", required_argument, 0, OPT_MINP},
-        {"seed", required_argument, 0, 's'}, {"stop", required_argument, 0, OPT_STOP},
-        {"ctx", required_argument, 0, 'c'}, {"mode", required_argument, 0, OPT_MODE},
-        {"kv-type", required_argument, 0, OPT_KVTYPE}, {"stats", required_argument, 0, OPT_STATS},
-        {"chunks", required_argument, 0, OPT_CHUNKS}, {"ratio", required_argument, 0, OPT_RATIO},
-        {"min-ratio", required_argument, 0, OPT_MINRATIO}, {"logits-out", required_argument, 0, OPT_LOGITS},
-        {"ratios", required_argument, 0, OPT_RATIOS}, {"check-layer", required_argument, 0, OPT_CHECK},
-        {"deviation", required_argument, 0, OPT_DEVIATION}, {"strategy", required_argument, 0, OPT_STRATEGY},
-        {"sink-tokens", required_argument, 0, OPT_SINK}, {"verify", no_argument, 0, OPT_VERIFY},
-        {"no-store-write", no_argument, 0, OPT_NOSTORE}, {"score", required_argument, 0, OPT_SCORE},
-        {"score-file", required_argument, 0, OPT_SCOREFILE}, {"mass", required_argument, 0, OPT_MASS},
-        {"max-ratio", required_argument, 0, OPT_MAXRATIO}, {"probe-rows", required_argument, 0, OPT_PROBEROWS},
-        {"key-temp", required_argument, 0, OPT_KEYTEMP}, {"batch", no_argument, 0, OPT_BATCH},
-        {"batch-size", required_argument, 0, OPT_BATCHSIZE}, {"kv-budget", required_argument, 0, OPT_KVBUDGET},
-        CLI_COMMON_OPTS, CLI_STORE_OPT, CLI_DEVICE_OPT, CLI_ACT8_OPT,
+        {"tokenize", no_argument, 0, OPT_TOKENIZE},
+        {"detokenize", no_argument, 0, OPT_DETOKENIZE},
+        {"special", no_argument, 0, OPT_SPECIAL},
+        {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},
+        {"system", required_argument, 0, OPT_SYSTEM},
+        {"raw", no_argument, 0, OPT_RAW},
+        {"n-predict", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, OPT_TEMP},
+        {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP},
+        {"min-p", required_argument, 0, OPT_MINP},
+        {"seed", required_argument, 0, 's'},
+        {"stop", required_argument, 0, OPT_STOP},
+        {"ctx", required_argument, 0, 'c'},
+        {"mode", required_argument, 0, OPT_MODE},
+        {"kv-type", required_argument, 0, OPT_KVTYPE},
+        {"stats", required_argument, 0, OPT_STATS},
+        {"chunks", required_argument, 0, OPT_CHUNKS},
+        {"ratio", required_argument, 0, OPT_RATIO},
+        {"min-ratio", required_argument, 0, OPT_MINRATIO},
+        {"logits-out", required_argument, 0, OPT_LOGITS},
+        {"ratios", required_argument, 0, OPT_RATIOS},
+        {"check-layer", required_argument, 0, OPT_CHECK},
+        {"deviation", required_argument, 0, OPT_DEVIATION},
+        {"strategy", required_argument, 0, OPT_STRATEGY},
+        {"sink-tokens", required_argument, 0, OPT_SINK},
+        {"verify", no_argument, 0, OPT_VERIFY},
+        {"no-store-write", no_argument, 0, OPT_NOSTORE},
+        {"score", required_argument, 0, OPT_SCORE},
+        {"score-file", required_argument, 0, OPT_SCOREFILE},
+        {"mass", required_argument, 0, OPT_MASS},
+        {"max-ratio", required_argument, 0, OPT_MAXRATIO},
+        {"probe-rows", required_argument, 0, OPT_PROBEROWS},
+        {"key-temp", required_argument, 0, OPT_KEYTEMP},
+        {"batch", no_argument, 0, OPT_BATCH},
+        {"batch-size", required_argument, 0, OPT_BATCHSIZE},
+        {"kv-budget", required_argument, 0, OPT_KVBUDGET},
+        CLI_COMMON_OPTS,
+        CLI_STORE_OPT,
+        CLI_DEVICE_OPT,
+        CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };
     int c, r;
@@ -1104,13 +1199,19 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         return CLI_EX_USAGE;
     }
     if (cr->batch) {
-        const char *no = cr->prompt ? "-p" : cr->file ? "-f" : cr->mode ? "--tokenize/--detokenize" : o->verify ? "--verify"
-                         : o->logits_out ? "--logits-out" : o->score_file ? "--score-file" : NULL;
+        const char *no = cr->prompt      ? "-p"
+                         : cr->file      ? "-f"
+                         : cr->mode      ? "--tokenize/--detokenize"
+                         : o->verify     ? "--verify"
+                         : o->logits_out ? "--logits-out"
+                         : o->score_file ? "--score-file"
+                                         : NULL;
         if (no) {
             cli_err("%s does not go with --batch (the questions are its input's lines)", no);
             return CLI_EX_USAGE;
         }
-        if (o->chunks_path && !strcmp(o->chunks_path, "-") && (!cr->batch_in || !strcmp(cr->batch_in, "-"))) {
+        if (o->chunks_path && !strcmp(o->chunks_path, "-") &&
+            (!cr->batch_in || !strcmp(cr->batch_in, "-"))) {
             cli_err("--chunks - and --batch both read stdin: give the questions as a FILE");
             return CLI_EX_USAGE;
         }
@@ -1141,7 +1242,8 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         cli_err("--score-file - reads stdin: give the prompt with -p or -f FILE");
         return CLI_EX_USAGE;
     }
-    if (o->score_file && o->chunks_path && !strcmp(o->score_file, "-") && !strcmp(o->chunks_path, "-")) {
+    if (o->score_file && o->chunks_path && !strcmp(o->score_file, "-") &&
+        !strcmp(o->chunks_path, "-")) {
         cli_err("--score-file - and --chunks - both read stdin");
         return CLI_EX_USAGE;
     }

@@ -156,7 +156,9 @@ static int fail(cb_error *err)
 static void readonly_note(const opts *o, const cb_store *s)
 {
     if (cb_store_readonly(s))
-        cli_err("note: the store %s is read-only: nothing in it is changed, accesses are not recorded", o->store);
+        cli_err(
+            "note: the store %s is read-only: nothing in it is changed, accesses are not recorded",
+            o->store);
 }
 
 static void warn_cb(void *ctx, const char *msg)
@@ -179,7 +181,8 @@ static int need_args(const opts *o, const char *cmd, int lo, int hi)
 {
     if (o->n_args < lo || (hi >= 0 && o->n_args > hi)) {
         cli_err("%s: %s", cmd,
-                o->n_args < lo ? "missing argument (see cb-store --help)" : "too many arguments (see cb-store --help)");
+                o->n_args < lo ? "missing argument (see cb-store --help)"
+                               : "too many arguments (see cb-store --help)");
         return CLI_EX_USAGE;
     }
     return 0;
@@ -201,7 +204,8 @@ static int shared_spec(const char *spec, const char *eq, cb_store_tier *t, char 
     size_t ulen = strlen(p);
     if (colon && colon >= after && (p[0] == 'u' || colons == 2)) {
         if (cli_parse_size(colon + 1, &cap) != 0) {
-            cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec, colon + 1);
+            cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec,
+                    colon + 1);
             return CLI_EX_USAGE;
         }
         ulen = (size_t)(colon - p);
@@ -270,7 +274,8 @@ static int cmd_init(const opts *o)
         if (colon && cli_parse_size(colon + 1, &cap) == 0)
             plen = (size_t)(colon - p);
         else if (colon && colon[1] && strchr(colon + 1, '/') == NULL) {
-            cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec, colon + 1);
+            cli_err("--tier %s: '%s' is not a capacity (a number with K, M, G or T)", spec,
+                    colon + 1);
             code = CLI_EX_USAGE;
             goto done;
         }
@@ -317,7 +322,8 @@ static int cmd_init(const opts *o)
             goto done;
         }
         for (int i = 0; i < o->n_tiers; i++)
-            if (strlen(t[i].name) == (size_t)(eq - spec) && !strncmp(t[i].name, spec, (size_t)(eq - spec)))
+            if (strlen(t[i].name) == (size_t)(eq - spec) &&
+                !strncmp(t[i].name, spec, (size_t)(eq - spec)))
                 t[i].cost = v, found = 1;
         if (!found) {
             cli_err("--cost %s: no tier of that name in --tier", spec);
@@ -326,7 +332,8 @@ static int cmd_init(const opts *o)
         }
     }
     /* the secrets' file names, absolute (cb-run runs anywhere); never their contents */
-    if ((o->auth_file && !(auth = abs_name(o->auth_file))) || (o->key_file && !(key = abs_name(o->key_file)))) {
+    if ((o->auth_file && !(auth = abs_name(o->auth_file))) ||
+        (o->key_file && !(key = abs_name(o->key_file)))) {
         code = CLI_EX_SOFTWARE;
         goto done;
     }
@@ -341,7 +348,8 @@ static int cmd_init(const opts *o)
             t[i].auth_file = t[i].key_file = NULL;
         }
     if ((auth || key) && !have_shared) {
-        cli_err("init: --auth-file and --key-file are for a shared tier (--tier NAME=redis://... or unix://...)");
+        cli_err(
+            "init: --auth-file and --key-file are for a shared tier (--tier NAME=redis://... or unix://...)");
         code = CLI_EX_USAGE;
         goto done;
     }
@@ -367,7 +375,8 @@ static int cmd_keygen(const opts *o)
     if (cb_store_keygen(o->args[0], &err) != CB_OK)
         return fail(&err);
     cli_info("keygen: a tier key in %s (mode 0600): give it to every host of the shared tier with "
-             "cb-store init --key-file, or $CB_TIER_KEY_FILE", o->args[0]);
+             "cb-store init --key-file, or $CB_TIER_KEY_FILE",
+             o->args[0]);
     return 0;
 }
 
@@ -384,11 +393,11 @@ static int ls_text(void *ctx, const cb_store_entry *e)
 
 static int ls_json(void *ctx, const cb_store_entry *e)
 {
-    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:f, s:I, s:s, s:b, s:s}", "key", e->key, "model",
-                          e->model, "tier", e->tier, "bytes", (json_int_t)e->bytes, "n_tokens",
-                          (json_int_t)e->n_tokens, "created", e->created_us / 1e6, "last_access",
-                          e->last_access_us / 1e6, "hits", (json_int_t)e->hits, "checksum", e->checksum, "pinned",
-                          e->pinned, "path", e->path);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:f, s:I, s:s, s:b, s:s}", "key", e->key,
+                          "model", e->model, "tier", e->tier, "bytes", (json_int_t)e->bytes,
+                          "n_tokens", (json_int_t)e->n_tokens, "created", e->created_us / 1e6,
+                          "last_access", e->last_access_us / 1e6, "hits", (json_int_t)e->hits,
+                          "checksum", e->checksum, "pinned", e->pinned, "path", e->path);
     int *bad = ctx;
     if (!j || json_dumpf(j, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER) != 0) {
         *bad = 1;
@@ -438,8 +447,8 @@ static int cmd_ls(const opts *o)
         return code;
     if ((code = open_store(o, 0, &s)) != 0)
         return code;
-    if (cb_store_list(s, o->model ? hex : NULL, o->n_tiers ? o->tiers[0] : NULL, o->json ? ls_json : ls_text, &bad,
-                      &err) != CB_OK)
+    if (cb_store_list(s, o->model ? hex : NULL, o->n_tiers ? o->tiers[0] : NULL,
+                      o->json ? ls_json : ls_text, &bad, &err) != CB_OK)
         code = err.status == CB_ERR_INVALID ? (cli_err("%s", err.msg), CLI_EX_USAGE) : fail(&err);
     else if (bad)
         code = CLI_EX_SOFTWARE;
@@ -478,53 +487,63 @@ static int cmd_stat(const opts *o)
         json_t *tiers = json_array(), *root;
         for (int i = 0; i < n; i++)
             json_array_append_new(
-                tiers, json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "name", st[i].name, "path",
-                                 st[i].path, "entries", (json_int_t)st[i].entries, "bytes", (json_int_t)st[i].bytes,
-                                 "capacity", (json_int_t)st[i].capacity, "reserved", (json_int_t)st[i].reserved,
-                                 "pinned", (json_int_t)st[i].pinned, "hits", (json_int_t)st[i].hits, "hit_rate",
-                                 gets ? (double)st[i].hits / (double)gets : 0.0));
-        root = json_pack("{s:s, s:i, s:o, s:I, s:I, s:I, s:f}", "store", cb_store_dir(s), "promote_hits",
-                         cb_store_promote_hits(s), "tiers", tiers, "gets", (json_int_t)gets, "hits",
-                         (json_int_t)hits, "misses", (json_int_t)misses, "hit_rate",
-                         gets ? (double)hits / (double)gets : 0.0);
+                tiers,
+                json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "name", st[i].name,
+                          "path", st[i].path, "entries", (json_int_t)st[i].entries, "bytes",
+                          (json_int_t)st[i].bytes, "capacity", (json_int_t)st[i].capacity,
+                          "reserved", (json_int_t)st[i].reserved, "pinned",
+                          (json_int_t)st[i].pinned, "hits", (json_int_t)st[i].hits, "hit_rate",
+                          gets ? (double)st[i].hits / (double)gets : 0.0));
+        root = json_pack("{s:s, s:i, s:o, s:I, s:I, s:I, s:f}", "store", cb_store_dir(s),
+                         "promote_hits", cb_store_promote_hits(s), "tiers", tiers, "gets",
+                         (json_int_t)gets, "hits", (json_int_t)hits, "misses", (json_int_t)misses,
+                         "hit_rate", gets ? (double)hits / (double)gets : 0.0);
         if (root && have_sa)
-            json_object_set_new(root, "shared_auth",
-                                json_pack("{s:s, s:b, s:s?, s:s?, s:b, s:b}", "tier", cb_store_shared_name(s),
-                                          "authenticated", sa.authenticated, "key_id",
-                                          sa.authenticated ? sa.key_id : NULL, "user", sa.user[0] ? sa.user : NULL,
-                                          "password", sa.password, "read_only", sa.read_only));
+            json_object_set_new(
+                root, "shared_auth",
+                json_pack("{s:s, s:b, s:s?, s:s?, s:b, s:b}", "tier", cb_store_shared_name(s),
+                          "authenticated", sa.authenticated, "key_id",
+                          sa.authenticated ? sa.key_id : NULL, "user", sa.user[0] ? sa.user : NULL,
+                          "password", sa.password, "read_only", sa.read_only));
         if (!root || json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
             code = CLI_EX_SOFTWARE;
         putchar('\n');
         json_decref(root);
     } else {
         char a[24], b[24];
-        printf("%-10s %8s %10s %10s %6s %8s %8s  %s\n", "TIER", "ENTRIES", "BYTES", "CAPACITY", "USED", "HITS",
-               "HIT-RATE", "PATH");
+        printf("%-10s %8s %10s %10s %6s %8s %8s  %s\n", "TIER", "ENTRIES", "BYTES", "CAPACITY",
+               "USED", "HITS", "HIT-RATE", "PATH");
         for (int i = 0; i < n; i++) {
             char used[16];
             if (st[i].capacity)
-                snprintf(used, sizeof used, "%.1f%%", 100.0 * (double)(st[i].bytes + st[i].reserved) /
-                                                          (double)st[i].capacity);
+                snprintf(used, sizeof used, "%.1f%%",
+                         100.0 * (double)(st[i].bytes + st[i].reserved) / (double)st[i].capacity);
             else
                 snprintf(used, sizeof used, "-");
-            printf("%-10s %8llu %10s %10s %6s %8llu %7.1f%%  %s\n", st[i].name, (unsigned long long)st[i].entries,
-                   human(st[i].bytes, a), st[i].capacity ? human(st[i].capacity, b) : "unlimited", used,
-                   (unsigned long long)st[i].hits, gets ? 100.0 * (double)st[i].hits / (double)gets : 0.0,
-                   st[i].path);
+            printf("%-10s %8llu %10s %10s %6s %8llu %7.1f%%  %s\n", st[i].name,
+                   (unsigned long long)st[i].entries, human(st[i].bytes, a),
+                   st[i].capacity ? human(st[i].capacity, b) : "unlimited", used,
+                   (unsigned long long)st[i].hits,
+                   gets ? 100.0 * (double)st[i].hits / (double)gets : 0.0, st[i].path);
         }
         printf("gets %llu, hits %llu, misses %llu, hit rate %.1f%%\n", (unsigned long long)gets,
-               (unsigned long long)hits, (unsigned long long)misses, gets ? 100.0 * (double)hits / (double)gets : 0.0);
+               (unsigned long long)hits, (unsigned long long)misses,
+               gets ? 100.0 * (double)hits / (double)gets : 0.0);
         if (have_sa) {
             printf("shared tier %s: login %s%s%s%s\n", cb_store_shared_name(s),
-                   sa.password ? "with a password" : "without a password", sa.user[0] ? " as user " : "", sa.user,
+                   sa.password ? "with a password" : "without a password",
+                   sa.user[0] ? " as user " : "", sa.user,
                    sa.read_only ? " (read-only: the server refused this user a write)" : "");
             if (sa.authenticated)
-                printf("shared tier %s: authenticated: entries carry an AES-256-GMAC tag per part (tier key %s), and a "
-                       "part whose MAC does not verify is never used\n", cb_store_shared_name(s), sa.key_id);
+                printf(
+                    "shared tier %s: authenticated: entries carry an AES-256-GMAC tag per part (tier key %s), and a "
+                    "part whose MAC does not verify is never used\n",
+                    cb_store_shared_name(s), sa.key_id);
             else
-                printf("shared tier %s: unauthenticated: no tier key (cb-store keygen, init --key-file): whoever "
-                       "can write to Redis can plant entries\n", cb_store_shared_name(s));
+                printf(
+                    "shared tier %s: unauthenticated: no tier key (cb-store keygen, init --key-file): whoever "
+                    "can write to Redis can plant entries\n",
+                    cb_store_shared_name(s));
         }
     }
 done:
@@ -616,9 +635,9 @@ static int cmd_keys(const opts *o, const char *cmd)
     if ((code = open_store(o, 0, &s)) != 0)
         return code;
     for (int i = 0; i < o->n_args; i++) {
-        cb_status st = strcmp(cmd, "rm") == 0  ? cb_store_remove(s, o->args[i], &err)
-                     : strcmp(cmd, "pin") == 0 ? cb_store_pin(s, o->args[i], 1, &err)
-                                               : cb_store_pin(s, o->args[i], 0, &err);
+        cb_status st = strcmp(cmd, "rm") == 0    ? cb_store_remove(s, o->args[i], &err)
+                       : strcmp(cmd, "pin") == 0 ? cb_store_pin(s, o->args[i], 1, &err)
+                                                 : cb_store_pin(s, o->args[i], 0, &err);
         if (st != CB_OK) {
             code = fail(&err);
             worst = worst ? worst : code;
@@ -643,10 +662,12 @@ static int cmd_gc(const opts *o)
     if (cb_store_gc(s, &r, &err) != CB_OK)
         code = fail(&err);
     else
-        cli_info("gc: %llu demoted, %llu evicted, %llu orphan files and %llu temporary files removed, %llu stale index "
-                 "entries dropped, %llu entries in use or pinned",
-                 (unsigned long long)r.demoted, (unsigned long long)r.evicted, (unsigned long long)r.orphans,
-                 (unsigned long long)r.temps, (unsigned long long)r.stale, (unsigned long long)r.busy);
+        cli_info(
+            "gc: %llu demoted, %llu evicted, %llu orphan files and %llu temporary files removed, %llu stale index "
+            "entries dropped, %llu entries in use or pinned",
+            (unsigned long long)r.demoted, (unsigned long long)r.evicted,
+            (unsigned long long)r.orphans, (unsigned long long)r.temps, (unsigned long long)r.stale,
+            (unsigned long long)r.busy);
     cb_store_close(s);
     return code;
 }
@@ -670,7 +691,8 @@ static int cmd_verify(const opts *o)
             return fail(&err);
         /* An index that cannot be read: start a new one and rebuild it. */
         printf("%s/index.db: %s (a new index is built from the files)\n", o->store, err.msg);
-        if (cb_store_reset_index(o->store, &err) != CB_OK || cb_store_open(&s, o->store, 0, &err) != CB_OK)
+        if (cb_store_reset_index(o->store, &err) != CB_OK ||
+            cb_store_open(&s, o->store, 0, &err) != CB_OK)
             return fail(&err);
     }
     readonly_note(o, s);
@@ -681,11 +703,13 @@ static int cmd_verify(const opts *o)
     } else {
         code = st == CB_OK ? 0 : CLI_EX_DATAERR;
         if (cli_verbosity >= 2 || (cli_verbosity >= 1 && r.problems))
-            fprintf(stderr,
-                    "cb-store: verify: %llu entries, %llu files, %llu bytes checked; %llu problems, %llu repaired, "
-                    "%llu left\n",
-                    (unsigned long long)r.entries, (unsigned long long)r.files, (unsigned long long)r.bytes,
-                    (unsigned long long)r.problems, (unsigned long long)r.repaired, (unsigned long long)r.remaining);
+            fprintf(
+                stderr,
+                "cb-store: verify: %llu entries, %llu files, %llu bytes checked; %llu problems, %llu repaired, "
+                "%llu left\n",
+                (unsigned long long)r.entries, (unsigned long long)r.files,
+                (unsigned long long)r.bytes, (unsigned long long)r.problems,
+                (unsigned long long)r.repaired, (unsigned long long)r.remaining);
     }
     cb_store_close(s);
     return code;
@@ -726,11 +750,13 @@ static int cmd_export(const opts *o)
     int to_stdout = strcmp(o->args[0], "-") == 0;
     if (to_stdout)
         fflush(stdout);
-    if (cb_store_export(s, to_stdout ? NULL : o->args[0], to_stdout ? 1 : -1, (const char *const *)o->args + 1,
-                        (size_t)(o->n_args - 1), c, &n, &err) != CB_OK)
+    if (cb_store_export(s, to_stdout ? NULL : o->args[0], to_stdout ? 1 : -1,
+                        (const char *const *)o->args + 1, (size_t)(o->n_args - 1), c, &n,
+                        &err) != CB_OK)
         code = err.status == CB_ERR_INVALID ? (cli_err("%s", err.msg), CLI_EX_USAGE) : fail(&err);
     else
-        cli_info("export: %llu entries written to %s", (unsigned long long)n, to_stdout ? "standard output" : o->args[0]);
+        cli_info("export: %llu entries written to %s", (unsigned long long)n,
+                 to_stdout ? "standard output" : o->args[0]);
     cb_store_close(s);
     return code;
 }
@@ -756,13 +782,15 @@ static int cmd_import(const opts *o)
     }
     if ((code = open_store(o, 1, &s)) != 0)
         return code;
-    cb_status st = cb_store_import(s, from_stdin ? NULL : o->args[0], from_stdin ? 0 : -1, import_problem, NULL, &r, &err);
+    cb_status st = cb_store_import(s, from_stdin ? NULL : o->args[0], from_stdin ? 0 : -1,
+                                   import_problem, NULL, &r, &err);
     if (st != CB_OK && !(st == CB_ERR_FORMAT && r.rejected))
         code = fail(&err);
     else
         code = st == CB_OK ? 0 : CLI_EX_DATAERR;
-    cli_info("import: %llu imported, %llu already stored, %llu rejected", (unsigned long long)r.imported,
-             (unsigned long long)r.existed, (unsigned long long)r.rejected);
+    cli_info("import: %llu imported, %llu already stored, %llu rejected",
+             (unsigned long long)r.imported, (unsigned long long)r.existed,
+             (unsigned long long)r.rejected);
     cb_store_close(s);
     return code;
 }
@@ -814,7 +842,8 @@ static int cmd_place(const opts *o)
     double load = -1, rec = -1;
     int t = cb_store_place(s, prof, o->ratio, o->tokens, CB_TYPE_F16, &load, &rec);
     if (t < 0) {
-        cli_err("%s: the profile measured none of this store's tiers: run cb-profile again", o->store);
+        cli_err("%s: the profile measured none of this store's tiers: run cb-profile again",
+                o->store);
         code = CLI_EX_DATAERR;
         goto done;
     }
@@ -828,21 +857,25 @@ static int cmd_place(const opts *o)
         for (int i = 0; i < cb_store_n_tiers(s); i++) {
             cb_store_tier x;
             cb_store_tier_info(s, i, &x);
-            json_array_append_new(tiers, json_pack("{s:s, s:f, s:f}", "name", x.name, "cost", x.cost, "load_ms",
-                                                   cb_profile_load_ms(prof, x.name, o->tokens, CB_TYPE_F16, 1)));
+            json_array_append_new(
+                tiers, json_pack("{s:s, s:f, s:f}", "name", x.name, "cost", x.cost, "load_ms",
+                                 cb_profile_load_ms(prof, x.name, o->tokens, CB_TYPE_F16, 1)));
         }
-        json_t *r = json_pack("{s:s, s:f, s:I, s:f, s:f, s:o}", "tier", ti.name, "ratio", o->ratio, "tokens",
-                              (json_int_t)o->tokens, "load_ms", load, "recompute_ms", rec, "tiers", tiers);
+        json_t *r = json_pack("{s:s, s:f, s:I, s:f, s:f, s:o}", "tier", ti.name, "ratio", o->ratio,
+                              "tokens", (json_int_t)o->tokens, "load_ms", load, "recompute_ms", rec,
+                              "tiers", tiers);
         if (sh_load >= 0)
-            json_object_set_new(r, "shared", json_pack("{s:s, s:f, s:b}", "name", sh, "load_ms", sh_load, "hidden",
-                                                       sh_load <= rec));
+            json_object_set_new(r, "shared",
+                                json_pack("{s:s, s:f, s:b}", "name", sh, "load_ms", sh_load,
+                                          "hidden", sh_load <= rec));
         json_dumpf(r, stdout, JSON_COMPACT);
         putchar('\n');
         json_decref(r);
     } else {
         printf("%s\n", ti.name);
-        cli_info("%ld cached tokens at ratio %.2f: recompute %.1f ms, load from %s %.1f ms (cost %g)", o->tokens,
-                 o->ratio, rec, ti.name, load, ti.cost);
+        cli_info(
+            "%ld cached tokens at ratio %.2f: recompute %.1f ms, load from %s %.1f ms (cost %g)",
+            o->tokens, o->ratio, rec, ti.name, load, ti.cost);
         if (sh_load >= 0)
             cli_info("streamed from the shared tier %s: load %.1f ms, %s", sh, sh_load,
                      sh_load <= rec ? "hidden behind the recompute" : "longer than the recompute");
@@ -881,10 +914,20 @@ int main(int argc, char **argv)
         int (*fn)(const opts *);
         const char *flags; /* command-specific options it takes */
     } cmds[] = {
-        {"init", cmd_init, "tier promote cost timeout auth-file key-file"}, {"keygen", cmd_keygen, ""}, {"place", cmd_place, "json ratio tokens model device"}, {"ls", cmd_ls, "json tier model"}, {"stat", cmd_stat, "json"},
-        {"get", cmd_get, "output"},         {"put", cmd_put, ""},              {"rm", NULL, ""},
-        {"pin", NULL, ""},                  {"unpin", NULL, ""},               {"gc", cmd_gc, ""},
-        {"verify", cmd_verify, "repair"},   {"export", cmd_export, "compress"}, {"import", cmd_import, ""},
+        {"init", cmd_init, "tier promote cost timeout auth-file key-file"},
+        {"keygen", cmd_keygen, ""},
+        {"place", cmd_place, "json ratio tokens model device"},
+        {"ls", cmd_ls, "json tier model"},
+        {"stat", cmd_stat, "json"},
+        {"get", cmd_get, "output"},
+        {"put", cmd_put, ""},
+        {"rm", NULL, ""},
+        {"pin", NULL, ""},
+        {"unpin", NULL, ""},
+        {"gc", cmd_gc, ""},
+        {"verify", cmd_verify, "repair"},
+        {"export", cmd_export, "compress"},
+        {"import", cmd_import, ""},
     };
     char store_buf[4096];
     opts o = {0};
@@ -907,8 +950,14 @@ int main(int argc, char **argv)
             continue;
         }
         switch (c) {
-        case OPT_JSON: o.json = 1; given[OPT_JSON] = 1; break;
-        case OPT_TIER: o.tiers[o.n_tiers++] = optarg; given[OPT_TIER] = 1; break;
+        case OPT_JSON:
+            o.json = 1;
+            given[OPT_JSON] = 1;
+            break;
+        case OPT_TIER:
+            o.tiers[o.n_tiers++] = optarg;
+            given[OPT_TIER] = 1;
+            break;
         case OPT_PROMOTE: {
             char *end;
             long n = strtol(optarg, &end, 10);
@@ -931,12 +980,30 @@ int main(int argc, char **argv)
             given[OPT_TIMEOUT] = 1;
             break;
         }
-        case 'o': o.out = optarg; given[0] = 1; break;
-        case OPT_AUTH_FILE: o.auth_file = optarg; given[OPT_AUTH_FILE] = 1; break;
-        case OPT_KEY_FILE: o.key_file = optarg; given[OPT_KEY_FILE] = 1; break;
-        case OPT_REPAIR: o.repair = 1; given[OPT_REPAIR] = 1; break;
-        case OPT_COMPRESS: o.compress = optarg; given[OPT_COMPRESS] = 1; break;
-        case OPT_COST: o.costs[o.n_costs++] = optarg; given[OPT_COST] = 1; break;
+        case 'o':
+            o.out = optarg;
+            given[0] = 1;
+            break;
+        case OPT_AUTH_FILE:
+            o.auth_file = optarg;
+            given[OPT_AUTH_FILE] = 1;
+            break;
+        case OPT_KEY_FILE:
+            o.key_file = optarg;
+            given[OPT_KEY_FILE] = 1;
+            break;
+        case OPT_REPAIR:
+            o.repair = 1;
+            given[OPT_REPAIR] = 1;
+            break;
+        case OPT_COMPRESS:
+            o.compress = optarg;
+            given[OPT_COMPRESS] = 1;
+            break;
+        case OPT_COST:
+            o.costs[o.n_costs++] = optarg;
+            given[OPT_COST] = 1;
+            break;
         case OPT_RATIO: {
             char *end;
             o.ratio = strtod(optarg, &end);
@@ -982,12 +1049,18 @@ int main(int argc, char **argv)
     static const struct {
         int id;
         const char *word, *flag;
-    } specific[] = {{OPT_JSON, "json", "--json"},         {OPT_TIER, "tier", "--tier"},
-                    {OPT_PROMOTE, "promote", "--promote"}, {0, "output", "-o"},
-                    {OPT_REPAIR, "repair", "--repair"},    {OPT_COMPRESS, "compress", "--compress"},
-                    {OPT_COST, "cost", "--cost"},          {OPT_RATIO, "ratio", "--ratio"},
-                    {OPT_TOKENS, "tokens", "--tokens"},    {OPT_DEVICE, "device", "--device"},
-                    {OPT_TIMEOUT, "timeout", "--timeout"},   {OPT_AUTH_FILE, "auth-file", "--auth-file"},
+    } specific[] = {{OPT_JSON, "json", "--json"},
+                    {OPT_TIER, "tier", "--tier"},
+                    {OPT_PROMOTE, "promote", "--promote"},
+                    {0, "output", "-o"},
+                    {OPT_REPAIR, "repair", "--repair"},
+                    {OPT_COMPRESS, "compress", "--compress"},
+                    {OPT_COST, "cost", "--cost"},
+                    {OPT_RATIO, "ratio", "--ratio"},
+                    {OPT_TOKENS, "tokens", "--tokens"},
+                    {OPT_DEVICE, "device", "--device"},
+                    {OPT_TIMEOUT, "timeout", "--timeout"},
+                    {OPT_AUTH_FILE, "auth-file", "--auth-file"},
                     {OPT_KEY_FILE, "key-file", "--key-file"}};
     for (size_t i = 0; i < sizeof specific / sizeof specific[0]; i++)
         if (given[specific[i].id] && !strstr(cmds[k].flags, specific[i].word)) {

@@ -78,7 +78,8 @@ const char *cli_fp_cache(void)
 cb_model_params cli_model_params(int n_threads, const char *device)
 {
     const char *env = getenv("CB_EXACT"), *dev = getenv("CB_DEVICE");
-    cb_model_params mp = {n_threads, cli_device(device), cli_exact >= 0 ? cli_exact : env && strcmp(env, "1") == 0,
+    cb_model_params mp = {n_threads, cli_device(device),
+                          cli_exact >= 0 ? cli_exact : env && strcmp(env, "1") == 0,
                           cli_fp_cache()};
     if (mp.exact && !(device && *device) && !(dev && *dev))
         mp.device = "cpu";
@@ -176,10 +177,7 @@ uint64_t cli_mem_available(void)
     return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : (uint64_t)1 << 30;
 }
 
-void cli_version(void)
-{
-    printf("%s (cacheblend) %s\n", cli_prog, CB_VERSION_STRING);
-}
+void cli_version(void) { printf("%s (cacheblend) %s\n", cli_prog, CB_VERSION_STRING); }
 
 char *cli_utf8_clean(const char *s, size_t n, size_t *out_len)
 {
@@ -190,7 +188,11 @@ char *cli_utf8_clean(const char *s, size_t n, size_t *out_len)
         return NULL;
     while (i < n) {
         unsigned c = p[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        size_t len = c < 0x80             ? 1
+                     : (c & 0xE0) == 0xC0 ? 2
+                     : (c & 0xF0) == 0xE0 ? 3
+                     : (c & 0xF8) == 0xF0 ? 4
+                                          : 0;
         int valid = len > 0 && i + len <= n;
         for (size_t k = 1; valid && k < len; k++)
             valid = (p[i + k] & 0xC0) == 0x80;
@@ -198,7 +200,8 @@ char *cli_utf8_clean(const char *s, size_t n, size_t *out_len)
             unsigned cp = len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
             for (size_t k = 1; k < len; k++)
                 cp = cp << 6 | (p[i + k] & 0x3F);
-            valid = !(len == 2 && cp < 0x80) && !(len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) &&
+            valid = !(len == 2 && cp < 0x80) &&
+                    !(len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) &&
                     !(len == 4 && (cp < 0x10000 || cp > 0x10FFFF));
         }
         if (valid) {
@@ -271,13 +274,14 @@ int cli_parse_ids(const char *text, size_t len, const char *name, int32_t n_voca
         long long v = strtoll(text + i, &end, 10);
         size_t used = (size_t)(end - (text + i));
         if (used == 0 || errno != 0 ||
-            (i + used < len && !(text[i + used] == ' ' || text[i + used] == '\t' || text[i + used] == '\n' ||
-                                 text[i + used] == '\r'))) {
+            (i + used < len && !(text[i + used] == ' ' || text[i + used] == '\t' ||
+                                 text[i + used] == '\n' || text[i + used] == '\r'))) {
             cli_err("%s: byte %zu: not a token id: '%.20s'", name, i, text + i);
             return CLI_EX_DATAERR;
         }
         if (v < 0 || v >= n_vocab) {
-            cli_err("%s: token id %lld is out of range (the vocabulary has %d tokens)", name, v, (int)n_vocab);
+            cli_err("%s: token id %lld is out of range (the vocabulary has %d tokens)", name, v,
+                    (int)n_vocab);
             return CLI_EX_DATAERR;
         }
         if (cb_tokens_push(ids, (int32_t)v) != CB_OK) {
@@ -372,10 +376,26 @@ int cli_parse_size(const char *s, uint64_t *out)
     if (end == s || errno || v < 0)
         return -1;
     switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    case 'k':
+    case 'K':
+        mul = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1024.0 * 1024;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1024.0 * 1024 * 1024;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mul = 1024.0 * 1024 * 1024 * 1024;
+        end++;
+        break;
     default: break;
     }
     if (mul > 1 && *end == 'i')
@@ -402,7 +422,7 @@ int cli_parse_num(const char *opt, const char *s, double lo, double hi, double *
 }
 
 int cli_tokenize(int decode, const char *model, const char *in_name, const char *input, size_t len,
-                         int special)
+                 int special)
 {
     cb_gguf *g = NULL;
     cb_vocab *v = NULL;
@@ -422,8 +442,8 @@ int cli_tokenize(int decode, const char *model, const char *in_name, const char 
         goto done;
     }
     cli_info("%s: %s tokenizer, pre-tokenizer %s, %d tokens", model,
-             cb_vocab_kind_of(v) == CB_VOCAB_BPE ? "byte-level BPE" : "SentencePiece BPE", cb_vocab_pre(v),
-             (int)cb_vocab_n_tokens(v));
+             cb_vocab_kind_of(v) == CB_VOCAB_BPE ? "byte-level BPE" : "SentencePiece BPE",
+             cb_vocab_pre(v), (int)cb_vocab_n_tokens(v));
     if (!decode) {
         cb_status st = cb_tok_encode(v, input, len, special ? CB_TOK_PARSE_SPECIAL : 0, &ids);
         if (st != CB_OK) {
@@ -437,7 +457,8 @@ int cli_tokenize(int decode, const char *model, const char *in_name, const char 
     } else {
         if ((code = cli_parse_ids(input, len, in_name, cb_vocab_n_tokens(v), &ids)) != 0)
             goto done;
-        cb_status st = cb_tok_decode(v, ids.ids, ids.n, special ? CB_DETOK_UNPARSE_SPECIAL : 0, &text, &tlen);
+        cb_status st =
+            cb_tok_decode(v, ids.ids, ids.n, special ? CB_DETOK_UNPARSE_SPECIAL : 0, &text, &tlen);
         if (st != CB_OK) {
             cli_err("%s: detokenizing failed: %s", in_name, cb_strerror(st));
             code = cli_exit_code(st);
@@ -463,7 +484,10 @@ int cli_parse_enum(const char *opt, const char *arg, const char *const *names, i
             return 0;
         }
         len += (size_t)snprintf(list + len, len < sizeof list ? sizeof list - len : 0, "%s%s",
-                                i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+                                i == 0       ? ""
+                                : i == n - 1 ? " or "
+                                             : ", ",
+                                names[i]);
     }
     cli_err("%s %s: use %s", opt, arg, list);
     return -1;
@@ -532,14 +556,20 @@ static int q_chunks(cli_question *q, json_t *defaults, cb_request *rq, char *msg
     if (!(q->srcs = calloc(k ? k : 1, sizeof *q->srcs)))
         return snprintf(msg, n, "out of memory"), -1;
     for (size_t i = 0; i < k; i++) {
-        json_t *e = json_array_get(c, i), *t = json_is_object(e) ? json_object_get(e, "text") : NULL;
-        json_t *key = json_is_string(e) ? e : json_is_object(e) && !t ? json_object_get(e, "kv") : NULL;
+        json_t *e = json_array_get(c, i),
+               *t = json_is_object(e) ? json_object_get(e, "text") : NULL;
+        json_t *key = json_is_string(e)         ? e
+                      : json_is_object(e) && !t ? json_object_get(e, "kv")
+                                                : NULL;
         if (json_is_string(t))
             q->srcs[i].text = (cb_strview){json_string_value(t), json_string_length(t)};
         else if (json_is_string(key))
             q->srcs[i].key = json_string_value(key);
         else
-            return snprintf(msg, n, "chunk %zu is neither a record with \"text\" or \"kv\" nor a key", i + 1), -1;
+            return snprintf(msg, n,
+                            "chunk %zu is neither a record with \"text\" or \"kv\" nor a key",
+                            i + 1),
+                   -1;
     }
     rq->chunks = q->srcs;
     rq->n_chunks = k;
@@ -554,7 +584,8 @@ static int q_stops(cli_question *q, json_t *v, cb_request *rq, char *msg, size_t
         return snprintf(msg, n, "out of memory"), -1;
     for (size_t i = 0; i < k; i++) {
         json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-        if (!json_is_string(e) || json_string_length(e) == 0 || strlen(json_string_value(e)) != json_string_length(e))
+        if (!json_is_string(e) || json_string_length(e) == 0 ||
+            strlen(json_string_value(e)) != json_string_length(e))
             return snprintf(msg, n, "\"stop\" is not a non-empty string or an array of them"), -1;
         q->stops[i] = json_string_value(e);
     }
@@ -563,14 +594,19 @@ static int q_stops(cli_question *q, json_t *v, cb_request *rq, char *msg, size_t
     return 0;
 }
 
-static int q_enum(json_t *v, const char *field, const char *const *names, int k, int *out, char *msg, size_t n)
+static int q_enum(json_t *v, const char *field, const char *const *names, int k, int *out,
+                  char *msg, size_t n)
 {
     size_t len = (size_t)snprintf(msg, n, "\"%s\" is not ", field);
     for (int i = 0; json_is_string(v) && i < k; i++)
         if (!strcmp(json_string_value(v), names[i]))
             return *out = i, 0;
     for (int i = 0; i < k && len < n; i++)
-        len += (size_t)snprintf(msg + len, n - len, "%s%s", i == 0 ? "" : i == k - 1 ? " or " : ", ", names[i]);
+        len += (size_t)snprintf(msg + len, n - len, "%s%s",
+                                i == 0       ? ""
+                                : i == k - 1 ? " or "
+                                             : ", ",
+                                names[i]);
     return -1;
 }
 
@@ -585,7 +621,8 @@ static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size
         rq->bp.mode = (cb_blend_mode)e, mode_given = 1;
     }
     if (!mode_given)
-        rq->bp.mode = rq->n_chunks > 0 ? CB_MODE_BLEND : CB_MODE_FULL; /* nothing to reuse: full, as a lone run */
+        rq->bp.mode = rq->n_chunks > 0 ? CB_MODE_BLEND
+                                       : CB_MODE_FULL; /* nothing to reuse: full, as a lone run */
     if ((v = json_object_get(obj, "strategy"))) {
         if (q_enum(v, "strategy", cli_strategy_names, 5, &e, msg, n))
             return -1;

@@ -12,13 +12,13 @@
 /* Exit statuses of every program (sysexits.h values). */
 enum cli_exit {
     CLI_EX_OK = 0,
-    CLI_EX_USAGE = 64,    /* bad command line */
-    CLI_EX_DATAERR = 65,  /* bad input data: malformed GGUF, JSON, KV file */
-    CLI_EX_NOINPUT = 66,  /* input file missing or unreadable */
+    CLI_EX_USAGE = 64,       /* bad command line */
+    CLI_EX_DATAERR = 65,     /* bad input data: malformed GGUF, JSON, KV file */
+    CLI_EX_NOINPUT = 66,     /* input file missing or unreadable */
     CLI_EX_UNAVAILABLE = 69, /* the compute device asked for is not available */
-    CLI_EX_SOFTWARE = 70, /* internal error */
-    CLI_EX_CANTCREAT = 73,/* cannot create output */
-    CLI_EX_IOERR = 74     /* I/O error */
+    CLI_EX_SOFTWARE = 70,    /* internal error */
+    CLI_EX_CANTCREAT = 73,   /* cannot create output */
+    CLI_EX_IOERR = 74        /* I/O error */
 };
 
 /* The running program's name for messages ("cb-run"). */
@@ -111,23 +111,28 @@ typedef struct cli_common {
 enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE, CLI_OPT_ACT8, CLI_OPT_EXACT };
 
 #define CLI_COMMON_SHORT "m:t:vqh"
+/* (clang-format 14 breaks the initializers inside these macros apart) */
+/* clang-format off */
 #define CLI_COMMON_OPTS                                                                                      \
     {"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 't'},                           \
         {"verbose", no_argument, 0, 'v'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},     \
         {"version", no_argument, 0, CLI_OPT_VERSION}
 #define CLI_STORE_OPT {"store", required_argument, 0, CLI_OPT_STORE}
 #define CLI_DEVICE_OPT {"device", required_argument, 0, CLI_OPT_DEVICE}
+/* clang-format on */
 /* --exact and --act8: the programs that compute (cb-run, cb-precompute,
  * cb-profile) */
+/* clang-format off */
 #define CLI_ACT8_OPT {"act8", no_argument, 0, CLI_OPT_ACT8}, {"exact", no_argument, 0, CLI_OPT_EXACT}
+/* clang-format on */
 /* their help lines for --device, --exact and --act8 */
-#define CLI_DEVICE_HELP                                                                                      \
-    "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n"                      \
-    "                     else CUDA device 0 when a GPU is present, else cpu)\n"                            \
-    "      --exact        f32 activations in every product: the reference path\n"                          \
-    "                     (also $CB_EXACT=1); CPU only, the default device then.\n"                        \
-    "                     The default quantizes activations to 8 bits, as llama.cpp\n"                     \
-    "                     (faster; its error is far below what blending changes)\n"                        \
+#define CLI_DEVICE_HELP                                                                \
+    "      --device DEV   compute device: cpu, cuda or cuda:N (default: $CB_DEVICE,\n" \
+    "                     else CUDA device 0 when a GPU is present, else cpu)\n"       \
+    "      --exact        f32 activations in every product: the reference path\n"      \
+    "                     (also $CB_EXACT=1); CPU only, the default device then.\n"    \
+    "                     The default quantizes activations to 8 bits, as llama.cpp\n" \
+    "                     (faster; its error is far below what blending changes)\n"    \
     "      --act8         the default (8-bit activations); undoes an earlier --exact\n"
 
 /* cli_common_opt's answer when the option is the program's own. */
@@ -162,7 +167,8 @@ int cli_parse_enum(const char *opt, const char *arg, const char *const *names, i
  * BOS/EOS; special tokens parsed only with `special`) and print the ids on
  * one line, or (decode) read such a line and print the text.  Needs only
  * the model's vocabulary.  Returns an exit code. */
-int cli_tokenize(int decode, const char *model, const char *in_name, const char *input, size_t len, int special);
+int cli_tokenize(int decode, const char *model, const char *in_name, const char *input, size_t len,
+                 int special);
 
 /* Where generated text goes: `out` (or nowhere) and, when `collect`, a
  * NUL-terminated copy of all of it in `all` (the caller frees it). */
@@ -188,9 +194,9 @@ struct json_t; /* jansson's */
 /* A question line of cb-run --batch, parsed: the line's JSON object and
  * what the request made from it points into. */
 typedef struct cli_question {
-    struct json_t *obj;     /* the line's object (NULL when the line was none) */
-    cb_chunk_src *srcs;     /* the request's chunks */
-    const char **stops;     /* the request's stop strings */
+    struct json_t *obj; /* the line's object (NULL when the line was none) */
+    cb_chunk_src *srcs; /* the request's chunks */
+    const char **stops; /* the request's stop strings */
 } cli_question;
 
 /* Parse a --batch line (len bytes: a JSON object) into *rq: *defaults with
@@ -204,7 +210,8 @@ typedef struct cli_question {
  * with the reason in msg (q->obj kept when the line was an object, for its
  * "id"). */
 int cli_question_parse(const char *line, size_t len, const cb_request *defaults, int mode_given,
-                       struct json_t *default_chunks, cli_question *q, cb_request *rq, char *msg, size_t n);
+                       struct json_t *default_chunks, cli_question *q, cb_request *rq, char *msg,
+                       size_t n);
 void cli_question_free(cli_question *q);
 /* 1 for a field cli_question_parse reads (the others pass through to the
  * answer). */

@@ -96,6 +96,19 @@ else
     run_one "fuzz/short" echo "ok 1 - fuzz harnesses # SKIP no clang >= 15 with libFuzzer (make deps installs clang-16 and libclang-rt-16-dev)"
 fi
 
+# The code's format: make format would change nothing (.clang-format, as
+# clang-format 14 applies it), one test.
+if command -v "${CLANG_FORMAT:-clang-format-14}" >/dev/null 2>&1; then
+    run_one "style/format" sh -c 'if make -s --no-print-directory format-check >"$1" 2>&1; then
+            echo "ok 1 - make format changes nothing"
+        else
+            grep -E "error:" "$1" | head -20 | sed "s/^/# /"
+            echo "not ok 1 - make format would change files (run make format; details in $1)"
+        fi' sh "$CB_TEST_TMP/format-check.out"
+else
+    run_one "style/format" echo "ok 1 - format # SKIP ${CLANG_FORMAT:-clang-format-14} not installed (make deps installs it)"
+fi
+
 [ -z "$broken" ] || echo "failing suites:$broken (logs in tests/tmp/)"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

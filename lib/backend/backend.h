@@ -67,8 +67,8 @@ typedef struct cb_backend_ops {
      * thread on return.  NULL on failure.  The data must stay valid and
      * unchanged until weight_free: the CPU backend computes on it where it
      * lies (no copy); a device backend copies it. */
-    cb_bweight *(*weight_new)(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
-                              const float *bias);
+    cb_bweight *(*weight_new)(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out,
+                              const void *data, const float *bias);
     void (*weight_free)(cb_backend *b, cb_bweight *w);
 
     /* y [n, n_out] = x [n, n_in] . W^T (+ bias).  Row i of y is computed
@@ -77,19 +77,20 @@ typedef struct cb_backend_ops {
     /* Optional (NULL: matmul for each): y[k] = x . w[k]^T (+ bias) for k <
      * nw, weights of the same n_in (Q, K and V; gate and up): the CPU runs
      * a decode step's products on one input as one job. */
-    void (*matmul_multi)(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y,
-                         int64_t n);
+    void (*matmul_multi)(cb_backend *b, const cb_bweight *const *w, int nw, const float *x,
+                         float *const *y, int64_t n);
     /* dst [n, n_in] = rows ids[0..n) of W (an embedding lookup) */
     void (*get_rows)(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst);
     /* y [n, d] = x / rms(x) * g (g: backend vector [d]); y may be x */
-    void (*rmsnorm)(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps);
+    void (*rmsnorm)(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d,
+                    float eps);
     /* Rotate x [n, n_head, head_dim] in place at positions pos[n] (host):
      * the first n_rot dims of each head, pairs (2i, 2i+1) ("normal") or
      * (i, i + n_rot/2) (neox), angle pos * base^(-2i/n_rot) / ff[i].  ff:
      * backend [n_rot/2], the frequency divisors of RoPE scaling (Llama 3's
      * rope_freqs, a linear factor), or NULL for none. */
-    void (*rope)(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int head_dim, int n_rot,
-                 float base, const float *ff, int neox);
+    void (*rope)(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int head_dim,
+                 int n_rot, float base, const float *ff, int neox);
     /* x += y, n elements */
     void (*add)(cb_backend *b, float *x, const float *y, int64_t n);
     /* out = silu(g) * u, n elements; out may alias g */
@@ -101,23 +102,26 @@ typedef struct cb_backend_ops {
     void (*scale)(cb_backend *b, float *x, float s, int64_t n);
     /* Write n rows of `width` f32 values into a cache of type t (F16 or F32)
      * at row indices at[n]. */
-    void (*kv_write)(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src, const int32_t *at,
-                     int64_t n);
+    void (*kv_write)(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src,
+                     const int32_t *at, int64_t n);
     /* Read n cache rows at[n] of type t into f32 dst [n, width]. */
-    void (*kv_read)(cb_backend *b, const void *cache, cb_type t, int64_t width, const int32_t *at, int64_t n,
-                    float *dst);
+    void (*kv_read)(cb_backend *b, const void *cache, cb_type t, int64_t width, const int32_t *at,
+                    int64_t n, float *dst);
     /* Attention with an exact causal mask: query row i (q [n, n_head*hd],
      * position pos[i]) attends to cache rows 0..pos[i] of k and v (cache of
      * type t, rows of n_head_kv*hd); out [n, n_head*hd].  Head h uses KV
      * head h / (n_head / n_head_kv).  Scores are scaled by `scale`.
      * window > 0: a sliding-window layer, where row i sees only the keys
      * pos[i]-window+1 .. pos[i] (gemma3's local layers); 0: all of 0..pos[i]. */
-    void (*attention)(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
-                      cb_type t, int n_head, int n_head_kv, int hd, float scale, int window, float *out);
+    void (*attention)(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
+                      const void *v, cb_type t, int n_head, int n_head_kv, int hd, float scale,
+                      int window, float *out);
     /* dst [n, d] = src rows idx[0..n) (src [*, d]); dst must not alias src */
-    void (*gather)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
+    void (*gather)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d,
+                   float *dst);
     /* dst rows idx[0..n) = src [n, d] */
-    void (*scatter)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
+    void (*scatter)(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d,
+                    float *dst);
     /* Blending's deviation: dev [n] (backend) = the squared L2 distance
      * between row i of src [n, width] and cache row at[i] (type t). */
     void (*deviation)(cb_backend *b, const float *src, const void *cache, cb_type t, int64_t width,
@@ -168,7 +172,7 @@ struct cb_backend {
     void *ctx;
     int n_threads;
     int rows_step, rows_max; /* the row-stable product sizes (above); kept by the backend */
-    char desc[96]; /* "cpu (2 threads, avx2 kernels)", "cuda:0 (NVIDIA H100 80GB HBM3)" */
+    char desc[96];           /* "cpu (2 threads, avx2 kernels)", "cuda:0 (NVIDIA H100 80GB HBM3)" */
 };
 
 /* The CPU backend: weights computed on in their GGUF types (AVX2 kernels

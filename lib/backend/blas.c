@@ -18,7 +18,8 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 /* OpenBLAS' names for the library on Debian and most distributions; a
  * generic CBLAS (reference, BLIS) last: it has no threads to control. */
-static const char *const names[] = {"libopenblas.so.0", "libopenblas.so", "libopenblasp.so.0", "libcblas.so.3"};
+static const char *const names[] = {"libopenblas.so.0", "libopenblas.so", "libopenblasp.so.0",
+                                    "libcblas.so.3"};
 
 static void load(void)
 {

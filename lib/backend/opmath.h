@@ -16,10 +16,7 @@
 #endif
 
 /* silu(g) * u */
-CB_OP float cb_op_swiglu(float g, float u)
-{
-    return g / (1.0f + expf(-g)) * u;
-}
+CB_OP float cb_op_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 /* GELU, tanh form (ggml_gelu's formula):
  * 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) */
@@ -30,10 +27,7 @@ CB_OP float cb_op_gelu(float x)
 }
 
 /* gelu(g) * u */
-CB_OP float cb_op_geglu(float g, float u)
-{
-    return cb_op_gelu(g) * u;
-}
+CB_OP float cb_op_geglu(float g, float u) { return cb_op_gelu(g) * u; }
 
 /* RMSNorm's scale from the sum of squares of d values */
 CB_OP float cb_op_rms_scale(double sum_sq, int64_t d, float eps)

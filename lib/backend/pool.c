@@ -28,13 +28,13 @@ enum { SPIN_NS = 200000 }; /* 0.2 ms: longer than the gaps inside a decode step 
 
 struct cb_pool {
     int n;
-    int yield;              /* more threads than CPUs: spinners yield */
+    int yield; /* more threads than CPUs: spinners yield */
     pthread_t *th;
     pthread_mutex_t job_mu; /* one job at a time */
     atomic_uint gen;        /* futex word: bumped for every job (and quit) */
     atomic_int sleepers;
-    atomic_int pending;     /* workers still in the current job */
-    atomic_uint done;       /* futex word for the caller: bumped when pending hits 0 */
+    atomic_int pending; /* workers still in the current job */
+    atomic_uint done;   /* futex word for the caller: bumped when pending hits 0 */
     atomic_int caller_sleeps;
     atomic_int quit;
     cb_task_fn fn;
@@ -161,10 +161,7 @@ void cb_pool_free(cb_pool *p)
     free(p);
 }
 
-int cb_pool_size(const cb_pool *p)
-{
-    return p->n;
-}
+int cb_pool_size(const cb_pool *p) { return p->n; }
 
 void cb_pool_for(cb_pool *p, cb_task_fn fn, void *arg, int64_t n_tasks)
 {

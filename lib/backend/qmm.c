@@ -10,8 +10,8 @@
 
 enum { CHUNK = 1024 }; /* elements: a multiple of every block size */
 
-void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x, int64_t ldx, int nr,
-               int64_t o0, int64_t o1, float *y, int64_t ldy)
+void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x,
+               int64_t ldx, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     float buf[CHUNK];
     for (int64_t o = o0; o < o1; o++) {
@@ -28,7 +28,8 @@ void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
     }
 }
 
-void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1, float *dst)
+void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1,
+                float *dst)
 {
     for (int64_t o = o0; o < o1; o++)
         cb_dequant_row(t, w + (size_t)o * row_bytes, dst + (o - o0) * n_in, n_in);
@@ -46,26 +47,38 @@ int qmm_cpu_avx2(void)
     if (known < 0) {
         unsigned a, b, c, d;
         __builtin_cpu_init();
-        known = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) && __builtin_cpu_supports("avx2") &&
-                __builtin_cpu_supports("fma");
+        known = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) &&
+                __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     return known;
 }
 #else
 int qmm_cpu_avx2(void) { return 0; }
-int qmm_avx2_get(cb_type t, qmm_kernels *k) { (void)t, (void)k; return 0; }
-float qmm_avx2_exp_sum(float *s, int64_t n, float m) { (void)s, (void)n, (void)m; return 0; }
+int qmm_avx2_get(cb_type t, qmm_kernels *k)
+{
+    (void)t, (void)k;
+    return 0;
+}
+float qmm_avx2_exp_sum(float *s, int64_t n, float m)
+{
+    (void)s, (void)n, (void)m;
+    return 0;
+}
 void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n) { (void)s, (void)d, (void)n; }
 #endif
 
 int qmm_has_q8(cb_type t)
 {
     switch (t) {
-    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q5_0: case CB_TYPE_Q5_1:
-    case CB_TYPE_Q8_0: case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: case CB_TYPE_Q6_K:
-        return 1;
-    default:
-        return 0;
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_1:
+    case CB_TYPE_Q8_0:
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: return 1;
+    default: return 0;
     }
 }
 
@@ -88,25 +101,13 @@ const char *qmm_isa(int simd)
     return simd && qmm_cpu_avx2() && qmm_avx2_get(CB_TYPE_Q4_0, &k) ? "avx2" : "c";
 }
 
-qmm_exp_sum_fn qmm_exp_sum(int simd)
-{
-    return simd && qmm_cpu_avx2() ? qmm_avx2_exp_sum : NULL;
-}
+qmm_exp_sum_fn qmm_exp_sum(int simd) { return simd && qmm_cpu_avx2() ? qmm_avx2_exp_sum : NULL; }
 
-qmm_f16_fn qmm_f16_row(int simd)
-{
-    return simd && qmm_cpu_avx2() ? qmm_avx2_f16_row : NULL;
-}
+qmm_f16_fn qmm_f16_row(int simd) { return simd && qmm_cpu_avx2() ? qmm_avx2_f16_row : NULL; }
 
-qmm_att_qk_fn qmm_att_qk(int simd)
-{
-    return simd && qmm_cpu_avx2() ? qmm_avx2_att_qk : NULL;
-}
+qmm_att_qk_fn qmm_att_qk(int simd) { return simd && qmm_cpu_avx2() ? qmm_avx2_att_qk : NULL; }
 
-qmm_att_pv_fn qmm_att_pv(int simd)
-{
-    return simd && qmm_cpu_avx2() ? qmm_avx2_att_pv : NULL;
-}
+qmm_att_pv_fn qmm_att_pv(int simd) { return simd && qmm_cpu_avx2() ? qmm_avx2_att_pv : NULL; }
 
 qmm_quant_fn qmm_quant(int simd)
 {

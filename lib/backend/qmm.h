@@ -34,8 +34,8 @@
 /* Sum of a[j] b[j] over n in eight partial sums (so that gcc vectorizes it
  * without reassociating one sum), combined pairwise: the attention scores'
  * and the portable kernels' dot product. */
-__attribute__((optimize("O3"))) static inline float qmm_dot8(const float *restrict a, const float *restrict b,
-                                                             int64_t n)
+__attribute__((optimize("O3"))) static inline float qmm_dot8(const float *restrict a,
+                                                             const float *restrict b, int64_t n)
 {
     float s[8] = {0};
     int64_t j = 0;
@@ -71,10 +71,11 @@ static inline float qmm_exp_neg(float x)
 }
 
 
-typedef void (*qmm_dot_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x,
-                           int64_t ldx, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
-typedef void (*qmm_rows_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1,
-                            float *dst);
+typedef void (*qmm_dot_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                           const float *x, int64_t ldx, int nr, int64_t o0, int64_t o1, float *y,
+                           int64_t ldy);
+typedef void (*qmm_rows_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0,
+                            int64_t o1, float *dst);
 
 /* 32 activations quantized: x[j] ~ d * q[j], s = d * sum q */
 typedef struct qmm_q8 {
@@ -116,15 +117,17 @@ void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n);
  * pv: o[r*hd + e] += sum over c < nk of p[r*lds + c] * v[c*ldv + e], in
  * key order.  The F16C+FMA versions when simd and the CPU has them, else
  * NULL (the caller converts tiles and uses its own loops). */
-typedef void (*qmm_att_qk_fn)(const float *q, int m, int hd, const uint16_t *k, int64_t ldk, int64_t nk, float *s,
-                              int64_t lds);
-typedef void (*qmm_att_pv_fn)(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk, int hd,
-                              float *o);
+typedef void (*qmm_att_qk_fn)(const float *q, int m, int hd, const uint16_t *k, int64_t ldk,
+                              int64_t nk, float *s, int64_t lds);
+typedef void (*qmm_att_pv_fn)(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv,
+                              int64_t nk, int hd, float *o);
 enum { QMM_ATT_M = 7 }; /* the most rows the fused products take */
 qmm_att_qk_fn qmm_att_qk(int simd);
 qmm_att_pv_fn qmm_att_pv(int simd);
-void qmm_avx2_att_qk(const float *q, int m, int hd, const uint16_t *k, int64_t ldk, int64_t nk, float *s, int64_t lds);
-void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk, int hd, float *o);
+void qmm_avx2_att_qk(const float *q, int m, int hd, const uint16_t *k, int64_t ldk, int64_t nk,
+                     float *s, int64_t lds);
+void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk,
+                     int hd, float *o);
 
 /* The activations' quantizer: the AVX2 one when simd and the CPU has it
  * (both give the same bytes).  It asks CPUID: call it once, at setup. */
@@ -138,9 +141,10 @@ const char *qmm_isa(int simd);
 
 /* The portable kernels (qmm.c) and, when compiled in, the AVX2 ones
  * (qmm_avx2.c; NULL from qmm_avx2_get for a type it does not cover). */
-void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x, int64_t ldx, int nr,
-               int64_t o0, int64_t o1, float *y, int64_t ldy);
-void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1, float *dst);
+void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const float *x,
+               int64_t ldx, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
+void qmm_rows_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int64_t o1,
+                float *dst);
 int qmm_avx2_get(cb_type t, qmm_kernels *k);
 
 /* The per-32 activation quantizer, portable (qmm8.c), and the integer

@@ -17,7 +17,8 @@ float qmm_quant_group(const float *x, int n, int8_t *q)
     float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int j = 0; j < n; j++) {
         float v = x[j] * id; /* NaN when x is NaN or infinite: q = 0 (no conversion of a NaN) */
-        q[j] = (int8_t)(v == v ? (int)nearbyintf(v) : 0); /* the default rounding: half to even, as vcvtps2dq */
+        q[j] = (int8_t)(v == v ? (int)nearbyintf(v)
+                               : 0); /* the default rounding: half to even, as vcvtps2dq */
     }
     return d;
 }
@@ -92,8 +93,6 @@ void qmm_group8(cb_type t, const uint8_t *b, int g, int16_t w[32], float *a, flo
         *a = cb_dq_d(b, 208);
         return;
     }
-    default:
-        *a = 0;
-        return;
+    default: *a = 0; return;
     }
 }

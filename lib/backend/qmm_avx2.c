@@ -17,10 +17,7 @@
 
 #define AI static inline __attribute__((always_inline))
 
-AI __m256 bcast_f16(const uint8_t *p)
-{
-    return _mm256_set1_ps(_cvtsh_ss(cb_dq_rd16(p)));
-}
+AI __m256 bcast_f16(const uint8_t *p) { return _mm256_set1_ps(_cvtsh_ss(cb_dq_rd16(p))); }
 
 /* ---------------------------------------------------------- decoders */
 
@@ -31,15 +28,9 @@ AI __m256i u8x8_32(const uint8_t *p)
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 
-AI __m256i lo4(__m256i b)
-{
-    return _mm256_and_si256(b, _mm256_set1_epi32(0x0f));
-}
+AI __m256i lo4(__m256i b) { return _mm256_and_si256(b, _mm256_set1_epi32(0x0f)); }
 
-AI __m256i hi4(__m256i b)
-{
-    return _mm256_srli_epi32(b, 4);
-}
+AI __m256i hi4(__m256i b) { return _mm256_srli_epi32(b, 4); }
 
 /* the four 8-lane integer groups of a 32-block's nibbles qs[16]: low
  * nibbles of qs[0..15] are elements 0..15, high nibbles 16..31 */
@@ -70,8 +61,8 @@ AI void dec_bf16(const uint8_t *b, int s, __m256 v[4])
 {
     (void)s;
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 16 * k))), 16));
+        v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 16 * k))), 16));
 }
 
 AI void dec_q4_0(const uint8_t *b, int s, __m256 v[4])
@@ -127,7 +118,9 @@ AI void dec_q8_0(const uint8_t *b, int s, __m256 v[4])
     (void)s;
     __m256 d = bcast_f16(b);
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k)))), d);
+        v[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                 _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k)))),
+                             d);
 }
 
 /* q4_K/q5_K sub-block s (0..7): scale d*sc and offset -dmin*m */
@@ -161,7 +154,8 @@ AI void dec_q5_k(const uint8_t *b, int s, __m256 v[4])
     k_scale(b, s, &sc, &mn);
     const __m256i one = _mm256_set1_epi32(1);
     for (int k = 0; k < 4; k++) {
-        __m256i h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u8x8_32(b + 16 + 8 * k), s), one), 4);
+        __m256i h = _mm256_slli_epi32(
+            _mm256_and_si256(_mm256_srli_epi32(u8x8_32(b + 16 + 8 * k), s), one), 4);
         v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(nib_k(b + 48, s, k), h)), sc, mn);
     }
 }
@@ -172,11 +166,13 @@ AI void dec_q6_k(const uint8_t *b, int s, __m256 v[4])
     int n = s >> 2, k = s & 3;
     float d = _cvtsh_ss(cb_dq_rd16(b + 208));
     const uint8_t *ql = b + 64 * n + 32 * (k & 1), *qh = b + 128 + 32 * n;
-    const __m256i m4 = _mm256_set1_epi32(0x0f), m2 = _mm256_set1_epi32(3), c32 = _mm256_set1_epi32(32);
+    const __m256i m4 = _mm256_set1_epi32(0x0f), m2 = _mm256_set1_epi32(3),
+                  c32 = _mm256_set1_epi32(32);
     for (int j = 0; j < 4; j++) {
         __m256 ds = _mm256_set1_ps(d * (float)(int8_t)b[192 + 8 * n + 2 * k + (j >> 1)]);
         __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8_32(ql + 8 * j), 4 * (k >> 1)), m4);
-        __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u8x8_32(qh + 8 * j), 2 * k), m2), 4);
+        __m256i hi = _mm256_slli_epi32(
+            _mm256_and_si256(_mm256_srli_epi32(u8x8_32(qh + 8 * j), 2 * k), m2), 4);
         __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, hi), c32);
         v[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), ds);
     }
@@ -195,74 +191,74 @@ AI float hsum(__m256 a)
 /* One weight row against R activation rows: groups of SUBS*32 elements of
  * BB bytes; a plain-type tail (n_in not a multiple of 32) by the reference
  * decoder. */
-#define ROW_DOT(R, SUBS, BB, DEC)                                                                              \
-    do {                                                                                                       \
-        enum { NA = (R) == 1 ? 4 : 2 };                                                                        \
-        __m256 acc[R][NA];                                                                                     \
-        for (int r = 0; r < (R); r++)                                                                          \
-            for (int a = 0; a < NA; a++)                                                                       \
-                acc[r][a] = _mm256_setzero_ps();                                                               \
-        const uint8_t *blk = row;                                                                              \
-        const float *xp = x;                                                                                   \
-        for (int64_t bi = 0; bi < nb; bi++, blk += (BB))                                                       \
-            for (int s = 0; s < (SUBS); s++, xp += 32) {                                                       \
-                __m256 v[4];                                                                                   \
-                DEC(blk, s, v);                                                                                \
-                for (int r = 0; r < (R); r++)                                                                  \
-                    for (int k = 0; k < 4; k++)                                                                \
-                        acc[r][k % NA] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + r * ldx + 8 * k),         \
-                                                         acc[r][k % NA]);                                      \
-            }                                                                                                  \
-        for (int r = 0; r < (R); r++) {                                                                        \
-            __m256 tot = acc[r][0];                                                                              \
-            for (int a = 1; a < NA; a++)                                                                       \
-                tot = _mm256_add_ps(tot, acc[r][a]);                                                               \
-            out[r] = hsum(tot);                                                                                  \
-        }                                                                                                      \
+#define ROW_DOT(R, SUBS, BB, DEC)                                                         \
+    do {                                                                                  \
+        enum { NA = (R) == 1 ? 4 : 2 };                                                   \
+        __m256 acc[R][NA];                                                                \
+        for (int r = 0; r < (R); r++)                                                     \
+            for (int a = 0; a < NA; a++)                                                  \
+                acc[r][a] = _mm256_setzero_ps();                                          \
+        const uint8_t *blk = row;                                                         \
+        const float *xp = x;                                                              \
+        for (int64_t bi = 0; bi < nb; bi++, blk += (BB))                                  \
+            for (int s = 0; s < (SUBS); s++, xp += 32) {                                  \
+                __m256 v[4];                                                              \
+                DEC(blk, s, v);                                                           \
+                for (int r = 0; r < (R); r++)                                             \
+                    for (int k = 0; k < 4; k++)                                           \
+                        acc[r][k % NA] = _mm256_fmadd_ps(                                 \
+                            v[k], _mm256_loadu_ps(xp + r * ldx + 8 * k), acc[r][k % NA]); \
+            }                                                                             \
+        for (int r = 0; r < (R); r++) {                                                   \
+            __m256 tot = acc[r][0];                                                       \
+            for (int a = 1; a < NA; a++)                                                  \
+                tot = _mm256_add_ps(tot, acc[r][a]);                                      \
+            out[r] = hsum(tot);                                                           \
+        }                                                                                 \
     } while (0)
 
-#define KERNELS(NAME, SUBS, BB, DEC)                                                                           \
-    static void dot_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, const float *x, int64_t ldx,  \
-                           int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)                              \
-    {                                                                                                          \
-        int64_t nb = n_in / (32 * (SUBS)), tail = n_in - nb * 32 * (SUBS);                                     \
-        for (int64_t o = o0; o < o1; o++) {                                                                    \
-            const uint8_t *row = w + (size_t)o * rb;                                                           \
-            float out[QMM_ROWS];                                                                               \
-            switch (nr) {                                                                                      \
-            case 1: ROW_DOT(1, SUBS, BB, DEC); break;                                                          \
-            case 2: ROW_DOT(2, SUBS, BB, DEC); break;                                                          \
-            case 3: ROW_DOT(3, SUBS, BB, DEC); break;                                                          \
-            default: ROW_DOT(4, SUBS, BB, DEC); break;                                                         \
-            }                                                                                                  \
-            if (tail) {                                                                                        \
-                float buf[32];                                                                                 \
-                cb_dequant_row(t, row + nb * (BB), buf, tail);                                                 \
-                for (int r = 0; r < nr; r++)                                                                   \
-                    for (int64_t j = 0; j < tail; j++)                                                         \
-                        out[r] += buf[j] * x[r * ldx + nb * 32 * (SUBS) + j];                                  \
-            }                                                                                                  \
-            for (int r = 0; r < nr; r++)                                                                       \
-                y[r * ldy + o] = out[r];                                                                       \
-        }                                                                                                      \
-    }                                                                                                          \
-    static void rows_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,      \
-                            float *dst)                                                                        \
-    {                                                                                                          \
-        int64_t nb = n_in / (32 * (SUBS)), tail = n_in - nb * 32 * (SUBS);                                     \
-        for (int64_t o = o0; o < o1; o++, dst += n_in) {                                                       \
-            const uint8_t *blk = w + (size_t)o * rb;                                                           \
-            float *d = dst;                                                                                    \
-            for (int64_t bi = 0; bi < nb; bi++, blk += (BB))                                                   \
-                for (int s = 0; s < (SUBS); s++, d += 32) {                                                    \
-                    __m256 v[4];                                                                               \
-                    DEC(blk, s, v);                                                                            \
-                    for (int k = 0; k < 4; k++)                                                                \
-                        _mm256_storeu_ps(d + 8 * k, v[k]);                                                     \
-                }                                                                                              \
-            if (tail)                                                                                          \
-                cb_dequant_row(t, blk, d, tail);                                                               \
-        }                                                                                                      \
+#define KERNELS(NAME, SUBS, BB, DEC)                                                             \
+    static void dot_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, const float *x, \
+                           int64_t ldx, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)   \
+    {                                                                                            \
+        int64_t nb = n_in / (32 * (SUBS)), tail = n_in - nb * 32 * (SUBS);                       \
+        for (int64_t o = o0; o < o1; o++) {                                                      \
+            const uint8_t *row = w + (size_t)o * rb;                                             \
+            float out[QMM_ROWS];                                                                 \
+            switch (nr) {                                                                        \
+            case 1: ROW_DOT(1, SUBS, BB, DEC); break;                                            \
+            case 2: ROW_DOT(2, SUBS, BB, DEC); break;                                            \
+            case 3: ROW_DOT(3, SUBS, BB, DEC); break;                                            \
+            default: ROW_DOT(4, SUBS, BB, DEC); break;                                           \
+            }                                                                                    \
+            if (tail) {                                                                          \
+                float buf[32];                                                                   \
+                cb_dequant_row(t, row + nb * (BB), buf, tail);                                   \
+                for (int r = 0; r < nr; r++)                                                     \
+                    for (int64_t j = 0; j < tail; j++)                                           \
+                        out[r] += buf[j] * x[r * ldx + nb * 32 * (SUBS) + j];                    \
+            }                                                                                    \
+            for (int r = 0; r < nr; r++)                                                         \
+                y[r * ldy + o] = out[r];                                                         \
+        }                                                                                        \
+    }                                                                                            \
+    static void rows_##NAME(cb_type t, const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,    \
+                            int64_t o1, float *dst)                                              \
+    {                                                                                            \
+        int64_t nb = n_in / (32 * (SUBS)), tail = n_in - nb * 32 * (SUBS);                       \
+        for (int64_t o = o0; o < o1; o++, dst += n_in) {                                         \
+            const uint8_t *blk = w + (size_t)o * rb;                                             \
+            float *d = dst;                                                                      \
+            for (int64_t bi = 0; bi < nb; bi++, blk += (BB))                                     \
+                for (int s = 0; s < (SUBS); s++, d += 32) {                                      \
+                    __m256 v[4];                                                                 \
+                    DEC(blk, s, v);                                                              \
+                    for (int k = 0; k < 4; k++)                                                  \
+                        _mm256_storeu_ps(d + 8 * k, v[k]);                                       \
+                }                                                                                \
+            if (tail)                                                                            \
+                cb_dequant_row(t, blk, d, tail);                                                 \
+        }                                                                                        \
     }
 
 KERNELS(f32, 1, 128, dec_f32)
@@ -299,12 +295,14 @@ static void quant8(const float *x, int64_t n, qmm_q8 *xq)
         __m256i q[4], sum = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
             __m256 p = _mm256_mul_ps(v[k], vid); /* NaN (x NaN or infinite): 0, as in C */
-            q[k] = _mm256_and_si256(_mm256_cvtps_epi32(p), _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_ORD_Q)));
+            q[k] = _mm256_and_si256(_mm256_cvtps_epi32(p),
+                                    _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_ORD_Q)));
             sum = _mm256_add_epi32(sum, q[k]);
         }
         /* the packs interleave 128-bit lanes: dwords come out as elements
          * 0-3, 8-11, 16-19, 24-27, 4-7, ...; put them back in order */
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        __m256i p =
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)xq->q, p);
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
@@ -320,7 +318,8 @@ static void quant8(const float *x, int64_t n, qmm_q8 *xq)
  * eight lanes at a time. */
 float qmm_avx2_exp_sum(float *s, int64_t n, float m)
 {
-    const __m256 vm = _mm256_set1_ps(m), lo = _mm256_set1_ps(-87.0f), l2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 vm = _mm256_set1_ps(m), lo = _mm256_set1_ps(-87.0f),
+                 l2e = _mm256_set1_ps(1.44269504088896341f);
     __m256 acc = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -336,7 +335,8 @@ float qmm_avx2_exp_sum(float *s, int64_t n, float m)
         p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
         p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
         p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
+        __m256i e =
+            _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
         p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
         _mm256_storeu_ps(s + j, p);
         acc = _mm256_add_ps(acc, p);
@@ -362,8 +362,8 @@ void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n)
 
 /* qk for M rows: each key's row converted once, 8 lanes at a time, into M
  * accumulators (two per row, even and odd lanes of 8, when M <= 3) */
-AI void att_qk_m(const float *q, const int M, int hd, const uint16_t *k, int64_t ldk, int64_t nk, float *s,
-                 int64_t lds)
+AI void att_qk_m(const float *q, const int M, int hd, const uint16_t *k, int64_t ldk, int64_t nk,
+                 float *s, int64_t lds)
 {
     const int two = M <= 3 && hd % 16 == 0;
     for (int64_t c = 0; c < nk; c++) {
@@ -394,8 +394,10 @@ AI void att_qk_m(const float *q, const int M, int hd, const uint16_t *k, int64_t
     }
 }
 
-void qmm_avx2_att_qk(const float *q, int m, int hd, const uint16_t *k, int64_t ldk, int64_t nk, float *s, int64_t lds)
+void qmm_avx2_att_qk(const float *q, int m, int hd, const uint16_t *k, int64_t ldk, int64_t nk,
+                     float *s, int64_t lds)
 {
+    /* clang-format off */
     switch (m) {
 #define QK(M)                                                                                                  \
     case M:                                                                                                    \
@@ -406,12 +408,13 @@ void qmm_avx2_att_qk(const float *q, int m, int hd, const uint16_t *k, int64_t l
     default:
         break;
     }
+    /* clang-format on */
 }
 
 /* pv for M rows: the output in registers, 16 lanes a row (8 when M > 4),
  * one pass over the keys for each such slice of it */
-AI void att_pv_m(const float *p, const int M, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk, int hd,
-                 float *o)
+AI void att_pv_m(const float *p, const int M, int64_t lds, const uint16_t *v, int64_t ldv,
+                 int64_t nk, int hd, float *o)
 {
     const int two = M <= 4;
     int e = 0;
@@ -450,8 +453,10 @@ AI void att_pv_m(const float *p, const int M, int64_t lds, const uint16_t *v, in
     }
 }
 
-void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk, int hd, float *o)
+void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int64_t ldv, int64_t nk,
+                     int hd, float *o)
 {
+    /* clang-format off */
     switch (m) {
 #define PV(M)                                                                                                  \
     case M:                                                                                                    \
@@ -462,15 +467,16 @@ void qmm_avx2_att_pv(const float *p, int m, int64_t lds, const uint16_t *v, int6
     default:
         break;
     }
+    /* clang-format on */
 }
 
 int qmm_avx2_get(cb_type t, qmm_kernels *k)
 {
     switch (t) {
-#define CASE(T, NAME)                                                                                          \
-    case T:                                                                                                    \
-        k->dot = dot_##NAME;                                                                                   \
-        k->rows = rows_##NAME;                                                                                 \
+#define CASE(T, NAME)          \
+    case T:                    \
+        k->dot = dot_##NAME;   \
+        k->rows = rows_##NAME; \
         break;
         CASE(CB_TYPE_F32, f32)
         CASE(CB_TYPE_F16, f16)
@@ -484,8 +490,7 @@ int qmm_avx2_get(cb_type t, qmm_kernels *k)
         CASE(CB_TYPE_Q5_K, q5_k)
         CASE(CB_TYPE_Q6_K, q6_k)
 #undef CASE
-    default:
-        return 0;
+    default: return 0;
     }
     k->quant = quant8;
     k->isa = "avx2";

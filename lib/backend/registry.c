@@ -77,14 +77,16 @@ static cb_cuda_open_fn cuda_module(void)
         if (h) {
             mod_open = (cb_cuda_open_fn)dlsym(h, CB_CUDA_ENTRY);
             if (!mod_open)
-                snprintf(mod_why, sizeof mod_why, "%s has no entry point %s", CUDA_MODULE, CB_CUDA_ENTRY);
+                snprintf(mod_why, sizeof mod_why, "%s has no entry point %s", CUDA_MODULE,
+                         CB_CUDA_ENTRY);
         } else if (why[0]) {
             snprintf(mod_why, sizeof mod_why, "cannot load %s: %s", CUDA_MODULE, why);
         } else {
-            snprintf(mod_why, sizeof mod_why,
-                     "this build has no CUDA backend (%s not found next to the program, in %s, or through "
-                     "$CB_CUDA_MODULE); build it where nvcc is installed (make CUDA=1)",
-                     CUDA_MODULE, CB_LIBDIR);
+            snprintf(
+                mod_why, sizeof mod_why,
+                "this build has no CUDA backend (%s not found next to the program, in %s, or through "
+                "$CB_CUDA_MODULE); build it where nvcc is installed (make CUDA=1)",
+                CUDA_MODULE, CB_LIBDIR);
         }
     }
     cb_cuda_open_fn f = mod_open;
@@ -107,8 +109,8 @@ static cb_status open_cuda(cb_backend **out, int dev, cb_error *err)
         return cb_error_set(err, CB_ERR_DEVICE, "cuda: %s", mod_why);
     int st = fn(out, CB_CUDA_ABI, dev, msg, sizeof msg);
     if (st != CB_OK)
-        return cb_error_set(err, st == CB_ERR_NOMEM ? CB_ERR_NOMEM : CB_ERR_DEVICE, "cuda:%d: %s", dev,
-                            msg[0] ? msg : "cannot start the CUDA backend");
+        return cb_error_set(err, st == CB_ERR_NOMEM ? CB_ERR_NOMEM : CB_ERR_DEVICE, "cuda:%d: %s",
+                            dev, msg[0] ? msg : "cannot start the CUDA backend");
     return CB_OK;
 }
 
@@ -139,10 +141,11 @@ cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, c
             char *end;
             dev = strtol(device + 5, &end, 10);
             if (end == device + 5 || *end || dev < 0 || dev > 255)
-                return cb_error_set(err, CB_ERR_INVALID, "device '%s': expected cuda:N with N a device number",
-                                    device);
+                return cb_error_set(err, CB_ERR_INVALID,
+                                    "device '%s': expected cuda:N with N a device number", device);
         }
         return open_cuda(out, (int)dev, err);
     }
-    return cb_error_set(err, CB_ERR_INVALID, "device '%.64s' is not known (expected cpu, cuda or cuda:N)", device);
+    return cb_error_set(err, CB_ERR_INVALID,
+                        "device '%.64s' is not known (expected cpu, cuda or cuda:N)", device);
 }

@@ -44,16 +44,19 @@
 
 /* Bytes per block and elements per block of the block types. */
 enum {
-    CB_QK = 32,  /* q4_0 .. q8_0 */
+    CB_QK = 32, /* q4_0 .. q8_0 */
     CB_QK_K = 256,
-    CB_Q4_0_BYTES = 18, CB_Q4_1_BYTES = 20, CB_Q5_0_BYTES = 22, CB_Q5_1_BYTES = 24, CB_Q8_0_BYTES = 34,
-    CB_Q4_K_BYTES = 144, CB_Q5_K_BYTES = 176, CB_Q6_K_BYTES = 210
+    CB_Q4_0_BYTES = 18,
+    CB_Q4_1_BYTES = 20,
+    CB_Q5_0_BYTES = 22,
+    CB_Q5_1_BYTES = 24,
+    CB_Q8_0_BYTES = 34,
+    CB_Q4_K_BYTES = 144,
+    CB_Q5_K_BYTES = 176,
+    CB_Q6_K_BYTES = 210
 };
 
-CB_HD uint16_t cb_dq_rd16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
+CB_HD uint16_t cb_dq_rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 CB_HD uint32_t cb_dq_rd32(const uint8_t *p)
 {
@@ -97,19 +100,13 @@ CB_HD float cb_dq_f16(uint16_t h)
     return cb_dq_bits_f32(sign | r);
 }
 
-CB_HD float cb_dq_bf16(uint16_t h)
-{
-    return cb_dq_bits_f32((uint32_t)h << 16);
-}
+CB_HD float cb_dq_bf16(uint16_t h) { return cb_dq_bits_f32((uint32_t)h << 16); }
 
 /* Each type has a header part (the block's scales, decoded once per block
  * or sub-block) and an element part (the quants of one or a few elements
  * with those scales); a loop or a thread calls both. */
 
-CB_HD float cb_dq_d(const uint8_t *b, int off)
-{
-    return cb_dq_f16(cb_dq_rd16(b + off));
-}
+CB_HD float cb_dq_d(const uint8_t *b, int off) { return cb_dq_f16(cb_dq_rd16(b + off)); }
 
 /* q4_0: elements j and j+16 (j < 16) from q = qs[j], d = f16 @0 */
 CB_HD void cb_dq_q4_0(uint8_t q, float d, float *y0, float *y1)
@@ -142,10 +139,7 @@ CB_HD void cb_dq_q5_1(uint8_t q, uint32_t qh, int j, float d, float m, float *y0
 }
 
 /* q8_0: element j from q = qs[j] @2 */
-CB_HD float cb_dq_q8_0(int8_t q, float d)
-{
-    return (float)q * d;
-}
+CB_HD float cb_dq_q8_0(int8_t q, float d) { return (float)q * d; }
 
 /* The 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block:
  * sub-blocks 0-3 keep theirs in the low 6 bits of s[j] and s[j+4]; 4-7 keep

@@ -32,7 +32,4 @@ cb_status cb_hash128_parse(const char *hex, cb_hash128 *out)
     return CB_OK;
 }
 
-int cb_hash128_eq(cb_hash128 a, cb_hash128 b)
-{
-    return a.lo == b.lo && a.hi == b.hi;
-}
+int cb_hash128_eq(cb_hash128 a, cb_hash128 b) { return a.lo == b.lo && a.hi == b.hi; }

@@ -22,8 +22,9 @@ cb_status cb_mmap_open(cb_mmap *m, const char *path, cb_error *err)
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        return cb_error_set(err, e == ENOENT || e == EACCES || e == ENOTDIR ? CB_ERR_NOT_FOUND : CB_ERR_IO,
-                            "%s: %s", path, strerror(e));
+        return cb_error_set(
+            err, e == ENOENT || e == EACCES || e == ENOTDIR ? CB_ERR_NOT_FOUND : CB_ERR_IO,
+            "%s: %s", path, strerror(e));
     }
     if (fstat(fd, &sb) != 0) {
         int e = errno;

@@ -19,44 +19,44 @@
 
 struct cb_type_traits {
     const char *name;
-    int64_t blck;   /* elements per block */
-    size_t size;    /* bytes per block */
+    int64_t blck; /* elements per block */
+    size_t size;  /* bytes per block */
 };
 
 /* ggml's type_traits: names as ggml_type_name() prints them; the removed ids
  * (4, 5, 31-33, 36-38) and anything past TQ2_0 stay zero = unknown. */
 static const struct cb_type_traits type_traits[CB_TYPE_COUNT_] = {
-    [CB_TYPE_F32]     = {"f32", 1, 4},
-    [CB_TYPE_F16]     = {"f16", 1, 2},
-    [CB_TYPE_Q4_0]    = {"q4_0", 32, 18},
-    [CB_TYPE_Q4_1]    = {"q4_1", 32, 20},
-    [CB_TYPE_Q5_0]    = {"q5_0", 32, 22},
-    [CB_TYPE_Q5_1]    = {"q5_1", 32, 24},
-    [CB_TYPE_Q8_0]    = {"q8_0", 32, 34},
-    [CB_TYPE_Q8_1]    = {"q8_1", 32, 36},     /* d, s: f16; qs[32] */
-    [CB_TYPE_Q2_K]    = {"q2_K", 256, 84},    /* scales[16] qs[64] d dmin */
-    [CB_TYPE_Q3_K]    = {"q3_K", 256, 110},   /* hmask[32] qs[64] scales[12] d */
-    [CB_TYPE_Q4_K]    = {"q4_K", 256, 144},
-    [CB_TYPE_Q5_K]    = {"q5_K", 256, 176},
-    [CB_TYPE_Q6_K]    = {"q6_K", 256, 210},
-    [CB_TYPE_Q8_K]    = {"q8_K", 256, 292},   /* d:f32 qs[256] bsums:i16[16] */
+    [CB_TYPE_F32] = {"f32", 1, 4},
+    [CB_TYPE_F16] = {"f16", 1, 2},
+    [CB_TYPE_Q4_0] = {"q4_0", 32, 18},
+    [CB_TYPE_Q4_1] = {"q4_1", 32, 20},
+    [CB_TYPE_Q5_0] = {"q5_0", 32, 22},
+    [CB_TYPE_Q5_1] = {"q5_1", 32, 24},
+    [CB_TYPE_Q8_0] = {"q8_0", 32, 34},
+    [CB_TYPE_Q8_1] = {"q8_1", 32, 36},   /* d, s: f16; qs[32] */
+    [CB_TYPE_Q2_K] = {"q2_K", 256, 84},  /* scales[16] qs[64] d dmin */
+    [CB_TYPE_Q3_K] = {"q3_K", 256, 110}, /* hmask[32] qs[64] scales[12] d */
+    [CB_TYPE_Q4_K] = {"q4_K", 256, 144},
+    [CB_TYPE_Q5_K] = {"q5_K", 256, 176},
+    [CB_TYPE_Q6_K] = {"q6_K", 256, 210},
+    [CB_TYPE_Q8_K] = {"q8_K", 256, 292},      /* d:f32 qs[256] bsums:i16[16] */
     [CB_TYPE_IQ2_XXS] = {"iq2_xxs", 256, 66}, /* d qs:u16[32] */
-    [CB_TYPE_IQ2_XS]  = {"iq2_xs", 256, 74},  /* d qs:u16[32] scales[8] */
+    [CB_TYPE_IQ2_XS] = {"iq2_xs", 256, 74},   /* d qs:u16[32] scales[8] */
     [CB_TYPE_IQ3_XXS] = {"iq3_xxs", 256, 98}, /* d qs[96] */
-    [CB_TYPE_IQ1_S]   = {"iq1_s", 256, 50},   /* d qs[32] qh:u16[8] */
-    [CB_TYPE_IQ4_NL]  = {"iq4_nl", 32, 18},   /* d qs[16] */
-    [CB_TYPE_IQ3_S]   = {"iq3_s", 256, 110},  /* d qs[64] qh[8] signs[32] scales[4] */
-    [CB_TYPE_IQ2_S]   = {"iq2_s", 256, 82},   /* d qs[64] qh[8] scales[8] */
-    [CB_TYPE_IQ4_XS]  = {"iq4_xs", 256, 136}, /* d scales_h:u16 scales_l[4] qs[128] */
-    [CB_TYPE_I8]      = {"i8", 1, 1},
-    [CB_TYPE_I16]     = {"i16", 1, 2},
-    [CB_TYPE_I32]     = {"i32", 1, 4},
-    [CB_TYPE_I64]     = {"i64", 1, 8},
-    [CB_TYPE_F64]     = {"f64", 1, 8},
-    [CB_TYPE_IQ1_M]   = {"iq1_m", 256, 56},   /* qs[32] qh[16] scales[8] */
-    [CB_TYPE_BF16]    = {"bf16", 1, 2},
-    [CB_TYPE_TQ1_0]   = {"tq1_0", 256, 54},   /* qs[48] qh[4] d */
-    [CB_TYPE_TQ2_0]   = {"tq2_0", 256, 66},   /* qs[64] d */
+    [CB_TYPE_IQ1_S] = {"iq1_s", 256, 50},     /* d qs[32] qh:u16[8] */
+    [CB_TYPE_IQ4_NL] = {"iq4_nl", 32, 18},    /* d qs[16] */
+    [CB_TYPE_IQ3_S] = {"iq3_s", 256, 110},    /* d qs[64] qh[8] signs[32] scales[4] */
+    [CB_TYPE_IQ2_S] = {"iq2_s", 256, 82},     /* d qs[64] qh[8] scales[8] */
+    [CB_TYPE_IQ4_XS] = {"iq4_xs", 256, 136},  /* d scales_h:u16 scales_l[4] qs[128] */
+    [CB_TYPE_I8] = {"i8", 1, 1},
+    [CB_TYPE_I16] = {"i16", 1, 2},
+    [CB_TYPE_I32] = {"i32", 1, 4},
+    [CB_TYPE_I64] = {"i64", 1, 8},
+    [CB_TYPE_F64] = {"f64", 1, 8},
+    [CB_TYPE_IQ1_M] = {"iq1_m", 256, 56}, /* qs[32] qh[16] scales[8] */
+    [CB_TYPE_BF16] = {"bf16", 1, 2},
+    [CB_TYPE_TQ1_0] = {"tq1_0", 256, 54}, /* qs[48] qh[4] d */
+    [CB_TYPE_TQ2_0] = {"tq2_0", 256, 66}, /* qs[64] d */
 };
 
 /* NULL for ids outside the table or in one of its gaps. */
@@ -102,12 +102,18 @@ size_t cb_type_row_bytes(cb_type t, int64_t n)
 int cb_type_is_supported(cb_type t)
 {
     switch (t) {
-    case CB_TYPE_F32: case CB_TYPE_F16: case CB_TYPE_BF16:
-    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q5_0: case CB_TYPE_Q5_1:
-    case CB_TYPE_Q8_0: case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: case CB_TYPE_Q6_K:
-        return 1;
-    default:
-        return 0;
+    case CB_TYPE_F32:
+    case CB_TYPE_F16:
+    case CB_TYPE_BF16:
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_1:
+    case CB_TYPE_Q8_0:
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: return 1;
+    default: return 0;
     }
 }
 
@@ -126,10 +132,7 @@ static inline void wr16(uint8_t *p, uint16_t v)
     p[1] = (uint8_t)(v >> 8);
 }
 
-static inline float f16_to_f32(uint16_t h)
-{
-    return cb_dq_f16(h);
-}
+static inline float f16_to_f32(uint16_t h) { return cb_dq_f16(h); }
 
 static uint16_t f32_to_f16(float f)
 {
@@ -163,10 +166,7 @@ static uint16_t f32_to_f16(float f)
     }
 }
 
-static inline float bf16_to_f32(uint16_t h)
-{
-    return cb_dq_bf16(h);
-}
+static inline float bf16_to_f32(uint16_t h) { return cb_dq_bf16(h); }
 
 static inline uint16_t f32_to_bf16(float f)
 {
@@ -218,7 +218,8 @@ static void deq_q4_1(const uint8_t *restrict b, float *restrict y, int64_t nb)
 
 /* O3 for the 5-bit types: at -O2 gcc 12 does not vectorize the per-element
  * 5th-bit select through dequant.h's functions (1.3 vs 5.3 Gelem/s) */
-__attribute__((optimize("O3"))) static void deq_q5_0(const uint8_t *restrict b, float *restrict y, int64_t nb)
+__attribute__((optimize("O3"))) static void deq_q5_0(const uint8_t *restrict b, float *restrict y,
+                                                     int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, b += CB_Q5_0_BYTES, y += 32) {
         const float d = cb_dq_d(b, 0);
@@ -228,7 +229,8 @@ __attribute__((optimize("O3"))) static void deq_q5_0(const uint8_t *restrict b, 
     }
 }
 
-__attribute__((optimize("O3"))) static void deq_q5_1(const uint8_t *restrict b, float *restrict y, int64_t nb)
+__attribute__((optimize("O3"))) static void deq_q5_1(const uint8_t *restrict b, float *restrict y,
+                                                     int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, b += CB_Q5_1_BYTES, y += 32) {
         const float d = cb_dq_d(b, 0), m = cb_dq_d(b, 2);
@@ -258,7 +260,8 @@ static void deq_q4_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
         }
 }
 
-__attribute__((optimize("O3"))) static void deq_q5_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
+__attribute__((optimize("O3"))) static void deq_q5_k(const uint8_t *restrict b, float *restrict y,
+                                                     int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, b += CB_Q5_K_BYTES)
         for (int g = 0; g < 4; g++, y += 64) {
@@ -287,8 +290,7 @@ static void deq_q6_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
 }
 
 /* Shared argument checks: CB_OK with *nblk = blocks (or elements). */
-static cb_status check_row(cb_type t, const void *src, const void *dst, int64_t n,
-                           int64_t *nblk)
+static cb_status check_row(cb_type t, const void *src, const void *dst, int64_t n, int64_t *nblk)
 {
     int64_t bs;
     if (!cb_type_is_supported(t))
@@ -332,16 +334,10 @@ cb_status cb_dequant_row(cb_type t, const void *src, float *dst, int64_t n)
  * the 6- and 8-bit sub-block factors up, never down, so that every sub-block
  * range stays covered and no value is clamped by more than rounding. */
 
-static inline int clampi(int v, int lo, int hi)
-{
-    return v < lo ? lo : v > hi ? hi : v;
-}
+static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 /* Nearest int of a float already known to be in a small range. */
-static inline int nearest(float v)
-{
-    return (int)lrintf(v);
-}
+static inline int nearest(float v) { return (int)lrintf(v); }
 
 /* The smallest half >= v (v >= 0, finite, <= 65504): scales stored this way
  * never fall short of what a block needs. */
@@ -468,8 +464,7 @@ static void quant_q8_0(const float *x, uint8_t *b, int64_t nb)
  * the packed scales[12] and the quants L[256] in 0..nmax.  Each sub-block j
  * of 32 is x ~= d*ls[j]*q - dmin*lm[j]; the offset dmin*lm[j] must reach
  * down to min(0, min x) and d*ls[j]*nmax up from there to max x. */
-static void quant_kx_block(const float *x, int nmax, uint8_t *hdr, uint8_t *scales,
-                           uint8_t *L)
+static void quant_kx_block(const float *x, int nmax, uint8_t *hdr, uint8_t *scales, uint8_t *L)
 {
     float lo[8], hi[8], s[8], max_off = 0, max_s = 0;
     int ls[8], lm[8];
@@ -569,8 +564,8 @@ static void quant_q6_k(const float *x, uint8_t *b, int64_t nb)
             for (int l = 0; l < 32; l++) {
                 ql[l] = (uint8_t)((Ln[l] & 0x0f) | (Ln[l + 64] & 0x0f) << 4);
                 ql[l + 32] = (uint8_t)((Ln[l + 32] & 0x0f) | (Ln[l + 96] & 0x0f) << 4);
-                qh[l] = (uint8_t)(Ln[l] >> 4 | (Ln[l + 32] >> 4) << 2 |
-                                  (Ln[l + 64] >> 4) << 4 | (Ln[l + 96] >> 4) << 6);
+                qh[l] = (uint8_t)(Ln[l] >> 4 | (Ln[l + 32] >> 4) << 2 | (Ln[l + 64] >> 4) << 4 |
+                                  (Ln[l + 96] >> 4) << 6);
             }
         }
         for (int j = 0; j < 16; j++)

@@ -24,6 +24,8 @@
 extern "C" {
 #endif
 
+/* The release: the one place it is written.  The Makefile reads it from here
+ * for libcbcore.pc and the man pages it installs. */
 #define CB_VERSION_STRING "0.1.0"
 
 /* ------------------------------------------------------------------ core */
@@ -90,8 +92,7 @@ void cb_mmap_close(cb_mmap *m);
 /* Write `size` bytes to `path` atomically: a temporary file in the same
  * directory, fsync, rename, fsync of the directory.  On error `path` is as
  * it was and the temporary file is removed.  Errors: CB_ERR_CREATE, CB_ERR_IO. */
-cb_status cb_file_write_atomic(const char *path, const void *data, size_t size,
-                               cb_error *err);
+cb_status cb_file_write_atomic(const char *path, const void *data, size_t size, cb_error *err);
 /* The same for content produced piece by piece: emit(ctx, fd, err) writes
  * it to fd (cb_fd_write_all) and returns CB_OK, or an error with err set. */
 typedef cb_status (*cb_emit_fn)(void *ctx, int fd, cb_error *err);
@@ -196,9 +197,9 @@ typedef struct cb_tensor_info {
     uint32_t n_dims;
     int64_t ne[CB_GGUF_MAX_DIMS]; /* ne[0] is the row length; unused dims 1 */
     cb_type type;
-    uint64_t offset;              /* relative to the start of the data section */
+    uint64_t offset; /* relative to the start of the data section */
     size_t nbytes;
-    const void *data;             /* in the mapping; aligned to the file's alignment */
+    const void *data; /* in the mapping; aligned to the file's alignment */
 } cb_tensor_info;
 
 /* Open a GGUF file (version 2 or 3) by memory-mapping it, and validate all of
@@ -210,8 +211,8 @@ cb_status cb_gguf_open(cb_gguf **out, const char *path, cb_error *err);
 
 /* The same over bytes the caller keeps alive until cb_gguf_free (nothing is
  * copied).  `name` is used in messages. */
-cb_status cb_gguf_open_memory(cb_gguf **out, const void *data, size_t size,
-                              const char *name, cb_error *err);
+cb_status cb_gguf_open_memory(cb_gguf **out, const void *data, size_t size, const char *name,
+                              cb_error *err);
 
 void cb_gguf_free(cb_gguf *g);
 
@@ -282,23 +283,22 @@ cb_status cb_gguf_writer_set_bool(cb_gguf_writer *w, const char *key, int v);
 cb_status cb_gguf_writer_set_str(cb_gguf_writer *w, const char *key, const char *v);
 /* Array of n elements of scalar type t (not STRING or ARRAY), copied from
  * `data` given in that type's C layout. */
-cb_status cb_gguf_writer_set_arr(cb_gguf_writer *w, const char *key,
-                                 cb_gguf_type t, const void *data, uint64_t n);
+cb_status cb_gguf_writer_set_arr(cb_gguf_writer *w, const char *key, cb_gguf_type t,
+                                 const void *data, uint64_t n);
 /* Array of n NUL-terminated strings. */
-cb_status cb_gguf_writer_set_arr_str(cb_gguf_writer *w, const char *key,
-                                     const char *const *strs, uint64_t n);
+cb_status cb_gguf_writer_set_arr_str(cb_gguf_writer *w, const char *key, const char *const *strs,
+                                     uint64_t n);
 /* Add a tensor of type t with dims ne[0..n_dims-1]; `data` (exactly
  * cb_type_row_bytes(t, ne[0]) * rows bytes) is copied. */
-cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type t,
-                                    uint32_t n_dims, const int64_t *ne,
-                                    const void *data);
+cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims,
+                                    const int64_t *ne, const void *data);
 /* Add a tensor whose bytes are produced when the file is written, rows
  * [row0, row0 + n) at a time into dst (fill returns nonzero on failure), so
  * that a file larger than memory can be written.  ne as for add_tensor. */
 typedef int (*cb_gguf_fill_fn)(void *ctx, int64_t row0, int64_t n, void *dst);
 cb_status cb_gguf_writer_add_tensor_fn(cb_gguf_writer *w, const char *name, cb_type t,
-                                       uint32_t n_dims, const int64_t *ne,
-                                       cb_gguf_fill_fn fill, void *ctx);
+                                       uint32_t n_dims, const int64_t *ne, cb_gguf_fill_fn fill,
+                                       void *ctx);
 /* Serialize into a malloc'd buffer (caller frees).  Errors: CB_ERR_NOMEM,
  * CB_ERR_INVALID (a tensor added with add_tensor_fn: use save). */
 cb_status cb_gguf_writer_bytes(const cb_gguf_writer *w, void **buf, size_t *size);
@@ -360,8 +360,8 @@ void cb_tokens_free(cb_tokens *t); /* frees ids and zeroes the struct */
 cb_status cb_tokens_push(cb_tokens *t, int32_t id);
 
 enum {
-    CB_TOK_ADD_SPECIAL = 1 << 0,   /* add BOS/EOS as the metadata says */
-    CB_TOK_PARSE_SPECIAL = 1 << 1  /* match control tokens in the text */
+    CB_TOK_ADD_SPECIAL = 1 << 0,  /* add BOS/EOS as the metadata says */
+    CB_TOK_PARSE_SPECIAL = 1 << 1 /* match control tokens in the text */
 };
 
 /* Tokenize len bytes of text, appending ids to *out, exactly as llama.cpp's
@@ -370,8 +370,8 @@ enum {
  * Invalid UTF-8 is tokenized as llama.cpp does: byte-level BPE vocabs see
  * each bad byte as U+FFFD, SentencePiece vocabs fall back to byte tokens.
  * Errors: CB_ERR_NOMEM. */
-cb_status cb_tok_encode(const cb_vocab *v, const char *text, size_t len,
-                        unsigned flags, cb_tokens *out);
+cb_status cb_tok_encode(const cb_vocab *v, const char *text, size_t len, unsigned flags,
+                        cb_tokens *out);
 
 enum {
     CB_DETOK_REMOVE_SPECIAL = 1 << 0, /* drop a leading BOS / trailing EOS the model adds */
@@ -382,16 +382,16 @@ enum {
  * space marker), appended to buf[*len..] growing *buf with realloc as
  * needed.  Control tokens render only with CB_DETOK_UNPARSE_SPECIAL.
  * Errors: CB_ERR_RANGE (bad id), CB_ERR_NOMEM. */
-cb_status cb_tok_piece(const cb_vocab *v, int32_t id, unsigned flags,
-                       char **buf, size_t *len, size_t *cap);
+cb_status cb_tok_piece(const cb_vocab *v, int32_t id, unsigned flags, char **buf, size_t *len,
+                       size_t *cap);
 
 /* Detokenize n ids into a malloc'd NUL-terminated string (*text, length
  * *len), as llama.cpp's llama_detokenize; for SPM vocabs that add a space
  * prefix, the leading space of the first piece is removed, so that
  * decode(encode(s)) == s for valid UTF-8 (except where a vocab's own
  * clean-up rule applies, as llama.cpp's gpt-2 vocab drops the space in " ?").  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
-cb_status cb_tok_decode(const cb_vocab *v, const int32_t *ids, size_t n,
-                        unsigned flags, char **text, size_t *len);
+cb_status cb_tok_decode(const cb_vocab *v, const int32_t *ids, size_t n, unsigned flags,
+                        char **text, size_t *len);
 
 
 /* ----------------------------------------------------------------- model */
@@ -400,33 +400,33 @@ typedef struct cb_model cb_model;
 
 /* Architecture parameters read from GGUF metadata. */
 typedef struct cb_hparams {
-    char arch[32];         /* "llama", "qwen2", "qwen3", "gemma3" */
+    char arch[32]; /* "llama", "qwen2", "qwen3", "gemma3" */
     int32_t n_layer;
     int32_t n_embd;
     int32_t n_head;
     int32_t n_head_kv;
-    int32_t head_dim;      /* per head, for Q, K and V */
+    int32_t head_dim; /* per head, for Q, K and V */
     int32_t n_ff;
     int32_t n_vocab;
     int32_t n_ctx_train;
-    int32_t n_rot;         /* RoPE dimensions per head */
+    int32_t n_rot; /* RoPE dimensions per head */
     float rope_base;
-    int rope_neox;         /* 0: pairs (2i, 2i+1) (llama); 1: (i, i+n_rot/2) (qwen2, qwen3, gemma3) */
+    int rope_neox; /* 0: pairs (2i, 2i+1) (llama); 1: (i, i+n_rot/2) (qwen2, qwen3, gemma3) */
     float norm_eps;
-    int tied_output;       /* output projection is token_embd */
-    float rope_scale;      /* linear RoPE scaling factor of the global layers (1: none) */
-    int rope_freqs;        /* 1: per-pair RoPE frequency factors (Llama 3's rope_freqs) */
-    int32_t n_swa;         /* sliding window of the local layers (gemma3), 0: none */
-    int32_t n_swa_layers;  /* how many layers use it */
-    float rope_base_swa;   /* RoPE base of the sliding-window layers */
+    int tied_output;      /* output projection is token_embd */
+    float rope_scale;     /* linear RoPE scaling factor of the global layers (1: none) */
+    int rope_freqs;       /* 1: per-pair RoPE frequency factors (Llama 3's rope_freqs) */
+    int32_t n_swa;        /* sliding window of the local layers (gemma3), 0: none */
+    int32_t n_swa_layers; /* how many layers use it */
+    float rope_base_swa;  /* RoPE base of the sliding-window layers */
 } cb_hparams;
 
 typedef struct cb_model_params {
-    int n_threads;         /* <= 0: every core */
-    const char *device;    /* "cpu" (also NULL, ""), "cuda", "cuda:N", or
+    int n_threads;        /* <= 0: every core */
+    const char *device;   /* "cpu" (also NULL, ""), "cuda", "cuda:N", or
                               "auto": CUDA device 0 when one is present,
                               else cpu (the programs' default) */
-    int exact;             /* 0 (the default): the CPU's products with
+    int exact;            /* 0 (the default): the CPU's products with
                               block-quantized weights quantize their
                               activations to 8 bits (per 32, or per 256
                               for K-quants in batches; as llama.cpp:
@@ -434,7 +434,7 @@ typedef struct cb_model_params {
                               every product, the reference path.  A device
                               without an exact path (cuda: f16 products)
                               refuses 1 (CB_ERR_UNSUPPORTED). */
-    const char *fp_cache;  /* a directory that remembers model fingerprints
+    const char *fp_cache; /* a directory that remembers model fingerprints
                               across loads (cb_gguf_fingerprint_cached; the
                               programs: ~/.cache/cacheblend/fingerprints);
                               NULL: hashed at every load */
@@ -487,8 +487,10 @@ cb_type cb_kvcache_type(const cb_kvcache *kv);
 /* Copy n rows of layer `layer`'s K (which 0) or V (which 1) starting at
  * position pos0 to or from f32 host memory [n, n_head_kv*head_dim].
  * K is stored after RoPE, at its position.  Errors: CB_ERR_RANGE. */
-cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, float *dst);
-cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, const float *src);
+cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n,
+                          float *dst);
+cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n,
+                           const float *src);
 /* Load a chunk's K and V for one layer (f32 host [n, n_head_kv*head_dim])
  * into cache rows pos..pos+n-1, rotating K from the positions it was
  * computed at (from_pos0..) to its new ones: RoPE is a rotation, so this is
@@ -498,8 +500,8 @@ cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos
  * handed the layer over, e.g. through a mutex) waits for it on the device;
  * cb_model_sync waits for it on the host.  Errors: CB_ERR_RANGE,
  * CB_ERR_NOMEM. */
-cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k, const float *v,
-                          int32_t from_pos0);
+cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k,
+                          const float *v, int32_t from_pos0);
 
 /* -------------------------------------------------------- forward pass */
 
@@ -527,27 +529,30 @@ const cb_model *cb_fwd_model(const cb_fwd *f);
 cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int32_t n);
 /* rows: indices into the embedded batch, or NULL for all.  Errors:
  * CB_ERR_RANGE (layer, row, or a position past the cache). */
-cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows);
+cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows,
+                       int32_t n_rows);
 /* The part of cb_fwd_layer that later tokens need: the K and V of rows
  * (NULL: all) written into the cache; no attention, no MLP, the hidden
  * states untouched.  A prefill's last layer needs no more for the rows whose
  * output nothing reads (all but the one whose logits are taken).  Errors:
  * those of cb_fwd_layer. */
-cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows);
+cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows,
+                          int32_t n_rows);
 /* The last layer of a prefill whose output only out_row's logits read:
  * cb_fwd_layer_kv for the rows (NULL: all) but the last, then cb_fwd_layer
  * for the last, which must be out_row (else the whole layer for every
  * row).  Every row's K/V is as cb_fwd_layer writes it; only out_row's
  * hidden state goes through the layer (about 1/n_layer of a prefill's
  * products and attention saved). */
-cb_status cb_fwd_last_layer(cb_fwd *f, cb_kvcache *kv, const int32_t *rows, int32_t n_rows, int32_t out_row);
+cb_status cb_fwd_last_layer(cb_fwd *f, cb_kvcache *kv, const int32_t *rows, int32_t n_rows,
+                            int32_t out_row);
 /* The first step of cb_fwd_layer alone, for inspection: the attention
  * norm and Q/K/V projections of rows (NULL: all) at their positions, with
  * RoPE applied to Q and K, copied to host f32 arrays q [n, n_head*hd]
  * (may be NULL), k and v [n, n_head_kv*hd] (may be NULL).  The cache and
  * the hidden states are not touched.  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
-cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q, float *k,
-                           float *v);
+cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q,
+                           float *k, float *v);
 /* The queries (RoPE applied) that the last cb_fwd_layer (or _qkv with q)
  * on f computed for its rows[from .. from+n), copied to q [n, n_head*hd];
  * what those rows attended with, without projecting them again.  Errors:
@@ -558,8 +563,8 @@ cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *
  * the k rows whose fresh values are farthest (squared L2) from the cache's
  * at the same positions, farthest first, equal distances by earlier row.
  * Computed on the model's backend; only the k row numbers come back. */
-cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which, const int32_t *rows,
-                           int32_t n_rows, int32_t k, int32_t *top);
+cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which,
+                           const int32_t *rows, int32_t n_rows, int32_t k, int32_t *top);
 /* logits [n_rows, n_vocab] for rows (NULL: all). */
 cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *logits);
 /* The hidden state of row `row` after the layers run so far [n_embd]. */
@@ -571,7 +576,8 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst);
  * ordinary prefill (n > 1) and decoding (n == 1).  The last layer computes
  * only K/V for the other rows (cb_fwd_last_layer): afterwards their hidden
  * states are those before it. */
-cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits);
+cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0,
+                        float *logits);
 
 /* One decoding step of n independent sequences together: sequence i's
  * token tokens[i] at position pos[i] of its own cache kv[i] (n distinct
@@ -587,8 +593,8 @@ cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_
  * its hidden states are overwritten.  Errors: CB_ERR_INVALID (n < 1, more
  * rows than f holds, a cache given twice), CB_ERR_RANGE (a token id, a
  * position outside its cache, a cache of another model). */
-cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
-                        float *logits);
+cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos,
+                        int32_t n, float *logits);
 /* The rows a cb_fwd needs for cb_fwd_decode of n sequences (n rounded up
  * to the backend's row-stable step); 0 for n < 1. */
 int32_t cb_fwd_decode_rows(const cb_model *m, int32_t n);
@@ -621,7 +627,8 @@ cb_status cb_gguf_fingerprint(const cb_gguf *g, cb_hash128 *out);
  * error).  A file rewritten in place changes its status-change time, which
  * no one can set back, so a stale record is never used.  dir NULL: always
  * computed.  Errors: those of cb_gguf_fingerprint. */
-cb_status cb_gguf_fingerprint_cached(const cb_gguf *g, const char *path, const char *dir, cb_hash128 *out);
+cb_status cb_gguf_fingerprint_cached(const cb_gguf *g, const char *path, const char *dir,
+                                     cb_hash128 *out);
 cb_hash128 cb_model_fingerprint(const cb_model *m);
 
 /* ------------------------------------------------------------- KV files */
@@ -636,20 +643,20 @@ cb_hash128 cb_model_fingerprint(const cb_model *m);
 
 /* How K was positioned when the chunk was prefilled alone. */
 typedef struct cb_kv_meta {
-    cb_hash128 model;      /* fingerprint */
-    cb_hash128 tokens;     /* cb_kv_tokens_hash of the token ids */
+    cb_hash128 model;  /* fingerprint */
+    cb_hash128 tokens; /* cb_kv_tokens_hash of the token ids */
     int32_t n_layer, n_head_kv, head_dim, n_rot;
     int32_t rope_neox;
     float rope_base;
-    cb_type type;          /* F16, F32, BF16 or Q8_0 */
+    cb_type type; /* F16, F32, BF16 or Q8_0 */
     int32_t n_tokens;
-    int32_t pos0;          /* K of token i was computed (after RoPE) at position pos0 + i */
-    int32_t n_lead;        /* lead-in tokens prefilled before the chunk and dropped */
-    uint32_t flags;        /* bit 0: the global layers' RoPE frequencies are divided
+    int32_t pos0;                 /* K of token i was computed (after RoPE) at position pos0 + i */
+    int32_t n_lead;               /* lead-in tokens prefilled before the chunk and dropped */
+    uint32_t flags;               /* bit 0: the global layers' RoPE frequencies are divided
                               (rope_freqs, linear scaling) */
-    const int32_t *ids;    /* [n_tokens] (borrowed from the file handle) */
-    const int32_t *lead;   /* [n_lead] */
-    const int32_t *window; /* [n_layer] each layer's sliding window, 0: global */
+    const int32_t *ids;           /* [n_tokens] (borrowed from the file handle) */
+    const int32_t *lead;          /* [n_lead] */
+    const int32_t *window;        /* [n_layer] each layer's sliding window, 0: global */
     const float *layer_rope_base; /* [n_layer] the RoPE base each layer's K was rotated with */
 } cb_kv_meta;
 
@@ -662,8 +669,9 @@ void cb_kv_key(cb_hash128 model, cb_hash128 tokens, char key[66]);
 /* Serialize a chunk's KV (rows pos0..pos0+n-1 of a cache, every layer)
  * into a malloc'd buffer holding a complete KV file.
  * Errors: CB_ERR_NOMEM, CB_ERR_INVALID (type, range). */
-cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
-                          const int32_t *ids, int32_t n, int32_t pos0, cb_type type, void **buf, size_t *size);
+cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead,
+                          int32_t n_lead, const int32_t *ids, int32_t n, int32_t pos0, cb_type type,
+                          void **buf, size_t *size);
 
 /* The lead-in a chunk is prefilled after when precomputed alone: the
  * model's BOS when it adds one; else the chat template's user-turn opener
@@ -676,8 +684,8 @@ cb_status cb_kv_lead_in(const cb_model *m, cb_tokens *out);
  * in memory.  f must hold n_lead + n rows or batches are used; kv must
  * hold n_lead + n positions.  Errors: CB_ERR_RANGE (too long for kv),
  * CB_ERR_NOMEM, CB_ERR_INVALID. */
-cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32_t n_lead, const int32_t *ids,
-                           int32_t n, cb_type type, void **buf, size_t *size);
+cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
+                           const int32_t *ids, int32_t n, cb_type type, void **buf, size_t *size);
 
 typedef struct cb_kvfile cb_kvfile;
 
@@ -694,7 +702,8 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err);
  * member) knows how much a valid file can hold before reading the rest.
  * Messages name `name`.  Errors: CB_ERR_FORMAT (not a KV file, or fewer
  * than 128 bytes), CB_ERR_UNSUPPORTED (another format version). */
-cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size, cb_error *err);
+cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size,
+                            cb_error *err);
 
 /* A KV file's bytes from elsewhere than a local file (the store's shared
  * tier streams them): read(ctx, off, buf, n, err) fills buf with the n
@@ -707,7 +716,7 @@ typedef struct cb_kv_source {
     cb_status (*read)(void *ctx, uint64_t off, void *buf, size_t n, cb_error *err);
     void (*release)(void *ctx);
     void *ctx;
-    uint64_t size;     /* the whole file's bytes */
+    uint64_t size; /* the whole file's bytes */
     const char *name;
 } cb_kv_source;
 /* cb_kvfile_open for a source, which it owns from here (released on
@@ -735,15 +744,15 @@ uint64_t cb_kvfile_size(const cb_kvfile *f);
 typedef struct cb_segment {
     const int32_t *ids;
     int32_t n;
-    cb_kvfile *kv;          /* NULL: no cache, always computed */
+    cb_kvfile *kv; /* NULL: no cache, always computed */
 } cb_segment;
 
 typedef enum cb_blend_mode {
-    CB_MODE_FULL = 0,   /* ordinary prefill, caches ignored */
-    CB_MODE_PREFIX,     /* prefix caching: reuse the leading cached segment only
+    CB_MODE_FULL = 0, /* ordinary prefill, caches ignored */
+    CB_MODE_PREFIX,   /* prefix caching: reuse the leading cached segment only
                          * when everything before it is exactly its lead-in */
-    CB_MODE_REUSE,      /* full KV reuse: every cache moved to its position, no recompute */
-    CB_MODE_BLEND       /* CacheBlend: reuse + selective recompute */
+    CB_MODE_REUSE,    /* full KV reuse: every cache moved to its position, no recompute */
+    CB_MODE_BLEND     /* CacheBlend: reuse + selective recompute */
 } cb_blend_mode;
 
 typedef enum cb_blend_strategy {
@@ -763,25 +772,25 @@ typedef enum cb_blend_strategy {
 typedef struct cb_blend_params {
     cb_blend_mode mode;
     cb_blend_strategy strategy;
-    int32_t check_layer;          /* first check layer (default 1) */
-    int32_t n_ratios;             /* 1: one check layer; more: gradual filtering */
+    int32_t check_layer;              /* first check layer (default 1) */
+    int32_t n_ratios;                 /* 1: one check layer; more: gradual filtering */
     float ratios[CB_BLEND_MAX_STEPS]; /* fraction of cached tokens kept at check layer + i
                                    * (chosen among those that can deviate: not an exact
                                    * prefix's) */
-    int deviation_v;              /* 0: deviation of K (after RoPE), 1: of V */
-    int32_t sink_tokens;          /* CB_STRATEGY_SINK: tokens per segment (default 4) */
-    int sequential_load;          /* 1: load every layer before computing (no pipelining) */
-    double load_limit_mbs;        /* > 0: throttle KV reads to this many MB/s (tests,
+    int deviation_v;                  /* 0: deviation of K (after RoPE), 1: of V */
+    int32_t sink_tokens;              /* CB_STRATEGY_SINK: tokens per segment (default 4) */
+    int sequential_load;              /* 1: load every layer before computing (no pipelining) */
+    double load_limit_mbs;            /* > 0: throttle KV reads to this many MB/s (tests,
                                    * emulating a slow tier); 0: as fast as the files come */
-    float adapt_mass;             /* CB_STRATEGY_PROBE, > 0: instead of the ratio, the
+    float adapt_mass;                 /* CB_STRATEGY_PROBE, > 0: instead of the ratio, the
                                    * fewest cached tokens holding this share of the
                                    * question's attention to the caches, as a ratio
                                    * clamped to [adapt_min, adapt_max]; 0: the ratio */
     float adapt_min, adapt_max;
-    int32_t probe_rows;           /* CB_STRATEGY_PROBE: the question rows whose attention
+    int32_t probe_rows; /* CB_STRATEGY_PROBE: the question rows whose attention
                                    * scores the cached tokens: the last probe_rows uncached
                                    * rows of the last segment; 0 (default): all of them */
-    float key_temp;               /* reuse and blend: the cached keys (not a true prefix's)
+    float key_temp;     /* reuse and blend: the cached keys (not a true prefix's)
                                    * divided by it as they are loaded, a temperature on the
                                    * attention to tokens that keep their cached K/V (after
                                    * APE, arXiv 2502.05431); 1: as computed; 0 (default):
@@ -801,24 +810,24 @@ float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p);
 
 typedef struct cb_blend_stats {
     int32_t n_prompt_tokens;
-    int32_t n_cached_tokens;      /* tokens whose KV came from a cache */
-    int32_t n_exact_tokens;       /* blend, reuse: those in a true prefix (the first
+    int32_t n_cached_tokens;                /* tokens whose KV came from a cache */
+    int32_t n_exact_tokens;                 /* blend, reuse: those in a true prefix (the first
                                    * cache, after exactly its lead-in): what full prefill
                                    * computes, so never candidates for recompute */
-    int32_t n_recomputed_tokens;  /* cached tokens recomputed at the last check layer */
+    int32_t n_recomputed_tokens;            /* cached tokens recomputed at the last check layer */
     int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
-    float ratio;                  /* the ratio used: the last step's, or adapt_mass's choice */
-    float selected_mass;          /* probe: the share of the attention mass selected */
-    const char *ratio_bound;      /* adapt_mass: "mass" (it reached adapt_mass), "min" or
+    float ratio;             /* the ratio used: the last step's, or adapt_mass's choice */
+    float selected_mass;     /* probe: the share of the attention mass selected */
+    const char *ratio_bound; /* adapt_mass: "mass" (it reached adapt_mass), "min" or
                                    * "max" (clamped); else "given" */
-    float key_temp;               /* reuse, blend: the key temperature used; else 1 */
-    double load_ms;               /* reading and placing cached KV (the loader's busy time) */
-    double recompute_ms;          /* layer computation (compute busy time, stalls excluded) */
-    double overlapped_ms;         /* load time hidden behind computation */
-    double stall_ms;              /* computation waiting for a layer still loading */
-    uint64_t load_bytes;          /* KV bytes read from files */
-    double prefill_ms;            /* all of it, to the logits */
-    int32_t failed_segment;       /* after an error: the segment whose cache could not
+    float key_temp;          /* reuse, blend: the key temperature used; else 1 */
+    double load_ms;          /* reading and placing cached KV (the loader's busy time) */
+    double recompute_ms;     /* layer computation (compute busy time, stalls excluded) */
+    double overlapped_ms;    /* load time hidden behind computation */
+    double stall_ms;         /* computation waiting for a layer still loading */
+    uint64_t load_bytes;     /* KV bytes read from files */
+    double prefill_ms;       /* all of it, to the logits */
+    int32_t failed_segment;  /* after an error: the segment whose cache could not
                                    * be read (a layer missing, corrupt or timed out),
                                    * else -1; see cb_prompt_prefill */
 } cb_blend_stats;
@@ -833,7 +842,8 @@ typedef struct cb_blend_stats {
  * Errors: CB_ERR_RANGE (too long), CB_ERR_CHECKSUM, CB_ERR_MISMATCH,
  * CB_ERR_IO, CB_ERR_NOMEM, CB_ERR_INVALID (params). */
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
-                           const cb_blend_params *p, float *logits, cb_blend_stats *stats, cb_error *err);
+                           const cb_blend_params *p, float *logits, cb_blend_stats *stats,
+                           cb_error *err);
 
 /* ------------------------------------------------- profile and controller */
 
@@ -886,8 +896,8 @@ double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_t
 /* The controller: r = max(r_min, the r where recompute time equals load
  * time) for L cached tokens in `tier`; 1 when loading is slower than full
  * recompute.  *pred_load and *pred_recompute receive the predictions. */
-double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold, double r_min,
-                           double *pred_load, double *pred_recompute);
+double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold,
+                           double r_min, double *pred_load, double *pred_recompute);
 
 /* ---------------------------------------------------------------- store */
 
@@ -918,17 +928,17 @@ const char *cb_store_default_dir(char *buf, size_t n);
 
 /* One tier as given to cb_store_init and reported by cb_store_tier_info. */
 typedef struct cb_store_tier {
-    const char *name;  /* 1..32 of [A-Za-z0-9_.-], unique in the store */
-    const char *path;  /* directory; relative paths are relative to the store */
-    uint64_t capacity; /* bytes; 0 = unlimited */
-    double cost;       /* relative cost of a byte here, for placement (cb-store place);
+    const char *name;      /* 1..32 of [A-Za-z0-9_.-], unique in the store */
+    const char *path;      /* directory; relative paths are relative to the store */
+    uint64_t capacity;     /* bytes; 0 = unlimited */
+    double cost;           /* relative cost of a byte here, for placement (cb-store place);
                         * 0 in cb_store_init: the default, n_tiers - index (fastest
                         * dearest) */
-    const char *url;   /* cb_store_init: not NULL for the shared tier on Redis,
+    const char *url;       /* cb_store_init: not NULL for the shared tier on Redis,
                         * redis://HOST[:PORT][/DB] or unix:///PATH (path unused);
                         * at most one, behind the local tiers (see
                         * cb_store_shared_stat) */
-    int timeout_ms;    /* the shared tier: connect and per-request time-out in
+    int timeout_ms;        /* the shared tier: connect and per-request time-out in
                         * milliseconds (0: 1000; the environment's
                         * CB_STORE_TIMEOUT_MS overrides it when a store opens) */
     const char *auth_file; /* the shared tier, cb_store_init: a Redis password file
@@ -1015,14 +1025,15 @@ cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t si
 /* The same, placing the entry in tier `tier` (by name) or, when it has no
  * room, the next slower one with room.  Errors as cb_store_put, and
  * CB_ERR_NOT_FOUND for an unknown tier name. */
-cb_status cb_store_put_in(cb_store *s, const char *key, const void *data, size_t size, const char *tier,
-                          cb_error *err);
+cb_status cb_store_put_in(cb_store *s, const char *key, const void *data, size_t size,
+                          const char *tier, cb_error *err);
 
 /* Adopt the KV file at path: verified first (header, every layer's
  * checksum), then copied in as by cb_store_put.  key (may be NULL) receives
  * its key, *existed (may be NULL) 1 when it was already stored.  Errors as
  * cb_store_put, and CB_ERR_NOT_FOUND (no such file). */
-cb_status cb_store_put_file(cb_store *s, const char *path, char key[66], int *existed, cb_error *err);
+cb_status cb_store_put_file(cb_store *s, const char *path, char key[66], int *existed,
+                            cb_error *err);
 
 /* Open an entry for reading: records the access (hits, last use), may
  * promote it, and guarantees the file is not deleted or moved until
@@ -1030,7 +1041,8 @@ cb_status cb_store_put_file(cb_store *s, const char *path, char key[66], int *ex
  * dies releases it).  *path is valid until then.  Errors: CB_ERR_NOT_FOUND
  * (counted as a miss), CB_ERR_INVALID, CB_ERR_IO. */
 typedef struct cb_store_ref cb_store_ref;
-cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path, cb_error *err);
+cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path,
+                           cb_error *err);
 /* Size in bytes of the acquired file. */
 uint64_t cb_store_ref_size(const cb_store_ref *ref);
 /* The tier that holds the acquired file (0 = fastest, as cb_store_tier_info
@@ -1054,7 +1066,8 @@ const char *cb_store_ref_tier_name(const cb_store *s, const cb_store_ref *ref);
  * is warned about (cb_store_set_warn), dropped from the shared tier and
  * reported as missing; an unreachable tier as well, and it is not tried
  * again for 5 s.  Errors as cb_store_acquire and cb_kvfile_open. */
-cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_store_ref **ref, cb_error *err);
+cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_store_ref **ref,
+                           cb_error *err);
 /* A streamed entry failed while read (why: the reader's message, naming
  * it): warned; 1 when the entry was dropped from the shared tier (or had
  * been evicted meanwhile), 2 when
@@ -1082,14 +1095,14 @@ cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err);
 
 /* One entry as cb_store_list reports it; strings borrowed for the call. */
 typedef struct cb_store_entry {
-    const char *key;         /* 65 characters */
-    const char *model;       /* model fingerprint, 32 hex digits */
-    const char *tier;        /* tier name */
-    const char *path;        /* the file */
-    const char *checksum;    /* XXH3-128 of the whole file, 32 hex digits */
+    const char *key;      /* 65 characters */
+    const char *model;    /* model fingerprint, 32 hex digits */
+    const char *tier;     /* tier name */
+    const char *path;     /* the file */
+    const char *checksum; /* XXH3-128 of the whole file, 32 hex digits */
     uint64_t bytes;
     int64_t n_tokens;
-    int64_t created_us;      /* Unix time in microseconds */
+    int64_t created_us; /* Unix time in microseconds */
     int64_t last_access_us;
     uint64_t hits;
     int pinned;
@@ -1140,14 +1153,14 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
 const char *cb_store_shared_name(const cb_store *s);
 /* How the shared tier is secured, as this handle uses it. */
 typedef struct cb_store_shared_auth {
-    int authenticated;   /* 1: a tier key: entries are written with MACs and
+    int authenticated;  /* 1: a tier key: entries are written with MACs and
                           * read only when every part's MAC verifies */
-    char key_id[17];     /* the tier key's id (16 hex digits; the same key on
+    char key_id[17];    /* the tier key's id (16 hex digits; the same key on
                           * every host gives the same id), "" without one */
-    char user[128];      /* the Redis ACL user, "" for none */
-    int password;        /* 1: the handle logs in with a password */
-    int read_only;       /* 1: the server refused this user a write (NOPERM) */
-    uint64_t n_refused;  /* entries this handle refused: no MAC, another key's,
+    char user[128];     /* the Redis ACL user, "" for none */
+    int password;       /* 1: the handle logs in with a password */
+    int read_only;      /* 1: the server refused this user a write (NOPERM) */
+    uint64_t n_refused; /* entries this handle refused: no MAC, another key's,
                           * or a part whose MAC did not verify */
 } cb_store_shared_auth;
 /* Fill *out, reading the secret files when not read yet (nothing is asked
@@ -1162,13 +1175,13 @@ cb_status cb_store_shared_drop(cb_store *s, const char *key, cb_error *err);
 
 /* What cb_store_gc did. */
 typedef struct cb_store_gc_report {
-    uint64_t demoted;    /* entries moved one tier down (or further) */
-    uint64_t evicted;    /* entries deleted from the last tier */
-    uint64_t orphans;    /* files of removed entries whose readers are done,
+    uint64_t demoted; /* entries moved one tier down (or further) */
+    uint64_t evicted; /* entries deleted from the last tier */
+    uint64_t orphans; /* files of removed entries whose readers are done,
                           * and entry files without an index entry, deleted */
-    uint64_t temps;      /* temporary files of dead processes, deleted */
-    uint64_t stale;      /* index entries without a file, unfinished writes of dead processes */
-    uint64_t busy;       /* entries in use or pinned that kept a tier over capacity */
+    uint64_t temps;   /* temporary files of dead processes, deleted */
+    uint64_t stale;   /* index entries without a file, unfinished writes of dead processes */
+    uint64_t busy;    /* entries in use or pinned that kept a tier over capacity */
 } cb_store_gc_report;
 
 /* Enforce capacities (LRU demotion and eviction), delete orphan files and
@@ -1198,8 +1211,9 @@ typedef struct cb_store_verify_report {
  * valid file are removed, capacities are enforced; then the store is checked
  * again.  rep may be NULL.  Returns CB_OK only when the store is (now)
  * consistent, CB_ERR_FORMAT when it is not; CB_ERR_IO on failure. */
-cb_status cb_store_verify(cb_store *s, int repair, void (*problem)(void *ctx, const char *what, const char *msg),
-                          void *ctx, cb_store_verify_report *rep, cb_error *err);
+cb_status cb_store_verify(cb_store *s, int repair,
+                          void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
+                          cb_store_verify_report *rep, cb_error *err);
 
 /* Move an index that cannot be read aside (index.db.broken-TIME) and start
  * an empty one, so that cb_store_open works again; cb_store_verify with
@@ -1224,8 +1238,9 @@ typedef enum cb_store_compress {
  * *n_out (may be NULL) receives the count.  Errors: CB_ERR_NOT_FOUND (a key
  * is not stored; nothing is written), CB_ERR_INVALID, CB_ERR_CREATE,
  * CB_ERR_IO. */
-cb_status cb_store_export(cb_store *s, const char *path, int fd, const char *const *keys, size_t n_keys,
-                          cb_store_compress compress, uint64_t *n_out, cb_error *err);
+cb_status cb_store_export(cb_store *s, const char *path, int fd, const char *const *keys,
+                          size_t n_keys, cb_store_compress compress, uint64_t *n_out,
+                          cb_error *err);
 
 /* What cb_store_import did. */
 typedef struct cb_store_import_report {
@@ -1262,23 +1277,25 @@ cb_status cb_store_import(cb_store *s, const char *path, int fd,
  *
  * The path of the profile of (model, backend) in store s, written into buf
  * (truncated to n bytes); returns buf. */
-const char *cb_store_profile_path(const cb_store *s, cb_hash128 model, const char *backend, char *buf, size_t n);
+const char *cb_store_profile_path(const cb_store *s, cb_hash128 model, const char *backend,
+                                  char *buf, size_t n);
 /* Read the profile of (model, backend).  Errors: CB_ERR_NOT_FOUND (none
  * measured yet: the message names the file and says to run cb-profile),
  * CB_ERR_FORMAT, CB_ERR_IO. */
-cb_status cb_store_profile_load(const cb_store *s, cb_hash128 model, const char *backend, cb_profile *p,
-                                cb_error *err);
+cb_status cb_store_profile_load(const cb_store *s, cb_hash128 model, const char *backend,
+                                cb_profile *p, cb_error *err);
 /* Write p as the profile of its model (p->model, 32 hex digits) and backend,
  * atomically; *path (may be NULL) receives the file's path.  Errors:
  * CB_ERR_INVALID (p->model is not a fingerprint), CB_ERR_NOMEM,
  * CB_ERR_CREATE, CB_ERR_IO. */
-cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *path, size_t path_n, cb_error *err);
+cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *path, size_t path_n,
+                                cb_error *err);
 /* Placement: the index of the cheapest tier of the store (by its cost)
  * whose predicted cold load time for L tokens does not exceed the
  * recompute time at `ratio`; when none qualifies, the tier that loads
  * fastest.  -1 when the profile measured none of the store's tiers. */
-int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t L, cb_type t, double *pred_load,
-                   double *pred_recompute);
+int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t L, cb_type t,
+                   double *pred_load, double *pred_recompute);
 
 /* --------------------------------------------------------------- chunker */
 
@@ -1413,15 +1430,15 @@ void cb_chat_parts_free(cb_chat_parts *p);
 
 typedef struct cb_gen_params {
     cb_sampler_params sp;
-    int32_t n_predict;         /* at most this many tokens */
-    const char *const *stops;  /* stop strings (not emitted): n_stops of them */
+    int32_t n_predict;        /* at most this many tokens */
+    const char *const *stops; /* stop strings (not emitted): n_stops of them */
     int n_stops;
 } cb_gen_params;
 
 typedef struct cb_gen_result {
-    int32_t n_gen;     /* tokens generated, the end-of-generation token not counted */
-    double first_ms;   /* from t0 to the first sampled token (cb_now_ms) */
-    const char *stop;  /* why it ended: "eog", "stop", "length" or "context" */
+    int32_t n_gen;    /* tokens generated, the end-of-generation token not counted */
+    double first_ms;  /* from t0 to the first sampled token (cb_now_ms) */
+    const char *stop; /* why it ended: "eog", "stop", "length" or "context" */
 } cb_gen_result;
 
 /* Generate after a prefill of pos tokens whose last logits are in `logits`
@@ -1437,8 +1454,8 @@ typedef struct cb_gen_result {
  * evaluated logits.  Errors: CB_ERR_NOMEM, emit's, and the forward
  * pass's. */
 cb_status cb_generate(cb_fwd *f, cb_kvcache *kv, float *logits, int32_t pos, const cb_gen_params *p,
-                      cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
-                      cb_gen_result *res);
+                      cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx,
+                      double t0, cb_gen_result *res);
 
 /* Generations decoded together: sequences join after their prefills and
  * leave when done, and each step evaluates one token of every active
@@ -1461,9 +1478,10 @@ void cb_gen_batch_free(cb_gen_batch *b);
  * until the sequence is taken).  *slot receives its slot, until
  * cb_gen_batch_take.  Errors: CB_ERR_RANGE (no free slot, pos outside
  * kv), CB_ERR_INVALID (kv is an active sequence's), CB_ERR_NOMEM. */
-cb_status cb_gen_batch_add(cb_gen_batch *b, cb_kvcache *kv, const float *logits, int32_t pos, const cb_gen_params *p,
-                           cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
-                           int32_t *slot);
+cb_status cb_gen_batch_add(cb_gen_batch *b, cb_kvcache *kv, const float *logits, int32_t pos,
+                           const cb_gen_params *p,
+                           cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx,
+                           double t0, int32_t *slot);
 /* Sequences still generating. */
 int32_t cb_gen_batch_active(const cb_gen_batch *b);
 /* One step: every active sequence samples a token, hands its text on, and
@@ -1482,9 +1500,9 @@ cb_status cb_gen_batch_take(cb_gen_batch *b, int32_t slot, cb_gen_result *res, f
 
 /* The teacher-forced score of a continuation after a prefill. */
 typedef struct cb_score_result {
-    double nll;        /* mean negative log-likelihood per token (nats) */
-    int32_t n_tokens;  /* tokens scored */
-    double top1;       /* fraction of them that were the argmax */
+    double nll;       /* mean negative log-likelihood per token (nats) */
+    int32_t n_tokens; /* tokens scored */
+    double top1;      /* fraction of them that were the argmax */
 } cb_score_result;
 
 /* Score the continuation cont[0..n) after a prefill of pos tokens whose
@@ -1495,8 +1513,8 @@ typedef struct cb_score_result {
  * sampled.  Errors: CB_ERR_INVALID (n < 1, or more rows than f holds),
  * CB_ERR_RANGE (a token id, or past the cache), CB_ERR_NOMEM, and the
  * forward pass's. */
-cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, const int32_t *cont, int32_t n,
-                   cb_score_result *res);
+cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, const int32_t *cont,
+                   int32_t n, cb_score_result *res);
 
 /* KL(p || q) of the softmaxes of two logit vectors of n entries (what
  * cb-run --verify reports), and in *top1 whether their argmaxes agree. */
@@ -1522,8 +1540,9 @@ typedef struct cb_prompt cb_prompt;
  * is and control tokens written in it are matched.  chunks[0..n_chunks)
  * are the chunks' texts, in order.  Every chunk starts without a cache.
  * Errors: CB_ERR_NOMEM. */
-cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw, const cb_strview *chunks,
-                          size_t n_chunks, const char *question, size_t len, cb_error *err);
+cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw,
+                          const cb_strview *chunks, size_t n_chunks, const char *question,
+                          size_t len, cb_error *err);
 /* A chunk of a prompt: its text, or (text.data NULL) the key of its KV
  * file in a store (what cb-precompute writes as "kv"). */
 typedef struct cb_chunk_src {
@@ -1538,9 +1557,9 @@ typedef struct cb_chunk_src {
  * CB_ERR_FORMAT (not a key), CB_ERR_NOT_FOUND (s is NULL or does not hold
  * it), CB_ERR_MISMATCH (a file of another model, or whose tokens are not
  * the key's), and cb_store_open_kv's. */
-cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, const char *system, int raw,
-                               const cb_chunk_src *chunks, size_t n_chunks, const char *question, size_t len,
-                               cb_error *err);
+cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, const char *system,
+                               int raw, const cb_chunk_src *chunks, size_t n_chunks,
+                               const char *question, size_t len, cb_error *err);
 /* Free the prompt, its opened KV files and its store references; accepts NULL. */
 void cb_prompt_free(cb_prompt *p);
 
@@ -1563,7 +1582,8 @@ const cb_tokens *cb_prompt_lead(const cb_prompt *p);
  * cache stays missing (to be computed in place); each file found unusable
  * is passed to warn(ctx, message) (may be NULL), message naming the key or
  * the file.  The entries stay acquired until the prompt is freed. */
-void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
+void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
+                      void *ctx);
 
 /* The ratio --ratio auto takes (cb_controller_ratio): for the prompt's
  * cached tokens, read from the slowest of the tiers that hold the attached
@@ -1573,11 +1593,11 @@ void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const c
 typedef struct cb_ratio_choice {
     double ratio;
     double pred_load_ms, pred_recompute_ms;
-    int64_t n_cached;  /* tokens whose KV comes from the caches */
-    char tier[64];     /* the slowest tier holding one */
+    int64_t n_cached; /* tokens whose KV comes from the caches */
+    char tier[64];    /* the slowest tier holding one */
 } cb_ratio_choice;
-cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m, cb_type kv_type,
-                               double r_min, cb_ratio_choice *out, cb_error *err);
+cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m,
+                               cb_type kv_type, double r_min, cb_ratio_choice *out, cb_error *err);
 
 /* cb_blend_prefill of the prompt's segments in f and kv; when a cache
  * fails while it is read (a layer missing, corrupt or timed out: see
@@ -1588,9 +1608,9 @@ cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_m
  * function, the entry dropped; a tier that stopped answering is not used
  * for 5 s and its other streamed chunks are computed too).  Errors as
  * cb_blend_prefill for anything else. */
-cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv, const cb_blend_params *bp,
-                            float *logits, cb_blend_stats *stats, void (*warn)(void *ctx, const char *msg), void *ctx,
-                            cb_error *err);
+cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv,
+                            const cb_blend_params *bp, float *logits, cb_blend_stats *stats,
+                            void (*warn)(void *ctx, const char *msg), void *ctx, cb_error *err);
 /* After the answer: keep the caches streamed from the shared tier in a
  * local tier (cb_store_keep); a failure is passed to warn (may be NULL). */
 void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
@@ -1626,52 +1646,52 @@ typedef struct cb_request {
     const cb_chunk_src *chunks; /* texts or store keys, in order */
     size_t n_chunks;
     cb_strview question;
-    cb_strview score;           /* .data not NULL: score this continuation (cb_score)
+    cb_strview score;   /* .data not NULL: score this continuation (cb_score)
                                  * instead of generating */
-    cb_blend_params bp;         /* the mode and blending parameters */
-    int ratio_auto;             /* blend: the loading controller's ratio (cb_prompt_auto_ratio),
+    cb_blend_params bp; /* the mode and blending parameters */
+    int ratio_auto;     /* blend: the loading controller's ratio (cb_prompt_auto_ratio),
                                  * at least min_ratio, which is also the fallback */
     double min_ratio;
-    cb_gen_params gp;           /* sampling, n_predict, stop strings */
-    int32_t n_ctx;              /* cache positions; 0: prompt + n_predict (or the
+    cb_gen_params gp; /* sampling, n_predict, stop strings */
+    int32_t n_ctx;    /* cache positions; 0: prompt + n_predict (or the
                                  * continuation), at most the training context */
-    cb_type kv_type;            /* F16 or F32 */
-    int store_write;            /* afterwards, store the KV of chunks that had none */
+    cb_type kv_type;  /* F16 or F32 */
+    int store_write;  /* afterwards, store the KV of chunks that had none */
 } cb_request;
 
 /* A question's outcome, owned by the caller once cb_batch_next returns it
  * (cb_answer_free).  status CB_OK: answered; else msg says why not, and
  * the fields filled before the failure stay (the prompt's size, ...). */
 typedef struct cb_answer {
-    void *tag;                  /* cb_batch_submit's */
+    void *tag; /* cb_batch_submit's */
     cb_status status;
     char msg[CB_ERROR_MSG_MAX];
-    char *text;                 /* the generated text, NUL-terminated (NULL when none) */
+    char *text; /* the generated text, NUL-terminated (NULL when none) */
     size_t len;
-    int scored;                 /* score holds the continuation's score; no text */
+    int scored; /* score holds the continuation's score; no text */
     cb_score_result score;
-    cb_gen_result gen;          /* first_ms: from submission to the first token (TTFT) */
-    double gen_ms;              /* from the first token to the last */
-    cb_blend_params bp;         /* the parameters used (the ratio --ratio auto chose) */
-    const char *ratio_source;   /* "given", "controller" or "fallback" */
-    cb_ratio_choice rc;         /* the controller's choice, with ratio_auto */
+    cb_gen_result gen;        /* first_ms: from submission to the first token (TTFT) */
+    double gen_ms;            /* from the first token to the last */
+    cb_blend_params bp;       /* the parameters used (the ratio --ratio auto chose) */
+    const char *ratio_source; /* "given", "controller" or "fallback" */
+    cb_ratio_choice rc;       /* the controller's choice, with ratio_auto */
     cb_blend_stats bs;
     int64_t n_prompt_tokens;
     int n_chunks, n_missing, n_stored;
     cb_chat_kind chat;
-    uint64_t kv_bytes;          /* its cache's (cb_kvcache_bytes) */
+    uint64_t kv_bytes; /* its cache's (cb_kvcache_bytes) */
 } cb_answer;
 void cb_answer_free(cb_answer *a);
 
 /* What the batch did so far. */
 typedef struct cb_batch_info {
-    int32_t cap;                /* questions in flight at most */
+    int32_t cap; /* questions in flight at most */
     uint64_t kv_budget;
     int32_t in_flight, in_flight_peak;
     uint64_t kv_in_flight, kv_peak; /* bytes of the caches in flight, and the most */
     int64_t n_submitted, n_answered, n_failed;
-    int64_t n_tokens;           /* tokens generated by the questions that ended */
-    int64_t n_steps;            /* decode steps */
+    int64_t n_tokens; /* tokens generated by the questions that ended */
+    int64_t n_steps;  /* decode steps */
 } cb_batch_info;
 
 /* The most questions in flight by default (decoding 16 together costs about
@@ -1721,8 +1741,8 @@ typedef struct cb_precomputer cb_precomputer;
 
 /* Errors: CB_ERR_NOMEM (activations), CB_ERR_INVALID (type), and the
  * lead-in's. */
-cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type, const char *tier,
-                             cb_error *err);
+cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type,
+                             const char *tier, cb_error *err);
 void cb_precomputer_free(cb_precomputer *pc);
 const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc);
 /* The store key of chunk ids[0..n). */

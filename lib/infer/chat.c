@@ -91,8 +91,7 @@ cb_chat_kind cb_chat_detect(cb_strview t)
     if ((has(t, "<|assistant|>") && has(t, "<|end|>")) || has(t, "[gMASK]<sop>") ||
         (has(t, "<|assistant|>") && has(t, "<|user|>")) ||
         (has(t, "<|{{ item['role'] }}|>") && has(t, "<|begin_of_image|>")) ||
-        (has(t, "<|user|>") && has(t, "<|endoftext|>")) ||
-        has(t, "bos_token + message['role']"))
+        (has(t, "<|user|>") && has(t, "<|endoftext|>")) || has(t, "bos_token + message['role']"))
         return CB_CHAT_NONE;
     if (has(t, "<start_of_turn>"))
         return CB_CHAT_GEMMA;
@@ -202,8 +201,7 @@ cb_status cb_chat_render(cb_chat_kind k, const char *system, cb_chat_parts *out)
                 st = NULL;
         }
         break;
-    default:
-        return CB_ERR_INVALID;
+    default: return CB_ERR_INVALID;
     }
 
     prefix = st ? concat(pre_sys, st, sn, post_sys) : concat(head, "", 0, "");

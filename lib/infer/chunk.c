@@ -14,6 +14,7 @@
  * tokenizations, whatever its size. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "cbcore.h"
+#include "../core/vec.h"
 
 #include <pcre2.h>
 #include <stdlib.h>
@@ -22,12 +23,12 @@
 struct cb_chunker {
     const cb_vocab *vocab; /* borrowed; NULL: characters */
     int32_t max, overlap;
-    pcre2_code *re;        /* separator, or NULL */
+    pcre2_code *re; /* separator, or NULL */
     pcre2_match_data *md;
-    uint32_t *piece_len;   /* [n_vocab] bytes each token stands for */
-    cb_tokens glob;        /* the tokens of the piece being chunked */
-    cb_tokens loc;         /* scratch: the tokens of one candidate chunk */
-    size_t *tend;          /* [glob.n] end offset of token i in the document */
+    uint32_t *piece_len; /* [n_vocab] bytes each token stands for */
+    cb_tokens glob;      /* the tokens of the piece being chunked */
+    cb_tokens loc;       /* scratch: the tokens of one candidate chunk */
+    size_t *tend;        /* [glob.n] end offset of token i in the document */
     size_t tend_cap;
 };
 
@@ -188,22 +189,22 @@ static size_t ws_len(const char *t, size_t i, size_t end)
     if (i >= end)
         return 0;
     switch (s[0]) {
-    case ' ': case '\t': case '\n': case '\v': case '\f': case '\r':
-        return 1;
-    case 0xc2:
-        return n >= 2 && (s[1] == 0x85 || s[1] == 0xa0) ? 2 : 0;
-    case 0xe1:
-        return n >= 3 && s[1] == 0x9a && s[2] == 0x80 ? 3 : 0;
+    case ' ':
+    case '\t':
+    case '\n':
+    case '\v':
+    case '\f':
+    case '\r': return 1;
+    case 0xc2: return n >= 2 && (s[1] == 0x85 || s[1] == 0xa0) ? 2 : 0;
+    case 0xe1: return n >= 3 && s[1] == 0x9a && s[2] == 0x80 ? 3 : 0;
     case 0xe2:
         if (n < 3)
             return 0;
         if (s[1] == 0x80 && (s[2] <= 0x8a || s[2] == 0xa8 || s[2] == 0xa9 || s[2] == 0xaf))
             return 3;
         return s[1] == 0x81 && s[2] == 0x9f ? 3 : 0;
-    case 0xe3:
-        return n >= 3 && s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;
-    case 0xef:
-        return n >= 3 && s[1] == 0xbb && s[2] == 0xbf ? 3 : 0;
+    case 0xe3: return n >= 3 && s[1] == 0x80 && s[2] == 0x80 ? 3 : 0;
+    case 0xef: return n >= 3 && s[1] == 0xbb && s[2] == 0xbf ? 3 : 0;
     }
     return 0;
 }
@@ -243,7 +244,8 @@ static int run_class(const char *t, size_t p, size_t end)
     size_t w;
     while (p < end && (w = ws_len(t, p, end)) != 0) {
         unsigned char c = (unsigned char)t[p];
-        if (c == '\n' || (c == '\r' && !(p + 1 < end && t[p + 1] == '\n')) || c == '\v' || c == '\f')
+        if (c == '\n' || (c == '\r' && !(p + 1 < end && t[p + 1] == '\n')) || c == '\v' ||
+            c == '\f')
             lines++;
         else if (w == 2 && (unsigned char)t[p + 1] == 0x85) /* NEL */
             lines++;
@@ -368,7 +370,8 @@ cb_status cb_chunker_new(cb_chunker **out, const cb_chunker_params *p, cb_error 
     if (p->max < 0)
         return cb_error_set(err, CB_ERR_INVALID, "chunk size %d is negative", (int)p->max);
     if (p->overlap < 0 || (p->overlap > 0 && p->overlap >= p->max))
-        return cb_error_set(err, CB_ERR_INVALID, "overlap %d must be at least 0 and less than the chunk size %d",
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "overlap %d must be at least 0 and less than the chunk size %d",
                             (int)p->overlap, (int)p->max);
     c = calloc(1, sizeof *c);
     if (!c)
@@ -420,12 +423,10 @@ static cb_status emit(cb_chunks *out, const char *t, size_t s, size_t e, int32_t
 {
     cb_chunk *ch;
     if (out->n == out->cap) {
-        size_t nc = out->cap ? out->cap * 2 : 64;
-        cb_chunk *v = realloc(out->v, nc * sizeof *v);
+        cb_chunk *v = cb_vec_reserve(out->v, &out->cap, out->n + 1, sizeof *v, 64);
         if (!v)
             return CB_ERR_NOMEM;
         out->v = v;
-        out->cap = nc;
     }
     ch = &out->v[out->n++];
     memset(ch, 0, sizeof *ch);

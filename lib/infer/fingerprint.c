@@ -14,10 +14,7 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
-static void upd(XXH3_state_t *st, const void *p, size_t n)
-{
-    XXH3_128bits_update(st, p, n);
-}
+static void upd(XXH3_state_t *st, const void *p, size_t n) { XXH3_128bits_update(st, p, n); }
 
 static void upd_str(XXH3_state_t *st, cb_strview s)
 {
@@ -41,7 +38,8 @@ cb_status cb_gguf_fingerprint(const cb_gguf *g, cb_hash128 *out)
 
     if (!st)
         return CB_ERR_NOMEM;
-    snprintf(prefix, sizeof prefix, "%.*s.", (int)(arch.len < 70 ? arch.len : 70), arch.data ? arch.data : "");
+    snprintf(prefix, sizeof prefix, "%.*s.", (int)(arch.len < 70 ? arch.len : 70),
+             arch.data ? arch.data : "");
     plen = strlen(prefix);
     XXH3_128bits_reset(st);
     upd(st, "cacheblend-fingerprint-1", 24);
@@ -113,12 +111,14 @@ static void record_name(const char *dir, const char *path, char *buf, size_t n)
 
 static void identity(const struct stat *sb, char *buf, size_t n)
 {
-    snprintf(buf, n, "cacheblend-fp-1 %llu %llu %lld %lld.%09ld %lld.%09ld", (unsigned long long)sb->st_dev,
-             (unsigned long long)sb->st_ino, (long long)sb->st_size, (long long)sb->st_mtim.tv_sec,
-             (long)sb->st_mtim.tv_nsec, (long long)sb->st_ctim.tv_sec, (long)sb->st_ctim.tv_nsec);
+    snprintf(buf, n, "cacheblend-fp-1 %llu %llu %lld %lld.%09ld %lld.%09ld",
+             (unsigned long long)sb->st_dev, (unsigned long long)sb->st_ino, (long long)sb->st_size,
+             (long long)sb->st_mtim.tv_sec, (long)sb->st_mtim.tv_nsec,
+             (long long)sb->st_ctim.tv_sec, (long)sb->st_ctim.tv_nsec);
 }
 
-cb_status cb_gguf_fingerprint_cached(const cb_gguf *g, const char *path, const char *dir, cb_hash128 *out)
+cb_status cb_gguf_fingerprint_cached(const cb_gguf *g, const char *path, const char *dir,
+                                     cb_hash128 *out)
 {
     char rec[4096], id[256], line[512];
     struct stat sb;
@@ -145,6 +145,7 @@ cb_status cb_gguf_fingerprint_cached(const cb_gguf *g, const char *path, const c
     cb_hash128_hex(*out, hex);
     int n = snprintf(line, sizeof line, "%s %s\n", id, hex);
     if ((mkdir(dir, 0700) == 0 || errno == EEXIST) && n > 0 && (size_t)n < sizeof line)
-        (void)cb_file_write_atomic(rec, line, (size_t)n, &err); /* a cache: not recording is not an error */
+        (void)cb_file_write_atomic(rec, line, (size_t)n,
+                                   &err); /* a cache: not recording is not an error */
     return CB_OK;
 }

@@ -42,18 +42,18 @@ cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_
     kv->v = calloc((size_t)hp->n_layer, sizeof *kv->v);
     kv->loaded = calloc((size_t)hp->n_layer, sizeof *kv->loaded);
     if (!kv->k || !kv->v || !kv->loaded)
-        goto oom;
+        goto fail;
     for (int l = 0; l < hp->n_layer; l++) {
         kv->k[l] = m->be->ops->alloc(m->be, esz * (size_t)(n_ctx * kv->width));
         kv->v[l] = m->be->ops->alloc(m->be, esz * (size_t)(n_ctx * kv->width));
         if (!kv->k[l] || !kv->v[l])
-            goto oom;
+            goto fail;
         if (m->be->ops->event_new && !(kv->loaded[l] = m->be->ops->event_new(m->be)))
-            goto oom;
+            goto fail;
     }
     *out = kv;
     return CB_OK;
-oom:
+fail:
     cb_kvcache_free(kv);
     return CB_ERR_NOMEM;
 }
@@ -98,7 +98,9 @@ uint64_t cb_kvcache_bytes(const cb_model *m, int32_t n_ctx, cb_type type)
 {
     const cb_hparams *hp = &m->hp;
     uint64_t esz = type == CB_TYPE_F32 ? 4 : 2;
-    return n_ctx < 1 ? 0 : 2 * esz * (uint64_t)hp->n_layer * (uint64_t)n_ctx * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
+    return n_ctx < 1 ? 0
+                     : 2 * esz * (uint64_t)hp->n_layer * (uint64_t)n_ctx * (uint64_t)hp->n_head_kv *
+                           (uint64_t)hp->head_dim;
 }
 
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv) { return kv->n_ctx; }
@@ -107,13 +109,13 @@ cb_type cb_kvcache_type(const cb_kvcache *kv) { return kv->type; }
 /* Copy rows pos0..pos0+n-1 of one layer's K (which 0) or V (1) from f32
  * host memory `src` into the cache, or (src NULL) from the cache to `dst`,
  * through a backend staging buffer. */
-static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, const float *src,
-                            float *dst)
+static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n,
+                            const float *src, float *dst)
 {
     cb_backend *be = kv->m->be;
     size_t bytes = sizeof(float) * (size_t)n * (size_t)kv->width;
-    if (layer < 0 || layer >= kv->m->hp.n_layer || (which != 0 && which != 1) || pos0 < 0 || n < 0 ||
-        pos0 > kv->n_ctx - n)
+    if (layer < 0 || layer >= kv->m->hp.n_layer || (which != 0 && which != 1) || pos0 < 0 ||
+        n < 0 || pos0 > kv->n_ctx - n)
         return CB_ERR_RANGE;
     int32_t *at = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     float *tmp = be_tmp(be, bytes);
@@ -138,12 +140,14 @@ static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int3
     return CB_OK;
 }
 
-cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, float *dst)
+cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n,
+                          float *dst)
 {
     return kv_rows_io(kv, layer, which, pos0, n, NULL, dst);
 }
 
-cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n, const float *src)
+cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n,
+                           const float *src)
 {
     return kv_rows_io(kv, layer, which, pos0, n, src, NULL);
 }
@@ -156,23 +160,23 @@ cb_status cb_kvcache_write(cb_kvcache *kv, int32_t layer, int which, int32_t pos
 
 struct cb_fwd {
     const cb_model *m;
-    int32_t n_max, n;   /* capacity, rows embedded */
-    int32_t *pos;       /* host [n_max] */
-    int32_t *sel_pos;   /* host [n_max]: positions of the selected rows */
-    int32_t *eval_pos;  /* host [n_max]: cb_model_eval's positions */
-    int32_t *seq;       /* host [n_max]: 0, 1, ..., n_max-1 (rows 0..k-1 as a row list) */
-    int32_t *eval_tok;  /* host [n_max]: cb_fwd_decode's tokens, padding rows included */
-    float *zero_row;    /* host [H*hd] zeros: a padding row's attention output */
+    int32_t n_max, n;  /* capacity, rows embedded */
+    int32_t *pos;      /* host [n_max] */
+    int32_t *sel_pos;  /* host [n_max]: positions of the selected rows */
+    int32_t *eval_pos; /* host [n_max]: cb_model_eval's positions */
+    int32_t *seq;      /* host [n_max]: 0, 1, ..., n_max-1 (rows 0..k-1 as a row list) */
+    int32_t *eval_tok; /* host [n_max]: cb_fwd_decode's tokens, padding rows included */
+    float *zero_row;   /* host [H*hd] zeros: a padding row's attention output */
     /* backend buffers */
-    float *x;           /* [n_max, d] hidden state of every embedded row */
-    float *xs;          /* [n_max, d] the selected rows, compacted */
-    float *xn;          /* [n_max, d] */
-    float *q, *att;     /* [n_max, H*hd] */
-    float *k, *v;       /* [n_max, Hkv*hd] */
-    float *g, *u;       /* [n_max, n_ff] */
-    float *logits;      /* [min(n_max, FWD_LOGIT_ROWS), n_vocab] */
-    float *dev;         /* [n_max] deviations */
-    int32_t n_q;        /* rows whose queries q holds (the last projection of Q) */
+    float *x;       /* [n_max, d] hidden state of every embedded row */
+    float *xs;      /* [n_max, d] the selected rows, compacted */
+    float *xn;      /* [n_max, d] */
+    float *q, *att; /* [n_max, H*hd] */
+    float *k, *v;   /* [n_max, Hkv*hd] */
+    float *g, *u;   /* [n_max, n_ff] */
+    float *logits;  /* [min(n_max, FWD_LOGIT_ROWS), n_vocab] */
+    float *dev;     /* [n_max] deviations */
+    int32_t n_q;    /* rows whose queries q holds (the last projection of Q) */
 };
 
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
@@ -180,7 +184,8 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     const cb_hparams *hp = &m->hp;
     cb_backend *be = m->be;
     cb_fwd *f;
-    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim,
+            dkv = (int64_t)hp->n_head_kv * hp->head_dim;
 
     if (n_max < 1)
         return CB_ERR_INVALID;
@@ -209,12 +214,14 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     B(u, hp->n_ff);
     if (be->ops->reserve)
         be->ops->reserve(be, n_max);
-    f->logits = be->ops->alloc(be, sizeof(float) * (size_t)(n_max < FWD_LOGIT_ROWS ? n_max : FWD_LOGIT_ROWS) *
+    f->logits = be->ops->alloc(be, sizeof(float) *
+                                       (size_t)(n_max < FWD_LOGIT_ROWS ? n_max : FWD_LOGIT_ROWS) *
                                        (size_t)hp->n_vocab);
     B(dev, 1);
 #undef B
-    if (!f->pos || !f->sel_pos || !f->eval_pos || !f->seq || !f->eval_tok || !f->zero_row || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k ||
-        !f->v || !f->g || !f->u || !f->logits || !f->dev) {
+    if (!f->pos || !f->sel_pos || !f->eval_pos || !f->seq || !f->eval_tok || !f->zero_row ||
+        !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k || !f->v || !f->g || !f->u ||
+        !f->logits || !f->dev) {
         cb_fwd_free(f);
         return CB_ERR_NOMEM;
     }
@@ -259,8 +266,8 @@ enum { QKV_Q = 1, QKV_K = 2, QKV_V = 4 };
 
 /* y[k] = x . w[k]^T for the nw weights of one input: one backend call
  * where the backend has it (one pool job on the CPU) */
-static void matmul_same_input(cb_backend *be, const cb_bweight *const *w, int nw, const float *x, float *const *y,
-                              int64_t n)
+static void matmul_same_input(cb_backend *be, const cb_bweight *const *w, int nw, const float *x,
+                              float *const *y, int64_t n)
 {
     if (be->ops->matmul_multi && nw > 0) {
         be->ops->matmul_multi(be, w, nw, x, y, n);
@@ -275,8 +282,8 @@ static void matmul_same_input(cb_backend *be, const cb_bweight *const *w, int nw
  * of Q, K (both with RoPE) and V into f->q, f->k, f->v.  *x is the rows'
  * hidden state (f->xs when gathered); *n their count.  n_ctx > 0 also
  * checks the positions against a cache. */
-static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, int32_t n_ctx,
-                           unsigned which, float **x, int32_t *n)
+static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows,
+                           int32_t n_ctx, unsigned which, float **x, int32_t *n)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -317,21 +324,24 @@ static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
     matmul_same_input(be, w, nw, f->xn, y, *n);
     if (which & QKV_Q) {
         if (L->q_norm)
-            o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)*n * hp->n_head, hp->head_dim, hp->norm_eps);
-        o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
-                hp->rope_neox);
+            o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)*n * hp->n_head, hp->head_dim,
+                       hp->norm_eps);
+        o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base,
+                L->rope_ff, hp->rope_neox);
         f->n_q = *n;
     }
     if (which & QKV_K) {
         if (L->k_norm)
-            o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)*n * hp->n_head_kv, hp->head_dim, hp->norm_eps);
-        o->rope(be, f->k, f->sel_pos, *n, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
-                hp->rope_neox);
+            o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)*n * hp->n_head_kv, hp->head_dim,
+                       hp->norm_eps);
+        o->rope(be, f->k, f->sel_pos, *n, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base,
+                L->rope_ff, hp->rope_neox);
     }
     return CB_OK;
 }
 
-cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows)
+cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows,
+                       int32_t n_rows)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -344,7 +354,9 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
 
     if (kv->m != m)
         return CB_ERR_RANGE;
-    if ((st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, QKV_Q | QKV_K | QKV_V, &x, &n)) != CB_OK || n == 0)
+    if ((st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, QKV_Q | QKV_K | QKV_V, &x, &n)) !=
+            CB_OK ||
+        n == 0)
         return st;
     const cb_layer *L = &m->layers[layer];
 
@@ -352,8 +364,8 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     kv_after_loads(kv, layer);
     o->kv_write(be, kv->k[layer], kv->type, dkv, f->k, f->sel_pos, n);
     o->kv_write(be, kv->v[layer], kv->type, dkv, f->v, f->sel_pos, n);
-    o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head, hp->n_head_kv,
-                 hp->head_dim, m->attn_scale, L->window, f->att);
+    o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head,
+                 hp->n_head_kv, hp->head_dim, m->attn_scale, L->window, f->att);
     o->matmul(be, L->wo, f->att, f->xn, n);
     if (L->post_attn_norm)
         o->rmsnorm(be, f->xn, L->post_attn_norm, f->xn, n, d, hp->norm_eps);
@@ -378,7 +390,8 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     return CB_OK;
 }
 
-cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows, int32_t n_rows)
+cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows,
+                          int32_t n_rows)
 {
     const cb_backend_ops *o = f->m->be->ops;
     cb_backend *be = f->m->be;
@@ -388,7 +401,8 @@ cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_
 
     if (kv->m != f->m)
         return CB_ERR_RANGE;
-    if ((st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, QKV_K | QKV_V, &x, &n)) != CB_OK || n == 0)
+    if ((st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, QKV_K | QKV_V, &x, &n)) != CB_OK ||
+        n == 0)
         return st;
     kv_after_loads(kv, layer);
     o->kv_write(be, kv->k[layer], kv->type, kv->width, f->k, f->sel_pos, n);
@@ -396,7 +410,8 @@ cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_
     return CB_OK;
 }
 
-cb_status cb_fwd_last_layer(cb_fwd *f, cb_kvcache *kv, const int32_t *rows, int32_t n_rows, int32_t out_row)
+cb_status cb_fwd_last_layer(cb_fwd *f, cb_kvcache *kv, const int32_t *rows, int32_t n_rows,
+                            int32_t out_row)
 {
     int32_t last = f->m->hp.n_layer - 1, n = rows ? n_rows : f->n;
     const int32_t *r = rows ? rows : f->seq;
@@ -430,7 +445,8 @@ cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *l
     int32_t chunk = f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
     for (int32_t i = 0; i < n; i += chunk) {
         int32_t c = n - i < chunk ? n - i : chunk;
-        be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)i * d, f->logits, c);
+        be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)i * d, f->logits,
+                        c);
         be->ops->download(be, logits + (int64_t)i * hp->n_vocab, f->logits,
                           sizeof(float) * (size_t)c * (size_t)hp->n_vocab);
     }
@@ -442,11 +458,13 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst)
     const cb_model *m = f->m;
     if (row < 0 || row >= f->n)
         return CB_ERR_RANGE;
-    m->be->ops->download(m->be, dst, f->x + (int64_t)row * m->hp.n_embd, sizeof(float) * (size_t)m->hp.n_embd);
+    m->be->ops->download(m->be, dst, f->x + (int64_t)row * m->hp.n_embd,
+                         sizeof(float) * (size_t)m->hp.n_embd);
     return CB_OK;
 }
 
-cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0, float *logits)
+cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0,
+                        float *logits)
 {
     const cb_hparams *hp = &f->m->hp;
     int32_t *pos = f->eval_pos;
@@ -506,8 +524,8 @@ int32_t cb_fwd_decode_rows(const cb_model *m, int32_t n)
 /* y[k] [rows, n_out[k]] = x [rows, n_in] . w[k]^T, in products of at most
  * the backend's rows_max rows (rows is a multiple of its rows_step, so every
  * piece is: rows_max is one) */
-static void decode_products(cb_backend *be, const cb_bweight *const *w, int nw, const float *x, int64_t n_in,
-                            float *const *y, const int64_t *n_out, int64_t rows)
+static void decode_products(cb_backend *be, const cb_bweight *const *w, int nw, const float *x,
+                            int64_t n_in, float *const *y, const int64_t *n_out, int64_t rows)
 {
     int64_t most = be->rows_max > 0 ? be->rows_max : CB_ROWS_MAX;
     for (int64_t r = 0; r < rows; r += most) {
@@ -521,8 +539,8 @@ static void decode_products(cb_backend *be, const cb_bweight *const *w, int nw, 
 
 /* Attention of rows 0..n-1, each over its own cache, their K/V written
  * first; the padding rows' outputs are zero. */
-static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n, int32_t rows,
-                             int32_t layer)
+static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
+                             int32_t rows, int32_t layer)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -534,22 +552,25 @@ static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *po
         kv_after_loads(c, layer);
         o->kv_write(be, c->k[layer], c->type, dkv, f->k + i * dkv, &pos[i], 1);
         o->kv_write(be, c->v[layer], c->type, dkv, f->v + i * dkv, &pos[i], 1);
-        o->attention(be, f->q + i * dq, &pos[i], 1, c->k[layer], c->v[layer], c->type, hp->n_head, hp->n_head_kv,
-                     hp->head_dim, m->attn_scale, m->layers[layer].window, f->att + i * dq);
+        o->attention(be, f->q + i * dq, &pos[i], 1, c->k[layer], c->v[layer], c->type, hp->n_head,
+                     hp->n_head_kv, hp->head_dim, m->attn_scale, m->layers[layer].window,
+                     f->att + i * dq);
     }
     for (int32_t i = n; i < rows; i++)
         o->upload(be, f->att + i * dq, f->zero_row, sizeof(float) * (size_t)dq);
 }
 
 /* One layer of a decode step on rows 0..rows-1 (f->pos their positions). */
-static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n, int32_t rows, int32_t l)
+static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
+                         int32_t rows, int32_t l)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
     const cb_backend_ops *o = m->be->ops;
     cb_backend *be = m->be;
     const cb_layer *L = &m->layers[l];
-    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim,
+            dkv = (int64_t)hp->n_head_kv * hp->head_dim;
     int64_t ff = hp->n_ff;
 
     o->rmsnorm(be, f->x, L->attn_norm, f->xn, rows, d, hp->norm_eps);
@@ -557,12 +578,15 @@ static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, i
     float *qkv_out[3] = {f->q, f->k, f->v};
     decode_products(be, qkv, 3, f->xn, d, qkv_out, (const int64_t[]){dq, dkv, dkv}, rows);
     if (L->q_norm)
-        o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)rows * hp->n_head, hp->head_dim, hp->norm_eps);
-    o->rope(be, f->q, f->pos, rows, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff, hp->rope_neox);
-    if (L->k_norm)
-        o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)rows * hp->n_head_kv, hp->head_dim, hp->norm_eps);
-    o->rope(be, f->k, f->pos, rows, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
+        o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)rows * hp->n_head, hp->head_dim,
+                   hp->norm_eps);
+    o->rope(be, f->q, f->pos, rows, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
             hp->rope_neox);
+    if (L->k_norm)
+        o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)rows * hp->n_head_kv, hp->head_dim,
+                   hp->norm_eps);
+    o->rope(be, f->k, f->pos, rows, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base,
+            L->rope_ff, hp->rope_neox);
     decode_attention(f, kv, pos, n, rows, l);
     const cb_bweight *wo[1] = {L->wo}, *wd[1] = {L->wd};
     decode_products(be, wo, 1, f->att, dq, &f->xn, &d, rows);
@@ -586,8 +610,8 @@ static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, i
 
 /* A decode step of sequences 0..n-1 on `rows` rows (n real, the rest
  * padding); logits [n, n_vocab]. */
-static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
-                             int32_t rows, float *logits)
+static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens,
+                             const int32_t *pos, int32_t n, int32_t rows, float *logits)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -608,15 +632,16 @@ static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *to
     int32_t chunk = f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
     for (int32_t r = 0; r < rows && r < n; r += chunk) {
         int32_t c = rows - r < chunk ? rows - r : chunk, keep = n - r < c ? n - r : c;
-        be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)r * d, f->logits, c);
+        be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)r * d, f->logits,
+                        c);
         be->ops->download(be, logits + (int64_t)r * hp->n_vocab, f->logits,
                           sizeof(float) * (size_t)keep * (size_t)hp->n_vocab);
     }
     return CB_OK;
 }
 
-cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
-                        float *logits)
+cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos,
+                        int32_t n, float *logits)
 {
     const cb_model *m = f->m;
     int32_t rows = cb_fwd_decode_rows(m, n);
@@ -634,13 +659,14 @@ cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens,
     if (!m->be->ops->rows_unstable)
         return decode_step(f, kv, tokens, pos, n, rows, logits);
     for (int32_t i = 0; i < n; i++) /* a step of its own for each */
-        if ((st = decode_step(f, &kv[i], &tokens[i], &pos[i], 1, 1, logits + (int64_t)i * m->hp.n_vocab)) != CB_OK)
+        if ((st = decode_step(f, &kv[i], &tokens[i], &pos[i], 1, 1,
+                              logits + (int64_t)i * m->hp.n_vocab)) != CB_OK)
             return st;
     return CB_OK;
 }
 
-cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k, const float *v,
-                          int32_t from_pos0)
+cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k,
+                          const float *v, int32_t from_pos0)
 {
     const cb_model *m = kv->m;
     const cb_hparams *hp = &m->hp;
@@ -649,7 +675,8 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
     int32_t *at, *delta;
     float *tmp;
 
-    if (layer < 0 || layer >= hp->n_layer || n < 0 || pos < 0 || pos > kv->n_ctx - n || from_pos0 < 0)
+    if (layer < 0 || layer >= hp->n_layer || n < 0 || pos < 0 || pos > kv->n_ctx - n ||
+        from_pos0 < 0)
         return CB_ERR_RANGE;
     if (n == 0)
         return CB_OK;
@@ -668,8 +695,8 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
     }
     be->ops->upload(be, tmp, k, bytes);
     if (pos != from_pos0) /* the layer's own RoPE: a global and a sliding-window layer differ */
-        be->ops->rope(be, tmp, delta, n, hp->n_head_kv, hp->head_dim, hp->n_rot, m->layers[layer].rope_base,
-                      m->layers[layer].rope_ff, hp->rope_neox);
+        be->ops->rope(be, tmp, delta, n, hp->n_head_kv, hp->head_dim, hp->n_rot,
+                      m->layers[layer].rope_base, m->layers[layer].rope_ff, hp->rope_neox);
     be->ops->kv_write(be, kv->k[layer], kv->type, kv->width, tmp, at, n);
     be->ops->upload(be, tmp, v, bytes);
     be->ops->kv_write(be, kv->v[layer], kv->type, kv->width, tmp, at, n);
@@ -681,13 +708,10 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
     return CB_OK;
 }
 
-const cb_model *cb_fwd_model(const cb_fwd *f)
-{
-    return f->m;
-}
+const cb_model *cb_fwd_model(const cb_fwd *f) { return f->m; }
 
-cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q, float *k,
-                           float *v)
+cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q,
+                           float *k, float *v)
 {
     const cb_hparams *hp = &f->m->hp;
     cb_backend *be = f->m->be;
@@ -717,8 +741,8 @@ cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *
     return CB_OK;
 }
 
-cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which, const int32_t *rows,
-                           int32_t n_rows, int32_t k, int32_t *top)
+cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which,
+                           const int32_t *rows, int32_t n_rows, int32_t k, int32_t *top)
 {
     const cb_model *m = f->m;
     cb_backend *be = m->be;
@@ -733,8 +757,8 @@ cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int w
         return st;
     dev = f->dev;
     kv_after_loads(kv, layer);
-    be->ops->deviation(be, which ? f->v : f->k, which ? kv->v[layer] : kv->k[layer], kv->type, kv->width,
-                       f->sel_pos, n, dev);
+    be->ops->deviation(be, which ? f->v : f->k, which ? kv->v[layer] : kv->k[layer], kv->type,
+                       kv->width, f->sel_pos, n, dev);
     be->ops->topk(be, dev, n, k, top);
     for (int32_t i = 0; i < k; i++) /* indices into rows -> rows */
         top[i] = rows[top[i]];

@@ -22,11 +22,11 @@
 typedef struct gguf_kv {
     cb_strview key;
     cb_gguf_type type;
-    const uint8_t *val;     /* scalar or string: the value's bytes */
-    cb_gguf_type arr_type;  /* arrays only */
+    const uint8_t *val;    /* scalar or string: the value's bytes */
+    cb_gguf_type arr_type; /* arrays only */
     uint64_t arr_n;
     const uint8_t *arr_data;
-    uint64_t *str_off;      /* string arrays: offset of each element's length field */
+    uint64_t *str_off; /* string arrays: offset of each element's length field */
 } gguf_kv;
 
 struct cb_gguf {
@@ -50,21 +50,22 @@ typedef struct rd {
 } rd;
 
 static const size_t scalar_size[CB_GGUF_TYPE_COUNT_] = {
-    [CB_GGUF_UINT8] = 1,   [CB_GGUF_INT8] = 1,    [CB_GGUF_UINT16] = 2, [CB_GGUF_INT16] = 2,
-    [CB_GGUF_UINT32] = 4,  [CB_GGUF_INT32] = 4,   [CB_GGUF_FLOAT32] = 4, [CB_GGUF_BOOL] = 1,
-    [CB_GGUF_UINT64] = 8,  [CB_GGUF_INT64] = 8,   [CB_GGUF_FLOAT64] = 8,
+    [CB_GGUF_UINT8] = 1,  [CB_GGUF_INT8] = 1,  [CB_GGUF_UINT16] = 2,  [CB_GGUF_INT16] = 2,
+    [CB_GGUF_UINT32] = 4, [CB_GGUF_INT32] = 4, [CB_GGUF_FLOAT32] = 4, [CB_GGUF_BOOL] = 1,
+    [CB_GGUF_UINT64] = 8, [CB_GGUF_INT64] = 8, [CB_GGUF_FLOAT64] = 8,
 };
 
 static const char *const type_names[CB_GGUF_TYPE_COUNT_] = {
-    "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
-    "bool",  "string", "array", "uint64", "int64", "float64",
+    "uint8", "int8",   "uint16", "int16",  "uint32", "int32",   "float32",
+    "bool",  "string", "array",  "uint64", "int64",  "float64",
 };
 
 static cb_status need(rd *r, uint64_t n, const char *what)
 {
     if ((uint64_t)(r->end - r->p) < n)
-        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: truncated GGUF: %s needs %llu bytes, %zu left",
-                            r->name, what, (unsigned long long)n, (size_t)(r->end - r->p));
+        return cb_error_set(r->err, CB_ERR_FORMAT,
+                            "%s: truncated GGUF: %s needs %llu bytes, %zu left", r->name, what,
+                            (unsigned long long)n, (size_t)(r->end - r->p));
     return CB_OK;
 }
 
@@ -102,10 +103,7 @@ static cb_status rd_str(rd *r, cb_strview *s, const char *what)
     return CB_OK;
 }
 
-static size_t pos(const cb_gguf *g, const rd *r)
-{
-    return (size_t)(r->p - g->base);
-}
+static size_t pos(const cb_gguf *g, const rd *r) { return (size_t)(r->p - g->base); }
 
 static cb_status parse_kv(cb_gguf *g, rd *r, gguf_kv *kv)
 {
@@ -120,8 +118,9 @@ static cb_status parse_kv(cb_gguf *g, rd *r, gguf_kv *kv)
     if ((st = rd_u32(r, &t, what)) != CB_OK)
         return st;
     if (t >= CB_GGUF_TYPE_COUNT_)
-        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s has unknown type %u at byte %zu",
-                            r->name, what, t, pos(g, r) - 4);
+        return cb_error_set(r->err, CB_ERR_FORMAT,
+                            "%s: malformed GGUF: %s has unknown type %u at byte %zu", r->name, what,
+                            t, pos(g, r) - 4);
     kv->type = (cb_gguf_type)t;
     kv->arr_type = CB_GGUF_TYPE_COUNT_;
     kv->val = r->p;
@@ -141,9 +140,9 @@ static cb_status parse_kv(cb_gguf *g, rd *r, gguf_kv *kv)
     if ((st = rd_u32(r, &et, what)) != CB_OK || (st = rd_u64(r, &n, what)) != CB_OK)
         return st;
     if (et >= CB_GGUF_TYPE_COUNT_ || et == CB_GGUF_ARRAY)
-        return cb_error_set(r->err, CB_ERR_FORMAT,
-                            "%s: malformed GGUF: %s is an array of %s type %u at byte %zu", r->name, what,
-                            et == CB_GGUF_ARRAY ? "nested array" : "unknown", et, pos(g, r) - 12);
+        return cb_error_set(
+            r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s is an array of %s type %u at byte %zu",
+            r->name, what, et == CB_GGUF_ARRAY ? "nested array" : "unknown", et, pos(g, r) - 12);
     kv->arr_type = (cb_gguf_type)et;
     kv->arr_n = n;
     kv->arr_data = r->p;
@@ -155,8 +154,9 @@ static cb_status parse_kv(cb_gguf *g, rd *r, gguf_kv *kv)
     }
     /* Each string takes at least its 8-byte length: bound n before allocating. */
     if (n > (uint64_t)(r->end - r->p) / 8)
-        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: truncated GGUF: %s claims %llu strings, file too short",
-                            r->name, what, (unsigned long long)n);
+        return cb_error_set(r->err, CB_ERR_FORMAT,
+                            "%s: truncated GGUF: %s claims %llu strings, file too short", r->name,
+                            what, (unsigned long long)n);
     kv->str_off = malloc((n ? n : 1) * sizeof *kv->str_off);
     if (!kv->str_off)
         return cb_error_set(r->err, CB_ERR_NOMEM, "%s: out of memory", r->name);
@@ -177,15 +177,18 @@ static cb_status parse_tensor(cb_gguf *g, rd *r, cb_tensor_info *ti)
 
     if ((st = rd_str(r, &ti->name, "tensor name")) != CB_OK)
         return st;
-    snprintf(what, sizeof what, "tensor '%.*s'", (int)(ti->name.len > 64 ? 64 : ti->name.len), ti->name.data);
+    snprintf(what, sizeof what, "tensor '%.*s'", (int)(ti->name.len > 64 ? 64 : ti->name.len),
+             ti->name.data);
     if (ti->name.len >= GGUF_MAX_NAME)
-        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s: name longer than %d bytes",
-                            r->name, what, GGUF_MAX_NAME - 1);
+        return cb_error_set(r->err, CB_ERR_FORMAT,
+                            "%s: malformed GGUF: %s: name longer than %d bytes", r->name, what,
+                            GGUF_MAX_NAME - 1);
     if ((st = rd_u32(r, &nd, what)) != CB_OK)
         return st;
     if (nd == 0 || nd > CB_GGUF_MAX_DIMS)
-        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s has %u dimensions (1..%d)",
-                            r->name, what, nd, CB_GGUF_MAX_DIMS);
+        return cb_error_set(r->err, CB_ERR_FORMAT,
+                            "%s: malformed GGUF: %s has %u dimensions (1..%d)", r->name, what, nd,
+                            CB_GGUF_MAX_DIMS);
     ti->n_dims = nd;
     for (int d = 0; d < CB_GGUF_MAX_DIMS; d++)
         ti->ne[d] = 1;
@@ -194,29 +197,32 @@ static cb_status parse_tensor(cb_gguf *g, rd *r, cb_tensor_info *ti)
         if ((st = rd_u64(r, &v, what)) != CB_OK)
             return st;
         if (v > (uint64_t)INT64_MAX)
-            return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s dimension %u is negative",
-                                r->name, what, d);
+            return cb_error_set(r->err, CB_ERR_FORMAT,
+                                "%s: malformed GGUF: %s dimension %u is negative", r->name, what,
+                                d);
         ti->ne[d] = (int64_t)v;
     }
     if ((st = rd_u32(r, &t, what)) != CB_OK || (st = rd_u64(r, &ti->offset, what)) != CB_OK)
         return st;
     if (t >= CB_TYPE_COUNT_ || cb_type_block_bytes((cb_type)t) == 0)
-        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s has unknown tensor type %u",
-                            r->name, what, t);
+        return cb_error_set(r->err, CB_ERR_FORMAT,
+                            "%s: malformed GGUF: %s has unknown tensor type %u", r->name, what, t);
     ti->type = (cb_type)t;
     if (ti->ne[0] % cb_type_block_elems(ti->type) != 0)
-        return cb_error_set(r->err, CB_ERR_FORMAT,
-                            "%s: malformed GGUF: %s row of %lld is not a multiple of the %s block (%lld)",
-                            r->name, what, (long long)ti->ne[0], cb_type_name(ti->type),
-                            (long long)cb_type_block_elems(ti->type));
+        return cb_error_set(
+            r->err, CB_ERR_FORMAT,
+            "%s: malformed GGUF: %s row of %lld is not a multiple of the %s block (%lld)", r->name,
+            what, (long long)ti->ne[0], cb_type_name(ti->type),
+            (long long)cb_type_block_elems(ti->type));
     /* nbytes = row bytes * rows, with overflow checks against the file size. */
     uint64_t nb = cb_type_row_bytes(ti->type, ti->ne[0]);
     if (nb == 0 && ti->ne[0] != 0) /* the row's bytes do not fit in size_t */
-        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s is larger than the file", r->name, what);
+        return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s is larger than the file",
+                            r->name, what);
     for (int d = 1; d < CB_GGUF_MAX_DIMS; d++) {
         if (ti->ne[d] != 0 && nb > g->size / (uint64_t)ti->ne[d])
-            return cb_error_set(r->err, CB_ERR_FORMAT, "%s: malformed GGUF: %s is larger than the file",
-                                r->name, what);
+            return cb_error_set(r->err, CB_ERR_FORMAT,
+                                "%s: malformed GGUF: %s is larger than the file", r->name, what);
         nb *= (uint64_t)ti->ne[d];
     }
     if (ti->ne[0] == 0)
@@ -241,8 +247,8 @@ static cb_status gguf_parse(cb_gguf *g, const char *name, cb_error *err)
     if (version == 0x02000000 || version == 0x03000000)
         return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: big-endian GGUF is not supported", name);
     if (version != 2 && version != 3)
-        return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: GGUF version %u is not supported (2 or 3)", name,
-                            version);
+        return cb_error_set(err, CB_ERR_UNSUPPORTED,
+                            "%s: GGUF version %u is not supported (2 or 3)", name, version);
     g->version = version;
     if ((st = rd_u64(&r, &n_tensors, "tensor count")) != CB_OK ||
         (st = rd_u64(&r, &n_kv, "metadata count")) != CB_OK)
@@ -250,9 +256,10 @@ static cb_status gguf_parse(cb_gguf *g, const char *name, cb_error *err)
     /* Each entry takes at least 12 bytes (tensor: 8+4+8+4+8): reject counts
      * the file cannot hold before allocating for them. */
     if (n_kv > g->size / 12 || n_tensors > g->size / 32)
-        return cb_error_set(err, CB_ERR_FORMAT,
-                            "%s: malformed GGUF: %llu metadata entries and %llu tensors cannot fit in %zu bytes",
-                            name, (unsigned long long)n_kv, (unsigned long long)n_tensors, g->size);
+        return cb_error_set(
+            err, CB_ERR_FORMAT,
+            "%s: malformed GGUF: %llu metadata entries and %llu tensors cannot fit in %zu bytes",
+            name, (unsigned long long)n_kv, (unsigned long long)n_tensors, g->size);
     g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
     if (!g->kv || !g->tensors)
@@ -265,18 +272,22 @@ static cb_status gguf_parse(cb_gguf *g, const char *name, cb_error *err)
         if ((st = parse_kv(g, &r, kv)) != CB_OK)
             return st;
         for (uint64_t j = 0; j < i; j++)
-            if (g->kv[j].key.len == kv->key.len && memcmp(g->kv[j].key.data, kv->key.data, kv->key.len) == 0)
-                return cb_error_set(err, CB_ERR_FORMAT, "%s: malformed GGUF: duplicate metadata key '%.*s'",
-                                    name, (int)(kv->key.len > 80 ? 80 : kv->key.len), kv->key.data);
+            if (g->kv[j].key.len == kv->key.len &&
+                memcmp(g->kv[j].key.data, kv->key.data, kv->key.len) == 0)
+                return cb_error_set(err, CB_ERR_FORMAT,
+                                    "%s: malformed GGUF: duplicate metadata key '%.*s'", name,
+                                    (int)(kv->key.len > 80 ? 80 : kv->key.len), kv->key.data);
         if (cb_strview_eq(kv->key, "general.alignment")) {
             uint32_t a;
             if (kv->type != CB_GGUF_UINT32)
-                return cb_error_set(err, CB_ERR_FORMAT, "%s: malformed GGUF: general.alignment is %s, not uint32",
-                                    name, type_names[kv->type]);
+                return cb_error_set(err, CB_ERR_FORMAT,
+                                    "%s: malformed GGUF: general.alignment is %s, not uint32", name,
+                                    type_names[kv->type]);
             memcpy(&a, kv->val, 4);
             if (a == 0 || (a & (a - 1)) != 0)
-                return cb_error_set(err, CB_ERR_FORMAT,
-                                    "%s: malformed GGUF: general.alignment %u is not a power of two", name, a);
+                return cb_error_set(
+                    err, CB_ERR_FORMAT,
+                    "%s: malformed GGUF: general.alignment %u is not a power of two", name, a);
             g->alignment = a;
         }
     }
@@ -286,8 +297,10 @@ static cb_status gguf_parse(cb_gguf *g, const char *name, cb_error *err)
             return st;
         for (uint64_t j = 0; j < i; j++)
             if (g->tensors[j].name.len == g->tensors[i].name.len &&
-                memcmp(g->tensors[j].name.data, g->tensors[i].name.data, g->tensors[i].name.len) == 0)
-                return cb_error_set(err, CB_ERR_FORMAT, "%s: malformed GGUF: duplicate tensor '%.*s'", name,
+                memcmp(g->tensors[j].name.data, g->tensors[i].name.data, g->tensors[i].name.len) ==
+                    0)
+                return cb_error_set(err, CB_ERR_FORMAT,
+                                    "%s: malformed GGUF: duplicate tensor '%.*s'", name,
                                     (int)g->tensors[i].name.len, g->tensors[i].name.data);
     }
     g->n_tensors = (int64_t)n_tensors;
@@ -298,20 +311,22 @@ static cb_status gguf_parse(cb_gguf *g, const char *name, cb_error *err)
     if (n_tensors == 0 && data_off > g->size)
         data_off = g->size; /* vocabulary-only files may omit the final padding */
     if (data_off > g->size)
-        return cb_error_set(err, CB_ERR_FORMAT, "%s: truncated GGUF: data section starts past the end", name);
+        return cb_error_set(err, CB_ERR_FORMAT,
+                            "%s: truncated GGUF: data section starts past the end", name);
     g->data = g->base + data_off;
     g->data_size = g->size - data_off;
     for (uint64_t i = 0; i < n_tensors; i++) {
         cb_tensor_info *ti = &g->tensors[i];
         if (ti->offset % g->alignment != 0)
-            return cb_error_set(err, CB_ERR_FORMAT, "%s: malformed GGUF: tensor '%.*s' offset %llu is not aligned to %zu",
-                                name, (int)ti->name.len, ti->name.data, (unsigned long long)ti->offset,
-                                g->alignment);
+            return cb_error_set(
+                err, CB_ERR_FORMAT,
+                "%s: malformed GGUF: tensor '%.*s' offset %llu is not aligned to %zu", name,
+                (int)ti->name.len, ti->name.data, (unsigned long long)ti->offset, g->alignment);
         if (ti->offset > g->data_size || ti->nbytes > g->data_size - ti->offset)
-            return cb_error_set(err, CB_ERR_FORMAT,
-                                "%s: truncated GGUF: tensor '%.*s' (%zu bytes at data offset %llu) extends past the end of the file",
-                                name, (int)ti->name.len, ti->name.data, ti->nbytes,
-                                (unsigned long long)ti->offset);
+            return cb_error_set(
+                err, CB_ERR_FORMAT,
+                "%s: truncated GGUF: tensor '%.*s' (%zu bytes at data offset %llu) extends past the end of the file",
+                name, (int)ti->name.len, ti->name.data, ti->nbytes, (unsigned long long)ti->offset);
         ti->data = g->data + ti->offset;
     }
     return CB_OK;
@@ -328,7 +343,8 @@ static cb_status gguf_open_common(cb_gguf **out, cb_gguf *g, const char *name, c
     return CB_OK;
 }
 
-cb_status cb_gguf_open_memory(cb_gguf **out, const void *data, size_t size, const char *name, cb_error *err)
+cb_status cb_gguf_open_memory(cb_gguf **out, const void *data, size_t size, const char *name,
+                              cb_error *err)
 {
     cb_gguf *g = calloc(1, sizeof *g);
     if (!g)
@@ -435,17 +451,77 @@ static scalar decode_scalar(cb_gguf_type t, const uint8_t *p)
 {
     scalar s = {-1, 0, 0, 0};
     switch (t) {
-    case CB_GGUF_UINT8: s.kind = 1; s.u = p[0]; break;
-    case CB_GGUF_BOOL: s.kind = 1; s.u = p[0] != 0; break;
-    case CB_GGUF_INT8: { int8_t v; memcpy(&v, p, 1); s.kind = 0; s.i = v; break; }
-    case CB_GGUF_UINT16: { uint16_t v; memcpy(&v, p, 2); s.kind = 1; s.u = v; break; }
-    case CB_GGUF_INT16: { int16_t v; memcpy(&v, p, 2); s.kind = 0; s.i = v; break; }
-    case CB_GGUF_UINT32: { uint32_t v; memcpy(&v, p, 4); s.kind = 1; s.u = v; break; }
-    case CB_GGUF_INT32: { int32_t v; memcpy(&v, p, 4); s.kind = 0; s.i = v; break; }
-    case CB_GGUF_UINT64: { uint64_t v; memcpy(&v, p, 8); s.kind = 1; s.u = v; break; }
-    case CB_GGUF_INT64: { int64_t v; memcpy(&v, p, 8); s.kind = 0; s.i = v; break; }
-    case CB_GGUF_FLOAT32: { float v; memcpy(&v, p, 4); s.kind = 2; s.f = v; break; }
-    case CB_GGUF_FLOAT64: { double v; memcpy(&v, p, 8); s.kind = 2; s.f = v; break; }
+    case CB_GGUF_UINT8:
+        s.kind = 1;
+        s.u = p[0];
+        break;
+    case CB_GGUF_BOOL:
+        s.kind = 1;
+        s.u = p[0] != 0;
+        break;
+    case CB_GGUF_INT8: {
+        int8_t v;
+        memcpy(&v, p, 1);
+        s.kind = 0;
+        s.i = v;
+        break;
+    }
+    case CB_GGUF_UINT16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        s.kind = 1;
+        s.u = v;
+        break;
+    }
+    case CB_GGUF_INT16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        s.kind = 0;
+        s.i = v;
+        break;
+    }
+    case CB_GGUF_UINT32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        s.kind = 1;
+        s.u = v;
+        break;
+    }
+    case CB_GGUF_INT32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        s.kind = 0;
+        s.i = v;
+        break;
+    }
+    case CB_GGUF_UINT64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        s.kind = 1;
+        s.u = v;
+        break;
+    }
+    case CB_GGUF_INT64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        s.kind = 0;
+        s.i = v;
+        break;
+    }
+    case CB_GGUF_FLOAT32: {
+        float v;
+        memcpy(&v, p, 4);
+        s.kind = 2;
+        s.f = v;
+        break;
+    }
+    case CB_GGUF_FLOAT64: {
+        double v;
+        memcpy(&v, p, 8);
+        s.kind = 2;
+        s.f = v;
+        break;
+    }
     default: break;
     }
     return s;

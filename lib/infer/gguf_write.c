@@ -4,6 +4,7 @@
  * written: the 7B-shaped bench fixtures).  Used by the fixture generator and tests; layout as described
  * at the top of gguf.c. */
 #include "cbcore.h"
+#include "../core/vec.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,7 @@ typedef struct wtensor {
     cb_type type;
     uint32_t n_dims;
     int64_t ne[CB_GGUF_MAX_DIMS];
-    uint8_t *data;      /* NULL: produced by fill at save */
+    uint8_t *data; /* NULL: produced by fill at save */
     size_t nbytes;
     cb_gguf_fill_fn fill;
     void *fill_ctx;
@@ -35,7 +36,7 @@ struct cb_gguf_writer {
 };
 
 static const size_t elem_size[CB_GGUF_TYPE_COUNT_] = {
-    [CB_GGUF_UINT8] = 1,  [CB_GGUF_INT8] = 1,  [CB_GGUF_UINT16] = 2, [CB_GGUF_INT16] = 2,
+    [CB_GGUF_UINT8] = 1,  [CB_GGUF_INT8] = 1,  [CB_GGUF_UINT16] = 2,  [CB_GGUF_INT16] = 2,
     [CB_GGUF_UINT32] = 4, [CB_GGUF_INT32] = 4, [CB_GGUF_FLOAT32] = 4, [CB_GGUF_BOOL] = 1,
     [CB_GGUF_UINT64] = 8, [CB_GGUF_INT64] = 8, [CB_GGUF_FLOAT64] = 8,
 };
@@ -80,14 +81,12 @@ static cb_status put_kv(cb_gguf_writer *w, const char *key, uint32_t type, uint8
         }
     }
     if (w->n_kv == w->cap_kv) {
-        size_t nc = w->cap_kv ? 2 * w->cap_kv : 16;
-        wkv *nk = realloc(w->kv, nc * sizeof *nk);
+        wkv *nk = cb_vec_reserve(w->kv, &w->cap_kv, w->n_kv + 1, sizeof *nk, 16);
         if (!nk) {
             free(val);
             return CB_ERR_NOMEM;
         }
         w->kv = nk;
-        w->cap_kv = nc;
     }
     char *k = strdup(key);
     if (!k) {
@@ -143,8 +142,8 @@ cb_status cb_gguf_writer_set_str(cb_gguf_writer *w, const char *key, const char 
     return put_kv(w, key, CB_GGUF_STRING, b, 8 + n);
 }
 
-cb_status cb_gguf_writer_set_arr(cb_gguf_writer *w, const char *key, cb_gguf_type t, const void *data,
-                                 uint64_t n)
+cb_status cb_gguf_writer_set_arr(cb_gguf_writer *w, const char *key, cb_gguf_type t,
+                                 const void *data, uint64_t n)
 {
     if ((unsigned)t >= CB_GGUF_TYPE_COUNT_ || elem_size[t] == 0)
         return CB_ERR_INVALID;
@@ -160,7 +159,8 @@ cb_status cb_gguf_writer_set_arr(cb_gguf_writer *w, const char *key, cb_gguf_typ
     return put_kv(w, key, CB_GGUF_ARRAY, b, 12 + body);
 }
 
-cb_status cb_gguf_writer_set_arr_str(cb_gguf_writer *w, const char *key, const char *const *strs, uint64_t n)
+cb_status cb_gguf_writer_set_arr_str(cb_gguf_writer *w, const char *key, const char *const *strs,
+                                     uint64_t n)
 {
     size_t len = 12;
     for (uint64_t i = 0; i < n; i++)
@@ -181,13 +181,14 @@ cb_status cb_gguf_writer_set_arr_str(cb_gguf_writer *w, const char *key, const c
     return put_kv(w, key, CB_GGUF_ARRAY, b, len);
 }
 
-static cb_status add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims, const int64_t *ne,
-                            const void *data, cb_gguf_fill_fn fill, void *ctx)
+static cb_status add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims,
+                            const int64_t *ne, const void *data, cb_gguf_fill_fn fill, void *ctx)
 {
     wtensor wt = {0};
     size_t rows = 1;
 
-    if (n_dims == 0 || n_dims > CB_GGUF_MAX_DIMS || strlen(name) >= 64 || cb_type_block_bytes(t) == 0)
+    if (n_dims == 0 || n_dims > CB_GGUF_MAX_DIMS || strlen(name) >= 64 ||
+        cb_type_block_bytes(t) == 0)
         return CB_ERR_INVALID;
     for (uint32_t d = 0; d < CB_GGUF_MAX_DIMS; d++)
         wt.ne[d] = d < n_dims ? ne[d] : 1;
@@ -201,12 +202,10 @@ static cb_status add_tensor(cb_gguf_writer *w, const char *name, cb_type t, uint
     wt.fill = fill;
     wt.fill_ctx = ctx;
     if (w->n_t == w->cap_t) {
-        size_t nc = w->cap_t ? 2 * w->cap_t : 16;
-        wtensor *nt = realloc(w->t, nc * sizeof *nt);
+        wtensor *nt = cb_vec_reserve(w->t, &w->cap_t, w->n_t + 1, sizeof *nt, 16);
         if (!nt)
             return CB_ERR_NOMEM;
         w->t = nt;
-        w->cap_t = nc;
     }
     wt.name = strdup(name);
     if (data)
@@ -226,22 +225,21 @@ cb_status cb_gguf_writer_add_tensor(cb_gguf_writer *w, const char *name, cb_type
     return add_tensor(w, name, t, n_dims, ne, data, NULL, NULL);
 }
 
-cb_status cb_gguf_writer_add_tensor_fn(cb_gguf_writer *w, const char *name, cb_type t, uint32_t n_dims,
-                                       const int64_t *ne, cb_gguf_fill_fn fill, void *ctx)
+cb_status cb_gguf_writer_add_tensor_fn(cb_gguf_writer *w, const char *name, cb_type t,
+                                       uint32_t n_dims, const int64_t *ne, cb_gguf_fill_fn fill,
+                                       void *ctx)
 {
     if (!fill)
         return CB_ERR_INVALID;
     return add_tensor(w, name, t, n_dims, ne, NULL, fill, ctx);
 }
 
-static size_t pad_to(size_t n, size_t a)
-{
-    return (n + a - 1) / a * a;
-}
+static size_t pad_to(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 /* The header and tensor infos, padded to the data section: hdr_buf [data_off];
  * *total is the whole file's size. */
-static cb_status build_header(const cb_gguf_writer *w, uint8_t **buf, size_t *data_off_out, size_t *total_out)
+static cb_status build_header(const cb_gguf_writer *w, uint8_t **buf, size_t *data_off_out,
+                              size_t *total_out)
 {
     size_t hdr = 4 + 4 + 8 + 8, data = 0;
     int add_align = w->alignment != 32;
@@ -388,7 +386,8 @@ static cb_status emit_file(void *ctx, int fd, cb_error *err)
             for (int64_t r = 0; r < rows && st == CB_OK; r += per) {
                 int64_t n = rows - r < per ? rows - r : per;
                 if (t->fill(t->fill_ctx, r, n, chunk) != 0)
-                    st = cb_error_set(err, CB_ERR_INVALID, "%s: producing tensor '%s' failed", sc->path, t->name);
+                    st = cb_error_set(err, CB_ERR_INVALID, "%s: producing tensor '%s' failed",
+                                      sc->path, t->name);
                 else
                     st = cb_fd_write_all(fd, chunk, (size_t)n * rb, sc->path, err);
             }

@@ -26,8 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static cb_status hp_int(const cb_gguf *g, const char *path, const char *arch, const char *key, int32_t *out,
-                        int required, cb_error *err)
+static cb_status hp_int(const cb_gguf *g, const char *path, const char *arch, const char *key,
+                        int32_t *out, int required, cb_error *err)
 {
     char k[128];
     int64_t v;
@@ -35,18 +35,20 @@ static cb_status hp_int(const cb_gguf *g, const char *path, const char *arch, co
     if (cb_gguf_get_int(g, cb_gguf_find_key(g, k), &v) != CB_OK) {
         if (!required)
             return CB_OK;
-        return cb_error_set(err, CB_ERR_FORMAT, "%s: missing or non-integer metadata '%s'", path, k);
+        return cb_error_set(err, CB_ERR_FORMAT, "%s: missing or non-integer metadata '%s'", path,
+                            k);
     }
     if (v <= 0 || v > (1 << 30))
-        return cb_error_set(err, CB_ERR_FORMAT, "%s: metadata '%s' = %lld is out of range", path, k, (long long)v);
+        return cb_error_set(err, CB_ERR_FORMAT, "%s: metadata '%s' = %lld is out of range", path, k,
+                            (long long)v);
     *out = (int32_t)v;
     return CB_OK;
 }
 
 /* Look up a tensor, check its shape {ne0, ne1} and upload it as a weight
  * matrix (or, when ne1 == 0, a 1-D f32 vector into *vec). */
-static cb_status load_tensor(cb_model *m, const char *path, const char *name, int64_t ne0, int64_t ne1,
-                             int optional, cb_bweight **w, float **vec, cb_error *err)
+static cb_status load_tensor(cb_model *m, const char *path, const char *name, int64_t ne0,
+                             int64_t ne1, int optional, cb_bweight **w, float **vec, cb_error *err)
 {
     int64_t i = cb_gguf_find_tensor(m->gguf, name);
     cb_tensor_info ti;
@@ -58,11 +60,13 @@ static cb_status load_tensor(cb_model *m, const char *path, const char *name, in
     cb_gguf_tensor(m->gguf, i, &ti);
     int64_t want1 = ne1 ? ne1 : 1;
     if (ti.ne[0] != ne0 || ti.ne[1] != want1 || ti.ne[2] != 1 || ti.ne[3] != 1)
-        return cb_error_set(err, CB_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", path,
-                            name, (long long)ti.ne[0], (long long)ti.ne[1], (long long)ne0, (long long)want1);
+        return cb_error_set(
+            err, CB_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+            path, name, (long long)ti.ne[0], (long long)ti.ne[1], (long long)ne0, (long long)want1);
     if (!cb_type_is_supported(ti.type))
-        return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which is not supported", path,
-                            name, cb_type_name(ti.type) ? cb_type_name(ti.type) : "?");
+        return cb_error_set(err, CB_ERR_UNSUPPORTED,
+                            "%s: tensor '%s' has type %s, which is not supported", path, name,
+                            cb_type_name(ti.type) ? cb_type_name(ti.type) : "?");
     if (w) {
         *w = m->be->ops->weight_new(m->be, ti.type, ne0, want1, ti.data, NULL);
         if (!*w)
@@ -93,8 +97,8 @@ static float *to_backend(cb_model *m, float *host, int64_t n)
 
 /* Load a projection with an optional bias (biases are folded into the
  * backend weight so that matmul adds them). */
-static cb_status load_proj(cb_model *m, const char *path, int l, const char *what, int64_t n_in, int64_t n_out,
-                           cb_bweight **w, cb_error *err)
+static cb_status load_proj(cb_model *m, const char *path, int l, const char *what, int64_t n_in,
+                           int64_t n_out, cb_bweight **w, cb_error *err)
 {
     char name[96], bname[96];
     int64_t i, bi;
@@ -118,24 +122,27 @@ static cb_status load_proj(cb_model *m, const char *path, int l, const char *wha
     cb_gguf_tensor(m->gguf, bi, &bt);
     if (ti.ne[0] != n_in || ti.ne[1] != n_out || !cb_type_is_supported(ti.type)) {
         free(bias);
-        return cb_error_set(err, CB_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld] type %s, expected [%lld, %lld]",
+        return cb_error_set(err, CB_ERR_FORMAT,
+                            "%s: tensor '%s' has shape [%lld, %lld] type %s, expected [%lld, %lld]",
                             path, name, (long long)ti.ne[0], (long long)ti.ne[1],
-                            cb_type_name(ti.type) ? cb_type_name(ti.type) : "?", (long long)n_in, (long long)n_out);
+                            cb_type_name(ti.type) ? cb_type_name(ti.type) : "?", (long long)n_in,
+                            (long long)n_out);
     }
     *w = m->be->ops->weight_new(m->be, ti.type, n_in, n_out, ti.data, bias);
     free(bias);
-    return *w ? CB_OK : cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory loading '%s'", path, name);
+    return *w ? CB_OK
+              : cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory loading '%s'", path, name);
 }
 
 static const struct arch_desc {
     const char *name;
-    int rope_neox;   /* NEOX RoPE pairs */
-    int qk_norm;     /* per-head RMSNorm of Q and K (attn_q_norm, attn_k_norm) */
-    int post_norms;  /* post_attention_norm, post_ffw_norm */
-    int gelu;        /* GELU gated MLP, else SwiGLU */
-    int embd_scale;  /* embeddings x sqrt(n_embd) */
-    int swa_period;  /* every swa_period-th layer global, the others sliding-window; 0: none */
-    int rope_freqs;  /* reads rope_freqs.weight */
+    int rope_neox;  /* NEOX RoPE pairs */
+    int qk_norm;    /* per-head RMSNorm of Q and K (attn_q_norm, attn_k_norm) */
+    int post_norms; /* post_attention_norm, post_ffw_norm */
+    int gelu;       /* GELU gated MLP, else SwiGLU */
+    int embd_scale; /* embeddings x sqrt(n_embd) */
+    int swa_period; /* every swa_period-th layer global, the others sliding-window; 0: none */
+    int rope_freqs; /* reads rope_freqs.weight */
 } arches[] = {
     {"llama", 0, 0, 0, 0, 0, 0, 1},
     {"qwen2", 1, 0, 0, 0, 0, 0, 0},
@@ -145,17 +152,19 @@ static const struct arch_desc {
 
 /* The RoPE scaling metadata: the linear factor (1 when none), or an error
  * naming a type we do not compute. */
-static cb_status rope_scaling(const cb_gguf *g, const char *path, const char *arch, float *factor, cb_error *err)
+static cb_status rope_scaling(const cb_gguf *g, const char *path, const char *arch, float *factor,
+                              cb_error *err)
 {
     char k[128];
     cb_strview type;
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
     type = cb_gguf_str(g, k);
     if (type.data && !cb_strview_eq(type, "none") && !cb_strview_eq(type, "linear"))
-        return cb_error_set(err, CB_ERR_UNSUPPORTED,
-                            "%s: RoPE scaling type '%.*s' is not supported (supported: none, linear, and "
-                            "Llama 3's rope_freqs)",
-                            path, (int)(type.len > 40 ? 40 : type.len), type.data);
+        return cb_error_set(
+            err, CB_ERR_UNSUPPORTED,
+            "%s: RoPE scaling type '%.*s' is not supported (supported: none, linear, and "
+            "Llama 3's rope_freqs)",
+            path, (int)(type.len > 40 ? 40 : type.len), type.data);
     if (!type.data && cb_gguf_find_key(g, k) >= 0)
         return cb_error_set(err, CB_ERR_FORMAT, "%s: metadata '%s' is not a string", path, k);
     snprintf(k, sizeof k, "%s.rope.scaling.factor", arch);
@@ -165,7 +174,8 @@ static cb_status rope_scaling(const cb_gguf *g, const char *path, const char *ar
         f = cb_gguf_float_or(g, k, 0.0);
     }
     if (f != 0.0 && !(f > 0.0 && f < 1e6))
-        return cb_error_set(err, CB_ERR_FORMAT, "%s: RoPE scaling factor %g is out of range", path, f);
+        return cb_error_set(err, CB_ERR_FORMAT, "%s: RoPE scaling factor %g is out of range", path,
+                            f);
     *factor = f == 0.0 ? 1.0f : (float)f;
     return CB_OK;
 }
@@ -173,8 +183,8 @@ static cb_status rope_scaling(const cb_gguf *g, const char *path, const char *ar
 /* Which layers are sliding-window: attention.sliding_window_pattern, a
  * period (every period-th layer global) or a per-layer array of booleans
  * (true: sliding window), else the architecture's period. */
-static cb_status swa_layers(const cb_gguf *g, const char *path, const char *arch, int period, int32_t n_layer,
-                            int32_t n_swa, cb_layer *layers, cb_error *err)
+static cb_status swa_layers(const cb_gguf *g, const char *path, const char *arch, int period,
+                            int32_t n_layer, int32_t n_swa, cb_layer *layers, cb_error *err)
 {
     char k[128];
     int64_t i, v;
@@ -182,11 +192,12 @@ static cb_status swa_layers(const cb_gguf *g, const char *path, const char *arch
     i = cb_gguf_find_key(g, k);
     if (i >= 0 && cb_gguf_kv_type(g, i) == CB_GGUF_ARRAY) {
         if (cb_gguf_arr_len(g, i) != (uint64_t)n_layer)
-            return cb_error_set(err, CB_ERR_FORMAT, "%s: '%s' has %llu entries for %d layers", path, k,
-                                (unsigned long long)cb_gguf_arr_len(g, i), n_layer);
+            return cb_error_set(err, CB_ERR_FORMAT, "%s: '%s' has %llu entries for %d layers", path,
+                                k, (unsigned long long)cb_gguf_arr_len(g, i), n_layer);
         for (int32_t l = 0; l < n_layer; l++) {
             if (cb_gguf_arr_get_int(g, i, (uint64_t)l, &v) != CB_OK)
-                return cb_error_set(err, CB_ERR_FORMAT, "%s: '%s' is not an array of booleans", path, k);
+                return cb_error_set(err, CB_ERR_FORMAT, "%s: '%s' is not an array of booleans",
+                                    path, k);
             layers[l].window = v ? n_swa : 0;
         }
         return CB_OK;
@@ -196,31 +207,35 @@ static cb_status swa_layers(const cb_gguf *g, const char *path, const char *arch
             return cb_error_set(err, CB_ERR_FORMAT, "%s: metadata '%s' is out of range", path, k);
         period = (int)v;
     }
-    for (int32_t l = 0; l < n_layer; l++) /* llama.cpp's set_swa_pattern: period 0 = every layer local */
+    for (int32_t l = 0; l < n_layer;
+         l++) /* llama.cpp's set_swa_pattern: period 0 = every layer local */
         layers[l].window = period == 0 || l % period < period - 1 ? n_swa : 0;
     return CB_OK;
 }
 
 /* Load a 1-D f32 vector tensor into backend memory (NULL *out when it is
  * optional and absent). */
-static cb_status load_vec(cb_model *m, const char *path, const char *name, int64_t n, int optional, float **out,
-                          cb_error *err);
+static cb_status load_vec(cb_model *m, const char *path, const char *name, int64_t n, int optional,
+                          float **out, cb_error *err);
 
 /* The model's backend (p->device, p->n_threads), checked against the head
  * dimension, on its exact path when p->exact (before any weight). */
-static cb_status open_backend(cb_model *m, const char *path, const cb_model_params *p, cb_error *err)
+static cb_status open_backend(cb_model *m, const char *path, const cb_model_params *p,
+                              cb_error *err)
 {
     cb_status st = cb_backend_open(&m->be, p ? p->device : NULL, p ? p->n_threads : 0, err);
     if (st != CB_OK)
         return st;
     if (m->be->ops->max_head_dim && m->hp.head_dim > m->be->ops->max_head_dim)
-        return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: head dimension %d is more than the %s backend handles (%d)",
-                            path, m->hp.head_dim, m->be->ops->name, m->be->ops->max_head_dim);
+        return cb_error_set(err, CB_ERR_UNSUPPORTED,
+                            "%s: head dimension %d is more than the %s backend handles (%d)", path,
+                            m->hp.head_dim, m->be->ops->name, m->be->ops->max_head_dim);
     if (p && p->exact) {
         if (!m->be->ops->set_act8)
-            return cb_error_set(err, CB_ERR_UNSUPPORTED,
-                                "exact f32 products: the %s backend has no such path (its products are its own)",
-                                m->be->ops->name);
+            return cb_error_set(
+                err, CB_ERR_UNSUPPORTED,
+                "exact f32 products: the %s backend has no such path (its products are its own)",
+                m->be->ops->name);
         m->be->ops->set_act8(m->be, 0);
     }
     return CB_OK;
@@ -241,16 +256,18 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         goto fail;
     cb_strview arch = cb_gguf_str(m->gguf, "general.architecture");
     if (!arch.data) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "%s: no general.architecture: not a model file", path);
+        st =
+            cb_error_set(err, CB_ERR_FORMAT, "%s: no general.architecture: not a model file", path);
         goto fail;
     }
     for (size_t i = 0; i < sizeof arches / sizeof arches[0]; i++)
         if (cb_strview_eq(arch, arches[i].name))
             ad = &arches[i];
     if (!ad) {
-        st = cb_error_set(err, CB_ERR_UNSUPPORTED,
-                          "%s: architecture '%.*s' is not supported (supported: llama, qwen2, qwen3, gemma3)", path,
-                          (int)(arch.len > 40 ? 40 : arch.len), arch.data);
+        st = cb_error_set(
+            err, CB_ERR_UNSUPPORTED,
+            "%s: architecture '%.*s' is not supported (supported: llama, qwen2, qwen3, gemma3)",
+            path, (int)(arch.len > 40 ? 40 : arch.len), arch.data);
         goto fail;
     }
     snprintf(hp->arch, sizeof hp->arch, "%.*s", (int)arch.len, arch.data);
@@ -270,10 +287,12 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     hp->n_rot = hp->head_dim;
     if ((st = hp_int(m->gguf, path, hp->arch, "rope.dimension_count", &hp->n_rot, 0, err)))
         goto fail;
-    if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 ||
-        hp->n_rot > 1024) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "%s: inconsistent attention shape (%d heads, %d KV heads, head %d, rot %d)",
-                          path, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot);
+    if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0 || hp->n_rot > hp->head_dim ||
+        hp->n_rot % 2 || hp->n_rot > 1024) {
+        st = cb_error_set(
+            err, CB_ERR_FORMAT,
+            "%s: inconsistent attention shape (%d heads, %d KV heads, head %d, rot %d)", path,
+            hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot);
         goto fail;
     }
     {
@@ -299,36 +318,40 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     }
     m->embd_scale = ad->embd_scale ? sqrtf((float)hp->n_embd) : 1.0f;
     /* gemma3 27B (62 layers) scales by the model width per head, as llama.cpp */
-    m->attn_scale = 1.0f / sqrtf(ad->embd_scale && hp->n_layer == 62 ? (float)(hp->n_embd / hp->n_head)
-                                                                      : (float)hp->head_dim);
+    m->attn_scale =
+        1.0f / sqrtf(ad->embd_scale && hp->n_layer == 62 ? (float)(hp->n_embd / hp->n_head)
+                                                         : (float)hp->head_dim);
     m->ffn_gelu = ad->gelu;
 
     if ((st = cb_vocab_load(&m->vocab, m->gguf, err)) != CB_OK)
         goto fail;
     hp->n_vocab = cb_vocab_n_tokens(m->vocab);
-    if ((st = cb_gguf_fingerprint_cached(m->gguf, path, p ? p->fp_cache : NULL, &m->fingerprint)) != CB_OK) {
+    if ((st = cb_gguf_fingerprint_cached(m->gguf, path, p ? p->fp_cache : NULL, &m->fingerprint)) !=
+        CB_OK) {
         st = cb_error_set(err, st, "%s: out of memory", path);
         goto fail;
     }
 
     if ((st = open_backend(m, path, p, err)) != CB_OK)
         goto fail;
-    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    int64_t d = hp->n_embd, dq = (int64_t)hp->n_head * hp->head_dim,
+            dkv = (int64_t)hp->n_head_kv * hp->head_dim;
     float *host = NULL;
-    if ((st = load_tensor(m, path, "token_embd.weight", d, hp->n_vocab, 0, &m->tok_embd, NULL, err)))
+    if ((st =
+             load_tensor(m, path, "token_embd.weight", d, hp->n_vocab, 0, &m->tok_embd, NULL, err)))
         goto fail;
     if ((st = load_tensor(m, path, "output_norm.weight", d, 0, 0, NULL, &host, err)))
         goto fail;
     if (!(m->output_norm = to_backend(m, host, d)))
-        goto oom;
+        goto nomem;
     if ((st = load_tensor(m, path, "output.weight", d, hp->n_vocab, 1, &m->output, NULL, err)))
         goto fail;
     hp->tied_output = m->output == NULL;
     /* every layer has tensors: a count the file cannot hold is malformed
      * (it would size the layer table: 10^9 layers in a 20 KB file) */
     if (hp->n_layer > cb_gguf_n_tensors(m->gguf)) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "%s: block_count %d, but the file holds %lld tensors", path,
-                          hp->n_layer, (long long)cb_gguf_n_tensors(m->gguf));
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s: block_count %d, but the file holds %lld tensors",
+                          path, hp->n_layer, (long long)cb_gguf_n_tensors(m->gguf));
         goto fail;
     }
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
@@ -341,26 +364,28 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     {
         int64_t half = hp->n_rot / 2;
         float *ff = NULL;
-        if (ad->rope_freqs && (st = load_tensor(m, path, "rope_freqs.weight", half, 0, 1, NULL, &ff, err)))
+        if (ad->rope_freqs &&
+            (st = load_tensor(m, path, "rope_freqs.weight", half, 0, 1, NULL, &ff, err)))
             goto fail;
         hp->rope_freqs = ff != NULL;
         if (ff)
             for (int64_t i = 0; i < half; i++)
                 if (!(ff[i] > 0 && ff[i] < 1e6)) {
                     free(ff);
-                    st = cb_error_set(err, CB_ERR_FORMAT, "%s: rope_freqs.weight[%lld] is out of range", path,
+                    st = cb_error_set(err, CB_ERR_FORMAT,
+                                      "%s: rope_freqs.weight[%lld] is out of range", path,
                                       (long long)i);
                     goto fail;
                 }
         if (!ff && hp->rope_scale != 1.0f && !(ff = malloc(sizeof(float) * (size_t)half)))
-            goto oom;
+            goto nomem;
         for (int64_t i = 0; ff && i < half; i++)
             ff[i] = (hp->rope_freqs ? ff[i] : 1.0f) * hp->rope_scale;
         if (ff && !(m->rope_ff = to_backend(m, ff, half)))
-            goto oom;
+            goto nomem;
     }
-    if (hp->n_swa && (st = swa_layers(m->gguf, path, hp->arch, ad->swa_period, hp->n_layer, hp->n_swa, m->layers,
-                                      err)))
+    if (hp->n_swa && (st = swa_layers(m->gguf, path, hp->arch, ad->swa_period, hp->n_layer,
+                                      hp->n_swa, m->layers, err)))
         goto fail;
     for (int l = 0; l < hp->n_layer; l++) {
         cb_layer *L = &m->layers[l];
@@ -373,12 +398,12 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         if ((st = load_tensor(m, path, name, d, 0, 0, NULL, &host, err)))
             goto fail;
         if (!(L->attn_norm = to_backend(m, host, d)))
-            goto oom;
+            goto nomem;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
         if ((st = load_tensor(m, path, name, d, 0, 0, NULL, &host, err)))
             goto fail;
         if (!(L->ffn_norm = to_backend(m, host, d)))
-            goto oom;
+            goto nomem;
         if (ad->qk_norm) {
             snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
             if ((st = load_vec(m, path, name, hp->head_dim, 0, &L->q_norm, err)))
@@ -406,7 +431,7 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     }
     *out = m;
     return CB_OK;
-oom:
+nomem:
     st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
 fail:
     cb_model_free(m);
@@ -453,8 +478,8 @@ const cb_hparams *cb_model_hparams(const cb_model *m) { return &m->hp; }
 int32_t cb_model_layer_window(const cb_model *m, int32_t l) { return m->layers[l].window; }
 float cb_model_layer_rope_base(const cb_model *m, int32_t l) { return m->layers[l].rope_base; }
 
-static cb_status load_vec(cb_model *m, const char *path, const char *name, int64_t n, int optional, float **out,
-                          cb_error *err)
+static cb_status load_vec(cb_model *m, const char *path, const char *name, int64_t n, int optional,
+                          float **out, cb_error *err)
 {
     float *host = NULL;
     cb_status st = load_tensor(m, path, name, n, 0, optional, NULL, &host, err);
@@ -468,7 +493,10 @@ static cb_status load_vec(cb_model *m, const char *path, const char *name, int64
 const cb_vocab *cb_model_vocab(const cb_model *m) { return m->vocab; }
 const cb_gguf *cb_model_gguf(const cb_model *m) { return m->gguf; }
 const char *cb_model_backend(const cb_model *m) { return m->be->ops->name; }
-const char *cb_model_device(const cb_model *m) { return m->be->desc[0] ? m->be->desc : m->be->ops->name; }
+const char *cb_model_device(const cb_model *m)
+{
+    return m->be->desc[0] ? m->be->desc : m->be->ops->name;
+}
 cb_hash128 cb_model_fingerprint(const cb_model *m) { return m->fingerprint; }
 
 void cb_model_sync(const cb_model *m)

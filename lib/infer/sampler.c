@@ -42,9 +42,9 @@ struct cand {
 
 struct cb_sampler {
     cb_sampler_params p;
-    uint64_t rng[4];    /* xoshiro256** state */
-    struct cand *cand;  /* [cap] candidates of the current call */
-    float *w;           /* [cap] unnormalized weights for the draw */
+    uint64_t rng[4];   /* xoshiro256** state */
+    struct cand *cand; /* [cap] candidates of the current call */
+    float *w;          /* [cap] unnormalized weights for the draw */
     size_t cap;
     double mass[TOP_P_BUCKETS]; /* top-p histogram, see top_p_unsorted */
 };
@@ -74,10 +74,7 @@ static uint64_t xoshiro_next(uint64_t s[4])
 }
 
 /* Uniform in [0, 1) with 53 random bits. */
-static double rng_unit(uint64_t s[4])
-{
-    return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53;
-}
+static double rng_unit(uint64_t s[4]) { return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53; }
 
 /* ------------------------------------------------------------ ordering */
 
@@ -172,8 +169,7 @@ static int32_t argmax(const float *logits, int32_t n)
 
 cb_sampler_params cb_sampler_defaults(void)
 {
-    cb_sampler_params p = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f,
-                           .min_p = 0.05f, .seed = 0};
+    cb_sampler_params p = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
     return p;
 }
 
@@ -222,8 +218,7 @@ static int reserve(cb_sampler *s, size_t n)
 /* Length of the top-p prefix of cand[0..m) (descending), whose weights
  * exp(logit - maxl) are measured against `total` (the weight of the whole
  * candidate set); m when the prefix does not reach p. */
-static size_t top_p_len(const struct cand *cand, size_t m, float maxl,
-                        double total, float top_p)
+static size_t top_p_len(const struct cand *cand, size_t m, float maxl, double total, float top_p)
 {
     double goal = (double)top_p * total, cum = 0.0;
     for (size_t i = 0; i < m; i++) {
@@ -241,8 +236,7 @@ static size_t top_p_len(const struct cand *cand, size_t m, float maxl,
  * buckets above it are kept whole, and only the boundary bucket is sorted
  * and walked token by token.  The kept set is the sorted prefix that
  * top_p_len would give, up to the rounding of the partial sums. */
-static size_t top_p_unsorted(cb_sampler *s, size_t m, float maxl, double total,
-                             float top_p)
+static size_t top_p_unsorted(cb_sampler *s, size_t m, float maxl, double total, float top_p)
 {
     struct cand *c = s->cand;
     double goal = (double)top_p * total, cum = 0.0;

@@ -38,8 +38,9 @@ static json_t *points(const cb_profile_point *pt, int n)
 {
     json_t *a = json_array();
     for (int i = 0; i < n; i++)
-        json_array_append_new(a, json_pack("{s:I, s:f, s:f, s:f}", "length", (json_int_t)pt[i].length, "ratio",
-                                           pt[i].ratio, "ms_per_layer", pt[i].ms_per_layer, "spread", pt[i].spread));
+        json_array_append_new(
+            a, json_pack("{s:I, s:f, s:f, s:f}", "length", (json_int_t)pt[i].length, "ratio",
+                         pt[i].ratio, "ms_per_layer", pt[i].ms_per_layer, "spread", pt[i].spread));
     return a;
 }
 
@@ -49,12 +50,14 @@ cb_status cb_profile_to_json(const cb_profile *p, char **json)
     for (int i = 0; i < 4; i++)
         json_object_set_new(kvb, type_keys[i], json_real(p->kv_bytes_per_token[i]));
     for (int i = 0; i < p->n_tiers; i++)
-        json_array_append_new(tiers, json_pack("{s:s, s:f, s:f}", "name", p->tiers[i].name, "warm_mbs",
-                                               p->tiers[i].warm_mbs, "cold_mbs", p->tiers[i].cold_mbs));
-    json_t *o = json_pack("{s:i, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o}", "version", 1, "model", p->model,
-                          "backend", p->backend, "n_layer", p->n_layer, "threads", p->threads, "kv_bytes_per_token",
-                          kvb, "prefill", points(p->prefill, p->n_prefill), "recompute",
-                          points(p->recompute, p->n_recompute), "tiers", tiers);
+        json_array_append_new(tiers,
+                              json_pack("{s:s, s:f, s:f}", "name", p->tiers[i].name, "warm_mbs",
+                                        p->tiers[i].warm_mbs, "cold_mbs", p->tiers[i].cold_mbs));
+    json_t *o =
+        json_pack("{s:i, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o}", "version", 1, "model", p->model,
+                  "backend", p->backend, "n_layer", p->n_layer, "threads", p->threads,
+                  "kv_bytes_per_token", kvb, "prefill", points(p->prefill, p->n_prefill),
+                  "recompute", points(p->recompute, p->n_recompute), "tiers", tiers);
     if (!o)
         return CB_ERR_NOMEM;
     *json = json_dumps(o, JSON_INDENT(1));
@@ -69,13 +72,13 @@ static int read_points(json_t *a, cb_profile_point *pt, int max)
     int n = 0;
     if (!json_is_array(a))
         return -1;
-    json_array_foreach(a, i, e)
-    {
+    json_array_foreach(a, i, e) {
         if (n == max)
             return -1;
         json_int_t len;
         double r, ms, sp;
-        if (json_unpack(e, "{s:I, s:F, s:F, s:F}", "length", &len, "ratio", &r, "ms_per_layer", &ms, "spread", &sp))
+        if (json_unpack(e, "{s:I, s:F, s:F, s:F}", "length", &len, "ratio", &r, "ms_per_layer", &ms,
+                        "spread", &sp))
             return -1;
         /* what a measurement can be; interpolation assumes it */
         if (len < 1 || len > (1 << 30) || !(r >= 0 && r <= 1) || !(ms >= 0) || !(sp >= 0))
@@ -95,12 +98,14 @@ cb_status cb_profile_from_json(cb_profile *p, const char *text, size_t len, cb_e
     memset(p, 0, sizeof *p);
     if (!o)
         return cb_error_set(err, CB_ERR_FORMAT, "profile: %s (line %d)", je.text, je.line);
-    if (json_unpack_ex(o, &je, 0, "{s:i, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o}", "version", &version, "model",
-                       &model, "backend", &backend, "n_layer", &n_layer, "threads", &threads, "kv_bytes_per_token",
-                       &kvb, "prefill", &pre, "recompute", &rec, "tiers", &tiers) ||
+    if (json_unpack_ex(o, &je, 0, "{s:i, s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o}", "version",
+                       &version, "model", &model, "backend", &backend, "n_layer", &n_layer,
+                       "threads", &threads, "kv_bytes_per_token", &kvb, "prefill", &pre,
+                       "recompute", &rec, "tiers", &tiers) ||
         version != 1) {
         json_decref(o);
-        return cb_error_set(err, CB_ERR_FORMAT, "profile: %s", version != 1 ? "unknown version" : je.text);
+        return cb_error_set(err, CB_ERR_FORMAT, "profile: %s",
+                            version != 1 ? "unknown version" : je.text);
     }
     snprintf(p->model, sizeof p->model, "%s", model);
     snprintf(p->backend, sizeof p->backend, "%s", backend);
@@ -115,11 +120,11 @@ cb_status cb_profile_from_json(cb_profile *p, const char *text, size_t len, cb_e
     size_t i;
     json_t *t;
     p->n_tiers = 0;
-    json_array_foreach(tiers, i, t)
-    {
+    json_array_foreach(tiers, i, t) {
         const char *name;
         double w, c;
-        if (p->n_tiers == 16 || json_unpack(t, "{s:s, s:F, s:F}", "name", &name, "warm_mbs", &w, "cold_mbs", &c)) {
+        if (p->n_tiers == 16 ||
+            json_unpack(t, "{s:s, s:F, s:F}", "name", &name, "warm_mbs", &w, "cold_mbs", &c)) {
             p->n_prefill = -1;
             break;
         }
@@ -160,7 +165,8 @@ static double at_length(const cb_profile *p, int64_t len, double r, int *ok)
         return ys[0];
     for (int i = 1; i < n; i++)
         if (r <= xs[i])
-            return ys[i - 1] + (ys[i] - ys[i - 1]) * (r - xs[i - 1]) / (xs[i] - xs[i - 1] > 0 ? xs[i] - xs[i - 1] : 1);
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (r - xs[i - 1]) /
+                                   (xs[i] - xs[i - 1] > 0 ? xs[i] - xs[i - 1] : 1);
     /* beyond the last point: in proportion */
     return xs[n - 1] > 0 ? ys[n - 1] * r / xs[n - 1] : ys[n - 1];
 }
@@ -213,8 +219,8 @@ double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_t
     return -1;
 }
 
-double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold, double r_min,
-                           double *pred_load, double *pred_recompute)
+double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold,
+                           double r_min, double *pred_load, double *pred_recompute)
 {
     double load = cb_profile_load_ms(p, tier, L, t, cold), r;
     if (pred_load)

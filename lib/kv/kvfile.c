@@ -60,17 +60,17 @@
 
 struct cb_kvfile {
     char *path;
-    int fd;            /* a local file, or -1 for a source */
-    cb_kv_source src;  /* src.read NULL for a local file */
-    uint8_t *hdr;      /* H bytes */
+    int fd;           /* a local file, or -1 for a source */
+    cb_kv_source src; /* src.read NULL for a local file */
+    uint8_t *hdr;     /* H bytes */
     uint32_t H;
     uint64_t S, B, size;
-    uint8_t *buf;      /* one layer, S bytes */
+    uint8_t *buf; /* one layer, S bytes */
     cb_kv_meta meta;
     int32_t *ids, *lead;
     uint64_t *sums;
-    int32_t *window;   /* [n_layer] */
-    float *rope_base;  /* [n_layer] */
+    int32_t *window;  /* [n_layer] */
+    float *rope_base; /* [n_layer] */
 };
 
 static int kv_type_ok(cb_type t)
@@ -78,10 +78,7 @@ static int kv_type_ok(cb_type t)
     return t == CB_TYPE_F32 || t == CB_TYPE_F16 || t == CB_TYPE_BF16 || t == CB_TYPE_Q8_0;
 }
 
-static uint64_t align_up(uint64_t n, uint64_t a)
-{
-    return (n + a - 1) / a * a;
-}
+static uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 cb_hash128 cb_kv_tokens_hash(const int32_t *lead, int32_t n_lead, const int32_t *ids, int32_t n)
 {
@@ -119,11 +116,22 @@ static uint32_t rope_flags(const cb_hparams *hp)
 
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 
-cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
-                          const int32_t *ids, int32_t n, int32_t pos0, cb_type type, void **out, size_t *out_size)
+cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead,
+                          int32_t n_lead, const int32_t *ids, int32_t n, int32_t pos0, cb_type type,
+                          void **out, size_t *out_size)
 {
     const cb_hparams *hp = cb_model_hparams(m);
     cb_hash128 fp = cb_model_fingerprint(m);
@@ -174,7 +182,8 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     memcpy(buf + KV_FIXED, ids, 4 * (size_t)n);
     if (n_lead)
         memcpy(buf + KV_FIXED + 4 * (size_t)n, lead, 4 * (size_t)n_lead);
-    uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + n_lead), *att = sums + 8 * (size_t)hp->n_layer;
+    uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + n_lead),
+            *att = sums + 8 * (size_t)hp->n_layer;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         float base = cb_model_layer_rope_base(m, l);
         put32(att + 8 * (size_t)l, (uint32_t)cb_model_layer_window(m, l));
@@ -226,8 +235,8 @@ static int read_fd(int fd, void *buf, size_t n, uint64_t off)
 
 /* The fields of the fixed header, checked as far as they can be without
  * the rest of the file; NULL, or why they are impossible. */
-static const char *parse_fixed(const uint8_t *fixed, cb_kv_meta *mt, uint32_t *H, uint64_t *S, uint64_t *B,
-                               uint64_t *size)
+static const char *parse_fixed(const uint8_t *fixed, cb_kv_meta *mt, uint32_t *H, uint64_t *S,
+                               uint64_t *B, uint64_t *size)
 {
     uint32_t version = get32(fixed + 8);
     *H = get32(fixed + 12);
@@ -251,24 +260,26 @@ static const char *parse_fixed(const uint8_t *fixed, cb_kv_meta *mt, uint32_t *H
     mt->flags = version == 1 ? 0 : get32(fixed + 92);
     uint64_t per_layer = version == 1 ? 8 : 16; /* checksum, then (v2) window and base */
 
-    if (mt->n_layer < 1 || mt->n_layer > KV_MAX_LAYERS || mt->n_head_kv < 1 || mt->n_head_kv > 4096 ||
-        mt->head_dim < 1 || mt->head_dim > 4096 || mt->n_rot < 0 || mt->n_rot > mt->head_dim ||
-        (mt->rope_neox != 0 && mt->rope_neox != 1))
+    if (mt->n_layer < 1 || mt->n_layer > KV_MAX_LAYERS || mt->n_head_kv < 1 ||
+        mt->n_head_kv > 4096 || mt->head_dim < 1 || mt->head_dim > 4096 || mt->n_rot < 0 ||
+        mt->n_rot > mt->head_dim || (mt->rope_neox != 0 && mt->rope_neox != 1))
         return "impossible model shape";
     if (!kv_type_ok(mt->type))
         return "unknown element type";
-    if (mt->n_tokens < 1 || mt->n_tokens > KV_MAX_TOKENS || mt->n_lead < 0 || mt->n_lead > KV_MAX_TOKENS ||
-        mt->pos0 < 0 || get32(fixed + 88) != 1)
+    if (mt->n_tokens < 1 || mt->n_tokens > KV_MAX_TOKENS || mt->n_lead < 0 ||
+        mt->n_lead > KV_MAX_TOKENS || mt->pos0 < 0 || get32(fixed + 88) != 1)
         return "impossible token counts or positions";
     if (mt->flags & ~KV_FLAG_ROPE_DIV)
         return "unknown flags";
-    if (cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) == 0) /* not whole blocks */
+    if (cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) ==
+        0) /* not whole blocks */
         return "rows are not whole blocks of the element type";
-    if (*B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) * (uint64_t)mt->n_tokens ||
+    if (*B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) *
+                  (uint64_t)mt->n_tokens ||
         *S < 2 * *B || *S % CB_KV_ALIGN || *S > (1ull << 40))
         return "inconsistent layer sizes";
-    if (*H % CB_KV_ALIGN ||
-        *H < KV_FIXED + 4 * (uint64_t)(mt->n_tokens + mt->n_lead) + per_layer * (uint64_t)mt->n_layer)
+    if (*H % CB_KV_ALIGN || *H < KV_FIXED + 4 * (uint64_t)(mt->n_tokens + mt->n_lead) +
+                                     per_layer * (uint64_t)mt->n_layer)
         return "inconsistent header size";
     if (*size != *H + *S * (uint64_t)mt->n_layer)
         return "inconsistent total size";
@@ -283,12 +294,13 @@ static cb_status check_magic(const uint8_t *fixed, const char *path, cb_error *e
     uint32_t version = get32(fixed + 8);
     if (version != 1 && version != KV_VERSION)
         return cb_error_set(err, CB_ERR_UNSUPPORTED,
-                            "%s: KV format version %u is not supported (this build reads 1 and %d)", path, version,
-                            KV_VERSION);
+                            "%s: KV format version %u is not supported (this build reads 1 and %d)",
+                            path, version, KV_VERSION);
     return CB_OK;
 }
 
-cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size, cb_error *err)
+cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size,
+                            cb_error *err)
 {
     cb_kv_meta mt;
     uint32_t H;
@@ -304,7 +316,8 @@ cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint6
 
 /* n bytes at off from the file or the source: CB_OK, or a status with
  * err set (a source says why; a file's short read is CB_ERR_IO). */
-static cb_status read_at(cb_kvfile *f, void *buf, size_t n, uint64_t off, const char *what, cb_error *err)
+static cb_status read_at(cb_kvfile *f, void *buf, size_t n, uint64_t off, const char *what,
+                         cb_error *err)
 {
     if (f->src.read)
         return f->src.read(f->src.ctx, off, buf, n, err);
@@ -321,8 +334,8 @@ static void release_input(int fd, const cb_kv_source *src)
         src->release(src->ctx);
 }
 
-static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_source *src, uint64_t file_size,
-                         cb_error *err);
+static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_source *src,
+                         uint64_t file_size, cb_error *err);
 
 cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
 {
@@ -332,8 +345,8 @@ cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err)
 
     if (fd < 0) {
         int e = errno;
-        return cb_error_set(err, e == ENOENT || e == EACCES ? CB_ERR_NOT_FOUND : CB_ERR_IO, "%s: %s", path,
-                            strerror(e));
+        return cb_error_set(err, e == ENOENT || e == EACCES ? CB_ERR_NOT_FOUND : CB_ERR_IO,
+                            "%s: %s", path, strerror(e));
     }
     if (fstat(fd, &sb) != 0) {
         st = cb_error_set(err, CB_ERR_IO, "%s: %s", path, strerror(errno));
@@ -354,8 +367,8 @@ cb_status cb_kvfile_open_source(cb_kvfile **out, const cb_kv_source *src, cb_err
 
 /* The reader of a file (fd) or a source (src), which it owns from here:
  * released on failure, else by cb_kvfile_free. */
-static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_source *src, uint64_t file_size,
-                         cb_error *err)
+static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_source *src,
+                         uint64_t file_size, cb_error *err)
 {
     uint8_t fixed[KV_FIXED];
     cb_kvfile *f;
@@ -415,7 +428,8 @@ static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_
     put64(f->hdr + 120, 0);
     if (XXH3_64bits(f->hdr, f->H) != want) {
         cb_kvfile_free(f);
-        return cb_error_set(err, CB_ERR_CHECKSUM, "%s: header checksum mismatch: the KV file is corrupt", path);
+        return cb_error_set(err, CB_ERR_CHECKSUM,
+                            "%s: header checksum mismatch: the KV file is corrupt", path);
     }
     memcpy(f->ids, f->hdr + KV_FIXED, 4 * (size_t)mt->n_tokens);
     memcpy(f->lead, f->hdr + KV_FIXED + 4 * (size_t)mt->n_tokens, 4 * (size_t)mt->n_lead);
@@ -469,17 +483,20 @@ cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error 
     const cb_hparams *hp = cb_model_hparams(m);
     const cb_kv_meta *mt = &f->meta;
     int same = cb_hash128_eq(mt->model, cb_model_fingerprint(m)) && mt->n_layer == hp->n_layer &&
-               mt->n_head_kv == hp->n_head_kv && mt->head_dim == hp->head_dim && mt->n_rot == hp->n_rot &&
-               mt->rope_neox == hp->rope_neox && mt->rope_base == hp->rope_base &&
-               mt->flags == rope_flags(hp);
-    for (int32_t l = 0; same && l < hp->n_layer; l++) /* the fusor moves K with the layer's own RoPE */
-        same = mt->window[l] == cb_model_layer_window(m, l) && mt->layer_rope_base[l] == cb_model_layer_rope_base(m, l);
+               mt->n_head_kv == hp->n_head_kv && mt->head_dim == hp->head_dim &&
+               mt->n_rot == hp->n_rot && mt->rope_neox == hp->rope_neox &&
+               mt->rope_base == hp->rope_base && mt->flags == rope_flags(hp);
+    for (int32_t l = 0; same && l < hp->n_layer;
+         l++) /* the fusor moves K with the layer's own RoPE */
+        same = mt->window[l] == cb_model_layer_window(m, l) &&
+               mt->layer_rope_base[l] == cb_model_layer_rope_base(m, l);
     if (!same) {
         char a[33], b[33];
         cb_hash128_hex(mt->model, a);
         cb_hash128_hex(cb_model_fingerprint(m), b);
-        return cb_error_set(err, CB_ERR_MISMATCH, "%s: made for another model (fingerprint %s, this model %s)",
-                            f->path, a, b);
+        return cb_error_set(err, CB_ERR_MISMATCH,
+                            "%s: made for another model (fingerprint %s, this model %s)", f->path,
+                            a, b);
     }
     return CB_OK;
 }
@@ -494,8 +511,8 @@ static cb_status load_layer(cb_kvfile *f, int32_t l, cb_error *err)
     if (st != CB_OK)
         return st;
     if (XXH3_64bits(f->buf, (size_t)f->S) != f->sums[l])
-        return cb_error_set(err, CB_ERR_CHECKSUM, "%s: layer %d checksum mismatch: the KV file is corrupt", f->path,
-                            l);
+        return cb_error_set(err, CB_ERR_CHECKSUM,
+                            "%s: layer %d checksum mismatch: the KV file is corrupt", f->path, l);
     return CB_OK;
 }
 

@@ -25,8 +25,8 @@ cb_status cb_kv_lead_in(const cb_model *m, cb_tokens *out)
     return CB_OK;
 }
 
-cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32_t n_lead, const int32_t *ids,
-                           int32_t n, cb_type type, void **buf, size_t *size)
+cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
+                           const int32_t *ids, int32_t n, cb_type type, void **buf, size_t *size)
 {
     cb_status st;
     int32_t *all;

@@ -9,6 +9,7 @@
  * with the same parameters: the same calls, and decoding whose rows do not
  * depend on their company (cb_fwd_decode). */
 #include "cbcore.h"
+#include "../core/vec.h"
 #include "prompt_impl.h"
 
 #include <stdio.h>
@@ -20,34 +21,34 @@ typedef struct job {
     cb_answer *a;
     cb_prompt *pr;
     cb_kvcache *kv;
-    cb_tokens cont;       /* the continuation to score, or none */
+    cb_tokens cont; /* the continuation to score, or none */
     int ratio_auto;
     double min_ratio;
-    cb_gen_params gp;     /* stops: `stops`, owned */
+    cb_gen_params gp; /* stops: `stops`, owned */
     char **stops;
     cb_type kv_type;
     int store_write;
     int64_t n_ctx;
-    size_t cap;           /* of a->text */
+    size_t cap; /* of a->text */
     double t0;
-    int32_t slot;         /* in the cb_gen_batch, while decoding */
+    int32_t slot; /* in the cb_gen_batch, while decoding */
 } job;
 
 struct cb_batch {
     cb_model *m;
-    cb_store *s;          /* may be NULL */
+    cb_store *s; /* may be NULL */
     void (*warn)(void *ctx, const char *msg);
     void *wctx;
     int32_t cap;
     uint64_t budget;
     cb_gen_batch *gb;
-    cb_fwd *f;            /* prefill activations, grown to the longest prompt */
+    cb_fwd *f; /* prefill activations, grown to the longest prompt */
     int32_t f_rows;
-    float *logits;        /* [n_vocab] */
-    job **dec;            /* [cap]: the decoding jobs by their cb_gen_batch slot */
-    int32_t *done;        /* [cap] */
+    float *logits; /* [n_vocab] */
+    job **dec;     /* [cap]: the decoding jobs by their cb_gen_batch slot */
+    int32_t *done; /* [cap] */
     job *parked;
-    cb_answer **out;      /* answers not yet taken, oldest first */
+    cb_answer **out; /* answers not yet taken, oldest first */
     size_t n_out, out_cap;
     cb_batch_info info;
     int noted_fallback;
@@ -120,20 +121,11 @@ void cb_batch_free(cb_batch *b)
     free(b);
 }
 
-int cb_batch_full(const cb_batch *b)
-{
-    return b->parked || b->info.in_flight >= b->cap;
-}
+int cb_batch_full(const cb_batch *b) { return b->parked || b->info.in_flight >= b->cap; }
 
-int cb_batch_busy(const cb_batch *b)
-{
-    return b->parked || b->info.in_flight > 0 || b->n_out > 0;
-}
+int cb_batch_busy(const cb_batch *b) { return b->parked || b->info.in_flight > 0 || b->n_out > 0; }
 
-const cb_batch_info *cb_batch_get_info(const cb_batch *b)
-{
-    return &b->info;
-}
+const cb_batch_info *cb_batch_get_info(const cb_batch *b) { return &b->info; }
 
 cb_answer *cb_batch_next(cb_batch *b)
 {
@@ -166,14 +158,13 @@ static void finish(cb_batch *b, job *j, cb_status st, const cb_error *err)
         b->info.n_failed++;
     }
     if (b->n_out == b->out_cap) {
-        size_t nc = b->out_cap ? 2 * b->out_cap : 16;
-        cb_answer **no = realloc(b->out, sizeof *no * nc);
+        cb_answer **no = cb_vec_reserve(b->out, &b->out_cap, b->n_out + 1, sizeof *no, 16);
         if (!no) { /* the answer cannot be kept: it is lost, and said so */
             pr_warnf(b->warn, b->wctx, "out of memory: an answer was dropped");
             job_free(j);
             return;
         }
-        b->out = no, b->out_cap = nc;
+        b->out = no;
     }
     b->out[b->n_out++] = a;
     j->a = NULL;
@@ -185,11 +176,10 @@ static cb_status collect(void *ctx, const char *p, size_t n)
     job *j = ctx;
     cb_answer *a = j->a;
     if (a->len + n + 1 > j->cap) {
-        size_t nc = (a->len + n + 1) * 2;
-        char *nb = realloc(a->text, nc);
+        char *nb = cb_vec_reserve(a->text, &j->cap, a->len + n + 1, 1, 64);
         if (!nb)
             return CB_ERR_NOMEM;
-        a->text = nb, j->cap = nc;
+        a->text = nb;
     }
     memcpy(a->text + a->len, p, n);
     a->len += n;
@@ -226,8 +216,9 @@ static cb_status job_prepare(cb_batch *b, job *j, const cb_request *rq, cb_error
 
     if ((st = job_copy(j, rq)) != CB_OK)
         return cb_error_set(err, st, "out of memory");
-    if ((st = cb_prompt_build_from(&j->pr, b->m, b->s, rq->system, rq->raw, rq->chunks, rq->n_chunks,
-                                   rq->question.data ? rq->question.data : "", rq->question.len, err)) != CB_OK)
+    if ((st = cb_prompt_build_from(&j->pr, b->m, b->s, rq->system, rq->raw, rq->chunks,
+                                   rq->n_chunks, rq->question.data ? rq->question.data : "",
+                                   rq->question.len, err)) != CB_OK)
         return st;
     if (a->bp.mode != CB_MODE_FULL)
         cb_prompt_attach(j->pr, b->s, b->warn, b->wctx);
@@ -238,15 +229,17 @@ static cb_status job_prepare(cb_batch *b, job *j, const cb_request *rq, cb_error
     if (a->n_prompt_tokens == 0)
         return cb_error_set(err, CB_ERR_FORMAT, "the prompt is empty");
     if (rq->score.data) {
-        st = cb_tok_encode(cb_model_vocab(b->m), rq->score.data, rq->score.len, rq->raw ? CB_TOK_PARSE_SPECIAL : 0,
-                           &j->cont);
+        st = cb_tok_encode(cb_model_vocab(b->m), rq->score.data, rq->score.len,
+                           rq->raw ? CB_TOK_PARSE_SPECIAL : 0, &j->cont);
         if (st != CB_OK)
             return cb_error_set(err, st, "tokenizing the continuation failed: %s", cb_strerror(st));
         if (j->cont.n == 0)
             return cb_error_set(err, CB_ERR_FORMAT, "the continuation to score has no tokens");
         a->scored = 1;
     }
-    j->n_ctx = rq->n_ctx > 0 ? rq->n_ctx : a->n_prompt_tokens + (j->cont.n ? (int64_t)j->cont.n : rq->gp.n_predict);
+    j->n_ctx = rq->n_ctx > 0
+                   ? rq->n_ctx
+                   : a->n_prompt_tokens + (j->cont.n ? (int64_t)j->cont.n : rq->gp.n_predict);
     if (rq->n_ctx <= 0 && j->n_ctx > hp->n_ctx_train)
         j->n_ctx = hp->n_ctx_train > a->n_prompt_tokens ? hp->n_ctx_train : a->n_prompt_tokens + 1;
     if (a->n_prompt_tokens >= j->n_ctx)
@@ -296,7 +289,8 @@ static void job_start(cb_batch *b, job *j)
     cb_status st;
 
     if ((st = cb_kvcache_new(&j->kv, b->m, (int32_t)j->n_ctx, j->kv_type)) != CB_OK) {
-        cb_error_set(&err, st, "a KV cache of %lld positions: %s", (long long)j->n_ctx, cb_strerror(st));
+        cb_error_set(&err, st, "a KV cache of %lld positions: %s", (long long)j->n_ctx,
+                     cb_strerror(st));
         finish(b, j, st, &err);
         return;
     }
@@ -307,29 +301,31 @@ static void job_start(cb_batch *b, job *j)
     if (b->info.in_flight > b->info.in_flight_peak)
         b->info.in_flight_peak = b->info.in_flight;
     if ((st = grow_fwd(b, total > (int64_t)j->cont.n ? total : (int64_t)j->cont.n)) != CB_OK) {
-        cb_error_set(&err, st, "activations for %lld tokens: %s", (long long)total, cb_strerror(st));
+        cb_error_set(&err, st, "activations for %lld tokens: %s", (long long)total,
+                     cb_strerror(st));
         finish(b, j, st, &err);
         return;
     }
     if (j->ratio_auto && a->bp.mode == CB_MODE_BLEND)
         job_auto_ratio(b, j);
-    if ((st = cb_prompt_prefill(j->pr, b->s, b->f, j->kv, &a->bp, b->logits, &a->bs, b->warn, b->wctx, &err)) !=
-        CB_OK) {
+    if ((st = cb_prompt_prefill(j->pr, b->s, b->f, j->kv, &a->bp, b->logits, &a->bs, b->warn,
+                                b->wctx, &err)) != CB_OK) {
         finish(b, j, st, &err);
         return;
     }
     if (j->cont.n) { /* no generation: the first token's distribution is ready now */
         a->gen.first_ms = cb_now_ms() - j->t0;
         a->gen.stop = "score";
-        st = cb_score(b->f, j->kv, b->logits, (int32_t)total, j->cont.ids, (int32_t)j->cont.n, &a->score);
+        st = cb_score(b->f, j->kv, b->logits, (int32_t)total, j->cont.ids, (int32_t)j->cont.n,
+                      &a->score);
         if (st != CB_OK)
             cb_error_set(&err, st, "scoring the continuation failed: %s", cb_strerror(st));
         a->gen_ms = cb_now_ms() - j->t0 - a->gen.first_ms;
         finish(b, j, st, &err);
         return;
     }
-    if ((st = cb_gen_batch_add(b->gb, j->kv, b->logits, (int32_t)total, &j->gp, collect, j, j->t0, &j->slot)) !=
-        CB_OK) {
+    if ((st = cb_gen_batch_add(b->gb, j->kv, b->logits, (int32_t)total, &j->gp, collect, j, j->t0,
+                               &j->slot)) != CB_OK) {
         cb_error_set(&err, st, "generation: %s", cb_strerror(st));
         finish(b, j, st, &err);
         return;

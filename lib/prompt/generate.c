@@ -3,6 +3,7 @@
  * token, until end of generation, a stop string, the length or the
  * context runs out. */
 #include "cbcore.h"
+#include "../core/vec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,12 +25,10 @@ static int hold_push(holdback *h, const char *p, size_t n)
 {
     cb_status st;
     if (h->len + n + 1 > h->cap) {
-        size_t nc = (h->len + n + 1) * 2;
-        char *nb = realloc(h->buf, nc);
+        char *nb = cb_vec_reserve(h->buf, &h->cap, h->len + n + 1, 1, 64);
         if (!nb)
             return CB_ERR_NOMEM;
         h->buf = nb;
-        h->cap = nc;
     }
     memcpy(h->buf + h->len, p, n);
     h->len += n;
@@ -72,10 +71,10 @@ static int hold_push(holdback *h, const char *p, size_t n)
  * among many (row-stable products), so a batched answer is a lone one. */
 
 typedef struct gseq {
-    int used, active;    /* slot taken; still generating */
-    cb_kvcache *kv;      /* borrowed */
-    int32_t pos;         /* where its next token goes */
-    cb_gen_params p;     /* stops borrowed */
+    int used, active; /* slot taken; still generating */
+    cb_kvcache *kv;   /* borrowed */
+    int32_t pos;      /* where its next token goes */
+    cb_gen_params p;  /* stops borrowed */
     cb_sampler *smp;
     holdback h;
     double t0;
@@ -85,12 +84,12 @@ typedef struct gseq {
 
 struct cb_gen_batch {
     const cb_model *m;
-    cb_fwd *f;           /* the decode step's rows */
+    cb_fwd *f; /* the decode step's rows */
     int32_t cap, n_vocab;
-    gseq *s;             /* [cap] */
-    float *logits;       /* [cap, n_vocab]: each slot's next-token logits */
-    float *step_logits;  /* [cap, n_vocab]: a step's, in step order */
-    cb_kvcache **kv;     /* [cap]: a step's caches, tokens, positions, slots */
+    gseq *s;            /* [cap] */
+    float *logits;      /* [cap, n_vocab]: each slot's next-token logits */
+    float *step_logits; /* [cap, n_vocab]: a step's, in step order */
+    cb_kvcache **kv;    /* [cap]: a step's caches, tokens, positions, slots */
     int32_t *tok, *pos, *idx;
     char *piece;
     size_t piece_len, piece_cap;
@@ -137,14 +136,16 @@ void cb_gen_batch_free(cb_gen_batch *b)
     for (int32_t i = 0; b->s && i < b->cap; i++)
         slot_clear(&b->s[i]);
     cb_fwd_free(b->f);
-    free(b->s), free(b->logits), free(b->step_logits), free(b->kv), free(b->tok), free(b->pos), free(b->idx);
+    free(b->s), free(b->logits), free(b->step_logits), free(b->kv), free(b->tok), free(b->pos),
+        free(b->idx);
     free(b->piece);
     free(b);
 }
 
-cb_status cb_gen_batch_add(cb_gen_batch *b, cb_kvcache *kv, const float *logits, int32_t pos, const cb_gen_params *p,
-                           cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
-                           int32_t *slot)
+cb_status cb_gen_batch_add(cb_gen_batch *b, cb_kvcache *kv, const float *logits, int32_t pos,
+                           const cb_gen_params *p,
+                           cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx,
+                           double t0, int32_t *slot)
 {
     int32_t i = 0;
     while (i < b->cap && b->s[i].used)
@@ -250,7 +251,8 @@ cb_status cb_gen_batch_step(cb_gen_batch *b, int32_t *done, int32_t *n_done)
         gseq *q = &b->s[b->idx[k]];
         if (st == CB_OK) {
             memcpy(b->logits + (size_t)b->idx[k] * (size_t)b->n_vocab,
-                   b->step_logits + (size_t)k * (size_t)b->n_vocab, sizeof(float) * (size_t)b->n_vocab);
+                   b->step_logits + (size_t)k * (size_t)b->n_vocab,
+                   sizeof(float) * (size_t)b->n_vocab);
             continue;
         }
         q->st = st; /* the step failed: every sequence in it ends with its status */
@@ -268,14 +270,15 @@ cb_status cb_gen_batch_take(cb_gen_batch *b, int32_t slot, cb_gen_result *res, f
     cb_status st = q->st;
     *res = q->res;
     if (logits)
-        memcpy(logits, b->logits + (size_t)slot * (size_t)b->n_vocab, sizeof(float) * (size_t)b->n_vocab);
+        memcpy(logits, b->logits + (size_t)slot * (size_t)b->n_vocab,
+               sizeof(float) * (size_t)b->n_vocab);
     slot_clear(q);
     return st;
 }
 
 cb_status cb_generate(cb_fwd *f, cb_kvcache *kv, float *logits, int32_t pos, const cb_gen_params *p,
-                      cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx, double t0,
-                      cb_gen_result *res)
+                      cb_status (*emit)(void *ctx, const char *text, size_t n), void *ctx,
+                      double t0, cb_gen_result *res)
 {
     cb_gen_batch *b = NULL;
     int32_t slot, done[1], n_done;
@@ -332,8 +335,8 @@ static double log_prob(const float *l, int32_t n, int32_t tok, int *is_top)
     return (double)l[tok] - mx - log(z);
 }
 
-cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, const int32_t *cont, int32_t n,
-                   cb_score_result *res)
+cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, const int32_t *cont,
+                   int32_t n, cb_score_result *res)
 {
     int32_t n_vocab = cb_model_hparams(cb_fwd_model(f))->n_vocab, nb = n - 1;
     int32_t *rows = NULL, *at = NULL;
@@ -358,17 +361,17 @@ cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, 
         lg = malloc(sizeof(float) * (size_t)nb * (size_t)n_vocab);
         if (!rows || !at || !lg) {
             st = CB_ERR_NOMEM;
-            goto out;
+            goto done;
         }
         for (int32_t i = 0; i < nb; i++)
             rows[i] = i, at[i] = pos + i;
         if ((st = cb_fwd_embed(f, cont, at, nb)) != CB_OK)
-            goto out;
+            goto done;
         for (int32_t l = 0; l < cb_model_hparams(cb_fwd_model(f))->n_layer; l++)
             if ((st = cb_fwd_layer(f, kv, l, NULL, 0)) != CB_OK)
-                goto out;
+                goto done;
         if ((st = cb_fwd_logits(f, rows, nb, lg)) != CB_OK)
-            goto out;
+            goto done;
         for (int32_t i = 0; i < nb; i++) {
             sum -= log_prob(lg + (size_t)i * (size_t)n_vocab, n_vocab, cont[i + 1], &top);
             n_top += top;
@@ -377,7 +380,7 @@ cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, 
     res->n_tokens = n;
     res->nll = sum / n;
     res->top1 = (double)n_top / n;
-out:
+done:
     free(rows), free(at), free(lg);
     return st;
 }

@@ -12,18 +12,18 @@ struct cb_precomputer {
     const cb_model *m;
     cb_store *store;
     cb_type type;
-    char *tier;        /* NULL: the fastest tier with room */
+    char *tier; /* NULL: the fastest tier with room */
     cb_tokens lead;
     cb_hash128 fp;
-    cb_fwd *f;         /* PC_BATCH rows */
-    cb_kvcache *kv;    /* f32, kv_cap positions */
+    cb_fwd *f;      /* PC_BATCH rows */
+    cb_kvcache *kv; /* f32, kv_cap positions */
     int32_t kv_cap;
-    void *file;        /* the last KV file computed */
+    void *file; /* the last KV file computed */
     size_t file_size;
 };
 
-cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type, const char *tier,
-                             cb_error *err)
+cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type,
+                             const char *tier, cb_error *err)
 {
     cb_precomputer *pc = calloc(1, sizeof *pc);
     cb_status st;
@@ -48,7 +48,8 @@ cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *
         goto fail;
     }
     if ((st = cb_fwd_new(&pc->f, m, PC_BATCH)) != CB_OK) {
-        cb_error_set(err, st, "precompute: activations for %d tokens: %s", PC_BATCH, cb_strerror(st));
+        cb_error_set(err, st, "precompute: activations for %d tokens: %s", PC_BATCH,
+                     cb_strerror(st));
         goto fail;
     }
     *out = pc;
@@ -89,7 +90,8 @@ static cb_status reserve(cb_precomputer *pc, int64_t need, int32_t n_ctx, cb_err
     pc->kv = NULL;
     pc->kv_cap = (int32_t)(want < n_ctx ? want : n_ctx);
     if ((st = cb_kvcache_new(&pc->kv, pc->m, pc->kv_cap, CB_TYPE_F32)) != CB_OK) {
-        cb_error_set(err, st, "precompute: a KV cache of %d positions: %s", (int)pc->kv_cap, cb_strerror(st));
+        cb_error_set(err, st, "precompute: a KV cache of %d positions: %s", (int)pc->kv_cap,
+                     cb_strerror(st));
         pc->kv_cap = 0;
     }
     return st;
@@ -109,8 +111,8 @@ cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, 
         return cb_error_set(err, CB_ERR_RANGE, "chunk longer than the model's context");
     if ((st = reserve(pc, need, n_ctx, err)) != CB_OK)
         return st;
-    st = cb_kv_precompute(pc->f, pc->kv, pc->lead.ids, (int32_t)pc->lead.n, ids, n, pc->type, &pc->file,
-                          &pc->file_size);
+    st = cb_kv_precompute(pc->f, pc->kv, pc->lead.ids, (int32_t)pc->lead.n, ids, n, pc->type,
+                          &pc->file, &pc->file_size);
     if (st != CB_OK) {
         pc->file = NULL;
         return cb_error_set(err, st, "precompute failed: %s", cb_strerror(st));

@@ -15,7 +15,7 @@
 typedef struct pseg {
     cb_tokens toks;
     int is_chunk;
-    int missing;        /* looked for in the store and found no usable cache */
+    int missing; /* looked for in the store and found no usable cache */
     char key[66];
     cb_kvfile *kf;
     cb_store_ref *ref;
@@ -24,7 +24,7 @@ typedef struct pseg {
 struct cb_prompt {
     const cb_model *m;
     pseg *s;
-    cb_segment *segs;   /* the view cb_prompt_segments returns */
+    cb_segment *segs; /* the view cb_prompt_segments returns */
     int32_t n, cap;
     int n_chunks;
     cb_chat_kind kind;
@@ -91,20 +91,22 @@ static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, 
         return CB_OK;
     }
     cb_kv_key(cb_model_fingerprint(p->m),
-              cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, s->toks.ids, (int32_t)s->toks.n), s->key);
+              cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, s->toks.ids, (int32_t)s->toks.n),
+              s->key);
     p->n_chunks++;
     return CB_OK;
 }
 
 /* [sep] [chunk], the chunk given by the key of its stored KV file: its
  * tokens are the ones the file holds, and the file is attached now. */
-static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, const cb_tokens *sep, int first,
-                               cb_error *err)
+static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, const cb_tokens *sep,
+                               int first, cb_error *err)
 {
     cb_status rc;
     pseg *s;
     if (strlen(key) != sizeof s->key - 1)
-        return cb_error_set(err, CB_ERR_FORMAT, "'%.80s' is not a chunk key (65 characters: model-tokens)", key);
+        return cb_error_set(err, CB_ERR_FORMAT,
+                            "'%.80s' is not a chunk key (65 characters: model-tokens)", key);
     if (!st)
         return cb_error_set(err, CB_ERR_NOT_FOUND, "chunk %s: no store to find it in", key);
     if (!first) {
@@ -116,7 +118,8 @@ static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, cons
     s->is_chunk = 1;
     memcpy(s->key, key, sizeof s->key);
     if ((rc = cb_store_open_kv(st, key, &s->kf, &s->ref, err)) != CB_OK)
-        return rc == CB_ERR_NOT_FOUND ? cb_error_set(err, rc, "chunk %s is not in the store", key) : rc;
+        return rc == CB_ERR_NOT_FOUND ? cb_error_set(err, rc, "chunk %s is not in the store", key)
+                                      : rc;
     if ((rc = cb_kvfile_check_model(s->kf, p->m, err)) != CB_OK)
         return rc;
     const cb_kv_meta *mt = cb_kvfile_meta(s->kf);
@@ -124,16 +127,18 @@ static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, cons
         if (cb_tokens_push(&s->toks, mt->ids[i]) != CB_OK)
             return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
     char want[66];
-    cb_kv_key(cb_model_fingerprint(p->m), cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, mt->ids, mt->n_tokens),
-              want);
+    cb_kv_key(cb_model_fingerprint(p->m),
+              cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, mt->ids, mt->n_tokens), want);
     if (strcmp(want, key) != 0)
-        return cb_error_set(err, CB_ERR_MISMATCH, "chunk %s: its file holds the tokens of %s", key, want);
+        return cb_error_set(err, CB_ERR_MISMATCH, "chunk %s: its file holds the tokens of %s", key,
+                            want);
     p->n_chunks++;
     return CB_OK;
 }
 
 /* [sep + question + template suffix] */
-static cb_status add_tail(cb_prompt *p, const cb_chat_parts *parts, const cb_tokens *sep, const char *q, size_t len)
+static cb_status add_tail(cb_prompt *p, const cb_chat_parts *parts, const cb_tokens *sep,
+                          const char *q, size_t len)
 {
     const cb_vocab *v = cb_model_vocab(p->m);
     pseg *s = add_seg(p);
@@ -151,9 +156,9 @@ static cb_status add_tail(cb_prompt *p, const cb_chat_parts *parts, const cb_tok
 
 /* cb_prompt_build and cb_prompt_build_from: the chunks as texts, or as
  * sources (texts or store keys). */
-static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, const char *system, int raw,
-                       const cb_strview *texts, const cb_chunk_src *srcs, size_t n_chunks, const char *question,
-                       size_t len, cb_error *err)
+static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, const char *system,
+                       int raw, const cb_strview *texts, const cb_chunk_src *srcs, size_t n_chunks,
+                       const char *question, size_t len, cb_error *err)
 {
     cb_prompt *p = calloc(1, sizeof *p);
     cb_chat_parts parts = {0};
@@ -161,9 +166,11 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
     cb_status st;
 
     if (!p)
-        return cb_error_set(err, CB_ERR_NOMEM, "cannot build the prompt: %s", cb_strerror(CB_ERR_NOMEM));
+        return cb_error_set(err, CB_ERR_NOMEM, "cannot build the prompt: %s",
+                            cb_strerror(CB_ERR_NOMEM));
     p->m = m;
-    p->kind = raw ? CB_CHAT_NONE : cb_chat_detect(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
+    p->kind = raw ? CB_CHAT_NONE
+                  : cb_chat_detect(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
     if ((st = cb_kv_lead_in(m, &p->lead)) != CB_OK)
         goto fail;
     if (p->kind != CB_CHAT_NONE && (st = cb_chat_render(p->kind, system, &parts)) != CB_OK)
@@ -199,15 +206,16 @@ fail_keyed: /* err says which key */
     return st;
 }
 
-cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw, const cb_strview *chunks,
-                          size_t n_chunks, const char *question, size_t len, cb_error *err)
+cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw,
+                          const cb_strview *chunks, size_t n_chunks, const char *question,
+                          size_t len, cb_error *err)
 {
     return build(out, m, NULL, system, raw, chunks, NULL, n_chunks, question, len, err);
 }
 
-cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, const char *system, int raw,
-                               const cb_chunk_src *chunks, size_t n_chunks, const char *question, size_t len,
-                               cb_error *err)
+cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, const char *system,
+                               int raw, const cb_chunk_src *chunks, size_t n_chunks,
+                               const char *question, size_t len, cb_error *err)
 {
     return build(out, m, s, system, raw, NULL, chunks, n_chunks, question, len, err);
 }
@@ -280,7 +288,8 @@ static void detach(pseg *s)
 }
 
 /* The cache of one chunk: 1 when usable (s->kf, s->ref kept), else 0. */
-static int attach_one(const cb_model *m, cb_store *store, pseg *s, void (*warn)(void *, const char *), void *ctx)
+static int attach_one(const cb_model *m, cb_store *store, pseg *s,
+                      void (*warn)(void *, const char *), void *ctx)
 {
     cb_error err;
     cb_status st = cb_store_open_kv(store, s->key, &s->kf, &s->ref, &err);
@@ -290,15 +299,18 @@ static int attach_one(const cb_model *m, cb_store *store, pseg *s, void (*warn)(
         pr_warnf(warn, ctx, "%s: %s; the chunk is recomputed", s->key, err.msg);
     } else {
         const cb_kv_meta *mt = cb_kvfile_meta(s->kf);
-        if (mt->n_tokens == (int32_t)s->toks.n && !memcmp(mt->ids, s->toks.ids, sizeof(int32_t) * s->toks.n))
+        if (mt->n_tokens == (int32_t)s->toks.n &&
+            !memcmp(mt->ids, s->toks.ids, sizeof(int32_t) * s->toks.n))
             return 1;
-        pr_warnf(warn, ctx, "%s: its tokens differ from the chunk's; the chunk is recomputed", s->key);
+        pr_warnf(warn, ctx, "%s: its tokens differ from the chunk's; the chunk is recomputed",
+                 s->key);
     }
     detach(s);
     return 0;
 }
 
-void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx)
+void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
+                      void *ctx)
 {
     for (int32_t i = 0; i < p->n; i++) {
         pseg *g = &p->s[i];
@@ -307,8 +319,8 @@ void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const c
     }
 }
 
-cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m, cb_type kv_type,
-                               double r_min, cb_ratio_choice *out, cb_error *err)
+cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m,
+                               cb_type kv_type, double r_min, cb_ratio_choice *out, cb_error *err)
 {
     cb_profile *prof;
     cb_status st;
@@ -322,7 +334,8 @@ cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_m
         return cb_error_set(err, CB_ERR_NOT_FOUND, "no store, so no profile");
     if (!(prof = calloc(1, sizeof *prof)))
         return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
-    if ((st = cb_store_profile_load(s, cb_model_fingerprint(m), cb_model_backend(m), prof, err)) != CB_OK)
+    if ((st = cb_store_profile_load(s, cb_model_fingerprint(m), cb_model_backend(m), prof, err)) !=
+        CB_OK)
         goto done;
     for (int32_t i = 0; i < p->n; i++) {
         if (!p->s[i].kf)
@@ -338,19 +351,20 @@ cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_m
         }
     }
     if (!out->tier[0]) {
-        st = cb_error_set(err, CB_ERR_NOT_FOUND, "the profile measured none of the tiers holding the chunks");
+        st = cb_error_set(err, CB_ERR_NOT_FOUND,
+                          "the profile measured none of the tiers holding the chunks");
         goto done;
     }
-    out->ratio = cb_controller_ratio(prof, out->tier, out->n_cached, ft, 1, r_min, &out->pred_load_ms,
-                                     &out->pred_recompute_ms);
+    out->ratio = cb_controller_ratio(prof, out->tier, out->n_cached, ft, 1, r_min,
+                                     &out->pred_load_ms, &out->pred_recompute_ms);
 done:
     free(prof);
     return st;
 }
 
-cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv, const cb_blend_params *bp,
-                            float *logits, cb_blend_stats *stats, void (*warn)(void *ctx, const char *msg), void *ctx,
-                            cb_error *err)
+cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv,
+                            const cb_blend_params *bp, float *logits, cb_blend_stats *stats,
+                            void (*warn)(void *ctx, const char *msg), void *ctx, cb_error *err)
 {
     for (;;) {
         int32_t n;
@@ -366,7 +380,8 @@ cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv
         if (what == 0)
             pr_warnf(warn, ctx, "%s; the chunk is computed", err->msg);
         detach(&p->s[bad]);
-        for (int32_t i = 0; what == 2 && i < p->n; i++) /* the tier is down: its other streams fail too */
+        for (int32_t i = 0; what == 2 && i < p->n;
+             i++) /* the tier is down: its other streams fail too */
             if (p->s[i].kf && p->s[i].ref && cb_store_ref_tier(p->s[i].ref) == cb_store_n_tiers(s))
                 detach(&p->s[i]);
     }
@@ -376,8 +391,10 @@ void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const cha
 {
     cb_error err;
     for (int32_t i = 0; s && i < p->n; i++)
-        if (p->s[i].ref && cb_store_keep(s, p->s[i].ref, &err) != CB_OK && err.status != CB_ERR_CHECKSUM)
-            pr_warnf(warn, ctx, "%s: fetched from the shared tier but not kept here: %s", p->s[i].key, err.msg);
+        if (p->s[i].ref && cb_store_keep(s, p->s[i].ref, &err) != CB_OK &&
+            err.status != CB_ERR_CHECKSUM)
+            pr_warnf(warn, ctx, "%s: fetched from the shared tier but not kept here: %s",
+                     p->s[i].key, err.msg);
 }
 
 cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,

@@ -3,6 +3,7 @@
  * by default; import reads any tar (or zip, cpio), refuses every entry that
  * is not a plain, safely named, valid KV file, and adopts the rest. */
 #include "store_impl.h"
+#include "../core/vec.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -44,19 +45,17 @@ static int collect_key(void *ctx, const cb_store_entry *e)
 {
     keyl *l = ctx;
     if (l->n == l->cap) {
-        size_t c = l->cap ? l->cap * 2 : 256;
-        void *nv = realloc(l->v, c * sizeof *l->v);
+        void *nv = cb_vec_reserve(l->v, &l->cap, l->n + 1, sizeof *l->v, 256);
         if (!nv)
             return 1;
         l->v = nv;
-        l->cap = c;
     }
     snprintf(l->v[l->n++], CB_STORE_KEY_LEN + 1, "%s", e->key);
     return 0;
 }
 
-cb_status cb_store_export(cb_store *s, const char *path, int fd, const char *const *keys, size_t n_keys,
-                          cb_store_compress compress, uint64_t *n_out, cb_error *err)
+cb_status cb_store_export(cb_store *s, const char *path, int fd, const char *const *keys,
+                          size_t n_keys, cb_store_compress compress, uint64_t *n_out, cb_error *err)
 {
     struct archive *a = NULL;
     struct archive_entry *ae = NULL;
@@ -122,7 +121,8 @@ cb_status cb_store_export(cb_store *s, const char *path, int fd, const char *con
      * which would put zeros after a compressed stream that readers refuse. */
     archive_write_set_bytes_in_last_block(a, 1);
     if (archive_write_open_fd(a, fd) != ARCHIVE_OK) {
-        st = cb_error_set(err, CB_ERR_IO, "%s: %s", path ? path : "export", archive_error_string(a));
+        st =
+            cb_error_set(err, CB_ERR_IO, "%s: %s", path ? path : "export", archive_error_string(a));
         goto done;
     }
     size_t total = n_keys ? n_keys : all.n;
@@ -160,7 +160,8 @@ cb_status cb_store_export(cb_store *s, const char *path, int fd, const char *con
             if (r < 0 && errno == EINTR)
                 continue;
             if (r <= 0 || archive_write_data(a, buf, (size_t)r) != r) {
-                st = cb_error_set(err, CB_ERR_IO, "%s: %s", name, r <= 0 ? strerror(errno) : archive_error_string(a));
+                st = cb_error_set(err, CB_ERR_IO, "%s: %s", name,
+                                  r <= 0 ? strerror(errno) : archive_error_string(a));
                 cb_store_release(ref);
                 goto done;
             }
@@ -170,7 +171,8 @@ cb_status cb_store_export(cb_store *s, const char *path, int fd, const char *con
         count++;
     }
     if (archive_write_close(a) != ARCHIVE_OK) {
-        st = cb_error_set(err, CB_ERR_IO, "%s: %s", path ? path : "export", archive_error_string(a));
+        st =
+            cb_error_set(err, CB_ERR_IO, "%s: %s", path ? path : "export", archive_error_string(a));
         goto done;
     }
     if (out >= 0) {
@@ -294,15 +296,16 @@ enum { STAGED, REJECTED, FAILED };
  * FAILED at once, before anything is written, so that a decompression bomb
  * neither fills the disk nor is read to its end).  FAILED sets *fst and err
  * and leaves no staging file. */
-static int stage_member(struct archive *a, const char *an, const char *name, uint64_t declared, uint64_t room,
-                        const char *room_what, const char *stage, char *buf, size_t bufsize, cb_error *msg,
-                        cb_status *fst, cb_error *err)
+static int stage_member(struct archive *a, const char *an, const char *name, uint64_t declared,
+                        uint64_t room, const char *room_what, const char *stage, char *buf,
+                        size_t bufsize, cb_error *msg, cb_status *fst, cb_error *err)
 {
     uint64_t expect, done = 0;
     if (declared > room) {
-        *fst = cb_error_set(err, strstr(room_what, "free") ? CB_ERR_IO : CB_ERR_FORMAT,
-                     "%s: %s: %llu bytes, more than %s (%llu bytes): nothing imported from it", an, name,
-                     (unsigned long long)declared, room_what, (unsigned long long)room);
+        *fst = cb_error_set(
+            err, strstr(room_what, "free") ? CB_ERR_IO : CB_ERR_FORMAT,
+            "%s: %s: %llu bytes, more than %s (%llu bytes): nothing imported from it", an, name,
+            (unsigned long long)declared, room_what, (unsigned long long)room);
         return FAILED;
     }
     la_ssize_t r = read_upto(a, buf, 128);
@@ -315,7 +318,8 @@ static int stage_member(struct archive *a, const char *an, const char *name, uin
         return REJECTED;
     }
     if (declared != expect) {
-        cb_error_set(msg, CB_ERR_FORMAT, "%s: holds %llu bytes, but a KV file with its header is %llu bytes", name,
+        cb_error_set(msg, CB_ERR_FORMAT,
+                     "%s: holds %llu bytes, but a KV file with its header is %llu bytes", name,
                      (unsigned long long)declared, (unsigned long long)expect);
         archive_read_data_skip(a);
         return REJECTED;
@@ -330,10 +334,11 @@ static int stage_member(struct archive *a, const char *an, const char *name, uin
         if ((uint64_t)r > expect - done) {
             close(out);
             unlink(stage);
-            *fst = cb_error_set(err, CB_ERR_FORMAT,
-                         "%s: %s: holds more than the %llu bytes its archive entry and KV header give: nothing "
-                         "imported from it",
-                         an, name, (unsigned long long)expect);
+            *fst = cb_error_set(
+                err, CB_ERR_FORMAT,
+                "%s: %s: holds more than the %llu bytes its archive entry and KV header give: nothing "
+                "imported from it",
+                an, name, (unsigned long long)expect);
             return FAILED;
         }
         if ((werr = write_all(out, buf, (size_t)r)) != 0)
@@ -398,7 +403,8 @@ cb_status cb_store_import(cb_store *s, const char *path, int fd,
     archive_read_support_format_zip(a);
     rc = path ? archive_read_open_filename(a, path, 1 << 20) : archive_read_open_fd(a, fd, 1 << 20);
     if (rc != ARCHIVE_OK) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "%s: %s", path ? path : "(stdin)", archive_error_string(a));
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s: %s", path ? path : "(stdin)",
+                          archive_error_string(a));
         goto done;
     }
     for (;;) {
@@ -406,7 +412,8 @@ cb_status cb_store_import(cb_store *s, const char *path, int fd,
         if (rc == ARCHIVE_EOF)
             break;
         if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
-            st = cb_error_set(err, CB_ERR_FORMAT, "%s: %s", path ? path : "(stdin)", archive_error_string(a));
+            st = cb_error_set(err, CB_ERR_FORMAT, "%s: %s", path ? path : "(stdin)",
+                              archive_error_string(a));
             goto done;
         }
         const char *name = archive_entry_pathname(ae);
@@ -436,15 +443,16 @@ cb_status cb_store_import(cb_store *s, const char *path, int fd,
         cb_error e;
         const char *room_what;
         uint64_t room = import_room(s, tdir, &room_what);
-        int how = stage_member(a, an, name, (uint64_t)archive_entry_size(ae), room, room_what ? room_what : "", stage,
-                               buf, 1 << 20, &e, &st, err);
+        int how = stage_member(a, an, name, (uint64_t)archive_entry_size(ae), room,
+                               room_what ? room_what : "", stage, buf, 1 << 20, &e, &st, err);
         if (how == FAILED)
             goto done;
         if (how == REJECTED) {
             rep->rejected++;
             size_t nl = strlen(name);
             if (problem) /* the member's name is the problem's subject already */
-                problem(ctx, name, strncmp(e.msg, name, nl) == 0 && e.msg[nl] == ':' ? e.msg + nl + 2 : e.msg);
+                problem(ctx, name,
+                        strncmp(e.msg, name, nl) == 0 && e.msg[nl] == ':' ? e.msg + nl + 2 : e.msg);
             continue;
         }
         char key[66], expect[CB_STORE_KEY_LEN + 1];

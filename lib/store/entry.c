@@ -25,19 +25,21 @@
 /* The fields of a KV file header (format versions 1 and 2, which agree on
  * them, lib/kv/kvfile.c) the reservation needs before the file is written
  * and verified in full. */
-static cb_status peek_header(const uint8_t *p, size_t size, char key[66], char model[33], int64_t *n_tokens,
-                             cb_error *err)
+static cb_status peek_header(const uint8_t *p, size_t size, char key[66], char model[33],
+                             int64_t *n_tokens, cb_error *err)
 {
     uint32_t ver, nt;
     uint64_t m[2], t[2], total;
     if (size < 128 || memcmp(p, KV_MAGIC, 8) != 0)
-        return cb_error_set(err, CB_ERR_FORMAT, "not a valid KV file: %s", size < 128 ? "too short" : "bad magic");
+        return cb_error_set(err, CB_ERR_FORMAT, "not a valid KV file: %s",
+                            size < 128 ? "too short" : "bad magic");
     memcpy(&ver, p + 8, 4);
     if (ver != 1 && ver != 2)
         return cb_error_set(err, CB_ERR_UNSUPPORTED, "KV format version %u is not supported", ver);
     memcpy(&total, p + 112, 8);
     if (total != size)
-        return cb_error_set(err, CB_ERR_FORMAT, "not a valid KV file: %zu bytes, its header says %llu", size,
+        return cb_error_set(err, CB_ERR_FORMAT,
+                            "not a valid KV file: %zu bytes, its header says %llu", size,
                             (unsigned long long)total);
     memcpy(m, p + 16, 16);
     memcpy(t, p + 32, 16);
@@ -50,8 +52,8 @@ static cb_status peek_header(const uint8_t *p, size_t size, char key[66], char m
 }
 
 /* Open and fully verify a KV file; its key, model and token count. */
-static cb_status check_kvfile(const char *path, char key[66], char model[33], int64_t *n_tokens, uint64_t *size,
-                              cb_error *err)
+static cb_status check_kvfile(const char *path, char key[66], char model[33], int64_t *n_tokens,
+                              uint64_t *size, cb_error *err)
 {
     cb_kvfile *f = NULL;
     cb_status st = cb_kvfile_open(&f, path, err);
@@ -87,9 +89,11 @@ static const char SQL_RESERVE[] =
     " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?6, 0, ?7, 0, 0, ?8)";
 static const char SQL_READY[] =
     "UPDATE entries SET state = 1, owner = NULL, created = ?3, last_access = ?3 WHERE key = ?1 AND owner = ?2 AND state = 0";
-static const char SQL_UNRESERVE[] = "DELETE FROM entries WHERE key = ?1 AND owner = ?2 AND state = 0";
+static const char SQL_UNRESERVE[] =
+    "DELETE FROM entries WHERE key = ?1 AND owner = ?2 AND state = 0";
 static const char SQL_REVIVE[] = "UPDATE entries SET state = 1 WHERE key = ?1 AND state = 2";
-static const char SQL_REMOVED[] = "UPDATE entries SET state = 2, pinned = 0 WHERE key = ?1 AND state = 1";
+static const char SQL_REMOVED[] =
+    "UPDATE entries SET state = 2, pinned = 0 WHERE key = ?1 AND state = 1";
 
 /* Under the lock: is key there already?  A stored row whose file is gone and
  * a reservation of a dead process are dropped (their files too); a removed
@@ -162,17 +166,17 @@ static cb_status existing(cb_store *s, const char *key, int *exists, cb_error *e
 
 /* Where the bytes of a put come from. */
 typedef struct put_src {
-    const void *data;  /* bytes, or */
-    const char *path;  /* a verified file */
-    int movable;       /* path may be renamed into the tier */
-    const char *key;   /* the caller's key (NULL: the file's) */
-    int first_tier;    /* the fastest tier it may go to */
+    const void *data; /* bytes, or */
+    const char *path; /* a verified file */
+    int movable;      /* path may be renamed into the tier */
+    const char *key;  /* the caller's key (NULL: the file's) */
+    int first_tier;   /* the fastest tier it may go to */
 } put_src;
 
 /* The row of a reservation (state 0, owned by this handle), in its own
  * transaction. */
-static cb_status reserve_row(cb_store *s, const char *key, const char *model, int tier, uint64_t size,
-                             int64_t n_tokens, const char *sumhex, cb_error *err)
+static cb_status reserve_row(cb_store *s, const char *key, const char *model, int tier,
+                             uint64_t size, int64_t n_tokens, const char *sumhex, cb_error *err)
 {
     sqlite3_stmt *q;
     cb_status st;
@@ -199,15 +203,16 @@ static cb_status reserve_row(cb_store *s, const char *key, const char *model, in
 
 /* 1. Under the store lock: unless key exists (*exists), reserve room in the
  * fastest tier from src->first_tier that has it after eviction (*tier). */
-static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, const char *model, int64_t n_tokens,
-                             uint64_t size, const char *sumhex, int *tier, int *exists, cb_error *err)
+static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, const char *model,
+                             int64_t n_tokens, uint64_t size, const char *sumhex, int *tier,
+                             int *exists, cb_error *err)
 {
     cb_status st;
     *tier = -1;
     if ((st = st_lock(s, err)) != CB_OK)
         return st;
     if ((st = existing(s, key, exists, err)) != CB_OK || *exists)
-        goto out;
+        goto done;
     for (int t = src->first_tier; t < s->n_tiers && *tier < 0; t++) {
         if (s->tiers[t].cap && size > s->tiers[t].cap)
             continue;
@@ -215,25 +220,27 @@ static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, c
         if (st == CB_OK)
             *tier = t;
         else if (st != CB_ERR_CREATE)
-            goto out;
+            goto done;
     }
     if (*tier < 0) {
-        st = cb_error_set(err, CB_ERR_CREATE,
-                          "%s: no tier has room for %llu bytes (the entries that would have to go are pinned or in use)",
-                          key, (unsigned long long)size);
-        goto out;
+        st = cb_error_set(
+            err, CB_ERR_CREATE,
+            "%s: no tier has room for %llu bytes (the entries that would have to go are pinned or in use)",
+            key, (unsigned long long)size);
+        goto done;
     }
     if ((st = reserve_row(s, key, model, *tier, size, n_tokens, sumhex, err)) != CB_OK)
         *tier = -1;
-out:
+done:
     st_unlock(s);
     return st;
 }
 
 /* 2. The temporary file tmp: written (or the movable source renamed to it),
  * fsynced, verified; then renamed to fin and the directory fsynced. */
-static cb_status put_write(cb_store *s, const put_src *src, const char *key, uint64_t size, cb_hash128 sum, int tier,
-                           const char *tmp, const char *fin, cb_error *err)
+static cb_status put_write(cb_store *s, const put_src *src, const char *key, uint64_t size,
+                           cb_hash128 sum, int tier, const char *tmp, const char *fin,
+                           cb_error *err)
 {
     cb_status st = CB_OK;
     int fd;
@@ -322,8 +329,9 @@ static void put_unreserve(cb_store *s, const char *key)
     }
 }
 
-static cb_status put_common(cb_store *s, const put_src *src, const char *key, const char *model, int64_t n_tokens,
-                            uint64_t size, cb_hash128 sum, int *existed, cb_error *err)
+static cb_status put_common(cb_store *s, const put_src *src, const char *key, const char *model,
+                            int64_t n_tokens, uint64_t size, cb_hash128 sum, int *existed,
+                            cb_error *err)
 {
     char sumhex[33];
     char *tmp = NULL, *fin = NULL;
@@ -335,7 +343,9 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
     if ((st = st_owner(s, err)) != CB_OK)
         return st;
     cb_hash128_hex(sum, sumhex);
-    if ((st = put_reserve(s, src, key, model, n_tokens, size, sumhex, &tier, &exists, err)) != CB_OK || exists) {
+    if ((st = put_reserve(s, src, key, model, n_tokens, size, sumhex, &tier, &exists, err)) !=
+            CB_OK ||
+        exists) {
         if (exists && existed)
             *existed = 1;
         return st;
@@ -357,14 +367,14 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
     return st;
 }
 
-static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size, int first_tier,
-                           cb_error *err);
+static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size,
+                           int first_tier, cb_error *err);
 
 /* After a local put (status st): write the entry through to the shared
  * tier.  A local tier without room is no failure when the shared tier took
  * it (the bytes verified first, as the local put would have). */
-static cb_status write_through(cb_store *s, cb_status st, const char *key, const void *data, size_t size,
-                               int64_t n_tokens, cb_error *err)
+static cb_status write_through(cb_store *s, cb_status st, const char *key, const void *data,
+                               size_t size, int64_t n_tokens, cb_error *err)
 {
     char why[300];
     if (!s->remote.url || s->no_write_through || (st != CB_OK && st != CB_ERR_CREATE))
@@ -384,17 +394,18 @@ cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t si
     return put_bytes(s, key, data, size, 0, err);
 }
 
-cb_status cb_store_put_in(cb_store *s, const char *key, const void *data, size_t size, const char *tier,
-                          cb_error *err)
+cb_status cb_store_put_in(cb_store *s, const char *key, const void *data, size_t size,
+                          const char *tier, cb_error *err)
 {
     int t = s ? st_tier_index(s, tier) : -1;
     if (t < 0)
-        return cb_error_set(err, CB_ERR_NOT_FOUND, "no tier named '%s' in the store", tier ? tier : "(null)");
+        return cb_error_set(err, CB_ERR_NOT_FOUND, "no tier named '%s' in the store",
+                            tier ? tier : "(null)");
     return put_bytes(s, key, data, size, t, err);
 }
 
-static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size, int first_tier,
-                           cb_error *err)
+static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size,
+                           int first_tier, cb_error *err)
 {
     char fkey[66], model[33];
     int64_t n_tokens = 0;
@@ -414,8 +425,8 @@ static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_
 }
 
 /* Adopt a file; movable: it may be renamed into the tier (staged imports). */
-cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect, char key_out[66], int *existed,
-                      cb_error *err)
+cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect,
+                      char key_out[66], int *existed, cb_error *err)
 {
     char key[66], model[33];
     int64_t n_tokens;
@@ -446,7 +457,8 @@ cb_status st_put_file(cb_store *s, const char *path, int movable, const char *ex
     return st;
 }
 
-cb_status cb_store_put_file(cb_store *s, const char *path, char key[66], int *existed, cb_error *err)
+cb_status cb_store_put_file(cb_store *s, const char *path, char key[66], int *existed,
+                            cb_error *err)
 {
     if (!s || !path)
         return cb_error_set(err, CB_ERR_INVALID, "store put: no file");
@@ -508,15 +520,19 @@ cb_status cb_store_lookup(cb_store *s, const char *key, int *found)
 
 /* ------------------------------------------------------------ acquire */
 
-static const char SQL_ACCESS_GET[] = "SELECT tier, hits, pinned FROM entries WHERE key = ?1 AND state = 1";
-static const char SQL_ACCESS_SET[] = "UPDATE entries SET hits = hits + 1, last_access = ?2 WHERE key = ?1";
+static const char SQL_ACCESS_GET[] =
+    "SELECT tier, hits, pinned FROM entries WHERE key = ?1 AND state = 1";
+static const char SQL_ACCESS_SET[] =
+    "UPDATE entries SET hits = hits + 1, last_access = ?2 WHERE key = ?1";
 static const char SQL_COUNT[] =
     "INSERT INTO counters(name, value) VALUES(?1, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1";
-static const char SQL_DEL_MISSING[] = "DELETE FROM entries WHERE key = ?1 AND tier = ?2 AND state = 1";
+static const char SQL_DEL_MISSING[] =
+    "DELETE FROM entries WHERE key = ?1 AND tier = ?2 AND state = 1";
 
 /* Record an access: hits and last use of the entry, the tier's hit counter
  * or the miss counter.  *tier -1 when not stored; *hits after this access. */
-static cb_status record_access(cb_store *s, const char *key, int *tier, int64_t *hits, int *pinned, cb_error *err)
+static cb_status record_access(cb_store *s, const char *key, int *tier, int64_t *hits, int *pinned,
+                               cb_error *err)
 {
     sqlite3_stmt *q;
     cb_status st;
@@ -603,12 +619,14 @@ static int fetch_shared(cb_store *s, const char *key, int record)
     cb_status st = put_bytes(s, key, data, size, 0, &e);
     s->no_write_through = 0;
     free(data);
-    if (st == CB_ERR_FORMAT || st == CB_ERR_CHECKSUM || st == CB_ERR_INVALID || st == CB_ERR_UNSUPPORTED) {
+    if (st == CB_ERR_FORMAT || st == CB_ERR_CHECKSUM || st == CB_ERR_INVALID ||
+        st == CB_ERR_UNSUPPORTED) {
         st_remote_reject(s, key, e.msg);
         return 0;
     }
     if (st != CB_OK)
-        st_remote_warn(s, "%s: fetched from the shared tier %s but not kept here: %s", key, s->remote.name, e.msg);
+        st_remote_warn(s, "%s: fetched from the shared tier %s but not kept here: %s", key,
+                       s->remote.name, e.msg);
     return st == CB_OK;
 }
 
@@ -657,7 +675,8 @@ cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out
                     if (s->readonly) {
                         /* not moved meanwhile: gone, and left in the index */
                         free(p);
-                        return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: not in the store (its file is missing)", key);
+                        return cb_error_set(err, CB_ERR_NOT_FOUND,
+                                            "%s: not in the store (its file is missing)", key);
                     }
                     drop_missing(s, key, t, p);
                 }
@@ -672,8 +691,8 @@ cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out
          * at the path (not unlinked, not replaced). */
         while (flock(fd, LOCK_SH) != 0 && errno == EINTR)
             ;
-        if (fstat(fd, &a) == 0 && stat(p, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev &&
-            a.st_nlink > 0) {
+        if (fstat(fd, &a) == 0 && stat(p, &b) == 0 && a.st_ino == b.st_ino &&
+            a.st_dev == b.st_dev && a.st_nlink > 0) {
             cb_store_ref *r = malloc(sizeof *r);
             if (!r) {
                 close(fd);
@@ -694,7 +713,8 @@ cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out
     return cb_error_set(err, CB_ERR_IO, "%s: the entry keeps moving", key);
 }
 
-cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path, cb_error *err)
+cb_status cb_store_acquire(cb_store *s, const char *key, cb_store_ref **ref, const char **path,
+                           cb_error *err)
 {
     cb_store_ref *r = NULL;
     cb_status st;
@@ -732,7 +752,8 @@ const char *cb_store_ref_tier_name(const cb_store *s, const cb_store_ref *ref)
     return ref->tier >= 0 && ref->tier < s->n_tiers ? s->tiers[ref->tier].name : NULL;
 }
 
-cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_store_ref **ref, cb_error *err)
+cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_store_ref **ref,
+                           cb_error *err)
 {
     cb_store_ref *r = NULL;
     st_stream *x = NULL;
@@ -790,7 +811,8 @@ cb_status cb_store_keep(cb_store *s, cb_store_ref *ref, cb_error *err)
         return CB_OK;
     const char *key = st_stream_key(ref->stream);
     if (!st_stream_finish(s, ref->stream, &data, &size))
-        return cb_error_set(err, CB_ERR_CHECKSUM, "%s: not kept: its value in the shared tier %s is bad", key,
+        return cb_error_set(err, CB_ERR_CHECKSUM,
+                            "%s: not kept: its value in the shared tier %s is bad", key,
                             s->remote.name);
     s->no_write_through = 1;
     st = put_bytes(s, key, data, size, 0, err);
@@ -890,7 +912,8 @@ cb_status cb_store_pin(cb_store *s, const char *key, int pinned, cb_error *err)
     cb_status st;
     if (!st_key_valid(key))
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
-    if ((st = st_writable(s, "pin", err)) != CB_OK || (st = st_begin_stmt(s, SQL_PIN, &q, err)) != CB_OK)
+    if ((st = st_writable(s, "pin", err)) != CB_OK ||
+        (st = st_begin_stmt(s, SQL_PIN, &q, err)) != CB_OK)
         return st;
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     sqlite3_bind_int(q, 2, pinned ? 1 : 0);
@@ -915,7 +938,8 @@ cb_status cb_store_list(cb_store *s, const char *model, const char *tier,
 {
     int only = -1;
     if (model && (strlen(model) != 32 || !st_is_hex(model, 32)))
-        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a model fingerprint (32 hex digits)", model);
+        return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a model fingerprint (32 hex digits)",
+                            model);
     int shared = s->remote.url && !s->readonly && (!tier || strcmp(tier, s->remote.name) == 0);
     if (tier && (only = st_tier_index(s, tier)) < 0 && !shared)
         return cb_error_set(err, CB_ERR_INVALID, "no tier '%s' in %s", tier, s->dir);

@@ -25,10 +25,12 @@ cb_status st_dberr(cb_store *s, int rc, const char *what, cb_error *err)
 {
     int base = rc & 0xff;
     cb_status st = base == SQLITE_CORRUPT || base == SQLITE_NOTADB ? CB_ERR_FORMAT
-                 : base == SQLITE_NOMEM                            ? CB_ERR_NOMEM
+                   : base == SQLITE_NOMEM                          ? CB_ERR_NOMEM
                                                                    : CB_ERR_IO;
-    return cb_error_set(err, st, "%s/index.db: %s: %s%s", s->dir, what, s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc),
-                        st == CB_ERR_FORMAT ? " (the index is corrupt: cb-store verify --repair)" : "");
+    return cb_error_set(err, st, "%s/index.db: %s: %s%s", s->dir, what,
+                        s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc),
+                        st == CB_ERR_FORMAT ? " (the index is corrupt: cb-store verify --repair)"
+                                            : "");
 }
 
 cb_status st_write(cb_store *s, sqlite3_stmt *q, const char *what, int *changed, cb_error *err)
@@ -148,7 +150,9 @@ cb_status st_index_create(const char *dir, cb_error *err)
         sqlite3_exec(db, "PRAGMA journal_mode=WAL", NULL, NULL, &msg) != SQLITE_OK ||
         sqlite3_exec(db, SCHEMA, NULL, NULL, &msg) != SQLITE_OK) {
         st = cb_error_set(err, CB_ERR_CREATE, "%s: cannot create the index: %s", p,
-                          msg ? msg : db ? sqlite3_errmsg(db) : "out of memory");
+                          msg  ? msg
+                          : db ? sqlite3_errmsg(db)
+                               : "out of memory");
         sqlite3_free(msg);
     }
     sqlite3_close(db);
@@ -186,7 +190,8 @@ cb_status st_index_open(cb_store *s, cb_error *err)
     if (!p)
         return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
     if (access(p, F_OK) != 0) {
-        cb_status r = cb_error_set(err, CB_ERR_FORMAT, "%s: the index is missing (cb-store verify --repair)", p);
+        cb_status r = cb_error_set(err, CB_ERR_FORMAT,
+                                   "%s: the index is missing (cb-store verify --repair)", p);
         free(p);
         return r;
     }
@@ -202,7 +207,8 @@ cb_status st_index_open(cb_store *s, cb_error *err)
              * can be writing it where we cannot write either; a store that
              * others write is read through its -shm). */
             char *u = uri_ro(p, immutable);
-            rc = u ? sqlite3_open_v2(u, &s->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL) : SQLITE_NOMEM;
+            rc = u ? sqlite3_open_v2(u, &s->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL)
+                   : SQLITE_NOMEM;
             free(u);
         } else {
             rc = sqlite3_open_v2(p, &s->db, SQLITE_OPEN_READWRITE, NULL);
@@ -214,7 +220,8 @@ cb_status st_index_open(cb_store *s, cb_error *err)
             sqlite3_exec(s->db, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
         /* The schema check is the first read: a file that is not an index,
          * or a corrupt one, fails here. */
-        rc = sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE name = 'schema'", -1, &st, NULL);
+        rc = sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE name = 'schema'", -1, &st,
+                                NULL);
         if (rc == SQLITE_OK) {
             rc = sqlite3_step(st);
             ok = rc == SQLITE_ROW && sqlite3_column_int(st, 0) == ST_SCHEMA;
@@ -227,13 +234,15 @@ cb_status st_index_open(cb_store *s, cb_error *err)
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
         return st_dberr(s, rc, "open", err);
     if (!ok)
-        return cb_error_set(err, CB_ERR_FORMAT, "%s/index.db: not a store index of schema %d", s->dir, ST_SCHEMA);
+        return cb_error_set(err, CB_ERR_FORMAT, "%s/index.db: not a store index of schema %d",
+                            s->dir, ST_SCHEMA);
     return CB_OK;
 }
 
 /* ------------------------------------------------------------ rows */
 
-static const char SQL_ROW[] = "SELECT tier, state, bytes, checksum, pinned, hits FROM entries WHERE key = ?1";
+static const char SQL_ROW[] =
+    "SELECT tier, state, bytes, checksum, pinned, hits FROM entries WHERE key = ?1";
 static const char SQL_DEL_AT[] = "DELETE FROM entries WHERE key = ?1 AND tier = ?2";
 
 /* 1 with *r filled, 0 when key has no row, <0 on error. */

@@ -3,6 +3,7 @@
  * Everything here runs under the store lock (DIR/lock); readers go on
  * meanwhile, and an entry a reader holds is skipped. */
 #include "store_impl.h"
+#include "../core/vec.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -65,12 +66,10 @@ static void names_free(names *l)
 static int names_push(names *l, const char *s)
 {
     if (l->n == l->cap) {
-        size_t c = l->cap ? l->cap * 2 : 64;
-        char **v = realloc(l->v, c * sizeof *v);
+        char **v = cb_vec_reserve(l->v, &l->cap, l->n + 1, sizeof *v, 64);
         if (!v)
             return -1;
         l->v = v;
-        l->cap = c;
     }
     if (!(l->v[l->n] = strdup(s)))
         return -1;
@@ -78,7 +77,10 @@ static int names_push(names *l, const char *s)
     return 0;
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 /* Names in a directory (sorted); a missing directory is empty. */
 static cb_status list_dir(const char *dir, names *out, cb_error *err)
@@ -86,7 +88,8 @@ static cb_status list_dir(const char *dir, names *out, cb_error *err)
     DIR *d = opendir(dir);
     struct dirent *e;
     if (!d)
-        return errno == ENOENT ? CB_OK : cb_error_set(err, CB_ERR_IO, "%s: %s", dir, strerror(errno));
+        return errno == ENOENT ? CB_OK
+                               : cb_error_set(err, CB_ERR_IO, "%s: %s", dir, strerror(errno));
     while ((e = readdir(d)) != NULL) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
@@ -126,8 +129,10 @@ typedef struct rowl {
     uint64_t bytes;
 } rowl;
 
-static const char SQL_ALL[] = "SELECT key, tier, state, owner, bytes, checksum FROM entries ORDER BY key";
-static const char SQL_ONE[] = "SELECT key, tier, state, owner, bytes, checksum FROM entries WHERE key = ?1";
+static const char SQL_ALL[] =
+    "SELECT key, tier, state, owner, bytes, checksum FROM entries ORDER BY key";
+static const char SQL_ONE[] =
+    "SELECT key, tier, state, owner, bytes, checksum FROM entries WHERE key = ?1";
 
 static void fill_rowl(sqlite3_stmt *q, rowl *r)
 {
@@ -171,15 +176,13 @@ static cb_status all_rows(cb_store *s, rowl **out, size_t *n, cb_error *err)
         return err ? err->status : CB_ERR_IO;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         if (cnt == cap) {
-            size_t c = cap ? cap * 2 : 256;
-            rowl *nv = realloc(v, c * sizeof *nv);
+            rowl *nv = cb_vec_reserve(v, &cap, cnt + 1, sizeof *nv, 256);
             if (!nv) {
                 sqlite3_reset(q);
                 free(v);
                 return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
             }
             v = nv;
-            cap = c;
         }
         fill_rowl(q, &v[cnt++]);
     }
@@ -206,7 +209,8 @@ static void reap_owners(cb_store *s)
                 continue;
             if (n == ST_OWNER_LEN && !st_owner_alive(s, l.v[i]))
                 unlink(p);
-            else if (n == ST_OWNER_LEN + 4 && strcmp(l.v[i] + ST_OWNER_LEN, ".new") == 0 && older_than(p, 60))
+            else if (n == ST_OWNER_LEN + 4 && strcmp(l.v[i] + ST_OWNER_LEN, ".new") == 0 &&
+                     older_than(p, 60))
                 unlink(p);
             free(p);
         }
@@ -359,7 +363,8 @@ typedef struct vctx {
     cb_error *err;
 } vctx;
 
-static void report(vctx *v, const char *what, int fixed, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void report(vctx *v, const char *what, int fixed, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static void report(vctx *v, const char *what, int fixed, const char *fmt, ...)
 {
     char msg[700];
@@ -382,8 +387,9 @@ static void report(vctx *v, const char *what, int fixed, const char *fmt, ...)
 /* Check a file fully: size and checksum against the row (when given), its
  * own header and layer checksums, and that it holds `key`.  NULL when fine,
  * else a static description; *sum receives its checksum. */
-static const char *check_file(const char *path, const char *key, const rowl *r, char sum[33], char model[33],
-                              int64_t *n_tokens, uint64_t *size, uint64_t *read_bytes, char *why, size_t why_n)
+static const char *check_file(const char *path, const char *key, const rowl *r, char sum[33],
+                              char model[33], int64_t *n_tokens, uint64_t *size,
+                              uint64_t *read_bytes, char *why, size_t why_n)
 {
     cb_mmap m;
     cb_error e;
@@ -407,7 +413,8 @@ static const char *check_file(const char *path, const char *key, const rowl *r, 
     }
     if (cb_kvfile_open(&f, path, &e) != CB_OK || cb_kvfile_verify(f, &e) != CB_OK) {
         size_t pl = strlen(path);
-        const char *msg = strncmp(e.msg, path, pl) == 0 && e.msg[pl] == ':' ? e.msg + pl + 2 : e.msg;
+        const char *msg =
+            strncmp(e.msg, path, pl) == 0 && e.msg[pl] == ':' ? e.msg + pl + 2 : e.msg;
         cb_kvfile_free(f);
         snprintf(why, why_n, "%s", msg);
         return why;
@@ -430,8 +437,8 @@ static const char SQL_ADOPT[] =
     " state, owner) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?6, 0, ?7, 0, 1, NULL)";
 static const char SQL_FIXSUM[] = "UPDATE entries SET checksum = ?2, bytes = ?3 WHERE key = ?1";
 
-static int adopt(cb_store *s, const char *key, const char *model, int t, uint64_t bytes, int64_t n_tokens,
-                 int64_t mtime_us, const char *sum)
+static int adopt(cb_store *s, const char *key, const char *model, int t, uint64_t bytes,
+                 int64_t n_tokens, int64_t mtime_us, const char *sum)
 {
     sqlite3_stmt *q;
     if (st_begin_stmt(s, SQL_ADOPT, &q, NULL) != CB_OK)
@@ -477,7 +484,8 @@ static cb_status verify_row(vctx *v, const rowl *r)
     if (t < 0) {
         if (v->fix)
             del_key(s, r->key);
-        report(v, r->key, v->fix, "indexed in tier '%s', which the configuration does not have", r->tier);
+        report(v, r->key, v->fix, "indexed in tier '%s', which the configuration does not have",
+               r->tier);
         return CB_OK;
     }
     char *p = st_entry_path(s, t, r->key, NULL);
@@ -516,12 +524,14 @@ static cb_status verify_row(vctx *v, const rowl *r)
         if (v->fix)
             del_key(s, r->key);
         report(v, r->key, v->fix, "indexed in tier %s but %s is missing", r->tier, p);
-    } else if ((bad = check_file(p, r->key, r, sum, model, &nt, &size, &v->rep->bytes, why, sizeof why))) {
+    } else if ((bad = check_file(p, r->key, r, sum, model, &nt, &size, &v->rep->bytes, why,
+                                 sizeof why))) {
         int fixed = 0;
         if (v->fix) {
             /* The index may be what is wrong: a file that is valid on its
              * own terms is kept and the index corrected. */
-            if (check_file(p, r->key, NULL, sum, model, &nt, &size, &v->rep->bytes, why, sizeof why) == NULL) {
+            if (check_file(p, r->key, NULL, sum, model, &nt, &size, &v->rep->bytes, why,
+                           sizeof why) == NULL) {
                 sqlite3_stmt *q;
                 if (st_begin_stmt(s, SQL_FIXSUM, &q, NULL) == CB_OK) {
                     sqlite3_bind_text(q, 1, r->key, -1, SQLITE_STATIC);
@@ -560,7 +570,8 @@ static cb_status verify_pass(vctx *v)
         if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW)
             res = (const char *)sqlite3_column_text(q, 0);
         if (!res || strcmp(res, "ok") != 0)
-            report(v, "index.db", 0, "the index is corrupt: %s (cb-store verify --repair after cb_store_reset_index)",
+            report(v, "index.db", 0,
+                   "the index is corrupt: %s (cb-store verify --repair after cb_store_reset_index)",
                    res ? res : sqlite3_errmsg(s->db));
         sqlite3_finalize(q);
     }
@@ -610,7 +621,8 @@ static cb_status verify_pass(vctx *v)
             if (access(p, F_OK) != 0) {
                 /* gone meanwhile (moved, removed, renamed into place) */
             } else if (kind == F_TEMP_OWNED && !st_owner_alive(s, owner)) {
-                report(v, p, v->fix && unlink(p) == 0, "a temporary file of a process that is gone");
+                report(v, p, v->fix && unlink(p) == 0,
+                       "a temporary file of a process that is gone");
             } else if (kind == F_TEMP_OTHER && older_than(p, ST_STALE_TMP_S)) {
                 report(v, p, v->fix && unlink(p) == 0, "a stale temporary file");
             } else if (kind == F_ENTRY && t < s->n_tiers) {
@@ -619,21 +631,23 @@ static cb_status verify_pass(vctx *v)
                 if (rc == 1 && r.tier == t) {
                     /* as the index says */
                 } else if (rc == 1 && r.tier >= 0 && r.tier != t) {
-                    report(v, p, v->fix && st_unlink_locked(p) == 1, "a second copy of an entry of tier %s",
-                           s->tiers[r.tier].name);
+                    report(v, p, v->fix && st_unlink_locked(p) == 1,
+                           "a second copy of an entry of tier %s", s->tiers[r.tier].name);
                 } else if (rc == 0) {
                     char sum[33], model[33];
                     int64_t nt;
                     uint64_t size;
                     struct stat sb;
-                    const char *bad =
-                        check_file(p, key, NULL, sum, model, &nt, &size, &v->rep->bytes, why, sizeof why);
+                    const char *bad = check_file(p, key, NULL, sum, model, &nt, &size,
+                                                 &v->rep->bytes, why, sizeof why);
                     int fixed = 0;
                     if (v->fix && bad)
                         fixed = st_unlink_locked(p) == 1;
                     else if (v->fix && stat(p, &sb) == 0)
-                        fixed = adopt(s, key, model, t, size, nt,
-                                      (int64_t)sb.st_mtim.tv_sec * 1000000 + sb.st_mtim.tv_nsec / 1000, sum) == 0;
+                        fixed =
+                            adopt(s, key, model, t, size, nt,
+                                  (int64_t)sb.st_mtim.tv_sec * 1000000 + sb.st_mtim.tv_nsec / 1000,
+                                  sum) == 0;
                     if (bad)
                         report(v, p, fixed, "not in the index, and invalid: %s", bad);
                     else
@@ -668,16 +682,18 @@ static cb_status verify_pass(vctx *v)
                 }
                 fixed = r == CB_OK;
             }
-            report(v, s->tiers[t].name, fixed, "tier %s holds %llu bytes, over its capacity of %llu",
-                   s->tiers[t].name, (unsigned long long)used, (unsigned long long)s->tiers[t].cap);
+            report(v, s->tiers[t].name, fixed,
+                   "tier %s holds %llu bytes, over its capacity of %llu", s->tiers[t].name,
+                   (unsigned long long)used, (unsigned long long)s->tiers[t].cap);
         }
         st_unlock(s);
     }
     return CB_OK;
 }
 
-cb_status cb_store_verify(cb_store *s, int repair, void (*problem)(void *ctx, const char *what, const char *msg),
-                          void *ctx, cb_store_verify_report *rep, cb_error *err)
+cb_status cb_store_verify(cb_store *s, int repair,
+                          void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
+                          cb_store_verify_report *rep, cb_error *err)
 {
     cb_store_verify_report dummy;
     cb_status st;

@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *cb_store_profile_path(const cb_store *s, cb_hash128 model, const char *backend, char *buf, size_t n)
+const char *cb_store_profile_path(const cb_store *s, cb_hash128 model, const char *backend,
+                                  char *buf, size_t n)
 {
     char name[160];
     cb_profile_name(model, backend, name, sizeof name);
@@ -18,8 +19,8 @@ const char *cb_store_profile_path(const cb_store *s, cb_hash128 model, const cha
     return buf;
 }
 
-cb_status cb_store_profile_load(const cb_store *s, cb_hash128 model, const char *backend, cb_profile *p,
-                                cb_error *err)
+cb_status cb_store_profile_load(const cb_store *s, cb_hash128 model, const char *backend,
+                                cb_profile *p, cb_error *err)
 {
     char path[4096];
     cb_mmap m;
@@ -28,7 +29,8 @@ cb_status cb_store_profile_load(const cb_store *s, cb_hash128 model, const char 
     cb_store_profile_path(s, model, backend, path, sizeof path);
     if ((st = cb_mmap_open(&m, path, err)) != CB_OK) {
         if (st == CB_ERR_NOT_FOUND)
-            cb_error_set(err, st, "%s: no profile for this model and backend (run cb-profile)", path);
+            cb_error_set(err, st, "%s: no profile for this model and backend (run cb-profile)",
+                         path);
         return st;
     }
     st = cb_profile_from_json(p, (const char *)m.data, m.size, err);
@@ -38,7 +40,8 @@ cb_status cb_store_profile_load(const cb_store *s, cb_hash128 model, const char 
     return st;
 }
 
-cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *path, size_t path_n, cb_error *err)
+cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *path, size_t path_n,
+                                cb_error *err)
 {
     cb_hash128 model;
     char buf[4096];
@@ -46,7 +49,8 @@ cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *pa
     cb_status st;
 
     if (cb_hash128_parse(p->model, &model) != CB_OK)
-        return cb_error_set(err, CB_ERR_INVALID, "profile: '%s' is not a model fingerprint", p->model);
+        return cb_error_set(err, CB_ERR_INVALID, "profile: '%s' is not a model fingerprint",
+                            p->model);
     if ((st = st_writable(s, "save a profile", err)) != CB_OK)
         return st;
     if ((st = cb_profile_to_json(p, &json)) != CB_OK)
@@ -59,8 +63,8 @@ cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *pa
     return st;
 }
 
-int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t L, cb_type t, double *pred_load,
-                   double *pred_recompute)
+int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t L, cb_type t,
+                   double *pred_load, double *pred_recompute)
 {
     double rec = cb_profile_recompute_ms(p, ratio, L), best_cost = 0, fastest = -1;
     int best = -1, fast = -1;
@@ -72,7 +76,8 @@ int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t
         if (fast < 0 || load < fastest)
             fast = i, fastest = load;
         /* cheaper wins; at equal cost the slower one, saving the faster */
-        if (load <= rec && (best < 0 || ti->cost < best_cost || (ti->cost == best_cost && i > best)))
+        if (load <= rec &&
+            (best < 0 || ti->cost < best_cost || (ti->cost == best_cost && i > best)))
             best = i, best_cost = ti->cost;
     }
     if (best < 0)

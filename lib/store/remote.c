@@ -254,7 +254,8 @@ static void went_down(cb_store *s, const char *why)
 {
     st_remote *r = &s->remote;
     snprintf(r->why, sizeof r->why, "%s", why);
-    st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url, why);
+    st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)",
+                   r->name, r->url, why);
     disconnect(r);
     r->down_until = st_now_us() + ST_RETRY_US;
 }
@@ -265,11 +266,15 @@ static void went_down(cb_store *s, const char *why)
 static const char *login_refused(const st_remote *r, const char *reply, char *buf, size_t n)
 {
     if (!strncmp(reply, "NOAUTH", 6))
-        snprintf(buf, n, "the server wants a password (%s): give a password file with cb-store init --auth-file or "
-                 "$CB_REDIS_AUTH_FILE", reply);
+        snprintf(
+            buf, n,
+            "the server wants a password (%s): give a password file with cb-store init --auth-file or "
+            "$CB_REDIS_AUTH_FILE",
+            reply);
     else if (!strncmp(reply, "WRONGPASS", 9) || !strncmp(reply, "ERR invalid password", 20) ||
              !strncmp(reply, "ERR AUTH", 8))
-        snprintf(buf, n, "the server refused the login%s%s (%s)", r->user[0] ? " of user " : "", r->user, reply);
+        snprintf(buf, n, "the server refused the login%s%s (%s)", r->user[0] ? " of user " : "",
+                 r->user, reply);
     else
         return NULL;
     return buf;
@@ -293,8 +298,9 @@ static redisReply *checked(cb_store *s, redisReply *rep)
             went_down(s, login);
         } else if (strstr(rep->str, "NOPERM")) {
             if (!r->ro && !r->quiet)
-                st_remote_warn(s, "shared tier %s (%s): %s%s may not write (%s): it is read from only", r->name,
-                               r->url, r->user[0] ? "user " : "this user", r->user, rep->str);
+                st_remote_warn(
+                    s, "shared tier %s (%s): %s%s may not write (%s): it is read from only",
+                    r->name, r->url, r->user[0] ? "user " : "this user", r->user, rep->str);
             r->ro = 1;
             r->ro_warned |= !r->quiet; /* put says nothing more */
             snprintf(r->why, sizeof r->why, "%s", rep->str);
@@ -343,7 +349,8 @@ static redisContext *connect_to(const st_remote *r, int *db, char *why, size_t w
         return NULL;
     }
     struct timeval tv = {r->timeout_ms / 1000, (r->timeout_ms % 1000) * 1000};
-    redisContext *c = is_unix ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
+    redisContext *c =
+        is_unix ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
     if (!c || c->err) {
         snprintf(why, why_n, "%s", c ? c->errstr : "out of memory");
         if (c)
@@ -364,7 +371,11 @@ static redisContext *connect_to(const st_remote *r, int *db, char *why, size_t w
         char buf[300];
         if (!rep || rep->type == REDIS_REPLY_ERROR) {
             const char *login = rep ? login_refused(r, rep->str, buf, sizeof buf) : NULL;
-            snprintf(why, why_n, "%s", login ? login : rep ? rep->str : c->errstr[0] ? c->errstr : "no reply to AUTH");
+            snprintf(why, why_n, "%s",
+                     login          ? login
+                     : rep          ? rep->str
+                     : c->errstr[0] ? c->errstr
+                                    : "no reply to AUTH");
             if (rep)
                 freeReplyObject(rep);
             redisFree(c);
@@ -389,8 +400,8 @@ int st_remote_up(cb_store *s)
         return 0;
     cb_error e;
     if (!r->secrets && st_remote_secrets(r, &e) != CB_OK) {
-        st_remote_warn(s, "shared tier %s (%s): %s; it is not used (what it holds is computed)", r->name, r->url,
-                       e.msg);
+        st_remote_warn(s, "shared tier %s (%s): %s; it is not used (what it holds is computed)",
+                       r->name, r->url, e.msg);
         return 0;
     }
     int db;
@@ -427,8 +438,10 @@ int st_remote_id(cb_store *s, const char *name, char id[33])
     if (ok)
         memcpy(id, rep->str, 33);
     else if (rep->type == REDIS_REPLY_NIL)
-        snprintf(r->why, sizeof r->why, "the tier does not exist yet and %s%s may not make it (make it with a "
-                 "read/write user first)", r->user[0] ? "user " : "this user", r->user);
+        snprintf(r->why, sizeof r->why,
+                 "the tier does not exist yet and %s%s may not make it (make it with a "
+                 "read/write user first)",
+                 r->user[0] ? "user " : "this user", r->user);
     else
         snprintf(r->why, sizeof r->why, "cb:tier:%s does not hold a tier id", name);
     freeReplyObject(rep);
@@ -489,7 +502,8 @@ static cb_status drop(cb_store *s, const char *key, const char *checksum)
     if (s->remote.ro)
         return CB_ERR_CREATE; /* this user may not */
     keys_of(s, key, &k);
-    const char *argv[] = {"EVAL", LUA_DROP, "4", k.m, k.v, k.lru, k.used, key, checksum ? checksum : ""};
+    const char *argv[] = {
+        "EVAL", LUA_DROP, "4", k.m, k.v, k.lru, k.used, key, checksum ? checksum : ""};
     redisReply *rep = cmd_argv(s, 9, argv, NULL);
     if (!rep)
         return CB_ERR_IO;
@@ -502,12 +516,12 @@ static cb_status drop(cb_store *s, const char *key, const char *checksum)
 /* An entry's metadata as a reader needs it. */
 typedef struct rmeta {
     int64_t bytes, parts;
-    char want[33];      /* XXH3-128 of the whole value */
-    char mac_key[17];   /* the id of the key its tags were made with, "" none */
-    char mac_alg[24];   /* their algorithm: "" none, "?" not a name, else as stored */
-    int has_mac;        /* mac_key, mac_alg known, nonce and tags present and well-formed */
+    char want[33];    /* XXH3-128 of the whole value */
+    char mac_key[17]; /* the id of the key its tags were made with, "" none */
+    char mac_alg[24]; /* their algorithm: "" none, "?" not a name, else as stored */
+    int has_mac;      /* mac_key, mac_alg known, nonce and tags present and well-formed */
     uint8_t nonce[ST_NONCE_BYTES];
-    uint8_t *tags;      /* [parts][ST_TAG_BYTES], malloc'd, or NULL */
+    uint8_t *tags; /* [parts][ST_TAG_BYTES], malloc'd, or NULL */
 } rmeta;
 
 static int unhex(const char *h, size_t n_bytes, uint8_t *out)
@@ -516,7 +530,8 @@ static int unhex(const char *h, size_t n_bytes, uint8_t *out)
         return -1;
     for (size_t i = 0; i < n_bytes; i++) {
         char a = h[2 * i], b = h[2 * i + 1];
-        out[i] = (uint8_t)(((a <= '9' ? a - '0' : a - 'a' + 10) << 4) | (b <= '9' ? b - '0' : b - 'a' + 10));
+        out[i] = (uint8_t)(((a <= '9' ? a - '0' : a - 'a' + 10) << 4) |
+                           (b <= '9' ? b - '0' : b - 'a' + 10));
     }
     return 0;
 }
@@ -540,7 +555,8 @@ static void alg_name(const redisReply *a, char *out, size_t n)
         return;
     int ok = a->len > 0 && a->len < n;
     for (size_t i = 0; ok && i < a->len; i++)
-        ok = (a->str[i] >= 'a' && a->str[i] <= 'z') || (a->str[i] >= '0' && a->str[i] <= '9') || a->str[i] == '-';
+        ok = (a->str[i] >= 'a' && a->str[i] <= 'z') || (a->str[i] >= '0' && a->str[i] <= '9') ||
+             a->str[i] == '-';
     snprintf(out, n, "%s", ok ? a->str : "?");
 }
 
@@ -558,8 +574,9 @@ static void meta_macs(rmeta *m, const redisReply *rep)
     if (k->type == REDIS_REPLY_STRING && k->len == 16 && st_is_hex(k->str, 16))
         memcpy(m->mac_key, k->str, 17);
     if (!m->mac_key[0] || strcmp(m->mac_alg, ST_MAC_ALG) != 0 || n->type != REDIS_REPLY_STRING ||
-        t->type != REDIS_REPLY_STRING || n->len != 2 * ST_NONCE_BYTES || unhex(n->str, ST_NONCE_BYTES, m->nonce) != 0 ||
-        m->parts <= 0 || m->parts > ST_MAX_PARTS || t->len != (size_t)m->parts * 2 * ST_TAG_BYTES ||
+        t->type != REDIS_REPLY_STRING || n->len != 2 * ST_NONCE_BYTES ||
+        unhex(n->str, ST_NONCE_BYTES, m->nonce) != 0 || m->parts <= 0 || m->parts > ST_MAX_PARTS ||
+        t->len != (size_t)m->parts * 2 * ST_TAG_BYTES ||
         !(m->tags = malloc((size_t)m->parts * ST_TAG_BYTES)))
         return;
     if (unhex(t->str, (size_t)m->parts * ST_TAG_BYTES, m->tags) != 0) {
@@ -581,12 +598,16 @@ static int mac_usable(const cb_store *s, const rmeta *m, char *why, size_t why_n
     if (!m->mac_key[0])
         snprintf(why, why_n, "it carries no MAC (written without the tier key, or planted)");
     else if (strcmp(m->mac_key, r->mac.id) != 0)
-        snprintf(why, why_n, "its MAC was made with another tier key (id %s; ours is %s)", m->mac_key, r->mac.id);
+        snprintf(why, why_n, "its MAC was made with another tier key (id %s; ours is %s)",
+                 m->mac_key, r->mac.id);
     else if (!m->mac_alg[0])
-        snprintf(why, why_n, "its MAC names no algorithm (an older host's HMAC-SHA256 tags, which are not read any "
-                 "more, or planted)");
+        snprintf(
+            why, why_n,
+            "its MAC names no algorithm (an older host's HMAC-SHA256 tags, which are not read any "
+            "more, or planted)");
     else if (strcmp(m->mac_alg, ST_MAC_ALG) != 0)
-        snprintf(why, why_n, "its MAC algorithm %s is unknown here (this host reads %s)", m->mac_alg, ST_MAC_ALG);
+        snprintf(why, why_n, "its MAC algorithm %s is unknown here (this host reads %s)",
+                 m->mac_alg, ST_MAC_ALG);
     else if (!m->has_mac)
         snprintf(why, why_n, "its MAC is malformed");
     else
@@ -643,7 +664,8 @@ static size_t part_len(const void *data, size_t size, size_t i, size_t off)
 static int have_usable(cb_store *s, const char *key, const rkeys *k)
 {
     st_remote *r = &s->remote;
-    redisReply *rep = r->mac.kdf ? cmdf(s, "HMGET %s checksum mac_key mac_alg", k->m) : cmdf(s, "EXISTS %s", k->m);
+    redisReply *rep = r->mac.kdf ? cmdf(s, "HMGET %s checksum mac_key mac_alg", k->m)
+                                 : cmdf(s, "EXISTS %s", k->m);
     if (!rep)
         return -1;
     if (!r->mac.kdf) {
@@ -651,9 +673,12 @@ static int have_usable(cb_store *s, const char *key, const rkeys *k)
         freeReplyObject(rep);
         return have;
     }
-    int have = rep->type == REDIS_REPLY_ARRAY && rep->elements == 3 && rep->element[0]->type == REDIS_REPLY_STRING;
-    if (have && !(rep->element[1]->type == REDIS_REPLY_STRING && strcmp(rep->element[1]->str, r->mac.id) == 0 &&
-                  rep->element[2]->type == REDIS_REPLY_STRING && strcmp(rep->element[2]->str, ST_MAC_ALG) == 0)) {
+    int have = rep->type == REDIS_REPLY_ARRAY && rep->elements == 3 &&
+               rep->element[0]->type == REDIS_REPLY_STRING;
+    if (have && !(rep->element[1]->type == REDIS_REPLY_STRING &&
+                  strcmp(rep->element[1]->str, r->mac.id) == 0 &&
+                  rep->element[2]->type == REDIS_REPLY_STRING &&
+                  strcmp(rep->element[2]->str, ST_MAC_ALG) == 0)) {
         char want[33];
         snprintf(want, sizeof want, "%s", rep->element[0]->str);
         have = drop(s, key, want) == CB_OK ? 0 : 1;
@@ -674,8 +699,9 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
         return -1;
     if (r->ro) {
         if (!r->ro_warned++)
-            st_remote_warn(s, "shared tier %s: %s%s may not write it: nothing is written through (%s)", r->name,
-                           r->user[0] ? "user " : "this user", r->user, r->why);
+            st_remote_warn(s,
+                           "shared tier %s: %s%s may not write it: nothing is written through (%s)",
+                           r->name, r->user[0] ? "user " : "this user", r->user, r->why);
         return -1;
     }
     keys_of(s, key, &k);
@@ -692,7 +718,9 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     if (r->mac.kdf) {
         if (st_mac_nonce(id.nonce) != 0 || !(macs = malloc(parts * 2 * ST_TAG_BYTES + 1)) ||
             !(mc = st_mac_upload(&r->mac, &id))) { /* the upload's own key: drawn after its nonce */
-            st_remote_warn(s, "shared tier %s: %s: not written (no random bytes or memory for its MAC)", r->name, key);
+            st_remote_warn(
+                s, "shared tier %s: %s: not written (no random bytes or memory for its MAC)",
+                r->name, key);
             free(macs);
             return -1;
         }
@@ -708,7 +736,8 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
         if (macs) {
             uint8_t tag[ST_TAG_BYTES];
             if (st_mac_part(mc, &id, i, (const char *)data + off, n, tag) != 0) {
-                st_remote_warn(s, "shared tier %s: %s: not written (its MAC failed in libcrypto)", r->name, key);
+                st_remote_warn(s, "shared tier %s: %s: not written (its MAC failed in libcrypto)",
+                               r->name, key);
                 goto done;
             }
             tohex(tag, ST_TAG_BYTES, macs + i * 2 * ST_TAG_BYTES);
@@ -729,15 +758,17 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     snprintf(num[2], 32, "%lld", (long long)st_now_us());
     snprintf(num[3], 32, "%llu", (unsigned long long)r->cap);
     snprintf(num[4], 32, "%zu", parts);
-    const char *argv[] = {"EVAL", LUA_COMMIT, "5", k.m, k.t, k.v, k.lru, k.used, key, num[0], num[1], sum,
-                          num[2], num[3], num[4], r->id, mac_key, nonce_hex, macs ? macs : "", ST_MAC_ALG};
+    const char *argv[] = {
+        "EVAL",           LUA_COMMIT, "5", k.m,    k.t,    k.v,    k.lru, k.used,  key,
+        num[0],           num[1],     sum, num[2], num[3], num[4], r->id, mac_key, nonce_hex,
+        macs ? macs : "", ST_MAC_ALG};
     if (!(rep = cmd_argv(s, 20, argv, NULL)))
         goto done;
     long long res = rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
     freeReplyObject(rep);
     if (res == -1)
-        st_remote_warn(s, "shared tier %s: no room for %s (%zu bytes, capacity %llu)", r->name, key, size,
-                       (unsigned long long)r->cap);
+        st_remote_warn(s, "shared tier %s: no room for %s (%zu bytes, capacity %llu)", r->name, key,
+                       size, (unsigned long long)r->cap);
     rc = res >= 0 ? 0 : -1;
 done:
     st_mac_ctx_free(mc);
@@ -763,20 +794,26 @@ static int touch_meta(cb_store *s, const char *key, int record, const rkeys *k, 
     if (record && !s->remote.ro) {
         snprintf(now, sizeof now, "%lld", (long long)st_now_us());
         const char *argv[] = {"EVAL", LUA_TOUCH, "2", k->m, k->lru, key, now, "1"};
-        s->remote.quiet = 1; /* a read-only user (NOPERM) reads without recording: not worth a warning */
+        s->remote.quiet =
+            1; /* a read-only user (NOPERM) reads without recording: not worth a warning */
         rep = cmd_argv(s, 8, argv, NULL);
         s->remote.quiet = 0;
         if (!rep && (!s->remote.ro || !s->remote.ctx))
             return 0;
     }
-    if (!rep && !(rep = cmdf(s, "HMGET %s bytes checksum parts tokens created last_access hits mac_key mac_nonce macs mac_alg",
-                             k->m))) /* as LUA_TOUCH without recording: a read-only user's way */
+    if (!rep &&
+        !(rep = cmdf(
+              s,
+              "HMGET %s bytes checksum parts tokens created last_access hits mac_key mac_nonce macs mac_alg",
+              k->m))) /* as LUA_TOUCH without recording: a read-only user's way */
         return 0;
-    int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 3 && rep->element[0]->type == REDIS_REPLY_STRING;
+    int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 3 &&
+             rep->element[0]->type == REDIS_REPLY_STRING;
     if (ok) {
         m->bytes = int_of(rep->element[0]);
         m->parts = int_of(rep->element[2]);
-        snprintf(m->want, sizeof m->want, "%s", rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "");
+        snprintf(m->want, sizeof m->want, "%s",
+                 rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "");
         meta_macs(m, rep);
     }
     freeReplyObject(rep);
@@ -827,8 +864,10 @@ int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void *
             return 0; /* no memory: a miss, the entry left as it is */
         }
         for (size_t i = 0; i < rep->elements && !bad; i++)
-            if (!st_mac_check(mc, &id, i, rep->element[i]->str, rep->element[i]->len, m.tags + i * ST_TAG_BYTES)) {
-                snprintf(why, sizeof why, "part %zu: its MAC does not verify (forged, or changed in Redis)", i);
+            if (!st_mac_check(mc, &id, i, rep->element[i]->str, rep->element[i]->len,
+                              m.tags + i * ST_TAG_BYTES)) {
+                snprintf(why, sizeof why,
+                         "part %zu: its MAC does not verify (forged, or changed in Redis)", i);
                 bad = why, forged = 1;
             }
         st_mac_ctx_free(mc);
@@ -875,35 +914,39 @@ cb_status cb_store_shared_drop(cb_store *s, const char *key, cb_error *err)
     if (s->readonly)
         return cb_error_set(err, CB_ERR_CREATE, "%s: the store is read-only", s->dir);
     if (!st_remote_up(s))
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", s->remote.name, s->remote.url,
-                            s->remote.why);
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s",
+                            s->remote.name, s->remote.url, s->remote.why);
     cb_status st = drop(s, key, NULL);
     if (st == CB_ERR_CREATE)
-        return cb_error_set(err, CB_ERR_CREATE, "shared tier %s: this user may not write it (%s)", s->remote.name,
-                            s->remote.why);
+        return cb_error_set(err, CB_ERR_CREATE, "shared tier %s: this user may not write it (%s)",
+                            s->remote.name, s->remote.why);
     if (st != CB_OK)
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): %s", s->remote.name, s->remote.url, s->remote.why);
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): %s", s->remote.name,
+                            s->remote.url, s->remote.why);
     return CB_OK;
 }
 
 /* A fetched entry failed the local verification: drop it. */
 void st_remote_reject(cb_store *s, const char *key, const char *why)
 {
-    st_remote_warn(s, "shared tier %s: %s: %s; dropped, the chunk is computed", s->remote.name, key, why);
+    st_remote_warn(s, "shared tier %s: %s: %s; dropped, the chunk is computed", s->remote.name, key,
+                   why);
     if (!s->readonly && st_remote_up(s))
         drop(s, key, NULL);
 }
 
 /* --------------------------------------------------------- list, stat */
 
-cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, const cb_store_entry *e), void *ctx,
-                         int *stopped, cb_error *err)
+cb_status st_remote_list(cb_store *s, const char *model,
+                         int (*fn)(void *ctx, const cb_store_entry *e), void *ctx, int *stopped,
+                         cb_error *err)
 {
     st_remote *r = &s->remote;
     rkeys k;
     *stopped = 0;
     if (!st_remote_up(s))
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name, r->url, r->why);
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name,
+                            r->url, r->why);
     keys_of(s, "x", &k);
     redisReply *all = cmdf(s, "ZREVRANGE %s 0 -1", k.lru);
     if (!all)
@@ -916,15 +959,24 @@ cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, co
         redisReply *m = cmdf(s, "HMGET %s bytes checksum tokens created last_access hits", k.m);
         if (!m) {
             freeReplyObject(all);
-            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): listing failed", r->name, r->url);
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): listing failed", r->name,
+                                r->url);
         }
-        if (m->type == REDIS_REPLY_ARRAY && m->elements == 6 && m->element[0]->type == REDIS_REPLY_STRING) {
+        if (m->type == REDIS_REPLY_ARRAY && m->elements == 6 &&
+            m->element[0]->type == REDIS_REPLY_STRING) {
             char mod[33];
             snprintf(mod, sizeof mod, "%.32s", key);
-            cb_store_entry e = {key, mod, r->name, r->url,
+            cb_store_entry e = {key,
+                                mod,
+                                r->name,
+                                r->url,
                                 m->element[1]->type == REDIS_REPLY_STRING ? m->element[1]->str : "",
-                                (uint64_t)int_of(m->element[0]), int_of(m->element[2]), int_of(m->element[3]),
-                                int_of(m->element[4]), (uint64_t)int_of(m->element[5]), 0};
+                                (uint64_t)int_of(m->element[0]),
+                                int_of(m->element[2]),
+                                int_of(m->element[3]),
+                                int_of(m->element[4]),
+                                (uint64_t)int_of(m->element[5]),
+                                0};
             *stopped = fn(ctx, &e) != 0;
         }
         freeReplyObject(m);
@@ -949,7 +1001,8 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
     out->path = r->url;
     out->capacity = r->cap;
     if (!st_remote_up(s))
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name, r->url, r->why);
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name,
+                            r->url, r->why);
     keys_of(s, "x", &k);
     redisReply *a = cmdf(s, "ZCARD %s", k.lru), *b = a ? cmdf(s, "GET %s", k.used) : NULL;
     if (!a || !b) {
@@ -968,14 +1021,16 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
 
 /* Recount the accounting; then every entry is fetched and checked (verify)
  * and bad ones dropped when fix.  problems counted in *bad. */
-cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void *ctx, const char *what, const char *msg),
-                          void *ctx, uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err)
+cb_status st_remote_check(cb_store *s, int fetch, int fix,
+                          void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
+                          uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err)
 {
     st_remote *r = &s->remote;
     rkeys k;
     *n_entries = *n_bad = 0;
     if (!st_remote_up(s))
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name, r->url, r->why);
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name,
+                            r->url, r->why);
     keys_of(s, "x", &k);
     if (fix) {
         const char *argv[] = {"EVAL", LUA_RECOUNT, "2", k.lru, k.used, r->id};
@@ -1002,7 +1057,8 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void 
         if (!m)
             break;
         char want[33] = "";
-        if (m->type == REDIS_REPLY_ARRAY && m->elements == 2 && m->element[0]->type == REDIS_REPLY_STRING)
+        if (m->type == REDIS_REPLY_ARRAY && m->elements == 2 &&
+            m->element[0]->type == REDIS_REPLY_STRING)
             snprintf(want, sizeof want, "%s", m->element[0]->str);
         freeReplyObject(m);
         if (!want[0])
@@ -1027,11 +1083,13 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void 
                 drop(s, key, want);
         } else if (!s->remote.ctx) {
             freeReplyObject(all);
-            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): lost the connection", r->name, r->url);
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): lost the connection", r->name,
+                                r->url);
         }
         if (why[0] && problem) {
             char msg[CB_ERROR_MSG_MAX + 100];
-            snprintf(msg, sizeof msg, "shared tier %s: %s%s", r->name, why, fix ? " (dropped)" : "");
+            snprintf(msg, sizeof msg, "shared tier %s: %s%s", r->name, why,
+                     fix ? " (dropped)" : "");
             problem(ctx, key, msg);
         }
     }
@@ -1053,31 +1111,32 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void 
  * that failed.  Besides the receiver, one thread at a time uses it: the
  * reader's (the loader's), then the store's. */
 struct st_stream {
-    redisContext *c;   /* the receiver's; freed with the stream */
+    redisContext *c; /* the receiver's; freed with the stream */
     char key[66];
-    char name[120];    /* "shared tier NAME: KEY", for messages */
-    char want[33];     /* XXH3-128 of the whole value, from its metadata */
-    uint8_t *buf;      /* [size]: [0, have) published, written by the receiver only beyond */
-    int64_t parts;     /* parts in the value */
+    char name[120]; /* "shared tier NAME: KEY", for messages */
+    char want[33];  /* XXH3-128 of the whole value, from its metadata */
+    uint8_t *buf;   /* [size]: [0, have) published, written by the receiver only beyond */
+    int64_t parts;  /* parts in the value */
     uint64_t size;
     int timeout_ms;
-    st_mac_ctx *mac;   /* the upload's GMAC key (a context of the receiver's own), NULL: no tier key */
-    st_part_id pid;    /* what the tags bind (pid.sid points at sid, pid.key at key) */
+    st_mac_ctx
+        *mac;       /* the upload's GMAC key (a context of the receiver's own), NULL: no tier key */
+    st_part_id pid; /* what the tags bind (pid.sid points at sid, pid.key at key) */
     char sid[33];
-    uint8_t *tags;     /* [parts][ST_TAG_BYTES] */
+    uint8_t *tags; /* [parts][ST_TAG_BYTES] */
     pthread_t th;
-    int th_on;         /* the receiver was started */
+    int th_on;          /* the receiver was started */
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t cv;  /* a part published, or a failure */
-    uint64_t have;     /* bytes published */
-    int64_t got;       /* parts published */
-    int refs;          /* the KV reader and the store reference */
-    int stop;          /* the last reference went: the receiver ends */
-    int failed;        /* the receiver ended on a failure (why) */
-    int down;          /* the connection failed or timed out (not the entry's fault) */
-    int gone;          /* a part was missing: evicted or dropped meanwhile (not corrupt) */
-    int forged;        /* a part's MAC did not verify */
-    char why[200];     /* the first failure */
+    uint64_t have;      /* bytes published */
+    int64_t got;        /* parts published */
+    int refs;           /* the KV reader and the store reference */
+    int stop;           /* the last reference went: the receiver ends */
+    int failed;         /* the receiver ended on a failure (why) */
+    int down;           /* the connection failed or timed out (not the entry's fault) */
+    int gone;           /* a part was missing: evicted or dropped meanwhile (not corrupt) */
+    int forged;         /* a part's MAC did not verify */
+    char why[200];      /* the first failure */
 };
 
 static void stream_unref(void *ctx)
@@ -1107,7 +1166,8 @@ static void stream_unref(void *ctx)
 }
 
 /* Record the first failure (lock held) and wake whoever waits. */
-static void fail_locked(st_stream *x, int down, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail_locked(st_stream *x, int down, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void fail_locked(st_stream *x, int down, const char *fmt, ...)
 {
     va_list ap;
@@ -1161,7 +1221,8 @@ static void *stream_main(void *arg)
         if (stop)
             break;
         redisReply *rep = stream_reply(x);
-        int timed_out = !rep && x->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+        int timed_out =
+            !rep && x->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
         const char *bad = NULL;
         int mac_bad = 0;
         if (rep && rep->type == REDIS_REPLY_STRING && rep->len <= x->size - have)
@@ -1170,7 +1231,8 @@ static void *stream_main(void *arg)
         else if (rep && rep->type == REDIS_REPLY_STRING)
             bad = "its size does not match its metadata";
         if (rep && !bad && !mac_bad && rep->type == REDIS_REPLY_STRING)
-            memcpy(x->buf + have, rep->str, rep->len); /* before publishing: nobody reads there yet */
+            memcpy(x->buf + have, rep->str,
+                   rep->len); /* before publishing: nobody reads there yet */
         pthread_mutex_lock(&x->mu);
         if (timed_out)
             fail_locked(x, 1, "timed out after %d ms", x->timeout_ms);
@@ -1186,7 +1248,8 @@ static void *stream_main(void *arg)
             fail_locked(x, 0, "%s", bad);
         else if (mac_bad) {
             x->forged = !x->why[0];
-            fail_locked(x, 0, "part %lld: its MAC does not verify (forged, or changed in Redis)", (long long)i);
+            fail_locked(x, 0, "part %lld: its MAC does not verify (forged, or changed in Redis)",
+                        (long long)i);
         } else {
             x->have += rep->len;
             x->got++;
@@ -1305,7 +1368,8 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
     }
     if (mac_usable(s, &m, why, sizeof why) != 0) {
         r->n_refused++;
-        st_remote_warn(s, "%s: %s; %sthe chunk is computed", x->name, why, s->readonly || r->ro ? "" : "dropped, ");
+        st_remote_warn(s, "%s: %s; %sthe chunk is computed", x->name, why,
+                       s->readonly || r->ro ? "" : "dropped, ");
         if (!s->readonly)
             drop(s, key, x->want);
         stream_unref(x);
@@ -1327,8 +1391,8 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
         return 0;
     }
     if (stream_request(s, x, k.v, why, sizeof why) != 0) {
-        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
-                       why);
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)",
+                       r->name, r->url, why);
         r->down_until = st_now_us() + ST_RETRY_US;
         disconnect(r);
         stream_unref(x);
@@ -1352,15 +1416,9 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
     return 1;
 }
 
-void st_stream_unref(st_stream *x)
-{
-    stream_unref(x);
-}
+void st_stream_unref(st_stream *x) { stream_unref(x); }
 
-const char *st_stream_key(const st_stream *x)
-{
-    return x->key;
-}
+const char *st_stream_key(const st_stream *x) { return x->key; }
 
 int st_stream_bad(cb_store *s, st_stream *x, const char *why)
 {
@@ -1370,8 +1428,8 @@ int st_stream_bad(cb_store *s, st_stream *x, const char *why)
     x->forged = 0; /* counted once */
     pthread_mutex_unlock(&x->mu);
     if (down) {
-        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)", r->name, r->url,
-                       x->why);
+        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)",
+                       r->name, r->url, x->why);
         r->down_until = st_now_us() + ST_RETRY_US;
         disconnect(r);
         return 2;

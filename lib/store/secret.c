@@ -52,15 +52,16 @@ static size_t strip_eol(char *buf, size_t n)
  * final newline dropped):
  * a regular file that its owner (this user, or root) alone may read or
  * write.  Messages name the file and `what`, never what it holds. */
-static cb_status secret_read(const char *path, const char *what, char *buf, size_t cap, size_t *len, cb_error *err)
+static cb_status secret_read(const char *path, const char *what, char *buf, size_t cap, size_t *len,
+                             cb_error *err)
 {
     struct stat sb;
     cb_status st = CB_OK;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
         int e = errno;
-        return cb_error_set(err, e == ENOENT || e == EACCES ? CB_ERR_NOT_FOUND : CB_ERR_IO, "%s %s: %s", what, path,
-                            strerror(e));
+        return cb_error_set(err, e == ENOENT || e == EACCES ? CB_ERR_NOT_FOUND : CB_ERR_IO,
+                            "%s %s: %s", what, path, strerror(e));
     }
     if (fstat(fd, &sb) != 0) {
         st = cb_error_set(err, CB_ERR_IO, "%s %s: %s", what, path, strerror(errno));
@@ -72,13 +73,13 @@ static cb_status secret_read(const char *path, const char *what, char *buf, size
     }
     if (sb.st_mode & 077) {
         st = cb_error_set(err, CB_ERR_FORMAT,
-                          "%s %s: permissions %04o are too open: others may read it (chmod 600 %s)", what, path,
-                          (unsigned)(sb.st_mode & 07777), path);
+                          "%s %s: permissions %04o are too open: others may read it (chmod 600 %s)",
+                          what, path, (unsigned)(sb.st_mode & 07777), path);
         goto done;
     }
     if (sb.st_uid != geteuid() && sb.st_uid != 0) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "%s %s: owned by user %u, not by this user or root", what, path,
-                          (unsigned)sb.st_uid);
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s %s: owned by user %u, not by this user or root",
+                          what, path, (unsigned)sb.st_uid);
         goto done;
     }
     size_t n = 0;
@@ -107,7 +108,8 @@ done:
     return st;
 }
 
-cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, size_t pass_n, cb_error *err)
+cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, size_t pass_n,
+                       cb_error *err)
 {
     char buf[ST_SECRET_MAX];
     size_t n;
@@ -119,9 +121,11 @@ cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, 
     const char *u = sp ? buf : "", *p = sp ? sp + 1 : buf;
     size_t ul = sp ? (size_t)(sp - buf) : 0;
     if (!*p || strchr(buf, '\n') || memchr(buf, 0, n) || (sp && ul == 0)) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "Redis password file %s: want one line, PASSWORD or USER PASSWORD", path);
+        st = cb_error_set(err, CB_ERR_FORMAT,
+                          "Redis password file %s: want one line, PASSWORD or USER PASSWORD", path);
     } else if (ul >= user_n || strlen(p) >= pass_n) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "Redis password file %s: the user or the password is too long", path);
+        st = cb_error_set(err, CB_ERR_FORMAT,
+                          "Redis password file %s: the user or the password is too long", path);
     } else {
         snprintf(user, user_n, "%.*s", (int)ul, u);
         snprintf(pass, pass_n, "%s", p);
@@ -150,8 +154,8 @@ cb_status st_mac_from_key(st_mac *m, const uint8_t key[ST_KEY_BYTES], cb_error *
     static const char hx[] = "0123456789abcdef";
     st_mac_free(m);
     /* The key's id, as v1 made it: HMAC-SHA256(K, "cacheblend-key-id-v1"). */
-    if (!EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, key, ST_KEY_BYTES, (const uint8_t *)KEY_ID_LABEL,
-                   sizeof KEY_ID_LABEL - 1, t, sizeof t, &tl) ||
+    if (!EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, key, ST_KEY_BYTES,
+                   (const uint8_t *)KEY_ID_LABEL, sizeof KEY_ID_LABEL - 1, t, sizeof t, &tl) ||
         tl != sizeof t)
         return cb_error_set(err, CB_ERR_INTERNAL, "HMAC-SHA256 is not available in libcrypto");
     for (int i = 0; i < 8; i++) {
@@ -163,10 +167,11 @@ cb_status st_mac_from_key(st_mac *m, const uint8_t key[ST_KEY_BYTES], cb_error *
      * 5869, 3.3).  The context keeps its own copy of K. */
     EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
     int mode = EVP_KDF_HKDF_MODE_EXPAND_ONLY;
-    OSSL_PARAM prm[] = {OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
-                        OSSL_PARAM_construct_int(OSSL_KDF_PARAM_MODE, &mode),
-                        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)key, ST_KEY_BYTES),
-                        OSSL_PARAM_construct_end()};
+    OSSL_PARAM prm[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
+        OSSL_PARAM_construct_int(OSSL_KDF_PARAM_MODE, &mode),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)key, ST_KEY_BYTES),
+        OSSL_PARAM_construct_end()};
     m->kdf = kdf ? EVP_KDF_CTX_new(kdf) : NULL;
     EVP_KDF_free(kdf); /* the context keeps its own reference */
     if (!m->kdf || EVP_KDF_CTX_set_params(m->kdf, prm) != 1) {
@@ -186,12 +191,15 @@ cb_status st_key_load(const char *path, st_mac *m, cb_error *err)
         return st;
     if (n != 2 * ST_KEY_BYTES || !st_is_hex(buf, n)) {
         OPENSSL_cleanse(buf, sizeof buf);
-        return cb_error_set(err, CB_ERR_FORMAT, "tier key %s: not a tier key (%d hexadecimal digits; cb-store keygen "
-                            "makes one)", path, 2 * ST_KEY_BYTES);
+        return cb_error_set(err, CB_ERR_FORMAT,
+                            "tier key %s: not a tier key (%d hexadecimal digits; cb-store keygen "
+                            "makes one)",
+                            path, 2 * ST_KEY_BYTES);
     }
     for (size_t i = 0; i < ST_KEY_BYTES; i++) {
         char c0 = buf[2 * i], c1 = buf[2 * i + 1];
-        key[i] = (uint8_t)(((c0 <= '9' ? c0 - '0' : c0 - 'a' + 10) << 4) | (c1 <= '9' ? c1 - '0' : c1 - 'a' + 10));
+        key[i] = (uint8_t)(((c0 <= '9' ? c0 - '0' : c0 - 'a' + 10) << 4) |
+                           (c1 <= '9' ? c1 - '0' : c1 - 'a' + 10));
     }
     OPENSSL_cleanse(buf, sizeof buf);
     st = st_mac_from_key(m, key, err);
@@ -207,15 +215,18 @@ st_mac_ctx *st_mac_upload(const st_mac *m, const st_part_id *id)
         return NULL;
     /* info: the label and its NUL, SID, KEY, NONCE (fixed lengths), given
      * in pieces, which HKDF concatenates */
-    OSSL_PARAM info[] = {OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)ENTRY_LABEL, sizeof ENTRY_LABEL),
-                         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->sid, 32),
-                         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->key, 65),
-                         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->nonce, ST_NONCE_BYTES),
-                         OSSL_PARAM_construct_end()};
+    OSSL_PARAM info[] = {
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)ENTRY_LABEL,
+                                          sizeof ENTRY_LABEL),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->sid, 32),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->key, 65),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->nonce, ST_NONCE_BYTES),
+        OSSL_PARAM_construct_end()};
     if (EVP_KDF_derive(m->kdf, ku, sizeof ku, info) == 1) {
         EVP_MAC *alg = EVP_MAC_fetch(NULL, "GMAC", NULL);
-        OSSL_PARAM prm[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER, (char *)"AES-256-GCM", 0),
-                            OSSL_PARAM_construct_end()};
+        OSSL_PARAM prm[] = {
+            OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER, (char *)"AES-256-GCM", 0),
+            OSSL_PARAM_construct_end()};
         c = alg ? EVP_MAC_CTX_new(alg) : NULL;
         EVP_MAC_free(alg); /* the context keeps its own reference */
         if (c && EVP_MAC_init(c, ku, sizeof ku, prm) != 1) {
@@ -227,10 +238,7 @@ st_mac_ctx *st_mac_upload(const st_mac *m, const st_part_id *id)
     return c;
 }
 
-void st_mac_ctx_free(st_mac_ctx *c)
-{
-    EVP_MAC_CTX_free(c);
-}
+void st_mac_ctx_free(st_mac_ctx *c) { EVP_MAC_CTX_free(c); }
 
 static void put_u64(uint8_t *p, uint64_t v)
 {
@@ -238,7 +246,8 @@ static void put_u64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len, uint8_t tag[ST_TAG_BYTES])
+int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
+                uint8_t tag[ST_TAG_BYTES])
 {
     uint8_t pre[sizeof PART_LABEL + 32 + 65 + ST_NONCE_BYTES + 32], iv[12] = {0};
     uint8_t *p = pre;
@@ -256,10 +265,11 @@ int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *par
     put_u64(p + 16, id->total);
     put_u64(p + 24, (uint64_t)len);
     put_u64(iv, i); /* unique within the upload, whose key is its own */
-    OSSL_PARAM prm[] = {OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof iv), OSSL_PARAM_construct_end()};
+    OSSL_PARAM prm[] = {OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof iv),
+                        OSSL_PARAM_construct_end()};
     if (!c || EVP_MAC_init(c, NULL, 0, prm) != 1 || EVP_MAC_update(c, pre, sizeof pre) != 1 ||
-        (len && EVP_MAC_update(c, part, len) != 1) || EVP_MAC_final(c, tag, &tl, ST_TAG_BYTES) != 1 ||
-        tl != ST_TAG_BYTES)
+        (len && EVP_MAC_update(c, part, len) != 1) ||
+        EVP_MAC_final(c, tag, &tl, ST_TAG_BYTES) != 1 || tl != ST_TAG_BYTES)
         return -1;
     return 0;
 }
@@ -289,7 +299,8 @@ cb_status cb_store_keygen(const char *path, cb_error *err)
     if (!path || !*path)
         return cb_error_set(err, CB_ERR_INVALID, "keygen: no file");
     if (access(path, F_OK) == 0)
-        return cb_error_set(err, CB_ERR_CREATE, "%s: exists; a tier key is never overwritten (remove it first)", path);
+        return cb_error_set(err, CB_ERR_CREATE,
+                            "%s: exists; a tier key is never overwritten (remove it first)", path);
     if (RAND_bytes(key, sizeof key) != 1)
         return cb_error_set(err, CB_ERR_INTERNAL, "keygen: no random bytes from libcrypto");
     for (size_t i = 0; i < ST_KEY_BYTES; i++) {
@@ -304,7 +315,8 @@ cb_status cb_store_keygen(const char *path, cb_error *err)
     char *tmp = st_asprintf("%s.tmp.%d", path, (int)getpid());
     int fd = tmp ? open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1;
     if (fd < 0) {
-        st = cb_error_set(err, CB_ERR_CREATE, "%s: %s", tmp ? tmp : path, tmp ? strerror(errno) : "out of memory");
+        st = cb_error_set(err, CB_ERR_CREATE, "%s: %s", tmp ? tmp : path,
+                          tmp ? strerror(errno) : "out of memory");
         goto done;
     }
     if (fchmod(fd, 0600) != 0 || st_write_all(fd, text, strlen(text)) != 0 || fsync(fd) != 0) {

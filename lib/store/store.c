@@ -66,8 +66,10 @@ cb_status st_writable(const cb_store *s, const char *what, cb_error *err)
 {
     if (!s->readonly)
         return CB_OK;
-    return cb_error_set(err, CB_ERR_CREATE, "%s: %s: the store is read-only (a read-only file system, or no write "
-                        "permission)", s->dir, what);
+    return cb_error_set(err, CB_ERR_CREATE,
+                        "%s: %s: the store is read-only (a read-only file system, or no write "
+                        "permission)",
+                        s->dir, what);
 }
 
 /* -------------------------------------------------------------- owners */
@@ -81,7 +83,8 @@ cb_status st_owner(cb_store *s, cb_error *err)
         return ro;
     char id[ST_OWNER_LEN + 1];
     st_random_hex(id, ST_OWNER_LEN);
-    char *dir = st_asprintf("%s/owners", s->dir), *tmp = st_asprintf("%s/owners/%s.new", s->dir, id),
+    char *dir = st_asprintf("%s/owners", s->dir),
+         *tmp = st_asprintf("%s/owners/%s.new", s->dir, id),
          *fin = st_asprintf("%s/owners/%s", s->dir, id);
     cb_status st = CB_OK;
     int fd = -1;
@@ -137,8 +140,8 @@ static int tier_name_valid(const char *n)
         return 0;
     for (size_t i = 0; i < len; i++) {
         char c = n[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
-              c == '.'))
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
             return 0;
     }
     return 1;
@@ -149,10 +152,7 @@ static char *abs_path(const char *dir, const char *p)
     return p[0] == '/' ? strdup(p) : st_asprintf("%s/%s", dir, p);
 }
 
-static char *marker_path(const char *tier)
-{
-    return st_asprintf("%s/.cb-store", tier);
-}
+static char *marker_path(const char *tier) { return st_asprintf("%s/.cb-store", tier); }
 
 /* 1 when the tier directory carries id, 0 when it has no marker, -1 when it
  * belongs to another store. */
@@ -205,8 +205,10 @@ static cb_status shared_id_of(const cb_store_tier *t, char id[33], cb_error *err
 {
     char host[1024];
     int port, db, is_unix;
-    if (!tier_name_valid(t->name) || st_remote_parse(t->url, host, sizeof host, &port, &db, &is_unix) != 0)
-        return cb_error_set(err, CB_ERR_INVALID, "tier %s: '%s' is not redis://HOST[:PORT][/DB] or unix:///PATH",
+    if (!tier_name_valid(t->name) ||
+        st_remote_parse(t->url, host, sizeof host, &port, &db, &is_unix) != 0)
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "tier %s: '%s' is not redis://HOST[:PORT][/DB] or unix:///PATH",
                             t->name ? t->name : "", t->url);
     cb_store tmp;
     memset(&tmp, 0, sizeof tmp);
@@ -226,8 +228,8 @@ static cb_status shared_id_of(const cb_store_tier *t, char id[33], cb_error *err
     return st;
 }
 
-static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits, int *exists,
-                             cb_error *err)
+static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_tiers,
+                             int promote_hits, int *exists, cb_error *err)
 {
     static const cb_store_tier def = {"main", "tiers/main", 0, 0, NULL, 0, NULL, NULL};
     char *conf = st_asprintf("%s/%s", dir, conf_name);
@@ -257,7 +259,8 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
     if (tiers[n_tiers - 1].url) {
         shared = &tiers[--n_tiers];
         if (n_tiers == 0) {
-            st = cb_error_set(err, CB_ERR_INVALID, "tier %s: a shared tier needs a local tier in front", shared->name);
+            st = cb_error_set(err, CB_ERR_INVALID,
+                              "tier %s: a shared tier needs a local tier in front", shared->name);
             goto done;
         }
         if ((st = shared_id_of(shared, shared_id, err)) != CB_OK)
@@ -265,7 +268,9 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
     }
     for (int i = 0; i < n_tiers; i++)
         if (tiers[i].url) {
-            st = cb_error_set(err, CB_ERR_INVALID, "tier %s: the shared tier must be the last, and only one", tiers[i].name);
+            st = cb_error_set(err, CB_ERR_INVALID,
+                              "tier %s: the shared tier must be the last, and only one",
+                              tiers[i].name);
             goto done;
         }
     st_random_hex(id, 32);
@@ -275,17 +280,19 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
             goto done;
         }
         if (!dir_is_empty(abs[i])) {
-            st = cb_error_set(err, CB_ERR_CREATE, "tier %s: %s is not empty", tiers[i].name, abs[i]);
+            st =
+                cb_error_set(err, CB_ERR_CREATE, "tier %s: %s is not empty", tiers[i].name, abs[i]);
             goto done;
         }
         if (st_mkdir_p(abs[i], 0755) != 0 || !(real[i] = realpath(abs[i], NULL))) {
-            st = cb_error_set(err, CB_ERR_CREATE, "tier %s: %s: %s", tiers[i].name, abs[i], strerror(errno));
+            st = cb_error_set(err, CB_ERR_CREATE, "tier %s: %s: %s", tiers[i].name, abs[i],
+                              strerror(errno));
             goto done;
         }
         for (int j = 0; j < i; j++)
             if (strcmp(real[i], real[j]) == 0) {
-                st = cb_error_set(err, CB_ERR_INVALID, "tiers %s and %s share the directory %s", tiers[j].name,
-                                  tiers[i].name, real[i]);
+                st = cb_error_set(err, CB_ERR_INVALID, "tiers %s and %s share the directory %s",
+                                  tiers[j].name, tiers[i].name, real[i]);
                 goto done;
             }
     }
@@ -298,7 +305,8 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
         free(o);
         free(t);
         if (bad) {
-            st = cb_error_set(err, CB_ERR_CREATE, "%s: cannot create owners/ or tmp/: %s", dir, strerror(errno));
+            st = cb_error_set(err, CB_ERR_CREATE, "%s: cannot create owners/ or tmp/: %s", dir,
+                              strerror(errno));
             goto done;
         }
     }
@@ -313,16 +321,19 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
     json_object_set_new(root, "format", json_string("cacheblend-store"));
     json_object_set_new(root, "version", json_integer(1));
     json_object_set_new(root, "id", json_string(id));
-    json_object_set_new(root, "promote_hits", json_integer(promote_hits < 0 ? ST_DEFAULT_PROMOTE : promote_hits));
+    json_object_set_new(root, "promote_hits",
+                        json_integer(promote_hits < 0 ? ST_DEFAULT_PROMOTE : promote_hits));
     for (int i = 0; i < n_tiers; i++)
-        json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:f}", "name", tiers[i].name, "path", tiers[i].path,
-                                             "capacity", (json_int_t)tiers[i].capacity, "cost",
-                                             tiers[i].cost > 0 ? tiers[i].cost : (double)(n_tiers - i)));
+        json_array_append_new(
+            arr, json_pack("{s:s, s:s, s:I, s:f}", "name", tiers[i].name, "path", tiers[i].path,
+                           "capacity", (json_int_t)tiers[i].capacity, "cost",
+                           tiers[i].cost > 0 ? tiers[i].cost : (double)(n_tiers - i)));
     json_object_set(root, "tiers", arr);
     if (shared) {
-        json_t *sh = json_pack("{s:s, s:s, s:s, s:I, s:i}", "name", shared->name, "url", shared->url, "id", shared_id,
-                               "capacity", (json_int_t)shared->capacity, "timeout_ms",
-                               shared->timeout_ms > 0 ? shared->timeout_ms : ST_REMOTE_TIMEOUT_MS);
+        json_t *sh =
+            json_pack("{s:s, s:s, s:s, s:I, s:i}", "name", shared->name, "url", shared->url, "id",
+                      shared_id, "capacity", (json_int_t)shared->capacity, "timeout_ms",
+                      shared->timeout_ms > 0 ? shared->timeout_ms : ST_REMOTE_TIMEOUT_MS);
         /* the secrets' files, never what they hold */
         if (sh && shared->auth_file)
             json_object_set_new(sh, "auth_file", json_string(shared->auth_file));
@@ -369,13 +380,15 @@ static int open_lock_file(const char *dir)
     return fd;
 }
 
-cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits, cb_error *err)
+cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers, int promote_hits,
+                        cb_error *err)
 {
     int exists, fd;
     cb_status st;
 
     if (!dir || !*dir || n_tiers < 0 || n_tiers > CB_STORE_MAX_TIERS || (n_tiers > 0 && !tiers))
-        return cb_error_set(err, CB_ERR_INVALID, "store: between 1 and %d tiers", CB_STORE_MAX_TIERS);
+        return cb_error_set(err, CB_ERR_INVALID, "store: between 1 and %d tiers",
+                            CB_STORE_MAX_TIERS);
     for (int i = 0; i < n_tiers; i++) {
         if (!tier_name_valid(tiers[i].name))
             return cb_error_set(err, CB_ERR_INVALID,
@@ -385,7 +398,8 @@ cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers
             return cb_error_set(err, CB_ERR_INVALID, "tier %s: no directory", tiers[i].name);
         for (int j = 0; j < i; j++)
             if (strcmp(tiers[i].name, tiers[j].name) == 0)
-                return cb_error_set(err, CB_ERR_INVALID, "tier name '%s' given twice", tiers[i].name);
+                return cb_error_set(err, CB_ERR_INVALID, "tier name '%s' given twice",
+                                    tiers[i].name);
     }
     if (st_mkdir_p(dir, 0755) != 0)
         return cb_error_set(err, CB_ERR_CREATE, "%s: %s", dir, strerror(errno));
@@ -421,8 +435,9 @@ static cb_status read_config(cb_store *s, cb_error *err)
         return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
     root = json_load_file(conf, 0, &je);
     if (!root) {
-        st = access(conf, F_OK) != 0 ? cb_error_set(err, CB_ERR_NOT_FOUND, "%s: no store there (cb-store init)", s->dir)
-                                     : cb_error_set(err, CB_ERR_FORMAT, "%s: line %d: %s", conf, je.line, je.text);
+        st = access(conf, F_OK) != 0
+                 ? cb_error_set(err, CB_ERR_NOT_FOUND, "%s: no store there (cb-store init)", s->dir)
+                 : cb_error_set(err, CB_ERR_FORMAT, "%s: line %d: %s", conf, je.line, je.text);
         free(conf);
         return st;
     }
@@ -430,14 +445,17 @@ static cb_status read_config(cb_store *s, cb_error *err)
     const char *id = json_string_value(json_object_get(root, "id"));
     json_t *ph = json_object_get(root, "promote_hits");
     tiers = json_object_get(root, "tiers");
-    if (!fmt || strcmp(fmt, "cacheblend-store") != 0 || json_integer_value(json_object_get(root, "version")) != 1) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "%s: not a cacheblend store configuration (version 1)", conf);
+    if (!fmt || strcmp(fmt, "cacheblend-store") != 0 ||
+        json_integer_value(json_object_get(root, "version")) != 1) {
+        st = cb_error_set(err, CB_ERR_FORMAT,
+                          "%s: not a cacheblend store configuration (version 1)", conf);
         goto done;
     }
-    if (!id || strlen(id) != 32 || !st_is_hex(id, 32) || (ph && !json_is_integer(ph)) || !json_is_array(tiers) ||
-        json_array_size(tiers) < 1 || json_array_size(tiers) > CB_STORE_MAX_TIERS) {
-        st = cb_error_set(err, CB_ERR_FORMAT, "%s: needs an id, promote_hits and 1 to %d tiers", conf,
-                          CB_STORE_MAX_TIERS);
+    if (!id || strlen(id) != 32 || !st_is_hex(id, 32) || (ph && !json_is_integer(ph)) ||
+        !json_is_array(tiers) || json_array_size(tiers) < 1 ||
+        json_array_size(tiers) > CB_STORE_MAX_TIERS) {
+        st = cb_error_set(err, CB_ERR_FORMAT, "%s: needs an id, promote_hits and 1 to %d tiers",
+                          conf, CB_STORE_MAX_TIERS);
         goto done;
     }
     s->id = strdup(id);
@@ -449,8 +467,10 @@ static cb_status read_config(cb_store *s, cb_error *err)
         const char *name = json_string_value(json_object_get(t, "name"));
         const char *path = json_string_value(json_object_get(t, "path"));
         json_t *cap = json_object_get(t, "capacity");
-        if (!tier_name_valid(name) || !path || !*path || (cap && (!json_is_integer(cap) || json_integer_value(cap) < 0))) {
-            st = cb_error_set(err, CB_ERR_FORMAT, "%s: tier %zu: needs a valid name, a path and a capacity >= 0", conf,
+        if (!tier_name_valid(name) || !path || !*path ||
+            (cap && (!json_is_integer(cap) || json_integer_value(cap) < 0))) {
+            st = cb_error_set(err, CB_ERR_FORMAT,
+                              "%s: tier %zu: needs a valid name, a path and a capacity >= 0", conf,
                               i + 1);
             goto done;
         }
@@ -481,13 +501,19 @@ static cb_status read_config(cb_store *s, cb_error *err)
         json_t *af = json_object_get(sh, "auth_file"), *kf = json_object_get(sh, "key_file");
         char host[1024];
         int port, db, is_unix;
-        if (!tier_name_valid(name) || !url || st_remote_parse(url, host, sizeof host, &port, &db, &is_unix) != 0 ||
-            !sid || strlen(sid) != 32 || !st_is_hex(sid, 32) || (cap && (!json_is_integer(cap) || json_integer_value(cap) < 0)) ||
-            (to && (!json_is_integer(to) || json_integer_value(to) < 1 || json_integer_value(to) > 600000)) ||
+        if (!tier_name_valid(name) || !url ||
+            st_remote_parse(url, host, sizeof host, &port, &db, &is_unix) != 0 || !sid ||
+            strlen(sid) != 32 || !st_is_hex(sid, 32) ||
+            (cap && (!json_is_integer(cap) || json_integer_value(cap) < 0)) ||
+            (to && (!json_is_integer(to) || json_integer_value(to) < 1 ||
+                    json_integer_value(to) > 600000)) ||
             (af && (!json_is_string(af) || !*json_string_value(af))) ||
             (kf && (!json_is_string(kf) || !*json_string_value(kf)))) {
-            st = cb_error_set(err, CB_ERR_FORMAT, "%s: shared: needs a name, a url, an id, a capacity >= 0 and a timeout_ms "
-                              "from 1 to 600000 (auth_file and key_file: file names)", conf);
+            st = cb_error_set(
+                err, CB_ERR_FORMAT,
+                "%s: shared: needs a name, a url, an id, a capacity >= 0 and a timeout_ms "
+                "from 1 to 600000 (auth_file and key_file: file names)",
+                conf);
             goto done;
         }
         /* relative to the store, as tier paths are */
@@ -524,12 +550,14 @@ static cb_status check_tiers(cb_store *s, cb_error *err)
         st_tier *t = &s->tiers[i];
         int m = marker_check(t->path, s->id);
         if (m < 0)
-            return cb_error_set(err, CB_ERR_FORMAT, "tier %s: %s belongs to another store", t->name, t->path);
+            return cb_error_set(err, CB_ERR_FORMAT, "tier %s: %s belongs to another store", t->name,
+                                t->path);
         if (m == 0 && !s->readonly) {
             /* A RAM disk after a reboot: the directory is made again, empty;
              * the index's entries there are dropped by the next gc. */
             if (st_mkdir_p(t->path, 0755) != 0)
-                return cb_error_set(err, CB_ERR_IO, "tier %s: %s: %s", t->name, t->path, strerror(errno));
+                return cb_error_set(err, CB_ERR_IO, "tier %s: %s: %s", t->name, t->path,
+                                    strerror(errno));
             cb_status st = marker_write(t->path, s->id, err);
             if (st != CB_OK)
                 return st;
@@ -541,11 +569,14 @@ static cb_status check_tiers(cb_store *s, cb_error *err)
                 memset(&seen[i], 0, sizeof seen[i]);
                 continue;
             }
-            return cb_error_set(err, CB_ERR_IO, "tier %s: %s: %s", t->name, t->path, strerror(errno));
+            return cb_error_set(err, CB_ERR_IO, "tier %s: %s: %s", t->name, t->path,
+                                strerror(errno));
         }
         for (int j = 0; j < i; j++)
-            if (seen[j].st_ino && seen[j].st_dev == seen[i].st_dev && seen[j].st_ino == seen[i].st_ino)
-                return cb_error_set(err, CB_ERR_FORMAT, "%s/%s: tiers %s and %s share the directory %s", s->dir,
+            if (seen[j].st_ino && seen[j].st_dev == seen[i].st_dev &&
+                seen[j].st_ino == seen[i].st_ino)
+                return cb_error_set(err, CB_ERR_FORMAT,
+                                    "%s/%s: tiers %s and %s share the directory %s", s->dir,
                                     conf_name, s->tiers[j].name, t->name, t->path);
     }
     return CB_OK;
@@ -565,7 +596,8 @@ static int dir_readonly(const char *dir)
     free(p);
     return ro;
 }
-static cb_status open_store(cb_store **out, const char *dir, int create, int readonly, cb_error *err)
+static cb_status open_store(cb_store **out, const char *dir, int create, int readonly,
+                            cb_error *err)
 {
     cb_store *s;
     cb_status st;

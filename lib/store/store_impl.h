@@ -36,10 +36,10 @@
 #include <sys/types.h>
 
 #define ST_SCHEMA 1
-#define ST_OWNER_LEN 16          /* hex digits of an owner id */
+#define ST_OWNER_LEN 16 /* hex digits of an owner id */
 #define ST_DEFAULT_PROMOTE 2
-#define ST_STALE_TMP_S 3600      /* foreign temporary files older than this are stale */
-#define ST_BUSY_MS 60000         /* SQLite busy timeout */
+#define ST_STALE_TMP_S 3600 /* foreign temporary files older than this are stale */
+#define ST_BUSY_MS 60000    /* SQLite busy timeout */
 #define ST_NSTMT 48
 
 typedef struct st_tier {
@@ -54,7 +54,7 @@ typedef struct st_tier {
 typedef struct evp_mac_ctx_st st_mac_ctx; /* one upload's GMAC key (st_mac_upload) */
 typedef struct st_mac {
     struct evp_kdf_ctx_st *kdf; /* HKDF-SHA256 (expand only) keyed with the tier key */
-    char id[17];     /* the key's id: 16 hex digits of HMAC(K, "cacheblend-key-id-v1") */
+    char id[17];                /* the key's id: 16 hex digits of HMAC(K, "cacheblend-key-id-v1") */
 } st_mac;
 
 #define ST_KEY_BYTES 32
@@ -67,25 +67,25 @@ typedef struct st_mac {
 /* The shared tier on Redis (remote.c); url NULL when the store has none. */
 typedef struct st_remote {
     char name[33];
-    char *url;         /* redis://HOST[:PORT][/DB] or unix:///PATH */
-    char id[33];       /* the shared tier's id (its keys' namespace) */
-    uint64_t cap;      /* 0 = unlimited */
-    int timeout_ms;    /* connect and per command */
+    char *url;                /* redis://HOST[:PORT][/DB] or unix:///PATH */
+    char id[33];              /* the shared tier's id (its keys' namespace) */
+    uint64_t cap;             /* 0 = unlimited */
+    int timeout_ms;           /* connect and per command */
     struct redisContext *ctx; /* NULL when not connected */
-    int64_t down_until; /* after a failure: not tried again before (us) */
+    int64_t down_until;       /* after a failure: not tried again before (us) */
     /* Secrets (secret.c), read when first connecting: the files' paths as
      * store.json records them (NULL: none; $CB_REDIS_AUTH_FILE and
      * $CB_TIER_KEY_FILE override them), never their contents. */
     char *auth_file, *key_file;
-    int secrets;       /* 0 not read yet, 1 read, -1 unusable (the tier is not used) */
-    char user[128];    /* the ACL user, "" for the password alone */
-    char pass[512];    /* the password ("" none); cleansed when closed */
-    st_mac mac;        /* the tier key: entries are written with and read only with MACs */
-    int ro;            /* the server refused this user a write (NOPERM): reads only */
-    int ro_warned;     /* said once that nothing is written through */
-    int quiet;         /* a NOPERM expected: not warned of */
+    int secrets;                /* 0 not read yet, 1 read, -1 unusable (the tier is not used) */
+    char user[128];             /* the ACL user, "" for the password alone */
+    char pass[512];             /* the password ("" none); cleansed when closed */
+    st_mac mac;                 /* the tier key: entries are written with and read only with MACs */
+    int ro;                     /* the server refused this user a write (NOPERM): reads only */
+    int ro_warned;              /* said once that nothing is written through */
+    int quiet;                  /* a NOPERM expected: not warned of */
     char why[CB_ERROR_MSG_MAX]; /* the last failure, for messages (never a secret) */
-    uint64_t n_refused; /* entries refused: no MAC, or one that does not verify */
+    uint64_t n_refused;         /* entries refused: no MAC, or one that does not verify */
 } st_remote;
 
 #define ST_REMOTE_TIMEOUT_MS 1000
@@ -115,10 +115,10 @@ struct cb_store {
 typedef struct st_stream st_stream;
 
 struct cb_store_ref {
-    int fd;        /* -1 for a stream */
-    int tier;      /* the tier whose file fd is; n_tiers: the shared tier */
+    int fd;   /* -1 for a stream */
+    int tier; /* the tier whose file fd is; n_tiers: the shared tier */
     uint64_t size;
-    char *path;    /* the file, or the shared tier's name */
+    char *path;        /* the file, or the shared tier's name */
     st_stream *stream; /* an entry read from the shared tier, else NULL */
 };
 
@@ -230,8 +230,8 @@ cb_status st_tier_used(cb_store *s, int t, uint64_t *used, cb_error *err);
 /* Make room for `need` bytes in tier t by moving its least recently used
  * entries down (never `exclude`); called with the lock held.  CB_OK when
  * used + need <= capacity afterwards, CB_ERR_CREATE when it cannot. */
-cb_status st_make_room(cb_store *s, int t, uint64_t need, const char *exclude, cb_store_gc_report *rep,
-                       cb_error *err);
+cb_status st_make_room(cb_store *s, int t, uint64_t need, const char *exclude,
+                       cb_store_gc_report *rep, cb_error *err);
 /* Move an entry to tier `to` (lock held): 1 moved, 0 skipped (in use,
  * changed, no room), CB_ERR_* on failure. */
 int st_move(cb_store *s, const char *key, int from, int to, cb_store_gc_report *rep, cb_error *err);
@@ -248,8 +248,8 @@ void st_promote(cb_store *s, const char *key);
 cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out, cb_error *err);
 /* Adopt a verified copy of the KV file at path; movable: it may be renamed
  * into the tier; expect: the key it must hold (or NULL). */
-cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect, char key_out[66], int *existed,
-                      cb_error *err);
+cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect,
+                      char key_out[66], int *existed, cb_error *err);
 
 /* ------------------------------------------------------------ remote.c */
 
@@ -273,10 +273,12 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
 int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void **out, size_t *size);
 /* A fetched entry was refused by the local verification. */
 void st_remote_reject(cb_store *s, const char *key, const char *why);
-cb_status st_remote_list(cb_store *s, const char *model, int (*fn)(void *ctx, const cb_store_entry *e), void *ctx,
-                         int *stopped, cb_error *err);
-cb_status st_remote_check(cb_store *s, int fetch, int fix, void (*problem)(void *ctx, const char *what, const char *msg),
-                          void *ctx, uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err);
+cb_status st_remote_list(cb_store *s, const char *model,
+                         int (*fn)(void *ctx, const cb_store_entry *e), void *ctx, int *stopped,
+                         cb_error *err);
+cb_status st_remote_check(cb_store *s, int fetch, int fix,
+                          void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
+                          uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err);
 
 /* Open key's value in the shared tier for reading layer by layer (its
  * access recorded unless read-only): 1 with *kf (its header verified) and
@@ -300,7 +302,8 @@ int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size)
  * and pass.  Errors: CB_ERR_NOT_FOUND (missing, unreadable), CB_ERR_FORMAT
  * (too open, another owner, malformed), CB_ERR_IO; messages never hold the
  * file's contents. */
-cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, size_t pass_n, cb_error *err);
+cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, size_t pass_n,
+                       cb_error *err);
 /* Read a tier key file (64 hex digits, kept like a password file) into m.
  * Errors as st_auth_load, and CB_ERR_INTERNAL (no HMAC, HKDF in libcrypto). */
 cb_status st_key_load(const char *path, st_mac *m, cb_error *err);
@@ -310,8 +313,8 @@ void st_mac_free(st_mac *m); /* m may hold no key */
 
 /* What a part's tag binds besides its bytes (secret.c's comment). */
 typedef struct st_part_id {
-    const char *sid;  /* the shared tier's id, 32 hex digits */
-    const char *key;  /* the entry's key, 65 characters */
+    const char *sid;               /* the shared tier's id, 32 hex digits */
+    const char *key;               /* the entry's key, 65 characters */
     uint8_t nonce[ST_NONCE_BYTES]; /* the upload's */
     uint64_t n_parts, total;
 } st_part_id;

@@ -19,7 +19,8 @@
 
 /* ------------------------------------------------------------ moving */
 
-static const char SQL_SET_TIER[] = "UPDATE entries SET tier = ?3 WHERE key = ?1 AND tier = ?2 AND state = 1";
+static const char SQL_SET_TIER[] =
+    "UPDATE entries SET tier = ?3 WHERE key = ?1 AND tier = ?2 AND state = 1";
 static const char SQL_LRU[] =
     "SELECT key, bytes FROM entries WHERE tier = ?1 AND state = 1 AND pinned = 0 AND key != ?2"
     " ORDER BY last_access, key LIMIT 1 OFFSET ?3";
@@ -49,7 +50,7 @@ int st_move(cb_store *s, const char *key, int from, int to, cb_store_gc_report *
     if ((fd = st_lock_file_ex(src)) < 0) {
         if (errno == ENOENT)
             st_delete_at(s, key, from, NULL); /* indexed without a file */
-        goto done;                                      /* else in use: skipped */
+        goto done;                            /* else in use: skipped */
     }
     if (fstat(fd, &sb) != 0) {
         result = cb_error_set(err, CB_ERR_IO, "%s: %s", src, strerror(errno));
@@ -66,7 +67,8 @@ int st_move(cb_store *s, const char *key, int from, int to, cb_store_gc_report *
             /* Intact: copy to the new tier (temporary name, fsync, rename). */
             out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             if (out < 0 || st_write_all(out, map, (size_t)sb.st_size) != 0 || fsync(out) != 0) {
-                result = cb_error_set(err, out < 0 ? CB_ERR_CREATE : CB_ERR_IO, "%s: %s", tmp, strerror(errno));
+                result = cb_error_set(err, out < 0 ? CB_ERR_CREATE : CB_ERR_IO, "%s: %s", tmp,
+                                      strerror(errno));
                 unlink(tmp);
                 goto done;
             }
@@ -135,7 +137,8 @@ static int evict(cb_store *s, const char *key, int t, cb_store_gc_report *rep, c
 }
 
 /* Move one entry of tier t down to the first tier below with room, else delete it. */
-static int demote(cb_store *s, const char *key, uint64_t bytes, int t, cb_store_gc_report *rep, cb_error *err)
+static int demote(cb_store *s, const char *key, uint64_t bytes, int t, cb_store_gc_report *rep,
+                  cb_error *err)
 {
     for (int d = t + 1; d < s->n_tiers; d++) {
         if (s->tiers[d].cap && bytes > s->tiers[d].cap)
@@ -149,7 +152,8 @@ static int demote(cb_store *s, const char *key, uint64_t bytes, int t, cb_store_
     return evict(s, key, t, rep, err);
 }
 
-static const char SQL_RESERVED[] = "SELECT key, owner, state FROM entries WHERE tier = ?1 AND state != 1";
+static const char SQL_RESERVED[] =
+    "SELECT key, owner, state FROM entries WHERE tier = ?1 AND state != 1";
 
 /* Drop the reservations of dead processes in tier t, and removed entries
  * whose readers are done (their bytes count against its capacity until
@@ -163,7 +167,8 @@ static int reap_reservations(cb_store *s, int t)
         return 0;
     sqlite3_bind_text(q, 1, s->tiers[t].name, -1, SQLITE_STATIC);
     while (n < 64 && sqlite3_step(q) == SQLITE_ROW) {
-        const char *k = (const char *)sqlite3_column_text(q, 0), *o = (const char *)sqlite3_column_text(q, 1);
+        const char *k = (const char *)sqlite3_column_text(q, 0),
+                   *o = (const char *)sqlite3_column_text(q, 1);
         snprintf(keys[n], sizeof keys[n], "%s", k ? k : "");
         snprintf(owners[n], sizeof owners[n], "%s", o ? o : "");
         states[n] = sqlite3_column_int(q, 2);
@@ -186,15 +191,15 @@ static int reap_reservations(cb_store *s, int t)
             drop = st_unlink_locked(p) == 1;
         }
         free(p);
-        if (drop && st_change(s, "DELETE FROM entries WHERE key = ?1 AND tier = ?2 AND state != 1", keys[i], t, -1,
-                           NULL) > 0)
+        if (drop && st_change(s, "DELETE FROM entries WHERE key = ?1 AND tier = ?2 AND state != 1",
+                              keys[i], t, -1, NULL) > 0)
             gone++;
     }
     return gone;
 }
 
-cb_status st_make_room(cb_store *s, int t, uint64_t need, const char *exclude, cb_store_gc_report *rep,
-                       cb_error *err)
+cb_status st_make_room(cb_store *s, int t, uint64_t need, const char *exclude,
+                       cb_store_gc_report *rep, cb_error *err)
 {
     uint64_t cap = s->tiers[t].cap, used;
     int skip = 0, reaped = 0;
@@ -245,8 +250,8 @@ cb_status st_make_room(cb_store *s, int t, uint64_t need, const char *exclude, c
 void st_promote(cb_store *s, const char *key)
 {
     st_row r;
-    if (st_get_row(s, key, &r, NULL) != 1 || r.state != 1 || r.pinned || r.tier <= 0 || s->promote_hits <= 0 ||
-        r.hits < s->promote_hits)
+    if (st_get_row(s, key, &r, NULL) != 1 || r.state != 1 || r.pinned || r.tier <= 0 ||
+        s->promote_hits <= 0 || r.hits < s->promote_hits)
         return;
     for (int t = 0; t < r.tier; t++) {
         if (s->tiers[t].cap && r.bytes > s->tiers[t].cap)

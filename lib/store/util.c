@@ -48,7 +48,8 @@ int st_is_hex(const char *p, size_t n)
 
 int st_key_valid(const char *key)
 {
-    return key && strlen(key) == CB_STORE_KEY_LEN && key[32] == '-' && st_is_hex(key, 32) && st_is_hex(key + 33, 32);
+    return key && strlen(key) == CB_STORE_KEY_LEN && key[32] == '-' && st_is_hex(key, 32) &&
+           st_is_hex(key + 33, 32);
 }
 
 void st_random_hex(char *out, size_t n_hex)

@@ -71,13 +71,15 @@ int main(int argc, char **argv)
         t[r] = now() - t0;
     }
     qsort(t, 5, sizeof t[0], cmp_d);
-    printf("tok_bytes %ld\ntok_tokens %zu\ntok_s %.4f\ntok_mb_s %.2f\n", n, ids.n, t[2], (double)n / t[2] / 1e6);
+    printf("tok_bytes %ld\ntok_tokens %zu\ntok_s %.4f\ntok_mb_s %.2f\n", n, ids.n, t[2],
+           (double)n / t[2] / 1e6);
     cb_tokens_free(&ids);
     free(text);
 
     /* Dequantization of every quantized tensor type present, over 16M elements. */
-    static const cb_type types[] = {CB_TYPE_F16, CB_TYPE_BF16, CB_TYPE_Q8_0, CB_TYPE_Q4_0, CB_TYPE_Q4_1,
-                                    CB_TYPE_Q5_0, CB_TYPE_Q5_1, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
+    static const cb_type types[] = {CB_TYPE_F16,  CB_TYPE_BF16, CB_TYPE_Q8_0, CB_TYPE_Q4_0,
+                                    CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1, CB_TYPE_Q4_K,
+                                    CB_TYPE_Q5_K, CB_TYPE_Q6_K};
     const int64_t row = 4096, rows = 4096;
     float *src = malloc(sizeof(float) * row), *dst = malloc(sizeof(float) * row);
     for (int64_t i = 0; i < row; i++)
@@ -91,7 +93,8 @@ int main(int argc, char **argv)
         for (int64_t r = 0; r < rows; r++)
             cb_dequant_row(types[k], q + rb * (size_t)(r % 64), dst, row);
         double dt = now() - t0;
-        printf("dequant_%s_melem_s %.0f\n", cb_type_name(types[k]), (double)(row * rows) / dt / 1e6);
+        printf("dequant_%s_melem_s %.0f\n", cb_type_name(types[k]),
+               (double)(row * rows) / dt / 1e6);
         free(q);
     }
     free(src);

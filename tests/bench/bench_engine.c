@@ -92,12 +92,14 @@ static int kl_rows(const char *path, int threads, int L)
     }
     const cb_vocab *v = cb_model_vocab(m[0]);
     while ((int)t.n < L) /* BOS as the model wants it, then the text again and again */
-        if (cb_tok_encode(v, kl_text, sizeof kl_text - 1, t.n ? 0 : CB_TOK_ADD_SPECIAL, &t) != CB_OK)
+        if (cb_tok_encode(v, kl_text, sizeof kl_text - 1, t.n ? 0 : CB_TOK_ADD_SPECIAL, &t) !=
+            CB_OK)
             return 70;
     int nv = cb_model_hparams(m[0])->n_vocab;
     float *lg[2] = {malloc(sizeof(float) * (size_t)nv), malloc(sizeof(float) * (size_t)nv)};
     for (int a = 0; a < 2; a++)
-        if (cb_kvcache_new(&kv[a], m[a], L + 8, CB_TYPE_F16) != CB_OK || cb_fwd_new(&f[a], m[a], 8) != CB_OK)
+        if (cb_kvcache_new(&kv[a], m[a], L + 8, CB_TYPE_F16) != CB_OK ||
+            cb_fwd_new(&f[a], m[a], 8) != CB_OK)
             return 70;
     double sum = 0, mx = 0, k = 0, *all = malloc(sizeof(double) * (size_t)L);
     int agree = 0;
@@ -113,8 +115,9 @@ static int kl_rows(const char *path, int threads, int L)
         agree += same;
     }
     qsort(all, (size_t)L, sizeof *all, cmp_double);
-    printf("kl_%d_first %.3e\nkl_%d_mean %.3e\nkl_%d_median %.3e\nkl_%d_max %.3e\nkl_%d_top1 %.3f\n", L, k, L,
-           sum / L, L, all[L / 2], L, mx, L, (double)agree / L);
+    printf(
+        "kl_%d_first %.3e\nkl_%d_mean %.3e\nkl_%d_median %.3e\nkl_%d_max %.3e\nkl_%d_top1 %.3f\n",
+        L, k, L, sum / L, L, all[L / 2], L, mx, L, (double)agree / L);
     free(all);
     for (int a = 0; a < 2; a++) {
         cb_fwd_free(f[a]);
@@ -202,8 +205,10 @@ static int seqs_rate(cb_model *m, int S, int L)
     cb_kvcache *kv[64] = {0};
     cb_fwd *f = NULL, *fd = NULL;
     int32_t *t = malloc(sizeof(int32_t) * (size_t)L), tok[64], pos[64];
-    float *rows = malloc(sizeof(float) * (size_t)(L * w)), *lg = malloc(sizeof(float) * (size_t)S * hp->n_vocab);
-    int ok = t && rows && lg && cb_fwd_new(&f, m, L) == CB_OK && cb_fwd_new(&fd, m, cb_fwd_decode_rows(m, S)) == CB_OK;
+    float *rows = malloc(sizeof(float) * (size_t)(L * w)),
+          *lg = malloc(sizeof(float) * (size_t)S * hp->n_vocab);
+    int ok = t && rows && lg && cb_fwd_new(&f, m, L) == CB_OK &&
+             cb_fwd_new(&fd, m, cb_fwd_decode_rows(m, S)) == CB_OK;
     for (int i = 0; ok && i < L; i++)
         t[i] = (int32_t)((i * 7919 + 13) % hp->n_vocab);
     for (int s = 0; ok && s < S; s++)
@@ -235,7 +240,8 @@ static int seqs_rate(cb_model *m, int S, int L)
 static void sgemm_rate(int threads)
 {
     int n = 1024;
-    float *a = calloc((size_t)n * n, 4), *b = calloc((size_t)n * n, 4), *c = calloc((size_t)n * n, 4);
+    float *a = calloc((size_t)n * n, 4), *b = calloc((size_t)n * n, 4),
+          *c = calloc((size_t)n * n, 4);
     for (int i = 0; i < n * n; i++)
         a[i] = b[i] = (float)(i % 7) * 0.1f;
     openblas_set_num_threads(threads);
@@ -279,7 +285,10 @@ int main(int argc, char **argv)
     /* the fingerprint remembered where the programs keep it (load_s is what a cb-run pays) */
     char fpc[1024];
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    snprintf(fpc, sizeof fpc, "%s%s/cacheblend/fingerprints", xdg && *xdg ? xdg : home ? home : ".",
+    snprintf(fpc, sizeof fpc, "%s%s/cacheblend/fingerprints",
+             xdg && *xdg ? xdg
+             : home      ? home
+                         : ".",
              xdg && *xdg ? "" : "/.cache");
     cb_model_params mp = {threads, dev && *dev ? dev : "cpu", ex && !strcmp(ex, "1"), fpc};
     double t_load = now();
@@ -327,7 +336,8 @@ int main(int argc, char **argv)
             for (int i = 0; i < N; i++)
                 cb_model_eval(f, kv, &t[C + i], 1, C + i, logits);
             double rate = N / (now() - t0);
-            printf("decode_%d_tok_s %.2f\ndecode_%d_gb_s %.2f\n", L, rate, L, decode_bytes(argv[1]) * rate / 1e9);
+            printf("decode_%d_tok_s %.2f\ndecode_%d_gb_s %.2f\n", L, rate, L,
+                   decode_bytes(argv[1]) * rate / 1e9);
         } else if (B) {
             double best = 1e9;
             for (int r = 0; r < 3; r++) {
@@ -336,7 +346,8 @@ int main(int argc, char **argv)
                 dt = now() - t0;
                 best = dt < best ? dt : best;
             }
-            printf("batch_%d_%d_ms %.2f\nbatch_%d_%d_rows_s %.1f\n", B, C, best * 1e3, B, C, B / best);
+            printf("batch_%d_%d_ms %.2f\nbatch_%d_%d_rows_s %.1f\n", B, C, best * 1e3, B, C,
+                   B / best);
         } else {
             fprintf(stderr, "bench_engine: bad scenario '%s'\n", argv[a]);
             return 64;

@@ -49,7 +49,8 @@ static void *rowprod_run(void *arg)
 {
     job *j = arg;
     for (int64_t o = j->o0; o < j->o1; o += 64)
-        K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, 0, 1, o, o + 64 < j->o1 ? o + 64 : j->o1, j->y, 0);
+        K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, 0, 1, o, o + 64 < j->o1 ? o + 64 : j->o1, j->y,
+               0);
     return NULL;
 }
 
@@ -120,7 +121,8 @@ static uint8_t *quantized_rows(cb_type t, int64_t n_in, int64_t n)
     return xq;
 }
 
-static const cb_type types[] = {CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K, CB_TYPE_Q4_0, CB_TYPE_Q5_0, CB_TYPE_Q8_0};
+static const cb_type types[] = {CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K,
+                                CB_TYPE_Q4_0, CB_TYPE_Q5_0, CB_TYPE_Q8_0};
 
 static void rowprod(int T)
 {
@@ -133,7 +135,8 @@ static void rowprod(int T)
     free(buf);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         cb_type t = types[i];
-        int64_t n_in = 1536, rb = (int64_t)cb_type_row_bytes(t, n_in), n_out = ((int64_t)64 << 20) / rb / 64 * 64;
+        int64_t n_in = 1536, rb = (int64_t)cb_type_row_bytes(t, n_in),
+                n_out = ((int64_t)64 << 20) / rb / 64 * 64;
         job j = {.t = t, .rb = (size_t)rb, .n_in = n_in};
         uint8_t *w = random_weights(t, n_in, n_out), *xq = quantized_rows(t, n_in, 1);
         float *y = malloc(sizeof(float) * (size_t)n_out);
@@ -167,7 +170,8 @@ static void blocked(void)
                 best = dt, pack = tp;
         }
         printf("blocked_%s_gmacs %.1f\nblocked_%s_pack_pct %.1f\n", cb_type_name(t),
-               (double)n * (double)n_in * (double)n_out / best / 1e9, cb_type_name(t), 100 * pack / best);
+               (double)n * (double)n_in * (double)n_out / best / 1e9, cb_type_name(t),
+               100 * pack / best);
         free(w), free(xq), free(panel), free(y);
     }
 }

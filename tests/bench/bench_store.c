@@ -100,7 +100,8 @@ static void record(const char *tier, const char *op, int tokens, stats s)
 {
     emit(tier, op, tokens, s);
     if (n_table < 64) {
-        snprintf(table[n_table].what, sizeof table[n_table].what, "%-5s %-12s %4d tok", tier, op, tokens);
+        snprintf(table[n_table].what, sizeof table[n_table].what, "%-5s %-12s %4d tok", tier, op,
+                 tokens);
         table[n_table++].s = s;
     }
 }
@@ -136,8 +137,8 @@ typedef struct kv {
     char key[66];
 } kv;
 
-static int bench_tier(const char *name, const char *tier_dir, const char *base, kv *e, int n, int tokens, char *buf,
-                      size_t cap, int cold)
+static int bench_tier(const char *name, const char *tier_dir, const char *base, kv *e, int n,
+                      int tokens, char *buf, size_t cap, int cold)
 {
     char dir[4200];
     cb_store *s = NULL;
@@ -146,7 +147,8 @@ static int bench_tier(const char *name, const char *tier_dir, const char *base, 
     cb_store_tier tier = {name, tier_dir, 0, 0, NULL, 0, NULL, NULL};
 
     snprintf(dir, sizeof dir, "%s/store-%s-%d", base, name, tokens);
-    if (!t || cb_store_init(dir, &tier, 1, 0, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
+    if (!t || cb_store_init(dir, &tier, 1, 0, &err) != CB_OK ||
+        cb_store_open(&s, dir, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: %s\n", err.msg);
         free(t);
         return -1;
@@ -172,7 +174,8 @@ static int bench_tier(const char *name, const char *tier_dir, const char *base, 
                     drop_cache(p);
                 }
                 double t0 = now();
-                if (cb_store_acquire(s, e[i].key, &ref, &path, &err) != CB_OK || read_all(path, buf, cap, 0) != 0) {
+                if (cb_store_acquire(s, e[i].key, &ref, &path, &err) != CB_OK ||
+                    read_all(path, buf, cap, 0) != 0) {
                     fprintf(stderr, "bench_store: get: %s\n", err.msg);
                     return -1;
                 }
@@ -238,10 +241,11 @@ static double open_read(cb_store *s, const kv *e, int want_tier, const char *wha
 /* The shared tier on Redis at url: put through a local tier without room,
  * get of entries that only it holds; the same streamed from a tier whose
  * entries are authenticated (named sharedmac: a namespace of its own). */
-static int bench_shared(const char *url, const char *ram, const char *base, kv *e, int n, int tokens, char *buf,
-                        size_t cap)
+static int bench_shared(const char *url, const char *ram, const char *base, kv *e, int n,
+                        int tokens, char *buf, size_t cap)
 {
-    char dir_p[4200], dir_g[4200], dir_m[4200], dir_mg[4200], tp[4300], tg[4300], tm[4300], tmg[4300], key[4300];
+    char dir_p[4200], dir_g[4200], dir_m[4200], dir_mg[4200], tp[4300], tg[4300], tm[4300],
+        tmg[4300], key[4300];
     cb_store *sp = NULL, *sg = NULL, *sm = NULL, *smg = NULL;
     cb_error err;
     double *t = calloc((size_t)n * 3, sizeof *t), *tk = calloc((size_t)n * 3, sizeof *tk);
@@ -254,14 +258,21 @@ static int bench_shared(const char *url, const char *ram, const char *base, kv *
     snprintf(tm, sizeof tm, "%s-sm%d", ram, tokens);
     snprintf(tmg, sizeof tmg, "%s-smg%d", ram, tokens);
     snprintf(key, sizeof key, "%s/tier-%d.key", base, tokens);
-    cb_store_tier a[2] = {{"local", tp, 1, 0, NULL, 0, NULL, NULL}, {"shared", NULL, 0, 0, url, 5000, NULL, NULL}};
-    cb_store_tier b[2] = {{"local", tg, 0, 0, NULL, 0, NULL, NULL}, {"shared", NULL, 0, 0, url, 5000, NULL, NULL}};
-    cb_store_tier c[2] = {{"local", tm, 1, 0, NULL, 0, NULL, NULL}, {"sharedmac", NULL, 0, 0, url, 5000, NULL, key}};
-    cb_store_tier d[2] = {{"local", tmg, 0, 0, NULL, 0, NULL, NULL}, {"sharedmac", NULL, 0, 0, url, 5000, NULL, key}};
-    if (!t || !tk || cb_store_init(dir_p, a, 2, 0, &err) != CB_OK || cb_store_open(&sp, dir_p, 0, &err) != CB_OK ||
-        cb_store_init(dir_g, b, 2, 0, &err) != CB_OK || cb_store_open(&sg, dir_g, 0, &err) != CB_OK ||
-        cb_store_keygen(key, &err) != CB_OK || cb_store_init(dir_m, c, 2, 0, &err) != CB_OK ||
-        cb_store_open(&sm, dir_m, 0, &err) != CB_OK || cb_store_init(dir_mg, d, 2, 0, &err) != CB_OK ||
+    cb_store_tier a[2] = {{"local", tp, 1, 0, NULL, 0, NULL, NULL},
+                          {"shared", NULL, 0, 0, url, 5000, NULL, NULL}};
+    cb_store_tier b[2] = {{"local", tg, 0, 0, NULL, 0, NULL, NULL},
+                          {"shared", NULL, 0, 0, url, 5000, NULL, NULL}};
+    cb_store_tier c[2] = {{"local", tm, 1, 0, NULL, 0, NULL, NULL},
+                          {"sharedmac", NULL, 0, 0, url, 5000, NULL, key}};
+    cb_store_tier d[2] = {{"local", tmg, 0, 0, NULL, 0, NULL, NULL},
+                          {"sharedmac", NULL, 0, 0, url, 5000, NULL, key}};
+    if (!t || !tk || cb_store_init(dir_p, a, 2, 0, &err) != CB_OK ||
+        cb_store_open(&sp, dir_p, 0, &err) != CB_OK ||
+        cb_store_init(dir_g, b, 2, 0, &err) != CB_OK ||
+        cb_store_open(&sg, dir_g, 0, &err) != CB_OK || cb_store_keygen(key, &err) != CB_OK ||
+        cb_store_init(dir_m, c, 2, 0, &err) != CB_OK ||
+        cb_store_open(&sm, dir_m, 0, &err) != CB_OK ||
+        cb_store_init(dir_mg, d, 2, 0, &err) != CB_OK ||
         cb_store_open(&smg, dir_mg, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: shared tier %s: %s\n", url, err.msg);
         free(t);
@@ -284,8 +295,8 @@ static int bench_shared(const char *url, const char *ram, const char *base, kv *
             const char *path;
             cb_store_remove(sg, e[i].key, NULL); /* only the shared tier holds it */
             double t0 = now();
-            if (cb_store_acquire(sg, e[i].key, &ref, &path, &err) != CB_OK || read_all(path, buf, cap, 0) != 0 ||
-                cb_store_ref_tier(ref) != 0) {
+            if (cb_store_acquire(sg, e[i].key, &ref, &path, &err) != CB_OK ||
+                read_all(path, buf, cap, 0) != 0 || cb_store_ref_tier(ref) != 0) {
                 fprintf(stderr, "bench_store: shared get: %s\n", err.msg);
                 return -1;
             }
@@ -312,7 +323,8 @@ static int bench_shared(const char *url, const char *ram, const char *base, kv *
     m = 0;
     for (int r = 0; r < 3; r++)
         for (int i = 0; i < n; i++, m++)
-            if ((t[m] = open_read(sg, &e[i], 1, "stream")) < 0 || (tk[m] = open_read(smg, &e[i], 1, "stream+mac")) < 0)
+            if ((t[m] = open_read(sg, &e[i], 1, "stream")) < 0 ||
+                (tk[m] = open_read(smg, &e[i], 1, "stream+mac")) < 0)
                 return -1;
     record("shared", "stream", tokens, summarize(t, m, (double)e[0].size));
     record("shared", "stream+mac", tokens, summarize(tk, m, (double)e[0].size));
@@ -330,15 +342,18 @@ static int bench_shared(const char *url, const char *ram, const char *base, kv *
 }
 
 /* A 2-entry RAM tier over a disk tier: every put past the second demotes. */
-static int bench_demote(const char *ram, const char *disk, const char *base, kv *e, int n, int tokens)
+static int bench_demote(const char *ram, const char *disk, const char *base, kv *e, int n,
+                        int tokens)
 {
     char dir[4200];
     cb_store *s = NULL;
     cb_error err;
     double *t = calloc((size_t)n, sizeof *t);
-    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0, NULL, 0, NULL, NULL}, {"disk", disk, 0, 0, NULL, 0, NULL, NULL}};
+    cb_store_tier tiers[] = {{"ram", ram, 2 * (uint64_t)e[0].size, 0, NULL, 0, NULL, NULL},
+                             {"disk", disk, 0, 0, NULL, 0, NULL, NULL}};
     snprintf(dir, sizeof dir, "%s/store-demote-%d", base, tokens);
-    if (!t || cb_store_init(dir, tiers, 2, 1, &err) != CB_OK || cb_store_open(&s, dir, 0, &err) != CB_OK) {
+    if (!t || cb_store_init(dir, tiers, 2, 1, &err) != CB_OK ||
+        cb_store_open(&s, dir, 0, &err) != CB_OK) {
         fprintf(stderr, "bench_store: %s\n", err.msg);
         free(t);
         return -1;
@@ -395,7 +410,9 @@ int main(int argc, char **argv)
     snprintf(base, sizeof base, "%s/cb-bench-store.%d", disk_base, (int)getpid());
     mkdir(base, 0755);
     if (statfs(disk_base, &fs) == 0 && fs.f_type == TMPFS_MAGIC_)
-        fprintf(stderr, "bench_store: note: %s is a tmpfs, the disk tier is in RAM (set CB_BENCH_DISK)\n", disk_base);
+        fprintf(stderr,
+                "bench_store: note: %s is a tmpfs, the disk tier is in RAM (set CB_BENCH_DISK)\n",
+                disk_base);
     printf("store_model %s\n", argv[1]);
     char *list = strdup(tok_list);
     for (char *tk = strtok(list, ","); tk; tk = strtok(NULL, ",")) {
@@ -417,14 +434,18 @@ int main(int argc, char **argv)
             return 70;
         double prefill = now() - t0;
         for (int i = 0; i < n; i++) {
-            ids[0] = i; /* a different chunk: another key (the KV is the same, which storage ignores) */
-            if (cb_kv_serialize(m, cache, NULL, 0, ids, tokens, 0, CB_TYPE_F16, &e[i].data, &e[i].size) != CB_OK)
+            ids[0] =
+                i; /* a different chunk: another key (the KV is the same, which storage ignores) */
+            if (cb_kv_serialize(m, cache, NULL, 0, ids, tokens, 0, CB_TYPE_F16, &e[i].data,
+                                &e[i].size) != CB_OK)
                 return 70;
             cb_kv_key(cb_model_fingerprint(m), cb_kv_tokens_hash(NULL, 0, ids, tokens), e[i].key);
         }
-        printf("store_entry_%d_bytes %zu\nstore_prefill_%d_ms %.1f\n", tokens, e[0].size, tokens, prefill * 1e3);
-        fprintf(stderr, "bench_store: %d tokens: entries of %.2f MB; prefill of the chunk took %.1f ms\n", tokens,
-                e[0].size / 1e6, prefill * 1e3);
+        printf("store_entry_%d_bytes %zu\nstore_prefill_%d_ms %.1f\n", tokens, e[0].size, tokens,
+               prefill * 1e3);
+        fprintf(stderr,
+                "bench_store: %d tokens: entries of %.2f MB; prefill of the chunk took %.1f ms\n",
+                tokens, e[0].size / 1e6, prefill * 1e3);
         size_t cap = e[0].size + 4096;
         char *buf = malloc(cap);
         snprintf(ram, sizeof ram, "%s/cb-bench-ram.%d", ram_base, (int)getpid());
@@ -449,10 +470,11 @@ int main(int argc, char **argv)
     fprintf(stderr, "%-28s %9s %9s %10s\n", "tier op (entry size)", "p50 ms", "p95 ms", "MB/s");
     for (int i = 0; i < n_table; i++) {
         if (strstr(table[i].what, "acquire"))
-            fprintf(stderr, "%-28s %9.3f %9.3f %10s\n", table[i].what, table[i].s.p50, table[i].s.p95, "-");
+            fprintf(stderr, "%-28s %9.3f %9.3f %10s\n", table[i].what, table[i].s.p50,
+                    table[i].s.p95, "-");
         else
-            fprintf(stderr, "%-28s %9.3f %9.3f %10.1f\n", table[i].what, table[i].s.p50, table[i].s.p95,
-                    table[i].s.mb_s);
+            fprintf(stderr, "%-28s %9.3f %9.3f %10.1f\n", table[i].what, table[i].s.p50,
+                    table[i].s.p95, table[i].s.mb_s);
     }
     cb_model_free(m);
     return 0;

@@ -73,7 +73,8 @@ int main(int argc, char **argv)
     char *text = slurp(argv[2]);
     cb_tokens all = {0}, lead = {0}, sep = {0}, q = {0};
     const char *question = "\n\nQuestion: Which of the places named above is the oldest?\nAnswer:";
-    if (!text || cb_tok_encode(v, text, strlen(text), 0, &all) != CB_OK || all.n < (size_t)(2 * L)) {
+    if (!text || cb_tok_encode(v, text, strlen(text), 0, &all) != CB_OK ||
+        all.n < (size_t)(2 * L)) {
         fprintf(stderr, "bench_swa: %s: need %d tokens of text\n", argv[2], 2 * L);
         return 66;
     }
@@ -83,7 +84,8 @@ int main(int argc, char **argv)
     int32_t total = (int32_t)(lead.n + 2 * L + sep.n + q.n);
     cb_fwd *f = NULL;
     cb_kvcache *pkv = NULL, *kfull = NULL, *kreuse = NULL, *kb = NULL;
-    if (cb_fwd_new(&f, m, total) != CB_OK || cb_kvcache_new(&pkv, m, (int32_t)lead.n + L, CB_TYPE_F32) != CB_OK) {
+    if (cb_fwd_new(&f, m, total) != CB_OK ||
+        cb_kvcache_new(&pkv, m, (int32_t)lead.n + L, CB_TYPE_F32) != CB_OK) {
         fprintf(stderr, "bench_swa: out of memory\n");
         return 70;
     }
@@ -97,8 +99,10 @@ int main(int argc, char **argv)
         size_t size;
         char path[256];
         snprintf(path, sizeof path, "%s/chunk%d.cbkv", tmpl, c);
-        if (cb_kv_precompute(f, pkv, lead.ids, (int32_t)lead.n, all.ids + c * L, L, CB_TYPE_F16, &buf, &size) != CB_OK ||
-            cb_file_write_atomic(path, buf, size, &err) != CB_OK || cb_kvfile_open(&file[c], path, &err) != CB_OK) {
+        if (cb_kv_precompute(f, pkv, lead.ids, (int32_t)lead.n, all.ids + c * L, L, CB_TYPE_F16,
+                             &buf, &size) != CB_OK ||
+            cb_file_write_atomic(path, buf, size, &err) != CB_OK ||
+            cb_kvfile_open(&file[c], path, &err) != CB_OK) {
             fprintf(stderr, "bench_swa: precompute failed\n");
             return 70;
         }
@@ -128,10 +132,14 @@ int main(int argc, char **argv)
     cb_blend_prefill(f, kreuse, segs, 5, &p, lo, &st, &err);
     double kl_reuse = kl(lf, lo, nv);
 
-    printf("model %s: %d layers, window %d on %d of them; 2 chunks of %d tokens, prompt %d tokens\n", hp->arch, nl, W,
-           hp->n_swa_layers, L, total);
-    printf("\nmean relative V deviation of the cached rows from full prefill, |V_full - V_cached|^2 / |V_full|^2\n");
-    printf("(near: chunk offset < W-1 = %d, the window reaches outside the chunk; far: the window is inside it)\n", W - 1);
+    printf(
+        "model %s: %d layers, window %d on %d of them; 2 chunks of %d tokens, prompt %d tokens\n",
+        hp->arch, nl, W, hp->n_swa_layers, L, total);
+    printf(
+        "\nmean relative V deviation of the cached rows from full prefill, |V_full - V_cached|^2 / |V_full|^2\n");
+    printf(
+        "(near: chunk offset < W-1 = %d, the window reaches outside the chunk; far: the window is inside it)\n",
+        W - 1);
     printf("| layer | window | near | far | far / near |\n|---|---|---|---|---|\n");
     float *a = malloc(sizeof(float) * (size_t)L * w), *b = malloc(sizeof(float) * (size_t)L * w);
     double glob_near = 0, glob_far = 0, loc_near = 0, loc_far = 0;
@@ -156,7 +164,8 @@ int main(int argc, char **argv)
         }
         double near = cnt[0] ? s[0] / cnt[0] : 0, farv = cnt[1] ? s[1] / cnt[1] : 0;
         int win = cb_model_layer_window(m, l);
-        printf("| %d | %s | %.3e | %.3e | %.3f |\n", l, win ? "local" : "GLOBAL", near, farv, near > 0 ? farv / near : 0);
+        printf("| %d | %s | %.3e | %.3e | %.3f |\n", l, win ? "local" : "GLOBAL", near, farv,
+               near > 0 ? farv / near : 0);
         if (l > 0) { /* layer 0 is never reused in a blend */
             if (win)
                 loc_near += near, loc_far += farv, n_loc++;
@@ -164,8 +173,9 @@ int main(int argc, char **argv)
                 glob_near += near, glob_far += farv, n_glob++;
         }
     }
-    printf("layers 1..%d: local near %.3e far %.3e; global near %.3e far %.3e\n", nl - 1, loc_near / n_loc,
-           loc_far / n_loc, n_glob ? glob_near / n_glob : 0, n_glob ? glob_far / n_glob : 0);
+    printf("layers 1..%d: local near %.3e far %.3e; global near %.3e far %.3e\n", nl - 1,
+           loc_near / n_loc, loc_far / n_loc, n_glob ? glob_near / n_glob : 0,
+           n_glob ? glob_far / n_glob : 0);
 
     /* blend with the check at layer 1 and after the first global layer */
     int first_global = -1;
@@ -173,7 +183,8 @@ int main(int argc, char **argv)
         if (!cb_model_layer_window(m, l))
             first_global = l;
     printf("\nfirst-token KL to full prefill (full prefill %.0f ms)\n", full_ms);
-    printf("| mode | check layer | recomputed | of them far | KL | prefill ms |\n|---|---|---|---|---|---|\n");
+    printf(
+        "| mode | check layer | recomputed | of them far | KL | prefill ms |\n|---|---|---|---|---|---|\n");
     printf("| reuse | - | 0 | 0 | %.3e | - |\n", kl_reuse);
     int checks[2] = {1, first_global + 1};
     for (int i = 0; i < 2 && checks[i] < nl; i++) {
@@ -188,8 +199,8 @@ int main(int argc, char **argv)
             for (int j = W - 1; j < L; j++)
                 n_far += memcmp(a + j * w, b + j * w, sizeof(float) * (size_t)w) != 0;
         }
-        printf("| blend 0.15 | %d | %d | %d | %.3e | %.0f |\n", checks[i], st.n_recomputed_tokens, n_far,
-               kl(lf, lo, nv), st.prefill_ms);
+        printf("| blend 0.15 | %d | %d | %d | %.3e | %.0f |\n", checks[i], st.n_recomputed_tokens,
+               n_far, kl(lf, lo, nv), st.prefill_ms);
     }
     free(a), free(b), free(lf), free(lo), free(text);
     cb_kvfile_free(file[0]), cb_kvfile_free(file[1]);

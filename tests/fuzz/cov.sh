@@ -22,10 +22,10 @@ fi
 # holds a writer, that the harness drives).
 targets() {
     case $1 in
-    gguf) echo lib/infer/gguf.c lib/infer/vocab.c lib/infer/chat.c lib/infer/fingerprint.c ;;
+    gguf) echo lib/infer/gguf.c lib/infer/vocab_load.c lib/infer/vocab_special.c lib/infer/vocab_pretok.c lib/infer/vocab_bpe.c lib/infer/vocab_spm.c lib/infer/chat.c lib/infer/fingerprint.c ;;
     model) echo lib/infer/model.c lib/infer/forward.c ;;
     kvfile) echo "lib/kv/kvfile.c:kv_open|cb_kvfile_open|cb_kvfile_free|cb_kvfile_meta|cb_kvfile_size|cb_kvfile_read_layer|cb_kvfile_verify|load_layer|read_at|read_fd|release_input|parse_fixed|check_magic|cb_kv_header_size|cb_kv_tokens_hash|bad|kv_type_ok|get32|get64" ;;
-    tok_bpe|tok_spm) echo lib/infer/vocab.c ;;
+    tok_bpe|tok_spm) echo lib/infer/vocab_load.c lib/infer/vocab_special.c lib/infer/vocab_pretok.c lib/infer/vocab_bpe.c lib/infer/vocab_spm.c lib/infer/vocab_encode.c lib/infer/vocab_decode.c ;;
     records) echo "src/cb-precompute.c:emit" \
         "src/cli.c:cli_read_records|cli_read_input|cli_question_parse|cli_question_free|q_chunks|q_stops|q_enum|q_params" \
         "lib/prompt/prompt.c:add_seg|push_all|add_head|add_chunk|add_chunk_key|add_tail|build|cb_prompt_build|cb_prompt_build_from|cb_prompt_free|cb_prompt_segments|cb_prompt_n_tokens|cb_prompt_n_chunks" ;;

@@ -28,12 +28,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define FUZZ_CHECK(c)                                                                       \
-    do {                                                                                    \
-        if (!(c)) {                                                                         \
-            fprintf(stderr, "%s:%d: property failed: %s\n", __FILE__, __LINE__, #c);        \
-            abort();                                                                        \
-        }                                                                                   \
+#define FUZZ_CHECK(c)                                                                \
+    do {                                                                             \
+        if (!(c)) {                                                                  \
+            fprintf(stderr, "%s:%d: property failed: %s\n", __FILE__, __LINE__, #c); \
+            abort();                                                                 \
+        }                                                                            \
     } while (0)
 
 static char fuzz_tmp_[PATH_MAX];
@@ -121,7 +121,9 @@ static inline char *fuzz_data_path(const char *name)
         abort();
     }
     if (access(out, R_OK) != 0) {
-        fprintf(stderr, "fuzz: fixture %s is missing (make fuzz-build makes it; or set CB_FUZZ_DATA)\n", out);
+        fprintf(stderr,
+                "fuzz: fixture %s is missing (make fuzz-build makes it; or set CB_FUZZ_DATA)\n",
+                out);
         exit(1);
     }
     return out;

@@ -45,7 +45,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     free(vocab);
     for (int t = 0; t < 2; t++)
         for (int s = 0; s < 2; s++) {
-            cb_chunker_params p = {t ? V : NULL, FUZZ_MAX, FUZZ_OVERLAP, s ? "^#+ |\\n---\\n" : NULL};
+            cb_chunker_params p = {t ? V : NULL, FUZZ_MAX, FUZZ_OVERLAP,
+                                   s ? "^#+ |\\n---\\n" : NULL};
             if (cb_chunker_new(&ck[t][s], &p, &err) != CB_OK) {
                 fprintf(stderr, "fuzz: %s\n", err.msg);
                 exit(1);

@@ -37,13 +37,15 @@ static void check_tensor(const cb_gguf *g, int64_t i)
         FUZZ_CHECK(rows <= UINT64_MAX / row && (uint64_t)ti.nbytes == (uint64_t)row * rows);
     else
         FUZZ_CHECK(ti.nbytes == 0);
-    FUZZ_CHECK((const uint8_t *)ti.data >= data && ti.offset <= dsize && ti.nbytes <= dsize - ti.offset);
+    FUZZ_CHECK((const uint8_t *)ti.data >= data && ti.offset <= dsize &&
+               ti.nbytes <= dsize - ti.offset);
     FUZZ_CHECK((const uint8_t *)ti.data == data + ti.offset);
     FUZZ_CHECK(ti.name.len < 64);
     FUZZ_CHECK(cb_gguf_find_tensor(g, "") >= -1);
     /* touch the first and last byte, so ASan sees any escape from the buffer */
     if (ti.nbytes) {
-        volatile uint8_t a = ((const uint8_t *)ti.data)[0], b = ((const uint8_t *)ti.data)[ti.nbytes - 1];
+        volatile uint8_t a = ((const uint8_t *)ti.data)[0],
+                         b = ((const uint8_t *)ti.data)[ti.nbytes - 1];
         (void)a, (void)b;
     }
 }
@@ -65,7 +67,8 @@ static void check_kv(const cb_gguf *g, int64_t i, const uint8_t *base, size_t si
     FUZZ_CHECK((cb_gguf_get_bool(g, i, &bv) == CB_OK) == (t == CB_GGUF_BOOL));
     FUZZ_CHECK((cb_gguf_get_str(g, i, &s) == CB_OK) == (t == CB_GGUF_STRING));
     if (t == CB_GGUF_STRING)
-        FUZZ_CHECK((const uint8_t *)s.data >= base && s.len <= size && (const uint8_t *)s.data + s.len <= base + size);
+        FUZZ_CHECK((const uint8_t *)s.data >= base && s.len <= size &&
+                   (const uint8_t *)s.data + s.len <= base + size);
     if (t != CB_GGUF_ARRAY) {
         FUZZ_CHECK(cb_gguf_arr_len(g, i) == 0 && cb_gguf_arr_data(g, i) == NULL);
         return;
@@ -120,7 +123,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(cb_chat_name(ck) != NULL);
     if (ck != CB_CHAT_NONE) {
         cb_chat_parts parts = {0};
-        FUZZ_CHECK(cb_chat_render(ck, "You are brief.", &parts) == CB_OK && parts.prefix && parts.suffix);
+        FUZZ_CHECK(cb_chat_render(ck, "You are brief.", &parts) == CB_OK && parts.prefix &&
+                   parts.suffix);
         cb_chat_parts_free(&parts);
     }
 
@@ -130,7 +134,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         cb_tokens t = {0};
         int32_t n = cb_vocab_n_tokens(v);
         FUZZ_CHECK(n > 0);
-        if (cb_tok_encode(v, text, sizeof text - 1, CB_TOK_ADD_SPECIAL | CB_TOK_PARSE_SPECIAL, &t) == CB_OK) {
+        if (cb_tok_encode(v, text, sizeof text - 1, CB_TOK_ADD_SPECIAL | CB_TOK_PARSE_SPECIAL,
+                          &t) == CB_OK) {
             char *out = NULL;
             size_t len = 0;
             for (size_t j = 0; j < t.n; j++)

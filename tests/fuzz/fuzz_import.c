@@ -29,7 +29,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     struct rlimit rl = {64u << 20, 64u << 20};
     signal(SIGXFSZ, SIG_IGN);
     setrlimit(RLIMIT_FSIZE, &rl);
-    if (asprintf(&dir, "%s/store", fuzz_tmpdir()) < 0 || asprintf(&arch_path, "%s/in.archive", fuzz_tmpdir()) < 0 ||
+    if (asprintf(&dir, "%s/store", fuzz_tmpdir()) < 0 ||
+        asprintf(&arch_path, "%s/in.archive", fuzz_tmpdir()) < 0 ||
         asprintf(&stage_dir, "%s/tmp", dir) < 0)
         abort();
     if (cb_store_open(&S, dir, 1, &err) != CB_OK) {

@@ -25,8 +25,18 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
 /* Recompute the checksums the header's own fields point at (layout in
@@ -39,8 +49,9 @@ static void repair(uint8_t *f, size_t size)
     uint32_t n_layer = get32(f + 48), n_tok = get32(f + 76), n_lead = get32(f + 84);
     uint64_t ids_end = 128 + 4 * ((uint64_t)n_tok + n_lead);
     if (n_tok <= (1u << 24) && n_lead <= (1u << 24) && ids_end <= size) {
-        cb_hash128 h = cb_kv_tokens_hash((const int32_t *)(f + 128 + 4 * (size_t)n_tok), (int32_t)n_lead,
-                                         (const int32_t *)(f + 128), (int32_t)n_tok);
+        cb_hash128 h =
+            cb_kv_tokens_hash((const int32_t *)(f + 128 + 4 * (size_t)n_tok), (int32_t)n_lead,
+                              (const int32_t *)(f + 128), (int32_t)n_tok);
         put64(f + 32, h.lo);
         put64(f + 40, h.hi);
         for (uint64_t l = 0; l < n_layer && S > 0; l++) {

@@ -28,7 +28,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     const cb_hparams *hp = cb_model_hparams(m);
-    FUZZ_CHECK(hp->n_layer > 0 && hp->n_embd > 0 && hp->n_head > 0 && hp->n_head_kv > 0 && hp->head_dim > 0);
+    FUZZ_CHECK(hp->n_layer > 0 && hp->n_embd > 0 && hp->n_head > 0 && hp->n_head_kv > 0 &&
+               hp->head_dim > 0);
     FUZZ_CHECK(hp->n_vocab > 0 && hp->n_vocab == cb_vocab_n_tokens(cb_model_vocab(m)));
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;

@@ -19,8 +19,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(err.msg[0]);
         return 0;
     }
-    FUZZ_CHECK(p.n_layer >= 1 && p.n_prefill >= 0 && p.n_prefill <= CB_PROFILE_MAX && p.n_recompute >= 0 &&
-               p.n_recompute <= CB_PROFILE_MAX * 8 && p.n_tiers >= 0 && p.n_tiers <= 16);
+    FUZZ_CHECK(p.n_layer >= 1 && p.n_prefill >= 0 && p.n_prefill <= CB_PROFILE_MAX &&
+               p.n_recompute >= 0 && p.n_recompute <= CB_PROFILE_MAX * 8 && p.n_tiers >= 0 &&
+               p.n_tiers <= 16);
     FUZZ_CHECK(cb_profile_to_json(&p, &a) == CB_OK && a);
     FUZZ_CHECK(cb_profile_from_json(&q, a, strlen(a), &err) == CB_OK);
     FUZZ_CHECK(cb_profile_to_json(&q, &b) == CB_OK && b);
@@ -30,7 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     static const int64_t lens[] = {INT64_MIN, -1, 0, 1, 7, 512, 4096, 1 << 20, INT64_MAX};
     static const double ratios[] = {-1, 0, 0.15, 0.5, 1, 2};
-    static const cb_type types[] = {CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_BF16, CB_TYPE_Q8_0, CB_TYPE_Q4_0};
+    static const cb_type types[] = {CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_BF16, CB_TYPE_Q8_0,
+                                    CB_TYPE_Q4_0};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         for (size_t j = 0; j < sizeof ratios / sizeof ratios[0]; j++)
             cb_profile_recompute_ms(&p, ratios[j], lens[i]);
@@ -39,7 +41,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
                 double load, rec;
                 cb_profile_load_ms(&p, name, lens[i], types[k], (int)(i & 1));
-                double r = cb_controller_ratio(&p, name, lens[i], types[k], (int)(k & 1), 0.15, &load, &rec);
+                double r = cb_controller_ratio(&p, name, lens[i], types[k], (int)(k & 1), 0.15,
+                                               &load, &rec);
                 FUZZ_CHECK(r == 0.15 || (r >= 0.15 && r <= 1) || isnan(r));
             }
         }

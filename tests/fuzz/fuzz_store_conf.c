@@ -47,17 +47,19 @@ static int escapes(json_t *j)
         const char *s = json_string_value(j);
         size_t n = json_string_length(j);
         size_t skip = !strncmp(s, "redis://", 8) ? 8 : !strncmp(s, "unix://", 7) ? 7 : 0;
-        return (n > 0 && s[0] == '/') || memmem(s, n, "..", 2) || memmem(s + skip, n - skip, "://", 3);
+        return (n > 0 && s[0] == '/') || memmem(s, n, "..", 2) ||
+               memmem(s + skip, n - skip, "://", 3);
     }
     if (json_is_object(j)) {
-        json_object_foreach(j, k, v)
-        {
+        json_object_foreach(j, k, v) {
             if (k[0] == '/' || strstr(k, "..") || strstr(k, "://") || escapes(v))
                 return 1;
         }
     }
     if (json_is_array(j))
-        json_array_foreach(j, i, v) if (escapes(v)) return 1;
+        json_array_foreach(j, i, v)
+            if (escapes(v))
+                return 1;
     return 0;
 }
 
@@ -69,7 +71,8 @@ static void reset(void)
         abort();
     while ((e = readdir(d)) != NULL) {
         const char *n = e->d_name;
-        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "index.db") || !strcmp(n, "index.db-wal") || !strcmp(n, "index.db-shm") ||
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "index.db") ||
+            !strcmp(n, "index.db-wal") || !strcmp(n, "index.db-shm") ||
             !strcmp(n, "index.db-journal") || !strcmp(n, "lock"))
             continue;
         char *p;
@@ -102,7 +105,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             cb_store_tier t;
             struct stat sb;
             FUZZ_CHECK(cb_store_tier_info(s, i, &t) == CB_OK);
-            FUZZ_CHECK(t.name && strlen(t.name) >= 1 && strlen(t.name) <= 32 && t.path && t.path[0] == '/');
+            FUZZ_CHECK(t.name && strlen(t.name) >= 1 && strlen(t.name) <= 32 && t.path &&
+                       t.path[0] == '/');
             FUZZ_CHECK(stat(t.path, &sb) == 0 && S_ISDIR(sb.st_mode));
             real[i] = realpath(t.path, NULL);
             FUZZ_CHECK(real[i] != NULL);
@@ -120,8 +124,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(!sh == !has_shared);
         FUZZ_CHECK(!sh || (strlen(sh) >= 1 && strlen(sh) <= 32));
         int found = 1;
-        FUZZ_CHECK(cb_store_lookup(s, "00000000000000000000000000000000-00000000000000000000000000000000",
-                                   &found) == CB_OK && !found);
+        FUZZ_CHECK(
+            cb_store_lookup(s, "00000000000000000000000000000000-00000000000000000000000000000000",
+                            &found) == CB_OK &&
+            !found);
         cb_store_close(s);
     } else {
         FUZZ_CHECK(s == NULL && err.msg[0]);

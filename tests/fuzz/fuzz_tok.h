@@ -25,20 +25,63 @@ static int builtin; /* the harness's own vocabulary, which has every byte */
  * deep), and user-defined and control tokens. */
 static cb_gguf *spm_vocab(void **bytes)
 {
-    static const char *pieces[] = {
-        "\xe2\x96\x81", "\xe2\x96\x81t", "he", "\xe2\x96\x81the", "in", "er", "an", "\xe2\x96\x81" "a",
-        "on", "re", "\xe2\x96\x81" "c", "ch", "\xe2\x96\x81" "ca", "\xe2\x96\x81" "cache", "at", "en", "es",
-        "\xe2\x96\x81\xe2\x96\x81", "\xe2\x96\x81\xe2\x96\x81\xe2\x96\x81\xe2\x96\x81", "\n", "\n\n",
-        "\xc3\xa9", "\xe6\x97\xa5", "\xe6\x97\xa5\xe6\x9c\xac", "h", "e", "t", "a", "c", "o", "n", "r",
-        "<start_of_turn>", "<end_of_turn>", "<mask>", "[multi]", "\xe2\x96\x81world", "wor", "ld"};
+    static const char *pieces[] = {"\xe2\x96\x81",
+                                   "\xe2\x96\x81t",
+                                   "he",
+                                   "\xe2\x96\x81the",
+                                   "in",
+                                   "er",
+                                   "an",
+                                   "\xe2\x96\x81"
+                                   "a",
+                                   "on",
+                                   "re",
+                                   "\xe2\x96\x81"
+                                   "c",
+                                   "ch",
+                                   "\xe2\x96\x81"
+                                   "ca",
+                                   "\xe2\x96\x81"
+                                   "cache",
+                                   "at",
+                                   "en",
+                                   "es",
+                                   "\xe2\x96\x81\xe2\x96\x81",
+                                   "\xe2\x96\x81\xe2\x96\x81\xe2\x96\x81\xe2\x96\x81",
+                                   "\n",
+                                   "\n\n",
+                                   "\xc3\xa9",
+                                   "\xe6\x97\xa5",
+                                   "\xe6\x97\xa5\xe6\x9c\xac",
+                                   "h",
+                                   "e",
+                                   "t",
+                                   "a",
+                                   "c",
+                                   "o",
+                                   "n",
+                                   "r",
+                                   "<start_of_turn>",
+                                   "<end_of_turn>",
+                                   "<mask>",
+                                   "[multi]",
+                                   "\xe2\x96\x81world",
+                                   "wor",
+                                   "ld"};
     static char hex[256][8];
     const char *toks[512];
     float scores[512];
     int32_t types[512];
     int n = 0;
-    toks[n] = "<unk>"; scores[n] = 0; types[n++] = 2;
-    toks[n] = "<s>"; scores[n] = 0; types[n++] = 3;
-    toks[n] = "</s>"; scores[n] = 0; types[n++] = 3;
+    toks[n] = "<unk>";
+    scores[n] = 0;
+    types[n++] = 2;
+    toks[n] = "<s>";
+    scores[n] = 0;
+    types[n++] = 3;
+    toks[n] = "</s>";
+    scores[n] = 0;
+    types[n++] = 3;
     for (int b = 0; b < 256; b++) {
         snprintf(hex[b], sizeof hex[b], "<0x%02X>", b);
         toks[n] = hex[b];
@@ -62,7 +105,8 @@ static cb_gguf *spm_vocab(void **bytes)
     cb_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
     cb_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", 1);
     cb_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", 1);
-    if (cb_gguf_writer_bytes(w, bytes, &size) != CB_OK || cb_gguf_open_memory(&g, *bytes, size, "spm", NULL) != CB_OK)
+    if (cb_gguf_writer_bytes(w, bytes, &size) != CB_OK ||
+        cb_gguf_open_memory(&g, *bytes, size, "spm", NULL) != CB_OK)
         abort();
     cb_gguf_writer_free(w);
     return g;

@@ -18,8 +18,19 @@
 int fuzz_batch_line(const cb_model *m, const char *line, size_t len)
 {
     static const char *const stops[1] = {"\n"};
-    cb_request d = {NULL, 0, NULL, 0, {NULL, 0}, {NULL, 0}, cb_blend_defaults(), 0, 0.15,
-                    {cb_sampler_defaults(), 16, stops, 1}, 0, CB_TYPE_F16, 1};
+    cb_request d = {NULL,
+                    0,
+                    NULL,
+                    0,
+                    {NULL, 0},
+                    {NULL, 0},
+                    cb_blend_defaults(),
+                    0,
+                    0.15,
+                    {cb_sampler_defaults(), 16, stops, 1},
+                    0,
+                    CB_TYPE_F16,
+                    1};
     cli_question q;
     cb_request rq;
     char msg[256] = "";
@@ -41,15 +52,16 @@ int fuzz_batch_line(const cb_model *m, const char *line, size_t len)
         keyed |= rq.chunks[i].key != NULL;
     }
     FUZZ_CHECK(rq.bp.mode >= CB_MODE_FULL && rq.bp.mode <= CB_MODE_BLEND);
-    FUZZ_CHECK(json_object_get(o, "mode") || rq.bp.mode == (rq.n_chunks ? CB_MODE_BLEND : CB_MODE_FULL));
+    FUZZ_CHECK(json_object_get(o, "mode") ||
+               rq.bp.mode == (rq.n_chunks ? CB_MODE_BLEND : CB_MODE_FULL));
     FUZZ_CHECK(rq.bp.strategy >= CB_STRATEGY_HKVD && rq.bp.strategy <= CB_STRATEGY_RUNS);
     FUZZ_CHECK(rq.bp.ratios[0] >= 0 && rq.bp.ratios[0] <= 1 && rq.gp.n_predict >= 0);
     for (int i = 0; i < rq.gp.n_stops; i++)
         FUZZ_CHECK(rq.gp.stops[i] && rq.gp.stops[i][0] != 0);
     cb_prompt *p = NULL;
     cb_error err;
-    cb_status st = cb_prompt_build_from(&p, m, NULL, rq.system, rq.raw, rq.chunks, rq.n_chunks, rq.question.data,
-                                        rq.question.len, &err);
+    cb_status st = cb_prompt_build_from(&p, m, NULL, rq.system, rq.raw, rq.chunks, rq.n_chunks,
+                                        rq.question.data, rq.question.len, &err);
     if (keyed) {
         FUZZ_CHECK(st == CB_ERR_NOT_FOUND || st == CB_ERR_FORMAT);
     } else if (st == CB_OK) {

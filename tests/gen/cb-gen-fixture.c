@@ -129,7 +129,8 @@ static void train_bpe(int want_merges, int byte_base)
         size_t j = i;
         if (corpus[j] == ' ')
             j++;
-        while (j < len && (((unsigned char)corpus[j] | 32) >= 'a' && ((unsigned char)corpus[j] | 32) <= 'z'))
+        while (j < len &&
+               (((unsigned char)corpus[j] | 32) >= 'a' && ((unsigned char)corpus[j] | 32) <= 'z'))
             j++;
         if (j == i || (j == i + 1 && corpus[i] == ' '))
             j = i + 1;
@@ -190,7 +191,8 @@ static void train_bpe(int want_merges, int byte_base)
         for (int w = 0; w < n_words; w++) {
             int o = 0;
             for (int k = 0; k < words[w].n; k++) {
-                if (k + 1 < words[w].n && words[w].ids[k] == best_a && words[w].ids[k + 1] == best_b) {
+                if (k + 1 < words[w].n && words[w].ids[k] == best_a &&
+                    words[w].ids[k + 1] == best_b) {
                     words[w].ids[o++] = id;
                     k++;
                 } else {
@@ -251,7 +253,8 @@ typedef struct big_tensor {
 static const row_pool *get_pool(cb_type t, int64_t ne0, float scale, float offset)
 {
     for (int i = 0; i < n_pools; i++)
-        if (pools[i].t == t && pools[i].ne0 == ne0 && pools[i].scale == scale && pools[i].offset == offset)
+        if (pools[i].t == t && pools[i].ne0 == ne0 && pools[i].scale == scale &&
+            pools[i].offset == offset)
             return &pools[i];
     if (n_pools == (int)(sizeof pools / sizeof pools[0]))
         die("too many row pools");
@@ -286,7 +289,8 @@ static int fill_big(void *ctx, int64_t row0, int64_t n, void *dst)
 static big_tensor *bigs;
 static int n_bigs, cap_bigs;
 
-static void add_tensor(const char *name, cb_type t, int64_t ne0, int64_t ne1, float scale, float offset)
+static void add_tensor(const char *name, cb_type t, int64_t ne0, int64_t ne1, float scale,
+                       float offset)
 {
     int64_t ne[2] = {ne0, ne1};
     size_t n = (size_t)(ne0 * ne1);
@@ -295,8 +299,8 @@ static void add_tensor(const char *name, cb_type t, int64_t ne0, int64_t ne1, fl
     uint8_t *q;
 
     if (rb == 0) {
-        fprintf(stderr, "cb-gen-fixture: %s: row of %lld does not fit type %s\n", name, (long long)ne0,
-                cb_type_name(t));
+        fprintf(stderr, "cb-gen-fixture: %s: row of %lld does not fit type %s\n", name,
+                (long long)ne0, cb_type_name(t));
         exit(64);
     }
     if (ne0 * ne1 > BIG_ELEMS) {
@@ -334,28 +338,31 @@ static cb_type parse_type(const char *s)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: cb-gen-fixture [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K]\n"
-               "         [--arch llama|qwen2|qwen3|gemma3] [--layers N] [--embd N] [--ff N] [--heads N]\n"
-               "         [--kv-heads N] [--head-dim N] [--window N] [--rope-scaling none|linear|llama3|yarn]\n"
-               "         [--merges N] [--ctx N] [--vocab N] [--untied] [--seed N] [--vocab-only] OUT.gguf\n"
-               "Writes a tiny random-weight model with a real BPE vocabulary.\n"
-               "K-quant types need --embd and --ff multiples of 256 (the default then).\n");
+    fprintf(
+        f,
+        "usage: cb-gen-fixture [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K]\n"
+        "         [--arch llama|qwen2|qwen3|gemma3] [--layers N] [--embd N] [--ff N] [--heads N]\n"
+        "         [--kv-heads N] [--head-dim N] [--window N] [--rope-scaling none|linear|llama3|yarn]\n"
+        "         [--merges N] [--ctx N] [--vocab N] [--untied] [--seed N] [--vocab-only] OUT.gguf\n"
+        "Writes a tiny random-weight model with a real BPE vocabulary.\n"
+        "K-quant types need --embd and --ff multiples of 256 (the default then).\n");
 }
 
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"type", required_argument, 0, 'T'},  {"layers", required_argument, 0, 'l'},
-        {"embd", required_argument, 0, 'e'},  {"ff", required_argument, 0, 'f'},
-        {"heads", required_argument, 0, 'H'}, {"kv-heads", required_argument, 0, 'K'},
+        {"type", required_argument, 0, 'T'},   {"layers", required_argument, 0, 'l'},
+        {"embd", required_argument, 0, 'e'},   {"ff", required_argument, 0, 'f'},
+        {"heads", required_argument, 0, 'H'},  {"kv-heads", required_argument, 0, 'K'},
         {"merges", required_argument, 0, 'M'}, {"ctx", required_argument, 0, 'c'},
-        {"seed", required_argument, 0, 's'},  {"vocab-only", no_argument, 0, 'V'},
-        {"arch", required_argument, 0, 'A'},  {"head-dim", required_argument, 0, 'D'},
+        {"seed", required_argument, 0, 's'},   {"vocab-only", no_argument, 0, 'V'},
+        {"arch", required_argument, 0, 'A'},   {"head-dim", required_argument, 0, 'D'},
         {"window", required_argument, 0, 'W'}, {"rope-scaling", required_argument, 0, 'R'},
-        {"vocab", required_argument, 0, 'v'}, {"untied", no_argument, 0, 'U'},
-        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+        {"vocab", required_argument, 0, 'v'},  {"untied", no_argument, 0, 'U'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     cb_type wt = CB_TYPE_F32;
-    int layers = 0, embd = 0, ff = 0, heads = 4, kv_heads = 2, want_merges = 200, ctx = 512, vocab_only = 0;
+    int layers = 0, embd = 0, ff = 0, heads = 4, kv_heads = 2, want_merges = 200, ctx = 512,
+        vocab_only = 0;
     int head_dim = 0, window = 8;
     int want_vocab = 0, untied = 0;
     uint64_t seed = 42;
@@ -408,13 +415,14 @@ int main(int argc, char **argv)
         embd = kq ? 256 : 64;
     if (!ff)
         ff = kq ? 256 : 128;
-    int qk_norm = !strcmp(arch, "qwen3") || !strcmp(arch, "gemma3"), gemma = !strcmp(arch, "gemma3");
+    int qk_norm = !strcmp(arch, "qwen3") || !strcmp(arch, "gemma3"),
+        gemma = !strcmp(arch, "gemma3");
     if (!layers)
         layers = gemma ? 7 : 2;
     if (!head_dim && embd % heads == 0)
         head_dim = qk_norm ? 2 * embd / heads : embd / heads;
-    if (layers < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 2 || head_dim % 2 ||
-        want_merges < 0 || window < 1) {
+    if (layers < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 2 ||
+        head_dim % 2 || want_merges < 0 || window < 1) {
         fprintf(stderr, "cb-gen-fixture: inconsistent dimensions\n");
         return 64;
     }
@@ -443,7 +451,9 @@ int main(int argc, char **argv)
     int32_t *types = xrealloc(NULL, (size_t)n_vocab * sizeof *types);
     for (int i = 0; i < n_vocab; i++) {
         texts[i] = vocab[i].text;
-        types[i] = i < byte_base ? 3 /* control */ : strncmp(vocab[i].text, "<unused", 7) ? 1 /* normal */ : 5;
+        types[i] = i < byte_base                          ? 3 /* control */
+                   : strncmp(vocab[i].text, "<unused", 7) ? 1 /* normal */
+                                                          : 5;
     }
     int hd = head_dim, dq = heads * hd;
     char k[96];
@@ -475,16 +485,18 @@ int main(int argc, char **argv)
     cb_gguf_writer_set_str(W, "tokenizer.ggml.pre", "smollm");
     cb_gguf_writer_set_arr_str(W, "tokenizer.ggml.tokens", texts, (uint64_t)n_vocab);
     cb_gguf_writer_set_arr(W, "tokenizer.ggml.token_type", CB_GGUF_INT32, types, (uint64_t)n_vocab);
-    cb_gguf_writer_set_arr_str(W, "tokenizer.ggml.merges", (const char *const *)merges, (uint64_t)n_merges);
+    cb_gguf_writer_set_arr_str(W, "tokenizer.ggml.merges", (const char *const *)merges,
+                               (uint64_t)n_merges);
     cb_gguf_writer_set_u32(W, "tokenizer.ggml.bos_token_id", 1);
     cb_gguf_writer_set_u32(W, "tokenizer.ggml.eos_token_id", 2);
     cb_gguf_writer_set_u32(W, "tokenizer.ggml.unknown_token_id", 0);
     cb_gguf_writer_set_u32(W, "tokenizer.ggml.padding_token_id", 2);
     cb_gguf_writer_set_bool(W, "tokenizer.ggml.add_bos_token", gemma);
-    cb_gguf_writer_set_str(W, "tokenizer.chat_template",
-                           "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-                           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-                           "{{ '<|im_start|>assistant\n' }}{% endif %}");
+    cb_gguf_writer_set_str(
+        W, "tokenizer.chat_template",
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+        "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_start|>assistant\n' }}{% endif %}");
     cap_bigs = 8 * layers + 2;
     bigs = xrealloc(NULL, (size_t)cap_bigs * sizeof *bigs);
     if (!vocab_only) {
@@ -516,8 +528,8 @@ int main(int argc, char **argv)
         if (untied)
             add_tensor("output.weight", wt, embd, n_vocab, 0.15f, 0.0f);
         for (int l = 0; l < layers; l++) {
-#define T(suffix, t, a, b, scale, off)                                                             \
-    snprintf(name, sizeof name, "blk.%d." suffix, l);                                              \
+#define T(suffix, t, a, b, scale, off)                \
+    snprintf(name, sizeof name, "blk.%d." suffix, l); \
     add_tensor(name, t, a, b, scale, off)
             T("attn_norm.weight", CB_TYPE_F32, embd, 1, 0.1f, 1.0f);
             T("attn_q.weight", wt, embd, dq, 0.15f, 0.0f);

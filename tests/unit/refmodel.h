@@ -22,10 +22,10 @@ typedef struct ref {
     int n_layer, d, H, Hkv, hd, ff, n_vocab, n_rot;
     double base, eps;
     int neox;
-    int gemma;              /* gemma3: embedding scale, GELU, sliding windows */
-    int *window;            /* [n_layer]: 0 global, else the sliding window */
-    double base_swa;        /* RoPE base of the sliding-window layers */
-    double *ff_div;         /* [n_rot/2] frequency divisors of the global layers, or NULL */
+    int gemma;       /* gemma3: embedding scale, GELU, sliding windows */
+    int *window;     /* [n_layer]: 0 global, else the sliding window */
+    double base_swa; /* RoPE base of the sliding-window layers */
+    double *ff_div;  /* [n_rot/2] frequency divisors of the global layers, or NULL */
     float *embd, *out_norm, *output;
     float **bq, **bk, **bv; /* qwen2 biases, else NULL entries */
     float **attn_norm, **ffn_norm, **wq, **wk, **wv, **wo, **wg, **wu, **wd;
@@ -49,7 +49,8 @@ __attribute__((unused)) static float *ref_tensor(const cb_gguf *g, const char *n
     return f;
 }
 
-__attribute__((unused)) static float **ref_layers_kind(const cb_gguf *g, int n_layer, const char *what, const char *kind)
+__attribute__((unused)) static float **ref_layers_kind(const cb_gguf *g, int n_layer,
+                                                       const char *what, const char *kind)
 {
     float **a = calloc((size_t)n_layer, sizeof *a);
     char name[96];
@@ -138,8 +139,9 @@ __attribute__((unused)) static int ref_load(ref *r, const char *path)
 
 __attribute__((unused)) static void ref_free(ref *r)
 {
-    float ***all[] = {&r->attn_norm, &r->ffn_norm, &r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd,
-                      &r->bq, &r->bk, &r->bv, &r->q_norm, &r->k_norm, &r->post_attn, &r->post_ffn};
+    float ***all[] = {&r->attn_norm, &r->ffn_norm, &r->wq,        &r->wk,      &r->wv, &r->wo,
+                      &r->wg,        &r->wu,       &r->wd,        &r->bq,      &r->bk, &r->bv,
+                      &r->q_norm,    &r->k_norm,   &r->post_attn, &r->post_ffn};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
         for (int l = 0; l < r->n_layer; l++)
             free((*all[k])[l]);
@@ -154,7 +156,8 @@ __attribute__((unused)) static void ref_free(ref *r)
 }
 
 /* y[o] = sum_i W[o*n_in + i] x[i] */
-__attribute__((unused)) static void ref_matvec(const float *W, const double *x, double *y, int n_in, int n_out)
+__attribute__((unused)) static void ref_matvec(const float *W, const double *x, double *y, int n_in,
+                                               int n_out)
 {
     for (int o = 0; o < n_out; o++) {
         double s = 0;
@@ -164,7 +167,8 @@ __attribute__((unused)) static void ref_matvec(const float *W, const double *x, 
     }
 }
 
-__attribute__((unused)) static void ref_rmsnorm(const double *x, const float *g, double *y, int d, double eps)
+__attribute__((unused)) static void ref_rmsnorm(const double *x, const float *g, double *y, int d,
+                                                double eps)
 {
     double ss = 0;
     for (int i = 0; i < d; i++)
@@ -176,7 +180,8 @@ __attribute__((unused)) static void ref_rmsnorm(const double *x, const float *g,
 
 /* "normal" pairs (2i, 2i+1); neox pairs (i, i + n_rot/2); div: frequency
  * divisors or NULL */
-__attribute__((unused)) static void ref_rope(double *v, int n_heads, int hd, int n_rot, int pos, double base, const double *div, int neox)
+__attribute__((unused)) static void ref_rope(double *v, int n_heads, int hd, int n_rot, int pos,
+                                             double base, const double *div, int neox)
 {
     for (int h = 0; h < n_heads; h++) {
         double *x = v + h * hd;
@@ -198,20 +203,24 @@ __attribute__((unused)) static void add_bias(double *y, const float *b, int n)
 
 /* logits [n, n_vocab] for every position of tokens[0..n), positions 0..n-1
  * (last_only: only the last position's, into logits[0..n_vocab)) */
-__attribute__((unused)) static void ref_forward_at(const ref *r, const int32_t *tokens, int n, double *logits, int last_only)
+__attribute__((unused)) static void ref_forward_at(const ref *r, const int32_t *tokens, int n,
+                                                   double *logits, int last_only)
 {
     int d = r->d, dq = r->H * r->hd, dkv = r->Hkv * r->hd;
     double *K = calloc((size_t)r->n_layer * n * dkv, sizeof(double));
     double *V = calloc((size_t)r->n_layer * n * dkv, sizeof(double));
-    double *x = malloc(sizeof(double) * d), *xn = malloc(sizeof(double) * d), *q = malloc(sizeof(double) * dq);
-    double *att = malloc(sizeof(double) * dq), *tmp = malloc(sizeof(double) * (r->ff > d ? r->ff : d));
+    double *x = malloc(sizeof(double) * d), *xn = malloc(sizeof(double) * d),
+           *q = malloc(sizeof(double) * dq);
+    double *att = malloc(sizeof(double) * dq),
+           *tmp = malloc(sizeof(double) * (r->ff > d ? r->ff : d));
     double *gt = malloc(sizeof(double) * r->ff), *up = malloc(sizeof(double) * r->ff);
     double *sc = malloc(sizeof(double) * n), *hn = malloc(sizeof(double) * r->hd);
     for (int t = 0; t < n; t++) {
         for (int i = 0; i < d; i++)
             x[i] = r->embd[(size_t)tokens[t] * d + i] * (r->gemma ? sqrt((double)d) : 1.0);
         for (int l = 0; l < r->n_layer; l++) {
-            double *Kl = K + (size_t)l * n * dkv, *Vl = V + (size_t)l * n * dkv, *kt = Kl + (size_t)t * dkv;
+            double *Kl = K + (size_t)l * n * dkv, *Vl = V + (size_t)l * n * dkv,
+                   *kt = Kl + (size_t)t * dkv;
             ref_rmsnorm(x, r->attn_norm[l], xn, d, r->eps);
             ref_matvec(r->wq[l], xn, q, d, dq);
             ref_matvec(r->wk[l], xn, kt, d, dkv);
@@ -267,8 +276,10 @@ __attribute__((unused)) static void ref_forward_at(const ref *r, const int32_t *
             ref_matvec(r->wu[l], xn, up, d, r->ff);
             for (int i = 0; i < r->ff; i++) {
                 double g = gt[i];
-                gt[i] = (r->gemma ? 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)))
-                                  : g / (1.0 + exp(-g))) * up[i];
+                gt[i] = (r->gemma
+                             ? 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)))
+                             : g / (1.0 + exp(-g))) *
+                        up[i];
             }
             ref_matvec(r->wd[l], gt, tmp, r->ff, d);
             if (r->post_ffn[l]) {
@@ -283,10 +294,12 @@ __attribute__((unused)) static void ref_forward_at(const ref *r, const int32_t *
         ref_rmsnorm(x, r->out_norm, xn, d, r->eps);
         ref_matvec(r->output, xn, logits + (size_t)(last_only ? 0 : t) * r->n_vocab, d, r->n_vocab);
     }
-    free(K), free(V), free(x), free(xn), free(q), free(att), free(tmp), free(gt), free(up), free(sc), free(hn);
+    free(K), free(V), free(x), free(xn), free(q), free(att), free(tmp), free(gt), free(up),
+        free(sc), free(hn);
 }
 
-__attribute__((unused)) static void ref_forward(const ref *r, const int32_t *tokens, int n, double *logits)
+__attribute__((unused)) static void ref_forward(const ref *r, const int32_t *tokens, int n,
+                                                double *logits)
 {
     ref_forward_at(r, tokens, n, logits, 0);
 }

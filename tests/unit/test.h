@@ -53,39 +53,39 @@ __attribute__((unused)) static void tskip(const char *name, const char *why)
     fflush(stdout);
 }
 
-#define CHECK(cond)                                                                        \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("#   %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);            \
-            t_case_fail = 1;                                                               \
-        }                                                                                  \
+#define CHECK(cond)                                                             \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            printf("#   %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+            t_case_fail = 1;                                                    \
+        }                                                                       \
     } while (0)
 
-#define CHECKF(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("#   %s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);            \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-            t_case_fail = 1;                                                               \
-        }                                                                                  \
+#define CHECKF(cond, ...)                                                       \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            printf("#   %s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+            printf(__VA_ARGS__);                                                \
+            printf("\n");                                                       \
+            t_case_fail = 1;                                                    \
+        }                                                                       \
     } while (0)
 
-#define CHECK_OK(expr)                                                                     \
-    do {                                                                                   \
-        int t_st_ = (int)(expr);                                                           \
-        if (t_st_ != 0) {                                                                  \
-            printf("#   %s:%d: %s returned %d\n", __FILE__, __LINE__, #expr, t_st_);       \
-            t_case_fail = 1;                                                               \
-        }                                                                                  \
+#define CHECK_OK(expr)                                                               \
+    do {                                                                             \
+        int t_st_ = (int)(expr);                                                     \
+        if (t_st_ != 0) {                                                            \
+            printf("#   %s:%d: %s returned %d\n", __FILE__, __LINE__, #expr, t_st_); \
+            t_case_fail = 1;                                                         \
+        }                                                                            \
     } while (0)
 
 #define TEST_BEGIN() setvbuf(stdout, NULL, _IOLBF, 0)
-#define TEST_END()                                                                         \
-    do {                                                                                   \
-        t_case_end();                                                                      \
-        printf("1..%d\n", t_num);                                                          \
-        return t_failed_cases ? 1 : 0;                                                     \
+#define TEST_END()                     \
+    do {                               \
+        t_case_end();                  \
+        printf("1..%d\n", t_num);      \
+        return t_failed_cases ? 1 : 0; \
     } while (0)
 
 /* Directory of ../shared/data relative to the repository root, or NULL. */
@@ -119,7 +119,8 @@ __attribute__((unused)) static const cb_model_params T_EXACT = {0, NULL, 1, NULL
 
 /* A model in the model cache, when present: $env if set, else file;
  * NULL when absent. */
-__attribute__((unused)) static const char *t_cached_model(const char *env, const char *file, char *buf, size_t n)
+__attribute__((unused)) static const char *t_cached_model(const char *env, const char *file,
+                                                          char *buf, size_t n)
 {
     const char *e = getenv(env);
     const char *cache = getenv("XDG_CACHE_HOME");

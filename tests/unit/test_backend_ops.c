@@ -28,10 +28,7 @@
 
 static uint64_t rng_s;
 
-static void seed(uint64_t s)
-{
-    rng_s = s * 0x9e3779b97f4a7c15ull + 1;
-}
+static void seed(uint64_t s) { rng_s = s * 0x9e3779b97f4a7c15ull + 1; }
 
 static double urand(void) /* [0, 1) */
 {
@@ -41,10 +38,7 @@ static double urand(void) /* [0, 1) */
     return (double)(rng_s >> 11) * 0x1p-53;
 }
 
-static float frand(float a) /* [-a, a) */
-{
-    return (float)((2.0 * urand() - 1.0) * a);
-}
+static float frand(float a) /* [-a, a) */ { return (float)((2.0 * urand() - 1.0) * a); }
 
 static float *rand_vec(int64_t n, float a)
 {
@@ -67,10 +61,7 @@ static void bget(cb_backend *be, void *h, const void *d, size_t bytes)
     be->ops->download(be, h, d, bytes);
 }
 
-static void bfree(cb_backend *be, void *d)
-{
-    be->ops->dealloc(be, d);
-}
+static void bfree(cb_backend *be, void *d) { be->ops->dealloc(be, d); }
 
 #define MAXOUT (12 << 20) /* floats: the 40 MB round trip */
 
@@ -88,7 +79,8 @@ static int64_t c_matmul(cb_backend *be, float *out)
 {
     int64_t n = mm_n, n_in = mm_in, n_out = mm_out;
     seed(1);
-    float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(n * n_in, 1.0f), *bias = rand_vec(n_out, 0.5f);
+    float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(n * n_in, 1.0f),
+          *bias = rand_vec(n_out, 0.5f);
     size_t rb = cb_type_row_bytes(mm_type, n_in);
     uint8_t *wq = malloc(rb * (size_t)n_out);
     for (int64_t o = 0; o < n_out; o++)
@@ -181,8 +173,8 @@ static int64_t c_group8(cb_backend *be, float *out)
         for (int64_t g = 0; g < n_in / 32; g++) {
             int16_t wi[32];
             float a, b;
-            qmm_group8(mm_type, wq + (size_t)(g / per) * cb_type_row_bytes(mm_type, 32 * per), (int)(g % per),
-                       wi, &a, &b);
+            qmm_group8(mm_type, wq + (size_t)(g / per) * cb_type_row_bytes(mm_type, 32 * per),
+                       (int)(g % per), wi, &a, &b);
             for (int j = 0; j < 32; j++)
                 out[32 * g + j] = (float)((double)a * wi[j] + b);
         }
@@ -237,7 +229,8 @@ static int64_t c_rmsnorm(cb_backend *be, float *out)
                 out[i * d + j] = (float)(x[i * d + j] * sc * g[j]);
         }
     } else {
-        float *dx = bput(be, x, sizeof(float) * (size_t)(n * d)), *dg = bput(be, g, sizeof(float) * (size_t)d);
+        float *dx = bput(be, x, sizeof(float) * (size_t)(n * d)),
+              *dg = bput(be, g, sizeof(float) * (size_t)d);
         float *dy = c_inplace ? dx : be->ops->alloc(be, sizeof(float) * (size_t)(n * d));
         be->ops->rmsnorm(be, dx, dg, dy, n, d, eps);
         bget(be, out, dy, sizeof(float) * (size_t)(n * d));
@@ -259,12 +252,14 @@ static float ff_of(int i, int n_rot)
     return (float)(t < 0.25 ? 1.0 : t > 0.75 ? 8.0 : 1.0 + 14.0 * (t - 0.25));
 }
 
-static void ref_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, double base, int neox)
+static void ref_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot,
+                     double base, int neox)
 {
     for (int64_t t = 0; t < n; t++)
         for (int h = 0; h < n_head; h++)
             for (int i = 0; i < n_rot / 2; i++) {
-                double th = pos[t] * pow(base, -2.0 * i / n_rot) / (rope_ff ? ff_of(i, n_rot) : 1.0);
+                double th =
+                    pos[t] * pow(base, -2.0 * i / n_rot) / (rope_ff ? ff_of(i, n_rot) : 1.0);
                 int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
                 float *v = x + (t * n_head + h) * hd;
                 double x0 = v[a], x1 = v[b];
@@ -318,10 +313,13 @@ static int64_t c_elementwise(cb_backend *be, float *out)
     if (!be) {
         for (int64_t i = 0; i < n; i++) {
             double x = a[i], y = b[i];
-            out[i] = (float)(ew_op == 0   ? x + y
-                             : ew_op == 1 ? x / (1.0 + exp(-x)) * y
-                             : ew_op == 2 ? 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * x * (1.0 + 0.044715 * x * x))) * y
-                                          : x * 25.298221281347036);
+            out[i] =
+                (float)(ew_op == 0   ? x + y
+                        : ew_op == 1 ? x / (1.0 + exp(-x)) * y
+                        : ew_op == 2
+                            ? 0.5 * x *
+                                  (1.0 + tanh(sqrt(2.0 / M_PI) * x * (1.0 + 0.044715 * x * x))) * y
+                            : x * 25.298221281347036);
         }
     } else {
         float *da = bput(be, a, bytes), *db = bput(be, b, bytes);
@@ -344,10 +342,7 @@ static int64_t c_elementwise(cb_backend *be, float *out)
 
 static cb_type kv_type;
 
-static float round_kv(float x)
-{
-    return kv_type == CB_TYPE_F16 ? (float)(_Float16)x : x;
-}
+static float round_kv(float x) { return kv_type == CB_TYPE_F16 ? (float)(_Float16)x : x; }
 
 /* write 7 rows at scattered positions of a 20-row cache, read back 9 rows
  * (some never written: zeros) */
@@ -379,7 +374,8 @@ static int64_t c_kv(cb_backend *be, float *out)
     return nr * w;
 }
 
-static int att_hd, att_nq, att_window, att_ctx = 150, att_nan, att_heads = 6, att_kv_heads = 2, att_sorted;
+static int att_hd, att_nq, att_window, att_ctx = 150, att_nan, att_heads = 6, att_kv_heads = 2,
+                                       att_sorted;
 
 static int cmp_i32(const void *a, const void *b)
 {
@@ -404,13 +400,15 @@ static int64_t c_attention(cb_backend *be, float *out)
     for (int64_t i = 0; i < n; i++)
         pos[i] = i == 0 ? (int32_t)n_ctx - 1 : i == 1 ? 0 : (int32_t)(urand() * (double)n_ctx);
     if (att_sorted) {
-        static const int32_t edges[] = {255, 256, 257, 511, 512, 649, 650, 651, 767, 768, 905, 906, 1023, 1024};
+        static const int32_t edges[] = {255, 256, 257, 511, 512, 649,  650,
+                                        651, 767, 768, 905, 906, 1023, 1024};
         for (size_t e = 0; e < sizeof edges / sizeof edges[0] && (int64_t)e + 2 < n; e++)
             if (edges[e] < n_ctx)
                 pos[e + 2] = edges[e];
         qsort(pos, (size_t)n, sizeof *pos, cmp_i32);
     }
-    float *q = rand_vec(n * dq, 2.0f), *k = rand_vec(n_ctx * w, 2.0f), *v = rand_vec(n_ctx * w, 1.0f);
+    float *q = rand_vec(n * dq, 2.0f), *k = rand_vec(n_ctx * w, 2.0f),
+          *v = rand_vec(n_ctx * w, 1.0f);
     for (int64_t i = 0; i < n_ctx * w; i++)
         k[i] = round_kv(k[i]), v[i] = round_kv(v[i]);
     if (att_nan)
@@ -444,14 +442,16 @@ static int64_t c_attention(cb_backend *be, float *out)
         int32_t *all = malloc(sizeof(int32_t) * (size_t)n_ctx);
         for (int64_t i = 0; i < n_ctx; i++)
             all[i] = (int32_t)i;
-        void *kc = be->ops->alloc(be, esz * (size_t)(n_ctx * w)), *vc = be->ops->alloc(be, esz * (size_t)(n_ctx * w));
+        void *kc = be->ops->alloc(be, esz * (size_t)(n_ctx * w)),
+             *vc = be->ops->alloc(be, esz * (size_t)(n_ctx * w));
         float *dk = bput(be, k, sizeof(float) * (size_t)(n_ctx * w));
         float *dv = bput(be, v, sizeof(float) * (size_t)(n_ctx * w));
         float *dq_ = bput(be, q, sizeof(float) * (size_t)(n * dq));
         float *dout = be->ops->alloc(be, sizeof(float) * (size_t)(n * dq));
         be->ops->kv_write(be, kc, kv_type, w, dk, all, n_ctx);
         be->ops->kv_write(be, vc, kv_type, w, dv, all, n_ctx);
-        be->ops->attention(be, dq_, pos, n, kc, vc, kv_type, n_head, n_head_kv, hd, scale, att_window, dout);
+        be->ops->attention(be, dq_, pos, n, kc, vc, kv_type, n_head, n_head_kv, hd, scale,
+                           att_window, dout);
         bget(be, out, dout, sizeof(float) * (size_t)(n * dq));
         bfree(be, kc), bfree(be, vc), bfree(be, dk), bfree(be, dv), bfree(be, dq_), bfree(be, dout);
         free(all);
@@ -695,10 +695,7 @@ static int64_t c_event(cb_backend *be, float *out)
  * ====================================================================== */
 
 /* Round to f16 and to bf16 (round to nearest even), as the device does. */
-static float to_f16(float x)
-{
-    return (float)(_Float16)x;
-}
+static float to_f16(float x) { return (float)(_Float16)x; }
 
 static float to_bf16(float x)
 {
@@ -721,7 +718,8 @@ static void r18_scale_exp(void)
     tcase("f16 scale exponent: max 2^e in [2^14, 2^15), the block finite in f16");
     for (int b = -40; b <= 40; b++)
         for (int k = 0; k <= 16; k++) {
-            float amax = k < 16 ? ldexpf(1.0f + (float)k / 16.0f, b) : nextafterf(ldexpf(1.0f, b + 1), 0.0f);
+            float amax =
+                k < 16 ? ldexpf(1.0f + (float)k / 16.0f, b) : nextafterf(ldexpf(1.0f, b + 1), 0.0f);
             int e = cb_op_f16_scale_exp(amax);
             double s = ldexp(amax, e);
             if (s < 16384.0 || s >= 32768.0 || !isfinite(to_f16(ldexpf(amax, e))) ||
@@ -733,7 +731,8 @@ static void r18_scale_exp(void)
     CHECK(cb_op_f16_scale_exp(INFINITY) == 0);
     CHECK(cb_op_f16_scale_exp(NAN) == 0);
     CHECK(cb_op_f16_scale_exp(3.0e38f) == -CB_F16_EXP_MAX);
-    CHECK(isfinite(to_f16(ldexpf(nextafterf(ldexpf(1.0f, 75), 0.0f), cb_op_f16_scale_exp(ldexpf(1.0f, 74))))));
+    CHECK(isfinite(
+        to_f16(ldexpf(nextafterf(ldexpf(1.0f, 75), 0.0f), cb_op_f16_scale_exp(ldexpf(1.0f, 74))))));
     CHECK(cb_op_f16_scale_exp(1e-30f) == CB_F16_EXP_MAX);
     CHECK(cb_op_f16_scale_exp(65504.0f * 4) == -3);
 }
@@ -747,14 +746,16 @@ static void r18_scale_exp(void)
  * product.  f16 without scaling overflows to inf; f16 with a per-call
  * power-of-two scale keeps f16's 11-bit precision; bf16 has the range but
  * 8 bits. */
-static double r18_mm_err(const float *x, const float *w, int64_t n, int64_t n_in, int64_t n_out, int opt)
+static double r18_mm_err(const float *x, const float *w, int64_t n, int64_t n_in, int64_t n_out,
+                         int opt)
 {
     float amax = 0, wmax = 0;
     for (int64_t i = 0; i < n * n_in; i++)
         amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
     for (int64_t i = 0; i < n_out * n_in; i++)
         wmax = fabsf(w[i]) > wmax ? fabsf(w[i]) : wmax;
-    int ex = opt == 1 ? cb_op_f16_scale_exp(amax) : 0, ew = opt == 1 ? cb_op_f16_scale_exp(wmax) : 0;
+    int ex = opt == 1 ? cb_op_f16_scale_exp(amax) : 0,
+        ew = opt == 1 ? cb_op_f16_scale_exp(wmax) : 0;
     double e = 0, s = 0;
     for (int64_t i = 0; i < n; i++)
         for (int64_t o = 0; o < n_out; o++) {
@@ -779,7 +780,8 @@ static double r18_mm_err(const float *x, const float *w, int64_t n, int64_t n_in
 static void r18_mm_choice(void)
 {
     int64_t n = 8, n_in = 1024, n_out = 64;
-    float *x = malloc(sizeof(float) * (size_t)(n * n_in)), *w = malloc(sizeof(float) * (size_t)(n_out * n_in));
+    float *x = malloc(sizeof(float) * (size_t)(n * n_in)),
+          *w = malloc(sizeof(float) * (size_t)(n_out * n_in));
     seed(1801);
     for (int64_t i = 0; i < n_out * n_in; i++)
         w[i] = (float)((urand() + urand() + urand() - 1.5) * 0.04);
@@ -799,16 +801,19 @@ static void r18_mm_choice(void)
         double e16 = r18_mm_err(x, w, n, n_in, n_out, 0), es = r18_mm_err(x, w, n, n_in, n_out, 1),
                ebf = r18_mm_err(x, w, n, n_in, n_out, 2);
         static const char *what[3] = {"ordinary", "outliers to 3e5", "tiny (1e-6)"};
-        tcase("f16 product choice, %s activations: nmse f16 %.1e, f16 + 2^e scale %.1e, bf16 %.1e", what[pass], e16,
-              es, ebf);
+        tcase("f16 product choice, %s activations: nmse f16 %.1e, f16 + 2^e scale %.1e, bf16 %.1e",
+              what[pass], e16, es, ebf);
         CHECKF(es < 1e-6, "scaled f16 nmse %.2e", es);
-        CHECKF(es * 4 < ebf, "scaled f16 (%.2e) should beat bf16 (%.2e) by its 3 more bits", es, ebf);
+        CHECKF(es * 4 < ebf, "scaled f16 (%.2e) should beat bf16 (%.2e) by its 3 more bits", es,
+               ebf);
         if (pass == 1)
             CHECKF(isinf(e16), "unscaled f16 should overflow (nmse %.2e)", e16);
         if (pass == 0)
-            CHECKF(es <= e16 * 1.01, "%.3e vs %.3e", es, e16); /* in range a power of two changes (almost) nothing */
+            CHECKF(es <= e16 * 1.01, "%.3e vs %.3e", es,
+                   e16); /* in range a power of two changes (almost) nothing */
         if (pass == 2)
-            CHECKF(es * 10 < e16, "scaling should lift tiny inputs out of the subnormals (%.2e vs %.2e)", es, e16);
+            CHECKF(es * 10 < e16,
+                   "scaling should lift tiny inputs out of the subnormals (%.2e vs %.2e)", es, e16);
     }
     free(x), free(w);
 }
@@ -823,7 +828,8 @@ static int64_t c_matmul_big(cb_backend *be, float *out)
         x[i * n_in + 3] = 2.5e5f, x[i * n_in + 100] = -9.0e4f, x[i * n_in + 101] = 7.0e4f;
         if (i == 5)
             for (int64_t j = 0; j < n_in; j++)
-                x[i * n_in + j] = 1e5f * (j % 2 ? 1 : -1) + (float)j; /* every value out of f16's range */
+                x[i * n_in + j] =
+                    1e5f * (j % 2 ? 1 : -1) + (float)j; /* every value out of f16's range */
     }
     if (mm_type == CB_TYPE_F32)
         for (int64_t o = 0; o < n_out; o++)
@@ -867,8 +873,12 @@ static int64_t c_topk_nan(cb_backend *be, float *out)
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)k);
     for (int64_t i = 0; i < n; i++) {
         int r = (int)(urand() * 10);
-        x[i] = r == 0 ? NAN : r == 1 ? INFINITY : r == 2 ? -INFINITY : r == 3 ? -0.0f : r == 4 ? 0.0f
-                                                                                      : (float)(int)(urand() * 5);
+        x[i] = r == 0   ? NAN
+               : r == 1 ? INFINITY
+               : r == 2 ? -INFINITY
+               : r == 3 ? -0.0f
+               : r == 4 ? 0.0f
+                        : (float)(int)(urand() * 5);
     }
     x[0] = NAN, x[n - 1] = INFINITY;
     for (int64_t r = 0; r < k; r++)
@@ -880,7 +890,8 @@ static int64_t c_topk_nan(cb_backend *be, float *out)
             for (int64_t i = 0; i < n; i++) {
                 if (taken[i])
                     continue;
-                if (best < 0 || (isnan(x[best]) && !isnan(x[i])) || (!isnan(x[i]) && x[i] > x[best]))
+                if (best < 0 || (isnan(x[best]) && !isnan(x[i])) ||
+                    (!isnan(x[i]) && x[i] > x[best]))
                     best = i;
             }
             taken[best] = 1;
@@ -943,8 +954,9 @@ static int r18_sample;
 
 /* plain double-precision attention of rows [n] at pos over caches k, v
  * (already rounded as stored), into out */
-static void ref_attention(const float *q, const int32_t *pos, int64_t n, const float *k, const float *v, int n_head,
-                          int n_head_kv, int hd, float scale, int window, int64_t n_ctx, float *out)
+static void ref_attention(const float *q, const int32_t *pos, int64_t n, const float *k,
+                          const float *v, int n_head, int n_head_kv, int hd, float scale,
+                          int window, int64_t n_ctx, float *out)
 {
     int64_t dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
     double *s = malloc(sizeof(double) * (size_t)n_ctx), *o = malloc(sizeof(double) * (size_t)hd);
@@ -977,14 +989,19 @@ static void ref_attention(const float *q, const int32_t *pos, int64_t n, const f
 static int64_t c_attention_big(cb_backend *be, float *out)
 {
     int n_head = att_big.n_head, n_head_kv = att_big.n_head_kv, hd = att_big.hd;
-    int64_t n_ctx = att_big.n_ctx, nq = att_big.nq, dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
+    int64_t n_ctx = att_big.n_ctx, nq = att_big.nq, dq = (int64_t)n_head * hd,
+            w = (int64_t)n_head_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)nq);
     seed(1805 + (uint64_t)hd);
     /* scattered positions, out of order, repeats, both ends of the cache */
     for (int64_t i = 0; i < nq; i++)
-        pos[i] = i == 0 ? (int32_t)(n_ctx - 1) : i == 1 ? 0 : i == 2 ? 1 : (int32_t)(urand() * (double)n_ctx);
-    float *q = rand_vec(nq * dq, 2.0f), *k = rand_vec(n_ctx * w, 2.0f), *v = rand_vec(n_ctx * w, 1.0f);
+        pos[i] = i == 0   ? (int32_t)(n_ctx - 1)
+                 : i == 1 ? 0
+                 : i == 2 ? 1
+                          : (int32_t)(urand() * (double)n_ctx);
+    float *q = rand_vec(nq * dq, 2.0f), *k = rand_vec(n_ctx * w, 2.0f),
+          *v = rand_vec(n_ctx * w, 1.0f);
     for (int64_t i = 0; i < n_ctx * w; i++)
         k[i] = round_kv(k[i]), v[i] = round_kv(v[i]);
     /* the rows this run computes: all, or a spread sample */
@@ -1003,19 +1020,22 @@ static int64_t c_attention_big(cb_backend *be, float *out)
         for (int64_t i = 0; i < n_ctx; i++)
             all[i] = (int32_t)(n_ctx - 1 - i);
         /* written in reverse row order, from reversed rows: the same cache */
-        float *kr = malloc(sizeof(float) * (size_t)(n_ctx * w)), *vr = malloc(sizeof(float) * (size_t)(n_ctx * w));
+        float *kr = malloc(sizeof(float) * (size_t)(n_ctx * w)),
+              *vr = malloc(sizeof(float) * (size_t)(n_ctx * w));
         for (int64_t i = 0; i < n_ctx; i++) {
             memcpy(kr + i * w, k + (n_ctx - 1 - i) * w, sizeof(float) * (size_t)w);
             memcpy(vr + i * w, v + (n_ctx - 1 - i) * w, sizeof(float) * (size_t)w);
         }
-        void *kc = be->ops->alloc(be, esz * (size_t)(n_ctx * w)), *vc = be->ops->alloc(be, esz * (size_t)(n_ctx * w));
+        void *kc = be->ops->alloc(be, esz * (size_t)(n_ctx * w)),
+             *vc = be->ops->alloc(be, esz * (size_t)(n_ctx * w));
         float *dk = bput(be, kr, sizeof(float) * (size_t)(n_ctx * w));
         float *dv = bput(be, vr, sizeof(float) * (size_t)(n_ctx * w));
         float *dq_ = bput(be, q, sizeof(float) * (size_t)(n * dq));
         float *dout = be->ops->alloc(be, sizeof(float) * (size_t)(n * dq));
         be->ops->kv_write(be, kc, kv_type, w, dk, all, n_ctx);
         be->ops->kv_write(be, vc, kv_type, w, dv, all, n_ctx);
-        be->ops->attention(be, dq_, pos, n, kc, vc, kv_type, n_head, n_head_kv, hd, scale, att_big.window, dout);
+        be->ops->attention(be, dq_, pos, n, kc, vc, kv_type, n_head, n_head_kv, hd, scale,
+                           att_big.window, dout);
         bget(be, out, dout, sizeof(float) * (size_t)(n * dq));
         bfree(be, kc), bfree(be, vc), bfree(be, dk), bfree(be, dv), bfree(be, dq_), bfree(be, dout);
         free(all), free(kr), free(vr);
@@ -1053,7 +1073,8 @@ static int64_t c_staging(cb_backend *be, float *out)
     int64_t w = 8, n_ctx = 20000, n_ops = 200, per = 50;
     seed(1806);
     float *src = rand_vec(n_ctx * w, 1.0f);
-    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_ctx), *rd = malloc(sizeof(int32_t) * (size_t)n_ctx);
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_ctx),
+            *rd = malloc(sizeof(int32_t) * (size_t)n_ctx);
     int32_t *at = malloc(sizeof(int32_t) * (size_t)(n_ops * per));
     for (int64_t i = 0; i < n_ctx; i++)
         perm[i] = (int32_t)i, rd[i] = (int32_t)i;
@@ -1085,7 +1106,8 @@ static int64_t c_staging(cb_backend *be, float *out)
             memcpy(cache + perm[i] * w, src + i * w, sizeof(float) * (size_t)w);
         for (int64_t op = 0; op < n_ops; op++)
             for (int64_t i = 0; i < per; i++) /* op's rows: src rows op*per.. */
-                memcpy(cache + at[op * per + i] * w, src + (op * per + i) * w, sizeof(float) * (size_t)w);
+                memcpy(cache + at[op * per + i] * w, src + (op * per + i) * w,
+                       sizeof(float) * (size_t)w);
         for (int64_t i = 0; i < n_ctx; i++)
             memcpy(out + i * w, cache + rd[i] * w, sizeof(float) * (size_t)w);
         free(cache);
@@ -1179,7 +1201,8 @@ static int64_t c_weight_thread(cb_backend *be, float *out)
 {
     int64_t n = 3, n_in = 4096, n_out = 4096;
     seed(1809);
-    float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(n * n_in, 1.0f), *bias = rand_vec(n_out, 0.5f);
+    float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(n * n_in, 1.0f),
+          *bias = rand_vec(n_out, 0.5f);
     const float *wq = wf; /* f32: the GGUF bytes are the values */
     if (!be) {
         const float *w = wf;
@@ -1272,14 +1295,15 @@ static int64_t c_loader(cb_backend *be, float *out)
     for (int l = 0; l < LD_LAYERS; l++) /* the stored keys: roped at their old positions */
         ref_rope(k + l * LD_CTX * w, from, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6, 1);
     if (!be) {
-        float *kk = malloc(sizeof(float) * (size_t)(LD_CTX * w)), *vv = malloc(sizeof(float) * (size_t)(LD_CTX * w));
+        float *kk = malloc(sizeof(float) * (size_t)(LD_CTX * w)),
+              *vv = malloc(sizeof(float) * (size_t)(LD_CTX * w));
         for (int l = 0; l < LD_LAYERS; l++) {
             memcpy(kk, k + l * LD_CTX * w, sizeof(float) * (size_t)(LD_CTX * w));
             ref_rope(kk, delta, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6, 1);
             for (int64_t i = 0; i < LD_CTX * w; i++)
                 kk[i] = to_f16(kk[i]), vv[i] = to_f16(v[l * LD_CTX * w + i]);
-            ref_attention(q + l * LD_NQ * dq, pos, LD_NQ, kk, vv, LD_HEADS, LD_KV, LD_HD, scale, 0, LD_CTX,
-                          out + l * LD_NQ * dq);
+            ref_attention(q + l * LD_NQ * dq, pos, LD_NQ, kk, vv, LD_HEADS, LD_KV, LD_HD, scale, 0,
+                          LD_CTX, out + l * LD_NQ * dq);
         }
         free(kk), free(vv);
     } else {
@@ -1304,8 +1328,8 @@ static int64_t c_loader(cb_backend *be, float *out)
             pthread_mutex_unlock(&a.mu);
             if (a.ev[l])
                 be->ops->event_wait(be, a.ev[l]);
-            be->ops->attention(be, dq_ + l * LD_NQ * dq, pos, LD_NQ, a.kc[l], a.vc[l], CB_TYPE_F16, LD_HEADS, LD_KV,
-                               LD_HD, scale, 0, dout + l * LD_NQ * dq);
+            be->ops->attention(be, dq_ + l * LD_NQ * dq, pos, LD_NQ, a.kc[l], a.vc[l], CB_TYPE_F16,
+                               LD_HEADS, LD_KV, LD_HD, scale, 0, dout + l * LD_NQ * dq);
         }
         bget(be, out, dout, sizeof(float) * (size_t)(LD_LAYERS * LD_NQ * dq));
         pthread_join(th, NULL);
@@ -1395,7 +1419,9 @@ static void test_attention_nan(void)
     for (int e = 0; e < att_hd; e++)
         nan_ok &= isnan(o_cpu[e]) != 0;
     double err = nmse(o_ref + att_hd, o_cpu + att_hd, n - att_hd);
-    tcase("cpu  attention with a NaN query: NaN stays in its head (nmse of the rest %.2e) (fuzz finding)", err);
+    tcase(
+        "cpu  attention with a NaN query: NaN stays in its head (nmse of the rest %.2e) (fuzz finding)",
+        err);
     CHECK(nan_ok);
     CHECKF(err <= 1e-10, "nmse %.3e", err);
 }
@@ -1501,13 +1527,15 @@ static void r18_error_checks(const char *self)
     char *log = r18_run_child(self, "nonfinite");
     tcase("%s", names[0]);
     CHECKF(strstr(log, "finite product passed") != NULL, "the checked operations failed: %s", log);
-    CHECKF(strstr(log, "inf or NaN") != NULL && strstr(log, "matmul") != NULL, "no report: %s", log);
+    CHECKF(strstr(log, "inf or NaN") != NULL && strstr(log, "matmul") != NULL, "no report: %s",
+           log);
     CHECKF(strstr(log, "non-finite product returned") == NULL, "it returned: %s", log);
     free(log);
     log = r18_run_child(self, "fault");
     tcase("%s", names[1]);
     CHECKF(strstr(log, "faulting") != NULL, "the child did not start: %s", log);
-    CHECKF((strstr(log, "illegal") != NULL || strstr(log, "launch failure") != NULL) && strstr(log, "out of memory") == NULL,
+    CHECKF((strstr(log, "illegal") != NULL || strstr(log, "launch failure") != NULL) &&
+               strstr(log, "out of memory") == NULL,
            "report: %s", log);
     CHECKF(strstr(log, "alloc after the fault returned") == NULL, "alloc returned: %s", log);
     free(log);
@@ -1564,7 +1592,8 @@ static void multi_case(cb_backend *be, const char *label)
         be->ops->matmul_multi(be, (const cb_bweight *const *)w, 3, x, y2, ns[i]);
         for (int k = 0; k < 3; k++)
             same &= memcmp(y1[k], y2[k], sizeof(float) * (size_t)(ns[i] * outs[k])) == 0;
-        tcase("%s matmul_multi q4_1+q8_0(bias)+q6_K, %lld rows = matmul each, bit for bit", label, (long long)ns[i]);
+        tcase("%s matmul_multi q4_1+q8_0(bias)+q6_K, %lld rows = matmul each, bit for bit", label,
+              (long long)ns[i]);
         CHECK(same);
     }
     for (int k = 0; k < 3; k++) {
@@ -1580,9 +1609,9 @@ static void act8_cases(void)
                                        CB_TYPE_Q8_0, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
     /* the last: one row of 15 32-blocks (the one-row kernel takes eight
      * groups at a time, then one: the 32-element types only) */
-    static const int64_t shapes[][3] = {{1, 512, 48},  {3, 512, 48},   {4, 1280, 20},  {2, 2048, 9},
-                                        {11, 256, 40}, {1, 480, 20},   {13, 512, 40},  {16, 256, 8},
-                                        {30, 768, 21}, {64, 1280, 24}, {101, 2048, 17}, {14, 480, 13}};
+    static const int64_t shapes[][3] = {
+        {1, 512, 48},  {3, 512, 48}, {4, 1280, 20}, {2, 2048, 9},   {11, 256, 40},   {1, 480, 20},
+        {13, 512, 40}, {16, 256, 8}, {30, 768, 21}, {64, 1280, 24}, {101, 2048, 17}, {14, 480, 13}};
     char name[128];
     cb_backend *a8 = cb_backend_cpu_new(2), *a8c = cb_backend_cpu_new_ex(2, 0);
     a8->ops->set_act8(a8, 1);
@@ -1603,14 +1632,15 @@ static void act8_cases(void)
             mm_n = shapes[k][0], mm_in = shapes[k][1], mm_out = shapes[k][2];
             if (mm_in % cb_type_block_elems(mm_type) != 0)
                 continue;
-            snprintf(name, sizeof name, "matmul %s %lldx%lldx%lld", cb_type_name(mm_type), (long long)mm_n,
-                     (long long)mm_in, (long long)mm_out);
+            snprintf(name, sizeof name, "matmul %s %lldx%lldx%lld", cb_type_name(mm_type),
+                     (long long)mm_n, (long long)mm_in, (long long)mm_out);
             act8_exact = 0;
             n = c_matmul_act8(NULL, o_ref);
             c_matmul_act8(a8, o_cpu);
             c_matmul_act8(a8c, o_c);
             double ea = nmse(o_ref, o_cpu, n), ec = nmse(o_ref, o_c, n), eac = nmse(o_c, o_cpu, n);
-            tcase("act8 %-30s vs same-math reference (nmse %.2e, portable %.2e; bound 1e-10)", name, ea, ec);
+            tcase("act8 %-30s vs same-math reference (nmse %.2e, portable %.2e; bound 1e-10)", name,
+                  ea, ec);
             CHECKF(ea <= 1e-10 && ec <= 1e-10, "nmse %.3e / %.3e", ea, ec);
             tcase("act8 %-30s %s vs portable (nmse %.2e, bound 1e-11)", name, qmm_isa(1), eac);
             CHECKF(eac <= 1e-11, "nmse %.3e", eac);
@@ -1629,7 +1659,8 @@ static void act8_cases(void)
         c_matmul_act8(a8c, o_c);
         e = nmse(o_ref, o_cpu, n);
         double e2 = nmse(o_ref, o_c, n);
-        tcase("act8 %-30s vs same-math reference (nmse %.2e, portable %.2e; bound 1e-9)", name, e, e2);
+        tcase("act8 %-30s vs same-math reference (nmse %.2e, portable %.2e; bound 1e-9)", name, e,
+              e2);
         CHECKF(e <= 1e-9 && e2 <= 1e-9, "nmse %.3e / %.3e", e, e2);
     }
     act8_exact = 0;
@@ -1646,7 +1677,8 @@ static void act8_cases(void)
         x[128 + j] = x[j] * 1e-30f;
     }
     x[160 + 7] = NAN;
-    qmm_q8 *qa = malloc(sizeof *qa * (size_t)(nx / 32)), *qc = malloc(sizeof *qc * (size_t)(nx / 32));
+    qmm_q8 *qa = malloc(sizeof *qa * (size_t)(nx / 32)),
+           *qc = malloc(sizeof *qc * (size_t)(nx / 32));
     k.quant(x, nx, qa);
     qmm_quant8_c(x, nx, qc);
     tcase("act8 quantizer %s = portable, bit for bit (ties, zeros, 1e30, 1e-30, NaN)", k.isa);
@@ -1656,7 +1688,8 @@ static void act8_cases(void)
     qg_kernels g;
     qg_select(1, &g);
     x[200] = NAN;
-    qg_q8k *ka = malloc(sizeof *ka * (size_t)(nx / 256)), *kc = malloc(sizeof *kc * (size_t)(nx / 256));
+    qg_q8k *ka = malloc(sizeof *ka * (size_t)(nx / 256)),
+           *kc = malloc(sizeof *kc * (size_t)(nx / 256));
     g.quant_k(x, nx, ka);
     qg_quant8k_c(x, nx, kc);
     int sums = 1;
@@ -1667,7 +1700,8 @@ static void act8_cases(void)
                 t += kc[b].q[16 * s + j];
             sums &= kc[b].bs16[s] == t && (s % 2 || kc[b].bs32[s / 2] == t + kc[b].bs16[s + 1]);
         }
-    tcase("act8 K quantizer %s = portable, bit for bit; its sums per 16 and 32 are the sums", g.isa);
+    tcase("act8 K quantizer %s = portable, bit for bit; its sums per 16 and 32 are the sums",
+          g.isa);
     CHECK(memcmp(ka, kc, sizeof *ka * (size_t)(nx / 256)) == 0 && sums && kc[0].q[200] == 0);
     free(ka), free(kc);
     free(x), free(qa), free(qc), free(o_c);
@@ -1689,13 +1723,16 @@ static void rows_stable_case(cb_backend *be, const char *label, cb_type t, int64
     int64_t n_out = 36, nmax = 24;
     seed(11);
     float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec((nmax + 2) * n_in, 1.0f);
-    float *alone = malloc(sizeof(float) * (size_t)(nmax * n_out)), *y = malloc(sizeof(float) * (size_t)(nmax * n_out));
-    float *y2 = malloc(sizeof(float) * (size_t)(nmax * n_out)), *xs = malloc(sizeof(float) * (size_t)(nmax * n_in));
+    float *alone = malloc(sizeof(float) * (size_t)(nmax * n_out)),
+          *y = malloc(sizeof(float) * (size_t)(nmax * n_out));
+    float *y2 = malloc(sizeof(float) * (size_t)(nmax * n_out)),
+          *xs = malloc(sizeof(float) * (size_t)(nmax * n_in));
     size_t rb = cb_type_row_bytes(t, n_in);
     uint8_t *wq = malloc(rb * (size_t)n_out);
     for (int64_t o = 0; o < n_out; o++)
         cb_quant_row(t, wf + o * n_in, wq + (size_t)o * rb, n_in);
-    for (int64_t j = 0; j < n_in; j++) /* the company of the smallest products: other values, one huge */
+    for (int64_t j = 0; j < n_in;
+         j++) /* the company of the smallest products: other values, one huge */
         x[(nmax + 1) * n_in + j] = j % 7 ? 3e4f : -0.5f;
     cb_bweight *w = be->ops->weight_new(be, t, n_in, n_out, wq, NULL);
     /* the sizes the backend declares once it has this weight */
@@ -1717,7 +1754,7 @@ static void rows_stable_case(cb_backend *be, const char *label, cb_type t, int64
     }
     int bad = 0, bad_multi = 0, checked = 0;
     for (int64_t n = step; n <= nmax; n += step)
-        for (int64_t shift = 0; shift < n; shift += n > 4 ? 3 : 1) {
+        for (int64_t shift = 0; shift<n; shift += n> 4 ? 3 : 1) {
             /* rows r at index (r + shift) % n */
             for (int64_t r = 0; r < n; r++)
                 memcpy(xs + (r + shift) % n * n_in, x + r * n_in, sizeof(float) * (size_t)n_in);
@@ -1731,15 +1768,16 @@ static void rows_stable_case(cb_backend *be, const char *label, cb_type t, int64
                 memcpy(y2, y, sizeof(float) * (size_t)(n * n_out));
             }
             for (int64_t r = 0; r < n; r++, checked++) {
-                bad += memcmp(y + (r + shift) % n * n_out, alone + r * n_out, sizeof(float) * (size_t)n_out) != 0;
+                bad += memcmp(y + (r + shift) % n * n_out, alone + r * n_out,
+                              sizeof(float) * (size_t)n_out) != 0;
                 bad_multi += memcmp(y2 + (r + shift) % n * n_out, alone + r * n_out,
                                     sizeof(float) * (size_t)n_out) != 0;
             }
         }
     tcase("%s rows stable: %s %lld wide, %lld-row steps to %lld rows, every index (%d rows)", label,
           cb_type_name(t), (long long)n_in, (long long)step, (long long)nmax, checked);
-    CHECKF(bad == 0 && bad_multi == 0, "rows whose bits differ from alone: matmul %d, matmul_multi %d", bad,
-           bad_multi);
+    CHECKF(bad == 0 && bad_multi == 0,
+           "rows whose bits differ from alone: matmul %d, matmul_multi %d", bad, bad_multi);
     bfree(be, dx), bfree(be, dy), bfree(be, dy2);
     be->ops->weight_free(be, w);
     free(wf), free(x), free(alone), free(y), free(y2), free(xs), free(wq);
@@ -1797,8 +1835,8 @@ static void r18_cases(const char *self)
         for (int part = 0; part < 2; part++)
             for (int shift = 0; shift < 2; shift++) {
                 r18_rope_neox = neox, r18_rope_nrot = part ? 64 : 128, r18_rope_shift = shift;
-                snprintf(name, sizeof name, "rope base 1e6 to 32K %s rot %d%s", neox ? "neox" : "normal",
-                         r18_rope_nrot, shift ? " - shift" : "");
+                snprintf(name, sizeof name, "rope base 1e6 to 32K %s rot %d%s",
+                         neox ? "neox" : "normal", r18_rope_nrot, shift ? " - shift" : "");
                 /* vs the double reference: f32 angles at 32K (llama.cpp's too) */
                 run_case(name, c_rope_long, 1e-5, 1e-10);
             }
@@ -1806,16 +1844,19 @@ static void r18_cases(const char *self)
     static const struct {
         int hd, n_head, n_head_kv, window, f16;
     } att[] = {
-        {256, 8, 8, 0, 1},   {256, 8, 1, 0, 1},   {256, 8, 1, 512, 1}, {256, 8, 8, 1000, 0},
-        {80, 8, 8, 0, 0},    {80, 8, 1, 333, 1},  {96, 8, 1, 0, 1},    {96, 8, 8, 2048, 0},
-        {112, 8, 8, 0, 1},   {112, 8, 1, 700, 0},
+        {256, 8, 8, 0, 1}, {256, 8, 1, 0, 1},   {256, 8, 1, 512, 1}, {256, 8, 8, 1000, 0},
+        {80, 8, 8, 0, 0},  {80, 8, 1, 333, 1},  {96, 8, 1, 0, 1},    {96, 8, 8, 2048, 0},
+        {112, 8, 8, 0, 1}, {112, 8, 1, 700, 0},
     };
     for (size_t i = 0; i < sizeof att / sizeof att[0]; i++) {
-        att_big.hd = att[i].hd, att_big.n_head = att[i].n_head, att_big.n_head_kv = att[i].n_head_kv;
+        att_big.hd = att[i].hd, att_big.n_head = att[i].n_head,
+        att_big.n_head_kv = att[i].n_head_kv;
         att_big.window = att[i].window, att_big.n_ctx = 2304, att_big.nq = 1100;
         kv_type = att[i].f16 ? CB_TYPE_F16 : CB_TYPE_F32;
-        snprintf(name, sizeof name, "attention %s hd %d %s 2304 keys 1100 rows%s", att[i].f16 ? "f16" : "f32",
-                 att[i].hd, att[i].n_head == att[i].n_head_kv ? "MHA" : "GQA 8:1", att[i].window ? " window" : "");
+        snprintf(name, sizeof name, "attention %s hd %d %s 2304 keys 1100 rows%s",
+                 att[i].f16 ? "f16" : "f32", att[i].hd,
+                 att[i].n_head == att[i].n_head_kv ? "MHA" : "GQA 8:1",
+                 att[i].window ? " window" : "");
         if (att[i].window)
             snprintf(name + strlen(name), sizeof name - strlen(name), " %d", att[i].window);
         run_case_sampled(name, c_attention_big, 1e-10, 1e-9);
@@ -1857,9 +1898,10 @@ static void blas_on_demand(void)
     int after = n_threads_now();
     tcase("OpenBLAS loaded on demand: %s; threads %d -> %d", why ? why : "loaded", before, after);
     CHECK(why == NULL && cb_sgemm != NULL);
-    CHECKF(set_before || after == before, "OpenBLAS started %d threads as it loaded", after - before);
-    CHECKF(set_before || getenv("OPENBLAS_NUM_THREADS") == NULL, "OPENBLAS_NUM_THREADS left set to %s",
-           getenv("OPENBLAS_NUM_THREADS"));
+    CHECKF(set_before || after == before, "OpenBLAS started %d threads as it loaded",
+           after - before);
+    CHECKF(set_before || getenv("OPENBLAS_NUM_THREADS") == NULL,
+           "OPENBLAS_NUM_THREADS left set to %s", getenv("OPENBLAS_NUM_THREADS"));
     CHECK(cb_blas_load() == NULL); /* once */
     float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, -1, 2, 1, 0}, c[4];
     cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2, 2, 3, 1.0f, a, 3, b, 3, 0.0f, c, 2);
@@ -1903,7 +1945,9 @@ int main(int argc, char **argv)
         run_case(name, c_matmul, 1e-12, mm_type == CB_TYPE_BF16 ? 1e-4 : 1e-5);
         snprintf(name, sizeof name, "get_rows %s", cb_type_name(mm_type));
         run_case(name, c_get_rows, mm_type == CB_TYPE_F32 ? -1 : 0,
-                 mm_type == CB_TYPE_BF16 ? -1 : mm_type == CB_TYPE_F32 ? 1e-6 : 1e-6);
+                 mm_type == CB_TYPE_BF16  ? -1
+                 : mm_type == CB_TYPE_F32 ? 1e-6
+                                          : 1e-6);
     }
     /* The CPU kernels on every type and batch shape: one row (decode), 3
      * (a partial group of the 4-row kernel), 9 (the dot kernels in groups of
@@ -1914,8 +1958,8 @@ int main(int argc, char **argv)
      * over the decoded weights (measured: ~5e-14, f32 sums of 256..1280
      * products). */
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        static const int64_t shapes[][3] = {{1, 512, 48}, {3, 512, 48}, {9, 512, 40}, {16, 256, 40},
-                                            {100, 256, 300}, {2, 1280, 20}};
+        static const int64_t shapes[][3] = {{1, 512, 48},  {3, 512, 48},    {9, 512, 40},
+                                            {16, 256, 40}, {100, 256, 300}, {2, 1280, 20}};
         mm_type = types[i], mm_bias = 0;
         int plain = cb_type_block_elems(mm_type) == 1;
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0] + (size_t)plain; k++) {
@@ -1923,8 +1967,8 @@ int main(int argc, char **argv)
                 mm_n = shapes[k][0], mm_in = shapes[k][1], mm_out = shapes[k][2];
             else
                 mm_n = 5, mm_in = 100, mm_out = 21;
-            snprintf(name, sizeof name, "matmul %s %lldx%lldx%lld", cb_type_name(mm_type), (long long)mm_n,
-                     (long long)mm_in, (long long)mm_out);
+            snprintf(name, sizeof name, "matmul %s %lldx%lldx%lld", cb_type_name(mm_type),
+                     (long long)mm_n, (long long)mm_in, (long long)mm_out);
             run_case(name, c_matmul, 1e-12, mm_type == CB_TYPE_BF16 ? 1e-4 : 1e-5);
             run_case_c(name, c_matmul, 1e-12);
         }
@@ -1944,8 +1988,8 @@ int main(int argc, char **argv)
             for (int shift = 0; shift < 2; shift++)
                 for (int ff = 0; ff < 2; ff++) {
                     rope_neox = neox, rope_nrot = part ? 32 : 64, rope_shift = shift, rope_ff = ff;
-                    snprintf(name, sizeof name, "rope %s rot %d%s%s", neox ? "neox" : "normal", rope_nrot,
-                             shift ? " + shift" : "", ff ? " freq factors" : "");
+                    snprintf(name, sizeof name, "rope %s rot %d%s%s", neox ? "neox" : "normal",
+                             rope_nrot, shift ? " + shift" : "", ff ? " freq factors" : "");
                     run_case(name, c_rope, 1e-8, 1e-8);
                 }
     rope_ff = 0;
@@ -1976,7 +2020,8 @@ int main(int argc, char **argv)
         for (int wi = 0; wi < 3; wi++) {
             static const int wins[3] = {7, 70, 512};
             att_hd = 64, att_nq = 40, att_window = wins[wi];
-            snprintf(name, sizeof name, "attention %s hd 64 40 rows window %d", f16 ? "f16" : "f32", att_window);
+            snprintf(name, sizeof name, "attention %s hd 64 40 rows window %d", f16 ? "f16" : "f32",
+                     att_window);
             run_case(name, c_attention, 1e-10, 1e-9);
         }
         /* a long cache: the CPU splits the keys of few rows over threads
@@ -1985,8 +2030,8 @@ int main(int argc, char **argv)
         for (int ci = 0; ci < 4; ci++) {
             static const int nqs[4] = {1, 3, 1, 40}, wins[4] = {0, 0, 70, 300};
             att_nq = nqs[ci], att_window = wins[ci];
-            snprintf(name, sizeof name, "attention %s 1300 keys %d rows window %d", f16 ? "f16" : "f32", att_nq,
-                     att_window);
+            snprintf(name, sizeof name, "attention %s 1300 keys %d rows window %d",
+                     f16 ? "f16" : "f32", att_nq, att_window);
             run_case(name, c_attention, 1e-10, 1e-9);
             run_case_c(name, c_attention, 1e-10); /* the portable softmax */
         }
@@ -1996,7 +2041,8 @@ int main(int argc, char **argv)
         for (int ci = 0; ci < 4; ci++) {
             static const int nqs[4] = {200, 200, 700, 90}, wins[4] = {0, 300, 70, 0};
             att_nq = nqs[ci], att_window = wins[ci];
-            snprintf(name, sizeof name, "attention %s 1300 keys %d rows in position order, window %d",
+            snprintf(name, sizeof name,
+                     "attention %s 1300 keys %d rows in position order, window %d",
                      f16 ? "f16" : "f32", att_nq, att_window);
             run_case(name, c_attention, 1e-10, 1e-9);
         }
@@ -2005,14 +2051,16 @@ int main(int argc, char **argv)
          * head, which the CPU multiplies on the cache directly (with F16C;
          * the portable path converts tiles), and two to five rows (tiles) */
         for (int ci = 0; f16 && ci < 10; ci++) {
-            static const int heads[10][2] = {{6, 2}, {4, 2}, {4, 4}, {10, 2}, {14, 2}, {8, 2}, {12, 2},
-                                             {6, 2}, {4, 4}, {6, 2}};
+            static const int heads[10][2] = {{6, 2}, {4, 2},  {4, 4}, {10, 2}, {14, 2},
+                                             {8, 2}, {12, 2}, {6, 2}, {4, 4},  {6, 2}};
             static const int nqs[10] = {1, 1, 1, 1, 1, 1, 1, 2, 5, 1};
             static const int hds[10] = {64, 64, 40, 128, 64, 48, 64, 64, 128, 40};
             static const int wins[10] = {0, 0, 0, 70, 0, 300, 0, 0, 70, 70};
-            att_heads = heads[ci][0], att_kv_heads = heads[ci][1], att_nq = nqs[ci], att_hd = hds[ci];
+            att_heads = heads[ci][0], att_kv_heads = heads[ci][1], att_nq = nqs[ci],
+            att_hd = hds[ci];
             att_window = wins[ci];
-            snprintf(name, sizeof name, "attention f16 1300 keys, %d x %d heads/KV head, hd %d, window %d", att_nq,
+            snprintf(name, sizeof name,
+                     "attention f16 1300 keys, %d x %d heads/KV head, hd %d, window %d", att_nq,
                      att_heads / att_kv_heads, att_hd, att_window);
             run_case(name, c_attention, 1e-10, 1e-9);
             run_case_c(name, c_attention, 1e-10);

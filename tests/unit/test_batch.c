@@ -40,10 +40,7 @@ static cb_model *load(const char *type, int act8)
 }
 
 /* sequence s's token at position i: a different prompt for each */
-static int32_t tok_of(int s, int i, int nv)
-{
-    return (int32_t)((s * 101 + i * 37 + 11) % nv);
-}
+static int32_t tok_of(int s, int i, int nv) { return (int32_t)((s * 101 + i * 37 + 11) % nv); }
 
 /* n sequences prefilled alone (cb_model_eval), then STEPS decode steps in
  * batches of `group` (group 1: each alone); logits of every step
@@ -54,7 +51,8 @@ static int decode_run(cb_model *m, int n, int group, float *out)
     cb_kvcache *kv[MAX_SEQ] = {0};
     cb_fwd *f = NULL, *fd = NULL;
     int32_t ids[PROMPT + STEPS], tok[MAX_SEQ], pos[MAX_SEQ];
-    int ok = cb_fwd_new(&f, m, PROMPT) == CB_OK && cb_fwd_new(&fd, m, cb_fwd_decode_rows(m, group)) == CB_OK;
+    int ok = cb_fwd_new(&f, m, PROMPT) == CB_OK &&
+             cb_fwd_new(&fd, m, cb_fwd_decode_rows(m, group)) == CB_OK;
     for (int s = 0; ok && s < n; s++) {
         for (int i = 0; i < PROMPT; i++)
             ids[i] = tok_of(s, i, nv);
@@ -95,9 +93,10 @@ static void test_decode(const char *type, int act8)
         CHECK(decode_run(m, n, n, together));
         for (int t = 0; t < STEPS; t++)
             for (int s = 0; s < n; s++)
-                bad += memcmp(together + ((size_t)t * n + s) * nv, alone + ((size_t)t * MAX_SEQ + s) * nv,
-                              sizeof(float) * nv) != 0;
-        CHECKF(bad == 0, "%d sequences together: %d of %d rows differ from alone", n, bad, n * STEPS);
+                bad += memcmp(together + ((size_t)t * n + s) * nv,
+                              alone + ((size_t)t * MAX_SEQ + s) * nv, sizeof(float) * nv) != 0;
+        CHECKF(bad == 0, "%d sequences together: %d of %d rows differ from alone", n, bad,
+               n * STEPS);
     }
     free(alone), free(together);
     cb_model_free(m);
@@ -170,7 +169,8 @@ static int prefill(cb_model *m, int s, cb_kvcache **kv, float *logits)
     cb_fwd *f = NULL;
     for (int i = 0; i < PROMPT; i++)
         ids[i] = tok_of(s, i, nv);
-    int ok = cb_fwd_new(&f, m, PROMPT) == CB_OK && cb_kvcache_new(kv, m, PROMPT + 40, CB_TYPE_F16) == CB_OK &&
+    int ok = cb_fwd_new(&f, m, PROMPT) == CB_OK &&
+             cb_kvcache_new(kv, m, PROMPT + 40, CB_TYPE_F16) == CB_OK &&
              cb_model_eval(f, *kv, ids, PROMPT, 0, logits) == CB_OK;
     cb_fwd_free(f);
     return ok;
@@ -180,7 +180,8 @@ static void test_generate(const char *type, int act8)
 {
     enum { NS = 7 };
     cb_model *m = load(type, act8);
-    tcase("generate %s%s: 7 sequences in a cb_gen_batch give cb_generate's answers", type, act8 ? " act8" : "");
+    tcase("generate %s%s: 7 sequences in a cb_gen_batch give cb_generate's answers", type,
+          act8 ? " act8" : "");
     if (!m) {
         CHECK(0);
         return;
@@ -216,7 +217,8 @@ static void test_generate(const char *type, int act8)
     memset(ta, 0, sizeof ta);
     for (int s = 0; s < NS; s++) {
         CHECK(prefill(m, s, &kv[s], lg));
-        CHECK_OK(cb_generate(f1, kv[s], lg, PROMPT, &gp[s], collect, &ta[s], cb_now_ms(), &lone[s]));
+        CHECK_OK(
+            cb_generate(f1, kv[s], lg, PROMPT, &gp[s], collect, &ta[s], cb_now_ms(), &lone[s]));
         cb_kvcache_free(kv[s]);
         kv[s] = NULL;
     }
@@ -225,7 +227,8 @@ static void test_generate(const char *type, int act8)
     /* sequences join over the first steps, as a batch runner adds them */
     for (int s = 0; b && s < NS; s++) {
         CHECK(prefill(m, s, &kv[s], lg));
-        CHECK_OK(cb_gen_batch_add(b, kv[s], lg, PROMPT, &gp[s], collect, &tb[s], cb_now_ms(), &slot[s]));
+        CHECK_OK(
+            cb_gen_batch_add(b, kv[s], lg, PROMPT, &gp[s], collect, &tb[s], cb_now_ms(), &slot[s]));
         if (s % 3 == 2)
             cb_gen_batch_step(b, done, &n_done);
     }
@@ -233,13 +236,14 @@ static void test_generate(const char *type, int act8)
         cb_gen_batch_step(b, done, &n_done);
     for (int s = 0; b && s < NS; s++) {
         CHECK_OK(cb_gen_batch_take(b, slot[s], &got[s], NULL));
-        CHECKF(strcmp(ta[s].buf, tb[s].buf) == 0, "sequence %d: alone '%s', batched '%s'", s, ta[s].buf, tb[s].buf);
+        CHECKF(strcmp(ta[s].buf, tb[s].buf) == 0, "sequence %d: alone '%s', batched '%s'", s,
+               ta[s].buf, tb[s].buf);
         CHECKF(lone[s].n_gen == got[s].n_gen && strcmp(lone[s].stop, got[s].stop) == 0,
-               "sequence %d: alone %d tokens (%s), batched %d (%s)", s, lone[s].n_gen, lone[s].stop, got[s].n_gen,
-               got[s].stop);
+               "sequence %d: alone %d tokens (%s), batched %d (%s)", s, lone[s].n_gen, lone[s].stop,
+               got[s].n_gen, got[s].stop);
     }
-    printf("# %s: stops %s/%s/%s, tokens %d/%d/%d\n", type, lone[0].stop, lone[2].stop, lone[6].stop, lone[0].n_gen,
-           lone[2].n_gen, lone[6].n_gen);
+    printf("# %s: stops %s/%s/%s, tokens %d/%d/%d\n", type, lone[0].stop, lone[2].stop,
+           lone[6].stop, lone[0].n_gen, lone[2].n_gen, lone[6].n_gen);
     cb_gen_batch_free(b);
     cb_fwd_free(f1);
     for (int s = 0; s < NS; s++)
@@ -250,8 +254,9 @@ static void test_generate(const char *type, int act8)
 
 int main(void)
 {
-    static const char *types[] = {"f32",  "f16",  "bf16",  "q8_0",   "q4_0",   "q4_1",   "q5_0",
-                                  "q5_1", "q4_K", "q5_K",  "q6_K",   "qwen2",  "qwen3",  "gemma3", "llama3"};
+    static const char *types[] = {"f32",  "f16",   "bf16",  "q8_0",   "q4_0",
+                                  "q4_1", "q5_0",  "q5_1",  "q4_K",   "q5_K",
+                                  "q6_K", "qwen2", "qwen3", "gemma3", "llama3"};
     TEST_BEGIN();
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_decode(types[i], 0);

@@ -41,7 +41,8 @@ static double rel(const float *a, const float *b, size_t n)
     return md / (mb > 0 ? mb : 1);
 }
 
-static int setup(fixture *fx, const char *model_path, cb_type kvt, const char *const texts[3], const char *q)
+static int setup(fixture *fx, const char *model_path, cb_type kvt, const char *const texts[3],
+                 const char *q)
 {
     cb_error err;
     memset(fx, 0, sizeof *fx);
@@ -62,11 +63,12 @@ static int setup(fixture *fx, const char *model_path, cb_type kvt, const char *c
         size_t size;
         char path[1024];
         cb_tok_encode(v, texts[i], strlen(texts[i]), 0, &fx->chunk[i]);
-        if (cb_kv_precompute(f, kv, fx->lead.ids, (int32_t)fx->lead.n, fx->chunk[i].ids, (int32_t)fx->chunk[i].n,
-                             kvt, &buf, &size) != CB_OK)
+        if (cb_kv_precompute(f, kv, fx->lead.ids, (int32_t)fx->lead.n, fx->chunk[i].ids,
+                             (int32_t)fx->chunk[i].n, kvt, &buf, &size) != CB_OK)
             return -1;
         snprintf(path, sizeof path, "%s/blend-%d-%s.cbkv", tmpdir(), i, cb_type_name(kvt));
-        if (cb_file_write_atomic(path, buf, size, &err) != CB_OK || cb_kvfile_open(&fx->file[i], path, &err) != CB_OK)
+        if (cb_file_write_atomic(path, buf, size, &err) != CB_OK ||
+            cb_kvfile_open(&fx->file[i], path, &err) != CB_OK)
             return -1;
         free(buf);
     }
@@ -105,8 +107,8 @@ static int32_t build(fixture *fx, const int order[3], cb_segment *segs)
 /* the cached tokens a blend may recompute: all but a true prefix's */
 static int32_t cand(const cb_blend_stats *st) { return st->n_cached_tokens - st->n_exact_tokens; }
 
-static cb_status run(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_blend_params *p, float *logits,
-                     cb_blend_stats *st, cb_kvcache **kv_out)
+static cb_status run(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_blend_params *p,
+                     float *logits, cb_blend_stats *st, cb_kvcache **kv_out)
 {
     cb_fwd *f = NULL;
     cb_kvcache *kv = NULL;
@@ -126,8 +128,8 @@ static cb_status run(fixture *fx, const cb_segment *segs, int32_t n_segs, const 
 
 /* The plain loop: one forward over prompt + continuation, every row's
  * logits, the continuation's mean NLL and top-1 in double. */
-static void score_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_tokens *cont, double *nll,
-                          double *top1)
+static void score_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
+                          const cb_tokens *cont, double *nll, double *top1)
 {
     int nv = cb_model_hparams(fx->m)->n_vocab, nl = cb_model_hparams(fx->m)->n_layer;
     int32_t ids[512], pos[512], n = 0;
@@ -169,8 +171,8 @@ static void score_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, c
 }
 
 /* cb_score after a prefill in mode p->mode. */
-static cb_status score_after(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_blend_params *p,
-                             const cb_tokens *cont, cb_score_result *res)
+static cb_status score_after(fixture *fx, const cb_segment *segs, int32_t n_segs,
+                             const cb_blend_params *p, const cb_tokens *cont, cb_score_result *res)
 {
     cb_fwd *f = NULL;
     cb_kvcache *kv = NULL;
@@ -221,15 +223,16 @@ static int32_t exact_segment(const cb_segment *segs, int32_t n_segs)
  * summed per cached row over layers and heads; returns the share of the
  * total held by the top `want` cached rows (what probe's stats call
  * selected_mass), or -1. */
-static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, int32_t q_rows, int windows,
-                            double ratio)
+static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, int32_t q_rows,
+                            int windows, double ratio)
 {
     const cb_hparams *hp = cb_model_hparams(fx->m);
     int32_t ids[512], pos[512], rows[512], qrows[512], n = 0, n_rows = 0, nq = 0, n_c = 0;
     uint8_t cached[512];
     double *score = calloc(512, sizeof(double)), *sc = malloc(512 * sizeof(double)), mass = -1;
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, w = (int64_t)hp->n_head_kv * hp->head_dim;
-    float *q = malloc(sizeof(float) * 512 * (size_t)dq), *k = malloc(sizeof(float) * 512 * (size_t)w), *lg = NULL;
+    float *q = malloc(sizeof(float) * 512 * (size_t)dq),
+          *k = malloc(sizeof(float) * 512 * (size_t)w), *lg = NULL;
     cb_blend_params p = cb_blend_defaults();
     cb_blend_stats st;
     cb_kvcache *kv = NULL;
@@ -257,7 +260,8 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
     for (int32_t l = 0; l < hp->n_layer; l++) {
         int32_t win = windows ? cb_model_layer_window(fx->m, l) : 0;
         if (cb_fwd_layer_qkv(f, l, qrows + q0, nq - q0, q, NULL, NULL) != CB_OK ||
-            cb_fwd_layer(f, kv, l, rows, n_rows) != CB_OK || cb_kvcache_read(kv, l, 0, 0, n, k) != CB_OK)
+            cb_fwd_layer(f, kv, l, rows, n_rows) != CB_OK ||
+            cb_kvcache_read(kv, l, 0, 0, n, k) != CB_OK)
             goto out;
         for (int32_t i = 0; i < nq - q0; i++)
             for (int32_t h = 0; h < hp->n_head; h++) {
@@ -267,7 +271,8 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
                     double d = 0;
                     for (int32_t e = 0; e < hp->head_dim; e++)
                         d += (double)q[i * dq + (int64_t)h * hp->head_dim + e] *
-                             k[j * w + (int64_t)(h / (hp->n_head / hp->n_head_kv)) * hp->head_dim + e];
+                             k[j * w + (int64_t)(h / (hp->n_head / hp->n_head_kv)) * hp->head_dim +
+                               e];
                     a[j] = d / sqrt((double)hp->head_dim);
                     mx = a[j] > mx ? a[j] : mx;
                 }
@@ -298,26 +303,30 @@ out:
     return mass;
 }
 
-static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full, double tol_reuse)
+static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full,
+                       double tol_reuse)
 {
     static const char *const long_texts[3] = {
         "Alice Brown is the chief engineer of the Norden Bridge project, which began in 2019.",
         "The Norden Bridge spans the river Vale and is 1,240 metres long; its main tower is made of steel.",
         "Alice Brown studied civil engineering in Delft and later worked on harbour cranes in Rotterdam."};
-    static const char *const few_texts[3] = {"Alice Brown is the chief engineer of the Norden Bridge project.",
-                                             "The Norden Bridge spans the river Vale; its tower is steel.",
-                                             "Alice Brown studied civil engineering in Delft."};
+    static const char *const few_texts[3] = {
+        "Alice Brown is the chief engineer of the Norden Bridge project.",
+        "The Norden Bridge spans the river Vale; its tower is steel.",
+        "Alice Brown studied civil engineering in Delft."};
     int few = short_texts();
     const char *const *texts = few ? few_texts : long_texts;
     fixture fx;
     tcase("%s: set up three precomputed chunks", label);
-    if (setup(&fx, model_path, kvt, texts, "Where did the chief engineer of the Norden Bridge study?") != 0) {
+    if (setup(&fx, model_path, kvt, texts,
+              "Where did the chief engineer of the Norden Bridge study?") != 0) {
         CHECK(0);
         return;
     }
     const cb_hparams *hp = cb_model_hparams(fx.m);
     int nv = hp->n_vocab;
-    float *full = malloc(sizeof(float) * nv), *a = malloc(sizeof(float) * nv), *b = malloc(sizeof(float) * nv);
+    float *full = malloc(sizeof(float) * nv), *a = malloc(sizeof(float) * nv),
+          *b = malloc(sizeof(float) * nv);
     cb_segment segs[16];
     int order[3] = {0, 1, 2};
     int32_t ns = build(&fx, order, segs);
@@ -350,14 +359,15 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
 
     tcase("%s: blend at 0.15 selects ceil(0.15 x cached) and lies between reuse and full", label);
     p = cb_blend_defaults();
-    p.key_temp = 1.0f; /* the selection alone (the temperature is a measured choice, not a property) */
+    p.key_temp =
+        1.0f; /* the selection alone (the temperature is a measured choice, not a property) */
     p.mode = CB_MODE_REUSE;
     CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
     dr = rel(b, full, (size_t)nv);
     p.mode = CB_MODE_BLEND;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-    CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens), "%d of %d", st.n_selected[0],
-           st.n_cached_tokens);
+    CHECKF(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens), "%d of %d",
+           st.n_selected[0], st.n_cached_tokens);
     double eb = rel(a, full, (size_t)nv);
     /* a quality property of these texts, checked at full length only: with
      * the short ones 5 recomputed tokens do not always beat reuse (Gemma) */
@@ -369,7 +379,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
          * depend on the model (quantized weights, its vocabulary, sizes)
          * and scores once; the strategies, prefix, reordering and
          * pipelining run on every fixture. */
-        tskip("strategies, prefix, reordering, pipelining", "CB_BLEND_SHORT: checked on the fixtures");
+        tskip("strategies, prefix, reordering, pipelining",
+              "CB_BLEND_SHORT: checked on the fixtures");
         goto score;
     }
 
@@ -395,11 +406,13 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
 
     static const char *const names[] = {"hkvd", "sink", "query", "probe", "runs"};
     for (int sg = CB_STRATEGY_HKVD; sg <= CB_STRATEGY_RUNS; sg++) {
-        tcase("%s: strategy %s: ratio 1 is full prefill, ratio 0 is reuse (sink: the sinks), 0.15 its budget", label,
-              names[sg]);
+        tcase(
+            "%s: strategy %s: ratio 1 is full prefill, ratio 0 is reuse (sink: the sinks), 0.15 its budget",
+            label, names[sg]);
         p = cb_blend_defaults();
         p.strategy = (cb_blend_strategy)sg;
-        if (sg != CB_STRATEGY_PROBE) /* they compute every row before the check layer: untempered there */
+        if (sg !=
+            CB_STRATEGY_PROBE) /* they compute every row before the check layer: untempered there */
             p.key_temp = 1.0f;
         p.ratios[0] = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
@@ -413,29 +426,35 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p.ratios[0] = 0.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         e = rel(a, b, (size_t)nv);
-        if (sg == CB_STRATEGY_SINK) /* by design: the sinks even at ratio 0 (not chunk 0's: exact) */
+        if (sg ==
+            CB_STRATEGY_SINK) /* by design: the sinks even at ratio 0 (not chunk 0's: exact) */
             CHECKF(st.n_recomputed_tokens == 2 * p.sink_tokens, "%d sinks", st.n_recomputed_tokens);
         else
-            CHECKF(e < tol_reuse && st.n_recomputed_tokens == 0, "ratio 0 vs reuse: relative error %.3g", e);
+            CHECKF(e < tol_reuse && st.n_recomputed_tokens == 0,
+                   "ratio 0 vs reuse: relative error %.3g", e);
         p.ratios[0] = 0.15f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         int32_t budget = (int32_t)ceilf(0.15f * st.n_cached_tokens);
-        CHECKF(sg == CB_STRATEGY_SINK ? st.n_selected[0] >= budget : st.n_selected[0] == budget, "%d selected of %d",
-               st.n_selected[0], st.n_cached_tokens);
+        CHECKF(sg == CB_STRATEGY_SINK ? st.n_selected[0] >= budget : st.n_selected[0] == budget,
+               "%d selected of %d", st.n_selected[0], st.n_cached_tokens);
         double es = rel(a, full, (size_t)nv);
-        printf("# %s: %s at 0.15 vs full: %.2e (reuse %.2e)\n", label, names[sg], es, rel(b, full, (size_t)nv));
+        printf("# %s: %s at 0.15 vs full: %.2e (reuse %.2e)\n", label, names[sg], es,
+               rel(b, full, (size_t)nv));
     }
 
-    tcase("%s: probe's scores equal a plain double loop (the question's last rows, the layers' windows)", label);
+    tcase(
+        "%s: probe's scores equal a plain double loop (the question's last rows, the layers' windows)",
+        label);
     for (int32_t qr = 0; qr <= 3; qr += 3) {
         p = cb_blend_defaults();
         p.probe_rows = qr;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        double want = probe_by_hand(&fx, segs, ns, qr, 1, 0.15), nowin = probe_by_hand(&fx, segs, ns, qr, 0, 0.15);
-        CHECKF(want > 0 && fabs(st.selected_mass - want) < 1e-3 * want, "probe rows %d: selected mass %.6f, by hand %.6f",
-               qr, st.selected_mass, want);
-        printf("# %s: probe rows %d: selected mass %.6f, by hand %.6f (without windows %.6f)\n", label, qr,
-               st.selected_mass, want, nowin);
+        double want = probe_by_hand(&fx, segs, ns, qr, 1, 0.15),
+               nowin = probe_by_hand(&fx, segs, ns, qr, 0, 0.15);
+        CHECKF(want > 0 && fabs(st.selected_mass - want) < 1e-3 * want,
+               "probe rows %d: selected mass %.6f, by hand %.6f", qr, st.selected_mass, want);
+        printf("# %s: probe rows %d: selected mass %.6f, by hand %.6f (without windows %.6f)\n",
+               label, qr, st.selected_mass, want, nowin);
     }
     p.probe_rows = (int32_t)fx.question.n + 100; /* more than the question has: all of it, as 0 */
     CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
@@ -443,7 +462,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     CHECK(rel(a, b, (size_t)nv) == 0);
 
-    tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds", label);
+    tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds",
+          label);
     {
         int32_t n_sel[3];
         float masses[3] = {0.3f, 0.6f, 0.9f};
@@ -457,8 +477,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             n_sel[i] = st.n_selected[0];
             CHECKF(!strcmp(st.ratio_bound, "mass") && st.selected_mass >= masses[i] &&
                        fabsf(st.ratio - (float)n_sel[i] / st.n_cached_tokens) < 1e-6,
-                   "mass %.1f: %d selected, %.3f of the mass, bound %s", masses[i], n_sel[i], st.selected_mass,
-                   st.ratio_bound);
+                   "mass %.1f: %d selected, %.3f of the mass, bound %s", masses[i], n_sel[i],
+                   st.selected_mass, st.ratio_bound);
             printf("# %s: mass %.1f: ratio %.3f (%d of %d)\n", label, masses[i], st.ratio, n_sel[i],
                    st.n_cached_tokens);
         }
@@ -466,13 +486,15 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p.adapt_mass = 0.6f; /* one token fewer would not hold it: the choice is the smallest */
         p.adapt_max = ((float)n_sel[1] - 1.5f) / (float)st.n_cached_tokens; /* ceil: n_sel[1] - 1 */
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        CHECKF(!strcmp(st.ratio_bound, "max") && st.n_selected[0] == n_sel[1] - 1 && st.selected_mass < 0.6f,
+        CHECKF(!strcmp(st.ratio_bound, "max") && st.n_selected[0] == n_sel[1] - 1 &&
+                   st.selected_mass < 0.6f,
                "%s %d %.3f", st.ratio_bound, st.n_selected[0], st.selected_mass);
         p.adapt_mass = 1e-6f;
         p.adapt_min = 0.2f;
         p.adapt_max = 0.5f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        CHECK(!strcmp(st.ratio_bound, "min") && st.n_selected[0] == (int32_t)ceilf(0.2f * st.n_cached_tokens));
+        CHECK(!strcmp(st.ratio_bound, "min") &&
+              st.n_selected[0] == (int32_t)ceilf(0.2f * st.n_cached_tokens));
         p.strategy = CB_STRATEGY_HKVD;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
         p = cb_blend_defaults(); /* probe selects once */
@@ -494,7 +516,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECK(st.n_cached_tokens == (int32_t)fx.chunk[0].n);
     e = rel(a, full, (size_t)nv);
     CHECKF(e < tol_full, "prefix vs full %.3g", e);
-    CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL)); /* the 3-chunk prompt: chunk 1 is a true prefix too */
+    CHECK_OK(run(&fx, segs, ns, &p, a, &st,
+                 NULL)); /* the 3-chunk prompt: chunk 1 is a true prefix too */
     CHECK(st.n_cached_tokens == (int32_t)fx.chunk[0].n);
     cb_segment shifted[4] = {ps[0], {fx.sep.ids, (int32_t)fx.sep.n, NULL}, ps[1], ps[2]};
     CHECK_OK(run(&fx, shifted, 4, &p, a, &st, NULL));
@@ -516,15 +539,16 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p.mode = CB_MODE_BLEND;
         p.ratios[0] = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, &kblend));
-        CHECKF(st.n_exact_tokens == n0 && exact_segment(segs, ns) == 1, "%d exact tokens, chunk 0 has %d",
-               st.n_exact_tokens, n0);
+        CHECKF(st.n_exact_tokens == n0 && exact_segment(segs, ns) == 1,
+               "%d exact tokens, chunk 0 has %d", st.n_exact_tokens, n0);
         int same0 = 1, same1 = 1;
         for (int l = 0; l < hp->n_layer && kreuse && kblend; l++)
             for (int kv_ = 0; kv_ < 2; kv_++) {
                 cb_kvcache_read(kreuse, l, kv_, 0, p1 + n1, kr);
                 cb_kvcache_read(kblend, l, kv_, 0, p1 + n1, kbl);
                 same0 &= memcmp(kr + p0 * w, kbl + p0 * w, sizeof(float) * (size_t)(n0 * w)) == 0;
-                same1 &= l == 0 || memcmp(kr + p1 * w, kbl + p1 * w, sizeof(float) * (size_t)(n1 * w)) == 0;
+                same1 &= l == 0 ||
+                         memcmp(kr + p1 * w, kbl + p1 * w, sizeof(float) * (size_t)(n1 * w)) == 0;
             }
         CHECKF(same0, "chunk 0's K/V were recomputed");
         CHECKF(!same1, "chunk 1's K/V were not recomputed");
@@ -536,14 +560,17 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         cb_segment lagged[16] = {segs[0], {fx.sep.ids, (int32_t)fx.sep.n, NULL}};
         for (int32_t i = 1; i < ns; i++)
             lagged[i + 1] = segs[i];
-        CHECK_OK(run(&fx, lagged, ns + 1, &p, a, &st, NULL)); /* not after its lead-in: none exact */
+        CHECK_OK(
+            run(&fx, lagged, ns + 1, &p, a, &st, NULL)); /* not after its lead-in: none exact */
         CHECK(st.n_exact_tokens == 0 && exact_segment(lagged, ns + 1) == -1 &&
               st.n_recomputed_tokens == st.n_cached_tokens);
         free(kr), free(kbl);
         cb_kvcache_free(kreuse), cb_kvcache_free(kblend);
     }
 
-    tcase("%s: --key-temp divides the loaded keys of all but a true prefix, and ratio 1 still is full", label);
+    tcase(
+        "%s: --key-temp divides the loaded keys of all but a true prefix, and ratio 1 still is full",
+        label);
     {
         /* reuse with T: every cached key but chunk 0's is T=1's divided by T
          * (RoPE is linear: rotating a scaled key scales the rotated one), the
@@ -554,8 +581,10 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         for (int32_t s = 0; s < ns; s++)
             n_all += segs[s].n;
         int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
-        float *k1 = malloc(sizeof(float) * (size_t)(n_all * w)), *kt = malloc(sizeof(float) * (size_t)(n_all * w));
-        float *v1 = malloc(sizeof(float) * (size_t)(n_all * w)), *vt = malloc(sizeof(float) * (size_t)(n_all * w));
+        float *k1 = malloc(sizeof(float) * (size_t)(n_all * w)),
+              *kt = malloc(sizeof(float) * (size_t)(n_all * w));
+        float *v1 = malloc(sizeof(float) * (size_t)(n_all * w)),
+              *vt = malloc(sizeof(float) * (size_t)(n_all * w));
         cb_kvcache *kv1 = NULL, *kvT = NULL;
         p = cb_blend_defaults();
         p.mode = CB_MODE_REUSE;
@@ -575,7 +604,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                 for (int32_t r = at; r < at + segs[s].n && r < n_all - 1; r++) {
                     v_same &= memcmp(v1 + r * w, vt + r * w, sizeof(float) * (size_t)w) == 0;
                     if (r >= lo && r < hi) {
-                        exact_same &= memcmp(k1 + r * w, kt + r * w, sizeof(float) * (size_t)w) == 0;
+                        exact_same &=
+                            memcmp(k1 + r * w, kt + r * w, sizeof(float) * (size_t)w) == 0;
                         continue;
                     }
                     double d = 0, m = 0; /* relative to the row's largest element */
@@ -590,17 +620,19 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             }
         }
         CHECKF(worst < 1e-5 && exact_same && v_same && scaled_rows > 0,
-               "scaled keys off by %.3g (relative), chunk 0 kept %d, values kept %d, %d rows", worst, exact_same, v_same,
-               scaled_rows);
+               "scaled keys off by %.3g (relative), chunk 0 kept %d, values kept %d, %d rows",
+               worst, exact_same, v_same, scaled_rows);
         p.mode = CB_MODE_BLEND;
         p.ratios[0] = 0.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        CHECKF(rel(a, b, (size_t)nv) < tol_reuse, "ratio 0 vs reuse, both at T: %.3g", rel(a, b, (size_t)nv));
+        CHECKF(rel(a, b, (size_t)nv) < tol_reuse, "ratio 0 vs reuse, both at T: %.3g",
+               rel(a, b, (size_t)nv));
         p.ratios[0] = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         p.mode = CB_MODE_FULL;
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
-        CHECKF(rel(a, b, (size_t)nv) < tol_full, "ratio 1 at T vs full: %.3g", rel(a, b, (size_t)nv));
+        CHECKF(rel(a, b, (size_t)nv) < tol_full, "ratio 1 at T vs full: %.3g",
+               rel(a, b, (size_t)nv));
         p = cb_blend_defaults();
         p.key_temp = -1.0f;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
@@ -621,7 +653,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK(memcmp(a, b, sizeof(float) * (size_t)nv) == 0);
         p.key_temp = 1.0f; /* and on gemma3 not the unscaled one */
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
-        CHECK((memcmp(a, b, sizeof(float) * (size_t)nv) != 0) == (want != 1.0f) && st.key_temp == 1.0f);
+        CHECK((memcmp(a, b, sizeof(float) * (size_t)nv) != 0) == (want != 1.0f) &&
+              st.key_temp == 1.0f);
         p.key_temp = 1.3f;
         p.mode = CB_MODE_FULL; /* nothing loaded: no temperature */
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
@@ -640,7 +673,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECK_OK(run(&fx, segs2, ns2, &p, b, &st, &kb));
     /* chunk 0 sits after the lead-in in the first prompt, after chunk 2 and a
      * separator in the second; rotate both back to one place and compare */
-    int32_t pa = (int32_t)fx.lead.n, pb = (int32_t)(fx.lead.n + fx.chunk[2].n + fx.sep.n), n0 = (int32_t)fx.chunk[0].n;
+    int32_t pa = (int32_t)fx.lead.n, pb = (int32_t)(fx.lead.n + fx.chunk[2].n + fx.sep.n),
+            n0 = (int32_t)fx.chunk[0].n;
     int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
     float *k1 = malloc(sizeof(float) * n0 * w), *v1 = malloc(sizeof(float) * n0 * w);
     float *k2 = malloc(sizeof(float) * n0 * w), *v2 = malloc(sizeof(float) * n0 * w);
@@ -676,7 +710,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         /* A slow tier, emulated by throttling the loader so that loading
          * takes about as long as the blend's computation: pipelined, the
          * prefill takes about the longer of the two; sequential, their sum. */
-        tcase("%s: with a slow tier, pipelined prefill follows max(load, recompute), not the sum", label);
+        tcase("%s: with a slow tier, pipelined prefill follows max(load, recompute), not the sum",
+              label);
         /* timings on a shared machine: the best of three attempts */
         int good = 0;
         for (int attempt = 0; attempt < 3 && !good; attempt++) {
@@ -693,9 +728,10 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
             double pip = st.prefill_ms;
             CHECK(memcmp(a, b, sizeof(float) * (size_t)nv) == 0);
-            printf("# %s: compute %.0f ms, throttled load %.0f ms: sequential %.0f ms, pipelined %.0f ms "
-                   "(overlapped %.0f, stall %.0f)\n",
-                   label, compute, load, seq, pip, st.overlapped_ms, st.stall_ms);
+            printf(
+                "# %s: compute %.0f ms, throttled load %.0f ms: sequential %.0f ms, pipelined %.0f ms "
+                "(overlapped %.0f, stall %.0f)\n",
+                label, compute, load, seq, pip, st.overlapped_ms, st.stall_ms);
             good = pip < 0.8 * seq && pip > 0.9 * (load > compute ? load : compute) - 20;
         }
         CHECKF(good, "pipelined prefill did not follow max(load, recompute) in three attempts");
@@ -713,10 +749,11 @@ score:
         p = cb_blend_defaults();
         p.mode = CB_MODE_FULL;
         CHECK_OK(score_after(&fx, segs, ns, &p, &cont, &sr));
-        CHECKF(fabs(sr.nll - hn) < tol_full * 10 * (1 + hn), "cb_score %.6f, by hand %.6f", sr.nll, hn);
+        CHECKF(fabs(sr.nll - hn) < tol_full * 10 * (1 + hn), "cb_score %.6f, by hand %.6f", sr.nll,
+               hn);
         CHECK(sr.n_tokens == (int32_t)cont.n && fabs(sr.top1 - ht) < 1e-9);
-        printf("# %s: continuation of %d tokens: NLL %.5f (by hand %.5f), top-1 %.2f\n", label, sr.n_tokens,
-               sr.nll, hn, sr.top1);
+        printf("# %s: continuation of %d tokens: NLL %.5f (by hand %.5f), top-1 %.2f\n", label,
+               sr.n_tokens, sr.nll, hn, sr.top1);
         p.mode = CB_MODE_REUSE; /* a different prefill scores differently, a single token too */
         CHECK_OK(score_after(&fx, segs, ns, &p, &cont, &sb));
         CHECKF(fabs(sb.nll - sr.nll) > 1e-6, "reuse %.6f = full %.6f", sb.nll, sr.nll);
@@ -742,8 +779,10 @@ int main(void)
     char path[1024];
     const char *which = getenv("CB_BLEND_MODELS");
     int all = !which || !*which, tiny = all || !strcmp(which, "tiny");
-    int real = all || !strcmp(which, "real") || !strcmp(which, "smollm2") || !strcmp(which, "gemma");
-    int smol = real && strcmp(which ? which : "", "gemma") != 0, gemma = real && strcmp(which ? which : "", "smollm2") != 0;
+    int real =
+        all || !strcmp(which, "real") || !strcmp(which, "smollm2") || !strcmp(which, "gemma");
+    int smol = real && strcmp(which ? which : "", "gemma") != 0,
+        gemma = real && strcmp(which ? which : "", "smollm2") != 0;
     TEST_BEGIN();
     if (!tiny)
         tskip("tiny fixtures' blend invariants", "CB_BLEND_MODELS says real models only");

@@ -105,8 +105,8 @@ static void test_detect(void)
     CHECK(cb_chat_detect(sv("<|start_header_id|><|end_header_id|><start_of_turn>")) ==
           CB_CHAT_GEMMA);
     for (int k = CB_CHAT_NONE; k <= CB_CHAT_GEMMA; k++)
-        CHECKF(cb_chat_detect(sv(cb_chat_name((cb_chat_kind)k))) == (cb_chat_kind)k,
-               "name %s", cb_chat_name((cb_chat_kind)k));
+        CHECKF(cb_chat_detect(sv(cb_chat_name((cb_chat_kind)k))) == (cb_chat_kind)k, "name %s",
+               cb_chat_name((cb_chat_kind)k));
 
     tcase("detect: unknown, empty and other kinds give none");
     for (size_t i = 0; i < sizeof tmpl_others / sizeof *tmpl_others; i++)
@@ -164,8 +164,8 @@ static void check_render(cb_chat_kind k, const char *system, const char *want)
         char *got = malloc(n + 1);
         snprintf(got, n + 1, "%sHello%s", parts.prefix, parts.suffix);
         CHECKF(strcmp(got, want) == 0, "%s, system %s%s%s:\n#     got  [%s]\n#     want [%s]",
-               cb_chat_name(k), system ? "\"" : "", system ? system : "NULL",
-               system ? "\"" : "", got, want);
+               cb_chat_name(k), system ? "\"" : "", system ? system : "NULL", system ? "\"" : "",
+               got, want);
         free(got);
     }
     cb_chat_parts_free(&parts);
@@ -177,8 +177,7 @@ static void test_render(void)
     tcase("render chatml");
     check_render(CB_CHAT_CHATML, NULL,
                  "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
-    check_render(CB_CHAT_CHATML, "",
-                 "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
+    check_render(CB_CHAT_CHATML, "", "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
     check_render(CB_CHAT_CHATML, "You are a bot.",
                  "<|im_start|>system\nYou are a bot.<|im_end|>\n"
                  "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");

@@ -10,7 +10,10 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static int is_ws(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 static int is_cont(unsigned char c) { return (c & 0xc0) == 0x80; }
 
 static size_t n_chars(const char *s, size_t n)
@@ -80,8 +83,8 @@ static const char *ctext(const char *text, const cb_chunks *cs, size_t i)
  * boundaries, without whitespace at the edges, ids right, limits kept,
  * in order; without overlap, what lies between chunks is whitespace or a
  * separator match (when sep_ok). */
-static void check_invariants(const char *what, const char *t, size_t len, const cb_chunks *cs, const cb_vocab *v,
-                             int32_t max, int overlap, int sep_ok)
+static void check_invariants(const char *what, const char *t, size_t len, const cb_chunks *cs,
+                             const cb_vocab *v, int32_t max, int overlap, int sep_ok)
 {
     size_t prev_end = 0, prev_start = 0;
     int bad = 0;
@@ -95,7 +98,8 @@ static void check_invariants(const char *what, const char *t, size_t len, const 
             bad++;
             continue;
         }
-        if (is_cont((unsigned char)t[c->start]) || (c->end < len && is_cont((unsigned char)t[c->end])))
+        if (is_cont((unsigned char)t[c->start]) ||
+            (c->end < len && is_cont((unsigned char)t[c->end])))
             printf("#   %s: chunk %zu cut inside a UTF-8 sequence\n", what, i), bad++;
         if (is_ws((unsigned char)t[c->start]) || is_ws((unsigned char)t[c->end - 1]))
             printf("#   %s: chunk %zu has whitespace at an edge\n", what, i), bad++;
@@ -105,25 +109,32 @@ static void check_invariants(const char *what, const char *t, size_t len, const 
         if (v) {
             int32_t nt = n_tokens_of(v, t + c->start, n);
             if (nt != c->n_tokens)
-                printf("#   %s: chunk %zu n_tokens %d, alone it has %d\n", what, i, c->n_tokens, nt), bad++;
+                printf("#   %s: chunk %zu n_tokens %d, alone it has %d\n", what, i, c->n_tokens,
+                       nt),
+                    bad++;
             if (max && nt > max && n_chars(t + c->start, n) > 1)
                 printf("#   %s: chunk %zu has %d tokens > %d\n", what, i, nt, max), bad++;
         } else {
             if (c->n_tokens != -1)
-                printf("#   %s: chunk %zu n_tokens %d in character mode\n", what, i, c->n_tokens), bad++;
+                printf("#   %s: chunk %zu n_tokens %d in character mode\n", what, i, c->n_tokens),
+                    bad++;
             if (max && n_chars(t + c->start, n) > (size_t)max)
-                printf("#   %s: chunk %zu has %zu characters > %d\n", what, i, n_chars(t + c->start, n), max), bad++;
+                printf("#   %s: chunk %zu has %zu characters > %d\n", what, i,
+                       n_chars(t + c->start, n), max),
+                    bad++;
         }
         if (i > 0 && c->start <= prev_start)
             printf("#   %s: chunk %zu does not start after chunk %zu\n", what, i, i - 1), bad++;
         if (i > 0 && c->end <= prev_end)
-            printf("#   %s: chunk %zu ends inside chunk %zu (nothing new)\n", what, i, i - 1), bad++;
+            printf("#   %s: chunk %zu ends inside chunk %zu (nothing new)\n", what, i, i - 1),
+                bad++;
         if (!overlap) {
             if (c->start < prev_end)
                 printf("#   %s: chunk %zu overlaps the previous one\n", what, i), bad++;
             for (size_t k = prev_end; k < c->start && !sep_ok; k++)
                 if (!is_ws((unsigned char)t[k]) && !(k < 3 && (unsigned char)t[0] == 0xef)) {
-                    printf("#   %s: text between chunks %zu and %zu is lost (byte %zu)\n", what, i - 1, i, k);
+                    printf("#   %s: text between chunks %zu and %zu is lost (byte %zu)\n", what,
+                           i - 1, i, k);
                     bad++;
                     break;
                 }
@@ -151,9 +162,10 @@ static void check_invariants(const char *what, const char *t, size_t len, const 
 /* Deterministic text: words (some multi-byte), sentences, lines, paragraphs. */
 static char *gen_text(size_t target, uint32_t seed)
 {
-    static const char *words[] = {"the",   "river",   "Ostrava", "café", "naïve", "東京",   "😀",
-                                  "data",  "ledger",  "of",      "and",  "1984",  "Zürich", "a",
-                                  "north", "quarter", "résumé",  "x",    "ß",     "—",      "invoice"};
+    static const char *words[] = {"the",    "river", "Ostrava", "café",    "naïve",  "東京",
+                                  "😀",      "data",  "ledger",  "of",      "and",    "1984",
+                                  "Zürich", "a",     "north",   "quarter", "résumé", "x",
+                                  "ß",      "—",     "invoice"};
     size_t nw = sizeof words / sizeof *words, n = 0;
     char *s = malloc(target + 64);
     uint32_t r = seed;
@@ -223,15 +235,21 @@ static void test_utf8(void)
     } cases[] = {
         {"plain ascii", "plain ascii", 11, 0},
         {"caf\xc3\xa9 \xf0\x9f\x98\x80", "caf\xc3\xa9 \xf0\x9f\x98\x80", 10, 0},
-        {"a\xe2\x82" "b", "a\xef\xbf\xbd" "b", 1, 1},
-        {"\xf0\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 0, 3},          /* overlong lead */
-        {"\xed\xa0\x80x", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdx", 0, 3},        /* surrogate */
-        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd", 0, 2},                          /* overlong '/' */
-        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 0, 4}, /* > U+10FFFF */
-        {"\xe2\x82", "\xef\xbf\xbd", 0, 1},                                      /* cut by the end */
+        {"a\xe2\x82"
+         "b",
+         "a\xef\xbf\xbd"
+         "b",
+         1, 1},
+        {"\xf0\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 0, 3},   /* overlong lead */
+        {"\xed\xa0\x80x", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdx", 0, 3}, /* surrogate */
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd", 0, 2},                   /* overlong '/' */
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 0,
+         4},                                /* > U+10FFFF */
+        {"\xe2\x82", "\xef\xbf\xbd", 0, 1}, /* cut by the end */
         {"\xff\xfe", "\xef\xbf\xbd\xef\xbf\xbd", 0, 2},
         {"ok\xf0\x9f\x98", "ok\xef\xbf\xbd", 2, 1},
-        {"12345678901234567\x80", "12345678901234567\xef\xbf\xbd", 17, 1}, /* after the 8-byte fast path */
+        {"12345678901234567\x80", "12345678901234567\xef\xbf\xbd", 17,
+         1}, /* after the 8-byte fast path */
     };
     tcase("UTF-8: check finds the first bad byte, repair matches Python's errors=\"replace\"");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -240,7 +258,8 @@ static void test_utf8(void)
         size_t at = cb_utf8_check(cases[i].in, n);
         CHECKF(at == (cases[i].n_bad ? cases[i].first_bad : n), "case %zu: first bad %zu", i, at);
         CHECK_OK(cb_utf8_repair(cases[i].in, n, &out, &m, &nb));
-        CHECKF(out && m == strlen(cases[i].out) && memcmp(out, cases[i].out, m) == 0, "case %zu repaired", i);
+        CHECKF(out && m == strlen(cases[i].out) && memcmp(out, cases[i].out, m) == 0,
+               "case %zu repaired", i);
         CHECKF(nb == cases[i].n_bad, "case %zu: %zu replacements", i, nb);
         CHECKF(out && cb_utf8_check(out, m) == m, "case %zu: repaired text is valid", i);
         free(out);
@@ -271,7 +290,8 @@ static void test_cut_points(void)
     CHECK(strcmp(ctext(t, &cs, 0), "Alpha beta gamma delta.") == 0);
     t = "She told them all: \"Stop now.\" Then they left and walked on";
     CHECK(split(c, t, &cs) == 2);
-    CHECKF(strcmp(ctext(t, &cs, 0), "She told them all: \"Stop now.\"") == 0, "closing quote: '%s'", ctext(t, &cs, 0));
+    CHECKF(strcmp(ctext(t, &cs, 0), "She told them all: \"Stop now.\"") == 0, "closing quote: '%s'",
+           ctext(t, &cs, 0));
 
     tcase("cuts: a sentence end beats a later line break");
     t = "Alpha beta gamma. delta\nepsilon zeta eta";
@@ -292,7 +312,8 @@ static void test_cut_points(void)
     cb_chunker_free(c);
     c = mk(NULL, 38, 0, NULL);
     CHECK(split(c, t, &cs) == 2);
-    CHECKF(strcmp(ctext(t, &cs, 0), "Alpha. Beta gamma delta epsilon zeta") == 0, "got '%s'", ctext(t, &cs, 0));
+    CHECKF(strcmp(ctext(t, &cs, 0), "Alpha. Beta gamma delta epsilon zeta") == 0, "got '%s'",
+           ctext(t, &cs, 0));
     CHECK(strcmp(ctext(t, &cs, 1), "eta theta") == 0);
 
     tcase("cuts: else anywhere, at a character boundary");
@@ -306,7 +327,8 @@ static void test_cut_points(void)
     cb_chunker_free(c);
     c = mk(NULL, 3, 0, NULL);
     CHECK(split(c, t, &cs) == 3);
-    CHECK(cs.n == 3 && cs.v[0].end == 12 && cs.v[1].start == 12 && cs.v[1].end == 24 && cs.v[2].end == 28);
+    CHECK(cs.n == 3 && cs.v[0].end == 12 && cs.v[1].start == 12 && cs.v[1].end == 24 &&
+          cs.v[2].end == 28);
 
     tcase("cuts: CJK full stops end sentences without a space");
     t = "東京は日本の首都です。人口は多い。大阪も大きい。";
@@ -323,7 +345,8 @@ static void test_cut_points(void)
     CHECK(split(c, "", &cs) == 0);
     CHECK(split(c, " \n\t\r\n  ", &cs) == 0);
     t = "\n\n  Hello there.  \n";
-    CHECK(split(c, t, &cs) == 1 && cs.v[0].start == 4 && strcmp(ctext(t, &cs, 0), "Hello there.") == 0);
+    CHECK(split(c, t, &cs) == 1 && cs.v[0].start == 4 &&
+          strcmp(ctext(t, &cs, 0), "Hello there.") == 0);
     t = "\xef\xbb\xbfHello";
     CHECK(split(c, t, &cs) == 1 && cs.v[0].start == 3);
     t = "\xe3\x80\x80\xc2\xa0 Hi \xe2\x80\x83"; /* ideographic space, NBSP, em space */
@@ -392,7 +415,8 @@ static void test_separator(void)
     c = mk(NULL, 100, 0, "(?=^# )");
     t = "# A\ntext a\n# B\ntext b\n";
     CHECK(split(c, t, &cs) == 2);
-    CHECK(strcmp(ctext(t, &cs, 0), "# A\ntext a") == 0 && strcmp(ctext(t, &cs, 1), "# B\ntext b") == 0);
+    CHECK(strcmp(ctext(t, &cs, 0), "# A\ntext a") == 0 &&
+          strcmp(ctext(t, &cs, 1), "# B\ntext b") == 0);
 
     tcase("separator: pieces over the limit are split further, no overlap across pieces");
     cb_chunker_free(c);
@@ -468,7 +492,8 @@ static void test_random_chars(void)
             int32_t o = ov && maxes[k] > 4 ? maxes[k] / 4 : 0;
             cb_chunker *c = mk(NULL, maxes[k], o, NULL);
             char what[64];
-            tcase("characters: %d per chunk, overlap %d: limits and coverage on 200 KB", (int)maxes[k], (int)o);
+            tcase("characters: %d per chunk, overlap %d: limits and coverage on 200 KB",
+                  (int)maxes[k], (int)o);
             snprintf(what, sizeof what, "chars %d/%d", (int)maxes[k], (int)o);
             CHECK(c && cb_chunker_split(c, t, len, &cs) == CB_OK && cs.n > 0);
             check_invariants(what, t, len, &cs, NULL, maxes[k], o > 0, 0);
@@ -491,8 +516,8 @@ static void test_tokens(const cb_vocab *v, const char *vname, const char *text, 
             cb_chunker *c = mk(v, maxes[k], o, NULL);
             char what[96];
             double fill = 0;
-            tcase("tokens (%s): %d per chunk, overlap %d: n_tokens exact, limit kept, nothing lost", vname,
-                  (int)maxes[k], (int)o);
+            tcase("tokens (%s): %d per chunk, overlap %d: n_tokens exact, limit kept, nothing lost",
+                  vname, (int)maxes[k], (int)o);
             snprintf(what, sizeof what, "%s %d/%d", vname, (int)maxes[k], (int)o);
             a.n = 0;
             CHECK(c && cb_chunker_split(c, text, len, &a) == CB_OK && a.n > 1);
@@ -507,14 +532,15 @@ static void test_tokens(const cb_vocab *v, const char *vname, const char *text, 
                     if (a.v[i].start < a.v[i - 1].end) {
                         /* measured as in the document: with the space before it, which
                          * BPE vocabs merge into the first word's token */
-                        int32_t r = n_tokens_of(v, text + a.v[i].start - 1, a.v[i - 1].end - a.v[i].start + 1);
+                        int32_t r = n_tokens_of(v, text + a.v[i].start - 1,
+                                                a.v[i - 1].end - a.v[i].start + 1);
                         worst = r > worst ? r : worst;
                     }
                 }
                 CHECKF(worst <= o + 1, "overlap of %d tokens, asked for %d", worst, (int)o);
             }
-            tcase("tokens (%s): %d per chunk, overlap %d: a second chunker gives identical chunks", vname,
-                  (int)maxes[k], (int)o);
+            tcase("tokens (%s): %d per chunk, overlap %d: a second chunker gives identical chunks",
+                  vname, (int)maxes[k], (int)o);
             {
                 cb_chunker *c2 = mk(v, maxes[k], o, NULL);
                 b.n = 0;

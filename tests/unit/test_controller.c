@@ -34,12 +34,12 @@ int main(void)
 
     tcase("T_recompute interpolates in ratio and length");
     CHECK(NEAR(cb_profile_recompute_ms(&p, 0.1, 512), 20.0));
-    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.3, 512), 40.0));      /* halfway 2..6 per layer */
-    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.75, 512), 80.0));     /* halfway 6..10 */
-    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.05, 512), 10.0));     /* halfway 0..2 */
-    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.1, 768), 32.0));      /* halfway 2..4.4 */
-    CHECK(NEAR(cb_profile_recompute_ms(&p, 1.0, 2048), 440.0));    /* in proportion past 1024 */
-    CHECK(NEAR(cb_profile_recompute_ms(&p, 1.0, 256), 50.0));      /* and below 512 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.3, 512), 40.0));   /* halfway 2..6 per layer */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.75, 512), 80.0));  /* halfway 6..10 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.05, 512), 10.0));  /* halfway 0..2 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 0.1, 768), 32.0));   /* halfway 2..4.4 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 1.0, 2048), 440.0)); /* in proportion past 1024 */
+    CHECK(NEAR(cb_profile_recompute_ms(&p, 1.0, 256), 50.0));   /* and below 512 */
 
     tcase("T_load = bytes per token x L / throughput");
     CHECK(NEAR(cb_profile_load_ms(&p, "ssd", 512, CB_TYPE_F16, 0), 51.2));
@@ -67,9 +67,11 @@ int main(void)
     cb_error err;
     CHECK_OK(cb_profile_to_json(&p, &json));
     CHECK_OK(cb_profile_from_json(&q, json, strlen(json), &err));
-    CHECK(!strcmp(q.model, p.model) && !strcmp(q.backend, "cpu") && q.n_layer == 10 && q.threads == 2);
+    CHECK(!strcmp(q.model, p.model) && !strcmp(q.backend, "cpu") && q.n_layer == 10 &&
+          q.threads == 2);
     CHECK(q.n_prefill == 2 && q.n_recompute == 4 && q.n_tiers == 3);
-    CHECK(NEAR(q.recompute[3].ms_per_layer, 12.0) && !strcmp(q.tiers[1].name, "ssd") && NEAR(q.tiers[1].cold_mbs, 50.0));
+    CHECK(NEAR(q.recompute[3].ms_per_layer, 12.0) && !strcmp(q.tiers[1].name, "ssd") &&
+          NEAR(q.tiers[1].cold_mbs, 50.0));
     CHECK(NEAR(cb_controller_ratio(&q, "ssd", 512, CB_TYPE_F16, 0, 0.15, NULL, NULL), 0.412));
     free(json);
     CHECK(cb_profile_from_json(&q, "{\"version\": 2}", 14, &err) == CB_ERR_FORMAT);
@@ -91,7 +93,8 @@ int main(void)
                  "{\"version\":1,\"model\":\"m\",\"backend\":\"cpu\",\"n_layer\":1,\"threads\":1,"
                  "\"kv_bytes_per_token\":{},\"prefill\":[%s],\"recompute\":[],\"tiers\":[]}",
                  bad[i]);
-        CHECKF(cb_profile_from_json(&q, text, strlen(text), &err) == CB_ERR_FORMAT, "case %zu accepted", i);
+        CHECKF(cb_profile_from_json(&q, text, strlen(text), &err) == CB_ERR_FORMAT,
+               "case %zu accepted", i);
     }
     char name[128];
     cb_hash128 h = {1, 2};

@@ -229,7 +229,8 @@ static void test_errors(void)
     const cb_hparams *hp = cb_model_hparams(m);
     CHECK(hp->n_layer == 7 && hp->n_swa == 8 && hp->n_swa_layers == 6 && hp->rope_scale == 4.0f);
     for (int l = 0; l < hp->n_layer; l++) {
-        CHECKF(cb_model_layer_window(m, l) == (l == 5 ? 0 : 8), "layer %d window %d", l, cb_model_layer_window(m, l));
+        CHECKF(cb_model_layer_window(m, l) == (l == 5 ? 0 : 8), "layer %d window %d", l,
+               cb_model_layer_window(m, l));
         CHECK(cb_model_layer_rope_base(m, l) == (l == 5 ? 1e6f : 10000.0f));
     }
     cb_model_free(m);
@@ -279,7 +280,8 @@ static void test_deviation(void)
         CHECK_OK(cb_fwd_layer(f, kv, 0, NULL, 0));
         CHECK_OK(cb_fwd_layer(f, kv, 1, NULL, 0)); /* layer 1's cache = the fresh values */
         /* disturb some rows of layer 1's cache by different amounts */
-        float *c = malloc(sizeof(float) * (size_t)(n * w)), *fresh = malloc(sizeof(float) * (size_t)(17 * w));
+        float *c = malloc(sizeof(float) * (size_t)(n * w)),
+              *fresh = malloc(sizeof(float) * (size_t)(17 * w));
         CHECK_OK(cb_kvcache_read(kv, 1, which, 0, n, c));
         for (int32_t i = 0; i < n; i++)
             for (int64_t e = 0; e < w; e++)
@@ -288,7 +290,8 @@ static void test_deviation(void)
         CHECK_OK(cb_kvcache_read(kv, 1, which, 0, n, c)); /* as the cache holds them (f16) */
         for (int i = 0; i < 17; i++)
             rows[i] = (i * 5) % n; /* a scattered, unordered subset */
-        CHECK_OK(cb_fwd_layer_qkv(f, 1, rows, 17, NULL, which ? NULL : fresh, which ? fresh : NULL));
+        CHECK_OK(
+            cb_fwd_layer_qkv(f, 1, rows, 17, NULL, which ? NULL : fresh, which ? fresh : NULL));
         dev_row d[17];
         for (int i = 0; i < 17; i++) {
             double s = 0;
@@ -301,7 +304,8 @@ static void test_deviation(void)
         qsort(d, 17, sizeof d[0], by_dev);
         CHECK_OK(cb_fwd_deviation(f, kv, 1, which, rows, 17, 7, top));
         for (int i = 0; i < 7; i++)
-            CHECKF(top[i] == rows[d[i].row], "rank %d: row %d, expected %d", i, top[i], rows[d[i].row]);
+            CHECKF(top[i] == rows[d[i].row], "rank %d: row %d, expected %d", i, top[i],
+                   rows[d[i].row]);
         CHECK(cb_fwd_deviation(f, kv, 1, which, rows, 17, 18, top) == CB_ERR_RANGE);
         free(c), free(fresh);
         cb_fwd_free(f), cb_kvcache_free(kv), cb_model_free(m);
@@ -329,7 +333,8 @@ static void test_layer_queries(void)
     }
     const cb_hparams *hp = cb_model_hparams(m);
     int64_t dq = (int64_t)hp->n_head * hp->head_dim;
-    float *want = malloc(sizeof(float) * (size_t)(4 * dq)), *got = malloc(sizeof(float) * (size_t)(4 * dq));
+    float *want = malloc(sizeof(float) * (size_t)(4 * dq)),
+          *got = malloc(sizeof(float) * (size_t)(4 * dq));
     CHECK_OK(cb_kvcache_new(&kv, m, 32, CB_TYPE_F16));
     CHECK_OK(cb_fwd_new(&f, m, n));
     for (int32_t i = 0; i < n; i++)
@@ -381,7 +386,8 @@ static void test_last_layer(void)
     int32_t L = hp->n_layer - 1, nv = hp->n_vocab;
     int64_t d = hp->n_embd, w = (int64_t)hp->n_head_kv * hp->head_dim;
     float *ka = malloc(sizeof(float) * N * w), *kb = malloc(sizeof(float) * N * w);
-    float *ha = malloc(sizeof(float) * d), *hb = malloc(sizeof(float) * d), *h0 = malloc(sizeof(float) * d);
+    float *ha = malloc(sizeof(float) * d), *hb = malloc(sizeof(float) * d),
+          *h0 = malloc(sizeof(float) * d);
     float *la = malloc(sizeof(float) * nv), *lb = malloc(sizeof(float) * nv);
     for (int32_t i = 0; i < N; i++)
         toks[i] = (i * 31 + 3) % nv, pos[i] = i;
@@ -411,8 +417,8 @@ static void test_last_layer(void)
     int untouched = memcmp(hb, h0, sizeof(float) * (size_t)d) == 0;
     CHECK_OK(cb_fwd_hidden(f[0], 7, ha));
     int moved = memcmp(ha, h0, sizeof(float) * (size_t)d) != 0;
-    CHECKF(e < 1e-6 && eh < 1e-6 && untouched && moved, "K/V %.3g, out row %.3g, row 7 untouched %d (moved %d)", e,
-           eh, untouched, moved);
+    CHECKF(e < 1e-6 && eh < 1e-6 && untouched && moved,
+           "K/V %.3g, out row %.3g, row 7 untouched %d (moved %d)", e, eh, untouched, moved);
     CHECK_OK(cb_fwd_last_layer(f[1], kv[1], rows, 9, 13)); /* 13 is not last: the whole layer */
     CHECK_OK(cb_fwd_hidden(f[1], 7, hb));
     CHECK(memcmp(hb, h0, sizeof(float) * (size_t)d) != 0);
@@ -447,8 +453,9 @@ static void test_last_layer(void)
 static void test_gemma(void)
 {
     const char *path = t_gemma_model();
-    static const char prompt[] = "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"
-                                 "<start_of_turn>model\n";
+    static const char prompt[] =
+        "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"
+        "<start_of_turn>model\n";
     if (!path) {
         tskip("forward gemma-3-270m: last logits match the plain-loop reference",
               "Gemma-3-270M not fetched (make model MODEL=gemma)");
@@ -531,8 +538,11 @@ static void test_act8(const char *type)
     cb_error err;
     cb_model_params p8 = {2, "cpu", 0, NULL};
     snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmp ? tmp : "tests/tmp", type);
-    tcase("forward %s, 8-bit activations: next-token KL to the exact path bounded, not 0 (decode, batch)", type);
-    if (cb_model_load(&m, path, &T_EXACT, &err) != CB_OK || cb_model_load(&m8, path, &p8, &err) != CB_OK) {
+    tcase(
+        "forward %s, 8-bit activations: next-token KL to the exact path bounded, not 0 (decode, batch)",
+        type);
+    if (cb_model_load(&m, path, &T_EXACT, &err) != CB_OK ||
+        cb_model_load(&m8, path, &p8, &err) != CB_OK) {
         CHECKF(0, "%s", err.msg);
         cb_model_free(m);
         return;
@@ -541,7 +551,8 @@ static void test_act8(const char *type)
     int32_t tok[N_TOK];
     for (int i = 0; i < N_TOK; i++)
         tok[i] = (int32_t)((i * 37 + 11) % nv);
-    float *a = malloc(sizeof(float) * nv), *b = malloc(sizeof(float) * nv), *c = malloc(sizeof(float) * nv);
+    float *a = malloc(sizeof(float) * nv), *b = malloc(sizeof(float) * nv),
+          *c = malloc(sizeof(float) * nv);
     cb_kvcache *kv = NULL, *kv8 = NULL, *kvb = NULL;
     cb_fwd *f = NULL, *f8 = NULL;
     CHECK_OK(cb_kvcache_new(&kv, m, 64, CB_TYPE_F16));
@@ -565,9 +576,10 @@ static void test_act8(const char *type)
 
 int main(void)
 {
-    static const char *types[] = {"f32",  "f16",  "bf16",  "q8_0",   "q4_0",          "q4_1",
-                                  "q5_0", "q5_1", "q4_K",  "q5_K",   "q6_K",          "qwen2",
-                                  "qwen3", "gemma3", "llama3", "llama-linear", "gemma3-linear"};
+    static const char *types[] = {"f32",          "f16",          "bf16",  "q8_0",   "q4_0",
+                                  "q4_1",         "q5_0",         "q5_1",  "q4_K",   "q5_K",
+                                  "q6_K",         "qwen2",        "qwen3", "gemma3", "llama3",
+                                  "llama-linear", "gemma3-linear"};
     TEST_BEGIN();
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_fixture(types[i]);

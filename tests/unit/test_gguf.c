@@ -247,7 +247,8 @@ static void test_fuzz_findings(void)
         put_u64(&b, 0);
         pad(&b, 32);
         put(&b, "0123456789abcdef0123456789abcdef", 32);
-        expect_error("tensor whose size wraps (fuzz finding)", &b, CB_ERR_FORMAT, "larger than the file");
+        expect_error("tensor whose size wraps (fuzz finding)", &b, CB_ERR_FORMAT,
+                     "larger than the file");
     }
 }
 
@@ -381,7 +382,8 @@ static void test_roundtrip(void)
     CHECK(cb_gguf_find_tensor(g, "t.one") == 1);
     CHECK(cb_gguf_find_tensor(g, "t.none") == -1);
     CHECK_OK(cb_gguf_tensor(g, 0, &ti));
-    CHECK(cb_strview_eq(ti.name, "t.f32") && ti.n_dims == 2 && ti.ne[0] == 32 && ti.ne[1] == 2 && ti.ne[2] == 1);
+    CHECK(cb_strview_eq(ti.name, "t.f32") && ti.n_dims == 2 && ti.ne[0] == 32 && ti.ne[1] == 2 &&
+          ti.ne[2] == 1);
     CHECK(ti.type == CB_TYPE_F32 && ti.nbytes == 256);
     CHECK(((uintptr_t)ti.data - (uintptr_t)bytes) % 64 == 0);
     CHECK(memcmp(ti.data, tdata, 256) == 0);
@@ -480,8 +482,8 @@ static void fuzz_file(const char *label, const char *path, int n_points, int n_f
             no_msg++;
         }
     }
-    CHECKF(accepted == 0 && no_msg == 0, "%d of %d truncations accepted, %d without message", accepted, total,
-           no_msg);
+    CHECKF(accepted == 0 && no_msg == 0, "%d of %d truncations accepted, %d without message",
+           accepted, total, no_msg);
     printf("# %s: %d truncation points, all rejected with a message\n", label, total);
 
     /* Flips: one heap copy of the header region plus a little data; each
@@ -515,8 +517,8 @@ static void fuzz_file(const char *label, const char *path, int n_points, int n_f
         copy[at] = old;
     }
     CHECKF(no_msg == 0, "%d errors without message", no_msg);
-    printf("# %s: %d byte flips in the first %zu bytes: %d rejected, %d still valid, no crash\n", label,
-           n_flips, span, errors, n_flips - errors);
+    printf("# %s: %d byte flips in the first %zu bytes: %d rejected, %d still valid, no crash\n",
+           label, n_flips, span, errors, n_flips - errors);
     free(copy);
     cb_mmap_close(&m);
 }
@@ -535,7 +537,8 @@ static void test_real_files(void)
             fclose(f);
             fuzz_file("tiny fixture", path, 400, 2000);
         } else {
-            tskip("fuzz tiny fixture", "tests/tmp/tiny-f32.gguf not generated (run through make test)");
+            tskip("fuzz tiny fixture",
+                  "tests/tmp/tiny-f32.gguf not generated (run through make test)");
         }
     } else {
         tskip("fuzz tiny fixture", "CB_TEST_TMP not set (run through make test)");
@@ -576,8 +579,8 @@ static void test_real_files(void)
         n_q41 += ti.type == CB_TYPE_Q4_1;
     }
     CHECKF(cb_gguf_n_tensors(g) == 272, "%lld tensors", (long long)cb_gguf_n_tensors(g));
-    printf("# default model: %lld tensors (%d q4_1), %lld metadata entries\n", (long long)cb_gguf_n_tensors(g),
-           n_q41, (long long)cb_gguf_n_kv(g));
+    printf("# default model: %lld tensors (%d q4_1), %lld metadata entries\n",
+           (long long)cb_gguf_n_tensors(g), n_q41, (long long)cb_gguf_n_kv(g));
     cb_gguf_free(g);
     fuzz_file("default model", model, 300, 300);
 }

@@ -66,8 +66,9 @@ static void test_roundtrip_and_move(cb_model *m)
     size_t bytes_f16 = 0;
     for (size_t ti = 0; ti < 4; ti++) {
         cb_type t = types[ti];
-        tcase("kv %s %s: precompute, save, open, read back; moved layer-0 K/V equal full prefill at p", hp->arch,
-              cb_type_name(t));
+        tcase(
+            "kv %s %s: precompute, save, open, read back; moved layer-0 K/V equal full prefill at p",
+            hp->arch, cb_type_name(t));
         cb_kvcache *kv = NULL, *full = NULL, *moved = NULL;
         cb_fwd *f = NULL;
         void *buf = NULL;
@@ -109,7 +110,8 @@ static void test_roundtrip_and_move(cb_model *m)
             CHECK_OK(cb_kvfile_read_layer(kf, l, k, v, &err));
             CHECK_OK(cb_kvcache_read(kv, l, 0, (int32_t)lead.n, NC, rk));
             CHECK_OK(cb_kvcache_read(kv, l, 1, (int32_t)lead.n, NC, rv));
-            double ek = max_abs(k, rk, (size_t)(NC * w), &sk) / sk, ev = max_abs(v, rv, (size_t)(NC * w), &sv) / sv;
+            double ek = max_abs(k, rk, (size_t)(NC * w), &sk) / sk,
+                   ev = max_abs(v, rv, (size_t)(NC * w), &sv) / sv;
             worst = ek > worst ? ek : worst;
             worst = ev > worst ? ev : worst;
         }
@@ -131,10 +133,12 @@ static void test_roundtrip_and_move(cb_model *m)
         CHECK_OK(cb_kvcache_read(full, 0, 1, 7, NC, rv));
         CHECK_OK(cb_kvcache_read(moved, 0, 1, 7, NC, v));
         double sk, sv;
-        double ek = max_abs(k, rk, (size_t)(NC * w), &sk) / sk, ev = max_abs(v, rv, (size_t)(NC * w), &sv) / sv;
-        CHECKF(ek <= tol[ti] + 1e-5 && ev <= tol[ti] + 1e-5, "moved layer 0: K err %.3g, V err %.3g", ek, ev);
-        printf("# %s %s: %zu bytes, read-back error %.2e, moved layer-0 K %.2e V %.2e\n", hp->arch, cb_type_name(t),
-               size, worst, ek, ev);
+        double ek = max_abs(k, rk, (size_t)(NC * w), &sk) / sk,
+               ev = max_abs(v, rv, (size_t)(NC * w), &sv) / sv;
+        CHECKF(ek <= tol[ti] + 1e-5 && ev <= tol[ti] + 1e-5,
+               "moved layer 0: K err %.3g, V err %.3g", ek, ev);
+        printf("# %s %s: %zu bytes, read-back error %.2e, moved layer-0 K %.2e V %.2e\n", hp->arch,
+               cb_type_name(t), size, worst, ek, ev);
         /* and a deeper layer differs (the chunk now has context): the
          * deviation blending corrects */
         CHECK_OK(cb_kvfile_read_layer(kf, hp->n_layer - 1, k, v, &err));
@@ -150,7 +154,8 @@ static void test_roundtrip_and_move(cb_model *m)
         if (t == CB_TYPE_Q8_0 && bytes_f16) {
             tcase("kv q8_0 is about half the size of f16");
             /* per token, before page padding (a 12-token chunk fits a page either way) */
-            double r = (double)cb_type_row_bytes(CB_TYPE_Q8_0, w) / (double)cb_type_row_bytes(CB_TYPE_F16, w);
+            double r = (double)cb_type_row_bytes(CB_TYPE_Q8_0, w) /
+                       (double)cb_type_row_bytes(CB_TYPE_F16, w);
             CHECKF(r <= 0.55, "q8_0 / f16 bytes per token = %.3f", r);
         }
     }
@@ -188,8 +193,8 @@ static void test_corruption(cb_model *m, cb_model *other)
         cb_kvfile_free(kf);
     }
     CHECKF(missed == 0, "%d of %zu flips went unnoticed", missed, n);
-    printf("# %zu single-bit flips: %d refused at open, %d by a layer checksum, %d missed\n", n, by_open,
-           by_verify, missed);
+    printf("# %zu single-bit flips: %d refused at open, %d by a layer checksum, %d missed\n", n,
+           by_open, by_verify, missed);
 
     tcase("kv: truncation, another version, another model: distinct statuses");
     cb_kvfile *kf = NULL;
@@ -248,7 +253,8 @@ static void test_source(void)
     snprintf(path, sizeof path, "%s/chunk-f16.cbkv", tmpdir());
     uint8_t *orig = (uint8_t *)t_read_file(path, &n);
 
-    tcase("kv source: layers equal the file's; failures and corruption are that layer's errors; released once");
+    tcase(
+        "kv source: layers equal the file's; failures and corruption are that layer's errors; released once");
     if (!orig) {
         CHECK(0);
         return;
@@ -266,7 +272,8 @@ static void test_source(void)
     }
     const cb_kv_meta *mt = cb_kvfile_meta(a);
     size_t per = (size_t)mt->n_tokens * (size_t)(mt->n_head_kv * mt->head_dim);
-    float *k1 = malloc(4 * per), *v1 = malloc(4 * per), *k2 = malloc(4 * per), *v2 = malloc(4 * per);
+    float *k1 = malloc(4 * per), *v1 = malloc(4 * per), *k2 = malloc(4 * per),
+          *v2 = malloc(4 * per);
     uint32_t h32;
     uint64_t H, S;
     memcpy(&h32, orig + 12, 4);
@@ -282,12 +289,14 @@ static void test_source(void)
     /* the last layer's bytes stop coming: that layer fails, earlier ones read */
     int32_t last = mt->n_layer - 1;
     ms.fail_from = H + S * (uint64_t)last + 1;
-    CHECK(cb_kvfile_read_layer(b, last, k2, v2, &err) == CB_ERR_IO && strstr(err.msg, "memsrc: gone"));
+    CHECK(cb_kvfile_read_layer(b, last, k2, v2, &err) == CB_ERR_IO &&
+          strstr(err.msg, "memsrc: gone"));
     CHECK_OK(cb_kvfile_read_layer(b, 0, k2, v2, &err));
     /* a flipped byte in a layer: a checksum error of that layer */
     ms.fail_from = n;
     orig[H + S * (uint64_t)last + 5] ^= 4;
-    CHECK(cb_kvfile_read_layer(b, last, k2, v2, &err) == CB_ERR_CHECKSUM && strstr(err.msg, "mem: layer"));
+    CHECK(cb_kvfile_read_layer(b, last, k2, v2, &err) == CB_ERR_CHECKSUM &&
+          strstr(err.msg, "mem: layer"));
     orig[H + S * (uint64_t)last + 5] ^= 4;
     cb_kvfile_free(b);
     CHECK(ms.released == 1);
@@ -325,7 +334,8 @@ static void test_version1(cb_model *m)
         return;
     }
     uint32_t nl, nt, nlead, H;
-    memcpy(&H, b + 12, 4), memcpy(&nl, b + 48, 4), memcpy(&nt, b + 76, 4), memcpy(&nlead, b + 84, 4);
+    memcpy(&H, b + 12, 4), memcpy(&nl, b + 48, 4), memcpy(&nt, b + 76, 4),
+        memcpy(&nlead, b + 84, 4);
     uint8_t *table = b + 128 + 4 * (size_t)(nt + nlead) + 8 * (size_t)nl;
     memset(table, 0, 8 * (size_t)nl);
     b[8] = 1;
@@ -397,7 +407,8 @@ static void test_fingerprint(cb_model *m, cb_model *other)
     char hex[33];
     cb_hash128 back;
     cb_hash128_hex(cb_model_fingerprint(m), hex);
-    CHECK(strlen(hex) == 32 && cb_hash128_parse(hex, &back) == CB_OK && cb_hash128_eq(back, cb_model_fingerprint(m)));
+    CHECK(strlen(hex) == 32 && cb_hash128_parse(hex, &back) == CB_OK &&
+          cb_hash128_eq(back, cb_model_fingerprint(m)));
     CHECK(cb_hash128_parse("zz", &back) == CB_ERR_FORMAT);
     char key[66];
     cb_kv_key(cb_model_fingerprint(m), back, key);
@@ -413,7 +424,8 @@ static void test_fingerprint_cache(cb_model *m)
 {
     char src[1024], path[1024], dir[1024], cmd[3200];
     const char *tmp = getenv("CB_TEST_TMP");
-    tcase("fingerprint cache: recorded, used while the file is unchanged, not after, never an error");
+    tcase(
+        "fingerprint cache: recorded, used while the file is unchanged, not after, never an error");
     snprintf(src, sizeof src, "%s/tiny-f32.gguf", tmp ? tmp : "tests/tmp");
     snprintf(path, sizeof path, "%s/fpc-%d.gguf", tmpdir(), (int)getpid());
     snprintf(dir, sizeof dir, "%s/fpc-%d.d", tmpdir(), (int)getpid());
@@ -428,13 +440,16 @@ static void test_fingerprint_cache(cb_model *m)
     CHECK_OK(cb_gguf_fingerprint_cached(g, path, dir, &a));
     CHECK(cb_hash128_eq(a, cb_model_fingerprint(m)));
     /* the record: one line, the identity then the hex; rewrite its hex */
-    snprintf(cmd, sizeof cmd, "f=$(ls '%s'/fp-*) && [ $(wc -l < \"$f\") = 1 ] && "
-                              "sed -i 's/ [0-9a-f]\\{32\\}$/ 00000000000000020000000000000001/' \"$f\"", dir);
+    snprintf(cmd, sizeof cmd,
+             "f=$(ls '%s'/fp-*) && [ $(wc -l < \"$f\") = 1 ] && "
+             "sed -i 's/ [0-9a-f]\\{32\\}$/ 00000000000000020000000000000001/' \"$f\"",
+             dir);
     CHECK(system(cmd) == 0);
     CHECK_OK(cb_gguf_fingerprint_cached(g, path, dir, &b));
     char hx[33];
     cb_hash128_hex(b, hx);
-    CHECKF(cb_hash128_eq(b, fake) || strcmp(hx, "00000000000000020000000000000001") == 0, "record not used: %s", hx);
+    CHECKF(cb_hash128_eq(b, fake) || strcmp(hx, "00000000000000020000000000000001") == 0,
+           "record not used: %s", hx);
     cb_gguf_free(g);
     /* touched: the same bytes, a new status change time: hashed again */
     snprintf(cmd, sizeof cmd, "sleep 0.01; touch '%s'", path);

@@ -69,7 +69,8 @@ static void run(const char *path, const char *label, int exact)
     CHECK_OK(cb_fwd_deviation(f, kv, 1, 0, rows, 4, 2, top));
     CHECK_OK(cb_fwd_logits(f, NULL, 12, logits));
     atomic_store(&counting, 0);
-    CHECKF(atomic_load(&n_allocs) == 0, "%ld allocations during the forward pass", atomic_load(&n_allocs));
+    CHECKF(atomic_load(&n_allocs) == 0, "%ld allocations during the forward pass",
+           atomic_load(&n_allocs));
     /* the counter itself works: a cache transfer stages its rows */
     float *row = malloc(sizeof(float) * (size_t)hp->n_head_kv * (size_t)hp->head_dim);
     atomic_store(&counting, 1);

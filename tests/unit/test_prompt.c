@@ -85,7 +85,8 @@ static cb_status collect(void *ctx, const char *text, size_t n)
 }
 
 /* Greedy generation after a full prefill of "abc"; the text into *out. */
-static cb_status gen(const cb_model *m, const cb_gen_params *gp, char *out, size_t cap, cb_gen_result *res)
+static cb_status gen(const cb_model *m, const cb_gen_params *gp, char *out, size_t cap,
+                     cb_gen_result *res)
 {
     const cb_vocab *v = cb_model_vocab(m);
     cb_tokens ids = {0}, text = {0};
@@ -95,7 +96,8 @@ static cb_status gen(const cb_model *m, const cb_gen_params *gp, char *out, size
     cb_status st;
 
     cb_tok_encode(v, "abc", 3, 0, &ids);
-    if ((st = cb_fwd_new(&f, m, 64)) == CB_OK && (st = cb_kvcache_new(&kv, m, 64, CB_TYPE_F32)) == CB_OK &&
+    if ((st = cb_fwd_new(&f, m, 64)) == CB_OK &&
+        (st = cb_kvcache_new(&kv, m, 64, CB_TYPE_F32)) == CB_OK &&
         (st = cb_model_eval(f, kv, ids.ids, (int32_t)ids.n, 0, logits)) == CB_OK)
         st = cb_generate(f, kv, logits, (int32_t)ids.n, gp, collect, &text, cb_now_ms(), res);
     size_t n = text.n < cap - 1 ? text.n : cap - 1;
@@ -119,7 +121,8 @@ static void test_generate(const cb_model *m)
 
     tcase("cb_generate: n_predict, and a stop string ends the text just before it");
     CHECK_OK(gen(m, &gp, all, sizeof all, &r1));
-    CHECKF(r1.n_gen <= 24 && (r1.n_gen == 24 ? !strcmp(r1.stop, "length") : !strcmp(r1.stop, "eog")),
+    CHECKF(r1.n_gen <= 24 &&
+               (r1.n_gen == 24 ? !strcmp(r1.stop, "length") : !strcmp(r1.stop, "eog")),
            "%d tokens, stop %s", r1.n_gen, r1.stop);
     size_t len = strlen(all);
     if (len < 4) {
@@ -145,7 +148,8 @@ static void test_kl(void)
     int top1;
     /* p = (1/2, 1/2), q = (3/4, 1/4): KL = 1/2 ln(2/3) + 1/2 ln 2 */
     double want = 0.5 * log(2.0 / 3.0) + 0.5 * log(2.0);
-    CHECKF(fabs(cb_logits_kl(lp, lq, 2, &top1) - want) < 1e-6, "%g", cb_logits_kl(lp, lq, 2, &top1));
+    CHECKF(fabs(cb_logits_kl(lp, lq, 2, &top1) - want) < 1e-6, "%g",
+           cb_logits_kl(lp, lq, 2, &top1));
     CHECK(top1 == 1); /* both argmax to 0 (ties go to the first) */
     CHECK(cb_logits_kl(lq, lq, 2, &top1) < 1e-9 && top1 == 1);
     float lr[2] = {0, 1};
@@ -211,7 +215,8 @@ int main(void)
     for (int i = 0; i < 4; i++)
         ch[i] = (cb_strview){texts[i], strlen(texts[i])};
 
-    tcase("cb_prompt_build: segments are the tokens of each part alone; an empty chunk adds only its separator");
+    tcase(
+        "cb_prompt_build: segments are the tokens of each part alone; an empty chunk adds only its separator");
     CHECK_OK(cb_prompt_build(&p, m, NULL, 1, ch, 4, q, strlen(q), &err));
     if (p) {
         check_segments(m, p, q);
@@ -219,7 +224,8 @@ int main(void)
     }
 
     tcase("cb_prompt_attach: caches found in the tier that holds them, checked, kept acquired");
-    cb_store_tier tiers[2] = {{"fast", "fast", 0, 0, NULL, 0, NULL, NULL}, {"slow", "slow", 0, 0, NULL, 0, NULL, NULL}};
+    cb_store_tier tiers[2] = {{"fast", "fast", 0, 0, NULL, 0, NULL, NULL},
+                              {"slow", "slow", 0, 0, NULL, 0, NULL, NULL}};
     CHECK_OK(cb_store_init(dir, tiers, 2, 0, &err));
     CHECK_OK(cb_store_open(&s, dir, 0, &err));
     CHECK_OK(cb_precomputer_new(&pc, m, s, CB_TYPE_F16, "slow", &err));
@@ -235,11 +241,12 @@ int main(void)
         CHECK(strcmp(key, key2) != 0);
         cb_prompt_attach(p, s, count_warn, NULL);
         sg = cb_prompt_segments(p, &n);
-        CHECK(sg[1].kv != NULL && sg[4].kv == NULL && sg[6].kv == NULL && sg[0].kv == NULL && sg[3].kv == NULL);
+        CHECK(sg[1].kv != NULL && sg[4].kv == NULL && sg[6].kv == NULL && sg[0].kv == NULL &&
+              sg[3].kv == NULL);
         CHECK(cb_prompt_n_missing(p) == 2 && n_warn == 0);
         if (sg[1].kv)
-            CHECK(same_ids(cb_kvfile_meta(sg[1].kv)->ids, (size_t)cb_kvfile_meta(sg[1].kv)->n_tokens, sg[1].ids,
-                           (size_t)sg[1].n));
+            CHECK(same_ids(cb_kvfile_meta(sg[1].kv)->ids,
+                           (size_t)cb_kvfile_meta(sg[1].kv)->n_tokens, sg[1].ids, (size_t)sg[1].n));
         cb_ratio_choice rc;
         CHECK(cb_prompt_auto_ratio(p, s, m, CB_TYPE_F16, 0.2, &rc, &err) == CB_ERR_NOT_FOUND);
         CHECK(rc.ratio == 0.2 && rc.n_cached == 0); /* no profile yet */
@@ -275,7 +282,8 @@ int main(void)
             if (sg[i].kv) {
                 char k[66];
                 cb_precomputer_key(pc, sg[i].ids, sg[i].n, k);
-                if (cb_store_acquire(s, k, &ref, &path, &err) == CB_OK && cb_kvfile_open(&files[i], path, &err) == CB_OK)
+                if (cb_store_acquire(s, k, &ref, &path, &err) == CB_OK &&
+                    cb_kvfile_open(&files[i], path, &err) == CB_OK)
                     hand[i].kv = files[i];
                 cb_store_release(ref);
             }
@@ -297,10 +305,12 @@ int main(void)
         CHECKF(md < 1e-5 && bs1.n_cached_tokens == bs2.n_cached_tokens, "max |diff| %g", md);
         CHECK(bs1.n_cached_tokens > 0 && bs1.n_recomputed_tokens > 0);
 
-        tcase("cb_prompt_prefill: a layer found corrupt mid-prefill: that chunk computed, the answer as without it");
+        tcase(
+            "cb_prompt_prefill: a layer found corrupt mid-prefill: that chunk computed, the answer as without it");
         int fd = -1;
         uint64_t at = 0;
-        if (cb_store_acquire(s, key2, &ref, &path, &err) == CB_OK && (fd = open(path, O_RDWR)) >= 0) {
+        if (cb_store_acquire(s, key2, &ref, &path, &err) == CB_OK &&
+            (fd = open(path, O_RDWR)) >= 0) {
             uint8_t hdr[128], byte;
             uint32_t H, L;
             uint64_t S;
@@ -310,7 +320,8 @@ int main(void)
             CHECK(pread(fd, &byte, 1, (off_t)at) == 1);
             byte ^= 0x20;
             CHECK(pwrite(fd, &byte, 1, (off_t)at) == 1);
-            CHECK(cb_blend_prefill(f, kv, sg, n, &bp, l2, &bs2, &err) == CB_ERR_CHECKSUM && bs2.failed_segment == 4);
+            CHECK(cb_blend_prefill(f, kv, sg, n, &bp, l2, &bs2, &err) == CB_ERR_CHECKSUM &&
+                  bs2.failed_segment == 4);
             int warned = n_warn;
             CHECK_OK(cb_prompt_prefill(p, s, f, kv, &bp, l1, &bs1, count_warn, NULL, &err));
             CHECK(n_warn == warned + 1 && cb_prompt_n_missing(p) == 1 && bs1.failed_segment == -1);
@@ -318,7 +329,8 @@ int main(void)
             CHECK(sg[4].kv == NULL && sg[1].kv != NULL);
             hand[4].kv = NULL;
             CHECK_OK(cb_blend_prefill(f, kv, hand, n, &bp, l2, &bs2, &err));
-            CHECK(memcmp(l1, l2, sizeof(float) * (size_t)nv) == 0 && bs1.n_cached_tokens == bs2.n_cached_tokens);
+            CHECK(memcmp(l1, l2, sizeof(float) * (size_t)nv) == 0 &&
+                  bs1.n_cached_tokens == bs2.n_cached_tokens);
             byte ^= 0x20;
             CHECK(pwrite(fd, &byte, 1, (off_t)at) == 1);
             close(fd);

@@ -19,12 +19,12 @@
 #include <math.h>
 
 #ifdef QG_HAVE_EMU
-void qg_gemm_avxvnni_emu(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
-                         int np, float *y, int64_t ldy);
-void qg_gemm_avx512_emu(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
-                        int np, float *y, int64_t ldy);
-void qg_gemm_avx512vnni_emu(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
-                            int np, float *y, int64_t ldy);
+void qg_gemm_avxvnni_emu(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq,
+                         size_t ldxq, int64_t n, int np, float *y, int64_t ldy);
+void qg_gemm_avx512_emu(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq,
+                        size_t ldxq, int64_t n, int np, float *y, int64_t ldy);
+void qg_gemm_avx512vnni_emu(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq,
+                            size_t ldxq, int64_t n, int np, float *y, int64_t ldy);
 #endif
 
 static uint32_t rng = 12345;
@@ -37,12 +37,12 @@ static float frand(void)
 typedef struct problem {
     cb_type t;
     int64_t n, n_in, n_out;
-    uint8_t *w;     /* [n_out] rows in t */
+    uint8_t *w; /* [n_out] rows in t */
     size_t rb;
-    float *x;       /* [n, n_in] */
-    uint8_t *xq;    /* [n] quantized rows */
+    float *x;    /* [n, n_in] */
+    uint8_t *xq; /* [n] quantized rows */
     size_t ab;
-    float *ref;     /* [n, n_out]: the portable kernel's */
+    float *ref; /* [n, n_out]: the portable kernel's */
 } problem;
 
 static void problem_make(problem *p, cb_type t, int64_t n, int64_t n_in, int64_t n_out)
@@ -74,10 +74,7 @@ static void problem_make(problem *p, cb_type t, int64_t n, int64_t n_in, int64_t
     free(row);
 }
 
-static void problem_free(problem *p)
-{
-    free(p->w), free(p->x), free(p->xq), free(p->ref);
-}
+static void problem_free(problem *p) { free(p->w), free(p->x), free(p->xq), free(p->ref); }
 
 /* y = the product through k's packer and kernel, panel by panel */
 static void run_gemm(const problem *p, const qg_kernels *k, float *y)
@@ -95,7 +92,8 @@ static void run_gemm(const problem *p, const qg_kernels *k, float *y)
 /* the plain double loop: dequantized weights times d * q */
 static double same_math_nmse(const problem *p, const float *y)
 {
-    float *w = malloc(sizeof(float) * (size_t)p->n_in), *xd = malloc(sizeof(float) * (size_t)p->n_in);
+    float *w = malloc(sizeof(float) * (size_t)p->n_in),
+          *xd = malloc(sizeof(float) * (size_t)p->n_in);
     double e = 0, s = 0;
     int g = qg_is_k(p->t) ? 256 : 32;
     for (int64_t r = 0; r < p->n; r++) {
@@ -142,8 +140,9 @@ int main(void)
             printf(" %s", isa_names[i]);
     printf("\n");
 #ifndef QG_HAVE_EMU
-    printf("# the AVX-VNNI and AVX-512 kernels are not emulated in this build (no SIMDe: make deps installs "
-           "libsimde-dev)\n");
+    printf(
+        "# the AVX-VNNI and AVX-512 kernels are not emulated in this build (no SIMDe: make deps installs "
+        "libsimde-dev)\n");
 #endif
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         cb_type t = types[ti];
@@ -157,16 +156,21 @@ int main(void)
             qg_select_isa(QG_ISA_C, &c);
             run_gemm(&p, &c, p.ref);
             double e = same_math_nmse(&p, p.ref);
-            tcase("qgemm %s %lldx%lldx%lld: portable kernel vs same-math double loop (nmse %.1e, bound 1e-10)",
-                  cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out, e);
+            tcase(
+                "qgemm %s %lldx%lldx%lld: portable kernel vs same-math double loop (nmse %.1e, bound 1e-10)",
+                cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out, e);
             CHECKF(e <= 1e-10, "nmse %.3e", e);
             float *y = malloc(sizeof(float) * (size_t)(n * n_out));
             for (int isa = QG_ISA_AVX2; isa <= QG_ISA_AVX512VNNI; isa++) {
                 char name[160];
-                snprintf(name, sizeof name, "qgemm %s %lldx%lldx%lld: %s kernel = portable, bit for bit",
-                         cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out, isa_names[isa]);
+                snprintf(name, sizeof name,
+                         "qgemm %s %lldx%lldx%lld: %s kernel = portable, bit for bit",
+                         cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out,
+                         isa_names[isa]);
                 if (!(isas & 1u << isa)) {
-                    tskip(name, "this CPU has not the instructions (the SIMDe case below runs the kernel)");
+                    tskip(
+                        name,
+                        "this CPU has not the instructions (the SIMDe case below runs the kernel)");
                     continue;
                 }
                 tcase("%s", name);
@@ -185,8 +189,9 @@ int main(void)
                        {qg_gemm_avx512_emu, {QG_PMAX, 0}, "avx512"},
                        {qg_gemm_avx512vnni_emu, {QG_PMAX, 1}, "avx512vnni"}};
             for (size_t i = 0; i < sizeof emu / sizeof emu[0]; i++) {
-                tcase("qgemm %s %lldx%lldx%lld: %s kernel on SIMDe = portable, bit for bit", cb_type_name(t),
-                      (long long)n, (long long)n_in, (long long)n_out, emu[i].name);
+                tcase("qgemm %s %lldx%lldx%lld: %s kernel on SIMDe = portable, bit for bit",
+                      cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out,
+                      emu[i].name);
                 qg_kernels ek = c; /* the portable packer, in the emulated kernel's layout */
                 ek.gemm = emu[i].f, ek.layout = emu[i].l;
                 memset(y, 0xff, sizeof(float) * (size_t)(n * n_out));
@@ -197,8 +202,11 @@ int main(void)
             /* the one-row kernels, row by row: the blocked kernels' bits */
             for (int isa = QG_ISA_C; isa <= QG_ISA_AVX2; isa++) {
                 char name[160];
-                snprintf(name, sizeof name, "qgemm %s %lldx%lldx%lld: %s one-row kernel = blocked, bit for bit (a row, and rows together)",
-                         cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out, isa_names[isa]);
+                snprintf(
+                    name, sizeof name,
+                    "qgemm %s %lldx%lldx%lld: %s one-row kernel = blocked, bit for bit (a row, and rows together)",
+                    cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out,
+                    isa_names[isa]);
                 if (!(isas & 1u << isa)) {
                     tskip(name, "this CPU has no AVX2");
                     continue;
@@ -207,9 +215,12 @@ int main(void)
                 qg_kernels k;
                 qg_select_isa(isa, &k);
                 for (int64_t r = 0; r < n; r++) /* row by row */
-                    k.gemv(t, p.w, p.rb, n_in, p.xq + (size_t)r * p.ab, p.ab, 1, 0, n_out, y + r * n_out, n_out);
+                    k.gemv(t, p.w, p.rb, n_in, p.xq + (size_t)r * p.ab, p.ab, 1, 0, n_out,
+                           y + r * n_out, n_out);
                 int rows1 = memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0;
-                memset(y, 0xff, sizeof(float) * (size_t)(n * n_out)); /* all rows in one call (QG_R at a time) */
+                memset(y, 0xff,
+                       sizeof(float) *
+                           (size_t)(n * n_out)); /* all rows in one call (QG_R at a time) */
                 k.gemv(t, p.w, p.rb, n_in, p.xq, p.ab, (int)n, 0, n_out, y, n_out);
                 CHECK(rows1 && memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0);
             }
@@ -222,7 +233,8 @@ int main(void)
      * and one cut short */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         char name[96];
-        snprintf(name, sizeof name, "qgemm: AVX2 packer of %s panels = portable, every layout", cb_type_name(types[ti]));
+        snprintf(name, sizeof name, "qgemm: AVX2 packer of %s panels = portable, every layout",
+                 cb_type_name(types[ti]));
         if (!(isas & 1u << QG_ISA_AVX2)) {
             tskip(name, "this CPU has no AVX2");
             continue;
@@ -252,7 +264,8 @@ int main(void)
     /* the AVX2 decoder = the portable one, every type */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         char name[96];
-        snprintf(name, sizeof name, "qgemm: AVX2 decoder of %s blocks = portable", cb_type_name(types[ti]));
+        snprintf(name, sizeof name, "qgemm: AVX2 decoder of %s blocks = portable",
+                 cb_type_name(types[ti]));
         if (!(isas & 1u << QG_ISA_AVX2)) {
             tskip(name, "this CPU has no AVX2");
             continue;

@@ -40,13 +40,14 @@ static uint32_t lcg_next(void)
 }
 
 /* uniform in [-1, 1) */
-static float lcg_unit(void)
-{
-    return (float)((double)lcg_next() / 2147483648.0 - 1.0);
-}
+static float lcg_unit(void) { return (float)((double)lcg_next() / 2147483648.0 - 1.0); }
 
 static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] + 256 * p[1]); }
-static void put16(uint8_t *p, uint16_t v) { p[0] = v & 0xff; p[1] = v >> 8; }
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = v & 0xff;
+    p[1] = v >> 8;
+}
 
 /* Half to float by its definition: (-1)^s * 2^(e-15) * 1.m, or 2^-14 * 0.m. */
 static float ref_h2f(uint16_t h)
@@ -125,35 +126,35 @@ static int same_bits(float a, float b)
 /* ------------------------------------------- ggml layouts, element-wise */
 
 static const cb_type supported[] = {
-    CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_BF16, CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0,
+    CB_TYPE_F32,  CB_TYPE_F16,  CB_TYPE_BF16, CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0,
     CB_TYPE_Q5_1, CB_TYPE_Q8_0, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K,
 };
 #define N_SUPPORTED (int)(sizeof supported / sizeof supported[0])
 
-static int is_plain(cb_type t)
-{
-    return t == CB_TYPE_F32 || t == CB_TYPE_F16 || t == CB_TYPE_BF16;
-}
+static int is_plain(cb_type t) { return t == CB_TYPE_F32 || t == CB_TYPE_F16 || t == CB_TYPE_BF16; }
 
 /* Block geometry from ggml-common.h's struct definitions. */
 static int ref_block_elems(cb_type t)
 {
-    return is_plain(t) ? 1 : (t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K) ? 256 : 32;
+    return is_plain(t)                                                     ? 1
+           : (t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K) ? 256
+                                                                           : 32;
 }
 
 static int ref_block_bytes(cb_type t)
 {
     switch (t) {
     case CB_TYPE_F32: return 4;
-    case CB_TYPE_F16: case CB_TYPE_BF16: return 2;
-    case CB_TYPE_Q4_0: return 2 + 16;          /* d, qs[16] */
-    case CB_TYPE_Q4_1: return 2 + 2 + 16;      /* d, m, qs[16] */
-    case CB_TYPE_Q5_0: return 2 + 4 + 16;      /* d, qh[4], qs[16] */
-    case CB_TYPE_Q5_1: return 2 + 2 + 4 + 16;  /* d, m, qh[4], qs[16] */
-    case CB_TYPE_Q8_0: return 2 + 32;          /* d, qs[32] */
-    case CB_TYPE_Q4_K: return 2 + 2 + 12 + 128;       /* d, dmin, scales, qs */
-    case CB_TYPE_Q5_K: return 2 + 2 + 12 + 32 + 128;  /* + qh[32] */
-    case CB_TYPE_Q6_K: return 128 + 64 + 16 + 2;      /* ql, qh, scales, d */
+    case CB_TYPE_F16:
+    case CB_TYPE_BF16: return 2;
+    case CB_TYPE_Q4_0: return 2 + 16;                /* d, qs[16] */
+    case CB_TYPE_Q4_1: return 2 + 2 + 16;            /* d, m, qs[16] */
+    case CB_TYPE_Q5_0: return 2 + 4 + 16;            /* d, qh[4], qs[16] */
+    case CB_TYPE_Q5_1: return 2 + 2 + 4 + 16;        /* d, m, qh[4], qs[16] */
+    case CB_TYPE_Q8_0: return 2 + 32;                /* d, qs[32] */
+    case CB_TYPE_Q4_K: return 2 + 2 + 12 + 128;      /* d, dmin, scales, qs */
+    case CB_TYPE_Q5_K: return 2 + 2 + 12 + 32 + 128; /* + qh[32] */
+    case CB_TYPE_Q6_K: return 128 + 64 + 16 + 2;     /* ql, qh, scales, d */
     default: return 0;
     }
 }
@@ -161,7 +162,10 @@ static int ref_block_bytes(cb_type t)
 /* Byte offset of element e's low bits and whether they are the high nibble. */
 static int nib(const uint8_t *p, int i, int high) { return high ? p[i] >> 4 : p[i] & 15; }
 static int bit(const uint8_t *p, int k) { return (p[k / 8] >> (k % 8)) & 1; }
-static void put_nib(uint8_t *p, int i, int high, int v) { p[i] |= (uint8_t)((v & 15) << (high ? 4 : 0)); }
+static void put_nib(uint8_t *p, int i, int high, int v)
+{
+    p[i] |= (uint8_t)((v & 15) << (high ? 4 : 0));
+}
 static void put_bit(uint8_t *p, int k, int v) { p[k / 8] |= (uint8_t)((v & 1) << (k % 8)); }
 
 /* The raw quant of element e of a block (unsigned, before any -8/-16/-32). */
@@ -177,7 +181,8 @@ static int ref_get_q(cb_type t, const uint8_t *b, int e)
     case CB_TYPE_Q4_K: return nib(b + 16, 32 * (e / 64) + e % 32, (e / 32) % 2);
     case CB_TYPE_Q5_K:
         /* 5th bit: bit (e/32) of qh[e%32] */
-        return nib(b + 48, 32 * (e / 64) + e % 32, (e / 32) % 2) | bit(b + 16, 8 * (e % 32) + e / 32) << 4;
+        return nib(b + 48, 32 * (e / 64) + e % 32, (e / 32) % 2) |
+               bit(b + 16, 8 * (e % 32) + e / 32) << 4;
     case CB_TYPE_Q6_K: {
         /* halves of 128; in a half, quarter k of 32: low nibble of ql[l] (k=0),
          * ql[l+32] (k=1), high nibbles of those (k=2,3); 2 bits 2k of qh[l] */
@@ -195,8 +200,14 @@ static void ref_put_q(cb_type t, uint8_t *b, int e, int q)
     switch (t) {
     case CB_TYPE_Q4_0: put_nib(b + 2, e % 16, e / 16, q); break;
     case CB_TYPE_Q4_1: put_nib(b + 4, e % 16, e / 16, q); break;
-    case CB_TYPE_Q5_0: put_nib(b + 6, e % 16, e / 16, q); put_bit(b + 2, e, q >> 4); break;
-    case CB_TYPE_Q5_1: put_nib(b + 8, e % 16, e / 16, q); put_bit(b + 4, e, q >> 4); break;
+    case CB_TYPE_Q5_0:
+        put_nib(b + 6, e % 16, e / 16, q);
+        put_bit(b + 2, e, q >> 4);
+        break;
+    case CB_TYPE_Q5_1:
+        put_nib(b + 8, e % 16, e / 16, q);
+        put_bit(b + 4, e, q >> 4);
+        break;
     case CB_TYPE_Q8_0: b[2 + e] = (uint8_t)(int8_t)q; break;
     case CB_TYPE_Q4_K: put_nib(b + 16, 32 * (e / 64) + e % 32, (e / 32) % 2, q); break;
     case CB_TYPE_Q5_K:
@@ -247,15 +258,18 @@ static float ref_elem(cb_type t, const uint8_t *b, int e)
 {
     int q = ref_get_q(t, b, e), sc, m;
     switch (t) {
-    case CB_TYPE_F32: return float_of((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
+    case CB_TYPE_F32:
+        return float_of((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                        (uint32_t)b[3] << 24);
     case CB_TYPE_F16: return ref_h2f(get16(b));
     case CB_TYPE_BF16: return ref_bf2f(get16(b));
     case CB_TYPE_Q4_0: return (float)(q - 8) * ref_h2f(get16(b));
     case CB_TYPE_Q5_0: return (float)(q - 16) * ref_h2f(get16(b));
     case CB_TYPE_Q8_0: return (float)q * ref_h2f(get16(b));
-    case CB_TYPE_Q4_1: case CB_TYPE_Q5_1:
-        return (float)q * ref_h2f(get16(b)) + ref_h2f(get16(b + 2));
-    case CB_TYPE_Q4_K: case CB_TYPE_Q5_K:
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_Q5_1: return (float)q * ref_h2f(get16(b)) + ref_h2f(get16(b + 2));
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
         ref_k_scale(b + 4, e / 32, &sc, &m);
         return ref_h2f(get16(b)) * (float)sc * (float)q - ref_h2f(get16(b + 2)) * (float)m;
     case CB_TYPE_Q6_K:
@@ -293,7 +307,9 @@ static void ref_quant_block(cb_type t, const float *x, uint8_t *b)
     case CB_TYPE_F32: memcpy(b, x, 4); break;
     case CB_TYPE_F16: put16(b, ref_f2h(x[0])); break;
     case CB_TYPE_BF16: put16(b, (uint16_t)(bits_of(x[0]) >> 16)); break; /* truncation */
-    case CB_TYPE_Q4_0: case CB_TYPE_Q5_0: case CB_TYPE_Q8_0: {
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q8_0: {
         int half = t == CB_TYPE_Q4_0 ? 8 : t == CB_TYPE_Q5_0 ? 16 : 128;
         uint16_t dh = ref_f2h(amax / (float)(half - 1));
         float d = ref_h2f(dh);
@@ -304,7 +320,8 @@ static void ref_quant_block(cb_type t, const float *x, uint8_t *b)
         }
         break;
     }
-    case CB_TYPE_Q4_1: case CB_TYPE_Q5_1: {
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_Q5_1: {
         int nmax = t == CB_TYPE_Q4_1 ? 15 : 31;
         uint16_t dh = ref_f2h((hi - lo) / (float)nmax), mh = ref_f2h(lo);
         float d = ref_h2f(dh), m = ref_h2f(mh);
@@ -314,7 +331,8 @@ static void ref_quant_block(cb_type t, const float *x, uint8_t *b)
             ref_put_q(t, b, e, d > 0 ? iclamp(iround((x[e] - m) / d), 0, nmax) : 0);
         break;
     }
-    case CB_TYPE_Q4_K: case CB_TYPE_Q5_K: {
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K: {
         int nmax = t == CB_TYPE_Q4_K ? 15 : 31;
         float s[8], mn[8], smax = 0, mmax = 0;
         for (int j = 0; j < 8; j++) {
@@ -398,8 +416,12 @@ static double err_frac(cb_type t)
 {
     switch (t) {
     case CB_TYPE_Q8_0: return 1.0 / 127;
-    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q4_K: return 1.02 / 8;
-    case CB_TYPE_Q5_0: case CB_TYPE_Q5_1: case CB_TYPE_Q5_K: return 1.02 / 16;
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_Q4_K: return 1.02 / 8;
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_1:
+    case CB_TYPE_Q5_K: return 1.02 / 16;
     case CB_TYPE_Q6_K: return 1.05 / 32;
     default: return 0;
     }
@@ -437,8 +459,8 @@ static void check_close(cb_type t, const float *x, const float *y, int n, const 
     CHECKF(bad < 0, "%s %s: element %d: %.9g for %.9g", what, cb_type_name(t), bad,
            bad < 0 ? 0.0 : y[bad], bad < 0 ? 0.0 : x[bad]);
     if (!is_plain(t) && cnt)
-        CHECKF(sqrt(sum2 / cnt) < 0.4, "%s %s: rms error %.3f of the allowance (worst %.3f)",
-               what, cb_type_name(t), sqrt(sum2 / cnt), worst);
+        CHECKF(sqrt(sum2 / cnt) < 0.4, "%s %s: rms error %.3f of the allowance (worst %.3f)", what,
+               cb_type_name(t), sqrt(sum2 / cnt), worst);
 }
 
 /* Compare the library's output with the reference bit for bit. */
@@ -449,8 +471,8 @@ static void check_bits(cb_type t, const float *got, const float *want, int n)
         if (!same_bits(got[i], want[i]))
             bad = i;
     CHECKF(bad < 0, "%s element %d: got %.9g (0x%08x), want %.9g (0x%08x)", cb_type_name(t), bad,
-           bad < 0 ? 0.0 : got[bad], bad < 0 ? 0u : bits_of(got[bad]),
-           bad < 0 ? 0.0 : want[bad], bad < 0 ? 0u : bits_of(want[bad]));
+           bad < 0 ? 0.0 : got[bad], bad < 0 ? 0u : bits_of(got[bad]), bad < 0 ? 0.0 : want[bad],
+           bad < 0 ? 0u : bits_of(want[bad]));
 }
 
 /* ------------------------------------------------------ type table */
@@ -458,21 +480,43 @@ static void check_bits(cb_type t, const float *got, const float *want, int n)
 static void test_table(void)
 {
     /* ggml's type_traits (ggml.c) with block sizes from ggml-common.h */
-    static const struct { int id; const char *name; int64_t blck; size_t size; } want[] = {
-        {0, "f32", 1, 4}, {1, "f16", 1, 2},
-        {2, "q4_0", 32, 2 + 16}, {3, "q4_1", 32, 4 + 16},
-        {6, "q5_0", 32, 2 + 4 + 16}, {7, "q5_1", 32, 4 + 4 + 16},
-        {8, "q8_0", 32, 2 + 32}, {9, "q8_1", 32, 4 + 32},
-        {10, "q2_K", 256, 16 + 64 + 4}, {11, "q3_K", 256, 32 + 64 + 12 + 2},
-        {12, "q4_K", 256, 4 + 12 + 128}, {13, "q5_K", 256, 4 + 12 + 32 + 128},
-        {14, "q6_K", 256, 128 + 64 + 16 + 2}, {15, "q8_K", 256, 4 + 256 + 2 * 16},
-        {16, "iq2_xxs", 256, 2 + 2 * 32}, {17, "iq2_xs", 256, 2 + 2 * 32 + 8},
-        {18, "iq3_xxs", 256, 2 + 3 * 256 / 8}, {19, "iq1_s", 256, 2 + 32 + 2 * 8},
-        {20, "iq4_nl", 32, 2 + 16}, {21, "iq3_s", 256, 2 + 64 + 8 + 32 + 4},
-        {22, "iq2_s", 256, 2 + 64 + 8 + 8}, {23, "iq4_xs", 256, 2 + 2 + 4 + 128},
-        {24, "i8", 1, 1}, {25, "i16", 1, 2}, {26, "i32", 1, 4}, {27, "i64", 1, 8},
-        {28, "f64", 1, 8}, {29, "iq1_m", 256, 32 + 16 + 8}, {30, "bf16", 1, 2},
-        {34, "tq1_0", 256, (256 - 4 * 256 / 64) / 5 + 256 / 64 + 2}, {35, "tq2_0", 256, 64 + 2},
+    static const struct {
+        int id;
+        const char *name;
+        int64_t blck;
+        size_t size;
+    } want[] = {
+        {0, "f32", 1, 4},
+        {1, "f16", 1, 2},
+        {2, "q4_0", 32, 2 + 16},
+        {3, "q4_1", 32, 4 + 16},
+        {6, "q5_0", 32, 2 + 4 + 16},
+        {7, "q5_1", 32, 4 + 4 + 16},
+        {8, "q8_0", 32, 2 + 32},
+        {9, "q8_1", 32, 4 + 32},
+        {10, "q2_K", 256, 16 + 64 + 4},
+        {11, "q3_K", 256, 32 + 64 + 12 + 2},
+        {12, "q4_K", 256, 4 + 12 + 128},
+        {13, "q5_K", 256, 4 + 12 + 32 + 128},
+        {14, "q6_K", 256, 128 + 64 + 16 + 2},
+        {15, "q8_K", 256, 4 + 256 + 2 * 16},
+        {16, "iq2_xxs", 256, 2 + 2 * 32},
+        {17, "iq2_xs", 256, 2 + 2 * 32 + 8},
+        {18, "iq3_xxs", 256, 2 + 3 * 256 / 8},
+        {19, "iq1_s", 256, 2 + 32 + 2 * 8},
+        {20, "iq4_nl", 32, 2 + 16},
+        {21, "iq3_s", 256, 2 + 64 + 8 + 32 + 4},
+        {22, "iq2_s", 256, 2 + 64 + 8 + 8},
+        {23, "iq4_xs", 256, 2 + 2 + 4 + 128},
+        {24, "i8", 1, 1},
+        {25, "i16", 1, 2},
+        {26, "i32", 1, 4},
+        {27, "i64", 1, 8},
+        {28, "f64", 1, 8},
+        {29, "iq1_m", 256, 32 + 16 + 8},
+        {30, "bf16", 1, 2},
+        {34, "tq1_0", 256, (256 - 4 * 256 / 64) / 5 + 256 / 64 + 2},
+        {35, "tq2_0", 256, 64 + 2},
     };
     static const int gaps[] = {-1, 4, 5, 31, 32, 33, 36, 37, 38, 39, 40, 1000};
 
@@ -480,7 +524,8 @@ static void test_table(void)
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         cb_type t = (cb_type)want[i].id;
         const char *nm = cb_type_name(t);
-        CHECKF(nm && strcmp(nm, want[i].name) == 0, "id %d: name %s", want[i].id, nm ? nm : "(null)");
+        CHECKF(nm && strcmp(nm, want[i].name) == 0, "id %d: name %s", want[i].id,
+               nm ? nm : "(null)");
         CHECKF(cb_type_block_elems(t) == want[i].blck, "%s: %lld elements", want[i].name,
                (long long)cb_type_block_elems(t));
         CHECKF(cb_type_block_bytes(t) == want[i].size, "%s: %zu bytes, want %zu", want[i].name,
@@ -511,7 +556,7 @@ static void test_table(void)
     CHECK(cb_type_row_bytes(CB_TYPE_IQ4_XS, 256) == 136);
     CHECK(cb_type_row_bytes(CB_TYPE_IQ4_NL, 64) == 36);
     CHECK(cb_type_row_bytes(CB_TYPE_F32, 0) == 0);
-    CHECK(cb_type_row_bytes(CB_TYPE_Q4_K, 100) == 0);  /* not a multiple */
+    CHECK(cb_type_row_bytes(CB_TYPE_Q4_K, 100) == 0); /* not a multiple */
     CHECK(cb_type_row_bytes(CB_TYPE_Q8_0, 33) == 0);
     CHECK(cb_type_row_bytes(CB_TYPE_F32, -4) == 0);
     CHECK(cb_type_row_bytes(CB_TYPE_F64, INT64_MAX - 7) == 0); /* overflows size_t */
@@ -532,10 +577,10 @@ static void test_f16(void)
     tcase("f16: exact values");
     CHECK(cb_f32_to_f16(1.0f) == 0x3c00);
     CHECK(cb_f32_to_f16(-2.0f) == 0xc000);
-    CHECK(cb_f32_to_f16(65504.0f) == 0x7bff);            /* largest half */
-    CHECK(cb_f32_to_f16(0x1p-24f) == 0x0001);            /* smallest subnormal */
-    CHECK(cb_f32_to_f16(0x1p-14f) == 0x0400);            /* smallest normal */
-    CHECK(cb_f32_to_f16(1023 * 0x1p-24f) == 0x03ff);     /* largest subnormal */
+    CHECK(cb_f32_to_f16(65504.0f) == 0x7bff);        /* largest half */
+    CHECK(cb_f32_to_f16(0x1p-24f) == 0x0001);        /* smallest subnormal */
+    CHECK(cb_f32_to_f16(0x1p-14f) == 0x0400);        /* smallest normal */
+    CHECK(cb_f32_to_f16(1023 * 0x1p-24f) == 0x03ff); /* largest subnormal */
     CHECK(cb_f32_to_f16(0.0f) == 0x0000);
     CHECK(cb_f32_to_f16(-0.0f) == 0x8000);
     CHECK(cb_f32_to_f16(INFINITY) == 0x7c00);
@@ -547,29 +592,29 @@ static void test_f16(void)
     CHECK(cb_f16_to_f32(0x7bff) == 65504.0f);
     CHECK(cb_f16_to_f32(0x0001) == 0x1p-24f);
     CHECK(cb_f16_to_f32(0x03ff) == 1023 * 0x1p-24f);
-    CHECK(cb_f16_to_f32(0x3555) == 0x1.554p-2f);         /* 0.333251953125 */
+    CHECK(cb_f16_to_f32(0x3555) == 0x1.554p-2f); /* 0.333251953125 */
     CHECK(cb_f16_to_f32(0x7c00) == INFINITY);
     CHECK(cb_f16_to_f32(0xfc00) == -INFINITY);
     CHECK(isnan(cb_f16_to_f32(0x7e00)) && isnan(cb_f16_to_f32(0xfc01)));
     CHECK(bits_of(cb_f16_to_f32(0x8000)) == 0x80000000u);
 
     tcase("f16: rounding to nearest even, overflow and underflow");
-    CHECK(cb_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00);          /* tie: 0x3c00 is even */
-    CHECK(cb_f32_to_f16(1.0f + 3 * 0x1p-11f) == 0x3c02);      /* tie: up to even */
+    CHECK(cb_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00);     /* tie: 0x3c00 is even */
+    CHECK(cb_f32_to_f16(1.0f + 3 * 0x1p-11f) == 0x3c02); /* tie: up to even */
     CHECK(cb_f32_to_f16(nextafterf(1.0f + 0x1p-11f, 2)) == 0x3c01);
     CHECK(cb_f32_to_f16(65519.0f) == 0x7bff);
-    CHECK(cb_f32_to_f16(65520.0f) == 0x7c00);                 /* tie: rounds to inf */
+    CHECK(cb_f32_to_f16(65520.0f) == 0x7c00); /* tie: rounds to inf */
     CHECK(cb_f32_to_f16(-1e6f) == 0xfc00);
     CHECK(cb_f32_to_f16(FLT_MAX) == 0x7c00);
-    CHECK(cb_f32_to_f16(0x1p-25f) == 0x0000);                 /* tie with 0: even */
+    CHECK(cb_f32_to_f16(0x1p-25f) == 0x0000); /* tie with 0: even */
     CHECK(cb_f32_to_f16(nextafterf(0x1p-25f, 1)) == 0x0001);
-    CHECK(cb_f32_to_f16(3 * 0x1p-25f) == 0x0002);             /* tie 1|2: even */
+    CHECK(cb_f32_to_f16(3 * 0x1p-25f) == 0x0002); /* tie 1|2: even */
     CHECK(cb_f32_to_f16(1e-9f) == 0x0000);
     CHECK(cb_f32_to_f16(-1e-9f) == 0x8000);
-    CHECK(cb_f32_to_f16(float_of(1)) == 0x0000);              /* f32 subnormal */
-    CHECK(cb_f32_to_f16(0x1p-14f - 0x1p-25f) == 0x0400);      /* tie 0x3ff|0x400: even */
-    CHECK(cb_f32_to_f16(2047 * 0x1p-10f) == 0x3fff);          /* 1.9990234375, exact */
-    CHECK(cb_f32_to_f16(2.0f - 0x1p-11f) == 0x4000);          /* tie: carries into the exponent */
+    CHECK(cb_f32_to_f16(float_of(1)) == 0x0000);         /* f32 subnormal */
+    CHECK(cb_f32_to_f16(0x1p-14f - 0x1p-25f) == 0x0400); /* tie 0x3ff|0x400: even */
+    CHECK(cb_f32_to_f16(2047 * 0x1p-10f) == 0x3fff);     /* 1.9990234375, exact */
+    CHECK(cb_f32_to_f16(2.0f - 0x1p-11f) == 0x4000);     /* tie: carries into the exponent */
 
     tcase("f16: every half decodes as defined and encodes back");
     {
@@ -597,7 +642,8 @@ static void test_f16(void)
             uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
             if ((cb_f32_to_f16(mid) != even || cb_f32_to_f16(-mid) != (0x8000 | even) ||
                  cb_f32_to_f16(nextafterf(mid, 0)) != h ||
-                 cb_f32_to_f16(nextafterf(mid, INFINITY)) != h + 1) && bad < 0)
+                 cb_f32_to_f16(nextafterf(mid, INFINITY)) != h + 1) &&
+                bad < 0)
                 bad = h;
         }
         CHECKF(bad < 0, "midpoint above 0x%04x", bad);
@@ -621,16 +667,16 @@ static void test_bf16(void)
     CHECK(cb_f32_to_bf16(1.0f) == 0x3f80);
     CHECK(cb_f32_to_bf16(-2.0f) == 0xc000);
     CHECK(cb_f32_to_bf16(3.140625f) == 0x4049);
-    CHECK(cb_f32_to_bf16(float_of(0x3f808000)) == 0x3f80);    /* tie: even */
-    CHECK(cb_f32_to_bf16(float_of(0x3f818000)) == 0x3f82);    /* tie: up to even */
+    CHECK(cb_f32_to_bf16(float_of(0x3f808000)) == 0x3f80); /* tie: even */
+    CHECK(cb_f32_to_bf16(float_of(0x3f818000)) == 0x3f82); /* tie: up to even */
     CHECK(cb_f32_to_bf16(float_of(0x3f808001)) == 0x3f81);
     CHECK(cb_f32_to_bf16(float_of(0x3f80ffff)) == 0x3f81);
     CHECK(cb_f32_to_bf16(float_of(0x3f817fff)) == 0x3f81);
-    CHECK(cb_f32_to_bf16(FLT_MAX) == 0x7f80);                 /* past the last bf16 */
+    CHECK(cb_f32_to_bf16(FLT_MAX) == 0x7f80); /* past the last bf16 */
     CHECK(cb_f32_to_bf16(INFINITY) == 0x7f80);
     CHECK(cb_f32_to_bf16(-INFINITY) == 0xff80);
     CHECK(cb_f32_to_bf16(-0.0f) == 0x8000);
-    CHECK(cb_f32_to_bf16(float_of(0x00018000)) == 0x0002);    /* subnormal tie: even */
+    CHECK(cb_f32_to_bf16(float_of(0x00018000)) == 0x0002); /* subnormal tie: even */
     {
         uint16_t qn = cb_f32_to_bf16(NAN), sn = cb_f32_to_bf16(float_of(0x7f800001));
         uint16_t nn = cb_f32_to_bf16(float_of(0xffc00000));
@@ -650,8 +696,8 @@ static void test_bf16(void)
         uint32_t badbits = 0;
         for (int h = 0; h < 65536; h++) {
             float f = cb_bf16_to_f32((uint16_t)h);
-            if ((!same_bits(f, ref_bf2f((uint16_t)h)) ||
-                 (!isnan(f) && cb_f32_to_bf16(f) != h)) && bad < 0)
+            if ((!same_bits(f, ref_bf2f((uint16_t)h)) || (!isnan(f) && cb_f32_to_bf16(f) != h)) &&
+                bad < 0)
                 bad = h;
         }
         CHECKF(bad < 0, "0x%04x", bad);
@@ -859,10 +905,14 @@ static void test_random_blocks(void)
             case CB_TYPE_F32: /* finite values over a wide range */
                 memcpy(b, &(float){ldexpf(lcg_unit(), (int)(lcg_next() % 60) - 30)}, 4);
                 break;
-            case CB_TYPE_Q4_K: case CB_TYPE_Q5_K:
+            case CB_TYPE_Q4_K:
+            case CB_TYPE_Q5_K:
                 put16(b + 2, ref_f2h(lcg_unit()));
                 /* fall through */
-            case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: case CB_TYPE_Q5_0: case CB_TYPE_Q5_1:
+            case CB_TYPE_Q4_0:
+            case CB_TYPE_Q4_1:
+            case CB_TYPE_Q5_0:
+            case CB_TYPE_Q5_1:
             case CB_TYPE_Q8_0:
                 put16(b, ref_f2h(lcg_unit() * 4));
                 if (t == CB_TYPE_Q4_1 || t == CB_TYPE_Q5_1)
@@ -951,7 +1001,8 @@ static void test_lib_quant(const float *x)
         uint8_t *q = malloc((size_t)(n / 256) * bb);
         float *y = malloc(sizeof(float) * n);
 
-        tcase("cb_quant_row %s: nothing clamped, error within half a sub-block step", cb_type_name(t));
+        tcase("cb_quant_row %s: nothing clamped, error within half a sub-block step",
+              cb_type_name(t));
         CHECK_OK(cb_quant_row(t, x, q, n));
         CHECK_OK(cb_dequant_row(t, q, y, n));
         for (int i = 0; i < n && bad < 0; i++) {
@@ -962,7 +1013,8 @@ static void test_lib_quant(const float *x)
             if (fabsf(y[i] - x[i]) > 0.5f * step + 4 * FLT_EPSILON * (fabsf(x[i]) + off))
                 bad = i;
         }
-        CHECKF(bad < 0, "element %d: %.9g for %.9g", bad, bad < 0 ? 0.0 : y[bad], bad < 0 ? 0.0 : x[bad]);
+        CHECKF(bad < 0, "element %d: %.9g for %.9g", bad, bad < 0 ? 0.0 : y[bad],
+               bad < 0 ? 0.0 : x[bad]);
         free(q);
         free(y);
     }
@@ -1007,8 +1059,8 @@ static void test_lib_quant(const float *x)
             CHECK_OK(cb_dequant_row(t, b, y, m));
             /* within one step of the constant */
             for (int i = 0; i < m; i++)
-                CHECKF(fabsf(y[i] + 0.375f) <= 0.375f * (float)err_frac(t), "%s constant: element %d = %g",
-                       cb_type_name(t), i, y[i]);
+                CHECKF(fabsf(y[i] + 0.375f) <= 0.375f * (float)err_frac(t),
+                       "%s constant: element %d = %g", cb_type_name(t), i, y[i]);
         }
     }
 }

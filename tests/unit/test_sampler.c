@@ -39,8 +39,8 @@ static void fill_logits(float *l, int n, double sd)
 
 static cb_sampler *mk(float temp, int32_t top_k, float top_p, float min_p, uint64_t seed)
 {
-    cb_sampler_params p = {.temp = temp, .top_k = top_k, .top_p = top_p,
-                           .min_p = min_p, .seed = seed};
+    cb_sampler_params p = {
+        .temp = temp, .top_k = top_k, .top_p = top_p, .min_p = min_p, .seed = seed};
     return cb_sampler_new(&p);
 }
 
@@ -77,8 +77,8 @@ static int *order_of(const float *l, int n)
 /* The allowed set, as flags in ok[0..n): the chain's definitions applied in
  * double to the sorted order.  `slack` widens top-p and min-p a little so
  * that float rounding at the boundary is not a failure. */
-static void ref_set(const float *l, int n, int top_k, double top_p, double min_p,
-                    double slack, unsigned char *ok)
+static void ref_set(const float *l, int n, int top_k, double top_p, double min_p, double slack,
+                    unsigned char *ok)
 {
     int *o = order_of(l, n);
     int m = (top_k > 0 && top_k < n) ? top_k : n;
@@ -146,8 +146,8 @@ static double chi_bound(int df)
 }
 
 /* Draw `draws` tokens, count them, and check them against the reference. */
-static void check_distribution(const char *name, const float *l, int n, float temp,
-                               int top_k, float top_p, float min_p, long draws)
+static void check_distribution(const char *name, const float *l, int n, float temp, int top_k,
+                               float top_p, float min_p, long draws)
 {
     cb_sampler *s = mk(temp, top_k, top_p, min_p, 1234);
     long *counts = calloc((size_t)n, sizeof *counts), outside;
@@ -167,8 +167,7 @@ static void check_distribution(const char *name, const float *l, int n, float te
     chi = chi_square(l, n, temp, ok, counts, draws, &df, &outside);
     CHECKF(outside == 0, "%s: %ld draws outside the set", name, outside);
     if (df > 0)
-        CHECKF(chi < chi_bound(df), "%s: chi2 %.2f >= %.2f (df %d)", name, chi,
-               chi_bound(df), df);
+        CHECKF(chi < chi_bound(df), "%s: chi2 %.2f >= %.2f (df %d)", name, chi, chi_bound(df), df);
     cb_sampler_free(s);
     free(counts);
     free(ok);
@@ -190,8 +189,8 @@ static void check_within(const char *name, const float *l, int n, float temp, in
             outside++;
         }
     }
-    CHECKF(outside == 0, "%s: %d of %d draws outside the set (first id %d)", name,
-           outside, draws, first);
+    CHECKF(outside == 0, "%s: %d of %d draws outside the set (first id %d)", name, outside, draws,
+           first);
     cb_sampler_free(s);
     free(ok);
 }
@@ -269,8 +268,8 @@ static void test_top_k1(void)
         for (size_t t = 0; t < sizeof temps / sizeof *temps; t++) {
             cb_sampler *s = mk(temps[t], 1, 0.9f, 0.1f, (uint64_t)r);
             for (int i = 0; i < 5; i++)
-                CHECKF(cb_sampler_sample(s, l, 500) == ref_argmax(l, 500),
-                       "round %d temp %g", r, temps[t]);
+                CHECKF(cb_sampler_sample(s, l, 500) == ref_argmax(l, 500), "round %d temp %g", r,
+                       temps[t]);
             cb_sampler_free(s);
         }
     }
@@ -331,16 +330,14 @@ static void test_distribution(void)
     check_distribution("top_p=0.7 t=3", l8, 8, 3.0f, 0, 0.7f, 0.0f, 200000);
     check_distribution("min_p=0.3 t=1.5", l8, 8, 1.5f, 0, 1.0f, 0.3f, 200000);
     fill_logits(l40, 40, 1.0);
-    check_distribution("chain k=20 p=0.9 min_p=0.05 t=0.8", l40, 40, 0.8f, 20, 0.9f,
-                       0.05f, 300000);
+    check_distribution("chain k=20 p=0.9 min_p=0.05 t=0.8", l40, 40, 0.8f, 20, 0.9f, 0.05f, 300000);
     /* over 1024 candidates top-p takes its histogram path: 30 likely tokens
      * spread through 1100 unlikely ones */
     fill_logits(l1100, 1100, 1.0);
     for (int i = 0; i < 30; i++)
         l1100[i * 37 + 5] += 12.0f;
     check_distribution("n=1100 top_p=0.8 t=1.3", l1100, 1100, 1.3f, 0, 0.8f, 0.0f, 20000);
-    check_distribution("n=1100 top_p=0.999 t=0.9", l1100, 1100, 0.9f, 0, 0.999f, 0.0f,
-                       20000);
+    check_distribution("n=1100 top_p=0.999 t=0.9", l1100, 1100, 0.9f, 0, 0.999f, 0.0f, 20000);
     /* logits on a grid of 1/4: ~20 tied tokens a value, so the cut falls
      * inside a crowded bucket and the ties are cut by id */
     fill_logits(l1100, 1100, 1.0);

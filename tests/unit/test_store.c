@@ -63,7 +63,8 @@ static int kvgen_open(kvgen *g, const char *path)
     g->n_vocab = cb_model_hparams(g->m)->n_vocab;
     for (int i = 0; i < g->n_ctx; i++)
         ids[i] = (i * 13 + 5) % g->n_vocab;
-    if (cb_kvcache_new(&g->kv, g->m, g->n_ctx, CB_TYPE_F32) != CB_OK || cb_fwd_new(&f, g->m, g->n_ctx) != CB_OK ||
+    if (cb_kvcache_new(&g->kv, g->m, g->n_ctx, CB_TYPE_F32) != CB_OK ||
+        cb_fwd_new(&f, g->m, g->n_ctx) != CB_OK ||
         cb_model_eval(f, g->kv, ids, g->n_ctx, 0, NULL) != CB_OK) {
         cb_fwd_free(f);
         return -1;
@@ -107,10 +108,7 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
     return remove(p);
 }
 
-static void rmrf(const char *p)
-{
-    nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
+static void rmrf(const char *p) { nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
 
 static double now_s(void)
 {
@@ -252,7 +250,8 @@ static void test_basics(kvgen *g)
     }
     cb_store_tier ti;
     CHECK(cb_store_n_tiers(s) == 1);
-    CHECK(cb_store_tier_info(s, 0, &ti) == CB_OK && strcmp(ti.name, "main") == 0 && ti.capacity == 0);
+    CHECK(cb_store_tier_info(s, 0, &ti) == CB_OK && strcmp(ti.name, "main") == 0 &&
+          ti.capacity == 0);
     CHECK(strcmp(ti.path, tdir) == 0);
     CHECK(cb_store_promote_hits(s) == 2);
 
@@ -269,7 +268,8 @@ static void test_basics(kvgen *g)
         CHECK(path && file_eq(path, &e));
         CHECK(cb_store_ref_size(ref) == e.size);
         cb_kvfile *f = NULL;
-        CHECK(path && cb_kvfile_open(&f, path, &err) == CB_OK && cb_kvfile_verify(f, &err) == CB_OK);
+        CHECK(path && cb_kvfile_open(&f, path, &err) == CB_OK &&
+              cb_kvfile_verify(f, &err) == CB_OK);
         cb_kvfile_free(f);
         cb_store_release(ref);
         cb_store_release(NULL);
@@ -327,7 +327,8 @@ static void test_basics(kvgen *g)
         CHECK(file_eq(p, &e2));
     }
 
-    tcase("rm of an entry in use: hidden at once, the file kept for its reader; put brings it back");
+    tcase(
+        "rm of an entry in use: hidden at once, the file kept for its reader; put brings it back");
     {
         cb_store_ref *ref = NULL;
         const char *path;
@@ -375,15 +376,18 @@ static void test_basics(kvgen *g)
     cb_store_close(s);
     cb_store_close(NULL);
 
-    tcase("init refuses an existing store, bad or duplicate tiers, a shared directory, a non-empty one");
+    tcase(
+        "init refuses an existing store, bad or duplicate tiers, a shared directory, a non-empty one");
     {
         char d2[1200], a[1300], b[1300];
         snprintf(d2, sizeof d2, "%s/init", work);
         snprintf(a, sizeof a, "%s/a", d2);
         snprintf(b, sizeof b, "%s/b", d2);
         cb_store_tier bad1[] = {{"x y", a, 0, 0, NULL, 0, NULL, NULL}};
-        cb_store_tier dup[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL}, {"x", b, 0, 0, NULL, 0, NULL, NULL}};
-        cb_store_tier same[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL}, {"y", a, 0, 0, NULL, 0, NULL, NULL}};
+        cb_store_tier dup[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL},
+                               {"x", b, 0, 0, NULL, 0, NULL, NULL}};
+        cb_store_tier same[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL},
+                                {"y", a, 0, 0, NULL, 0, NULL, NULL}};
         CHECK(cb_store_init(dir, NULL, 0, -1, &err) == CB_ERR_CREATE);
         CHECK(cb_store_init(d2, bad1, 1, -1, &err) == CB_ERR_INVALID);
         CHECK(cb_store_init(d2, dup, 2, -1, &err) == CB_ERR_INVALID);
@@ -392,7 +396,8 @@ static void test_basics(kvgen *g)
         mkdir(b, 0755);
         snprintf(p, sizeof p, "%s/junk", b);
         write_file(p, "x", 1);
-        cb_store_tier nonempty[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL}, {"y", b, 0, 0, NULL, 0, NULL, NULL}};
+        cb_store_tier nonempty[] = {{"x", a, 0, 0, NULL, 0, NULL, NULL},
+                                    {"y", b, 0, 0, NULL, 0, NULL, NULL}};
         CHECK(cb_store_init(d2, nonempty, 2, -1, &err) == CB_ERR_CREATE);
         CHECK(cb_store_open(&s, d2, 0, &err) == CB_ERR_NOT_FOUND);
         /* A tier directory of another store is refused when opened. */
@@ -434,7 +439,9 @@ static void test_tiers(kvgen *g, const char *ram)
     snprintf(t0, sizeof t0, "%s/ram", ram);
     snprintf(t1, sizeof t1, "%s/ssd", dir);
     snprintf(t2, sizeof t2, "%s/hdd", dir);
-    cb_store_tier tiers[] = {{"ram", t0, 2 * E, 0, NULL, 0, NULL, NULL}, {"ssd", t1, 2 * E, 0, NULL, 0, NULL, NULL}, {"hdd", t2, 2 * E, 0, NULL, 0, NULL, NULL}};
+    cb_store_tier tiers[] = {{"ram", t0, 2 * E, 0, NULL, 0, NULL, NULL},
+                             {"ssd", t1, 2 * E, 0, NULL, 0, NULL, NULL},
+                             {"hdd", t2, 2 * E, 0, NULL, 0, NULL, NULL}};
 
     tcase("three tiers: put fills the fastest first, LRU moves down, the last tier evicts");
     CHECK_OK(cb_store_init(dir, tiers, 3, 2, &err));
@@ -452,7 +459,8 @@ static void test_tiers(kvgen *g, const char *ram)
     CHECKF(strcmp(tier_of(s, e[0].key), "") == 0, "e0 in %s", tier_of(s, e[0].key));
     CHECK(strcmp(tier_of(s, e[6].key), "ram") == 0 && strcmp(tier_of(s, e[4].key), "ssd") == 0);
     CHECK(strcmp(tier_of(s, e[2].key), "hdd") == 0);
-    CHECK(count_files(t0, ".kv", NULL) == 2 && count_files(t1, ".kv", NULL) == 2 && count_files(t2, ".kv", NULL) == 2);
+    CHECK(count_files(t0, ".kv", NULL) == 2 && count_files(t1, ".kv", NULL) == 2 &&
+          count_files(t2, ".kv", NULL) == 2);
 
     tcase("get promotes to the fastest tier on the 2nd hit (promote_hits 2)");
     {
@@ -563,7 +571,8 @@ static void test_tiers(kvgen *g, const char *ram)
             if (cb_store_lookup(s, e[i].key, &found) == CB_OK && found)
                 CHECK(strcmp(tier_of(s, e[i].key), "ram") != 0);
         CHECK(ram_entries > 0);
-        CHECK(cb_store_verify(s, 0, NULL, NULL, &vr, &err) == CB_ERR_FORMAT && vr.problems == (uint64_t)ram_entries);
+        CHECK(cb_store_verify(s, 0, NULL, NULL, &vr, &err) == CB_ERR_FORMAT &&
+              vr.problems == (uint64_t)ram_entries);
         CHECK_OK(cb_store_gc(s, &rep, &err));
         CHECK(rep.stale == (uint64_t)ram_entries && n_entries(s, "ram") == 0);
         CHECK_OK(cb_store_verify(s, 0, NULL, NULL, &vr, &err));
@@ -601,17 +610,20 @@ static void test_gc_verify(kvgen *g)
     CHECK_OK(cb_store_verify(s, 0, count_problem, NULL, &vr, &err));
     CHECK(n_problems == 0 && vr.entries == 5 && vr.files == 5 && vr.bytes >= 5 * e[0].size);
 
-    tcase("verify finds an orphan, a dead temporary file, a missing file, a dead reservation, a flipped byte");
+    tcase(
+        "verify finds an orphan, a dead temporary file, a missing file, a dead reservation, a flipped byte");
     snprintf(p, sizeof p, "%s/%s.kv", tdir, e[5].key); /* orphan: valid, not indexed */
     write_file(p, e[5].data, e[5].size);
-    snprintf(p, sizeof p, "%s/%s.kv.tmp.0123456789abcdef", tdir, e[6].key); /* owner never existed */
+    snprintf(p, sizeof p, "%s/%s.kv.tmp.0123456789abcdef", tdir,
+             e[6].key); /* owner never existed */
     write_file(p, e[6].data, 100);
     snprintf(p, sizeof p, "%s/%s.kv", tdir, e[0].key); /* indexed, file gone */
     unlink(p);
-    snprintf(q, sizeof q,
-             "INSERT INTO entries(key, model, tier, bytes, created, last_access, checksum, state, owner) "
-             "VALUES('%s', 'm', 'main', 99, 0, 0, 'x', 0, 'fedcba9876543210')",
-             e[7].key);
+    snprintf(
+        q, sizeof q,
+        "INSERT INTO entries(key, model, tier, bytes, created, last_access, checksum, state, owner) "
+        "VALUES('%s', 'm', 'main', 99, 0, 0, 'x', 0, 'fedcba9876543210')",
+        e[7].key);
     CHECK(sql(dir, q) == 0);
     snprintf(p, sizeof p, "%s/%s.kv", tdir, e[1].key); /* corrupt body */
     {
@@ -629,8 +641,9 @@ static void test_gc_verify(kvgen *g)
 
     tcase("gc removes what dead processes left; verify then finds only the corrupt file");
     CHECK_OK(cb_store_gc(s, &rep, &err));
-    CHECKF(rep.orphans == 1 && rep.temps == 1 && rep.stale == 2, "orphans %llu temps %llu stale %llu",
-           (unsigned long long)rep.orphans, (unsigned long long)rep.temps, (unsigned long long)rep.stale);
+    CHECKF(rep.orphans == 1 && rep.temps == 1 && rep.stale == 2,
+           "orphans %llu temps %llu stale %llu", (unsigned long long)rep.orphans,
+           (unsigned long long)rep.temps, (unsigned long long)rep.stale);
     n_problems = 0;
     CHECK(cb_store_verify(s, 0, count_problem, NULL, &vr, &err) == CB_ERR_FORMAT);
     CHECK(n_problems == 1);
@@ -686,7 +699,8 @@ static void test_gc_verify(kvgen *g)
 
 /* ----------------------------------------------------- export, import */
 
-static int add_member(struct archive *a, const char *name, int type, const void *data, size_t n, const char *link)
+static int add_member(struct archive *a, const char *name, int type, const void *data, size_t n,
+                      const char *link)
 {
     struct archive_entry *ae = archive_entry_new();
     archive_entry_set_pathname(ae, name);
@@ -743,7 +757,8 @@ static void test_archive(kvgen *g)
             size_t len;
             uint8_t *h = (uint8_t *)t_read_file(arch, &len);
             if (k == 0)
-                CHECK(h && len > 4 && h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd); /* zstd */
+                CHECK(h && len > 4 && h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f &&
+                      h[3] == 0xfd); /* zstd */
             if (k == 1)
                 CHECK(h && len > 2 && h[0] == 0x1f && h[1] == 0x8b);
             if (k == 2)
@@ -770,7 +785,8 @@ static void test_archive(kvgen *g)
         CHECK(n == 1);
         const char *missing[] = {e[5].key};
         snprintf(p, sizeof p, "%s/none.tar.zst", work);
-        CHECK(cb_store_export(a, p, -1, missing, 1, CB_STORE_COMPRESS_AUTO, &n, &err) == CB_ERR_NOT_FOUND);
+        CHECK(cb_store_export(a, p, -1, missing, 1, CB_STORE_COMPRESS_AUTO, &n, &err) ==
+              CB_ERR_NOT_FOUND);
         CHECK(access(p, F_OK) != 0);
     }
 
@@ -829,7 +845,8 @@ static void test_archive(kvgen *g)
                "imported %llu rejected %llu skipped %llu", (unsigned long long)ir.imported,
                (unsigned long long)ir.rejected, (unsigned long long)ir.skipped);
         CHECK(n_entries(c, NULL) == 2);
-        CHECK(strcmp(tier_of(c, e[4].key), "main") == 0 && strcmp(tier_of(c, e[5].key), "main") == 0);
+        CHECK(strcmp(tier_of(c, e[4].key), "main") == 0 &&
+              strcmp(tier_of(c, e[5].key), "main") == 0);
         snprintf(p, sizeof p, "%s/escaped-up.kv", c_dir);
         CHECK(access(abs, F_OK) != 0 && access(p, F_OK) != 0);
         snprintf(p, sizeof p, "%s/escaped-up.kv", work);
@@ -847,7 +864,8 @@ static void test_archive(kvgen *g)
         CHECK(cb_store_import(c, p, -1, NULL, NULL, &ir, &err) == CB_ERR_FORMAT);
         write_file(p, "garbage garbage garbage", 23);
         CHECK(cb_store_import(c, p, -1, NULL, NULL, &ir, &err) == CB_ERR_FORMAT);
-        CHECK(cb_store_import(c, "/nonexistent.tar", -1, NULL, NULL, &ir, &err) == CB_ERR_NOT_FOUND);
+        CHECK(cb_store_import(c, "/nonexistent.tar", -1, NULL, NULL, &ir, &err) ==
+              CB_ERR_NOT_FOUND);
         CHECK_OK(cb_store_verify(c, 0, count_problem, NULL, NULL, &err));
         cb_store_close(c);
     }
@@ -932,11 +950,12 @@ static void test_import_bomb(kvgen *g)
     void (*was)(int) = signal(SIGXFSZ, SIG_IGN);
     setrlimit(RLIMIT_FSIZE, &lim);
 
-    tcase("import rejects members that decompress to more than their KV header (a gzip of zeros), unstaged");
+    tcase(
+        "import rejects members that decompress to more than their KV header (a gzip of zeros), unstaged");
     n_rejected = 0;
     cb_status st = cb_store_import(s, arch, -1, bomb_cb, NULL, &ir, &err);
-    CHECKF(st == CB_ERR_FORMAT && ir.imported == 1 && ir.rejected == 2 && n_rejected == 2, "%s: %s", cb_strerror(st),
-           err.msg);
+    CHECKF(st == CB_ERR_FORMAT && ir.imported == 1 && ir.rejected == 2 && n_rejected == 2, "%s: %s",
+           cb_strerror(st), err.msg);
     CHECKF(strstr(bomb_msg, "zeros.kv: not a valid KV file: bad magic"), "%s", bomb_msg);
     CHECK(n_entries(s, NULL) == 1 && n_staged(dir) == 0);
     CHECK_OK(cb_store_verify(s, 0, count_problem, NULL, NULL, &err));
@@ -947,7 +966,9 @@ static void test_import_bomb(kvgen *g)
     n_rejected = 0;
     st = cb_store_import(s, arch, -1, bomb_cb, NULL, &ir, &err);
     char want[128];
-    snprintf(want, sizeof want, "bomb.kv: holds %u bytes, but a KV file with its header is %zu bytes", BOMB, e[1].size);
+    snprintf(want, sizeof want,
+             "bomb.kv: holds %u bytes, but a KV file with its header is %zu bytes", BOMB,
+             e[1].size);
     CHECKF(st == CB_ERR_FORMAT && ir.rejected == 1 && strstr(bomb_msg, want), "%s", bomb_msg);
     CHECK(n_entries(s, NULL) == 1 && n_staged(dir) == 0);
     cb_store_close(s);
@@ -960,8 +981,9 @@ static void test_import_bomb(kvgen *g)
     if (s) {
         n_rejected = 0;
         st = cb_store_import(s, arch, -1, bomb_cb, NULL, &ir, &err);
-        CHECKF(st == CB_ERR_FORMAT && strstr(err.msg, arch) && strstr(err.msg, "bomb.kv: 33554432 bytes") &&
-                   strstr(err.msg, "capacity"), "%s", err.msg);
+        CHECKF(st == CB_ERR_FORMAT && strstr(err.msg, arch) &&
+                   strstr(err.msg, "bomb.kv: 33554432 bytes") && strstr(err.msg, "capacity"),
+               "%s", err.msg);
         CHECK(ir.imported == 1 && n_entries(s, NULL) == 1 && n_staged(dir2) == 0);
         CHECK_OK(cb_store_verify(s, 0, count_problem, NULL, NULL, &err));
         cb_store_close(s);
@@ -998,8 +1020,8 @@ static void child_fail(slot *sl, const char *who, const cb_error *err)
 }
 
 /* The body of a child process; it never returns. */
-static void child(const char *dir, int kind, int id, slot *sl, double deadline, const uint64_t *caps, int n_tiers,
-                  int with_verify)
+static void child(const char *dir, int kind, int id, slot *sl, double deadline,
+                  const uint64_t *caps, int n_tiers, int with_verify)
 {
     cb_store *s = NULL;
     cb_error err;
@@ -1067,7 +1089,8 @@ static void child(const char *dir, int kind, int id, slot *sl, double deadline, 
                 for (int t = 0; t < n_tiers; t++)
                     if (caps[t] && st[t].bytes + st[t].reserved > caps[t] && sl->capv++ < 3)
                         printf("#     gc: tier %s holds %llu bytes, capacity %llu\n", st[t].name,
-                               (unsigned long long)(st[t].bytes + st[t].reserved), (unsigned long long)caps[t]);
+                               (unsigned long long)(st[t].bytes + st[t].reserved),
+                               (unsigned long long)caps[t]);
             }
             usleep(2000);
         }
@@ -1120,7 +1143,8 @@ static void test_concurrency(kvgen *g, const char *ram)
     n_pool = 48;
     pool = calloc((size_t)n_pool, sizeof *pool);
     for (int i = 0; i < n_pool; i++) {
-        kvgen_make(g, 1000 + i, i % 4 == 0 ? 160 : 8 + i, i % 3 ? CB_TYPE_F16 : CB_TYPE_F32, &pool[i]);
+        kvgen_make(g, 1000 + i, i % 4 == 0 ? 160 : 8 + i, i % 3 ? CB_TYPE_F16 : CB_TYPE_F32,
+                   &pool[i]);
         E += pool[i].size;
     }
     E /= (uint64_t)n_pool; /* mean entry size */
@@ -1131,9 +1155,13 @@ static void test_concurrency(kvgen *g, const char *ram)
     caps[0] = 4 * E;
     caps[1] = 8 * E;
     caps[2] = 16 * E;
-    cb_store_tier tiers[] = {{"ram", t0, caps[0], 0, NULL, 0, NULL, NULL}, {"ssd", t1, caps[1], 0, NULL, 0, NULL, NULL}, {"hdd", t2, caps[2], 0, NULL, 0, NULL, NULL}};
+    cb_store_tier tiers[] = {{"ram", t0, caps[0], 0, NULL, 0, NULL, NULL},
+                             {"ssd", t1, caps[1], 0, NULL, 0, NULL, NULL},
+                             {"hdd", t2, caps[2], 0, NULL, 0, NULL, NULL}};
 
-    tcase("concurrency: %d writers, %d readers, gc in a loop for %.0f s on small tiers; then verify", NW, NR, secs);
+    tcase(
+        "concurrency: %d writers, %d readers, gc in a loop for %.0f s on small tiers; then verify",
+        NW, NR, secs);
     if (cb_store_init(dir, tiers, 3, 2, &err) != CB_OK) {
         printf("# %s\n", err.msg);
         CHECK(0);
@@ -1188,21 +1216,24 @@ static void test_concurrency(kvgen *g, const char *ram)
     count_files(t1, ".kv", &b1);
     count_files(t2, ".kv", &b2);
     uint64_t ops = sum.puts + sum.full + sum.rms + sum.gets + sum.gcs + sum.verifies;
-    printf("# concurrency: %.1f s, %llu operations (%llu puts, %llu store-full, %llu rm, %llu gets: %llu hits, "
-           "%llu misses; %llu gc runs; %llu verify runs, %llu inconsistent), %.0f ops/s; failures %llu, wrong or corrupt reads %llu, capacity "
-           "violations seen %llu; verify: %llu problems; %d entries re-read intact\n",
-           took, (unsigned long long)ops, (unsigned long long)sum.puts, (unsigned long long)sum.full,
-           (unsigned long long)sum.rms, (unsigned long long)sum.gets, (unsigned long long)sum.hits,
-           (unsigned long long)sum.misses, (unsigned long long)sum.gcs, (unsigned long long)sum.verifies, (unsigned long long)sum.vfail, ops / took, (unsigned long long)sum.fails,
-           (unsigned long long)sum.bad, (unsigned long long)sum.capv, (unsigned long long)vr.problems, n_checked);
+    printf(
+        "# concurrency: %.1f s, %llu operations (%llu puts, %llu store-full, %llu rm, %llu gets: %llu hits, "
+        "%llu misses; %llu gc runs; %llu verify runs, %llu inconsistent), %.0f ops/s; failures %llu, wrong or corrupt reads %llu, capacity "
+        "violations seen %llu; verify: %llu problems; %d entries re-read intact\n",
+        took, (unsigned long long)ops, (unsigned long long)sum.puts, (unsigned long long)sum.full,
+        (unsigned long long)sum.rms, (unsigned long long)sum.gets, (unsigned long long)sum.hits,
+        (unsigned long long)sum.misses, (unsigned long long)sum.gcs,
+        (unsigned long long)sum.verifies, (unsigned long long)sum.vfail, ops / took,
+        (unsigned long long)sum.fails, (unsigned long long)sum.bad, (unsigned long long)sum.capv,
+        (unsigned long long)vr.problems, n_checked);
     CHECK(exited_bad == 0);
     CHECK(sum.fails == 0 && sum.bad == 0 && sum.capv == 0 && sum.vfail == 0);
     CHECK(sum.puts > 0 && sum.hits > 0 && sum.gcs > 0 && sum.verifies > 0);
     CHECK(gst == CB_OK && gr.temps == 0 && gr.stale == 0);
     CHECK(vst == CB_OK && n_problems == 0);
     CHECK(wrong == 0);
-    CHECKF(b0 <= caps[0] && b1 <= caps[1] && b2 <= caps[2], "%llu %llu %llu", (unsigned long long)b0,
-           (unsigned long long)b1, (unsigned long long)b2);
+    CHECKF(b0 <= caps[0] && b1 <= caps[1] && b2 <= caps[2], "%llu %llu %llu",
+           (unsigned long long)b0, (unsigned long long)b1, (unsigned long long)b2);
     cb_store_close(s);
     munmap(sl, sizeof(slot) * NP);
 
@@ -1214,7 +1245,9 @@ static void test_concurrency(kvgen *g, const char *ram)
     int kills = 0, failures = 0, partial = 0, dirty = 0, checked_total = 0;
     uint64_t left_tmp = 0, left_res = 0, left_orph = 0;
     uint64_t k_puts = 0, k_gets = 0, k_gcs = 0;
-    tcase("crashes: %d rounds of SIGKILL at random moments to writers and gc; gc and verify clean after each", rounds);
+    tcase(
+        "crashes: %d rounds of SIGKILL at random moments to writers and gc; gc and verify clean after each",
+        rounds);
     sl = mmap(NULL, sizeof(slot) * KP, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     t_start = now_s();
     for (int round = 0; round < rounds; round++) {
@@ -1269,8 +1302,8 @@ static void test_concurrency(kvgen *g, const char *ram)
         checked_total += nc;
         n_problems = 0;
         memset(&gr, 0, sizeof gr);
-        if (cb_store_gc(cs, &gr, &err) != CB_OK || cb_store_verify(cs, 0, count_problem, NULL, &vr, &err) != CB_OK ||
-            n_problems) {
+        if (cb_store_gc(cs, &gr, &err) != CB_OK ||
+            cb_store_verify(cs, 0, count_problem, NULL, &vr, &err) != CB_OK || n_problems) {
             printf("# round %d: not clean after gc: %s\n", round, err.msg);
             dirty++;
         }
@@ -1280,13 +1313,14 @@ static void test_concurrency(kvgen *g, const char *ram)
         cb_store_close(cs);
     }
     took = now_s() - t_start;
-    printf("# crashes: %d rounds in %.1f s, %d processes killed (%llu puts, %llu gets, %llu gc runs completed "
-           "between kills); left behind by the killed and removed by gc: %llu temporary files, %llu unfinished "
-           "writes, %llu orphan copies; %d entries checked after the kills, partial or wrong entries %d, failures "
-           "%d, rounds not clean after gc %d\n",
-           rounds, took, kills, (unsigned long long)k_puts, (unsigned long long)k_gets, (unsigned long long)k_gcs,
-           (unsigned long long)left_tmp, (unsigned long long)left_res, (unsigned long long)left_orph, checked_total,
-           partial, failures, dirty);
+    printf(
+        "# crashes: %d rounds in %.1f s, %d processes killed (%llu puts, %llu gets, %llu gc runs completed "
+        "between kills); left behind by the killed and removed by gc: %llu temporary files, %llu unfinished "
+        "writes, %llu orphan copies; %d entries checked after the kills, partial or wrong entries %d, failures "
+        "%d, rounds not clean after gc %d\n",
+        rounds, took, kills, (unsigned long long)k_puts, (unsigned long long)k_gets,
+        (unsigned long long)k_gcs, (unsigned long long)left_tmp, (unsigned long long)left_res,
+        (unsigned long long)left_orph, checked_total, partial, failures, dirty);
     CHECK(kills >= rounds * KW);
     CHECK(partial == 0 && failures == 0 && dirty == 0);
     munmap(sl, sizeof(slot) * KP);
@@ -1422,7 +1456,8 @@ static void test_readonly(kvgen *g)
     CHECK_OK(cb_store_stat(s, ts, &misses, &err));
     CHECK(ts[0].hits == 0 && misses == 0);
 
-    tcase("read-only: a tier directory that vanished is not made again, its entries not found, the index kept");
+    tcase(
+        "read-only: a tier directory that vanished is not made again, its entries not found, the index kept");
     cb_store_close(s);
     s = NULL;
     char p[1400];
@@ -1433,7 +1468,8 @@ static void test_readonly(kvgen *g)
         return;
     CHECK(cb_store_acquire(r, e[1].key, &ref, &path, &err) == CB_ERR_NOT_FOUND);
     n_problems = 0;
-    CHECK(cb_store_verify(r, 0, count_problem, NULL, &vr, &err) == CB_ERR_FORMAT && n_problems == 1);
+    CHECK(cb_store_verify(r, 0, count_problem, NULL, &vr, &err) == CB_ERR_FORMAT &&
+          n_problems == 1);
     cb_store_close(r);
     CHECK_OK(cb_store_open(&s, dir, 0, &err));
     hctx c1 = {e[1].key, 0, 0, 0};
@@ -1461,7 +1497,8 @@ static void write_secret(const char *path, const char *text, mode_t mode)
 
 /* As a reader checks part i: under the upload key it derives from what
  * the metadata says (id), against tag: 1 verifies, 0 not (or no context). */
-static int mac_check_as(const st_mac *m, const st_part_id *id, uint64_t i, const char *part, const uint8_t *tag)
+static int mac_check_as(const st_mac *m, const st_part_id *id, uint64_t i, const char *part,
+                        const uint8_t *tag)
 {
     st_mac_ctx *c = st_mac_upload(m, id);
     int ok = c && st_mac_check(c, id, i, part, strlen(part), tag) == 1;
@@ -1479,7 +1516,8 @@ static void test_secrets(const char *tmp)
     rmrf(dir);
     mkdir(dir, 0700);
 
-    tcase("keygen: a 0600 file of 64 hex digits, never overwritten; the same key gives the same id");
+    tcase(
+        "keygen: a 0600 file of 64 hex digits, never overwritten; the same key gives the same id");
     snprintf(p, sizeof p, "%s/tier.key", dir);
     CHECK_OK(cb_store_keygen(p, &err));
     struct stat sb;
@@ -1495,7 +1533,8 @@ static void test_secrets(const char *tmp)
     st_mac_free(&m);
     st_mac_free(&m2);
 
-    tcase("secret files: refused when others may read them or malformed, and no message holds the secret");
+    tcase(
+        "secret files: refused when others may read them or malformed, and no message holds the secret");
     char key_text[80] = "";
     FILE *kf = fopen(p, "r");
     if (kf) {
@@ -1504,13 +1543,15 @@ static void test_secrets(const char *tmp)
     }
     key_text[64] = 0;
     chmod(p, 0640);
-    CHECK(st_key_load(p, &m, &err) == CB_ERR_FORMAT && strstr(err.msg, "too open") && !strstr(err.msg, key_text));
+    CHECK(st_key_load(p, &m, &err) == CB_ERR_FORMAT && strstr(err.msg, "too open") &&
+          !strstr(err.msg, key_text));
     chmod(p, 0604);
     CHECK(st_key_load(p, &m, &err) == CB_ERR_FORMAT);
     chmod(p, 0600);
     snprintf(q, sizeof q, "%s/short.key", dir);
     write_secret(q, "00112233\n", 0600);
-    CHECK(st_key_load(q, &m, &err) == CB_ERR_FORMAT && strstr(err.msg, "not a tier key") && !strstr(err.msg, "0011"));
+    CHECK(st_key_load(q, &m, &err) == CB_ERR_FORMAT && strstr(err.msg, "not a tier key") &&
+          !strstr(err.msg, "0011"));
     snprintf(q, sizeof q, "%s/none.key", dir);
     CHECK(st_key_load(q, &m, &err) == CB_ERR_NOT_FOUND && m.kdf == NULL);
     snprintf(q, sizeof q, "%s/pw", dir);
@@ -1518,15 +1559,16 @@ static void test_secrets(const char *tmp)
     CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_OK && !user[0] &&
           strcmp(pass, "s3cret-Pw") == 0);
     write_secret(q, "cb-cron pass with spaces", 0600);
-    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_OK && strcmp(user, "cb-cron") == 0 &&
-          strcmp(pass, "pass with spaces") == 0);
+    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_OK &&
+          strcmp(user, "cb-cron") == 0 && strcmp(pass, "pass with spaces") == 0);
     write_secret(q, "s3cret-Pw\nsecond\n", 0600);
-    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT && !strstr(err.msg, "s3cret"));
+    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT &&
+          !strstr(err.msg, "s3cret"));
     write_secret(q, "\n", 0600);
     CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT);
     write_secret(q, "s3cret-Pw\n", 0644);
-    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT && strstr(err.msg, "0644") &&
-          !strstr(err.msg, "s3cret"));
+    CHECK(st_auth_load(q, user, sizeof user, pass, sizeof pass, &err) == CB_ERR_FORMAT &&
+          strstr(err.msg, "0644") && !strstr(err.msg, "s3cret"));
     if (geteuid() == 0) {
         CHECK(chown(q, 1, 1) == 0);
         chmod(q, 0600);
@@ -1534,8 +1576,9 @@ static void test_secrets(const char *tmp)
               strstr(err.msg, "owned by user 1"));
     }
 
-    tcase("part MAC: AES-256-GMAC under the upload's HKDF key, the layout of cb-store(5), as Python's "
-          "cryptography computes it");
+    tcase(
+        "part MAC: AES-256-GMAC under the upload's HKDF key, the layout of cb-store(5), as Python's "
+        "cryptography computes it");
     uint8_t K[ST_KEY_BYTES], tag[ST_TAG_BYTES], t2[ST_TAG_BYTES], t3[ST_TAG_BYTES];
     for (int i = 0; i < ST_KEY_BYTES; i++)
         K[i] = (uint8_t)i;
@@ -1555,60 +1598,73 @@ static void test_secrets(const char *tmp)
      *     nonce + struct.pack("<QQQQ", 1, 3, 4096, 15) + b"the header part").hex() */
     static const char want[] = "d9b19211c601f163f8456a8387f7f92b";
     char hex[2 * ST_TAG_BYTES + 1];
-    CHECK(st_mac_upload(&m, &id) == NULL && st_mac_part(NULL, &id, 1, part, strlen(part), tag) == -1); /* no key */
+    CHECK(st_mac_upload(&m, &id) == NULL &&
+          st_mac_part(NULL, &id, 1, part, strlen(part), tag) == -1); /* no key */
     CHECK_OK(st_mac_from_key(&m, K, &err));
-    CHECK(strcmp(m.id, "42b36802331f4633") == 0); /* the key's id is v1's: HMAC-SHA256(K, "cacheblend-key-id-v1") */
+    CHECK(strcmp(m.id, "42b36802331f4633") ==
+          0); /* the key's id is v1's: HMAC-SHA256(K, "cacheblend-key-id-v1") */
     st_mac_ctx *c = st_mac_upload(&m, &id);
     CHECK(c != NULL);
     CHECK_OK(st_mac_part(c, &id, 1, part, strlen(part), tag));
     for (int i = 0; i < ST_TAG_BYTES; i++)
         snprintf(hex + 2 * i, 3, "%02x", tag[i]);
     CHECKF(strcmp(hex, want) == 0, "%s", hex);
-    CHECK_OK(st_mac_part(c, &id, 2, other, strlen(other), t2)); /* the context holds no state between parts */
-    CHECK(st_mac_check(c, &id, 1, part, strlen(part), tag) == 1 && st_mac_check(c, &id, 2, other, strlen(other), t2) == 1);
+    CHECK_OK(st_mac_part(c, &id, 2, other, strlen(other),
+                         t2)); /* the context holds no state between parts */
+    CHECK(st_mac_check(c, &id, 1, part, strlen(part), tag) == 1 &&
+          st_mac_check(c, &id, 2, other, strlen(other), t2) == 1);
 
-    tcase("part MAC: binds the tier, the entry, the upload, the place, the count, the size, every byte");
-    CHECK(st_mac_check(c, &id, 0, part, strlen(part), tag) == 0);              /* another place */
+    tcase(
+        "part MAC: binds the tier, the entry, the upload, the place, the count, the size, every byte");
+    CHECK(st_mac_check(c, &id, 0, part, strlen(part), tag) == 0); /* another place */
     CHECK(st_mac_check(c, &id, 2, part, strlen(part), tag) == 0);
-    CHECK(st_mac_check(c, &id, 2, part, strlen(part), tag) == 0 &&             /* two parts swapped */
-          st_mac_check(c, &id, 1, other, strlen(other), t2) == 0 && st_mac_check(c, &id, 1, other, strlen(other), tag) == 0);
-    CHECK(st_mac_check(c, &id, 1, part, strlen(part) - 1, tag) == 0);          /* cut short */
+    CHECK(st_mac_check(c, &id, 2, part, strlen(part), tag) == 0 && /* two parts swapped */
+          st_mac_check(c, &id, 1, other, strlen(other), t2) == 0 &&
+          st_mac_check(c, &id, 1, other, strlen(other), tag) == 0);
+    CHECK(st_mac_check(c, &id, 1, part, strlen(part) - 1, tag) == 0); /* cut short */
     char flipped[sizeof part];
     memcpy(flipped, part, sizeof part);
     flipped[3] ^= 1;
-    CHECK(st_mac_check(c, &id, 1, flipped, strlen(part), tag) == 0);           /* one bit */
+    CHECK(st_mac_check(c, &id, 1, flipped, strlen(part), tag) == 0); /* one bit */
     /* each changed field checked as a reader does (the upload's key derived
      * from what the metadata says) and under the right upload's key */
     st_part_id o = id;
     o.n_parts = 2;
-    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* count */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 &&
+          st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* count */
     o = id;
     o.total = 4095;
-    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* size */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 &&
+          st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* size */
     o = id;
     o.nonce[0] ^= 1;
-    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* upload */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 &&
+          st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* upload */
     char k2[66];
     memcpy(k2, ekey, sizeof k2);
     k2[64] = 'c';
     o = id;
     o.key = k2;
-    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* entry */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 &&
+          st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* entry */
     o = id;
     o.sid = "1123456789abcdef0123456789abcdef";
-    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 && st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* tier */
-    CHECK(mac_check_as(&m, &id, 1, part, tag) == 1); /* and unchanged, a reader's own context verifies */
+    CHECK(mac_check_as(&m, &o, 1, part, tag) == 0 &&
+          st_mac_check(c, &o, 1, part, strlen(part), tag) == 0); /* tier */
+    CHECK(mac_check_as(&m, &id, 1, part, tag) ==
+          1); /* and unchanged, a reader's own context verifies */
     o = id;
     o.nonce[15] ^= 0x80; /* another upload of the same part: another key, another tag */
     st_mac_ctx *co = st_mac_upload(&m, &o);
-    CHECK(co && st_mac_part(co, &o, 1, part, strlen(part), t3) == 0 && memcmp(tag, t3, sizeof tag) != 0);
+    CHECK(co && st_mac_part(co, &o, 1, part, strlen(part), t3) == 0 &&
+          memcmp(tag, t3, sizeof tag) != 0);
     st_mac_ctx_free(co);
     K[0] ^= 1;
     CHECK_OK(st_mac_from_key(&m2, K, &err));
-    CHECK(mac_check_as(&m2, &id, 1, part, tag) == 0);                          /* another key */
+    CHECK(mac_check_as(&m2, &id, 1, part, tag) == 0); /* another key */
     co = st_mac_upload(&m2, &id);
-    CHECK(co && st_mac_part(co, &id, 1, part, strlen(part), t3) == 0 && memcmp(tag, t3, sizeof tag) != 0 &&
-          strcmp(m.id, m2.id) != 0);
+    CHECK(co && st_mac_part(co, &id, 1, part, strlen(part), t3) == 0 &&
+          memcmp(tag, t3, sizeof tag) != 0 && strcmp(m.id, m2.id) != 0);
     st_mac_ctx_free(co);
     uint8_t n1[ST_NONCE_BYTES], n2[ST_NONCE_BYTES];
     CHECK(st_mac_nonce(n1) == 0 && st_mac_nonce(n2) == 0 && memcmp(n1, n2, sizeof n1) != 0);
@@ -1616,24 +1672,27 @@ static void test_secrets(const char *tmp)
     st_mac_free(&m);
     st_mac_free(&m2);
 
-    tcase("store.json names the secret files (relative to the store), the environment overrides them");
+    tcase(
+        "store.json names the secret files (relative to the store), the environment overrides them");
     char sdir[1200], conf[1300];
     snprintf(sdir, sizeof sdir, "%s/store", dir);
     snprintf(conf, sizeof conf, "%s/store.json", sdir);
     CHECK_OK(cb_store_init(sdir, NULL, 0, -1, &err));
     json_error_t je;
     json_t *root = json_load_file(conf, 0, &je);
-    json_object_set_new(root, "shared", json_pack("{s:s, s:s, s:s, s:s, s:s}", "name", "shared", "url",
-                                                  "redis://127.0.0.1:1", "id", "0123456789abcdef0123456789abcdef",
-                                                  "auth_file", "cron.auth", "key_file", "../tier.key"));
+    json_object_set_new(root, "shared",
+                        json_pack("{s:s, s:s, s:s, s:s, s:s}", "name", "shared", "url",
+                                  "redis://127.0.0.1:1", "id", "0123456789abcdef0123456789abcdef",
+                                  "auth_file", "cron.auth", "key_file", "../tier.key"));
     CHECK(json_dump_file(root, conf, 0) == 0);
     snprintf(q, sizeof q, "%s/cron.auth", sdir);
     write_secret(q, "cb-cron Pw-in-file\n", 0600);
     cb_store *s = NULL;
     cb_store_shared_auth sa;
     CHECK_OK(cb_store_open(&s, sdir, 0, &err));
-    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_OK && sa.authenticated && sa.password &&
-          strcmp(sa.user, "cb-query") != 0 && strcmp(sa.user, "cb-cron") == 0 && strlen(sa.key_id) == 16);
+    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_OK && sa.authenticated &&
+          sa.password && strcmp(sa.user, "cb-query") != 0 && strcmp(sa.user, "cb-cron") == 0 &&
+          strlen(sa.key_id) == 16);
     cb_store_close(s);
     snprintf(q, sizeof q, "%s/query.auth", dir);
     write_secret(q, "cb-query other\n", 0600);
@@ -1641,13 +1700,15 @@ static void test_secrets(const char *tmp)
     setenv("CB_TIER_KEY_FILE", "", 1); /* empty: the recorded one */
     s = NULL;
     CHECK_OK(cb_store_open(&s, sdir, 0, &err));
-    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_OK && strcmp(sa.user, "cb-query") == 0 && sa.authenticated);
+    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_OK &&
+          strcmp(sa.user, "cb-query") == 0 && sa.authenticated);
     cb_store_close(s);
     snprintf(q, sizeof q, "%s/missing.key", dir);
     setenv("CB_TIER_KEY_FILE", q, 1);
     s = NULL;
     CHECK_OK(cb_store_open(&s, sdir, 0, &err));
-    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_ERR_NOT_FOUND && strstr(err.msg, "missing.key"));
+    CHECK(s && cb_store_shared_auth_info(s, &sa, &err) == CB_ERR_NOT_FOUND &&
+          strstr(err.msg, "missing.key"));
     cb_store_close(s);
     unsetenv("CB_REDIS_AUTH_FILE");
     unsetenv("CB_TIER_KEY_FILE");
@@ -1662,7 +1723,8 @@ static void test_secrets(const char *tmp)
 static void test_fuzz_findings(void)
 {
     char dir[1200], conf[1300];
-    cb_store_tier tiers[2] = {{"a", "t/a", 0, 0, NULL, 0, NULL, NULL}, {"b", "t/b", 0, 0, NULL, 0, NULL, NULL}};
+    cb_store_tier tiers[2] = {{"a", "t/a", 0, 0, NULL, 0, NULL, NULL},
+                              {"b", "t/b", 0, 0, NULL, 0, NULL, NULL}};
     cb_store *s = NULL;
     cb_error err;
     json_error_t je;

@@ -211,8 +211,8 @@ static void conformance(const char *dir, const char *name)
         p = q + strlen(sep);
     }
     CHECKF(*oline == 0, "%s: more .out lines than inputs", name);
-    CHECKF(n_pass == n_cases, "%s: %zu of %zu cases differ from llama.cpp", name,
-           n_cases - n_pass, n_cases);
+    CHECKF(n_pass == n_cases, "%s: %zu of %zu cases differ from llama.cpp", name, n_cases - n_pass,
+           n_cases);
     snprintf(t_case_name, sizeof t_case_name, "conformance %s: %zu/%zu cases, %zu round trips",
              name, n_pass, n_cases, n_rt);
 done:
@@ -365,8 +365,8 @@ static void test_golden(const char *name, const char *model, const char *fetch)
             t_case_fail = 1;
         }
         /* llama_detokenize(want, remove_special=false, unparse_special=special) */
-        CHECK_OK(cb_tok_decode(v, want, nwant, flags ? CB_DETOK_UNPARSE_SPECIAL : 0, &got_dec,
-                               &glen));
+        CHECK_OK(
+            cb_tok_decode(v, want, nwant, flags ? CB_DETOK_UNPARSE_SPECIAL : 0, &got_dec, &glen));
         if (got_dec && glen == nd && memcmp(got_dec, dec, nd) == 0) {
             n_detok++;
         } else {
@@ -390,8 +390,8 @@ static void test_golden(const char *name, const char *model, const char *fetch)
         return;
     }
     CHECK(n_cases > 0);
-    snprintf(t_case_name, sizeof t_case_name, "%s: %zu/%zu cases, %zu detokenized", title, n_pass, n_cases,
-             n_detok);
+    snprintf(t_case_name, sizeof t_case_name, "%s: %zu/%zu cases, %zu detokenized", title, n_pass,
+             n_cases, n_detok);
     cb_vocab_free(v);
     free(data);
 }
@@ -408,11 +408,15 @@ static void test_speed(void)
     cb_tokens got = {0};
     struct timespec t0, t1;
     double ms;
-    static const char *parts[] = {
-        "The quick brown fox jumps over the lazy dog. ", "int main(void) { return 0; }\n",
-        "    indented\tcode\n\n", "1234567890 3.14159 ", "caf\xc3\xa9 na\xc3\xafve ",
-        "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c ", "\xf0\x9f\x9a\x80 ",
-        "                                ", "<|im_start|>user\n"};
+    static const char *parts[] = {"The quick brown fox jumps over the lazy dog. ",
+                                  "int main(void) { return 0; }\n",
+                                  "    indented\tcode\n\n",
+                                  "1234567890 3.14159 ",
+                                  "caf\xc3\xa9 na\xc3\xafve ",
+                                  "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c ",
+                                  "\xf0\x9f\x9a\x80 ",
+                                  "                                ",
+                                  "<|im_start|>user\n"};
 
     if (model) {
         snprintf(path, sizeof path, "%s", model);
@@ -509,10 +513,10 @@ static cb_gguf_writer *tiny_bpe(const char *pre)
     const char *toks[300];
     int32_t types[300];
     int n = 0;
-    const char *merges[] = {"h e", "l l", "he ll", "hell o", "\xc4\xa0 w", "o r", "\xc4\xa0w or",
-                            "l d", "\xc4\xa0wor ld"};
-    const char *extra[] = {"he", "ll", "hell", "hello", "\xc4\xa0w", "or", "\xc4\xa0wor", "ld",
-                           "\xc4\xa0world", "<|endoftext|>", "<tool>"};
+    const char *merges[] = {"h e", "l l",          "he ll", "hell o",        "\xc4\xa0 w",
+                            "o r", "\xc4\xa0w or", "l d",   "\xc4\xa0wor ld"};
+    const char *extra[] = {"he",          "ll", "hell",          "hello",         "\xc4\xa0w", "or",
+                           "\xc4\xa0wor", "ld", "\xc4\xa0world", "<|endoftext|>", "<tool>"};
     cb_gguf_writer *w = cb_gguf_writer_new(0);
 
     for (int b = 0; b < 256; b++) {
@@ -559,8 +563,8 @@ static int encode_is(const cb_vocab *v, const char *text, unsigned flags, const 
                      size_t n)
 {
     cb_tokens t = {0};
-    int ok = cb_tok_encode(v, text, strlen(text), flags, &t) == CB_OK &&
-             ids_eq(t.ids, t.n, want, n);
+    int ok =
+        cb_tok_encode(v, text, strlen(text), flags, &t) == CB_OK && ids_eq(t.ids, t.n, want, n);
     if (!ok) {
         printf("#   ");
         put_escaped(text, strlen(text));
@@ -681,9 +685,13 @@ static void test_tiny_bpe(void)
         cb_tokens t = {0};
         char *txt = NULL;
         size_t n = 0;
-        CHECK_OK(cb_tok_encode(v, "a\xff" "b", 3, 0, &t));
+        CHECK_OK(cb_tok_encode(v,
+                               "a\xff"
+                               "b",
+                               3, 0, &t));
         CHECK_OK(cb_tok_decode(v, t.ids, t.n, 0, &txt, &n));
-        CHECK(txt && strcmp(txt, "a\xef\xbf\xbd" "b") == 0);
+        CHECK(txt && strcmp(txt, "a\xef\xbf\xbd"
+                                 "b") == 0);
         free(txt);
         cb_tokens_free(&t);
     }
@@ -704,8 +712,8 @@ static void test_tiny_bpe(void)
     {
         char *txt = NULL;
         size_t n = 0;
-        CHECK_OK(cb_tok_decode(v, (int32_t[]){eot, hello}, 2, CB_DETOK_REMOVE_SPECIAL |
-                               CB_DETOK_UNPARSE_SPECIAL, &txt, &n));
+        CHECK_OK(cb_tok_decode(v, (int32_t[]){eot, hello}, 2,
+                               CB_DETOK_REMOVE_SPECIAL | CB_DETOK_UNPARSE_SPECIAL, &txt, &n));
         CHECK(txt && strcmp(txt, "hello") == 0);
         free(txt);
     }
@@ -721,15 +729,31 @@ static cb_gguf_writer *tiny_spm(void)
     float scores[300];
     int32_t types[300];
     int n = 0;
-    const char *pieces_[] = {"\xe2\x96\x81", "\xe2\x96\x81h", "el", "lo", "\xe2\x96\x81hel",
-                             "\xe2\x96\x81hello", "h", "e", "l", "o", "w", "\xe2\x96\x81w",
+    const char *pieces_[] = {"\xe2\x96\x81",
+                             "\xe2\x96\x81h",
+                             "el",
+                             "lo",
+                             "\xe2\x96\x81hel",
+                             "\xe2\x96\x81hello",
+                             "h",
+                             "e",
+                             "l",
+                             "o",
+                             "w",
+                             "\xe2\x96\x81w",
                              "<|im_end|>"};
     float piece_scores[] = {-1, -2, -3, -3, -4, -5, -6, -6, -6, -6, -6, -7, 0};
     cb_gguf_writer *w = cb_gguf_writer_new(0);
 
-    toks[n] = "<unk>"; scores[n] = 0; types[n++] = 2;
-    toks[n] = "<s>"; scores[n] = 0; types[n++] = 3;
-    toks[n] = "</s>"; scores[n] = 0; types[n++] = 3;
+    toks[n] = "<unk>";
+    scores[n] = 0;
+    types[n++] = 2;
+    toks[n] = "<s>";
+    scores[n] = 0;
+    types[n++] = 3;
+    toks[n] = "</s>";
+    scores[n] = 0;
+    types[n++] = 3;
     for (int b = 0; b < 256; b++) {
         snprintf(hex[b], sizeof hex[b], "<0x%02X>", b);
         toks[n] = hex[b];
