@@ -38,6 +38,7 @@ done
 "$gen" --vocab-only "$CB_TEST_TMP/tiny-vocab.gguf" || exit 70
 "$gen" --layers 4 "$CB_TEST_TMP/tiny4-f32.gguf" || exit 70
 "$gen" --arch qwen2 --type q8_0 "$CB_TEST_TMP/tiny-qwen2.gguf" || exit 70
+"$gen" --arch qwen2 --layers 4 "$CB_TEST_TMP/tiny4-qwen2.gguf" || exit 70
 "$gen" --arch qwen3 --type q8_0 --layers 4 "$CB_TEST_TMP/tiny-qwen3.gguf" || exit 70
 "$gen" --arch gemma3 --type q8_0 "$CB_TEST_TMP/tiny-gemma3.gguf" || exit 70
 "$gen" --rope-scaling llama3 --type q8_0 --layers 4 "$CB_TEST_TMP/tiny-llama3.gguf" || exit 70

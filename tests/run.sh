@@ -36,6 +36,7 @@ done
 "$gen" --vocab-only "$CB_TEST_TMP/tiny-vocab.gguf" || exit 70
 "$gen" --layers 4 "$CB_TEST_TMP/tiny4-f32.gguf" || exit 70
 "$gen" --arch qwen2 --type q8_0 "$CB_TEST_TMP/tiny-qwen2.gguf" || exit 70
+"$gen" --arch qwen2 --layers 4 "$CB_TEST_TMP/tiny4-qwen2.gguf" || exit 70 # blend: biases, f32
 # The other architectures and RoPE scalings: qwen3 (Q/K norms), gemma3
 # (sliding windows, post-norms, GELU, embedding scale, BOS), Llama 3.1's
 # rope_freqs, linear scaling (of the global layers only, in gemma3).

@@ -28,17 +28,17 @@
 #include <unistd.h>
 
 enum {
-    QG_ROW_MAX_K = 12, /* 8-bit activations: up to this many rows through the one-row kernel
+    QG_ROW_MAX_K = 12,   /* 8-bit activations: up to this many rows through the one-row kernel
                          (the rows sharing each block's decoding), more through packed panels
                          (measured, 8960 x 1536 weights, one thread: q4_K's one-row kernel ahead
                          up to 10-12 rows, q6_K's to 16) */
-    QG_ROW_MAX_0 = 4,  /* ... the 32-element types (q4_0, q5_0: packing ahead from 5-6) */
-    MM_SMALL = 12,    /* up to this many rows: the quantized dot kernels (measured: they beat
+    QG_ROW_MAX_0 = 4,    /* ... the 32-element types (q4_0, q5_0: packing ahead from 5-6) */
+    MM_SMALL = 12,       /* up to this many rows: the quantized dot kernels (measured: they beat
                          dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
-    PANEL_MAX = 128,  /* weight rows per sgemm panel */
-    ATT_KB = 256,     /* keys per attention tile */
-    ATT_M = 256,      /* query (row, head) pairs per attention task */
-    ATT_HD = 512,     /* the largest head dimension */
+    PANEL_MAX = 128,     /* weight rows per sgemm panel */
+    ATT_KB = 256,        /* keys per attention tile */
+    ATT_M = 256,         /* query (row, head) pairs per attention task */
+    ATT_HD = 512,        /* the largest head dimension */
     ATT_PARTS = 1 << 20, /* floats of split-key partial results */
 };
 
@@ -47,10 +47,10 @@ typedef struct thread_scratch {
     int64_t panel_in; /* its n_in capacity */
     uint8_t *qpanel;  /* a packed panel of the blocked 8-bit products (qgemm.h) */
     size_t qpanel_bytes;
-    float *q, *o;     /* [ATT_M, ATT_HD] */
-    float *k, *v;     /* [ATT_KB, ATT_HD] */
-    float *s;         /* [ATT_M, ATT_KB] */
-    float *mx, *l;    /* [ATT_M] */
+    float *q, *o;  /* [ATT_M, ATT_HD] */
+    float *k, *v;  /* [ATT_KB, ATT_HD] */
+    float *s;      /* [ATT_M, ATT_KB] */
+    float *mx, *l; /* [ATT_M] */
 } thread_scratch;
 
 typedef struct cpu_ctx {
@@ -61,18 +61,18 @@ typedef struct cpu_ctx {
     qmm_f16_fn f16_row;     /* f16 cache rows to f32 (NULL: the loop here) */
     qmm_att_qk_fn att_qk;   /* the fused f16 products of small attention tasks (NULL: tiles) */
     qmm_att_pv_fn att_pv;
-    thread_scratch *ts;     /* [n_threads] */
-    float *parts;           /* [ATT_PARTS] split-key partials */
+    thread_scratch *ts; /* [n_threads] */
+    float *parts;       /* [ATT_PARTS] split-key partials */
     pthread_mutex_t grow_mu;
-    int act8;               /* 8-bit activations in every product of block-quantized weights
+    int act8;              /* 8-bit activations in every product of block-quantized weights
                                (cpu_set_act8; the default) */
-    qg_kernels qg;          /* their kernels (qgemm.h) */
-    int plain_weights;      /* 1: some weight goes through the exact kernels (cpu_rows) */
-    size_t xg_row[2];       /* bytes of a quantized row in the K and the 32-element form (the
+    qg_kernels qg;         /* their kernels (qgemm.h) */
+    int plain_weights;     /* 1: some weight goes through the exact kernels (cpu_rows) */
+    size_t xg_row[2];      /* bytes of a quantized row in the K and the 32-element form (the
                                widest weight's, set by weight_new) */
-    uint8_t *xg;            /* [xg_rows] rows of each form: the batch's quantized activations */
-    int64_t xg_rows;        /* grown by cpu_reserve (or a larger batch) */
-    pthread_mutex_t xg_mu;  /* xg belongs to one product at a time */
+    uint8_t *xg;           /* [xg_rows] rows of each form: the batch's quantized activations */
+    int64_t xg_rows;       /* grown by cpu_reserve (or a larger batch) */
+    pthread_mutex_t xg_mu; /* xg belongs to one product at a time */
 } cpu_ctx;
 
 struct cb_bweight {
@@ -80,15 +80,12 @@ struct cb_bweight {
     int64_t n_in, n_out;
     const uint8_t *data; /* borrowed: n_out rows of row_bytes */
     size_t row_bytes;
-    float *bias;         /* [n_out] or NULL */
+    float *bias; /* [n_out] or NULL */
     qmm_kernels k;
-    int qg;              /* 1: batches through the blocked 8-bit products */
+    int qg; /* 1: batches through the blocked 8-bit products */
 };
 
-static cpu_ctx *CTX(cb_backend *b)
-{
-    return b->ctx;
-}
+static cpu_ctx *CTX(cb_backend *b) { return b->ctx; }
 
 static void cpu_rows(cb_backend *b);
 
@@ -183,8 +180,8 @@ static int grow_xg(cpu_ctx *c, int64_t n)
     return 1;
 }
 
-static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
-                                  const float *bias)
+static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out,
+                                  const void *data, const float *bias)
 {
     cpu_ctx *c = CTX(b);
     cb_bweight *w = calloc(1, sizeof *w);
@@ -239,7 +236,8 @@ static void mm_dot_task(void *arg, int64_t i, int tid)
 {
     const mm_job *j = arg;
     const cb_bweight *w = j->w;
-    int64_t o0 = i * j->rows_per_task, o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
+    int64_t o0 = i * j->rows_per_task,
+            o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
     (void)tid;
     for (int64_t r = 0; r < j->n; r += QMM_ROWS) {
         int nr = j->n - r < QMM_ROWS ? (int)(j->n - r) : QMM_ROWS;
@@ -253,11 +251,12 @@ static void mm_panel_task(void *arg, int64_t i, int tid)
 {
     const mm_job *j = arg;
     const cb_bweight *w = j->w;
-    int64_t o0 = i * j->rows_per_task, o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
+    int64_t o0 = i * j->rows_per_task,
+            o1 = o0 + j->rows_per_task < w->n_out ? o0 + j->rows_per_task : w->n_out;
     float *p = j->c->ts[tid].panel;
     w->k.rows(w->type, w->data, w->row_bytes, w->n_in, o0, o1, p);
-    cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)(o1 - o0), (int)w->n_in, 1.0f, j->x,
-             (int)w->n_in, p, (int)w->n_in, 0.0f, j->y + o0, (int)w->n_out);
+    cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)(o1 - o0), (int)w->n_in, 1.0f,
+             j->x, (int)w->n_in, p, (int)w->n_in, 0.0f, j->y + o0, (int)w->n_out);
 }
 
 /* The products of up to MM_MULTI weights with one input x [n <= MM_SMALL,
@@ -277,7 +276,8 @@ static void mm_small_task(void *arg, int64_t i, int tid)
     mm_dot_task(&s->j[k], i - s->first[k], tid);
 }
 
-static void mm_small_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
+static void mm_small_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x,
+                         float *const *y, int64_t n)
 {
     int nt = cb_pool_size(c->pool);
     mm_small s;
@@ -304,11 +304,11 @@ typedef struct qg_job {
     const cb_bweight *w[MM_MULTI];
     float *y[MM_MULTI];
     int64_t first[MM_MULTI + 1];
-    int64_t per;          /* output rows a task (one-row mode: a multiple of 8; else a panel) */
+    int64_t per; /* output rows a task (one-row mode: a multiple of 8; else a panel) */
     const float *x;
-    uint8_t *xq[2];       /* the K form, the 32-element form */
-    int need[2];          /* the forms some weight takes */
-    int64_t n, r0;        /* rows r0 .. r0+n of x (a slice of the batch) */
+    uint8_t *xq[2]; /* the K form, the 32-element form */
+    int need[2];    /* the forms some weight takes */
+    int64_t n, r0;  /* rows r0 .. r0+n of x (a slice of the batch) */
 } qg_job;
 
 /* quantize row i of the slice into the forms the weights take */
@@ -338,8 +338,8 @@ static void qg_task(void *arg, int64_t i, int tid)
     int np = w->n_out - o0 < p ? (int)(w->n_out - o0) : p, f = qg_is_k(w->type) ? 0 : 1;
     uint8_t *panel = c->ts[tid].qpanel;
     qg_pack(w->type, w->data, w->row_bytes, w->n_in, o0, np, panel, &c->qg);
-    c->qg.gemm(w->type, panel, w->n_in, j->xq[f], c->xg_row[f], j->n, np, j->y[k] + j->r0 * w->n_out + o0,
-               w->n_out);
+    c->qg.gemm(w->type, panel, w->n_in, j->xq[f], c->xg_row[f], j->n, np,
+               j->y[k] + j->r0 * w->n_out + o0, w->n_out);
 }
 
 /* one-row mode (decode, a few rows): output rows [per*i, ...) of one
@@ -367,7 +367,8 @@ static void qg_row_task(void *arg, int64_t i, int tid)
  * once per form, in slices of the rows xg holds (all of them after
  * cpu_reserve); up to QG_ROW_MAX_K (_0) rows through the one-row kernel, more
  * through packed panels (the same bits either way) */
-static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
+static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y,
+                   int64_t n)
 {
     qg_job j = {.c = c, .x = x};
     int nt = cb_pool_size(c->pool), rows = n <= (qg_is_k(w[0]->type) ? QG_ROW_MAX_K : QG_ROW_MAX_0);
@@ -440,8 +441,8 @@ static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float
     add_bias(w, y, n);
 }
 
-static void cpu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y,
-                             int64_t n)
+static void cpu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const float *x,
+                             float *const *y, int64_t n)
 {
     cpu_ctx *c = CTX(b);
     int all_qg = nw <= MM_MULTI;
@@ -472,16 +473,19 @@ static void cpu_reserve(cb_backend *b, int64_t n)
 }
 
 /* rows of an embedding table, decoded by the reference decoder (exact) */
-static void cpu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst)
+static void cpu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n,
+                         float *dst)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++)
-        cb_dequant_row(w->type, w->data + (size_t)ids[i] * w->row_bytes, dst + i * w->n_in, w->n_in);
+        cb_dequant_row(w->type, w->data + (size_t)ids[i] * w->row_bytes, dst + i * w->n_in,
+                       w->n_in);
 }
 
 /* ------------------------------------------------------ elementwise ops */
 
-static void cpu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps)
+static void cpu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n,
+                        int64_t d, float eps)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++) {
@@ -496,8 +500,8 @@ static void cpu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y,
     }
 }
 
-static void cpu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot,
-                     float base, const float *ff, int neox)
+static void cpu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd,
+                     int n_rot, float base, const float *ff, int neox)
 {
     (void)b;
     float inv[512], cs[512], sn[512];
@@ -554,8 +558,8 @@ static void cpu_scale(cb_backend *b, float *x, float s, int64_t n)
         x[i] *= s;
 }
 
-static void cpu_kv_write(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src, const int32_t *at,
-                         int64_t n)
+static void cpu_kv_write(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src,
+                         const int32_t *at, int64_t n)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++) {
@@ -570,8 +574,8 @@ static void cpu_kv_write(cb_backend *b, void *cache, cb_type t, int64_t width, c
     }
 }
 
-static void cpu_kv_read(cb_backend *b, const void *cache, cb_type t, int64_t width, const int32_t *at, int64_t n,
-                        float *dst)
+static void cpu_kv_read(cb_backend *b, const void *cache, cb_type t, int64_t width,
+                        const int32_t *at, int64_t n, float *dst)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++) {
@@ -609,13 +613,14 @@ typedef struct att_job {
 
 /* rows c0..c1 of KV head hk of a cache into an f32 tile [c1-c0, hd];
  * f16 rows by f16_row when the CPU has F16C (gcc leaves this loop scalar) */
-__attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type t, int64_t width, int hk, int hd,
-                                                      int64_t c0, int64_t c1, float *restrict dst,
-                                                      qmm_f16_fn f16_row)
+__attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type t, int64_t width,
+                                                      int hk, int hd, int64_t c0, int64_t c1,
+                                                      float *restrict dst, qmm_f16_fn f16_row)
 {
     for (int64_t c = c0; c < c1; c++, dst += hd) {
         if (t == CB_TYPE_F32) {
-            memcpy(dst, (const float *)cache + c * width + (int64_t)hk * hd, sizeof(float) * (size_t)hd);
+            memcpy(dst, (const float *)cache + c * width + (int64_t)hk * hd,
+                   sizeof(float) * (size_t)hd);
             continue;
         }
         const uint16_t *s = (const uint16_t *)cache + c * width + (int64_t)hk * hd;
@@ -630,8 +635,9 @@ __attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type
 
 /* the online-softmax step for one row of scores s[0..nk) (keys c0..):
  * keys outside [lo, hi] get probability 0 */
-__attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int64_t nk, int64_t c0, int64_t lo,
-                                                         int64_t hi, float *mx, float *l, float *restrict o, int hd,
+__attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int64_t nk, int64_t c0,
+                                                         int64_t lo, int64_t hi, float *mx,
+                                                         float *l, float *restrict o, int hd,
                                                          qmm_exp_sum_fn exp_sum)
 {
     int64_t a = lo > c0 ? lo - c0 : 0, e = hi + 1 - c0 < nk ? hi + 1 - c0 : nk;
@@ -682,7 +688,8 @@ __attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int6
     *l += sum;
 }
 
-__attribute__((optimize("O3"))) static void axpy(float *restrict o, float p, const float *restrict v, int n)
+__attribute__((optimize("O3"))) static void axpy(float *restrict o, float p,
+                                                 const float *restrict v, int n)
 {
     for (int d = 0; d < n; d++)
         o[d] += p * v[d];
@@ -696,7 +703,8 @@ static void att_task(void *arg, int64_t task, int tid)
     int64_t rest = task / j->n_split, qb = rest % j->n_qb;
     int hs = (int)(rest / j->n_qb % j->n_hsub), hk = (int)(rest / j->n_qb / j->n_hsub);
     int hd = j->hd, G = j->n_head / j->n_head_kv;
-    int h0 = hk * G + hs * j->nh, h1 = h0 + j->nh < (hk + 1) * G ? h0 + j->nh : (hk + 1) * G, nh = h1 - h0;
+    int h0 = hk * G + hs * j->nh, h1 = h0 + j->nh < (hk + 1) * G ? h0 + j->nh : (hk + 1) * G,
+        nh = h1 - h0;
     int64_t i0 = qb * j->mq, i1 = i0 + j->mq < j->n ? i0 + j->mq : j->n, M = (i1 - i0) * nh;
     int64_t ldq = (int64_t)j->n_head * hd, width = (int64_t)j->n_head_kv * hd;
     int64_t span = j->kmax - j->kmin;
@@ -724,8 +732,10 @@ static void att_task(void *arg, int64_t task, int tid)
      * per key).  One row sees every key in [ka, kb), so no probability is 0
      * by the mask and no masked key's value enters its sum (several rows
      * keep the tiles, whose loop skips zero probabilities). */
-    int fused = i1 - i0 == 1 && M <= QMM_ATT_M && j->t == CB_TYPE_F16 && hd % 8 == 0 && j->c->att_qk && j->c->att_pv;
-    const uint16_t *kh16 = (const uint16_t *)j->k + (int64_t)hk * hd, *vh16 = (const uint16_t *)j->v + (int64_t)hk * hd;
+    int fused = i1 - i0 == 1 && M <= QMM_ATT_M && j->t == CB_TYPE_F16 && hd % 8 == 0 &&
+                j->c->att_qk && j->c->att_pv;
+    const uint16_t *kh16 = (const uint16_t *)j->k + (int64_t)hk * hd,
+                   *vh16 = (const uint16_t *)j->v + (int64_t)hk * hd;
     for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
         int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;
         /* the rows that see this tile: leading rows before it and trailing
@@ -746,8 +756,8 @@ static void att_task(void *arg, int64_t task, int tid)
         } else {
             load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
             if (rn >= 8) {
-                cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rn, (int)nk, hd, 1.0f, qa, hd, ts->k, hd,
-                         0.0f, sa, ATT_KB);
+                cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rn, (int)nk, hd, 1.0f, qa,
+                         hd, ts->k, hd, 0.0f, sa, ATT_KB);
             } else {
                 for (int64_t r = 0; r < rn; r++)
                     for (int64_t c = 0; c < nk; c++)
@@ -757,8 +767,8 @@ static void att_task(void *arg, int64_t task, int tid)
         for (int64_t r = ra; r < ra + rn; r++) {
             int64_t i = i0 + r / nh;
             int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
-            softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
-                         j->c->exp_sum);
+            softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r],
+                         ts->o + r * hd, hd, j->c->exp_sum);
         }
         if (fused) {
             j->c->att_pv(sa, (int)rn, ATT_KB, vh16 + c0 * width, width, nk, hd, oa);
@@ -766,8 +776,8 @@ static void att_task(void *arg, int64_t task, int tid)
         }
         load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v, j->c->f16_row);
         if (rn >= 8) {
-            cb_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rn, hd, (int)nk, 1.0f, sa, ATT_KB, ts->v, hd,
-                     1.0f, oa, hd);
+            cb_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rn, hd, (int)nk, 1.0f, sa,
+                     ATT_KB, ts->v, hd, 1.0f, oa, hd);
         } else {
             for (int64_t r = 0; r < rn; r++)
                 for (int64_t c = 0; c < nk; c++)
@@ -818,13 +828,25 @@ static void att_merge(const att_job *j)
         }
 }
 
-static void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
-                          cb_type t, int n_head, int n_head_kv, int hd, float scale, int window, float *out)
+static void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
+                          const void *k, const void *v, cb_type t, int n_head, int n_head_kv,
+                          int hd, float scale, int window, float *out)
 {
     cpu_ctx *c = CTX(b);
     int nt = cb_pool_size(c->pool), G = n_head / n_head_kv;
-    att_job j = {.c = c, .q = q, .pos = pos, .n = n, .k = k, .v = v, .t = t, .n_head = n_head,
-                 .n_head_kv = n_head_kv, .hd = hd, .window = window, .scale = scale, .out = out};
+    att_job j = {.c = c,
+                 .q = q,
+                 .pos = pos,
+                 .n = n,
+                 .k = k,
+                 .v = v,
+                 .t = t,
+                 .n_head = n_head,
+                 .n_head_kv = n_head_kv,
+                 .hd = hd,
+                 .window = window,
+                 .scale = scale,
+                 .out = out};
     j.nh = G < ATT_M ? G : ATT_M;
     j.n_hsub = (G + j.nh - 1) / j.nh;
     j.mq = ATT_M / j.nh;
@@ -854,22 +876,24 @@ static void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int
         att_merge(&j);
 }
 
-static void cpu_gather(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst)
+static void cpu_gather(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d,
+                       float *dst)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++)
         memcpy(dst + i * d, src + (int64_t)idx[i] * d, sizeof(float) * (size_t)d);
 }
 
-static void cpu_scatter(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst)
+static void cpu_scatter(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d,
+                        float *dst)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++)
         memcpy(dst + (int64_t)idx[i] * d, src + i * d, sizeof(float) * (size_t)d);
 }
 
-static void cpu_deviation(cb_backend *b, const float *src, const void *cache, cb_type t, int64_t width,
-                          const int32_t *at, int64_t n, float *dev)
+static void cpu_deviation(cb_backend *b, const float *src, const void *cache, cb_type t,
+                          int64_t width, const int32_t *at, int64_t n, float *dev)
 {
     (void)b;
     for (int64_t i = 0; i < n; i++) {
@@ -955,7 +979,8 @@ static void cpu_free(cb_backend *b)
     cb_pool_free(c->pool);
     for (int t = 0; c->ts && t < c->n_threads; t++) {
         thread_scratch *s = &c->ts[t];
-        free(s->panel), free(s->q), free(s->o), free(s->k), free(s->v), free(s->s), free(s->mx), free(s->l);
+        free(s->panel), free(s->q), free(s->o), free(s->k), free(s->v), free(s->s), free(s->mx),
+            free(s->l);
         free(s->qpanel);
     }
     free(c->ts);
@@ -1079,7 +1104,4 @@ fail:
     return NULL;
 }
 
-cb_backend *cb_backend_cpu_new(int n_threads)
-{
-    return cb_backend_cpu_new_ex(n_threads, 1);
-}
+cb_backend *cb_backend_cpu_new(int n_threads) { return cb_backend_cpu_new_ex(n_threads, 1); }

@@ -22,33 +22,35 @@
 #include <math.h>
 #include <string.h>
 
-int qg_has(cb_type t)
-{
-    return qmm_has_q8(t);
-}
+int qg_has(cb_type t) { return qmm_has_q8(t); }
 
-int qg_is_k(cb_type t)
-{
-    return t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K;
-}
+int qg_is_k(cb_type t) { return t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K; }
 
 /* the offsets of a packed block's parts, for the C kernel's 8 rows */
 enum {
-    QGK_W = 0, QGK_SC = QG_OFF_K_SC * QG_P,
-    QGK45_MN = QG_OFF_K45_MN * QG_P, QGK45_D = QG_OFF_K45_D * QG_P,
-    QGK6_MN = QG_OFF_K6_MN * QG_P, QGK6_D = QG_OFF_K6_D * QG_P,
-    QG0_W = 0, QG0_D = QG_OFF_0_D * QG_P, QG0_B = QG_OFF_0_B * QG_P,
+    QGK_W = 0,
+    QGK_SC = QG_OFF_K_SC * QG_P,
+    QGK45_MN = QG_OFF_K45_MN * QG_P,
+    QGK45_D = QG_OFF_K45_D * QG_P,
+    QGK6_MN = QG_OFF_K6_MN * QG_P,
+    QGK6_D = QG_OFF_K6_D * QG_P,
+    QG0_W = 0,
+    QG0_D = QG_OFF_0_D * QG_P,
+    QG0_B = QG_OFF_0_B * QG_P,
 };
 
 /* bytes of one packed block of p rows */
 static size_t block_bytes(cb_type t, int p)
 {
-    return (size_t)p * (t == CB_TYPE_Q6_K ? QG_OFF_K6_BYTES : qg_is_k(t) ? QG_OFF_K45_BYTES : QG_OFF_0_BYTES);
+    return (size_t)p * (t == CB_TYPE_Q6_K ? QG_OFF_K6_BYTES
+                        : qg_is_k(t)      ? QG_OFF_K45_BYTES
+                                          : QG_OFF_0_BYTES);
 }
 
 size_t qg_act_bytes(cb_type t, int64_t n_in)
 {
-    return qg_is_k(t) ? sizeof(qg_q8k) * (size_t)(n_in / 256) : sizeof(qmm_q8) * (size_t)(n_in / 32);
+    return qg_is_k(t) ? sizeof(qg_q8k) * (size_t)(n_in / 256)
+                      : sizeof(qmm_q8) * (size_t)(n_in / 32);
 }
 
 size_t qg_panel_bytes(cb_type t, int64_t n_in, int p)
@@ -58,10 +60,7 @@ size_t qg_panel_bytes(cb_type t, int64_t n_in, int p)
 
 /* ------------------------------------------------------------- packing */
 
-static void put_f32(uint8_t *p, int i, float v)
-{
-    memcpy(p + 4 * i, &v, 4);
-}
+static void put_f32(uint8_t *p, int i, float v) { memcpy(p + 4 * i, &v, 4); }
 
 static void put_i16x2(uint8_t *p, int i, int v0, int v1)
 {
@@ -87,8 +86,9 @@ void qg_decode_c(cb_type t, const uint8_t *b, int8_t *q, qg_scales *o)
         for (int n = 0; n < 2; n++)
             for (int k = 0; k < 4; k++)
                 for (int l = 0; l < 32; l++)
-                    q[128 * n + 32 * k + l] = (int8_t)(((b[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15) |
-                                                       ((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
+                    q[128 * n + 32 * k + l] =
+                        (int8_t)(((b[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15) |
+                                 ((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
         /* element j's scale is sc[j / 16] (ggml: element 128n + 32k + l
          * takes scales[8n + 2k + l/16]) */
         for (int k = 0; k < 16; k++)
@@ -150,8 +150,8 @@ void qg_interleave_c(const int8_t *q, int n, int p, uint8_t *dst)
             memcpy(dst + (c * p + i) * 4, q + i * n + 4 * c, 4);
 }
 
-void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-             const qg_kernels *k)
+void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr,
+             uint8_t *dst, const qg_kernels *k)
 {
     enum { QBUF = 32768 }; /* the chunk's integers: in L1 until interleaved */
     if (k->pack) {
@@ -187,8 +187,8 @@ void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_
 }
 
 /* qg_gemm's sums for one activation row, from the GGUF blocks where they lie */
-static void gemv_row_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, int64_t o0,
-                       int64_t o1, float *y)
+static void gemv_row_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                       const uint8_t *xq, int64_t o0, int64_t o1, float *y)
 {
     int k = qg_is_k(t), q6 = t == CB_TYPE_Q6_K, n = k ? 256 : 32;
     int64_t nb = n_in / n;
@@ -231,8 +231,8 @@ static void gemv_row_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_
     }
 }
 
-void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq, int nr,
-               int64_t o0, int64_t o1, float *y, int64_t ldy)
+void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+               size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     for (int r = 0; r < nr; r++)
         gemv_row_c(t, w, row_bytes, n_in, xq + (size_t)r * ldxq, o0, o1, y + r * ldy);
@@ -291,7 +291,8 @@ static float dot_k(cb_type t, const uint8_t *panel, int64_t nb, const qg_q8k *x,
         const uint8_t *mn = blk + (q6 ? QGK6_MN : QGK45_MN);
         for (int p = 0; p < (q6 ? 8 : 4); p++) {
             const int16_t *bs = q6 ? x->bs16 : x->bs32;
-            msum += rd_i16(mn + 32 * p, 2 * i) * bs[2 * p] + rd_i16(mn + 32 * p, 2 * i + 1) * bs[2 * p + 1];
+            msum += rd_i16(mn + 32 * p, 2 * i) * bs[2 * p] +
+                    rd_i16(mn + 32 * p, 2 * i + 1) * bs[2 * p + 1];
         }
         const uint8_t *dp = blk + (q6 ? QGK6_D : QGK45_D);
         if (q6) {
@@ -318,8 +319,8 @@ static float dot_0(const uint8_t *panel, int64_t nb, const qmm_q8 *x, int i)
     return acc;
 }
 
-void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
-               float *y, int64_t ldy)
+void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq,
+               int64_t n, int np, float *y, int64_t ldy)
 {
     int k = qg_is_k(t);
     for (int64_t r = 0; r < n; r++) {
@@ -356,11 +357,12 @@ unsigned qg_cpu_isas(void)
             uint64_t x = 0;
             if (__get_cpuid(1, &a, &b, &c, &d) && (c & 1u << 27)) /* OSXSAVE */
                 x = xcr0();
-            int ymm = (x & 0x6) == 0x6, zmm = (x & 0xe6) == 0xe6; /* SSE+AVX; and opmask, ZMM state */
+            int ymm = (x & 0x6) == 0x6,
+                zmm = (x & 0xe6) == 0xe6; /* SSE+AVX; and opmask, ZMM state */
             if (ymm && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & 1u << 4)) /* AVX-VNNI */
                 m |= 1u << QG_ISA_AVXVNNI;
-            if (zmm && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & 1u << 16) && (b & 1u << 30) &&
-                (b & 1u << 31)) { /* AVX-512 F, BW, VL */
+            if (zmm && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & 1u << 16) &&
+                (b & 1u << 30) && (b & 1u << 31)) { /* AVX-512 F, BW, VL */
                 m |= 1u << QG_ISA_AVX512;
                 if (c & 1u << 11) /* AVX512_VNNI */
                     m |= 1u << QG_ISA_AVX512VNNI;
@@ -373,18 +375,30 @@ unsigned qg_cpu_isas(void)
 #else
 unsigned qg_cpu_isas(void) { return 1u << QG_ISA_C; }
 void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq) { qg_quant8k_c(x, n, xq); }
-void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst) { qg_interleave_c(q, n, p, dst); }
-void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s) { qg_decode_c(t, b, q, s); }
-void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-                  qg_layout l) { (void)t, (void)w, (void)row_bytes, (void)n_in, (void)o0, (void)nr, (void)dst, (void)l; }
-void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq,
-                  int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
+void qg_interleave_avx2(const int8_t *q, int n, int p, uint8_t *dst)
+{
+    qg_interleave_c(q, n, p, dst);
+}
+void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s)
+{
+    qg_decode_c(t, b, q, s);
+}
+void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr,
+                  uint8_t *dst, qg_layout l)
+{
+    (void)t, (void)w, (void)row_bytes, (void)n_in, (void)o0, (void)nr, (void)dst, (void)l;
+}
+void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                  size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     qg_gemv_c(t, w, row_bytes, n_in, xq, ldxq, nr, o0, o1, y, ldy);
 }
-#define NO_X86(NAME)                                                                                          \
-    void NAME(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np, \
-              float *y, int64_t ldy) { qg_gemm_c(t, panel, n_in, xq, ldxq, n, np, y, ldy); }
+#define NO_X86(NAME)                                                                         \
+    void NAME(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, \
+              int64_t n, int np, float *y, int64_t ldy)                                      \
+    {                                                                                        \
+        qg_gemm_c(t, panel, n_in, xq, ldxq, n, np, y, ldy);                                  \
+    }
 NO_X86(qg_gemm_avx2)
 NO_X86(qg_gemm_avxvnni)
 NO_X86(qg_gemm_avx512)
@@ -427,7 +441,4 @@ int qg_cpu_isa(void)
     return best;
 }
 
-void qg_select(int simd, qg_kernels *k)
-{
-    qg_select_isa(simd ? qg_cpu_isa() : QG_ISA_C, k);
-}
+void qg_select(int simd, qg_kernels *k) { qg_select_isa(simd ? qg_cpu_isa() : QG_ISA_C, k); }

@@ -59,10 +59,16 @@ enum {
 /* The offsets of a packed block's parts, and its size, in units of p bytes
  * (qgemm.c states the layout) */
 enum {
-    QG_OFF_K_SC = 256,                                          /* after w */
-    QG_OFF_K45_MN = 288, QG_OFF_K45_D = 304, QG_OFF_K45_BYTES = 312, /* q4_K, q5_K: 8 scales */
-    QG_OFF_K6_MN = 320, QG_OFF_K6_D = 352, QG_OFF_K6_BYTES = 360,    /* q6_K: 16 scales */
-    QG_OFF_0_D = 32, QG_OFF_0_B = 36, QG_OFF_0_BYTES = 40,           /* the 32-element types */
+    QG_OFF_K_SC = 256, /* after w */
+    QG_OFF_K45_MN = 288,
+    QG_OFF_K45_D = 304,
+    QG_OFF_K45_BYTES = 312, /* q4_K, q5_K: 8 scales */
+    QG_OFF_K6_MN = 320,
+    QG_OFF_K6_D = 352,
+    QG_OFF_K6_BYTES = 360, /* q6_K: 16 scales */
+    QG_OFF_0_D = 32,
+    QG_OFF_0_B = 36,
+    QG_OFF_0_BYTES = 40, /* the 32-element types */
 };
 
 /* A packed panel's layout: p rows; the sub-block scales as int16 pairs
@@ -113,15 +119,15 @@ void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *s);
 typedef struct qg_kernels qg_kernels;
 /* The AVX2 packer (qg_pack's work in one pass, the same bytes as the
  * portable one): k->pack when the kernels have it. */
-typedef void (*qg_pack_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr,
-                           uint8_t *dst, qg_layout l);
-void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-                  qg_layout l);
+typedef void (*qg_pack_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0,
+                           int nr, uint8_t *dst, qg_layout l);
+void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr,
+                  uint8_t *dst, qg_layout l);
 /* The packed panel of W rows o0 .. o0+nr-1 (nr <= k->layout.p; missing
  * rows are zero) into dst [qg_panel_bytes], in k's layout, decoded and
  * interleaved by k's kernels. */
-void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-             const qg_kernels *k);
+void qg_pack(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr,
+             uint8_t *dst, const qg_kernels *k);
 
 /* Activations: the K form of n elements (a multiple of 256) into xq. */
 typedef void (*qg_quant_fn)(const float *x, int64_t n, qg_q8k *xq);
@@ -131,41 +137,42 @@ void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq);
 /* y[r*ldy + i] (i < np <= the layout's p) = the product of activation row
  * r (at xq + r * ldxq bytes, qg_act_bytes apart) with the packed panel's
  * row i, for r < n.  Each kernel reads its own layout (qg_kernels.layout). */
-typedef void (*qg_gemm_fn)(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
-                           int np, float *y, int64_t ldy);
-void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
-               float *y, int64_t ldy);
-void qg_gemm_avx2(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
-                  float *y, int64_t ldy);
-void qg_gemm_avxvnni(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
-                     float *y, int64_t ldy);
-void qg_gemm_avx512(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
-                    float *y, int64_t ldy);
-void qg_gemm_avx512vnni(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n,
-                        int np, float *y, int64_t ldy);
+typedef void (*qg_gemm_fn)(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq,
+                           size_t ldxq, int64_t n, int np, float *y, int64_t ldy);
+void qg_gemm_c(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq,
+               int64_t n, int np, float *y, int64_t ldy);
+void qg_gemm_avx2(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq,
+                  int64_t n, int np, float *y, int64_t ldy);
+void qg_gemm_avxvnni(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq,
+                     int64_t n, int np, float *y, int64_t ldy);
+void qg_gemm_avx512(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq,
+                    int64_t n, int np, float *y, int64_t ldy);
+void qg_gemm_avx512vnni(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq,
+                        size_t ldxq, int64_t n, int np, float *y, int64_t ldy);
 
 /* y[r*ldy + o] for o in [o0, o1) and r < nr = W row o (GGUF layout,
  * row_bytes apart) times activation row r (at xq + r * ldxq bytes, in t's
  * form): the same bits qg_gemm gives for that row (decode and a few rows:
  * no packing; the rows share each weight block's decoding, QG_R at a
  * time). */
-typedef void (*qg_gemv_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
-                           size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
-void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq, int nr,
-               int64_t o0, int64_t o1, float *y, int64_t ldy);
-void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq,
-                  int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
+typedef void (*qg_gemv_fn)(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                           const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1, float *y,
+                           int64_t ldy);
+void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+               size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
+void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                  size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
 
 struct qg_kernels {
     qg_quant_fn quant_k;  /* K types' activation quantizer */
     qmm_quant_fn quant_0; /* the 32-element types' (qmm.h's) */
     qg_gemm_fn gemm;
-    qg_layout layout;     /* the panels gemm reads */
+    qg_layout layout; /* the panels gemm reads */
     qg_gemv_fn gemv;
-    qg_decode_fn decode;  /* the portable packer's */
-    qg_pack_fn pack;      /* NULL: the portable packer (decode, interleave) */
+    qg_decode_fn decode; /* the portable packer's */
+    qg_pack_fn pack;     /* NULL: the portable packer (decode, interleave) */
     qg_interleave_fn interleave;
-    const char *isa;      /* the blocked kernels': "avx512vnni", "avx512", "avxvnni", "avx2" or "c" */
+    const char *isa; /* the blocked kernels': "avx512vnni", "avx512", "avxvnni", "avx2" or "c" */
 };
 
 /* The ISAs, in order of preference: the set this CPU runs (bit i for

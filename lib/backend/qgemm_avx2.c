@@ -33,10 +33,7 @@ AI __m256i bc32(const void *p)
  * spills (measured: a third of the kernel's speed) */
 #define PIN(v) __asm__("" : "+x"(v))
 
-AI __m256i ld(const uint8_t *p)
-{
-    return _mm256_loadu_si256((const __m256i *)(const void *)p);
-}
+AI __m256i ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 
 /* ---------------------------------------------------------- activations */
 
@@ -60,14 +57,17 @@ void qg_quant8k_avx2(const float *x, int64_t n, qg_q8k *xq)
             for (int k = 0; k < 4; k++) {
                 /* a NaN product (x NaN or infinite) quantizes to 0, as in C */
                 __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 32 * s + 8 * k), vid);
-                q[k] = _mm256_and_si256(_mm256_cvtps_epi32(v), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));
+                q[k] = _mm256_and_si256(_mm256_cvtps_epi32(v),
+                                        _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));
             }
             /* the packs interleave 128-bit lanes: put the dwords back in order */
-            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            __m256i p =
+                _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
             p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256((__m256i *)(void *)(xq->q + 32 * s), p);
             /* sums of 8 bytes each: biased to unsigned, vpsadbw, unbiased */
-            __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(p, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+            __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(p, _mm256_set1_epi8((char)0x80)),
+                                          _mm256_setzero_si256());
             int64_t s8[4];
             _mm256_storeu_si256((__m256i *)(void *)s8, sad);
             xq->bs16[2 * s] = (int16_t)(s8[0] + s8[1] - 16 * 128);
@@ -135,7 +135,8 @@ AI __m256i tree8(const __m256i *v)
     __m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
     __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
     __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                            _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
 AI uint32_t rd32(const uint8_t *p)
@@ -162,8 +163,8 @@ AI __m256i nib16(const uint8_t *qs)
 /* bit j of x as 16 in byte j (q5 types' fifth bits) */
 AI __m256i bits16(uint32_t x)
 {
-    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
-                                          3, 3, 3, 3, 3, 3, 3);
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(16));
@@ -171,10 +172,15 @@ AI __m256i bits16(uint32_t x)
 
 /* in every 16-bit lane of both halves, 16-bit lane k of s's low half */
 static const uint8_t bcast16_idx[8][32] = {
-#define I(k) {2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k,   \
-              2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, \
-              2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1}
-    I(0), I(1), I(2), I(3), I(4), I(5), I(6), I(7)
+#define I(k)                                                                                      \
+    {                                                                                             \
+        2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, \
+            2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k,        \
+            2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1,    \
+            2 * k, 2 * k + 1, 2 * k, 2 * k + 1                                                    \
+    }
+    I(0), I(1), I(2), I(3), I(4),
+    I(5), I(6), I(7)
 #undef I
 };
 
@@ -183,15 +189,17 @@ static const uint8_t bcast16_idx[8][32] = {
  * lanes (vi[r]) and its offsets' sum_s m_s bs32_s over 4 (vm[r]).  The
  * weights are decoded once for the R rows.  kind 4: q4_K, 5: q5_K, 6: q6_K
  * (whose -32 * sc offsets come off vi; vm stays 0). */
-AI void kblock(const int kind, const int R, const uint8_t *b, const qg_q8k *const *xr, __m256i *vi, __m256i *vm)
+AI void kblock(const int kind, const int R, const uint8_t *b, const qg_q8k *const *xr, __m256i *vi,
+               __m256i *vm)
 {
     __m256i acc[QG_R];
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_setzero_si256();
     if (kind == 6) {
-        __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b + 192)));
-        const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
-                                              2, 3, 2, 3, 2, 3, 2, 3);
+        __m256i sc =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b + 192)));
+        const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3,
+                                              2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
         for (int n = 0; n < 2; n++) {
             __m256i la = ld(b + 64 * n), lb = ld(b + 64 * n + 32), h = ld(b + 128 + 32 * n);
             const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
@@ -201,28 +209,34 @@ AI void kblock(const int kind, const int R, const uint8_t *b, const qg_q8k *cons
                 __m256i hh = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), m2);
                 __m256i q = _mm256_or_si256(l, _mm256_slli_epi16(hh, 4));
                 /* sub-blocks 8n+2k (elements 0-15: the low half) and 8n+2k+1 */
-                __m256i s = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(4 * n + k)), pick);
+                __m256i s = _mm256_shuffle_epi8(
+                    _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(4 * n + k)), pick);
                 for (int r = 0; r < R; r++) {
-                    __m256i p = _mm256_maddubs_epi16(q, ld((const uint8_t *)xr[r]->q + 128 * n + 32 * k));
+                    __m256i p =
+                        _mm256_maddubs_epi16(q, ld((const uint8_t *)xr[r]->q + 128 * n + 32 * k));
                     acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, s));
                 }
             }
         }
         __m256i sc32 = _mm256_slli_epi16(sc, 5);
         for (int r = 0; r < R; r++) {
-            vi[r] = _mm256_sub_epi32(acc[r], _mm256_madd_epi16(sc32, ld((const uint8_t *)xr[r]->bs16)));
+            vi[r] =
+                _mm256_sub_epi32(acc[r], _mm256_madd_epi16(sc32, ld((const uint8_t *)xr[r]->bs16)));
             vm[r] = _mm256_setzero_si256();
         }
         return;
     }
     uint32_t w0 = rd32(b + 4), w1 = rd32(b + 8), w2 = rd32(b + 12);
     uint32_t sc_lo = w0 & 0x3f3f3f3fu, sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
-    uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
-    __m256i scm = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
+    uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u)
+                                                                             << 4;
+    __m256i scm =
+        _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
     __m256i sc2 = _mm256_permute2x128_si256(scm, scm, 0x00); /* sc0..7 in both halves */
     for (int r = 0; r < R; r++) {
         __m128i bs = _mm_loadu_si128((const __m128i *)(const void *)xr[r]->bs32);
-        vm[r] = _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(_mm256_extracti128_si256(scm, 1), bs));
+        vm[r] = _mm256_set_m128i(_mm_setzero_si128(),
+                                 _mm_madd_epi16(_mm256_extracti128_si256(scm, 1), bs));
     }
     __m256i hb = kind == 5 ? ld(b + 16) : _mm256_setzero_si256();
     const uint8_t *qs = b + (kind == 5 ? 48 : 16);
@@ -232,15 +246,18 @@ AI void kblock(const int kind, const int R, const uint8_t *b, const qg_q8k *cons
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(15));
         if (kind == 5) {
             const __m256i one = _mm256_set1_epi8(1);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p + 1), one), 4));
+            lo = _mm256_or_si256(
+                lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), one), 4));
+            hi = _mm256_or_si256(
+                hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p + 1), one), 4));
         }
         __m256i s0 = _mm256_shuffle_epi8(sc2, ld(bcast16_idx[2 * p]));
         __m256i s1 = _mm256_shuffle_epi8(sc2, ld(bcast16_idx[2 * p + 1]));
         for (int r = 0; r < R; r++) {
             __m256i p0 = _mm256_maddubs_epi16(lo, ld((const uint8_t *)xr[r]->q + 64 * p));
             __m256i p1 = _mm256_maddubs_epi16(hi, ld((const uint8_t *)xr[r]->q + 64 * p + 32));
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+            acc[r] = _mm256_add_epi32(
+                acc[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
         }
     }
     for (int r = 0; r < R; r++)
@@ -275,8 +292,8 @@ enum { GB_K = 64, GB_0 = 64 }; /* blocks a chunk, for one activation row; a quar
 
 /* K-quant rows [o0, o1) against R activation rows (x + r * ldx blocks),
  * results at y + r * ldy */
-AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in, const qg_q8k *x, int64_t ldx,
-               int64_t o0, int64_t o1, float *y, int64_t ldy)
+AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in,
+               const qg_q8k *x, int64_t ldx, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     const size_t bb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
     const int gb = R == 1 ? GB_K : GB_K / QG_R; /* blocks a chunk: its sums stay in L1 */
@@ -290,7 +307,8 @@ AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
         for (int64_t b0 = 0; b0 < nb; b0 += gb) {
             int nbc = nb - b0 < gb ? (int)(nb - b0) : gb;
             for (int i = 0; i < 8; i++) {
-                const uint8_t *row = w + (size_t)(o + i < o1 ? o + i : o1 - 1) * rb + (size_t)b0 * bb;
+                const uint8_t *row =
+                    w + (size_t)(o + i < o1 ? o + i : o1 - 1) * rb + (size_t)b0 * bb;
                 for (int b = 0; b < nbc; b++) {
                     const uint8_t *blk = row + (size_t)b * bb;
                     const qg_q8k *xr[QG_R];
@@ -314,10 +332,12 @@ AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
                 __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]));
                 for (int r = 0; r < R; r++) {
                     __m256 dx = _mm256_set1_ps(x[r * ldx + b0 + b].d);
-                    __m256 iv = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)is[r][b]));
+                    __m256 iv = _mm256_cvtepi32_ps(
+                        _mm256_loadu_si256((const __m256i *)(const void *)is[r][b]));
                     acc[r] = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, dx), acc[r]);
                     if (kind != 6) {
-                        __m256 sv = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)ms[r][b]));
+                        __m256 sv = _mm256_cvtepi32_ps(
+                            _mm256_loadu_si256((const __m256i *)(const void *)ms[r][b]));
                         acc[r] = _mm256_fnmadd_ps(sv, _mm256_mul_ps(mv, dx), acc[r]);
                     }
                 }
@@ -330,14 +350,15 @@ AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
 
 /* 32-element rows [o0, o1) against R activation rows (qmm_q8).  kind 40:
  * q4_0, 41: q4_1, 50: q5_0, 51: q5_1, 80: q8_0 */
-AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in, const qmm_q8 *x, int64_t ldx,
-               int64_t o0, int64_t o1, float *y, int64_t ldy)
+AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in,
+               const qmm_q8 *x, int64_t ldx, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     const size_t bb = kind == 40 ? 18 : kind == 41 ? 20 : kind == 50 ? 22 : kind == 51 ? 24 : 34;
     const __m256i ones = _mm256_set1_epi16(1);
     const int gb = R == 1 ? GB_0 : GB_0 / QG_R;
     int64_t nb = n_in / 32;
-    __m256i vs[GB_0][8]; /* [b][i] for one row; [r * gb + b][i] for several: tree8 adds a block's eight */
+    __m256i vs[GB_0]
+              [8]; /* [b][i] for one row; [r * gb + b][i] for several: tree8 adds a block's eight */
     uint16_t dh[GB_0][8], mh[GB_0][8];
     for (int64_t o = o0; o < o1; o += 8) {
         __m256 acc[QG_R];
@@ -346,7 +367,8 @@ AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
         for (int64_t b0 = 0; b0 < nb; b0 += gb) {
             int nbc = nb - b0 < gb ? (int)(nb - b0) : gb;
             for (int i = 0; i < 8; i++) {
-                const uint8_t *row = w + (size_t)(o + i < o1 ? o + i : o1 - 1) * rb + (size_t)b0 * bb;
+                const uint8_t *row =
+                    w + (size_t)(o + i < o1 ? o + i : o1 - 1) * rb + (size_t)b0 * bb;
                 for (int b = 0; b < nbc; b++) {
                     const uint8_t *blk = row + (size_t)b * bb;
                     __m256i q, aw = _mm256_setzero_si256();
@@ -371,11 +393,12 @@ AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
             }
             for (int b = 0; b < nbc; b++) {
                 __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh[b]));
-                __m256 bv = kind == 41 || kind == 51
-                                ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]))
-                            : kind == 40 ? _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f))
-                            : kind == 50 ? _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f))
-                                         : _mm256_setzero_ps();
+                __m256 bv =
+                    kind == 41 || kind == 51
+                        ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]))
+                    : kind == 40 ? _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f))
+                    : kind == 50 ? _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f))
+                                 : _mm256_setzero_ps();
                 for (int r = 0; r < R; r++) {
                     const qmm_q8 *xb = &x[r * ldx + b0 + b];
                     __m256 iv = _mm256_cvtepi32_ps(tree8(vs[r * gb + b]));
@@ -391,21 +414,21 @@ AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
 
 /* the entry points: one function per (type, row count), the kernels
  * instantiated with constant R */
-typedef void (*gemv_fn)(const uint8_t *w, size_t rb, int64_t n_in, const uint8_t *x, size_t ldx, int64_t o0,
-                        int64_t o1, float *y, int64_t ldy);
-#define GEMV_K(KIND, R)                                                                                        \
-    static void gemv_k##KIND##_##R(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x, size_t ldx,       \
-                                   int64_t o0, int64_t o1, float *y, int64_t ldy)                              \
-    {                                                                                                          \
-        gemv_k(KIND, R, w, rb, n, (const qg_q8k *)(const void *)x, (int64_t)(ldx / sizeof(qg_q8k)), o0, o1, y, \
-               ldy);                                                                                           \
+typedef void (*gemv_fn)(const uint8_t *w, size_t rb, int64_t n_in, const uint8_t *x, size_t ldx,
+                        int64_t o0, int64_t o1, float *y, int64_t ldy);
+#define GEMV_K(KIND, R)                                                                       \
+    static void gemv_k##KIND##_##R(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x,  \
+                                   size_t ldx, int64_t o0, int64_t o1, float *y, int64_t ldy) \
+    {                                                                                         \
+        gemv_k(KIND, R, w, rb, n, (const qg_q8k *)(const void *)x,                            \
+               (int64_t)(ldx / sizeof(qg_q8k)), o0, o1, y, ldy);                              \
     }
-#define GEMV_0(KIND, R)                                                                                        \
-    static void gemv_0##KIND##_##R(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x, size_t ldx,       \
-                                   int64_t o0, int64_t o1, float *y, int64_t ldy)                              \
-    {                                                                                                          \
-        gemv_0(KIND, R, w, rb, n, (const qmm_q8 *)(const void *)x, (int64_t)(ldx / sizeof(qmm_q8)), o0, o1, y, \
-               ldy);                                                                                           \
+#define GEMV_0(KIND, R)                                                                       \
+    static void gemv_0##KIND##_##R(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x,  \
+                                   size_t ldx, int64_t o0, int64_t o1, float *y, int64_t ldy) \
+    {                                                                                         \
+        gemv_0(KIND, R, w, rb, n, (const qmm_q8 *)(const void *)x,                            \
+               (int64_t)(ldx / sizeof(qmm_q8)), o0, o1, y, ldy);                              \
     }
 #define GEMV_ALL(M, KIND) M(KIND, 1) M(KIND, 2) M(KIND, 3) M(KIND, 4)
 GEMV_ALL(GEMV_K, 4)
@@ -416,16 +439,17 @@ GEMV_ALL(GEMV_0, 41)
 GEMV_ALL(GEMV_0, 50)
 GEMV_ALL(GEMV_0, 51)
 GEMV_ALL(GEMV_0, 80)
-#define GEMV_TAB(P, KIND)                                                                                      \
-    {                                                                                                          \
-        NULL, P##KIND##_1, P##KIND##_2, P##KIND##_3, P##KIND##_4                                               \
+#define GEMV_TAB(P, KIND)                                        \
+    {                                                            \
+        NULL, P##KIND##_1, P##KIND##_2, P##KIND##_3, P##KIND##_4 \
     }
 
-void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq, size_t ldxq,
-                  int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
+void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                  size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
-    static const gemv_fn k4[] = GEMV_TAB(gemv_k, 4), k5[] = GEMV_TAB(gemv_k, 5), k6[] = GEMV_TAB(gemv_k, 6),
-                         q40[] = GEMV_TAB(gemv_0, 40), q41[] = GEMV_TAB(gemv_0, 41), q50[] = GEMV_TAB(gemv_0, 50),
+    static const gemv_fn k4[] = GEMV_TAB(gemv_k, 4), k5[] = GEMV_TAB(gemv_k, 5),
+                         k6[] = GEMV_TAB(gemv_k, 6), q40[] = GEMV_TAB(gemv_0, 40),
+                         q41[] = GEMV_TAB(gemv_0, 41), q50[] = GEMV_TAB(gemv_0, 50),
                          q51[] = GEMV_TAB(gemv_0, 51), q80[] = GEMV_TAB(gemv_0, 80);
     const gemv_fn *f;
     switch (t) {
@@ -447,10 +471,7 @@ void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, c
 
 /* ------------------------------------------------ the packer's decoder */
 
-AI float f16(const uint8_t *p)
-{
-    return _cvtsh_ss(rd16(p));
-}
+AI float f16(const uint8_t *p) { return _cvtsh_ss(rd16(p)); }
 
 /* qg_decode_c's integers and scales, the integers 32 at a time */
 void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *o)
@@ -483,11 +504,15 @@ void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *o)
         __m256i hb = k5 ? ld(b + 16) : _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
             __m256i v = ld(qs + 32 * p);
-            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m256i lo = _mm256_and_si256(v, m4),
+                    hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             if (k5) {
                 const __m256i one = _mm256_set1_epi8(1);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p + 1), one), 4));
+                lo = _mm256_or_si256(
+                    lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), one), 4));
+                hi = _mm256_or_si256(
+                    hi,
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p + 1), one), 4));
             }
             _mm256_storeu_si256((__m256i *)(void *)(q + 64 * p), lo);
             _mm256_storeu_si256((__m256i *)(void *)(q + 64 * p + 32), hi);
@@ -495,7 +520,8 @@ void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *o)
         /* the twelve bytes of 6-bit scales and mins, four at a time (kblock) */
         uint32_t w0 = rd32(b + 4), w1 = rd32(b + 8), w2 = rd32(b + 12);
         uint32_t sc4[2] = {w0 & 0x3f3f3f3fu, (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4};
-        uint32_t m4b[2] = {w1 & 0x3f3f3f3fu, ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4};
+        uint32_t m4b[2] = {w1 & 0x3f3f3f3fu, ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u)
+                                                                             << 4};
         for (int s = 0; s < 8; s++) {
             o->sc[s] = (int16_t)((sc4[s >> 2] >> (8 * (s & 3))) & 0xff);
             o->mn[s] = (int16_t)((m4b[s >> 2] >> (8 * (s & 3))) & 0xff);
@@ -521,8 +547,7 @@ void qg_decode_avx2(cb_type t, const uint8_t *b, int8_t *q, qg_scales *o)
         o->d = f16(b + 208), o->dmin = 0;
         return;
     }
-    default:
-        return;
+    default: return;
     }
 }
 
@@ -536,7 +561,9 @@ AI __m256i dec32(cb_type t, const uint8_t *b, float *d, float *off)
     switch (t) {
     case CB_TYPE_Q4_0: *off = -8.0f * *d; return nib16(b + 2);
     case CB_TYPE_Q4_1: *off = f16(b + 2); return nib16(b + 4);
-    case CB_TYPE_Q5_0: *off = -16.0f * *d; return _mm256_or_si256(nib16(b + 6), bits16(rd32(b + 2)));
+    case CB_TYPE_Q5_0:
+        *off = -16.0f * *d;
+        return _mm256_or_si256(nib16(b + 6), bits16(rd32(b + 2)));
     case CB_TYPE_Q5_1: *off = f16(b + 2); return _mm256_or_si256(nib16(b + 8), bits16(rd32(b + 4)));
     default: *off = 0.0f; return ld(b + 2); /* q8_0 */
     }
@@ -545,7 +572,8 @@ AI __m256i dec32(cb_type t, const uint8_t *b, float *d, float *off)
 /* qg_pack for the 32-element types: each row's blocks decoded straight
  * through a chunk (one stream), then each block's eight rows transposed
  * into place, its d and offsets stored as vectors */
-static void pack32(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int nr, uint8_t *dst, int p)
+static void pack32(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int nr,
+                   uint8_t *dst, int p)
 {
     enum { CH = 32 };
     const size_t bb = cb_type_row_bytes(t, 32), pbb = (size_t)QG_OFF_0_BYTES * (size_t)p;
@@ -574,20 +602,25 @@ static void pack32(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o
                 transpose8(v[b], tr);
                 for (int c = 0; c < 8; c++)
                     _mm256_storeu_si256((__m256i *)(void *)(o + 4 * (c * p + h)), tr[c]);
-                _mm256_storeu_ps((float *)(void *)(o + 4 * (QG_OFF_0_D / 4 * p + h)), _mm256_loadu_ps(d[b]));
-                _mm256_storeu_ps((float *)(void *)(o + 4 * (QG_OFF_0_B / 4 * p + h)), _mm256_loadu_ps(off[b]));
+                _mm256_storeu_ps((float *)(void *)(o + 4 * (QG_OFF_0_D / 4 * p + h)),
+                                 _mm256_loadu_ps(d[b]));
+                _mm256_storeu_ps((float *)(void *)(o + 4 * (QG_OFF_0_B / 4 * p + h)),
+                                 _mm256_loadu_ps(off[b]));
             }
         }
 }
 
 /* qg_pack for the K-quants: each row's blocks decoded straight through a
  * chunk, its scales stored in place, then each block interleaved */
-static void packk(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int nr, uint8_t *dst, qg_layout l)
+static void packk(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int nr,
+                  uint8_t *dst, qg_layout l)
 {
     enum { QBUF = 32768 };
     const int p = l.p, ch = QBUF / (256 * p), q6 = t == CB_TYPE_Q6_K;
-    const size_t bb = cb_type_row_bytes(t, 256), pbb = (size_t)p * (q6 ? QG_OFF_K6_BYTES : QG_OFF_K45_BYTES);
-    const int ns = q6 ? 16 : 8, mn_off = q6 ? QG_OFF_K6_MN : QG_OFF_K45_MN, d_off = q6 ? QG_OFF_K6_D : QG_OFF_K45_D;
+    const size_t bb = cb_type_row_bytes(t, 256),
+                 pbb = (size_t)p * (q6 ? QG_OFF_K6_BYTES : QG_OFF_K45_BYTES);
+    const int ns = q6 ? 16 : 8, mn_off = q6 ? QG_OFF_K6_MN : QG_OFF_K45_MN,
+              d_off = q6 ? QG_OFF_K6_D : QG_OFF_K45_D;
     int8_t q[QBUF];
     if (nr < p)
         memset(q, 0, sizeof q);
@@ -601,7 +634,8 @@ static void packk(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o0
                 _mm_prefetch((const char *)(row + (size_t)b * bb + 2048), _MM_HINT_T0);
                 qg_decode_avx2(t, row + (size_t)b * bb, q + (b * p + i) * 256, &sc);
                 for (int k = 0; k < ns; k++) {
-                    int32_t v = l.sc32 ? sc.sc[k] : (int32_t)((uint32_t)(uint16_t)sc.sc[k] * 0x10001u);
+                    int32_t v =
+                        l.sc32 ? sc.sc[k] : (int32_t)((uint32_t)(uint16_t)sc.sc[k] * 0x10001u);
                     memcpy(o + 4 * ((QG_OFF_K_SC / 4 + k) * p + i), &v, 4);
                 }
                 for (int k = 0; k < ns / 2; k++) {
@@ -617,8 +651,8 @@ static void packk(cb_type t, const uint8_t *w, size_t rb, int64_t nb, int64_t o0
     }
 }
 
-void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr, uint8_t *dst,
-                  qg_layout l)
+void qg_pack_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t o0, int nr,
+                  uint8_t *dst, qg_layout l)
 {
     int k = qg_is_k(t);
     int64_t nb = n_in / (k ? 256 : 32);
@@ -647,8 +681,9 @@ typedef __m256 vf;
 #define VI_MADD _mm256_madd_epi16
 #define VI_MADDUBS _mm256_maddubs_epi16
 /* |w| times x with w's sign: no 16-bit pair can overflow (2 * 128 * 127 < 32768) */
-#define VI_SDOT(acc, w, x)                                                                                     \
-    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), \
+#define VI_SDOT(acc, w, x)                                                                \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w),  \
+                                                                 _mm256_sign_epi8(x, w)), \
                                             _mm256_set1_epi16(1)))
 #define VF_LD(p) _mm256_loadu_ps((const float *)(const void *)(p))
 #define VF_ZERO _mm256_setzero_ps()

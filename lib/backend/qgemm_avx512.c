@@ -77,9 +77,10 @@ typedef QI(__m512) vf;
 #define VI_SDOT(acc, w, x) QI(_mm512_dpbusd_epi32)(acc, QI(_mm512_abs_epi8)(w), sign512(x, w))
 #else
 #define VI_MADDUBS QI(_mm512_maddubs_epi16)
-#define VI_SDOT(acc, w, x)                                                                                   \
-    QI(_mm512_add_epi32)(acc, QI(_mm512_madd_epi16)(QI(_mm512_maddubs_epi16)(QI(_mm512_abs_epi8)(w), sign512(x, w)), \
-                                                    QI(_mm512_set1_epi16)(1)))
+#define VI_SDOT(acc, w, x)                                                                       \
+    QI(_mm512_add_epi32)                                                                         \
+    (acc, QI(_mm512_madd_epi16)(QI(_mm512_maddubs_epi16)(QI(_mm512_abs_epi8)(w), sign512(x, w)), \
+                                QI(_mm512_set1_epi16)(1)))
 #endif
 #define VF_LD(p) QI(_mm512_loadu_ps)((const void *)(p))
 #define VF_ZERO QI(_mm512_setzero_ps)()

@@ -23,7 +23,8 @@
 #define QGT_K_BYTES(kind) ((kind) == 6 ? QG_OFF_K6_BYTES * QGT_P : QG_OFF_K45_BYTES * QGT_P)
 
 /* the R rows' P results (lanes past np not stored) */
-static inline __attribute__((always_inline)) void qgt_store(const vf *acc, int R, int np, float *y, int64_t ldy)
+static inline __attribute__((always_inline)) void qgt_store(const vf *acc, int R, int np, float *y,
+                                                            int64_t ldy)
 {
     for (int r = 0; r < R; r++) {
         if (np == QGT_P) {
@@ -40,9 +41,10 @@ static inline __attribute__((always_inline)) void qgt_store(const vf *acc, int R
  * (scales per 16, the -32 in mn).  16-bit sums (QGT_VNNI 0) run over as
  * many chunks as cannot overflow: 4-bit weights 8 (2*15*127*8 < 32768),
  * 5-bit 4, 6-bit 2. */
-static inline __attribute__((always_inline)) void qgt_tile_k(const int kind, const int R, const uint8_t *panel,
-                                                              int64_t nb, const uint8_t *x0, size_t ldx, float *y,
-                                                              int64_t ldy, int np)
+static inline __attribute__((always_inline)) void qgt_tile_k(const int kind, const int R,
+                                                             const uint8_t *panel, int64_t nb,
+                                                             const uint8_t *x0, size_t ldx,
+                                                             float *y, int64_t ldy, int np)
 {
 #if QGT_VNNI
     const int per = kind == 6 ? 4 : 8; /* a scale's chunks */
@@ -72,13 +74,15 @@ static inline __attribute__((always_inline)) void qgt_tile_k(const int kind, con
 #if QGT_VNNI
                         part[r] = VI_DPBUSD(part[r], w, VI_BC32(xr[r][b].q + 32 * s + 4 * k));
 #else
-                        part[r] = VI_ADD16(part[r], VI_MADDUBS(w, VI_BC32(xr[r][b].q + 32 * s + 4 * k)));
+                        part[r] =
+                            VI_ADD16(part[r], VI_MADDUBS(w, VI_BC32(xr[r][b].q + 32 * s + 4 * k)));
 #endif
                         PIN(part[r]);
                     }
                 }
                 /* q6_K: chunks 0-3 are sub-block 2s of 16, 4-7 are 2s+1 */
-                vi sc = VI_LD(blk + (QG_OFF_K_SC + 4 * (kind == 6 ? 2 * s + (k0 >= 4) : s)) * QGT_P);
+                vi sc =
+                    VI_LD(blk + (QG_OFF_K_SC + 4 * (kind == 6 ? 2 * s + (k0 >= 4) : s)) * QGT_P);
                 for (int r = 0; r < R; r++) {
 #if QGT_VNNI
                     iacc[r] = VI_ADD32(iacc[r], VI_MULLO(part[r], sc));
@@ -124,9 +128,10 @@ static inline __attribute__((always_inline)) void qgt_tile_k(const int kind, con
 
 /* 32-element panel x R rows.  kind 4: 4-bit unsigned (16-bit sums of 8
  * chunks), 5: 5-bit (4), 8: q8_0's signed bytes (VI_SDOT) */
-static inline __attribute__((always_inline)) void qgt_tile_0(const int kind, const int R, const uint8_t *panel,
-                                                              int64_t nb, const uint8_t *x0, size_t ldx, float *y,
-                                                              int64_t ldy, int np)
+static inline __attribute__((always_inline)) void qgt_tile_0(const int kind, const int R,
+                                                             const uint8_t *panel, int64_t nb,
+                                                             const uint8_t *x0, size_t ldx,
+                                                             float *y, int64_t ldy, int np)
 {
 #if !QGT_VNNI
     const vi ones = VI_SET16(1);
@@ -188,21 +193,22 @@ static inline __attribute__((always_inline)) void qgt_tile_0(const int kind, con
     qgt_store(acc, R, np, y, ldy);
 }
 
-typedef void (*qgt_tile_fn)(const uint8_t *panel, int64_t nb, const uint8_t *x0, size_t ldx, float *y, int64_t ldy,
-                            int np);
+typedef void (*qgt_tile_fn)(const uint8_t *panel, int64_t nb, const uint8_t *x0, size_t ldx,
+                            float *y, int64_t ldy, int np);
 
-#define QGT_TILE(F, KIND, R)                                                                                  \
-    static void F##KIND##_##R(const uint8_t *p, int64_t nb, const uint8_t *x, size_t lx, float *y, int64_t ly, \
-                              int np)                                                                         \
-    {                                                                                                         \
-        F(KIND, R, p, nb, x, lx, y, ly, np);                                                                  \
+#define QGT_TILE(F, KIND, R)                                                                       \
+    static void F##KIND##_##R(const uint8_t *p, int64_t nb, const uint8_t *x, size_t lx, float *y, \
+                              int64_t ly, int np)                                                  \
+    {                                                                                              \
+        F(KIND, R, p, nb, x, lx, y, ly, np);                                                       \
     }
-#define QGT_TILES(F, KIND)                                                                                    \
-    QGT_TILE(F, KIND, 1)                                                                                      \
-    QGT_TILE(F, KIND, 2)                                                                                      \
-    QGT_TILE(F, KIND, 3)                                                                                      \
-    QGT_TILE(F, KIND, 4)                                                                                      \
-    static const qgt_tile_fn F##KIND[QG_R + 1] = {NULL, F##KIND##_1, F##KIND##_2, F##KIND##_3, F##KIND##_4};
+#define QGT_TILES(F, KIND)                                                                     \
+    QGT_TILE(F, KIND, 1)                                                                       \
+    QGT_TILE(F, KIND, 2)                                                                       \
+    QGT_TILE(F, KIND, 3)                                                                       \
+    QGT_TILE(F, KIND, 4)                                                                       \
+    static const qgt_tile_fn F##KIND[QG_R + 1] = {NULL, F##KIND##_1, F##KIND##_2, F##KIND##_3, \
+                                                  F##KIND##_4};
 
 QGT_TILES(qgt_tile_k, 4)
 QGT_TILES(qgt_tile_k, 5)
@@ -211,8 +217,8 @@ QGT_TILES(qgt_tile_0, 4)
 QGT_TILES(qgt_tile_0, 5)
 QGT_TILES(qgt_tile_0, 8)
 
-void QGT_GEMM(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq, int64_t n, int np,
-              float *y, int64_t ldy)
+void QGT_GEMM(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, size_t ldxq,
+              int64_t n, int np, float *y, int64_t ldy)
 {
     const qgt_tile_fn *f;
     int64_t nb;
@@ -220,8 +226,10 @@ void QGT_GEMM(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, 
     case CB_TYPE_Q4_K: f = qgt_tile_k4, nb = n_in / 256; break;
     case CB_TYPE_Q5_K: f = qgt_tile_k5, nb = n_in / 256; break;
     case CB_TYPE_Q6_K: f = qgt_tile_k6, nb = n_in / 256; break;
-    case CB_TYPE_Q4_0: case CB_TYPE_Q4_1: f = qgt_tile_04, nb = n_in / 32; break;
-    case CB_TYPE_Q5_0: case CB_TYPE_Q5_1: f = qgt_tile_05, nb = n_in / 32; break;
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_1: f = qgt_tile_04, nb = n_in / 32; break;
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_1: f = qgt_tile_05, nb = n_in / 32; break;
     case CB_TYPE_Q8_0: f = qgt_tile_08, nb = n_in / 32; break;
     default: return;
     }

@@ -1406,6 +1406,11 @@ typedef enum cb_chat_kind {
 /* Recognise a tokenizer.chat_template (Jinja text) the way llama.cpp does;
  * CB_CHAT_NONE when it is empty or unknown. */
 cb_chat_kind cb_chat_detect(cb_strview tmpl);
+
+/* The system message a (chatml) template writes when the conversation has
+ * none, malloc'd (Qwen2.5's "You are Qwen, ..."); NULL when it writes none.
+ * llama.cpp's built-in templates leave it out; the model was trained with it. */
+char *cb_chat_default_system(cb_strview tmpl);
 const char *cb_chat_name(cb_chat_kind k);
 
 /* One system + user exchange rendered in three parts, so that a caller can

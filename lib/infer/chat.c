@@ -28,6 +28,7 @@
  * trimmed where llama.cpp trims it. */
 #include "cbcore.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,63 @@ const char *cb_chat_name(cb_chat_kind k)
     case CB_CHAT_GEMMA: return "gemma";
     }
     return "unknown";
+}
+
+/* ------------------------------------------------------- default system */
+
+/* The system message a chatml template writes when the conversation has
+ * none: the constant in '<|im_start|>system\n' TEXT '<|im_end|>\n' (Qwen2.5:
+ * "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+ * SmolLM2's writes its newlines as they are, not as \n).  Jinja's \n
+ * escapes become newlines; a literal holding another escape, a quote or an
+ * expression's '+', '{' or '}' is not a constant. */
+
+/* The length of the newline at s (a newline, or Jinja's \n), else 0. */
+static size_t newline_at(const char *s, const char *end)
+{
+    if (s < end && *s == '\n')
+        return 1;
+    return end - s >= 2 && s[0] == '\\' && s[1] == 'n' ? 2 : 0;
+}
+
+char *cb_chat_default_system(cb_strview t)
+{
+    static const char open[] = "'<|im_start|>system", close[] = "<|im_end|>";
+    const size_t no = sizeof open - 1, nc = sizeof close - 1;
+    const char *end = t.data + t.len;
+
+    for (const char *at = t.data; at && end - at >= (ptrdiff_t)no; at++) {
+        const char *a, *e;
+        size_t nl;
+        if (memcmp(at, open, no) != 0 || !(nl = newline_at(at + no, end)))
+            continue;
+        a = at + no + nl;
+        for (e = a; e < end && !(end - e >= (ptrdiff_t)nc && memcmp(e, close, nc) == 0); e++)
+            if (*e == '\'' || *e == '+' || *e == '{' || *e == '}')
+                break;
+        if (e == a || end - e < (ptrdiff_t)nc || memcmp(e, close, nc) != 0 ||
+            !(nl = newline_at(e + nc, end)) || e + nc + nl >= end || e[nc + nl] != '\'')
+            continue;
+        char *s = malloc((size_t)(e - a) + 1), *o = s;
+        if (!s)
+            return NULL;
+        for (const char *c = a; c < e; c++) {
+            if (*c != '\\') {
+                *o++ = *c;
+            } else if (newline_at(c, e) == 2) {
+                *o++ = '\n', c++;
+            } else {
+                o = NULL;
+                break;
+            }
+        }
+        if (o) {
+            *o = 0;
+            return s;
+        }
+        free(s);
+    }
+    return NULL;
 }
 
 /* ------------------------------------------------------------ rendering */

@@ -57,7 +57,7 @@ cb_blend_params cb_blend_defaults(void)
     p.sink_tokens = 4;
     p.adapt_min = 0.05f;
     p.adapt_max = 0.5f;
-    p.probe_rows = 0; /* all the question's rows: measured better than its last 8 (issue 15) */
+    p.probe_rows = 0;  /* all the question's rows: measured better than its last 8 (issue 15) */
     p.key_temp = 0.0f; /* the model's: cb_blend_key_temp */
     return p;
 }
@@ -86,7 +86,7 @@ typedef struct loader {
     double limit_mbs;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int32_t ready;      /* layers 0..ready-1 are in place */
+    int32_t ready; /* layers 0..ready-1 are in place */
     cb_status st;
     cb_error err;
     int32_t failed_seg; /* the segment whose file failed to read, or -1 */
@@ -95,7 +95,7 @@ typedef struct loader {
     double busy_ms, t_begin;
     uint64_t bytes;
     pthread_t thread;
-    int started;        /* the thread runs (else loading ran on the caller's) */
+    int started; /* the thread runs (else loading ran on the caller's) */
 } loader;
 
 static void loader_run(loader *ld)
@@ -121,7 +121,8 @@ static void loader_run(loader *ld)
             if (ld->key_scale != 1.0f && s != ld->exact_seg)
                 for (int64_t e = 0; e < (int64_t)ld->segs[s].n * ld->w; e++)
                     k[e] *= ld->key_scale;
-            st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v, cb_kvfile_meta(kf)->pos0);
+            st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v,
+                                 cb_kvfile_meta(kf)->pos0);
             if (st != CB_OK)
                 cb_error_set(&err, st, "blend: cannot place segment %d", s);
             ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
@@ -129,7 +130,8 @@ static void loader_run(loader *ld)
         if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
             double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = cb_now_ms();
             if (due > now) {
-                struct timespec ts = {(time_t)((due - now) / 1e3), (long)(fmod(due - now, 1e3) * 1e6)};
+                struct timespec ts = {(time_t)((due - now) / 1e3),
+                                      (long)(fmod(due - now, 1e3) * 1e6)};
                 nanosleep(&ts, NULL);
             }
         }
@@ -172,9 +174,9 @@ static void *loader_main(void *arg)
  * (the keys of all but segment exact_seg divided by the key temperature): on a
  * thread of its own, or right here with p->sequential_load (or when no
  * thread can be made).  Nothing to load: every layer is ready at once. */
-static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, int32_t n_segs, const uint8_t *use,
-                         const int32_t *start, int32_t exact_seg, cb_kvcache *kv, int64_t max_seg,
-                         const cb_blend_params *p)
+static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, int32_t n_segs,
+                         const uint8_t *use, const int32_t *start, int32_t exact_seg,
+                         cb_kvcache *kv, int64_t max_seg, const cb_blend_params *p)
 {
     const cb_hparams *hp = cb_model_hparams(m);
     int any = 0;
@@ -196,7 +198,9 @@ static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, 
     ld->ready = any ? 0 : hp->n_layer;
     ld->failed_seg = -1;
     ld->exact_seg = exact_seg;
-    ld->key_scale = p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE ? 1.0f / cb_blend_key_temp(m, p) : 1.0f;
+    ld->key_scale = p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE
+                        ? 1.0f / cb_blend_key_temp(m, p)
+                        : 1.0f;
     ld->t_begin = cb_now_ms();
     if (!any)
         return;
@@ -268,22 +272,24 @@ typedef struct plan {
     uint8_t *use;                /* [n_segs]: its cache is used */
     uint8_t *cached;             /* [total]: the row's KV comes from a cache (ROW_*) */
     uint8_t *keep;               /* [total]: a cached row still selected for recompute */
-    int32_t *rows;               /* [total]: the computed rows (fresh ones and selected cached ones) */
+    int32_t *rows; /* [total]: the computed rows (fresh ones and selected cached ones) */
     int32_t n_rows;
-    int32_t *top;                /* [total]: hkvd's choice */
-    scored *sc;                  /* [total]: query's scores */
-    float *fresh;                /* query: candidates' fresh keys [total, w] */
-    float *qbuf;                 /* query: the question's queries [nq, n_head*head_dim] */
-    float *srow;                 /* query: one head's attention over the candidates [total] */
+    int32_t *top; /* [total]: hkvd's choice */
+    scored *sc;   /* [total]: query's scores */
+    float *fresh; /* query: candidates' fresh keys [total, w] */
+    float *qbuf;  /* query: the question's queries [nq, n_head*head_dim] */
+    float *srow;  /* query: one head's attention over the candidates [total] */
     loader ld;
     double stall;
-    qmm_exp_sum_fn exp_sum;      /* probe: the vectorized softmax exponential, or NULL */
+    qmm_exp_sum_fn exp_sum; /* probe: the vectorized softmax exponential, or NULL */
 } plan;
 
 static void plan_free(plan *pl)
 {
-    free(pl->ids), free(pl->pos), free(pl->seg_of), free(pl->start), free(pl->use), free(pl->cached);
-    free(pl->keep), free(pl->rows), free(pl->top), free(pl->sc), free(pl->fresh), free(pl->qbuf), free(pl->srow);
+    free(pl->ids), free(pl->pos), free(pl->seg_of), free(pl->start), free(pl->use),
+        free(pl->cached);
+    free(pl->keep), free(pl->rows), free(pl->top), free(pl->sc), free(pl->fresh), free(pl->qbuf),
+        free(pl->srow);
 }
 
 /* Check the segments against the model and the cache; the prompt's size. */
@@ -292,25 +298,30 @@ static cb_status plan_check(plan *pl, cb_error *err)
     const cb_model *m = cb_fwd_model(pl->f);
     const cb_blend_params *p = pl->p;
     cb_status st;
-    if (pl->n_segs < 1 || p->n_ratios < 1 || p->n_ratios > CB_BLEND_MAX_STEPS || p->check_layer < 1 ||
-        p->check_layer + p->n_ratios > pl->hp->n_layer)
-        return cb_error_set(err, CB_ERR_INVALID, "blend: check layer %d with %d ratios does not fit %d layers",
+    if (pl->n_segs < 1 || p->n_ratios < 1 || p->n_ratios > CB_BLEND_MAX_STEPS ||
+        p->check_layer < 1 || p->check_layer + p->n_ratios > pl->hp->n_layer)
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "blend: check layer %d with %d ratios does not fit %d layers",
                             p->check_layer, p->n_ratios, pl->hp->n_layer);
     if (!(p->key_temp >= 0.0f && p->key_temp < 1e30f))
-        return cb_error_set(err, CB_ERR_INVALID,
-                            "blend: the key temperature must be positive (or 0: the model's), not %g",
-                            (double)p->key_temp);
+        return cb_error_set(
+            err, CB_ERR_INVALID,
+            "blend: the key temperature must be positive (or 0: the model's), not %g",
+            (double)p->key_temp);
     if (p->strategy == CB_STRATEGY_PROBE && p->n_ratios != 1)
-        return cb_error_set(err, CB_ERR_INVALID, "blend: probe selects once: give one ratio, not %d", p->n_ratios);
-    const char *no_blas = p->strategy == CB_STRATEGY_PROBE ? cb_blas_load() : NULL; /* its scores, on the host */
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "blend: probe selects once: give one ratio, not %d", p->n_ratios);
+    const char *no_blas =
+        p->strategy == CB_STRATEGY_PROBE ? cb_blas_load() : NULL; /* its scores, on the host */
     if (no_blas)
         return cb_error_set(err, CB_ERR_DEVICE, "blend: %s", no_blas);
     if (p->adapt_mass < 0 || p->adapt_mass > 1 ||
-        (p->adapt_mass > 0 && (p->strategy != CB_STRATEGY_PROBE || p->adapt_min < 0 || p->adapt_min > p->adapt_max ||
-                               p->adapt_max > 1)))
-        return cb_error_set(err, CB_ERR_INVALID,
-                            "blend: an adaptive ratio needs the probe strategy, a mass in (0, 1] and 0 <= min <= "
-                            "max <= 1");
+        (p->adapt_mass > 0 && (p->strategy != CB_STRATEGY_PROBE || p->adapt_min < 0 ||
+                               p->adapt_min > p->adapt_max || p->adapt_max > 1)))
+        return cb_error_set(
+            err, CB_ERR_INVALID,
+            "blend: an adaptive ratio needs the probe strategy, a mass in (0, 1] and 0 <= min <= "
+            "max <= 1");
     for (int32_t s = 0; s < pl->n_segs; s++) {
         const cb_segment *g = &pl->segs[s];
         pl->total += g->n;
@@ -320,11 +331,13 @@ static cb_status plan_check(plan *pl, cb_error *err)
         if ((st = cb_kvfile_check_model(g->kv, m, err)) != CB_OK)
             return st;
         if (cb_kvfile_meta(g->kv)->n_tokens != g->n)
-            return cb_error_set(err, CB_ERR_INVALID, "blend: segment %d has %d tokens, its KV file %d", s, g->n,
+            return cb_error_set(err, CB_ERR_INVALID,
+                                "blend: segment %d has %d tokens, its KV file %d", s, g->n,
                                 cb_kvfile_meta(g->kv)->n_tokens);
     }
     if (pl->total < 1 || pl->total > cb_kvcache_n_ctx(pl->kv))
-        return cb_error_set(err, CB_ERR_RANGE, "blend: a prompt of %lld tokens does not fit the context of %d",
+        return cb_error_set(err, CB_ERR_RANGE,
+                            "blend: a prompt of %lld tokens does not fit the context of %d",
                             (long long)pl->total, cb_kvcache_n_ctx(pl->kv));
     return CB_OK;
 }
@@ -361,8 +374,8 @@ static cb_status plan_rows(plan *pl, cb_error *err)
     pl->cached = calloc((size_t)total, 1);
     pl->keep = calloc((size_t)total, 1);
     pl->sc = malloc(sizeof(scored) * (size_t)total);
-    if (!pl->ids || !pl->pos || !pl->rows || !pl->seg_of || !pl->start || !pl->use || !pl->cached || !pl->keep ||
-        !pl->sc)
+    if (!pl->ids || !pl->pos || !pl->rows || !pl->seg_of || !pl->start || !pl->use || !pl->cached ||
+        !pl->keep || !pl->sc)
         return cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
     for (int32_t s = 0, at = 0; s < n_segs; s++) {
         pl->start[s] = at;
@@ -383,7 +396,8 @@ static cb_status plan_rows(plan *pl, cb_error *err)
             pl->use[s] = pl->segs[s].kv != NULL;
     }
     for (int64_t r = 0; r < total; r++)
-        if (pl->use[pl->seg_of[r]] && r != total - 1) /* the last row is always computed: its logits are needed */
+        if (pl->use[pl->seg_of[r]] &&
+            r != total - 1) /* the last row is always computed: its logits are needed */
             pl->cached[r] = ROW_CAND, pl->n_cached++;
     pl->exact_seg = -1;
     if (pl->p->mode == CB_MODE_BLEND || pl->p->mode == CB_MODE_REUSE)
@@ -462,7 +476,8 @@ static cb_status select_query(plan *pl, int32_t l, const int32_t *cand, int32_t 
  * cache, ranked on the backend: only the chosen rows come back. */
 static cb_status select_hkvd(plan *pl, int32_t l, const int32_t *cand, int32_t n_c, int64_t want)
 {
-    cb_status st = cb_fwd_deviation(pl->f, pl->kv, l, pl->p->deviation_v, cand, n_c, (int32_t)want, pl->top);
+    cb_status st =
+        cb_fwd_deviation(pl->f, pl->kv, l, pl->p->deviation_v, cand, n_c, (int32_t)want, pl->top);
     if (st != CB_OK)
         return st;
     for (int32_t c = 0; c < n_c; c++)
@@ -514,15 +529,16 @@ static void add_sinks(plan *pl)
 /* Layers lo..hi-1 for the current computed set (rows NULL: every row);
  * the model's last layer only as far as the prompt's last row's logits and
  * the cache need (cb_fwd_last_layer). */
-static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *rows, int32_t n_rows, int *layer_err,
-                            cb_error *err)
+static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *rows, int32_t n_rows,
+                            int *layer_err, cb_error *err)
 {
     cb_status st;
     for (int32_t l = lo; l < hi; l++) {
         if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
             return st;
-        st = l == pl->hp->n_layer - 1 ? cb_fwd_last_layer(pl->f, pl->kv, rows, n_rows, (int32_t)pl->total - 1)
-                                      : cb_fwd_layer(pl->f, pl->kv, l, rows, n_rows);
+        st = l == pl->hp->n_layer - 1
+                 ? cb_fwd_last_layer(pl->f, pl->kv, rows, n_rows, (int32_t)pl->total - 1)
+                 : cb_fwd_layer(pl->f, pl->kv, l, rows, n_rows);
         if (st != CB_OK)
             return *layer_err = 1, st;
     }
@@ -535,7 +551,8 @@ static cb_status run_layers(plan *pl, int32_t lo, int32_t hi, const int32_t *row
  * row-window+1..row; keys [total, w] from the cache), added to every
  * row's mass[total], over every head (only the candidates' count).  The
  * logits of one head are one product (OpenBLAS) into pl->srow [nq, total]. */
-static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, const float *keys, float *restrict mass)
+static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, const float *keys,
+                      float *restrict mass)
 {
     const cb_hparams *hp = pl->hp;
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, total = pl->total;
@@ -544,10 +561,11 @@ static void probe_add(plan *pl, int32_t l, const int32_t *qrows, int32_t nq, con
     float scale = cb_fwd_model(pl->f)->attn_scale; /* the engine's */
     for (int32_t h = 0; h < hp->n_head; h++) {
         cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, (int)total, hp->head_dim, scale,
-                 pl->qbuf + (int64_t)h * hp->head_dim, (int)dq, keys + (int64_t)(h / grp) * hp->head_dim,
-                 (int)pl->w, 0.0f, pl->srow, (int)total);
+                 pl->qbuf + (int64_t)h * hp->head_dim, (int)dq,
+                 keys + (int64_t)(h / grp) * hp->head_dim, (int)pl->w, 0.0f, pl->srow, (int)total);
         for (int32_t i = 0; i < nq; i++) {
-            int32_t n = qrows[i] + 1, j0 = window > 0 && n > window ? n - window : 0; /* the engine's mask */
+            int32_t n = qrows[i] + 1,
+                    j0 = window > 0 && n > window ? n - window : 0; /* the engine's mask */
             float *a = pl->srow + i * total, mx = -INFINITY, sum = 0;
             for (int32_t j = j0; j < n; j++)
                 mx = a[j] > mx ? a[j] : mx;
@@ -618,7 +636,8 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
     pl->srow = malloc(sizeof(float) * (size_t)((pl->total - qs) * pl->total));
     if (!qrows || !keys || !mass || !pl->qbuf || !pl->srow)
         goto out;
-    for (int32_t i = 0; i < pl->n_rows; i++) /* the last segment's uncached rows: the tail of pl->rows */
+    for (int32_t i = 0; i < pl->n_rows;
+         i++) /* the last segment's uncached rows: the tail of pl->rows */
         if (pl->rows[i] >= qs)
             qrows[nq++] = pl->rows[i];
     if (pl->p->probe_rows > 0 && nq > pl->p->probe_rows) { /* the last ones */
@@ -626,7 +645,8 @@ static cb_status fuse_probe(plan *pl, int *layer_err, cb_error *err, cb_blend_st
         nq = pl->p->probe_rows;
     }
     pl->exp_sum = qmm_exp_sum(1);
-    for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
+    for (int32_t l = 0; l < hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand));
+         l++) {
         if ((st = loader_wait(&pl->ld, l, &pl->stall, err)) != CB_OK)
             goto out;
         if ((st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK ||
@@ -665,7 +685,8 @@ out:
 /* One check layer: narrow the candidates (cached rows still kept) to
  * ratio x the cached rows by the strategy, then compute the layer for the
  * fresh rows and the survivors. */
-static cb_status check_layer(plan *pl, int32_t step, int *layer_err, cb_error *err, cb_blend_stats *stats)
+static cb_status check_layer(plan *pl, int32_t step, int *layer_err, cb_error *err,
+                             cb_blend_stats *stats)
 {
     const cb_blend_params *p = pl->p;
     int32_t l = p->check_layer + step, n_c = 0;
@@ -714,19 +735,21 @@ static cb_status fuse(plan *pl, int *layer_err, cb_error *err, cb_blend_stats *s
     for (int64_t r = 0; r < pl->total && pl->n_exact > 0; r++)
         if (pl->cached[r] != ROW_EXACT)
             pl->rows[pl->n_rows++] = (int32_t)r;
-    if ((st = run_layers(pl, 0, p->check_layer, pl->n_exact > 0 ? pl->rows : NULL, pl->n_rows, layer_err, err)) !=
-        CB_OK)
+    if ((st = run_layers(pl, 0, p->check_layer, pl->n_exact > 0 ? pl->rows : NULL, pl->n_rows,
+                         layer_err, err)) != CB_OK)
         return st;
     for (int64_t r = 0; r < pl->total; r++) /* candidates: all cached rows that can deviate */
         pl->keep[r] = pl->cached[r] == ROW_CAND;
-    if (p->strategy == CB_STRATEGY_QUERY && !(pl->fresh = malloc(sizeof(float) * (size_t)(pl->total * pl->w))))
+    if (p->strategy == CB_STRATEGY_QUERY &&
+        !(pl->fresh = malloc(sizeof(float) * (size_t)(pl->total * pl->w))))
         return CB_ERR_NOMEM;
     if (!(pl->top = malloc(sizeof(int32_t) * (size_t)pl->total)))
         return CB_ERR_NOMEM;
     for (int32_t step = 0; step < p->n_ratios; step++)
         if ((st = check_layer(pl, step, layer_err, err, stats)) != CB_OK)
             return st;
-    return run_layers(pl, p->check_layer + p->n_ratios, pl->hp->n_layer, pl->rows, pl->n_rows, layer_err, err);
+    return run_layers(pl, p->check_layer + p->n_ratios, pl->hp->n_layer, pl->rows, pl->n_rows,
+                      layer_err, err);
 }
 
 /* Everything but blend: every layer for the computed set (all rows when
@@ -739,9 +762,15 @@ static cb_status prefill_plain(plan *pl, int *layer_err, cb_error *err)
 }
 
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
-                           const cb_blend_params *p, float *logits, cb_blend_stats *stats, cb_error *err)
+                           const cb_blend_params *p, float *logits, cb_blend_stats *stats,
+                           cb_error *err)
 {
-    plan pl = {.f = f, .kv = kv, .segs = segs, .n_segs = n_segs, .p = p, .hp = cb_model_hparams(cb_fwd_model(f))};
+    plan pl = {.f = f,
+               .kv = kv,
+               .segs = segs,
+               .n_segs = n_segs,
+               .p = p,
+               .hp = cb_model_hparams(cb_fwd_model(f))};
     double t_start = cb_now_ms();
     int layer_err = 0;
     cb_status st;
@@ -749,7 +778,9 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     memset(stats, 0, sizeof *stats);
     stats->failed_segment = -1;
     stats->ratio_bound = "given";
-    stats->ratio = p->mode == CB_MODE_FULL ? 1.0f : p->mode == CB_MODE_BLEND ? p->ratios[p->n_ratios - 1] : 0.0f;
+    stats->ratio = p->mode == CB_MODE_FULL    ? 1.0f
+                   : p->mode == CB_MODE_BLEND ? p->ratios[p->n_ratios - 1]
+                                              : 0.0f;
     if ((st = plan_check(&pl, err)) != CB_OK || (st = plan_rows(&pl, err)) != CB_OK)
         goto out;
     stats->n_prompt_tokens = (int32_t)pl.total;
@@ -759,11 +790,14 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     if (p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE)
         stats->key_temp = cb_blend_key_temp(cb_fwd_model(f), p);
     if ((st = cb_fwd_embed(f, pl.ids, pl.pos, (int32_t)pl.total)) != CB_OK) {
-        cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)", (long long)pl.total);
+        cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)",
+                     (long long)pl.total);
         goto out;
     }
-    loader_start(&pl.ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_seg, kv, pl.max_seg, p);
-    st = p->mode == CB_MODE_BLEND ? fuse(&pl, &layer_err, err, stats) : prefill_plain(&pl, &layer_err, err);
+    loader_start(&pl.ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_seg, kv,
+                 pl.max_seg, p);
+    st = p->mode == CB_MODE_BLEND ? fuse(&pl, &layer_err, err, stats)
+                                  : prefill_plain(&pl, &layer_err, err);
     if (st == CB_OK) {
         int32_t last = (int32_t)(pl.total - 1);
         if ((st = cb_fwd_logits(f, &last, 1, logits)) != CB_OK)
@@ -783,7 +817,9 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     stats->load_bytes = pl.ld.bytes;
     stats->stall_ms = pl.stall;
     stats->recompute_ms = stats->prefill_ms - pl.stall - (p->sequential_load ? pl.ld.busy_ms : 0);
-    stats->overlapped_ms = p->sequential_load ? 0 : pl.ld.busy_ms - pl.stall > 0 ? pl.ld.busy_ms - pl.stall : 0;
+    stats->overlapped_ms = p->sequential_load             ? 0
+                           : pl.ld.busy_ms - pl.stall > 0 ? pl.ld.busy_ms - pl.stall
+                                                          : 0;
     if (p->mode == CB_MODE_FULL)
         stats->n_recomputed_tokens = 0;
 out:

@@ -14,8 +14,15 @@ cb_status cb_kv_lead_in(const cb_model *m, cb_tokens *out)
     if (cb_vocab_add_bos(v) && cb_vocab_bos(v) >= 0)
         return cb_tokens_push(out, cb_vocab_bos(v));
     kind = cb_chat_detect(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
-    if (kind != CB_CHAT_NONE && cb_chat_render(kind, NULL, &parts) == CB_OK) {
-        /* Without a system message the prefix is the user turn's opener. */
+    if (kind != CB_CHAT_NONE) {
+        /* The head of a prompt with no system message given: the template's
+         * default system turn (Qwen2.5's) and the user turn's opener. */
+        char *sys =
+            cb_chat_default_system(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
+        st = cb_chat_render(kind, sys, &parts);
+        free(sys);
+        if (st != CB_OK)
+            return st;
         st = cb_tok_encode(v, parts.prefix, strlen(parts.prefix), CB_TOK_PARSE_SPECIAL, out);
         cb_chat_parts_free(&parts);
         return st;

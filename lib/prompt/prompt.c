@@ -173,8 +173,17 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
                   : cb_chat_detect(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
     if ((st = cb_kv_lead_in(m, &p->lead)) != CB_OK)
         goto fail;
-    if (p->kind != CB_CHAT_NONE && (st = cb_chat_render(p->kind, system, &parts)) != CB_OK)
-        goto fail;
+    if (p->kind != CB_CHAT_NONE) {
+        /* no system given: the template's own (""; none) */
+        char *dsys =
+            system
+                ? NULL
+                : cb_chat_default_system(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
+        st = cb_chat_render(p->kind, system ? system : dsys, &parts);
+        free(dsys);
+        if (st != CB_OK)
+            goto fail;
+    }
     if ((st = add_head(p, &parts)) != CB_OK)
         goto fail;
     if ((st = cb_tok_encode(cb_model_vocab(m), "\n\n", 2, 0, &sep)) != CB_OK)

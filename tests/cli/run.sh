@@ -56,7 +56,17 @@ expect_exit "stats file in a missing directory" 73 "$RUN" -m "$TINY" -p hi -n 2 
 "$RUN" --help | grep -q -- "--device DEV" && ok "--help lists --device" || not_ok "--help lists --device"
 
 if M=$(smol_model); then
-    ask() { "$RUN" -m "$M" -t 2 -n 48 -p "$1"; }
+    # Without --system, SmolLM2's own template writes its default system turn ("You are a
+    # helpful AI assistant named SmolLM, ..."); these questions were chosen without one (as
+    # llama.cpp's built-in chatml renders), and the 135M model's recall shifts with it.
+    "$RUN" -m "$M" -t 2 -n 1 -p hi --stats "$T/sys.json" > /dev/null &&
+        "$RUN" -m "$M" -t 2 -n 1 -p hi --system '' --stats "$T/nosys.json" > /dev/null &&
+        python3 -c 'import json, sys
+a, b = (json.load(open(f))["n_prompt_tokens"] for f in sys.argv[1:])
+sys.exit(not a - b > 10)' "$T/sys.json" "$T/nosys.json" &&
+        ok "SmolLM2: no --system is the template's own system turn, --system '' none" ||
+        not_ok "SmolLM2: no --system is the template's own system turn, --system '' none"
+    ask() { "$RUN" -m "$M" -t 2 -n 48 --system '' -p "$1"; }
     for qa in "What is the capital of France?|Paris" \
               "How many days are in a week?|7\|seven" \
               "What is the boiling point of water in Celsius?|100" \

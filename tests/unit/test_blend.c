@@ -796,11 +796,12 @@ int main(void)
     /* the other architectures: Q/K norms (qwen3); sliding windows of 8
      * tokens, so that a chunk's later tokens do not see its start,
      * post-norms, BOS lead-in (gemma3); Llama 3.1's rope_freqs, which the
-     * loaded keys are moved with */
-    static const char *const arch[] = {"qwen3", "gemma3", "llama3"};
-    for (int i = 0; i < 3 && tiny; i++) {
+     * loaded keys are moved with; qwen2's Q/K/V biases (a moved key is
+     * rotated with its bias: exact, as the reorder case checks) */
+    static const char *const arch[] = {"qwen2", "qwen3", "gemma3", "llama3"};
+    for (int i = 0; i < 4 && tiny; i++) {
         char label[64];
-        snprintf(path, sizeof path, "%s/tiny-%s.gguf", tmpdir(), arch[i]);
+        snprintf(path, sizeof path, "%s/tiny%s-%s.gguf", tmpdir(), i == 0 ? "4" : "", arch[i]);
         snprintf(label, sizeof label, "tiny %s", arch[i]);
         invariants(label, path, CB_TYPE_F32, 1e-4, 1e-4);
     }

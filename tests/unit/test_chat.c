@@ -144,6 +144,36 @@ static void test_detect(void)
 
 static void test_names(void)
 {
+    tcase("default system: the constant a chatml template writes when none is given");
+    {
+        char *d = cb_chat_default_system(sv(tmpl_qwen2));
+        CHECK(d && strcmp(d, "You are a helpful assistant.") == 0);
+        free(d);
+        /* Qwen2.5's: a tools branch first (an expression), then the constant */
+        d = cb_chat_default_system(
+            sv("{%- if tools %}{{- '<|im_start|>system\\n' }}{{- messages[0]['content'] }}"
+               "{%- else %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+               "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, "
+               "created by Alibaba Cloud.\\nBe helpful.<|im_end|>\\n' }}"));
+        CHECK(d && strcmp(d, "You are Qwen, created by Alibaba Cloud.\nBe helpful.") == 0);
+        free(d);
+        /* SmolLM2's newlines are written as they are */
+        d = cb_chat_default_system(sv("{{ '<|im_start|>system\nYou are SmolLM<|im_end|>\n' }}"));
+        CHECK(d && strcmp(d, "You are SmolLM") == 0);
+        free(d);
+        CHECK(cb_chat_default_system(sv(tmpl_llama3)) == NULL);
+        CHECK(cb_chat_default_system(sv("{{ '<|im_start|>system\\n' + x + '<|im_end|>\\n' }}")) ==
+              NULL);
+        CHECK(cb_chat_default_system(sv("{{ '<|im_start|>system\\nA \\t tab<|im_end|>\\n' }}")) ==
+              NULL);
+        CHECK(cb_chat_default_system(sv("{{ '<|im_start|>system\\nunterminated")) == NULL);
+        CHECK(cb_chat_default_system(sv("{{ '<|im_start|>system\\n<|im_end|>\\n' }}")) == NULL);
+        CHECK(cb_chat_default_system(sv("")) == NULL);
+        cb_strview cut = sv(tmpl_qwen2); /* the view's length bounds the search */
+        cut.len = (size_t)(strstr(tmpl_qwen2, "<|im_end|>") - tmpl_qwen2);
+        CHECK(cb_chat_default_system(cut) == NULL);
+    }
+
     tcase("names");
     CHECK(strcmp(cb_chat_name(CB_CHAT_NONE), "none") == 0);
     CHECK(strcmp(cb_chat_name(CB_CHAT_CHATML), "chatml") == 0);
