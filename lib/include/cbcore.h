@@ -1540,7 +1540,8 @@ double cb_logits_kl(const float *lp, const float *lq, int32_t n, int *top1);
  * model. */
 typedef struct cb_prompt cb_prompt;
 
-/* Build the segments: `system` (NULL: none) and the question go through
+/* Build the segments: `system` (NULL: the template's own default system
+ * turn, cb_chat_default_system, when it writes one; "": none) and the question go through
  * the model's chat template unless raw; with raw the question is used as
  * is and control tokens written in it are matched.  chunks[0..n_chunks)
  * are the chunks' texts, in order.  Every chunk starts without a cache.
@@ -1646,7 +1647,7 @@ typedef struct cb_batch cb_batch;
 /* One question.  Everything it points to need live only during
  * cb_batch_submit (the stop strings are copied). */
 typedef struct cb_request {
-    const char *system;         /* system text, or NULL */
+    const char *system;         /* system text; NULL: the template's default, "": none */
     int raw;                    /* no chat template (as cb_prompt_build's raw) */
     const cb_chunk_src *chunks; /* texts or store keys, in order */
     size_t n_chunks;
