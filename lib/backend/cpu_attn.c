@@ -1,0 +1,296 @@
+/* cpu_attn.c - the CPU backend's attention: blocks of keys read from the
+ * f16 (or f32) cache into small per-thread f32 tiles, online softmax, the
+ * query heads sharing a KV head together; keys split over threads for
+ * decode, their partial results merged after. */
+#include "../core/dequant.h"
+#include "blas.h"
+#include "cpu_impl.h"
+#include "opmath.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* A task: the query rows [i0, i1) for heads [h0, h1) (all sharing KV head
+ * hk), over keys [ka, kb) of one split; rows are (row, head) pairs,
+ * r = (i - i0) * nh + (h - h0). */
+typedef struct att_job {
+    cpu_ctx *c;
+    const float *q;
+    const int32_t *pos;
+    int64_t n;
+    const void *k, *v;
+    cb_type t;
+    int n_head, n_head_kv, hd, window;
+    float scale;
+    float *out;
+    int nh, n_hsub;     /* heads per task, head subgroups per KV head */
+    int64_t mq, n_qb;   /* query rows per task, query blocks */
+    int n_split;        /* key splits (1: no partials) */
+    int32_t kmin, kmax; /* the keys any row sees: [kmin, kmax) */
+} att_job;
+
+/* rows c0..c1 of KV head hk of a cache into an f32 tile [c1-c0, hd];
+ * f16 rows by f16_row when the CPU has F16C (gcc leaves this loop scalar) */
+__attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type t, int64_t width,
+                                                      int hk, int hd, int64_t c0, int64_t c1,
+                                                      float *restrict dst, qmm_f16_fn f16_row)
+{
+    for (int64_t c = c0; c < c1; c++, dst += hd) {
+        if (t == CB_TYPE_F32) {
+            memcpy(dst, (const float *)cache + c * width + (int64_t)hk * hd,
+                   sizeof(float) * (size_t)hd);
+            continue;
+        }
+        const uint16_t *s = (const uint16_t *)cache + c * width + (int64_t)hk * hd;
+        if (f16_row) {
+            f16_row(s, dst, hd);
+            continue;
+        }
+        for (int e = 0; e < hd; e++)
+            dst[e] = cb_dq_f16(s[e]);
+    }
+}
+
+/* the online-softmax step for one row of scores s[0..nk) (keys c0..):
+ * keys outside [lo, hi] get probability 0 */
+__attribute__((optimize("O3"))) static void softmax_step(float *restrict s, int64_t nk, int64_t c0,
+                                                         int64_t lo, int64_t hi, float *mx,
+                                                         float *l, float *restrict o, int hd,
+                                                         qmm_exp_sum_fn exp_sum)
+{
+    int64_t a = lo > c0 ? lo - c0 : 0, e = hi + 1 - c0 < nk ? hi + 1 - c0 : nk;
+    if (a >= e) {
+        memset(s, 0, sizeof(float) * (size_t)nk);
+        return;
+    }
+    /* eight running maxima and sums, so that the loops vectorize without
+     * reassociating one sum */
+    float m8[8], s8[8] = {0};
+    int64_t j = a;
+    for (int k = 0; k < 8; k++)
+        m8[k] = *mx;
+    for (; j + 8 <= e; j += 8)
+        for (int k = 0; k < 8; k++)
+            m8[k] = s[j + k] > m8[k] ? s[j + k] : m8[k];
+    float m = m8[0];
+    for (int k = 1; k < 8; k++)
+        m = m8[k] > m ? m8[k] : m;
+    for (; j < e; j++)
+        m = s[j] > m ? s[j] : m;
+    if (m > *mx) {
+        float alpha = *mx == -INFINITY ? 0.0f : qmm_exp_neg(*mx - m);
+        *l *= alpha;
+        for (int d = 0; d < hd; d++)
+            o[d] *= alpha;
+        *mx = m;
+    }
+    for (j = 0; j < a; j++)
+        s[j] = 0;
+    for (j = e; j < nk; j++)
+        s[j] = 0;
+    if (exp_sum) {
+        *l += exp_sum(s + a, e - a, m);
+        return;
+    }
+    for (j = a; j + 8 <= e; j += 8)
+        for (int k = 0; k < 8; k++) {
+            float p = qmm_exp_neg(s[j + k] - m);
+            s[j + k] = p;
+            s8[k] += p;
+        }
+    float sum = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
+    for (; j < e; j++) {
+        s[j] = qmm_exp_neg(s[j] - m);
+        sum += s[j];
+    }
+    *l += sum;
+}
+
+__attribute__((optimize("O3"))) static void axpy(float *restrict o, float p,
+                                                 const float *restrict v, int n)
+{
+    for (int d = 0; d < n; d++)
+        o[d] += p * v[d];
+}
+
+static void att_task(void *arg, int64_t task, int tid)
+{
+    const att_job *j = arg;
+    thread_scratch *ts = &j->c->ts[tid];
+    int sp = (int)(task % j->n_split);
+    int64_t rest = task / j->n_split, qb = rest % j->n_qb;
+    int hs = (int)(rest / j->n_qb % j->n_hsub), hk = (int)(rest / j->n_qb / j->n_hsub);
+    int hd = j->hd, G = j->n_head / j->n_head_kv;
+    int h0 = hk * G + hs * j->nh, h1 = h0 + j->nh < (hk + 1) * G ? h0 + j->nh : (hk + 1) * G,
+        nh = h1 - h0;
+    int64_t i0 = qb * j->mq, i1 = i0 + j->mq < j->n ? i0 + j->mq : j->n, M = (i1 - i0) * nh;
+    int64_t ldq = (int64_t)j->n_head * hd, width = (int64_t)j->n_head_kv * hd;
+    int64_t span = j->kmax - j->kmin;
+    int64_t ka = j->kmin + span * sp / j->n_split, kb = j->kmin + span * (sp + 1) / j->n_split;
+    int64_t lo_all = INT64_MAX, hi_all = -1;
+
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+        lo_all = lo < lo_all ? lo : lo_all;
+        hi_all = j->pos[i] > hi_all ? j->pos[i] : hi_all;
+        for (int h = h0; h < h1; h++) {
+            int64_t r = (i - i0) * nh + (h - h0);
+            const float *src = j->q + i * ldq + (int64_t)h * hd;
+            for (int e = 0; e < hd; e++)
+                ts->q[r * hd + e] = src[e] * j->scale;
+            ts->mx[r] = -INFINITY;
+            ts->l[r] = 0;
+            memset(ts->o + r * hd, 0, sizeof(float) * (size_t)hd);
+        }
+    }
+    ka = ka > lo_all ? ka : lo_all;
+    kb = kb < hi_all + 1 ? kb : hi_all + 1;
+    /* decode (one query row, its heads that share KV head hk) on an f16
+     * cache: products that read the cache directly (no tile in f32, no call
+     * per key).  One row sees every key in [ka, kb), so no probability is 0
+     * by the mask and no masked key's value enters its sum (several rows
+     * keep the tiles, whose loop skips zero probabilities). */
+    int fused = i1 - i0 == 1 && M <= QMM_ATT_M && j->t == CB_TYPE_F16 && hd % 8 == 0 &&
+                j->c->att_qk && j->c->att_pv;
+    const uint16_t *kh16 = (const uint16_t *)j->k + (int64_t)hk * hd,
+                   *vh16 = (const uint16_t *)j->v + (int64_t)hk * hd;
+    for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
+        int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;
+        /* the rows that see this tile: leading rows before it and trailing
+         * ones whose window starts after it see nothing of it (rows in
+         * position order, as a prefill's or blend's are: all but the first
+         * and last such rows are computed, masked, in any order) */
+        int64_t ia = i0, ib = i1;
+        while (ia < ib && j->pos[ia] < c0)
+            ia++;
+        while (ib > ia && j->window > 0 && j->pos[ib - 1] - j->window + 1 >= c1)
+            ib--;
+        int64_t ra = (ia - i0) * nh, rn = (ib - ia) * nh;
+        float *sa = ts->s + ra * ATT_KB, *qa = ts->q + ra * hd, *oa = ts->o + ra * hd;
+        if (rn == 0)
+            continue;
+        if (fused) {
+            j->c->att_qk(qa, (int)rn, hd, kh16 + c0 * width, width, nk, sa, ATT_KB);
+        } else {
+            load_tile(j->k, j->t, width, hk, hd, c0, c1, ts->k, j->c->f16_row);
+            if (rn >= 8) {
+                cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rn, (int)nk, hd, 1.0f, qa,
+                         hd, ts->k, hd, 0.0f, sa, ATT_KB);
+            } else {
+                for (int64_t r = 0; r < rn; r++)
+                    for (int64_t c = 0; c < nk; c++)
+                        sa[r * ATT_KB + c] = qmm_dot8(qa + r * hd, ts->k + c * hd, hd);
+            }
+        }
+        for (int64_t r = ra; r < ra + rn; r++) {
+            int64_t i = i0 + r / nh;
+            int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+            softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r],
+                         ts->o + r * hd, hd, j->c->exp_sum);
+        }
+        if (fused) {
+            j->c->att_pv(sa, (int)rn, ATT_KB, vh16 + c0 * width, width, nk, hd, oa);
+            continue;
+        }
+        load_tile(j->v, j->t, width, hk, hd, c0, c1, ts->v, j->c->f16_row);
+        if (rn >= 8) {
+            cb_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rn, hd, (int)nk, 1.0f, sa,
+                     ATT_KB, ts->v, hd, 1.0f, oa, hd);
+        } else {
+            for (int64_t r = 0; r < rn; r++)
+                for (int64_t c = 0; c < nk; c++)
+                    if (sa[r * ATT_KB + c] != 0.0f)
+                        axpy(oa + r * hd, sa[r * ATT_KB + c], ts->v + c * hd, hd);
+        }
+    }
+    for (int64_t r = 0; r < M; r++) {
+        int64_t i = i0 + r / nh;
+        int h = h0 + (int)(r % nh);
+        if (j->n_split == 1) {
+            float inv = 1.0f / ts->l[r];
+            for (int e = 0; e < hd; e++)
+                j->out[i * ldq + (int64_t)h * hd + e] = ts->o[r * hd + e] * inv;
+        } else {
+            float *p = j->c->parts + ((i * j->n_head + h) * j->n_split + sp) * (hd + 2);
+            p[0] = ts->mx[r];
+            p[1] = ts->l[r];
+            memcpy(p + 2, ts->o + r * hd, sizeof(float) * (size_t)hd);
+        }
+    }
+}
+
+/* out = the splits' partial results combined (each: max, sum, o) */
+static void att_merge(const att_job *j)
+{
+    int hd = j->hd;
+    int64_t ldq = (int64_t)j->n_head * hd;
+    for (int64_t i = 0; i < j->n; i++)
+        for (int h = 0; h < j->n_head; h++) {
+            const float *p = j->c->parts + (i * j->n_head + h) * j->n_split * (hd + 2);
+            float m = -INFINITY, l = 0;
+            float *o = j->out + i * ldq + (int64_t)h * hd;
+            for (int s = 0; s < j->n_split; s++)
+                m = p[s * (hd + 2)] > m ? p[s * (hd + 2)] : m;
+            memset(o, 0, sizeof(float) * (size_t)hd);
+            for (int s = 0; s < j->n_split; s++) {
+                const float *ps = p + s * (hd + 2);
+                if (ps[0] == -INFINITY)
+                    continue;
+                float a = qmm_exp_neg(ps[0] - m);
+                l += a * ps[1];
+                axpy(o, a, ps + 2, hd);
+            }
+            float inv = 1.0f / l;
+            for (int e = 0; e < hd; e++)
+                o[e] *= inv;
+        }
+}
+
+void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
+                   const void *v, cb_type t, int n_head, int n_head_kv, int hd, float scale,
+                   int window, float *out)
+{
+    cpu_ctx *c = CTX(b);
+    int nt = cb_pool_size(c->pool), G = n_head / n_head_kv;
+    att_job j = {.c = c,
+                 .q = q,
+                 .pos = pos,
+                 .n = n,
+                 .k = k,
+                 .v = v,
+                 .t = t,
+                 .n_head = n_head,
+                 .n_head_kv = n_head_kv,
+                 .hd = hd,
+                 .window = window,
+                 .scale = scale,
+                 .out = out};
+    j.nh = G < ATT_M ? G : ATT_M;
+    j.n_hsub = (G + j.nh - 1) / j.nh;
+    j.mq = ATT_M / j.nh;
+    j.n_qb = (n + j.mq - 1) / j.mq;
+    j.kmin = INT32_MAX;
+    j.kmax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t lo = window > 0 && pos[i] >= window ? pos[i] - window + 1 : 0;
+        j.kmin = lo < j.kmin ? lo : j.kmin;
+        j.kmax = pos[i] + 1 > j.kmax ? pos[i] + 1 : j.kmax;
+    }
+    /* few tasks and many keys (decode): split the keys too */
+    int64_t tasks = (int64_t)n_head_kv * j.n_hsub * j.n_qb;
+    j.n_split = 1;
+    if (tasks < 4 * nt && j.kmax - j.kmin >= 2 * ATT_KB) {
+        int64_t want = (4 * nt + tasks - 1) / tasks, most = (j.kmax - j.kmin) / ATT_KB;
+        int64_t fit = ATT_PARTS / (n * n_head * (int64_t)(hd + 2));
+        while ((tasks * want) % nt) /* equal shares: 3 KV heads on 2 threads in 12 tasks, not 9 */
+            want++;
+        want = want < most ? want : most;
+        want = want < fit ? want : fit;
+        j.n_split = want > 1 ? (int)want : 1;
+    }
+    cb_blas_single();
+    cb_pool_for(c->pool, att_task, &j, tasks * j.n_split);
+    if (j.n_split > 1)
+        att_merge(&j);
+}

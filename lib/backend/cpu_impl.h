@@ -1,0 +1,79 @@
+/* cpu_impl.h - the CPU backend's state, shared by its files (cpu.c: setup,
+ * products, elementwise ops, selection; cpu_attn.c: attention).  Private
+ * to lib/backend. */
+#ifndef CB_CPU_IMPL_H
+#define CB_CPU_IMPL_H
+
+#include "backend.h"
+#include "pool.h"
+#include "qgemm.h"
+#include "qmm.h"
+
+#include <pthread.h>
+
+enum {
+    QG_ROW_MAX_K = 12,   /* 8-bit activations: up to this many rows through the one-row kernel
+                         (the rows sharing each block's decoding), more through packed panels
+                         (measured, 8960 x 1536 weights, one thread: q4_K's one-row kernel ahead
+                         up to 10-12 rows, q6_K's to 16) */
+    QG_ROW_MAX_0 = 4,    /* ... the 32-element types (q4_0, q5_0: packing ahead from 5-6) */
+    MM_SMALL = 12,       /* up to this many rows: the quantized dot kernels (measured: they beat
+                         dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
+    PANEL_MAX = 128,     /* weight rows per sgemm panel */
+    ATT_KB = 256,        /* keys per attention tile */
+    ATT_M = 256,         /* query (row, head) pairs per attention task */
+    ATT_HD = 512,        /* the largest head dimension */
+    ATT_PARTS = 1 << 20, /* floats of split-key partial results */
+};
+
+typedef struct thread_scratch {
+    float *panel;     /* [PANEL_MAX, max n_in]: grown by weight_new */
+    int64_t panel_in; /* its n_in capacity */
+    uint8_t *qpanel;  /* a packed panel of the blocked 8-bit products (qgemm.h) */
+    size_t qpanel_bytes;
+    float *q, *o;  /* [ATT_M, ATT_HD] */
+    float *k, *v;  /* [ATT_KB, ATT_HD] */
+    float *s;      /* [ATT_M, ATT_KB] */
+    float *mx, *l; /* [ATT_M] */
+} thread_scratch;
+
+typedef struct cpu_ctx {
+    cb_pool *pool;
+    int n_threads;
+    int simd;               /* 0: portable kernels only (tests) */
+    qmm_exp_sum_fn exp_sum; /* softmax's exponentials (NULL: the loop here) */
+    qmm_f16_fn f16_row;     /* f16 cache rows to f32 (NULL: the loop here) */
+    qmm_att_qk_fn att_qk;   /* the fused f16 products of small attention tasks (NULL: tiles) */
+    qmm_att_pv_fn att_pv;
+    thread_scratch *ts; /* [n_threads] */
+    float *parts;       /* [ATT_PARTS] split-key partials */
+    pthread_mutex_t grow_mu;
+    int act8;              /* 8-bit activations in every product of block-quantized weights
+                               (cpu_set_act8; the default) */
+    qg_kernels qg;         /* their kernels (qgemm.h) */
+    int plain_weights;     /* 1: some weight goes through the exact kernels (cpu_rows) */
+    size_t xg_row[2];      /* bytes of a quantized row in the K and the 32-element form (the
+                               widest weight's, set by weight_new) */
+    uint8_t *xg;           /* [xg_rows] rows of each form: the batch's quantized activations */
+    int64_t xg_rows;       /* grown by cpu_reserve (or a larger batch) */
+    pthread_mutex_t xg_mu; /* xg belongs to one product at a time */
+} cpu_ctx;
+
+struct cb_bweight {
+    cb_type type;
+    int64_t n_in, n_out;
+    const uint8_t *data; /* borrowed: n_out rows of row_bytes */
+    size_t row_bytes;
+    float *bias; /* [n_out] or NULL */
+    qmm_kernels k;
+    int qg; /* 1: batches through the blocked 8-bit products */
+};
+
+static inline cpu_ctx *CTX(cb_backend *b) { return b->ctx; }
+
+/* attention (cpu_attn.c): the backend operation */
+void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
+                   const void *v, cb_type t, int n_head, int n_head_kv, int hd, float scale,
+                   int window, float *out);
+
+#endif
