@@ -64,7 +64,7 @@ typedef struct st_mac {
  * reads (secret.c).  v1 entries (HMAC-SHA256, no mac_alg) are refused. */
 #define ST_MAC_ALG "aes-256-gmac-v2"
 
-/* The shared tier on Redis (remote.c); url NULL when the store has none. */
+/* The shared tier on Redis (remote*.c); url NULL when the store has none. */
 typedef struct st_remote {
     char name[33];
     char *url;                /* redis://HOST[:PORT][/DB] or unix:///PATH */
@@ -125,7 +125,11 @@ struct cb_store_ref {
 /* The files, each using only those above it (no circle):
  *   util.c    file-system helpers, keys, ids
  *   secret.c  the shared tier's secrets and its entries' MACs (libcrypto)
- *   remote.c  the shared tier on Redis (uses util.c and secret.c)
+ *   remote*.c the shared tier on Redis (uses util.c and secret.c): remote.c
+ *             keys, put, get, drop; remote_conn.c the connection and its
+ *             login; remote_mac.c the entries' tags; remote_stream.c reading
+ *             by layer; remote_maint.c list, stat, gc, verify (what they
+ *             share: remote_impl.h)
  *   index.c   the SQLite index: schema, statements, transactions
  *   store.c   configuration, tiers, the store lock, owners, open/close, stat
  *   tiers.c   moves between tiers: demotion, eviction, promotion
@@ -251,7 +255,7 @@ cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out
 cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect,
                       char key_out[66], int *existed, cb_error *err);
 
-/* ------------------------------------------------------------ remote.c */
+/* ----------------------------------------------------------- remote*.c */
 
 /* Parse a shared tier's address: 0, or -1 when malformed. */
 int st_remote_parse(const char *url, char *host, size_t host_n, int *port, int *db, int *is_unix);

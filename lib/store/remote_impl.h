@@ -1,0 +1,87 @@
+/* remote_impl.h - what the files of the shared tier on Redis share
+ * (remote.c: its keys and accounting scripts, put, get, drop;
+ * remote_conn.c: the address, the connection with its login, and
+ * commands; remote_mac.c: an entry's MAC tags as its metadata holds them;
+ * remote_stream.c: entries read layer by layer; remote_maint.c: list,
+ * stat, gc and verify).  Private to lib/store. */
+#ifndef CB_REMOTE_IMPL_H
+#define CB_REMOTE_IMPL_H
+
+#include "store_impl.h"
+
+#include <hiredis.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#define ST_RETRY_US 5000000
+#define ST_MAX_PARTS 65536 /* a header and at most 4096 layers (cbkv(5)), or 1 MB parts of 64 GB */
+
+/* ------------------------------------------------------- remote_conn.c */
+
+/* A write to a server that went away raises SIGPIPE, which would kill the
+ * program: it is blocked around each request and a SIGPIPE that the
+ * request caused is consumed (the library leaves signal handling alone). */
+typedef struct st_pipe_guard {
+    sigset_t old;
+    int pending_before;
+} st_pipe_guard;
+
+void st_pipe_block(st_pipe_guard *g);
+void st_pipe_restore(st_pipe_guard *g);
+void st_remote_disconnect(st_remote *r);
+/* A reply, or NULL after marking the tier down (no reply, the login
+ * refused: warned once per outage) or after an error reply (warned, freed;
+ * NOPERM turns the tier read-only for this handle).  The format is
+ * hiredis' (%b a binary argument). */
+redisReply *st_remote_cmd_argv(cb_store *s, int argc, const char **argv, const size_t *len);
+redisReply *st_remote_cmdf(cb_store *s, const char *fmt, ...);
+/* A new connection to r's server (logged in when r has a password), its
+ * time-out set for connecting and each read or write; *db the database to
+ * select.  NULL with the reason in why. */
+redisContext *st_remote_connect(const st_remote *r, int *db, char *why, size_t why_n);
+
+/* ------------------------------------------------------------ remote.c */
+
+/* An entry's keys in Redis (the top of remote.c); t is named by a put. */
+typedef struct rkeys {
+    char m[200], v[200], t[200], lru[80], used[80];
+} rkeys;
+void st_remote_keys(const cb_store *s, const char *key, rkeys *k);
+/* Drop key's entry (unless its checksum is no longer checksum; NULL: any):
+ * CB_OK, CB_ERR_CREATE when this user may not, CB_ERR_IO. */
+cb_status st_remote_drop(cb_store *s, const char *key, const char *checksum);
+
+/* An entry's metadata as a reader needs it. */
+typedef struct rmeta {
+    int64_t bytes, parts;
+    char want[33];    /* XXH3-128 of the whole value */
+    char mac_key[17]; /* the id of the key its tags were made with, "" none */
+    char mac_alg[24]; /* their algorithm: "" none, "?" not a name, else as stored */
+    int has_mac;      /* mac_key, mac_alg known, nonce and tags present and well-formed */
+    uint8_t nonce[ST_NONCE_BYTES];
+    uint8_t *tags; /* [parts][ST_TAG_BYTES], malloc'd, or NULL */
+} rmeta;
+/* Read key's metadata into *m (m->tags to be freed), recording the access
+ * (hits, LRU time) when record and this user may write: 1 found, 0
+ * missing or unreachable. */
+int st_remote_touch_meta(cb_store *s, const char *key, int record, const rkeys *k, rmeta *m);
+
+/* A metadata field's integer, -1 when it is none. */
+static inline int64_t int_of(const redisReply *e)
+{
+    return e && e->type == REDIS_REPLY_STRING ? strtoll(e->str, NULL, 10) : -1;
+}
+
+/* -------------------------------------------------------- remote_mac.c */
+
+/* n bytes as 2n lowercase hex digits and a NUL into out. */
+void st_tohex(const uint8_t *p, size_t n, char *out);
+/* The mac fields of the metadata's HMGET reply into m (m->parts read). */
+void st_remote_meta_macs(rmeta *m, const redisReply *rep);
+/* With a tier key: 0 when m carries tags made with it by the algorithm this
+ * host knows, else -1 with why.  Without a key: 0. */
+int st_remote_mac_usable(const cb_store *s, const rmeta *m, char *why, size_t why_n);
+/* What the tags of key's entry (its metadata m) bind. */
+void st_remote_part_id(const cb_store *s, const char *key, const rmeta *m, st_part_id *id);
+
+#endif
