@@ -130,6 +130,17 @@ typedef struct cb_backend_ops {
      * largest first, equal values by lower index first, NaN below every
      * number (cb_op_topk_before); k <= n. */
     void (*topk)(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx);
+    /* Optional (NULL: cb_backend_attn_mass computes it on the host, from
+     * copies): blending's attention mass (probe's score).  Query row i (q
+     * [n, n_head*hd], position pos[i] < n_keys) attends as in attention,
+     * with the same mask, scale and GQA grouping, to the cache rows
+     * 0..pos[i] of k (type t, rows of n_head_kv*hd; window > 0: only
+     * pos[i]-window+1..pos[i]); each head's softmax probabilities are added
+     * to mass [n_keys] (backend), head by head, each head's rows in order.
+     * Errors: CB_ERR_NOMEM (scratch), a device's CB_ERR_DEVICE. */
+    cb_status (*attn_mass)(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
+                           const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
+                           int hd, float scale, int window, float *mass);
     /* Optional (NULL: the backend has no such mode): on != 0 (the CPU's
      * default) makes every product with block-quantized weights quantize
      * its activations to 8 bits (llama.cpp's way: faster, not exact); 0
@@ -191,10 +202,19 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd);
  * CUDA module, or no usable device), CB_ERR_NOMEM. */
 cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, cb_error *err);
 
+/* attn_mass on any backend: its operation, or where it has none the
+ * CPU's on host copies of q, the cache's first n_keys rows and mass
+ * (downloaded, computed, mass uploaded back).  Errors: the operation's;
+ * CB_ERR_UNSUPPORTED when neither can run (no operation, no OpenBLAS). */
+cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
+                               const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
+                               int hd, float scale, int window, float *mass);
+
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
- * on failure msg holds the reason. */
+ * on failure msg holds the reason.  CB_CUDA_ABI changes with every change
+ * to cb_backend_ops or struct cb_backend (5: attn_mass added). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 4
+#define CB_CUDA_ABI 5
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

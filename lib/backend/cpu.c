@@ -693,6 +693,7 @@ static const cb_backend_ops cpu_ops = {
     .scatter = cpu_scatter,
     .deviation = cpu_deviation,
     .topk = cpu_topk,
+    .attn_mass = cpu_attn_mass,
     .set_act8 = cpu_set_act8,
     .reserve = cpu_reserve,
 };

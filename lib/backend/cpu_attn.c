@@ -1,7 +1,8 @@
 /* cpu_attn.c - the CPU backend's attention: blocks of keys read from the
  * f16 (or f32) cache into small per-thread f32 tiles, online softmax, the
  * query heads sharing a KV head together; keys split over threads for
- * decode, their partial results merged after. */
+ * decode, their partial results merged after.  And blending's attention
+ * mass (attn_mass), with the host fallback for backends without it. */
 #include "../core/dequant.h"
 #include "blas.h"
 #include "cpu_impl.h"
@@ -9,6 +10,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A task: the query rows [i0, i1) for heads [h0, h1) (all sharing KV head
@@ -293,4 +295,117 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
     cb_pool_for(c->pool, att_task, &j, tasks * j.n_split);
     if (j.n_split > 1)
         att_merge(&j);
+}
+
+/* ------------------------------------------------------ attention mass */
+
+/* attn_mass on host memory (keys f32 [n_keys, n_head_kv*hd]): each head's
+ * logits of every row over every key are one product into s [n, n_keys];
+ * each row's softmax over the keys its mask leaves it, added to mass. */
+static cb_status mass_host(const float *q, const int32_t *pos, int64_t n, const float *keys,
+                           int64_t n_keys, int n_head, int n_head_kv, int hd, float scale,
+                           int window, qmm_exp_sum_fn exp_sum, float *restrict mass)
+{
+    int64_t dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
+    int grp = n_head / n_head_kv;
+    float *s = malloc(sizeof(float) * (size_t)(n * n_keys));
+    if (!s)
+        return CB_ERR_NOMEM;
+    for (int h = 0; h < n_head; h++) {
+        cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n_keys, hd, scale,
+                 q + (int64_t)h * hd, (int)dq, keys + (int64_t)(h / grp) * hd, (int)w, 0.0f, s,
+                 (int)n_keys);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t e = (int64_t)pos[i] + 1, j0 = window > 0 && e > window ? e - window : 0;
+            float *a = s + i * n_keys, mx = -INFINITY, sum = 0;
+            for (int64_t j = j0; j < e; j++)
+                mx = a[j] > mx ? a[j] : mx;
+            if (exp_sum)
+                sum = exp_sum(a + j0, e - j0, mx);
+            else
+                for (int64_t j = j0; j < e; j++)
+                    sum += (a[j] = expf(a[j] - mx));
+            float inv = 1.0f / sum;
+            for (int64_t j = j0; j < e; j++)
+                mass[j] += a[j] * inv;
+        }
+    }
+    free(s);
+    return CB_OK;
+}
+
+/* the cache's first n rows as f32 [n, width] (as kv_read converts them) */
+static float *keys_f32(const void *k, cb_type t, int64_t width, int64_t n)
+{
+    float *dst = malloc(sizeof(float) * (size_t)(n * width));
+    if (!dst || t == CB_TYPE_F32) {
+        if (dst)
+            memcpy(dst, k, sizeof(float) * (size_t)(n * width));
+        return dst;
+    }
+    for (int64_t e = 0; e < n * width; e++)
+        dst[e] = (float)((const _Float16 *)k)[e];
+    return dst;
+}
+
+cb_status cpu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
+                        cb_type t, int64_t n_keys, int n_head, int n_head_kv, int hd, float scale,
+                        int window, float *mass)
+{
+    if (n == 0)
+        return CB_OK;
+    float *keys = keys_f32(k, t, (int64_t)n_head_kv * hd, n_keys);
+    if (!keys)
+        return CB_ERR_NOMEM;
+    cb_blas_single();
+    cb_status st = mass_host(q, pos, n, keys, n_keys, n_head, n_head_kv, hd, scale, window,
+                             CTX(b)->exp_sum, mass);
+    free(keys);
+    return st;
+}
+
+/* A backend without attn_mass: the host computes it as the CPU does, on
+ * copies (what blending did for every backend before the operation). */
+static cb_status mass_fallback(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
+                               const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
+                               int hd, float scale, int window, float *mass)
+{
+    int64_t w = (int64_t)n_head_kv * hd, dq = (int64_t)n_head * hd;
+    cb_status st = CB_ERR_NOMEM;
+    if (cb_blas_load())
+        return CB_ERR_UNSUPPORTED;
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)n_keys);
+    float *hq = malloc(sizeof(float) * (size_t)(n * dq)),
+          *hk = malloc(sizeof(float) * (size_t)(n_keys * w)),
+          *hm = malloc(sizeof(float) * (size_t)n_keys);
+    float *tmp = b->ops->alloc_tmp ? b->ops->alloc_tmp(b, sizeof(float) * (size_t)(n_keys * w))
+                                   : b->ops->alloc(b, sizeof(float) * (size_t)(n_keys * w));
+    if (at && hq && hk && hm && tmp) {
+        for (int64_t j = 0; j < n_keys; j++)
+            at[j] = (int32_t)j;
+        b->ops->kv_read(b, k, t, w, at, n_keys, tmp);
+        b->ops->download(b, hk, tmp, sizeof(float) * (size_t)(n_keys * w));
+        b->ops->download(b, hq, q, sizeof(float) * (size_t)(n * dq));
+        b->ops->download(b, hm, mass, sizeof(float) * (size_t)n_keys);
+        st = mass_host(hq, pos, n, hk, n_keys, n_head, n_head_kv, hd, scale, window, qmm_exp_sum(1),
+                       hm);
+        if (st == CB_OK)
+            b->ops->upload(b, mass, hm, sizeof(float) * (size_t)n_keys);
+    }
+    if (tmp)
+        b->ops->dealloc(b, tmp);
+    free(at), free(hq), free(hk), free(hm);
+    return st;
+}
+
+cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
+                               const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
+                               int hd, float scale, int window, float *mass)
+{
+    if (b->ops->attn_mass)
+        return b->ops->attn_mass(b, q, pos, n, k, t, n_keys, n_head, n_head_kv, hd, scale, window,
+                                 mass);
+    if (n == 0)
+        return CB_OK;
+    return mass_fallback(b, q, pos, n, k, t, n_keys, n_head, n_head_kv, hd, scale, window, mass);
 }

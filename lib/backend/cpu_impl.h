@@ -1,6 +1,6 @@
 /* cpu_impl.h - the CPU backend's state, shared by its files (cpu.c: setup,
- * products, elementwise ops, selection; cpu_attn.c: attention).  Private
- * to lib/backend. */
+ * products, elementwise ops, selection; cpu_attn.c: attention, attention
+ * mass).  Private to lib/backend. */
 #ifndef CB_CPU_IMPL_H
 #define CB_CPU_IMPL_H
 
@@ -71,9 +71,12 @@ struct cb_bweight {
 
 static inline cpu_ctx *CTX(cb_backend *b) { return b->ctx; }
 
-/* attention (cpu_attn.c): the backend operation */
+/* attention (cpu_attn.c): the backend operations */
 void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
                    const void *v, cb_type t, int n_head, int n_head_kv, int hd, float scale,
                    int window, float *out);
+cb_status cpu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
+                        cb_type t, int64_t n_keys, int n_head, int n_head_kv, int hd, float scale,
+                        int window, float *mass);
 
 #endif

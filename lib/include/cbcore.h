@@ -456,6 +456,10 @@ const cb_hparams *cb_model_hparams(const cb_model *m);
  * its RoPE base.  l must be in range. */
 int32_t cb_model_layer_window(const cb_model *m, int32_t l);
 float cb_model_layer_rope_base(const cb_model *m, int32_t l);
+/* What the engine multiplies a query's dot products with the keys by
+ * before the softmax: 1/sqrt(head_dim) (gemma3 27B: 1/sqrt(n_embd /
+ * n_head), as llama.cpp). */
+float cb_model_attn_scale(const cb_model *m);
 const cb_vocab *cb_model_vocab(const cb_model *m);
 const cb_gguf *cb_model_gguf(const cb_model *m);
 /* The compute backend's kind, "cpu" or "cuda" (profiles are kept per
@@ -558,6 +562,18 @@ cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
  * what those rows attended with, without projecting them again.  Errors:
  * CB_ERR_RANGE (not rows of that call; a call that failed computed none). */
 cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *q);
+/* Blending's attention mass (the probe strategy's score): for the queries
+ * of the last cb_fwd_layer (or _qkv with q) on f for its rows[from ..
+ * from+n), at `layer`, each head's softmax attention over the cache rows
+ * the engine's mask lets the row see (0..its position; on a
+ * sliding-window layer the last `window` of them), added to mass[j] for
+ * every key j < n_keys (host [n_keys], accumulated: the caller zeroes it
+ * once and sums layers into it).  Computed on the model's backend where it
+ * has the operation, else on the host.  Errors: CB_ERR_RANGE (not rows of
+ * that call, a position at or past n_keys, n_keys past the cache),
+ * CB_ERR_NOMEM, CB_ERR_UNSUPPORTED. */
+cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
+                           int32_t n_keys, float *mass);
 /* Blending's selection: recompute K (which 0) or V (1) of `rows` at
  * `layer` from the hidden state (as cb_fwd_layer_qkv), and return in top
  * the k rows whose fresh values are farthest (squared L2) from the cache's

@@ -163,6 +163,7 @@ struct cb_fwd {
     int32_t n_max, n;  /* capacity, rows embedded */
     int32_t *pos;      /* host [n_max] */
     int32_t *sel_pos;  /* host [n_max]: positions of the selected rows */
+    int32_t *q_pos;    /* host [n_max]: positions of the rows whose queries q holds */
     int32_t *eval_pos; /* host [n_max]: cb_model_eval's positions */
     int32_t *seq;      /* host [n_max]: 0, 1, ..., n_max-1 (rows 0..k-1 as a row list) */
     int32_t *eval_tok; /* host [n_max]: cb_fwd_decode's tokens, padding rows included */
@@ -196,6 +197,7 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     f->n_max = n_max;
     f->pos = calloc((size_t)n_max, sizeof *f->pos);
     f->sel_pos = calloc((size_t)n_max, sizeof *f->sel_pos);
+    f->q_pos = calloc((size_t)n_max, sizeof *f->q_pos);
     f->eval_pos = calloc((size_t)n_max, sizeof *f->eval_pos);
     f->seq = malloc(sizeof *f->seq * (size_t)n_max);
     f->eval_tok = calloc((size_t)n_max, sizeof *f->eval_tok);
@@ -219,9 +221,9 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
                                        (size_t)hp->n_vocab);
     B(dev, 1);
 #undef B
-    if (!f->pos || !f->sel_pos || !f->eval_pos || !f->seq || !f->eval_tok || !f->zero_row ||
-        !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k || !f->v || !f->g || !f->u ||
-        !f->logits || !f->dev) {
+    if (!f->pos || !f->sel_pos || !f->q_pos || !f->eval_pos || !f->seq || !f->eval_tok ||
+        !f->zero_row || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k || !f->v || !f->g ||
+        !f->u || !f->logits || !f->dev) {
         cb_fwd_free(f);
         return CB_ERR_NOMEM;
     }
@@ -239,6 +241,7 @@ void cb_fwd_free(cb_fwd *f)
         be->ops->dealloc(be, bufs[i]);
     free(f->pos);
     free(f->sel_pos);
+    free(f->q_pos);
     free(f->eval_pos);
     free(f->seq);
     free(f->eval_tok);
@@ -329,6 +332,7 @@ static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
         o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base,
                 L->rope_ff, hp->rope_neox);
         f->n_q = *n;
+        memcpy(f->q_pos, f->sel_pos, sizeof(int32_t) * (size_t)*n);
     }
     if (which & QKV_K) {
         if (L->k_norm)
@@ -739,6 +743,37 @@ cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *
         return CB_ERR_RANGE;
     f->m->be->ops->download(f->m->be, q, f->q + from * dq, sizeof(float) * (size_t)(n * dq));
     return CB_OK;
+}
+
+cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
+                           int32_t n_keys, float *mass)
+{
+    const cb_model *m = f->m;
+    const cb_hparams *hp = &m->hp;
+    cb_backend *be = m->be;
+    int64_t dq = (int64_t)hp->n_head * hp->head_dim;
+    size_t bytes = sizeof(float) * (size_t)n_keys;
+
+    if (kv->m != m || layer < 0 || layer >= hp->n_layer || from < 0 || n < 0 || from > f->n_q - n ||
+        n_keys < 1 || n_keys > kv->n_ctx)
+        return CB_ERR_RANGE;
+    for (int32_t i = 0; i < n; i++)
+        if (f->q_pos[from + i] >= n_keys)
+            return CB_ERR_RANGE;
+    if (n == 0)
+        return CB_OK;
+    float *dm = be_tmp(be, bytes);
+    if (!dm)
+        return CB_ERR_NOMEM;
+    be->ops->upload(be, dm, mass, bytes);
+    kv_after_loads(kv, layer);
+    cb_status st = cb_backend_attn_mass(be, f->q + from * dq, f->q_pos + from, n, kv->k[layer],
+                                        kv->type, n_keys, hp->n_head, hp->n_head_kv, hp->head_dim,
+                                        m->attn_scale, m->layers[layer].window, dm);
+    if (st == CB_OK)
+        be->ops->download(be, mass, dm, bytes);
+    be->ops->dealloc(be, dm);
+    return st;
 }
 
 cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which,

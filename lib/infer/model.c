@@ -477,6 +477,7 @@ void cb_model_free(cb_model *m)
 const cb_hparams *cb_model_hparams(const cb_model *m) { return &m->hp; }
 int32_t cb_model_layer_window(const cb_model *m, int32_t l) { return m->layers[l].window; }
 float cb_model_layer_rope_base(const cb_model *m, int32_t l) { return m->layers[l].rope_base; }
+float cb_model_attn_scale(const cb_model *m) { return m->attn_scale; }
 
 static cb_status load_vec(cb_model *m, const char *path, const char *name, int64_t n, int optional,
                           float **out, cb_error *err)

@@ -527,6 +527,88 @@ static int64_t c_deviation(cb_backend *be, float *out)
     return n;
 }
 
+/* blending's attention mass (probe's score): am_nq query rows at
+ * scattered positions (out of order, both ends) over an am_keys-row cache,
+ * am_heads heads over am_kv_heads KV heads, am_window > 0 a sliding-window
+ * layer; added to a mass that already holds something */
+static int am_nq = 20, am_keys = 150, am_window, am_heads = 6, am_kv_heads = 2, am_hd = 64;
+
+static int64_t c_attn_mass(cb_backend *be, float *out)
+{
+    int n_head = am_heads, n_head_kv = am_kv_heads, hd = am_hd;
+    int64_t n_keys = am_keys, n = am_nq, dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    seed(19);
+    for (int64_t i = 0; i < n; i++)
+        pos[i] = i == 0 ? (int32_t)n_keys - 1 : i == 1 ? 0 : (int32_t)(urand() * (double)n_keys);
+    float *q = rand_vec(n * dq, 2.0f), *k = rand_vec(n_keys * w, 2.0f),
+          *m0 = rand_vec(n_keys, 1.0f);
+    for (int64_t i = 0; i < n_keys * w; i++)
+        k[i] = round_kv(k[i]);
+    if (!be) {
+        double *s = malloc(sizeof(double) * (size_t)n_keys),
+               *mass = malloc(sizeof(double) * (size_t)n_keys);
+        for (int64_t j = 0; j < n_keys; j++)
+            mass[j] = m0[j];
+        for (int h = 0; h < n_head; h++)
+            for (int64_t i = 0; i < n; i++) {
+                int kh = h / (n_head / n_head_kv);
+                double mx = -INFINITY, sum = 0;
+                int64_t lo = am_window > 0 && pos[i] >= am_window ? pos[i] - am_window + 1 : 0;
+                for (int64_t c = lo; c <= pos[i]; c++) {
+                    double d = 0;
+                    for (int e = 0; e < hd; e++)
+                        d += (double)q[i * dq + h * hd + e] * k[c * w + kh * hd + e];
+                    s[c] = d * scale;
+                    mx = s[c] > mx ? s[c] : mx;
+                }
+                for (int64_t c = lo; c <= pos[i]; c++)
+                    sum += (s[c] = exp(s[c] - mx));
+                for (int64_t c = lo; c <= pos[i]; c++)
+                    mass[c] += s[c] / sum;
+            }
+        for (int64_t j = 0; j < n_keys; j++)
+            out[j] = (float)mass[j];
+        free(s), free(mass);
+    } else {
+        size_t esz = kv_type == CB_TYPE_F32 ? 4 : 2;
+        int32_t *all = malloc(sizeof(int32_t) * (size_t)n_keys);
+        for (int64_t i = 0; i < n_keys; i++)
+            all[i] = (int32_t)i;
+        void *kc = be->ops->alloc(be, esz * (size_t)(n_keys * w));
+        float *dk = bput(be, k, sizeof(float) * (size_t)(n_keys * w));
+        float *dq_ = bput(be, q, sizeof(float) * (size_t)(n * dq));
+        float *dm = bput(be, m0, sizeof(float) * (size_t)n_keys);
+        be->ops->kv_write(be, kc, kv_type, w, dk, all, n_keys);
+        cb_status st = cb_backend_attn_mass(be, dq_, pos, n, kc, kv_type, n_keys, n_head, n_head_kv,
+                                            hd, scale, am_window, dm);
+        bget(be, out, dm, sizeof(float) * (size_t)n_keys);
+        if (st != CB_OK)
+            out[0] = NAN; /* fails the comparison */
+        bfree(be, kc), bfree(be, dk), bfree(be, dq_), bfree(be, dm);
+        free(all);
+    }
+    free(pos), free(q), free(k), free(m0);
+    return n_keys;
+}
+
+/* A backend without attn_mass (the CPU's table less it): the host
+ * fallback on copies gives the CPU's operation's bits. */
+static void test_attn_mass_fallback(cb_backend *cpu_be, float *o_op, float *o_fb)
+{
+    cb_backend_ops ops = *cpu_be->ops;
+    cb_backend fb = *cpu_be;
+    ops.attn_mass = NULL;
+    fb.ops = &ops;
+    am_window = 7;
+    int64_t n = c_attn_mass(cpu_be, o_op);
+    c_attn_mass(&fb, o_fb);
+    am_window = 0;
+    tcase("cpu  attn_mass's host fallback (no operation) equals the operation");
+    CHECK(memcmp(o_op, o_fb, sizeof(float) * (size_t)n) == 0);
+}
+
 static int64_t topk_n;
 
 /* top k of values with many ties: the order (larger first, ties by lower
@@ -2070,8 +2152,23 @@ int main(int argc, char **argv)
         att_window = 0;
         snprintf(name, sizeof name, "deviation %s", f16 ? "f16" : "f32");
         run_case(name, c_deviation, 1e-12, 1e-10);
+        /* attention mass: GQA (3 and 8 heads a KV head), none (4 x 4),
+         * windows narrower than the cache and wider, one row */
+        for (int ci = 0; ci < 5; ci++) {
+            static const int heads[5][2] = {{6, 2}, {4, 4}, {8, 1}, {6, 2}, {6, 2}};
+            static const int wins[5] = {0, 0, 0, 9, 400}, nqs[5] = {20, 20, 20, 20, 1};
+            am_heads = heads[ci][0], am_kv_heads = heads[ci][1], am_window = wins[ci];
+            am_nq = nqs[ci];
+            snprintf(name, sizeof name, "attn_mass %s %d rows %d/%d heads window %d",
+                     f16 ? "f16" : "f32", am_nq, am_heads, am_kv_heads, am_window);
+            run_case(name, c_attn_mass, 1e-10, 1e-9);
+            run_case_c(name, c_attn_mass, 1e-10); /* the portable softmax */
+        }
+        am_heads = 6, am_kv_heads = 2, am_window = 0, am_nq = 20;
     }
     test_attention_nan();
+    kv_type = CB_TYPE_F16;
+    test_attn_mass_fallback(cpu, o_cpu, o_cuda);
     run_case("gather + scatter", c_gather_scatter, -1, -1);
     topk_n = 10;
     run_case("topk 4 of 10 (ties)", c_topk, -1, -1);

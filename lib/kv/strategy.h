@@ -1,0 +1,87 @@
+/* strategy.h - blend's plan and its selection strategies (private to
+ * lib/kv).
+ *
+ * blend.c lays the prompt's rows out (the plan), loads the caches and runs
+ * the layers; a strategy decides which cached rows are recomputed.  Each
+ * is one entry of a table (blend_strategy_of), defined in a file of its
+ * own (strategy_*.c): its name, its checks of the parameters, and either
+ *   select  a check-layer strategy: at each check layer, given the rows
+ *           still candidates, mark the ones it keeps in pl->keep (blend.c
+ *           runs the layers before, between and after), or
+ *   fuse    a strategy that runs the whole blend itself (probe).
+ * A new strategy: its enum value in cbcore.h, a strategy_<name>.c with its
+ * entry, the entry in blend.c's table, and its name in src/cli.c. */
+#ifndef CB_KV_STRATEGY_H
+#define CB_KV_STRATEGY_H
+
+#include "cbcore.h"
+
+/* cached[r]: computed (0), loaded and a candidate for recompute, or loaded
+ * and exact (a true prefix's: never recomputed) */
+enum { ROW_CAND = 1, ROW_EXACT = 2 };
+
+typedef struct blend_loader blend_loader; /* blend.c's: the KV loader thread */
+
+/* The prompt's rows and what happens to them. */
+typedef struct blend_plan {
+    cb_fwd *f;
+    cb_kvcache *kv;
+    const cb_hparams *hp;
+    const cb_segment *segs;
+    const cb_blend_params *p;
+    int32_t n_segs;
+    int64_t total, max_seg, n_cached, w; /* w: a K or V row's width (n_head_kv * head_dim) */
+    int64_t n_exact;                     /* cached rows of a true prefix (ROW_EXACT) */
+    int32_t exact_seg;                   /* that segment, or -1 */
+    int32_t *ids, *pos, *seg_of;         /* [total] */
+    int32_t *start;                      /* [n_segs]: first row of each segment */
+    uint8_t *use;                        /* [n_segs]: its cache is used */
+    uint8_t *cached;                     /* [total]: the row's KV comes from a cache (ROW_*) */
+    uint8_t *keep;                       /* [total]: a cached row still selected for recompute */
+    int32_t *rows; /* [total]: the computed rows (fresh ones and selected cached ones) */
+    int32_t n_rows;
+    blend_loader *ld;
+    double stall; /* ms waited for the loader */
+} blend_plan;
+
+typedef struct blend_strategy {
+    cb_blend_strategy id;
+    const char *name; /* as the programs spell it */
+    /* Its own checks of the parameters (NULL: none), before any work. */
+    cb_status (*check)(const cb_blend_params *p, cb_error *err);
+    /* A check-layer strategy: at layer l, keep `want` (< n_c) of the
+     * candidates cand[n_c] (cached rows, by position): pl->keep[r] = 1 for
+     * the kept, 0 for the others (a strategy may keep more, as sink does). */
+    cb_status (*select)(blend_plan *pl, int32_t l, const int32_t *cand, int32_t n_c, int64_t want);
+    /* Or the whole blend from the embedded prompt to the last layer, the
+     * stats' selection fields filled (*layer_err set when a layer failed). */
+    cb_status (*fuse)(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats);
+    int adaptive; /* 1: takes adapt_mass (an adaptive ratio) */
+} blend_strategy;
+
+/* The entries (strategy_*.c) and the table: the entry of id, or NULL. */
+extern const blend_strategy blend_hkvd, blend_sink, blend_query, blend_probe, blend_runs;
+const blend_strategy *blend_strategy_of(cb_blend_strategy id);
+
+/* What blend.c gives the strategies. */
+
+/* Wait until layer l of every cache is in place (a strategy that reads the
+ * cache must); the time waited goes to pl->stall. */
+cb_status blend_wait(blend_plan *pl, int32_t l, cb_error *err);
+/* Layers lo..hi-1 for rows[n_rows] (NULL: every row); the model's last
+ * layer only as far as the prompt's last row's logits and the cache need. */
+cb_status blend_run_layers(blend_plan *pl, int32_t lo, int32_t hi, const int32_t *rows,
+                           int32_t n_rows, int *layer_err, cb_error *err);
+/* pl->rows = every row kept or not cached, in order; returns how many of
+ * them are cached (kept) rows. */
+int64_t blend_rows_from_keep(blend_plan *pl);
+
+/* A row's score, for sorting: by_score_desc orders higher scores first,
+ * equal ones by lower row. */
+typedef struct blend_scored {
+    float score;
+    int32_t row;
+} blend_scored;
+int blend_by_score_desc(const void *a, const void *b);
+
+#endif

@@ -1,0 +1,121 @@
+/* strategy_probe.c - probe (after ProphetKV): the uncached rows run
+ * through every layer against the loaded cache, each layer's attention
+ * from the question scoring the cached rows (the backend's attention
+ * mass, cb_fwd_attn_mass); then the top ratio x the cached rows, with the
+ * uncached ones, from the embeddings through every layer.  Options:
+ * probe_rows (the question's last rows that score, 0: all), adapt_mass,
+ * adapt_min and adapt_max (an adaptive ratio); one ratio only. */
+#include "strategy.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cb_status probe_check(const cb_blend_params *p, cb_error *err)
+{
+    if (p->n_ratios != 1)
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "blend: probe selects once: give one ratio, not %d", p->n_ratios);
+    return CB_OK;
+}
+
+/* probe's budget: the given one, or with adapt_mass the fewest top rows
+ * (scores sorted in sc[0..n_c)) holding that share of the mass, clamped
+ * to [adapt_min, adapt_max] x the cached rows (and to the n_c
+ * candidates); the stats say which and why. */
+static int64_t probe_budget(const blend_plan *pl, const blend_scored *sc, int64_t n_c, int64_t want,
+                            cb_blend_stats *stats)
+{
+    const cb_blend_params *p = pl->p;
+    double total = 0, acc = 0;
+    int64_t k = 0;
+    for (int64_t c = 0; c < n_c; c++)
+        total += sc[c].score;
+    if (p->adapt_mass > 0 && n_c > 0) {
+        int64_t lo = (int64_t)ceilf(p->adapt_min * (float)pl->n_cached);
+        int64_t hi = (int64_t)ceilf(p->adapt_max * (float)pl->n_cached);
+        lo = lo < n_c ? lo : n_c, hi = hi < n_c ? hi : n_c;
+        while (k < n_c && acc < p->adapt_mass * total)
+            acc += sc[k++].score;
+        stats->ratio_bound = k < lo ? "min" : k > hi ? "max" : "mass";
+        want = k < lo ? lo : k > hi ? hi : k;
+        stats->ratio = (float)want / (float)pl->n_cached;
+    }
+    acc = 0;
+    for (int64_t c = 0; c < want && c < n_c; c++)
+        acc += sc[c].score;
+    stats->selected_mass = total > 0 ? (float)(acc / total) : 0.0f;
+    return want;
+}
+
+/* The first pass: every layer for the uncached rows, the question's nq
+ * last of them (the tail of pl->rows) adding their attention mass over
+ * the prompt's rows to mass[total]; stops early when the budget needs no
+ * scores (nothing or everything kept, and no adaptive ratio). */
+static cb_status probe_scores(blend_plan *pl, int32_t nq, int64_t want, float *mass, int *layer_err,
+                              cb_error *err)
+{
+    int64_t n_cand = pl->n_cached - pl->n_exact;
+    cb_status st;
+    for (int32_t l = 0;
+         l < pl->hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
+        if ((st = blend_wait(pl, l, err)) != CB_OK)
+            return st;
+        if ((st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK ||
+            (st = cb_fwd_attn_mass(pl->f, pl->kv, l, pl->n_rows - nq, nq, (int32_t)pl->total,
+                                   mass)) != CB_OK)
+            return *layer_err = 1, st;
+    }
+    return CB_OK;
+}
+
+/* The second pass must recompute the uncached rows too: from layer 0 on
+ * they attend to the selected rows' fresh K/V, not the loaded ones the
+ * first pass saw.  Only their layer-0 K/V (a function of the embeddings)
+ * is the same, a negligible share of the pass (6 passages: 43 of 593 rows
+ * in 1 of 30 layers), so nothing of the first pass is kept. */
+static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
+{
+    int32_t qs = pl->start[pl->n_segs - 1], nq = 0;
+    int64_t n_c = 0;
+    int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)pl->n_cached);
+    float *mass = calloc((size_t)pl->total, sizeof(float));
+    blend_scored *sc = malloc(sizeof *sc * (size_t)pl->total);
+    cb_status st = CB_ERR_NOMEM;
+
+    if (!mass || !sc)
+        goto out;
+    for (int32_t i = 0; i < pl->n_rows; i++) /* the last segment's uncached rows */
+        nq += pl->rows[i] >= qs;
+    if (pl->p->probe_rows > 0 && nq > pl->p->probe_rows) /* the last ones */
+        nq = pl->p->probe_rows;
+    if ((st = probe_scores(pl, nq, want, mass, layer_err, err)) != CB_OK)
+        goto out;
+    for (int64_t r = 0; r < pl->total; r++) /* the candidates, by score */
+        if (pl->cached[r] == ROW_CAND)
+            sc[n_c++] = (blend_scored){mass[r], (int32_t)r};
+    qsort(sc, (size_t)n_c, sizeof *sc, blend_by_score_desc);
+    want = probe_budget(pl, sc, n_c, want, stats);
+    memset(pl->keep, 0, (size_t)pl->total);
+    for (int64_t c = 0; c < want && c < n_c; c++)
+        pl->keep[sc[c].row] = 1;
+    blend_rows_from_keep(pl);
+    stats->n_selected[0] = stats->n_recomputed_tokens = (int32_t)(want < n_c ? want : n_c);
+    if ((st = cb_fwd_embed(pl->f, pl->ids, pl->pos, (int32_t)pl->total)) != CB_OK) {
+        *layer_err = 1;
+        goto out;
+    }
+    st = blend_run_layers(pl, 0, pl->hp->n_layer, pl->rows, pl->n_rows, layer_err, err);
+out:
+    free(mass);
+    free(sc);
+    return st;
+}
+
+const blend_strategy blend_probe = {
+    .id = CB_STRATEGY_PROBE,
+    .name = "probe",
+    .check = probe_check,
+    .fuse = fuse_probe,
+    .adaptive = 1,
+};
