@@ -264,13 +264,18 @@ AI void kblock(const int kind, const int R, const uint8_t *b, const qg_q8k *cons
         vi[r] = acc[r];
 }
 
-/* the sum of v's eight 32-bit lanes */
-AI int32_t hsum_i32(__m256i v)
+/* v's eight 32-bit lanes folded to four (the halves added) */
+AI __m128i fold4(__m256i v)
 {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+    return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+/* lane i = the sum of v[i]'s four lanes (exact: 32-bit integers) */
+AI __m256i tree8x4(const __m128i *v)
+{
+    __m128i a = _mm_hadd_epi32(v[0], v[1]), b = _mm_hadd_epi32(v[2], v[3]);
+    __m128i c = _mm_hadd_epi32(v[4], v[5]), d = _mm_hadd_epi32(v[6], v[7]);
+    return _mm256_set_m128i(_mm_hadd_epi32(c, d), _mm_hadd_epi32(a, b));
 }
 
 /* The one-row kernels read eight weight rows at a time, each row straight
@@ -282,12 +287,18 @@ AI int32_t hsum_i32(__m256i v)
  * ahead of the stream: PF_AHEAD); then, block by block, the eight rows'
  * qg_gemm fused multiply-adds, lane by lane.  The last group's missing
  * rows repeat its last row and are not stored. */
-enum { GB_K = 64, GB_0 = 64 }; /* blocks a chunk, for one activation row; a quarter for more */
+/* blocks a chunk: K types, one activation row (a quarter for more);
+ * 32-element types, one activation row; more (compute-bound: their sums
+ * stay in L1; chunks of 128 ran at two thirds of the speed) */
+enum { GB_K = 64, GB_0 = 512, GB_0R = 16 };
 /* Prefetching this far ahead of the block being read (measured: 1 KB
  * ahead reached 9.8 GB/s from memory on q4_K, one thread; 4 KB 11.8;
  * without, 6.7: the hardware's prefetcher alone leaves the loop waiting) */
 #ifndef PF_AHEAD
 #define PF_AHEAD 4096
+#endif
+#ifndef PF_AHEAD_0 /* ... the 32-element types' */
+#define PF_AHEAD_0 2048
 #endif
 
 /* K-quant rows [o0, o1) against R activation rows (x + r * ldx blocks),
@@ -298,7 +309,7 @@ AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
     const size_t bb = kind == 4 ? 144 : kind == 5 ? 176 : 210;
     const int gb = R == 1 ? GB_K : GB_K / QG_R; /* blocks a chunk: its sums stay in L1 */
     int64_t nb = n_in / 256;
-    int32_t is[QG_R][GB_K][8], ms[QG_R][GB_K][8];
+    __m128i is[GB_K][8], ms[GB_K][8]; /* [r * gb + b][i]: tree8x4 adds a row-block's lanes */
     uint16_t dh[GB_K][8], mh[GB_K][8];
     for (int64_t o = o0; o < o1; o += 8) {
         __m256 acc[QG_R];
@@ -320,8 +331,9 @@ AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
                         xr[r] = x + r * ldx + b0 + b;
                     kblock(kind, R, blk, xr, vi, vm);
                     for (int r = 0; r < R; r++) {
-                        is[r][b][i] = hsum_i32(vi[r]);
-                        ms[r][b][i] = hsum_i32(vm[r]);
+                        is[r * gb + b][i] = fold4(vi[r]);
+                        if (kind != 6)
+                            ms[r * gb + b][i] = _mm256_castsi256_si128(vm[r]); /* 4 lanes */
                     }
                     dh[b][i] = rd16(blk + (kind == 6 ? 208 : 0));
                     mh[b][i] = kind == 6 ? 0 : rd16(blk + 2);
@@ -332,12 +344,10 @@ AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
                 __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]));
                 for (int r = 0; r < R; r++) {
                     __m256 dx = _mm256_set1_ps(x[r * ldx + b0 + b].d);
-                    __m256 iv = _mm256_cvtepi32_ps(
-                        _mm256_loadu_si256((const __m256i *)(const void *)is[r][b]));
+                    __m256 iv = _mm256_cvtepi32_ps(tree8x4(is[r * gb + b]));
                     acc[r] = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, dx), acc[r]);
                     if (kind != 6) {
-                        __m256 sv = _mm256_cvtepi32_ps(
-                            _mm256_loadu_si256((const __m256i *)(const void *)ms[r][b]));
+                        __m256 sv = _mm256_cvtepi32_ps(tree8x4(ms[r * gb + b]));
                         acc[r] = _mm256_fnmadd_ps(sv, _mm256_mul_ps(mv, dx), acc[r]);
                     }
                 }
@@ -349,16 +359,25 @@ AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
 }
 
 /* 32-element rows [o0, o1) against R activation rows (qmm_q8).  kind 40:
- * q4_0, 41: q4_1, 50: q5_0, 51: q5_1, 80: q8_0 */
+ * q4_0, 41: q4_1, 50: q5_0, 51: q5_1, 80: q8_0.  For one activation row
+ * the eight rows of a group are read whole, one after the other (up to
+ * GB_0 blocks a chunk: every row of today's models in one), so that the
+ * group is one sequential stream that the prefetch ahead of it keeps in
+ * flight (measured, q4_0 rows of 4096 from memory: chunks of half a row
+ * 3.8 GB/s a thread, whole rows 8.4); each row-block's sums are folded to
+ * four lanes for the second pass. */
 AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in,
                const qmm_q8 *x, int64_t ldx, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     const size_t bb = kind == 40 ? 18 : kind == 41 ? 20 : kind == 50 ? 22 : kind == 51 ? 24 : 34;
     const __m256i ones = _mm256_set1_epi16(1);
-    const int gb = R == 1 ? GB_0 : GB_0 / QG_R;
+    const int gb = R == 1 ? GB_0 : GB_0R, has_m = kind == 41 || kind == 51;
     int64_t nb = n_in / 32;
-    __m256i vs[GB_0]
-              [8]; /* [b][i] for one row; [r * gb + b][i] for several: tree8 adds a block's eight */
+    /* the row-blocks' sums: one row, folded to four lanes ([b][i]); more,
+     * eight ([r * gb + b][i]: the fold costs a tenth of the compute-bound
+     * speed, and their chunks are short) */
+    __m128i v1[R == 1 ? GB_0 : 1][8];
+    __m256i vs[R == 1 ? 1 : QG_R * GB_0R][8];
     uint16_t dh[GB_0][8], mh[GB_0][8];
     for (int64_t o = o0; o < o1; o += 8) {
         __m256 acc[QG_R];
@@ -372,6 +391,8 @@ AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
                 for (int b = 0; b < nbc; b++) {
                     const uint8_t *blk = row + (size_t)b * bb;
                     __m256i q, aw = _mm256_setzero_si256();
+                    if (R == 1)
+                        _mm_prefetch((const char *)(blk + PF_AHEAD_0), _MM_HINT_T0);
                     if (kind == 80) {
                         q = ld(blk + 2);
                         aw = _mm256_sign_epi8(q, q);
@@ -385,23 +406,26 @@ AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
                         __m256i xv = ld((const uint8_t *)x[r * ldx + b0 + b].q);
                         __m256i p = kind == 80 ? _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, q))
                                                : _mm256_maddubs_epi16(q, xv);
-                        vs[r * gb + b][i] = _mm256_madd_epi16(p, ones);
+                        if (R == 1)
+                            v1[b][i] = fold4(_mm256_madd_epi16(p, ones));
+                        else
+                            vs[r * gb + b][i] = _mm256_madd_epi16(p, ones);
                     }
                     dh[b][i] = rd16(blk);
-                    mh[b][i] = rd16(blk + 2);
+                    if (has_m)
+                        mh[b][i] = rd16(blk + 2);
                 }
             }
             for (int b = 0; b < nbc; b++) {
                 __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh[b]));
                 __m256 bv =
-                    kind == 41 || kind == 51
-                        ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]))
+                    has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]))
                     : kind == 40 ? _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f))
                     : kind == 50 ? _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f))
                                  : _mm256_setzero_ps();
                 for (int r = 0; r < R; r++) {
                     const qmm_q8 *xb = &x[r * ldx + b0 + b];
-                    __m256 iv = _mm256_cvtepi32_ps(tree8(vs[r * gb + b]));
+                    __m256 iv = _mm256_cvtepi32_ps(R == 1 ? tree8x4(v1[b]) : tree8(vs[r * gb + b]));
                     acc[r] = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[r]);
                     acc[r] = _mm256_fmadd_ps(bv, _mm256_set1_ps(xb->s), acc[r]);
                 }

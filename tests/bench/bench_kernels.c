@@ -8,7 +8,11 @@
  *            blocked_TYPE_gmacs (multiply-adds per second, packing
  *            included) and blocked_TYPE_pack_pct (its share)
  * usage: bench_kernels THREADS [rowprod|blocked]...  The kernels are the
- * ones the CPU backend picks (kernels_isa says which). */
+ * ones the CPU backend picks (kernels_isa says which).  rowprod's shape
+ * from the environment: CB_ROWPROD_NIN (inputs a row, default 1536),
+ * CB_ROWPROD_KB (weights, default 65536: from memory; a few hundred: from
+ * cache, passes repeated), CB_ROWPROD_ROWS (activation rows, default 1),
+ * CB_ROWPROD_TYPE (one type). */
 #include "../../lib/backend/qgemm.h"
 #include "cbcore.h"
 
@@ -18,10 +22,18 @@
 #include <string.h>
 #include <time.h>
 
+static int64_t env_or(const char *name, int64_t dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoll(v) : dflt;
+}
+
+/* CB_BENCH_CPUTIME=1: the process's CPU time instead of the wall clock (on
+ * a machine shared with other work, for comparing kernels, one thread) */
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(getenv("CB_BENCH_CPUTIME") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -38,19 +50,23 @@ typedef struct job {
     cb_type t;
     const uint8_t *w, *xq;
     size_t rb;
-    int64_t n_in, o0, o1;
+    int64_t n_in, o0, o1, n_out;
     float *y;
     const uint64_t *buf; /* membw */
     size_t nbuf;
     uint64_t sum;
 } job;
 
+static int rp_reps = 1, rp_rows = 1; /* passes over the weights; activation rows */
+
 static void *rowprod_run(void *arg)
 {
     job *j = arg;
-    for (int64_t o = j->o0; o < j->o1; o += 64)
-        K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, 0, 1, o, o + 64 < j->o1 ? o + 64 : j->o1, j->y,
-               0);
+    size_t ab = qg_act_bytes(j->t, j->n_in);
+    for (int k = 0; k < rp_reps; k++)
+        for (int64_t o = j->o0; o < j->o1; o += 64)
+            K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, ab, rp_rows, o, o + 64 < j->o1 ? o + 64 : j->o1,
+                   j->y, j->n_out);
     return NULL;
 }
 
@@ -135,14 +151,19 @@ static void rowprod(int T)
     free(buf);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         cb_type t = types[i];
-        int64_t n_in = 1536, rb = (int64_t)cb_type_row_bytes(t, n_in),
-                n_out = ((int64_t)64 << 20) / rb / 64 * 64;
-        job j = {.t = t, .rb = (size_t)rb, .n_in = n_in};
-        uint8_t *w = random_weights(t, n_in, n_out), *xq = quantized_rows(t, n_in, 1);
-        float *y = malloc(sizeof(float) * (size_t)n_out);
+        if (getenv("CB_ROWPROD_TYPE") && strcmp(getenv("CB_ROWPROD_TYPE"), cb_type_name(t)))
+            continue;
+        int64_t n_in = env_or("CB_ROWPROD_NIN", 1536), kb = env_or("CB_ROWPROD_KB", 65536),
+                rb = (int64_t)cb_type_row_bytes(t, n_in), n_out = (kb << 10) / rb / 64 * 64;
+        rp_reps = kb < 65536 ? (int)(65536 / kb) : 1;
+        rp_rows = (int)env_or("CB_ROWPROD_ROWS", 1);
+        job j = {.t = t, .rb = (size_t)rb, .n_in = n_in, .n_out = n_out};
+        uint8_t *w = random_weights(t, n_in, n_out), *xq = quantized_rows(t, n_in, rp_rows);
+        float *y = malloc(sizeof(float) * (size_t)n_out * (size_t)rp_rows);
         j.w = w, j.xq = xq, j.y = y;
         double dt = timed(rowprod_run, &j, n_out, T);
-        printf("rowprod_%s_gb_s %.1f\n", cb_type_name(t), (double)rb * (double)n_out / dt / 1e9);
+        printf("rowprod_%s_gb_s %.1f\n", cb_type_name(t),
+               (double)rb * (double)n_out * rp_reps / dt / 1e9);
         free(w), free(xq), free(y);
     }
 }

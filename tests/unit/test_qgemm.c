@@ -131,7 +131,12 @@ int main(void)
     static const cb_type types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
                                     CB_TYPE_Q8_0, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
     /* rows, inputs, outputs: 1..4 rows a step and their remainders, panels cut short (8 and 16) */
-    static const int64_t shapes[][3] = {{1, 256, 8}, {3, 512, 21}, {6, 768, 16}, {13, 1280, 37}};
+    static const int64_t shapes[][3] = {{1, 256, 8},
+                                        {3, 512, 21},
+                                        {6, 768, 16},
+                                        {13, 1280, 37},
+                                        {5, 16896, 9}}; /* the last: rows past the
+                                         one-row kernels' chunks (whole rows up to 16384) */
     unsigned isas = qg_cpu_isas();
     TEST_BEGIN();
     printf("# this CPU runs:");
