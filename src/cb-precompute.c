@@ -260,10 +260,13 @@ static int do_record(pre *x, char *line, size_t len)
             json_decref(obj);
             return -1;
         }
-        if (st == CB_OK)
+        if (st == CB_OK) {
             st = cb_precomputer_store(x->pc, key, &err);
-        else
-            cb_error_set(&err, st, "%s:%ld: %s", x->in_name, x->lineno, err.msg);
+        } else { /* the message with its line (a copy: vsnprintf's source must not overlap) */
+            char why[CB_ERROR_MSG_MAX];
+            snprintf(why, sizeof why, "%s", err.msg);
+            cb_error_set(&err, st, "%s:%ld: %s", x->in_name, x->lineno, why);
+        }
         if (st != CB_OK) {
             cli_err("%s", err.msg);
             json_decref(obj);
