@@ -48,9 +48,9 @@ static void usage(FILE *f)
            "A progress line (chunks/s, tokens/s, ETA) goes to stderr when it is a terminal.\n"
            "\n"
            "Exit status: 0 success, 64 usage error, 65 bad input data (with --strict, or a\n"
-           "malformed model), 66 input missing, 69 compute device not available,\n"
-           "70 internal error, 73 cannot create output, 74 I/O error, 130 interrupted\n"
-           "(the chunk in progress is not stored).\n");
+           "malformed model), 66 input missing, 69 compute device not available or\n"
+           "failed (a device fault), 70 internal error, 73 cannot create output, 74 I/O\n"
+           "error, 130 interrupted (the chunk in progress is not stored).\n");
 }
 
 enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE };

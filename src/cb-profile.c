@@ -39,8 +39,8 @@ static void usage(FILE *f)
             "      --version      print the version\n"
             "\n"
             "Exit status: 0 success, 64 usage error, 65 bad model, 66 missing model or\n"
-            "store, 69 compute device not available, 70 internal error, 73 cannot write\n"
-            "the profile, 74 I/O error.\n");
+            "store, 69 compute device not available or failed (a device fault), 70\n"
+            "internal error, 73 cannot write the profile, 74 I/O error.\n");
 }
 
 enum { OPT_LENGTHS = 256, OPT_RATIOS, OPT_REPEAT, OPT_PLOT, OPT_NOWRITE };

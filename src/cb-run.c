@@ -122,8 +122,8 @@ static void usage(FILE *f)
         "\n"
         "Exit status: 0 success, 64 usage error, 65 bad input data (malformed GGUF,\n"
         "unsupported model, unknown token id, prompt longer than the context),\n"
-        "66 input missing, 69 compute device not available, 70 internal error,\n"
-        "73 cannot create output, 74 I/O error.\n");
+        "66 input missing, 69 compute device not available or failed (a device\n"
+        "fault), 70 internal error, 73 cannot create output, 74 I/O error.\n");
 }
 
 enum {
