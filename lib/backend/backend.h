@@ -257,12 +257,15 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd);
  * "cuda:N", or "auto" for CUDA device 0 when one is present, else the CPU.  The
  * CUDA backend lives in a module, libcbcore-cuda.so, loaded on demand so
  * that programs start without the CUDA libraries on machines without a
- * GPU.  Errors: CB_ERR_INVALID (a malformed name), CB_ERR_UNSUPPORTED (no
- * CUDA module, or no usable device), CB_ERR_NOMEM. */
+ * GPU.  $CB_BACKEND_FAIL_AT=N injects faults (cb_backend_fail_at).
+ * Errors: CB_ERR_INVALID (a malformed name, or $CB_BACKEND_FAIL_AT not a
+ * count), CB_ERR_DEVICE (no CUDA module, or no usable device),
+ * CB_ERR_NOMEM. */
 cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, cb_error *err);
 
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
- * on failure msg holds the reason. */
+ * on failure msg holds the reason.  The interface's version counts changes
+ * to this table and to struct cb_backend (5: the fault fields). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
 #define CB_CUDA_ABI 5
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);

@@ -14,7 +14,8 @@
  *   the dynamic linker's search path.
  * No name is the CPU.  "auto" tries CUDA only when the NVIDIA driver's
  * device nodes exist, and any failure there falls back to the CPU (the
- * programs' default). */
+ * programs' default).  $CB_BACKEND_FAIL_AT=N wraps whichever backend
+ * opened in the tests' fault injection (cb_backend_fail_at, fault.c). */
 #include "backend.h"
 #include "blas.h"
 
