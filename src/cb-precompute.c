@@ -48,9 +48,9 @@ static void usage(FILE *f)
            "A progress line (chunks/s, tokens/s, ETA) goes to stderr when it is a terminal.\n"
            "\n"
            "Exit status: 0 success, 64 usage error, 65 bad input data (with --strict, or a\n"
-           "malformed model), 66 input missing, 69 compute device not available,\n"
-           "70 internal error, 73 cannot create output, 74 I/O error, 130 interrupted\n"
-           "(the chunk in progress is not stored).\n");
+           "malformed model), 66 input missing, 69 compute device not available or\n"
+           "failed (a device fault), 70 internal error, 73 cannot create output, 74 I/O\n"
+           "error, 130 interrupted (the chunk in progress is not stored).\n");
 }
 
 enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE };
@@ -260,10 +260,13 @@ static int do_record(pre *x, char *line, size_t len)
             json_decref(obj);
             return -1;
         }
-        if (st == CB_OK)
+        if (st == CB_OK) {
             st = cb_precomputer_store(x->pc, key, &err);
-        else
-            cb_error_set(&err, st, "%s:%ld: %s", x->in_name, x->lineno, err.msg);
+        } else { /* the message with its line (a copy: vsnprintf's source must not overlap) */
+            char why[CB_ERROR_MSG_MAX];
+            snprintf(why, sizeof why, "%s", err.msg);
+            cb_error_set(&err, st, "%s:%ld: %s", x->in_name, x->lineno, why);
+        }
         if (st != CB_OK) {
             cli_err("%s", err.msg);
             json_decref(obj);

@@ -39,8 +39,8 @@ static void usage(FILE *f)
             "      --version      print the version\n"
             "\n"
             "Exit status: 0 success, 64 usage error, 65 bad model, 66 missing model or\n"
-            "store, 69 compute device not available, 70 internal error, 73 cannot write\n"
-            "the profile, 74 I/O error.\n");
+            "store, 69 compute device not available or failed (a device fault), 70\n"
+            "internal error, 73 cannot write the profile, 74 I/O error.\n");
 }
 
 enum { OPT_LENGTHS = 256, OPT_RATIOS, OPT_REPEAT, OPT_PLOT, OPT_NOWRITE };
@@ -102,7 +102,10 @@ static double load_kv(const cb_model *m, cb_kvfile *kf, double t0, cb_kvcache *k
             cb_kvfile_free(kf);
             return -1;
         }
-    cb_model_sync(m); /* on a GPU, until the copies are done */
+    if (cb_model_sync(m) != CB_OK) { /* on a GPU, until the copies are done */
+        cb_kvfile_free(kf);
+        return -1;
+    }
     double mb = (double)cb_kvfile_size(kf) / 1e6, ms = cb_now_ms() - t0;
     cb_kvfile_free(kf);
     return mb / (ms / 1e3);
@@ -202,11 +205,8 @@ static int measure_length(const cb_model *m, const popts *o, int64_t L, double *
     int code = 0;
 
     if (st != CB_OK || (st = cb_kvcache_new(&kv, m, (int32_t)L, CB_TYPE_F16)) != CB_OK ||
-        (st = cb_fwd_new(&f, m, (int32_t)L)) != CB_OK) {
-        cli_err("length %lld: %s", (long long)L, cb_strerror(st));
-        code = cli_exit_code(st);
-        goto done;
-    }
+        (st = cb_fwd_new(&f, m, (int32_t)L)) != CB_OK)
+        goto fail;
     for (int64_t i = 0; i < L; i++)
         toks[i] = (int32_t)((i * 7919 + 13) % hp->n_vocab);
     for (int r = 0; r < o->repeat; r++) {
@@ -214,10 +214,11 @@ static int measure_length(const cb_model *m, const popts *o, int64_t L, double *
         int32_t *pos = rows;
         for (int64_t i = 0; i < L; i++)
             pos[i] = (int32_t)i;
-        cb_fwd_embed(f, toks, pos, (int32_t)L);
-        for (int32_t l = 0; l < hp->n_layer; l++)
-            cb_fwd_layer(f, kv, l, NULL, 0);
-        cb_model_sync(m); /* a device queues the work: time its completion */
+        st = cb_fwd_embed(f, toks, pos, (int32_t)L);
+        for (int32_t l = 0; l < hp->n_layer && st == CB_OK; l++)
+            st = cb_fwd_layer(f, kv, l, NULL, 0);
+        if (st != CB_OK || (st = cb_model_sync(m)) != CB_OK) /* a device queues the work */
+            goto fail;
         samples[r] = (cb_now_ms() - t0) / hp->n_layer;
     }
     cb_profile_point *pp = &prof->prefill[prof->n_prefill++];
@@ -237,8 +238,9 @@ static int measure_length(const cb_model *m, const popts *o, int64_t L, double *
         int32_t layer = hp->n_layer / 2;
         for (int r = 0; r < o->repeat; r++) {
             double t0 = cb_now_ms();
-            cb_fwd_layer(f, kv, layer, rows, n);
-            cb_model_sync(m);
+            if ((st = cb_fwd_layer(f, kv, layer, rows, n)) != CB_OK ||
+                (st = cb_model_sync(m)) != CB_OK)
+                goto fail;
             samples[r] = cb_now_ms() - t0;
         }
         cb_profile_point *rp = &prof->recompute[prof->n_recompute++];
@@ -248,6 +250,10 @@ static int measure_length(const cb_model *m, const popts *o, int64_t L, double *
         cli_info("length %lld: ratio %.2f recompute %.2f ms per layer", (long long)L, o->ratios[ri],
                  rp->ms_per_layer);
     }
+    goto done;
+fail:
+    cli_err("length %lld: %s", (long long)L, cb_model_strerror(m, st));
+    code = cli_exit_code(st);
 done:
     cb_fwd_free(f);
     cb_kvcache_free(kv);
@@ -273,7 +279,7 @@ static int test_kvfile(const cb_model *m, int32_t L, void **buf, size_t *size)
         (st = cb_fwd_new(&f, m, 512)) == CB_OK)
         st = cb_kv_precompute(f, kv, lead.ids, (int32_t)lead.n, toks, L, CB_TYPE_F16, buf, size);
     if (st != CB_OK)
-        cli_err("cannot build the test KV file: %s", cb_strerror(st));
+        cli_err("cannot build the test KV file: %s", cb_model_strerror(m, st));
     cb_fwd_free(f);
     cb_kvcache_free(kv);
     cb_tokens_free(&lead);
@@ -355,7 +361,7 @@ static int measure_tiers(const cb_model *m, cb_store *store, int repeat, cb_prof
     int code = kb && vb ? test_kvfile(m, L, &buf, &size) : CLI_EX_SOFTWARE;
 
     if (code == 0 && (st = cb_kvcache_new(&lkv, m, L, CB_TYPE_F16)) != CB_OK) {
-        cli_err("a %d-token cache: %s", L, cb_strerror(st));
+        cli_err("a %d-token cache: %s", L, cb_model_strerror(m, st));
         code = cli_exit_code(st);
     }
     for (int t = 0; code == 0 && t < cb_store_n_tiers(store) && t < 16; t++) {
@@ -385,6 +391,10 @@ static int measure_tiers(const cb_model *m, cb_store *store, int repeat, cb_prof
     }
     if (code == 0)
         measure_shared(m, store, repeat, buf, size, lkv, kb, vb, prof);
+    if (code == 0 && (st = cb_model_sync(m)) != CB_OK) { /* a load's device fault */
+        cli_err("KV loads: %s", cb_model_strerror(m, st));
+        code = cli_exit_code(st);
+    }
     cb_kvcache_free(lkv);
     free(buf);
     free(kb);

@@ -122,8 +122,8 @@ static void usage(FILE *f)
         "\n"
         "Exit status: 0 success, 64 usage error, 65 bad input data (malformed GGUF,\n"
         "unsupported model, unknown token id, prompt longer than the context),\n"
-        "66 input missing, 69 compute device not available, 70 internal error,\n"
-        "73 cannot create output, 74 I/O error.\n");
+        "66 input missing, 69 compute device not available or failed (a device\n"
+        "fault), 70 internal error, 73 cannot create output, 74 I/O error.\n");
 }
 
 enum {
@@ -345,21 +345,24 @@ static int run_prompt(run *r, const char *text, size_t len)
     return 0;
 }
 
-/* A cache and activations for the prompt; the status says why not. */
-static int run_alloc(const run *r, cb_kvcache **kv, cb_fwd **f)
+/* A cache and activations for the prompt; the status says why not (and a
+ * message has said it). */
+static cb_status run_alloc(const run *r, cb_kvcache **kv, cb_fwd **f)
 {
     cb_status st;
     if ((st = cb_kvcache_new(kv, r->m, (int32_t)r->n_ctx, r->o->kv_type)) != CB_OK) {
-        cli_err("a KV cache of %lld positions: %s", (long long)r->n_ctx, cb_strerror(st));
-        return cli_exit_code(st);
+        cli_err("a KV cache of %lld positions: %s", (long long)r->n_ctx,
+                cb_model_strerror(r->m, st));
+        return st;
     }
     if ((st = cb_fwd_new(
              f, r->m, (int32_t)(r->total > (int64_t)r->cont.n ? r->total : (int64_t)r->cont.n))) !=
         CB_OK) {
-        cli_err("activations for %lld tokens: %s", (long long)r->total, cb_strerror(st));
-        return cli_exit_code(st);
+        cli_err("activations for %lld tokens: %s", (long long)r->total,
+                cb_model_strerror(r->m, st));
+        return st;
     }
-    return 0;
+    return CB_OK;
 }
 
 /* --ratio auto: the controller's ratio for the slowest tier holding a chunk. */
@@ -413,8 +416,8 @@ static int run_verify(run *r)
         cb_blend_stats bs2;
         cb_gen_result g2;
         double tv = cb_now_ms();
-        if (run_alloc(r, &kv2, &f2) != 0)
-            st = cb_error_set(&err, CB_ERR_NOMEM, "no memory for the second prefill");
+        if ((st = run_alloc(r, &kv2, &f2)) != CB_OK)
+            cb_error_set(&err, st, "the second prefill: %s", cb_model_strerror(r->m, st));
         else
             st = cb_blend_prefill(f2, kv2, r->segs, r->n_segs, pass ? &r->bp : &fp, vlogits, &bs2,
                                   &err);
@@ -425,11 +428,11 @@ static int run_verify(run *r)
         if (st == CB_OK && r->cont.n) {
             if ((st = cb_score(f2, kv2, vlogits, (int32_t)r->total, r->cont.ids, (int32_t)r->cont.n,
                                &fsr)) != CB_OK)
-                cb_error_set(&err, st, "scoring: %s", cb_strerror(st));
+                cb_error_set(&err, st, "scoring: %s", cb_model_strerror(r->m, st));
         } else if (st == CB_OK &&
                    (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, cli_sink_write,
                                      pass ? &greedy_sm : &full_sm, tv, &g2)) != CB_OK)
-            cb_error_set(&err, st, "generation: %s", cb_strerror(st));
+            cb_error_set(&err, st, "generation: %s", cb_model_strerror(r->m, st));
         cb_fwd_free(f2);
         cb_kvcache_free(kv2);
     }
@@ -450,7 +453,7 @@ static int run_verify(run *r)
     }
     free(full_sm.all), free(greedy_sm.all);
     free(vlogits);
-    return st == CB_OK ? 0 : CLI_EX_SOFTWARE;
+    return cli_exit_code(st);
 }
 
 /* What --stats reports of one answer (a lone run's, or each --batch
@@ -563,9 +566,8 @@ static int run_answer(run *r)
         cli_err("out of memory");
         return CLI_EX_SOFTWARE;
     }
-    int code = run_alloc(r, &r->kv, &r->f);
-    if (code)
-        return code;
+    if ((st = run_alloc(r, &r->kv, &r->f)) != CB_OK)
+        return cli_exit_code(st);
     if (o->ratio_auto && r->bp.mode == CB_MODE_BLEND)
         run_auto_ratio(r);
     if ((st = cb_prompt_prefill(r->pr, r->store, r->f, r->kv, &r->bp, r->logits, &r->bs, warn, NULL,
@@ -586,7 +588,7 @@ static int run_answer(run *r)
         if ((st = cb_score(r->f, r->kv, r->logits, (int32_t)r->total, r->cont.ids,
                            (int32_t)r->cont.n, &r->sr)) != CB_OK) {
             cli_err("%s: scoring the continuation failed: %s", o->score ? "--score" : o->score_file,
-                    cb_strerror(st));
+                    cb_model_strerror(r->m, st));
             return cli_exit_code(st);
         }
         r->gen_ms = cb_now_ms() - r->t0 - r->gr.first_ms;
@@ -596,7 +598,7 @@ static int run_answer(run *r)
     }
     if ((st = cb_generate(r->f, r->kv, r->logits, (int32_t)r->total, &r->gp, cli_sink_write, &r->sm,
                           r->t0, &r->gr)) != CB_OK) {
-        cli_err("generation failed: %s", cb_strerror(st));
+        cli_err("generation failed: %s", cb_model_strerror(r->m, st));
         return cli_exit_code(st);
     }
     r->gen_ms = cb_now_ms() - r->t0 - r->gr.first_ms;
@@ -891,7 +893,7 @@ static int batch_open(brun *r, int32_t size, uint64_t budget)
         (double)budget / 1048576.0, CB_BATCH_MAX, (double)budget / 1048576.0);
     if ((st = cb_batch_new(&r->b, r->m, r->store, size ? size : dflt, budget, warn, NULL)) !=
         CB_OK) {
-        cli_err("%s", cb_strerror(st));
+        cli_err("%s", cb_model_strerror(r->m, st));
         return cli_exit_code(st);
     }
     return 0;

@@ -22,6 +22,9 @@
 
 #include "cbcore.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 typedef struct cb_backend cb_backend;
 
 /* A weight matrix W [n_out, n_in] (GGUF ne = {n_in, n_out}) in whatever form
@@ -184,7 +187,74 @@ struct cb_backend {
     int n_threads;
     int rows_step, rows_max; /* the row-stable product sizes (above); kept by the backend */
     char desc[96];           /* "cpu (2 threads, avx2 kernels)", "cuda:0 (NVIDIA H100 80GB HBM3)" */
+    /* The first fault (below): fault is 0 or its cb_status, published after
+     * fault_msg is written; fault_claimed picks the one writer. */
+    int fault, fault_claimed;
+    char fault_msg[CB_ERROR_MSG_MAX - 64];
 };
+
+/* Faults.  Operations return nothing; one that fails (a CUDA or cuBLAS
+ * error, a kernel's fault found at a later synchronization, a fault
+ * injected with cb_backend_fail_at) records the backend's first failure
+ * with cb_backend_fail and returns: alloc, alloc_tmp, event_new and
+ * weight_new with NULL.  A fault is sticky: every later operation does
+ * nothing (its outputs are undefined) except those that release (free,
+ * dealloc, weight_free, event_free), so the caller can unwind and free what
+ * it holds.  A fault is usually CB_ERR_DEVICE (CB_ERR_INTERNAL for a
+ * failed invariant, CB_ERR_NOMEM for host memory a device backend could
+ * not get), fault_msg says what failed.
+ *
+ * Callers check cb_backend_status before they return success and before
+ * they use what download or topk handed back (an index from a faulted topk
+ * indexes nothing).  Kernels fail asynchronously: a device backend finds
+ * the fault at its next synchronizing operation (download, topk, sync,
+ * alloc, weight_new), so a check after those sees every fault that could
+ * have touched the data.  A NULL from an allocating operation is a fault
+ * when cb_backend_status says so, else out of memory.  The check is a load
+ * and a branch; the CPU backend's operations never fail by themselves. */
+static inline cb_status cb_backend_status(const cb_backend *b)
+{
+    return (cb_status)__atomic_load_n(&b->fault, __ATOMIC_ACQUIRE);
+}
+
+/* The status a NULL from alloc, alloc_tmp, event_new or weight_new stands
+ * for: the backend's fault, else CB_ERR_NOMEM. */
+static inline cb_status cb_backend_nomem(const cb_backend *b)
+{
+    cb_status st = cb_backend_status(b);
+    return st != CB_OK ? st : CB_ERR_NOMEM;
+}
+
+/* Record a fault (st < 0) unless one is recorded already (the first one is
+ * what went wrong; the rest follow from it).  Any thread; on return
+ * cb_backend_status reports a fault (a second thread waits out the first
+ * one's message). */
+static inline void cb_backend_fail(cb_backend *b, cb_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline void cb_backend_fail(cb_backend *b, cb_status st, const char *fmt, ...)
+{
+    int zero = 0;
+    va_list ap;
+    if (!__atomic_compare_exchange_n(&b->fault_claimed, &zero, 1, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        while (!__atomic_load_n(&b->fault, __ATOMIC_ACQUIRE))
+            ; /* a snprintf away */
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->fault_msg, sizeof b->fault_msg, fmt, ap);
+    va_end(ap);
+    __atomic_store_n(&b->fault, (int)st, __ATOMIC_RELEASE);
+}
+
+/* Fault injection, for the tests of every caller's error path (there is
+ * no faulty GPU at hand): from the n-th operation on (n >= 1; counted over
+ * every operation but the releasing ones and set_act8, reserve), each
+ * operation fails as after a device fault, the first one recording
+ * CB_ERR_DEVICE.  It wraps the backend's table, so that the backend runs
+ * as before, uncounted, when it is not asked for.  cb_backend_open calls it
+ * when $CB_BACKEND_FAIL_AT is n.  Errors: CB_ERR_NOMEM, CB_ERR_INVALID. */
+cb_status cb_backend_fail_at(cb_backend *b, long n);
 
 /* The CPU backend: weights computed on in their GGUF types (AVX2 kernels
  * chosen at run time, else portable C), OpenBLAS sgemm on dequantized panels
@@ -198,8 +268,10 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd);
  * "cuda:N", or "auto" for CUDA device 0 when one is present, else the CPU.  The
  * CUDA backend lives in a module, libcbcore-cuda.so, loaded on demand so
  * that programs start without the CUDA libraries on machines without a
- * GPU.  Errors: CB_ERR_INVALID (a malformed name), CB_ERR_UNSUPPORTED (no
- * CUDA module, or no usable device), CB_ERR_NOMEM. */
+ * GPU.  $CB_BACKEND_FAIL_AT=N injects faults (cb_backend_fail_at).
+ * Errors: CB_ERR_INVALID (a malformed name, or $CB_BACKEND_FAIL_AT not a
+ * count), CB_ERR_DEVICE (no CUDA module, or no usable device),
+ * CB_ERR_NOMEM. */
 cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, cb_error *err);
 
 /* attn_mass on any backend: its operation, or where it has none the
@@ -211,8 +283,9 @@ cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos
                                int hd, float scale, int window, float *mass);
 
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
- * on failure msg holds the reason.  CB_CUDA_ABI changes with every change
- * to cb_backend_ops or struct cb_backend (5: attn_mass added). */
+ * on failure msg holds the reason.  The interface's version counts changes
+ * to this table and to struct cb_backend (5: attn_mass added, and the
+ * fault fields). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
 #define CB_CUDA_ABI 5
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);

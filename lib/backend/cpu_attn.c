@@ -402,6 +402,9 @@ cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos
                                const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
                                int hd, float scale, int window, float *mass)
 {
+    cb_status st = cb_backend_status(b); /* after a fault: nothing (backend.h) */
+    if (st != CB_OK)
+        return st;
     if (b->ops->attn_mass)
         return b->ops->attn_mass(b, q, pos, n, k, t, n_keys, n_head, n_head_kv, hd, scale, window,
                                  mass);

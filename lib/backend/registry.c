@@ -14,7 +14,8 @@
  *   the dynamic linker's search path.
  * No name is the CPU.  "auto" tries CUDA only when the NVIDIA driver's
  * device nodes exist, and any failure there falls back to the CPU (the
- * programs' default). */
+ * programs' default).  $CB_BACKEND_FAIL_AT=N wraps whichever backend
+ * opened in the tests' fault injection (cb_backend_fail_at, fault.c). */
 #include "backend.h"
 #include "blas.h"
 
@@ -123,9 +124,30 @@ static cb_status open_cpu(cb_backend **out, int n_threads, cb_error *err)
     return *out ? CB_OK : cb_error_set(err, CB_ERR_NOMEM, "cpu: cannot start the CPU backend");
 }
 
-cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, cb_error *err)
+/* $CB_BACKEND_FAIL_AT=N: the tests' fault injection (cb_backend_fail_at). */
+static cb_status inject_faults(cb_backend **out, cb_error *err)
 {
-    *out = NULL;
+    const char *env = getenv("CB_BACKEND_FAIL_AT");
+    char *end;
+    long n;
+    cb_status st;
+    if (!env || !*env)
+        return CB_OK;
+    n = strtol(env, &end, 10);
+    if (*end || n < 1)
+        st = cb_error_set(err, CB_ERR_INVALID, "CB_BACKEND_FAIL_AT=%.32s: expected a count >= 1",
+                          env);
+    else if ((st = cb_backend_fail_at(*out, n)) != CB_OK)
+        cb_error_set(err, st, "CB_BACKEND_FAIL_AT: %s", cb_strerror(st));
+    if (st != CB_OK) {
+        (*out)->ops->free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static cb_status open_device(cb_backend **out, const char *device, int n_threads, cb_error *err)
+{
     if (!device || !*device)
         device = "cpu";
     if (strcmp(device, "auto") == 0) {
@@ -148,4 +170,11 @@ cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, c
     }
     return cb_error_set(err, CB_ERR_INVALID,
                         "device '%.64s' is not known (expected cpu, cuda or cuda:N)", device);
+}
+
+cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, cb_error *err)
+{
+    *out = NULL;
+    cb_status st = open_device(out, device, n_threads, err);
+    return st == CB_OK ? inject_faults(out, err) : st;
 }

@@ -20,7 +20,7 @@ const char *cb_strerror(cb_status st)
     case CB_ERR_INTERNAL: return "internal error";
     case CB_ERR_CHECKSUM: return "checksum mismatch";
     case CB_ERR_MISMATCH: return "made for another model";
-    case CB_ERR_DEVICE: return "compute device not available";
+    case CB_ERR_DEVICE: return "compute device not available or failed";
     }
     return "unknown status";
 }

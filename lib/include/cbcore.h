@@ -11,6 +11,11 @@
  *     the problem.  After an error no output argument is touched and nothing
  *     is leaked.
  *   - The library never prints and never exits.
+ *   - A compute device that fails while a model computes (a CUDA error, a
+ *     kernel's memory fault) makes the function that finds it return
+ *     CB_ERR_DEVICE; the fault is sticky, so every later computation with
+ *     that model fails the same way, and cb_model_strerror says what
+ *     failed.  Free what was made with the model, then the model.
  *   - Strings read from files are not NUL-terminated: they are cb_strview
  *     views (pointer + length) borrowed from the object that owns the bytes.
  */
@@ -43,7 +48,7 @@ typedef enum cb_status {
     CB_ERR_INTERNAL = -9,    /* a bug: an invariant did not hold */
     CB_ERR_CHECKSUM = -10,   /* stored data does not match its checksum */
     CB_ERR_MISMATCH = -11,   /* data made for another model */
-    CB_ERR_DEVICE = -12      /* the compute device asked for is not available */
+    CB_ERR_DEVICE = -12      /* the compute device is not available, or failed (a device fault) */
 } cb_status;
 
 #define CB_ERROR_MSG_MAX 512
@@ -469,8 +474,14 @@ const char *cb_model_backend(const cb_model *m);
 const char *cb_model_device(const cb_model *m);
 /* Wait until the work this thread queued on the model's device is done
  * (a GPU runs it asynchronously; a no-op on the CPU).  Functions that
- * return data to the host wait by themselves; this is for timing. */
-void cb_model_sync(const cb_model *m);
+ * return data to the host wait by themselves; this is for timing.
+ * Returns CB_OK, or the device's fault (CB_ERR_DEVICE, see Conventions). */
+cb_status cb_model_sync(const cb_model *m);
+/* What status st, returned by a computation with m, means: after a device
+ * fault, the fault's own message ("cuda:0: matmul: an illegal memory
+ * access was encountered (cublasGemmEx(...) at lib/cuda/cuda_mm.cu:343)"),
+ * else cb_strerror(st).  Valid while m is; m may be NULL. */
+const char *cb_model_strerror(const cb_model *m, cb_status st);
 
 /* ------------------------------------------------------------- KV cache */
 
@@ -1489,7 +1500,7 @@ cb_status cb_generate(cb_fwd *f, cb_kvcache *kv, float *logits, int32_t pos, con
 typedef struct cb_gen_batch cb_gen_batch;
 
 /* A batch of up to cap sequences on model m.  Errors: CB_ERR_INVALID (cap
- * < 1), CB_ERR_NOMEM. */
+ * < 1), CB_ERR_NOMEM, CB_ERR_DEVICE (a device fault). */
 cb_status cb_gen_batch_new(cb_gen_batch **out, const cb_model *m, int32_t cap);
 /* Free it (the caches are the callers'); accepts NULL. */
 void cb_gen_batch_free(cb_gen_batch *b);
@@ -1728,7 +1739,7 @@ int32_t cb_batch_default_size(const cb_model *m, cb_type kv_type, uint64_t kv_bu
  * keyed chunks are missing), at most cap questions in flight, their caches
  * within kv_budget bytes.  warn(ctx, msg) (may be NULL) hears what a lone
  * run would warn about.  Borrows m and s.  Errors: CB_ERR_INVALID (cap <
- * 1), CB_ERR_NOMEM. */
+ * 1), CB_ERR_NOMEM, CB_ERR_DEVICE (a device fault). */
 cb_status cb_batch_new(cb_batch **out, cb_model *m, cb_store *s, int32_t cap, uint64_t kv_budget,
                        void (*warn)(void *ctx, const char *msg), void *ctx);
 /* Free it and everything in flight or not yet taken; accepts NULL. */

@@ -14,7 +14,10 @@
  *   o   = (act(xn Wg^T) * (xn Wu^T)) Wd^T   act: silu, or gelu (gemma3)
  *   o   = rmsnorm(o) * post_ffn_norm        (gemma3)
  *   x  += o
- * Every operation goes through the backend table. */
+ * Every operation goes through the backend table.  Backend operations
+ * return nothing; a failed one leaves a sticky fault on the backend
+ * (backend.h), which each function here checks before it returns success
+ * or uses what the device handed back. */
 #include "model_impl.h"
 
 #include <math.h>
@@ -55,7 +58,7 @@ cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_
     return CB_OK;
 fail:
     cb_kvcache_free(kv);
-    return CB_ERR_NOMEM;
+    return cb_backend_nomem(m->be);
 }
 
 void cb_kvcache_free(cb_kvcache *kv)
@@ -122,7 +125,7 @@ static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int3
     if (!at || !tmp) {
         free(at);
         be->ops->dealloc(be, tmp);
-        return CB_ERR_NOMEM;
+        return cb_backend_nomem(be);
     }
     for (int32_t i = 0; i < n; i++)
         at[i] = pos0 + i;
@@ -137,7 +140,7 @@ static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int3
     }
     be->ops->dealloc(be, tmp);
     free(at);
-    return CB_OK;
+    return cb_backend_status(be);
 }
 
 cb_status cb_kvcache_read(const cb_kvcache *kv, int32_t layer, int which, int32_t pos0, int32_t n,
@@ -225,7 +228,7 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
         !f->zero_row || !f->x || !f->xs || !f->xn || !f->q || !f->att || !f->k || !f->v || !f->g ||
         !f->u || !f->logits || !f->dev) {
         cb_fwd_free(f);
-        return CB_ERR_NOMEM;
+        return cb_backend_nomem(be);
     }
     *out = f;
     return CB_OK;
@@ -262,7 +265,7 @@ cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int
         m->be->ops->scale(m->be, f->x, m->embd_scale, (int64_t)n * m->hp.n_embd);
     memcpy(f->pos, pos, sizeof(int32_t) * (size_t)n);
     f->n = n;
-    return CB_OK;
+    return cb_backend_status(m->be);
 }
 
 enum { QKV_Q = 1, QKV_K = 2, QKV_V = 4 };
@@ -391,7 +394,7 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
 
     if (rows)
         o->scatter(be, f->xs, rows, n, d, f->x);
-    return CB_OK;
+    return cb_backend_status(be);
 }
 
 cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows,
@@ -411,7 +414,7 @@ cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_
     kv_after_loads(kv, layer);
     o->kv_write(be, kv->k[layer], kv->type, kv->width, f->k, f->sel_pos, n);
     o->kv_write(be, kv->v[layer], kv->type, kv->width, f->v, f->sel_pos, n);
-    return CB_OK;
+    return cb_backend_status(be);
 }
 
 cb_status cb_fwd_last_layer(cb_fwd *f, cb_kvcache *kv, const int32_t *rows, int32_t n_rows,
@@ -454,7 +457,7 @@ cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *l
         be->ops->download(be, logits + (int64_t)i * hp->n_vocab, f->logits,
                           sizeof(float) * (size_t)c * (size_t)hp->n_vocab);
     }
-    return CB_OK;
+    return cb_backend_status(be);
 }
 
 cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst)
@@ -464,7 +467,7 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst)
         return CB_ERR_RANGE;
     m->be->ops->download(m->be, dst, f->x + (int64_t)row * m->hp.n_embd,
                          sizeof(float) * (size_t)m->hp.n_embd);
-    return CB_OK;
+    return cb_backend_status(m->be);
 }
 
 cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0,
@@ -632,6 +635,8 @@ static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *to
     f->n_q = 0; /* the queries of these rows are no layer's to inspect */
     for (int32_t l = 0; l < hp->n_layer; l++)
         decode_layer(f, kv, pos, n, rows, l);
+    if ((st = cb_backend_status(be)) != CB_OK) /* a fault: the rest would do nothing */
+        return st;
     be->ops->rmsnorm(be, f->x, m->output_norm, f->xn, rows, d, hp->norm_eps);
     int32_t chunk = f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
     for (int32_t r = 0; r < rows && r < n; r += chunk) {
@@ -641,7 +646,7 @@ static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *to
         be->ops->download(be, logits + (int64_t)r * hp->n_vocab, f->logits,
                           sizeof(float) * (size_t)keep * (size_t)hp->n_vocab);
     }
-    return CB_OK;
+    return cb_backend_status(be);
 }
 
 cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens, const int32_t *pos,
@@ -691,7 +696,7 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
         free(at);
         free(delta);
         be->ops->dealloc(be, tmp);
-        return CB_ERR_NOMEM;
+        return cb_backend_nomem(be);
     }
     for (int32_t i = 0; i < n; i++) {
         at[i] = pos + i;
@@ -709,7 +714,7 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
         be->ops->event_record(be, kv->loaded[layer]);
     free(at);
     free(delta);
-    return CB_OK;
+    return cb_backend_status(be);
 }
 
 const cb_model *cb_fwd_model(const cb_fwd *f) { return f->m; }
@@ -732,7 +737,7 @@ cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
         be->ops->download(be, k, f->k, sizeof(float) * (size_t)(n * dkv));
     if (v)
         be->ops->download(be, v, f->v, sizeof(float) * (size_t)(n * dkv));
-    return CB_OK;
+    return cb_backend_status(be);
 }
 
 cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *q)
@@ -742,7 +747,7 @@ cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *
     if (from < 0 || n < 0 || from > f->n_q - n)
         return CB_ERR_RANGE;
     f->m->be->ops->download(f->m->be, q, f->q + from * dq, sizeof(float) * (size_t)(n * dq));
-    return CB_OK;
+    return cb_backend_status(f->m->be);
 }
 
 cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
@@ -764,7 +769,7 @@ cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32
         return CB_OK;
     float *dm = be_tmp(be, bytes);
     if (!dm)
-        return CB_ERR_NOMEM;
+        return cb_backend_nomem(be);
     be->ops->upload(be, dm, mass, bytes);
     kv_after_loads(kv, layer);
     cb_status st = cb_backend_attn_mass(be, f->q + from * dq, f->q_pos + from, n, kv->k[layer],
@@ -773,7 +778,7 @@ cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32
     if (st == CB_OK)
         be->ops->download(be, mass, dm, bytes);
     be->ops->dealloc(be, dm);
-    return st;
+    return st != CB_OK ? st : cb_backend_status(be);
 }
 
 cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which,
@@ -795,6 +800,8 @@ cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int w
     be->ops->deviation(be, which ? f->v : f->k, which ? kv->v[layer] : kv->k[layer], kv->type,
                        kv->width, f->sel_pos, n, dev);
     be->ops->topk(be, dev, n, k, top);
+    if ((st = cb_backend_status(be)) != CB_OK) /* top holds no indices */
+        return st;
     for (int32_t i = 0; i < k; i++) /* indices into rows -> rows */
         top[i] = rows[top[i]];
     return CB_OK;

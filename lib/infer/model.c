@@ -45,6 +45,18 @@ static cb_status hp_int(const cb_gguf *g, const char *path, const char *arch, co
     return CB_OK;
 }
 
+/* An allocating backend operation returned NULL while loading `name`
+ * (NULL: a vector): the backend's fault, or out of memory. */
+static cb_status load_failed(const cb_model *m, const char *path, const char *name, cb_error *err)
+{
+    cb_status st = cb_backend_nomem(m->be);
+    if (st != CB_ERR_NOMEM)
+        return cb_error_set(err, st, "%s: %s", path, m->be->fault_msg);
+    if (name)
+        return cb_error_set(err, st, "%s: out of memory loading '%s'", path, name);
+    return cb_error_set(err, st, "%s: out of memory", path);
+}
+
 /* Look up a tensor, check its shape {ne0, ne1} and upload it as a weight
  * matrix (or, when ne1 == 0, a 1-D f32 vector into *vec). */
 static cb_status load_tensor(cb_model *m, const char *path, const char *name, int64_t ne0,
@@ -69,9 +81,7 @@ static cb_status load_tensor(cb_model *m, const char *path, const char *name, in
                             cb_type_name(ti.type) ? cb_type_name(ti.type) : "?");
     if (w) {
         *w = m->be->ops->weight_new(m->be, ti.type, ne0, want1, ti.data, NULL);
-        if (!*w)
-            return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory loading '%s'", path, name);
-        return CB_OK;
+        return *w ? CB_OK : load_failed(m, path, name, err);
     }
     /* vectors (norm weights, biases): f32 on the host first */
     float *host = malloc(sizeof(float) * (size_t)(ne0 * want1));
@@ -130,8 +140,7 @@ static cb_status load_proj(cb_model *m, const char *path, int l, const char *wha
     }
     *w = m->be->ops->weight_new(m->be, ti.type, n_in, n_out, ti.data, bias);
     free(bias);
-    return *w ? CB_OK
-              : cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory loading '%s'", path, name);
+    return *w ? CB_OK : load_failed(m, path, name, err);
 }
 
 static const struct arch_desc {
@@ -429,10 +438,14 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
             (st = load_proj(m, path, l, "ffn_down", hp->n_ff, d, &L->wd, err)))
             goto fail;
     }
+    if ((st = cb_backend_status(m->be)) != CB_OK) { /* an upload's fault */
+        cb_error_set(err, st, "%s: %s", path, m->be->fault_msg);
+        goto fail;
+    }
     *out = m;
     return CB_OK;
 nomem:
-    st = cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
+    st = load_failed(m, path, NULL, err);
 fail:
     cb_model_free(m);
     return st;
@@ -488,7 +501,7 @@ static cb_status load_vec(cb_model *m, const char *path, const char *name, int64
     if (st != CB_OK || !host)
         return st;
     if (!(*out = to_backend(m, host, n)))
-        return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
+        return load_failed(m, path, name, err);
     return CB_OK;
 }
 const cb_vocab *cb_model_vocab(const cb_model *m) { return m->vocab; }
@@ -500,8 +513,16 @@ const char *cb_model_device(const cb_model *m)
 }
 cb_hash128 cb_model_fingerprint(const cb_model *m) { return m->fingerprint; }
 
-void cb_model_sync(const cb_model *m)
+cb_status cb_model_sync(const cb_model *m)
 {
     if (m->be->ops->sync)
         m->be->ops->sync(m->be);
+    return cb_backend_status(m->be);
+}
+
+const char *cb_model_strerror(const cb_model *m, cb_status st)
+{
+    if (st != CB_OK && m && m->be && cb_backend_status(m->be) == st)
+        return m->be->fault_msg;
+    return cb_strerror(st);
 }

@@ -125,7 +125,8 @@ static void loader_run(loader *ld)
             st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v,
                                  cb_kvfile_meta(kf)->pos0);
             if (st != CB_OK)
-                cb_error_set(&err, st, "blend: cannot place segment %d", s);
+                cb_error_set(&err, st, "blend: cannot place segment %d: %s", s,
+                             cb_model_strerror(ld->m, st));
             ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
         }
         if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
@@ -149,7 +150,11 @@ static void loader_run(loader *ld)
        * error too: the caller frees the cache once this thread is joined),
        * and count them as loading time */
         double t0 = cb_now_ms();
-        cb_model_sync(ld->m);
+        cb_status sst = cb_model_sync(ld->m);
+        if (st == CB_OK && sst != CB_OK) {
+            st = sst;
+            cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
+        }
         pthread_mutex_lock(&ld->mu);
         ld->busy_ms += cb_now_ms() - t0;
         pthread_mutex_unlock(&ld->mu);
@@ -517,8 +522,12 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     if (p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE)
         stats->key_temp = cb_blend_key_temp(cb_fwd_model(f), p);
     if ((st = cb_fwd_embed(f, pl.ids, pl.pos, (int32_t)pl.total)) != CB_OK) {
-        cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)",
-                     (long long)pl.total);
+        if (st == CB_ERR_INVALID)
+            cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)",
+                         (long long)pl.total);
+        else
+            cb_error_set(err, st, "blend: embedding the prompt: %s",
+                         cb_model_strerror(cb_fwd_model(f), st));
         goto out;
     }
     pl.ld = &ld;
@@ -538,7 +547,8 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     if (st == CB_ERR_NOMEM && !layer_err)
         cb_error_set(err, st, "blend: out of memory");
     else if (st != CB_OK && layer_err)
-        cb_error_set(err, st, "blend: layer computation failed: %s", cb_strerror(st));
+        cb_error_set(err, st, "blend: layer computation failed: %s",
+                     cb_model_strerror(cb_fwd_model(f), st));
     if (st != CB_OK)
         goto out;
     stats->load_ms = ld.busy_ms;

@@ -75,9 +75,10 @@ cb_status cb_batch_new(cb_batch **out, cb_model *m, cb_store *s, int32_t cap, ui
     b->logits = malloc(sizeof(float) * (size_t)cb_model_hparams(m)->n_vocab);
     b->dec = calloc((size_t)cap, sizeof *b->dec);
     b->done = calloc((size_t)cap, sizeof *b->done);
-    if (!b->logits || !b->dec || !b->done || cb_gen_batch_new(&b->gb, m, cap) != CB_OK) {
+    cb_status st = CB_ERR_NOMEM;
+    if (!b->logits || !b->dec || !b->done || (st = cb_gen_batch_new(&b->gb, m, cap)) != CB_OK) {
         cb_batch_free(b);
-        return CB_ERR_NOMEM;
+        return st; /* no memory, or a device fault */
     }
     *out = b;
     return CB_OK;
@@ -290,7 +291,7 @@ static void job_start(cb_batch *b, job *j)
 
     if ((st = cb_kvcache_new(&j->kv, b->m, (int32_t)j->n_ctx, j->kv_type)) != CB_OK) {
         cb_error_set(&err, st, "a KV cache of %lld positions: %s", (long long)j->n_ctx,
-                     cb_strerror(st));
+                     cb_model_strerror(b->m, st));
         finish(b, j, st, &err);
         return;
     }
@@ -302,7 +303,7 @@ static void job_start(cb_batch *b, job *j)
         b->info.in_flight_peak = b->info.in_flight;
     if ((st = grow_fwd(b, total > (int64_t)j->cont.n ? total : (int64_t)j->cont.n)) != CB_OK) {
         cb_error_set(&err, st, "activations for %lld tokens: %s", (long long)total,
-                     cb_strerror(st));
+                     cb_model_strerror(b->m, st));
         finish(b, j, st, &err);
         return;
     }
@@ -319,14 +320,15 @@ static void job_start(cb_batch *b, job *j)
         st = cb_score(b->f, j->kv, b->logits, (int32_t)total, j->cont.ids, (int32_t)j->cont.n,
                       &a->score);
         if (st != CB_OK)
-            cb_error_set(&err, st, "scoring the continuation failed: %s", cb_strerror(st));
+            cb_error_set(&err, st, "scoring the continuation failed: %s",
+                         cb_model_strerror(b->m, st));
         a->gen_ms = cb_now_ms() - j->t0 - a->gen.first_ms;
         finish(b, j, st, &err);
         return;
     }
     if ((st = cb_gen_batch_add(b->gb, j->kv, b->logits, (int32_t)total, &j->gp, collect, j, j->t0,
                                &j->slot)) != CB_OK) {
-        cb_error_set(&err, st, "generation: %s", cb_strerror(st));
+        cb_error_set(&err, st, "generation: %s", cb_model_strerror(b->m, st));
         finish(b, j, st, &err);
         return;
     }
@@ -390,7 +392,7 @@ cb_status cb_batch_step(cb_batch *b)
         cb_status js = cb_gen_batch_take(b->gb, j->slot, &j->a->gen, NULL);
         j->a->gen_ms = cb_now_ms() - j->t0 - j->a->gen.first_ms;
         if (js != CB_OK)
-            cb_error_set(&err, js, "generation failed: %s", cb_strerror(js));
+            cb_error_set(&err, js, "generation failed: %s", cb_model_strerror(b->m, js));
         finish(b, j, js, &err);
     }
     return st;

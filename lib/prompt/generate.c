@@ -99,6 +99,7 @@ cb_status cb_gen_batch_new(cb_gen_batch **out, const cb_model *m, int32_t cap)
 {
     cb_gen_batch *b;
     int32_t nv = cb_model_hparams(m)->n_vocab;
+    cb_status st = CB_ERR_NOMEM;
     if (cap < 1)
         return CB_ERR_INVALID;
     if (!(b = calloc(1, sizeof *b)))
@@ -114,9 +115,9 @@ cb_status cb_gen_batch_new(cb_gen_batch **out, const cb_model *m, int32_t cap)
     b->pos = calloc((size_t)cap, sizeof *b->pos);
     b->idx = calloc((size_t)cap, sizeof *b->idx);
     if (!b->s || !b->logits || !b->step_logits || !b->kv || !b->tok || !b->pos || !b->idx ||
-        cb_fwd_new(&b->f, m, cb_fwd_decode_rows(m, cap)) != CB_OK) {
+        (st = cb_fwd_new(&b->f, m, cb_fwd_decode_rows(m, cap))) != CB_OK) {
         cb_gen_batch_free(b);
-        return CB_ERR_NOMEM;
+        return st; /* no memory, or a device fault */
     }
     *out = b;
     return CB_OK;

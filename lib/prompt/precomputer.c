@@ -49,7 +49,7 @@ cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *
     }
     if ((st = cb_fwd_new(&pc->f, m, PC_BATCH)) != CB_OK) {
         cb_error_set(err, st, "precompute: activations for %d tokens: %s", PC_BATCH,
-                     cb_strerror(st));
+                     cb_model_strerror(m, st));
         goto fail;
     }
     *out = pc;
@@ -91,7 +91,7 @@ static cb_status reserve(cb_precomputer *pc, int64_t need, int32_t n_ctx, cb_err
     pc->kv_cap = (int32_t)(want < n_ctx ? want : n_ctx);
     if ((st = cb_kvcache_new(&pc->kv, pc->m, pc->kv_cap, CB_TYPE_F32)) != CB_OK) {
         cb_error_set(err, st, "precompute: a KV cache of %d positions: %s", (int)pc->kv_cap,
-                     cb_strerror(st));
+                     cb_model_strerror(pc->m, st));
         pc->kv_cap = 0;
     }
     return st;
@@ -115,7 +115,7 @@ cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, 
                           &pc->file, &pc->file_size);
     if (st != CB_OK) {
         pc->file = NULL;
-        return cb_error_set(err, st, "precompute failed: %s", cb_strerror(st));
+        return cb_error_set(err, st, "precompute failed: %s", cb_model_strerror(pc->m, st));
     }
     return CB_OK;
 }

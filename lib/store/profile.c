@@ -35,8 +35,11 @@ cb_status cb_store_profile_load(const cb_store *s, cb_hash128 model, const char 
     }
     st = cb_profile_from_json(p, (const char *)m.data, m.size, err);
     cb_mmap_close(&m);
-    if (st != CB_OK)
-        cb_error_set(err, st, "%s: %s", path, err ? err->msg : "malformed");
+    if (st != CB_OK && err) { /* the message with its path (a copy: the buffers must not overlap) */
+        char why[CB_ERROR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", err->msg);
+        cb_error_set(err, st, "%s: %s", path, why);
+    }
     return st;
 }
 

@@ -1,0 +1,250 @@
+/* cuda_attn.cu - the CUDA backend's attention: query rows against a
+ * layer's cached keys and values with an exact causal mask (and a sliding
+ * window), one pass of online softmax over tiles of keys, the keys split
+ * over several blocks when there are few query rows. */
+#include "cuda_impl.cuh"
+
+/* A block takes ATT_WARPS x ATT_ROWS query rows of one head; each warp owns
+ * ATT_ROWS of them.  Keys and values stream through shared memory in tiles
+ * of ATT_KT rows (up to the largest position among the block's rows); per
+ * tile, lane j scores key j against each row (dot product over the head),
+ * and the rows' running max m, sum l and output accumulator (lane owns
+ * dimensions lane, lane+32, ...) are updated the online-softmax way:
+ *   m' = max(m, max_j s_j);  acc = acc e^(m-m') + sum_j e^(s_j-m') v_j
+ *   l  = l e^(m-m') + sum_j e^(s_j-m')
+ * Keys past a row's own position get no weight: the exact causal mask; in a
+ * sliding-window layer neither do keys at or before pos - window.
+ * Everything is f32; K/V are read as stored (f16 or f32). */
+enum { ATT_WARPS = 4, ATT_ROWS = 4, ATT_KT = 32, ATT_HD_MAX = CU_ATT_HD_MAX, ATT_DPL = ATT_HD_MAX / 32 };
+
+static size_t att_smem(int hd)
+{
+    return sizeof(float) * (size_t)(ATT_KT * (hd + 1) + ATT_KT * hd + ATT_WARPS * ATT_ROWS * hd);
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    k_attention(const float *q, const int32_t *pos, int64_t n, const T *k, const T *v, int n_head, int n_head_kv,
+                int hd, float scale, int window, float *out, float *part)
+{
+    extern __shared__ float sm[];
+    __shared__ int s_maxp, s_minlo;
+    const int ldk = hd + 1; /* padded: lanes read different key rows */
+    float *Ks = sm, *Vs = Ks + ATT_KT * ldk, *Qs = Vs + ATT_KT * hd;
+    const int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t row0 = (int64_t)blockIdx.x * (ATT_WARPS * ATT_ROWS);
+    const int64_t ldq = (int64_t)n_head * hd, ldkv = (int64_t)n_head_kv * hd;
+
+    if (threadIdx.x == 0)
+        s_maxp = -1, s_minlo = INT32_MAX;
+    for (int e = threadIdx.x; e < ATT_WARPS * ATT_ROWS * hd; e += blockDim.x) {
+        int64_t row = row0 + e / hd;
+        Qs[e] = row < n ? q[row * ldq + (int64_t)h * hd + e % hd] * scale : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x < ATT_WARPS * ATT_ROWS && row0 + threadIdx.x < n) {
+        const int p = pos[row0 + threadIdx.x];
+        atomicMax(&s_maxp, p);
+        atomicMin(&s_minlo, window > 0 && p >= window ? p - window + 1 : 0);
+    }
+
+    int myp[ATT_ROWS];
+    float m[ATT_ROWS], l[ATT_ROWS], acc[ATT_ROWS][ATT_DPL];
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+        int64_t row = row0 + warp * ATT_ROWS + r;
+        myp[r] = row < n ? pos[row] : -1;
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ATT_DPL; c++)
+            acc[r][c] = 0.0f;
+    }
+    __syncthreads();
+    const int maxp = s_maxp;
+
+    /* from the tile of the lowest key any row sees (a sliding window skips
+     * the keys before it) to the tile of the highest; split over
+     * gridDim.z blocks, this one taking its share of the tiles */
+    const int t_lo = s_minlo / ATT_KT, n_tiles = maxp < 0 ? 0 : maxp / ATT_KT - t_lo + 1;
+    const int per = (n_tiles + (int)gridDim.z - 1) / (int)gridDim.z;
+    const int k_first = (t_lo + (int)blockIdx.z * per) * ATT_KT;
+    const int k_end = min(maxp + 1, (t_lo + ((int)blockIdx.z + 1) * per) * ATT_KT);
+    for (int k0 = k_first; k0 < k_end; k0 += ATT_KT) {
+        for (int e = threadIdx.x; e < ATT_KT * hd; e += blockDim.x) {
+            int j = e / hd, d = e % hd;
+            int64_t key = (int64_t)k0 + j;
+            float kk = 0.0f, vv = 0.0f;
+            if (key <= maxp) {
+                kk = ld<T>(k[key * ldkv + (int64_t)kvh * hd + d]);
+                vv = ld<T>(v[key * ldkv + (int64_t)kvh * hd + d]);
+            }
+            Ks[j * ldk + d] = kk;
+            Vs[j * hd + d] = vv;
+        }
+        __syncthreads();
+        const int key = k0 + lane;
+#pragma unroll
+        for (int r = 0; r < ATT_ROWS; r++) {
+            /* lowest visible key of this row (the window's first, else 0) */
+            const int lo = window > 0 && myp[r] >= window ? myp[r] - window + 1 : 0;
+            if (myp[r] < k0 || k0 + ATT_KT <= lo) /* no key of the tile is visible (same in every lane) */
+                continue;
+            const bool vis = key <= myp[r] && key >= lo;
+            const float *qr = Qs + (warp * ATT_ROWS + r) * hd;
+            float s = -INFINITY;
+            if (vis) {
+                float dot = 0.0f;
+                for (int d = 0; d < hd; d++)
+                    dot += qr[d] * Ks[lane * ldk + d];
+                s = dot;
+            }
+            const float mnew = fmaxf(m[r], warp_max(s)); /* finite: a key of the tile is visible */
+            const float corr = expf(m[r] - mnew);        /* 0 on the first tile */
+            const float p = vis ? expf(s - mnew) : 0.0f;
+            l[r] = l[r] * corr + warp_sum(p);
+#pragma unroll
+            for (int c = 0; c < ATT_DPL; c++)
+                acc[r][c] *= corr;
+            for (int j = 0; j < ATT_KT; j++) {
+                const float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+                for (int c = 0; c < ATT_DPL; c++) {
+                    int d = lane + 32 * c;
+                    if (d < hd)
+                        acc[r][c] += pj * Vs[j * hd + d];
+                }
+            }
+            m[r] = mnew;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+        int64_t row = row0 + warp * ATT_ROWS + r;
+        if (row >= n)
+            continue;
+        if (gridDim.z > 1) { /* this split's share: unnormalized, with its max and sum (none: -inf, 0) */
+            float *pp = part + (((int64_t)blockIdx.z * n + row) * n_head + h) * (hd + 2);
+#pragma unroll
+            for (int c = 0; c < ATT_DPL; c++) {
+                int d = lane + 32 * c;
+                if (d < hd)
+                    pp[d] = acc[r][c];
+            }
+            if (lane == 0)
+                pp[hd] = m[r], pp[hd + 1] = l[r];
+            continue;
+        }
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int c = 0; c < ATT_DPL; c++) {
+            int d = lane + 32 * c;
+            if (d < hd)
+                out[row * ldq + (int64_t)h * hd + d] = acc[r][c] * inv;
+        }
+    }
+}
+
+/* The splits' shares of one (row, head) merged, one thread a dimension:
+ *   M = max_z m_z,  out = sum_z acc_z e^(m_z-M) / sum_z l_z e^(m_z-M)
+ * (a split that saw no key of the row has m = -inf and weighs nothing;
+ * every row sees its own position, so M is finite). */
+__global__ void k_att_merge(const float *part, int n_split, int64_t n, int n_head, int hd, float *out)
+{
+    const int64_t row = blockIdx.x;
+    const int h = blockIdx.y, d = threadIdx.x;
+    const int64_t stride = n * n_head * (hd + 2);
+    const float *p0 = part + (row * n_head + h) * (hd + 2);
+    float mx = -INFINITY;
+    for (int z = 0; z < n_split; z++)
+        mx = fmaxf(mx, p0[z * stride + hd]);
+    float num = 0.0f, den = 0.0f;
+    for (int z = 0; z < n_split; z++) {
+        const float mz = p0[z * stride + hd];
+        const float wz = mz == -INFINITY ? 0.0f : expf(mz - mx);
+        num += wz * p0[z * stride + d];
+        den += wz * p0[z * stride + hd + 1];
+    }
+    out[row * (int64_t)n_head * hd + (int64_t)h * hd + d] = num / den;
+}
+
+/* How many blocks share one (row block, head)'s keys: enough blocks for
+ * ATT_FILL a multiprocessor when there are few query rows (decode, small
+ * batches: one block a head would run a 4K-token cache's keys one tile
+ * after another on 9 of 132 multiprocessors), each split at least
+ * ATT_MIN_TILES tiles, at most ATT_MAX_SPLIT. */
+enum { ATT_FILL = 4, ATT_MIN_TILES = 2, ATT_MAX_SPLIT = 64 };
+
+static int att_splits(const cudaDeviceProp *prop, int64_t n, const int32_t *pos, int n_head, int window)
+{
+    int64_t base = (int64_t)nblocks(n, ATT_WARPS * ATT_ROWS) * n_head;
+    int64_t want = (int64_t)ATT_FILL * prop->multiProcessorCount;
+    if (base >= want)
+        return 1;
+    int32_t maxp = -1, minlo = INT32_MAX;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t p = pos[i], lo = window > 0 && p >= window ? p - window + 1 : 0;
+        maxp = p > maxp ? p : maxp;
+        minlo = lo < minlo ? lo : minlo;
+    }
+    int64_t tiles = maxp < 0 ? 0 : maxp / ATT_KT - minlo / ATT_KT + 1;
+    int64_t z = (want + base - 1) / base, most = tiles / ATT_MIN_TILES;
+    z = z < most ? z : most;
+    z = z < (int64_t)ATT_MAX_SPLIT ? z : (int64_t)ATT_MAX_SPLIT;
+    return z > 1 ? (int)z : 1;
+}
+
+void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
+                         cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out)
+{
+    tctx *t = T(b, "attention");
+    if (n == 0)
+        return;
+    if (hd > ATT_HD_MAX) /* cb_model_load refuses such models (max_head_dim) */
+        BUG("attention", "head dimension above 256");
+    const int32_t *dpos = stage_idx(t, pos, n);
+    int z = att_splits(&t->owner->prop, n, pos, n_head, window);
+    float *part = NULL;
+    if (z > 1 && !(part = (float *)alloc_on(t, sizeof(float) * (size_t)z * (size_t)(n * n_head) * (size_t)(hd + 2))))
+        z = 1; /* no memory for the shares: unsplit, slower, the same result */
+    dim3 grid(nblocks(n, ATT_WARPS * ATT_ROWS), (unsigned)n_head, (unsigned)z);
+    size_t smem = att_smem(hd);
+    if (ty == CB_TYPE_F32)
+        k_attention<float><<<grid, ATT_WARPS * 32, smem, t->s>>>(q, dpos, n, (const float *)k, (const float *)v,
+                                                                n_head, n_head_kv, hd, scale, window, out, part);
+    else
+        k_attention<__half><<<grid, ATT_WARPS * 32, smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v,
+                                                                 n_head, n_head_kv, hd, scale, window, out, part);
+    CKL();
+    if (z > 1) {
+        k_att_merge<<<dim3((unsigned)n, (unsigned)n_head), (unsigned)hd, 0, t->s>>>(part, z, n, n_head, hd, out);
+        CKL();
+        free_on(t, part);
+    }
+}
+
+cudaError_t cu_attention_setup(size_t *smem)
+{
+    cudaError_t e;
+    *smem = att_smem(ATT_HD_MAX);
+    if ((e = cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem)) !=
+        cudaSuccess)
+        return e;
+    return cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem);
+}

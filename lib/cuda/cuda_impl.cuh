@@ -1,0 +1,212 @@
+/* cuda_impl.cuh - what the CUDA backend's files share (private to the
+ * module): the error machinery, the per-thread context, the staging
+ * helpers, the element conversions, and the operations each file defines
+ * for the table in cuda.cu.
+ *
+ *   cuda.cu       errors, thread contexts, memory, events, the table, open
+ *   cuda_mm.cu    weights (dequantization on the device), matmul, get_rows
+ *   cuda_attn.cu  attention (online softmax, split keys)
+ *   cuda_ops.cu   rmsnorm, rope, elementwise, KV rows, gather/scatter,
+ *                 blending's deviation and top-k */
+#ifndef CB_CUDA_IMPL_CUH
+#define CB_CUDA_IMPL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "../backend/backend.h"
+}
+#include "../backend/opmath.h"
+#include "../core/dequant.h"
+
+/* ----------------------------------------------------------- errors */
+
+/* A failure inside an operation: thrown by CK, CKB and cu_fail, caught by
+ * the table's entry (cuda.cu), which records it as the backend's fault.
+ * It never leaves the module. */
+struct cu_fault {
+    cb_status st;
+    char msg[384];
+};
+
+/* CB_CUDA_SYNC=1: every operation waits for its work and checks it */
+extern int cu_sync_each;
+
+/* Throw a cu_fault: `what` (a call) failed at file:line for reason `why`,
+ * in the backend operation the calling thread is in ("matmul: an illegal
+ * memory access was encountered (cublasGemmEx(...) at file:line)").  cuda:
+ * a CUDA or cuBLAS error (CB_ERR_DEVICE), else a failed invariant. */
+[[noreturn]] void cu_fail(cb_status st, int cuda, const char *what, const char *file, int line, const char *why);
+
+#define CK(x)                                                                                                         \
+    do {                                                                                                              \
+        cudaError_t e_ = (x);                                                                                         \
+        if (e_ != cudaSuccess)                                                                                        \
+            cu_fail(CB_ERR_DEVICE, 1, #x, __FILE__, __LINE__, cudaGetErrorString(e_));                                \
+    } while (0)
+
+#define CKB(x)                                                                                                        \
+    do {                                                                                                              \
+        cublasStatus_t s_ = (x);                                                                                      \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                              \
+            cu_fail(CB_ERR_DEVICE, 1, #x, __FILE__, __LINE__, cublasGetStatusString(s_));                             \
+    } while (0)
+
+/* after a kernel launch */
+#define CKL() CK(cudaGetLastError())
+
+/* a broken invariant (a bug, or a caller past the backend's limits) */
+#define BUG(op, why) cu_fail(CB_ERR_INTERNAL, 0, op, __FILE__, __LINE__, why)
+
+static inline unsigned nblocks(int64_t n, int per)
+{
+    return (unsigned)((n + per - 1) / per);
+}
+
+/* launch kernel over n elements, 256 threads a block, on thread context t's stream */
+#define LAUNCH_1D(t, n, kernel, ...)                                                                                  \
+    do {                                                                                                              \
+        if ((n) > 0) {                                                                                                \
+            kernel<<<nblocks((n), 256), 256, 0, (t)->s>>>(__VA_ARGS__);                                               \
+            CKL();                                                                                                    \
+        }                                                                                                             \
+    } while (0)
+
+/* ------------------------------------------------------ thread context */
+
+/* 64 staging slots for index arrays and small tables: the host may queue
+ * that many such operations ahead of the device before it waits for the
+ * oldest slot to be free again */
+enum { N_IDX = 64, STAGE_BYTES = 8 << 20 };
+
+typedef struct slot {
+    void *host;      /* page-locked */
+    void *dev;       /* device mirror (index slots only) */
+    size_t cap;
+    cudaEvent_t ev;  /* the last copy out of host */
+} slot;
+
+/* A thread's device scalars for its matrix products (stream-ordered: each
+ * product rewrites them after the previous one has read them). */
+typedef struct mm_scalars {
+    unsigned amax;     /* the input's largest magnitude, as f32 bits (NaN above inf) */
+    float alpha, zero; /* cuBLAS reads both from here (device pointer mode) */
+    unsigned n_bad;    /* CB_CUDA_SYNC: non-finite outputs of the last product */
+} mm_scalars;
+
+typedef struct cuda_ctx cuda_ctx;
+
+typedef struct tctx {
+    cuda_ctx *owner;
+    cudaStream_t s;
+    cublasHandle_t blas;  /* created on the thread's first matmul */
+    mm_scalars *scal;     /* device, with the handle */
+    slot idx[N_IDX];      /* index arrays, round robin */
+    int next_idx;
+    slot stage[2];        /* upload staging, alternating */
+    int next_stage;
+    void *act;            /* 16-bit copy of a matmul's input rows */
+    size_t act_cap;
+    struct tctx *next;    /* free list */
+} tctx;
+
+#define MAX_TCTX 64
+
+struct cuda_ctx {
+    int dev;
+    cudaDeviceProp prop;
+    pthread_key_t key;
+    pthread_mutex_t mu;
+    tctx *all[MAX_TCTX];
+    int n_all;
+    tctx *free_list;
+};
+
+static inline cuda_ctx *CTX(cb_backend *b)
+{
+    return (cuda_ctx *)b->ctx;
+}
+
+/* The calling thread's context, made current on the backend's device; op
+ * names the backend operation for error reports. */
+tctx *T(cb_backend *b, const char *op);
+
+/* Copy `bytes` of host data (index arrays, small tables) to the device
+ * through the next staging slot; the device copy is valid for work queued
+ * after it on t->s, until N_IDX more stagings. */
+const void *stage(tctx *t, const void *h, size_t bytes);
+const int32_t *stage_idx(tctx *t, const int32_t *h, int64_t n);
+
+/* cudaMallocAsync on the thread's stream: NULL only when the device is out
+ * of memory (the error is cleared); any other error throws. */
+void *alloc_on(tctx *t, size_t nbytes);
+void free_on(tctx *t, void *p);
+/* host src -> device dst through the page-locked staging buffers */
+void upload_on(tctx *t, void *dst, const void *src, size_t nbytes);
+
+static inline float bits_float(unsigned u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ------------------------------------------------- element conversions */
+
+template <typename T> __device__ __forceinline__ float ld(T x);
+template <> __device__ __forceinline__ float ld<float>(float x) { return x; }
+template <> __device__ __forceinline__ float ld<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float ld<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T st(float x);
+template <> __device__ __forceinline__ float st<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half st<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+/* --------------------------------------------------------- operations
+ * (backend.h's contracts; each may throw a cu_fault) */
+
+void cu_dealloc(cb_backend *b, void *p);
+
+/* cuda_mm.cu */
+cb_bweight *cu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
+                          const float *bias);
+void cu_weight_free(cb_backend *b, cb_bweight *w);
+void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n);
+void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst);
+
+/* cuda_attn.cu: head dimensions up to CU_ATT_HD_MAX; cu_attention_setup
+ * gives the kernels the shared memory that takes (*smem bytes), once */
+enum { CU_ATT_HD_MAX = 256 };
+cudaError_t cu_attention_setup(size_t *smem);
+void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
+                  cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out);
+
+/* cuda_ops.cu */
+void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps);
+void cu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, float base,
+             const float *ff, int neox);
+void cu_add(cb_backend *b, float *x, const float *y, int64_t n);
+void cu_swiglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n);
+void cu_geglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n);
+void cu_scale(cb_backend *b, float *x, float s, int64_t n);
+void cu_kv_write(cb_backend *b, void *cache, cb_type ty, int64_t width, const float *src, const int32_t *at,
+                 int64_t n);
+void cu_kv_read(cb_backend *b, const void *cache, cb_type ty, int64_t width, const int32_t *at, int64_t n,
+                float *dst);
+void cu_gather(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
+void cu_scatter(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);
+void cu_deviation(cb_backend *b, const float *src, const void *cache, cb_type ty, int64_t width,
+                  const int32_t *at, int64_t n, float *dev);
+void cu_topk(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx);
+
+#endif

@@ -1,0 +1,385 @@
+/* cuda_mm.cu - the CUDA backend's weights and matrix products: GGUF
+ * tensors dequantized on the device to f16 (bf16 for bf16 tensors) at a
+ * power-of-two scale, products by cublasGemmEx with the input rows
+ * converted to the weight's type at a scale of their own (cuda.cu's head
+ * comment), and the embedding lookup from the same 16-bit copy. */
+#include "cuda_impl.cuh"
+
+/* --------------------------------------------------- dequantization */
+
+/* One kernel per GGUF type; each thread decodes the unit dequant.h's
+ * functions take (a pair, a q8_0 element, four q6_K elements). */
+
+template <typename T> __global__ void k_dq_f32(const uint8_t *src, T *y, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = st<T>(cb_dq_bits_f32(cb_dq_rd32(src + 4 * i)));
+}
+
+template <typename T> __global__ void k_dq_f16(const uint8_t *src, T *y, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = st<T>(cb_dq_f16(cb_dq_rd16(src + 2 * i)));
+}
+
+template <typename T> __global__ void k_dq_bf16(const uint8_t *src, T *y, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = st<T>(cb_dq_bf16(cb_dq_rd16(src + 2 * i)));
+}
+
+/* q4_0, q4_1, q5_0, q5_1: thread (block i, pair j < 16); `decode` sets
+ * y0, y1 (elements j, j+16) from the block's bytes b */
+#define DQ_PAIR_KERNEL(type, bytes, decode)                                                                           \
+    template <typename T> __global__ void k_dq_##type(const uint8_t *src, T *y, int64_t nb)                           \
+    {                                                                                                                 \
+        int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i = t / 16;                                       \
+        int j = (int)(t % 16);                                                                                        \
+        if (i >= nb)                                                                                                  \
+            return;                                                                                                   \
+        const uint8_t *b = src + i * (bytes);                                                                         \
+        float y0, y1;                                                                                                 \
+        decode;                                                                                                       \
+        y[i * 32 + j] = st<T>(y0);                                                                                    \
+        y[i * 32 + j + 16] = st<T>(y1);                                                                               \
+    }
+DQ_PAIR_KERNEL(q4_0, CB_Q4_0_BYTES, cb_dq_q4_0(b[2 + j], cb_dq_d(b, 0), &y0, &y1))
+DQ_PAIR_KERNEL(q4_1, CB_Q4_1_BYTES, cb_dq_q4_1(b[4 + j], cb_dq_d(b, 0), cb_dq_d(b, 2), &y0, &y1))
+DQ_PAIR_KERNEL(q5_0, CB_Q5_0_BYTES, cb_dq_q5_0(b[6 + j], cb_dq_rd32(b + 2), j, cb_dq_d(b, 0), &y0, &y1))
+DQ_PAIR_KERNEL(q5_1, CB_Q5_1_BYTES,
+               cb_dq_q5_1(b[8 + j], cb_dq_rd32(b + 4), j, cb_dq_d(b, 0), cb_dq_d(b, 2), &y0, &y1))
+
+/* q8_0: thread (block i, element j < 32) */
+template <typename T> __global__ void k_dq_q8_0(const uint8_t *src, T *y, int64_t nb)
+{
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i = t / 32;
+    int j = (int)(t % 32);
+    if (i >= nb)
+        return;
+    const uint8_t *b = src + i * CB_Q8_0_BYTES;
+    y[t] = st<T>(cb_dq_q8_0((int8_t)b[2 + j], cb_dq_d(b, 0)));
+}
+
+/* q4_K, q5_K: thread (block i, group g < 4, l < 32); `decode` sets y0, y1
+ * (elements 64g+l, 64g+32+l) from the block's bytes b and its group's
+ * factors f */
+#define DQ_KPAIR_KERNEL(type, bytes, decode)                                                                          \
+    template <typename T> __global__ void k_dq_##type(const uint8_t *src, T *y, int64_t nb)                           \
+    {                                                                                                                 \
+        int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i = t / 128;                                      \
+        int g = (int)(t / 32 % 4), l = (int)(t % 32);                                                                 \
+        if (i >= nb)                                                                                                  \
+            return;                                                                                                   \
+        const uint8_t *b = src + i * (bytes);                                                                         \
+        float f[4], y0, y1;                                                                                           \
+        cb_dq_k_group(b, g, f);                                                                                       \
+        decode;                                                                                                       \
+        y[i * 256 + 64 * g + l] = st<T>(y0);                                                                          \
+        y[i * 256 + 64 * g + l + 32] = st<T>(y1);                                                                     \
+    }
+DQ_KPAIR_KERNEL(q4_k, CB_Q4_K_BYTES, cb_dq_q4_k(b[16 + 32 * g + l], f, &y0, &y1))
+DQ_KPAIR_KERNEL(q5_k, CB_Q5_K_BYTES, cb_dq_q5_k(b[48 + 32 * g + l], b[16 + l], g, f, &y0, &y1))
+
+/* q6_K: thread (block i, half n < 2, l < 32) */
+template <typename T> __global__ void k_dq_q6_k(const uint8_t *src, T *y, int64_t nb)
+{
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i = t / 64;
+    int n = (int)(t / 32 % 2), l = (int)(t % 32);
+    if (i >= nb)
+        return;
+    const uint8_t *b = src + i * CB_Q6_K_BYTES;
+    float ds[8], q[4];
+    cb_dq_q6_k_scales(b, n, ds);
+    cb_dq_q6_k(b[64 * n + l], b[64 * n + l + 32], b[128 + 32 * n + l], l, ds, q);
+    for (int k = 0; k < 4; k++)
+        y[i * 256 + 128 * n + l + 32 * k] = st<T>(q[k]);
+}
+
+/* Bytes per row of n elements and the launch for type t; 0 when t is not
+ * one the loader reads (or n is not a whole number of blocks). */
+static size_t row_bytes(cb_type t, int64_t n)
+{
+    switch (t) {
+    case CB_TYPE_F32: return 4 * (size_t)n;
+    case CB_TYPE_F16:
+    case CB_TYPE_BF16: return 2 * (size_t)n;
+    default: break;
+    }
+    int64_t blck = t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K ? CB_QK_K : CB_QK;
+    size_t bytes = 0;
+    switch (t) {
+    case CB_TYPE_Q4_0: bytes = CB_Q4_0_BYTES; break;
+    case CB_TYPE_Q4_1: bytes = CB_Q4_1_BYTES; break;
+    case CB_TYPE_Q5_0: bytes = CB_Q5_0_BYTES; break;
+    case CB_TYPE_Q5_1: bytes = CB_Q5_1_BYTES; break;
+    case CB_TYPE_Q8_0: bytes = CB_Q8_0_BYTES; break;
+    case CB_TYPE_Q4_K: bytes = CB_Q4_K_BYTES; break;
+    case CB_TYPE_Q5_K: bytes = CB_Q5_K_BYTES; break;
+    case CB_TYPE_Q6_K: bytes = CB_Q6_K_BYTES; break;
+    default: return 0;
+    }
+    return n % blck ? 0 : (size_t)(n / blck) * bytes;
+}
+
+template <typename T> static void dequant(cb_type t, const uint8_t *src, T *y, int64_t n, cudaStream_t s)
+{
+    const int B = 256;
+    if (n <= 0)
+        return;
+    switch (t) {
+    case CB_TYPE_F32: k_dq_f32<T><<<nblocks(n, B), B, 0, s>>>(src, y, n); break;
+    case CB_TYPE_F16: k_dq_f16<T><<<nblocks(n, B), B, 0, s>>>(src, y, n); break;
+    case CB_TYPE_BF16: k_dq_bf16<T><<<nblocks(n, B), B, 0, s>>>(src, y, n); break;
+    case CB_TYPE_Q4_0: k_dq_q4_0<T><<<nblocks(n / 2, B), B, 0, s>>>(src, y, n / 32); break;
+    case CB_TYPE_Q4_1: k_dq_q4_1<T><<<nblocks(n / 2, B), B, 0, s>>>(src, y, n / 32); break;
+    case CB_TYPE_Q5_0: k_dq_q5_0<T><<<nblocks(n / 2, B), B, 0, s>>>(src, y, n / 32); break;
+    case CB_TYPE_Q5_1: k_dq_q5_1<T><<<nblocks(n / 2, B), B, 0, s>>>(src, y, n / 32); break;
+    case CB_TYPE_Q8_0: k_dq_q8_0<T><<<nblocks(n, B), B, 0, s>>>(src, y, n / 32); break;
+    case CB_TYPE_Q4_K: k_dq_q4_k<T><<<nblocks(n / 2, B), B, 0, s>>>(src, y, n / 256); break;
+    case CB_TYPE_Q5_K: k_dq_q5_k<T><<<nblocks(n / 2, B), B, 0, s>>>(src, y, n / 256); break;
+    case CB_TYPE_Q6_K: k_dq_q6_k<T><<<nblocks(n / 4, B), B, 0, s>>>(src, y, n / 256); break;
+    default: BUG("dequant", "unsupported tensor type");
+    }
+    CKL();
+}
+
+/* ------------------------------------------------------------ weights */
+
+/* the largest magnitude of x [n] into *amax as f32 bits, which order like
+ * the magnitudes (NaN above inf); *amax starts at 0.  A grid-stride loop,
+ * a warp reduction, one atomic per warp. */
+__global__ void k_absmax(const float *x, int64_t n, unsigned *amax)
+{
+    unsigned m = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        m = max(m, __float_as_uint(fabsf(x[i])));
+    for (int o = 16; o > 0; o >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0 && m)
+        atomicMax(amax, m);
+}
+
+static void absmax(tctx *t, const float *x, int64_t n, unsigned *amax)
+{
+    unsigned g = nblocks(n, 256);
+    CK(cudaMemsetAsync(amax, 0, sizeof *amax, t->s));
+    if (n > 0) {
+        k_absmax<<<g < 1024 ? g : 1024, 256, 0, t->s>>>(x, n, amax);
+        CKL();
+    }
+}
+
+/* y [n] = x [n] 2^e in 16 bits; scaled: e = cb_op_f16_scale_exp(*amax)
+ * (else 0).  With alpha: *alpha = 2^-(e + e_w), the product's undoing of
+ * both scales (written by one thread; the product runs after the kernel). */
+template <typename T>
+__global__ void k_to16(const float *x, T *y, int64_t n, const unsigned *amax, int e_w, float *alpha)
+{
+    const int e = amax ? cb_op_f16_scale_exp(__uint_as_float(*amax)) : 0;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = st<T>(ldexpf(x[i], e));
+    if (alpha && i == 0)
+        *alpha = ldexpf(1.0f, -(e + e_w));
+}
+
+struct cb_bweight {
+    int64_t n_in, n_out;
+    void *w;           /* [n_out, n_in] of dt: the weight times 2^e */
+    cudaDataType_t dt; /* CUDA_R_16F or CUDA_R_16BF */
+    int e;             /* f16: cb_op_f16_scale_exp of the weight's largest magnitude; bf16: 0 */
+    float *bias;       /* [n_out] or NULL */
+};
+
+/* Rows per dequantization pass through the f32 scratch (about 4M values) */
+static int64_t dq_rows(int64_t n_in)
+{
+    int64_t r = ((int64_t)4 << 20) / (n_in > 0 ? n_in : 1);
+    return r > 0 ? r : 1;
+}
+
+/* The weight's GGUF bytes are dequantized to f32 rows by the type's kernel
+ * (dequant.h's formulas), in passes through a scratch buffer: f16 weights
+ * take two, one for the largest magnitude and one converting to f16 at the
+ * power-of-two scale that keeps every value finite (an f32 weight above
+ * 65504, a q8_0 block scale times 127); bf16 weights one.  w's memory and
+ * the scratch (raw, f32, amax) are allocated; returns once w is usable by
+ * every thread. */
+static void weight_fill(tctx *th, cb_bweight *w, cb_type t, size_t rb, int64_t chunk, uint8_t *raw, float *f32,
+                        unsigned *amax, const void *data, const float *bias)
+{
+    const int64_t n_in = w->n_in, n_out = w->n_out;
+    unsigned h_amax = 0;
+    if (bias)
+        upload_on(th, w->bias, bias, sizeof(float) * (size_t)n_out);
+    upload_on(th, raw, data, rb * (size_t)n_out);
+    CK(cudaMemsetAsync(amax, 0, sizeof *amax, th->s));
+    for (int pass = w->dt == CUDA_R_16F ? 0 : 1; pass < 2; pass++)
+        for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
+            int64_t nr = n_out - r0 < chunk ? n_out - r0 : chunk, ne = nr * n_in;
+            dequant<float>(t, raw + (size_t)r0 * rb, f32, ne, th->s);
+            if (pass == 0) {
+                unsigned g = nblocks(ne, 256);
+                k_absmax<<<g < 1024 ? g : 1024, 256, 0, th->s>>>(f32, ne, amax);
+                CKL();
+            } else if (w->dt == CUDA_R_16BF) {
+                LAUNCH_1D(th, ne, k_to16, f32, (__nv_bfloat16 *)w->w + r0 * n_in, ne, (const unsigned *)NULL, 0,
+                          (float *)NULL);
+            } else {
+                LAUNCH_1D(th, ne, k_to16, f32, (__half *)w->w + r0 * n_in, ne, (const unsigned *)amax, 0,
+                          (float *)NULL);
+            }
+        }
+    CK(cudaMemcpyAsync(&h_amax, amax, sizeof h_amax, cudaMemcpyDeviceToHost, th->s));
+    /* usable by every thread on return (and the scratch freed after use) */
+    CK(cudaStreamSynchronize(th->s));
+    w->e = w->dt == CUDA_R_16F ? cb_op_f16_scale_exp(bits_float(h_amax)) : 0;
+}
+
+/* Free weight_new's scratch and, unless it is kept, the weight: unchecked,
+ * so that it also cleans up after a fault. */
+static void weight_drop(tctx *th, cb_bweight *w, void *raw, void *f32, void *amax, bool keep)
+{
+    void *p[] = {raw, f32, amax, keep || !w ? NULL : w->w, keep || !w ? NULL : w->bias};
+    for (void *q : p)
+        if (q)
+            cudaFreeAsync(q, th->s);
+    if (!keep)
+        free(w);
+}
+
+cb_bweight *cu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out, const void *data,
+                          const float *bias)
+{
+    tctx *th = T(b, "weight_new");
+    size_t rb = row_bytes(t, n_in);
+    int64_t chunk = dq_rows(n_in);
+    cb_bweight *w = (cb_bweight *)calloc(1, sizeof *w);
+    uint8_t *raw = NULL;
+    float *f32 = NULL;
+    unsigned *amax = NULL;
+    bool ok = false;
+    try {
+        if (w && rb != 0 && n_out > 0) {
+            w->n_in = n_in;
+            w->n_out = n_out;
+            w->dt = t == CB_TYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+            ok = (w->w = alloc_on(th, 2 * (size_t)(n_in * n_out))) &&
+                 (raw = (uint8_t *)alloc_on(th, rb * (size_t)n_out)) &&
+                 (f32 = (float *)alloc_on(th, sizeof(float) * (size_t)(chunk * n_in))) &&
+                 (amax = (unsigned *)alloc_on(th, sizeof *amax)) &&
+                 (!bias || (w->bias = (float *)alloc_on(th, sizeof(float) * (size_t)n_out)));
+        }
+        if (ok)
+            weight_fill(th, w, t, rb, chunk, raw, f32, amax, data, bias);
+    } catch (const cu_fault &) {
+        weight_drop(th, w, raw, f32, amax, false);
+        throw;
+    }
+    weight_drop(th, w, raw, f32, amax, ok);
+    return ok ? w : NULL;
+}
+
+void cu_weight_free(cb_backend *b, cb_bweight *w)
+{
+    if (!w)
+        return;
+    cu_dealloc(b, w->w);
+    cu_dealloc(b, w->bias);
+    free(w);
+}
+
+/* ------------------------------------------------------------ products */
+
+__global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t n_out)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n * n_out)
+        y[i] += bias[i % n_out];
+}
+
+/* CB_CUDA_SYNC: count the non-finite values of y [n] into *bad */
+__global__ void k_count_bad(const float *y, int64_t n, unsigned *bad)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && !isfinite(y[i]))
+        atomicAdd(bad, 1u);
+}
+
+void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
+{
+    tctx *t = T(b, "matmul");
+    int64_t ne = n * w->n_in;
+    size_t need = 2 * (size_t)ne;
+    if (n == 0)
+        return;
+    if (!t->blas) {
+        CKB(cublasCreate(&t->blas));
+        CKB(cublasSetStream(t->blas, t->s));
+        /* alpha and beta from device memory: the input's scale is known
+         * only on the device, and the host never waits for it */
+        CKB(cublasSetPointerMode(t->blas, CUBLAS_POINTER_MODE_DEVICE));
+        CK(cudaMallocAsync((void **)&t->scal, sizeof *t->scal, t->s));
+        CK(cudaMemsetAsync(t->scal, 0, sizeof *t->scal, t->s)); /* zero: beta */
+    }
+    if (need > t->act_cap) {
+        if (t->act)
+            CK(cudaFreeAsync(t->act, t->s));
+        t->act = NULL, t->act_cap = 0;
+        CK(cudaMallocAsync(&t->act, need, t->s));
+        t->act_cap = need;
+    }
+    if (w->dt == CUDA_R_16BF) { /* bf16 holds any f32 magnitude: no scaling */
+        LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)t->act, ne, (const unsigned *)NULL, w->e, &t->scal->alpha);
+    } else {
+        absmax(t, x, ne, &t->scal->amax);
+        LAUNCH_1D(t, ne, k_to16, x, (__half *)t->act, ne, (const unsigned *)&t->scal->amax, w->e, &t->scal->alpha);
+    }
+    /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
+     * y^T [n_out, n] = (W as column-major [n_in, n_out])^T x^T */
+    CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in, &t->scal->alpha, w->w,
+                     w->dt, (int)w->n_in, t->act, w->dt, (int)w->n_in, &t->scal->zero, y, CUDA_R_32F,
+                     (int)w->n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (w->bias)
+        LAUNCH_1D(t, n * w->n_out, k_add_bias, y, w->bias, n, w->n_out);
+    if (cu_sync_each) { /* the debug check: no inf or NaN out of a product */
+        mm_scalars h;
+        CK(cudaMemsetAsync(&t->scal->n_bad, 0, sizeof(unsigned), t->s));
+        LAUNCH_1D(t, n * w->n_out, k_count_bad, y, n * w->n_out, &t->scal->n_bad);
+        if (w->dt == CUDA_R_16BF)
+            absmax(t, x, ne, &t->scal->amax);
+        CK(cudaMemcpyAsync(&h, t->scal, sizeof h, cudaMemcpyDeviceToHost, t->s));
+        CK(cudaStreamSynchronize(t->s));
+        if (h.n_bad) {
+            char why[160];
+            float xa = bits_float(h.amax);
+            snprintf(why, sizeof why, "%u of %lld outputs are inf or NaN; the input's largest magnitude is %g", h.n_bad,
+                     (long long)(n * w->n_out), (double)xa);
+            BUG("matmul [n x n_in] . [n_out x n_in]^T (CB_CUDA_SYNC check)", why);
+        }
+    }
+}
+
+template <typename T>
+__global__ void k_get_rows(const T *w, const int32_t *ids, int64_t n, int64_t d, float unscale, float *dst)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n * d)
+        dst[i] = ld<T>(w[(int64_t)ids[i / d] * d + i % d]) * unscale;
+}
+
+void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst)
+{
+    tctx *t = T(b, "get_rows");
+    const float unscale = ldexpf(1.0f, -w->e); /* exact */
+    if (n == 0)
+        return;
+    const int32_t *dids = stage_idx(t, ids, n);
+    if (w->dt == CUDA_R_16BF)
+        LAUNCH_1D(t, n * w->n_in, k_get_rows, (const __nv_bfloat16 *)w->w, dids, n, w->n_in, unscale, dst);
+    else
+        LAUNCH_1D(t, n * w->n_in, k_get_rows, (const __half *)w->w, dids, n, w->n_in, unscale, dst);
+}
