@@ -21,7 +21,7 @@ PKGDIR  ?= $(LIBDIR)/pkgconfig
 
 CC      ?= cc
 CSTD    := -std=c11 -D_GNU_SOURCE
-WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter
+WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror=implicit-function-declaration
 ifeq ($(NATIVE),0)
 OPT     := -O2
 else
