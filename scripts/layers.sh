@@ -29,7 +29,7 @@ else not_ok "lib/include/cbcore.h: $lines lines, more than $max (internal declar
 
 # file, included name -> "layer" of what it includes ("include" for cbcore.h)
 up="" direct=""
-for f in lib/*/*.c lib/*/*.h lib/*/*.cu; do
+for f in lib/*/*.c lib/*/*.h lib/*/*.cu lib/*/*.cuh; do
     [ -f "$f" ] || continue
     dir=$(dirname "$f") layer=$(basename "$(dirname "$f")")
     [ "$layer" = include ] && continue
