@@ -21,7 +21,7 @@ PKGDIR  ?= $(LIBDIR)/pkgconfig
 
 CC      ?= cc
 CSTD    := -std=c11 -D_GNU_SOURCE
-WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter
+WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror=implicit-function-declaration
 ifeq ($(NATIVE),0)
 OPT     := -O2
 else
@@ -121,7 +121,7 @@ ISA_FILES := qmm_avx2 qgemm_avx2 qgemm_avxvnni qgemm_avx512 qgemm_avx512vnni
 include tests/fuzz/fuzz.mk
 
 .SECONDARY:
-.PHONY: memcheck all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format format-check funclen
+.PHONY: memcheck all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format format-check funclen layers
 
 all: lib progs ## build the library and the programs (default)
 
@@ -274,6 +274,9 @@ format-check: ## fail, naming the places, where make format would change a file 
 
 funclen: ## the longest functions in lib/ and src/ (universal-ctags); fails past 200 lines
 	@sh scripts/funclen.sh 15 200
+
+layers: ## check the headers: cbcore.h within 600 lines, no lib/ file including a layer above its own
+	@sh scripts/layers.sh 600
 
 help: ## this list
 	@echo "usage: make [TARGET] [DEBUG=1] [SAN=1] [NATIVE=0] [CUDA=0|1] [PREFIX=dir] [DESTDIR=dir] [V=1] [MODEL=qwen1.5b|qwen0.5b|smollm2|gemma]"

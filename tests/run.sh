@@ -97,6 +97,10 @@ else
     run_one "fuzz/short" echo "ok 1 - fuzz harnesses # SKIP no clang >= 15 with libFuzzer (make deps installs clang-16 and libclang-rt-16-dev)"
 fi
 
+# The headers' shape: the public one's size, no include of a layer above
+# (scripts/layers.sh, also make layers).
+run_one "style/layers" sh scripts/layers.sh
+
 # The code's format: make format would change nothing (.clang-format, as
 # clang-format 14 applies it), one test.
 if command -v "${CLANG_FORMAT:-clang-format-14}" >/dev/null 2>&1; then

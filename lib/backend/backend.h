@@ -20,7 +20,7 @@
 #ifndef CB_BACKEND_H
 #define CB_BACKEND_H
 
-#include "cbcore.h"
+#include "../core/core.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -44,7 +44,7 @@
 #ifndef CB_QGEMM_H
 #define CB_QGEMM_H
 
-#include "cbcore.h"
+#include "../core/core.h"
 #include "qmm.h"
 
 #include <stddef.h>

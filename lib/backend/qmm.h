@@ -23,7 +23,7 @@
 #ifndef CB_QMM_H
 #define CB_QMM_H
 
-#include "cbcore.h"
+#include "../core/core.h"
 
 #include <stddef.h>
 #include <stdint.h>

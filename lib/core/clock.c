@@ -1,5 +1,5 @@
 /* clock.c - the one clock for timings. */
-#include "cbcore.h"
+#include "core.h"
 
 #include <time.h>
 

@@ -1,5 +1,5 @@
 /* hash.c - 128-bit digests (XXH3-128 from libxxhash) and their hex form. */
-#include "cbcore.h"
+#include "core.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* io.c - read-only file mappings and atomic whole-file writes. */
-#include "cbcore.h"
+#include "core.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -9,7 +9,7 @@
  * order, so that their outputs are bit-identical to ggml's reference code.
  * The inner loops have fixed trip counts and no calls so gcc vectorizes them
  * (measured: 1.3-6e9 weights/s per core for the block types at -O2). */
-#include "cbcore.h"
+#include "core.h"
 #include "dequant.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /* status.c - status codes, error messages and small string helpers. */
-#include "cbcore.h"
+#include "core.h"
 
 #include <stdarg.h>
 #include <stdio.h>

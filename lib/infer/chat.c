@@ -26,7 +26,7 @@
  * tokenizes it, or splices cached chunks), so a caller that wants the exact
  * llama.cpp rendering passes it trimmed.  The system text is ours and is
  * trimmed where llama.cpp trims it. */
-#include "cbcore.h"
+#include "infer.h"
 
 #include <stddef.h>
 #include <stdlib.h>

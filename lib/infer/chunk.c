@@ -13,7 +13,7 @@
  * again; one retry is the usual worst case.  So a document costs about two
  * tokenizations, whatever its size. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "cbcore.h"
+#include "infer.h"
 #include "../core/vec.h"
 
 #include <pcre2.h>

@@ -5,7 +5,7 @@
  * element by element in their file encoding); then every tensor's name,
  * type, shape and data.  general.* (names, licences, quantization notes)
  * is left out on purpose: it does not change what the model computes. */
-#include "cbcore.h"
+#include "infer.h"
 
 #include <errno.h>
 #include <stdio.h>

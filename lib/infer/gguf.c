@@ -10,7 +10,7 @@
  *
  * Everything is validated once in open: afterwards accessors index into
  * tables built here and never parse untrusted bytes again. */
-#include "cbcore.h"
+#include "infer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * produced a chunk of rows at a time, so files larger than memory can be
  * written: the 7B-shaped bench fixtures).  Used by the fixture generator and tests; layout as described
  * at the top of gguf.c. */
-#include "cbcore.h"
+#include "infer.h"
 #include "../core/vec.h"
 
 #include <stdlib.h>

@@ -3,7 +3,7 @@
 #define CB_MODEL_IMPL_H
 
 #include "../backend/backend.h"
-#include "cbcore.h"
+#include "infer.h"
 
 typedef struct cb_layer {
     float *attn_norm, *ffn_norm;           /* backend [n_embd] */

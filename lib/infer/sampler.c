@@ -27,7 +27,7 @@
  * gives the same stream on every machine.  Weights use expf and a double
  * running sum; a libm whose expf rounds differently could, in a rare tie at
  * the draw boundary, pick a neighbouring token. */
-#include "cbcore.h"
+#include "infer.h"
 
 #include <math.h>
 #include <stdlib.h>

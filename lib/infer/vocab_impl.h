@@ -32,7 +32,7 @@
 #define CB_VOCAB_IMPL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "cbcore.h"
+#include "infer.h"
 #include "../core/vec.h"
 
 #include <pcre2.h>

@@ -36,7 +36,7 @@
  * selected rows' K/V in it).  On a GPU "in place" is two steps: the host
  * waits until the loader has queued the layer's copies, the device until
  * they are done (an event per cache layer, see cb_kvcache_load). */
-#include "cbcore.h"
+#include "kv.h"
 #include "strategy.h"
 
 #include <math.h>

@@ -6,7 +6,7 @@
  * is r = max(r_min, r*) where T_recompute(r*, L) = T_load(L): recomputing
  * more than that costs time to first token, recomputing less gains nothing
  * because loading hides it. */
-#include "cbcore.h"
+#include "kv.h"
 
 #include <jansson.h>
 #include <math.h>

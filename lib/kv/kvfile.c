@@ -40,7 +40,7 @@
  * Every layer starts on a 4096-byte boundary, so one layer can be read alone
  * (and with O_DIRECT).  Moving the chunk to position p is a RoPE rotation of
  * K by p - (pos0 + i), exact up to rounding. */
-#include "cbcore.h"
+#include "kv.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* precompute.c - a chunk's KV computed alone, after a fixed lead-in. */
-#include "cbcore.h"
+#include "kv.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -14,7 +14,7 @@
 #ifndef CB_KV_STRATEGY_H
 #define CB_KV_STRATEGY_H
 
-#include "cbcore.h"
+#include "kv.h"
 
 /* cached[r]: computed (0), loaded and a candidate for recompute, or loaded
  * and exact (a true prefix's: never recomputed) */

@@ -8,7 +8,7 @@
  * cb_prompt_prefill + cb_generate (or cb_score) gives the same question
  * with the same parameters: the same calls, and decoding whose rows do not
  * depend on their company (cb_fwd_decode). */
-#include "cbcore.h"
+#include "prompt.h"
 #include "../core/vec.h"
 #include "prompt_impl.h"
 

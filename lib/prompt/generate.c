@@ -2,7 +2,7 @@
  * text (holding back what could still become a stop string), evaluate the
  * token, until end of generation, a stop string, the length or the
  * context runs out. */
-#include "cbcore.h"
+#include "prompt.h"
 #include "../core/vec.h"
 
 #include <math.h>

@@ -1,7 +1,7 @@
 /* precomputer.c - chunks' KV files computed alone and put into a store:
  * what cb-precompute does for every record and cb-run for the chunks it
  * found without a cache. */
-#include "cbcore.h"
+#include "prompt.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  *
  * This layer sits on top: it uses the model (tokenizer, chat templates),
  * the KV files and the store, and nothing below calls it. */
-#include "cbcore.h"
+#include "prompt.h"
 #include "prompt_impl.h"
 
 #include <stdarg.h>

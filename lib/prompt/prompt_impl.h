@@ -2,7 +2,7 @@
 #ifndef CB_PROMPT_IMPL_H
 #define CB_PROMPT_IMPL_H
 
-#include "cbcore.h"
+#include "prompt.h"
 
 /* Format a message and hand it to warn(ctx, msg); nothing when warn is
  * NULL.  (prompt.c) */

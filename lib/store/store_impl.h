@@ -29,7 +29,7 @@
 #ifndef CB_STORE_IMPL_H
 #define CB_STORE_IMPL_H
 
-#include "cbcore.h"
+#include "store.h"
 
 #include <sqlite3.h>
 #include <stdint.h>

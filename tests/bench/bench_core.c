@@ -4,7 +4,7 @@
  *   dequant: cb_dequant_row throughput per tensor type (Melem/s)
  * usage: bench_core MODEL TEXTFILE
  * Prints one "key value" line per figure, for tests/bench/run.sh. */
-#include "cbcore.h"
+#include "../../lib/core/core.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -34,7 +34,7 @@
  * CB_BENCH_EXACT=1 runs the exact path (cb_model_params.exact; default:
  * 8-bit activations).
  * Prompts are fixed pseudo-random ids, as in llamacpp_engine.py. */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -65,8 +65,8 @@ static void *rowprod_run(void *arg)
     size_t ab = qg_act_bytes(j->t, j->n_in);
     for (int k = 0; k < rp_reps; k++)
         for (int64_t o = j->o0; o < j->o1; o += 64)
-            K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, ab, rp_rows, o, o + 64 < j->o1 ? o + 64 : j->o1,
-                   j->y, j->n_out);
+            K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, ab, rp_rows, o,
+                   o + 64 < j->o1 ? o + 64 : j->o1, j->y, j->n_out);
     return NULL;
 }
 

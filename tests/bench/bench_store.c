@@ -28,7 +28,7 @@
  *   RAM tier in $CB_BENCH_RAM (default /dev/shm), disk tier in
  *   $CB_BENCH_DISK (default /var/tmp).
  * Prints "key value" lines (for tests/bench/run.sh) and a table. */
-#include "cbcore.h"
+#include "../../lib/store/store.h"
 
 #include <fcntl.h>
 #include <ftw.h>

@@ -15,7 +15,7 @@
  *
  * usage: bench_swa MODEL TEXTFILE [CHUNK_TOKENS] [THREADS]
  * (TEXTFILE: prose to cut the chunks from; CHUNK_TOKENS default 1024) */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 
 #include <math.h>
 #include <stdio.h>

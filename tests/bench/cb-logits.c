@@ -4,7 +4,7 @@
  * usage: cb-logits MODEL [THREADS] < ids.txt > logits.f32
  * $CB_DEVICE picks the device (default cpu); $CB_EXACT=1 the exact path
  * (default: 8-bit activations, as the programs). */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,7 +14,7 @@
  * boundaries and not on whitespace, hold at most max tokens or characters
  * unless they are a single character, n_tokens is the token count of the
  * chunk's text alone, and their id is the hash of their bytes. */
-#include "cbcore.h"
+#include "../../lib/core/core.h"
 
 cb_status fuzz_chunker_split(cb_chunker *c, const char *text, size_t len, cb_chunks *out);
 #define main cb_chunk_main

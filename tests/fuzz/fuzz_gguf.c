@@ -7,7 +7,7 @@
  * Properties of an accepted file: each tensor's bytes lie inside the data
  * section and equal its row bytes times its rows; keys and strings lie
  * inside the file; accessors agree with the entry's type. */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 #include "fuzz.h"
 
 static void check_tensor(const cb_gguf *g, int64_t i)

@@ -10,7 +10,7 @@
  *
  * Properties of an accepted file: its shape has a nonzero row size, its
  * size is the file's, and (after repair) every layer reads and verifies. */
-#include "cbcore.h"
+#include "../../lib/kv/kv.h"
 #include "fuzz.h"
 
 #include <xxhash.h>

@@ -2,7 +2,7 @@
  * fixture models in several tensor types), then, for a model that loads,
  * one forward pass of two tokens: a model the loader accepts must evaluate
  * without a memory error, whatever its metadata and shapes claim. */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 #include "fuzz.h"
 
 static char *path;

@@ -4,7 +4,7 @@
  * Properties: an accepted profile serializes (cb_profile_to_json) to text
  * that parses back to the same serialization; the controller's ratio is a
  * number in [r_min, 1] or r_min. */
-#include "cbcore.h"
+#include "../../lib/kv/kv.h"
 #include "fuzz.h"
 
 #include <math.h>

@@ -12,7 +12,7 @@
  * through unchanged.  cb-run: every line that is not blank is a record (an
  * object with a "text" string), and the prompt built from them holds
  * in-range ids.  cb-run --batch: see records_batch.c. */
-#include "cbcore.h"
+#include "../../lib/core/core.h"
 #include "fuzz.h"
 
 #include <jansson.h>

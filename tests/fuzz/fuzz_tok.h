@@ -14,7 +14,7 @@
  * rewrites it, as llama.cpp's gpt-2 vocabs do " ?"; checked for the
  * built-in vocabularies only: a real one may lack a byte's token, and then
  * drops the byte as llama.cpp does, e.g. SmolLM2's 0x13); decoding an out-of-range id is CB_ERR_RANGE. */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 #include "fuzz.h"
 
 static cb_vocab *V;

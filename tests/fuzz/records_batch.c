@@ -3,6 +3,7 @@
  * from the request (cb_prompt_build_from, here without a store); part of
  * fuzz_records. */
 #include "cli.h"
+#include "../../lib/prompt/prompt.h" /* cb_prompt_build_from */
 #include "fuzz.h"
 
 #include <jansson.h>

@@ -31,7 +31,7 @@
  * some MB of memory and seconds of CPU; small tensors, the test fixtures,
  * are fully random as before.
  */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 
 #include <getopt.h>
 #include <math.h>

@@ -7,7 +7,7 @@
 #ifndef CB_TEST_REFMODEL_H
 #define CB_TEST_REFMODEL_H
 
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 
 #include <math.h>
 #include <stdio.h>

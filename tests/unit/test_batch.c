@@ -9,7 +9,7 @@
  *   - generations in a cb_gen_batch give cb_generate's text, token count and
  *     stop reason for each sequence (greedy and sampled, stop strings,
  *     different lengths, sequences joining late). */
-#include "cbcore.h"
+#include "../../lib/prompt/prompt.h"
 #include "refmodel.h"
 #include "test.h"
 

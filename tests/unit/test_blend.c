@@ -14,7 +14,7 @@
  * and blend at 0.15 (not required to beat reuse there), then scores once:
  * the strategies, probe, prefix caching, reordering and pipelining run on
  * every fixture. */
-#include "cbcore.h"
+#include "../../lib/kv/kv.h"
 #include "test.h"
 
 static const char *tmpdir(void)

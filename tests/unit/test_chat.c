@@ -2,7 +2,7 @@
  * model's, and templates of Llama 3, Mistral, Llama 2 and Gemma quoted
  * below), and prefix + "Hello" + suffix against renderings written out by
  * hand from llama.cpp's llm_chat_apply_template (src/llama-chat.cpp). */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 #include "test.h"
 
 static cb_strview sv(const char *s)

@@ -1,6 +1,6 @@
 /* test_controller.c - the loading controller's arithmetic on synthetic
  * profiles, worked out by hand, and the profile's JSON round trip. */
-#include "cbcore.h"
+#include "../../lib/kv/kv.h"
 #include "test.h"
 
 static cb_profile synthetic(void)

@@ -10,7 +10,7 @@
  * leaks: make test); past the last operation the results are the
  * uninjected run's, bit for bit. */
 #include "../../lib/backend/backend.h"
-#include "cbcore.h"
+#include "../../lib/prompt/prompt.h"
 #include "test.h"
 
 #include <pthread.h>

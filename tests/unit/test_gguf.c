@@ -2,7 +2,7 @@
  * metadata type, malformed files built by hand, and a fuzz-style sweep that
  * truncates and corrupts real files (run it under SAN=1 to catch any read
  * outside the buffer: every case works on an exact-size heap copy). */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 #include "test.h"
 
 #include <stdint.h>

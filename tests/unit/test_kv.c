@@ -2,7 +2,7 @@
  * element type, a precomputed chunk's layer-0 K/V moved to position p equal
  * full prefill's at p, a bit flip anywhere is detected, another model's
  * file is refused, another format version is its own status. */
-#include "cbcore.h"
+#include "../../lib/kv/kv.h"
 #include "test.h"
 
 #include <unistd.h>

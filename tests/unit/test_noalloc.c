@@ -6,7 +6,7 @@
  * counters below.  After the model, cache and cb_fwd are made, prefill (in
  * batches smaller than the prompt), decode steps, logits of several rows, a
  * layer on selected rows and a deviation must not allocate. */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 #include "test.h"
 
 #include <stdatomic.h>

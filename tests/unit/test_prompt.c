@@ -3,7 +3,7 @@
  * each lies in), missing chunks computed and stored, the generation loop's
  * stop strings against a run without them, the store's profiles and
  * placement, and the KL divergence against a value worked out by hand. */
-#include "cbcore.h"
+#include "../../lib/store/store.h"
 #include "test.h"
 
 #include <fcntl.h>

@@ -6,7 +6,7 @@
  * Nothing here calls the library to produce the data it checks the library
  * with: the reference f16 encoder/decoder, the quantizers and the decoder
  * below are this file's own. */
-#include "cbcore.h"
+#include "../../lib/core/core.h"
 #include "test.h"
 
 #include <float.h>

@@ -4,7 +4,7 @@
  * many draws.  The draws are seeded, so each bound either always holds or
  * never does; the bounds sit far in the tail (p < 1e-4 for a correct
  * sampler), so a pass is not luck. */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 #include "test.h"
 
 #include <stdint.h>

@@ -5,7 +5,7 @@
  * (tests/data/{smollm2,gemma3}-golden.txt, from scripts/gen-golden-tokens.py;
  * each skipped when its model is not fetched), and
  * unit cases on tiny vocabularies written with the GGUF writer. */
-#include "cbcore.h"
+#include "../../lib/infer/infer.h"
 #include "test.h"
 
 #include <dirent.h>

@@ -1,0 +1,98 @@
+/* kv.h - what lib/kv (KV files, blending, profiles and the controller)
+ * gives the layers above it beyond cbcore.h (private to libcbcore: not
+ * installed).  Includes only the layers below. */
+#ifndef CB_KV_H
+#define CB_KV_H
+
+#include "../infer/infer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------- KV files */
+
+/* The KV file format (layout at the top of lib/kv/kvfile.c and in
+ * cbkv(5)): a self-describing header (model fingerprint, shape, RoPE
+ * parameters, element type, token ids, how positions were assigned, per
+ * layer checksums, a header checksum) and a layer-major body, each layer
+ * (K then V) aligned to 4096 bytes so it can be read alone, with O_DIRECT. */
+
+#define CB_KV_ALIGN 4096
+
+/* The store key of a chunk: hash of its token ids (with the lead-in, so a
+ * chunk precomputed after another lead-in is another entry). */
+cb_hash128 cb_kv_tokens_hash(const int32_t *lead, int32_t n_lead, const int32_t *ids, int32_t n);
+
+/* Serialize a chunk's KV (rows pos0..pos0+n-1 of a cache, every layer)
+ * into a malloc'd buffer holding a complete KV file.
+ * Errors: CB_ERR_NOMEM, CB_ERR_INVALID (type, range). */
+cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead,
+                          int32_t n_lead, const int32_t *ids, int32_t n, int32_t pos0, cb_type type,
+                          void **buf, size_t *size);
+
+/* The size in bytes a KV file must have whose first n bytes are `fixed`:
+ * checks the fixed header (its first 128 bytes) as cb_kvfile_open does
+ * (magic, version, shape, element type, and the header, layer and total
+ * sizes against each other), so that a reader of a stream (an archive
+ * member) knows how much a valid file can hold before reading the rest.
+ * Messages name `name`.  Errors: CB_ERR_FORMAT (not a KV file, or fewer
+ * than 128 bytes), CB_ERR_UNSUPPORTED (another format version). */
+cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size,
+                            cb_error *err);
+
+/* A KV file's bytes from elsewhere than a local file (the store's shared
+ * tier streams them): read(ctx, off, buf, n, err) fills buf with the n
+ * bytes at offset off, or returns a status with err set; the reader asks
+ * for the header (offset 0) when opened and for one layer (H + l*S, S
+ * bytes) at a time, from one thread at a time, and verifies every part by
+ * the file's checksums.  release(ctx) (may be NULL) runs once, when the
+ * reader is freed or fails to open.  name is copied (for messages). */
+typedef struct cb_kv_source {
+    cb_status (*read)(void *ctx, uint64_t off, void *buf, size_t n, cb_error *err);
+    void (*release)(void *ctx);
+    void *ctx;
+    uint64_t size; /* the whole file's bytes */
+    const char *name;
+} cb_kv_source;
+/* cb_kvfile_open for a source, which it owns from here (released on
+ * failure too).  Errors as cb_kvfile_open, and the source's. */
+cb_status cb_kvfile_open_source(cb_kvfile **out, const cb_kv_source *src, cb_error *err);
+/* CB_OK when the file belongs to model m (fingerprint and shape), else
+ * CB_ERR_MISMATCH with a message naming the file. */
+cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error *err);
+/* Verify every layer's checksum.  Errors as cb_kvfile_read_layer. */
+cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err);
+
+/* ------------------------------------------------------------- blending */
+
+/* The key temperature p gives on model m: p->key_temp when > 0, else the
+ * architecture's measured default: 1.05 for gemma3 (measured on
+ * Gemma-3-270M), 1 (none) for the others. */
+float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p);
+
+/* ------------------------------------------------- profile and controller */
+
+/* Index into kv_bytes_per_token for a KV element type, -1 if none. */
+int cb_profile_type_index(cb_type t);
+
+/* Parse a profile from JSON text.  Errors: CB_ERR_FORMAT, CB_ERR_NOMEM. */
+cb_status cb_profile_from_json(cb_profile *p, const char *json, size_t len, cb_error *err);
+/* The profile's file name in a store: profile-<model hex>-<backend>.json
+ * (the store keeps it: cb_store_profile_load, cb_store_profile_save). */
+void cb_profile_name(cb_hash128 model, const char *backend, char *buf, size_t n);
+
+/* Predicted time (ms, all layers) to recompute `ratio` of a prompt of L
+ * tokens, interpolated linearly in ratio and in L (extrapolated in
+ * proportion beyond the measured lengths). */
+double cb_profile_recompute_ms(const cb_profile *p, double ratio, int64_t L);
+/* The controller: r = max(r_min, the r where recompute time equals load
+ * time) for L cached tokens in `tier`; 1 when loading is slower than full
+ * recompute.  *pred_load and *pred_recompute receive the predictions. */
+double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold,
+                           double r_min, double *pred_load, double *pred_recompute);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CB_KV_H */

@@ -1,0 +1,56 @@
+#!/bin/sh
+# scripts/layers.sh - the headers' shape, as TAP (tests/run.sh runs it as
+# style/layers; make layers too):
+#   - the public header, lib/include/cbcore.h, stays within MAX lines
+#     (default 600): what a client needs, the rest in the layers' headers;
+#   - no file of lib/ includes a header of a layer above its own, the
+#     layers being, lowest first, core < backend (and cuda, the module
+#     behind it) < infer < kv < store < prompt;
+#   - no file of lib/ includes cbcore.h itself but lib/core/core.h: each
+#     includes its layer's header (core.h, backend.h, infer.h, kv.h,
+#     store.h, prompt.h) or a private one that does, which brings it;
+#   - src/ includes no header of lib/ but cbcore.h (through -Ilib/include).
+#   sh scripts/layers.sh [MAX]
+cd "$(dirname "$0")/.." || exit 70
+max=${1:-600}
+rank() {
+    case $1 in
+    core) echo 0 ;; backend | cuda) echo 1 ;; infer) echo 2 ;; kv) echo 3 ;;
+    store) echo 4 ;; prompt) echo 5 ;; include) echo -1 ;; *) echo 99 ;;
+    esac
+}
+n=0 bad=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() { n=$((n + 1)); bad=$((bad + 1)); echo "not ok $n - $1"; }
+
+lines=$(wc -l < lib/include/cbcore.h)
+if [ "$lines" -le "$max" ]; then ok "lib/include/cbcore.h: $lines lines (at most $max)"
+else not_ok "lib/include/cbcore.h: $lines lines, more than $max (internal declarations go to their layer's header)"; fi
+
+# file, included name -> "layer" of what it includes ("include" for cbcore.h)
+up="" direct=""
+for f in lib/*/*.c lib/*/*.h lib/*/*.cu lib/*/*.cuh; do
+    [ -f "$f" ] || continue
+    dir=$(dirname "$f") layer=$(basename "$(dirname "$f")")
+    [ "$layer" = include ] && continue
+    for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f"); do
+        if [ "$inc" = cbcore.h ]; then
+            [ "$f" = lib/core/core.h ] || direct="$direct $f"
+            continue
+        fi
+        target=$(cd "$dir" && cd "$(dirname "$inc")" 2>/dev/null && basename "$(pwd)")
+        [ -n "$target" ] || continue
+        if [ "$(rank "$target")" -gt "$(rank "$layer")" ]; then up="$up $f($inc)"; fi
+    done
+done
+if [ -z "$up" ]; then ok "no lib/ file includes a header of a layer above its own"
+else not_ok "lib/ files include headers of layers above their own:$up"; fi
+if [ -z "$direct" ]; then ok "lib/ files include their layer's header, not cbcore.h"
+else not_ok "lib/ files include cbcore.h instead of their layer's header:$direct"; fi
+
+src=$(grep -ln '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\.\./' src/*.c src/*.h 2>/dev/null | tr '\n' ' ')
+if [ -z "$src" ]; then ok "src/ includes no internal header of lib/"
+else not_ok "src/ includes internal headers of lib/: $src"; fi
+
+echo "1..$n"
+[ "$bad" -eq 0 ]
