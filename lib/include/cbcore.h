@@ -1,8 +1,8 @@
 /* cbcore.h - the public interface of libcbcore, the library behind the cacheblend tools: what a
- * client needs, a line or two each; libcbcore(3) tells the details, the errors and the
- * conventions (opaque handles, cb_<object>_free(NULL) a no-op, a cb_status from what can fail, a
- * cb_error with a message from what creates an object, nothing touched or leaked after an error,
- * never a print or an exit, cb_strview views borrowed from the object that owns the bytes). */
+ * client needs, a line or two each; libcbcore(3) tells the details, the errors and the conventions
+ * (opaque handles, cb_<object>_free(NULL) a no-op, a cb_status from what can fail, a cb_error from
+ * what creates an object, nothing touched or leaked after an error, never a print or an exit,
+ * cb_strview views borrowed).  CB_VERSION_STRING: the release, written once (Makefile reads it). */
 #ifndef CBCORE_H
 #define CBCORE_H
 
@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-#define CB_VERSION_STRING "0.1.0" /* the release, written once (the Makefile reads it) */
+#define CB_VERSION_STRING "0.1.0"
 
 /* ------------------------------------------------------------------ core */
 typedef enum cb_status {
