@@ -383,6 +383,28 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The double reference's softmax of one query row and head (qh, its hd
+ * values) over the keys at kh (rows w apart) its position sees: 0..pos, or
+ * with window > 0 the last window of them.  s[lo..pos] gets the
+ * exponentials (of the scaled logits less their maximum), *lo the first;
+ * returns their sum. */
+static double ref_softmax(const float *qh, const float *kh, int64_t w, int hd, int32_t pos,
+                          int window, float scale, double *s, int64_t *lo)
+{
+    double mx = -INFINITY, sum = 0;
+    *lo = window > 0 && pos >= window ? pos - window + 1 : 0;
+    for (int64_t c = *lo; c <= pos; c++) {
+        double d = 0;
+        for (int e = 0; e < hd; e++)
+            d += (double)qh[e] * kh[c * w + e];
+        s[c] = d * scale;
+        mx = s[c] > mx ? s[c] : mx;
+    }
+    for (int64_t c = *lo; c <= pos; c++)
+        sum += (s[c] = exp(s[c] - mx));
+    return sum;
+}
+
 /* attention of att_nq query rows at arbitrary positions (out of order,
  * gaps, the last key) over an att_ctx-row cache, att_heads heads over
  * att_kv_heads KV heads; att_window > 0: a sliding-window layer.
@@ -418,17 +440,9 @@ static int64_t c_attention(cb_backend *be, float *out)
         for (int64_t i = 0; i < n; i++)
             for (int h = 0; h < n_head; h++) {
                 int kh = h / (n_head / n_head_kv);
-                double mx = -INFINITY, sum = 0;
-                int64_t lo = att_window > 0 && pos[i] >= att_window ? pos[i] - att_window + 1 : 0;
-                for (int64_t c = lo; c <= pos[i]; c++) {
-                    double d = 0;
-                    for (int e = 0; e < hd; e++)
-                        d += (double)q[i * dq + h * hd + e] * k[c * w + kh * hd + e];
-                    s[c] = d * scale;
-                    mx = s[c] > mx ? s[c] : mx;
-                }
-                for (int64_t c = lo; c <= pos[i]; c++)
-                    sum += (s[c] = exp(s[c] - mx));
+                int64_t lo;
+                double sum = ref_softmax(q + i * dq + h * hd, k + kh * hd, w, hd, pos[i],
+                                         att_window, scale, s, &lo);
                 for (int e = 0; e < hd; e++) {
                     double o = 0;
                     for (int64_t c = lo; c <= pos[i]; c++)
@@ -554,17 +568,9 @@ static int64_t c_attn_mass(cb_backend *be, float *out)
         for (int h = 0; h < n_head; h++)
             for (int64_t i = 0; i < n; i++) {
                 int kh = h / (n_head / n_head_kv);
-                double mx = -INFINITY, sum = 0;
-                int64_t lo = am_window > 0 && pos[i] >= am_window ? pos[i] - am_window + 1 : 0;
-                for (int64_t c = lo; c <= pos[i]; c++) {
-                    double d = 0;
-                    for (int e = 0; e < hd; e++)
-                        d += (double)q[i * dq + h * hd + e] * k[c * w + kh * hd + e];
-                    s[c] = d * scale;
-                    mx = s[c] > mx ? s[c] : mx;
-                }
-                for (int64_t c = lo; c <= pos[i]; c++)
-                    sum += (s[c] = exp(s[c] - mx));
+                int64_t lo;
+                double sum = ref_softmax(q + i * dq + h * hd, k + kh * hd, w, hd, pos[i], am_window,
+                                         scale, s, &lo);
                 for (int64_t c = lo; c <= pos[i]; c++)
                     mass[c] += s[c] / sum;
             }
