@@ -440,10 +440,10 @@ cb_status cb_store_shared_drop(cb_store *s, const char *key, cb_error *err)
         return cb_error_set(err, CB_ERR_INVALID, "'%s' is not a store key", key ? key : "");
     if (s->readonly)
         return cb_error_set(err, CB_ERR_CREATE, "%s: the store is read-only", s->dir);
-    if (!st_remote_up(s))
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s",
-                            s->remote.name, s->remote.url, s->remote.why);
-    cb_status st = st_remote_drop(s, key, NULL);
+    cb_status st = st_remote_need(s, err);
+    if (st != CB_OK)
+        return st;
+    st = st_remote_drop(s, key, NULL);
     if (st == CB_ERR_CREATE)
         return cb_error_set(err, CB_ERR_CREATE, "shared tier %s: this user may not write it (%s)",
                             s->remote.name, s->remote.why);

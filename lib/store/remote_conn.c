@@ -310,6 +310,17 @@ int st_remote_up(cb_store *s)
     return 1;
 }
 
+/* CB_OK when st_remote_up, else CB_ERR_IO naming the tier and why it is
+ * down (for the operations that need it rather than fall back) */
+cb_status st_remote_need(cb_store *s, cb_error *err)
+{
+    st_remote *r = &s->remote;
+    if (st_remote_up(s))
+        return CB_OK;
+    return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name, r->url,
+                        r->why);
+}
+
 /* The shared tier's id: the one in Redis under cb:tier:NAME, made when
  * missing.  0 with id, -1 when Redis cannot be reached. */
 int st_remote_id(cb_store *s, const char *name, char id[33])

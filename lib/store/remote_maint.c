@@ -27,9 +27,9 @@ cb_status st_remote_list(cb_store *s, const char *model,
     st_remote *r = &s->remote;
     rkeys k;
     *stopped = 0;
-    if (!st_remote_up(s))
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name,
-                            r->url, r->why);
+    cb_status st = st_remote_need(s, err);
+    if (st != CB_OK)
+        return st;
     st_remote_keys(s, "x", &k);
     redisReply *all = st_remote_cmdf(s, "ZREVRANGE %s 0 -1", k.lru);
     if (!all)
@@ -84,9 +84,9 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
     out->name = r->name;
     out->path = r->url;
     out->capacity = r->cap;
-    if (!st_remote_up(s))
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name,
-                            r->url, r->why);
+    cb_status st = st_remote_need(s, err);
+    if (st != CB_OK)
+        return st;
     st_remote_keys(s, "x", &k);
     redisReply *a = st_remote_cmdf(s, "ZCARD %s", k.lru),
                *b = a ? st_remote_cmdf(s, "GET %s", k.used) : NULL;
@@ -113,9 +113,9 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix,
     st_remote *r = &s->remote;
     rkeys k;
     *n_entries = *n_bad = 0;
-    if (!st_remote_up(s))
-        return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s) cannot be used: %s", r->name,
-                            r->url, r->why);
+    cb_status st = st_remote_need(s, err);
+    if (st != CB_OK)
+        return st;
     st_remote_keys(s, "x", &k);
     if (fix) {
         const char *argv[] = {"EVAL", LUA_RECOUNT, "2", k.lru, k.used, r->id};

@@ -262,6 +262,7 @@ int st_remote_parse(const char *url, char *host, size_t host_n, int *port, int *
 void st_remote_warn(cb_store *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* 1 when connected (connecting when needed), 0 when down. */
 int st_remote_up(cb_store *s);
+cb_status st_remote_need(cb_store *s, cb_error *err);
 void st_remote_close(st_remote *r);
 /* Read r's secret files when not read yet (the environment's names first):
  * CB_OK, or the error (kept: the tier is not used by this handle). */
