@@ -6,33 +6,46 @@
 #             test_backend_ops under compute-sanitizer's four tools
 #   device    tests/cli/device.sh: CPU vs CUDA end to end, on fixtures
 #   suites    every unit and CLI suite (tests/run.sh, no apt-get, no fuzzing)
+#   blend     blend TTFT against full prefill on CUDA (6 x 512-token chunks,
+#             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 3,
+#             probe and hkvd), on random-weight models of SmolLM2's and
+#             Qwen2.5-1.5B's shape (their logits are too chaotic to compare
+#             devices on: device does that, on SmolLM2)
 #   bench     bench_engine on CUDA and on the CPU, warm, on a random-weight
 #             model of SmolLM2-135M's shape and of Qwen2.5-1.5B's (the
 #             engine's time does not depend on the weights' values; the
 #             device machine cannot be sent the models: 64 MB at most):
 #             prefill 512/2048/4096, decode after 512/4096, 16..512-row
 #             batches
-# No STEP: all of them, in that order.  Each step's output goes to
+# No STEP: all of them, in that order.  Environment: BUILD (default
+# build/rel; a NATIVE=0 build is build/rel-generic, for a device machine
+# whose CPU differs from the one that built it), STEP_TIMEOUT (seconds a
+# step may take, default none), GPU_BENCH_DEVICES (default "cuda cpu").  Each step's output goes to
 # $GPU_LOG (default gpu-check-logs/STEP.log) and a line "STEP: ok|FAILED
 # (N s)" to standard output; the exit status is 1 when a step failed.  The
 # device machine has no network and a 10-minute limit a command: run the
 # steps one or two at a time there (sh scripts/gpu-check.sh build ops).
 set -u
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.." || exit 70
 LOG=${GPU_LOG:-gpu-check-logs}
 mkdir -p "$LOG"
 S=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 J=$(nproc 2>/dev/null || echo 2)
-CB_CUDA_MODULE=$PWD/lib/libcbcore-cuda.so
+BUILD=${BUILD:-build/rel}
+if [ "$BUILD" = build/rel ]; then BINDIR_B=bin; CB_CUDA_MODULE=$PWD/lib/libcbcore-cuda.so
+else BINDIR_B=$BUILD/bin; CB_CUDA_MODULE=$PWD/$BUILD/lib/libcbcore-cuda.so; fi
 export CB_CUDA_MODULE
-OPS=build/rel/tests/test_backend_ops
+OPS=$BUILD/tests/test_backend_ops
+TO=${STEP_TIMEOUT:+timeout $STEP_TIMEOUT}
 SAN_ARGS="--target-processes application-only"
 failed=0
 
 step() { # NAME CMD...: run CMD, log it, say how it went
     name=$1; shift
     t0=$(date +%s)
-    if "$@" > "$LOG/$name.log" 2>&1; then
+    # shellcheck disable=SC2086
+    if $TO sh "$SELF" --one "$@" > "$LOG/$name.log" 2>&1; then
         echo "$name: ok ($(($(date +%s) - t0)) s)"
     else
         echo "$name: FAILED ($(($(date +%s) - t0)) s; $LOG/$name.log)"; tail -5 "$LOG/$name.log" | sed 's/^/    /'
@@ -40,28 +53,64 @@ step() { # NAME CMD...: run CMD, log it, say how it went
     fi
 }
 
-build() { nvidia-smi && make -j"$J" CUDA=1 check-tools; }
+build() { nvidia-smi && case $BUILD in *-generic) make -j"$J" CUDA=1 NATIVE=0 check-tools ;; *) make -j"$J" CUDA=1 check-tools ;; esac; }
 ops() { "$OPS"; }
-memcheck() { "$S" --tool memcheck --leak-check full $SAN_ARGS --error-exitcode 1 "$OPS"; }
+# memcheck: no API-error reports, as the op tests fail an allocation of 4
+# EiB on purpose (the backend checks every API call itself, and the tests
+# see what it reports)
+memcheck() { "$S" --tool memcheck --leak-check full --report-api-errors no $SAN_ARGS --error-exitcode 1 "$OPS"; }
 racecheck() { "$S" --tool racecheck --racecheck-report all $SAN_ARGS --error-exitcode 1 "$OPS"; }
 synccheck() { "$S" --tool synccheck $SAN_ARGS --error-exitcode 1 "$OPS"; }
 initcheck() { "$S" --tool initcheck $SAN_ARGS --error-exitcode 1 "$OPS"; }
-device() { BUILD=build/rel BINDIR_B=bin CB_TEST_TMP=$PWD/tests/tmp sh tests/cli/device.sh; }
-suites() { BUILD=build/rel BINDIR_B=bin CB_CUDA_MOD=lib/libcbcore-cuda.so sh tests/run.sh; }
-bench() {
-    d=$(mktemp -d) || return 1
+device() {
+    # the fixtures tests/run.sh writes: tiny random-weight models
+    mkdir -p tests/tmp && sed -n '/^gen=/,/tiny-yarn/p' tests/run.sh > tests/tmp/fixtures.sh &&
+        BUILD=$BUILD CB_TEST_TMP=$PWD/tests/tmp sh tests/tmp/fixtures.sh || return 1
+    BUILD=$BUILD BINDIR_B=$BINDIR_B CB_CUDA_MOD=$CB_CUDA_MODULE CB_TEST_TMP=$PWD/tests/tmp sh tests/cli/device.sh; }
+suites() { BUILD=$BUILD BINDIR_B=$BINDIR_B CB_CUDA_MOD=$CB_CUDA_MODULE sh tests/run.sh; }
+fixtures() { # DIR: the two random-weight models of bench and blend
     # shapes: SmolLM2-135M (30 layers, 576 wide, 9/3 heads; q8_0, as 576 is no multiple of 256) and
     # Qwen2.5-1.5B (28 layers, 1536 wide, 12/2 heads, 8960 ff; q4_K)
-    build/rel/tests/cb-gen-fixture --type q8_0 --layers 30 --embd 576 --ff 1536 --heads 9 --kv-heads 3 \
-        --vocab 49152 --ctx 8192 "$d/smol.gguf" &&
-        build/rel/tests/cb-gen-fixture --arch qwen2 --type q4_K --layers 28 --embd 1536 --ff 8960 --heads 12 \
-            --kv-heads 2 --vocab 151936 --untied --ctx 8192 "$d/qwen15.gguf" || { rm -rf "$d"; return 1; }
+    $BUILD/tests/cb-gen-fixture --type q8_0 --layers 30 --embd 576 --ff 1536 --heads 9 --kv-heads 3 \
+        --vocab 49152 --ctx 8192 "$1/smol.gguf" &&
+        $BUILD/tests/cb-gen-fixture --arch qwen2 --type q4_K --layers 28 --embd 1536 --ff 8960 --heads 12 \
+            --kv-heads 2 --vocab 151936 --untied --ctx 8192 "$1/qwen15.gguf"
+}
+blend() {
+    d=$(mktemp -d) || return 1
+    fixtures "$d" || { rm -rf "$d"; return 1; }
+    cat README.md man/*/*.[0-9] 2>/dev/null > "$d/text.txt"
+    q="Which of these places is the oldest, and why?"
+    rc=0
     for m in smol qwen15; do
-        for dev in cuda cpu; do
+        M=$d/$m.gguf
+        "$BINDIR_B/cb-chunk" -m "$M" --tokens 512 "$d/text.txt" | head -n 6 > "$d/$m.jsonl"
+        "$BINDIR_B/cb-precompute" -q -m "$M" --device cuda --store "$d/$m.st" "$d/$m.jsonl" > /dev/null || rc=1
+        for spec in full blend:probe blend:hkvd; do
+            mode=${spec%%:*}; set --; [ "$mode" = blend ] && set -- --strategy "${spec#*:}"
+            best=""
+            for _ in 1 2 3 4; do
+                "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
+                    -n 1 --stats "$d/s.json" -p "$q" > /dev/null || { rc=1; break; }
+                ms=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ttft_ms"])' "$d/s.json")
+                best=$(awk -v a="$ms" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
+            done
+            echo "$m $spec ttft_ms $best $(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print("prompt", s["n_prompt_tokens"], "recomputed", s["n_recomputed_tokens"])' "$d/s.json")"
+            echo "  last run's --stats: $(tr -d '\n ' < "$d/s.json" | cut -c1-1500)"
+        done
+    done
+    rm -rf "$d"
+    return $rc
+}
+bench() {
+    d=$(mktemp -d) || return 1
+    fixtures "$d" || { rm -rf "$d"; return 1; }
+    for m in smol qwen15; do
+        for dev in ${GPU_BENCH_DEVICES:-cuda cpu}; do
             echo "== $m-shaped, random weights, on $dev ($J threads beside it); each scenario twice, the second kept"
             for sc in prefill:512 prefill:2048 prefill:4096 decode:512:64 decode:4096:64 batch:16:2048 \
                 batch:64:2048 batch:512:2048; do
-                CB_BENCH_DEVICE=$dev build/rel/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
+                CB_BENCH_DEVICE=$dev $BUILD/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
                     awk -v sc="$sc" '$1 != "device" && $1 != "load_s" && $1 != "rss_kb" { v[$1] = $2 }
                         END { for (k in v) print "  " sc ": " k " " v[k] }'
             done
@@ -70,10 +119,11 @@ bench() {
     rm -rf "$d"
 }
 
-steps=${*:-build ops memcheck racecheck synccheck initcheck device suites bench}
+if [ "${1:-}" = --one ]; then "$2"; exit; fi # one step, in a process of its own (STEP_TIMEOUT)
+steps=${*:-build ops memcheck racecheck synccheck initcheck device suites blend bench}
 for s in $steps; do
     case $s in
-    build | ops | memcheck | racecheck | synccheck | initcheck | device | suites | bench) step "$s" "$s" ;;
+    build | ops | memcheck | racecheck | synccheck | initcheck | device | suites | blend | bench) step "$s" "$s" ;;
     *) echo "gpu-check: unknown step '$s'" >&2; exit 64 ;;
     esac
 done

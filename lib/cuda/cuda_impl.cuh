@@ -110,6 +110,7 @@ typedef struct tctx {
     cudaStream_t s;
     cublasHandle_t blas;  /* created on the thread's first matmul */
     mm_scalars *scal;     /* device, with the handle */
+    void *blas_ws;        /* the handle's workspace (cu_blas) */
     slot idx[N_IDX];      /* index arrays, round robin */
     int next_idx;
     slot stage[2];        /* upload staging, alternating */
@@ -139,6 +140,9 @@ static inline cuda_ctx *CTX(cb_backend *b)
 /* The calling thread's context, made current on the backend's device; op
  * names the backend operation for error reports. */
 tctx *T(cb_backend *b, const char *op);
+
+/* the context's cuBLAS handle, made if it has none (cuda_mm.cu) */
+void cu_blas(tctx *t);
 
 /* Copy `bytes` of host data (index arrays, small tables) to the device
  * through the next staging slot; the device copy is valid for work queued

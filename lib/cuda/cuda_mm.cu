@@ -309,6 +309,28 @@ __global__ void k_count_bad(const float *y, int64_t n, unsigned *bad)
         atomicAdd(bad, 1u);
 }
 
+/* The thread context's cuBLAS handle, made on first use (the opening
+ * thread's at open, cu_warm): on the context's stream, alpha and beta read
+ * from device memory (the input's scale is known only on the device, and
+ * the host never waits for it), and a workspace of our own, zeroed once:
+ * cuBLAS's split-K reduction reads partial sums it has not written, which
+ * compute-sanitizer's initcheck reports as reads of uninitialized memory
+ * (the results do not depend on them). */
+#define CU_BLAS_WS ((size_t)32 << 20) /* what cuBLAS asks for on Hopper */
+void cu_blas(tctx *t)
+{
+    if (t->blas)
+        return;
+    CKB(cublasCreate(&t->blas));
+    CKB(cublasSetStream(t->blas, t->s));
+    CKB(cublasSetPointerMode(t->blas, CUBLAS_POINTER_MODE_DEVICE));
+    CK(cudaMallocAsync((void **)&t->scal, sizeof *t->scal, t->s));
+    CK(cudaMemsetAsync(t->scal, 0, sizeof *t->scal, t->s)); /* zero: beta */
+    CK(cudaMallocAsync(&t->blas_ws, CU_BLAS_WS, t->s));
+    CK(cudaMemsetAsync(t->blas_ws, 0, CU_BLAS_WS, t->s));
+    CKB(cublasSetWorkspace(t->blas, t->blas_ws, CU_BLAS_WS));
+}
+
 void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
     tctx *t = T(b, "matmul");
@@ -316,15 +338,7 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
     size_t need = 2 * (size_t)ne;
     if (n == 0)
         return;
-    if (!t->blas) {
-        CKB(cublasCreate(&t->blas));
-        CKB(cublasSetStream(t->blas, t->s));
-        /* alpha and beta from device memory: the input's scale is known
-         * only on the device, and the host never waits for it */
-        CKB(cublasSetPointerMode(t->blas, CUBLAS_POINTER_MODE_DEVICE));
-        CK(cudaMallocAsync((void **)&t->scal, sizeof *t->scal, t->s));
-        CK(cudaMemsetAsync(t->scal, 0, sizeof *t->scal, t->s)); /* zero: beta */
-    }
+    cu_blas(t);
     if (need > t->act_cap) {
         if (t->act)
             CK(cudaFreeAsync(t->act, t->s));
