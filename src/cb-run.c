@@ -60,16 +60,22 @@ static void usage(FILE *f)
         "                     (hkvd, sink, query, runs)\n"
         "      --check-layer N  the (first) layer where deviation is measured (default 1)\n"
         "      --deviation k|v  measure deviation on keys or values (default v)\n"
-        "      --strategy S   probe (default): run the question through every layer\n"
-        "                     against the loaded caches first, then recompute the cached\n"
-        "                     tokens it attends to most in every layer; hkvd (the paper's):\n"
-        "                     the most deviating tokens at the check layer; sink: hkvd and\n"
+        "      --strategy S   probe (default): run the question through the first layers\n"
+        "                     (--probe-depth) against the loaded caches first, then\n"
+        "                     recompute the cached tokens it attends to most in every\n"
+        "                     layer; hkvd (the paper's): the most deviating tokens at\n"
+        "                     the check layer; sink: hkvd and\n"
         "                     the first --sink-tokens N (default 4) of every chunk; query:\n"
         "                     the cached tokens the question attends to most at the check\n"
         "                     layer; runs: hkvd's most deviating tokens for half the\n"
         "                     budget, each with the token after it\n"
         "      --probe-rows N  probe scores by the attention of the question's last N\n"
         "                     tokens (default 0: all of its tokens)\n"
+        "      --probe-depth F  probe's first pass runs and scores the first F of the\n"
+        "                     layers, 0 < F <= 1; default 0: by cost, every layer while\n"
+        "                     that pass costs at most a quarter of the second, else fewer,\n"
+        "                     half of them at least (short prompts); every layer on a\n"
+        "                     model with sliding-window layers\n"
         "      --key-temp T   reuse, blend: divide the cached keys by T as they load, a\n"
         "                     temperature on the attention to the tokens not recomputed\n"
         "                     (after APE; default: the model's, 1.05 on gemma3, else 1)\n"
@@ -156,6 +162,7 @@ enum {
     OPT_MASS,
     OPT_MAXRATIO,
     OPT_PROBEROWS,
+    OPT_PROBEDEPTH,
     OPT_KEYTEMP,
     OPT_BATCH,
     OPT_BATCHSIZE,
@@ -483,7 +490,7 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
     double ratio = bs->ratio;
     json_t *s = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, "
-        "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i, s:f}",
+        "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i, s:f, s:i, s:f}",
         "mode", cli_mode_names[bp->mode], "n_prompt_tokens", (json_int_t)ss->total,
         "n_cached_tokens", (json_int_t)bs->n_cached_tokens, "n_exact_tokens",
         (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens,
@@ -498,7 +505,8 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         "device", cb_model_device(m), "chat_template", cb_chat_name(ss->chat), "kv_type",
         cb_type_name(o->kv_type), "model_load_ms", ss->t_load, "model", o->model, "overlapped_ms",
         bs->overlapped_ms, "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes,
-        "probe_rows", bp->probe_rows, "key_temp", (double)bs->key_temp);
+        "probe_rows", bp->probe_rows, "probe_depth", (double)bp->probe_depth, "probe_layers",
+        bs->probe_layers, "key_temp", (double)bs->key_temp);
     if (s && ss->ratio_auto) {
         json_object_set_new(s, "ratio_source", json_string(ss->ratio_source));
         json_object_set_new(s, "predicted_load_ms", json_real(ss->rc->pred_load_ms));
@@ -1066,6 +1074,9 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         return cli_parse_num("--probe-rows", arg, 0, 1 << 20, &d)
                    ? -1
                    : (o->bp.probe_rows = (int32_t)d, 0);
+    case OPT_PROBEDEPTH:
+        return cli_parse_num("--probe-depth", arg, 0, 1, &d) ? -1
+                                                             : (o->bp.probe_depth = (float)d, 0);
     case OPT_KEYTEMP:
         return cli_parse_num("--key-temp", arg, 0.01, 100, &d) ? -1
                                                                : (o->bp.key_temp = (float)d, 0);
@@ -1173,6 +1184,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"mass", required_argument, 0, OPT_MASS},
         {"max-ratio", required_argument, 0, OPT_MAXRATIO},
         {"probe-rows", required_argument, 0, OPT_PROBEROWS},
+        {"probe-depth", required_argument, 0, OPT_PROBEDEPTH},
         {"key-temp", required_argument, 0, OPT_KEYTEMP},
         {"batch", no_argument, 0, OPT_BATCH},
         {"batch-size", required_argument, 0, OPT_BATCHSIZE},

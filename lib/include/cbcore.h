@@ -213,7 +213,7 @@ typedef enum cb_blend_strategy {
     CB_STRATEGY_HKVD = 0, /* those whose KV deviates most at the check layer */
     CB_STRATEGY_SINK,     /* HKVD plus the first tokens of every cached segment */
     CB_STRATEGY_QUERY,    /* those the last segment attends to most */
-    CB_STRATEGY_PROBE,    /* after ProphetKV: attention summed over every layer */
+    CB_STRATEGY_PROBE,    /* after ProphetKV: attention summed over the first layers */
     CB_STRATEGY_RUNS      /* after CacheClip: HKVD anchors and the token after each */
 } cb_blend_strategy;
 #define CB_BLEND_MAX_STEPS 8
@@ -221,17 +221,17 @@ typedef enum cb_blend_strategy {
 typedef struct cb_blend_params {
     cb_blend_mode mode;
     cb_blend_strategy strategy;
-    int32_t check_layer;              /* first check layer (default 1) */
-    int32_t n_ratios;                 /* 1: one check layer; more: gradual filtering */
-    float ratios[CB_BLEND_MAX_STEPS]; /* share of cached tokens kept at check layer + i */
-    int deviation_v;                  /* 0: deviation of K (after RoPE), 1: of V */
-    int32_t sink_tokens;              /* CB_STRATEGY_SINK: tokens per segment (default 4) */
-    int sequential_load;              /* 1: load every layer before computing */
-    double load_limit_mbs;            /* > 0: throttle KV reads to this many MB/s */
-    float adapt_mass;                 /* probe, > 0: the ratio holding this attention share */
-    float adapt_min, adapt_max;       /* ... clamped to these */
-    int32_t probe_rows;               /* probe: the last probe_rows question rows; 0: all */
-    float key_temp;                   /* cached keys divided by it; 0: the model's */
+    int32_t check_layer;                    /* first check layer (default 1) */
+    int32_t n_ratios;                       /* 1: one check layer; more: gradual filtering */
+    float ratios[CB_BLEND_MAX_STEPS];       /* share of cached tokens kept at check layer + i */
+    int deviation_v;                        /* 0: deviation of K (after RoPE), 1: of V */
+    int32_t sink_tokens;                    /* CB_STRATEGY_SINK: tokens per segment (default 4) */
+    int sequential_load;                    /* 1: load every layer before computing */
+    double load_limit_mbs;                  /* > 0: throttle KV reads to this many MB/s */
+    float adapt_mass, adapt_min, adapt_max; /* probe, mass > 0: the ratio holding that share */
+    int32_t probe_rows;                     /* probe: the last probe_rows question rows; 0: all */
+    float probe_depth;                      /* probe: share of the layers scored; 0: by cost */
+    float key_temp;                         /* cached keys divided by it; 0: the model's */
 } cb_blend_params;
 cb_blend_params cb_blend_defaults(void); /* blend, probe, check layer 1, ratio 0.15, V */
 typedef struct cb_blend_stats {
@@ -240,8 +240,8 @@ typedef struct cb_blend_stats {
     int32_t n_exact_tokens;                 /* of those, a true prefix's (never recomputed) */
     int32_t n_recomputed_tokens;            /* cached tokens recomputed at the last check layer */
     int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
-    float ratio;                            /* the ratio used */
-    float selected_mass;                    /* probe: the share of the attention selected */
+    float ratio, selected_mass;             /* the ratio used; probe: the attention share kept */
+    int32_t probe_layers;                   /* probe: the layers its first pass scored */
     const char *ratio_bound;                /* adapt_mass: "mass", "min", "max"; else "given" */
     float key_temp;                         /* reuse, blend: the key temperature used; else 1 */
     double load_ms, recompute_ms;           /* loading cached KV; computing (stalls excluded) */

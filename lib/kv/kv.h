@@ -70,6 +70,18 @@ cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err);
  * architecture's measured default: 1.05 for gemma3 (measured on
  * Gemma-3-270M), 1 (none) for the others. */
 float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p);
+/* The layers probe's first pass runs and scores, for n_rows uncached rows
+ * and want cached rows to recompute: p->probe_depth x n_layer, rounded up,
+ * at least 1; probe_depth 0: by cost, every layer while that pass (n_rows
+ * rows a layer) costs at most a quarter of the second (n_rows + want), and
+ * never fewer than half of them.  Measured on Qwen2.5 (issue 31): half the
+ * layers select as well as all of them on short prompts, where the
+ * question is most of the rows computed, and worse on many-chunk ones,
+ * where the first pass costs little.  A model with sliding-window layers
+ * (windowed != 0) gets every layer by default: its first layers may all be
+ * windowed, where the question sees no cached token far from it. */
+int32_t cb_blend_probe_layers(const cb_blend_params *p, int32_t n_layer, int64_t n_rows,
+                              int64_t want, int windowed);
 
 /* ------------------------------------------------- profile and controller */
 

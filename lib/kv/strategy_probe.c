@@ -3,8 +3,10 @@
  * from the question scoring the cached rows (the backend's attention
  * mass, cb_fwd_attn_mass); then the top ratio x the cached rows, with the
  * uncached ones, from the embeddings through every layer.  Options:
- * probe_rows (the question's last rows that score, 0: all), adapt_mass,
- * adapt_min and adapt_max (an adaptive ratio); one ratio only. */
+ * probe_rows (the question's last rows that score, 0: all), probe_depth
+ * (the first pass runs and scores that share of the layers, the first
+ * ones), adapt_mass, adapt_min and adapt_max (an adaptive ratio); one
+ * ratio only. */
 #include "strategy.h"
 
 #include <math.h>
@@ -48,23 +50,29 @@ static int64_t probe_budget(const blend_plan *pl, const blend_scored *sc, int64_
     return want;
 }
 
-/* The first pass: every layer for the uncached rows, the question's nq
- * last of them (the tail of pl->rows) adding their attention mass over
- * the prompt's rows to mass[total]; stops early when the budget needs no
- * scores (nothing or everything kept, and no adaptive ratio). */
+/* The first pass: the first probe_layers() layers for the uncached rows,
+ * the question's nq last of them (the tail of pl->rows) adding their
+ * attention mass over the prompt's rows to mass[total]; stops early when
+ * the budget needs no scores (nothing or everything kept, and no adaptive
+ * ratio). */
 static cb_status probe_scores(blend_plan *pl, int32_t nq, int64_t want, float *mass, int *layer_err,
-                              cb_error *err)
+                              cb_error *err, cb_blend_stats *stats)
 {
     int64_t n_cand = pl->n_cached - pl->n_exact;
+    const cb_model *m = cb_fwd_model(pl->f);
+    int windowed = 0;
+    for (int32_t l = 0; l < pl->hp->n_layer; l++)
+        windowed |= cb_model_layer_window(m, l) > 0;
+    int32_t nl = cb_blend_probe_layers(pl->p, pl->hp->n_layer, pl->n_rows, want, windowed);
     cb_status st;
-    for (int32_t l = 0;
-         l < pl->hp->n_layer && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
+    for (int32_t l = 0; l < nl && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
         if ((st = blend_wait(pl, l, err)) != CB_OK)
             return st;
         if ((st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK ||
             (st = cb_fwd_attn_mass(pl->f, pl->kv, l, pl->n_rows - nq, nq, (int32_t)pl->total,
                                    mass)) != CB_OK)
             return *layer_err = 1, st;
+        stats->probe_layers = l + 1;
     }
     return CB_OK;
 }
@@ -89,7 +97,7 @@ static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_bl
         nq += pl->rows[i] >= qs;
     if (pl->p->probe_rows > 0 && nq > pl->p->probe_rows) /* the last ones */
         nq = pl->p->probe_rows;
-    if ((st = probe_scores(pl, nq, want, mass, layer_err, err)) != CB_OK)
+    if ((st = probe_scores(pl, nq, want, mass, layer_err, err, stats)) != CB_OK)
         goto out;
     for (int64_t r = 0; r < pl->total; r++) /* the candidates, by score */
         if (pl->cached[r] == ROW_CAND)

@@ -154,6 +154,13 @@ PY
     && ok "--key-temp, in the stats" || not_ok "--key-temp"
 expect_exit "bad --key-temp" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --key-temp 0 -n 1 -p "$Q"
 expect_exit "--probe-rows negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-rows -1 -p q
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --probe-depth 1 -n 2 -p "$Q" --stats "$T/pd1.json" > /dev/null \
+    && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_depth"] == 1 and s["probe_layers"] > 0 and s["n_recomputed_tokens"] > 0, s' "$T/pd1.json" \
+    && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_depth"] == 0 and s["probe_layers"] > 0, s' "$T/sg-probe.json" \
+    && ok "--probe-depth, in the stats (default 0: by cost; the layers used)" || not_ok "--probe-depth"
+for bad in -0.5 1.5 x; do
+    expect_exit "--probe-depth $bad" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-depth "$bad" -p q
+done
 expect_exit "--mass with another strategy" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy hkvd --mass 0.5 -p q
 expect_exit "--min-ratio above --max-ratio" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --min-ratio 0.6 -p q
 expect_exit "--score and --score-file together" 64 "$RUN" -m "$M" -p q --score a --score-file "$T/ans.txt"

@@ -224,7 +224,7 @@ static int32_t exact_segment(const cb_segment *segs, int32_t n_segs)
  * total held by the top `want` cached rows (what probe's stats call
  * selected_mass), or -1. */
 static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, int32_t q_rows,
-                            int windows, double ratio)
+                            int windows, double ratio, int32_t n_layers)
 {
     const cb_hparams *hp = cb_model_hparams(fx->m);
     int32_t ids[512], pos[512], rows[512], qrows[512], n = 0, n_rows = 0, nq = 0, n_c = 0;
@@ -257,7 +257,7 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
     if (run(fx, segs, n_segs, &p, lg, &st, &kv) != CB_OK || cb_fwd_new(&f, fx->m, 512) != CB_OK ||
         cb_fwd_embed(f, ids, pos, n) != CB_OK)
         goto out;
-    for (int32_t l = 0; l < hp->n_layer; l++) {
+    for (int32_t l = 0; l < n_layers; l++) {
         int32_t win = windows ? cb_model_layer_window(fx->m, l) : 0;
         if (cb_fwd_layer_qkv(f, l, qrows + q0, nq - q0, q, NULL, NULL) != CB_OK ||
             cb_fwd_layer(f, kv, l, rows, n_rows) != CB_OK ||
@@ -442,25 +442,72 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                rel(b, full, (size_t)nv));
     }
 
-    tcase(
-        "%s: probe's scores equal a plain double loop (the question's last rows, the layers' windows)",
-        label);
-    for (int32_t qr = 0; qr <= 3; qr += 3) {
+    tcase("%s: probe's scores equal a plain double loop (the question's last rows, the layers' "
+          "windows, the first layers: probe_depth)",
+          label);
+    {
+        int32_t nly = cb_model_hparams(fx.m)->n_layer;
+        for (int32_t qr = 0; qr <= 3; qr += 3)
+            for (int d = 0; d < 4; d++) {
+                /* by cost (the default), all, half, one layer */
+                float depth = d == 0 ? 0.0f : d == 1 ? 1.0f : d == 2 ? 0.5f : 0.01f;
+                int32_t nl = (int32_t)ceilf(depth * (float)nly - 1e-4f);
+                nl = nl < 1 ? 1 : nl;
+                p = cb_blend_defaults();
+                p.probe_rows = qr;
+                p.probe_depth = depth;
+                CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+                if (d == 0)
+                    nl = st.probe_layers;
+                CHECKF(nl >= 1 && st.probe_layers == nl, "%d layers scored, want %d",
+                       st.probe_layers, nl);
+                double want = probe_by_hand(&fx, segs, ns, qr, 1, 0.15, nl),
+                       nowin = probe_by_hand(&fx, segs, ns, qr, 0, 0.15, nl);
+                /* -1: the scored layers' windows keep every cached token from the rows
+                 * that score (gemma3's first layers, its last question rows): no mass */
+                CHECKF(want < 0 ? st.selected_mass == 0 && depth > 0 && qr > 0
+                                : fabs(st.selected_mass - want) < 1e-3 * want,
+                       "probe rows %d, %d of %d layers: selected mass %.6f, by hand %.6f", qr, nl,
+                       nly, st.selected_mass, want);
+                printf(
+                    "# %s: probe rows %d, depth %g: %d of %d layers: selected mass %.6f, by hand "
+                    "%.6f (without windows %.6f)\n",
+                    label, qr, (double)depth, nl, nly, st.selected_mass, want, nowin);
+            }
         p = cb_blend_defaults();
-        p.probe_rows = qr;
-        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
-        double want = probe_by_hand(&fx, segs, ns, qr, 1, 0.15),
-               nowin = probe_by_hand(&fx, segs, ns, qr, 0, 0.15);
-        CHECKF(want > 0 && fabs(st.selected_mass - want) < 1e-3 * want,
-               "probe rows %d: selected mass %.6f, by hand %.6f", qr, st.selected_mass, want);
-        printf("# %s: probe rows %d: selected mass %.6f, by hand %.6f (without windows %.6f)\n",
-               label, qr, st.selected_mass, want, nowin);
+        for (int i = 0; i < 3; i++) { /* outside [0, 1]: refused */
+            p.probe_depth = i == 0 ? -0.5f : i == 1 ? 1.01f : NAN;
+            CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
+        }
+        p.probe_depth = 0.0f;
     }
     p.probe_rows = (int32_t)fx.question.n + 100; /* more than the question has: all of it, as 0 */
     CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
     p.probe_rows = 0;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     CHECK(rel(a, b, (size_t)nv) == 0);
+
+    tcase("%s: probe's depth by cost: every layer while the first pass is at most a quarter of "
+          "the second, half of them at least",
+          label);
+    {
+        cb_blend_params q = cb_blend_defaults();
+        CHECK(q.probe_depth == 0.0f);
+        /* (uncached rows, rows to recompute) -> layers of 28: a short prompt (65 question
+         * rows, 44 to recompute) gets half; a long one (65, 345) all; between, the share */
+        CHECK(cb_blend_probe_layers(&q, 28, 65, 44, 0) == 14);
+        CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 0) == 28);
+        CHECK(cb_blend_probe_layers(&q, 28, 100, 300, 0) == 28);
+        CHECK(cb_blend_probe_layers(&q, 28, 100, 200, 0) == 21);
+        CHECK(cb_blend_probe_layers(&q, 28, 1, 0, 0) == 14);
+        CHECK(cb_blend_probe_layers(&q, 1, 65, 0, 0) == 1);
+        CHECK(cb_blend_probe_layers(&q, 28, 65, 44, 1) == 28); /* sliding windows: every layer */
+        q.probe_depth = 0.25f;
+        CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 0) == 7);
+        CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 1) == 7);
+        q.probe_depth = 0.01f;
+        CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 0) == 1);
+    }
 
     tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds",
           label);
