@@ -1473,16 +1473,23 @@ static int case_wanted(const char *name)
     return 0;
 }
 
+/* a case $CB_OPS_ONLY leaves out: its two lines skipped; 1 if so */
+static int case_skip(const char *name, const char *cpu_what, const char *cuda_what)
+{
+    char nm[192];
+    if (case_wanted(name))
+        return 0;
+    snprintf(nm, sizeof nm, "cpu  %s %s", name, cpu_what);
+    tskip(nm, "not in $CB_OPS_ONLY");
+    snprintf(nm, sizeof nm, "cuda %s %s", name, cuda_what);
+    tskip(nm, "not in $CB_OPS_ONLY");
+    return 1;
+}
+
 static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda_bound)
 {
-    if (!case_wanted(name)) {
-        char nm[128];
-        snprintf(nm, sizeof nm, "cpu  %-28s vs reference", name);
-        tskip(nm, "not in $CB_OPS_ONLY");
-        snprintf(nm, sizeof nm, "cuda %-28s vs cpu", name);
-        tskip(nm, "not in $CB_OPS_ONLY");
+    if (case_skip(name, "vs reference", "vs cpu"))
         return;
-    }
     int64_t n_ref = fn(NULL, o_ref), n_cpu = fn(cpu, o_cpu);
     double e = nmse(o_ref, o_cpu, n_ref);
     tcase("cpu  %-28s vs reference (nmse %.2e, bound %.0e)", name, e, cpu_bound);
@@ -1546,14 +1553,8 @@ static void test_attention_nan(void)
  * sample of rows (the plain loop is slow), then CPU vs CUDA on all. */
 static void run_case_sampled(const char *name, case_fn fn, double cpu_bound, double cuda_bound)
 {
-    if (!case_wanted(name)) {
-        char nm[160];
-        snprintf(nm, sizeof nm, "cpu  %s vs reference, 24 rows", name);
-        tskip(nm, "not in $CB_OPS_ONLY");
-        snprintf(nm, sizeof nm, "cuda %s vs cpu, all rows", name);
-        tskip(nm, "not in $CB_OPS_ONLY");
+    if (case_skip(name, "vs reference, 24 rows", "vs cpu, all rows"))
         return;
-    }
     r18_sample = 24;
     int64_t n_ref = fn(NULL, o_ref), n_cpu = fn(cpu, o_cpu);
     double e = nmse(o_ref, o_cpu, n_ref);
