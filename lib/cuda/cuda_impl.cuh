@@ -108,7 +108,7 @@ typedef struct cuda_ctx cuda_ctx;
 typedef struct tctx {
     cuda_ctx *owner;
     cudaStream_t s;
-    cublasHandle_t blas;  /* created on the thread's first matmul */
+    cublasHandle_t blas;  /* cu_blas: at open for the opening thread, else first matmul */
     mm_scalars *scal;     /* device, with the handle */
     void *blas_ws;        /* the handle's workspace (cu_blas) */
     slot idx[N_IDX];      /* index arrays, round robin */

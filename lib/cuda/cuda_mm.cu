@@ -310,25 +310,39 @@ __global__ void k_count_bad(const float *y, int64_t n, unsigned *bad)
 }
 
 /* The thread context's cuBLAS handle, made on first use (the opening
- * thread's at open, cu_warm): on the context's stream, alpha and beta read
- * from device memory (the input's scale is known only on the device, and
- * the host never waits for it), and a workspace of our own, zeroed once:
- * cuBLAS's split-K reduction reads partial sums it has not written, which
- * compute-sanitizer's initcheck reports as reads of uninitialized memory
- * (the results do not depend on them). */
+ * thread's when the backend opens): on the context's stream, alpha and
+ * beta read from device memory (the input's scale is known only on the
+ * device, and the host never waits for it), and a workspace of our own,
+ * zeroed once: cuBLAS's split-K reduction reads partial sums it has not
+ * written, which compute-sanitizer's initcheck reports as reads of
+ * uninitialized memory (the results do not depend on them).  t->blas is
+ * set last, so that a failed attempt leaves no half-made handle. */
 #define CU_BLAS_WS ((size_t)32 << 20) /* what cuBLAS asks for on Hopper */
 void cu_blas(tctx *t)
 {
+    cublasHandle_t h;
     if (t->blas)
         return;
-    CKB(cublasCreate(&t->blas));
-    CKB(cublasSetStream(t->blas, t->s));
-    CKB(cublasSetPointerMode(t->blas, CUBLAS_POINTER_MODE_DEVICE));
-    CK(cudaMallocAsync((void **)&t->scal, sizeof *t->scal, t->s));
-    CK(cudaMemsetAsync(t->scal, 0, sizeof *t->scal, t->s)); /* zero: beta */
-    CK(cudaMallocAsync(&t->blas_ws, CU_BLAS_WS, t->s));
-    CK(cudaMemsetAsync(t->blas_ws, 0, CU_BLAS_WS, t->s));
-    CKB(cublasSetWorkspace(t->blas, t->blas_ws, CU_BLAS_WS));
+    if (!t->scal) {
+        CK(cudaMallocAsync((void **)&t->scal, sizeof *t->scal, t->s));
+        CK(cudaMemsetAsync(t->scal, 0, sizeof *t->scal, t->s)); /* zero: beta */
+    }
+    if (!t->blas_ws) {
+        CK(cudaMallocAsync(&t->blas_ws, CU_BLAS_WS, t->s));
+        CK(cudaMemsetAsync(t->blas_ws, 0, CU_BLAS_WS, t->s));
+    }
+    CKB(cublasCreate(&h));
+    cublasStatus_t e = cublasSetStream(h, t->s);
+    if (e == CUBLAS_STATUS_SUCCESS)
+        e = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE);
+    if (e == CUBLAS_STATUS_SUCCESS)
+        e = cublasSetWorkspace(h, t->blas_ws, CU_BLAS_WS);
+    if (e != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(h);
+        cu_fail(CB_ERR_DEVICE, 1, "cublasSetStream, cublasSetPointerMode, cublasSetWorkspace", __FILE__,
+                __LINE__, cublasGetStatusString(e));
+    }
+    t->blas = h;
 }
 
 void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
