@@ -59,11 +59,8 @@ static cb_status probe_scores(blend_plan *pl, int32_t nq, int64_t want, float *m
                               cb_error *err, cb_blend_stats *stats)
 {
     int64_t n_cand = pl->n_cached - pl->n_exact;
-    const cb_model *m = cb_fwd_model(pl->f);
-    int windowed = 0;
-    for (int32_t l = 0; l < pl->hp->n_layer; l++)
-        windowed |= cb_model_layer_window(m, l) > 0;
-    int32_t nl = cb_blend_probe_layers(pl->p, pl->hp->n_layer, pl->n_rows, want, windowed);
+    int32_t nl =
+        cb_blend_probe_layers(pl->p, pl->hp->n_layer, pl->n_rows, want, pl->hp->n_swa_layers > 0);
     cb_status st;
     for (int32_t l = 0; l < nl && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
         if ((st = blend_wait(pl, l, err)) != CB_OK)

@@ -405,6 +405,16 @@ static double ref_softmax(const float *qh, const float *kh, int64_t w, int hd, i
     return sum;
 }
 
+/* n query positions over n_keys keys, out of order: the last key, the
+ * first, then drawn from the generator (seeded by the caller) */
+static int32_t *scattered_pos(int64_t n, int64_t n_keys)
+{
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        pos[i] = i == 0 ? (int32_t)n_keys - 1 : i == 1 ? 0 : (int32_t)(urand() * (double)n_keys);
+    return pos;
+}
+
 /* attention of att_nq query rows at arbitrary positions (out of order,
  * gaps, the last key) over an att_ctx-row cache, att_heads heads over
  * att_kv_heads KV heads; att_window > 0: a sliding-window layer.
@@ -417,10 +427,8 @@ static int64_t c_attention(cb_backend *be, float *out)
     int n_head = att_heads, n_head_kv = att_kv_heads, hd = att_hd;
     int64_t n_ctx = att_ctx, n = att_nq, dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
     seed(7);
-    for (int64_t i = 0; i < n; i++)
-        pos[i] = i == 0 ? (int32_t)n_ctx - 1 : i == 1 ? 0 : (int32_t)(urand() * (double)n_ctx);
+    int32_t *pos = scattered_pos(n, n_ctx);
     if (att_sorted) {
         static const int32_t edges[] = {255, 256, 257, 511, 512, 649,  650,
                                         651, 767, 768, 905, 906, 1023, 1024};
@@ -552,10 +560,8 @@ static int64_t c_attn_mass(cb_backend *be, float *out)
     int n_head = am_heads, n_head_kv = am_kv_heads, hd = am_hd;
     int64_t n_keys = am_keys, n = am_nq, dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
     seed(19);
-    for (int64_t i = 0; i < n; i++)
-        pos[i] = i == 0 ? (int32_t)n_keys - 1 : i == 1 ? 0 : (int32_t)(urand() * (double)n_keys);
+    int32_t *pos = scattered_pos(n, n_keys);
     float *q = rand_vec(n * dq, 2.0f), *k = rand_vec(n_keys * w, 2.0f),
           *m0 = rand_vec(n_keys, 1.0f);
     for (int64_t i = 0; i < n_keys * w; i++)
