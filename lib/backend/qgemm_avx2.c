@@ -358,27 +358,27 @@ AI void gemv_k(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
     }
 }
 
-/* 32-element rows [o0, o1) against R activation rows (qmm_q8).  kind 40:
- * q4_0, 41: q4_1, 50: q5_0, 51: q5_1, 80: q8_0.  For one activation row
+/* q8_0 rows [o0, o1) against R activation rows (qmm_q8; the 4- and 5-bit
+ * types have gemv_4x below).  For one activation row
  * the eight rows of a group are read whole, one after the other (up to
  * GB_0 blocks a chunk: every row of today's models in one), so that the
  * group is one sequential stream that the prefetch ahead of it keeps in
  * flight (measured, q4_0 rows of 4096 from memory: chunks of half a row
  * 3.8 GB/s a thread, whole rows 8.4); each row-block's sums are folded to
  * four lanes for the second pass. */
-AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in,
-               const qmm_q8 *x, int64_t ldx, int64_t o0, int64_t o1, float *y, int64_t ldy)
+AI void gemv_0(const int R, const uint8_t *w, size_t rb, int64_t n_in, const qmm_q8 *x, int64_t ldx,
+               int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
-    const size_t bb = kind == 40 ? 18 : kind == 41 ? 20 : kind == 50 ? 22 : kind == 51 ? 24 : 34;
+    const size_t bb = 34;
     const __m256i ones = _mm256_set1_epi16(1);
-    const int gb = R == 1 ? GB_0 : GB_0R, has_m = kind == 41 || kind == 51;
+    const int gb = R == 1 ? GB_0 : GB_0R;
     int64_t nb = n_in / 32;
     /* the row-blocks' sums: one row, folded to four lanes ([b][i]); more,
      * eight ([r * gb + b][i]: the fold costs a tenth of the compute-bound
      * speed, and their chunks are short) */
     __m128i v1[R == 1 ? GB_0 : 1][8];
     __m256i vs[R == 1 ? 1 : QG_R * GB_0R][8];
-    uint16_t dh[GB_0][8], mh[GB_0][8];
+    uint16_t dh[GB_0][8];
     for (int64_t o = o0; o < o1; o += 8) {
         __m256 acc[QG_R];
         for (int r = 0; r < R; r++)
@@ -390,45 +390,132 @@ AI void gemv_0(const int kind, const int R, const uint8_t *w, size_t rb, int64_t
                     w + (size_t)(o + i < o1 ? o + i : o1 - 1) * rb + (size_t)b0 * bb;
                 for (int b = 0; b < nbc; b++) {
                     const uint8_t *blk = row + (size_t)b * bb;
-                    __m256i q, aw = _mm256_setzero_si256();
                     if (R == 1)
                         _mm_prefetch((const char *)(blk + PF_AHEAD_0), _MM_HINT_T0);
-                    if (kind == 80) {
-                        q = ld(blk + 2);
-                        aw = _mm256_sign_epi8(q, q);
-                    } else {
-                        q = kind == 40   ? nib16(blk + 2)
-                            : kind == 41 ? nib16(blk + 4)
-                            : kind == 50 ? _mm256_or_si256(nib16(blk + 6), bits16(rd32(blk + 2)))
-                                         : _mm256_or_si256(nib16(blk + 8), bits16(rd32(blk + 4)));
-                    }
+                    __m256i q = ld(blk + 2), aw = _mm256_sign_epi8(q, q);
                     for (int r = 0; r < R; r++) {
                         __m256i xv = ld((const uint8_t *)x[r * ldx + b0 + b].q);
-                        __m256i p = kind == 80 ? _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, q))
-                                               : _mm256_maddubs_epi16(q, xv);
+                        __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, q));
                         if (R == 1)
                             v1[b][i] = fold4(_mm256_madd_epi16(p, ones));
                         else
                             vs[r * gb + b][i] = _mm256_madd_epi16(p, ones);
                     }
                     dh[b][i] = rd16(blk);
-                    if (has_m)
-                        mh[b][i] = rd16(blk + 2);
                 }
             }
             for (int b = 0; b < nbc; b++) {
                 __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh[b]));
-                __m256 bv =
-                    has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh[b]))
-                    : kind == 40 ? _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f))
-                    : kind == 50 ? _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f))
-                                 : _mm256_setzero_ps();
+                __m256 bv = _mm256_setzero_ps(); /* qg_gemm's fma with b = 0, kept */
                 for (int r = 0; r < R; r++) {
                     const qmm_q8 *xb = &x[r * ldx + b0 + b];
                     __m256 iv = _mm256_cvtepi32_ps(R == 1 ? tree8x4(v1[b]) : tree8(vs[r * gb + b]));
                     acc[r] = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[r]);
                     acc[r] = _mm256_fmadd_ps(bv, _mm256_set1_ps(xb->s), acc[r]);
                 }
+            }
+        }
+        for (int r = 0; r < R; r++)
+            store8(acc[r], o1 - o < 8 ? (int)(o1 - o) : 8, y + r * ldy + o);
+    }
+}
+
+/* The 4- and 5-bit types' one-row kernel: rows [o0, o1) of q4_0 (kind
+ * 40), q4_1 (41), q5_0 (50) or q5_1 (51) against R activation rows, eight
+ * weight rows at a time, block by block.  The eight rows' 16 bytes of
+ * nibbles are transposed in registers as 8 x 4 dwords, so that vector c
+ * holds bytes 4c..4c+3 of every row (elements 4c.. in the low nibbles,
+ * 16+4c.. in the high ones), lane i row i; the 5-bit types' fifth bits are
+ * spread from their 32-bit masks into the same bytes (a multiply puts bit
+ * e of four at bit 8e+4).  Each activation row's matching four bytes are
+ * broadcast, as the blocked kernel does, and the vpmaddubsw results summed
+ * in 16 bits (8 * 2 * 15 * 127 < 32768; 5-bit: 4 * 2 * 31 * 127) before
+ * vpmaddwd: every row's exact block sum lands in its lane with no
+ * horizontal adds, and the rows' d (and m) are gathered as one vector.
+ * The eight rows are read block by block, eight streams, which the
+ * hardware's prefetchers do not follow: the next eight rows are
+ * prefetched as one stream, 8 * bb bytes a block (measured, q4_0 rows of
+ * 1536 from memory, 2 threads: 17 GB/s, where gemv_0 made 10-12).  The
+ * same sums and the same f32 operations as gemv_0 (qg_gemm's, in the same
+ * order). */
+AI void gemv_4x(const int kind, const int R, const uint8_t *w, size_t rb, int64_t n_in,
+                const qmm_q8 *x, int64_t ldx, int64_t o0, int64_t o1, float *y, int64_t ldy)
+{
+    const int q5 = kind >= 50, has_m = kind == 41 || kind == 51;
+    const int bb = kind == 40 ? 18 : kind == 41 ? 20 : kind == 50 ? 22 : 24;
+    const int qo = kind == 40 ? 2 : kind == 41 ? 4 : kind == 50 ? 6 : 8, ho = has_m ? 4 : 2;
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i b4 = _mm256_set1_epi32(0x10101010), spread = _mm256_set1_epi32(0x02040810),
+                  f4 = _mm256_set1_epi32(15);
+    /* per 128-bit lane: the four dwords' low halves (d), then their high
+     * halves (m of q4_1 and q5_1) */
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
+                                          1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    int64_t nb = n_in / 32;
+    for (int64_t o = o0; o < o1; o += 8) {
+        const uint8_t *rp[8];
+        int32_t off[8];
+        for (int i = 0; i < 8; i++) {
+            rp[i] = w + (size_t)(o + i < o1 ? o + i : o1 - 1) * rb;
+            off[i] = (int32_t)(rp[i] - rp[0]);
+        }
+        const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)off);
+        __m256 acc[QG_R];
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const size_t at = (size_t)b * (size_t)bb;
+            const char *ahead = (const char *)(rp[0] + 8 * rb) + 8 * at;
+            _mm_prefetch(ahead, _MM_HINT_T0);
+            _mm_prefetch(ahead + 64, _MM_HINT_T0);
+            _mm_prefetch(ahead + 128, _MM_HINT_T0);
+#define LD2(i, j)                                                                                  \
+    _mm256_inserti128_si256(                                                                       \
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(rp[i] + at + qo))), \
+        _mm_loadu_si128((const __m128i *)(const void *)(rp[j] + at + qo)), 1)
+            __m256i r0 = LD2(0, 4), r1 = LD2(1, 5), r2 = LD2(2, 6), r3 = LD2(3, 7);
+#undef LD2
+            __m256i a0 = _mm256_unpacklo_epi32(r0, r1), a1 = _mm256_unpackhi_epi32(r0, r1);
+            __m256i a2 = _mm256_unpacklo_epi32(r2, r3), a3 = _mm256_unpackhi_epi32(r2, r3);
+            __m256i v[4] = {_mm256_unpacklo_epi64(a0, a2), _mm256_unpackhi_epi64(a0, a2),
+                            _mm256_unpacklo_epi64(a1, a3), _mm256_unpackhi_epi64(a1, a3)};
+            __m256i lo[4], hi[4];
+            for (int c = 0; c < 4; c++) {
+                lo[c] = _mm256_and_si256(v[c], m4);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16(v[c], 4), m4);
+            }
+            if (q5) { /* bit 4c+e (16+4c+e) of the mask to bit 4 of lo[c] (hi[c]) byte e */
+                __m256i qh =
+                    _mm256_i32gather_epi32((const int *)(const void *)(rp[0] + at + ho), vidx, 1);
+                for (int c = 0; c < 4; c++) {
+                    __m256i tl = _mm256_and_si256(_mm256_srli_epi32(qh, 4 * c), f4);
+                    __m256i th = _mm256_and_si256(_mm256_srli_epi32(qh, 16 + 4 * c), f4);
+                    lo[c] = _mm256_or_si256(lo[c],
+                                            _mm256_and_si256(_mm256_mullo_epi32(tl, spread), b4));
+                    hi[c] = _mm256_or_si256(hi[c],
+                                            _mm256_and_si256(_mm256_mullo_epi32(th, spread), b4));
+                }
+            }
+            __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(rp[0] + at), vidx, 1);
+            g = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(g, pick), 0xd8);
+            __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(g));
+            __m256 bv = has_m ? _mm256_cvtph_ps(_mm256_extracti128_si256(g, 1))
+                              : _mm256_mul_ps(dv, _mm256_set1_ps(q5 ? -16.0f : -8.0f));
+            for (int r = 0; r < R; r++) {
+                const qmm_q8 *xb = &x[r * ldx + b];
+                __m256i sl = _mm256_maddubs_epi16(lo[0], bc32(xb->q)),
+                        sh = _mm256_maddubs_epi16(hi[0], bc32(xb->q + 16));
+                for (int c = 1; c < 4; c++) {
+                    sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[c], bc32(xb->q + 4 * c)));
+                    sh =
+                        _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[c], bc32(xb->q + 16 + 4 * c)));
+                }
+                __m256i is =
+                    q5 ? _mm256_add_epi32(_mm256_madd_epi16(sl, ones), _mm256_madd_epi16(sh, ones))
+                       : _mm256_madd_epi16(_mm256_add_epi16(sl, sh), ones);
+                __m256 iv = _mm256_cvtepi32_ps(is);
+                acc[r] = _mm256_fmadd_ps(iv, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(bv, _mm256_set1_ps(xb->s), acc[r]);
             }
         }
         for (int r = 0; r < R; r++)
@@ -451,8 +538,12 @@ typedef void (*gemv_fn)(const uint8_t *w, size_t rb, int64_t n_in, const uint8_t
     static void gemv_0##KIND##_##R(const uint8_t *w, size_t rb, int64_t n, const uint8_t *x,  \
                                    size_t ldx, int64_t o0, int64_t o1, float *y, int64_t ldy) \
     {                                                                                         \
-        gemv_0(KIND, R, w, rb, n, (const qmm_q8 *)(const void *)x,                            \
-               (int64_t)(ldx / sizeof(qmm_q8)), o0, o1, y, ldy);                              \
+        const qmm_q8 *xq = (const qmm_q8 *)(const void *)x;                                   \
+        int64_t ld = (int64_t)(ldx / sizeof(qmm_q8));                                         \
+        if (KIND == 80)                                                                       \
+            gemv_0(R, w, rb, n, xq, ld, o0, o1, y, ldy);                                      \
+        else                                                                                  \
+            gemv_4x(KIND, R, w, rb, n, xq, ld, o0, o1, y, ldy);                               \
     }
 #define GEMV_ALL(M, KIND) M(KIND, 1) M(KIND, 2) M(KIND, 3) M(KIND, 4)
 GEMV_ALL(GEMV_K, 4)
