@@ -121,7 +121,7 @@ ISA_FILES := qmm_avx2 qgemm_avx2 qgemm_avxvnni qgemm_avx512 qgemm_avx512vnni
 include tests/fuzz/fuzz.mk
 
 .SECONDARY:
-.PHONY: memcheck all lib progs cuda help deps model model-gemma test check-tools bench parity eval demo install uninstall clean format format-check funclen layers
+.PHONY: memcheck all lib progs cuda help deps model model-gemma test check-tools bench parity eval diag demo install uninstall clean format format-check funclen layers
 
 all: lib progs ## build the library and the programs (default)
 
@@ -226,6 +226,11 @@ EVAL_ARGS ?=
 eval: deps all ## score full, prefix, reuse and blend on MuSiQue (EVAL_ARGS="-n 30 --ratios 0.15 ...")
 	@$(MAKE) --no-print-directory model
 	@python3 tests/bench/eval.py --bin $(BINDIR_B) $(EVAL_ARGS)
+
+DIAG_ARGS ?=
+diag: deps all $(BUILD)/bench/blend_diag ## where a blend's quality goes, layer by layer (DIAG_ARGS="-n 8 --shape many --modes reuse,probe:0.15")
+	@$(MAKE) --no-print-directory model
+	@python3 tests/bench/diag.py --bin $(BINDIR_B) --diag $(BUILD)/bench/blend_diag $(DIAG_ARGS)
 
 demo: deps ## fetch the model, print its facts and tokenize a sample
 	@$(MAKE) --no-print-directory model all

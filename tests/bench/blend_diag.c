@@ -1,0 +1,346 @@
+/* blend_diag - where a blend's quality goes (issue 31 item 2): for each
+ * question, full prefill against reuse and blend, layer by layer.
+ * usage: blend_diag MODEL STORE THREADS QFILE MODE...
+ *   QFILE  JSON Lines: {"question": text, "chunks": [text...], "gold": [i...]}
+ *          (gold: the chunks holding an answer); each chunk's KV must be in
+ *          STORE (cb-precompute, as tests/bench/diag.py does)
+ *   MODE   full (always run first), reuse, or STRATEGY:RATIO (probe:0.15)
+ * For each question and mode one JSON line on stdout:
+ *   kl, top1   the first answer token's distribution against full's
+ *   per layer (arrays of n_layer):
+ *     the question turn's attention (its rows' softmax, summed over heads
+ *     and rows, as a share of the whole) on the prompt's head (BOS and the
+ *     system turn: the sink), on each chunk's first 4 tokens (heads), on
+ *     the gold chunks and the other chunks (their rows past the heads), on
+ *     the separators and on the question turn itself; tv: total variation
+ *     between that distribution and full prefill's;
+ *     kdev, vdev: ||K - K_full|| / ||K_full|| over the chunks' rows (the
+ *     staleness of the cache the question attends to), kdev_gold, kdev_heads
+ *     (the gold chunks', the chunks' first 4 tokens'), kdev0: layer 0's
+ *     unrounded (a moved chunk's keys against those computed in place);
+ *     cos: cosine of the question's last hidden state with full's.
+ * The question turn is run again, layer by layer, against the cache the
+ * prefill left (the same K/V the prefill's last pass attended to). */
+#include "../../lib/infer/infer.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HEAD_TOKENS 4
+
+enum { R_HEAD, R_CHUNK_HEAD, R_GOLD, R_OTHER, R_SEP, R_SELF, R_N };
+static const char *const r_name[R_N] = {"prefix", "heads", "gold", "other", "sep", "self"};
+
+typedef struct qdiag {
+    int32_t n_layer, total;
+    float *mass;   /* [n_layer][total], normalized */
+    float *hidden; /* [n_layer][n_embd] the last row's */
+    float *logits;
+} qdiag;
+
+static void warn(void *ctx, const char *msg)
+{
+    (void)ctx;
+    fprintf(stderr, "blend_diag: warning: %s\n", msg);
+}
+
+/* The question turn (the last segment) through every layer against kv. */
+static cb_status question_pass(cb_fwd *f, cb_kvcache *kv, const cb_segment *tail, int32_t total,
+                               const cb_hparams *hp, qdiag *d)
+{
+    int32_t n = tail->n, *pos = malloc(sizeof *pos * (size_t)n);
+    cb_status st = CB_ERR_NOMEM;
+    if (!pos)
+        return st;
+    for (int32_t i = 0; i < n; i++)
+        pos[i] = total - n + i;
+    if ((st = cb_fwd_embed(f, tail->ids, pos, n)) != CB_OK)
+        goto out;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        float *m = d->mass + (size_t)l * (size_t)total;
+        memset(m, 0, sizeof *m * (size_t)total);
+        if ((st = cb_fwd_layer(f, kv, l, NULL, n)) != CB_OK ||
+            (st = cb_fwd_attn_mass(f, kv, l, 0, n, total, m)) != CB_OK ||
+            (st = cb_fwd_hidden(f, n - 1, d->hidden + (size_t)l * (size_t)hp->n_embd)) != CB_OK)
+            goto out;
+        double s = 0;
+        for (int32_t j = 0; j < total; j++)
+            s += m[j];
+        for (int32_t j = 0; j < total; j++)
+            m[j] = (float)(m[j] / s);
+    }
+out:
+    free(pos);
+    return st;
+}
+
+static double rel_dev(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++)
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return den > 0 ? sqrt(num / den) : 0;
+}
+
+static json_t *jarr(const double *x, int32_t n)
+{
+    json_t *a = json_array();
+    for (int32_t i = 0; i < n; i++)
+        json_array_append_new(a, json_real(round(x[i] * 1e5) / 1e5));
+    return a;
+}
+
+/* One mode's line: its distribution against full's, its cache against full's. */
+static json_t *compare(const char *label, const qdiag *d, const qdiag *full, const uint8_t *cls,
+                       const cb_hparams *hp, cb_kvcache *kv, cb_kvcache *kv_full,
+                       const uint8_t *is_chunk, const uint8_t *is_gold, int32_t n_vocab)
+{
+    int32_t L = hp->n_layer, T = d->total;
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+    double *share = calloc((size_t)L * R_N, sizeof *share), *tv = calloc((size_t)L, sizeof *tv);
+    double *cs = calloc((size_t)L, sizeof *cs), *dev[4];
+    float *a = malloc(sizeof *a * (size_t)(T * w)), *b = malloc(sizeof *b * (size_t)(T * w));
+    float *ca = malloc(sizeof *ca * (size_t)(T * w)), *cb = malloc(sizeof *cb * (size_t)(T * w));
+    json_t *o = json_object();
+    for (int i = 0; i < 4; i++)
+        dev[i] = calloc((size_t)L, sizeof *dev[i]);
+    for (int32_t l = 0; l < L; l++) {
+        const float *m = d->mass + (size_t)l * T, *mf = full->mass + (size_t)l * T;
+        for (int32_t j = 0; j < T; j++) {
+            share[l * R_N + cls[j]] += m[j];
+            tv[l] += 0.5 * fabs((double)m[j] - mf[j]);
+        }
+        const float *h = d->hidden + (size_t)l * hp->n_embd,
+                    *hf = full->hidden + (size_t)l * hp->n_embd;
+        double dot = 0, na = 0, nb = 0;
+        for (int32_t i = 0; i < hp->n_embd; i++)
+            dot += (double)h[i] * hf[i], na += (double)h[i] * h[i], nb += (double)hf[i] * hf[i];
+        cs[l] = dot / sqrt(na * nb);
+        /* K over the chunks' rows, the gold ones, the chunks' first tokens; V over all */
+        for (int which = 0; which < 2; which++) {
+            if (cb_kvcache_read(kv, l, which, 0, T, a) != CB_OK ||
+                cb_kvcache_read(kv_full, l, which, 0, T, b) != CB_OK)
+                continue;
+            for (int sel = 0; sel < (which ? 1 : 3); sel++) {
+                size_t n = 0;
+                for (int32_t j = 0; j < T; j++)
+                    if (sel == 0 ? is_chunk[j] : sel == 1 ? is_gold[j] : cls[j] == R_CHUNK_HEAD) {
+                        memcpy(ca + n, a + (size_t)j * w, sizeof *a * (size_t)w);
+                        memcpy(cb + n, b + (size_t)j * w, sizeof *b * (size_t)w);
+                        n += (size_t)w;
+                    }
+                dev[which ? 1 : sel == 0 ? 0 : sel + 1][l] = rel_dev(ca, cb, n);
+            }
+        }
+    }
+    json_object_set_new(o, "mode", json_string(label));
+    if (full->logits != d->logits) {
+        int top1 = 0;
+        double kl = cb_logits_kl(full->logits, d->logits, n_vocab, &top1);
+        json_object_set_new(o, "kl", json_real(kl));
+        json_object_set_new(o, "top1", json_boolean(top1));
+    }
+    for (int r = 0; r < R_N; r++) {
+        double *x = malloc(sizeof *x * (size_t)L);
+        for (int32_t l = 0; l < L; l++)
+            x[l] = share[l * R_N + r];
+        json_object_set_new(o, r_name[r], jarr(x, L));
+        free(x);
+    }
+    json_object_set_new(o, "tv", jarr(tv, L));
+    json_object_set_new(o, "cos", jarr(cs, L));
+    json_object_set_new(o, "kdev", jarr(dev[0], L));
+    json_object_set_new(o, "vdev", jarr(dev[1], L));
+    json_object_set_new(o, "kdev_gold", jarr(dev[2], L));
+    json_object_set_new(o, "kdev_heads", jarr(dev[3], L));
+    json_object_set_new(o, "kdev0", json_real(dev[0][0]));
+    for (int i = 0; i < 4; i++)
+        free(dev[i]);
+    free(share), free(tv), free(cs), free(a), free(b), free(ca), free(cb);
+    return o;
+}
+
+static int parse_mode(const char *s, cb_blend_params *bp)
+{
+    *bp = cb_blend_defaults();
+    if (!strcmp(s, "full"))
+        return bp->mode = CB_MODE_FULL, 0;
+    if (!strcmp(s, "reuse"))
+        return bp->mode = CB_MODE_REUSE, 0;
+    char name[32];
+    float r;
+    if (sscanf(s, "%31[a-z]:%f", name, &r) != 2 || r < 0 || r > 1)
+        return -1;
+    bp->mode = CB_MODE_BLEND;
+    bp->ratios[0] = r;
+    if (!strcmp(name, "probe"))
+        bp->strategy = CB_STRATEGY_PROBE;
+    else if (!strcmp(name, "hkvd"))
+        bp->strategy = CB_STRATEGY_HKVD;
+    else if (!strcmp(name, "query"))
+        bp->strategy = CB_STRATEGY_QUERY;
+    else
+        return -1;
+    return 0;
+}
+
+static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **modes, int n_modes)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    json_t *jc = json_object_get(q, "chunks"), *jg = json_object_get(q, "gold");
+    const char *question = json_string_value(json_object_get(q, "question"));
+    size_t nc = json_array_size(jc);
+    cb_strview *texts = calloc(nc ? nc : 1, sizeof *texts);
+    cb_prompt *p = NULL;
+    cb_kvcache *kv_full = NULL, *kv = NULL;
+    cb_fwd *f = NULL;
+    qdiag full = {0}, d = {0};
+    uint8_t *cls = NULL, *is_chunk = NULL, *is_gold = NULL;
+    cb_error err;
+    int rc = 1;
+
+    if (!question || !texts)
+        goto out;
+    for (size_t i = 0; i < nc; i++) {
+        const char *t = json_string_value(json_array_get(jc, i));
+        texts[i] = (cb_strview){t ? t : "", t ? strlen(t) : 0};
+    }
+    if (cb_prompt_build(&p, m, NULL, 0, texts, nc, question, strlen(question), &err) != CB_OK) {
+        fprintf(stderr, "blend_diag: question %d: %s\n", qi, err.msg);
+        goto out;
+    }
+    cb_prompt_attach(p, s, warn, NULL);
+    if (cb_prompt_n_missing(p) > 0) {
+        fprintf(stderr, "blend_diag: question %d: %d chunks not in the store\n", qi,
+                cb_prompt_n_missing(p));
+        goto out;
+    }
+    int32_t n_segs, T = (int32_t)cb_prompt_n_tokens(p);
+    const cb_segment *segs = cb_prompt_segments(p, &n_segs);
+    cls = calloc((size_t)T, 1), is_chunk = calloc((size_t)T, 1), is_gold = calloc((size_t)T, 1);
+    full.n_layer = d.n_layer = hp->n_layer, full.total = d.total = T;
+    full.mass = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)T);
+    d.mass = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)T);
+    full.hidden = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)hp->n_embd);
+    d.hidden = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)hp->n_embd);
+    full.logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
+    d.logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
+    if (!cls || !is_chunk || !is_gold || !full.mass || !d.mass || !full.hidden || !d.hidden ||
+        !full.logits || !d.logits)
+        goto out;
+    /* each row's class: head, chunk (its first tokens, gold or other), separator, question */
+    int32_t r0 = 0, chunk = -1;
+    for (int32_t sgi = 0; sgi < n_segs; r0 += segs[sgi++].n) {
+        int gold = 0;
+        if (segs[sgi].kv) {
+            chunk++;
+            for (size_t g = 0; g < json_array_size(jg); g++)
+                gold |= json_integer_value(json_array_get(jg, g)) == chunk;
+        }
+        for (int32_t i = 0; i < segs[sgi].n; i++) {
+            uint8_t c = sgi == 0            ? R_HEAD
+                        : sgi == n_segs - 1 ? R_SELF
+                        : !segs[sgi].kv     ? R_SEP
+                        : i < HEAD_TOKENS   ? R_CHUNK_HEAD
+                        : gold              ? R_GOLD
+                                            : R_OTHER;
+            cls[r0 + i] = c;
+            is_chunk[r0 + i] = segs[sgi].kv != NULL;
+            is_gold[r0 + i] = segs[sgi].kv != NULL && gold;
+        }
+    }
+    if (cb_kvcache_new(&kv_full, m, T, CB_TYPE_F16) != CB_OK ||
+        cb_kvcache_new(&kv, m, T, CB_TYPE_F16) != CB_OK || cb_fwd_new(&f, m, T) != CB_OK)
+        goto out;
+    for (int mi = -1; mi < n_modes; mi++) {
+        cb_blend_params bp;
+        cb_blend_stats bs;
+        const char *label = mi < 0 ? "full" : modes[mi];
+        if (mi >= 0 && !strcmp(label, "full"))
+            continue;
+        parse_mode(label, &bp);
+        cb_kvcache *k = mi < 0 ? kv_full : kv;
+        qdiag *dd = mi < 0 ? &full : &d;
+        if (cb_prompt_prefill(p, s, f, k, &bp, dd->logits, &bs, warn, NULL, &err) != CB_OK) {
+            fprintf(stderr, "blend_diag: question %d, %s: %s\n", qi, label, err.msg);
+            goto out;
+        }
+        if (question_pass(f, k, &segs[n_segs - 1], T, hp, dd) != CB_OK) {
+            fprintf(stderr, "blend_diag: question %d, %s: the question's pass failed\n", qi, label);
+            goto out;
+        }
+        json_t *o = compare(label, dd, &full, cls, hp, k, kv_full, is_chunk, is_gold, hp->n_vocab);
+        json_object_set_new(o, "q", json_integer(qi));
+        json_object_set_new(o, "n_tokens", json_integer(T));
+        json_object_set_new(o, "n_chunks", json_integer((json_int_t)nc));
+        json_object_set_new(o, "n_recomputed", json_integer(bs.n_recomputed_tokens));
+        char *line = json_dumps(o, JSON_COMPACT);
+        if (line)
+            puts(line);
+        free(line);
+        json_decref(o);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    cb_fwd_free(f);
+    cb_kvcache_free(kv), cb_kvcache_free(kv_full);
+    cb_prompt_free(p);
+    free(texts), free(cls), free(is_chunk), free(is_gold);
+    free(full.mass), free(d.mass), free(full.hidden), free(d.hidden), free(full.logits),
+        free(d.logits);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: blend_diag MODEL STORE THREADS QFILE MODE...\n");
+        return 64;
+    }
+    cb_blend_params bp;
+    for (int i = 5; i < argc; i++)
+        if (parse_mode(argv[i], &bp) != 0) {
+            fprintf(stderr, "blend_diag: bad mode '%s' (full, reuse, probe:R, hkvd:R, query:R)\n",
+                    argv[i]);
+            return 64;
+        }
+    cb_model *m;
+    cb_store *s;
+    cb_error err;
+    const char *ex = getenv("CB_EXACT");
+    cb_model_params mp = {atoi(argv[3]), "cpu", ex && !strcmp(ex, "1"), NULL};
+    if (cb_model_load(&m, argv[1], &mp, &err) != CB_OK ||
+        cb_store_open(&s, argv[2], 0, &err) != CB_OK) {
+        fprintf(stderr, "blend_diag: %s\n", err.msg);
+        return 65;
+    }
+    FILE *in = fopen(argv[4], "r");
+    if (!in) {
+        perror(argv[4]);
+        return 66;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int qi = 0, bad = 0;
+    while (getline(&line, &cap, in) > 0) {
+        json_error_t je;
+        json_t *q = json_loads(line, 0, &je);
+        if (!q) {
+            fprintf(stderr, "blend_diag: %s:%d: %s\n", argv[4], qi + 1, je.text);
+            bad = 1;
+        } else {
+            bad |= one_question(m, s, q, qi, argv + 5, argc - 5);
+            json_decref(q);
+        }
+        qi++;
+    }
+    free(line);
+    fclose(in);
+    cb_store_close(s);
+    cb_model_free(m);
+    return bad ? 65 : 0;
+}

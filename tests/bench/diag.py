@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Where a blend's quality goes (issue 31 item 2), layer by layer.
+
+Builds eval.py's prompts (--shape paper|many|short from ../shared/data/
+musique_s.json), precomputes every chunk into a store (--store keeps it
+between runs), and runs build/*/bench/blend_diag on them: full prefill
+against reuse and each blend (--modes reuse,probe:0.15,...), with the
+question turn run again against the cache each one left. Prints, per mode,
+the first answer token's KL to full and, for a few layers, the question's
+attention split (prompt head = the sink, chunks' first 4 tokens, the chunk
+holding the answer, the other chunks, separators, itself), its total
+variation from full's, the cosine of its last hidden state with full's, and
+how far the chunks' cached K and V are from full prefill's.
+With --chunks-list 1,2,5,20 the same with only the first k chunks of each
+question (the gold ones among them): how quality moves with their number.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import eval as ev  # noqa: E402
+
+
+def mean(xs):
+    xs = [x for x in xs if x == x]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def se(xs):
+    xs = [x for x in xs if x == x]
+    if len(xs) < 2:
+        return float("nan")
+    m = mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def table(lines, modes, n_layer, title):
+    print(f"\n### {title}\n")
+    print("| mode | KL to full (+- s.e.) | top-1 | recomputed | mean TV | mean cos |")
+    print("|---|---|---|---|---|---|")
+    for mode in modes:
+        ls = [x for x in lines if x["mode"] == mode]
+        if not ls:
+            continue
+        kl = [x.get("kl", 0.0) for x in ls]
+        print(f"| {mode} | {mean(kl):.3f} +- {se(kl):.3f} | {mean([float(x.get('top1', True)) for x in ls]):.2f} "
+              f"| {mean([x['n_recomputed'] for x in ls]):.0f} of {mean([x['n_tokens'] for x in ls]):.0f} "
+              f"| {mean([mean(x['tv']) for x in ls]):.3f} | {mean([mean(x['cos']) for x in ls]):.3f} |")
+    picks = sorted({0, 1, n_layer // 4, n_layer // 2, 3 * n_layer // 4, n_layer - 1})
+    keys = ["prefix", "heads", "gold", "other", "sep", "self", "tv", "cos", "kdev", "vdev", "kdev_gold",
+            "kdev_heads"]
+    for mode in modes:
+        ls = [x for x in lines if x["mode"] == mode]
+        if not ls:
+            continue
+        print(f"\n{mode}: the question's attention by layer (shares of its mass), its distance from full's;"
+              f" layer 0's K of the moved chunks against full's: {max(x.get('kdev0', 0) for x in ls):.2e} at most\n")
+        print("| layer | " + " | ".join(keys) + " |")
+        print("|" + "---|" * (len(keys) + 1))
+        for l in picks:
+            row = [mean([x[k][l] for x in ls]) for k in keys]
+            print(f"| {l} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    top = os.path.dirname(os.path.dirname(here))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=os.path.join(top, "..", "shared", "data", "musique_s.json"))
+    ap.add_argument("-n", "--questions", type=int, default=8)
+    ap.add_argument("--first", type=int, default=0, help="skip the first questions")
+    ap.add_argument("--passages", type=int, default=6)
+    ap.add_argument("--shape", choices=["paper", "many", "short"], default="many")
+    ap.add_argument("--chunks-max", type=int, default=20)
+    ap.add_argument("--chunks-list", default="", help="also with the first k chunks, k in this list")
+    ap.add_argument("--modes", default="reuse,probe:0.15")
+    ap.add_argument("--model", default=os.environ.get("CB_MODEL") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cacheblend", "models",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), help="default: $CB_MODEL (make diag MODEL=...), else Qwen2.5-Coder-1.5B")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--bin", default=os.path.join(top, "bin"))
+    ap.add_argument("--diag", default=os.path.join(top, "build", "rel", "bench", "blend_diag"),
+                    help="the blend_diag binary (make builds it under $(BUILD)/bench)")
+    ap.add_argument("--store", default=None)
+    ap.add_argument("--out", default="diag-results.jsonl")
+    args = ap.parse_args()
+
+    qa = ev.load_qa(args.data)[args.first: args.first + args.questions]
+    work = tempfile.mkdtemp(prefix="cb-diag-")
+    store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
+    common = ["-t", str(args.threads), "-m", args.model]
+    qs = []
+    recs = []
+    for i, q in enumerate(qa):
+        qi = args.first + i
+        chunks = ev.make_chunks(q, qi, args.shape, args.passages, args.chunks_max)
+        golds = [ev.normalize(a) for a in q["answers"] if ev.normalize(a)]
+        gold = [ci for ci, t in enumerate(chunks) if any(g in ev.normalize(t) for g in golds)]
+        question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}"
+        qs.append({"question": question, "chunks": chunks, "gold": gold})
+        recs += [{"doc": f"q{qi}", "seq": ci, "text": t} for ci, t in enumerate(chunks)]
+    allf = os.path.join(work, "all.jsonl")
+    with open(allf, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+    subprocess.run([os.path.join(args.bin, "cb-precompute"), "--store", store, "--kv-type", "f16", "-q"]
+                   + common + [allf], stdout=subprocess.DEVNULL, check=True)
+    ks = [int(k) for k in args.chunks_list.split(",") if k] or [0]
+    modes = ["full"] + args.modes.split(",")
+    out = open(args.out, "w")
+    by_k = {}
+    for k in ks:
+        qf = os.path.join(work, f"q{k}.jsonl")
+        with open(qf, "w", encoding="utf-8") as f:
+            for q in qs:
+                c = q["chunks"][:k] if k else q["chunks"]
+                f.write(json.dumps({"question": q["question"], "chunks": c,
+                                    "gold": [g for g in q["gold"] if g < len(c)]}, ensure_ascii=False) + "\n")
+        print(f"blend_diag: {len(qs)} questions, {k or 'all'} chunks each", file=sys.stderr)
+        res = subprocess.run([args.diag, args.model, store, str(args.threads), qf] + modes[1:],
+                             stdout=subprocess.PIPE, check=True).stdout.decode()
+        lines = [json.loads(x) for x in res.splitlines() if x.strip()]
+        for x in lines:
+            x["k"] = k
+            out.write(json.dumps(x) + "\n")
+        by_k[k] = lines
+    out.close()
+    n_layer = len(by_k[ks[0]][0]["tv"])
+    print(f"# blend diagnosis: {os.path.basename(args.model)}, shape {args.shape}, {len(qs)} questions "
+          f"(from {args.first}), modes {', '.join(modes)}")
+    for k in ks:
+        table(by_k[k], modes, n_layer, f"{k or 'all'} chunks")
+    if len(ks) > 1:
+        print("\n### KL to full by the number of chunks\n")
+        print("| chunks | " + " | ".join(modes[1:]) + " |")
+        print("|" + "---|" * len(modes))
+        for k in ks:
+            row = [mean([x.get("kl", 0.0) for x in by_k[k] if x["mode"] == m]) for m in modes[1:]]
+            print(f"| {k} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+#!/bin/sh
+# make diag's tool (tests/bench/blend_diag) on a tiny qwen2 fixture: full
+# prefill against itself is exact, a moved chunk's layer-0 keys equal those
+# computed in place, recomputing every cached row (probe at ratio 1) gives
+# full prefill back, reuse does not; the attention shares add up; bad
+# modes and missing caches are refused.
+. "$(dirname "$0")/lib.sh"
+DIAG=${BUILD:-build/rel}/bench/blend_diag
+M=$CB_TEST_TMP/tiny4-qwen2.gguf
+S=$T/store
+if [ ! -x "$DIAG" ] || [ ! -f "$M" ]; then
+    skip "blend_diag" "no $DIAG or no fixture $M (make check-tools builds them)"
+    done_testing
+    exit
+fi
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+chunks = ["The river Vale runs past the town of Kelby, north of the hills.",
+          "Its bridge was built in 1910 by the Norden company of Kelby.",
+          "The town holds a market every Tuesday by the old mill."]
+with open(f"{t}/chunks.jsonl", "w") as f:
+    for c in chunks:
+        f.write(json.dumps({"text": c}) + "\n")
+with open(f"{t}/q.jsonl", "w") as f:
+    f.write(json.dumps({"question": "Who built the bridge?", "chunks": chunks, "gold": [1]}) + "\n")
+    f.write(json.dumps({"question": "Which river?", "chunks": chunks[:1], "gold": [0]}) + "\n")
+PY
+"$BINDIR_B/cb-precompute" -m "$M" --store "$S" -q "$T/chunks.jsonl" > /dev/null \
+    && ok "chunks precomputed" || not_ok "cb-precompute"
+"$DIAG" "$M" "$S" 1 "$T/q.jsonl" reuse probe:1 probe:0.3 > "$T/d.jsonl" 2> "$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l < "$T/d.jsonl")" -eq 8 ] && ok "a line per question and mode" \
+    || { not_ok "blend_diag (rc $rc)"; sed 's/^/#   /' "$T/err" | head -5; }
+python3 - "$T/d.jsonl" <<'PY' && ok "full exact, moved chunks exact at layer 0, ratio 1 = full, reuse not, shares add up" || not_ok "diagnosis values"
+import json, sys
+ls = [json.loads(x) for x in open(sys.argv[1])]
+parts = ["prefix", "heads", "gold", "other", "sep", "self"]
+for x in ls:
+    for l in range(len(x["tv"])):
+        s = sum(x[p][l] for p in parts)
+        assert abs(s - 1) < 1e-3, (x["mode"], l, s)
+full = [x for x in ls if x["mode"] == "full"]
+assert len(full) == 2 and all(max(x["tv"]) == 0 and min(x["cos"]) > 0.99999 and max(x["kdev"]) == 0
+                              for x in full), full
+q0 = {x["mode"]: x for x in ls if x["q"] == 0}
+r, p1, p3 = q0["reuse"], q0["probe:1"], q0["probe:0.3"]
+assert r["kdev0"] < 3e-3, r["kdev0"]  # f16 rounding of the rotated keys
+assert max(r["kdev"]) > 1e-3 and r["kl"] > 1e-6 and max(r["tv"]) > 1e-4, r
+assert p1["kl"] < 1e-4 and max(p1["tv"]) < 2e-3 and max(p1["kdev"]) < 3e-3, p1
+assert p3["n_recomputed"] > 0 and p1["n_recomputed"] > p3["n_recomputed"], (p1, p3)
+# one chunk right after the prompt's head is a true prefix: reuse is full prefill
+q1 = {x["mode"]: x for x in ls if x["q"] == 1}
+assert q1["reuse"]["kl"] < 1e-4 and max(q1["reuse"]["kdev"]) < 3e-3, q1["reuse"]
+PY
+expect_exit "a bad mode is refused" 64 "$DIAG" "$M" "$S" 1 "$T/q.jsonl" probe:2
+grep -q "bad mode 'probe:2'" "$T/err" && ok "and named" || not_ok "the bad mode's message"
+echo '{"text": "Another text altogether."}' | "$BINDIR_B/cb-precompute" -m "$M" --store "$T/other" -q > /dev/null
+expect_exit "chunks missing from the store" 65 "$DIAG" "$M" "$T/other" 1 "$T/q.jsonl" reuse
+grep -q "not in the store" "$T/err" && ok "said so" || not_ok "the missing chunks' message"
+done_testing
