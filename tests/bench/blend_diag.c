@@ -18,6 +18,8 @@
  *     staleness of the cache the question attends to), kdev_gold, kdev_heads
  *     (the gold chunks', the chunks' first 4 tokens'), kdev0: layer 0's
  *     unrounded (a moved chunk's keys against those computed in place);
+ *     knorm, vnorm: ||K|| / ||K_full|| over the chunks' rows, kcos, vcos:
+ *     the mean cosine of a row's K (V) with full's;
  *     cos: cosine of the question's last hidden state with full's.
  * The question turn is run again, layer by layer, against the cache the
  * prefill left (the same K/V the prefill's last pass attended to). */
@@ -85,6 +87,20 @@ static double rel_dev(const float *a, const float *b, size_t n)
     return den > 0 ? sqrt(num / den) : 0;
 }
 
+/* ||a|| / ||b|| and the mean cosine of their rows of w */
+static void norm_cos(const float *a, const float *b, size_t n, size_t w, double *ratio, double *cs)
+{
+    double na = 0, nb = 0, c = 0;
+    size_t rows = 0;
+    for (size_t r = 0; r + w <= n; r += w, rows++) {
+        double d = 0, x = 0, y = 0;
+        for (size_t i = r; i < r + w; i++)
+            d += (double)a[i] * b[i], x += (double)a[i] * a[i], y += (double)b[i] * b[i];
+        na += x, nb += y, c += x > 0 && y > 0 ? d / sqrt(x * y) : 1;
+    }
+    *ratio = nb > 0 ? sqrt(na / nb) : 1, *cs = rows ? c / (double)rows : 1;
+}
+
 static json_t *jarr(const double *x, int32_t n)
 {
     json_t *a = json_array();
@@ -101,12 +117,12 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
     int32_t L = hp->n_layer, T = d->total;
     int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
     double *share = calloc((size_t)L * R_N, sizeof *share), *tv = calloc((size_t)L, sizeof *tv);
-    double *cs = calloc((size_t)L, sizeof *cs), *dev[4];
+    double *cs = calloc((size_t)L, sizeof *cs), *dev[4], *nc[4];
     float *a = malloc(sizeof *a * (size_t)(T * w)), *b = malloc(sizeof *b * (size_t)(T * w));
     float *ca = malloc(sizeof *ca * (size_t)(T * w)), *cb = malloc(sizeof *cb * (size_t)(T * w));
     json_t *o = json_object();
     for (int i = 0; i < 4; i++)
-        dev[i] = calloc((size_t)L, sizeof *dev[i]);
+        dev[i] = calloc((size_t)L, sizeof *dev[i]), nc[i] = calloc((size_t)L, sizeof *nc[i]);
     for (int32_t l = 0; l < L; l++) {
         const float *m = d->mass + (size_t)l * T, *mf = full->mass + (size_t)l * T;
         for (int32_t j = 0; j < T; j++) {
@@ -133,6 +149,8 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
                         n += (size_t)w;
                     }
                 dev[which ? 1 : sel == 0 ? 0 : sel + 1][l] = rel_dev(ca, cb, n);
+                if (sel == 0)
+                    norm_cos(ca, cb, n, (size_t)w, &nc[2 * which][l], &nc[2 * which + 1][l]);
             }
         }
     }
@@ -157,8 +175,12 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
     json_object_set_new(o, "kdev_gold", jarr(dev[2], L));
     json_object_set_new(o, "kdev_heads", jarr(dev[3], L));
     json_object_set_new(o, "kdev0", json_real(dev[0][0]));
+    json_object_set_new(o, "knorm", jarr(nc[0], L));
+    json_object_set_new(o, "kcos", jarr(nc[1], L));
+    json_object_set_new(o, "vnorm", jarr(nc[2], L));
+    json_object_set_new(o, "vcos", jarr(nc[3], L));
     for (int i = 0; i < 4; i++)
-        free(dev[i]);
+        free(dev[i]), free(nc[i]);
     free(share), free(tv), free(cs), free(a), free(b), free(ca), free(cb);
     return o;
 }

@@ -53,7 +53,7 @@ def table(lines, modes, n_layer, title):
               f"| {mean([mean(x['tv']) for x in ls]):.3f} | {mean([mean(x['cos']) for x in ls]):.3f} |")
     picks = sorted({0, 1, n_layer // 4, n_layer // 2, 3 * n_layer // 4, n_layer - 1})
     keys = ["prefix", "heads", "gold", "other", "sep", "self", "tv", "cos", "kdev", "vdev", "kdev_gold",
-            "kdev_heads"]
+            "kdev_heads", "knorm", "kcos", "vnorm", "vcos"]
     for mode in modes:
         ls = [x for x in lines if x["mode"] == mode]
         if not ls:
