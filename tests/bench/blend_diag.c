@@ -4,7 +4,8 @@
  *   QFILE  JSON Lines: {"question": text, "chunks": [text...], "gold": [i...]}
  *          (gold: the chunks holding an answer); each chunk's KV must be in
  *          STORE (cb-precompute, as tests/bench/diag.py does)
- *   MODE   full (always run first), reuse, or STRATEGY:RATIO (probe:0.15)
+ *   MODE   full (always run first), reuse, or STRATEGY:RATIO[:DEPTH] (probe:0.15;
+ *          DEPTH: probe's first pass through that share of the layers, 0: by cost)
  * For each question and mode one JSON line on stdout:
  *   kl, top1   the first answer token's distribution against full's
  *   per layer (arrays of n_layer):
@@ -193,11 +194,13 @@ static int parse_mode(const char *s, cb_blend_params *bp)
     if (!strcmp(s, "reuse"))
         return bp->mode = CB_MODE_REUSE, 0;
     char name[32];
-    float r;
-    if (sscanf(s, "%31[a-z]:%f", name, &r) != 2 || r < 0 || r > 1)
+    float r, depth = 0.0f;
+    int got = sscanf(s, "%31[a-z]:%f:%f", name, &r, &depth);
+    if (got < 2 || r < 0 || r > 1 || depth < 0 || depth > 1)
         return -1;
     bp->mode = CB_MODE_BLEND;
     bp->ratios[0] = r;
+    bp->probe_depth = depth;
     if (!strcmp(name, "probe"))
         bp->strategy = CB_STRATEGY_PROBE;
     else if (!strcmp(name, "hkvd"))
@@ -299,6 +302,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
         json_object_set_new(o, "n_tokens", json_integer(T));
         json_object_set_new(o, "n_chunks", json_integer((json_int_t)nc));
         json_object_set_new(o, "n_recomputed", json_integer(bs.n_recomputed_tokens));
+        json_object_set_new(o, "probe_layers", json_integer(bs.probe_layers));
         char *line = json_dumps(o, JSON_COMPACT);
         if (line)
             puts(line);
@@ -326,7 +330,8 @@ int main(int argc, char **argv)
     cb_blend_params bp;
     for (int i = 5; i < argc; i++)
         if (parse_mode(argv[i], &bp) != 0) {
-            fprintf(stderr, "blend_diag: bad mode '%s' (full, reuse, probe:R, hkvd:R, query:R)\n",
+            fprintf(stderr,
+                    "blend_diag: bad mode '%s' (full, reuse, probe:R[:DEPTH], hkvd:R, query:R)\n",
                     argv[i]);
             return 64;
         }
