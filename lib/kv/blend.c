@@ -67,7 +67,12 @@ cb_blend_params cb_blend_defaults(void)
 /* Key temperatures measured on MuSiQue (issue 15): gemma3 1.05 (Gemma-3-270M:
  * first-token KL lower on 45 of 50 questions, KL recovery 20% -> 50% on
  * questions 1-30, 33% -> 57% on 31-50); on the others nothing that held
- * out of sample (SmolLM2: 1.1 helped questions 1-30, not 31-80). */
+ * out of sample (SmolLM2: 1.1 helped questions 1-30, not 31-80).
+ * Also measured on Qwen2.5 (issue 31, make diag, 20 chunks; first-token KL,
+ * paired), each helping reuse and not probe, so none is here: a logit bias
+ * log 0.25 on the stale cached rows (APE's scaling factor); chunks
+ * precomputed with the lead-in 1,000 positions away; keys and values
+ * rescaled per layer to full prefill's norms (worse for both). */
 float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p)
 {
     if (p->key_temp > 0.0f)
@@ -80,7 +85,9 @@ float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p)
  * ~50 tokens), where the first pass is ~40% of the rows computed: Qwen2.5
  * 1.5B -0.12 +- 0.27 (12 questions), 0.5B +0.00 +- 0.04 (16); many-chunk
  * shape (20 chunks, ~2,300 tokens), where it is ~15%: 1.5B +0.13 +- 0.11
- * (8), 0.5B +0.20 +- 0.12 (12).  Hence the rule in kv.h. */
+ * (8), 0.5B +0.20 +- 0.12 (12).  Hence the rule in kv.h.  Fewer than half
+ * on the short shape (1.5B, 16 questions, session 6): a quarter +0.19 +-
+ * 0.16, a sixth +0.19 +- 0.17 over half, where hkvd is +0.17: the floor. */
 int32_t cb_blend_probe_layers(const cb_blend_params *p, int32_t n_layer, int64_t n_rows,
                               int64_t want, int windowed)
 {
