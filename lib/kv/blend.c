@@ -69,10 +69,11 @@ cb_blend_params cb_blend_defaults(void)
  * questions 1-30, 33% -> 57% on 31-50); on the others nothing that held
  * out of sample (SmolLM2: 1.1 helped questions 1-30, not 31-80).
  * Also measured on Qwen2.5 (issue 31, make diag, 20 chunks; first-token KL,
- * paired), each helping reuse and not probe, so none is here: a logit bias
- * log 0.25 on the stale cached rows (APE's scaling factor); chunks
- * precomputed with the lead-in 1,000 positions away; keys and values
- * rescaled per layer to full prefill's norms (worse for both). */
+ * paired), none helping probe, so none is here: a logit bias log 0.25 on
+ * the stale cached rows (APE's scaling factor; helps reuse on the 0.5B);
+ * chunks precomputed with the lead-in 1,000 positions away (helps reuse on
+ * both); keys and values rescaled per layer to full prefill's norms (worse
+ * for both). */
 float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p)
 {
     if (p->key_temp > 0.0f)

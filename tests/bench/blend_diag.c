@@ -122,8 +122,15 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
     float *a = malloc(sizeof *a * (size_t)(T * w)), *b = malloc(sizeof *b * (size_t)(T * w));
     float *ca = malloc(sizeof *ca * (size_t)(T * w)), *cb = malloc(sizeof *cb * (size_t)(T * w));
     json_t *o = json_object();
-    for (int i = 0; i < 4; i++)
+    int bad = !share || !tv || !cs || !a || !b || !ca || !cb || !o;
+    for (int i = 0; i < 4; i++) {
         dev[i] = calloc((size_t)L, sizeof *dev[i]), nc[i] = calloc((size_t)L, sizeof *nc[i]);
+        bad |= !dev[i] || !nc[i];
+    }
+    if (bad) {
+        fprintf(stderr, "blend_diag: out of memory\n");
+        exit(70);
+    }
     for (int32_t l = 0; l < L; l++) {
         const float *m = d->mass + (size_t)l * T, *mf = full->mass + (size_t)l * T;
         for (int32_t j = 0; j < T; j++) {

@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -90,8 +91,17 @@ def main():
     ap.add_argument("--out", default="diag-results.jsonl")
     args = ap.parse_args()
 
+    if not os.path.exists(args.data):
+        sys.exit(f"diag: {args.data}: no such file (give --data)")
     qa = ev.load_qa(args.data)[args.first: args.first + args.questions]
     work = tempfile.mkdtemp(prefix="cb-diag-")
+    try:
+        run(args, qa, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, qa, work):
     store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     common = ["-t", str(args.threads), "-m", args.model]
     qs = []
@@ -135,12 +145,13 @@ def main():
     for k in ks:
         table(by_k[k], modes, n_layer, f"{k or 'all'} chunks")
     if len(ks) > 1:
-        print("\n### KL to full by the number of chunks\n")
+        print("\n### KL to full (and the question's mean attention TV from full's) by the number of chunks\n")
         print("| chunks | " + " | ".join(modes[1:]) + " |")
         print("|" + "---|" * len(modes))
         for k in ks:
-            row = [mean([x.get("kl", 0.0) for x in by_k[k] if x["mode"] == m]) for m in modes[1:]]
-            print(f"| {k} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+            row = [[x for x in by_k[k] if x["mode"] == m] for m in modes[1:]]
+            print(f"| {k} | " + " | ".join(f"{mean([x['kl'] for x in ls]):.3f} ({mean([mean(x['tv']) for x in ls]):.3f})"
+                                          for ls in row) + " |")
 
 
 if __name__ == "__main__":
