@@ -104,21 +104,14 @@ def main():
 def run(args, qa, work):
     store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     common = ["-t", str(args.threads), "-m", args.model]
-    qs = []
-    recs = []
+    qs, qchunks = [], {}
     for i, q in enumerate(qa):
         qi = args.first + i
-        chunks = ev.make_chunks(q, qi, args.shape, args.passages, args.chunks_max)
+        chunks = qchunks[qi] = ev.make_chunks(q, qi, args.shape, args.passages, args.chunks_max)
         golds = [ev.normalize(a) for a in q["answers"] if ev.normalize(a)]
         gold = [ci for ci, t in enumerate(chunks) if any(g in ev.normalize(t) for g in golds)]
-        question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}"
-        qs.append({"question": question, "chunks": chunks, "gold": gold})
-        recs += [{"doc": f"q{qi}", "seq": ci, "text": t} for ci, t in enumerate(chunks)]
-    allf = os.path.join(work, "all.jsonl")
-    with open(allf, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
-    subprocess.run([os.path.join(args.bin, "cb-precompute"), "--store", store, "--kv-type", "f16", "-q"]
-                   + common + [allf], stdout=subprocess.DEVNULL, check=True)
+        qs.append({"question": ev.question_text(q), "chunks": chunks, "gold": gold})
+    ev.precompute(os.path.join(args.bin, "cb-precompute"), store, "f16", common, qchunks, work)
     ks = [int(k) for k in args.chunks_list.split(",") if k] or [0]
     modes = ["full"] + args.modes.split(",")
     out = open(args.out, "w")

@@ -145,6 +145,24 @@ def make_chunks(q, qi, shape, passages, chunks_max=20):
     return out
 
 
+def precompute(pre, store, kv_type, common, qchunks, work):
+    """Every chunk of every question (qchunks: {question number: chunk texts})
+    into the store with cb-precompute; the seconds it took."""
+    allf = os.path.join(work, "all.jsonl")
+    with open(allf, "w", encoding="utf-8") as f:
+        for qi, chunks in qchunks.items():
+            for pi, t in enumerate(chunks):
+                f.write(json.dumps({"doc": f"q{qi}", "seq": pi, "text": t}, ensure_ascii=False) + "\n")
+    t0 = time.time()
+    subprocess.run([pre, "--store", store, "--kv-type", kv_type, "-q"] + common + [allf],
+                   stdout=subprocess.DEVNULL, check=True)
+    return time.time() - t0
+
+
+def question_text(q, cue=""):
+    return f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}{cue}"
+
+
 def first_line(ans):
     ans = ans.strip()
     return ans.split("\n")[0].strip() if ans else ""
@@ -299,20 +317,9 @@ def main():
     store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     try:
         # every passage of every question, precomputed once
-        recs, qchunks = [], []
-        for qi, q in enumerate(qa):
-            qchunks.append(make_chunks(q, qi, args.shape, args.passages, args.chunks_max))
-            for pi, t in enumerate(qchunks[-1]):
-                recs.append({"doc": f"q{qi}", "seq": pi, "text": t})
-        allf = os.path.join(work, "all.jsonl")
-        with open(allf, "w", encoding="utf-8") as f:
-            for r in recs:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        t0 = time.time()
-        subprocess.run([pre, "--store", store, "--kv-type", args.kv_type, "-q"] + common + [allf],
-                       stdout=subprocess.DEVNULL, check=True)
-        pre_s = time.time() - t0
-        print(f"precomputed {len(recs)} passages in {pre_s:.1f} s", file=sys.stderr)
+        qchunks = [make_chunks(q, qi, args.shape, args.passages, args.chunks_max) for qi, q in enumerate(qa)]
+        pre_s = precompute(pre, store, args.kv_type, common, dict(enumerate(qchunks)), work)
+        print(f"precomputed {sum(map(len, qchunks))} passages in {pre_s:.1f} s", file=sys.stderr)
 
         # a model without a chat template (Gemma-3-270M is a base model) is
         # cued to answer; an instruction-tuned one asked in its chat format
@@ -334,7 +341,7 @@ def main():
             with open(chunks, "w", encoding="utf-8") as f:
                 for t in qchunks[qi]:
                     f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
-            question = f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}{cue}"
+            question = question_text(q, cue)
             full_logits = full_answer = full_nll = None
             for mode, ratio, strat in sorted(configs, key=lambda c: c[0] != "full"):
                 stats = os.path.join(work, "stats.json")
