@@ -22,6 +22,11 @@
  *     knorm, vnorm: ||K|| / ||K_full|| over the chunks' rows, kcos, vcos:
  *     the mean cosine of a row's K (V) with full's;
  *     cos: cosine of the question's last hidden state with full's.
+ *   chunk_mass, chunk_mass_half (arrays of the chunks): each chunk's share
+ *   of the question's attention, the mean over every layer and over the
+ *   first half (the layers probe's first pass scores at on long prompts);
+ *   gold_rank, gold_rank_half: the best rank of a gold chunk by it (0: the
+ *   most attended; -1: no gold chunk).
  * The question turn is run again, layer by layer, against the cache the
  * prefill left (the same K/V the prefill's last pass attended to). */
 #include "../../lib/infer/infer.h"
@@ -113,7 +118,8 @@ static json_t *jarr(const double *x, int32_t n)
 /* One mode's line: its distribution against full's, its cache against full's. */
 static json_t *compare(const char *label, const qdiag *d, const qdiag *full, const uint8_t *cls,
                        const cb_hparams *hp, cb_kvcache *kv, cb_kvcache *kv_full,
-                       const uint8_t *is_chunk, const uint8_t *is_gold, int32_t n_vocab)
+                       const uint8_t *is_chunk, const uint8_t *is_gold, const int16_t *chunk_of,
+                       const uint8_t *is_gold_chunk, int32_t n_chunks, int32_t n_vocab)
 {
     int32_t L = hp->n_layer, T = d->total;
     int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
@@ -163,6 +169,37 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
         }
     }
     json_object_set_new(o, "mode", json_string(label));
+    { /* each chunk's share of the question's attention, over all layers and the first half */
+        double *cm = calloc((size_t)(2 * n_chunks + 1), sizeof *cm);
+        if (!cm) {
+            fprintf(stderr, "blend_diag: out of memory\n");
+            exit(70);
+        }
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t j = 0; j < T; j++)
+                if (chunk_of[j] >= 0) {
+                    double x = d->mass[(size_t)l * T + j];
+                    cm[chunk_of[j]] += x / L;
+                    if (l < (L + 1) / 2)
+                        cm[n_chunks + chunk_of[j]] += x / ((L + 1) / 2);
+                }
+        json_object_set_new(o, "chunk_mass", jarr(cm, n_chunks));
+        json_object_set_new(o, "chunk_mass_half", jarr(cm + n_chunks, n_chunks));
+        for (int h = 0; h < 2; h++) { /* a gold chunk's best rank: chunks attended more */
+            const double *x = cm + h * n_chunks;
+            int32_t best = -1;
+            for (int32_t c = 0; c < n_chunks; c++) {
+                if (!is_gold_chunk[c])
+                    continue;
+                int32_t above = 0;
+                for (int32_t e = 0; e < n_chunks; e++)
+                    above += x[e] > x[c] || (x[e] == x[c] && e < c);
+                best = best < 0 || above < best ? above : best;
+            }
+            json_object_set_new(o, h ? "gold_rank_half" : "gold_rank", json_integer(best));
+        }
+        free(cm);
+    }
     if (full->logits != d->logits) {
         int top1 = 0;
         double kl = cb_logits_kl(full->logits, d->logits, n_vocab, &top1);
@@ -231,6 +268,8 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     cb_fwd *f = NULL;
     qdiag full = {0}, d = {0};
     uint8_t *cls = NULL, *is_chunk = NULL, *is_gold = NULL;
+    int16_t *chunk_of = NULL;
+    uint8_t *gold_chunk = NULL;
     cb_error err;
     int rc = 1;
 
@@ -253,6 +292,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     int32_t n_segs, T = (int32_t)cb_prompt_n_tokens(p);
     const cb_segment *segs = cb_prompt_segments(p, &n_segs);
     cls = calloc((size_t)T, 1), is_chunk = calloc((size_t)T, 1), is_gold = calloc((size_t)T, 1);
+    chunk_of = malloc(sizeof *chunk_of * (size_t)T), gold_chunk = calloc((size_t)n_segs, 1);
     full.n_layer = d.n_layer = hp->n_layer, full.total = d.total = T;
     full.mass = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)T);
     d.mass = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)T);
@@ -260,8 +300,8 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     d.hidden = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)hp->n_embd);
     full.logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
     d.logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
-    if (!cls || !is_chunk || !is_gold || !full.mass || !d.mass || !full.hidden || !d.hidden ||
-        !full.logits || !d.logits)
+    if (!cls || !is_chunk || !is_gold || !chunk_of || !gold_chunk || !full.mass || !d.mass ||
+        !full.hidden || !d.hidden || !full.logits || !d.logits)
         goto out;
     /* each row's class: head, chunk (its first tokens, gold or other), separator, question */
     int32_t r0 = 0, chunk = -1;
@@ -271,6 +311,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
             chunk++;
             for (size_t g = 0; g < json_array_size(jg); g++)
                 gold |= json_integer_value(json_array_get(jg, g)) == chunk;
+            gold_chunk[chunk] = (uint8_t)gold;
         }
         for (int32_t i = 0; i < segs[sgi].n; i++) {
             uint8_t c = sgi == 0            ? R_HEAD
@@ -282,6 +323,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
             cls[r0 + i] = c;
             is_chunk[r0 + i] = segs[sgi].kv != NULL;
             is_gold[r0 + i] = segs[sgi].kv != NULL && gold;
+            chunk_of[r0 + i] = segs[sgi].kv ? (int16_t)chunk : -1;
         }
     }
     if (cb_kvcache_new(&kv_full, m, T, CB_TYPE_F16) != CB_OK ||
@@ -304,7 +346,8 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
             fprintf(stderr, "blend_diag: question %d, %s: the question's pass failed\n", qi, label);
             goto out;
         }
-        json_t *o = compare(label, dd, &full, cls, hp, k, kv_full, is_chunk, is_gold, hp->n_vocab);
+        json_t *o = compare(label, dd, &full, cls, hp, k, kv_full, is_chunk, is_gold, chunk_of,
+                            gold_chunk, chunk + 1, hp->n_vocab);
         json_object_set_new(o, "q", json_integer(qi));
         json_object_set_new(o, "n_tokens", json_integer(T));
         json_object_set_new(o, "n_chunks", json_integer((json_int_t)nc));
@@ -322,7 +365,7 @@ out:
     cb_fwd_free(f);
     cb_kvcache_free(kv), cb_kvcache_free(kv_full);
     cb_prompt_free(p);
-    free(texts), free(cls), free(is_chunk), free(is_gold);
+    free(texts), free(cls), free(is_chunk), free(is_gold), free(chunk_of), free(gold_chunk);
     free(full.mass), free(d.mass), free(full.hidden), free(d.hidden), free(full.logits),
         free(d.logits);
     return rc;

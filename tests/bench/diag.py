@@ -10,7 +10,11 @@ the first answer token's KL to full and, for a few layers, the question's
 attention split (prompt head = the sink, chunks' first 4 tokens, the chunk
 holding the answer, the other chunks, separators, itself), its total
 variation from full's, the cosine of its last hidden state with full's, and
-how far the chunks' cached K and V are from full prefill's.
+how far the chunks' cached K and V are from full prefill's; and which
+chunks the question attends to: how often a gold chunk is among the k most
+attended (recall@k, the mean over every layer and over the first half, where
+probe's first pass scores) and how many of full prefill's 5 most attended
+chunks each mode's 5 are.
 With --chunks-list 1,2,5,20 the same with only the first k chunks of each
 question (the gold ones among them): how quality moves with their number.
 """
@@ -66,6 +70,30 @@ def table(lines, modes, n_layer, title):
         for l in picks:
             row = [mean([x[k][l] for x in ls]) for k in keys]
             print(f"| {l} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+    ranks(lines, modes)
+
+
+def top(xs, k):
+    return set(sorted(range(len(xs)), key=lambda i: (-xs[i], i))[:k])
+
+
+def ranks(lines, modes):
+    """A gold chunk's rank by the question's attention, per mode."""
+    full = {x["q"]: x for x in lines if x["mode"] == "full"}
+    print("\nwhich chunks the question attends to (questions with a gold chunk; recall@k: a gold chunk "
+          "among the k most attended; top-5 overlap: of full prefill's 5 most attended chunks)\n")
+    print("| mode | layers | questions | recall@1 | recall@3 | recall@5 | recall@8 | top-5 overlap with full |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode in modes:
+        ls = [x for x in lines if x["mode"] == mode and x.get("gold_rank", -1) >= 0]
+        for key, name in (("", "all"), ("_half", "first half")):
+            if not ls:
+                continue
+            rk = [x["gold_rank" + key] for x in ls]
+            ov = [len(top(x["chunk_mass" + key], 5) & top(full[x["q"]]["chunk_mass" + key], 5))
+                  for x in ls if x["q"] in full]
+            print(f"| {mode} | {name} | {len(ls)} | " + " | ".join(f"{mean([float(r < t) for r in rk]):.2f}"
+                                                                for t in (1, 3, 5, 8)) + f" | {mean(ov):.1f} of 5 |")
 
 
 def main():

@@ -3,7 +3,8 @@
 # prefill against itself is exact, a moved chunk's layer-0 keys equal those
 # computed in place, recomputing every cached row (probe at ratio 1) gives
 # full prefill back, reuse does not; the attention shares add up; bad
-# modes and missing caches are refused.
+# modes and missing caches are refused; each chunk's share of the question's
+# attention adds up to the chunks' and ranks the gold one.
 . "$(dirname "$0")/lib.sh"
 DIAG=${BUILD:-build/rel}/bench/blend_diag
 M=$CB_TEST_TMP/tiny4-qwen2.gguf
@@ -51,6 +52,23 @@ assert p3["n_recomputed"] > 0 and p1["n_recomputed"] > p3["n_recomputed"], (p1, 
 # one chunk right after the prompt's head is a true prefix: reuse is full prefill
 q1 = {x["mode"]: x for x in ls if x["q"] == 1}
 assert q1["reuse"]["kl"] < 1e-4 and max(q1["reuse"]["kdev"]) < 3e-3, q1["reuse"]
+PY
+python3 - "$T/d.jsonl" <<'PY' && ok "each chunk's attention adds up to the chunks' share; the gold chunk's rank" || not_ok "chunk attention values"
+import json, sys
+ls = [json.loads(x) for x in open(sys.argv[1])]
+for x in ls:
+    L, n = len(x["tv"]), x["n_chunks"]
+    assert len(x["chunk_mass"]) == n and len(x["chunk_mass_half"]) == n, x
+    want = sum(x["heads"][l] + x["gold"][l] + x["other"][l] for l in range(L)) / L
+    assert abs(sum(x["chunk_mass"]) - want) < 1e-3, (x["mode"], sum(x["chunk_mass"]), want)
+    h = (L + 1) // 2
+    want = sum(x["heads"][l] + x["gold"][l] + x["other"][l] for l in range(h)) / h
+    assert abs(sum(x["chunk_mass_half"]) - want) < 1e-3, (x["mode"], sum(x["chunk_mass_half"]), want)
+    for key in ("", "_half"):  # gold chunk 1 of 3 (question 0), 0 of 1 (question 1)
+        m, r = x["chunk_mass" + key], x["gold_rank" + key]
+        g = 1 if x["q"] == 0 else 0
+        assert r == sum(m[e] > m[g] or (m[e] == m[g] and e < g) for e in range(n)), (x["mode"], key, r, m)
+        assert 0 <= r < n, r
 PY
 expect_exit "a bad mode is refused" 64 "$DIAG" "$M" "$S" 1 "$T/q.jsonl" probe:2
 grep -q "bad mode 'probe:2'" "$T/err" && ok "and named" || not_ok "the bad mode's message"
