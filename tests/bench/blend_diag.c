@@ -118,8 +118,8 @@ static json_t *jarr(const double *x, int32_t n)
 /* One mode's line: its distribution against full's, its cache against full's. */
 static json_t *compare(const char *label, const qdiag *d, const qdiag *full, const uint8_t *cls,
                        const cb_hparams *hp, cb_kvcache *kv, cb_kvcache *kv_full,
-                       const uint8_t *is_chunk, const uint8_t *is_gold, const int16_t *chunk_of,
-                       const uint8_t *is_gold_chunk, int32_t n_chunks, int32_t n_vocab)
+                       const int16_t *chunk_of, const uint8_t *is_gold_chunk, int32_t n_chunks,
+                       int32_t n_vocab)
 {
     int32_t L = hp->n_layer, T = d->total;
     int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
@@ -156,12 +156,15 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
                 continue;
             for (int sel = 0; sel < (which ? 1 : 3); sel++) {
                 size_t n = 0;
-                for (int32_t j = 0; j < T; j++)
-                    if (sel == 0 ? is_chunk[j] : sel == 1 ? is_gold[j] : cls[j] == R_CHUNK_HEAD) {
-                        memcpy(ca + n, a + (size_t)j * w, sizeof *a * (size_t)w);
-                        memcpy(cb + n, b + (size_t)j * w, sizeof *b * (size_t)w);
-                        n += (size_t)w;
-                    }
+                for (int32_t j = 0; j < T; j++) {
+                    int c = chunk_of[j];
+                    if (c < 0 || (sel == 1 && !is_gold_chunk[c]) ||
+                        (sel == 2 && cls[j] != R_CHUNK_HEAD))
+                        continue;
+                    memcpy(ca + n, a + (size_t)j * w, sizeof *a * (size_t)w);
+                    memcpy(cb + n, b + (size_t)j * w, sizeof *b * (size_t)w);
+                    n += (size_t)w;
+                }
                 dev[which ? 1 : sel == 0 ? 0 : sel + 1][l] = rel_dev(ca, cb, n);
                 if (sel == 0)
                     norm_cos(ca, cb, n, (size_t)w, &nc[2 * which][l], &nc[2 * which + 1][l]);
@@ -267,9 +270,8 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     cb_kvcache *kv_full = NULL, *kv = NULL;
     cb_fwd *f = NULL;
     qdiag full = {0}, d = {0};
-    uint8_t *cls = NULL, *is_chunk = NULL, *is_gold = NULL;
-    int16_t *chunk_of = NULL;
-    uint8_t *gold_chunk = NULL;
+    uint8_t *cls = NULL, *gold_chunk = NULL;
+    int16_t *chunk_of = NULL; /* each row's chunk, or -1 */
     cb_error err;
     int rc = 1;
 
@@ -291,8 +293,8 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     }
     int32_t n_segs, T = (int32_t)cb_prompt_n_tokens(p);
     const cb_segment *segs = cb_prompt_segments(p, &n_segs);
-    cls = calloc((size_t)T, 1), is_chunk = calloc((size_t)T, 1), is_gold = calloc((size_t)T, 1);
-    chunk_of = malloc(sizeof *chunk_of * (size_t)T), gold_chunk = calloc((size_t)n_segs, 1);
+    cls = calloc((size_t)T, 1), chunk_of = malloc(sizeof *chunk_of * (size_t)T);
+    gold_chunk = calloc((size_t)n_segs, 1);
     full.n_layer = d.n_layer = hp->n_layer, full.total = d.total = T;
     full.mass = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)T);
     d.mass = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)T);
@@ -300,8 +302,8 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     d.hidden = malloc(sizeof(float) * (size_t)hp->n_layer * (size_t)hp->n_embd);
     full.logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
     d.logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
-    if (!cls || !is_chunk || !is_gold || !chunk_of || !gold_chunk || !full.mass || !d.mass ||
-        !full.hidden || !d.hidden || !full.logits || !d.logits)
+    if (!cls || !chunk_of || !gold_chunk || !full.mass || !d.mass || !full.hidden || !d.hidden ||
+        !full.logits || !d.logits)
         goto out;
     /* each row's class: head, chunk (its first tokens, gold or other), separator, question */
     int32_t r0 = 0, chunk = -1;
@@ -321,8 +323,6 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
                         : gold              ? R_GOLD
                                             : R_OTHER;
             cls[r0 + i] = c;
-            is_chunk[r0 + i] = segs[sgi].kv != NULL;
-            is_gold[r0 + i] = segs[sgi].kv != NULL && gold;
             chunk_of[r0 + i] = segs[sgi].kv ? (int16_t)chunk : -1;
         }
     }
@@ -346,8 +346,8 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
             fprintf(stderr, "blend_diag: question %d, %s: the question's pass failed\n", qi, label);
             goto out;
         }
-        json_t *o = compare(label, dd, &full, cls, hp, k, kv_full, is_chunk, is_gold, chunk_of,
-                            gold_chunk, chunk + 1, hp->n_vocab);
+        json_t *o = compare(label, dd, &full, cls, hp, k, kv_full, chunk_of, gold_chunk, chunk + 1,
+                            hp->n_vocab);
         json_object_set_new(o, "q", json_integer(qi));
         json_object_set_new(o, "n_tokens", json_integer(T));
         json_object_set_new(o, "n_chunks", json_integer((json_int_t)nc));
@@ -365,7 +365,7 @@ out:
     cb_fwd_free(f);
     cb_kvcache_free(kv), cb_kvcache_free(kv_full);
     cb_prompt_free(p);
-    free(texts), free(cls), free(is_chunk), free(is_gold), free(chunk_of), free(gold_chunk);
+    free(texts), free(cls), free(chunk_of), free(gold_chunk);
     free(full.mass), free(d.mass), free(full.hidden), free(d.hidden), free(full.logits),
         free(d.logits);
     return rc;

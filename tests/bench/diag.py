@@ -136,8 +136,8 @@ def run(args, qa, work):
     for i, q in enumerate(qa):
         qi = args.first + i
         chunks = qchunks[qi] = ev.make_chunks(q, qi, args.shape, args.passages, args.chunks_max)
-        golds = [ev.normalize(a) for a in q["answers"] if ev.normalize(a)]
-        gold = [ci for ci, t in enumerate(chunks) if any(g in ev.normalize(t) for g in golds)]
+        has_gold = ev.answer_test(q)
+        gold = [ci for ci, t in enumerate(chunks) if has_gold(t)]
         qs.append({"question": ev.question_text(q), "chunks": chunks, "gold": gold})
     ev.precompute(os.path.join(args.bin, "cb-precompute"), store, "f16", common, qchunks, work)
     ks = [int(k) for k in args.chunks_list.split(",") if k] or [0]

@@ -103,12 +103,17 @@ def ntok(text):
     return 1.35 * len(text.split())
 
 
+def answer_test(q):
+    """Whether a text holds one of question q's gold answers (normalized)."""
+    golds = [normalize(a) for a in q["answers"] if normalize(a)]
+    return lambda t: any(g in normalize(t) for g in golds)
+
+
 def make_chunks(q, qi, shape, passages, chunks_max=20):
     """The chunk texts of question q (number qi) in the given shape."""
     import random
     ctxs = q["ctxs"][:passages]
-    golds = [normalize(a) for a in q["answers"] if normalize(a)]
-    has_gold = lambda t: any(g in normalize(t) for g in golds)
+    has_gold = answer_test(q)
     if shape == "paper":
         return [f"{c.get('title', '')}\n{c['text']}".strip() for c in ctxs]
     rng = random.Random(qi)
