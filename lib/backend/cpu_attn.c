@@ -116,6 +116,47 @@ __attribute__((optimize("O3"))) static void axpy(float *restrict o, float p,
         o[d] += p * v[d];
 }
 
+/* a task's rows r = (i - i0) * nh + (h - h0) set up: queries scaled, no
+ * keys seen yet */
+__attribute__((optimize("O3"))) static void rows_begin(const att_job *j, thread_scratch *ts,
+                                                       int64_t i0, int64_t i1, int h0, int nh)
+{
+    int hd = j->hd;
+    int64_t ldq = (int64_t)j->n_head * hd;
+    for (int64_t i = i0; i < i1; i++)
+        for (int h = h0; h < h0 + nh; h++) {
+            int64_t r = (i - i0) * nh + (h - h0);
+            const float *src = j->q + i * ldq + (int64_t)h * hd;
+            for (int e = 0; e < hd; e++)
+                ts->q[r * hd + e] = src[e] * j->scale;
+            ts->mx[r] = -INFINITY;
+            ts->l[r] = 0;
+            memset(ts->o + r * hd, 0, sizeof(float) * (size_t)hd);
+        }
+}
+
+/* a task's rows done: their outputs, or their partial results in split sp */
+__attribute__((optimize("O3"))) static void rows_end(const att_job *j, const thread_scratch *ts,
+                                                     int64_t i0, int64_t i1, int h0, int nh, int sp)
+{
+    int hd = j->hd;
+    int64_t ldq = (int64_t)j->n_head * hd;
+    for (int64_t r = 0; r < (i1 - i0) * nh; r++) {
+        int64_t i = i0 + r / nh;
+        int h = h0 + (int)(r % nh);
+        if (j->n_split == 1) {
+            float inv = 1.0f / ts->l[r];
+            for (int e = 0; e < hd; e++)
+                j->out[i * ldq + (int64_t)h * hd + e] = ts->o[r * hd + e] * inv;
+        } else {
+            float *p = j->c->parts + ((i * j->n_head + h) * j->n_split + sp) * (hd + 2);
+            p[0] = ts->mx[r];
+            p[1] = ts->l[r];
+            memcpy(p + 2, ts->o + r * hd, sizeof(float) * (size_t)hd);
+        }
+    }
+}
+
 static void att_task(void *arg, int64_t task, int tid)
 {
     const att_job *j = arg;
@@ -127,24 +168,16 @@ static void att_task(void *arg, int64_t task, int tid)
     int h0 = hk * G + hs * j->nh, h1 = h0 + j->nh < (hk + 1) * G ? h0 + j->nh : (hk + 1) * G,
         nh = h1 - h0;
     int64_t i0 = qb * j->mq, i1 = i0 + j->mq < j->n ? i0 + j->mq : j->n, M = (i1 - i0) * nh;
-    int64_t ldq = (int64_t)j->n_head * hd, width = (int64_t)j->n_head_kv * hd;
+    int64_t width = (int64_t)j->n_head_kv * hd;
     int64_t span = j->kmax - j->kmin;
     int64_t ka = j->kmin + span * sp / j->n_split, kb = j->kmin + span * (sp + 1) / j->n_split;
     int64_t lo_all = INT64_MAX, hi_all = -1;
 
+    rows_begin(j, ts, i0, i1, h0, nh);
     for (int64_t i = i0; i < i1; i++) {
         int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
         lo_all = lo < lo_all ? lo : lo_all;
         hi_all = j->pos[i] > hi_all ? j->pos[i] : hi_all;
-        for (int h = h0; h < h1; h++) {
-            int64_t r = (i - i0) * nh + (h - h0);
-            const float *src = j->q + i * ldq + (int64_t)h * hd;
-            for (int e = 0; e < hd; e++)
-                ts->q[r * hd + e] = src[e] * j->scale;
-            ts->mx[r] = -INFINITY;
-            ts->l[r] = 0;
-            memset(ts->o + r * hd, 0, sizeof(float) * (size_t)hd);
-        }
     }
     ka = ka > lo_all ? ka : lo_all;
     kb = kb < hi_all + 1 ? kb : hi_all + 1;
@@ -206,20 +239,46 @@ static void att_task(void *arg, int64_t task, int tid)
                         axpy(oa + r * hd, sa[r * ATT_KB + c], ts->v + c * hd, hd);
         }
     }
-    for (int64_t r = 0; r < M; r++) {
-        int64_t i = i0 + r / nh;
-        int h = h0 + (int)(r % nh);
-        if (j->n_split == 1) {
-            float inv = 1.0f / ts->l[r];
-            for (int e = 0; e < hd; e++)
-                j->out[i * ldq + (int64_t)h * hd + e] = ts->o[r * hd + e] * inv;
-        } else {
-            float *p = j->c->parts + ((i * j->n_head + h) * j->n_split + sp) * (hd + 2);
-            p[0] = ts->mx[r];
-            p[1] = ts->l[r];
-            memcpy(p + 2, ts->o + r * hd, sizeof(float) * (size_t)hd);
-        }
+    rows_end(j, ts, i0, i1, h0, nh, sp);
+}
+
+/* decode on an f16 cache (one query row; at most QMM_ATT_M heads share a
+ * KV head): a task is a range of keys in every head.  The heads' slices of
+ * ATT_SUB keys are multiplied one head after the other, so that the cache
+ * rows are read whole and in order, as a stream the hardware prefetches:
+ * one head's slice of each row at a time read at a third to half the
+ * memory's rate.  The row sees every key in [ka, kb), so none is masked. */
+static void att_task_dec(void *arg, int64_t task, int tid)
+{
+    const att_job *j = arg;
+    thread_scratch *ts = &j->c->ts[tid];
+    int sp = (int)task, hd = j->hd, H = j->n_head, nkv = j->n_head_kv, G = H / nkv;
+    int64_t width = (int64_t)nkv * hd, span = j->kmax - j->kmin;
+    int64_t ka = j->kmin + span * sp / j->n_split, kb = j->kmin + span * (sp + 1) / j->n_split;
+    int64_t p = j->pos[0], lo = j->window > 0 && p >= j->window ? p - j->window + 1 : 0;
+    const uint16_t *k16 = j->k, *v16 = j->v;
+
+    rows_begin(j, ts, 0, 1, 0, H);
+    ka = ka > lo ? ka : lo;
+    kb = kb < p + 1 ? kb : p + 1;
+    for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
+        int64_t nk = c0 + ATT_KB < kb ? ATT_KB : kb - c0;
+        for (int64_t b = 0; b < nk; b += ATT_SUB)
+            for (int hk = 0; hk < nkv; hk++)
+                j->c->att_qk(ts->q + (int64_t)hk * G * hd, G, hd,
+                             k16 + (c0 + b) * width + (int64_t)hk * hd, width,
+                             nk - b < ATT_SUB ? nk - b : ATT_SUB, ts->s + hk * G * ATT_KB + b,
+                             ATT_KB);
+        for (int r = 0; r < H; r++)
+            softmax_step(ts->s + r * ATT_KB, nk, c0, lo, p, &ts->mx[r], &ts->l[r], ts->o + r * hd,
+                         hd, j->c->exp_sum);
+        for (int64_t b = 0; b < nk; b += ATT_SUB)
+            for (int hk = 0; hk < nkv; hk++)
+                j->c->att_pv(ts->s + hk * G * ATT_KB + b, G, ATT_KB,
+                             v16 + (c0 + b) * width + (int64_t)hk * hd, width,
+                             nk - b < ATT_SUB ? nk - b : ATT_SUB, hd, ts->o + (int64_t)hk * G * hd);
     }
+    rows_end(j, ts, 0, 1, 0, H, sp);
 }
 
 /* out = the splits' partial results combined (each: max, sum, o) */
@@ -278,6 +337,22 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
         int32_t lo = window > 0 && pos[i] >= window ? pos[i] - window + 1 : 0;
         j.kmin = lo < j.kmin ? lo : j.kmin;
         j.kmax = pos[i] + 1 > j.kmax ? pos[i] + 1 : j.kmax;
+    }
+    if (n == 1 && t == CB_TYPE_F16 && hd % 8 == 0 && G <= QMM_ATT_M && n_head <= ATT_M &&
+        c->att_qk && c->att_pv) {
+        /* decode: tasks over the keys alone, at least ATT_KB / 2 each, in
+         * equal shares of the threads where there are enough keys */
+        int64_t span = j.kmax - j.kmin, want = span / (ATT_KB / 2);
+        int64_t fit = ATT_PARTS / (n_head * (int64_t)(hd + 2));
+        want = want < 4 * nt ? want : 4 * nt;
+        want = want > nt ? want / nt * nt : want;
+        want = want < fit ? want : fit;
+        j.n_split = want > 1 ? (int)want : 1;
+        cb_blas_single();
+        cb_pool_for(c->pool, att_task_dec, &j, j.n_split);
+        if (j.n_split > 1)
+            att_merge(&j);
+        return;
     }
     /* few tasks and many keys (decode): split the keys too */
     int64_t tasks = (int64_t)n_head_kv * j.n_hsub * j.n_qb;

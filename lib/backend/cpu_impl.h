@@ -24,6 +24,8 @@ enum {
                          dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
     PANEL_MAX = 128,     /* weight rows per sgemm panel */
     ATT_KB = 256,        /* keys per attention tile */
+    ATT_SUB = 16,        /* keys a decode task takes in every KV head before the next ones: the
+                         cache rows stream whole, not one head's slice of each */
     ATT_M = 256,         /* query (row, head) pairs per attention task */
     ATT_HD = 512,        /* the largest head dimension */
     ATT_PARTS = 1 << 20, /* floats of split-key partial results */

@@ -360,14 +360,63 @@ void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n)
 
 /* ---------------------------------------------------------- attention */
 
+/* how many cache rows ahead the products prefetch a head's slice (8 and
+ * 16 were within the noise of each other; none was a third slower) */
+enum { ATT_PF = 8 };
+
+/* a cache row's hd f16 values into L1, each of their lines (the last too,
+ * where the row does not start on a line) */
+AI void pf_row(const uint16_t *p, int hd)
+{
+    for (int e = 0; e < hd; e += 32)
+        _mm_prefetch((const char *)(p + e), _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + hd - 1), _MM_HINT_T0);
+}
+
+/* the sums of a's and b's lanes, in lanes 0 and 1 */
+AI __m128 hsum2(__m256 a, __m256 b)
+{
+    __m256 h = _mm256_hadd_ps(a, b); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    return _mm_hadd_ps(x, x);
+}
+
 /* qk for M rows: each key's row converted once, 8 lanes at a time, into M
- * accumulators (two per row, even and odd lanes of 8, when M <= 3) */
+ * accumulators (two per row, even and odd lanes of 8, when M <= 3; for
+ * 4-6 rows two keys at a time, so that twice the accumulators hide the
+ * multiply-adds' latency).  The keys ATT_PF rows ahead are prefetched: a
+ * KV head's slice of each row is a strided stream that the hardware's
+ * prefetchers leave to demand misses. */
 AI void att_qk_m(const float *q, const int M, int hd, const uint16_t *k, int64_t ldk, int64_t nk,
                  float *s, int64_t lds)
 {
     const int two = M <= 3 && hd % 16 == 0;
-    for (int64_t c = 0; c < nk; c++) {
+    int64_t c = 0;
+    for (; !two && M <= 6 && c + 2 <= nk; c += 2) {
         const uint16_t *kr = k + c * ldk;
+        pf_row(kr + ATT_PF * ldk, hd);
+        pf_row(kr + (ATT_PF + 1) * ldk, hd);
+        __m256 a0[QMM_ATT_M], a1[QMM_ATT_M];
+        for (int r = 0; r < M; r++)
+            a0[r] = a1[r] = _mm256_setzero_ps();
+        for (int e = 0; e < hd; e += 8) {
+            __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + e)));
+            __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + ldk + e)));
+            for (int r = 0; r < M; r++) {
+                __m256 qv = _mm256_loadu_ps(q + r * hd + e);
+                a0[r] = _mm256_fmadd_ps(qv, k0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(qv, k1, a1[r]);
+            }
+        }
+        for (int r = 0; r < M; r++) {
+            __m128 t = hsum2(a0[r], a1[r]);
+            s[r * lds + c] = _mm_cvtss_f32(t);
+            s[r * lds + c + 1] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
+        }
+    }
+    for (; c < nk; c++) {
+        const uint16_t *kr = k + c * ldk;
+        pf_row(kr + ATT_PF * ldk, hd);
         __m256 a0[QMM_ATT_M], a1[QMM_ATT_M];
         for (int r = 0; r < M; r++)
             a0[r] = a1[r] = _mm256_setzero_ps();
@@ -411,12 +460,13 @@ void qmm_avx2_att_qk(const float *q, int m, int hd, const uint16_t *k, int64_t l
     /* clang-format on */
 }
 
-/* pv for M rows: the output in registers, 16 lanes a row (8 when M > 4),
- * one pass over the keys for each such slice of it */
+/* pv for M rows: the output in registers, 16 lanes a row (8 when M > 6),
+ * one pass over the keys for each such slice of it; the first pass
+ * prefetches the values ATT_PF rows ahead */
 AI void att_pv_m(const float *p, const int M, int64_t lds, const uint16_t *v, int64_t ldv,
                  int64_t nk, int hd, float *o)
 {
-    const int two = M <= 4;
+    const int two = M <= 6;
     int e = 0;
     for (; two && e + 16 <= hd; e += 16) {
         __m256 a0[QMM_ATT_M], a1[QMM_ATT_M];
@@ -426,6 +476,8 @@ AI void att_pv_m(const float *p, const int M, int64_t lds, const uint16_t *v, in
         }
         for (int64_t c = 0; c < nk; c++) {
             const uint16_t *vr = v + c * ldv + e;
+            if (e == 0)
+                pf_row(vr + ATT_PF * ldv, hd);
             __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vr));
             __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + 8)));
             for (int r = 0; r < M; r++) {
@@ -439,11 +491,13 @@ AI void att_pv_m(const float *p, const int M, int64_t lds, const uint16_t *v, in
             _mm256_storeu_ps(o + r * hd + e + 8, a1[r]);
         }
     }
-    for (; e < hd; e += 8) {
+    for (int first = e == 0; e < hd; e += 8, first = 0) {
         __m256 a0[QMM_ATT_M];
         for (int r = 0; r < M; r++)
             a0[r] = _mm256_loadu_ps(o + r * hd + e);
         for (int64_t c = 0; c < nk; c++) {
+            if (first)
+                pf_row(v + (c + ATT_PF) * ldv, hd);
             __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + c * ldv + e)));
             for (int r = 0; r < M; r++)
                 a0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * lds + c), v0, a0[r]);

@@ -7,12 +7,17 @@
  *   blocked  a 512-row batch through packed panels (prefill):
  *            blocked_TYPE_gmacs (multiply-adds per second, packing
  *            included) and blocked_TYPE_pack_pct (its share)
- * usage: bench_kernels THREADS [rowprod|blocked]...  The kernels are the
+ *   attn     decode's attention: one query row over 4,096 keys of an f16
+ *            cache in every layer, shaped as SmolLM2-135M's and
+ *            Qwen2.5-1.5B's, through the CPU backend: attn_MODEL_gb_s (cache
+ *            bytes read per second; the whole cache streams from memory)
+ * usage: bench_kernels THREADS [rowprod|blocked|attn]...  The kernels are the
  * ones the CPU backend picks (kernels_isa says which).  rowprod's shape
  * from the environment: CB_ROWPROD_NIN (inputs a row, default 1536),
  * CB_ROWPROD_KB (weights, default 65536: from memory; a few hundred: from
  * cache, passes repeated), CB_ROWPROD_ROWS (activation rows, default 1),
  * CB_ROWPROD_TYPE (one type). */
+#include "../../lib/backend/backend.h"
 #include "../../lib/backend/qgemm.h"
 #include "cbcore.h"
 
@@ -197,10 +202,54 @@ static void blocked(void)
     }
 }
 
+/* every layer's attention for one new token at position n_keys - 1, as
+ * decode runs it, over caches that together exceed the last-level cache */
+static void attn(int T)
+{
+    static const struct {
+        const char *name;
+        int n_head, n_head_kv, hd, n_layer;
+    } shapes[] = {{"smollm2", 9, 3, 64, 30}, {"qwen1.5b", 12, 2, 128, 28}};
+    int64_t n_keys = env_or("CB_ATTN_KEYS", 4096), reps = n_keys < 4096 ? 4096 / n_keys : 1;
+    cb_backend *be = cb_backend_cpu_new(T);
+    if (!be)
+        return;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int nh = shapes[i].n_head, nkv = shapes[i].n_head_kv, hd = shapes[i].hd,
+            nl = shapes[i].n_layer;
+        int64_t w = (int64_t)nkv * hd;
+        size_t cb = sizeof(uint16_t) * (size_t)(n_keys * w);
+        void **kv = calloc(2 * (size_t)nl, sizeof *kv);
+        float *q = malloc(sizeof(float) * (size_t)nh * hd), *out = malloc(sizeof *out * nh * hd);
+        for (int e = 0; e < nh * hd; e++)
+            q[e] = frand();
+        for (int l = 0; l < 2 * nl; l++) {
+            uint16_t *c = kv[l] = be->ops->alloc(be, cb);
+            for (int64_t e = 0; c && e < n_keys * w; e++)
+                c[e] = (uint16_t)(0x3000 | (frand() > 0 ? 0 : 0x8000) | (rng >> 12 & 0x3ff));
+        }
+        int32_t pos = (int32_t)(n_keys - 1);
+        double best = 1e9;
+        for (int r = 0; r < 7; r++) {
+            double t0 = now();
+            for (int64_t p = 0; p < reps * nl; p++)
+                be->ops->attention(be, q, &pos, 1, kv[p % nl * 2], kv[p % nl * 2 + 1], CB_TYPE_F16,
+                                   nh, nkv, hd, 1.0f / 8, 0, out);
+            double dt = now() - t0;
+            best = dt < best ? dt : best;
+        }
+        printf("attn_%s_gb_s %.1f\n", shapes[i].name, 2.0 * nl * reps * (double)cb / best / 1e9);
+        for (int l = 0; l < 2 * nl; l++)
+            be->ops->dealloc(be, kv[l]);
+        free(kv), free(q), free(out);
+    }
+    be->ops->free(be);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_kernels THREADS rowprod|blocked...\n");
+        fprintf(stderr, "usage: bench_kernels THREADS rowprod|blocked|attn...\n");
         return 64;
     }
     int T = atoi(argv[1]);
@@ -212,6 +261,8 @@ int main(int argc, char **argv)
             rowprod(T);
         else if (!strcmp(argv[a], "blocked"))
             blocked();
+        else if (!strcmp(argv[a], "attn"))
+            attn(T);
         else {
             fprintf(stderr, "bench_kernels: unknown scenario '%s'\n", argv[a]);
             return 64;

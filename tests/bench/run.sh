@@ -94,8 +94,8 @@ engine_rows "$M" default $SCEN
 table default $SCEN
 # The 8-bit kernels alone: the one-row product (decode) on 64 MB of each
 # type's weights against the memory read bandwidth (target: the K-quants at
-# >= 80%), and a 512-row batch through packed panels
-"$BUILD/bench/bench_kernels" "$T" rowprod blocked > "$tmp/kern"
+# >= 80%), a 512-row batch through packed panels, and decode's attention
+"$BUILD/bench/bench_kernels" "$T" rowprod blocked attn > "$tmp/kern"
 kbw=$(get "$tmp/kern" membw_gb_s)
 echo "== the 8-bit kernels alone ($(get "$tmp/kern" kernels_isa), $T threads): one-row products from memory, 512-row batches"
 for ty in q4_K q5_K q6_K q4_0 q5_0 q8_0; do
@@ -103,6 +103,12 @@ for ty in q4_K q5_K q6_K q4_0 q5_0 q8_0; do
         -v p="$(get "$tmp/kern" "blocked_${ty}_pack_pct")" 'BEGIN {
         printf "  %-5s one row: %5.1f GB/s = %3.0f%% of %.1f GB/s read%s; 512 rows: %6.1f GMAC/s (packing %.0f%%)\n", t, g,
             100 * g / bw, bw, (t ~ /_K$/ ? " (target >= 80%)" : ""), m, p }'
+done
+# decode's attention alone: one row over 4,096 keys of an f16 cache in
+# every layer (caches of 94 MB and 117 MB: they stream from memory)
+for sh in smollm2 qwen1.5b; do
+    awk -v s="$sh" -v g="$(get "$tmp/kern" "attn_${sh}_gb_s")" -v bw="$kbw" 'BEGIN {
+        printf "  decode attention, %s-shaped cache of 4,096 keys: %5.1f GB/s = %3.0f%% of %.1f GB/s read\n", s, g, 100 * g / bw, bw }'
 done
 "$BUILD/bench/bench_engine" "$M" "$T" kl:256 > "$tmp/kl"
 echo "default vs --exact, 256 tokens of English fed one at a time: next-token KL after them $(get "$tmp/kl" kl_256_first) nats," \
