@@ -29,6 +29,10 @@
  *                   membw_gb_s (the decode figures' yardstick)
  * decode also prints decode_L_gb_s: the weight bytes a token reads (every
  * 2-D weight but an untied token embedding) times the token rate.
+ * CB_BENCH_TURNS=R: decode takes turns with other engines (turns.py runs
+ * them): it waits for a line on stdin before the prefill and before each
+ * of R rounds of N/R tokens, and prints turn_s (the round's seconds) after
+ * each; decode_L_tok_s is N over the rounds' sum.
  * Every scenario also prints rss_kb (getrusage: the peak so far).  $CB_BENCH_DEVICE
  * picks the device (default cpu, the one llama.cpp is compared on);
  * CB_BENCH_EXACT=1 runs the exact path (cb_model_params.exact; default:
@@ -52,6 +56,21 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static long env_int(const char *name, long dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? strtol(v, NULL, 10) : dflt;
+}
+
+/* CB_BENCH_TURNS: what was printed goes out, then a line from stdin says
+ * that this engine's turn has come; 0 at its end */
+static int wait_turn(void)
+{
+    char line[64];
+    fflush(stdout);
+    return fgets(line, sizeof line, stdin) != NULL;
 }
 
 static long rss_kb(void)
@@ -324,6 +343,10 @@ int main(int argc, char **argv)
         if (cb_kvcache_new(&kv, m, n_tok + 8, CB_TYPE_F16) != CB_OK ||
             cb_fwd_new(&f, m, B > 512 ? B : 512) != CB_OK)
             return 70;
+        int turns = strcmp(kind, "decode") ? 0 : (int)env_int("CB_BENCH_TURNS", 0);
+        turns = turns > N ? N : turns;
+        if (turns > 0 && !wait_turn())
+            return 70;
         double t0 = now();
         if (cb_model_eval(f, kv, t, C, 0, logits) != CB_OK)
             return 70;
@@ -332,10 +355,19 @@ int main(int argc, char **argv)
             printf("prefill_%d_tok_s %.1f\n", L, L / dt);
         } else if (!strcmp(kind, "decode")) {
             printf("prefill_%d_tok_s %.1f\n", C, C / dt);
-            t0 = now();
-            for (int i = 0; i < N; i++)
-                cb_model_eval(f, kv, &t[C + i], 1, C + i, logits);
-            double rate = N / (now() - t0);
+            double spent = 0;
+            for (int r = 0, i = 0; r < (turns ? turns : 1); r++) {
+                int until = turns ? N * (r + 1) / turns : N;
+                if (turns && !wait_turn())
+                    return 70;
+                t0 = now();
+                for (; i < until; i++)
+                    cb_model_eval(f, kv, &t[C + i], 1, C + i, logits);
+                spent += now() - t0;
+                if (turns)
+                    printf("turn_s %.4f\n", now() - t0);
+            }
+            double rate = N / spent;
             printf("decode_%d_tok_s %.2f\ndecode_%d_gb_s %.2f\n", L, rate, L,
                    decode_bytes(argv[1]) * rate / 1e9);
         } else if (B) {

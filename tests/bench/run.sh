@@ -45,11 +45,20 @@ SCEN=${CB_BENCH_SCENARIOS:-prefill:512 prefill:2048 prefill:4096 decode:512:32 d
 "$BUILD/bench/bench_engine" "$M" "$T" sgemm > "$tmp/sgemm"
 # engine_rows MODEL TAG SCENARIOS...: each scenario on our default path,
 # our exact path (--exact) and llama.cpp, alternated, one process each ->
-# $tmp/TAG.{ours,exact,theirs}
+# $tmp/TAG.{ours,exact,theirs}.  Decode rows take turns (turns.py): the
+# three processes side by side, each decoding CB_BENCH_TURNS (8) rounds of
+# N/8 tokens in turn, so that the machine's moments fall on all of them.
 engine_rows() {
     model=$1; tag=$2; shift 2
     : > "$tmp/$tag.ours"; : > "$tmp/$tag.exact"; : > "$tmp/$tag.theirs"
     for sc in "$@"; do
+        case $sc in decode:*)
+            python3 tests/bench/turns.py "$sc" "${CB_BENCH_TURNS:-8}" "$tmp/$tag.ours" "$tmp/$tag.exact" \
+                "$tmp/$tag.theirs" -- "$BUILD/bench/bench_engine" "$model" "$T" "$sc" \
+                -- env CB_BENCH_EXACT=1 "$BUILD/bench/bench_engine" "$model" "$T" "$sc" \
+                -- "$VENV/bin/python" tests/bench/llamacpp_engine.py "$model" "$T" "$sc"
+            continue ;;
+        esac
         "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.ours"
         CB_BENCH_EXACT=1 "$BUILD/bench/bench_engine" "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.exact"
         "$VENV/bin/python" tests/bench/llamacpp_engine.py "$model" "$T" "$sc" | sed "s|^|$sc/|" >> "$tmp/$tag.theirs"
@@ -73,11 +82,12 @@ table() {
         for k in $keys; do
             x=$(get "$tmp/$tag.ours" "$sc/$k"); e=$(get "$tmp/$tag.exact" "$sc/$k"); y=$(get "$tmp/$tag.theirs" "$sc/$k")
             unit=tok/s; case $k in batch*) unit=rows/s ;; esac
-            case $k in decode*) g=$(get "$tmp/$tag.ours" "$sc/${k%_tok_s}_gb_s") ;; *) g="" ;; esac
+            case $k in decode*) g=$(get "$tmp/$tag.ours" "$sc/${k%_tok_s}_gb_s"); tr=$(get "$tmp/$tag.ours" "$sc/${k%_tok_s}_turn_ratio") ;; *) g=""; tr="" ;; esac
             awk -v k="$k" -v x="${x:-0}" -v e="${e:-0}" -v y="${y:-0}" -v ro="${ro:-0}" -v re="${re:-0}" -v rt="${rt:-0}" \
-                -v u="$unit" -v g="$g" -v bw="${BW:-0}" 'BEGIN {
+                -v u="$unit" -v g="$g" -v bw="${BW:-0}" -v tr="$tr" 'BEGIN {
                 sub(/_tok_s$|_rows_s$/, "", k)
                 extra = (g != "" && bw > 0) ? sprintf("; weights read at %.1f GB/s = %.0f%% of the machine'"'"'s %.1f", g, 100 * g / bw, bw) : ""
+                if (tr != "") extra = extra sprintf("; in turns with llama.cpp, median round ratio %.2fx", tr)
                 printf "| %-22s | %9.1f | %9.1f | %9.1f | %5.2fx | %5.2fx | %5.0f MB | %6.0f MB | %5.0f MB |  (%s%s)\n", k, x, e, y,
                     (y > 0 ? x / y : 0), (y > 0 ? e / y : 0), ro / 1024, re / 1024, rt / 1024, u, extra }'
         done
@@ -87,7 +97,7 @@ BW=$("$BUILD/bench/bench_engine" - "$T" membw | awk '$1 == "membw_gb_s" {print $
 echo "== this machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores;" \
     "SIMD: $(grep -o -w -E 'avx2|avx512f|avx512bw|avx512_vnni|avx_vnni|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
     "; memory read $BW GB/s with $T threads"
-echo "== engine: ours (default: 8-bit activations), ours --exact, llama.cpp on $(basename "$M"), $T threads, one process per cell"
+echo "== engine: ours (default: 8-bit activations), ours --exact, llama.cpp on $(basename "$M"), $T threads, one process per cell (decode: the three in turns)"
 # shellcheck disable=SC2086
 engine_rows "$M" default $SCEN
 # shellcheck disable=SC2086
