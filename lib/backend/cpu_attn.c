@@ -181,11 +181,12 @@ static void att_task(void *arg, int64_t task, int tid)
     }
     ka = ka > lo_all ? ka : lo_all;
     kb = kb < hi_all + 1 ? kb : hi_all + 1;
-    /* decode (one query row, its heads that share KV head hk) on an f16
-     * cache: products that read the cache directly (no tile in f32, no call
-     * per key).  One row sees every key in [ka, kb), so no probability is 0
-     * by the mask and no masked key's value enters its sum (several rows
-     * keep the tiles, whose loop skips zero probabilities). */
+    /* one query row (a block's last; decode itself takes att_task_dec), its
+     * heads that share KV head hk, on an f16 cache: products that read the
+     * cache directly (no tile in f32, no call per key).  One row sees every
+     * key in [ka, kb), so no probability is 0 by the mask and no masked
+     * key's value enters its sum (several rows keep the tiles, whose loop
+     * skips zero probabilities). */
     int fused = i1 - i0 == 1 && M <= QMM_ATT_M && j->t == CB_TYPE_F16 && hd % 8 == 0 &&
                 j->c->att_qk && j->c->att_pv;
     const uint16_t *kh16 = (const uint16_t *)j->k + (int64_t)hk * hd,
