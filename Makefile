@@ -211,7 +211,7 @@ test: deps ## install deps, fetch the models, build everything and run every tes
 memcheck: deps check-tools ## run every unit test under Valgrind memcheck (tests/memcheck.sh)
 	@BUILD=$(BUILD) sh tests/memcheck.sh
 
-bench: deps all $(BENCH_BIN) ## build and run the benchmarks in tests/bench/ (MODEL=gemma: on Gemma-3-270M)
+bench: deps all $(BENCH_BIN) $(GEN_BIN) ## build and run the benchmarks in tests/bench/ (MODEL=gemma: on Gemma-3-270M)
 	@$(MAKE) --no-print-directory model
 	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) sh tests/bench/run.sh
 
