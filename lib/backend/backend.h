@@ -146,7 +146,8 @@ typedef struct cb_backend_ops {
                            int hd, float scale, int window, float *mass);
     /* Optional (NULL: the backend has no such mode): on != 0 (the CPU's
      * default) makes every product with block-quantized weights quantize
-     * its activations to 8 bits (llama.cpp's way: faster, not exact); 0
+     * its activations to 8 bits (llama.cpp's way: faster, not exact; the
+     * CPU keeps the exact kernels for rows one value dominates); 0
      * keeps f32 activations (the exact path).  The weights made afterwards
      * use it: call it before any weight_new. */
     void (*set_act8)(cb_backend *b, int on);

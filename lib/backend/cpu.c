@@ -3,7 +3,8 @@
  *   matmul  decode and small batches (n <= MM_SMALL rows): each weight row's
  *           blocks decoded into f32 lanes and multiplied into up to four
  *           activation rows at once (qmm.h), threads over output rows (with
- *           act8: the activations quantized to 8 bits, integer products);
+ *           act8: the activations quantized to 8 bits, integer products,
+ *           but for the rows one value dominates: qg_outliers);
  *           larger batches: panels of weight rows dequantized into per-thread
  *           scratch and multiplied by OpenBLAS sgemm (single-threaded inside
  *           the pool), threads over panels;
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 static void cpu_rows(cb_backend *b);
+static int grow_ol(cpu_ctx *c, const cb_bweight *w);
 
 enum { CB_LINE = 64 }; /* bytes in a cache line */
 
@@ -146,7 +148,7 @@ static cb_bweight *cpu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_
     if (w->row_bytes == 0 || !qmm_select(t, c->simd, &w->k) || !grow_panels(c, n_in))
         goto fail;
     w->qg = c->act8 && qg_has(t);
-    if (w->qg && !grow_qpanels(c, t, n_in))
+    if (w->qg && (!grow_qpanels(c, t, n_in) || !grow_ol(c, w)))
         goto fail;
     if (!w->qg && !c->plain_weights) { /* its products follow the exact kernels' row stability */
         c->plain_weights = 1;
@@ -314,6 +316,94 @@ static void qg_row_task(void *arg, int64_t i, int tid)
                    a + 64 < o1 ? a + 64 : o1, j->y[k] + j->r0 * w->n_out, w->n_out);
 }
 
+/* Whether one value dominates row x [n]: max|x|^2 > half the sum of the
+ * squares.  8-bit activations keep 127 steps of the largest value, and in
+ * such a row every other value is left a few steps or none.  The rows of
+ * attention-sink tokens, whose residual carries a massive activation, are
+ * like this at every layer, and every later token attends to them: on
+ * Qwen2.5 their 8-bit products took as much from the next-token
+ * distribution as all other rows together (measured with
+ * tests/parity/parity.py's KL to the float64 reference). */
+static int outlier_row(const float *x, int64_t n)
+{
+    float s[8] = {0}, m[8] = {0}, ss = 0, am = 0;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) {
+            s[k] += x[j + k] * x[j + k];
+            m[k] = fabsf(x[j + k]) > m[k] ? fabsf(x[j + k]) : m[k];
+        }
+    for (; j < n; j++) {
+        s[0] += x[j] * x[j];
+        m[0] = fabsf(x[j]) > m[0] ? fabsf(x[j]) : m[0];
+    }
+    for (int k = 0; k < 8; k++) {
+        ss += s[k];
+        am = m[k] > am ? m[k] : am;
+    }
+    return 2 * am * am > ss; /* false for NaN and inf */
+}
+
+/* The rows of x [n] one value dominates (outlier_row), again through the
+ * exact kernels, weight by weight, up to CB_ROWS_MAX at a time and always
+ * an even number (a lone row beside a copy of itself): the exact kernels
+ * give a row the same bits in every such count (backend.h), so the row's
+ * result is its own, whatever its batch.  The caller holds xg_mu. */
+static void qg_outliers(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x,
+                        float *const *y, int64_t n)
+{
+    int64_t n_in = w[0]->n_in, idx[CB_ROWS_MAX];
+    size_t rb = sizeof(float) * (size_t)n_in;
+    int m = 0;
+    for (int64_t i = 0; i <= n; i++) {
+        if (i < n) {
+            if (!outlier_row(x + i * n_in, n_in))
+                continue;
+            memcpy(c->ol_x + m * n_in, x + i * n_in, rb);
+            idx[m++] = i;
+        }
+        if (m == 0 || (m < CB_ROWS_MAX && i < n))
+            continue;
+        int mm = m + (m & 1);
+        if (m & 1)
+            memcpy(c->ol_x + m * n_in, c->ol_x + (m - 1) * n_in, rb);
+        for (int k = 0; k < nw; k++) {
+            int64_t no = w[k]->n_out;
+            float *yo = c->ol_y;
+            mm_small_run(c, &w[k], 1, c->ol_x, &yo, mm);
+            for (int r = 0; r < m; r++)
+                memcpy(y[k] + idx[r] * no, c->ol_y + r * no, sizeof(float) * (size_t)no);
+        }
+        m = 0;
+    }
+}
+
+/* ol_x and ol_y big enough for w (weight_new) */
+static int grow_ol(cpu_ctx *c, const cb_bweight *w)
+{
+    int ok = 1;
+    pthread_mutex_lock(&c->xg_mu);
+    if (w->n_in > c->ol_in) {
+        float *p = calloc((size_t)CB_ROWS_MAX * (size_t)w->n_in, sizeof(float));
+        if ((ok = p != NULL)) {
+            free(c->ol_x);
+            c->ol_x = p;
+            c->ol_in = w->n_in;
+        }
+    }
+    if (ok && w->n_out > c->ol_out) {
+        /* calloc: only the rows a product writes become resident */
+        float *p = calloc((size_t)CB_ROWS_MAX * (size_t)w->n_out, sizeof(float));
+        if ((ok = p != NULL)) {
+            free(c->ol_y);
+            c->ol_y = p;
+            c->ol_out = w->n_out;
+        }
+    }
+    pthread_mutex_unlock(&c->xg_mu);
+    return ok;
+}
+
 /* y[k] = x . w[k]^T for nw <= MM_MULTI qg weights of one n_in: x quantized
  * once per form, in slices of the rows xg holds (all of them after
  * cpu_reserve); up to QG_ROW_MAX_K (_0) rows through the one-row kernel, more
@@ -356,6 +446,7 @@ static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *
             cb_pool_for(c->pool, qg_quant_task, &j, j.n);
         cb_pool_for(c->pool, rows ? qg_row_task : qg_task, &j, j.first[nw]);
     }
+    qg_outliers(c, w, nw, x, y, n);
     pthread_mutex_unlock(&c->xg_mu);
 }
 
@@ -651,6 +742,8 @@ static void cpu_free(cb_backend *b)
     free(c->ts);
     free(c->parts);
     free(c->xg);
+    free(c->ol_x);
+    free(c->ol_y);
     pthread_mutex_destroy(&c->grow_mu);
     pthread_mutex_destroy(&c->xg_mu);
     free(c);

@@ -62,6 +62,9 @@ typedef struct cpu_ctx {
     uint8_t *xg;           /* [xg_rows] rows of each form: the batch's quantized activations */
     int64_t xg_rows;       /* grown by cpu_reserve (or a larger batch) */
     pthread_mutex_t xg_mu; /* xg belongs to one product at a time */
+    float *ol_x, *ol_y;    /* [CB_ROWS_MAX] rows of the widest input and output: the rows an
+                              outlier dominates (qg_outliers; with xg, under xg_mu) */
+    int64_t ol_in, ol_out;
 } cpu_ctx;
 
 struct cb_bweight {

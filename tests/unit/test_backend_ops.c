@@ -1746,6 +1746,62 @@ static void multi_case(cb_backend *be, const char *label)
     free(x), free(bias);
 }
 
+/* A row one value dominates (max|x|^2 > half the sum of squares) goes
+ * through the exact kernels on the 8-bit path (cpu.c, outlier_row): alone,
+ * in 5 rows (the one-row kernel) and in 20 (packed panels), it gets the
+ * exact path's bits for two copies of it, and the other rows what they get
+ * without it.  A row with two equal large values (half the energy, not
+ * more) stays on the 8-bit path. */
+static void outlier_cases(cb_backend *a8)
+{
+    static const cb_type ty[] = {CB_TYPE_Q4_K, CB_TYPE_Q6_K, CB_TYPE_Q8_0, CB_TYPE_Q5_0};
+    static const int64_t ns[] = {1, 5, 20};
+    int64_t n_in = 512, n_out = 40;
+    for (size_t t = 0; t < sizeof ty / sizeof ty[0]; t++) {
+        seed(11);
+        float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(20 * n_in, 1.0f);
+        size_t rb = cb_type_row_bytes(ty[t], n_in);
+        uint8_t *wq = malloc(rb * (size_t)n_out);
+        for (int64_t o = 0; o < n_out; o++)
+            cb_quant_row(ty[t], wf + o * n_in, wq + (size_t)o * rb, n_in);
+        cb_bweight *wa = a8->ops->weight_new(a8, ty[t], n_in, n_out, wq, NULL),
+                   *we = cpu->ops->weight_new(cpu, ty[t], n_in, n_out, wq, NULL);
+        float *y = malloc(sizeof(float) * 20 * (size_t)n_out),
+              *yn = malloc(sizeof *yn * 20 * n_out),
+              *ye = malloc(sizeof(float) * 2 * (size_t)n_out), xx[2 * 512];
+        a8->ops->matmul(a8, wa, x, yn, 20);        /* no outlier yet */
+        x[0 * n_in + 9] = 60.0f;                   /* row 0: 3,600 of ~3,770 */
+        x[3 * n_in + 7] = 60.0f;                   /* row 3 too */
+        x[4 * n_in + 1] = x[4 * n_in + 2] = 13.0f; /* row 4: 2 x 169 of ~509: stays */
+        memcpy(xx, x + 3 * n_in, sizeof(float) * (size_t)n_in);
+        memcpy(xx + n_in, xx, sizeof(float) * (size_t)n_in);
+        cpu->ops->matmul(cpu, we, xx, ye, 2);
+        float *yo = malloc(sizeof(float) * 20 * (size_t)n_out);
+        a8->ops->matmul(a8, wa, x + 4 * n_in, yo, 1);
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int64_t n = ns[k], r0 = n == 1 ? 3 : 0;
+            a8->ops->matmul(a8, wa, x + r0 * n_in, y, n);
+            int ok = memcmp(y + (3 - r0) * n_out, ye, sizeof(float) * (size_t)n_out) == 0;
+            for (int64_t r = 1; r < n && n > 1; r++)
+                if (r != 3 && r != 4)
+                    ok &= memcmp(y + r * n_out, yn + r * n_out, sizeof(float) * (size_t)n_out) == 0;
+            if (n > 4)
+                ok &= memcmp(y + 4 * n_out, yo, sizeof(float) * (size_t)n_out) == 0;
+            tcase("act8 %s: a row one value dominates, in %lld rows = the exact path's bits; the "
+                  "others' unchanged",
+                  cb_type_name(ty[t]), (long long)n);
+            CHECK(ok);
+        }
+        /* row 4 (two large values) is not the exact product: the 8-bit one */
+        cpu->ops->matmul(cpu, we, x + 4 * n_in, ye, 2);
+        tcase("act8 %s: a row two values share stays on the 8-bit path", cb_type_name(ty[t]));
+        CHECK(memcmp(yo, ye, sizeof(float) * (size_t)n_out) != 0);
+        a8->ops->weight_free(a8, wa);
+        cpu->ops->weight_free(cpu, we);
+        free(wf), free(x), free(wq), free(y), free(yn), free(ye), free(yo);
+    }
+}
+
 static void act8_cases(void)
 {
     static const cb_type q8_types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
@@ -1762,6 +1818,7 @@ static void act8_cases(void)
     printf("# 8-bit activations: %s; portable: %s\n", a8->desc, a8c->desc);
     multi_case(cpu, "cpu ");
     multi_case(a8, "act8");
+    outlier_cases(a8);
     float *o_c = malloc(sizeof(float) * MAXOUT);
     for (size_t i = 0; i < sizeof q8_types / sizeof q8_types[0]; i++) {
         mm_type = q8_types[i], mm_bias = 0;
