@@ -3,7 +3,9 @@
  * the last position's logits to stdout as n_vocab little-endian float32.
  * usage: cb-logits MODEL [THREADS] < ids.txt > logits.f32
  * $CB_DEVICE picks the device (default cpu); $CB_EXACT=1 the exact path
- * (default: 8-bit activations, as the programs). */
+ * (default: 8-bit activations, as the programs); $CB_LOGITS_ALL=1 every
+ * position's logits, n rows a line (the tokens fed one at a time, as
+ * decode: on the 8-bit path a row's products do not depend on its batch). */
 #include "../../lib/infer/infer.h"
 
 #include <stdio.h>
@@ -14,7 +16,8 @@ int main(int argc, char **argv)
 {
     cb_model *m;
     cb_error err;
-    const char *ex = getenv("CB_EXACT");
+    const char *ex = getenv("CB_EXACT"), *la = getenv("CB_LOGITS_ALL");
+    int all = la && strcmp(la, "1") == 0;
     cb_model_params mp = {argc > 2 ? atoi(argv[2]) : 0, getenv("CB_DEVICE"), /* NULL: the CPU */
                           ex && strcmp(ex, "1") == 0, NULL};
     static char line[1 << 20];
@@ -40,13 +43,19 @@ int main(int argc, char **argv)
             continue;
         cb_kvcache *kv;
         cb_fwd *f;
+        int step = all ? 1 : (int)ids.n;
         if (cb_kvcache_new(&kv, m, (int32_t)ids.n, CB_TYPE_F16) != CB_OK ||
-            cb_fwd_new(&f, m, (int32_t)ids.n) != CB_OK ||
-            cb_model_eval(f, kv, ids.ids, (int32_t)ids.n, 0, logits) != CB_OK) {
+            cb_fwd_new(&f, m, step) != CB_OK) {
             fprintf(stderr, "cb-logits: evaluation failed\n");
             return 70;
         }
-        fwrite(logits, sizeof(float), (size_t)nv, stdout);
+        for (int i = 0; i < (int)ids.n; i += step) {
+            if (cb_model_eval(f, kv, ids.ids + i, step, i, logits) != CB_OK) {
+                fprintf(stderr, "cb-logits: evaluation failed\n");
+                return 70;
+            }
+            fwrite(logits, sizeof(float), (size_t)nv, stdout);
+        }
         cb_fwd_free(f);
         cb_kvcache_free(kv);
         cb_tokens_free(&ids);

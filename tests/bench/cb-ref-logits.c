@@ -2,7 +2,8 @@
  * (tests/unit/refmodel.h: double precision, plain loops) on a real model.
  * Reads lines of space-separated token ids on stdin, evaluates each as a
  * fresh prompt (positions 0..n-1) and writes the last position's logits as
- * n_vocab little-endian float64.  Slow (seconds per prompt on a 270M model)
+ * n_vocab little-endian float64 ($CB_LOGITS_ALL=1: every position's, n rows
+ * a line).  Slow (seconds per prompt on a 270M model)
  * and memory-hungry (the weights as f32): a check, not an engine.
  * usage: cb-ref-logits MODEL < ids.txt > logits.f64 */
 #include "../unit/refmodel.h"
@@ -20,6 +21,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "cb-ref-logits: %s: cannot load\n", argv[1]);
         return 65;
     }
+    const char *la = getenv("CB_LOGITS_ALL");
+    int all = la && strcmp(la, "1") == 0;
     double *logits = malloc(sizeof(double) * (size_t)r.n_vocab);
     int32_t *ids = malloc(sizeof(int32_t) * (sizeof line / 2));
     if (!logits || !ids)
@@ -37,8 +40,11 @@ int main(int argc, char **argv)
         }
         if (n == 0)
             continue;
-        ref_forward_at(&r, ids, n, logits, 1);
-        if (fwrite(logits, sizeof(double), (size_t)r.n_vocab, stdout) != (size_t)r.n_vocab)
+        size_t nw = (size_t)r.n_vocab * (size_t)(all ? n : 1);
+        if (all && !(logits = realloc(logits, sizeof(double) * nw)))
+            return 70;
+        ref_forward_at(&r, ids, n, logits, !all);
+        if (fwrite(logits, sizeof(double), nw, stdout) != nw)
             return 74;
     }
     ref_free(&r);

@@ -16,7 +16,9 @@ ids: KL(reference || engine) and top-1 agreement with the reference.  Where
 the activations' rounding, not the model's math, makes the two engines
 differ by more than the bounds above, parity passes when our default path
 is no farther from the reference than llama.cpp is, in mean KL and in top-1
-agreement.  -n N: the first N prompts only; --no-greedy: no generations
+agreement.  The same KLs at every position of every prompt follow (the
+last positions' mean moves with a few prompts; this one has ten times the
+samples, and the spread of the per-position log-ratio).  -n N: the first N prompts only; --no-greedy: no generations
 (make bench's short form).
 """
 import math
@@ -110,6 +112,34 @@ if ref_bin:
     for name in names:
         print(f"  {name:12s}: top-1 agreement {t1_ref[name] / n:.1%}, mean KL {np.mean(kl_ref[name]):.2e}, "
               f"max KL {np.max(kl_ref[name]):.2e}, first prompt's KL {kl_ref[name][0]:.2e}")
+    # Every position of every prompt (the reference and ours through
+    # $CB_LOGITS_ALL; ours fed a token at a time): ten times the samples
+    # of the last positions alone, whose mean moves with a few prompts.
+    allv = {}
+    n_all = sum(len(t) for t in ids)
+    env_all = dict(os.environ, CB_LOGITS_ALL="1")
+    out = subprocess.run([ref_bin, model], input=inp.encode(), stdout=subprocess.PIPE, check=True,
+                         env=env_all).stdout
+    ref_all = np.frombuffer(out, dtype=np.float64).reshape(n_all, nv)
+    lla = []
+    for t in ids:
+        llm.reset()
+        llm.eval(t)
+        lla += [np.array(llm.scores[i], dtype=np.float64) for i in range(len(t))]
+    allv["llama.cpp"] = np.array(lla)
+    for name, ex in (("ours", "0"), ("ours --exact", "1")):
+        out = subprocess.run([cb_logits, model, "2"], input=inp.encode(), stdout=subprocess.PIPE, check=True,
+                             env=dict(env_all, CB_EXACT=ex)).stdout
+        allv[name] = np.frombuffer(out, dtype=np.float32).reshape(n_all, nv).astype(np.float64)
+    kl_all = {}
+    for name in names:
+        kl_all[name] = np.array([float(np.sum(np.exp(logsoftmax(r)) * (logsoftmax(r) - logsoftmax(x))))
+                                 for r, x in zip(ref_all, allv[name])])
+    lr = np.log(kl_all["ours"] / kl_all["llama.cpp"])
+    print(f"  every position of the {n} prompts ({n_all}): mean KL llama.cpp {kl_all['llama.cpp'].mean():.2e}, "
+          f"ours {kl_all['ours'].mean():.2e}, ours --exact {kl_all['ours --exact'].mean():.2e}; "
+          f"log(ours / llama.cpp) per position {lr.mean():+.3f} +- {lr.std() / math.sqrt(n_all):.3f} (s.e.), "
+          f"ours closer at {int(np.sum(lr < 0))} of {n_all}")
     closer = np.mean(kl_ref["ours"]) <= np.mean(kl_ref["llama.cpp"]) and t1_ref["ours"] >= t1_ref["llama.cpp"]
     print(f"our default path is {'no farther from' if closer else 'FARTHER from'} the reference than llama.cpp "
           f"(mean KL {np.mean(kl_ref['ours']):.2e} vs {np.mean(kl_ref['llama.cpp']):.2e})")
