@@ -2,15 +2,20 @@
  * on random weights of each block type, with THREADS threads:
  *   rowprod  the one-row product (decode) over 64 MB of weights, so that
  *            they stream from memory: rowprod_TYPE_gb_s (weight bytes read
- *            per second), next to membw_gb_s, the same threads reading a
- *            plain 1 GB buffer
+ *            per second), next to rowprod_TYPE_bw_gb_s, the same threads
+ *            reading a plain 1 GB buffer in turns with it (membw_gb_s:
+ *            that alone, first)
  *   blocked  a 512-row batch through packed panels (prefill):
  *            blocked_TYPE_gmacs (multiply-adds per second, packing
  *            included) and blocked_TYPE_pack_pct (its share)
  *   attn     decode's attention: one query row over 4,096 keys of an f16
  *            cache in every layer, shaped as SmolLM2-135M's and
  *            Qwen2.5-1.5B's, through the CPU backend: attn_MODEL_gb_s (cache
- *            bytes read per second; the whole cache streams from memory)
+ *            bytes read per second; the whole cache streams from memory),
+ *            and attn_MODEL_bw_gb_s, the plain read in turns with it
+ * A figure and its plain read alternate, best of 5 (7) each: on a shared
+ * machine the bandwidth moves by 20% from one minute to the next, and a
+ * share of a read taken minutes apart says as much about the minute.
  * usage: bench_kernels THREADS [rowprod|blocked|attn]...  The kernels are the
  * ones the CPU backend picks (kernels_isa says which).  rowprod's shape
  * from the environment: CB_ROWPROD_NIN (inputs a row, default 1536),
@@ -86,13 +91,41 @@ static void *membw_run(void *arg)
     return NULL;
 }
 
-/* best of 5 of fn over T threads splitting [0, n) */
-static double timed(void *(*fn)(void *), job *proto, int64_t n, int T)
+/* the plain read's buffer (1 GB), for bw_pass */
+static uint64_t *bw_buf;
+static const size_t bw_n = (size_t)1 << 27;
+
+static double timed(void *(*fn)(void *), job *proto, int64_t n, int T, int rounds, double *bw);
+
+/* GB/s of T threads reading bw_buf once */
+static double bw_pass(int T)
+{
+    if (!bw_buf) {
+        if (!(bw_buf = malloc(sizeof *bw_buf * bw_n))) {
+            fprintf(stderr, "bench_kernels: no memory for the 1 GB read buffer\n");
+            exit(71);
+        }
+        memset(bw_buf, 1, sizeof *bw_buf * bw_n);
+    }
+    job bw = {.buf = bw_buf, .nbuf = bw_n};
+    return (double)(sizeof *bw_buf * bw_n) / timed(membw_run, &bw, 0, T, 1, NULL) / 1e9;
+}
+
+/* the best time of `rounds` runs of fn over T threads splitting [0, n);
+ * with bw, each run is preceded by a plain read of bw_buf, and *bw is the
+ * best of those (GB/s) */
+static double timed(void *(*fn)(void *), job *proto, int64_t n, int T, int rounds, double *bw)
 {
     pthread_t th[64];
     job j[64];
     double best = 1e9;
-    for (int r = 0; r < 5; r++) {
+    if (bw)
+        *bw = 0;
+    for (int r = 0; r < rounds; r++) {
+        if (bw) {
+            double g = bw_pass(T);
+            *bw = g > *bw ? g : *bw;
+        }
         double t0 = now();
         for (int i = 0; i < T; i++) {
             j[i] = *proto;
@@ -147,13 +180,7 @@ static const cb_type types[] = {CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K,
 
 static void rowprod(int T)
 {
-    job bw = {0};
-    size_t nb = (size_t)1 << 27;
-    uint64_t *buf = malloc(sizeof *buf * nb);
-    memset(buf, 1, sizeof *buf * nb);
-    bw.buf = buf, bw.nbuf = nb;
-    printf("membw_gb_s %.1f\n", (double)(sizeof *buf * nb) / timed(membw_run, &bw, 0, T) / 1e9);
-    free(buf);
+    printf("membw_gb_s %.1f\n", bw_pass(T));
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         cb_type t = types[i];
         if (getenv("CB_ROWPROD_TYPE") && strcmp(getenv("CB_ROWPROD_TYPE"), cb_type_name(t)))
@@ -166,9 +193,9 @@ static void rowprod(int T)
         uint8_t *w = random_weights(t, n_in, n_out), *xq = quantized_rows(t, n_in, rp_rows);
         float *y = malloc(sizeof(float) * (size_t)n_out * (size_t)rp_rows);
         j.w = w, j.xq = xq, j.y = y;
-        double dt = timed(rowprod_run, &j, n_out, T);
-        printf("rowprod_%s_gb_s %.1f\n", cb_type_name(t),
-               (double)rb * (double)n_out * rp_reps / dt / 1e9);
+        double bw, dt = timed(rowprod_run, &j, n_out, T, 5, &bw);
+        printf("rowprod_%s_gb_s %.1f\nrowprod_%s_bw_gb_s %.1f\n", cb_type_name(t),
+               (double)rb * (double)n_out * rp_reps / dt / 1e9, cb_type_name(t), bw);
         free(w), free(xq), free(y);
     }
 }
@@ -229,8 +256,10 @@ static void attn(int T)
                 c[e] = (uint16_t)(0x3000 | (frand() > 0 ? 0 : 0x8000) | (rng >> 12 & 0x3ff));
         }
         int32_t pos = (int32_t)(n_keys - 1);
-        double best = 1e9;
+        double best = 1e9, bw = 0;
         for (int r = 0; r < 7; r++) {
+            double g = bw_pass(T);
+            bw = g > bw ? g : bw;
             double t0 = now();
             for (int64_t p = 0; p < reps * nl; p++)
                 be->ops->attention(be, q, &pos, 1, kv[p % nl * 2], kv[p % nl * 2 + 1], CB_TYPE_F16,
@@ -238,7 +267,8 @@ static void attn(int T)
             double dt = now() - t0;
             best = dt < best ? dt : best;
         }
-        printf("attn_%s_gb_s %.1f\n", shapes[i].name, 2.0 * nl * reps * (double)cb / best / 1e9);
+        printf("attn_%s_gb_s %.1f\nattn_%s_bw_gb_s %.1f\n", shapes[i].name,
+               2.0 * nl * reps * (double)cb / best / 1e9, shapes[i].name, bw);
         for (int l = 0; l < 2 * nl; l++)
             be->ops->dealloc(be, kv[l]);
         free(kv), free(q), free(out);

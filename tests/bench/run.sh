@@ -106,19 +106,20 @@ table default $SCEN
 # type's weights against the memory read bandwidth (target: the K-quants at
 # >= 80%), a 512-row batch through packed panels, and decode's attention
 "$BUILD/bench/bench_kernels" "$T" rowprod blocked attn > "$tmp/kern"
-kbw=$(get "$tmp/kern" membw_gb_s)
 echo "== the 8-bit kernels alone ($(get "$tmp/kern" kernels_isa), $T threads): one-row products from memory, 512-row batches"
+# each share is of the plain read taken in turns with that figure
 for ty in q4_K q5_K q6_K q4_0 q5_0 q8_0; do
-    awk -v t="$ty" -v g="$(get "$tmp/kern" "rowprod_${ty}_gb_s")" -v bw="$kbw" -v m="$(get "$tmp/kern" "blocked_${ty}_gmacs")" \
+    awk -v t="$ty" -v g="$(get "$tmp/kern" "rowprod_${ty}_gb_s")" -v bw="$(get "$tmp/kern" "rowprod_${ty}_bw_gb_s")" \
+        -v m="$(get "$tmp/kern" "blocked_${ty}_gmacs")" \
         -v p="$(get "$tmp/kern" "blocked_${ty}_pack_pct")" 'BEGIN {
-        printf "  %-5s one row: %5.1f GB/s = %3.0f%% of %.1f GB/s read%s; 512 rows: %6.1f GMAC/s (packing %.0f%%)\n", t, g,
+        printf "  %-5s one row: %5.1f GB/s = %3.0f%% of %.1f GB/s read in turns%s; 512 rows: %6.1f GMAC/s (packing %.0f%%)\n", t, g,
             100 * g / bw, bw, (t ~ /_K$/ ? " (target >= 80%)" : ""), m, p }'
 done
 # decode's attention alone: one row over 4,096 keys of an f16 cache in
 # every layer (caches of 94 MB and 117 MB: they stream from memory)
 for sh in smollm2 qwen1.5b; do
-    awk -v s="$sh" -v g="$(get "$tmp/kern" "attn_${sh}_gb_s")" -v bw="$kbw" 'BEGIN {
-        printf "  decode attention, %s-shaped cache of 4,096 keys: %5.1f GB/s = %3.0f%% of %.1f GB/s read\n", s, g, 100 * g / bw, bw }'
+    awk -v s="$sh" -v g="$(get "$tmp/kern" "attn_${sh}_gb_s")" -v bw="$(get "$tmp/kern" "attn_${sh}_bw_gb_s")" 'BEGIN {
+        printf "  decode attention, %s-shaped cache of 4,096 keys: %5.1f GB/s = %3.0f%% of %.1f GB/s read in turns\n", s, g, 100 * g / bw, bw }'
 done
 "$BUILD/bench/bench_engine" "$M" "$T" kl:256 > "$tmp/kl"
 echo "default vs --exact, 256 tokens of English fed one at a time: next-token KL after them $(get "$tmp/kl" kl_256_first) nats," \
