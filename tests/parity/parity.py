@@ -131,10 +131,9 @@ if ref_bin:
         out = subprocess.run([cb_logits, model, "2"], input=inp.encode(), stdout=subprocess.PIPE, check=True,
                              env=dict(env_all, CB_EXACT=ex)).stdout
         allv[name] = np.frombuffer(out, dtype=np.float32).reshape(n_all, nv).astype(np.float64)
-    kl_all = {}
-    for name in names:
-        kl_all[name] = np.array([float(np.sum(np.exp(logsoftmax(r)) * (logsoftmax(r) - logsoftmax(x))))
-                                 for r, x in zip(ref_all, allv[name])])
+    lr_all = [logsoftmax(r) for r in ref_all]
+    kl_all = {name: np.array([float(np.sum(np.exp(lr) * (lr - logsoftmax(x)))) for lr, x in zip(lr_all, allv[name])])
+              for name in names}
     lr = np.log(kl_all["ours"] / kl_all["llama.cpp"])
     print(f"  every position of the {n} prompts ({n_all}): mean KL llama.cpp {kl_all['llama.cpp'].mean():.2e}, "
           f"ours {kl_all['ours'].mean():.2e}, ours --exact {kl_all['ours --exact'].mean():.2e}; "
