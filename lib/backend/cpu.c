@@ -416,7 +416,18 @@ static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *
 {
     qg_job j = {.c = c, .x = x};
     int nt = cb_pool_size(c->pool), rows = n <= (qg_is_k(w[0]->type) ? QG_ROW_MAX_K : QG_ROW_MAX_0);
+    int64_t n_ol = 0;
+    for (int64_t i = 0; i < n; i++)
+        n_ol += outlier_row(x + i * w[0]->n_in, w[0]->n_in);
     pthread_mutex_lock(&c->xg_mu);
+    if (n_ol == n) {
+        /* every row goes through the exact kernels anyway (a decode step's
+         * lone row often does on SmolLM2: a quarter of its time went to
+         * the 8-bit product these rows then threw away) */
+        qg_outliers(c, w, nw, x, y, n);
+        pthread_mutex_unlock(&c->xg_mu);
+        return;
+    }
     if (!grow_xg(c, n) && !grow_xg(c, 64)) {
         /* no memory for even a small slice: the exact path, weight by weight */
         pthread_mutex_unlock(&c->xg_mu);
