@@ -416,9 +416,9 @@ static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *
 {
     qg_job j = {.c = c, .x = x};
     int nt = cb_pool_size(c->pool), rows = n <= (qg_is_k(w[0]->type) ? QG_ROW_MAX_K : QG_ROW_MAX_0);
-    int64_t n_ol = 0;
-    for (int64_t i = 0; i < n; i++)
-        n_ol += outlier_row(x + i * w[0]->n_in, w[0]->n_in);
+    int64_t n_ol = 0; /* the leading dominated rows: up to the first that is not */
+    while (n_ol < n && outlier_row(x + n_ol * w[0]->n_in, w[0]->n_in))
+        n_ol++;
     pthread_mutex_lock(&c->xg_mu);
     if (n_ol == n) {
         /* every row goes through the exact kernels anyway (a decode step's
