@@ -182,6 +182,7 @@ typedef struct mm_job {
     const float *x;
     float *y;
     int64_t n, rows_per_task;
+    int paired; /* a lone last row with the bits it gets among others (QMM_ONE_PAIRED) */
 } mm_job;
 
 /* output rows [i*rows_per_task, ...) for every activation row, QMM_ROWS at a time */
@@ -194,6 +195,7 @@ static void mm_dot_task(void *arg, int64_t i, int tid)
     (void)tid;
     for (int64_t r = 0; r < j->n; r += QMM_ROWS) {
         int nr = j->n - r < QMM_ROWS ? (int)(j->n - r) : QMM_ROWS;
+        nr = nr == 1 && j->paired ? QMM_ONE_PAIRED : nr;
         w->k.dot(w->type, w->data, w->row_bytes, w->n_in, j->x + r * w->n_in, w->n_in, nr, o0, o1,
                  j->y + r * w->n_out, w->n_out);
     }
@@ -230,7 +232,7 @@ static void mm_small_task(void *arg, int64_t i, int tid)
 }
 
 static void mm_small_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x,
-                         float *const *y, int64_t n)
+                         float *const *y, int64_t n, int paired)
 {
     int nt = cb_pool_size(c->pool);
     mm_small s;
@@ -239,7 +241,7 @@ static void mm_small_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const f
         /* about 8 tasks a thread for each weight, rows in multiples of 4 */
         int64_t per = (w[k]->n_out + 8 * nt - 1) / (8 * nt);
         per = per < 4 ? 4 : (per + 3) / 4 * 4;
-        s.j[k] = (mm_job){c, w[k], x, y[k], n, per};
+        s.j[k] = (mm_job){c, w[k], x, y[k], n, per, paired};
         s.first[k + 1] = s.first[k] + (w[k]->n_out + per - 1) / per;
     }
     cb_pool_for(c->pool, mm_small_task, &s, s.first[nw]);
@@ -348,10 +350,14 @@ static int outlier_row(const float *x, int64_t n)
 }
 
 /* The rows of x [n] one value dominates (outlier_row), again through the
- * exact kernels, weight by weight, up to CB_ROWS_MAX at a time and always
- * an even number (a lone row beside a copy of itself): the exact kernels
- * give a row the same bits in every such count (backend.h), so the row's
- * result is its own, whatever its batch.  The caller holds xg_mu. */
+ * exact kernels, weight by weight, up to CB_ROWS_MAX at a time, a lone
+ * last row with the bits it gets among others (QMM_ONE_PAIRED): the exact
+ * kernels give a row the same bits in every even count (backend.h), so the
+ * row's result is its own, whatever its batch.  A pair of copies of the
+ * lone row did this before, at twice the arithmetic (SmolLM2's output head
+ * takes such a row at every decode step: its kernel's share of decode
+ * samples went from 21.7% to 20.0%; the reading of the weights bounds it).
+ * The caller holds xg_mu. */
 static void qg_outliers(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x,
                         float *const *y, int64_t n)
 {
@@ -367,13 +373,10 @@ static void qg_outliers(cpu_ctx *c, const cb_bweight *const *w, int nw, const fl
         }
         if (m == 0 || (m < CB_ROWS_MAX && i < n))
             continue;
-        int mm = m + (m & 1);
-        if (m & 1)
-            memcpy(c->ol_x + m * n_in, c->ol_x + (m - 1) * n_in, rb);
         for (int k = 0; k < nw; k++) {
             int64_t no = w[k]->n_out;
             float *yo = c->ol_y;
-            mm_small_run(c, &w[k], 1, c->ol_x, &yo, mm);
+            mm_small_run(c, &w[k], 1, c->ol_x, &yo, m, 1);
             for (int r = 0; r < m; r++)
                 memcpy(y[k] + idx[r] * no, c->ol_y + r * no, sizeof(float) * (size_t)no);
         }
@@ -476,7 +479,7 @@ static void add_bias(const cb_bweight *w, float *y, int64_t n)
 static void mm_panels(cpu_ctx *c, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
     int nt = cb_pool_size(c->pool);
-    mm_job j = {c, w, x, y, n, 0};
+    mm_job j = {c, w, x, y, n, 0, 0};
     cb_blas_single();
     /* panels of up to PANEL_MAX rows, at least 4 a thread */
     int64_t per = (w->n_out + 4 * nt - 1) / (4 * nt);
@@ -491,7 +494,7 @@ static void cpu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float
     if (w->qg)
         qg_run(c, &w, 1, x, &y, n);
     else if (n <= MM_SMALL)
-        mm_small_run(c, &w, 1, x, &y, n);
+        mm_small_run(c, &w, 1, x, &y, n, 0);
     else
         mm_panels(c, w, x, y, n);
     add_bias(w, y, n);
@@ -507,7 +510,7 @@ static void cpu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, 
     if (all_qg) {
         qg_run(c, w, nw, x, y, n); /* the input quantized once for all */
     } else if (n <= MM_SMALL && nw <= MM_MULTI) {
-        mm_small_run(c, w, nw, x, y, n);
+        mm_small_run(c, w, nw, x, y, n, 0);
     } else {
         for (int k = 0; k < nw; k++)
             cpu_matmul(b, w[k], x, y[k], n);

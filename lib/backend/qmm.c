@@ -14,6 +14,7 @@ void qmm_dot_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
                int64_t ldx, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     float buf[CHUNK];
+    nr = nr == QMM_ONE_PAIRED ? 1 : nr; /* a row's bits do not depend on nr here */
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *row = w + (size_t)o * row_bytes;
         float acc[QMM_ROWS] = {0};

@@ -5,7 +5,8 @@
  * of row_bytes each (cb_type_row_bytes), blocks of 32 or 256 elements.  Two
  * kernels per type:
  *   dot   y[r*ldy + o] = sum_j W[o, j] * x[r*ldx + j] for rows r < nr (at
- *         most QMM_ROWS) and outputs o in [o0, o1): each weight block is
+ *         most QMM_ROWS; QMM_ONE_PAIRED: one row with the bits of a row
+ *         among several) and outputs o in [o0, o1): each weight block is
  *         decoded once into f32 lanes and multiplied into every row
  *         (decode and small batches);
  *   rows  dst [o1-o0, n_in] = W rows o0..o1 in f32 (a panel for sgemm,
@@ -30,6 +31,10 @@
 #include <string.h>
 
 #define QMM_ROWS 4
+/* dot's nr for one row with the bits it gets among 2..QMM_ROWS rows (a
+ * lone row otherwise takes more partial sums): half the work of the pair
+ * of copies that gave those bits before */
+#define QMM_ONE_PAIRED (-1)
 
 /* Sum of a[j] b[j] over n in eight partial sums (so that gcc vectorizes it
  * without reassociating one sum), combined pairwise: the attention scores'

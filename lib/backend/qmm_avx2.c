@@ -188,19 +188,19 @@ AI float hsum(__m256 a)
     return _mm_cvtss_f32(s);
 }
 
-/* One weight row against R activation rows: groups of SUBS*32 elements of
- * BB bytes; a plain-type tail (n_in not a multiple of 32) by the reference
- * decoder. */
-#define ROW_DOT(R, SUBS, BB, DEC)                                                         \
+/* One weight row against R activation rows in NA accumulators each (four
+ * for a lone row, else two): groups of SUBS*32 elements of BB bytes; a
+ * plain-type tail (n_in not a multiple of 32) by the reference decoder. */
+#define ROW_DOT(R, NA_, SUBS, BB, DEC)                                                    \
     do {                                                                                  \
-        enum { NA = (R) == 1 ? 4 : 2 };                                                   \
+        enum { NA = (NA_) };                                                              \
         __m256 acc[R][NA];                                                                \
         for (int r = 0; r < (R); r++)                                                     \
             for (int a = 0; a < NA; a++)                                                  \
                 acc[r][a] = _mm256_setzero_ps();                                          \
         const uint8_t *blk = row;                                                         \
         const float *xp = x;                                                              \
-        for (int64_t bi = 0; bi < nb; bi++, blk += (BB))                                  \
+        for (int64_t bi = 0; bi < nb; bi++, blk += (BB)) {                                \
             for (int s = 0; s < (SUBS); s++, xp += 32) {                                  \
                 __m256 v[4];                                                              \
                 DEC(blk, s, v);                                                           \
@@ -209,6 +209,7 @@ AI float hsum(__m256 a)
                         acc[r][k % NA] = _mm256_fmadd_ps(                                 \
                             v[k], _mm256_loadu_ps(xp + r * ldx + 8 * k), acc[r][k % NA]); \
             }                                                                             \
+        }                                                                                 \
         for (int r = 0; r < (R); r++) {                                                   \
             __m256 tot = acc[r][0];                                                       \
             for (int a = 1; a < NA; a++)                                                  \
@@ -222,14 +223,17 @@ AI float hsum(__m256 a)
                            int64_t ldx, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)   \
     {                                                                                            \
         int64_t nb = n_in / (32 * (SUBS)), tail = n_in - nb * 32 * (SUBS);                       \
+        const int kind = nr;                                                                     \
+        nr = nr == QMM_ONE_PAIRED ? 1 : nr;                                                      \
         for (int64_t o = o0; o < o1; o++) {                                                      \
             const uint8_t *row = w + (size_t)o * rb;                                             \
             float out[QMM_ROWS];                                                                 \
-            switch (nr) {                                                                        \
-            case 1: ROW_DOT(1, SUBS, BB, DEC); break;                                            \
-            case 2: ROW_DOT(2, SUBS, BB, DEC); break;                                            \
-            case 3: ROW_DOT(3, SUBS, BB, DEC); break;                                            \
-            default: ROW_DOT(4, SUBS, BB, DEC); break;                                           \
+            switch (kind) {                                                                      \
+            case QMM_ONE_PAIRED: ROW_DOT(1, 2, SUBS, BB, DEC); break;                            \
+            case 1: ROW_DOT(1, 4, SUBS, BB, DEC); break;                                         \
+            case 2: ROW_DOT(2, 2, SUBS, BB, DEC); break;                                         \
+            case 3: ROW_DOT(3, 2, SUBS, BB, DEC); break;                                         \
+            default: ROW_DOT(4, 2, SUBS, BB, DEC); break;                                        \
             }                                                                                    \
             if (tail) {                                                                          \
                 float buf[32];                                                                   \

@@ -1802,6 +1802,40 @@ static void outlier_cases(cb_backend *a8)
     }
 }
 
+/* The exact kernels' QMM_ONE_PAIRED: one row with the bits it gets among
+ * 2, 3 and 4 rows (cpu.c's rows one value dominates go through it), on
+ * every type, with the kernels this CPU runs and the portable ones. */
+static void paired_cases(void)
+{
+    static const cb_type ty[] = {CB_TYPE_F32,  CB_TYPE_F16,  CB_TYPE_BF16, CB_TYPE_Q4_0,
+                                 CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1, CB_TYPE_Q8_0,
+                                 CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
+    int64_t n_in = 512, n_out = 24;
+    seed(5);
+    float *wf = rand_vec(n_in * n_out, 1.0f), *x = rand_vec(4 * n_in, 2.0f);
+    float y1[24], y4[4 * 24];
+    for (size_t t = 0; t < sizeof ty / sizeof ty[0]; t++)
+        for (int simd = 1; simd >= 0; simd--) {
+            qmm_kernels k;
+            size_t rb = cb_type_row_bytes(ty[t], n_in);
+            uint8_t *wq = malloc(rb * (size_t)n_out);
+            for (int64_t o = 0; o < n_out; o++)
+                cb_quant_row(ty[t], wf + o * n_in, wq + (size_t)o * rb, n_in);
+            CHECK(qmm_select(ty[t], simd, &k));
+            k.dot(ty[t], wq, rb, n_in, x, n_in, QMM_ONE_PAIRED, 0, n_out, y1, n_out);
+            int ok = 1;
+            for (int nr = 2; nr <= QMM_ROWS; nr++) {
+                k.dot(ty[t], wq, rb, n_in, x, n_in, nr, 0, n_out, y4, n_out);
+                ok &= memcmp(y1, y4, sizeof y1) == 0;
+            }
+            tcase("qmm %s %s: one paired row = row 0 of 2, 3 and 4 rows, bit for bit", k.isa,
+                  cb_type_name(ty[t]));
+            CHECK(ok);
+            free(wq);
+        }
+    free(wf), free(x);
+}
+
 static void act8_cases(void)
 {
     static const cb_type q8_types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
@@ -1864,6 +1898,7 @@ static void act8_cases(void)
         CHECKF(e <= 1e-9 && e2 <= 1e-9, "nmse %.3e / %.3e", e, e2);
     }
     act8_exact = 0;
+    paired_cases();
     /* the quantizers: random values, exact ties (k + 0.5 steps), zeros, a
      * group of zeros, huge and tiny values */
     qmm_kernels k;
