@@ -175,8 +175,8 @@ static uint8_t *quantized_rows(cb_type t, int64_t n_in, int64_t n)
     return xq;
 }
 
-static const cb_type types[] = {CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K,
-                                CB_TYPE_Q4_0, CB_TYPE_Q5_0, CB_TYPE_Q8_0};
+static const cb_type types[] = {CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K, CB_TYPE_Q4_0,
+                                CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q8_0};
 
 static void rowprod(int T)
 {

@@ -108,7 +108,7 @@ table default $SCEN
 "$BUILD/bench/bench_kernels" "$T" rowprod blocked attn > "$tmp/kern"
 echo "== the 8-bit kernels alone ($(get "$tmp/kern" kernels_isa), $T threads): one-row products from memory, 512-row batches"
 # each share is of the plain read taken in turns with that figure
-for ty in q4_K q5_K q6_K q4_0 q5_0 q8_0; do
+for ty in q4_K q5_K q6_K q4_0 q4_1 q5_0 q8_0; do
     awk -v t="$ty" -v g="$(get "$tmp/kern" "rowprod_${ty}_gb_s")" -v bw="$(get "$tmp/kern" "rowprod_${ty}_bw_gb_s")" \
         -v m="$(get "$tmp/kern" "blocked_${ty}_gmacs")" \
         -v p="$(get "$tmp/kern" "blocked_${ty}_pack_pct")" 'BEGIN {
