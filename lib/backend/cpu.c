@@ -185,6 +185,22 @@ typedef struct mm_job {
     int paired; /* a lone last row with the bits it gets among others (QMM_ONE_PAIRED) */
 } mm_job;
 
+/* The output rows of a task of a product of w with a few activation rows
+ * (the one-row kernels): about 8 tasks a thread, so that a thread the
+ * machine holds up leaves its share to the others, but at least TASK_BYTES
+ * of weights, in multiples of m.  Each task starts its stream of weights
+ * cold; SmolLM2's 576 x 576 weights made 13 KB tasks.  With 128 KB at
+ * least its decode ran 8% faster (median of 15 alternated pairs, 14
+ * faster; 256 KB: 4% slower than 128), Qwen2.5-0.5B's and -1.5B's, whose
+ * tasks were mostly larger, within noise. */
+static int64_t task_rows(const cb_bweight *w, int nt, int m)
+{
+    int64_t per = (w->n_out + 8 * nt - 1) / (8 * nt),
+            least = (TASK_BYTES + (int64_t)w->row_bytes - 1) / (int64_t)w->row_bytes;
+    per = per < least ? least : per;
+    return (per + m - 1) / m * m;
+}
+
 /* output rows [i*rows_per_task, ...) for every activation row, QMM_ROWS at a time */
 static void mm_dot_task(void *arg, int64_t i, int tid)
 {
@@ -238,9 +254,7 @@ static void mm_small_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const f
     mm_small s;
     s.first[0] = 0;
     for (int k = 0; k < nw; k++) {
-        /* about 8 tasks a thread for each weight, rows in multiples of 4 */
-        int64_t per = (w[k]->n_out + 8 * nt - 1) / (8 * nt);
-        per = per < 4 ? 4 : (per + 3) / 4 * 4;
+        int64_t per = task_rows(w[k], nt, 4);
         s.j[k] = (mm_job){c, w[k], x, y[k], n, per, paired};
         s.first[k + 1] = s.first[k] + (w[k]->n_out + per - 1) / per;
     }
@@ -443,9 +457,7 @@ static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *
     j.first[0] = 0;
     j.per = c->qg.layout.p; /* a panel a task */
     for (int k = 0; k < nw; k++) {
-        /* one-row mode: about 8 tasks a thread for the widest weight, in eights */
-        int64_t per = (w[k]->n_out + 8 * nt - 1) / (8 * nt);
-        per = (per + 7) / 8 * 8;
+        int64_t per = task_rows(w[k], nt, 8); /* one-row mode: the widest weight's */
         if (rows && per > j.per)
             j.per = per;
         j.w[k] = w[k];
