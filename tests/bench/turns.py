@@ -4,7 +4,7 @@ minute apart, so that two engines measured one after the other compare
 their moments as much as themselves.  This runs them side by side, idle
 but for their turn: each prefills in turn, then each decodes N/R tokens,
 R rounds, ours and theirs alternating, with CB_BENCH_TURNS=R set (see
-bench_engine.c).  Every line an engine prints goes, prefixed with
+bench_engine.c), each turn SETTLE seconds after the last one ended.  Every line an engine prints goes, prefixed with
 "SCENARIO/", to its file (appended), as run.sh's engine_rows collects
 them; it adds decode_L_turn_ratio to the first file: the median over the
 rounds of first engine's rate over the last's.
@@ -13,6 +13,14 @@ import os
 import statistics
 import subprocess
 import sys
+import time
+
+# Seconds between one engine's turn and the next: an engine's threads may
+# spin for a while after its work (libgomp's, under llama.cpp, for
+# milliseconds), and the engine whose turn came next paid for it: the same
+# binary decoded SmolLM2 at 75-86 tok/s in the turn after llama.cpp's and
+# at 104-115 in the turn after another of ours.
+SETTLE = 0.05
 
 
 def main():
@@ -37,6 +45,7 @@ def main():
     def turn(k, want):
         """let engine k go; collect its lines until one starts with want"""
         p = procs[k]
+        time.sleep(SETTLE)
         p.stdin.write("go\n")
         p.stdin.flush()
         for ln in p.stdout:
