@@ -193,6 +193,7 @@ typedef struct mm_job {
  * least its decode ran 8% faster (median of 15 alternated pairs, 14
  * faster; 256 KB: 4% slower than 128), Qwen2.5-0.5B's and -1.5B's, whose
  * tasks were mostly larger, within noise. */
+enum { TASK_BYTES = 128 << 10 };
 static int64_t task_rows(const cb_bweight *w, int nt, int m)
 {
     int64_t per = (w->n_out + 8 * nt - 1) / (8 * nt),

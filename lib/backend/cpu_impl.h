@@ -12,19 +12,17 @@
 #include <pthread.h>
 
 enum {
-    QG_ROW_MAX_K = 12, /* 8-bit activations: up to this many rows through the one-row kernel
+    QG_ROW_MAX_K = 12,   /* 8-bit activations: up to this many rows through the one-row kernel
                          (the rows sharing each block's decoding), more through packed panels
                          (measured, 8960 x 1536 weights, one thread: q4_K's one-row kernel ahead
                          up to 10-12 rows, q6_K's to 16) */
-    QG_ROW_MAX_0 = 4,  /* ... the 32-element types (q4_0, q5_0: packing ahead from 5-6, measured
+    QG_ROW_MAX_0 = 4,    /* ... the 32-element types (q4_0, q5_0: packing ahead from 5-6, measured
                          before gemv_4x; with it, 8 rows through the one-row kernel and through
                          panels were within the VM's noise on SmolLM2's decode of 4 and 8
                          sequences, so this stayed) */
-    MM_SMALL = 12,     /* up to this many rows: the quantized dot kernels (measured: they beat
+    MM_SMALL = 12,       /* up to this many rows: the quantized dot kernels (measured: they beat
                          dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
-    PANEL_MAX = 128,   /* weight rows per sgemm panel */
-    TASK_BYTES =
-        128 << 10,       /* the least weight bytes a task of a one-row product (cpu.c, task_rows) */
+    PANEL_MAX = 128,     /* weight rows per sgemm panel */
     ATT_KB = 256,        /* keys per attention tile */
     ATT_SUB = 16,        /* keys a decode task takes in every KV head before the next ones: the
                          cache rows stream whole, not one head's slice of each */
