@@ -384,6 +384,14 @@ static void init_ops(void)
     OP(scatter, cu_scatter);
     OP(deviation, cu_deviation);
     OP(topk, cu_topk);
+    {
+        /* probe's score on the device: written without a GPU to run it on,
+         * so opt-in (CB_CUDA_MASS=1; test_backend_ops sets it) until a GPU
+         * session's op tests and sanitizers have passed it */
+        const char *env = getenv("CB_CUDA_MASS");
+        if (env && *env && strcmp(env, "0") != 0)
+            OP(attn_mass, cu_attn_mass);
+    }
 #undef OP
 #undef RELEASE
     /* cuBLAS picks its algorithm by shape and a product's input rows share

@@ -248,3 +248,163 @@ cudaError_t cu_attention_setup(size_t *smem)
         return e;
     return cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem);
 }
+
+/* ------------------------------------------------------ attention mass */
+
+/* Blending's attention mass (probe's score, backend.h's attn_mass) on the
+ * device, in three kernels, no host copy and no atomics (the same bits
+ * every run, so that top-k picks the same tokens):
+ *   k_mass_norm: per (query row, head), one block: the row's max logit m
+ *     and 1 / sum e^(s - m) over the keys its mask leaves it;
+ *   k_mass_head: per (tile of MASS_KT keys, head): each thread a key, the
+ *     sum over the query rows (MASS_RC at a time through shared memory) of
+ *     e^(s - m) / l, to part[head][key];
+ *   k_mass_add: mass[key] += the heads' sums, head by head.
+ * Logits are f32 dot products in order over the head dimension (the CPU's
+ * come from sgemm: test_backend_ops bounds the difference). */
+enum { MASS_NT = 128, MASS_KT = 32, MASS_RC = 8 };
+
+__device__ __forceinline__ int mass_lo(int p, int window)
+{
+    return window > 0 && p >= window ? p - window + 1 : 0;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MASS_NT)
+    k_mass_norm(const float *q, const int32_t *pos, const T *k, int n_head, int n_head_kv, int hd, float scale,
+                int window, float2 *ml)
+{
+    __shared__ float qs[ATT_HD_MAX];
+    __shared__ float red_m[MASS_NT / 32], red_l[MASS_NT / 32];
+    const int64_t row = blockIdx.x;
+    const int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
+    const int64_t ldkv = (int64_t)n_head_kv * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x)
+        qs[d] = q[row * (int64_t)n_head * hd + (int64_t)h * hd + d] * scale;
+    __syncthreads();
+    const int p = pos[row], lo = mass_lo(p, window);
+    float m = -INFINITY, l = 0.0f; /* this thread's keys, online */
+    for (int j = lo + (int)threadIdx.x; j <= p; j += blockDim.x) {
+        const T *kr = k + (int64_t)j * ldkv + (int64_t)kvh * hd;
+        float s = 0.0f;
+        for (int d = 0; d < hd; d++)
+            s += qs[d] * ld<T>(kr[d]);
+        if (s > m) {
+            l = l * expf(m - s) + 1.0f;
+            m = s;
+        } else {
+            l += expf(s - m);
+        }
+    }
+    /* the block's: max, then each thread's sum rescaled to it */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float wm = warp_max(m);
+    if (lane == 0)
+        red_m[warp] = wm;
+    __syncthreads();
+    float bm = red_m[0];
+    for (int w = 1; w < MASS_NT / 32; w++)
+        bm = fmaxf(bm, red_m[w]);
+    float wl = warp_sum(m == -INFINITY ? 0.0f : l * expf(m - bm));
+    if (lane == 0)
+        red_l[warp] = wl;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float bl = 0.0f;
+        for (int w = 0; w < MASS_NT / 32; w++)
+            bl += red_l[w];
+        ml[row * n_head + h] = make_float2(bm, 1.0f / bl); /* every row sees its own position: bl >= 1 */
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MASS_KT)
+    k_mass_head(const float *q, const int32_t *pos, int64_t n, const T *k, int64_t n_keys, int n_head, int n_head_kv,
+                int hd, float scale, int window, const float2 *ml, float *part)
+{
+    extern __shared__ float sm[];
+    const int ldk = hd + 1; /* padded: threads read different key rows */
+    float *Ks = sm, *Qs = Ks + MASS_KT * ldk;
+    const int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
+    const int64_t ldkv = (int64_t)n_head_kv * hd, ldq = (int64_t)n_head * hd;
+    const int64_t k0 = (int64_t)blockIdx.x * MASS_KT, key = k0 + threadIdx.x;
+    for (int e = threadIdx.x; e < MASS_KT * hd; e += blockDim.x) {
+        int64_t j = k0 + e / hd;
+        Ks[(e / hd) * ldk + e % hd] = j < n_keys ? ld<T>(k[j * ldkv + (int64_t)kvh * hd + e % hd]) : 0.0f;
+    }
+    float sum = 0.0f;
+    for (int64_t r0 = 0; r0 < n; r0 += MASS_RC) {
+        __syncthreads(); /* the keys in; the last chunk's rows read */
+        for (int e = threadIdx.x; e < MASS_RC * hd; e += blockDim.x) {
+            int64_t row = r0 + e / hd;
+            Qs[e] = row < n ? q[row * ldq + (int64_t)h * hd + e % hd] * scale : 0.0f;
+        }
+        __syncthreads();
+        for (int r = 0; r < MASS_RC && r0 + r < n; r++) {
+            const int p = pos[r0 + r];
+            if (key > p || key < mass_lo(p, window))
+                continue;
+            float s = 0.0f;
+            for (int d = 0; d < hd; d++)
+                s += Qs[r * hd + d] * Ks[threadIdx.x * ldk + d];
+            const float2 mi = ml[(r0 + r) * n_head + h];
+            sum += expf(s - mi.x) * mi.y;
+        }
+    }
+    if (key < n_keys)
+        part[(int64_t)h * n_keys + key] = sum;
+}
+
+__global__ void k_mass_add(const float *part, int64_t n_keys, int n_head, float *mass)
+{
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n_keys)
+        return;
+    float s = 0.0f;
+    for (int h = 0; h < n_head; h++)
+        s += part[(int64_t)h * n_keys + j];
+    mass[j] += s;
+}
+
+static size_t mass_smem(int hd)
+{
+    return sizeof(float) * (size_t)(MASS_KT * (hd + 1) + MASS_RC * hd);
+}
+
+cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, cb_type ty,
+                       int64_t n_keys, int n_head, int n_head_kv, int hd, float scale, int window, float *mass)
+{
+    tctx *t = T(b, "attn_mass");
+    if (n == 0 || n_keys == 0)
+        return CB_OK;
+    if (hd > ATT_HD_MAX)
+        BUG("attn_mass", "head dimension above 256");
+    const int32_t *dpos = stage_idx(t, pos, n);
+    float2 *ml = (float2 *)alloc_on(t, sizeof(float2) * (size_t)(n * n_head));
+    float *part = (float *)alloc_on(t, sizeof(float) * (size_t)(n_keys * n_head));
+    if (!ml || !part) {
+        free_on(t, ml);
+        free_on(t, part);
+        return CB_ERR_NOMEM;
+    }
+    dim3 gn((unsigned)n, (unsigned)n_head), gh(nblocks(n_keys, MASS_KT), (unsigned)n_head);
+    size_t smem = mass_smem(hd);
+    if (ty == CB_TYPE_F32) {
+        k_mass_norm<float><<<gn, MASS_NT, 0, t->s>>>(q, dpos, (const float *)k, n_head, n_head_kv, hd, scale, window,
+                                                     ml);
+        CKL();
+        k_mass_head<float><<<gh, MASS_KT, smem, t->s>>>(q, dpos, n, (const float *)k, n_keys, n_head, n_head_kv, hd,
+                                                        scale, window, ml, part);
+    } else {
+        k_mass_norm<__half><<<gn, MASS_NT, 0, t->s>>>(q, dpos, (const __half *)k, n_head, n_head_kv, hd, scale,
+                                                      window, ml);
+        CKL();
+        k_mass_head<__half><<<gh, MASS_KT, smem, t->s>>>(q, dpos, n, (const __half *)k, n_keys, n_head, n_head_kv,
+                                                         hd, scale, window, ml, part);
+    }
+    CKL();
+    LAUNCH_1D(t, n_keys, k_mass_add, part, n_keys, n_head, mass);
+    free_on(t, ml);
+    free_on(t, part);
+    return CB_OK;
+}

@@ -2160,6 +2160,9 @@ int main(int argc, char **argv)
     cpu->ops->set_act8(cpu, 0);
     cpu_c->ops->set_act8(cpu_c, 0);
     printf("# CPU backend: %s; portable: %s\n", cpu->desc, cpu_c->desc);
+    /* the device's attention mass is opt-in until a GPU run has passed it
+     * (lib/cuda/cuda.cu): these cases are that run's check */
+    setenv("CB_CUDA_MASS", "1", 0);
     if (cb_backend_open(&cuda, "cuda", 0, &err) != CB_OK) {
         cuda = NULL;
         snprintf(cuda_why, sizeof cuda_why, "no CUDA device (see the first line)");
@@ -2306,18 +2309,24 @@ int main(int argc, char **argv)
         snprintf(name, sizeof name, "deviation %s", f16 ? "f16" : "f32");
         run_case(name, c_deviation, 1e-12, 1e-10);
         /* attention mass: GQA (3 and 8 heads a KV head), none (4 x 4),
-         * windows narrower than the cache and wider, one row */
-        for (int ci = 0; ci < 5; ci++) {
-            static const int heads[5][2] = {{6, 2}, {4, 4}, {8, 1}, {6, 2}, {6, 2}};
-            static const int wins[5] = {0, 0, 0, 9, 400}, nqs[5] = {20, 20, 20, 20, 1};
+         * windows narrower than the cache and wider, one row; then
+         * model-sized heads over more keys (the device's tiles of keys and
+         * rows end inside, its shared memory at head dimension 256) */
+        for (int ci = 0; ci < 7; ci++) {
+            static const int heads[7][2] = {{6, 2}, {4, 4},  {8, 1}, {6, 2},
+                                            {6, 2}, {12, 2}, {8, 1}};
+            static const int wins[7] = {0, 0, 0, 9, 400, 0, 700},
+                             nqs[7] = {20, 20, 20, 20, 1, 37, 9};
+            static const int hds[7] = {64, 64, 64, 64, 64, 128, 256},
+                             keys[7] = {150, 150, 150, 150, 150, 1100, 1033};
             am_heads = heads[ci][0], am_kv_heads = heads[ci][1], am_window = wins[ci];
-            am_nq = nqs[ci];
-            snprintf(name, sizeof name, "attn_mass %s %d rows %d/%d heads window %d",
-                     f16 ? "f16" : "f32", am_nq, am_heads, am_kv_heads, am_window);
+            am_nq = nqs[ci], am_hd = hds[ci], am_keys = keys[ci];
+            snprintf(name, sizeof name, "attn_mass %s %d rows %d/%d heads hd %d %d keys window %d",
+                     f16 ? "f16" : "f32", am_nq, am_heads, am_kv_heads, am_hd, am_keys, am_window);
             run_case(name, c_attn_mass, 1e-10, 1e-9);
             run_case_c(name, c_attn_mass, 1e-10); /* the portable softmax */
         }
-        am_heads = 6, am_kv_heads = 2, am_window = 0, am_nq = 20;
+        am_heads = 6, am_kv_heads = 2, am_window = 0, am_nq = 20, am_hd = 64, am_keys = 150;
     }
     test_attention_nan();
     kv_type = CB_TYPE_F16;
