@@ -105,8 +105,11 @@ blend() {
 bench() {
     d=$(mktemp -d) || return 1
     fixtures "$d" || { rm -rf "$d"; return 1; }
-    for m in smol qwen15; do
-        for dev in ${GPU_BENCH_DEVICES:-cuda cpu}; do
+    # device by device: the CUDA figures of both shapes come first, so that
+    # a STEP_TIMEOUT cuts the CPU's (on 16 cores the 1.5B shape's CPU rows
+    # alone took over two minutes on the H200's machine)
+    for dev in ${GPU_BENCH_DEVICES:-cuda cpu}; do
+        for m in smol qwen15; do
             echo "== $m-shaped, random weights, on $dev ($J threads beside it); each scenario twice, the second kept"
             for sc in prefill:512 prefill:2048 prefill:4096 decode:512:64 decode:4096:64 batch:16:2048 \
                 batch:64:2048 batch:512:2048; do
