@@ -4,6 +4,7 @@
 #   ops       test_backend_ops: every CUDA operation against the CPU
 #   memcheck racecheck synccheck initcheck
 #             test_backend_ops under compute-sanitizer's four tools
+#             (racecheck without the model-sized attention cases)
 #   device    tests/cli/device.sh: CPU vs CUDA end to end, on fixtures
 #   suites    every unit and CLI suite (tests/run.sh, no apt-get, no fuzzing)
 #   blend     blend TTFT against full prefill on CUDA (6 x 512-token chunks,
@@ -17,6 +18,8 @@
 #             device machine cannot be sent the models: 64 MB at most):
 #             prefill 512/2048/4096, decode after 512/4096, 16..512-row
 #             batches
+#   racecheck-big  racecheck over the model-sized attention cases alone
+#             (slow: a minute or more a case)
 # No STEP: all of them, in that order.  Environment: BUILD (default
 # build/rel; a NATIVE=0 build is build/rel-generic, for a device machine
 # whose CPU differs from the one that built it), STEP_TIMEOUT (seconds a
@@ -59,7 +62,13 @@ ops() { "$OPS"; }
 # EiB on purpose (the backend checks every API call itself, and the tests
 # see what it reports)
 memcheck() { "$S" --tool memcheck --leak-check full --report-api-errors no $SAN_ARGS --error-exitcode 1 "$OPS"; }
-racecheck() { "$S" --tool racecheck --racecheck-report all $SAN_ARGS --error-exitcode 1 "$OPS"; }
+# racecheck: the model-sized attention cases (2,304 keys) take a minute or
+# more each under it, and a step limit cut the cases after them (topk,
+# staging, attn_mass, the fault children) in every GPU session: racecheck
+# runs every other case, racecheck-big those alone, last
+BIG_OPS='2304 keys'
+racecheck() { CB_OPS_SKIP=$BIG_OPS "$S" --tool racecheck --racecheck-report all $SAN_ARGS --error-exitcode 1 "$OPS"; }
+racecheck_big() { CB_OPS_ONLY=$BIG_OPS "$S" --tool racecheck --racecheck-report all $SAN_ARGS --error-exitcode 1 "$OPS"; }
 synccheck() { "$S" --tool synccheck $SAN_ARGS --error-exitcode 1 "$OPS"; }
 initcheck() { "$S" --tool initcheck $SAN_ARGS --error-exitcode 1 "$OPS"; }
 device() {
@@ -123,10 +132,11 @@ bench() {
 }
 
 if [ "${1:-}" = --one ]; then "$2"; exit; fi # one step, in a process of its own (STEP_TIMEOUT)
-steps=${*:-build ops memcheck racecheck synccheck initcheck device suites blend bench}
+steps=${*:-build ops memcheck racecheck synccheck initcheck device suites blend bench racecheck-big}
 for s in $steps; do
     case $s in
     build | ops | memcheck | racecheck | synccheck | initcheck | device | suites | blend | bench) step "$s" "$s" ;;
+    racecheck-big) step "$s" racecheck_big ;;
     *) echo "gpu-check: unknown step '$s'" >&2; exit 64 ;;
     esac
 done

@@ -1461,34 +1461,43 @@ static float *o_ref, *o_cpu, *o_cuda;
 
 /* The reference vs the CPU backend within cpu_bound; the CPU vs CUDA
  * backend within cuda_bound (bounds < 0: exact equality). */
-/* $CB_OPS_ONLY: run only the cases whose name holds one of its
- * '|'-separated parts, the others skipped (a sanitizer over a few cases) */
-static int case_wanted(const char *name)
+/* whether name holds one of list's '|'-separated parts (an empty part
+ * matches nothing) */
+static int name_in(const char *list, const char *name)
 {
-    const char *f = getenv("CB_OPS_ONLY");
     char part[128];
-    if (!f || !*f)
-        return 1;
-    while (*f) {
-        size_t n = strcspn(f, "|");
-        snprintf(part, sizeof part, "%.*s", (int)(n < sizeof part ? n : sizeof part - 1), f);
+    while (*list) {
+        size_t n = strcspn(list, "|");
+        snprintf(part, sizeof part, "%.*s", (int)(n < sizeof part ? n : sizeof part - 1), list);
         if (n > 0 && strstr(name, part))
             return 1;
-        f += n + (f[n] == '|');
+        list += n + (list[n] == '|');
     }
     return 0;
 }
 
-/* a case $CB_OPS_ONLY leaves out: its two lines skipped; 1 if so */
+/* $CB_OPS_ONLY: run only the cases whose name holds one of its
+ * '|'-separated parts; $CB_OPS_SKIP: not those whose name holds one of
+ * its parts; the others skipped (a sanitizer over a few cases, or over
+ * all but the slow ones) */
+static int case_wanted(const char *name)
+{
+    const char *only = getenv("CB_OPS_ONLY"), *skip = getenv("CB_OPS_SKIP");
+    if (only && *only && !name_in(only, name))
+        return 0;
+    return !(skip && *skip && name_in(skip, name));
+}
+
+/* a case $CB_OPS_ONLY or $CB_OPS_SKIP leaves out: its two lines skipped; 1 if so */
 static int case_skip(const char *name, const char *cpu_what, const char *cuda_what)
 {
     char nm[192];
     if (case_wanted(name))
         return 0;
     snprintf(nm, sizeof nm, "cpu  %s %s", name, cpu_what);
-    tskip(nm, "not in $CB_OPS_ONLY");
+    tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
     snprintf(nm, sizeof nm, "cuda %s %s", name, cuda_what);
-    tskip(nm, "not in $CB_OPS_ONLY");
+    tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
     return 1;
 }
 
@@ -1524,6 +1533,12 @@ static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda
  * cases the dispatched kernels pass, on every machine. */
 static void run_case_c(const char *name, case_fn fn, double bound)
 {
+    if (!case_wanted(name)) {
+        char nm[192];
+        snprintf(nm, sizeof nm, "cpu-c %s vs reference", name);
+        tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+        return;
+    }
     int64_t n_ref = fn(NULL, o_ref), n_c = fn(cpu_c, o_cpu);
     double e = nmse(o_ref, o_cpu, n_ref);
     tcase("cpu-c %-27s vs reference (nmse %.2e, bound %.0e)", name, e, bound);
