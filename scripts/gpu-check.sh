@@ -8,10 +8,10 @@
 #   device    tests/cli/device.sh: CPU vs CUDA end to end, on fixtures
 #   suites    every unit and CLI suite (tests/run.sh, no apt-get, no fuzzing)
 #   blend     blend TTFT against full prefill on CUDA (6 x 512-token chunks,
-#             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 3,
-#             probe and hkvd), on random-weight models of SmolLM2's and
-#             Qwen2.5-1.5B's shape (their logits are too chaotic to compare
-#             devices on: device does that, on SmolLM2)
+#             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 4,
+#             probe, hkvd, and probe with CB_CUDA_MASS=1), on random-weight
+#             models of SmolLM2's and Qwen2.5-1.5B's shape (their logits are
+#             too chaotic to compare devices on: device does that, on SmolLM2)
 #   bench     bench_engine on CUDA and on the CPU, warm, on a random-weight
 #             model of SmolLM2-135M's shape and of Qwen2.5-1.5B's (the
 #             engine's time does not depend on the weights' values; the
@@ -95,11 +95,15 @@ blend() {
         M=$d/$m.gguf
         "$BINDIR_B/cb-chunk" -m "$M" --tokens 512 "$d/text.txt" | head -n 6 > "$d/$m.jsonl"
         "$BINDIR_B/cb-precompute" -q -m "$M" --device cuda --store "$d/$m.st" "$d/$m.jsonl" > /dev/null || rc=1
-        for spec in full blend:probe blend:hkvd; do
-            mode=${spec%%:*}; set --; [ "$mode" = blend ] && set -- --strategy "${spec#*:}"
+        # probe:device-mass: probe with its score on the device (CB_CUDA_MASS=1,
+        # opt-in until a GPU run has checked it), against the host's copies
+        for spec in full blend:probe blend:hkvd blend:probe:device-mass; do
+            mode=${spec%%:*}; st=${spec#*:}; mass=0
+            case $spec in *:device-mass) st=${st%%:*}; mass=1 ;; esac
+            set --; [ "$mode" = blend ] && set -- --strategy "$st"
             best=""
             for _ in 1 2 3 4; do
-                "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
+                CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
                     -n 1 --stats "$d/s.json" -p "$q" > /dev/null || { rc=1; break; }
                 ms=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ttft_ms"])' "$d/s.json")
                 best=$(awk -v a="$ms" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
