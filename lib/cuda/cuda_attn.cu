@@ -22,6 +22,13 @@ static size_t att_smem(int hd)
     return sizeof(float) * (size_t)(ATT_KT * (hd + 1) + ATT_KT * hd + ATT_WARPS * ATT_ROWS * hd);
 }
 
+/* the first key a query row at position p sees: the window's first in a
+ * sliding-window layer, else 0 (attention, its splits and attn_mass) */
+__host__ __device__ __forceinline__ int first_key(int p, int window)
+{
+    return window > 0 && p >= window ? p - window + 1 : 0;
+}
+
 __device__ __forceinline__ float warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -60,7 +67,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     if (threadIdx.x < ATT_WARPS * ATT_ROWS && row0 + threadIdx.x < n) {
         const int p = pos[row0 + threadIdx.x];
         atomicMax(&s_maxp, p);
-        atomicMin(&s_minlo, window > 0 && p >= window ? p - window + 1 : 0);
+        atomicMin(&s_minlo, first_key(p, window));
     }
 
     int myp[ATT_ROWS];
@@ -102,7 +109,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < ATT_ROWS; r++) {
             /* lowest visible key of this row (the window's first, else 0) */
-            const int lo = window > 0 && myp[r] >= window ? myp[r] - window + 1 : 0;
+            const int lo = first_key(myp[r], window);
             if (myp[r] < k0 || k0 + ATT_KT <= lo) /* no key of the tile is visible (same in every lane) */
                 continue;
             const bool vis = key <= myp[r] && key >= lo;
@@ -199,7 +206,7 @@ static int att_splits(const cudaDeviceProp *prop, int64_t n, const int32_t *pos,
         return 1;
     int32_t maxp = -1, minlo = INT32_MAX;
     for (int64_t i = 0; i < n; i++) {
-        int32_t p = pos[i], lo = window > 0 && p >= window ? p - window + 1 : 0;
+        int32_t p = pos[i], lo = first_key(p, window);
         maxp = p > maxp ? p : maxp;
         minlo = lo < minlo ? lo : minlo;
     }
@@ -264,11 +271,6 @@ cudaError_t cu_attention_setup(size_t *smem)
  * come from sgemm: test_backend_ops bounds the difference). */
 enum { MASS_NT = 128, MASS_KT = 32, MASS_RC = 8 };
 
-__device__ __forceinline__ int mass_lo(int p, int window)
-{
-    return window > 0 && p >= window ? p - window + 1 : 0;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(MASS_NT)
     k_mass_norm(const float *q, const int32_t *pos, const T *k, int n_head, int n_head_kv, int hd, float scale,
@@ -282,7 +284,7 @@ __global__ void __launch_bounds__(MASS_NT)
     for (int d = threadIdx.x; d < hd; d += blockDim.x)
         qs[d] = q[row * (int64_t)n_head * hd + (int64_t)h * hd + d] * scale;
     __syncthreads();
-    const int p = pos[row], lo = mass_lo(p, window);
+    const int p = pos[row], lo = first_key(p, window);
     float m = -INFINITY, l = 0.0f; /* this thread's keys, online */
     for (int j = lo + (int)threadIdx.x; j <= p; j += blockDim.x) {
         const T *kr = k + (int64_t)j * ldkv + (int64_t)kvh * hd;
@@ -342,7 +344,7 @@ __global__ void __launch_bounds__(MASS_KT)
         __syncthreads();
         for (int r = 0; r < MASS_RC && r0 + r < n; r++) {
             const int p = pos[r0 + r];
-            if (key > p || key < mass_lo(p, window))
+            if (key > p || key < first_key(p, window))
                 continue;
             float s = 0.0f;
             for (int d = 0; d < hd; d++)

@@ -4,10 +4,11 @@ minute apart, so that two engines measured one after the other compare
 their moments as much as themselves.  This runs them side by side, idle
 but for their turn: each prefills in turn, then each decodes N/R tokens,
 R rounds, ours and theirs alternating, with CB_BENCH_TURNS=R set (see
-bench_engine.c), each turn SETTLE seconds after the last one ended.  Every line an engine prints goes, prefixed with
-"SCENARIO/", to its file (appended), as run.sh's engine_rows collects
-them; it adds decode_L_turn_ratio to the first file: the median over the
-rounds of first engine's rate over the last's.
+bench_engine.c), each turn SETTLE seconds after the last one ended.
+Every line an engine prints goes, prefixed with "SCENARIO/", to its file
+(appended), as run.sh's engine_rows collects them; it adds
+decode_L_turn_ratio to the first file: the median over the rounds of
+first engine's rate over the last's.
 usage: turns.py SCENARIO ROUNDS OUT1 ... OUTk -- CMD1... -- ... -- CMDk..."""
 import os
 import statistics
