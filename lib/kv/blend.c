@@ -21,7 +21,9 @@
  * exactly the lead-in it was computed after, at the same positions (a true
  * prefix, as prefix caching requires), holds what full prefill computes:
  * its rows are exact, never computed and never candidates: the ratios'
- * budgets (of all cached rows) go to the other cached rows.  The keys of
+ * budgets (of all cached rows) go to the other cached rows.  So do the
+ * caches after it while each is a true prefix too (a chunk's cache computed
+ * after the chunk before it, cb-precompute --context).  The keys of
  * the other caches may be divided by a temperature as they are loaded
  * (key_temp, after APE; by default the architecture's, cb_blend_key_temp):
  * the attention the computed rows give the tokens that keep their loaded
@@ -121,8 +123,9 @@ typedef struct blend_loader {
     cb_status st;
     cb_error err;
     int32_t failed_seg; /* the segment whose file failed to read, or -1 */
-    int32_t exact_seg;  /* a true prefix's segment (its keys stay as they are), or -1 */
-    float key_scale;    /* the other caches' keys are multiplied by it (1 / key_temp) */
+    int32_t
+        exact_end;   /* the caches of segments before it are exact (their keys stay as they are) */
+    float key_scale; /* the other caches' keys are multiplied by it (1 / key_temp) */
     double busy_ms, t_begin;
     uint64_t bytes;
     pthread_t thread;
@@ -149,7 +152,7 @@ static void loader_run(loader *ld)
                 bad_seg = s;
                 break;
             }
-            if (ld->key_scale != 1.0f && s != ld->exact_seg)
+            if (ld->key_scale != 1.0f && s >= ld->exact_end)
                 for (int64_t e = 0; e < (int64_t)ld->segs[s].n * ld->w; e++)
                     k[e] *= ld->key_scale;
             st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v,
@@ -207,11 +210,11 @@ static void *loader_main(void *arg)
 }
 
 /* Start loading every used cache, layer by layer, at its new position
- * (the keys of all but segment exact_seg divided by the key temperature): on a
+ * (the keys of all but the segments before exact_end divided by the key temperature): on a
  * thread of its own, or right here with p->sequential_load (or when no
  * thread can be made).  Nothing to load: every layer is ready at once. */
 static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, int32_t n_segs,
-                         const uint8_t *use, const int32_t *start, int32_t exact_seg,
+                         const uint8_t *use, const int32_t *start, int32_t exact_end,
                          cb_kvcache *kv, int64_t max_seg, const cb_blend_params *p)
 {
     const cb_hparams *hp = cb_model_hparams(m);
@@ -233,7 +236,7 @@ static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, 
     ld->limit_mbs = p->load_limit_mbs;
     ld->ready = any ? 0 : hp->n_layer;
     ld->failed_seg = -1;
-    ld->exact_seg = exact_seg;
+    ld->exact_end = exact_end;
     ld->key_scale = p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE
                         ? 1.0f / cb_blend_key_temp(m, p)
                         : 1.0f;
@@ -398,12 +401,10 @@ static cb_status plan_rows(blend_plan *pl, cb_error *err)
             pl->seg_of[at] = s;
         }
     }
-    if (pl->p->mode == CB_MODE_PREFIX) {
+    if (pl->p->mode == CB_MODE_PREFIX) { /* the leading caches that are true prefixes */
         for (int32_t s = 0; s < n_segs; s++)
-            if (pl->segs[s].kv) {
-                pl->use[s] = is_true_prefix(pl->segs, s, pl->start[s]);
+            if (pl->segs[s].kv && !(pl->use[s] = is_true_prefix(pl->segs, s, pl->start[s])))
                 break;
-            }
     } else if (pl->p->mode == CB_MODE_REUSE || pl->p->mode == CB_MODE_BLEND) {
         for (int32_t s = 0; s < n_segs; s++)
             pl->use[s] = pl->segs[s].kv != NULL;
@@ -412,16 +413,21 @@ static cb_status plan_rows(blend_plan *pl, cb_error *err)
         if (pl->use[pl->seg_of[r]] &&
             r != total - 1) /* the last row is always computed: its logits are needed */
             pl->cached[r] = ROW_CAND, pl->n_cached++;
-    pl->exact_seg = -1;
+    pl->exact_end = 0;
     if (pl->p->mode == CB_MODE_BLEND || pl->p->mode == CB_MODE_REUSE)
-        for (int32_t s = 0; s < n_segs; s++)
-            if (pl->use[s]) { /* the first cache: exact when a true prefix */
-                pl->exact_seg = is_true_prefix(pl->segs, s, pl->start[s]) ? s : -1;
-                for (int32_t j = 0; pl->exact_seg == s && j < pl->segs[s].n; j++)
-                    if (pl->cached[pl->start[s] + j])
-                        pl->cached[pl->start[s] + j] = ROW_EXACT, pl->n_exact++;
+        for (int32_t s = 0; s < n_segs; s++) {
+            if (!pl->use[s])
+                continue;
+            /* the leading caches, while each is a true prefix (the first
+             * chunk; the second too when its cache was computed after the
+             * first, cb-precompute --context) */
+            if (!is_true_prefix(pl->segs, s, pl->start[s]))
                 break;
-            }
+            for (int32_t j = 0; j < pl->segs[s].n; j++)
+                if (pl->cached[pl->start[s] + j])
+                    pl->cached[pl->start[s] + j] = ROW_EXACT, pl->n_exact++;
+            pl->exact_end = s + 1;
+        }
     pl->n_rows = 0;
     for (int64_t r = 0; r < total; r++)
         if (!pl->cached[r])
@@ -566,7 +572,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         goto out;
     }
     pl.ld = &ld;
-    loader_start(&ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_seg, kv, pl.max_seg,
+    loader_start(&ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_end, kv, pl.max_seg,
                  p);
     st = p->mode == CB_MODE_BLEND ? fuse(&pl, &layer_err, err, stats)
                                   : prefill_plain(&pl, &layer_err, err);

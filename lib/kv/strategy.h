@@ -31,8 +31,8 @@ typedef struct blend_plan {
     const cb_blend_params *p;
     int32_t n_segs;
     int64_t total, max_seg, n_cached, w; /* w: a K or V row's width (n_head_kv * head_dim) */
-    int64_t n_exact;                     /* cached rows of a true prefix (ROW_EXACT) */
-    int32_t exact_seg;                   /* that segment, or -1 */
+    int64_t n_exact;                     /* cached rows of true prefixes (ROW_EXACT) */
+    int32_t exact_end;                   /* those segments: the cached ones before it */
     int32_t *ids, *pos, *seg_of;         /* [total] */
     int32_t *start;                      /* [n_segs]: first row of each segment */
     uint8_t *use;                        /* [n_segs]: its cache is used */

@@ -196,24 +196,26 @@ static int short_texts(void)
     return e && *e && strcmp(e, "0") != 0;
 }
 
-/* The segment whose cache is exact, or -1: the first cached one, when the
- * tokens before it are its file's lead-in and it was computed where it
- * sits (blend never recomputes its rows). */
-static int32_t exact_segment(const cb_segment *segs, int32_t n_segs)
+/* The segments whose caches are exact: the cached ones before the index
+ * returned (0: none), the leading ones while the tokens before each are
+ * its file's lead-in and it was computed where it sits (blend never
+ * recomputes their rows). */
+static int32_t exact_end(const cb_segment *segs, int32_t n_segs)
 {
-    int32_t at = 0, s = 0;
-    while (s < n_segs && !segs[s].kv)
-        at += segs[s++].n;
-    if (s == n_segs)
-        return -1;
-    const cb_kv_meta *mt = cb_kvfile_meta(segs[s].kv);
-    if (mt->n_lead != at || mt->pos0 != at)
-        return -1;
-    for (int32_t i = 0, k = 0; i < s; i++)
-        for (int32_t j = 0; j < segs[i].n; j++)
-            if (segs[i].ids[j] != mt->lead[k++])
-                return -1;
-    return s;
+    int32_t at = 0, end = 0;
+    for (int32_t s = 0; s < n_segs; at += segs[s++].n) {
+        if (!segs[s].kv)
+            continue;
+        const cb_kv_meta *mt = cb_kvfile_meta(segs[s].kv);
+        int same = mt->n_lead == at && mt->pos0 == at;
+        for (int32_t i = 0, k = 0; same && i < s; i++)
+            for (int32_t j = 0; same && j < segs[i].n; j++)
+                same = segs[i].ids[j] == mt->lead[k++];
+        if (!same)
+            break;
+        end = s + 1;
+    }
+    return end;
 }
 
 /* probe's scoring by hand: the uncached rows through every layer against
@@ -237,11 +239,11 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
     cb_blend_stats st;
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
-    int32_t ex = exact_segment(segs, n_segs);
+    int32_t ex = exact_end(segs, n_segs);
     for (int32_t s = 0; s < n_segs; s++)
         for (int32_t j = 0; j < segs[s].n; j++, n++) {
             ids[n] = segs[s].ids[j], pos[n] = n;
-            cached[n] = segs[s].kv != NULL ? (s == ex ? 2 : 1) : 0;
+            cached[n] = segs[s].kv != NULL ? (s < ex ? 2 : 1) : 0;
             if (s == n_segs - 1 && !cached[n])
                 qrows[nq++] = n;
         }
@@ -586,7 +588,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p.mode = CB_MODE_BLEND;
         p.ratios[0] = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, &kblend));
-        CHECKF(st.n_exact_tokens == n0 && exact_segment(segs, ns) == 1,
+        CHECKF(st.n_exact_tokens == n0 && exact_end(segs, ns) == 2,
                "%d exact tokens, chunk 0 has %d", st.n_exact_tokens, n0);
         int same0 = 1, same1 = 1;
         for (int l = 0; l < hp->n_layer && kreuse && kblend; l++)
@@ -603,16 +605,85 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         int order3[3] = {1, 0, 2};
         int32_t ns3 = build(&fx, order3, moved); /* chunk 1 first: exact; chunk 0 elsewhere: not */
         CHECK_OK(run(&fx, moved, ns3, &p, a, &st, NULL));
-        CHECK(st.n_exact_tokens == n1 && exact_segment(moved, ns3) == 1);
+        CHECK(st.n_exact_tokens == n1 && exact_end(moved, ns3) == 2);
         cb_segment lagged[16] = {segs[0], {fx.sep.ids, (int32_t)fx.sep.n, NULL}};
         for (int32_t i = 1; i < ns; i++)
             lagged[i + 1] = segs[i];
         CHECK_OK(
             run(&fx, lagged, ns + 1, &p, a, &st, NULL)); /* not after its lead-in: none exact */
-        CHECK(st.n_exact_tokens == 0 && exact_segment(lagged, ns + 1) == -1 &&
+        CHECK(st.n_exact_tokens == 0 && exact_end(lagged, ns + 1) == 0 &&
               st.n_recomputed_tokens == st.n_cached_tokens);
         free(kr), free(kbl);
         cb_kvcache_free(kreuse), cb_kvcache_free(kblend);
+    }
+
+    tcase("%s: a chunk's cache computed after the chunk before it is a true prefix after it",
+          label);
+    {
+        /* chunk 1 precomputed after [lead][chunk 0][sep] (cb-precompute
+         * --context): right after chunk 0 it is exact too, in every mode */
+        int32_t n0 = (int32_t)fx.chunk[0].n, n1 = (int32_t)fx.chunk[1].n;
+        cb_tokens lead1 = {0};
+        cb_kvfile *f1 = NULL;
+        cb_fwd *fw = NULL;
+        cb_kvcache *kc = NULL;
+        void *buf = NULL;
+        size_t size = 0;
+        char path[1024];
+        cb_error err;
+        for (size_t i = 0; i < fx.lead.n; i++)
+            cb_tokens_push(&lead1, fx.lead.ids[i]);
+        for (int32_t i = 0; i < n0; i++)
+            cb_tokens_push(&lead1, fx.chunk[0].ids[i]);
+        for (size_t i = 0; i < fx.sep.n; i++)
+            cb_tokens_push(&lead1, fx.sep.ids[i]);
+        snprintf(path, sizeof path, "%s/blend-after-%s.cbkv", tmpdir(), cb_type_name(kvt));
+        CHECK_OK(cb_fwd_new(&fw, fx.m, 512));
+        CHECK_OK(cb_kvcache_new(&kc, fx.m, 512, CB_TYPE_F32));
+        CHECK_OK(cb_kv_precompute(fw, kc, lead1.ids, (int32_t)lead1.n, fx.chunk[1].ids, n1, kvt,
+                                  &buf, &size));
+        CHECK_OK(cb_file_write_atomic(path, buf, size, &err));
+        CHECK_OK(cb_kvfile_open(&f1, path, &err));
+        cb_segment two[5] = {{fx.lead.ids, (int32_t)fx.lead.n, NULL},
+                             {fx.chunk[0].ids, n0, fx.file[0]},
+                             {fx.sep.ids, (int32_t)fx.sep.n, NULL},
+                             {fx.chunk[1].ids, n1, f1},
+                             {fx.question.ids, (int32_t)fx.question.n, NULL}};
+        p = cb_blend_defaults();
+        p.mode = CB_MODE_FULL;
+        CHECK_OK(run(&fx, two, 5, &p, full, &st, NULL));
+        p.mode = CB_MODE_REUSE;
+        CHECK_OK(run(&fx, two, 5, &p, a, &st, NULL));
+        e = rel(a, full, (size_t)nv);
+        CHECKF(e < tol_full && st.n_exact_tokens == n0 + n1 && exact_end(two, 5) == 4,
+               "reuse vs full %.3g, %d exact tokens of %d", e, st.n_exact_tokens, n0 + n1);
+        p.mode = CB_MODE_PREFIX;
+        CHECK_OK(run(&fx, two, 5, &p, b, &st, NULL));
+        CHECKF(st.n_cached_tokens == n0 + n1 && rel(b, full, (size_t)nv) < tol_full,
+               "prefix caching reused %d tokens of %d", st.n_cached_tokens, n0 + n1);
+        two[3].kv = fx.file[1]; /* its own cache there: not exact, reuse is not full */
+        p.mode = CB_MODE_REUSE;
+        CHECK_OK(run(&fx, two, 5, &p, b, &st, NULL));
+        CHECK(st.n_exact_tokens == n0 && exact_end(two, 5) == 2 && rel(b, full, (size_t)nv) > e);
+        cb_segment three[16];
+        int32_t n3 = build(&fx, order, three); /* [lead] c0 sep c1 sep c2 [question] */
+        three[3].kv = f1;
+        p.mode = CB_MODE_BLEND;
+        p.ratios[0] = 0.5f;
+        CHECK_OK(run(&fx, three, n3, &p, a, &st, NULL));
+        int32_t want = (int32_t)ceilf(0.5f * (float)st.n_cached_tokens);
+        CHECKF(st.n_exact_tokens == n0 + n1 && cand(&st) == (int32_t)fx.chunk[2].n &&
+                   st.n_recomputed_tokens == (want < cand(&st) ? want : cand(&st)),
+               "%d exact, %d recomputed of %d cached", st.n_exact_tokens, st.n_recomputed_tokens,
+               st.n_cached_tokens);
+        three[3].kv = NULL; /* chunk 1 computed: chunk 2's cache is not after it */
+        CHECK_OK(run(&fx, three, n3, &p, a, &st, NULL));
+        CHECK(st.n_exact_tokens == n0 && exact_end(three, n3) == 2);
+        free(buf);
+        cb_kvfile_free(f1);
+        cb_kvcache_free(kc);
+        cb_fwd_free(fw);
+        cb_tokens_free(&lead1);
     }
 
     tcase(
