@@ -38,6 +38,12 @@ static void usage(FILE *f)
            "                     cheapest tier whose load time does not exceed the recompute\n"
            "                     time (cb-store place, from the store's profile); default: the\n"
            "                     fastest tier with room\n"
+           "      --context      also store each chunk computed after the chunk before it in\n"
+           "                     its document (the record before it with the same \"doc\" and\n"
+           "                     \"seq\" one less, as cb-chunk writes them): cb-run uses that\n"
+           "                     cache where the two chunks come in that order, and blends\n"
+           "                     closer to full prefill; about twice the precompute work and\n"
+           "                     the store space\n"
            "      --strict       stop at the first bad record (default: report and skip it)\n"
            "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
            "  -v, --verbose      report every chunk on stderr\n"
@@ -53,7 +59,7 @@ static void usage(FILE *f)
            "error, 130 interrupted (the chunk in progress is not stored).\n");
 }
 
-enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE };
+enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE, OPT_CONTEXT };
 
 /* Write `line` (one JSON object, no newline) with kv and cached added.
  * Keeps the original bytes when the object has neither field yet. */
@@ -81,14 +87,18 @@ static int emit(const char *line, size_t len, json_t *obj, const char *key, int 
 typedef struct pre {
     cli_common co;
     const char *place, *store_dir, *in_name;
-    int strict, from_stdin, progress;
+    int strict, from_stdin, progress, context;
     cb_type kv_type;
     FILE *in;
     cb_model *m;
     cb_store *store;
     cb_precomputer *pc;
     cb_tokens ids;
-    long lineno, n_total, n_done, n_new, n_cached, n_bad;
+    cb_tokens sep;       /* --context: what a prompt puts between chunks, */
+    cb_tokens prev;      /* the last record's tokens, */
+    json_t *prev_doc;    /* its "doc" (NULL: none) */
+    json_int_t prev_seq; /* and "seq" */
+    long lineno, n_total, n_done, n_new, n_cached, n_bad, n_after;
     double tok_done, t0, t_last;
 } pre;
 
@@ -98,6 +108,7 @@ static int parse_args(int argc, char **argv, pre *x)
         {"kv-type", required_argument, 0, OPT_KVTYPE},
         {"strict", no_argument, 0, OPT_STRICT},
         {"place", required_argument, 0, OPT_PLACE},
+        {"context", no_argument, 0, OPT_CONTEXT},
         CLI_COMMON_OPTS,
         CLI_STORE_OPT,
         CLI_DEVICE_OPT,
@@ -124,6 +135,8 @@ static int parse_args(int argc, char **argv, pre *x)
             x->strict = 1;
         } else if (c == OPT_PLACE) {
             x->place = optarg;
+        } else if (c == OPT_CONTEXT) {
+            x->context = 1;
         } else {
             usage(stderr);
             return CLI_EX_USAGE;
@@ -194,6 +207,10 @@ static int setup(pre *x, const char *model_path)
         cli_err("%s", err.msg);
         return cli_exit_code(err.status);
     }
+    if (x->context && cb_kv_separator(x->m, &x->sep) != CB_OK) {
+        cli_err("out of memory");
+        return CLI_EX_SOFTWARE;
+    }
     cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path,
              cb_precomputer_lead(x->pc)->n, x->store_dir, cb_type_name(x->kv_type));
     return 0;
@@ -225,6 +242,80 @@ static void show_progress(pre *x)
     x->t_last = now;
 }
 
+/* The chunk in x->ids under key: computed (after prev and the separator
+ * when n_prev > 0) and stored unless the store has it (*found).  0 to go
+ * on, -1 when interrupted, else an exit status. */
+static int ensure(pre *x, const char *key, const int32_t *prev, int32_t n_prev, int *found)
+{
+    cb_error err;
+    cb_status st;
+    *found = 0;
+    if (cb_store_lookup(x->store, key, found) != CB_OK) {
+        cli_err("%s: index lookup failed", x->store_dir);
+        return CLI_EX_IOERR;
+    }
+    if (*found)
+        return 0;
+    st = n_prev > 0
+             ? cb_precomputer_run_after(x->pc, prev, n_prev, x->ids.ids, (int32_t)x->ids.n, &err)
+             : cb_precomputer_run(x->pc, x->ids.ids, (int32_t)x->ids.n, &err);
+    if (interrupted)
+        return -1;
+    if (st == CB_OK) {
+        st = cb_precomputer_store(x->pc, key, &err);
+    } else { /* the message with its line (a copy: vsnprintf's source must not overlap) */
+        char why[CB_ERROR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", err.msg);
+        cb_error_set(&err, st, "%s:%ld: %s", x->in_name, x->lineno, why);
+    }
+    if (st != CB_OK) {
+        cli_err("%s", err.msg);
+        return cli_exit_code(st);
+    }
+    x->tok_done += (double)(n_prev + (int64_t)x->ids.n);
+    return 0;
+}
+
+/* --context: the record's chunk after the previous record's, when that is
+ * the chunk before it in the same document; then this record becomes the
+ * previous one.  0 to go on, -1 when interrupted, else an exit status. */
+static int ensure_after(pre *x, json_t *obj)
+{
+    json_t *doc = json_object_get(obj, "doc"), *seq = json_object_get(obj, "seq");
+    int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
+    int found = 0, r = 0;
+    if (doc && json_is_integer(seq) && x->prev_doc && json_equal(doc, x->prev_doc) &&
+        json_integer_value(seq) == x->prev_seq + 1 &&
+        (int64_t)cb_precomputer_lead(x->pc)->n + (int64_t)x->prev.n + (int64_t)x->sep.n +
+                (int64_t)x->ids.n <=
+            n_ctx) {
+        char key[66];
+        if (cb_precomputer_key_after(x->pc, x->prev.ids, (int32_t)x->prev.n, x->ids.ids,
+                                     (int32_t)x->ids.n, key) != CB_OK) {
+            cli_err("out of memory");
+            return CLI_EX_SOFTWARE;
+        }
+        if ((r = ensure(x, key, x->prev.ids, (int32_t)x->prev.n, &found)) != 0)
+            return r;
+        x->n_after++;
+        cli_info("%s:%ld: after the chunk before it, %s %s", x->in_name, x->lineno,
+                 found ? "cached" : "stored", key);
+    }
+    json_decref(x->prev_doc);
+    x->prev_doc = NULL;
+    x->prev.n = 0;
+    if (doc && json_is_integer(seq)) {
+        for (size_t i = 0; i < x->ids.n; i++)
+            if (cb_tokens_push(&x->prev, x->ids.ids[i]) != CB_OK) {
+                cli_err("out of memory");
+                return CLI_EX_SOFTWARE;
+            }
+        x->prev_doc = json_incref(doc);
+        x->prev_seq = json_integer_value(seq);
+    }
+    return 0;
+}
+
 /* One input line: 0 to go on, -1 when interrupted, else an exit status. */
 static int do_record(pre *x, char *line, size_t len)
 {
@@ -234,8 +325,7 @@ static int do_record(pre *x, char *line, size_t len)
     json_t *obj = json_loadb(line, len, 0, &jerr);
     json_t *text = obj ? json_object_get(obj, "text") : NULL;
     char key[66];
-    int found = 0;
-    cb_error err;
+    int found = 0, r;
 
     if (!obj || !json_is_object(obj) || !json_is_string(text))
         return bad_record(x, obj,
@@ -249,38 +339,18 @@ static int do_record(pre *x, char *line, size_t len)
         return bad_record(x, obj,
                           x->ids.n == 0 ? "empty text" : "chunk longer than the model's context");
     cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
-    if (cb_store_lookup(x->store, key, &found) != CB_OK) {
-        cli_err("%s: index lookup failed", x->store_dir);
+    if ((r = ensure(x, key, NULL, 0, &found)) != 0 || (x->context && (r = ensure_after(x, obj)))) {
         json_decref(obj);
-        return CLI_EX_IOERR;
+        return r;
     }
-    if (!found) {
-        cb_status st = cb_precomputer_run(x->pc, x->ids.ids, (int32_t)x->ids.n, &err);
-        if (interrupted) {
-            json_decref(obj);
-            return -1;
-        }
-        if (st == CB_OK) {
-            st = cb_precomputer_store(x->pc, key, &err);
-        } else { /* the message with its line (a copy: vsnprintf's source must not overlap) */
-            char why[CB_ERROR_MSG_MAX];
-            snprintf(why, sizeof why, "%s", err.msg);
-            cb_error_set(&err, st, "%s:%ld: %s", x->in_name, x->lineno, why);
-        }
-        if (st != CB_OK) {
-            cli_err("%s", err.msg);
-            json_decref(obj);
-            return cli_exit_code(st);
-        }
-        x->n_new++;
-        x->tok_done += (double)x->ids.n;
-    } else {
+    if (found)
         x->n_cached++;
-    }
+    else
+        x->n_new++;
     x->n_done++;
     cli_info("%s:%ld: %zu tokens, %s %s", x->in_name, x->lineno, x->ids.n,
              found ? "cached" : "stored", key);
-    int r = emit(line, len, obj, key, found);
+    r = emit(line, len, obj, key, found);
     json_decref(obj);
     if (r != 0) {
         cli_err("error writing to standard output: %s", strerror(errno));
@@ -334,6 +404,8 @@ static int run(pre *x)
             stderr,
             "cb-precompute: %ld chunks: %ld stored, %ld already cached, %ld bad records; %.0f tokens/s\n",
             x->n_done, x->n_new, x->n_cached, x->n_bad, x->tok_done / (el > 0 ? el : 1));
+    if (x->context && cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
+        fprintf(stderr, "cb-precompute: %ld chunks also after the chunk before them\n", x->n_after);
     return 0;
 }
 
@@ -362,6 +434,9 @@ int main(int argc, char **argv)
     if (!x.from_stdin)
         fclose(x.in);
     cb_tokens_free(&x.ids);
+    cb_tokens_free(&x.prev);
+    cb_tokens_free(&x.sep);
+    json_decref(x.prev_doc);
     cb_precomputer_free(x.pc);
     cb_store_close(x.store);
     cb_model_free(x.m);

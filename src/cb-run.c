@@ -82,6 +82,9 @@ static void usage(FILE *f)
         "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
         "                     agreement and whether the greedy answers match to --stats\n"
         "      --no-store-write  do not store the KV of chunks that had none\n"
+        "      --no-context   use every chunk's own cache, not the one computed after\n"
+        "                     the chunk before it where the prompt has that chunk right\n"
+        "                     before it (cb-precompute --context)\n"
         "      --score TEXT   score TEXT as the answer instead of generating: its mean\n"
         "                     negative log-likelihood per token after the prompt (teacher\n"
         "                     forcing) goes to stdout, details to --stats; with --verify\n"
@@ -155,6 +158,7 @@ enum {
     OPT_SINK,
     OPT_VERIFY,
     OPT_NOSTORE,
+    OPT_NOCONTEXT,
     OPT_MINRATIO,
     OPT_LOGITS,
     OPT_SCORE,
@@ -176,6 +180,7 @@ typedef struct gen_opts {
         *device;
     const char *score, *score_file; /* --score TEXT, --score-file FILE */
     int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto, min_ratio_given;
+    int no_context; /* --no-context */
     double min_ratio;
     cb_type kv_type;
     cb_sampler_params sp;
@@ -322,6 +327,7 @@ static int run_prompt(run *r, const char *text, size_t len)
         cli_err("%s: %s", o->in_name, err.msg);
         return cli_exit_code(st);
     }
+    cb_prompt_use_context(r->pr, !o->no_context);
     if (r->bp.mode != CB_MODE_FULL)
         cb_prompt_attach(r->pr, r->store, warn, NULL);
     r->segs = cb_prompt_segments(r->pr, &r->n_segs);
@@ -471,7 +477,7 @@ typedef struct stats_src {
     int64_t total;
     const cb_gen_result *gr;
     double gen_ms, t_load;
-    int n_chunks, n_missing, n_stored;
+    int n_chunks, n_missing, n_stored, n_after;
     cb_chat_kind chat;
     const char *ratio_source; /* with ratio_auto */
     const cb_ratio_choice *rc;
@@ -507,6 +513,8 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         bs->overlapped_ms, "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes,
         "probe_rows", bp->probe_rows, "probe_depth", (double)bp->probe_depth, "probe_layers",
         bs->probe_layers, "key_temp", (double)bs->key_temp);
+    if (s)
+        json_object_set_new(s, "n_chunks_after", json_integer(ss->n_after));
     if (s && ss->ratio_auto) {
         json_object_set_new(s, "ratio_source", json_string(ss->ratio_source));
         json_object_set_new(s, "predicted_load_ms", json_real(ss->rc->pred_load_ms));
@@ -540,6 +548,7 @@ static int run_stats(run *r)
                     cb_prompt_n_chunks(r->pr),
                     cb_prompt_n_missing(r->pr),
                     r->n_stored,
+                    cb_prompt_n_after(r->pr),
                     cb_prompt_chat(r->pr),
                     r->ratio_source,
                     &r->rc,
@@ -717,6 +726,7 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
                         a->n_chunks,
                         a->n_missing,
                         a->n_stored,
+                        a->n_after,
                         a->chat,
                         a->ratio_source,
                         &a->rc,
@@ -939,13 +949,13 @@ static int run_batch(const gen_opts *o, const char *path, int32_t size, uint64_t
         return CLI_EX_NOINPUT;
     }
     tty = isatty(2) && cli_verbosity > 0;
-    r.defaults = (cb_request){o->system,     o->raw,
-                              NULL,          0,
-                              {NULL, 0},     {NULL, 0},
-                              o->bp,         o->ratio_auto,
-                              o->min_ratio,  {o->sp, o->n_predict, o->stops, o->n_stops},
-                              o->n_ctx,      o->kv_type,
-                              o->store_write};
+    r.defaults = (cb_request){o->system,      o->raw,
+                              NULL,           0,
+                              {NULL, 0},      {NULL, 0},
+                              o->bp,          o->ratio_auto,
+                              o->min_ratio,   {o->sp, o->n_predict, o->stops, o->n_stops},
+                              o->n_ctx,       o->kv_type,
+                              o->store_write, o->no_context};
     if (o->score)
         r.defaults.score = (cb_strview){o->score, strlen(o->score)};
     if ((code = batch_open(&r, size, budget)) != 0)
@@ -1085,6 +1095,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     case OPT_SCORE: o->score = arg; return 0;
     case OPT_SCOREFILE: o->score_file = arg; return 0;
     case OPT_NOSTORE: o->store_write = 0; return 0;
+    case OPT_NOCONTEXT: o->no_context = 1; return 0;
     case OPT_STATS: o->stats_path = arg; return 0;
     case OPT_KVTYPE:
         if (cli_parse_enum("--kv-type", arg, kv_types, 2, &e))
@@ -1179,6 +1190,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"sink-tokens", required_argument, 0, OPT_SINK},
         {"verify", no_argument, 0, OPT_VERIFY},
         {"no-store-write", no_argument, 0, OPT_NOSTORE},
+        {"no-context", no_argument, 0, OPT_NOCONTEXT},
         {"score", required_argument, 0, OPT_SCORE},
         {"score-file", required_argument, 0, OPT_SCOREFILE},
         {"mass", required_argument, 0, OPT_MASS},

@@ -183,6 +183,8 @@ typedef struct cb_kv_meta {
 } cb_kv_meta;
 void cb_kv_key(cb_hash128 model, cb_hash128 tokens, char key[66]); /* "<model>-<tokens>" */
 cb_status cb_kv_lead_in(const cb_model *m, cb_tokens *out);        /* appends a chunk's lead-in */
+cb_status cb_kv_separator(const cb_model *m,
+                          cb_tokens *out); /* appends the tokens between chunks */
 /* Prefill lead + ids alone; the chunk's rows as a KV file in a malloc'd *buf. */
 cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
                            const int32_t *ids, int32_t n, cb_type type, void **buf, size_t *size);
@@ -311,6 +313,8 @@ int cb_store_n_tiers(const cb_store *s);
 cb_status cb_store_tier_info(const cb_store *s, int i, cb_store_tier *out);
 int cb_store_promote_hits(const cb_store *s);
 cb_status cb_store_lookup(cb_store *s, const char *key, int *found); /* records no access */
+/* cb_store_lookup, and when not here the shared tier asked (no access recorded either) */
+cb_status cb_store_has(cb_store *s, const char *key, int *found);
 /* Add a KV file's bytes under key (NULL: the file's), verified; an existing key stays. */
 cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t size, cb_error *err);
 /* Verify and put the KV file at path; its key, and *existed (both may be NULL). */
@@ -498,7 +502,12 @@ const cb_segment *cb_prompt_segments(const cb_prompt *p, int32_t *n);
 int64_t cb_prompt_n_tokens(const cb_prompt *p);
 int cb_prompt_n_chunks(const cb_prompt *p);
 int cb_prompt_n_missing(const cb_prompt *p);
+/* Chunks whose cache is the one computed after the chunk before them (cb-precompute --context). */
+int cb_prompt_n_after(const cb_prompt *p);
 cb_chat_kind cb_prompt_chat(const cb_prompt *p);
+/* Whether cb_prompt_attach may take a chunk's cache computed after the chunk before it
+ * (cb-precompute --context) where the prompt has that chunk right before it (default 1). */
+void cb_prompt_use_context(cb_prompt *p, int use);
 /* Find and check each chunk's cache in s (unusable ones to warn), acquired until freed. */
 void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
                       void *ctx);
@@ -538,6 +547,7 @@ typedef struct cb_request {
     int32_t n_ctx;    /* cache positions; 0: prompt + n_predict (or the continuation) */
     cb_type kv_type;  /* F16 or F32 */
     int store_write;  /* afterwards, store the KV of chunks that had none */
+    int no_context;   /* use each chunk's own cache, not one computed after the chunk before it */
 } cb_request;
 /* A question's outcome, the caller's once cb_batch_next returns it. */
 typedef struct cb_answer {
@@ -556,6 +566,7 @@ typedef struct cb_answer {
     cb_blend_stats bs;
     int64_t n_prompt_tokens;
     int n_chunks, n_missing, n_stored;
+    int n_after; /* chunks whose cache was computed after the chunk before them */
     cb_chat_kind chat;
     uint64_t kv_bytes; /* its cache's */
 } cb_answer;
@@ -593,6 +604,14 @@ const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc);
 void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n, char key[66]);
 cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err);
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err);
+/* The same for a chunk computed in its document's context: after the lead-in, prev (the
+ * chunk before it in its document) and the separator, as a prompt holding prev right before
+ * it places it; cb_prompt_attach prefers that file there.  The key is another than the
+ * chunk's own. */
+cb_status cb_precomputer_key_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev,
+                                   const int32_t *ids, int32_t n, char key[66]);
+cb_status cb_precomputer_run_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev,
+                                   const int32_t *ids, int32_t n, cb_error *err);
 
 #ifdef __cplusplus
 }

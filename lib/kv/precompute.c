@@ -32,6 +32,13 @@ cb_status cb_kv_lead_in(const cb_model *m, cb_tokens *out)
     return CB_OK;
 }
 
+/* What a prompt puts between two chunks (and between the last one and the
+ * question): a blank line. */
+cb_status cb_kv_separator(const cb_model *m, cb_tokens *out)
+{
+    return cb_tok_encode(cb_model_vocab(m), "\n\n", 2, 0, out);
+}
+
 cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
                            const int32_t *ids, int32_t n, cb_type type, void **buf, size_t *size)
 {

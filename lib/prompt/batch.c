@@ -221,11 +221,13 @@ static cb_status job_prepare(cb_batch *b, job *j, const cb_request *rq, cb_error
                                    rq->n_chunks, rq->question.data ? rq->question.data : "",
                                    rq->question.len, err)) != CB_OK)
         return st;
+    cb_prompt_use_context(j->pr, !rq->no_context);
     if (a->bp.mode != CB_MODE_FULL)
         cb_prompt_attach(j->pr, b->s, b->warn, b->wctx);
     a->n_prompt_tokens = cb_prompt_n_tokens(j->pr);
     a->n_chunks = cb_prompt_n_chunks(j->pr);
     a->n_missing = cb_prompt_n_missing(j->pr);
+    a->n_after = cb_prompt_n_after(j->pr);
     a->chat = cb_prompt_chat(j->pr);
     if (a->n_prompt_tokens == 0)
         return cb_error_set(err, CB_ERR_FORMAT, "the prompt is empty");

@@ -1,7 +1,7 @@
 /* precomputer.c - chunks' KV files computed alone and put into a store:
  * what cb-precompute does for every record and cb-run for the chunks it
  * found without a cache. */
-#include "prompt.h"
+#include "prompt_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +14,8 @@ struct cb_precomputer {
     cb_type type;
     char *tier; /* NULL: the fastest tier with room */
     cb_tokens lead;
+    cb_tokens sep;   /* what a prompt puts between chunks */
+    cb_tokens after; /* lead, a previous chunk, sep: cb_precomputer_run_after's lead-in */
     cb_hash128 fp;
     cb_fwd *f;      /* PC_BATCH rows */
     cb_kvcache *kv; /* f32, kv_cap positions */
@@ -47,6 +49,10 @@ cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *
         cb_error_set(err, st, "precompute: the lead-in: %s", cb_strerror(st));
         goto fail;
     }
+    if ((st = cb_kv_separator(m, &pc->sep)) != CB_OK) {
+        cb_error_set(err, st, "precompute: the separator: %s", cb_strerror(st));
+        goto fail;
+    }
     if ((st = cb_fwd_new(&pc->f, m, PC_BATCH)) != CB_OK) {
         cb_error_set(err, st, "precompute: activations for %d tokens: %s", PC_BATCH,
                      cb_model_strerror(m, st));
@@ -67,6 +73,8 @@ void cb_precomputer_free(cb_precomputer *pc)
     cb_kvcache_free(pc->kv);
     cb_fwd_free(pc->f);
     cb_tokens_free(&pc->lead);
+    cb_tokens_free(&pc->sep);
+    cb_tokens_free(&pc->after);
     free(pc->tier);
     free(pc);
 }
@@ -76,6 +84,15 @@ const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc) { return &pc->lea
 void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n, char key[66])
 {
     cb_kv_key(pc->fp, cb_kv_tokens_hash(pc->lead.ids, (int32_t)pc->lead.n, ids, n), key);
+}
+
+cb_status cb_precomputer_key_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev,
+                                   const int32_t *ids, int32_t n, char key[66])
+{
+    cb_status st = pr_lead_after(&pc->lead, prev, (size_t)n_prev, &pc->sep, &pc->after);
+    if (st == CB_OK)
+        cb_kv_key(pc->fp, cb_kv_tokens_hash(pc->after.ids, (int32_t)pc->after.n, ids, n), key);
+    return st;
 }
 
 /* Grow the f32 cache to hold `need` positions, in steps of PC_BATCH, at
@@ -97,10 +114,12 @@ static cb_status reserve(cb_precomputer *pc, int64_t need, int32_t n_ctx, cb_err
     return st;
 }
 
-cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err)
+/* The KV file of ids prefilled after the given lead-in. */
+static cb_status run_lead(cb_precomputer *pc, const cb_tokens *lead, const int32_t *ids, int32_t n,
+                          cb_error *err)
 {
     int32_t n_ctx = cb_model_hparams(pc->m)->n_ctx_train;
-    int64_t need = (int64_t)pc->lead.n + n;
+    int64_t need = (int64_t)lead->n + n;
     cb_status st;
 
     free(pc->file);
@@ -108,16 +127,33 @@ cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, 
     if (n < 1)
         return cb_error_set(err, CB_ERR_INVALID, "precompute: an empty chunk");
     if (need > n_ctx)
-        return cb_error_set(err, CB_ERR_RANGE, "chunk longer than the model's context");
+        return cb_error_set(err, CB_ERR_RANGE,
+                            lead == &pc->lead ? "chunk longer than the model's context"
+                                              : "chunk and the one before it longer than "
+                                                "the model's context");
     if ((st = reserve(pc, need, n_ctx, err)) != CB_OK)
         return st;
-    st = cb_kv_precompute(pc->f, pc->kv, pc->lead.ids, (int32_t)pc->lead.n, ids, n, pc->type,
-                          &pc->file, &pc->file_size);
+    st = cb_kv_precompute(pc->f, pc->kv, lead->ids, (int32_t)lead->n, ids, n, pc->type, &pc->file,
+                          &pc->file_size);
     if (st != CB_OK) {
         pc->file = NULL;
         return cb_error_set(err, st, "precompute failed: %s", cb_model_strerror(pc->m, st));
     }
     return CB_OK;
+}
+
+cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err)
+{
+    return run_lead(pc, &pc->lead, ids, n, err);
+}
+
+cb_status cb_precomputer_run_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev,
+                                   const int32_t *ids, int32_t n, cb_error *err)
+{
+    cb_status st = pr_lead_after(&pc->lead, prev, (size_t)n_prev, &pc->sep, &pc->after);
+    if (st != CB_OK)
+        return cb_error_set(err, st, "precompute: %s", cb_strerror(st));
+    return run_lead(pc, &pc->after, ids, n, err);
 }
 
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err)

@@ -16,6 +16,7 @@ typedef struct pseg {
     cb_tokens toks;
     int is_chunk;
     int missing; /* looked for in the store and found no usable cache */
+    int after;   /* its cache is the one computed after the chunk before it (key_after) */
     char key[66];
     cb_kvfile *kf;
     cb_store_ref *ref;
@@ -29,6 +30,7 @@ struct cb_prompt {
     int n_chunks;
     cb_chat_kind kind;
     cb_tokens lead;
+    int no_context; /* cb_prompt_use_context(p, 0) */
 };
 
 static pseg *add_seg(cb_prompt *p)
@@ -186,7 +188,7 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
     }
     if ((st = add_head(p, &parts)) != CB_OK)
         goto fail;
-    if ((st = cb_tok_encode(cb_model_vocab(m), "\n\n", 2, 0, &sep)) != CB_OK)
+    if ((st = cb_kv_separator(m, &sep)) != CB_OK)
         goto fail;
     for (size_t i = 0; i < n_chunks; i++) {
         if (srcs && !srcs[i].text.data) {
@@ -294,38 +296,106 @@ static void detach(pseg *s)
     cb_store_release(s->ref);
     s->ref = NULL;
     s->missing = 1;
+    s->after = 0;
 }
 
-/* The cache of one chunk: 1 when usable (s->kf, s->ref kept), else 0. */
-static int attach_one(const cb_model *m, cb_store *store, pseg *s,
-                      void (*warn)(void *, const char *), void *ctx)
+cb_status pr_lead_after(const cb_tokens *lead, const int32_t *prev, size_t n_prev,
+                        const cb_tokens *sep, cb_tokens *out)
 {
+    cb_status st = CB_OK;
+    out->n = 0;
+    for (size_t i = 0; i < lead->n && st == CB_OK; i++)
+        st = cb_tokens_push(out, lead->ids[i]);
+    for (size_t i = 0; i < n_prev && st == CB_OK; i++)
+        st = cb_tokens_push(out, prev[i]);
+    for (size_t i = 0; i < sep->n && st == CB_OK; i++)
+        st = cb_tokens_push(out, sep->ids[i]);
+    return st;
+}
+
+/* The file stored under key for segment s, checked (its model, and its
+ * tokens against the segment's): 1 with *kf and *ref set when usable, else
+ * 0 (a file there that is not usable goes to warn). */
+static int open_for(const cb_model *m, cb_store *store, const pseg *s, const char *key,
+                    cb_kvfile **kf, cb_store_ref **ref, void (*warn)(void *, const char *),
+                    void *ctx)
+{
+    /* what happens instead: a chunk's cache computed after the one before
+     * it gives way to its own cache */
+    const char *then =
+        strcmp(key, s->key) != 0 ? "its own cache is tried" : "the chunk is recomputed";
     cb_error err;
-    cb_status st = cb_store_open_kv(store, s->key, &s->kf, &s->ref, &err);
-    if (st == CB_ERR_NOT_FOUND)
+    cb_status st;
+    *kf = NULL, *ref = NULL;
+    if ((st = cb_store_open_kv(store, key, kf, ref, &err)) == CB_ERR_NOT_FOUND)
         return 0;
-    if (st != CB_OK || cb_kvfile_check_model(s->kf, m, &err) != CB_OK) {
-        pr_warnf(warn, ctx, "%s: %s; the chunk is recomputed", s->key, err.msg);
+    if (st != CB_OK || cb_kvfile_check_model(*kf, m, &err) != CB_OK) {
+        pr_warnf(warn, ctx, "%s: %s; %s", key, err.msg, then);
     } else {
-        const cb_kv_meta *mt = cb_kvfile_meta(s->kf);
+        const cb_kv_meta *mt = cb_kvfile_meta(*kf);
         if (mt->n_tokens == (int32_t)s->toks.n &&
             !memcmp(mt->ids, s->toks.ids, sizeof(int32_t) * s->toks.n))
             return 1;
-        pr_warnf(warn, ctx, "%s: its tokens differ from the chunk's; the chunk is recomputed",
-                 s->key);
+        pr_warnf(warn, ctx, "%s: its tokens differ from the chunk's; %s", key, then);
     }
-    detach(s);
+    cb_kvfile_free(*kf);
+    cb_store_release(*ref);
+    *kf = NULL, *ref = NULL;
     return 0;
 }
+
+/* Chunk i's cache computed after the chunk before it, when the prompt has
+ * that chunk right before it (segments i-2 and i-1: the chunk and the
+ * separator) and the store has the file (cb-precompute --context): 1 when
+ * attached, in place of the cache it had (a keyed chunk's). */
+static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void *, const char *),
+                        void *ctx)
+{
+    pseg *g = &p->s[i], *prev = i >= 2 ? &p->s[i - 2] : NULL;
+    cb_tokens lead = {0}, sep = {0};
+    cb_kvfile *kf = NULL;
+    cb_store_ref *ref = NULL;
+    char key[66];
+    int have = 0, ok = 0;
+    if (p->no_context || !prev || !prev->is_chunk || p->s[i - 1].is_chunk)
+        return 0;
+    if (cb_kv_separator(p->m, &sep) == CB_OK && sep.n == p->s[i - 1].toks.n &&
+        !memcmp(sep.ids, p->s[i - 1].toks.ids, sizeof(int32_t) * sep.n) &&
+        pr_lead_after(&p->lead, prev->toks.ids, prev->toks.n, &sep, &lead) == CB_OK) {
+        cb_kv_key(cb_model_fingerprint(p->m),
+                  cb_kv_tokens_hash(lead.ids, (int32_t)lead.n, g->toks.ids, (int32_t)g->toks.n),
+                  key);
+        ok = cb_store_has(s, key, &have) == CB_OK && have &&
+             open_for(p->m, s, g, key, &kf, &ref, warn, ctx);
+    }
+    cb_tokens_free(&lead);
+    cb_tokens_free(&sep);
+    if (ok) {
+        detach(g);
+        g->kf = kf, g->ref = ref, g->missing = 0, g->after = 1;
+    }
+    return ok;
+}
+
+void cb_prompt_use_context(cb_prompt *p, int use) { p->no_context = !use; }
 
 void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
                       void *ctx)
 {
     for (int32_t i = 0; i < p->n; i++) {
         pseg *g = &p->s[i];
-        if (g->is_chunk && !g->kf)
-            g->missing = !s || !attach_one(p->m, s, g, warn, ctx);
+        if (!g->is_chunk || (s && attach_after(p, s, i, warn, ctx)) || g->kf)
+            continue;
+        g->missing = !s || !open_for(p->m, s, g, g->key, &g->kf, &g->ref, warn, ctx);
     }
+}
+
+int cb_prompt_n_after(const cb_prompt *p)
+{
+    int n = 0;
+    for (int32_t i = 0; i < p->n; i++)
+        n += p->s[i].after;
+    return n;
 }
 
 cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m,

@@ -58,7 +58,8 @@ cb_status cb_gen_batch_take(cb_gen_batch *b, int32_t slot, cb_gen_result *res, f
 /* cb_prompt_build with chunks given by text or by key.  A keyed chunk's
  * tokens are the ones its KV file in store s holds (the file is opened as
  * cb_store_open_kv does and attached at once, so cb_prompt_attach leaves
- * it be); a text chunk is as in cb_prompt_build.  Errors: those of
+ * it be, unless it finds the chunk's cache computed after the chunk before
+ * it); a text chunk is as in cb_prompt_build.  Errors: those of
  * cb_prompt_build, and for a keyed chunk (err names the key):
  * CB_ERR_FORMAT (not a key), CB_ERR_NOT_FOUND (s is NULL or does not hold
  * it), CB_ERR_MISMATCH (a file of another model, or whose tokens are not

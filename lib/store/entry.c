@@ -518,6 +518,14 @@ cb_status cb_store_lookup(cb_store *s, const char *key, int *found)
     return CB_OK;
 }
 
+cb_status cb_store_has(cb_store *s, const char *key, int *found)
+{
+    cb_status st = cb_store_lookup(s, key, found);
+    if (st == CB_OK && !*found && s->remote.url)
+        *found = st_remote_has(s, key) == 1;
+    return st;
+}
+
 /* ------------------------------------------------------------ acquire */
 
 static const char SQL_ACCESS_GET[] =

@@ -429,4 +429,20 @@ used=$($R GET "cb:$HSID:used"); sum=0
 for k in $($R ZRANGE "cb:$HSID:lru" 0 -1); do sum=$((sum + $($R HGET "cb:{$HSID:$k}:m" bytes))); done
 [ "${used:-0}" -eq "$sum" ] && [ "$sum" -le $((SZ * 6)) ] && ok "the shared tier's accounting matches its entries ($sum bytes)" \
     || not_ok "accounting: used $used, entries $sum, capacity $((SZ * 6))"
+
+# -- caches computed after the chunk before them (cb-precompute --context),
+# found by a host that has them in the shared tier only (database 2)
+$STORE --store "$T/ca" init --tier "main=$T/ca/t" --tier "shared=redis://127.0.0.1:$PORT/2:64M" > /dev/null 2>&1
+$STORE --store "$T/cb" init --tier "main=$T/cb/t" --tier "shared=redis://127.0.0.1:$PORT/2:64M" > /dev/null 2>&1
+"$PRE" -m "$M" --store "$T/ca" --context -q < "$T/chunks.jsonl" > /dev/null
+"$RUN" -m "$M" --store "$T/cb" --chunks "$T/chunks.jsonl" --mode reuse -n 1 -p "$Q" --stats "$T/st-cb.json" \
+    > /dev/null 2> "$T/err-cb"
+after=$(stat_of cb n_chunks_after 2>/dev/null)
+pairs=$(python3 -c '
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+print(sum(1 for a, b in zip(r, r[1:]) if a["doc"] == b["doc"] and b["seq"] == a["seq"] + 1))' "$T/chunks.jsonl")
+[ "$pairs" -gt 0 ] && [ "${after:-0}" -eq "$pairs" ] && [ "$(stat_of cb n_chunks_missing)" -eq 0 ] \
+    && ok "--context: a host with an empty local store uses the $pairs caches after the chunk before them" \
+    || { not_ok "--context over the shared tier: $after of $pairs"; sed 's/^/#   /' "$T/err-cb" | head -3; }
 done_testing
