@@ -13,8 +13,13 @@ come from its first --passages passages, in one of three shapes (--shape):
          --chunks-max (default 20) in their order;
   short  the passages cut to ~50 tokens: from the first sentence holding a gold
          answer (else the first sentence), 50 tokens' worth of words.
-Every chunk is precomputed into a store with cb-precompute; then cb-run
-answers with each mode (and each blend ratio and strategy), greedily, and
+Every chunk is precomputed into a store with cb-precompute, each passage a
+document ("doc"; its pieces numbered by "seq"); with --context, cb-precompute
+--context also stores each piece as computed after the piece before it,
+which cb-run uses where the two come in that order (the many shape keeps a
+passage's pieces in order; those dropped break the runs).  Then cb-run
+answers with each mode (MODE/OPT=V: with cb-run --OPT V, as reuse/no-context;
+and each blend ratio and strategy, NAME/OPT=V alike), greedily, and
 each mode's first-token distribution (cb-run --logits-out) is compared with
 full prefill's; with --score, a second run per mode scores the first gold
 answer (cb-run --score: its mean NLL per token after the prompt).
@@ -109,16 +114,21 @@ def answer_test(q):
     return lambda t: any(g in normalize(t) for g in golds)
 
 
-def make_chunks(q, qi, shape, passages, chunks_max=20):
-    """The chunk texts of question q (number qi) in the given shape."""
+def make_chunks(q, qi, shape, passages, chunks_max=20, sources=False):
+    """The chunk texts of question q (number qi) in the given shape; with
+    sources, (text, passage, piece) for each: its passage's number and its
+    place among the pieces that passage was split into (as cb-chunk's "doc"
+    and "seq")."""
     import random
     ctxs = q["ctxs"][:passages]
     has_gold = answer_test(q)
     if shape == "paper":
-        return [f"{c.get('title', '')}\n{c['text']}".strip() for c in ctxs]
+        out = [f"{c.get('title', '')}\n{c['text']}".strip() for c in ctxs]
+        return [(t, i, 0) for i, t in enumerate(out)] if sources else out
     rng = random.Random(qi)
-    out = []
-    for c in ctxs:
+    out, src = [], []
+    for pi, c in enumerate(ctxs):
+        n0 = len(out)
         sents = [x for x in SENT.split(c["text"].strip()) if x]
         title = c.get("title", "").strip()
         if shape == "short":
@@ -130,6 +140,7 @@ def make_chunks(q, qi, shape, passages, chunks_max=20):
                     break
                 words.append(w)
             out.append(f"{title}\n{' '.join(words)}".strip())
+            src.append((pi, 0))
             continue
         # many: sentences grouped up to a target size drawn from [100, 150] tokens
         cur, target = [], rng.uniform(100, 150)
@@ -142,25 +153,30 @@ def make_chunks(q, qi, shape, passages, chunks_max=20):
             out[-1] += " " + " ".join(cur)
         elif cur:
             out.append(" ".join(cur))
+        src += [(pi, k) for k in range(len(out) - n0)]
     if shape == "many" and len(out) > chunks_max:
         drop = [i for i, t in enumerate(out) if not has_gold(t)]
         rng.shuffle(drop)
         gone = set(drop[: len(out) - chunks_max])
-        out = [t for i, t in enumerate(out) if i not in gone][:chunks_max]
-    return out
+        keep = [i for i in range(len(out)) if i not in gone][:chunks_max]
+        out, src = [out[i] for i in keep], [src[i] for i in keep]
+    return [(t, p, k) for t, (p, k) in zip(out, src)] if sources else out
 
 
-def precompute(pre, store, kv_type, common, qchunks, work):
-    """Every chunk of every question (qchunks: {question number: chunk texts})
-    into the store with cb-precompute; the seconds it took."""
+def precompute(pre, store, kv_type, common, qchunks, work, context=False):
+    """Every chunk of every question (qchunks: {question number: chunk texts,
+    or make_chunks' (text, passage, piece) sources}) into the store with
+    cb-precompute, each passage a document (with context, cb-precompute
+    --context: a piece also after the one before it); the seconds it took."""
     allf = os.path.join(work, "all.jsonl")
     with open(allf, "w", encoding="utf-8") as f:
         for qi, chunks in qchunks.items():
-            for pi, t in enumerate(chunks):
-                f.write(json.dumps({"doc": f"q{qi}", "seq": pi, "text": t}, ensure_ascii=False) + "\n")
+            for ci, c in enumerate(chunks):
+                t, doc, seq = c if isinstance(c, tuple) else (c, ci, 0)
+                f.write(json.dumps({"doc": f"q{qi}p{doc}", "seq": seq, "text": t}, ensure_ascii=False) + "\n")
     t0 = time.time()
-    subprocess.run([pre, "--store", store, "--kv-type", kv_type, "-q"] + common + [allf],
-                   stdout=subprocess.DEVNULL, check=True)
+    subprocess.run([pre, "--store", store, "--kv-type", kv_type, "-q"] + (["--context"] if context else [])
+                   + common + [allf], stdout=subprocess.DEVNULL, check=True)
     return time.time() - t0
 
 
@@ -206,7 +222,7 @@ def plot(rows, work, png):
 def report(args, configs, results, n_q, work, pre_s):
     """Print the table of results (and write them and the plot)."""
     def label(c):
-        return c[0] if c[1] is None else f"blend r={c[1]:g} {c[2]}"
+        return (c[0] if not c[2] else f"{c[0]} {c[2]}") if c[1] is None else f"blend r={c[1]:g} {c[2]}"
 
     def mean(rs, k):
         return sum(r[k] for r in rs) / len(rs) if rs else float("nan")
@@ -229,6 +245,11 @@ def report(args, configs, results, n_q, work, pre_s):
         m = sum(xs) / len(xs)
         return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
 
+    ctx = [r for r in results if r["mode"] in ("reuse", "blend") and r.get("n_chunks")
+           and "no-context" not in (r["strategy"] or "")]
+    if ctx and any(r.get("n_chunks_after") for r in ctx):
+        print(f"chunks cached after the piece before them (--context): "
+              f"{sum(r['n_chunks_after'] for r in ctx) / sum(r['n_chunks'] for r in ctx):.0%} of the chunks\n")
     full_f1 = {r["q"]: r["f1"] for r in fr}
     print("| mode | F1 (+- s.e.) | F1 - full's (+- s.e., paired) | F1 kept | EM | identical to full | top-1 = full | "
           "KL | KL recovery | gold NLL | NLL gap | abs NLL gap | NLL recovery | recomputed | TTFT ms | speedup |")
@@ -280,7 +301,8 @@ def main():
     ap.add_argument("--strategies", default="probe,hkvd,runs",
                     help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio; "
                     "NAME/OPT=V/...: with cb-run --OPT V (e.g. hkvd/check-layer=5, probe/probe-rows=0)")
-    ap.add_argument("--modes", default="full,prefix,reuse,blend")
+    ap.add_argument("--modes", default="full,prefix,reuse,blend",
+                    help="MODE/OPT=V/...: that mode with cb-run --OPT V (reuse/no-context)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--bin", default=os.path.join(top, "bin"))
@@ -289,6 +311,9 @@ def main():
     ap.add_argument("--kv-type", default="f16")
     ap.add_argument("--no-answers", action="store_true", help="score only: no generation, no F1/EM")
     ap.add_argument("--extra", default="", help="extra cb-run flags for blend runs")
+    ap.add_argument("--context", action="store_true",
+                    help="precompute each piece of a passage also after the piece before it (cb-precompute "
+                    "--context; the many shape splits passages into pieces)")
     ap.add_argument("--store", default=None,
                     help="keep the passages' KV in this store (created if missing; reruns skip what it has)")
     ap.add_argument("--table-from", default=None,
@@ -302,7 +327,8 @@ def main():
             if (r["mode"], r["ratio"], r["strategy"]) not in configs:
                 configs.append((r["mode"], r["ratio"], r["strategy"]))
         configs.sort(key=lambda c: c[0] != "full")
-        vars(args).update({k: v for k, v in saved["args"].items() if k in ("passages", "model", "threads", "kv_type")})
+        vars(args).update({k: v for k, v in saved["args"].items()
+                           if k in ("passages", "model", "threads", "kv_type", "shape")})
         args.out = args.table_from + ".table.json"
         if args.plot == ap.get_default("plot"):  # beside the results, not in the current directory
             args.plot = args.table_from + ".png"
@@ -322,8 +348,10 @@ def main():
     store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     try:
         # every passage of every question, precomputed once
-        qchunks = [make_chunks(q, qi, args.shape, args.passages, args.chunks_max) for qi, q in enumerate(qa)]
-        pre_s = precompute(pre, store, args.kv_type, common, dict(enumerate(qchunks)), work)
+        qsrc = [make_chunks(q, qi, args.shape, args.passages, args.chunks_max, sources=True)
+                for qi, q in enumerate(qa)]
+        qchunks = [[c[0] for c in cs] for cs in qsrc]
+        pre_s = precompute(pre, store, args.kv_type, common, dict(enumerate(qsrc)), work, args.context)
         print(f"precomputed {sum(map(len, qchunks))} passages in {pre_s:.1f} s", file=sys.stderr)
 
         # a model without a chat template (Gemma-3-270M is a base model) is
@@ -338,8 +366,9 @@ def main():
                 for r in args.ratios.split(","):
                     for s in args.strategies.split(","):
                         configs.append(("blend", float(r), s))
-            else:
-                configs.append((mode, None, None))
+            else:  # MODE/OPT=V...: cb-run --OPT V (reuse/no-context)
+                name, _, opts = mode.partition("/")
+                configs.append((name, None, opts or None))
         results = []
         for qi, q in enumerate(qa):
             chunks = os.path.join(work, f"q{qi}.jsonl")
@@ -354,6 +383,10 @@ def main():
                 cmd = [run, "--store", store, "--chunks", chunks, "--mode", mode, "--temp", "0", "-n",
                        str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
                        "-p", question] + common
+                if ratio is None and strat:
+                    for o in strat.split("/"):
+                        k, _, v = o.partition("=")
+                        cmd += [f"--{k}"] + ([v] if v else [])
                 if ratio is not None:
                     name, *opts = strat.split("/")  # NAME/OPT=V: cb-run --OPT V
                     name, _, mass = name.partition("@")  # probe@M: --mass M, at most the ratio
@@ -382,6 +415,7 @@ def main():
                     "ttft_ms": st["ttft_ms"], "prefill_ms": st["prefill_ms"], "load_ms": st["load_ms"],
                     "n_prompt_tokens": st["n_prompt_tokens"], "n_cached_tokens": st["n_cached_tokens"],
                     "n_recomputed_tokens": st["n_recomputed_tokens"],
+                    "n_chunks": st["n_chunks"], "n_chunks_after": st.get("n_chunks_after", 0),
                     "nll": score["nll"], "nll_tokens": score["n_tokens"], "nll_top1": score["top1"],
                 }
                 logits = read_logits(lfile)
