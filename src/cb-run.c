@@ -52,23 +52,27 @@ static void usage(FILE *f)
         "                     loading controller's choice from the store's profile (see\n"
         "                     cb-profile(1)): recompute as much as loading the KV hides\n"
         "      --min-ratio R  the least ratio auto picks (default 0.15), or --mass (0.05)\n"
-        "      --mass M       with --strategy probe: per prompt, the smallest ratio whose\n"
-        "                     tokens hold the share M of the question's attention to the\n"
-        "                     cached tokens, between --min-ratio and --max-ratio\n"
+        "      --mass M       with --strategy probe (or auto, which then is probe): per\n"
+        "                     prompt, the smallest ratio whose tokens hold the share M\n"
+        "                     of the question's attention to the cached tokens, between\n"
+        "                     --min-ratio and --max-ratio\n"
         "      --max-ratio R  the most --mass picks (default 0.5)\n"
         "      --ratios LIST  gradual filtering: r1,r2,... at successive check layers\n"
         "                     (hkvd, sink, query, runs)\n"
         "      --check-layer N  the (first) layer where deviation is measured (default 1)\n"
         "      --deviation k|v  measure deviation on keys or values (default v)\n"
-        "      --strategy S   probe (default): run the question through the first layers\n"
-        "                     (--probe-depth) against the loaded caches first, then\n"
-        "                     recompute the cached tokens it attends to most in every\n"
-        "                     layer; hkvd (the paper's): the most deviating tokens at\n"
-        "                     the check layer; sink: hkvd and the first --sink-tokens N\n"
-        "                     (default 4) of every chunk; query: the cached tokens the\n"
-        "                     question attends to most at the check layer; runs: hkvd's\n"
-        "                     most deviating tokens for half the budget, each with the\n"
-        "                     token after it\n"
+        "      --strategy S   auto (default): probe, but hkvd where fewer tokens are to\n"
+        "                     be recomputed than have no cache (short chunks: probe's\n"
+        "                     first pass would cost more than it pays); probe: run the\n"
+        "                     question through the first layers (--probe-depth) against\n"
+        "                     the loaded caches first, then recompute the cached tokens\n"
+        "                     it attends to most in every layer (auto is probe with\n"
+        "                     --mass, --probe-depth or sliding-window layers); hkvd (the\n"
+        "                     paper's): the most deviating tokens at the check layer;\n"
+        "                     sink: hkvd and the first --sink-tokens N (default 4) of\n"
+        "                     every chunk; query: the cached tokens the question attends\n"
+        "                     to most at the check layer; runs: hkvd's most deviating\n"
+        "                     tokens for half the budget, each with the token after it\n"
         "      --probe-rows N  probe scores by the attention of the question's last N\n"
         "                     tokens (default 0: all of its tokens)\n"
         "      --probe-depth F  probe's first pass runs and scores the first F of the\n"
@@ -513,8 +517,13 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         bs->overlapped_ms, "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes,
         "probe_rows", bp->probe_rows, "probe_depth", (double)bp->probe_depth, "probe_layers",
         bs->probe_layers, "key_temp", (double)bs->key_temp);
-    if (s)
+    if (s) {
         json_object_set_new(s, "n_chunks_after", json_integer(ss->n_after));
+        json_object_set_new(s, "strategy_used",
+                            bp->mode == CB_MODE_BLEND
+                                ? json_string(cli_strategy_names[bs->strategy])
+                                : json_null());
+    }
     if (s && ss->ratio_auto) {
         json_object_set_new(s, "ratio_source", json_string(ss->ratio_source));
         json_object_set_new(s, "predicted_load_ms", json_real(ss->rc->pred_load_ms));
@@ -1072,7 +1081,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.deviation_v = e;
         return 0;
     case OPT_STRATEGY:
-        if (cli_parse_enum("--strategy", arg, cli_strategy_names, 5, &e))
+        if (cli_parse_enum("--strategy", arg, cli_strategy_names, 6, &e))
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
@@ -1250,8 +1259,10 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         cli_err("-p and -f exclude each other");
         return CLI_EX_USAGE;
     }
-    if (o->bp.adapt_mass > 0 && (o->bp.strategy != CB_STRATEGY_PROBE || o->ratio_auto)) {
-        cli_err("--mass needs --strategy probe (and no --ratio auto)");
+    if (o->bp.adapt_mass > 0 &&
+        ((o->bp.strategy != CB_STRATEGY_PROBE && o->bp.strategy != CB_STRATEGY_AUTO) ||
+         o->ratio_auto)) {
+        cli_err("--mass needs --strategy probe or auto (and no --ratio auto)");
         return CLI_EX_USAGE;
     }
     if (o->bp.adapt_mass > 0 && o->min_ratio_given)

@@ -519,7 +519,7 @@ cb_status cli_sink_write(void *ctx, const char *p, size_t n)
 /* ------------------------------------------------------ --batch questions */
 
 const char *const cli_mode_names[4] = {"full", "prefix", "reuse", "blend"};
-const char *const cli_strategy_names[5] = {"hkvd", "sink", "query", "probe", "runs"};
+const char *const cli_strategy_names[6] = {"hkvd", "sink", "query", "probe", "runs", "auto"};
 
 /* The fields a question line may have; the others pass through to its answer. */
 static const char *const q_fields[] = {"id",    "question", "prompt",    "chunks", "system", "mode",
@@ -624,7 +624,7 @@ static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size
         rq->bp.mode = rq->n_chunks > 0 ? CB_MODE_BLEND
                                        : CB_MODE_FULL; /* nothing to reuse: full, as a lone run */
     if ((v = json_object_get(obj, "strategy"))) {
-        if (q_enum(v, "strategy", cli_strategy_names, 5, &e, msg, n))
+        if (q_enum(v, "strategy", cli_strategy_names, 6, &e, msg, n))
             return -1;
         rq->bp.strategy = (cb_blend_strategy)e;
     }
@@ -644,7 +644,9 @@ static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size
             return snprintf(msg, n, "\"n_predict\" is not a count"), -1;
         rq->gp.n_predict = (int32_t)json_integer_value(v);
     }
-    if (rq->bp.adapt_mass > 0 && (rq->bp.strategy != CB_STRATEGY_PROBE || rq->ratio_auto))
+    if (rq->bp.adapt_mass > 0 &&
+        ((rq->bp.strategy != CB_STRATEGY_PROBE && rq->bp.strategy != CB_STRATEGY_AUTO) ||
+         rq->ratio_auto))
         return snprintf(msg, n, "--mass needs the probe strategy and a given ratio"), -1;
     return 0;
 }

@@ -216,7 +216,8 @@ typedef enum cb_blend_strategy {
     CB_STRATEGY_SINK,     /* HKVD plus the first tokens of every cached segment */
     CB_STRATEGY_QUERY,    /* those the last segment attends to most */
     CB_STRATEGY_PROBE,    /* after ProphetKV: attention summed over the first layers */
-    CB_STRATEGY_RUNS      /* after CacheClip: HKVD anchors and the token after each */
+    CB_STRATEGY_RUNS,     /* after CacheClip: HKVD anchors and the token after each */
+    CB_STRATEGY_AUTO      /* PROBE, or HKVD where the budget is smaller than the uncached rows */
 } cb_blend_strategy;
 #define CB_BLEND_MAX_STEPS 8
 /* Blending's parameters; libcbcore(3) tells each field. */
@@ -244,6 +245,7 @@ typedef struct cb_blend_stats {
     int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
     float ratio, selected_mass;             /* the ratio used; probe: the attention share kept */
     int32_t probe_layers;                   /* probe: the layers its first pass scored */
+    cb_blend_strategy strategy;             /* blend: the strategy that ran (AUTO's choice) */
     const char *ratio_bound;                /* adapt_mass: "mass", "min", "max"; else "given" */
     float key_temp;                         /* reuse, blend: the key temperature used; else 1 */
     double load_ms, recompute_ms;           /* loading cached KV; computing (stalls excluded) */

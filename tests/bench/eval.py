@@ -298,7 +298,7 @@ def main():
                     help="also score the gold answer (cb-run --score: its NLL; one more run per mode)")
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--ratios", default="0.15", help="blend ratios, comma-separated")
-    ap.add_argument("--strategies", default="probe,hkvd,runs",
+    ap.add_argument("--strategies", default="auto,probe,hkvd,runs",
                     help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio; "
                     "NAME/OPT=V/...: with cb-run --OPT V (e.g. hkvd/check-layer=5, probe/probe-rows=0)")
     ap.add_argument("--modes", default="full,prefix,reuse,blend",

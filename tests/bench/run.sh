@@ -168,7 +168,8 @@ fi
 # a ~355-token prompt, >= 4.5x on 6 x 512-token chunks): 6 chunks cut from
 # the text by cb-chunk, stored by cb-precompute, one question; cb-run's
 # --stats ttft_ms, best of 3 per mode, blend with the default strategy
-# (probe) and with hkvd (CacheBlend's own), the default ratio.
+# (auto: probe, or hkvd on the short chunks) and with hkvd (CacheBlend's
+# own), the default ratio.
 blend_ttft() {
     ntok=$1; target=$2; d="$tmp/blend$ntok"; mkdir -p "$d"
     head -c 300000 "$tmp/text.txt" | "$BINDIR_B/cb-chunk" -m "$M" --tokens "$ntok" - | head -n 6 > "$d/chunks.jsonl"

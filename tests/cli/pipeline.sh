@@ -132,6 +132,14 @@ for sg in probe runs; do
         && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["strategy"] == sys.argv[2] and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/sg-$sg.json" $sg \
         && ok "--strategy $sg" || not_ok "--strategy $sg"
 done
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 2 -p "$Q" --stats "$T/sg-auto.json" > /dev/null \
+    && python3 -c '
+import json, math, sys
+s = json.load(open(sys.argv[1]))
+want, unc = math.ceil(0.15 * s["n_cached_tokens"]), s["n_prompt_tokens"] - s["n_cached_tokens"]
+assert s["strategy"] == "auto" and s["strategy_used"] == ("hkvd" if 0 < want < unc else "probe"), s' "$T/sg-auto.json" \
+    && ok "--strategy auto (the default): hkvd where fewer tokens are recomputed than have no cache, in the stats" \
+    || not_ok "--strategy auto"
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --max-ratio 0.4 -n 2 -p "$Q" \
     --stats "$T/ad.json" > /dev/null
 python3 - "$T/ad.json" <<'PY' && ok "--mass: the adaptive ratio and why, in the stats" || not_ok "--mass stats"
@@ -145,7 +153,7 @@ assert 0.05 <= s["ratio"] <= 0.4 + 1 / s["n_cached_tokens"], s  # ceil(ratio x c
 assert s["n_recomputed_tokens"] == round(s["ratio"] * s["n_cached_tokens"]), s
 assert (a["selected_mass"] >= 0.5) == (a["bound"] != "max"), s
 PY
-"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --probe-rows 1 -n 2 -p "$Q" --stats "$T/pr1.json" > /dev/null \
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --probe-rows 1 -n 2 -p "$Q" --stats "$T/pr1.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["strategy"] == "probe" and s["probe_rows"] == 1 and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/pr1.json" \
     && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["probe_rows"] == 0' "$T/sg-probe.json" \
     && ok "--probe-rows, in the stats (default 0: all)" || not_ok "--probe-rows"

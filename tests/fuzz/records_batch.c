@@ -55,7 +55,7 @@ int fuzz_batch_line(const cb_model *m, const char *line, size_t len)
     FUZZ_CHECK(rq.bp.mode >= CB_MODE_FULL && rq.bp.mode <= CB_MODE_BLEND);
     FUZZ_CHECK(json_object_get(o, "mode") ||
                rq.bp.mode == (rq.n_chunks ? CB_MODE_BLEND : CB_MODE_FULL));
-    FUZZ_CHECK(rq.bp.strategy >= CB_STRATEGY_HKVD && rq.bp.strategy <= CB_STRATEGY_RUNS);
+    FUZZ_CHECK(rq.bp.strategy >= CB_STRATEGY_HKVD && rq.bp.strategy <= CB_STRATEGY_AUTO);
     FUZZ_CHECK(rq.bp.ratios[0] >= 0 && rq.bp.ratios[0] <= 1 && rq.gp.n_predict >= 0);
     for (int i = 0; i < rq.gp.n_stops; i++)
         FUZZ_CHECK(rq.gp.stops[i] && rq.gp.stops[i][0] != 0);

@@ -456,6 +456,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                 int32_t nl = (int32_t)ceilf(depth * (float)nly - 1e-4f);
                 nl = nl < 1 ? 1 : nl;
                 p = cb_blend_defaults();
+                p.strategy = CB_STRATEGY_PROBE; /* auto would be hkvd on these short chunks */
                 p.probe_rows = qr;
                 p.probe_depth = depth;
                 CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
@@ -509,6 +510,49 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 1) == 7);
         q.probe_depth = 0.01f;
         CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 0) == 1);
+    }
+
+    tcase("%s: auto is hkvd where fewer rows are to be recomputed than have no cache, else probe",
+          label);
+    {
+        cb_blend_params q = cb_blend_defaults(), h;
+        CHECK(q.strategy == CB_STRATEGY_AUTO);
+        q.mode = CB_MODE_REUSE;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        int32_t n_c = st.n_cached_tokens, n_unc = 0;
+        for (int32_t s = 0; s < ns; s++)
+            n_unc += segs[s].n;
+        n_unc -= n_c;
+        /* the ratio just under / at the uncached rows' count */
+        float r_lo = ((float)n_unc - 1.5f) / (float)n_c, r_hi = (float)n_unc / (float)n_c;
+        CHECKF(n_unc > 2 && r_hi <= 1.0f, "%d uncached rows, %d cached", n_unc, n_c);
+        for (int hi = 0; hi < 2; hi++) {
+            q = cb_blend_defaults();
+            q.ratios[0] = hi ? r_hi : r_lo;
+            CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+            h = q; /* sliding-window layers (gemma3): always probe */
+            h.strategy = hi || hp->n_swa_layers > 0 ? CB_STRATEGY_PROBE : CB_STRATEGY_HKVD;
+            cb_blend_stats sh;
+            CHECK_OK(run(&fx, segs, ns, &h, b, &sh, NULL));
+            CHECKF(st.strategy == h.strategy && sh.strategy == h.strategy &&
+                       rel(a, b, (size_t)nv) == 0 &&
+                       st.n_recomputed_tokens == sh.n_recomputed_tokens,
+                   "ratio %.3f: ran %d, want %d", (double)q.ratios[0], (int)st.strategy,
+                   (int)h.strategy);
+        }
+        q = cb_blend_defaults(); /* probe whatever the budget: a fixed depth, a mass, ratio 0 */
+        q.ratios[0] = r_lo;
+        q.probe_depth = 0.5f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        CHECK(st.strategy == CB_STRATEGY_PROBE);
+        q.probe_depth = 0.0f;
+        q.adapt_mass = 0.5f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        CHECK(st.strategy == CB_STRATEGY_PROBE);
+        q.adapt_mass = 0.0f;
+        q.ratios[0] = 0.0f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        CHECK(st.strategy == CB_STRATEGY_PROBE && st.n_recomputed_tokens == 0);
     }
 
     tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds",
