@@ -94,8 +94,7 @@ typedef struct pre {
     cb_store *store;
     cb_precomputer *pc;
     cb_tokens ids;
-    cb_tokens sep;       /* --context: what a prompt puts between chunks, */
-    cb_tokens prev;      /* the last record's tokens, */
+    cb_tokens prev;      /* --context: the last record's tokens, */
     json_t *prev_doc;    /* its "doc" (NULL: none) */
     json_int_t prev_seq; /* and "seq" */
     long lineno, n_total, n_done, n_new, n_cached, n_bad, n_after;
@@ -207,10 +206,6 @@ static int setup(pre *x, const char *model_path)
         cli_err("%s", err.msg);
         return cli_exit_code(err.status);
     }
-    if (x->context && cb_kv_separator(x->m, &x->sep) != CB_OK) {
-        cli_err("out of memory");
-        return CLI_EX_SOFTWARE;
-    }
     cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path,
              cb_precomputer_lead(x->pc)->n, x->store_dir, cb_type_name(x->kv_type));
     return 0;
@@ -242,10 +237,11 @@ static void show_progress(pre *x)
     x->t_last = now;
 }
 
-/* The chunk in x->ids under key: computed (after prev and the separator
- * when n_prev > 0) and stored unless the store has it (*found).  0 to go
- * on, -1 when interrupted, else an exit status. */
-static int ensure(pre *x, const char *key, const int32_t *prev, int32_t n_prev, int *found)
+/* The chunk in x->ids under key: computed (after the precomputer's lead-in:
+ * with cb_precomputer_after, n_prev tokens more) and stored unless the
+ * store has it (*found).  0 to go on, -1 when interrupted, else an exit
+ * status. */
+static int ensure(pre *x, const char *key, int32_t n_prev, int *found)
 {
     cb_error err;
     cb_status st;
@@ -256,9 +252,7 @@ static int ensure(pre *x, const char *key, const int32_t *prev, int32_t n_prev, 
     }
     if (*found)
         return 0;
-    st = n_prev > 0
-             ? cb_precomputer_run_after(x->pc, prev, n_prev, x->ids.ids, (int32_t)x->ids.n, &err)
-             : cb_precomputer_run(x->pc, x->ids.ids, (int32_t)x->ids.n, &err);
+    st = cb_precomputer_run(x->pc, x->ids.ids, (int32_t)x->ids.n, &err);
     if (interrupted)
         return -1;
     if (st == CB_OK) {
@@ -285,21 +279,24 @@ static int ensure_after(pre *x, json_t *obj)
     int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
     int found = 0, r = 0;
     if (doc && json_is_integer(seq) && x->prev_doc && json_equal(doc, x->prev_doc) &&
-        json_integer_value(seq) == x->prev_seq + 1 &&
-        (int64_t)cb_precomputer_lead(x->pc)->n + (int64_t)x->prev.n + (int64_t)x->sep.n +
-                (int64_t)x->ids.n <=
-            n_ctx) {
-        char key[66];
-        if (cb_precomputer_key_after(x->pc, x->prev.ids, (int32_t)x->prev.n, x->ids.ids,
-                                     (int32_t)x->ids.n, key) != CB_OK) {
+        json_integer_value(seq) == x->prev_seq + 1) {
+        if (cb_precomputer_after(x->pc, x->prev.ids, (int32_t)x->prev.n) != CB_OK) {
             cli_err("out of memory");
             return CLI_EX_SOFTWARE;
         }
-        if ((r = ensure(x, key, x->prev.ids, (int32_t)x->prev.n, &found)) != 0)
+        /* (the pair longer than the context: the chunk's own cache only) */
+        if ((int64_t)cb_precomputer_lead(x->pc)->n + (int64_t)x->ids.n <= n_ctx) {
+            char key[66];
+            cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
+            if ((r = ensure(x, key, (int32_t)x->prev.n, &found)) == 0) {
+                x->n_after++;
+                cli_info("%s:%ld: after the chunk before it, %s %s", x->in_name, x->lineno,
+                         found ? "cached" : "stored", key);
+            }
+        }
+        cb_precomputer_after(x->pc, NULL, 0); /* the lead-in alone again */
+        if (r != 0)
             return r;
-        x->n_after++;
-        cli_info("%s:%ld: after the chunk before it, %s %s", x->in_name, x->lineno,
-                 found ? "cached" : "stored", key);
     }
     json_decref(x->prev_doc);
     x->prev_doc = NULL;
@@ -339,7 +336,7 @@ static int do_record(pre *x, char *line, size_t len)
         return bad_record(x, obj,
                           x->ids.n == 0 ? "empty text" : "chunk longer than the model's context");
     cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
-    if ((r = ensure(x, key, NULL, 0, &found)) != 0 || (x->context && (r = ensure_after(x, obj)))) {
+    if ((r = ensure(x, key, 0, &found)) != 0 || (x->context && (r = ensure_after(x, obj)))) {
         json_decref(obj);
         return r;
     }
@@ -435,7 +432,6 @@ int main(int argc, char **argv)
         fclose(x.in);
     cb_tokens_free(&x.ids);
     cb_tokens_free(&x.prev);
-    cb_tokens_free(&x.sep);
     json_decref(x.prev_doc);
     cb_precomputer_free(x.pc);
     cb_store_close(x.store);

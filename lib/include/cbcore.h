@@ -5,16 +5,12 @@
  * cb_strview views borrowed).  CB_VERSION_STRING: the release, written once (Makefile reads it). */
 #ifndef CBCORE_H
 #define CBCORE_H
-
 #include <stddef.h>
 #include <stdint.h>
-
 #ifdef __cplusplus
 extern "C" {
 #endif
-
 #define CB_VERSION_STRING "0.1.0"
-
 /* ------------------------------------------------------------------ core */
 typedef enum cb_status {
     CB_OK = 0,
@@ -183,8 +179,6 @@ typedef struct cb_kv_meta {
 } cb_kv_meta;
 void cb_kv_key(cb_hash128 model, cb_hash128 tokens, char key[66]); /* "<model>-<tokens>" */
 cb_status cb_kv_lead_in(const cb_model *m, cb_tokens *out);        /* appends a chunk's lead-in */
-cb_status cb_kv_separator(const cb_model *m,
-                          cb_tokens *out); /* appends the tokens between chunks */
 /* Prefill lead + ids alone; the chunk's rows as a KV file in a malloc'd *buf. */
 cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32_t n_lead,
                            const int32_t *ids, int32_t n, cb_type type, void **buf, size_t *size);
@@ -236,7 +230,7 @@ typedef struct cb_blend_params {
     float probe_depth;                      /* probe: share of the layers scored; 0: by cost */
     float key_temp;                         /* cached keys divided by it; 0: the model's */
 } cb_blend_params;
-cb_blend_params cb_blend_defaults(void); /* blend, probe, check layer 1, ratio 0.15, V */
+cb_blend_params cb_blend_defaults(void); /* blend, auto, check layer 1, ratio 0.15, V */
 typedef struct cb_blend_stats {
     int32_t n_prompt_tokens;
     int32_t n_cached_tokens;                /* tokens whose KV came from a cache */
@@ -244,8 +238,7 @@ typedef struct cb_blend_stats {
     int32_t n_recomputed_tokens;            /* cached tokens recomputed at the last check layer */
     int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
     float ratio, selected_mass;             /* the ratio used; probe: the attention share kept */
-    int32_t probe_layers;                   /* probe: the layers its first pass scored */
-    cb_blend_strategy strategy;             /* blend: the strategy that ran (AUTO's choice) */
+    int32_t probe_layers, strategy;         /* probe's first-pass layers; the strategy run */
     const char *ratio_bound;                /* adapt_mass: "mass", "min", "max"; else "given" */
     float key_temp;                         /* reuse, blend: the key temperature used; else 1 */
     double load_ms, recompute_ms;           /* loading cached KV; computing (stalls excluded) */
@@ -315,8 +308,6 @@ int cb_store_n_tiers(const cb_store *s);
 cb_status cb_store_tier_info(const cb_store *s, int i, cb_store_tier *out);
 int cb_store_promote_hits(const cb_store *s);
 cb_status cb_store_lookup(cb_store *s, const char *key, int *found); /* records no access */
-/* cb_store_lookup, and when not here the shared tier asked (no access recorded either) */
-cb_status cb_store_has(cb_store *s, const char *key, int *found);
 /* Add a KV file's bytes under key (NULL: the file's), verified; an existing key stays. */
 cb_status cb_store_put(cb_store *s, const char *key, const void *data, size_t size, cb_error *err);
 /* Verify and put the KV file at path; its key, and *existed (both may be NULL). */
@@ -504,12 +495,9 @@ const cb_segment *cb_prompt_segments(const cb_prompt *p, int32_t *n);
 int64_t cb_prompt_n_tokens(const cb_prompt *p);
 int cb_prompt_n_chunks(const cb_prompt *p);
 int cb_prompt_n_missing(const cb_prompt *p);
-/* Chunks whose cache is the one computed after the chunk before them (cb-precompute --context). */
-int cb_prompt_n_after(const cb_prompt *p);
+int cb_prompt_n_after(const cb_prompt *p); /* chunks cached after the chunk before them */
 cb_chat_kind cb_prompt_chat(const cb_prompt *p);
-/* Whether cb_prompt_attach may take a chunk's cache computed after the chunk before it
- * (cb-precompute --context) where the prompt has that chunk right before it (default 1). */
-void cb_prompt_use_context(cb_prompt *p, int use);
+void cb_prompt_use_context(cb_prompt *p, int use); /* 0: attach takes chunks' own caches only */
 /* Find and check each chunk's cache in s (unusable ones to warn), acquired until freed. */
 void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
                       void *ctx);
@@ -545,11 +533,10 @@ typedef struct cb_request {
     cb_blend_params bp; /* the mode and blending parameters */
     int ratio_auto;     /* blend: cb_prompt_auto_ratio's ratio, at least min_ratio */
     double min_ratio;
-    cb_gen_params gp; /* sampling, n_predict, stop strings */
-    int32_t n_ctx;    /* cache positions; 0: prompt + n_predict (or the continuation) */
-    cb_type kv_type;  /* F16 or F32 */
-    int store_write;  /* afterwards, store the KV of chunks that had none */
-    int no_context;   /* use each chunk's own cache, not one computed after the chunk before it */
+    cb_gen_params gp;            /* sampling, n_predict, stop strings */
+    int32_t n_ctx;               /* cache positions; 0: prompt + n_predict (or the continuation) */
+    cb_type kv_type;             /* F16 or F32 */
+    int store_write, no_context; /* afterwards store chunks that had none; own caches only */
 } cb_request;
 /* A question's outcome, the caller's once cb_batch_next returns it. */
 typedef struct cb_answer {
@@ -567,8 +554,7 @@ typedef struct cb_answer {
     cb_ratio_choice rc;       /* the controller's choice, with ratio_auto */
     cb_blend_stats bs;
     int64_t n_prompt_tokens;
-    int n_chunks, n_missing, n_stored;
-    int n_after; /* chunks whose cache was computed after the chunk before them */
+    int n_chunks, n_missing, n_stored, n_after; /* n_after: as cb_prompt_n_after */
     cb_chat_kind chat;
     uint64_t kv_bytes; /* its cache's */
 } cb_answer;
@@ -596,8 +582,8 @@ cb_status cb_batch_submit(cb_batch *b, const cb_request *rq, void *tag);
 cb_status cb_batch_step(cb_batch *b);  /* the parked question if it fits; a decode step */
 cb_answer *cb_batch_next(cb_batch *b); /* in the order the questions ended; NULL: none */
 const cb_batch_info *cb_batch_get_info(const cb_batch *b);
-/* Chunks' KV files, each prefilled alone after the lead-in, put into a store (tier NULL:
- * the fastest with room), as cb-precompute does: new, then run and store each chunk. */
+/* Chunks' KV files prefilled after the lead-in (and _after's chunk and separator), put into a
+ * store (tier NULL: the fastest with room), as cb-precompute does: new, run and store each. */
 typedef struct cb_precomputer cb_precomputer;
 cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type,
                              const char *tier, cb_error *err);
@@ -606,14 +592,7 @@ const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc);
 void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n, char key[66]);
 cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err);
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err);
-/* The same for a chunk computed in its document's context: after the lead-in, prev (the
- * chunk before it in its document) and the separator, as a prompt holding prev right before
- * it places it; cb_prompt_attach prefers that file there.  The key is another than the
- * chunk's own. */
-cb_status cb_precomputer_key_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev,
-                                   const int32_t *ids, int32_t n, char key[66]);
-cb_status cb_precomputer_run_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev,
-                                   const int32_t *ids, int32_t n, cb_error *err);
+cb_status cb_precomputer_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,8 @@ extern "C" {
 /* The store key of a chunk: hash of its token ids (with the lead-in, so a
  * chunk precomputed after another lead-in is another entry). */
 cb_hash128 cb_kv_tokens_hash(const int32_t *lead, int32_t n_lead, const int32_t *ids, int32_t n);
+/* Appends what a prompt puts between two chunks (and before the question): a blank line. */
+cb_status cb_kv_separator(const cb_model *m, cb_tokens *out);
 
 /* Serialize a chunk's KV (rows pos0..pos0+n-1 of a cache, every layer)
  * into a malloc'd buffer holding a complete KV file.

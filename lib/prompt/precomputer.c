@@ -15,7 +15,8 @@ struct cb_precomputer {
     char *tier; /* NULL: the fastest tier with room */
     cb_tokens lead;
     cb_tokens sep;   /* what a prompt puts between chunks */
-    cb_tokens after; /* lead, a previous chunk, sep: cb_precomputer_run_after's lead-in */
+    cb_tokens after; /* lead, a previous chunk, sep: cb_precomputer_after's lead-in */
+    int use_after;   /* key and run use it */
     cb_hash128 fp;
     cb_fwd *f;      /* PC_BATCH rows */
     cb_kvcache *kv; /* f32, kv_cap positions */
@@ -79,19 +80,28 @@ void cb_precomputer_free(cb_precomputer *pc)
     free(pc);
 }
 
-const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc) { return &pc->lead; }
+
+/* The lead-in key and run put before the chunk. */
+static const cb_tokens *lead_of(const cb_precomputer *pc)
+{
+    return pc->use_after ? &pc->after : &pc->lead;
+}
+
+const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc) { return lead_of(pc); }
 
 void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n, char key[66])
 {
-    cb_kv_key(pc->fp, cb_kv_tokens_hash(pc->lead.ids, (int32_t)pc->lead.n, ids, n), key);
+    const cb_tokens *lead = lead_of(pc);
+    cb_kv_key(pc->fp, cb_kv_tokens_hash(lead->ids, (int32_t)lead->n, ids, n), key);
 }
 
-cb_status cb_precomputer_key_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev,
-                                   const int32_t *ids, int32_t n, char key[66])
+cb_status cb_precomputer_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev)
 {
-    cb_status st = pr_lead_after(&pc->lead, prev, (size_t)n_prev, &pc->sep, &pc->after);
-    if (st == CB_OK)
-        cb_kv_key(pc->fp, cb_kv_tokens_hash(pc->after.ids, (int32_t)pc->after.n, ids, n), key);
+    cb_status st = CB_OK;
+    pc->use_after = 0;
+    if (n_prev > 0 &&
+        (st = pr_lead_after(&pc->lead, prev, (size_t)n_prev, &pc->sep, &pc->after)) == CB_OK)
+        pc->use_after = 1;
     return st;
 }
 
@@ -144,16 +154,7 @@ static cb_status run_lead(cb_precomputer *pc, const cb_tokens *lead, const int32
 
 cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err)
 {
-    return run_lead(pc, &pc->lead, ids, n, err);
-}
-
-cb_status cb_precomputer_run_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev,
-                                   const int32_t *ids, int32_t n, cb_error *err)
-{
-    cb_status st = pr_lead_after(&pc->lead, prev, (size_t)n_prev, &pc->sep, &pc->after);
-    if (st != CB_OK)
-        return cb_error_set(err, st, "precompute: %s", cb_strerror(st));
-    return run_lead(pc, &pc->after, ids, n, err);
+    return run_lead(pc, lead_of(pc), ids, n, err);
 }
 
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err)

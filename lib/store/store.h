@@ -10,6 +10,10 @@
 extern "C" {
 #endif
 
+/* cb_store_lookup, and where the local tiers lack it, the shared tier asked (records no
+ * access either) */
+cb_status cb_store_has(cb_store *s, const char *key, int *found);
+
 /* Open a store read-only: nothing in it is written (no lock file is made,
  * no owner file, no access times, hits or misses recorded, no promotion,
  * entries whose file is gone are not dropped from the index; only SQLite

@@ -534,7 +534,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             h.strategy = hi || hp->n_swa_layers > 0 ? CB_STRATEGY_PROBE : CB_STRATEGY_HKVD;
             cb_blend_stats sh;
             CHECK_OK(run(&fx, segs, ns, &h, b, &sh, NULL));
-            CHECKF(st.strategy == h.strategy && sh.strategy == h.strategy &&
+            CHECKF(st.strategy == (int32_t)h.strategy && sh.strategy == (int32_t)h.strategy &&
                        rel(a, b, (size_t)nv) == 0 &&
                        st.n_recomputed_tokens == sh.n_recomputed_tokens,
                    "ratio %.3f: ran %d, want %d", (double)q.ratios[0], (int)st.strategy,
@@ -544,15 +544,15 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         q.ratios[0] = r_lo;
         q.probe_depth = 0.5f;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
-        CHECK(st.strategy == CB_STRATEGY_PROBE);
+        CHECK(st.strategy == (int32_t)CB_STRATEGY_PROBE);
         q.probe_depth = 0.0f;
         q.adapt_mass = 0.5f;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
-        CHECK(st.strategy == CB_STRATEGY_PROBE);
+        CHECK(st.strategy == (int32_t)CB_STRATEGY_PROBE);
         q.adapt_mass = 0.0f;
         q.ratios[0] = 0.0f;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
-        CHECK(st.strategy == CB_STRATEGY_PROBE && st.n_recomputed_tokens == 0);
+        CHECK(st.strategy == (int32_t)CB_STRATEGY_PROBE && st.n_recomputed_tokens == 0);
     }
 
     tcase("%s: probe's adaptive ratio: the fewest tokens holding the mass, within its bounds",
