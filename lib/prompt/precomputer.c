@@ -1,4 +1,5 @@
-/* precomputer.c - chunks' KV files computed alone and put into a store:
+/* precomputer.c - chunks' KV files computed alone (or, after
+ * cb_precomputer_after, after the chunk before them) and put into a store:
  * what cb-precompute does for every record and cb-run for the chunks it
  * found without a cache. */
 #include "prompt_impl.h"
@@ -79,7 +80,6 @@ void cb_precomputer_free(cb_precomputer *pc)
     free(pc->tier);
     free(pc);
 }
-
 
 /* The lead-in key and run put before the chunk. */
 static const cb_tokens *lead_of(const cb_precomputer *pc)
