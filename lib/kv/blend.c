@@ -124,9 +124,8 @@ typedef struct blend_loader {
     cb_status st;
     cb_error err;
     int32_t failed_seg; /* the segment whose file failed to read, or -1 */
-    int32_t
-        exact_end;   /* the caches of segments before it are exact (their keys stay as they are) */
-    float key_scale; /* the other caches' keys are multiplied by it (1 / key_temp) */
+    int32_t exact_end;  /* the caches of segments before it are exact (keys kept as they are) */
+    float key_scale;    /* the other caches' keys are multiplied by it (1 / key_temp) */
     double busy_ms, t_begin;
     uint64_t bytes;
     pthread_t thread;
@@ -513,8 +512,6 @@ static cb_status check_layer(blend_plan *pl, const blend_strategy *sg, int32_t s
     return st;
 }
 
-/* Blend: the strategy's own way, or every row before the check layer, the
- * check layers' selections, then the last selection in the layers after. */
 /* The strategy a blend runs: the one asked for, or auto's choice.  Auto is
  * probe, but hkvd where the recompute budget is smaller than the uncached
  * rows (the question, the template), as on prompts of short chunks: there
@@ -538,6 +535,8 @@ static const blend_strategy *blend_choose(const blend_plan *pl)
     return &blend_hkvd;
 }
 
+/* Blend: the strategy's own way, or every row before the check layer, the
+ * check layers' selections, then the last selection in the layers after. */
 static cb_status fuse(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
 {
     const cb_blend_params *p = pl->p;

@@ -30,6 +30,7 @@ struct cb_prompt {
     int n_chunks;
     cb_chat_kind kind;
     cb_tokens lead;
+    cb_tokens sep;  /* what goes between chunks (cb_kv_separator) */
     int no_context; /* cb_prompt_use_context(p, 0) */
 };
 
@@ -164,7 +165,6 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
 {
     cb_prompt *p = calloc(1, sizeof *p);
     cb_chat_parts parts = {0};
-    cb_tokens sep = {0};
     cb_status st;
 
     if (!p)
@@ -188,30 +188,28 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
     }
     if ((st = add_head(p, &parts)) != CB_OK)
         goto fail;
-    if ((st = cb_kv_separator(m, &sep)) != CB_OK)
+    if ((st = cb_kv_separator(m, &p->sep)) != CB_OK)
         goto fail;
     for (size_t i = 0; i < n_chunks; i++) {
         if (srcs && !srcs[i].text.data) {
-            if ((st = add_chunk_key(p, store, srcs[i].key, &sep, i == 0, err)) != CB_OK)
+            if ((st = add_chunk_key(p, store, srcs[i].key, &p->sep, i == 0, err)) != CB_OK)
                 goto fail_keyed;
-        } else if ((st = add_chunk(p, srcs ? srcs[i].text : texts[i], &sep, i == 0)) != CB_OK) {
+        } else if ((st = add_chunk(p, srcs ? srcs[i].text : texts[i], &p->sep, i == 0)) != CB_OK) {
             goto fail;
         }
     }
-    if ((st = add_tail(p, &parts, n_chunks > 0 ? &sep : NULL, question, len)) != CB_OK)
+    if ((st = add_tail(p, &parts, n_chunks > 0 ? &p->sep : NULL, question, len)) != CB_OK)
         goto fail;
     if (!(p->segs = calloc((size_t)p->n, sizeof *p->segs))) {
         st = CB_ERR_NOMEM;
         goto fail;
     }
-    cb_tokens_free(&sep);
     cb_chat_parts_free(&parts);
     *out = p;
     return CB_OK;
 fail:
     cb_error_set(err, st, "cannot build the prompt: %s", cb_strerror(st));
 fail_keyed: /* err says which key */
-    cb_tokens_free(&sep);
     cb_chat_parts_free(&parts);
     cb_prompt_free(p);
     return st;
@@ -243,6 +241,7 @@ void cb_prompt_free(cb_prompt *p)
     free(p->s);
     free(p->segs);
     cb_tokens_free(&p->lead);
+    cb_tokens_free(&p->sep);
     free(p);
 }
 
@@ -302,15 +301,12 @@ static void detach(pseg *s)
 cb_status pr_lead_after(const cb_tokens *lead, const int32_t *prev, size_t n_prev,
                         const cb_tokens *sep, cb_tokens *out)
 {
-    cb_status st = CB_OK;
+    cb_status st;
     out->n = 0;
-    for (size_t i = 0; i < lead->n && st == CB_OK; i++)
-        st = cb_tokens_push(out, lead->ids[i]);
+    st = push_all(out, lead);
     for (size_t i = 0; i < n_prev && st == CB_OK; i++)
         st = cb_tokens_push(out, prev[i]);
-    for (size_t i = 0; i < sep->n && st == CB_OK; i++)
-        st = cb_tokens_push(out, sep->ids[i]);
-    return st;
+    return st == CB_OK ? push_all(out, sep) : st;
 }
 
 /* The file stored under key for segment s, checked (its model, and its
@@ -352,16 +348,16 @@ static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
                         void *ctx)
 {
     pseg *g = &p->s[i], *prev = i >= 2 ? &p->s[i - 2] : NULL;
-    cb_tokens lead = {0}, sep = {0};
+    cb_tokens lead = {0};
     cb_kvfile *kf = NULL;
     cb_store_ref *ref = NULL;
     char key[66];
     int have = 0, ok = 0;
     if (p->no_context || !prev || !prev->is_chunk || p->s[i - 1].is_chunk)
         return 0;
-    if (cb_kv_separator(p->m, &sep) == CB_OK && sep.n == p->s[i - 1].toks.n &&
-        !memcmp(sep.ids, p->s[i - 1].toks.ids, sizeof(int32_t) * sep.n) &&
-        pr_lead_after(&p->lead, prev->toks.ids, prev->toks.n, &sep, &lead) == CB_OK) {
+    if (p->sep.n == p->s[i - 1].toks.n &&
+        !memcmp(p->sep.ids, p->s[i - 1].toks.ids, sizeof(int32_t) * p->sep.n) &&
+        pr_lead_after(&p->lead, prev->toks.ids, prev->toks.n, &p->sep, &lead) == CB_OK) {
         cb_kv_key(cb_model_fingerprint(p->m),
                   cb_kv_tokens_hash(lead.ids, (int32_t)lead.n, g->toks.ids, (int32_t)g->toks.n),
                   key);
@@ -369,7 +365,6 @@ static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
              open_for(p->m, s, g, key, &kf, &ref, warn, ctx);
     }
     cb_tokens_free(&lead);
-    cb_tokens_free(&sep);
     if (ok) {
         detach(g);
         g->kf = kf, g->ref = ref, g->missing = 0, g->after = 1;
