@@ -9,7 +9,7 @@
 #   suites    every unit and CLI suite (tests/run.sh, no apt-get, no fuzzing)
 #   blend     blend TTFT against full prefill on CUDA (6 x 512-token chunks,
 #             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 4,
-#             probe, hkvd, and probe with CB_CUDA_MASS=1), on random-weight
+#             probe, hkvd, and probe with CB_CUDA_MASS=0), on random-weight
 #             models of SmolLM2's and Qwen2.5-1.5B's shape (their logits are
 #             too chaotic to compare devices on: device does that, on SmolLM2)
 #   bench     bench_engine on CUDA and on the CPU, warm, on a random-weight
@@ -65,10 +65,28 @@ memcheck() { "$S" --tool memcheck --leak-check full --report-api-errors no $SAN_
 # racecheck: the model-sized attention cases (2,304 keys) take a minute or
 # more each under it, and a step limit cut the cases after them (topk,
 # staging, attn_mass, the fault children) in every GPU session: racecheck
-# runs every other case, racecheck-big those alone, last
+# runs every other case, racecheck-big those alone, last.  A hazard fails the
+# step when either of its accesses is in a kernel of ours: cuBLAS's own
+# Hopper kernels (nvjet_*, split-K) showed WAR hazards on the H200 that
+# rewrite the value already there (385 of them in one case, a product made
+# on one host thread and used on another), inside code we neither write nor
+# launch ourselves; they are counted and shown, not failed
 BIG_OPS='2304 keys'
-racecheck() { CB_OPS_SKIP=$BIG_OPS "$S" --tool racecheck --racecheck-report all $SAN_ARGS --error-exitcode 1 "$OPS"; }
-racecheck_big() { CB_OPS_ONLY=$BIG_OPS "$S" --tool racecheck --racecheck-report all $SAN_ARGS --error-exitcode 1 "$OPS"; }
+race_run() {
+    out=$(mktemp) || return 1
+    pl=""; "$S" --help 2>/dev/null | grep -q -- --print-limit && pl="--print-limit 1000000"
+    # shellcheck disable=SC2086
+    "$S" --tool racecheck --racecheck-report all $pl $SAN_ARGS "$OPS" > "$out" 2>&1
+    rc=$?
+    cat "$out"
+    ours=$(grep -E '^=+ +(Read|Write) Thread' "$out" | grep -c -v -E ' at (nvjet_|sm[0-9]+_xmma|cutlass)')
+    theirs=$(grep -E '^=+ +(Read|Write) Thread' "$out" | grep -c -E ' at (nvjet_|sm[0-9]+_xmma|cutlass)')
+    rm -f "$out"
+    echo "race_run: test_backend_ops exit $rc; accesses in reported hazards: $ours in our kernels, $theirs in cuBLAS's"
+    [ "$rc" -eq 0 ] && [ "$ours" -eq 0 ]
+}
+racecheck() { CB_OPS_SKIP=$BIG_OPS race_run; }
+racecheck_big() { CB_OPS_ONLY=$BIG_OPS race_run; }
 synccheck() { "$S" --tool synccheck $SAN_ARGS --error-exitcode 1 "$OPS"; }
 initcheck() { "$S" --tool initcheck $SAN_ARGS --error-exitcode 1 "$OPS"; }
 device() {
@@ -95,11 +113,11 @@ blend() {
         M=$d/$m.gguf
         "$BINDIR_B/cb-chunk" -m "$M" --tokens 512 "$d/text.txt" | head -n 6 > "$d/$m.jsonl"
         "$BINDIR_B/cb-precompute" -q -m "$M" --device cuda --store "$d/$m.st" "$d/$m.jsonl" > /dev/null || rc=1
-        # probe:device-mass: probe with its score on the device (CB_CUDA_MASS=1,
-        # opt-in until a GPU run has checked it), against the host's copies
-        for spec in full blend:probe blend:hkvd blend:probe:device-mass; do
-            mode=${spec%%:*}; st=${spec#*:}; mass=0
-            case $spec in *:device-mass) st=${st%%:*}; mass=1 ;; esac
+        # probe:host-mass: probe with its score on the host (CB_CUDA_MASS=0,
+        # each probed layer's queries and keys copied back), as before 2026-11-27
+        for spec in full blend:probe blend:hkvd blend:probe:host-mass; do
+            mode=${spec%%:*}; st=${spec#*:}; mass=1
+            case $spec in *:host-mass) st=${st%%:*}; mass=0 ;; esac
             set --; [ "$mode" = blend ] && set -- --strategy "$st"
             best=""
             for _ in 1 2 3 4; do
