@@ -88,17 +88,15 @@ static void drop_cache(const char *path)
     }
 }
 
-/* Load every layer of a KV file the way cb-run's loader does: read it from
- * the tier, verify and convert it, and place it in a cache on the compute
- * device (rotated to position 0).  Returns the file's MB/s, or -1. */
-/* Every layer of an open KV file into kv (freed here); MB/s from t0. */
-static double load_kv(const cb_model *m, cb_kvfile *kf, double t0, cb_kvcache *kv, float *k,
-                      float *v, cb_error *err)
+/* Load every layer of an open KV file the way cb-run's loader does: read
+ * it from the tier, verify it, and place it in kv, a cache on the compute
+ * device, at position 0 (the f16 rows sent as they are).  The file is freed
+ * here.  Returns its MB/s from t0, or -1. */
+static double load_kv(const cb_model *m, cb_kvfile *kf, double t0, cb_kvcache *kv, cb_error *err)
 {
     const cb_kv_meta *mt = cb_kvfile_meta(kf);
     for (int32_t l = 0; l < mt->n_layer; l++)
-        if (cb_kvfile_read_layer(kf, l, k, v, err) != CB_OK ||
-            cb_kvcache_load(kv, l, 0, mt->n_tokens, k, v, mt->pos0) != CB_OK) {
+        if (cb_kvfile_load_layer(kf, l, kv, 0, err) != CB_OK) {
             cb_kvfile_free(kf);
             return -1;
         }
@@ -111,14 +109,13 @@ static double load_kv(const cb_model *m, cb_kvfile *kf, double t0, cb_kvcache *k
     return mb / (ms / 1e3);
 }
 
-static double load_all(const cb_model *m, const char *path, cb_kvcache *kv, float *k, float *v,
-                       cb_error *err)
+static double load_all(const cb_model *m, const char *path, cb_kvcache *kv, cb_error *err)
 {
     cb_kvfile *kf;
     double t0 = cb_now_ms();
     if (cb_kvfile_open(&kf, path, err) != CB_OK)
         return -1;
-    return load_kv(m, kf, t0, kv, k, v, err);
+    return load_kv(m, kf, t0, kv, err);
 }
 
 typedef struct popts {
@@ -293,7 +290,7 @@ static int test_kvfile(const cb_model *m, int32_t L, void **buf, size_t *size)
  * not seen the chunk; cold and warm alike (Redis keeps values in memory).
  * The test entry is dropped from the shared tier afterwards. */
 static void measure_shared(const cb_model *m, cb_store *store, int repeat, const void *buf,
-                           size_t size, cb_kvcache *lkv, float *kb, float *vb, cb_profile *prof)
+                           size_t size, cb_kvcache *lkv, cb_profile *prof)
 {
     cb_store_tier_stat sh;
     cb_error err;
@@ -326,7 +323,7 @@ static void measure_shared(const cb_model *m, cb_store *store, int repeat, const
         double t0 = cb_now_ms();
         if (cb_store_open_kv(store, key, &kf, &ref, &err) != CB_OK)
             break;
-        double mbs = load_kv(m, kf, t0, lkv, kb, vb, &err);
+        double mbs = load_kv(m, kf, t0, lkv, &err);
         double ms = cb_now_ms() - t0;
         cb_store_release(ref);
         if (mbs <= 0)
@@ -350,15 +347,12 @@ static int measure_tiers(const cb_model *m, cb_store *store, int repeat, cb_prof
 {
     const cb_hparams *hp = cb_model_hparams(m);
     int32_t L = 1024 < hp->n_ctx_train - 8 ? 1024 : hp->n_ctx_train - 8;
-    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
-    float *kb = malloc(sizeof(float) * (size_t)(L * w)),
-          *vb = malloc(sizeof(float) * (size_t)(L * w));
     cb_kvcache *lkv = NULL; /* where the loads land: cb-run's f16 cache on the device */
     void *buf = NULL;
     size_t size = 0;
     cb_error err;
     cb_status st;
-    int code = kb && vb ? test_kvfile(m, L, &buf, &size) : CLI_EX_SOFTWARE;
+    int code = test_kvfile(m, L, &buf, &size);
 
     if (code == 0 && (st = cb_kvcache_new(&lkv, m, L, CB_TYPE_F16)) != CB_OK) {
         cli_err("a %d-token cache: %s", L, cb_model_strerror(m, st));
@@ -379,8 +373,8 @@ static int measure_tiers(const cb_model *m, cb_store *store, int repeat, cb_prof
             repeat = 16; /* the samples kept */
         for (int r = 0; r < repeat; r++) {
             drop_cache(path);
-            cold[r] = load_all(m, path, lkv, kb, vb, &err);
-            warm[r] = load_all(m, path, lkv, kb, vb, &err);
+            cold[r] = load_all(m, path, lkv, &err);
+            warm[r] = load_all(m, path, lkv, &err);
         }
         unlink(path);
         cb_profile_tier *pt = &prof->tiers[prof->n_tiers++];
@@ -390,15 +384,13 @@ static int measure_tiers(const cb_model *m, cb_store *store, int repeat, cb_prof
         cli_info("tier %s: %.0f MB/s cold, %.0f MB/s warm", ti.name, pt->cold_mbs, pt->warm_mbs);
     }
     if (code == 0)
-        measure_shared(m, store, repeat, buf, size, lkv, kb, vb, prof);
+        measure_shared(m, store, repeat, buf, size, lkv, prof);
     if (code == 0 && (st = cb_model_sync(m)) != CB_OK) { /* a load's device fault */
         cli_err("KV loads: %s", cb_model_strerror(m, st));
         code = cli_exit_code(st);
     }
     cb_kvcache_free(lkv);
     free(buf);
-    free(kb);
-    free(vb);
     return code;
 }
 

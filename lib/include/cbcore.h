@@ -119,12 +119,11 @@ typedef struct cb_hparams {
     int32_t head_dim; /* per head, for Q, K and V */
     int32_t n_ff, n_vocab, n_ctx_train;
     int32_t n_rot; /* RoPE dimensions per head */
-    float rope_base;
-    int rope_neox; /* 0: pairs (2i, 2i+1) (llama); 1: (i, i+n_rot/2) (qwen2, qwen3, gemma3) */
-    float norm_eps;
-    int tied_output;             /* output projection is token_embd */
-    float rope_scale;            /* linear RoPE scaling factor of the global layers (1: none) */
-    int rope_freqs;              /* 1: per-pair RoPE frequency factors (Llama 3's rope_freqs) */
+    float rope_base, norm_eps;
+    int rope_neox;    /* 0: pairs (2i, 2i+1) (llama); 1: (i, i+n_rot/2) (qwen2, qwen3, gemma3) */
+    int tied_output;  /* output projection is token_embd */
+    float rope_scale; /* linear RoPE scaling factor of the global layers (1: none) */
+    int rope_freqs;   /* 1: per-pair RoPE frequency factors (Llama 3's rope_freqs) */
     int32_t n_swa, n_swa_layers; /* gemma3's sliding window (0: none), the layers using it */
     float rope_base_swa;         /* RoPE base of the sliding-window layers */
 } cb_hparams;
@@ -167,8 +166,7 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
 typedef struct cb_kv_meta {
     cb_hash128 model;  /* fingerprint */
     cb_hash128 tokens; /* hash of the lead-in and the token ids */
-    int32_t n_layer, n_head_kv, head_dim, n_rot;
-    int32_t rope_neox;
+    int32_t n_layer, n_head_kv, head_dim, n_rot, rope_neox;
     float rope_base;
     cb_type type;                   /* F16, F32, BF16 or Q8_0 */
     int32_t n_tokens, pos0, n_lead; /* K of token i is at position pos0 + i, after n_lead */
@@ -187,8 +185,10 @@ typedef struct cb_kvfile cb_kvfile;
 cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err);
 void cb_kvfile_free(cb_kvfile *f);
 const cb_kv_meta *cb_kvfile_meta(const cb_kvfile *f);
-/* Read layer l, verified, as f32 k, v [n_tokens, n_head_kv*head_dim]. */
+/* Read layer l, verified, as f32 k, v [n_tokens, n_head_kv*head_dim]; or place it in rows pos..
+ * of kv as cb-run's loader does (rows of the cache's type sent as they are, K moved there). */
 cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_error *err);
+cb_status cb_kvfile_load_layer(cb_kvfile *f, int32_t l, cb_kvcache *kv, int32_t pos, cb_error *err);
 uint64_t cb_kvfile_size(const cb_kvfile *f);
 
 /* ------------------------------------------------------------- blending */

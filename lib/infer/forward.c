@@ -108,6 +108,7 @@ uint64_t cb_kvcache_bytes(const cb_model *m, int32_t n_ctx, cb_type type)
 
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv) { return kv->n_ctx; }
 cb_type cb_kvcache_type(const cb_kvcache *kv) { return kv->type; }
+const cb_model *cb_kvcache_model(const cb_kvcache *kv) { return kv->m; }
 
 /* Copy rows pos0..pos0+n-1 of one layer's K (which 0) or V (1) from f32
  * host memory `src` into the cache, or (src NULL) from the cache to `dst`,
@@ -714,6 +715,86 @@ cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
         be->ops->event_record(be, kv->loaded[layer]);
     free(at);
     free(delta);
+    return cb_backend_status(be);
+}
+
+/* The loader's path for rows of another type than the cache's (a Q8_0 or
+ * BF16 file, an f32 file in an f16 cache): f32 on the host, then as
+ * cb_kvcache_load. */
+static cb_status load_rows_f32(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, cb_type t,
+                               const void *k, const void *v, int32_t from_pos0, float key_scale)
+{
+    size_t row = cb_type_row_bytes(t, kv->width), e = (size_t)n * (size_t)kv->width;
+    float *fk = malloc(sizeof(float) * e), *fv = malloc(sizeof(float) * e);
+    cb_status st = fk && fv ? CB_OK : CB_ERR_NOMEM;
+    for (int32_t i = 0; i < n && st == CB_OK; i++)
+        if ((st = cb_dequant_row(t, (const char *)k + i * row, fk + i * kv->width, kv->width)) ==
+            CB_OK)
+            st = cb_dequant_row(t, (const char *)v + i * row, fv + i * kv->width, kv->width);
+    for (size_t i = 0; st == CB_OK && key_scale != 1.0f && i < e; i++)
+        fk[i] *= key_scale;
+    if (st == CB_OK)
+        st = cb_kvcache_load(kv, layer, pos, n, fk, fv, from_pos0);
+    free(fk);
+    free(fv);
+    return st;
+}
+
+cb_status cb_kvcache_load_rows(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, cb_type t,
+                               const void *k, const void *v, int32_t from_pos0, float key_scale)
+{
+    const cb_model *m = kv->m;
+    const cb_hparams *hp = &m->hp;
+    cb_backend *be = m->be;
+    size_t row = cb_type_row_bytes(kv->type, kv->width), bytes = row * (size_t)n;
+    int32_t *at = NULL, *delta = NULL;
+    void *raw = NULL;
+    float *tmp = NULL;
+
+    if (layer < 0 || layer >= hp->n_layer || n < 0 || pos < 0 || pos > kv->n_ctx - n ||
+        from_pos0 < 0)
+        return CB_ERR_RANGE;
+    if (n == 0)
+        return CB_OK;
+    if (t != kv->type)
+        return load_rows_f32(kv, layer, pos, n, t, k, v, from_pos0, key_scale);
+    /* V as it is, into its rows */
+    be->ops->upload(be, (char *)kv->v[layer] + (size_t)pos * row, v, bytes);
+    if (pos == from_pos0 && key_scale == 1.0f) {
+        be->ops->upload(be, (char *)kv->k[layer] + (size_t)pos * row, k, bytes);
+    } else { /* K through f32 on the device: scaled, then moved by the layer's own RoPE */
+        at = malloc(sizeof(int32_t) * (size_t)n);
+        delta = malloc(sizeof(int32_t) * (size_t)n);
+        raw = be_tmp(be, bytes);
+        tmp = be_tmp(be, sizeof(float) * (size_t)n * (size_t)kv->width);
+        if (!at || !delta || !raw || !tmp) {
+            free(at);
+            free(delta);
+            be->ops->dealloc(be, raw);
+            be->ops->dealloc(be, tmp);
+            return cb_backend_nomem(be);
+        }
+        for (int32_t i = 0; i < n; i++) {
+            at[i] = i;
+            delta[i] = pos - from_pos0;
+        }
+        be->ops->upload(be, raw, k, bytes);
+        be->ops->kv_read(be, raw, t, kv->width, at, n, tmp);
+        if (key_scale != 1.0f)
+            be->ops->scale(be, tmp, key_scale, (int64_t)n * kv->width);
+        if (pos != from_pos0)
+            be->ops->rope(be, tmp, delta, n, hp->n_head_kv, hp->head_dim, hp->n_rot,
+                          m->layers[layer].rope_base, m->layers[layer].rope_ff, hp->rope_neox);
+        for (int32_t i = 0; i < n; i++)
+            at[i] = pos + i;
+        be->ops->kv_write(be, kv->k[layer], kv->type, kv->width, tmp, at, n);
+        be->ops->dealloc(be, raw);
+        be->ops->dealloc(be, tmp);
+        free(at);
+        free(delta);
+    }
+    if (kv->loaded[layer]) /* other threads' work on this layer waits for this mark */
+        be->ops->event_record(be, kv->loaded[layer]);
     return cb_backend_status(be);
 }
 

@@ -191,6 +191,16 @@ const cb_gguf *cb_model_gguf(const cb_model *m);
 uint64_t cb_kvcache_bytes(const cb_model *m, int32_t n_ctx, cb_type type);
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv);
 cb_type cb_kvcache_type(const cb_kvcache *kv);
+const cb_model *cb_kvcache_model(const cb_kvcache *kv);
+/* cb_kvcache_load from n rows of type t as a KV file holds them (k, v:
+ * host, [n, width] rows of cb_type_row_bytes(t, width)), each key
+ * multiplied by key_scale (1: as they are) before it is moved.  Rows of the
+ * cache's own type are sent as they are (half the bytes of f32 for f16):
+ * V into its rows, K expanded, scaled and rotated on the backend; rows of
+ * another type go through f32 on the host.  Errors as cb_kvcache_load, and
+ * cb_dequant_row's for another type. */
+cb_status cb_kvcache_load_rows(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, cb_type t,
+                               const void *k, const void *v, int32_t from_pos0, float key_scale);
 /* Copy n rows of layer `layer`'s K (which 0) or V (which 1) starting at
  * position pos0 to or from f32 host memory [n, n_head_kv*head_dim].
  * K is stored after RoPE, at its position.  Errors: CB_ERR_RANGE. */

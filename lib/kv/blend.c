@@ -116,7 +116,6 @@ typedef struct blend_loader {
     const uint8_t *use;
     const int32_t *start;
     cb_kvcache *kv;
-    int64_t max_seg, w;
     double limit_mbs;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -134,29 +133,26 @@ typedef struct blend_loader {
 
 static void loader_run(loader *ld)
 {
-    float *k = malloc(sizeof(float) * (size_t)(ld->max_seg * ld->w));
-    float *v = malloc(sizeof(float) * (size_t)(ld->max_seg * ld->w));
-    cb_status st = k && v ? CB_OK : CB_ERR_NOMEM;
+    cb_status st = CB_OK;
     cb_error err;
     int32_t bad_seg = -1;
 
-    if (st != CB_OK)
-        cb_error_set(&err, st, "blend: out of memory");
     for (int32_t l = 0; l < ld->n_layer && st == CB_OK; l++) {
         double t0 = cb_now_ms();
         for (int32_t s = 0; s < ld->n_segs && st == CB_OK; s++) {
             if (!ld->use[s])
                 continue;
             cb_kvfile *kf = ld->segs[s].kv;
-            if ((st = cb_kvfile_read_layer(kf, l, k, v, &err)) != CB_OK) {
+            const cb_kv_meta *mt = cb_kvfile_meta(kf);
+            const void *k, *v;
+            if ((st = cb_kvfile_layer_rows(kf, l, &k, &v, &err)) != CB_OK) {
                 bad_seg = s;
                 break;
             }
-            if (ld->key_scale != 1.0f && s >= ld->exact_end)
-                for (int64_t e = 0; e < (int64_t)ld->segs[s].n * ld->w; e++)
-                    k[e] *= ld->key_scale;
-            st = cb_kvcache_load(ld->kv, l, ld->start[s], ld->segs[s].n, k, v,
-                                 cb_kvfile_meta(kf)->pos0);
+            /* the file's rows as they are: f16 into an f16 cache is sent as
+             * it is, and only K is expanded, scaled and moved, on the device */
+            st = cb_kvcache_load_rows(ld->kv, l, ld->start[s], ld->segs[s].n, mt->type, k, v,
+                                      mt->pos0, s >= ld->exact_end ? ld->key_scale : 1.0f);
             if (st != CB_OK)
                 cb_error_set(&err, st, "blend: cannot place segment %d: %s", s,
                              cb_model_strerror(ld->m, st));
@@ -199,8 +195,6 @@ static void loader_run(loader *ld)
         pthread_cond_broadcast(&ld->cv);
         pthread_mutex_unlock(&ld->mu);
     }
-    free(k);
-    free(v);
 }
 
 static void *loader_main(void *arg)
@@ -215,7 +209,7 @@ static void *loader_main(void *arg)
  * thread can be made).  Nothing to load: every layer is ready at once. */
 static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, int32_t n_segs,
                          const uint8_t *use, const int32_t *start, int32_t exact_end,
-                         cb_kvcache *kv, int64_t max_seg, const cb_blend_params *p)
+                         cb_kvcache *kv, const cb_blend_params *p)
 {
     const cb_hparams *hp = cb_model_hparams(m);
     int any = 0;
@@ -231,8 +225,6 @@ static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, 
     ld->use = use;
     ld->start = start;
     ld->kv = kv;
-    ld->max_seg = max_seg;
-    ld->w = (int64_t)hp->n_head_kv * hp->head_dim;
     ld->limit_mbs = p->load_limit_mbs;
     ld->ready = any ? 0 : hp->n_layer;
     ld->failed_seg = -1;
@@ -355,7 +347,6 @@ static cb_status plan_check(blend_plan *pl, cb_error *err)
     for (int32_t s = 0; s < pl->n_segs; s++) {
         const cb_segment *g = &pl->segs[s];
         pl->total += g->n;
-        pl->max_seg = g->n > pl->max_seg ? g->n : pl->max_seg;
         if (!g->kv)
             continue;
         if ((st = cb_kvfile_check_model(g->kv, m, err)) != CB_OK)
@@ -609,8 +600,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         goto out;
     }
     pl.ld = &ld;
-    loader_start(&ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_end, kv, pl.max_seg,
-                 p);
+    loader_start(&ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_end, kv, p);
     st = p->mode == CB_MODE_BLEND ? fuse(&pl, &layer_err, err, stats)
                                   : prefill_plain(&pl, &layer_err, err);
     if (st == CB_OK) {

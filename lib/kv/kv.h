@@ -63,6 +63,11 @@ cb_status cb_kvfile_open_source(cb_kvfile **out, const cb_kv_source *src, cb_err
 /* CB_OK when the file belongs to model m (fingerprint and shape), else
  * CB_ERR_MISMATCH with a message naming the file. */
 cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error *err);
+/* Read layer l, verified: *k and *v point at its n_tokens rows of K and V
+ * in the file's element type, valid until the next read of f.  Errors as
+ * cb_kvfile_read_layer. */
+cb_status cb_kvfile_layer_rows(cb_kvfile *f, int32_t l, const void **k, const void **v,
+                               cb_error *err);
 /* Verify every layer's checksum.  Errors as cb_kvfile_read_layer. */
 cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err);
 

@@ -531,6 +531,30 @@ cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_e
     return CB_OK;
 }
 
+cb_status cb_kvfile_layer_rows(cb_kvfile *f, int32_t l, const void **k, const void **v,
+                               cb_error *err)
+{
+    cb_status st = load_layer(f, l, err);
+    if (st != CB_OK)
+        return st;
+    *k = f->buf;
+    *v = f->buf + f->B;
+    return CB_OK;
+}
+
+cb_status cb_kvfile_load_layer(cb_kvfile *f, int32_t l, cb_kvcache *kv, int32_t pos, cb_error *err)
+{
+    const void *k, *v;
+    cb_status st = cb_kvfile_layer_rows(f, l, &k, &v, err);
+    if (st != CB_OK)
+        return st;
+    if ((st = cb_kvcache_load_rows(kv, l, pos, f->meta.n_tokens, f->meta.type, k, v, f->meta.pos0,
+                                   1.0f)) != CB_OK)
+        cb_error_set(err, st, "%s: layer %d: cannot place it in the cache: %s", f->path, l,
+                     cb_model_strerror(cb_kvcache_model(kv), st));
+    return st;
+}
+
 cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err)
 {
     for (int32_t l = 0; l < f->meta.n_layer; l++) {

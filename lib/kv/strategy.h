@@ -30,14 +30,14 @@ typedef struct blend_plan {
     const cb_segment *segs;
     const cb_blend_params *p;
     int32_t n_segs;
-    int64_t total, max_seg, n_cached, w; /* w: a K or V row's width (n_head_kv * head_dim) */
-    int64_t n_exact;                     /* cached rows of true prefixes (ROW_EXACT) */
-    int32_t exact_end;                   /* those segments: the cached ones before it */
-    int32_t *ids, *pos, *seg_of;         /* [total] */
-    int32_t *start;                      /* [n_segs]: first row of each segment */
-    uint8_t *use;                        /* [n_segs]: its cache is used */
-    uint8_t *cached;                     /* [total]: the row's KV comes from a cache (ROW_*) */
-    uint8_t *keep;                       /* [total]: a cached row still selected for recompute */
+    int64_t total, n_cached, w;  /* w: a K or V row's width (n_head_kv * head_dim) */
+    int64_t n_exact;             /* cached rows of true prefixes (ROW_EXACT) */
+    int32_t exact_end;           /* those segments: the cached ones before it */
+    int32_t *ids, *pos, *seg_of; /* [total] */
+    int32_t *start;              /* [n_segs]: first row of each segment */
+    uint8_t *use;                /* [n_segs]: its cache is used */
+    uint8_t *cached;             /* [total]: the row's KV comes from a cache (ROW_*) */
+    uint8_t *keep;               /* [total]: a cached row still selected for recompute */
     int32_t *rows; /* [total]: the computed rows (fresh ones and selected cached ones) */
     int32_t n_rows;
     blend_loader *ld;

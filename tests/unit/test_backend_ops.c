@@ -1323,20 +1323,24 @@ static int64_t c_weight_thread(cb_backend *be, float *out)
     return n * n_out;
 }
 
-/* The KV loader's real pattern (blend.c, cb_kvcache_load): a loader thread
- * places layer after layer (scratch, upload K, RoPE shift by a negative
- * delta, cache write, upload V, cache write, free the scratch, record the
- * layer's event) and tells the computing thread through a mutex; the
- * computing thread waits for the layer, orders its work after the event
- * and runs attention on the layer while the loader goes on.  No join
- * before the last layer is computed, no sync on the loader's side. */
+/* The KV loader's real pattern (blend.c, cb_kvcache_load_rows): a loader
+ * thread places layer after layer from a file's f16 rows, in two pieces
+ * (the second at an offset into the cache, as a chunk's rows land): V
+ * uploaded into its rows as it is; K uploaded to scratch, expanded to f32
+ * (kv_read), multiplied by the key scale, moved by RoPE by a negative delta
+ * and written into its rows; the scratch freed and the layer's event
+ * recorded; it tells the computing thread through a mutex.  The computing
+ * thread waits for the layer, orders its work after the event and runs
+ * attention on the layer while the loader goes on.  No join before the
+ * last layer is computed, no sync on the loader's side. */
 enum { LD_LAYERS = 4, LD_HEADS = 4, LD_KV = 2, LD_HD = 64, LD_CTX = 640, LD_NQ = 96 };
+#define LD_KEY_SCALE (1.0f / 1.05f)
 
 typedef struct ld_arg {
     cb_backend *be;
     void *kc[LD_LAYERS], *vc[LD_LAYERS], *ev[LD_LAYERS];
-    const float *k, *v; /* [LD_LAYERS][LD_CTX, LD_KV*LD_HD] host, roped at from_pos */
-    const int32_t *at, *delta;
+    const uint16_t *k, *v; /* [LD_LAYERS][LD_CTX, LD_KV*LD_HD] f16 host, roped at from_pos */
+    const int32_t *delta;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int ready;
@@ -1347,17 +1351,31 @@ static void *ld_main(void *p)
     ld_arg *a = p;
     cb_backend *be = a->be;
     int64_t w = LD_KV * LD_HD;
-    size_t bytes = sizeof(float) * (size_t)(LD_CTX * w);
+    int32_t at[LD_CTX];
     busy(be, 30);
     for (int l = 0; l < LD_LAYERS; l++) {
-        float *tmp = be->ops->alloc_tmp ? be->ops->alloc_tmp(be, bytes) : be->ops->alloc(be, bytes);
-        for (int rep = 0; rep < 8; rep++) /* keep the loader's queue long */
-            be->ops->upload(be, tmp, a->k + l * LD_CTX * w, bytes);
-        be->ops->rope(be, tmp, a->delta, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6f, NULL, 1);
-        be->ops->kv_write(be, a->kc[l], CB_TYPE_F16, w, tmp, a->at, LD_CTX);
-        be->ops->upload(be, tmp, a->v + l * LD_CTX * w, bytes);
-        be->ops->kv_write(be, a->vc[l], CB_TYPE_F16, w, tmp, a->at, LD_CTX);
-        be->ops->dealloc(be, tmp);
+        for (int piece = 0; piece < 2; piece++) {
+            int32_t p0 = piece ? LD_CTX / 3 : 0, n = piece ? LD_CTX - LD_CTX / 3 : LD_CTX / 3;
+            size_t rb = 2 * (size_t)w, off = (size_t)(l * LD_CTX + p0) * (size_t)w;
+            void *raw = be->ops->alloc_tmp ? be->ops->alloc_tmp(be, rb * (size_t)n)
+                                           : be->ops->alloc(be, rb * (size_t)n);
+            float *tmp = be->ops->alloc_tmp
+                             ? be->ops->alloc_tmp(be, sizeof(float) * (size_t)(n * w))
+                             : be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
+            be->ops->upload(be, (char *)a->vc[l] + (size_t)p0 * rb, a->v + off, rb * (size_t)n);
+            for (int rep = 0; rep < 8; rep++) /* keep the loader's queue long */
+                be->ops->upload(be, raw, a->k + off, rb * (size_t)n);
+            for (int32_t i = 0; i < n; i++)
+                at[i] = i;
+            be->ops->kv_read(be, raw, CB_TYPE_F16, w, at, n, tmp);
+            be->ops->scale(be, tmp, LD_KEY_SCALE, n * w);
+            be->ops->rope(be, tmp, a->delta, n, LD_KV, LD_HD, LD_HD, 1e6f, NULL, 1);
+            for (int32_t i = 0; i < n; i++)
+                at[i] = p0 + i;
+            be->ops->kv_write(be, a->kc[l], CB_TYPE_F16, w, tmp, at, n);
+            be->ops->dealloc(be, raw);
+            be->ops->dealloc(be, tmp);
+        }
         if (a->ev[l])
             be->ops->event_record(be, a->ev[l]);
         pthread_mutex_lock(&a->mu);
@@ -1374,25 +1392,33 @@ static int64_t c_loader(cb_backend *be, float *out)
 {
     int64_t w = LD_KV * LD_HD, dq = LD_HEADS * LD_HD;
     float scale = 1.0f / sqrtf((float)LD_HD);
-    int32_t at[LD_CTX], delta[LD_CTX], pos[LD_NQ];
+    int32_t delta[LD_CTX], pos[LD_NQ];
     seed(1810);
     /* the chunk was computed at 20000.., lands at 0..: shift by -20000 */
     for (int i = 0; i < LD_CTX; i++)
-        at[i] = i, delta[i] = -20000;
+        delta[i] = -20000;
     for (int i = 0; i < LD_NQ; i++)
         pos[i] = i == 0 ? LD_CTX - 1 : (int32_t)(urand() * LD_CTX);
     float *k = rand_vec(LD_LAYERS * LD_CTX * w, 2.0f), *v = rand_vec(LD_LAYERS * LD_CTX * w, 1.0f);
     float *q = rand_vec(LD_LAYERS * LD_NQ * dq, 2.0f);
+    uint16_t *k16 = malloc(2 * (size_t)(LD_LAYERS * LD_CTX * w)),
+             *v16 = malloc(2 * (size_t)(LD_LAYERS * LD_CTX * w));
     int32_t from[LD_CTX];
     for (int i = 0; i < LD_CTX; i++)
         from[i] = 20000 + i;
     for (int l = 0; l < LD_LAYERS; l++) /* the stored keys: roped at their old positions */
         ref_rope(k + l * LD_CTX * w, from, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6, 1);
+    /* the file's rows: f16, and what they hold exactly */
+    cb_quant_row(CB_TYPE_F16, k, k16, LD_LAYERS * LD_CTX * w);
+    cb_quant_row(CB_TYPE_F16, v, v16, LD_LAYERS * LD_CTX * w);
+    cb_dequant_row(CB_TYPE_F16, k16, k, LD_LAYERS * LD_CTX * w);
+    cb_dequant_row(CB_TYPE_F16, v16, v, LD_LAYERS * LD_CTX * w);
     if (!be) {
         float *kk = malloc(sizeof(float) * (size_t)(LD_CTX * w)),
               *vv = malloc(sizeof(float) * (size_t)(LD_CTX * w));
         for (int l = 0; l < LD_LAYERS; l++) {
-            memcpy(kk, k + l * LD_CTX * w, sizeof(float) * (size_t)(LD_CTX * w));
+            for (int64_t i = 0; i < LD_CTX * w; i++)
+                kk[i] = k[l * LD_CTX * w + i] * LD_KEY_SCALE;
             ref_rope(kk, delta, LD_CTX, LD_KV, LD_HD, LD_HD, 1e6, 1);
             for (int64_t i = 0; i < LD_CTX * w; i++)
                 kk[i] = to_f16(kk[i]), vv[i] = to_f16(v[l * LD_CTX * w + i]);
@@ -1404,7 +1430,7 @@ static int64_t c_loader(cb_backend *be, float *out)
         ld_arg a;
         pthread_t th;
         memset(&a, 0, sizeof a);
-        a.be = be, a.k = k, a.v = v, a.at = at, a.delta = delta;
+        a.be = be, a.k = k16, a.v = v16, a.delta = delta;
         pthread_mutex_init(&a.mu, NULL);
         pthread_cond_init(&a.cv, NULL);
         for (int l = 0; l < LD_LAYERS; l++) {
@@ -1436,7 +1462,7 @@ static int64_t c_loader(cb_backend *be, float *out)
         pthread_mutex_destroy(&a.mu);
         pthread_cond_destroy(&a.cv);
     }
-    free(k), free(v), free(q);
+    free(k), free(v), free(q), free(k16), free(v16);
     return LD_LAYERS * LD_NQ * dq;
 }
 
@@ -2120,7 +2146,8 @@ static void r18_cases(const char *self)
     run_case("upload/download 40 MB", c_roundtrip40, -1, -1);
     run_case("alloc of 4 EiB fails, then works on", c_alloc_fail, -1, -1);
     run_case("weight made on one thread, used on another", c_weight_thread, 1e-12, 1e-5);
-    run_case("loader pattern: shift, write, event; attention", c_loader, 1e-5, 1e-8);
+    run_case("loader pattern: f16 rows, K expanded, scaled, shifted; event; attention", c_loader,
+             1e-5, 1e-8);
     r18_error_checks(self);
 }
 
@@ -2175,9 +2202,9 @@ int main(int argc, char **argv)
     cpu->ops->set_act8(cpu, 0);
     cpu_c->ops->set_act8(cpu_c, 0);
     printf("# CPU backend: %s; portable: %s\n", cpu->desc, cpu_c->desc);
-    /* the device's attention mass is opt-in until a GPU run has passed it
-     * (lib/cuda/cuda.cu): these cases are that run's check */
-    setenv("CB_CUDA_MASS", "1", 0);
+    /* the device's attention mass is these cases' to check, whatever the
+     * environment says (CB_CUDA_MASS=0 turns it off in lib/cuda/cuda.cu) */
+    unsetenv("CB_CUDA_MASS");
     if (cb_backend_open(&cuda, "cuda", 0, &err) != CB_OK) {
         cuda = NULL;
         snprintf(cuda_why, sizeof cuda_why, "no CUDA device (see the first line)");

@@ -46,6 +46,73 @@ static int write_file(const char *path, const void *buf, size_t n)
 
 #define NC 12 /* chunk tokens */
 
+/* The loader's path (cb_kvfile_layer_rows, cb_kvcache_load_rows: rows of
+ * the cache's type sent as they are, K expanded, scaled and moved on the
+ * backend; others through f32 on the host) against the plain one (f32 on
+ * the host, keys scaled there, cb_kvcache_load): the same cache, bit for
+ * bit, into an f16 and an f32 cache, moved and not, keys scaled and not;
+ * and cb_kvfile_load_layer as the first. */
+static void check_load_rows(cb_model *m, cb_kvfile *kf)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    const cb_kv_meta *mt = cb_kvfile_meta(kf);
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim, e = (int64_t)mt->n_tokens * w;
+    float *k = malloc(sizeof(float) * (size_t)e), *v = malloc(sizeof(float) * (size_t)e);
+    float *ra = malloc(sizeof(float) * (size_t)e), *rb = malloc(sizeof(float) * (size_t)e);
+    static const cb_type ctypes[] = {CB_TYPE_F16, CB_TYPE_F32};
+    static const float scales[] = {1.0f, 1.0f / 1.05f};
+    cb_error err;
+    int bad = 0, n = 0;
+    for (int ci = 0; ci < 2; ci++)
+        for (int si = 0; si < 2; si++)
+            for (int moved = 0; moved < 2; moved++) {
+                int32_t pos = moved ? 29 : mt->pos0;
+                cb_kvcache *a = NULL, *b = NULL, *c = NULL;
+                CHECK_OK(cb_kvcache_new(&a, m, 64, ctypes[ci]));
+                CHECK_OK(cb_kvcache_new(&b, m, 64, ctypes[ci]));
+                CHECK_OK(cb_kvcache_new(&c, m, 64, ctypes[ci]));
+                if (!a || !b || !c)
+                    break;
+                for (int32_t l = 0; l < hp->n_layer; l++) {
+                    const void *rk, *rv;
+                    CHECK_OK(cb_kvfile_read_layer(kf, l, k, v, &err));
+                    for (int64_t i = 0; i < e && scales[si] != 1.0f; i++)
+                        k[i] *= scales[si];
+                    CHECK_OK(cb_kvcache_load(a, l, pos, mt->n_tokens, k, v, mt->pos0));
+                    CHECK_OK(cb_kvfile_layer_rows(kf, l, &rk, &rv, &err));
+                    CHECK_OK(cb_kvcache_load_rows(b, l, pos, mt->n_tokens, mt->type, rk, rv,
+                                                  mt->pos0, scales[si]));
+                    if (si == 0)
+                        CHECK_OK(cb_kvfile_load_layer(kf, l, c, pos, &err));
+                    for (int which = 0; which < 2; which++) {
+                        CHECK_OK(cb_kvcache_read(a, l, which, pos, mt->n_tokens, ra));
+                        CHECK_OK(cb_kvcache_read(b, l, which, pos, mt->n_tokens, rb));
+                        bad += memcmp(ra, rb, sizeof(float) * (size_t)e) != 0;
+                        if (si == 0) {
+                            CHECK_OK(cb_kvcache_read(c, l, which, pos, mt->n_tokens, rb));
+                            bad += memcmp(ra, rb, sizeof(float) * (size_t)e) != 0;
+                        }
+                        n += 1 + (si == 0);
+                    }
+                }
+                cb_kvcache_free(a);
+                cb_kvcache_free(b);
+                cb_kvcache_free(c);
+            }
+    CHECKF(bad == 0, "%d of %d layer reads differ from the plain path", bad, n);
+    /* out of range, as cb_kvcache_load */
+    cb_kvcache *a = NULL;
+    const void *rk, *rv;
+    CHECK_OK(cb_kvcache_new(&a, m, 16, CB_TYPE_F16));
+    CHECK_OK(cb_kvfile_layer_rows(kf, 0, &rk, &rv, &err));
+    CHECK(cb_kvcache_load_rows(a, 0, 16 - mt->n_tokens + 1, mt->n_tokens, mt->type, rk, rv,
+                               mt->pos0, 1.0f) == CB_ERR_RANGE);
+    CHECK(cb_kvfile_load_layer(kf, hp->n_layer, a, 0, &err) == CB_ERR_RANGE);
+    cb_kvcache_free(a);
+    free(k), free(v), free(ra), free(rb);
+}
+
+
 static void test_roundtrip_and_move(cb_model *m)
 {
     const cb_hparams *hp = cb_model_hparams(m);
@@ -144,6 +211,9 @@ static void test_roundtrip_and_move(cb_model *m)
         CHECK_OK(cb_kvfile_read_layer(kf, hp->n_layer - 1, k, v, &err));
         CHECK_OK(cb_kvcache_read(full, hp->n_layer - 1, 1, 7, NC, rv));
         CHECK(max_abs(v, rv, (size_t)(NC * w), &sv) / sv > 10 * tol[ti]);
+        tcase("kv %s %s: the loader's rows placed as the f32 path places them, bit for bit",
+              hp->arch, cb_type_name(t));
+        check_load_rows(m, kf);
         free(k), free(v), free(rk), free(rv);
         cb_kvfile_free(kf);
         cb_kvcache_free(kv);
