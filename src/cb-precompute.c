@@ -28,6 +28,8 @@ static void usage(FILE *f)
            "Prefill every chunk record's text alone (after the model's lead-in) and write\n"
            "its KV file into the store; chunks already stored are skipped. Each input\n"
            "record is written to stdout with \"kv\" (the store key) and \"cached\" added.\n"
+           "The head of a cb-run prompt without --system (the template's system turn) is\n"
+           "stored too, once, for cb-run to load instead of computing it.\n"
            "\n"
            "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model)\n"
            "      --store DIR    the store (default: $CB_STORE, else\n"

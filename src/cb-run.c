@@ -85,7 +85,8 @@ static void usage(FILE *f)
         "                     (after APE; default: the model's, 1.05 on gemma3, else 1)\n"
         "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
         "                     agreement and whether the greedy answers match to --stats\n"
-        "      --no-store-write  do not store the KV of chunks that had none\n"
+        "      --no-store-write  do not store the KV of chunks (or the prompt's head) that\n"
+        "                     had none\n"
         "      --no-context   use every chunk's own cache, not the one computed after\n"
         "                     the chunk before it where the prompt has that chunk right\n"
         "                     before it (cb-precompute --context)\n"
@@ -275,7 +276,8 @@ static int run_open(run *r)
 
     if ((code = open_model(o, &r->chunks, &r->m, &r->t_load)) != 0)
         return code;
-    if (r->chunks && json_array_size(r->chunks) > 0 &&
+    /* chunks, or a store named: the prompt's head may be cached there too */
+    if (((r->chunks && json_array_size(r->chunks) > 0) || o->store_dir) &&
         (r->bp.mode != CB_MODE_FULL || (o->store_write && o->store_dir)))
         return open_store(o, &r->store);
     return 0;
@@ -657,7 +659,7 @@ static int run_generate(const gen_opts *o, const char *text, size_t len)
         r.bs.load_ms, r.gr.first_ms, r.gr.n_gen, r.gen_ms, r.gr.stop);
     /* For the next run, after the answer (no latency): keep streamed chunks, store missing ones. */
     cb_prompt_keep(r.pr, r.store, warn, NULL);
-    if (o->store_write && r.store && !cb_store_readonly(r.store) && cb_prompt_n_missing(r.pr) > 0)
+    if (o->store_write && r.store && !cb_store_readonly(r.store))
         cb_prompt_store_missing(r.pr, r.store, CB_TYPE_F16, &r.n_stored, warn, NULL);
     if (o->stats_path)
         code = run_stats(&r);

@@ -514,7 +514,7 @@ cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_m
 cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv,
                             const cb_blend_params *bp, float *logits, cb_blend_stats *stats,
                             void (*warn)(void *ctx, const char *msg), void *ctx, cb_error *err);
-/* Keep the caches streamed from the shared tier; compute and store the missing ones. */
+/* Keep the caches streamed from the shared tier; compute and store the missing ones, head too. */
 void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
 cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,
                                   void (*warn)(void *ctx, const char *msg), void *ctx);
@@ -583,7 +583,7 @@ cb_status cb_batch_step(cb_batch *b);  /* the parked question if it fits; a deco
 cb_answer *cb_batch_next(cb_batch *b); /* in the order the questions ended; NULL: none */
 const cb_batch_info *cb_batch_get_info(const cb_batch *b);
 /* Chunks' KV files prefilled after the lead-in (and _after's chunk and separator), put into a
- * store (tier NULL: the fastest with room), as cb-precompute does: new, run and store each. */
+ * store (tier NULL: fastest with room) as cb-precompute does; new stores the prompt's head. */
 typedef struct cb_precomputer cb_precomputer;
 cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type,
                              const char *tier, cb_error *err);

@@ -52,7 +52,8 @@ cb_status cb_kv_precompute(cb_fwd *f, cb_kvcache *kv, const int32_t *lead, int32
     all = malloc(sizeof(int32_t) * (size_t)(n_lead + n));
     if (!all)
         return CB_ERR_NOMEM;
-    memcpy(all, lead, sizeof(int32_t) * (size_t)n_lead);
+    if (n_lead > 0)
+        memcpy(all, lead, sizeof(int32_t) * (size_t)n_lead);
     memcpy(all + n_lead, ids, sizeof(int32_t) * (size_t)n);
     st = cb_model_eval(f, kv, all, n_lead + n, 0, NULL);
     free(all);

@@ -153,7 +153,7 @@ static void finish(cb_batch *b, job *j, cb_status st, const cb_error *err)
     if (st == CB_OK) {
         b->info.n_answered++;
         cb_prompt_keep(j->pr, b->s, b->warn, b->wctx); /* after the answer: no latency */
-        if (j->store_write && b->s && !cb_store_readonly(b->s) && cb_prompt_n_missing(j->pr) > 0)
+        if (j->store_write && b->s && !cb_store_readonly(b->s))
             cb_prompt_store_missing(j->pr, b->s, CB_TYPE_F16, &a->n_stored, b->warn, b->wctx);
     } else {
         b->info.n_failed++;

@@ -1,7 +1,7 @@
 /* precomputer.c - chunks' KV files computed alone (or, after
  * cb_precomputer_after, after the chunk before them) and put into a store:
  * what cb-precompute does for every record and cb-run for the chunks it
- * found without a cache. */
+ * found without a cache; and a prompt's head, prefilled alone. */
 #include "prompt_impl.h"
 
 #include <stdlib.h>
@@ -25,6 +25,8 @@ struct cb_precomputer {
     void *file; /* the last KV file computed */
     size_t file_size;
 };
+
+static void store_head(cb_precomputer *pc);
 
 cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type,
                              const char *tier, cb_error *err)
@@ -60,6 +62,8 @@ cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *
                      cb_model_strerror(m, st));
         goto fail;
     }
+    if (s)
+        store_head(pc);
     *out = pc;
     return CB_OK;
 fail:
@@ -157,7 +161,7 @@ cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, 
     return run_lead(pc, lead_of(pc), ids, n, err);
 }
 
-cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err)
+static cb_status put(cb_precomputer *pc, const char *key, cb_error *err)
 {
     cb_status st;
     if (!pc->file)
@@ -167,4 +171,38 @@ cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *er
     free(pc->file);
     pc->file = NULL;
     return st;
+}
+
+cb_status pr_precompute_alone(cb_precomputer *pc, const int32_t *ids, int32_t n, const char *key,
+                              cb_error *err)
+{
+    cb_tokens none = {0};
+    cb_status st = run_lead(pc, &none, ids, n, err);
+    return st == CB_OK ? put(pc, key, err) : st;
+}
+
+/* The head cb-run gives a prompt with no system message (BOS, the
+ * template's system turn and user opener: pr_default_head) as an entry of
+ * its own, computed alone at positions 0.., unless the store has it: every
+ * such prompt starts with it, and cb-run loads it as it is (an exact
+ * prefix) instead of computing it.  When a precomputer is made (so a run
+ * of cb-precompute over chunks all stored already adds it to an older
+ * store); a failure costs only that saving. */
+static void store_head(cb_precomputer *pc)
+{
+    cb_tokens head = {0};
+    char key[66];
+    int found = 0;
+    cb_error err;
+    if (pr_default_head(pc->m, &head) == CB_OK && head.n >= PR_HEAD_MIN) {
+        pr_head_key(pc->m, &head, key);
+        if (cb_store_has(pc->store, key, &found) == CB_OK && !found)
+            pr_precompute_alone(pc, head.ids, (int32_t)head.n, key, &err);
+    }
+    cb_tokens_free(&head);
+}
+
+cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err)
+{
+    return put(pc, key, err);
 }

@@ -17,6 +17,7 @@ typedef struct pseg {
     int is_chunk;
     int missing; /* looked for in the store and found no usable cache */
     int after;   /* its cache is the one computed after the chunk before it (key_after) */
+    int is_head; /* the head (BOS, the template's opening), keyed alone (pr_head_key) */
     char key[66];
     cb_kvfile *kf;
     cb_store_ref *ref;
@@ -56,18 +57,65 @@ static cb_status push_all(cb_tokens *t, const cb_tokens *from)
     return st;
 }
 
-/* [BOS + template prefix]: BOS when the model adds one. */
+/* BOS when the model adds one, and the template's prefix (kind NONE:
+ * none), appended to out. */
+static cb_status head_tokens(const cb_model *m, cb_chat_kind kind, const cb_chat_parts *parts,
+                             cb_tokens *out)
+{
+    const cb_vocab *v = cb_model_vocab(m);
+    cb_status st = CB_OK;
+    if (cb_vocab_add_bos(v) && cb_vocab_bos(v) >= 0)
+        st = cb_tokens_push(out, cb_vocab_bos(v));
+    if (st == CB_OK && kind != CB_CHAT_NONE)
+        st = cb_tok_encode(v, parts->prefix, strlen(parts->prefix), CB_TOK_PARSE_SPECIAL, out);
+    return st;
+}
+
+/* The template's kind and parts for a prompt with this system message
+ * (NULL: the template's default), as cb_prompt_build renders them. */
+static cb_status render(const cb_model *m, const char *system, int raw, cb_chat_kind *kind,
+                        cb_chat_parts *parts)
+{
+    cb_strview tmpl = cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template");
+    cb_status st = CB_OK;
+    *kind = raw ? CB_CHAT_NONE : cb_chat_detect(tmpl);
+    if (*kind != CB_CHAT_NONE) {
+        /* no system given: the template's own (""; none) */
+        char *dsys = system ? NULL : cb_chat_default_system(tmpl);
+        st = cb_chat_render(*kind, system ? system : dsys, parts);
+        free(dsys);
+    }
+    return st;
+}
+
+void pr_head_key(const cb_model *m, const cb_tokens *head, char key[66])
+{
+    cb_kv_key(cb_model_fingerprint(m), cb_kv_tokens_hash(NULL, 0, head->ids, (int32_t)head->n),
+              key);
+}
+
+cb_status pr_default_head(const cb_model *m, cb_tokens *out)
+{
+    cb_chat_parts parts = {0};
+    cb_chat_kind kind;
+    cb_status st = render(m, NULL, 0, &kind, &parts);
+    if (st == CB_OK)
+        st = head_tokens(m, kind, &parts, out);
+    cb_chat_parts_free(&parts);
+    return st;
+}
+
+/* [BOS + template prefix], its cache keyed by its tokens alone */
 static cb_status add_head(cb_prompt *p, const cb_chat_parts *parts)
 {
-    const cb_vocab *v = cb_model_vocab(p->m);
     pseg *s = add_seg(p);
-    cb_status st = CB_OK;
+    cb_status st;
     if (!s)
         return CB_ERR_NOMEM;
-    if (cb_vocab_add_bos(v) && cb_vocab_bos(v) >= 0)
-        st = cb_tokens_push(&s->toks, cb_vocab_bos(v));
-    if (st == CB_OK && p->kind != CB_CHAT_NONE)
-        st = cb_tok_encode(v, parts->prefix, strlen(parts->prefix), CB_TOK_PARSE_SPECIAL, &s->toks);
+    if ((st = head_tokens(p->m, p->kind, parts, &s->toks)) == CB_OK && s->toks.n >= PR_HEAD_MIN) {
+        s->is_head = 1;
+        pr_head_key(p->m, &s->toks, s->key);
+    }
     return st;
 }
 
@@ -171,21 +219,10 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
         return cb_error_set(err, CB_ERR_NOMEM, "cannot build the prompt: %s",
                             cb_strerror(CB_ERR_NOMEM));
     p->m = m;
-    p->kind = raw ? CB_CHAT_NONE
-                  : cb_chat_detect(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
     if ((st = cb_kv_lead_in(m, &p->lead)) != CB_OK)
         goto fail;
-    if (p->kind != CB_CHAT_NONE) {
-        /* no system given: the template's own (""; none) */
-        char *dsys =
-            system
-                ? NULL
-                : cb_chat_default_system(cb_gguf_str(cb_model_gguf(m), "tokenizer.chat_template"));
-        st = cb_chat_render(p->kind, system ? system : dsys, &parts);
-        free(dsys);
-        if (st != CB_OK)
-            goto fail;
-    }
+    if ((st = render(m, system, raw, &p->kind, &parts)) != CB_OK)
+        goto fail;
     if ((st = add_head(p, &parts)) != CB_OK)
         goto fail;
     if ((st = cb_kv_separator(m, &p->sep)) != CB_OK)
@@ -318,8 +355,9 @@ static int open_for(const cb_model *m, cb_store *store, const pseg *s, const cha
 {
     /* what happens instead: a chunk's cache computed after the one before
      * it gives way to its own cache */
-    const char *then =
-        strcmp(key, s->key) != 0 ? "its own cache is tried" : "the chunk is recomputed";
+    const char *then = s->is_head                 ? "the prompt's head is computed"
+                       : strcmp(key, s->key) != 0 ? "its own cache is tried"
+                                                  : "the chunk is recomputed";
     cb_error err;
     cb_status st;
     *kf = NULL, *ref = NULL;
@@ -379,6 +417,8 @@ void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const c
 {
     for (int32_t i = 0; i < p->n; i++) {
         pseg *g = &p->s[i];
+        if (g->is_head && s && !g->kf) /* exact where found: the prompt starts with it */
+            open_for(p->m, s, g, g->key, &g->kf, &g->ref, warn, ctx);
         if (!g->is_chunk || (s && attach_after(p, s, i, warn, ctx)) || g->kf)
             continue;
         g->missing = !s || !open_for(p->m, s, g, g->key, &g->kf, &g->ref, warn, ctx);
@@ -452,7 +492,8 @@ cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv
          * have been with the chunk missing. */
         int what = cb_store_ref_bad(s, p->s[bad].ref, err->msg);
         if (what == 0)
-            pr_warnf(warn, ctx, "%s; the chunk is computed", err->msg);
+            pr_warnf(warn, ctx, "%s; the %s is computed", err->msg,
+                     p->s[bad].is_head ? "prompt's head" : "chunk");
         detach(&p->s[bad]);
         for (int32_t i = 0; what == 2 && i < p->n;
              i++) /* the tier is down: its other streams fail too */
@@ -476,22 +517,28 @@ cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *
 {
     cb_precomputer *pc = NULL;
     cb_error err;
-    cb_status st;
+    cb_status st = CB_OK;
 
     *n_stored = 0;
-    if ((st = cb_precomputer_new(&pc, p->m, s, type, NULL, &err)) != CB_OK)
-        return st;
-    for (int32_t i = 0; i < p->n; i++) {
+    for (int32_t i = 0; i < p->n && st == CB_OK; i++) {
         pseg *g = &p->s[i];
         int found = 0;
-        if (!g->is_chunk || !g->missing || (cb_store_lookup(s, g->key, &found) == CB_OK && found))
+        if ((g->is_chunk && !g->missing) || (g->is_head && g->kf) ||
+            (!g->is_chunk && !g->is_head) || (cb_store_lookup(s, g->key, &found) == CB_OK && found))
             continue;
-        if (cb_precomputer_run(pc, g->toks.ids, (int32_t)g->toks.n, &err) == CB_OK &&
-            cb_precomputer_store(pc, g->key, &err) == CB_OK)
+        /* made when first needed: a prompt whose caches were all found costs nothing */
+        if (!pc && (st = cb_precomputer_new(&pc, p->m, s, type, NULL, &err)) != CB_OK)
+            break;
+        if (g->is_head) { /* the head alone (its own key), not counted among the chunks */
+            if (pr_precompute_alone(pc, g->toks.ids, (int32_t)g->toks.n, g->key, &err) != CB_OK)
+                pr_warnf(warn, ctx, "could not store the prompt's head %s: %s", g->key, err.msg);
+        } else if (cb_precomputer_run(pc, g->toks.ids, (int32_t)g->toks.n, &err) == CB_OK &&
+                   cb_precomputer_store(pc, g->key, &err) == CB_OK) {
             (*n_stored)++;
-        else
+        } else {
             pr_warnf(warn, ctx, "could not store chunk %s: %s", g->key, err.msg);
+        }
     }
     cb_precomputer_free(pc);
-    return CB_OK;
+    return st;
 }
