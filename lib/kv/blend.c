@@ -504,16 +504,20 @@ static cb_status check_layer(blend_plan *pl, const blend_strategy *sg, int32_t s
 }
 
 /* The strategy a blend runs: the one asked for, or auto's choice.  Auto is
- * probe, but hkvd where the recompute budget is smaller than the uncached
- * rows (the question, the template), as on prompts of short chunks: there
- * probe's first pass (those rows through half the layers at least) costs
- * more than a quarter of the second, and on MuSiQue's short shape (6
- * passages cut to ~50 tokens, 80 questions; issue 31) hkvd answered as
- * well in 22-26% less time: F1 hkvd minus probe +0.023 +- 0.022 on
- * Qwen2.5-Coder-1.5B, +0.002 +- 0.012 on 0.5B; first-token KL to full
- * +0.08 +- 0.05 and -0.11 +- 0.04.  Probe stays with an adaptive ratio (it
- * needs probe's scores), a fixed probe depth, sliding windows, and nothing
- * to recompute. */
+ * probe, but hkvd where the recompute budget is under three times the
+ * uncached rows (the question, the template, the separators), as on
+ * prompts of short chunks: there probe's first pass (those rows through
+ * half the layers at least) costs more than an eighth of the second, and
+ * on MuSiQue's short shape (6 passages cut to ~50 tokens, 80 questions;
+ * issue 31) hkvd answered as well in less time.  Qwen2.5-Coder-1.5B, F1
+ * and TTFT against full prefill's: with the prompt's head computed, hkvd
+ * 0.278 at 2.41x, probe 0.255 at 1.92x; with it cached (30 fewer uncached
+ * rows, a budget 1.4 times them), hkvd 0.278 at 3.00x, probe 0.272 at
+ * 2.49x.  On 0.5B, F1 hkvd minus probe +0.002 +- 0.012, KL -0.11 +- 0.04.
+ * The many-chunk and paper shapes have budgets of 7 and 10 times the
+ * uncached rows, where probe's first pass costs 4-6% and probe answered
+ * better.  Probe stays with an adaptive ratio (it needs probe's scores), a
+ * fixed probe depth, sliding windows, and nothing to recompute. */
 static const blend_strategy *blend_choose(const blend_plan *pl)
 {
     const cb_blend_params *p = pl->p;
@@ -521,7 +525,7 @@ static const blend_strategy *blend_choose(const blend_plan *pl)
         return blend_strategy_of(p->strategy);
     int64_t want = (int64_t)ceilf(p->ratios[p->n_ratios - 1] * (float)pl->n_cached);
     if (p->adapt_mass > 0 || p->probe_depth > 0 || pl->hp->n_swa_layers > 0 || want == 0 ||
-        want >= pl->n_rows) /* (at 0, probe is reuse: no first pass) */
+        want >= 3 * (int64_t)pl->n_rows) /* (at 0, probe is reuse: no first pass) */
         return &blend_probe;
     return &blend_hkvd;
 }
