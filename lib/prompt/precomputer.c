@@ -177,7 +177,11 @@ cb_status pr_precompute_alone(cb_precomputer *pc, const int32_t *ids, int32_t n,
                               cb_error *err)
 {
     cb_tokens none = {0};
+    cb_type t = pc->type;
+    if (t != CB_TYPE_F32) /* a head is loaded as exact: f16 as the cache, never 8 bits */
+        pc->type = CB_TYPE_F16;
     cb_status st = run_lead(pc, &none, ids, n, err);
+    pc->type = t;
     return st == CB_OK ? put(pc, key, err) : st;
 }
 

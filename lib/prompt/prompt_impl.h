@@ -27,7 +27,8 @@ cb_status pr_default_head(const cb_model *m, cb_tokens *out);
 void pr_head_key(const cb_model *m, const cb_tokens *head, char key[66]);
 
 /* ids [n] prefilled alone (no lead-in, at positions 0..) and stored
- * under key: a prompt's head.  (precomputer.c) */
+ * under key, in f16 (f32 for an f32 precomputer): a prompt's head.
+ * (precomputer.c) */
 cb_status pr_precompute_alone(cb_precomputer *pc, const int32_t *ids, int32_t n, const char *key,
                               cb_error *err);
 

@@ -110,5 +110,16 @@ h = json.load(open(f"{sys.argv[1]}/h.json"))
 assert h["n_exact_tokens"] == h["n_cached_tokens"] >= 8 and h["verify"]["kl"] < 1e-3, h
 print(f"# head {h['n_exact_tokens']} tokens, KL {h['verify']['kl']:.2e}")
 PY
+    # a store of 8-bit chunks: the head still f16 (it is loaded as exact), as close as above
+    "$BINDIR_B/cb-precompute" -m "$S" --store "$T/smol8" --kv-type q8_0 -q "$T/c.jsonl" > /dev/null \
+        && "$BINDIR_B/cb-run" -m "$S" --store "$T/smol8" --chunks /dev/null --mode reuse --exact --verify \
+            -n 1 --temp 0 --no-store-write --stats "$T/h8.json" -p "Who built the bridge?" > /dev/null 2> "$T/err" \
+        && python3 - "$T" <<'PY' && ok "SmolLM2, --kv-type q8_0: the head stored in f16, reused as closely" || { not_ok "SmolLM2 q8_0 head"; sed 's/^/#   /' "$T/err" | head -5; }
+import json, sys
+t = sys.argv[1]
+h, h8 = (json.load(open(f"{t}/{x}.json")) for x in ("h", "h8"))
+assert h8["n_exact_tokens"] == h["n_exact_tokens"] and h8["load_bytes"] == h["load_bytes"], (h, h8)
+assert abs(h8["verify"]["kl"] - h["verify"]["kl"]) < 1e-6, (h["verify"], h8["verify"])
+PY
 fi
 done_testing
