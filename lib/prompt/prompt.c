@@ -522,9 +522,8 @@ cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *
     *n_stored = 0;
     for (int32_t i = 0; i < p->n && st == CB_OK; i++) {
         pseg *g = &p->s[i];
-        int found = 0;
-        if ((g->is_chunk && !g->missing) || (g->is_head && g->kf) ||
-            (!g->is_chunk && !g->is_head) || (cb_store_lookup(s, g->key, &found) == CB_OK && found))
+        int found = 0, want = g->is_head ? !g->kf : g->is_chunk && g->missing;
+        if (!want || (cb_store_lookup(s, g->key, &found) == CB_OK && found))
             continue;
         /* made when first needed: a prompt whose caches were all found costs nothing */
         if (!pc && (st = cb_precomputer_new(&pc, p->m, s, type, NULL, &err)) != CB_OK)

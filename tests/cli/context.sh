@@ -7,11 +7,7 @@
 # qwen2 fixture (a chat template: the lead-in is its prompt head).
 . "$(dirname "$0")/lib.sh"
 M=$CB_TEST_TMP/tiny4-qwen2.gguf
-if [ ! -f "$M" ]; then
-    skip "cb-precompute --context" "no fixture $M (tests/run.sh writes it)"
-    done_testing
-    exit
-fi
+need_fixture "$M" "cb-precompute --context"
 cat > "$T/c.jsonl" <<'EOF'
 {"doc":"vale","seq":0,"text":"The river Vale runs past the town of Kelby, north of the hills."}
 {"doc":"vale","seq":1,"text":"Its bridge was built in 1910 by the Norden company of Kelby."}

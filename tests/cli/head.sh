@@ -8,11 +8,7 @@
 # system messages below make it long enough), and on SmolLM2 when present.
 . "$(dirname "$0")/lib.sh"
 M=$CB_TEST_TMP/tiny4-qwen2.gguf
-if [ ! -f "$M" ]; then
-    skip "the prompt's head cached" "no fixture $M (tests/run.sh writes it)"
-    done_testing
-    exit
-fi
+need_fixture "$M" "the prompt's head cached"
 SYS="You answer questions about the town archive of Kelby, briefly."
 cat > "$T/c.jsonl" <<'EOF'
 {"text":"The river Vale runs past the town of Kelby, north of the hills."}

@@ -32,6 +32,13 @@ vale_chunks() {
     "$BINDIR_B/cb-chunk" -m "$1" --tokens 24 "$T/docs" > "$2"
 }
 done_testing() { echo "1..$n"; [ "$nfail" -eq 0 ]; }
+# need_fixture PATH WHAT: go on when the fixture PATH exists, else skip WHAT and end the script
+need_fixture() {
+    [ -f "$1" ] && return 0
+    skip "$2" "no fixture $1 (tests/run.sh writes it)"
+    done_testing
+    exit
+}
 # the tests' small real model (make model MODEL=smollm2), when present
 smol_model() {
     m=${CB_SMOL_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/SmolLM2-135M-Instruct.Q4_1.gguf}

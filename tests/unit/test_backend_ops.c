@@ -1346,6 +1346,12 @@ typedef struct ld_arg {
     int ready;
 } ld_arg;
 
+/* scratch as blend.c's loader takes it (be_tmp in forward.c) */
+static void *ld_tmp(cb_backend *be, size_t bytes)
+{
+    return be->ops->alloc_tmp ? be->ops->alloc_tmp(be, bytes) : be->ops->alloc(be, bytes);
+}
+
 static void *ld_main(void *p)
 {
     ld_arg *a = p;
@@ -1357,11 +1363,8 @@ static void *ld_main(void *p)
         for (int piece = 0; piece < 2; piece++) {
             int32_t p0 = piece ? LD_CTX / 3 : 0, n = piece ? LD_CTX - LD_CTX / 3 : LD_CTX / 3;
             size_t rb = 2 * (size_t)w, off = (size_t)(l * LD_CTX + p0) * (size_t)w;
-            void *raw = be->ops->alloc_tmp ? be->ops->alloc_tmp(be, rb * (size_t)n)
-                                           : be->ops->alloc(be, rb * (size_t)n);
-            float *tmp = be->ops->alloc_tmp
-                             ? be->ops->alloc_tmp(be, sizeof(float) * (size_t)(n * w))
-                             : be->ops->alloc(be, sizeof(float) * (size_t)(n * w));
+            void *raw = ld_tmp(be, rb * (size_t)n);
+            float *tmp = ld_tmp(be, sizeof(float) * (size_t)(n * w));
             be->ops->upload(be, (char *)a->vc[l] + (size_t)p0 * rb, a->v + off, rb * (size_t)n);
             for (int rep = 0; rep < 8; rep++) /* keep the loader's queue long */
                 be->ops->upload(be, raw, a->k + off, rb * (size_t)n);
