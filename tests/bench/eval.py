@@ -30,8 +30,9 @@ first-token top-1 agreement and mean KL to full; the gold answer's mean NLL,
 its mean gap to full and mean absolute gap; recovery = (reuse - blend) /
 (reuse - full) of the mean KL and of the mean absolute NLL gap (the share of what full KV reuse loses that the
 blend wins back); mean TTFT and speedup over full.  Writes the per-question
-results as JSON and, with gnuplot, the ratio sweep: KL and NLL recovery
-against TTFT, a line per strategy.  --no-answers skips generation (F1, EM
+results as JSON and, with gnuplot, the ratio sweep: F1 (with its standard
+error), answers identical to full's, KL recovery and NLL recovery against
+TTFT, a line per strategy.  --no-answers skips generation (F1, EM
 and identity are then not measured): the sweep needs only the scoring run.
 """
 import argparse
@@ -190,8 +191,11 @@ def first_line(ans):
 
 
 def plot(rows, work, png):
-    """The ratio sweep: KL and NLL recovery against mean TTFT, a line per
-    strategy (points in ratio order), with full and reuse as references."""
+    """The ratio sweep against mean TTFT, a line per strategy (points in
+    ratio order), with full and reuse as references: F1 (with the paired
+    standard error of its difference from full's) and the share of answers
+    identical to full's (when answers were generated), the KL recovery, and
+    the NLL recovery (when scored)."""
     strategies = sorted({r["strategy"] for r in rows if r["mode"] == "blend"})
     dat = os.path.join(work, "plot.dat")
     with open(dat, "w") as f:
@@ -199,23 +203,35 @@ def plot(rows, work, png):
             f.write(f"# {s}\n")
             for r in sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["ratio"]):
                 f.write(f"{r['ttft_ms']:.1f} {100 * r['kl_recovery']:.2f} {100 * r['nll_recovery']:.2f} "
-                        f"\"{r['ratio']:g}\"\n")
+                        f"{r['f1']:.4f} {r['f1_diff_se']:.4f} {100 * r['identical']:.1f} \"{r['ratio']:g}\"\n")
             f.write("\n\n")
         for r in rows:
             if r["mode"] in ("full", "reuse"):
-                f.write(f"# {r['mode']}\n{r['ttft_ms']:.1f} {100 * (r['mode'] == 'full'):.0f} "
-                        f"{100 * (r['mode'] == 'full'):.0f} \"{r['mode']}\"\n\n\n")
+                full = 100 * (r["mode"] == "full")
+                f.write(f"# {r['mode']}\n{r['ttft_ms']:.1f} {full:.0f} {full:.0f} {r['f1']:.4f} "
+                        f"{r['f1_diff_se'] if r['mode'] == 'reuse' else 0:.4f} {100 * r['identical']:.1f} "
+                        f"\"{r['mode']}\"\n\n\n")
     n = len(strategies)
-    lines = lambda col: ", ".join(
-        [f"'{dat}' index {i} using 1:{col} with linespoints lw 2 pt 7 title '{s.replace('@', ' mass ')}', "
-         f"'' index {i} using 1:{col}:4 with labels offset 0,0.8 notitle" for i, s in enumerate(strategies)]
-        + [f"'{dat}' index {n}:{n + 1} using 1:{col}:4 with labels point pt 5 offset 0,-0.8 notitle"])
-    script = (f"set terminal png size 1400,600; set output '{png}'; set multiplot layout 1,2;"
-              "set xlabel 'mean TTFT (ms)'; set grid; set key bottom right; set yrange [-20:110];"
-              f"set title 'first-token KL recovery vs TTFT (labels: ratio)'; set ylabel 'KL recovery (%)';"
-              f"plot {lines(2)};"
-              f"set title 'gold-answer NLL recovery vs TTFT'; set ylabel 'NLL recovery (%)'; plot {lines(3)};"
-              "unset multiplot")
+    def lines(col, bars=False):
+        return ", ".join(
+            [f"'{dat}' index {i} using 1:{col} with linespoints lw 2 pt 7 title '{s.replace('@', ' mass ')}', "
+             f"'' index {i} using 1:{col}:7 with labels offset 0,0.8 notitle" for i, s in enumerate(strategies)]
+            + ([f"'{dat}' index 0:{n + 1} using 1:{col}:5 with yerrorbars lc rgb 'gray' pt 0 notitle"] if bars else [])
+            + [f"'{dat}' index {n}:{n + 1} using 1:{col}:7 with labels point pt 5 offset 0,-0.8 notitle"])
+    nll = any(r["nll_recovery"] == r["nll_recovery"] for r in rows)  # scored (--score): not all NaN
+    ans = any(r["identical"] == r["identical"] for r in rows)  # answers generated (not --no-answers)
+    panels = 2 + nll + ans
+    script = (f"set terminal png size {700 * panels},600; set output '{png}'; set multiplot layout 1,{panels};"
+              "set xlabel 'mean TTFT (ms)'; set grid; set key bottom right;"
+              + ("set title 'F1 vs TTFT (labels: ratio; bars: paired standard error of the difference from full)';"
+                 f"set ylabel 'F1'; plot {lines(4, True)};"
+                 "set title 'answers identical to full prefill vs TTFT'; set ylabel 'identical (%)';"
+                 f"set yrange [-5:105]; plot {lines(6)};" if ans else "")
+              + "set yrange [-20:110];"
+              f"set title 'first-token KL recovery vs TTFT'; set ylabel 'KL recovery (%)'; plot {lines(2)};"
+              + (f"set title 'gold-answer NLL recovery vs TTFT'; set ylabel 'NLL recovery (%)'; plot {lines(3)};"
+                 if nll else "")
+              + "unset multiplot")
     subprocess.run(["gnuplot", "-e", script], check=False)
 
 
@@ -231,7 +247,9 @@ def report(args, configs, results, n_q, work, pre_s):
         return (reuse - x) / (reuse - full) if reuse - full > 1e-12 else float("nan")
 
     by = {c: [r for r in results if (r["mode"], r["ratio"], r["strategy"]) == c] for c in configs}
-    fr, rr = by.get(("full", None, None), []), by.get(("reuse", None, None), [])
+    # recovery's reference: plain reuse, else the first reuse configured (reuse/no-context)
+    fr = by.get(("full", None, None), [])
+    rr = by.get(("reuse", None, None)) or next((by[c] for c in configs if c[0] == "reuse"), [])
     mean_full, mean_full_f1 = mean(fr, "ttft_ms"), mean(fr, "f1")
     kl_reuse, gap_reuse = mean(rr, "kl"), mean(rr, "nll_absgap")
     rows = []
