@@ -1,7 +1,9 @@
 #!/bin/sh
 # gpu-check.sh [STEP...] - what a session with a GPU runs first (issue 34):
 #   build     nvidia-smi, then the CUDA module and every test program (CUDA=1)
-#   ops       test_backend_ops: every CUDA operation against the CPU
+#   ops       test_backend_ops: every CUDA operation against the CPU (the
+#             few-row product kernel on; `ops-cublas`: again with it off,
+#             CB_CUDA_GEMV=0, cuBLAS for every row count)
 #   memcheck racecheck synccheck initcheck
 #             test_backend_ops under compute-sanitizer's four tools
 #             (racecheck without the model-sized attention cases)
@@ -17,10 +19,12 @@
 #             engine's time does not depend on the weights' values; the
 #             device machine cannot be sent the models: 64 MB at most):
 #             prefill 512/2048/4096, decode after 512/4096, 16..512-row
-#             batches
+#             batches, and 1 and 8 sequences decoded together after 512
+#             tokens (cb-run --batch's decoding, issue 33); on CUDA, decoding
+#             again with the few-row product kernel (CB_CUDA_GEMV=1)
 #   racecheck-big  racecheck over the model-sized attention cases alone
 #             (slow: a minute or more a case)
-# No STEP: all of them, in that order.  Environment: BUILD (default
+# No STEP: all of them, in that order (ops-cublas after ops).  Environment: BUILD (default
 # build/rel; a NATIVE=0 build is build/rel-generic, for a device machine
 # whose CPU differs from the one that built it), STEP_TIMEOUT (seconds a
 # step may take, default none), GPU_BENCH_DEVICES (default "cuda cpu").  Each step's output goes to
@@ -58,6 +62,7 @@ step() { # NAME CMD...: run CMD, log it, say how it went
 
 build() { nvidia-smi && case $BUILD in *-generic) make -j"$J" CUDA=1 NATIVE=0 check-tools ;; *) make -j"$J" CUDA=1 check-tools ;; esac; }
 ops() { "$OPS"; }
+ops_cublas() { CB_CUDA_GEMV=0 "$OPS"; }
 # memcheck: no API-error reports, as the op tests fail an allocation of 4
 # EiB on purpose (the backend checks every API call itself, and the tests
 # see what it reports)
@@ -143,10 +148,17 @@ bench() {
         for m in smol qwen15; do
             echo "== $m-shaped, random weights, on $dev ($J threads beside it); each scenario twice, the second kept"
             for sc in prefill:512 prefill:2048 prefill:4096 decode:512:64 decode:4096:64 batch:16:2048 \
-                batch:64:2048 batch:512:2048; do
+                batch:64:2048 batch:512:2048 seqs:1:512 seqs:8:512; do
                 CB_BENCH_DEVICE=$dev $BUILD/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
                     awk -v sc="$sc" '$1 != "device" && $1 != "load_s" && $1 != "rss_kb" { v[$1] = $2 }
                         END { for (k in v) print "  " sc ": " k " " v[k] }'
+            done
+            # the few-row product kernel (CB_CUDA_GEMV=1, not yet the default):
+            # decoding, and sequences decoded together in shared products
+            [ "$dev" = cuda ] && for sc in decode:512:64 seqs:1:512 seqs:8:512 batch:16:2048; do
+                CB_CUDA_GEMV=1 CB_BENCH_DEVICE=$dev $BUILD/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
+                    awk -v sc="$sc" '$1 != "device" && $1 != "load_s" && $1 != "rss_kb" { v[$1] = $2 }
+                        END { for (k in v) print "  " sc " (CB_CUDA_GEMV=1): " k " " v[k] }'
             done
         done
     done
@@ -154,11 +166,12 @@ bench() {
 }
 
 if [ "${1:-}" = --one ]; then "$2"; exit; fi # one step, in a process of its own (STEP_TIMEOUT)
-steps=${*:-build ops memcheck racecheck synccheck initcheck device suites blend bench racecheck-big}
+steps=${*:-build ops ops-cublas memcheck racecheck synccheck initcheck device suites blend bench racecheck-big}
 for s in $steps; do
     case $s in
     build | ops | memcheck | racecheck | synccheck | initcheck | device | suites | blend | bench) step "$s" "$s" ;;
     racecheck-big) step "$s" racecheck_big ;;
+    ops-cublas) step "$s" ops_cublas ;;
     *) echo "gpu-check: unknown step '$s'" >&2; exit 64 ;;
     esac
 done

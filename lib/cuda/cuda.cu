@@ -68,6 +68,7 @@
 /* the backend operation the calling thread is in (set by T()) */
 static thread_local const char *cur_op = "open";
 int cu_sync_each;
+int cu_gemv_rows;
 
 void cu_fail(cb_status st, int cuda, const char *what, const char *file, int line, const char *why)
 {
@@ -395,8 +396,14 @@ static void init_ops(void)
 #undef OP
 #undef RELEASE
     /* cuBLAS picks its algorithm by shape and a product's input rows share
-     * one f16 scale: a row's bits can depend on its company (backend.h) */
-    o->rows_unstable = 1;
+     * one f16 scale: a row's bits can depend on its company (backend.h).
+     * The few-row kernel (cuda_mm.cu) keeps each row to itself; it stays
+     * behind CB_CUDA_GEMV=1 until a GPU run has checked it (issue 34), and
+     * then decoding batches sequences in products of up to CU_GEMV_ROWS
+     * rows (cb_backend_cuda_open sets rows_step and rows_max) */
+    const char *env = getenv("CB_CUDA_GEMV");
+    cu_gemv_rows = env && strcmp(env, "1") == 0 ? CU_GEMV_ROWS : 0;
+    o->rows_unstable = cu_gemv_rows == 0;
 }
 
 extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_backend **out, int abi, int device,
@@ -481,6 +488,8 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
     b->ops = &cuda_ops;
     b->ctx = c;
     b->n_threads = 1;
+    b->rows_step = 1;
+    b->rows_max = cu_gemv_rows; /* (0 and rows_unstable without the few-row kernel) */
     snprintf(b->desc, sizeof b->desc, "cuda:%d (%.48s, sm_%d%d, %.0f GiB)", device, c->prop.name, c->prop.major,
              c->prop.minor, (double)c->prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
     /* warm start: the opening thread's context, its cuBLAS handle and its

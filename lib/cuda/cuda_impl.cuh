@@ -41,6 +41,11 @@ struct cu_fault {
 /* CB_CUDA_SYNC=1: every operation waits for its work and checks it */
 extern int cu_sync_each;
 
+/* CB_CUDA_GEMV=1: products of up to CU_GEMV_ROWS rows through k_gemv
+ * (cuda_mm.cu), row-stable; cu_gemv_rows is then CU_GEMV_ROWS, else 0 */
+enum { CU_GEMV_ROWS = 8 };
+extern int cu_gemv_rows;
+
 /* Throw a cu_fault: `what` (a call) failed at file:line for reason `why`,
  * in the backend operation the calling thread is in ("matmul: an illegal
  * memory access was encountered (cublasGemmEx(...) at file:line)").  cuda:

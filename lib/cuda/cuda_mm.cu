@@ -2,7 +2,9 @@
  * tensors dequantized on the device to f16 (bf16 for bf16 tensors) at a
  * power-of-two scale, products by cublasGemmEx with the input rows
  * converted to the weight's type at a scale of their own (cuda.cu's head
- * comment), and the embedding lookup from the same 16-bit copy. */
+ * comment), or, for a few rows under CB_CUDA_GEMV=1, by a kernel of ours
+ * that reads them as they are (k_gemv); and the embedding lookup from the
+ * same 16-bit copy. */
 #include "cuda_impl.cuh"
 
 /* --------------------------------------------------- dequantization */
@@ -345,39 +347,187 @@ void cu_blas(tctx *t)
     t->blas = h;
 }
 
+/* ------------------------------------------------- few-row products
+ *
+ * y [n, n_out] = x [n, n_in] . W^T for n <= CU_GEMV_ROWS (decode, a batch
+ * of decoding sequences, a few rows), under CB_CUDA_GEMV=1 until a GPU run
+ * has checked it (cuda.cu): a warp a weight row, read once for all n input
+ * rows, which stay f32 (no conversion, no shared scale); one kernel launch
+ * where the cuBLAS path takes four.  Lane k takes elements 8k..8k+7 of
+ * every 256 (16 bytes of the weight a step) when n_in is a multiple of 8,
+ * else element k of every 32; each row's sum is f32 fused multiply-adds in
+ * that fixed order, then the warp's fixed butterfly, then the weight's
+ * power-of-two scale undone (exact) and the bias added.  Nothing in a
+ * row's arithmetic depends on n or on the other rows (the loads of x do,
+ * on alignment, and load the same values), so these products are
+ * row-stable with rows_step 1 and rows_max CU_GEMV_ROWS (backend.h): what
+ * batched decoding needs to share each weight's reading among sequences. */
+
+/* a pair of 16-bit values (T's vector of two) as floats */
+template <typename T> struct pair_of;
+template <> struct pair_of<__half> {
+    typedef __half2 type;
+};
+template <> struct pair_of<__nv_bfloat16> {
+    typedef __nv_bfloat162 type;
+};
+__device__ __forceinline__ float2 pair_f32(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ float2 pair_f32(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+
+/* 8 weights at p (16 bytes, aligned) as floats */
+template <typename T> __device__ __forceinline__ void ld8w(const T *p, float *f)
+{
+    uint4 u = *(const uint4 *)p;
+    const typename pair_of<T>::type *h = (const typename pair_of<T>::type *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = pair_f32(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+/* 8 floats of x at p: two 16-byte loads where p is aligned to them */
+template <bool A16> __device__ __forceinline__ void ld8x(const float *p, float *f)
+{
+    if (A16) {
+        float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            f[j] = p[j];
+    }
+}
+
+template <typename T, int R, bool V8, bool A16>
+__global__ void k_gemv(const T *__restrict__ w, int64_t n_in, int64_t n_out, const float *__restrict__ x,
+                       float unscale, const float *__restrict__ bias, float *__restrict__ y)
+{
+    const int lane = threadIdx.x % 32;
+    const int64_t o = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (o >= n_out)
+        return; /* a whole warp: the shuffles below never miss a lane */
+    const T *wr = w + o * n_in;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    if (V8) {
+        for (int64_t k = 8 * lane; k < n_in; k += 256) {
+            float wf[8];
+            ld8w<T>(wr + k, wf);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float xf[8];
+                ld8x<A16>(x + r * n_in + k, xf);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    acc[r] = fmaf(wf[j], xf[j], acc[r]);
+            }
+        }
+    } else {
+        for (int64_t k = lane; k < n_in; k += 32) {
+            const float wk = ld<T>(wr[k]);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] = fmaf(wk, x[r * n_in + k], acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float s = acc[r];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+        if (lane == 0) {
+            const float v = __fmul_rn(s, unscale);
+            y[r * n_out + o] = bias ? __fadd_rn(v, bias[o]) : v;
+        }
+    }
+}
+
+template <typename T, bool V8, bool A16>
+static void gemv_launch(tctx *t, const cb_bweight *w, const float *x, float *y, int64_t n)
+{
+    const T *wp = (const T *)w->w;
+    const float unscale = ldexpf(1.0f, -w->e); /* exact */
+    const unsigned g = nblocks(w->n_out, 8);   /* 8 warps a block, a weight row each */
+#define GV(R)                                                                                                             case R: k_gemv<T, R, V8, A16><<<g, 256, 0, t->s>>>(wp, w->n_in, w->n_out, x, unscale, w->bias, y); break
+    switch (n) {
+        GV(1);
+        GV(2);
+        GV(3);
+        GV(4);
+        GV(5);
+        GV(6);
+        GV(7);
+        GV(8);
+    default: BUG("matmul", "a few-row product of more than CU_GEMV_ROWS rows");
+    }
+#undef GV
+    CKL();
+}
+
+/* y = x . W^T through k_gemv (n <= CU_GEMV_ROWS), on weights of type T */
+template <typename T> static void gemv_of(tctx *t, const cb_bweight *w, const float *x, float *y, int64_t n)
+{
+    if (w->n_in % 8 != 0)
+        gemv_launch<T, false, false>(t, w, x, y, n);
+    else if ((uintptr_t)x % 16 == 0)
+        gemv_launch<T, true, true>(t, w, x, y, n);
+    else
+        gemv_launch<T, true, false>(t, w, x, y, n);
+}
+
+static void gemv(tctx *t, const cb_bweight *w, const float *x, float *y, int64_t n)
+{
+    if (w->dt == CUDA_R_16BF)
+        gemv_of<__nv_bfloat16>(t, w, x, y, n);
+    else
+        gemv_of<__half>(t, w, x, y, n);
+}
+
 void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
     tctx *t = T(b, "matmul");
     int64_t ne = n * w->n_in;
     size_t need = 2 * (size_t)ne;
+    bool amax_known = false; /* t->scal->amax holds x's largest magnitude */
     if (n == 0)
         return;
     cu_blas(t);
-    if (need > t->act_cap) {
-        if (t->act)
-            CK(cudaFreeAsync(t->act, t->s));
-        t->act = NULL, t->act_cap = 0;
-        CK(cudaMallocAsync(&t->act, need, t->s));
-        t->act_cap = need;
-    }
-    if (w->dt == CUDA_R_16BF) { /* bf16 holds any f32 magnitude: no scaling */
-        LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)t->act, ne, (const unsigned *)NULL, w->e, &t->scal->alpha);
+    if (n <= cu_gemv_rows) {
+        gemv(t, w, x, y, n);
     } else {
-        absmax(t, x, ne, &t->scal->amax);
-        LAUNCH_1D(t, ne, k_to16, x, (__half *)t->act, ne, (const unsigned *)&t->scal->amax, w->e, &t->scal->alpha);
+        if (need > t->act_cap) {
+            if (t->act)
+                CK(cudaFreeAsync(t->act, t->s));
+            t->act = NULL, t->act_cap = 0;
+            CK(cudaMallocAsync(&t->act, need, t->s));
+            t->act_cap = need;
+        }
+        if (w->dt == CUDA_R_16BF) { /* bf16 holds any f32 magnitude: no scaling */
+            LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)t->act, ne, (const unsigned *)NULL, w->e,
+                      &t->scal->alpha);
+        } else {
+            absmax(t, x, ne, &t->scal->amax);
+            amax_known = true;
+            LAUNCH_1D(t, ne, k_to16, x, (__half *)t->act, ne, (const unsigned *)&t->scal->amax, w->e,
+                      &t->scal->alpha);
+        }
+        /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
+         * y^T [n_out, n] = (W as column-major [n_in, n_out])^T x^T */
+        CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in, &t->scal->alpha,
+                         w->w, w->dt, (int)w->n_in, t->act, w->dt, (int)w->n_in, &t->scal->zero, y, CUDA_R_32F,
+                         (int)w->n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (w->bias)
+            LAUNCH_1D(t, n * w->n_out, k_add_bias, y, w->bias, n, w->n_out);
     }
-    /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
-     * y^T [n_out, n] = (W as column-major [n_in, n_out])^T x^T */
-    CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in, &t->scal->alpha, w->w,
-                     w->dt, (int)w->n_in, t->act, w->dt, (int)w->n_in, &t->scal->zero, y, CUDA_R_32F,
-                     (int)w->n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (w->bias)
-        LAUNCH_1D(t, n * w->n_out, k_add_bias, y, w->bias, n, w->n_out);
     if (cu_sync_each) { /* the debug check: no inf or NaN out of a product */
         mm_scalars h;
         CK(cudaMemsetAsync(&t->scal->n_bad, 0, sizeof(unsigned), t->s));
         LAUNCH_1D(t, n * w->n_out, k_count_bad, y, n * w->n_out, &t->scal->n_bad);
-        if (w->dt == CUDA_R_16BF)
+        if (!amax_known)
             absmax(t, x, ne, &t->scal->amax);
         CK(cudaMemcpyAsync(&h, t->scal, sizeof h, cudaMemcpyDeviceToHost, t->s));
         CK(cudaStreamSynchronize(t->s));

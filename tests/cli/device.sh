@@ -103,6 +103,31 @@ else
     skip "the CUDA module's build" "this build has no CUDA module (nvcc not found, or CUDA=0)"
 fi
 
+# ---------------------------- batched decoding on CUDA (the fixture model)
+# With the few-row product kernel (CB_CUDA_GEMV=1) the device batches the
+# sequences' decoding rows in shared products: each answer must be the one a
+# lone run gives (row-stable products, backend.h)
+if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
+    printf '%s\n' '{"id": 0, "question": "Where is the river?", "n_predict": 7}' \
+        '{"id": 1, "question": "a longer question, with more words in it than the others", "n_predict": 16}' \
+        '{"id": 2, "question": "x", "n_predict": 12}' > "$T/bq.jsonl"
+    CB_CUDA_GEMV=1 "$RUN" -m "$TINY" --device cuda --temp 0 --batch "$T/bq.jsonl" > "$T/bo.jsonl" 2>"$T/berr"
+    brc=$?
+    same=0
+    for i in 0 1 2; do
+        q=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[$i])['question'])" "$T/bq.jsonl")
+        n=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[$i])['n_predict'])" "$T/bq.jsonl")
+        CB_CUDA_GEMV=1 "$RUN" -m "$TINY" --device cuda --temp 0 -n "$n" -p "$q" > "$T/lone$i.txt" 2>/dev/null &&
+            python3 -c "import json,sys; o=json.loads(open(sys.argv[1]).readlines()[$i]); sys.exit(o.get('answer') != open(sys.argv[2], encoding='utf-8').read())" \
+                "$T/bo.jsonl" "$T/lone$i.txt" 2>/dev/null && same=$((same + 1))
+    done
+    [ "$brc" = 0 ] && [ "$same" = 3 ] && ok "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do (3 of 3)" ||
+        not_ok "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do (exit $brc, $same of 3; $(head -c 200 "$T/berr"))"
+else
+    [ "$DEV" = cuda ] && why="no GPU here" || why="CB_TEST_DEVICE=$DEV, not cuda"
+    skip "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do" "$why"
+fi
+
 # ------------------------------------------------ CPU vs CUDA end to end
 M=$(smol_model)
 if [ "$gpu" = 0 ] || [ -z "$M" ]; then

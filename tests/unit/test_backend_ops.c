@@ -2093,8 +2093,14 @@ static void rows_stable_cases(void)
                         : a8->rows_step == 1 && a8->rows_max >= 1 << 20);
             a8->ops->free(a8);
         }
-    if (cuda && !cuda->ops->rows_unstable && cuda->rows_step > 0)
+    /* the few-row kernel (CB_CUDA_GEMV=1): 16-byte steps on the 16-bit
+     * weights (512 wide) and single elements (100) */
+    if (cuda && !cuda->ops->rows_unstable && cuda->rows_step > 0) {
         rows_stable_case(cuda, "cuda ", CB_TYPE_Q8_0, 512);
+        rows_stable_case(cuda, "cuda ", CB_TYPE_Q4_K, 512);
+        rows_stable_case(cuda, "cuda ", CB_TYPE_BF16, 512);
+        rows_stable_case(cuda, "cuda ", CB_TYPE_F32, 100);
+    }
 }
 
 static void r18_cases(const char *self)
@@ -2208,6 +2214,11 @@ int main(int argc, char **argv)
     /* the device's attention mass is these cases' to check, whatever the
      * environment says (CB_CUDA_MASS=0 turns it off in lib/cuda/cuda.cu) */
     unsetenv("CB_CUDA_MASS");
+    /* and so is the few-row product kernel, behind CB_CUDA_GEMV=1 in the
+     * programs until a GPU run has checked it: on here unless the
+     * environment says 0 (which tests cuBLAS's path for every row count) */
+    if (!getenv("CB_CUDA_GEMV"))
+        setenv("CB_CUDA_GEMV", "1", 1);
     if (cb_backend_open(&cuda, "cuda", 0, &err) != CB_OK) {
         cuda = NULL;
         snprintf(cuda_why, sizeof cuda_why, "no CUDA device (see the first line)");
@@ -2260,6 +2271,10 @@ int main(int argc, char **argv)
     run_case("matmul f16 1x256x100 (decode)", c_matmul, 1e-12, 1e-5);
     mm_type = CB_TYPE_F32, mm_n = 5, mm_in = 96, mm_out = 33, mm_bias = 1;
     run_case("matmul f32 5x96x33 + bias", c_matmul, 1e-12, 1e-5);
+    /* the CUDA few-row kernel at its most rows, nine 256-element steps a
+     * lane, a last block of warps past the weight's rows */
+    mm_type = CB_TYPE_Q4_K, mm_n = 8, mm_in = 2304, mm_out = 300, mm_bias = 1;
+    run_case("matmul q4_K 8x2304x300 + bias", c_matmul, 1e-12, 1e-5);
 
     c_inplace = 0;
     run_case("rmsnorm", c_rmsnorm, 1e-12, 1e-10);
