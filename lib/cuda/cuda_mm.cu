@@ -452,7 +452,10 @@ static void gemv_launch(tctx *t, const cb_bweight *w, const float *x, float *y, 
     const T *wp = (const T *)w->w;
     const float unscale = ldexpf(1.0f, -w->e); /* exact */
     const unsigned g = nblocks(w->n_out, 8);   /* 8 warps a block, a weight row each */
-#define GV(R)                                                                                                             case R: k_gemv<T, R, V8, A16><<<g, 256, 0, t->s>>>(wp, w->n_in, w->n_out, x, unscale, w->bias, y); break
+#define GV(R)                                                                                                         \
+    case R:                                                                                                           \
+        k_gemv<T, R, V8, A16><<<g, 256, 0, t->s>>>(wp, w->n_in, w->n_out, x, unscale, w->bias, y);                    \
+        break
     switch (n) {
         GV(1);
         GV(2);
