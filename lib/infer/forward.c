@@ -675,47 +675,87 @@ cb_status cb_fwd_decode(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens,
     return CB_OK;
 }
 
-cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k,
-                          const float *v, int32_t from_pos0)
-{
-    const cb_model *m = kv->m;
-    const cb_hparams *hp = &m->hp;
-    cb_backend *be = m->be;
-    size_t bytes = sizeof(float) * (size_t)n * (size_t)kv->width;
-    int32_t *at, *delta;
-    float *tmp;
+/* The loaders' scratch for n rows placed at pos.. of one layer */
+typedef struct kv_place {
+    int32_t *at;    /* [n]: the cache rows, pos + i */
+    int32_t *delta; /* [n]: pos - from_pos0, the keys' move (R(p) = R(p - q) R(q)) */
+    float *tmp;     /* [n, width] f32 on the backend */
+} kv_place;
 
-    if (layer < 0 || layer >= hp->n_layer || n < 0 || pos < 0 || pos > kv->n_ctx - n ||
-        from_pos0 < 0)
+static int load_args_ok(const cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
+                        int32_t from_pos0)
+{
+    return layer >= 0 && layer < kv->m->hp.n_layer && n >= 0 && pos >= 0 && pos <= kv->n_ctx - n &&
+           from_pos0 >= 0;
+}
+
+/* The arguments checked (CB_ERR_RANGE) and, for n > 0, the scratch made
+ * (else the backend's out-of-memory status, nothing held) */
+static cb_status place_begin(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n,
+                             int32_t from_pos0, kv_place *pl)
+{
+    cb_backend *be = kv->m->be;
+    memset(pl, 0, sizeof *pl);
+    if (!load_args_ok(kv, layer, pos, n, from_pos0))
         return CB_ERR_RANGE;
     if (n == 0)
         return CB_OK;
-    at = malloc(sizeof(int32_t) * (size_t)n);
-    delta = malloc(sizeof(int32_t) * (size_t)n);
-    tmp = be_tmp(be, bytes);
-    if (!at || !delta || !tmp) {
-        free(at);
-        free(delta);
-        be->ops->dealloc(be, tmp);
+    pl->at = malloc(sizeof(int32_t) * (size_t)n);
+    pl->delta = malloc(sizeof(int32_t) * (size_t)n);
+    pl->tmp = be_tmp(be, sizeof(float) * (size_t)n * (size_t)kv->width);
+    if (!pl->at || !pl->delta || !pl->tmp) {
+        free(pl->at);
+        free(pl->delta);
+        be->ops->dealloc(be, pl->tmp);
         return cb_backend_nomem(be);
     }
     for (int32_t i = 0; i < n; i++) {
-        at[i] = pos + i;
-        delta[i] = pos - from_pos0; /* R(p) = R(p - q) R(q) */
+        pl->at[i] = pos + i;
+        pl->delta[i] = pos - from_pos0;
     }
-    be->ops->upload(be, tmp, k, bytes);
-    if (pos != from_pos0) /* the layer's own RoPE: a global and a sliding-window layer differ */
-        be->ops->rope(be, tmp, delta, n, hp->n_head_kv, hp->head_dim, hp->n_rot,
-                      m->layers[layer].rope_base, m->layers[layer].rope_ff, hp->rope_neox);
-    be->ops->kv_write(be, kv->k[layer], kv->type, kv->width, tmp, at, n);
-    be->ops->upload(be, tmp, v, bytes);
-    be->ops->kv_write(be, kv->v[layer], kv->type, kv->width, tmp, at, n);
-    be->ops->dealloc(be, tmp);
+    return CB_OK;
+}
+
+/* K in pl->tmp, computed at from_pos0.., moved to pos.. by the layer's own
+ * RoPE (a global and a sliding-window layer differ) and written to its rows */
+static void place_keys(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, int32_t from_pos0,
+                       const kv_place *pl)
+{
+    const cb_model *m = kv->m;
+    cb_backend *be = m->be;
+    if (pos != from_pos0)
+        be->ops->rope(be, pl->tmp, pl->delta, n, m->hp.n_head_kv, m->hp.head_dim, m->hp.n_rot,
+                      m->layers[layer].rope_base, m->layers[layer].rope_ff, m->hp.rope_neox);
+    be->ops->kv_write(be, kv->k[layer], kv->type, kv->width, pl->tmp, pl->at, n);
+}
+
+/* The scratch freed and the layer marked loaded */
+static cb_status place_end(cb_kvcache *kv, int32_t layer, kv_place *pl)
+{
+    cb_backend *be = kv->m->be;
+    be->ops->dealloc(be, pl->tmp);
+    free(pl->at);
+    free(pl->delta);
     if (kv->loaded[layer]) /* other threads' work on this layer waits for this mark */
         be->ops->event_record(be, kv->loaded[layer]);
-    free(at);
-    free(delta);
     return cb_backend_status(be);
+}
+
+cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k,
+                          const float *v, int32_t from_pos0)
+{
+    cb_backend *be = kv->m->be;
+    size_t bytes = sizeof(float) * (size_t)n * (size_t)kv->width;
+    kv_place pl;
+    cb_status st = place_begin(kv, layer, pos, n, from_pos0, &pl);
+
+    if (st != CB_OK || n == 0)
+        return st;
+    be->ops->upload(be, pl.tmp, k, bytes);
+    place_keys(kv, layer, pos, n, from_pos0, &pl);
+    be->ops->upload(be, pl.tmp, v, bytes);
+    be->ops->kv_write(be, kv->v[layer], kv->type, kv->width, pl.tmp, pl.at, n);
+    return place_end(kv, layer, &pl);
 }
 
 /* The loader's path for rows of another type than the cache's (a Q8_0 or
@@ -743,59 +783,31 @@ static cb_status load_rows_f32(cb_kvcache *kv, int32_t layer, int32_t pos, int32
 cb_status cb_kvcache_load_rows(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, cb_type t,
                                const void *k, const void *v, int32_t from_pos0, float key_scale)
 {
-    const cb_model *m = kv->m;
-    const cb_hparams *hp = &m->hp;
-    cb_backend *be = m->be;
+    cb_backend *be = kv->m->be;
     size_t row = cb_type_row_bytes(kv->type, kv->width), bytes = row * (size_t)n;
-    int32_t *at = NULL, *delta = NULL;
-    void *raw = NULL;
-    float *tmp = NULL;
+    kv_place pl = {0};
+    cb_status st;
 
-    if (layer < 0 || layer >= hp->n_layer || n < 0 || pos < 0 || pos > kv->n_ctx - n ||
-        from_pos0 < 0)
+    if (!load_args_ok(kv, layer, pos, n, from_pos0))
         return CB_ERR_RANGE;
     if (n == 0)
         return CB_OK;
     if (t != kv->type)
         return load_rows_f32(kv, layer, pos, n, t, k, v, from_pos0, key_scale);
-    /* V as it is, into its rows */
+    /* K and V as they are, into their rows; K then read back as f32 on the
+     * device, scaled and moved, when it must be */
+    if ((pos != from_pos0 || key_scale != 1.0f) &&
+        (st = place_begin(kv, layer, pos, n, from_pos0, &pl)) != CB_OK)
+        return st;
     be->ops->upload(be, (char *)kv->v[layer] + (size_t)pos * row, v, bytes);
-    if (pos == from_pos0 && key_scale == 1.0f) {
-        be->ops->upload(be, (char *)kv->k[layer] + (size_t)pos * row, k, bytes);
-    } else { /* K through f32 on the device: scaled, then moved by the layer's own RoPE */
-        at = malloc(sizeof(int32_t) * (size_t)n);
-        delta = malloc(sizeof(int32_t) * (size_t)n);
-        raw = be_tmp(be, bytes);
-        tmp = be_tmp(be, sizeof(float) * (size_t)n * (size_t)kv->width);
-        if (!at || !delta || !raw || !tmp) {
-            free(at);
-            free(delta);
-            be->ops->dealloc(be, raw);
-            be->ops->dealloc(be, tmp);
-            return cb_backend_nomem(be);
-        }
-        for (int32_t i = 0; i < n; i++) {
-            at[i] = i;
-            delta[i] = pos - from_pos0;
-        }
-        be->ops->upload(be, raw, k, bytes);
-        be->ops->kv_read(be, raw, t, kv->width, at, n, tmp);
+    be->ops->upload(be, (char *)kv->k[layer] + (size_t)pos * row, k, bytes);
+    if (pl.tmp) {
+        be->ops->kv_read(be, kv->k[layer], kv->type, kv->width, pl.at, n, pl.tmp);
         if (key_scale != 1.0f)
-            be->ops->scale(be, tmp, key_scale, (int64_t)n * kv->width);
-        if (pos != from_pos0)
-            be->ops->rope(be, tmp, delta, n, hp->n_head_kv, hp->head_dim, hp->n_rot,
-                          m->layers[layer].rope_base, m->layers[layer].rope_ff, hp->rope_neox);
-        for (int32_t i = 0; i < n; i++)
-            at[i] = pos + i;
-        be->ops->kv_write(be, kv->k[layer], kv->type, kv->width, tmp, at, n);
-        be->ops->dealloc(be, raw);
-        be->ops->dealloc(be, tmp);
-        free(at);
-        free(delta);
+            be->ops->scale(be, pl.tmp, key_scale, (int64_t)n * kv->width);
+        place_keys(kv, layer, pos, n, from_pos0, &pl);
     }
-    if (kv->loaded[layer]) /* other threads' work on this layer waits for this mark */
-        be->ops->event_record(be, kv->loaded[layer]);
-    return cb_backend_status(be);
+    return place_end(kv, layer, &pl);
 }
 
 const cb_model *cb_fwd_model(const cb_fwd *f) { return f->m; }

@@ -161,7 +161,7 @@ cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, 
     return run_lead(pc, lead_of(pc), ids, n, err);
 }
 
-static cb_status put(cb_precomputer *pc, const char *key, cb_error *err)
+cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err)
 {
     cb_status st;
     if (!pc->file)
@@ -182,7 +182,7 @@ cb_status pr_precompute_alone(cb_precomputer *pc, const int32_t *ids, int32_t n,
         pc->type = CB_TYPE_F16;
     cb_status st = run_lead(pc, &none, ids, n, err);
     pc->type = t;
-    return st == CB_OK ? put(pc, key, err) : st;
+    return st == CB_OK ? cb_precomputer_store(pc, key, err) : st;
 }
 
 /* The head cb-run gives a prompt with no system message (BOS, the
@@ -204,9 +204,4 @@ static void store_head(cb_precomputer *pc)
             pr_precompute_alone(pc, head.ids, (int32_t)head.n, key, &err);
     }
     cb_tokens_free(&head);
-}
-
-cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err)
-{
-    return put(pc, key, err);
 }
