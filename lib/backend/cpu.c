@@ -313,8 +313,8 @@ static void qg_task(void *arg, int64_t i, int tid)
 }
 
 /* one-row mode (decode, a few rows): output rows [per*i, ...) of one
- * weight for every activation row, through the one-row kernel (no
- * packing; the same bits as qg_task's) */
+ * weight for every activation row, through qg_gemv (the one-row or the
+ * few-row kernel; no packing; the same bits as qg_task's) */
 static void qg_row_task(void *arg, int64_t i, int tid)
 {
     qg_job *j = arg;
@@ -326,11 +326,8 @@ static void qg_row_task(void *arg, int64_t i, int tid)
     const cb_bweight *w = j->w[k];
     int64_t o0 = (i - j->first[k]) * j->per, o1 = o0 + j->per < w->n_out ? o0 + j->per : w->n_out;
     int f = qg_is_k(w->type) ? 0 : 1;
-    /* 64 weight rows at a time for every activation row, four of which
-     * share each block's decoding: the rows stay in cache */
-    for (int64_t a = o0; a < o1; a += 64)
-        c->qg.gemv(w->type, w->data, w->row_bytes, w->n_in, j->xq[f], c->xg_row[f], (int)j->n, a,
-                   a + 64 < o1 ? a + 64 : o1, j->y[k] + j->r0 * w->n_out, w->n_out);
+    qg_gemv(&c->qg, w->type, w->data, w->row_bytes, w->n_in, j->xq[f], c->xg_row[f], (int)j->n, o0,
+            o1, j->y[k] + j->r0 * w->n_out, w->n_out);
 }
 
 /* Whether one value dominates row x [n]: max|x|^2 > half the sum of the
@@ -427,7 +424,7 @@ static int grow_ol(cpu_ctx *c, const cb_bweight *w)
 
 /* y[k] = x . w[k]^T for nw <= MM_MULTI qg weights of one n_in: x quantized
  * once per form, in slices of the rows xg holds (all of them after
- * cpu_reserve); up to QG_ROW_MAX_K (_0) rows through the one-row kernel, more
+ * cpu_reserve); up to QG_ROW_MAX_K (_0) rows through qg_gemv, more
  * through packed panels (the same bits either way) */
 static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y,
                    int64_t n)

@@ -12,14 +12,14 @@
 #include <pthread.h>
 
 enum {
-    QG_ROW_MAX_K = 12,   /* 8-bit activations: up to this many rows through the one-row kernel
-                         (the rows sharing each block's decoding), more through packed panels
-                         (measured, 8960 x 1536 weights, one thread: q4_K's one-row kernel ahead
-                         up to 10-12 rows, q6_K's to 16) */
-    QG_ROW_MAX_0 = 4,    /* ... the 32-element types (q4_0, q5_0: packing ahead from 5-6, measured
-                         before gemv_4x; with it, 8 rows through the one-row kernel and through
-                         panels were within the VM's noise on SmolLM2's decode of 4 and 8
-                         sequences, so this stayed) */
+    QG_ROW_MAX_K = 16,   /* 8-bit activations: up to this many rows through qg_gemv (the
+                         one-row kernel, or 8 rows at a time the few-row one), more through
+                         packed panels (measured: q4_K's one-row kernel ahead up to 10-12
+                         rows, q6_K's to 16; with the few-row kernel, Qwen2.5-1.5B batch:16
+                         124 rows/s against panels' 105, batch:24 115 against 128) */
+    QG_ROW_MAX_0 = 8,    /* ... the 32-element types (panels packed per product took 60% of
+                         Qwen2.5-0.5B's decode of 8 sequences, whose q5_0 and q8_0 weights then
+                         went there: 175 tok/s at 4, 245 at 8) */
     MM_SMALL = 12,       /* up to this many rows: the quantized dot kernels (measured: they beat
                          dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
     PANEL_MAX = 128,     /* weight rows per sgemm panel */

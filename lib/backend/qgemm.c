@@ -24,6 +24,21 @@
 
 int qg_has(cb_type t) { return qmm_has_q8(t); }
 
+/* qg_gemv's use of the few-row kernel (qgemm_rows.h): from 5 rows (at 4
+ * and fewer, 8 and 4 of its lanes idle, the one-row kernel was ahead:
+ * bench_kernels rowprod, 64 MB of weights, 2 threads, AVX-512 VNNI: q4_K at
+ * 4 rows 155 against 115 GMAC/s, at 5 135 against 147; at 8, 153 against
+ * 243); and for the types where it was ahead in cb_fwd_decode of 8
+ * sequences (bench_engine seqs:8:512): the K-quants, q8_0 (Qwen2.5-0.5B
+ * 170 tok/s without, 245 with), q5_0, q5_1; not q4_0, q4_1 (SmolLM2-135M
+ * 468 with, 500 without) */
+#ifndef QG_ROWS_MIN
+#define QG_ROWS_MIN 5
+#endif
+#define QG_ROWS_TYPES                                                                    \
+    (1u << CB_TYPE_Q4_K | 1u << CB_TYPE_Q5_K | 1u << CB_TYPE_Q6_K | 1u << CB_TYPE_Q8_0 | \
+     1u << CB_TYPE_Q5_0 | 1u << CB_TYPE_Q5_1)
+
 int qg_is_k(cb_type t) { return t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K; }
 
 /* the offsets of a packed block's parts, for the C kernel's 8 rows */
@@ -399,6 +414,17 @@ void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, c
     {                                                                                        \
         qg_gemm_c(t, panel, n_in, xq, ldxq, n, np, y, ldy);                                  \
     }
+void qg_rows_avxvnni(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                     size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
+{
+    qg_gemv_c(t, w, row_bytes, n_in, xq, ldxq, nr, o0, o1, y, ldy);
+}
+void qg_rows_avx512vnni(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                        const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1, float *y,
+                        int64_t ldy)
+{
+    qg_gemv_c(t, w, row_bytes, n_in, xq, ldxq, nr, o0, o1, y, ldy);
+}
 NO_X86(qg_gemm_avx2)
 NO_X86(qg_gemm_avxvnni)
 NO_X86(qg_gemm_avx512)
@@ -429,6 +455,33 @@ void qg_select_isa(int isa, qg_kernels *k)
     k->decode = isa == QG_ISA_C ? qg_decode_c : qg_decode_avx2;
     k->pack = isa == QG_ISA_C ? NULL : qg_pack_avx2;
     k->quant_0 = qmm_quant(isa != QG_ISA_C);
+    k->rows = isa == QG_ISA_AVX512VNNI ? qg_rows_avx512vnni
+              : isa == QG_ISA_AVXVNNI  ? qg_rows_avxvnni
+                                       : NULL;
+    k->rows_min = QG_ROWS_MIN;
+    k->rows_types = QG_ROWS_TYPES;
+}
+
+void qg_gemv(const qg_kernels *k, cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+             const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
+{
+    int r = 0;
+    if (k->rows && nr >= k->rows_min && (k->rows_types >> t & 1)) {
+        /* more than one chunk of rows: 128 weight rows at a time, which
+         * the later chunks read from cache */
+        int64_t tile = nr > QG_ROWS ? 128 : o1 - o0;
+        int rn = 0;
+        for (int64_t a = o0; a < o1; a += tile)
+            for (rn = 0; nr - rn >= k->rows_min; rn += QG_ROWS)
+                k->rows(t, w, row_bytes, n_in, xq + (size_t)rn * ldxq, ldxq,
+                        nr - rn < QG_ROWS ? nr - rn : QG_ROWS, a, a + tile < o1 ? a + tile : o1,
+                        y + rn * ldy, ldy);
+        r = rn;
+    }
+    if (r < nr)
+        for (int64_t a = o0; a < o1; a += 64)
+            k->gemv(t, w, row_bytes, n_in, xq + (size_t)r * ldxq, ldxq, nr - r, a,
+                    a + 64 < o1 ? a + 64 : o1, y + r * ldy, ldy);
 }
 
 int qg_cpu_isa(void)

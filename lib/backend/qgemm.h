@@ -163,17 +163,36 @@ void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
 void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
                   size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
 
+/* The same for K-quant weights and nr <= QG_ROWS activation rows, with
+ * the rows in the vector lanes (qgemm_rows.h: AVX-VNNI, AVX-512 VNNI) */
+enum { QG_ROWS = 8 };
+void qg_rows_avxvnni(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                     size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
+void qg_rows_avx512vnni(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                        const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1, float *y,
+                        int64_t ldy);
+
 struct qg_kernels {
     qg_quant_fn quant_k;  /* K types' activation quantizer */
     qmm_quant_fn quant_0; /* the 32-element types' (qmm.h's) */
     qg_gemm_fn gemm;
     qg_layout layout; /* the panels gemm reads */
     qg_gemv_fn gemv;
+    qg_gemv_fn rows; /* K types, rows_min .. QG_ROWS rows at a time (NULL: none) */
+    int rows_min;
+    unsigned rows_types; /* the types (bit t: cb_type t) qg_gemv gives it */
     qg_decode_fn decode; /* the portable packer's */
     qg_pack_fn pack;     /* NULL: the portable packer (decode, interleave) */
     qg_interleave_fn interleave;
     const char *isa; /* the blocked kernels': "avx512vnni", "avx512", "avxvnni", "avx2" or "c" */
 };
+
+/* qg_gemv_fn's product through k: QG_ROWS activation rows at a time by
+ * k->rows where it has one for t (while rows_min are left), the rest by
+ * k->gemv, 64 weight rows at a time (every activation row then reads
+ * them from cache) */
+void qg_gemv(const qg_kernels *k, cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+             const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
 
 /* The ISAs, in order of preference: the set this CPU runs (bit i for
  * QG_ISA_i; asks CPUID once) and the best of them. */

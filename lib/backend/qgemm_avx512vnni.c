@@ -3,3 +3,14 @@
  * and tested). */
 #define QGT_VNNI 1
 #include "qgemm_avx512.c"
+
+/* and the few-row kernel of qgemm_rows.h on AVX512-VL's 256-bit vpdpbusd */
+#if defined(__x86_64__) || defined(__i386__) || defined(QG_EMULATE)
+#ifdef QG_EMULATE
+#define QGR_NAME qg_rows_avx512vnni_emu
+#else
+#define QGR_NAME qg_rows_avx512vnni
+#endif
+#define DPB(acc, w, x) QI(_mm256_dpbusd_epi32)(acc, w, x)
+#include "qgemm_rows.h"
+#endif

@@ -55,4 +55,13 @@ typedef QI(__m256) vf;
 #define VF_CVT QI(_mm256_cvtepi32_ps)
 #define VF_ST(p, v) QI(_mm256_storeu_ps)(p, v)
 #include "qgemm_tile.h"
+
+/* and the few-row kernel of qgemm_rows.h */
+#ifdef QG_EMULATE
+#define QGR_NAME qg_rows_avxvnni_emu
+#else
+#define QGR_NAME qg_rows_avxvnni
+#endif
+#define DPB DPBUSD256
+#include "qgemm_rows.h"
 #endif

@@ -21,7 +21,10 @@
  * from the environment: CB_ROWPROD_NIN (inputs a row, default 1536),
  * CB_ROWPROD_KB (weights, default 65536: from memory; a few hundred: from
  * cache, passes repeated), CB_ROWPROD_ROWS (activation rows, default 1),
- * CB_ROWPROD_TYPE (one type). */
+ * CB_ROWPROD_TYPE (one type); with more than one row,
+ * rowprod_TYPE_ROWS_gmacs too.  CB_KERNELS_ISA=c|avx2|avxvnni|avx512|
+ * avx512vnni takes that set's kernels (one the CPU lacks: its best);
+ * CB_ROWS_MIN=N gives the few-row kernel N rows and more (99: none). */
 #include "../../lib/backend/backend.h"
 #include "../../lib/backend/qgemm.h"
 #include "cbcore.h"
@@ -74,9 +77,7 @@ static void *rowprod_run(void *arg)
     job *j = arg;
     size_t ab = qg_act_bytes(j->t, j->n_in);
     for (int k = 0; k < rp_reps; k++)
-        for (int64_t o = j->o0; o < j->o1; o += 64)
-            K.gemv(j->t, j->w, j->rb, j->n_in, j->xq, ab, rp_rows, o,
-                   o + 64 < j->o1 ? o + 64 : j->o1, j->y, j->n_out);
+        qg_gemv(&K, j->t, j->w, j->rb, j->n_in, j->xq, ab, rp_rows, j->o0, j->o1, j->y, j->n_out);
     return NULL;
 }
 
@@ -196,6 +197,9 @@ static void rowprod(int T)
         double bw, dt = timed(rowprod_run, &j, n_out, T, 5, &bw);
         printf("rowprod_%s_gb_s %.1f\nrowprod_%s_bw_gb_s %.1f\n", cb_type_name(t),
                (double)rb * (double)n_out * rp_reps / dt / 1e9, cb_type_name(t), bw);
+        if (rp_rows > 1)
+            printf("rowprod_%s_%d_gmacs %.1f\n", cb_type_name(t), rp_rows,
+                   (double)n_in * (double)n_out * rp_rows * rp_reps / dt / 1e9);
         free(w), free(xq), free(y);
     }
 }
@@ -285,6 +289,15 @@ int main(int argc, char **argv)
     int T = atoi(argv[1]);
     T = T < 1 ? 1 : T > 64 ? 64 : T;
     qg_select(1, &K);
+    const char *isa = getenv("CB_KERNELS_ISA");
+    for (int i = QG_ISA_C; isa && i <= QG_ISA_AVX512VNNI; i++) {
+        qg_kernels k;
+        qg_select_isa(i, &k);
+        if (!strcmp(k.isa, isa))
+            K = k;
+    }
+    if (getenv("CB_ROWS_MIN"))
+        K.rows_min = atoi(getenv("CB_ROWS_MIN"));
     printf("kernels_isa %s\n", K.isa);
     for (int a = 2; a < argc; a++) {
         if (!strcmp(argv[a], "rowprod"))

@@ -25,6 +25,12 @@ void qg_gemm_avx512_emu(cb_type t, const uint8_t *panel, int64_t n_in, const uin
                         size_t ldxq, int64_t n, int np, float *y, int64_t ldy);
 void qg_gemm_avx512vnni_emu(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq,
                             size_t ldxq, int64_t n, int np, float *y, int64_t ldy);
+void qg_rows_avxvnni_emu(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                         const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1, float *y,
+                         int64_t ldy);
+void qg_rows_avx512vnni_emu(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                            const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1,
+                            float *y, int64_t ldy);
 #endif
 
 static uint32_t rng = 12345;
@@ -131,12 +137,12 @@ int main(void)
     static const cb_type types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
                                     CB_TYPE_Q8_0, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
     /* rows, inputs, outputs: 1..4 rows a step and their remainders, panels cut short (8 and 16) */
-    static const int64_t shapes[][3] = {{1, 256, 8},
-                                        {3, 512, 21},
-                                        {6, 768, 16},
-                                        {13, 1280, 37},
-                                        {5, 16896, 9}}; /* the last: rows past the
-                                         one-row kernels' chunks (whole rows up to 16384) */
+    static const int64_t shapes[][3] = {{1, 256, 8},    {3, 512, 21},  {6, 768, 16},
+                                        {13, 1280, 37}, {5, 16896, 9}, /* rows past the one-row
+                                         kernels' chunks (whole rows up to 16384) */
+                                        {8, 2560, 300}, /* the few-row kernel's chunks of
+                                         blocks and tiles of weight rows, both cut short */
+                                        {11, 512, 263}};
     unsigned isas = qg_cpu_isas();
     TEST_BEGIN();
     printf("# this CPU runs:");
@@ -204,31 +210,73 @@ int main(void)
                 CHECK(memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0);
             }
 #endif
-            /* the one-row kernels, row by row: the blocked kernels' bits */
-            for (int isa = QG_ISA_C; isa <= QG_ISA_AVX2; isa++) {
+            /* the one-row and few-row kernels (qg_gemv's choice), row by
+             * row and all rows together: the blocked kernels' bits */
+            for (int isa = QG_ISA_C; isa <= QG_ISA_AVX512VNNI; isa++) {
+                qg_kernels k;
+                qg_select_isa(isa, &k);
+                int few = k.rows && (k.rows_types >> t & 1);
+                if (isa > QG_ISA_AVX2 && !((isas & 1u << isa) && k.rows))
+                    continue; /* the same one-row kernel as AVX2's */
                 char name[160];
                 snprintf(
                     name, sizeof name,
-                    "qgemm %s %lldx%lldx%lld: %s one-row kernel = blocked, bit for bit (a row, and rows together)",
+                    "qgemm %s %lldx%lldx%lld: %s one-row%s kernel = blocked, bit for bit (a row, and rows together)",
                     cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out,
-                    isa_names[isa]);
+                    isa_names[isa],
+                    few      ? " and few-row"
+                    : k.rows ? " (and few-row, called)"
+                             : "");
                 if (!(isas & 1u << isa)) {
                     tskip(name, "this CPU has no AVX2");
                     continue;
                 }
                 tcase("%s", name);
-                qg_kernels k;
-                qg_select_isa(isa, &k);
                 for (int64_t r = 0; r < n; r++) /* row by row */
-                    k.gemv(t, p.w, p.rb, n_in, p.xq + (size_t)r * p.ab, p.ab, 1, 0, n_out,
-                           y + r * n_out, n_out);
+                    qg_gemv(&k, t, p.w, p.rb, n_in, p.xq + (size_t)r * p.ab, p.ab, 1, 0, n_out,
+                            y + r * n_out, n_out);
                 int rows1 = memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0;
-                memset(y, 0xff,
-                       sizeof(float) *
-                           (size_t)(n * n_out)); /* all rows in one call (QG_R at a time) */
-                k.gemv(t, p.w, p.rb, n_in, p.xq, p.ab, (int)n, 0, n_out, y, n_out);
-                CHECK(rows1 && memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0);
+                int mins[2] = {k.rows_min, 1};
+                for (int m = 0; m < (k.rows ? 2 : 1); m++) {
+                    /* all rows in one call: the few-row kernel from its
+                     * default count, and for every row (a lone one too) */
+                    int lo = k.rows_min = mins[m];
+                    memset(y, 0xff, sizeof(float) * (size_t)(n * n_out));
+                    qg_gemv(&k, t, p.w, p.rb, n_in, p.xq, p.ab, (int)n, 0, n_out, y, n_out);
+                    CHECKF(rows1 && memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0,
+                           "rows from %d", lo);
+                }
+                if (k.rows) { /* the few-row kernel itself, on every type it has */
+                    memset(y, 0xff, sizeof(float) * (size_t)(n * n_out));
+                    for (int64_t r = 0; r < n; r += QG_ROWS)
+                        k.rows(t, p.w, p.rb, n_in, p.xq + (size_t)r * p.ab, p.ab,
+                               n - r < QG_ROWS ? (int)(n - r) : QG_ROWS, 0, n_out, y + r * n_out,
+                               n_out);
+                    CHECKF(memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0,
+                           "few-row kernel called");
+                }
             }
+#ifdef QG_HAVE_EMU
+            {
+                /* every type it has, qg_gemv's choice or not, QG_ROWS rows a call */
+                static const struct {
+                    qg_gemv_fn f;
+                    const char *name;
+                } er[] = {{qg_rows_avxvnni_emu, "avxvnni"}, {qg_rows_avx512vnni_emu, "avx512vnni"}};
+                for (size_t i = 0; i < sizeof er / sizeof er[0]; i++) {
+                    tcase(
+                        "qgemm %s %lldx%lldx%lld: %s few-row kernel on SIMDe = blocked, bit for bit",
+                        cb_type_name(t), (long long)n, (long long)n_in, (long long)n_out,
+                        er[i].name);
+                    memset(y, 0xff, sizeof(float) * (size_t)(n * n_out));
+                    for (int64_t r = 0; r < n; r += QG_ROWS)
+                        er[i].f(t, p.w, p.rb, n_in, p.xq + (size_t)r * p.ab, p.ab,
+                                n - r < QG_ROWS ? (int)(n - r) : QG_ROWS, 0, n_out, y + r * n_out,
+                                n_out);
+                    CHECK(memcmp(y, p.ref, sizeof(float) * (size_t)(n * n_out)) == 0);
+                }
+            }
+#endif
             free(y);
             problem_free(&p);
         }
