@@ -61,6 +61,9 @@ static inline __attribute__((always_inline)) QI(__m512i) sign512(QI(__m512i) x, 
 }
 
 #define QGT_P 16
+#ifndef QGT_R
+#define QGT_R 8 /* activation rows a step: eight chains of products a weight load */
+#endif
 typedef QI(__m512i) vi;
 typedef QI(__m512) vf;
 #define VI_LD(p) QI(_mm512_loadu_si512)((const void *)(p))

@@ -20,6 +20,10 @@
  * per block fma(float(I), d_w * d_x, acc) (and fnmadd of the offsets'), so
  * every ISA gives the portable kernel's bits. */
 
+#ifndef QGT_R
+#define QGT_R QG_R /* activation rows a step */
+#endif
+
 #define QGT_K_BYTES(kind) ((kind) == 6 ? QG_OFF_K6_BYTES * QGT_P : QG_OFF_K45_BYTES * QGT_P)
 
 /* the R rows' P results (lanes past np not stored) */
@@ -51,21 +55,21 @@ static inline __attribute__((always_inline)) void qgt_tile_k(const int kind, con
 #else
     const int per = kind == 4 ? 8 : kind == 5 ? 4 : 2;
 #endif
-    vf acc[QG_R];
-    const qg_q8k *xr[QG_R];
+    vf acc[QGT_R];
+    const qg_q8k *xr[QGT_R];
     for (int r = 0; r < R; r++) {
         acc[r] = VF_ZERO;
         xr[r] = (const qg_q8k *)(const void *)(x0 + (size_t)r * ldx);
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = panel + (size_t)b * QGT_K_BYTES(kind);
-        vi iacc[QG_R];
+        vi iacc[QGT_R];
         for (int r = 0; r < R; r++)
             iacc[r] = VI_ZERO;
         for (int s = 0; s < 8; s++) {
             const uint8_t *ws = blk + 32 * QGT_P * s;
             for (int k0 = 0; k0 < 8; k0 += per) {
-                vi part[QG_R];
+                vi part[QGT_R];
                 for (int r = 0; r < R; r++)
                     part[r] = VI_ZERO;
                 for (int k = k0; k < k0 + per; k++) {
@@ -105,7 +109,7 @@ static inline __attribute__((always_inline)) void qgt_tile_k(const int kind, con
             for (int r = 0; r < R; r++)
                 acc[r] = VF_FMADD(VF_CVT(iacc[r]), VF_MUL(dv, VF_SET1(xr[r][b].d)), acc[r]);
         } else {
-            vi mi[QG_R];
+            vi mi[QGT_R];
             for (int r = 0; r < R; r++)
                 mi[r] = VI_ZERO;
             for (int p = 0; p < 4; p++) {
@@ -136,15 +140,15 @@ static inline __attribute__((always_inline)) void qgt_tile_0(const int kind, con
 #if !QGT_VNNI
     const vi ones = VI_SET16(1);
 #endif
-    vf acc[QG_R];
-    const qmm_q8 *xr[QG_R];
+    vf acc[QGT_R];
+    const qmm_q8 *xr[QGT_R];
     for (int r = 0; r < R; r++) {
         acc[r] = VF_ZERO;
         xr[r] = (const qmm_q8 *)(const void *)(x0 + (size_t)r * ldx);
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = panel + (size_t)b * QG_OFF_0_BYTES * QGT_P;
-        vi is[QG_R];
+        vi is[QGT_R];
         for (int r = 0; r < R; r++)
             is[r] = VI_ZERO;
         if (kind == 8) {
@@ -167,7 +171,7 @@ static inline __attribute__((always_inline)) void qgt_tile_0(const int kind, con
 #else
             const int per = kind == 4 ? 8 : 4;
             for (int k0 = 0; k0 < 8; k0 += per) {
-                vi a16[QG_R];
+                vi a16[QGT_R];
                 for (int r = 0; r < R; r++)
                     a16[r] = VI_ZERO;
                 for (int k = k0; k < k0 + per; k++) {
@@ -202,13 +206,28 @@ typedef void (*qgt_tile_fn)(const uint8_t *panel, int64_t nb, const uint8_t *x0,
     {                                                                                              \
         F(KIND, R, p, nb, x, lx, y, ly, np);                                                       \
     }
-#define QGT_TILES(F, KIND)                                                                     \
-    QGT_TILE(F, KIND, 1)                                                                       \
-    QGT_TILE(F, KIND, 2)                                                                       \
-    QGT_TILE(F, KIND, 3)                                                                       \
-    QGT_TILE(F, KIND, 4)                                                                       \
-    static const qgt_tile_fn F##KIND[QG_R + 1] = {NULL, F##KIND##_1, F##KIND##_2, F##KIND##_3, \
-                                                  F##KIND##_4};
+#if QGT_R == 8
+#define QGT_TILES(F, KIND)                                                                \
+    QGT_TILE(F, KIND, 1)                                                                  \
+    QGT_TILE(F, KIND, 2)                                                                  \
+    QGT_TILE(F, KIND, 3)                                                                  \
+    QGT_TILE(F, KIND, 4)                                                                  \
+    QGT_TILE(F, KIND, 5)                                                                  \
+    QGT_TILE(F, KIND, 6)                                                                  \
+    QGT_TILE(F, KIND, 7)                                                                  \
+    QGT_TILE(F, KIND, 8)                                                                  \
+    static const qgt_tile_fn F##KIND[QGT_R + 1] = {NULL,        F##KIND##_1, F##KIND##_2, \
+                                                   F##KIND##_3, F##KIND##_4, F##KIND##_5, \
+                                                   F##KIND##_6, F##KIND##_7, F##KIND##_8};
+#else
+#define QGT_TILES(F, KIND)                                                                      \
+    QGT_TILE(F, KIND, 1)                                                                        \
+    QGT_TILE(F, KIND, 2)                                                                        \
+    QGT_TILE(F, KIND, 3)                                                                        \
+    QGT_TILE(F, KIND, 4)                                                                        \
+    static const qgt_tile_fn F##KIND[QGT_R + 1] = {NULL, F##KIND##_1, F##KIND##_2, F##KIND##_3, \
+                                                   F##KIND##_4};
+#endif
 
 QGT_TILES(qgt_tile_k, 4)
 QGT_TILES(qgt_tile_k, 5)
@@ -233,8 +252,8 @@ void QGT_GEMM(cb_type t, const uint8_t *panel, int64_t n_in, const uint8_t *xq, 
     case CB_TYPE_Q8_0: f = qgt_tile_08, nb = n_in / 32; break;
     default: return;
     }
-    for (int64_t r = 0; r < n; r += QG_R) {
-        int nr = n - r < QG_R ? (int)(n - r) : QG_R;
+    for (int64_t r = 0; r < n; r += QGT_R) {
+        int nr = n - r < QGT_R ? (int)(n - r) : QGT_R;
         f[nr](panel, nb, xq + (size_t)r * ldxq, ldxq, y + r * ldy, ldy, np);
     }
 }
