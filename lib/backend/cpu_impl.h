@@ -12,11 +12,10 @@
 #include <pthread.h>
 
 enum {
-    QG_ROW_MAX_K = 16,   /* 8-bit activations: up to this many rows through qg_gemv (the
+    QG_ROW_MAX_K = 24,   /* 8-bit activations: up to this many rows through qg_gemv (the
                          one-row kernel, or 8 rows at a time the few-row one), more through
-                         packed panels (measured: q4_K's one-row kernel ahead up to 10-12
-                         rows, q6_K's to 16; with the few-row kernel, Qwen2.5-1.5B batch:16
-                         124 rows/s against panels' 105, batch:24 115 against 128) */
+                         packed panels (measured, Qwen2.5-1.5B, AVX-512 VNNI: batch:24 143-154
+                         rows/s against panels' 130-136, batch:32 144-155 against 154) */
     QG_ROW_MAX_0 = 8,    /* ... the 32-element types (panels packed per product took 60% of
                          Qwen2.5-0.5B's decode of 8 sequences, whose q5_0 and q8_0 weights then
                          went there: 175 tok/s at 4, 245 at 8) */

@@ -24,14 +24,14 @@
 
 int qg_has(cb_type t) { return qmm_has_q8(t); }
 
-/* qg_gemv's use of the few-row kernel (qgemm_rows.h): from 5 rows (at 4
- * and fewer, 8 and 4 of its lanes idle, the one-row kernel was ahead:
- * bench_kernels rowprod, 64 MB of weights, 2 threads, AVX-512 VNNI: q4_K at
- * 4 rows 155 against 115 GMAC/s, at 5 135 against 147; at 8, 153 against
- * 243); and for the types where it was ahead in cb_fwd_decode of 8
+/* qg_gemv's use of the few-row kernel (qgemm_rows.h): from 5 rows (bench_kernels
+ * rowprod, 64 MB of weights, 2 threads, AVX-512 VNNI, GMAC/s against the one-row
+ * kernel: q4_K at 4 rows 172 against 147, q6_K 130 against 138, q5_0 88
+ * against 147; at 5 rows 210/137, 165/125, 110/117; at 8 335/156, 260/143,
+ * 168/146); and for the types where it was ahead in cb_fwd_decode of 8
  * sequences (bench_engine seqs:8:512): the K-quants, q8_0 (Qwen2.5-0.5B
  * 170 tok/s without, 245 with), q5_0, q5_1; not q4_0, q4_1 (SmolLM2-135M
- * 468 with, 500 without) */
+ * 468 with, 500 without; rowprod q4_1 at 8 rows 168 against 183) */
 #ifndef QG_ROWS_MIN
 #define QG_ROWS_MIN 5
 #endif

@@ -8,14 +8,19 @@
  * multiplied by its scale (vpmulld) into the block's exact integer sum per
  * row; then, every type, the block's fused multiply-adds of qg_gemm run in
  * the row lanes: the bits of qg_gemm and qg_gemv (qgemm.h's contract).
- * One integer instruction per 32 products, where the one-row kernels'
- * vpmaddubsw + vpmaddwd take two per 16 and decode each block once per
- * four rows (measured, bench_kernels rowprod, 8 rows, 2 threads, AVX-512
- * VNNI: q4_K 243 GMAC/s against 153, q6_K 221, q8_0 159 against 62).
+ * With AVX-512 (QGR_Z) a 512-bit vpdpbusd takes two groups of the eight
+ * rows at once (each weight's two groups broadcast as one 64-bit value).
+ * One integer instruction per 32 or 64 products, where the one-row
+ * kernels' vpmaddubsw + vpmaddwd take two per 16 and decode each block
+ * once per four rows (measured, bench_kernels rowprod, 8 rows, 1536 wide, 64
+ * MB of weights, 2 threads, AVX-512 VNNI, GMAC/s: q4_K 335 against 156, q6_K
+ * 260 against 143, q8_0 185 against 40, q5_0 168 against 146; 256-bit
+ * products: q4_K 243, q6_K 221).
  *
- * Included by qgemm_avx512vnni.c (AVX512-VL's vpdpbusd) and qgemm_avxvnni.c
- * (AVX-VNNI's): the includer defines QI (the intrinsics' prefix), DPB
- * (vpdpbusd on 256 bits) and QGR_NAME (the entry point, qg_gemv_fn). */
+ * Included by qgemm_avx512vnni.c (AVX-512 VNNI, QGR_Z) and qgemm_avxvnni.c
+ * (AVX-VNNI's 256 bits): the includer defines QI (the intrinsics' prefix),
+ * DPB (vpdpbusd on 256 bits; DPBZ on 512 with QGR_Z) and QGR_NAME (the
+ * entry point, qg_gemv_fn). */
 #include "../core/dequant.h"
 
 #include <string.h>
@@ -26,15 +31,39 @@ enum {
     QGR_GB0 = 64, /* ... 32-element blocks */
     QGR_T = 256,  /* weight rows a tile: the chunk is transposed once for them */
     QGR_W = 8,    /* weight rows decoded together: each activation load serves eight, and
-                     their eight chains of vpdpbusd hide its latency (measured, seqs:8 on
-                     Qwen2.5-1.5B: 4 rows 104 tok/s, 4 rows of two chains 104-115, 8 rows
-                     127, 8 of two chains 111, 16 rows 114) */
+                     their eight chains of vpdpbusd hide its latency (measured with 256-bit
+                     sums, seqs:8 on Qwen2.5-1.5B: 4 rows 104 tok/s, 4 rows of two chains
+                     104-115, 8 rows 127, 8 of two chains 111, 16 rows 114) */
 };
 
 typedef QI(__m256i) qgr_vi;
 typedef QI(__m256) qgr_vf;
 
 #define QGR_AI static inline __attribute__((always_inline))
+
+/* The sums' vectors: 256 bits, a group of four products a lane; or with
+ * QGR_Z (the includer's DPBZ: vpdpbusd on 512 bits), 512 bits, lanes 2r and
+ * 2r+1 row r's two groups of a pair, folded at the block's end */
+#ifndef QGR_Z
+#define QGR_Z 0
+#endif
+#if QGR_Z
+typedef QI(__m512i) qgr_va;
+#define QGR_AN 2 /* groups a step */
+#define QGR_AZERO QI(_mm512_setzero_si512)()
+#define QGR_ALD(p) QI(_mm512_loadu_si512)((const void *)(p))
+#define QGR_ADD QI(_mm512_add_epi32)
+#define QGR_AMUL(v, c) QI(_mm512_mullo_epi32)(v, QI(_mm512_set1_epi32)(c))
+#define QGR_ADPB(acc, p, x) DPBZ(acc, qgr_bc64(p), x)
+#else
+typedef QI(__m256i) qgr_va;
+#define QGR_AN 1
+#define QGR_AZERO QI(_mm256_setzero_si256)()
+#define QGR_ALD(p) QI(_mm256_loadu_si256)((const void *)(p))
+#define QGR_ADD QI(_mm256_add_epi32)
+#define QGR_AMUL(v, c) QI(_mm256_mullo_epi32)(v, QI(_mm256_set1_epi32)(c))
+#define QGR_ADPB(acc, p, x) DPB(acc, qgr_bc(p), x)
+#endif
 #define QGR_LD(p) QI(_mm256_loadu_si256)((const void *)(p))
 #define QGR_ST(p, v) QI(_mm256_storeu_si256)((void *)(p), v)
 
@@ -42,14 +71,14 @@ typedef QI(__m256) qgr_vf;
  * the chunk) of row r at q[g][r] (K types: 8 blocks of 64 groups; the
  * 32-element ones: 64 blocks of 8); each block's d per row; and the
  * integers the offsets need: q4_K/q5_K the bs32 pairs (2j, 2j+1) as two
- * int16, j < 4; q6_K 32 bs16[s] (its -32 folded into the integer sum);
+ * int16, j < 4; q6_K the bs16 pairs, j < 8 (its -32 offsets);
  * the 32-element types each block's s, and 128 times its sum of q (q8_0's
  * weights come as w + 128). */
 typedef struct qgr_x {
     int32_t q[512][QGR_R];
     float dx[64][QGR_R];
     union {
-        int32_t bm[QGR_GB][16][QGR_R];
+        int32_t bm[QGR_GB][8][QGR_R];
         struct {
             float sx[64][QGR_R];
             int32_t xs[64][QGR_R];
@@ -62,7 +91,7 @@ typedef struct qgr_x {
 typedef struct qgr_blk {
     uint8_t q[256];
     int32_t sc[16];
-    int32_t mn[4];
+    int32_t mn[8]; /* q4_K/q5_K: the mins (2j, 2j+1) as two int16; q6_K: the scales */
     float d, dmin;
 } qgr_blk;
 
@@ -72,6 +101,23 @@ QGR_AI qgr_vi qgr_bc(const void *p)
     memcpy(&v, p, 4);
     return QI(_mm256_set1_epi32)(v);
 }
+
+#if QGR_Z
+QGR_AI qgr_va qgr_bc64(const void *p)
+{
+    long long v;
+    memcpy(&v, p, 8);
+    return QI(_mm512_set1_epi64)(v);
+}
+
+/* each row's two lanes added: lane r of the result */
+QGR_AI qgr_vi qgr_fold(qgr_va v)
+{
+    return QI(_mm512_cvtepi64_epi32)(QI(_mm512_add_epi32)(v, QI(_mm512_srli_epi64)(v, 32)));
+}
+#else
+#define qgr_fold(v) (v)
+#endif
 
 /* v[i] = lane i of each of v[0..7] (32-bit lanes): an 8 x 8 transpose */
 QGR_AI void qgr_transpose(qgr_vi *v)
@@ -93,6 +139,32 @@ QGR_AI void qgr_transpose(qgr_vi *v)
     }
 }
 
+/* Eight rows' 32 bytes v[r] into a chunk's layout at q: with 256-bit
+ * products, group g (4 bytes) of every row together ([g][r]); with 512-bit
+ * ones (QGR_Z), pair p of groups of every row together ([p][r][2]: one
+ * vector holds two groups of the eight rows, met by a weight's two groups
+ * broadcast as one 64-bit value) */
+QGR_AI void qgr_put(qgr_vi *v, int32_t (*q)[QGR_R])
+{
+#if QGR_Z
+    qgr_vi t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = QI(_mm256_unpacklo_epi64)(v[i], v[i + 1]);     /* pairs 0, 2 of rows i, i+1 */
+        t[i + 1] = QI(_mm256_unpackhi_epi64)(v[i], v[i + 1]); /* pairs 1, 3 */
+    }
+    for (int h = 0; h < 2; h++) { /* pair h from the low halves, pair 2 + h from the high */
+        QGR_ST(q[2 * h], QI(_mm256_permute2x128_si256)(t[h], t[2 + h], 0x20));
+        QGR_ST(q[2 * h + 1], QI(_mm256_permute2x128_si256)(t[4 + h], t[6 + h], 0x20));
+        QGR_ST(q[4 + 2 * h], QI(_mm256_permute2x128_si256)(t[h], t[2 + h], 0x31));
+        QGR_ST(q[4 + 2 * h + 1], QI(_mm256_permute2x128_si256)(t[4 + h], t[6 + h], 0x31));
+    }
+#else
+    qgr_transpose(v);
+    for (int i = 0; i < 8; i++)
+        QGR_ST(q[i], v[i]);
+#endif
+}
+
 /* blocks b0 .. b0+nbc-1 of the nr rows x (ldx blocks apart) into t; the
  * lanes of missing rows are zero */
 QGR_AI void qgr_load_x(const int kind, const qg_q8k *x, int64_t ldx, int nr, int64_t b0, int nbc,
@@ -106,22 +178,15 @@ QGR_AI void qgr_load_x(const int kind, const qg_q8k *x, int64_t ldx, int nr, int
             qgr_vi v[8];
             for (int r = 0; r < QGR_R; r++)
                 v[r] = xr[r] ? QGR_LD(xr[r]->q + 32 * k) : QI(_mm256_setzero_si256)();
-            qgr_transpose(v);
-            for (int i = 0; i < 8; i++)
-                QGR_ST(t->q[64 * b + 8 * k + i], v[i]);
+            qgr_put(v, &t->q[64 * b + 8 * k]);
         }
         for (int r = 0; r < QGR_R; r++) {
             t->dx[b][r] = xr[r] ? xr[r]->d : 0.0f;
-            if (kind == 6) {
-                for (int s = 0; s < 16; s++)
-                    t->u.bm[b][s][r] = xr[r] ? 32 * xr[r]->bs16[s] : 0;
-            } else {
-                for (int j = 0; j < 4; j++) {
-                    int32_t v = 0;
-                    if (xr[r])
-                        memcpy(&v, xr[r]->bs32 + 2 * j, 4);
-                    t->u.bm[b][j][r] = v;
-                }
+            for (int j = 0; j < (kind == 6 ? 8 : 4); j++) {
+                int32_t v = 0;
+                if (xr[r])
+                    memcpy(&v, (kind == 6 ? xr[r]->bs16 : xr[r]->bs32) + 2 * j, 4);
+                t->u.bm[b][j][r] = v;
             }
         }
     }
@@ -148,6 +213,7 @@ QGR_AI void qgr_decode(const int kind, const uint8_t *b, qgr_blk *o)
         QI(__m128i) sc = QI(_mm_loadu_si128)((const void *)(b + 192));
         QGR_ST(o->sc, QI(_mm256_cvtepi8_epi32)(sc));
         QGR_ST(o->sc + 8, QI(_mm256_cvtepi8_epi32)(QI(_mm_srli_si128)(sc, 8)));
+        QGR_ST(o->mn, QI(_mm256_cvtepi8_epi16)(sc));
         o->d = cb_dq_d(b, 208), o->dmin = 0;
         return;
     }
@@ -187,43 +253,40 @@ QGR_AI void qgr_decode(const int kind, const uint8_t *b, qgr_blk *o)
 QGR_AI void qgr_block(const int kind, const qgr_blk *bk, const qgr_x *t, int b, qgr_vf *acc)
 {
     const int sub = kind == 6 ? 16 : 32;
-    qgr_vi is[QGR_W];
+    qgr_va is[QGR_W];
     for (int w = 0; w < QGR_W; w++)
-        is[w] = QI(_mm256_setzero_si256)();
+        is[w] = QGR_AZERO;
         /* a sub-block at a time (unrolled, gcc spilled the sums: 0.8x) */
 #pragma GCC unroll 1
     for (int s = 0; s < 256 / sub; s++) {
-        qgr_vi d[QGR_W];
+        qgr_va d[QGR_W];
         for (int w = 0; w < QGR_W; w++)
-            d[w] = QI(_mm256_setzero_si256)();
+            d[w] = QGR_AZERO;
 #pragma GCC unroll 8
-        for (int g = s * sub / 4; g < (s + 1) * sub / 4; g++) {
-            qgr_vi xg = QGR_LD(t->q[64 * b + g]);
+        for (int g = s * sub / 4; g < (s + 1) * sub / 4; g += QGR_AN) {
+            qgr_va xg = QGR_ALD(t->q[64 * b + g]);
             for (int w = 0; w < QGR_W; w++)
-                d[w] = DPB(d[w], qgr_bc(bk[w].q + 4 * g), xg);
+                d[w] = QGR_ADPB(d[w], bk[w].q + 4 * g, xg);
         }
-        for (int w = 0; w < QGR_W; w++) {
-            if (kind == 6)
-                d[w] = QI(_mm256_sub_epi32)(d[w], QGR_LD(t->u.bm[b][s]));
-            is[w] = QI(_mm256_add_epi32)(
-                is[w], QI(_mm256_mullo_epi32)(d[w], QI(_mm256_set1_epi32)(bk[w].sc[s])));
-        }
+        for (int w = 0; w < QGR_W; w++)
+            is[w] = QGR_ADD(is[w], QGR_AMUL(d[w], bk[w].sc[s]));
     }
     qgr_vf dx = QI(_mm256_loadu_ps)(t->dx[b]);
     for (int w = 0; w < QGR_W; w++) {
-        acc[w] = QI(_mm256_fmadd_ps)(QI(_mm256_cvtepi32_ps)(is[w]),
+        /* the offsets: q4_K/q5_K sum_s m_s bs32_s, q6_K sum_s sc_s bs16_s (times -32) */
+        qgr_vi m = QI(_mm256_setzero_si256)();
+        for (int j = 0; j < (kind == 6 ? 8 : 4); j++)
+            m = QI(_mm256_add_epi32)(m, QI(_mm256_madd_epi16)(QGR_LD(t->u.bm[b][j]),
+                                                              QI(_mm256_set1_epi32)(bk[w].mn[j])));
+        qgr_vi i = qgr_fold(is[w]);
+        if (kind == 6)
+            i = QI(_mm256_sub_epi32)(i, QI(_mm256_slli_epi32)(m, 5));
+        acc[w] = QI(_mm256_fmadd_ps)(QI(_mm256_cvtepi32_ps)(i),
                                      QI(_mm256_mul_ps)(QI(_mm256_set1_ps)(bk[w].d), dx), acc[w]);
-        if (kind != 6) {
-            qgr_vi m =
-                QI(_mm256_madd_epi16)(QGR_LD(t->u.bm[b][0]), QI(_mm256_set1_epi32)(bk[w].mn[0]));
-            for (int j = 1; j < 4; j++)
-                m = QI(_mm256_add_epi32)(m,
-                                         QI(_mm256_madd_epi16)(QGR_LD(t->u.bm[b][j]),
-                                                               QI(_mm256_set1_epi32)(bk[w].mn[j])));
+        if (kind != 6)
             acc[w] =
                 QI(_mm256_fnmadd_ps)(QI(_mm256_cvtepi32_ps)(m),
                                      QI(_mm256_mul_ps)(QI(_mm256_set1_ps)(bk[w].dmin), dx), acc[w]);
-        }
     }
 }
 
@@ -236,14 +299,13 @@ QGR_AI void qgr_load_x0(const int kind, const qmm_q8 *x, int64_t ldx, int nr, in
         qgr_vi v[8];
         for (int r = 0; r < QGR_R; r++)
             v[r] = r < nr ? QGR_LD(x[r * ldx + b0 + b].q) : QI(_mm256_setzero_si256)();
-        qgr_transpose(v);
-        qgr_vi sum = QI(_mm256_setzero_si256)();
-        for (int g = 0; g < 8; g++) {
-            QGR_ST(t->q[8 * b + g], v[g]);
-            if (kind == 80) /* each row's sum of q: its bytes times ones */
-                sum = DPB(sum, QI(_mm256_set1_epi8)(1), v[g]);
+        for (int r = 0; r < QGR_R && kind == 80; r++) {
+            /* 128 times each row's sum of q: its bytes times ones */
+            int32_t l[8];
+            QGR_ST(l, DPB(QI(_mm256_setzero_si256)(), QI(_mm256_set1_epi8)(1), v[r]));
+            t->u.z.xs[b][r] = 128 * (l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7]);
         }
-        QGR_ST(t->u.z.xs[b], QI(_mm256_slli_epi32)(sum, 7));
+        qgr_put(v, &t->q[8 * b]);
         for (int r = 0; r < QGR_R; r++) {
             t->dx[b][r] = r < nr ? x[r * ldx + b0 + b].d : 0.0f;
             t->u.z.sx[b][r] = r < nr ? x[r * ldx + b0 + b].s : 0.0f;
@@ -335,19 +397,20 @@ QGR_AI void qgr_wblock(const int kind, const uint8_t *const *row, size_t rb, siz
         bv = qgr_cvtph(mh);
     QI(_mm256_storeu_ps)(dw, dv);
     QI(_mm256_storeu_ps)(bw, bv);
-    qgr_vi d[QGR_W];
+    qgr_va d[QGR_W];
     for (int i = 0; i < QGR_W; i++)
-        d[i] = QI(_mm256_setzero_si256)();
-    for (int g = 0; g < 8; g++) {
-        qgr_vi xg = QGR_LD(t->q[8 * b + g]);
+        d[i] = QGR_AZERO;
+    for (int g = 0; g < 8; g += QGR_AN) {
+        qgr_va xg = QGR_ALD(t->q[8 * b + g]);
         for (int i = 0; i < QGR_W; i++)
-            d[i] = DPB(d[i], qgr_bc(q[i] + 4 * g), xg);
+            d[i] = QGR_ADPB(d[i], q[i] + 4 * g, xg);
     }
     qgr_vf dx = QI(_mm256_loadu_ps)(t->dx[b]), sx = QI(_mm256_loadu_ps)(t->u.z.sx[b]);
     for (int i = 0; i < QGR_W; i++) {
+        qgr_vi di = qgr_fold(d[i]);
         if (kind == 80)
-            d[i] = QI(_mm256_sub_epi32)(d[i], QGR_LD(t->u.z.xs[b]));
-        acc[i] = QI(_mm256_fmadd_ps)(QI(_mm256_cvtepi32_ps)(d[i]),
+            di = QI(_mm256_sub_epi32)(di, QGR_LD(t->u.z.xs[b]));
+        acc[i] = QI(_mm256_fmadd_ps)(QI(_mm256_cvtepi32_ps)(di),
                                      QI(_mm256_mul_ps)(QI(_mm256_set1_ps)(dw[i]), dx), acc[i]);
         acc[i] = QI(_mm256_fmadd_ps)(QI(_mm256_set1_ps)(bw[i]), sx, acc[i]);
     }

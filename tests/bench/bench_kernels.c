@@ -24,7 +24,8 @@
  * CB_ROWPROD_TYPE (one type); with more than one row,
  * rowprod_TYPE_ROWS_gmacs too.  CB_KERNELS_ISA=c|avx2|avxvnni|avx512|
  * avx512vnni takes that set's kernels (one the CPU lacks: its best);
- * CB_ROWS_MIN=N gives the few-row kernel N rows and more (99: none). */
+ * CB_ROWS_MIN=N gives the few-row kernel N rows and more (99: none),
+ * CB_ROWS_ALL=1 every type it has (not only those qg_gemv gives it). */
 #include "../../lib/backend/backend.h"
 #include "../../lib/backend/qgemm.h"
 #include "cbcore.h"
@@ -298,6 +299,8 @@ int main(int argc, char **argv)
     }
     if (getenv("CB_ROWS_MIN"))
         K.rows_min = atoi(getenv("CB_ROWS_MIN"));
+    if (getenv("CB_ROWS_ALL"))
+        K.rows_types = ~0u;
     printf("kernels_isa %s\n", K.isa);
     for (int a = 2; a < argc; a++) {
         if (!strcmp(argv[a], "rowprod"))
