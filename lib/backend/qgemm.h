@@ -31,7 +31,7 @@
  * once (qg_pack: the rows' integers interleaved four bytes at a time, so
  * that one vector holds four consecutive elements of each of the p rows,
  * beside their scales), and then multiplied with every activation row, up
- * to QG_R rows at a time.  Packing reads the GGUF blocks where they lie (no
+ * to QG_R (AVX-512: 8) rows at a time.  Packing reads the GGUF blocks where they lie (no
  * copy of the model is kept) and costs one pass over the panel's bytes per
  * product, paid back over the batch's rows.
  *
@@ -53,7 +53,7 @@
 enum {
     QG_P = 8,     /* weight rows per panel of the 256-bit and portable kernels */
     QG_PMAX = 16, /* ... of the 512-bit ones */
-    QG_R = 4,     /* activation rows per kernel step */
+    QG_R = 4,     /* activation rows per kernel step (the AVX-512 panels: qgemm_tile.h's QGT_R) */
 };
 
 /* The offsets of a packed block's parts, and its size, in units of p bytes
@@ -163,8 +163,9 @@ void qg_gemv_c(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, cons
 void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
                   size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
 
-/* The same for K-quant weights and nr <= QG_ROWS activation rows, with
- * the rows in the vector lanes (qgemm_rows.h: AVX-VNNI, AVX-512 VNNI) */
+/* The same for 1 <= nr <= QG_ROWS activation rows of any of the eight
+ * types, with the rows in the vector lanes (qgemm_rows.h: AVX-VNNI,
+ * AVX-512 VNNI; qg_gemv gives it the types where it is ahead) */
 enum { QG_ROWS = 8 };
 void qg_rows_avxvnni(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
                      size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);

@@ -36,6 +36,8 @@ enum {
                      104-115, 8 rows 127, 8 of two chains 111, 16 rows 114) */
 };
 
+_Static_assert(QGR_W == 8 && QGR_R == 8, "a block's d of the eight weight rows is one vector");
+
 typedef QI(__m256i) qgr_vi;
 typedef QI(__m256) qgr_vf;
 
