@@ -466,7 +466,7 @@ void qg_gemv(const qg_kernels *k, cb_type t, const uint8_t *w, size_t row_bytes,
              const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
     int r = 0;
-    if (k->rows && nr >= k->rows_min && (k->rows_types >> t & 1)) {
+    if (k->rows && nr >= k->rows_min && (unsigned)t < 32 && (k->rows_types >> t & 1)) {
         /* more than one chunk of rows: 128 weight rows at a time, which
          * the later chunks read from cache */
         int64_t tile = nr > QG_ROWS ? 128 : o1 - o0;

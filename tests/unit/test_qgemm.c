@@ -215,7 +215,7 @@ int main(void)
             for (int isa = QG_ISA_C; isa <= QG_ISA_AVX512VNNI; isa++) {
                 qg_kernels k;
                 qg_select_isa(isa, &k);
-                int few = k.rows && (k.rows_types >> t & 1);
+                int few = k.rows && (unsigned)t < 32 && (k.rows_types >> t & 1);
                 if (isa > QG_ISA_AVX2 && !((isas & 1u << isa) && k.rows))
                     continue; /* the same one-row kernel as AVX2's */
                 char name[160];
