@@ -206,28 +206,23 @@ typedef void (*qgt_tile_fn)(const uint8_t *panel, int64_t nb, const uint8_t *x0,
     {                                                                                              \
         F(KIND, R, p, nb, x, lx, y, ly, np);                                                       \
     }
+/* the row counts past four, where a step takes eight */
 #if QGT_R == 8
-#define QGT_TILES(F, KIND)                                                                \
-    QGT_TILE(F, KIND, 1)                                                                  \
-    QGT_TILE(F, KIND, 2)                                                                  \
-    QGT_TILE(F, KIND, 3)                                                                  \
-    QGT_TILE(F, KIND, 4)                                                                  \
-    QGT_TILE(F, KIND, 5)                                                                  \
-    QGT_TILE(F, KIND, 6)                                                                  \
-    QGT_TILE(F, KIND, 7)                                                                  \
-    QGT_TILE(F, KIND, 8)                                                                  \
-    static const qgt_tile_fn F##KIND[QGT_R + 1] = {NULL,        F##KIND##_1, F##KIND##_2, \
-                                                   F##KIND##_3, F##KIND##_4, F##KIND##_5, \
-                                                   F##KIND##_6, F##KIND##_7, F##KIND##_8};
+#define QGT_TILES_8(F, KIND) \
+    QGT_TILE(F, KIND, 5) QGT_TILE(F, KIND, 6) QGT_TILE(F, KIND, 7) QGT_TILE(F, KIND, 8)
+#define QGT_TAB_8(F, KIND) , F##KIND##_5, F##KIND##_6, F##KIND##_7, F##KIND##_8
 #else
+#define QGT_TILES_8(F, KIND)
+#define QGT_TAB_8(F, KIND)
+#endif
 #define QGT_TILES(F, KIND)                                                                      \
     QGT_TILE(F, KIND, 1)                                                                        \
     QGT_TILE(F, KIND, 2)                                                                        \
     QGT_TILE(F, KIND, 3)                                                                        \
     QGT_TILE(F, KIND, 4)                                                                        \
+    QGT_TILES_8(F, KIND)                                                                        \
     static const qgt_tile_fn F##KIND[QGT_R + 1] = {NULL, F##KIND##_1, F##KIND##_2, F##KIND##_3, \
-                                                   F##KIND##_4};
-#endif
+                                                   F##KIND##_4 QGT_TAB_8(F, KIND)};
 
 QGT_TILES(qgt_tile_k, 4)
 QGT_TILES(qgt_tile_k, 5)
