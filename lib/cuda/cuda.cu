@@ -69,6 +69,7 @@
 static thread_local const char *cur_op = "open";
 int cu_sync_each;
 int cu_gemv_rows;
+int cu_memo;
 
 void cu_fail(cb_status st, int cuda, const char *what, const char *file, int line, const char *why)
 {
@@ -109,6 +110,11 @@ static void tctx_destroy(tctx *t)
         cudaFreeHost(t->stage[i].host);
         cudaEventDestroy(t->stage[i].ev);
     }
+    for (int i = 0; i < N_MEMO; i++) {
+        cudaFreeHost(t->memo[i].sl.host);
+        cudaFree(t->memo[i].sl.dev);
+        cudaEventDestroy(t->memo[i].sl.ev);
+    }
     cudaFree(t->act);
     cudaFree(t->scal);
     cudaFree(t->blas_ws);
@@ -129,6 +135,8 @@ static tctx *tctx_new(cuda_ctx *c)
         CK(cudaEventCreateWithFlags(&t->idx[i].ev, cudaEventDisableTiming));
     for (int i = 0; i < 2; i++)
         CK(cudaEventCreateWithFlags(&t->stage[i].ev, cudaEventDisableTiming));
+    for (int i = 0; i < N_MEMO; i++)
+        CK(cudaEventCreateWithFlags(&t->memo[i].sl.ev, cudaEventDisableTiming));
     return t;
 }
 
@@ -155,16 +163,17 @@ tctx *T(cb_backend *b, const char *op)
     return t;
 }
 
-const void *stage(tctx *t, const void *h, size_t bytes)
+/* Send `bytes` of h through staging slot sl: once the slot's last copy
+ * has left its host buffer, grown to `cap` bytes if it holds fewer than
+ * `bytes` (its device buffer freed after the work that read it), filled,
+ * and its copy to the device queued on t->s; returns the device copy. */
+static const void *slot_send(tctx *t, slot *sl, const void *h, size_t bytes, size_t cap)
 {
-    slot *sl = &t->idx[t->next_idx];
-    t->next_idx = (t->next_idx + 1) % N_IDX;
-    CK(cudaEventSynchronize(sl->ev)); /* its last copy has left the host buffer */
+    CK(cudaEventSynchronize(sl->ev));
     if (bytes > sl->cap) {
-        size_t cap = bytes < 65536 ? 65536 : bytes * 2;
         CK(cudaFreeHost(sl->host));
         if (sl->dev)
-            CK(cudaFreeAsync(sl->dev, t->s)); /* after the work that read it */
+            CK(cudaFreeAsync(sl->dev, t->s));
         sl->host = sl->dev = NULL;
         sl->cap = 0;
         CK(cudaHostAlloc(&sl->host, cap, cudaHostAllocDefault));
@@ -177,6 +186,43 @@ const void *stage(tctx *t, const void *h, size_t bytes)
     CK(cudaMemcpyAsync(sl->dev, sl->host, bytes, cudaMemcpyHostToDevice, t->s));
     CK(cudaEventRecord(sl->ev, t->s));
     return sl->dev;
+}
+
+/* stage() under CB_CUDA_MEMO=1, for 1..MEMO_BYTES bytes: the device copy
+ * of the same contents if one of the thread's N_MEMO holds it, else the
+ * least recently used one refilled.  Its device buffer is rewritten by a
+ * copy on t->s, after every kernel queued before that read it; its host
+ * buffer once the copy that last read it is done.  An index array a
+ * decode step's layers stage over and over (positions: RoPE of Q and K,
+ * the cache rows of K and V, attention; the RoPE table) is sent once a
+ * step: three API calls less each time. */
+static const void *stage_memo(tctx *t, const void *h, size_t bytes)
+{
+    memo *lru = &t->memo[0];
+    t->memo_clock++;
+    for (int i = 0; i < N_MEMO; i++) {
+        memo *m = &t->memo[i];
+        if (m->len == bytes && memcmp(m->sl.host, h, bytes) == 0) {
+            m->used = t->memo_clock;
+            return m->sl.dev;
+        }
+        if (m->used < lru->used)
+            lru = m;
+    }
+    lru->len = 0; /* until refilled: an error on the way leaves it empty */
+    const void *d = slot_send(t, &lru->sl, h, bytes, bytes < 4096 ? 4096 : bytes);
+    lru->len = bytes;
+    lru->used = t->memo_clock;
+    return d;
+}
+
+const void *stage(tctx *t, const void *h, size_t bytes)
+{
+    if (cu_memo && bytes > 0 && bytes <= (size_t)MEMO_BYTES)
+        return stage_memo(t, h, bytes);
+    slot *sl = &t->idx[t->next_idx];
+    t->next_idx = (t->next_idx + 1) % N_IDX;
+    return slot_send(t, sl, h, bytes, bytes < 65536 ? 65536 : bytes * 2);
 }
 
 const int32_t *stage_idx(tctx *t, const int32_t *h, int64_t n)
@@ -393,8 +439,6 @@ static void init_ops(void)
         if (!(env && strcmp(env, "0") == 0))
             OP(attn_mass, cu_attn_mass);
     }
-#undef OP
-#undef RELEASE
     /* cuBLAS picks its algorithm by shape and a product's input rows share
      * one f16 scale: a row's bits can depend on its company (backend.h).
      * The few-row kernel (cuda_mm.cu) keeps each row to itself; it stays
@@ -404,6 +448,17 @@ static void init_ops(void)
     const char *env = getenv("CB_CUDA_GEMV");
     cu_gemv_rows = env && strcmp(env, "1") == 0 ? CU_GEMV_ROWS : 0;
     o->rows_unstable = cu_gemv_rows == 0;
+    /* with it, a decode step's Q, K and V (gate and up) in one launch */
+    if (cu_gemv_rows)
+        OP(matmul_multi, cu_matmul_multi);
+    else
+        o->matmul_multi = NULL;
+    /* index arrays sent once while they repeat (stage_memo), behind
+     * CB_CUDA_MEMO=1 until a GPU run has checked it (issue 34) */
+    env = getenv("CB_CUDA_MEMO");
+    cu_memo = env && strcmp(env, "1") == 0;
+#undef OP
+#undef RELEASE
 }
 
 extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_backend **out, int abi, int device,

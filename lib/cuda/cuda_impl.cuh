@@ -46,6 +46,10 @@ extern int cu_sync_each;
 enum { CU_GEMV_ROWS = 8 };
 extern int cu_gemv_rows;
 
+/* CB_CUDA_MEMO=1: stage() sends an index array or small table only when
+ * its contents differ from the N_MEMO the thread sent last (cuda.cu) */
+extern int cu_memo;
+
 /* Throw a cu_fault: `what` (a call) failed at file:line for reason `why`,
  * in the backend operation the calling thread is in ("matmul: an illegal
  * memory access was encountered (cublasGemmEx(...) at file:line)").  cuda:
@@ -100,6 +104,17 @@ typedef struct slot {
     cudaEvent_t ev;  /* the last copy out of host */
 } slot;
 
+/* A staged array kept for reuse (CB_CUDA_MEMO=1): while a forward pass's
+ * layers stage the same positions and RoPE table again and again, the
+ * device copy of the first is handed out, and nothing is sent. */
+enum { N_MEMO = 8, MEMO_BYTES = 64 << 10 };
+
+typedef struct memo {
+    slot sl;             /* host: the contents last sent; dev: their copy */
+    size_t len;          /* 0: holds nothing */
+    unsigned long used;  /* the thread's memo clock at the last hand-out */
+} memo;
+
 /* A thread's device scalars for its matrix products (stream-ordered: each
  * product rewrites them after the previous one has read them). */
 typedef struct mm_scalars {
@@ -118,6 +133,8 @@ typedef struct tctx {
     void *blas_ws;        /* the handle's workspace (cu_blas) */
     slot idx[N_IDX];      /* index arrays, round robin */
     int next_idx;
+    memo memo[N_MEMO];    /* CB_CUDA_MEMO=1's reused stagings */
+    unsigned long memo_clock;
     slot stage[2];        /* upload staging, alternating */
     int next_stage;
     void *act;            /* 16-bit copy of a matmul's input rows */
@@ -151,7 +168,9 @@ void cu_blas(tctx *t);
 
 /* Copy `bytes` of host data (index arrays, small tables) to the device
  * through the next staging slot; the device copy is valid for work queued
- * after it on t->s, until N_IDX more stagings. */
+ * after it on t->s, until N_IDX more stagings (CB_CUDA_MEMO=1: up to
+ * MEMO_BYTES come from the memo, valid until N_MEMO other contents have
+ * been staged).  Kernels only read it. */
 const void *stage(tctx *t, const void *h, size_t bytes);
 const int32_t *stage_idx(tctx *t, const int32_t *h, int64_t n);
 
@@ -191,6 +210,8 @@ cb_bweight *cu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out,
                           const float *bias);
 void cu_weight_free(cb_backend *b, cb_bweight *w);
 void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n);
+void cu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y,
+                     int64_t n);
 void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst);
 
 /* cuda_attn.cu: head dimensions up to CU_ATT_HD_MAX; cu_attention_setup

@@ -399,12 +399,41 @@ template <bool A16> __device__ __forceinline__ void ld8x(const float *p, float *
     }
 }
 
+/* The weights of one k_gemv launch: matmul's one, or matmul_multi's up
+ * to CU_GEMV_SET of one n_in and one 16-bit type; weight k takes the
+ * blocks first[k] .. first[k+1]-1, a weight row a warp.  Passed by value. */
+enum { CU_GEMV_SET = 4 };
+struct gemv_set {
+    const void *w[CU_GEMV_SET];
+    const float *bias[CU_GEMV_SET];
+    float *y[CU_GEMV_SET];
+    int64_t n_out[CU_GEMV_SET];
+    float unscale[CU_GEMV_SET];
+    unsigned first[CU_GEMV_SET + 1];
+};
+
 template <typename T, int R, bool V8, bool A16>
-__global__ void k_gemv(const T *__restrict__ w, int64_t n_in, int64_t n_out, const float *__restrict__ x,
-                       float unscale, const float *__restrict__ bias, float *__restrict__ y)
+__global__ void k_gemv(const gemv_set s, int64_t n_in, const float *__restrict__ x)
 {
     const int lane = threadIdx.x % 32;
-    const int64_t o = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    /* this block's weight: a select over constant indices (no indexed
+     * read of the parameters) */
+    int k = 0;
+#pragma unroll
+    for (int i = 1; i < CU_GEMV_SET; i++)
+        k = blockIdx.x >= s.first[i] ? i : k;
+    const T *w = NULL;
+    const float *bias = NULL;
+    float *y = NULL, unscale = 1.0f;
+    int64_t n_out = 0;
+    unsigned first = 0;
+#pragma unroll
+    for (int i = 0; i < CU_GEMV_SET; i++)
+        if (i == k) {
+            w = (const T *)s.w[i], bias = s.bias[i], y = s.y[i], unscale = s.unscale[i];
+            n_out = s.n_out[i], first = s.first[i];
+        }
+    const int64_t o = (int64_t)(blockIdx.x - first) * (blockDim.x / 32) + threadIdx.x / 32;
     if (o >= n_out)
         return; /* a whole warp: the shuffles below never miss a lane */
     const T *wr = w + o * n_in;
@@ -413,48 +442,48 @@ __global__ void k_gemv(const T *__restrict__ w, int64_t n_in, int64_t n_out, con
     for (int r = 0; r < R; r++)
         acc[r] = 0.0f;
     if (V8) {
-        for (int64_t k = 8 * lane; k < n_in; k += 256) {
+        for (int64_t j = 8 * lane; j < n_in; j += 256) {
             float wf[8];
-            ld8w<T>(wr + k, wf);
+            ld8w<T>(wr + j, wf);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float xf[8];
-                ld8x<A16>(x + r * n_in + k, xf);
+                ld8x<A16>(x + r * n_in + j, xf);
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    acc[r] = fmaf(wf[j], xf[j], acc[r]);
+                for (int e = 0; e < 8; e++)
+                    acc[r] = fmaf(wf[e], xf[e], acc[r]);
             }
         }
     } else {
-        for (int64_t k = lane; k < n_in; k += 32) {
-            const float wk = ld<T>(wr[k]);
+        for (int64_t j = lane; j < n_in; j += 32) {
+            const float wj = ld<T>(wr[j]);
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc[r] = fmaf(wk, x[r * n_in + k], acc[r]);
+                acc[r] = fmaf(wj, x[r * n_in + j], acc[r]);
         }
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float s = acc[r];
+        float v = acc[r];
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
-            s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+            v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
         if (lane == 0) {
-            const float v = __fmul_rn(s, unscale);
+            v = __fmul_rn(v, unscale);
             y[r * n_out + o] = bias ? __fadd_rn(v, bias[o]) : v;
         }
     }
 }
 
 template <typename T, bool V8, bool A16>
-static void gemv_launch(tctx *t, const cb_bweight *w, const float *x, float *y, int64_t n)
+static void gemv_launch(tctx *t, const gemv_set &s, int nw, int64_t n_in, const float *x, int64_t n)
 {
-    const T *wp = (const T *)w->w;
-    const float unscale = ldexpf(1.0f, -w->e); /* exact */
-    const unsigned g = nblocks(w->n_out, 8);   /* 8 warps a block, a weight row each */
+    const unsigned g = s.first[nw]; /* 8 warps a block, a weight row each */
+    if (g == 0)
+        return; /* no weight rows */
 #define GV(R)                                                                                                         \
     case R:                                                                                                           \
-        k_gemv<T, R, V8, A16><<<g, 256, 0, t->s>>>(wp, w->n_in, w->n_out, x, unscale, w->bias, y);                    \
+        k_gemv<T, R, V8, A16><<<g, 256, 0, t->s>>>(s, n_in, x);                                                       \
         break
     switch (n) {
         GV(1);
@@ -471,23 +500,31 @@ static void gemv_launch(tctx *t, const cb_bweight *w, const float *x, float *y, 
     CKL();
 }
 
-/* y = x . W^T through k_gemv (n <= CU_GEMV_ROWS), on weights of type T */
-template <typename T> static void gemv_of(tctx *t, const cb_bweight *w, const float *x, float *y, int64_t n)
+/* y[k] = x . w[k]^T (+ bias) through one k_gemv launch, for nw <=
+ * CU_GEMV_SET weights of one n_in and one type, n <= CU_GEMV_ROWS */
+static void gemv(tctx *t, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
 {
-    if (w->n_in % 8 != 0)
-        gemv_launch<T, false, false>(t, w, x, y, n);
+    gemv_set s;
+    memset(&s, 0, sizeof s);
+    for (int k = 0; k < CU_GEMV_SET; k++) {
+        const cb_bweight *wk = w[k < nw ? k : nw - 1];
+        if (k < nw) {
+            s.w[k] = wk->w, s.bias[k] = wk->bias, s.y[k] = y[k], s.n_out[k] = wk->n_out;
+            s.unscale[k] = ldexpf(1.0f, -wk->e); /* exact */
+        }
+        s.first[k + 1] = s.first[k] + (k < nw ? nblocks(wk->n_out, 8) : 0);
+    }
+    const int64_t n_in = w[0]->n_in;
+    const bool bf = w[0]->dt == CUDA_R_16BF;
+    if (n_in % 8 != 0)
+        bf ? gemv_launch<__nv_bfloat16, false, false>(t, s, nw, n_in, x, n)
+           : gemv_launch<__half, false, false>(t, s, nw, n_in, x, n);
     else if ((uintptr_t)x % 16 == 0)
-        gemv_launch<T, true, true>(t, w, x, y, n);
+        bf ? gemv_launch<__nv_bfloat16, true, true>(t, s, nw, n_in, x, n)
+           : gemv_launch<__half, true, true>(t, s, nw, n_in, x, n);
     else
-        gemv_launch<T, true, false>(t, w, x, y, n);
-}
-
-static void gemv(tctx *t, const cb_bweight *w, const float *x, float *y, int64_t n)
-{
-    if (w->dt == CUDA_R_16BF)
-        gemv_of<__nv_bfloat16>(t, w, x, y, n);
-    else
-        gemv_of<__half>(t, w, x, y, n);
+        bf ? gemv_launch<__nv_bfloat16, true, false>(t, s, nw, n_in, x, n)
+           : gemv_launch<__half, true, false>(t, s, nw, n_in, x, n);
 }
 
 void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
@@ -500,7 +537,7 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
         return;
     cu_blas(t);
     if (n <= cu_gemv_rows) {
-        gemv(t, w, x, y, n);
+        gemv(t, &w, 1, x, &y, n);
     } else {
         if (need > t->act_cap) {
             if (t->act)
@@ -542,6 +579,29 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
             BUG("matmul [n x n_in] . [n_out x n_in]^T (CB_CUDA_SYNC check)", why);
         }
     }
+}
+
+/* backend.h's matmul_multi, in the table with the few-row kernel
+ * (CB_CUDA_GEMV=1): the products of up to CU_GEMV_ROWS rows of one input
+ * (Q, K and V; gate and up) through one k_gemv launch, the bits of
+ * cu_matmul's each (the same per-row arithmetic); more rows, weights of
+ * mixed 16-bit types and CB_CUDA_SYNC's output check go through cu_matmul
+ * weight by weight. */
+void cu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
+{
+    tctx *t = T(b, "matmul_multi");
+    bool one = n <= cu_gemv_rows && !cu_sync_each;
+    for (int k = 1; k < nw; k++)
+        one = one && w[k]->dt == w[0]->dt && w[k]->n_in == w[0]->n_in;
+    if (n == 0 || nw <= 0)
+        return;
+    if (!one) {
+        for (int k = 0; k < nw; k++)
+            cu_matmul(b, w[k], x, y[k], n);
+        return;
+    }
+    for (int k = 0; k < nw; k += CU_GEMV_SET)
+        gemv(t, w + k, nw - k < CU_GEMV_SET ? nw - k : CU_GEMV_SET, x, y + k, n);
 }
 
 template <typename T>

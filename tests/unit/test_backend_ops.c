@@ -1227,6 +1227,60 @@ static int64_t c_staging(cb_backend *be, float *out)
     return n_ctx * w;
 }
 
+/* Index arrays that repeat (the CUDA backend's memo, CB_CUDA_MEMO=1, sends
+ * one only when its contents differ from the last few it sent): gathers
+ * from one host array rewritten between calls, each call's rows written to
+ * a place of their own.  The contents go A, B, A, A's first half (the same
+ * bytes, shorter), twelve others (more than the memo holds: A's entry is
+ * refilled while gathers that read it may still be queued behind a busy
+ * device), then A again, and a RoPE table staged between them (the memo
+ * holds both kinds). */
+static int64_t c_memo(cb_backend *be, float *out)
+{
+    enum { W = 8, N_SRC = 600, PER = 40, N_CALLS = 17 };
+    seed(1907);
+    float *src = rand_vec(N_SRC * W, 1.0f);
+    int32_t pat[14][PER], order[N_CALLS], lens[N_CALLS], buf[PER];
+    for (int p = 0; p < 14; p++)
+        for (int i = 0; i < PER; i++)
+            pat[p][i] = (int32_t)(urand() * N_SRC);
+    /* A = 0, B = 1, then 2..13 */
+    int k = 0;
+    order[k] = 0, lens[k++] = PER;
+    order[k] = 1, lens[k++] = PER;
+    order[k] = 0, lens[k++] = PER;
+    order[k] = 0, lens[k++] = PER / 2;
+    for (int p = 2; p < 14; p++)
+        order[k] = p, lens[k++] = PER;
+    order[k] = 0, lens[k++] = PER;
+    int64_t n_out = 0;
+    for (int c = 0; c < N_CALLS; c++)
+        n_out += (int64_t)lens[c] * W;
+    if (!be) {
+        for (int c = 0, at = 0; c < N_CALLS; c++)
+            for (int i = 0; i < lens[c]; i++, at += W)
+                memcpy(out + at, src + pat[order[c]][i] * W, sizeof(float) * W);
+    } else {
+        float *ds = bput(be, src, sizeof(float) * N_SRC * W);
+        float *dd = be->ops->alloc(be, sizeof(float) * (size_t)n_out);
+        float *dr = be->ops->alloc(be, sizeof(float) * 4 * 64);
+        int32_t pos[4] = {3, 9, 27, 81};
+        busy(be, 30); /* what follows queues up behind this */
+        for (int c = 0, at = 0; c < N_CALLS; c++) {
+            memcpy(buf, pat[order[c]], sizeof(int32_t) * (size_t)lens[c]);
+            be->ops->gather(be, ds, buf, lens[c], W, dd + at);
+            at += lens[c] * W;
+            if (c % 5 == 0) /* a RoPE table and positions through the memo too */
+                be->ops->rope(be, dr, pos, 4, 1, 64, 64, 10000.0f, NULL, 0);
+            memset(buf, 0xff, sizeof buf); /* the backend must not read it later */
+        }
+        bget(be, out, dd, sizeof(float) * (size_t)n_out);
+        bfree(be, ds), bfree(be, dd), bfree(be, dr);
+    }
+    free(src);
+    return n_out;
+}
+
 /* 40 MB through upload and download (five staging buffers' worth) */
 static int64_t c_roundtrip40(cb_backend *be, float *out)
 {
@@ -1754,13 +1808,14 @@ static void r18_error_checks(const char *self)
 static void multi_case(cb_backend *be, const char *label)
 {
     static const cb_type ty[3] = {CB_TYPE_Q4_1, CB_TYPE_Q8_0, CB_TYPE_Q6_K};
-    static const int64_t outs[3] = {72, 40, 20}, ns[4] = {1, 5, 12, 20};
+    static const int64_t outs[3] = {72, 40, 20}, ns[5] = {1, 5, 8, 12, 20};
     int64_t n_in = 512;
     seed(7);
     float *x = rand_vec(20 * n_in, 1.0f), *bias = rand_vec(40, 0.5f);
+    float *dx = bput(be, x, sizeof(float) * 20 * (size_t)n_in);
     cb_bweight *w[3];
     uint8_t *wq[3];
-    float *y1[3], *y2[3];
+    float *y1[3], *y2[3], *d1[3], *d2[3];
     for (int k = 0; k < 3; k++) {
         float *wf = rand_vec(n_in * outs[k], 1.0f);
         size_t rb = cb_type_row_bytes(ty[k], n_in);
@@ -1770,23 +1825,30 @@ static void multi_case(cb_backend *be, const char *label)
         w[k] = be->ops->weight_new(be, ty[k], n_in, outs[k], wq[k], k == 1 ? bias : NULL);
         y1[k] = malloc(sizeof(float) * 20 * (size_t)outs[k]);
         y2[k] = malloc(sizeof(float) * 20 * (size_t)outs[k]);
+        d1[k] = be->ops->alloc(be, sizeof(float) * 20 * (size_t)outs[k]);
+        d2[k] = be->ops->alloc(be, sizeof(float) * 20 * (size_t)outs[k]);
         free(wf);
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         int same = 1;
         for (int k = 0; k < 3; k++)
-            be->ops->matmul(be, w[k], x, y1[k], ns[i]);
-        be->ops->matmul_multi(be, (const cb_bweight *const *)w, 3, x, y2, ns[i]);
-        for (int k = 0; k < 3; k++)
+            be->ops->matmul(be, w[k], dx, d1[k], ns[i]);
+        be->ops->matmul_multi(be, (const cb_bweight *const *)w, 3, dx, d2, ns[i]);
+        for (int k = 0; k < 3; k++) {
+            bget(be, y1[k], d1[k], sizeof(float) * (size_t)(ns[i] * outs[k]));
+            bget(be, y2[k], d2[k], sizeof(float) * (size_t)(ns[i] * outs[k]));
             same &= memcmp(y1[k], y2[k], sizeof(float) * (size_t)(ns[i] * outs[k])) == 0;
+        }
         tcase("%s matmul_multi q4_1+q8_0(bias)+q6_K, %lld rows = matmul each, bit for bit", label,
               (long long)ns[i]);
         CHECK(same);
     }
     for (int k = 0; k < 3; k++) {
         be->ops->weight_free(be, w[k]);
+        bfree(be, d1[k]), bfree(be, d2[k]);
         free(wq[k]), free(y1[k]), free(y2[k]);
     }
+    bfree(be, dx);
     free(x), free(bias);
 }
 
@@ -1896,6 +1958,13 @@ static void act8_cases(void)
     printf("# 8-bit activations: %s; portable: %s\n", a8->desc, a8c->desc);
     multi_case(cpu, "cpu ");
     multi_case(a8, "act8");
+    /* CUDA's, with the few-row kernel: one launch for the three (up to 8
+     * rows), cuBLAS weight by weight past them */
+    if (cuda && cuda->ops->matmul_multi)
+        multi_case(cuda, "cuda");
+    else
+        tskip("cuda matmul_multi = matmul each, bit for bit",
+              cuda ? "CB_CUDA_GEMV=0: no matmul_multi" : cuda_why);
     outlier_cases(a8);
     float *o_c = malloc(sizeof(float) * MAXOUT);
     for (size_t i = 0; i < sizeof q8_types / sizeof q8_types[0]; i++) {
@@ -2152,6 +2221,7 @@ static void r18_cases(const char *self)
     topk_n = 7;
     run_case("topk n of n, NaN/inf/-0/ties (7)", c_topk_nan, -1, -1);
     run_case("20000 staged indices, 200 indexed ops queued", c_staging, -1, -1);
+    run_case("index arrays repeated, rewritten, evicted", c_memo, -1, -1);
     run_case("upload/download 40 MB", c_roundtrip40, -1, -1);
     run_case("alloc of 4 EiB fails, then works on", c_alloc_fail, -1, -1);
     run_case("weight made on one thread, used on another", c_weight_thread, 1e-12, 1e-5);
@@ -2219,6 +2289,9 @@ int main(int argc, char **argv)
      * environment says 0 (which tests cuBLAS's path for every row count) */
     if (!getenv("CB_CUDA_GEMV"))
         setenv("CB_CUDA_GEMV", "1", 1);
+    /* and the memo of staged index arrays, behind CB_CUDA_MEMO=1 likewise */
+    if (!getenv("CB_CUDA_MEMO"))
+        setenv("CB_CUDA_MEMO", "1", 1);
     if (cb_backend_open(&cuda, "cuda", 0, &err) != CB_OK) {
         cuda = NULL;
         snprintf(cuda_why, sizeof cuda_why, "no CUDA device (see the first line)");
