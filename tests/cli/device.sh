@@ -195,7 +195,9 @@ for q in "The capital of France is" "How many days are in a week?" "Who painted 
 done
 [ "$bad" = 0 ] && ok "first-token logits CPU vs CUDA (KL < 0.02, same top-1, 3 prompts)" ||
     not_ok "first-token logits CPU vs CUDA ($bad of 3 over bound)"
-grep -q Paris "$T/cuda1.txt" && grep -q 7 "$T/cuda2.txt" && grep -qi leonardo "$T/cuda3.txt" &&
+# (not the first: SmolLM2-135M Q4_1 answers it "L'aujourcé! ..." on the CPU, as
+# llama.cpp does; only f32 activations give "Paris" to its question form)
+grep -q 7 "$T/cuda2.txt" && grep -qi leonardo "$T/cuda3.txt" &&
     ok "greedy answers on CUDA are right ($same of 3 identical to the CPU's)" || not_ok "greedy answers on CUDA"
 # the debugging mode: every operation synchronized and checked, every
 # product's output checked for inf/NaN; the numbers must not change
