@@ -2,9 +2,10 @@
 # gpu-check.sh [STEP...] - what a session with a GPU runs first (issue 34):
 #   build     nvidia-smi, then the CUDA module and every test program (CUDA=1)
 #   ops       test_backend_ops: every CUDA operation against the CPU (the
-#             few-row product kernel and the staging memo on; `ops-cublas`:
-#             again with both off, CB_CUDA_GEMV=0 CB_CUDA_MEMO=0, cuBLAS for
-#             every row count and every index array sent)
+#             few-row product kernel, the staging memo and the fused
+#             operations on; `ops-cublas`: again with all three off,
+#             CB_CUDA_GEMV=0 CB_CUDA_MEMO=0 CB_CUDA_FUSE=0, cuBLAS for every
+#             row count and every index array sent)
 #   memcheck racecheck synccheck initcheck
 #             test_backend_ops under compute-sanitizer's four tools
 #             (racecheck without the model-sized attention cases)
@@ -13,7 +14,8 @@
 #   blend     blend TTFT against full prefill on CUDA (6 x 512-token chunks,
 #             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 4,
 #             probe, hkvd, and probe with CB_CUDA_MASS=0; full and probe again
-#             with the paths not yet default, CB_CUDA_GEMV=1 CB_CUDA_MEMO=1), on random-weight
+#             with the paths not yet default, CB_CUDA_GEMV=1 CB_CUDA_MEMO=1
+#             CB_CUDA_FUSE=1), on random-weight
 #             models of SmolLM2's and Qwen2.5-1.5B's shape (their logits are
 #             too chaotic to compare devices on: device does that, on SmolLM2)
 #   bench     bench_engine on CUDA and on the CPU, warm, on a random-weight
@@ -24,7 +26,8 @@
 #             batches, and 1 and 8 sequences decoded together after 512
 #             tokens (cb-run --batch's decoding, issue 33); on CUDA, decoding
 #             again with the few-row product kernel (CB_CUDA_GEMV=1), and
-#             with it and the staging memo (CB_CUDA_MEMO=1)
+#             with it, the staging memo and the fused operations
+#             (CB_CUDA_MEMO=1 CB_CUDA_FUSE=1)
 #   racecheck-big  racecheck over the model-sized attention cases alone
 #             (slow: a minute or more a case)
 # No STEP: all of them, in that order (ops-cublas after ops).  Environment: BUILD (default
@@ -65,7 +68,7 @@ step() { # NAME CMD...: run CMD, log it, say how it went
 
 build() { nvidia-smi && case $BUILD in *-generic) make -j"$J" CUDA=1 NATIVE=0 check-tools ;; *) make -j"$J" CUDA=1 check-tools ;; esac; }
 ops() { "$OPS"; }
-ops_cublas() { CB_CUDA_GEMV=0 CB_CUDA_MEMO=0 "$OPS"; }
+ops_cublas() { CB_CUDA_GEMV=0 CB_CUDA_MEMO=0 CB_CUDA_FUSE=0 "$OPS"; }
 # memcheck: no API-error reports, as the op tests fail an allocation of 4
 # EiB on purpose (the backend checks every API call itself, and the tests
 # see what it reports)
@@ -124,7 +127,7 @@ blend() {
         # probe:host-mass: probe with its score on the host (CB_CUDA_MASS=0,
         # each probed layer's queries and keys copied back), as before 2026-11-27
         # full:next, blend:probe:next: with the paths not yet default
-        # (the few-row product kernel, the staging memo)
+        # (the few-row product kernel, the staging memo, the fused operations)
         for spec in full blend:probe blend:hkvd blend:probe:host-mass full:next blend:probe:next; do
             mode=${spec%%:*}; st=${spec#*:}; mass=1; next=0
             case $spec in *:host-mass) st=${st%%:*}; mass=0 ;; *:next) st=${st%%:*}; next=1 ;; esac
@@ -132,7 +135,7 @@ blend() {
             set --; [ "$mode" = blend ] && set -- --strategy "$st"
             best=""
             for _ in 1 2 3 4; do
-                CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
+                CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
                     -n 1 --stats "$d/s.json" -p "$q" > /dev/null || { rc=1; break; }
                 ms=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ttft_ms"])' "$d/s.json")
                 best=$(awk -v a="$ms" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
@@ -161,12 +164,12 @@ bench() {
             done
             # the few-row product kernel (CB_CUDA_GEMV=1, not yet the default):
             # decoding, and sequences decoded together in shared products
-            # and with it the staging memo (CB_CUDA_MEMO=1)
+            # and with it the staging memo and the fused operations
             [ "$dev" = cuda ] && for memo in 0 1; do
                 for sc in decode:512:64 seqs:1:512 seqs:8:512 batch:16:2048; do
-                    CB_CUDA_GEMV=1 CB_CUDA_MEMO=$memo CB_BENCH_DEVICE=$dev $BUILD/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
+                    CB_CUDA_GEMV=1 CB_CUDA_MEMO=$memo CB_CUDA_FUSE=$memo CB_BENCH_DEVICE=$dev $BUILD/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
                         awk -v sc="$sc" -v memo="$memo" '$1 != "device" && $1 != "load_s" && $1 != "rss_kb" { v[$1] = $2 }
-                            END { for (k in v) print "  " sc " (CB_CUDA_GEMV=1 CB_CUDA_MEMO=" memo "): " k " " v[k] }'
+                            END { for (k in v) print "  " sc " (CB_CUDA_GEMV=1 CB_CUDA_MEMO=" memo " CB_CUDA_FUSE=" memo "): " k " " v[k] }'
                 done
             done
         done

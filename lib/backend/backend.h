@@ -94,6 +94,11 @@ typedef struct cb_backend_ops {
      * rope_freqs, a linear factor), or NULL for none. */
     void (*rope)(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int head_dim,
                  int n_rot, float base, const float *ff, int neox);
+    /* Optional (NULL: rope on each): rope on q [n, n_head, head_dim] and k
+     * [n, n_head_kv, head_dim] at the same positions, in one operation,
+     * with the bits of the two */
+    void (*rope_qk)(cb_backend *b, float *q, float *k, const int32_t *pos, int64_t n, int n_head,
+                    int n_head_kv, int head_dim, int n_rot, float base, const float *ff, int neox);
     /* x += y, n elements */
     void (*add)(cb_backend *b, float *x, const float *y, int64_t n);
     /* out = silu(g) * u, n elements; out may alias g */
@@ -107,6 +112,11 @@ typedef struct cb_backend_ops {
      * at row indices at[n]. */
     void (*kv_write)(cb_backend *b, void *cache, cb_type t, int64_t width, const float *src,
                      const int32_t *at, int64_t n);
+    /* Optional (NULL: kv_write on each): a layer's K rows ks into kc and V
+     * rows vs into vc (both of type t and width), at the same rows at[n],
+     * in one operation */
+    void (*kv_write_kv)(cb_backend *b, void *kc, void *vc, cb_type t, int64_t width,
+                        const float *ks, const float *vs, const int32_t *at, int64_t n);
     /* Read n cache rows at[n] of type t into f32 dst [n, width]. */
     void (*kv_read)(cb_backend *b, const void *cache, cb_type t, int64_t width, const int32_t *at,
                     int64_t n, float *dst);
@@ -286,9 +296,9 @@ cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
  * on failure msg holds the reason.  The interface's version counts changes
  * to this table and to struct cb_backend (5: attn_mass added, and the
- * fault fields). */
+ * fault fields; 6: rope_qk and kv_write_kv). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 5
+#define CB_CUDA_ABI 6
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

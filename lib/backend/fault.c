@@ -132,6 +132,13 @@ static void f_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n
         INNER(b)->rope(b, x, pos, n, n_head, head_dim, n_rot, base, ff, neox);
 }
 
+static void f_rope_qk(cb_backend *b, float *q, float *k, const int32_t *pos, int64_t n, int n_head,
+                      int n_head_kv, int head_dim, int n_rot, float base, const float *ff, int neox)
+{
+    if (!hit(b, "rope_qk"))
+        INNER(b)->rope_qk(b, q, k, pos, n, n_head, n_head_kv, head_dim, n_rot, base, ff, neox);
+}
+
 static void f_add(cb_backend *b, float *x, const float *y, int64_t n)
 {
     if (!hit(b, "add"))
@@ -161,6 +168,13 @@ static void f_kv_write(cb_backend *b, void *cache, cb_type t, int64_t width, con
 {
     if (!hit(b, "kv_write"))
         INNER(b)->kv_write(b, cache, t, width, src, at, n);
+}
+
+static void f_kv_write_kv(cb_backend *b, void *kc, void *vc, cb_type t, int64_t width,
+                          const float *ks, const float *vs, const int32_t *at, int64_t n)
+{
+    if (!hit(b, "kv_write_kv"))
+        INNER(b)->kv_write_kv(b, kc, vc, t, width, ks, vs, at, n);
 }
 
 static void f_kv_read(cb_backend *b, const void *cache, cb_type t, int64_t width, const int32_t *at,
@@ -237,11 +251,13 @@ cb_status cb_backend_fail_at(cb_backend *b, long n)
     W(get_rows);
     W(rmsnorm);
     W(rope);
+    W(rope_qk);
     W(add);
     W(swiglu);
     W(geglu);
     W(scale);
     W(kv_write);
+    W(kv_write_kv);
     W(kv_read);
     W(attention);
     W(gather);

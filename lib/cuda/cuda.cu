@@ -70,6 +70,7 @@ static thread_local const char *cur_op = "open";
 int cu_sync_each;
 int cu_gemv_rows;
 int cu_memo;
+int cu_fuse;
 
 void cu_fail(cb_status st, int cuda, const char *what, const char *file, int line, const char *why)
 {
@@ -116,6 +117,8 @@ static void tctx_destroy(tctx *t)
         cudaEventDestroy(t->memo[i].sl.ev);
     }
     cudaFree(t->act);
+    cudaFree(t->att_part.p);
+    cudaFree(t->mass_buf.p);
     cudaFree(t->scal);
     cudaFree(t->blas_ws);
     if (t->blas)
@@ -305,6 +308,17 @@ void free_on(tctx *t, void *p)
         CK(cudaFreeAsync(p, t->s));
 }
 
+void *keep_on(tctx *t, kept *k, size_t nbytes)
+{
+    if (nbytes > k->cap) {
+        free_on(t, k->p);
+        k->cap = 0;
+        if ((k->p = alloc_on(t, nbytes)))
+            k->cap = nbytes;
+    }
+    return k->p;
+}
+
 void cu_dealloc(cb_backend *b, void *p)
 {
     if (p)
@@ -453,10 +467,22 @@ static void init_ops(void)
         OP(matmul_multi, cu_matmul_multi);
     else
         o->matmul_multi = NULL;
-    /* index arrays sent once while they repeat (stage_memo), behind
-     * CB_CUDA_MEMO=1 until a GPU run has checked it (issue 34) */
+    /* index arrays sent once while they repeat (stage_memo), attention's
+     * and attn_mass's scratch kept (keep_on), behind CB_CUDA_MEMO=1 until a
+     * GPU run has checked them (issue 34) */
     env = getenv("CB_CUDA_MEMO");
     cu_memo = env && strcmp(env, "1") == 0;
+    /* Q's and K's RoPE in one launch, K's and V's cache rows in one, behind
+     * CB_CUDA_FUSE=1 until a GPU run has checked them (issue 34) */
+    env = getenv("CB_CUDA_FUSE");
+    cu_fuse = env && strcmp(env, "1") == 0;
+    if (cu_fuse) {
+        OP(rope_qk, cu_rope_qk);
+        OP(kv_write_kv, cu_kv_write_kv);
+    } else {
+        o->rope_qk = NULL;
+        o->kv_write_kv = NULL;
+    }
 #undef OP
 #undef RELEASE
 }

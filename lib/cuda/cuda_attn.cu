@@ -228,8 +228,15 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
     const int32_t *dpos = stage_idx(t, pos, n);
     int z = att_splits(&t->owner->prop, n, pos, n_head, window);
     float *part = NULL;
-    if (z > 1 && !(part = (float *)alloc_on(t, sizeof(float) * (size_t)z * (size_t)(n * n_head) * (size_t)(hd + 2))))
+    const size_t part_bytes = sizeof(float) * (size_t)z * (size_t)(n * n_head) * (size_t)(hd + 2);
+    if (z > 1 && cu_memo) {
+        /* the thread's shares buffer, kept (a decode step's every layer
+         * splits its keys) */
+        if (!(part = (float *)keep_on(t, &t->att_part, part_bytes)))
+            z = 1;
+    } else if (z > 1 && !(part = (float *)alloc_on(t, part_bytes))) {
         z = 1; /* no memory for the shares: unsplit, slower, the same result */
+    }
     dim3 grid(nblocks(n, ATT_WARPS * ATT_ROWS), (unsigned)n_head, (unsigned)z);
     size_t smem = att_smem(hd);
     if (ty == CB_TYPE_F32)
@@ -242,7 +249,8 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
     if (z > 1) {
         k_att_merge<<<dim3((unsigned)n, (unsigned)n_head), (unsigned)hd, 0, t->s>>>(part, z, n, n_head, hd, out);
         CKL();
-        free_on(t, part);
+        if (!cu_memo)
+            free_on(t, part);
     }
 }
 
@@ -382,11 +390,21 @@ cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_
     if (hd > ATT_HD_MAX)
         BUG("attn_mass", "head dimension above 256");
     const int32_t *dpos = stage_idx(t, pos, n);
-    float2 *ml = (float2 *)alloc_on(t, sizeof(float2) * (size_t)(n * n_head));
-    float *part = (float *)alloc_on(t, sizeof(float) * (size_t)(n_keys * n_head));
+    const size_t ml_bytes = sizeof(float2) * (size_t)(n * n_head), part_bytes = sizeof(float) * (size_t)(n_keys * n_head);
+    float2 *ml;
+    float *part;
+    if (cu_memo) { /* one buffer the thread keeps: a probe scores every layer */
+        ml = (float2 *)keep_on(t, &t->mass_buf, ml_bytes + part_bytes);
+        part = ml ? (float *)(ml + n * n_head) : NULL;
+    } else {
+        ml = (float2 *)alloc_on(t, ml_bytes);
+        part = (float *)alloc_on(t, part_bytes);
+    }
     if (!ml || !part) {
-        free_on(t, ml);
-        free_on(t, part);
+        if (!cu_memo) {
+            free_on(t, ml);
+            free_on(t, part);
+        }
         return CB_ERR_NOMEM;
     }
     dim3 gn((unsigned)n, (unsigned)n_head), gh(nblocks(n_keys, MASS_KT), (unsigned)n_head);
@@ -406,7 +424,9 @@ cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_
     }
     CKL();
     LAUNCH_1D(t, n_keys, k_mass_add, part, n_keys, n_head, mass);
-    free_on(t, ml);
-    free_on(t, part);
+    if (!cu_memo) {
+        free_on(t, ml);
+        free_on(t, part);
+    }
     return CB_OK;
 }

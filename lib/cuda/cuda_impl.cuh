@@ -47,8 +47,13 @@ enum { CU_GEMV_ROWS = 8 };
 extern int cu_gemv_rows;
 
 /* CB_CUDA_MEMO=1: stage() sends an index array or small table only when
- * its contents differ from the N_MEMO the thread sent last (cuda.cu) */
+ * its contents differ from the N_MEMO the thread sent last (cuda.cu), and
+ * attention keeps its scratch from call to call (cuda_attn.cu) */
 extern int cu_memo;
+
+/* CB_CUDA_FUSE=1: rope_qk and kv_write_kv in the table (cuda_ops.cu), a
+ * launch for what takes two */
+extern int cu_fuse;
 
 /* Throw a cu_fault: `what` (a call) failed at file:line for reason `why`,
  * in the backend operation the calling thread is in ("matmul: an illegal
@@ -115,6 +120,12 @@ typedef struct memo {
     unsigned long used;  /* the thread's memo clock at the last hand-out */
 } memo;
 
+/* A scratch buffer a thread keeps from call to call (keep_on) */
+typedef struct kept {
+    void *p;
+    size_t cap;
+} kept;
+
 /* A thread's device scalars for its matrix products (stream-ordered: each
  * product rewrites them after the previous one has read them). */
 typedef struct mm_scalars {
@@ -139,6 +150,8 @@ typedef struct tctx {
     int next_stage;
     void *act;            /* 16-bit copy of a matmul's input rows */
     size_t act_cap;
+    kept att_part;        /* CB_CUDA_MEMO=1: attention's split shares, kept */
+    kept mass_buf;        /* and attn_mass's normalizers and per-head sums */
     struct tctx *next;    /* free list */
 } tctx;
 
@@ -178,6 +191,11 @@ const int32_t *stage_idx(tctx *t, const int32_t *h, int64_t n);
  * of memory (the error is cleared); any other error throws. */
 void *alloc_on(tctx *t, size_t nbytes);
 void free_on(tctx *t, void *p);
+/* k's buffer, grown to at least nbytes (the old one freed after the work
+ * queued on it), for work on t->s: stream order keeps one call's kernels
+ * from writing it before the last call's have read it.  NULL when the
+ * device is out of memory. */
+void *keep_on(tctx *t, kept *k, size_t nbytes);
 /* host src -> device dst through the page-locked staging buffers */
 void upload_on(tctx *t, void *dst, const void *src, size_t nbytes);
 
@@ -229,12 +247,16 @@ cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_
 void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps);
 void cu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, float base,
              const float *ff, int neox);
+void cu_rope_qk(cb_backend *b, float *q, float *k, const int32_t *pos, int64_t n, int n_head, int n_head_kv, int hd,
+                int n_rot, float base, const float *ff, int neox);
 void cu_add(cb_backend *b, float *x, const float *y, int64_t n);
 void cu_swiglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n);
 void cu_geglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n);
 void cu_scale(cb_backend *b, float *x, float s, int64_t n);
 void cu_kv_write(cb_backend *b, void *cache, cb_type ty, int64_t width, const float *src, const int32_t *at,
                  int64_t n);
+void cu_kv_write_kv(cb_backend *b, void *kc, void *vc, cb_type ty, int64_t width, const float *ks, const float *vs,
+                    const int32_t *at, int64_t n);
 void cu_kv_read(cb_backend *b, const void *cache, cb_type ty, int64_t width, const int32_t *at, int64_t n,
                 float *dst);
 void cu_gather(cb_backend *b, const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst);

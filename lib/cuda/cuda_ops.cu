@@ -52,13 +52,10 @@ void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t
  * multiplies by the position: 1e-3 rad at 32K); ff [n_rot/2] (device) or
  * NULL: RoPE scaling's divisors, applied by one correctly rounded division
  * as on the CPU */
-__global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, const float *inv,
-                       const float *ff, int neox)
+__device__ __forceinline__ void rope_one(float *x, const int32_t *pos, int64_t i, int n_head, int hd, int n_rot,
+                                         const float *inv, const float *ff, int neox)
 {
     int half = n_rot / 2;
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * n_head * half)
-        return;
     int p = (int)(i % half);
     int64_t th = i / half; /* row * n_head + head */
     int a, c;
@@ -70,21 +67,58 @@ __global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int 
     cb_op_rope_rotate(&v[a], &v[c], co, s);
 }
 
+__global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, const float *inv,
+                       const float *ff, int neox)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n * n_head * (n_rot / 2))
+        rope_one(x, pos, i, n_head, hd, n_rot, inv, ff, neox);
+}
+
+/* k_rope over q's (row, head, pair)s, then k's */
+__global__ void k_rope_qk(float *q, float *k, const int32_t *pos, int64_t n, int n_head, int n_head_kv, int hd,
+                          int n_rot, const float *inv, const float *ff, int neox)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nq = n * n_head * (n_rot / 2);
+    if (i < nq)
+        rope_one(q, pos, i, n_head, hd, n_rot, inv, ff, neox);
+    else if (i - nq < n * n_head_kv * (n_rot / 2))
+        rope_one(k, pos, i - nq, n_head_kv, hd, n_rot, inv, ff, neox);
+}
+
+/* the pairs' inverse frequencies (k_rope's inv), staged */
+static const float *rope_table(tctx *t, int n_rot, float base)
+{
+    enum { HALF_MAX = 128 };
+    float inv[HALF_MAX];
+    if (n_rot / 2 > HALF_MAX) /* n_rot <= head_dim <= max_head_dim (256) */
+        BUG("rope", "rotated dimensions above 256");
+    for (int i = 0; i < n_rot / 2; i++)
+        inv[i] = cb_op_rope_freq(i, n_rot, base);
+    return (const float *)stage(t, inv, sizeof(float) * (size_t)(n_rot / 2));
+}
+
 void cu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot,
                     float base, const float *ff, int neox)
 {
     tctx *t = T(b, "rope");
     int64_t nt = n * n_head * (n_rot / 2);
-    enum { HALF_MAX = 128 };
-    float inv[HALF_MAX];
     if (nt == 0)
         return;
-    if (n_rot / 2 > HALF_MAX) /* n_rot <= head_dim <= max_head_dim (256) */
-        BUG("rope", "rotated dimensions above 256");
-    for (int i = 0; i < n_rot / 2; i++)
-        inv[i] = cb_op_rope_freq(i, n_rot, base);
-    const float *dinv = (const float *)stage(t, inv, sizeof(float) * (size_t)(n_rot / 2));
+    const float *dinv = rope_table(t, n_rot, base);
     LAUNCH_1D(t, nt, k_rope, x, stage_idx(t, pos, n), n, n_head, hd, n_rot, dinv, ff, neox);
+}
+
+/* backend.h's rope_qk (CB_CUDA_FUSE=1): one launch for both */
+void cu_rope_qk(cb_backend *b, float *q, float *k, const int32_t *pos, int64_t n, int n_head, int n_head_kv, int hd,
+                int n_rot, float base, const float *ff, int neox)
+{
+    tctx *t = T(b, "rope_qk");
+    int64_t nt = n * (n_head + n_head_kv) * (n_rot / 2);
+    if (nt == 0)
+        return;
+    const float *dinv = rope_table(t, n_rot, base);
+    LAUNCH_1D(t, nt, k_rope_qk, q, k, stage_idx(t, pos, n), n, n_head, n_head_kv, hd, n_rot, dinv, ff, neox);
 }
 
 __global__ void k_add(float *x, const float *y, int64_t n)
@@ -144,6 +178,18 @@ template <typename T> __global__ void k_kv_write(T *cache, int64_t width, const 
         cache[(int64_t)at[i / width] * width + i % width] = st<T>(src[i]);
 }
 
+/* k_kv_write for K's rows, then V's */
+template <typename T>
+__global__ void k_kv_write_kv(T *kc, T *vc, int64_t width, const float *ks, const float *vs, const int32_t *at,
+                              int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, ne = n * width;
+    if (i < ne)
+        kc[(int64_t)at[i / width] * width + i % width] = st<T>(ks[i]);
+    else if (i - ne < ne)
+        vc[(int64_t)at[(i - ne) / width] * width + (i - ne) % width] = st<T>(vs[i - ne]);
+}
+
 template <typename T> __global__ void k_kv_read(const T *cache, int64_t width, const int32_t *at, int64_t n, float *dst)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -162,6 +208,20 @@ void cu_kv_write(cb_backend *b, void *cache, cb_type ty, int64_t width, const fl
         LAUNCH_1D(t, n * width, k_kv_write, (float *)cache, width, src, dat, n);
     else
         LAUNCH_1D(t, n * width, k_kv_write, (__half *)cache, width, src, dat, n);
+}
+
+/* backend.h's kv_write_kv (CB_CUDA_FUSE=1): one launch for both */
+void cu_kv_write_kv(cb_backend *b, void *kc, void *vc, cb_type ty, int64_t width, const float *ks, const float *vs,
+                    const int32_t *at, int64_t n)
+{
+    tctx *t = T(b, "kv_write_kv");
+    if (n == 0)
+        return;
+    const int32_t *dat = stage_idx(t, at, n);
+    if (ty == CB_TYPE_F32)
+        LAUNCH_1D(t, 2 * n * width, k_kv_write_kv, (float *)kc, (float *)vc, width, ks, vs, dat, n);
+    else
+        LAUNCH_1D(t, 2 * n * width, k_kv_write_kv, (__half *)kc, (__half *)vc, width, ks, vs, dat, n);
 }
 
 void cu_kv_read(cb_backend *b, const void *cache, cb_type ty, int64_t width, const int32_t *at, int64_t n,

@@ -284,6 +284,40 @@ static void matmul_same_input(cb_backend *be, const cb_bweight *const *w, int nw
         be->ops->matmul(be, w[k], x, y[k], n);
 }
 
+/* RoPE of layer L on the queries q [n, n_head, hd] and keys k [n,
+ * n_head_kv, hd] at positions pos[n], either NULL: both in one operation
+ * where the backend has one */
+static void rope_qk(const cb_model *m, const cb_layer *L, float *q, float *k, const int32_t *pos,
+                    int32_t n)
+{
+    const cb_hparams *hp = &m->hp;
+    const cb_backend_ops *o = m->be->ops;
+    if (q && k && o->rope_qk) {
+        o->rope_qk(m->be, q, k, pos, n, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
+                   L->rope_base, L->rope_ff, hp->rope_neox);
+        return;
+    }
+    if (q)
+        o->rope(m->be, q, pos, n, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
+                hp->rope_neox);
+    if (k)
+        o->rope(m->be, k, pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
+                hp->rope_neox);
+}
+
+/* a layer's K and V rows k, v [n, width] into its cache at rows at[n] */
+static void kv_write_layer(cb_backend *be, const cb_kvcache *kv, int32_t layer, const float *k,
+                           const float *v, const int32_t *at, int32_t n)
+{
+    const cb_backend_ops *o = be->ops;
+    if (o->kv_write_kv) {
+        o->kv_write_kv(be, kv->k[layer], kv->v[layer], kv->type, kv->width, k, v, at, n);
+    } else {
+        o->kv_write(be, kv->k[layer], kv->type, kv->width, k, at, n);
+        o->kv_write(be, kv->v[layer], kv->type, kv->width, v, at, n);
+    }
+}
+
 /* The first step of a layer for `rows` (NULL: all): check the rows, note
  * their positions, gather them, normalize, and project the requested ones
  * of Q, K (both with RoPE) and V into f->q, f->k, f->v.  *x is the rows'
@@ -329,21 +363,15 @@ static cb_status layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_
     if (which & QKV_V)
         w[nw] = L->wv, y[nw++] = f->v;
     matmul_same_input(be, w, nw, f->xn, y, *n);
+    if ((which & QKV_Q) && L->q_norm)
+        o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)*n * hp->n_head, hp->head_dim, hp->norm_eps);
+    if ((which & QKV_K) && L->k_norm)
+        o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)*n * hp->n_head_kv, hp->head_dim,
+                   hp->norm_eps);
+    rope_qk(m, L, which & QKV_Q ? f->q : NULL, which & QKV_K ? f->k : NULL, f->sel_pos, *n);
     if (which & QKV_Q) {
-        if (L->q_norm)
-            o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)*n * hp->n_head, hp->head_dim,
-                       hp->norm_eps);
-        o->rope(be, f->q, f->sel_pos, *n, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base,
-                L->rope_ff, hp->rope_neox);
         f->n_q = *n;
         memcpy(f->q_pos, f->sel_pos, sizeof(int32_t) * (size_t)*n);
-    }
-    if (which & QKV_K) {
-        if (L->k_norm)
-            o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)*n * hp->n_head_kv, hp->head_dim,
-                       hp->norm_eps);
-        o->rope(be, f->k, f->sel_pos, *n, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base,
-                L->rope_ff, hp->rope_neox);
     }
     return CB_OK;
 }
@@ -355,7 +383,7 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     const cb_hparams *hp = &m->hp;
     const cb_backend_ops *o = m->be->ops;
     cb_backend *be = m->be;
-    int64_t d = hp->n_embd, dkv = kv->width;
+    int64_t d = hp->n_embd;
     int32_t n;
     float *x = NULL;
     cb_status st;
@@ -370,8 +398,7 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
 
     /* attention block: this layer's K/V of the rows, then attention over the cache */
     kv_after_loads(kv, layer);
-    o->kv_write(be, kv->k[layer], kv->type, dkv, f->k, f->sel_pos, n);
-    o->kv_write(be, kv->v[layer], kv->type, dkv, f->v, f->sel_pos, n);
+    kv_write_layer(be, kv, layer, f->k, f->v, f->sel_pos, n);
     o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head,
                  hp->n_head_kv, hp->head_dim, m->attn_scale, L->window, f->att);
     o->matmul(be, L->wo, f->att, f->xn, n);
@@ -401,7 +428,6 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
 cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows,
                           int32_t n_rows)
 {
-    const cb_backend_ops *o = f->m->be->ops;
     cb_backend *be = f->m->be;
     int32_t n;
     float *x = NULL;
@@ -413,8 +439,7 @@ cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_
         n == 0)
         return st;
     kv_after_loads(kv, layer);
-    o->kv_write(be, kv->k[layer], kv->type, kv->width, f->k, f->sel_pos, n);
-    o->kv_write(be, kv->v[layer], kv->type, kv->width, f->v, f->sel_pos, n);
+    kv_write_layer(be, kv, layer, f->k, f->v, f->sel_pos, n);
     return cb_backend_status(be);
 }
 
@@ -558,8 +583,7 @@ static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *po
     for (int32_t i = 0; i < n; i++) {
         const cb_kvcache *c = kv[i];
         kv_after_loads(c, layer);
-        o->kv_write(be, c->k[layer], c->type, dkv, f->k + i * dkv, &pos[i], 1);
-        o->kv_write(be, c->v[layer], c->type, dkv, f->v + i * dkv, &pos[i], 1);
+        kv_write_layer(be, c, layer, f->k + i * dkv, f->v + i * dkv, &pos[i], 1);
         o->attention(be, f->q + i * dq, &pos[i], 1, c->k[layer], c->v[layer], c->type, hp->n_head,
                      hp->n_head_kv, hp->head_dim, m->attn_scale, m->layers[layer].window,
                      f->att + i * dq);
@@ -588,13 +612,10 @@ static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, i
     if (L->q_norm)
         o->rmsnorm(be, f->q, L->q_norm, f->q, (int64_t)rows * hp->n_head, hp->head_dim,
                    hp->norm_eps);
-    o->rope(be, f->q, f->pos, rows, hp->n_head, hp->head_dim, hp->n_rot, L->rope_base, L->rope_ff,
-            hp->rope_neox);
     if (L->k_norm)
         o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)rows * hp->n_head_kv, hp->head_dim,
                    hp->norm_eps);
-    o->rope(be, f->k, f->pos, rows, hp->n_head_kv, hp->head_dim, hp->n_rot, L->rope_base,
-            L->rope_ff, hp->rope_neox);
+    rope_qk(m, L, f->q, f->k, f->pos, rows);
     decode_attention(f, kv, pos, n, rows, l);
     const cb_bweight *wo[1] = {L->wo}, *wd[1] = {L->wd};
     decode_products(be, wo, 1, f->att, dq, &f->xn, &d, rows);

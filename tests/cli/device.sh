@@ -131,12 +131,13 @@ PY
 )
     [ "$brc" = 0 ] && [ "$same" = 3 ] && ok "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do (3 of 3)" ||
         not_ok "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do (exit $brc, $same of 3; $(head -c 200 "$T/berr"))"
-    # the staging memo (CB_CUDA_MEMO=1) changes what is sent, not a value
-    CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 "$RUN" -m "$TINY" --device cuda --temp 0 --batch "$T/bq.jsonl" > "$T/bom.jsonl" 2>"$T/berr"
+    # the staging memo and the fused operations (CB_CUDA_MEMO=1
+    # CB_CUDA_FUSE=1) change what is sent and launched, not a value
+    CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 "$RUN" -m "$TINY" --device cuda --temp 0 --batch "$T/bq.jsonl" > "$T/bom.jsonl" 2>"$T/berr"
     brc=$?
     same=$(python3 -c "import json,sys; a=[json.loads(l)['answer'] for l in open(sys.argv[1])]; b=[json.loads(l)['answer'] for l in open(sys.argv[2])]; print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)" "$T/bo.jsonl" "$T/bom.jsonl" 2>/dev/null)
-    [ "$brc" = 0 ] && [ "$same" = 3 ] && ok "CB_CUDA_MEMO=1: the same answers (3 of 3)" ||
-        not_ok "CB_CUDA_MEMO=1: the same answers (exit $brc, $same of 3; $(head -c 200 "$T/berr"))"
+    [ "$brc" = 0 ] && [ "$same" = 3 ] && ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers (3 of 3)" ||
+        not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers (exit $brc, $same of 3; $(head -c 200 "$T/berr"))"
     # and a blend (gathers, scatters, deviations and top-k over row sets): the same logits, bit for bit
     printf 'The old mill stood by the river for two hundred years. ' > "$T/mdoc.txt"
     printf 'Its wheel turned until the flood of the last winter. ' >> "$T/mdoc.txt"
@@ -144,18 +145,18 @@ PY
     "$BINDIR_B/cb-chunk" -m "$TINY" --tokens 12 "$T/mdoc.txt" > "$T/mch.jsonl" &&
         "$PRE" -q -m "$TINY" --device cuda --store "$T/ms" "$T/mch.jsonl" >/dev/null 2>&1
     for memo in 0 1; do
-        CB_CUDA_GEMV=1 CB_CUDA_MEMO=$memo "$RUN" -m "$TINY" --device cuda --store "$T/ms" --chunks "$T/mch.jsonl" \
+        CB_CUDA_GEMV=1 CB_CUDA_MEMO=$memo CB_CUDA_FUSE=$memo "$RUN" -m "$TINY" --device cuda --store "$T/ms" --chunks "$T/mch.jsonl" \
             --mode blend --strategy probe -p "What stood by the river?" -n 8 --temp 0 --no-store-write \
             --logits-out "$T/ml$memo.bin" > "$T/ma$memo.txt" 2>"$T/merr$memo" || echo "exit $?" >> "$T/merr$memo"
     done
     [ -s "$T/ml0.bin" ] && cmp -s "$T/ml0.bin" "$T/ml1.bin" && cmp -s "$T/ma0.txt" "$T/ma1.txt" &&
-        ok "CB_CUDA_MEMO=1: a blend's logits and answer, bit for bit" ||
-        not_ok "CB_CUDA_MEMO=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/merr1"))"
+        ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" ||
+        not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/merr1"))"
 else
     [ "$DEV" = cuda ] && why="no GPU here" || why="CB_TEST_DEVICE=$DEV, not cuda"
     skip "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do" "$why"
-    skip "CB_CUDA_MEMO=1: the same answers" "$why"
-    skip "CB_CUDA_MEMO=1: a blend's logits and answer, bit for bit" "$why"
+    skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers" "$why"
+    skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" "$why"
 fi
 
 # ------------------------------------------------ CPU vs CUDA end to end

@@ -2131,6 +2131,75 @@ static void rows_stable_case(cb_backend *be, const char *label, cb_type t, int64
     free(wf), free(x), free(alone), free(y), free(y2), free(xs), free(wq);
 }
 
+/* The fused operations (CUDA under CB_CUDA_FUSE=1): rope_qk gives, bit for
+ * bit, what rope on Q and then on K gives, and kv_write_kv what kv_write
+ * of K and of V does, on the backend's own separate operations (which
+ * the cases above check against the CPU): RoPE normal and neox, whole and
+ * partial, with and without frequency factors; caches of f32 and f16. */
+static void fused_case(cb_backend *be, const char *label)
+{
+    enum { N = 5, NH = 12, NKV = 2, HD = 64, W = NKV * HD, NC = 40 };
+    const size_t qb = sizeof(float) * N * NH * HD, kb = sizeof(float) * N * NKV * HD;
+    int32_t pos[N] = {0, 7, 8, 300, 4095};
+    seed(2024);
+    float *q = rand_vec(N * NH * HD, 1.0f), *k = rand_vec(N * NKV * HD, 1.0f);
+    float *ffh = rand_vec(HD / 2, 0.5f), *q1 = malloc(qb), *q2 = malloc(qb), *k1 = malloc(kb),
+          *k2 = malloc(kb);
+    for (int i = 0; i < HD / 2; i++)
+        ffh[i] = 1.0f + fabsf(ffh[i]);
+    float *ff = bput(be, ffh, sizeof(float) * (HD / 2));
+    for (int neox = 0; neox < 2; neox++)
+        for (int rot = 32; rot <= HD; rot += 32)
+            for (int withff = 0; withff < 2; withff++) {
+                float *dq1 = bput(be, q, qb), *dk1 = bput(be, k, kb), *dq2 = bput(be, q, qb),
+                      *dk2 = bput(be, k, kb);
+                const float *f = withff ? ff : NULL;
+                be->ops->rope(be, dq1, pos, N, NH, HD, rot, 1e6f, f, neox);
+                be->ops->rope(be, dk1, pos, N, NKV, HD, rot, 1e6f, f, neox);
+                be->ops->rope_qk(be, dq2, dk2, pos, N, NH, NKV, HD, rot, 1e6f, f, neox);
+                bget(be, q1, dq1, qb), bget(be, q2, dq2, qb), bget(be, k1, dk1, kb),
+                    bget(be, k2, dk2, kb);
+                tcase("%s rope_qk = rope of Q, of K, bit for bit (%s, rot %d%s)", label,
+                      neox ? "neox" : "normal", rot, withff ? ", freq factors" : "");
+                CHECK(memcmp(q1, q2, qb) == 0 && memcmp(k1, k2, kb) == 0 && memcmp(q1, q, qb) != 0);
+                bfree(be, dq1), bfree(be, dk1), bfree(be, dq2), bfree(be, dk2);
+            }
+    int32_t at[N] = {3, 39, 0, 17, 18};
+    for (int f16 = 0; f16 < 2; f16++) {
+        cb_type ty = f16 ? CB_TYPE_F16 : CB_TYPE_F32;
+        size_t cb = (f16 ? 2 : 4) * (size_t)(NC * W);
+        uint8_t *h1 = malloc(4 * cb), *h2 = h1 + cb, *h3 = h2 + cb, *h4 = h3 + cb;
+        void *c[4];
+        for (int i = 0; i < 4; i++)
+            c[i] = be->ops->alloc(be, cb); /* zeroed */
+        float *ks = bput(be, k, kb), *vs = bput(be, q, kb);
+        be->ops->kv_write(be, c[0], ty, W, ks, at, N);
+        be->ops->kv_write(be, c[1], ty, W, vs, at, N);
+        be->ops->kv_write_kv(be, c[2], c[3], ty, W, ks, vs, at, N);
+        bget(be, h1, c[0], cb), bget(be, h2, c[1], cb), bget(be, h3, c[2], cb),
+            bget(be, h4, c[3], cb);
+        tcase("%s kv_write_kv = kv_write of K, of V, bit for bit (%s cache)", label,
+              cb_type_name(ty));
+        CHECK(memcmp(h1, h3, cb) == 0 && memcmp(h2, h4, cb) == 0 && memcmp(h1, h2, cb) != 0);
+        for (int i = 0; i < 4; i++)
+            bfree(be, c[i]);
+        bfree(be, ks), bfree(be, vs);
+        free(h1);
+    }
+    bfree(be, ff);
+    free(q), free(k), free(ffh), free(q1), free(q2), free(k1), free(k2);
+}
+
+static void fused_cases(void)
+{
+    if (cuda && cuda->ops->rope_qk && cuda->ops->kv_write_kv) {
+        fused_case(cuda, "cuda");
+        return;
+    }
+    tskip("cuda rope_qk and kv_write_kv = the separate operations, bit for bit",
+          cuda ? "CB_CUDA_FUSE=0: no fused operations" : cuda_why);
+}
+
 static void rows_stable_cases(void)
 {
     static const cb_type types[] = {CB_TYPE_F32,  CB_TYPE_F16,  CB_TYPE_BF16, CB_TYPE_Q4_0,
@@ -2289,9 +2358,12 @@ int main(int argc, char **argv)
      * environment says 0 (which tests cuBLAS's path for every row count) */
     if (!getenv("CB_CUDA_GEMV"))
         setenv("CB_CUDA_GEMV", "1", 1);
-    /* and the memo of staged index arrays, behind CB_CUDA_MEMO=1 likewise */
+    /* and the memo of staged index arrays, behind CB_CUDA_MEMO=1 likewise,
+     * and the fused operations, behind CB_CUDA_FUSE=1 */
     if (!getenv("CB_CUDA_MEMO"))
         setenv("CB_CUDA_MEMO", "1", 1);
+    if (!getenv("CB_CUDA_FUSE"))
+        setenv("CB_CUDA_FUSE", "1", 1);
     if (cb_backend_open(&cuda, "cuda", 0, &err) != CB_OK) {
         cuda = NULL;
         snprintf(cuda_why, sizeof cuda_why, "no CUDA device (see the first line)");
@@ -2474,6 +2546,7 @@ int main(int argc, char **argv)
     run_case("event hand-over between threads", c_event, -1, -1);
     act8_cases();
     rows_stable_cases();
+    fused_cases();
     r18_cases(argv[0]);
 
     if (cuda)
