@@ -179,7 +179,7 @@ struct qg_kernels {
     qg_gemm_fn gemm;
     qg_layout layout; /* the panels gemm reads */
     qg_gemv_fn gemv;
-    qg_gemv_fn rows; /* K types, rows_min .. QG_ROWS rows at a time (NULL: none) */
+    qg_gemv_fn rows; /* rows_min .. QG_ROWS rows at a time of rows_types (NULL: none) */
     int rows_min;
     unsigned rows_types; /* the types (bit t: cb_type t) qg_gemv gives it */
     qg_decode_fn decode; /* the portable packer's */

@@ -70,7 +70,6 @@ static thread_local const char *cur_op = "open";
 int cu_sync_each;
 int cu_gemv_rows;
 int cu_memo;
-int cu_fuse;
 
 void cu_fail(cb_status st, int cuda, const char *what, const char *file, int line, const char *why)
 {
@@ -116,7 +115,7 @@ static void tctx_destroy(tctx *t)
         cudaFree(t->memo[i].sl.dev);
         cudaEventDestroy(t->memo[i].sl.ev);
     }
-    cudaFree(t->act);
+    cudaFree(t->act.p);
     cudaFree(t->att_part.p);
     cudaFree(t->mass_buf.p);
     cudaFree(t->scal);
@@ -409,6 +408,13 @@ static void cu_free(cb_backend *b)
 
 static cb_backend_ops cuda_ops;
 
+/* whether environment variable name is set to v */
+static bool env_is(const char *name, const char *v)
+{
+    const char *e = getenv(name);
+    return e && strcmp(e, v) == 0;
+}
+
 /* The table: every entry guarded (fault handling, CB_CUDA_SYNC) */
 static void init_ops(void)
 {
@@ -445,22 +451,18 @@ static void init_ops(void)
     OP(scatter, cu_scatter);
     OP(deviation, cu_deviation);
     OP(topk, cu_topk);
-    {
-        /* probe's score on the device (passed the op tests and every
-         * sanitizer on an H200, 2026-11-27); CB_CUDA_MASS=0 leaves it to the
-         * host, which copies each probed layer's queries and keys back */
-        const char *env = getenv("CB_CUDA_MASS");
-        if (!(env && strcmp(env, "0") == 0))
-            OP(attn_mass, cu_attn_mass);
-    }
+    /* probe's score on the device (passed the op tests and every
+     * sanitizer on an H200, 2026-11-27); CB_CUDA_MASS=0 leaves it to the
+     * host, which copies each probed layer's queries and keys back */
+    if (!env_is("CB_CUDA_MASS", "0"))
+        OP(attn_mass, cu_attn_mass);
     /* cuBLAS picks its algorithm by shape and a product's input rows share
      * one f16 scale: a row's bits can depend on its company (backend.h).
      * The few-row kernel (cuda_mm.cu) keeps each row to itself; it stays
      * behind CB_CUDA_GEMV=1 until a GPU run has checked it (issue 34), and
      * then decoding batches sequences in products of up to CU_GEMV_ROWS
      * rows (cb_backend_cuda_open sets rows_step and rows_max) */
-    const char *env = getenv("CB_CUDA_GEMV");
-    cu_gemv_rows = env && strcmp(env, "1") == 0 ? CU_GEMV_ROWS : 0;
+    cu_gemv_rows = env_is("CB_CUDA_GEMV", "1") ? CU_GEMV_ROWS : 0;
     o->rows_unstable = cu_gemv_rows == 0;
     /* with it, a decode step's Q, K and V (gate and up) in one launch */
     if (cu_gemv_rows)
@@ -470,13 +472,10 @@ static void init_ops(void)
     /* index arrays sent once while they repeat (stage_memo), attention's
      * and attn_mass's scratch kept (keep_on), behind CB_CUDA_MEMO=1 until a
      * GPU run has checked them (issue 34) */
-    env = getenv("CB_CUDA_MEMO");
-    cu_memo = env && strcmp(env, "1") == 0;
+    cu_memo = env_is("CB_CUDA_MEMO", "1");
     /* Q's and K's RoPE in one launch, K's and V's cache rows in one, behind
      * CB_CUDA_FUSE=1 until a GPU run has checked them (issue 34) */
-    env = getenv("CB_CUDA_FUSE");
-    cu_fuse = env && strcmp(env, "1") == 0;
-    if (cu_fuse) {
+    if (env_is("CB_CUDA_FUSE", "1")) {
         OP(rope_qk, cu_rope_qk);
         OP(kv_write_kv, cu_kv_write_kv);
     } else {

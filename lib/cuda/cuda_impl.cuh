@@ -51,10 +51,6 @@ extern int cu_gemv_rows;
  * attention keeps its scratch from call to call (cuda_attn.cu) */
 extern int cu_memo;
 
-/* CB_CUDA_FUSE=1: rope_qk and kv_write_kv in the table (cuda_ops.cu), a
- * launch for what takes two */
-extern int cu_fuse;
-
 /* Throw a cu_fault: `what` (a call) failed at file:line for reason `why`,
  * in the backend operation the calling thread is in ("matmul: an illegal
  * memory access was encountered (cublasGemmEx(...) at file:line)").  cuda:
@@ -148,8 +144,7 @@ typedef struct tctx {
     unsigned long memo_clock;
     slot stage[2];        /* upload staging, alternating */
     int next_stage;
-    void *act;            /* 16-bit copy of a matmul's input rows */
-    size_t act_cap;
+    kept act;             /* 16-bit copy of a matmul's input rows */
     kept att_part;        /* CB_CUDA_MEMO=1: attention's split shares, kept */
     kept mass_buf;        /* and attn_mass's normalizers and per-head sums */
     struct tctx *next;    /* free list */

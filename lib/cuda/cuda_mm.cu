@@ -506,14 +506,13 @@ static void gemv(tctx *t, const cb_bweight *const *w, int nw, const float *x, fl
 {
     gemv_set s;
     memset(&s, 0, sizeof s);
-    for (int k = 0; k < CU_GEMV_SET; k++) {
-        const cb_bweight *wk = w[k < nw ? k : nw - 1];
-        if (k < nw) {
-            s.w[k] = wk->w, s.bias[k] = wk->bias, s.y[k] = y[k], s.n_out[k] = wk->n_out;
-            s.unscale[k] = ldexpf(1.0f, -wk->e); /* exact */
-        }
-        s.first[k + 1] = s.first[k] + (k < nw ? nblocks(wk->n_out, 8) : 0);
+    for (int k = 0; k < nw; k++) {
+        s.w[k] = w[k]->w, s.bias[k] = w[k]->bias, s.y[k] = y[k], s.n_out[k] = w[k]->n_out;
+        s.unscale[k] = ldexpf(1.0f, -w[k]->e); /* exact */
+        s.first[k + 1] = s.first[k] + nblocks(w[k]->n_out, 8);
     }
+    for (int k = nw; k < CU_GEMV_SET; k++) /* no blocks past the last weight */
+        s.first[k + 1] = s.first[nw];
     const int64_t n_in = w[0]->n_in;
     const bool bf = w[0]->dt == CUDA_R_16BF;
     if (n_in % 8 != 0)
@@ -539,26 +538,22 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
     if (n <= cu_gemv_rows) {
         gemv(t, &w, 1, x, &y, n);
     } else {
-        if (need > t->act_cap) {
-            if (t->act)
-                CK(cudaFreeAsync(t->act, t->s));
-            t->act = NULL, t->act_cap = 0;
-            CK(cudaMallocAsync(&t->act, need, t->s));
-            t->act_cap = need;
-        }
+        void *act = keep_on(t, &t->act, need);
+        if (!act)
+            cu_fail(CB_ERR_DEVICE, 1, "keep_on(t, &t->act, need)", __FILE__, __LINE__, "out of memory");
         if (w->dt == CUDA_R_16BF) { /* bf16 holds any f32 magnitude: no scaling */
-            LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)t->act, ne, (const unsigned *)NULL, w->e,
+            LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)act, ne, (const unsigned *)NULL, w->e,
                       &t->scal->alpha);
         } else {
             absmax(t, x, ne, &t->scal->amax);
             amax_known = true;
-            LAUNCH_1D(t, ne, k_to16, x, (__half *)t->act, ne, (const unsigned *)&t->scal->amax, w->e,
+            LAUNCH_1D(t, ne, k_to16, x, (__half *)act, ne, (const unsigned *)&t->scal->amax, w->e,
                       &t->scal->alpha);
         }
         /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
          * y^T [n_out, n] = (W as column-major [n_in, n_out])^T x^T */
         CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in, &t->scal->alpha,
-                         w->w, w->dt, (int)w->n_in, t->act, w->dt, (int)w->n_in, &t->scal->zero, y, CUDA_R_32F,
+                         w->w, w->dt, (int)w->n_in, act, w->dt, (int)w->n_in, &t->scal->zero, y, CUDA_R_32F,
                          (int)w->n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (w->bias)
             LAUNCH_1D(t, n * w->n_out, k_add_bias, y, w->bias, n, w->n_out);

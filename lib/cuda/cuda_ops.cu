@@ -171,11 +171,18 @@ void cu_scale(cb_backend *b, float *x, float s, int64_t n)
 
 /* ------------------------------------------------------ KV cache rows */
 
+/* element i of rows src [*, width] into cache row at[i / width] */
+template <typename T>
+__device__ __forceinline__ void kv_put(T *cache, int64_t width, const float *src, const int32_t *at, int64_t i)
+{
+    cache[(int64_t)at[i / width] * width + i % width] = st<T>(src[i]);
+}
+
 template <typename T> __global__ void k_kv_write(T *cache, int64_t width, const float *src, const int32_t *at, int64_t n)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n * width)
-        cache[(int64_t)at[i / width] * width + i % width] = st<T>(src[i]);
+        kv_put(cache, width, src, at, i);
 }
 
 /* k_kv_write for K's rows, then V's */
@@ -185,9 +192,9 @@ __global__ void k_kv_write_kv(T *kc, T *vc, int64_t width, const float *ks, cons
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, ne = n * width;
     if (i < ne)
-        kc[(int64_t)at[i / width] * width + i % width] = st<T>(ks[i]);
+        kv_put(kc, width, ks, at, i);
     else if (i - ne < ne)
-        vc[(int64_t)at[(i - ne) / width] * width + (i - ne) % width] = st<T>(vs[i - ne]);
+        kv_put(vc, width, vs, at, i - ne);
 }
 
 template <typename T> __global__ void k_kv_read(const T *cache, int64_t width, const int32_t *at, int64_t n, float *dst)
