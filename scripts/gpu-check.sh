@@ -3,7 +3,8 @@
 #   build     nvidia-smi, then the CUDA module and every test program (CUDA=1)
 #   ops       test_backend_ops: every CUDA operation against the CPU (the
 #             few-row product kernel, the staging memo and the fused
-#             operations on; `ops-cublas`: again with all three off,
+#             operations on; the tensor-core attention, CB_CUDA_FA=1, on a
+#             second backend beside the scalar kernel's; `ops-cublas`: again with all three off,
 #             CB_CUDA_GEMV=0 CB_CUDA_MEMO=0 CB_CUDA_FUSE=0, cuBLAS for every
 #             row count and every index array sent)
 #   memcheck racecheck synccheck initcheck
@@ -15,7 +16,7 @@
 #             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 4,
 #             probe, hkvd, and probe with CB_CUDA_MASS=0; full and probe again
 #             with the paths not yet default, CB_CUDA_GEMV=1 CB_CUDA_MEMO=1
-#             CB_CUDA_FUSE=1), on random-weight
+#             CB_CUDA_FUSE=1 CB_CUDA_FA=1), on random-weight
 #             models of SmolLM2's and Qwen2.5-1.5B's shape (their logits are
 #             too chaotic to compare devices on: device does that, on SmolLM2)
 #   bench     bench_engine on CUDA and on the CPU, warm, on a random-weight
@@ -27,7 +28,8 @@
 #             tokens (cb-run --batch's decoding, issue 33); on CUDA, decoding
 #             again with the few-row product kernel (CB_CUDA_GEMV=1), and
 #             with it, the staging memo and the fused operations
-#             (CB_CUDA_MEMO=1 CB_CUDA_FUSE=1)
+#             (CB_CUDA_MEMO=1 CB_CUDA_FUSE=1); prefill and 512-row batches
+#             again with the tensor-core attention (CB_CUDA_FA=1)
 #   racecheck-big  racecheck over the model-sized attention cases alone
 #             (slow: a minute or more a case)
 # No STEP: all of them, in that order (ops-cublas after ops).  Environment: BUILD (default
@@ -127,7 +129,8 @@ blend() {
         # probe:host-mass: probe with its score on the host (CB_CUDA_MASS=0,
         # each probed layer's queries and keys copied back), as before 2026-11-27
         # full:next, blend:probe:next: with the paths not yet default
-        # (the few-row product kernel, the staging memo, the fused operations)
+        # (the few-row product kernel, the staging memo, the fused operations,
+        # the tensor-core attention)
         for spec in full blend:probe blend:hkvd blend:probe:host-mass full:next blend:probe:next; do
             mode=${spec%%:*}; st=${spec#*:}; mass=1; next=0
             case $spec in *:host-mass) st=${st%%:*}; mass=0 ;; *:next) st=${st%%:*}; next=1 ;; esac
@@ -135,7 +138,7 @@ blend() {
             set --; [ "$mode" = blend ] && set -- --strategy "$st"
             best=""
             for _ in 1 2 3 4; do
-                CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
+                CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_FA=$next CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
                     -n 1 --stats "$d/s.json" -p "$q" > /dev/null || { rc=1; break; }
                 ms=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ttft_ms"])' "$d/s.json")
                 best=$(awk -v a="$ms" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
@@ -171,6 +174,13 @@ bench() {
                         awk -v sc="$sc" -v memo="$memo" '$1 != "device" && $1 != "load_s" && $1 != "rss_kb" { v[$1] = $2 }
                             END { for (k in v) print "  " sc " (CB_CUDA_GEMV=1 CB_CUDA_MEMO=" memo " CB_CUDA_FUSE=" memo "): " k " " v[k] }'
                 done
+            done
+            # the tensor-core attention (CB_CUDA_FA=1, not yet the default):
+            # long prefills and the blend-sized batches, where attention is most
+            [ "$dev" = cuda ] && for sc in prefill:512 prefill:2048 prefill:4096 batch:64:2048 batch:512:2048; do
+                CB_CUDA_FA=1 CB_BENCH_DEVICE=$dev $BUILD/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
+                    awk -v sc="$sc" '$1 != "device" && $1 != "load_s" && $1 != "rss_kb" { v[$1] = $2 }
+                        END { for (k in v) print "  " sc " (CB_CUDA_FA=1): " k " " v[k] }'
             done
         done
     done

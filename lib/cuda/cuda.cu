@@ -544,7 +544,7 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
     /* attention's shared memory for head dimensions up to CU_ATT_HD_MAX (80
      * KB at 256: above the 48 KB a launch gets without asking) */
     size_t smem;
-    if ((e = cu_attention_setup(&smem)) != cudaSuccess) {
+    if ((e = cu_attention_setup(&c->prop, &smem, &c->fa_smem)) != cudaSuccess) {
         snprintf(msg, msg_len, "%.64s: cannot give attention %zu bytes of shared memory: %s", c->prop.name, smem,
                  cudaGetErrorString(e));
         cudaGetLastError();
@@ -565,6 +565,10 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
         return CB_ERR_NOMEM;
     }
     init_ops();
+    /* tensor-core attention (cuda_attn.cu's k_flash), behind CB_CUDA_FA=1
+     * until a GPU run has checked it (issue 34); per backend, so that
+     * test_backend_ops can hold one with it and one without */
+    c->fa = env_is("CB_CUDA_FA", "1") && c->fa_smem > 0;
     b->ops = &cuda_ops;
     b->ctx = c;
     b->n_threads = 1;

@@ -1,7 +1,9 @@
 /* cuda_attn.cu - the CUDA backend's attention: query rows against a
  * layer's cached keys and values with an exact causal mask (and a sliding
  * window), one pass of online softmax over tiles of keys, the keys split
- * over several blocks when there are few query rows. */
+ * over several blocks when there are few query rows: a scalar f32 kernel
+ * (the reference), and under CB_CUDA_FA=1 a tensor-core one for 16 rows
+ * or more.  Then blending's attention mass. */
 #include "cuda_impl.cuh"
 
 /* A block takes ATT_WARPS x ATT_ROWS query rows of one head; each warp owns
@@ -195,12 +197,14 @@ __global__ void k_att_merge(const float *part, int n_split, int64_t n, int n_hea
  * ATT_FILL a multiprocessor when there are few query rows (decode, small
  * batches: one block a head would run a 4K-token cache's keys one tile
  * after another on 9 of 132 multiprocessors), each split at least
- * ATT_MIN_TILES tiles, at most ATT_MAX_SPLIT. */
+ * ATT_MIN_TILES tiles, at most ATT_MAX_SPLIT.  rows, kt: a block's query
+ * rows and key tile (the scalar kernel's, or the tensor-core kernel's). */
 enum { ATT_FILL = 4, ATT_MIN_TILES = 2, ATT_MAX_SPLIT = 64 };
 
-static int att_splits(const cudaDeviceProp *prop, int64_t n, const int32_t *pos, int n_head, int window)
+static int att_splits(const cudaDeviceProp *prop, int64_t n, const int32_t *pos, int n_head, int window, int rows,
+                      int kt)
 {
-    int64_t base = (int64_t)nblocks(n, ATT_WARPS * ATT_ROWS) * n_head;
+    int64_t base = (int64_t)nblocks(n, rows) * n_head;
     int64_t want = (int64_t)ATT_FILL * prop->multiProcessorCount;
     if (base >= want)
         return 1;
@@ -210,13 +214,225 @@ static int att_splits(const cudaDeviceProp *prop, int64_t n, const int32_t *pos,
         maxp = p > maxp ? p : maxp;
         minlo = lo < minlo ? lo : minlo;
     }
-    int64_t tiles = maxp < 0 ? 0 : maxp / ATT_KT - minlo / ATT_KT + 1;
+    int64_t tiles = maxp < 0 ? 0 : maxp / kt - minlo / kt + 1;
     int64_t z = (want + base - 1) / base, most = tiles / ATT_MIN_TILES;
     z = z < most ? z : most;
     z = z < (int64_t)ATT_MAX_SPLIT ? z : (int64_t)ATT_MAX_SPLIT;
     return z > 1 ? (int)z : 1;
 }
 
+/* ------------------------------------------- tensor-core attention */
+
+/* CB_CUDA_FA=1 (issue 34; the scalar kernel above stays the reference):
+ * query rows in tiles of FA_BQ, FA_BK keys a step, both products on the
+ * tensor cores in f16 with f32 sums (wmma 16x16x16), the softmax online
+ * in f32, flash-attention style.  Warp w owns rows 16w..16w+15 of the
+ * block's tile:
+ *   S = (Q scale) K^T      16 x FA_BK, into shared memory (f32)
+ *   per row (two lanes a row, 16 keys each): the mask, m' = max(m, max_j s_j),
+ *     corr = e^(m - m'), p_j = e^(s_j - m') rounded to f16,
+ *     l = l corr + sum_j p_j (the rounded p_j: the weights the product uses)
+ *   O = O corr + P V       O in shared memory (f32), hd/16 tiles of 16
+ * Q, K and V are rounded to f16 (K, V of an f16 cache already are); the
+ * head dimension is padded with zeros to a multiple of 16.  Rows, masks,
+ * splits over keys (the same shares and merge as the scalar kernel) and
+ * tile skipping as there; a warp skips the tiles none of its rows sees.
+ * Bound: f16's unit roundoff (4.9e-4) on Q, K, V and P: test_backend_ops
+ * states it. */
+#include <mma.h>
+
+enum { FA_BQ = 64, FA_BK = 32, FA_WARPS = FA_BQ / 16, FA_MIN_ROWS = 16 };
+
+/* the padded head dimension, and the shared memory a block takes for it */
+static int fa_hp(int hd)
+{
+    return (hd + 15) / 16 * 16;
+}
+
+struct fa_layout {
+    size_t q, k, v, s, p, o, st, total; /* byte offsets in the block's shared memory */
+    int ldh, lds, ldp, ldo;             /* row strides, in elements */
+};
+
+__host__ __device__ static inline size_t fa_up(size_t x)
+{
+    return (x + 127) / 128 * 128;
+}
+
+__host__ __device__ static inline fa_layout fa_lay(int hp)
+{
+    fa_layout L;
+    L.ldh = hp + 8; /* halves: rows 16 bytes apart from a bank's period */
+    L.lds = FA_BK + 4;
+    L.ldp = FA_BK + 8;
+    L.ldo = hp + 4;
+    L.q = 0;
+    L.k = L.q + fa_up((size_t)FA_BQ * L.ldh * 2);
+    L.v = L.k + fa_up((size_t)FA_BK * L.ldh * 2);
+    L.s = L.v + fa_up((size_t)FA_BK * L.ldh * 2);
+    L.p = L.s + fa_up((size_t)FA_BQ * L.lds * 4);
+    L.o = L.p + fa_up((size_t)FA_BQ * L.ldp * 2);
+    L.st = L.o + fa_up((size_t)FA_BQ * L.ldo * 4);
+    L.total = L.st + fa_up((size_t)FA_BQ * 4 * 4) + 128; /* m, l, corr, pos; alignment */
+    return L;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(FA_WARPS * 32)
+    k_flash(const float *q, const int32_t *pos, int64_t n, const T *k, const T *v, int n_head, int n_head_kv,
+            int hd, float scale, int window, float *out, float *part)
+{
+    using namespace nvcuda;
+    extern __shared__ unsigned char fa_raw[];
+    unsigned char *sm = (unsigned char *)(((uintptr_t)fa_raw + 127) & ~(uintptr_t)127);
+    const int hp = (hd + 15) / 16 * 16;
+    const fa_layout L = fa_lay(hp);
+    __half *Qs = (__half *)(sm + L.q), *Ks = (__half *)(sm + L.k), *Vs = (__half *)(sm + L.v),
+           *Ps = (__half *)(sm + L.p);
+    float *Ss = (float *)(sm + L.s), *Os = (float *)(sm + L.o);
+    float *fm = (float *)(sm + L.st), *fl = fm + FA_BQ, *fc = fl + FA_BQ;
+    int *fp = (int *)(fc + FA_BQ);
+
+    const int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+    const int64_t row0 = (int64_t)blockIdx.x * FA_BQ;
+    const int64_t ldq = (int64_t)n_head * hd, ldkv = (int64_t)n_head_kv * hd;
+
+    for (int e = threadIdx.x; e < FA_BQ * hp; e += blockDim.x) {
+        const int r = e / hp, d = e % hp;
+        const int64_t row = row0 + r;
+        Qs[r * L.ldh + d] = __float2half_rn(row < n && d < hd ? q[row * ldq + (int64_t)h * hd + d] * scale : 0.0f);
+        Os[r * L.ldo + d] = 0.0f;
+    }
+    for (int r = threadIdx.x; r < FA_BQ; r += blockDim.x) {
+        fp[r] = row0 + r < n ? pos[row0 + r] : -1;
+        fm[r] = -INFINITY;
+        fl[r] = 0.0f;
+    }
+    __syncthreads();
+    /* the block's key range: the lowest key a row sees to the highest */
+    int maxp = -1, minlo = INT32_MAX;
+    for (int r = 0; r < FA_BQ; r++)
+        if (fp[r] >= 0) {
+            maxp = max(maxp, fp[r]);
+            minlo = min(minlo, first_key(fp[r], window));
+        }
+    const int t_lo = maxp < 0 ? 0 : minlo / FA_BK, n_tiles = maxp < 0 ? 0 : maxp / FA_BK - t_lo + 1;
+    const int per = (n_tiles + (int)gridDim.z - 1) / (int)gridDim.z;
+    const int k_first = (t_lo + (int)blockIdx.z * per) * FA_BK;
+    const int k_end = min(maxp + 1, (t_lo + ((int)blockIdx.z + 1) * per) * FA_BK);
+
+    /* this lane's row (lanes 16..31 repeat 0..15): does it see the tile? */
+    const int my_p = fp[r0 + lane % 16], my_lo = first_key(my_p, window);
+
+    for (int k0 = k_first; k0 < k_end; k0 += FA_BK) {
+        for (int e = threadIdx.x; e < FA_BK * hp; e += blockDim.x) {
+            const int j = e / hp, d = e % hp;
+            const int64_t key = (int64_t)k0 + j;
+            float kk = 0.0f, vv = 0.0f;
+            if (key <= maxp && d < hd) {
+                kk = ld<T>(k[key * ldkv + (int64_t)kvh * hd + d]);
+                vv = ld<T>(v[key * ldkv + (int64_t)kvh * hd + d]);
+            }
+            Ks[j * L.ldh + d] = __float2half_rn(kk);
+            Vs[j * L.ldh + d] = __float2half_rn(vv);
+        }
+        __syncthreads();
+        if (__any_sync(0xffffffffu, my_p >= k0 && my_lo < k0 + FA_BK)) {
+            /* S = Q K^T: each Q tile loaded once for the tile's keys */
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc[FA_BK / 16];
+#pragma unroll
+            for (int c = 0; c < FA_BK / 16; c++)
+                wmma::fill_fragment(sacc[c], 0.0f);
+            for (int kk = 0; kk < hp / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::load_matrix_sync(a, Qs + r0 * L.ldh + kk * 16, L.ldh);
+#pragma unroll
+                for (int c = 0; c < FA_BK / 16; c++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+                    wmma::load_matrix_sync(b, Ks + c * 16 * L.ldh + kk * 16, L.ldh);
+                    wmma::mma_sync(sacc[c], a, b, sacc[c]);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < FA_BK / 16; c++)
+                wmma::store_matrix_sync(Ss + r0 * L.lds + c * 16, sacc[c], L.lds, wmma::mem_row_major);
+            __syncwarp();
+            /* the online softmax: two lanes a row, 16 keys each */
+            {
+                const int r = r0 + lane / 2, jb = (lane & 1) * (FA_BK / 2);
+                const int p = fp[r], lo = first_key(p, window);
+                float sv[FA_BK / 2], mx = -INFINITY;
+#pragma unroll
+                for (int i = 0; i < FA_BK / 2; i++) {
+                    const int key = k0 + jb + i;
+                    sv[i] = key <= p && key >= lo ? Ss[r * L.lds + jb + i] : -INFINITY;
+                    mx = fmaxf(mx, sv[i]);
+                }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                const float mo = fm[r], mn = fmaxf(mo, mx);
+                const bool any = mn != -INFINITY; /* a key seen: masked ones get e^-inf = 0 */
+                const float corr = any ? expf(mo - mn) : 1.0f; /* 0 on the row's first visible tile */
+                float sum = 0.0f;
+#pragma unroll
+                for (int i = 0; i < FA_BK / 2; i++) {
+                    const __half ph = __float2half_rn(any ? expf(sv[i] - mn) : 0.0f);
+                    Ps[r * L.ldp + jb + i] = ph;
+                    sum += __half2float(ph);
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                __syncwarp(); /* both lanes have read m before one rewrites it */
+                if ((lane & 1) == 0) {
+                    fl[r] = fl[r] * corr + sum;
+                    fm[r] = mn;
+                    fc[r] = corr;
+                }
+            }
+            __syncwarp();
+            for (int e = lane; e < 16 * hp; e += 32) {
+                const int r = r0 + e / hp, d = e % hp;
+                Os[r * L.ldo + d] *= fc[r];
+            }
+            __syncwarp();
+            /* O += P V: the P tiles loaded once */
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa[FA_BK / 16];
+#pragma unroll
+            for (int kk = 0; kk < FA_BK / 16; kk++)
+                wmma::load_matrix_sync(pa[kk], Ps + r0 * L.ldp + kk * 16, L.ldp);
+            for (int c = 0; c < hp / 16; c++) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+                wmma::load_matrix_sync(acc, Os + r0 * L.ldo + c * 16, L.ldo, wmma::mem_row_major);
+#pragma unroll
+                for (int kk = 0; kk < FA_BK / 16; kk++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+                    wmma::load_matrix_sync(b, Vs + kk * 16 * L.ldh + c * 16, L.ldh);
+                    wmma::mma_sync(acc, pa[kk], b, acc);
+                }
+                wmma::store_matrix_sync(Os + r0 * L.ldo + c * 16, acc, L.ldo, wmma::mem_row_major);
+            }
+        }
+        __syncthreads(); /* before the next tile overwrites K and V */
+    }
+    /* the warp's rows out: normalized, or this split's share as the
+     * scalar kernel leaves it (unnormalized, with m and l) */
+    for (int e = lane; e < 16 * hd; e += 32) {
+        const int r = r0 + e / hd, d = e % hd;
+        const int64_t row = row0 + r;
+        if (row >= n)
+            continue;
+        if (gridDim.z > 1) {
+            float *pp = part + (((int64_t)blockIdx.z * n + row) * n_head + h) * (hd + 2);
+            pp[d] = Os[r * L.ldo + d];
+            if (d == 0)
+                pp[hd] = fm[r], pp[hd + 1] = fl[r];
+        } else {
+            out[row * ldq + (int64_t)h * hd + d] = Os[r * L.ldo + d] / fl[r];
+        }
+    }
+}
+
+/* the scalar kernel's, or with CB_CUDA_FA=1 from FA_MIN_ROWS rows on the
+ * tensor-core kernel's where the device gives it the shared memory */
 void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
                          cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out)
 {
@@ -225,8 +441,12 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
         return;
     if (hd > ATT_HD_MAX) /* cb_model_load refuses such models (max_head_dim) */
         BUG("attention", "head dimension above 256");
+    const cuda_ctx *c = t->owner;
+    const size_t fa_smem = fa_lay(fa_hp(hd)).total;
+    const bool fa = c->fa && n >= FA_MIN_ROWS && fa_smem <= c->fa_smem;
+    const int rows = fa ? FA_BQ : ATT_WARPS * ATT_ROWS;
     const int32_t *dpos = stage_idx(t, pos, n);
-    int z = att_splits(&t->owner->prop, n, pos, n_head, window);
+    int z = att_splits(&c->prop, n, pos, n_head, window, rows, fa ? (int)FA_BK : (int)ATT_KT);
     float *part = NULL;
     const size_t part_bytes = sizeof(float) * (size_t)z * (size_t)(n * n_head) * (size_t)(hd + 2);
     if (z > 1 && cu_memo) {
@@ -237,14 +457,19 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
     } else if (z > 1 && !(part = (float *)alloc_on(t, part_bytes))) {
         z = 1; /* no memory for the shares: unsplit, slower, the same result */
     }
-    dim3 grid(nblocks(n, ATT_WARPS * ATT_ROWS), (unsigned)n_head, (unsigned)z);
-    size_t smem = att_smem(hd);
-    if (ty == CB_TYPE_F32)
-        k_attention<float><<<grid, ATT_WARPS * 32, smem, t->s>>>(q, dpos, n, (const float *)k, (const float *)v,
+    dim3 grid(nblocks(n, rows), (unsigned)n_head, (unsigned)z);
+    if (fa && ty == CB_TYPE_F32)
+        k_flash<float><<<grid, FA_WARPS * 32, fa_smem, t->s>>>(q, dpos, n, (const float *)k, (const float *)v,
+                                                               n_head, n_head_kv, hd, scale, window, out, part);
+    else if (fa)
+        k_flash<__half><<<grid, FA_WARPS * 32, fa_smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v,
                                                                 n_head, n_head_kv, hd, scale, window, out, part);
+    else if (ty == CB_TYPE_F32)
+        k_attention<float><<<grid, ATT_WARPS * 32, att_smem(hd), t->s>>>(
+            q, dpos, n, (const float *)k, (const float *)v, n_head, n_head_kv, hd, scale, window, out, part);
     else
-        k_attention<__half><<<grid, ATT_WARPS * 32, smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v,
-                                                                 n_head, n_head_kv, hd, scale, window, out, part);
+        k_attention<__half><<<grid, ATT_WARPS * 32, att_smem(hd), t->s>>>(
+            q, dpos, n, (const __half *)k, (const __half *)v, n_head, n_head_kv, hd, scale, window, out, part);
     CKL();
     if (z > 1) {
         k_att_merge<<<dim3((unsigned)n, (unsigned)n_head), (unsigned)hd, 0, t->s>>>(part, z, n, n_head, hd, out);
@@ -254,14 +479,32 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
     }
 }
 
-cudaError_t cu_attention_setup(size_t *smem)
+cudaError_t cu_attention_setup(const cudaDeviceProp *prop, size_t *smem, size_t *fa_smem)
 {
     cudaError_t e;
     *smem = att_smem(ATT_HD_MAX);
     if ((e = cudaFuncSetAttribute(k_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem)) !=
-        cudaSuccess)
+            cudaSuccess ||
+        (e = cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem)) !=
+            cudaSuccess)
         return e;
-    return cudaFuncSetAttribute(k_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem);
+    /* the tensor-core kernel: up to the largest head dimension whose tiles
+     * the device's shared memory holds (sm_80 and sm_90: 256; sm_86 and
+     * sm_89, 99 KB a block: 128); larger ones take the scalar kernel */
+    *fa_smem = 0;
+    for (int hd = ATT_HD_MAX; hd >= 16; hd -= 16) {
+        size_t need = fa_lay(fa_hp(hd)).total;
+        if (need > prop->sharedMemPerBlockOptin)
+            continue;
+        if ((e = cudaFuncSetAttribute(k_flash<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need)) !=
+                cudaSuccess ||
+            (e = cudaFuncSetAttribute(k_flash<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need)) !=
+                cudaSuccess)
+            return e;
+        *fa_smem = need;
+        break;
+    }
+    return cudaSuccess;
 }
 
 /* ------------------------------------------------------ attention mass */

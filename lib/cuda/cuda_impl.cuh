@@ -5,7 +5,8 @@
  *
  *   cuda.cu       errors, thread contexts, memory, events, the table, open
  *   cuda_mm.cu    weights (dequantization on the device), matmul, get_rows
- *   cuda_attn.cu  attention (online softmax, split keys)
+ *   cuda_attn.cu  attention (online softmax, split keys; the tensor-core
+ *                 kernel under CB_CUDA_FA=1), probe's attention mass
  *   cuda_ops.cu   rmsnorm, rope, elementwise, KV rows, gather/scatter,
  *                 blending's deviation and top-k */
 #ifndef CB_CUDA_IMPL_CUH
@@ -160,6 +161,11 @@ struct cuda_ctx {
     tctx *all[MAX_TCTX];
     int n_all;
     tctx *free_list;
+    /* CB_CUDA_FA=1 at open: attention of FA_MIN_ROWS rows or more on the
+     * tensor cores (cuda_attn.cu), for head dimensions whose tiles fit in
+     * fa_smem bytes of shared memory (0: none) */
+    int fa;
+    size_t fa_smem;
 };
 
 static inline cuda_ctx *CTX(cb_backend *b)
@@ -228,9 +234,11 @@ void cu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const fl
 void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst);
 
 /* cuda_attn.cu: head dimensions up to CU_ATT_HD_MAX; cu_attention_setup
- * gives the kernels the shared memory that takes (*smem bytes), once */
+ * gives the scalar kernels the shared memory that takes (*smem bytes), and
+ * the tensor-core kernel what its tiles take at the largest head dimension
+ * the device allows (*fa_smem bytes; 0: none), once */
 enum { CU_ATT_HD_MAX = 256 };
-cudaError_t cu_attention_setup(size_t *smem);
+cudaError_t cu_attention_setup(const cudaDeviceProp *prop, size_t *smem, size_t *fa_smem);
 void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
                   cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out);
 /* backend.h's attn_mass (in the table only under CB_CUDA_MASS=1 until a GPU

@@ -168,6 +168,7 @@ if [ "$gpu" = 0 ] || [ -z "$M" ]; then
     for c in "first-token logits CPU vs CUDA (KL, top-1)" "greedy answers CPU vs CUDA" \
              "CB_CUDA_SYNC=1: every operation checked, same logits" \
              "precompute and blend on CUDA vs CPU" "CB_CUDA_SYNC=1: the blend, loader included, checked" \
+             "CB_CUDA_FA=1: first-token logits CPU vs CUDA" "CB_CUDA_FA=1: the blend CPU vs CUDA" \
              "cb-profile on CUDA"; do
         skip "$c" "$why"
     done
@@ -228,6 +229,22 @@ if CB_CUDA_SYNC=1 "$RUN" -m "$M" --device "$DEV" --store "$T/gs" --chunks "$T/ch
 else
     not_ok "CB_CUDA_SYNC=1: the blend, loader included, checked: $(head -c 300 "$T/sync.err")"
 fi
+# the tensor-core attention (CB_CUDA_FA=1, not yet the default): f16
+# inputs, so the CPU's bound, not the scalar kernel's bits
+i=0; bad=0
+for q in "The capital of France is" "Who painted the Mona Lisa?"; do
+    i=$((i + 1)); r=
+    CB_CUDA_FA=1 "$RUN" -m "$M" --device "$DEV" -p "$q" -n 1 --temp 0 --logits-out "$T/fa$i.bin" >/dev/null 2>&1 &&
+        r=$(python3 "$T/kl.py" "$T/cpu$((i * 2 - 1)).bin" "$T/fa$i.bin" 0.02) || bad=$((bad + 1))
+    echo "# CB_CUDA_FA=1, prompt $i: KL, top-1 agree = ${r:-failed}"
+done
+[ "$bad" = 0 ] && ok "CB_CUDA_FA=1: first-token logits CPU vs CUDA (KL < 0.02, same top-1, 2 prompts)" ||
+    not_ok "CB_CUDA_FA=1: first-token logits CPU vs CUDA ($bad of 2 over bound)"
+r=
+CB_CUDA_FA=1 "$RUN" -m "$M" --device "$DEV" --store "$T/gs" --chunks "$T/chunks.jsonl" \
+    -p "Where was the bridge's engineer born?" -n 1 --temp 0 --logits-out "$T/bfa.bin" >/dev/null 2>&1 &&
+    r=$(python3 "$T/kl.py" "$T/bc.bin" "$T/bfa.bin" 0.02) && ok "CB_CUDA_FA=1: the blend CPU vs CUDA (KL, top-1: $r)" ||
+    not_ok "CB_CUDA_FA=1: the blend CPU vs CUDA (${r:-the run failed})"
 expect_exit "cb-profile on CUDA" 0 "$PROF" -m "$M" --device "$DEV" --store "$T/gs" --lengths 512 --ratios 0.15 --repeat 1
 grep -q "device $DEV" "$T/out" || not_ok "cb-profile names the device"
 done_testing

@@ -375,7 +375,7 @@ static int64_t c_kv(cb_backend *be, float *out)
 }
 
 static int att_hd, att_nq, att_window, att_ctx = 150, att_nan, att_heads = 6, att_kv_heads = 2,
-                                       att_sorted;
+                                       att_sorted, att_consec;
 
 static int cmp_i32(const void *a, const void *b)
 {
@@ -429,6 +429,8 @@ static int64_t c_attention(cb_backend *be, float *out)
     float scale = 1.0f / sqrtf((float)hd);
     seed(7);
     int32_t *pos = scattered_pos(n, n_ctx);
+    for (int64_t i = 0; att_consec && i < n; i++) /* a prefill's rows: 0, 1, 2, ... */
+        pos[i] = (int32_t)(i % n_ctx);
     if (att_sorted) {
         static const int32_t edges[] = {255, 256, 257, 511, 512, 649,  650,
                                         651, 767, 768, 905, 906, 1023, 1024};
@@ -1541,6 +1543,18 @@ static double nmse(const float *ref, const float *got, int64_t n)
 static cb_backend *cpu, *cpu_c, *cuda;
 static char cuda_why[600];
 static float *o_ref, *o_cpu, *o_cuda;
+/* A second CUDA backend with the tensor-core attention (CB_CUDA_FA=1; the
+ * first one's attention is the scalar kernel, the reference), and the
+ * bound the attention cases set for it (0: a case it does not take).  Its
+ * inputs are rounded to f16 (Q, K, V and the softmax weights: unit
+ * roundoff 4.9e-4).  A line-by-line transliteration of the kernel into
+ * numpy (its tiles, masks, splits and merge; the tensor-core products as
+ * f16 tiles summed in f32) gave nmse 4e-8 to 6e-8 against double
+ * precision on these cases' shapes with f16 caches, 1.2e-7 to 1.4e-7 with
+ * f32 ones (K and V rounded in the kernel): bound 2e-6. */
+static cb_backend *cuda_fa;
+static double fa_bound;
+enum { FA_CASE_ROWS = 16 }; /* cuda_attn.cu's FA_MIN_ROWS: fewer rows take the scalar kernel */
 
 /* The reference vs the CPU backend within cpu_bound; the CPU vs CUDA
  * backend within cuda_bound (bounds < 0: exact equality). */
@@ -1581,7 +1595,30 @@ static int case_skip(const char *name, const char *cpu_what, const char *cuda_wh
     tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
     snprintf(nm, sizeof nm, "cuda %s %s", name, cuda_what);
     tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+    if (fa_bound > 0) {
+        snprintf(nm, sizeof nm, "cuda-fa %s vs cpu", name);
+        tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+    }
     return 1;
+}
+
+/* An attention case on the tensor-core kernel against the CPU's o_cpu (n
+ * values), when the case sets fa_bound */
+static void run_fa(const char *name, case_fn fn, int64_t n)
+{
+    char nm[192];
+    if (fa_bound <= 0)
+        return;
+    snprintf(nm, sizeof nm, "cuda-fa %s vs cpu", name);
+    if (!cuda_fa) {
+        tskip(nm, cuda ? "CB_CUDA_FA: the device has no shared memory for its tiles" : cuda_why);
+        return;
+    }
+    int64_t n_cu = fn(cuda_fa, o_cuda);
+    double e = nmse(o_cpu, o_cuda, n);
+    tcase("%s (nmse %.2e, bound %.0e)", nm, e, fa_bound);
+    CHECK(n_cu == n);
+    CHECKF(e <= fa_bound, "nmse %.3e > %.0e", e, fa_bound);
 }
 
 static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda_bound)
@@ -1600,6 +1637,7 @@ static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda
         char nm[128];
         snprintf(nm, sizeof nm, "cuda %-28s vs cpu", name);
         tskip(nm, cuda_why);
+        run_fa(name, fn, n_cpu);
         return;
     }
     int64_t n_cu = fn(cuda, o_cuda);
@@ -1610,6 +1648,7 @@ static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda
         CHECK(memcmp(o_cpu, o_cuda, sizeof(float) * (size_t)n_cpu) == 0);
     else
         CHECKF(e <= cuda_bound, "nmse %.3e > %.0e", e, cuda_bound);
+    run_fa(name, fn, n_cpu);
 }
 
 /* The CPU backend's portable kernels (no SIMD) vs the reference: the same
@@ -1670,6 +1709,7 @@ static void run_case_sampled(const char *name, case_fn fn, double cpu_bound, dou
         char nm[160];
         snprintf(nm, sizeof nm, "cuda %s vs cpu", name);
         tskip(nm, cuda_why);
+        run_fa(name, fn, 0);
         return;
     }
     n_cpu = fn(cpu, o_cpu);
@@ -1678,6 +1718,7 @@ static void run_case_sampled(const char *name, case_fn fn, double cpu_bound, dou
     tcase("cuda %s vs cpu, all rows (nmse %.2e, bound %.0e)", name, e, cuda_bound);
     CHECK(n_cu == n_cpu);
     CHECKF(e <= cuda_bound, "nmse %.3e > %.0e", e, cuda_bound);
+    run_fa(name, fn, n_cpu);
 }
 
 /* Error reports, in a child process (a kernel fault spoils the CUDA
@@ -2282,7 +2323,9 @@ static void r18_cases(const char *self)
                  att[i].window ? " window" : "");
         if (att[i].window)
             snprintf(name + strlen(name), sizeof name - strlen(name), " %d", att[i].window);
+        fa_bound = 2e-6;
         run_case_sampled(name, c_attention_big, 1e-10, 1e-9);
+        fa_bound = 0;
     }
 
     topk_n = 1000;
@@ -2364,13 +2407,25 @@ int main(int argc, char **argv)
         setenv("CB_CUDA_MEMO", "1", 1);
     if (!getenv("CB_CUDA_FUSE"))
         setenv("CB_CUDA_FUSE", "1", 1);
+    /* the scalar attention kernel is the reference the first backend
+     * tests; the tensor-core one (CB_CUDA_FA=1) gets a backend of its own */
+    char *fa_env = getenv("CB_CUDA_FA") ? strdup(getenv("CB_CUDA_FA")) : NULL;
+    setenv("CB_CUDA_FA", "0", 1);
     if (cb_backend_open(&cuda, "cuda", 0, &err) != CB_OK) {
         cuda = NULL;
         snprintf(cuda_why, sizeof cuda_why, "no CUDA device (see the first line)");
         printf("# CUDA cases skipped: %s\n", err.msg);
     } else {
         printf("# CUDA backend: %s\n", cuda->desc);
+        setenv("CB_CUDA_FA", "1", 1);
+        if (cb_backend_open(&cuda_fa, "cuda", 0, &err) != CB_OK)
+            cuda_fa = NULL;
     }
+    if (fa_env)
+        setenv("CB_CUDA_FA", fa_env, 1);
+    else
+        unsetenv("CB_CUDA_FA");
+    free(fa_env);
 
     /* matmul over every weight type the loader reads; the device keeps
      * weights in f16 (bf16 for bf16) and rounds the input rows likewise */
@@ -2454,7 +2509,9 @@ int main(int argc, char **argv)
             att_hd = hds[hdi];
             att_nq = 40;
             snprintf(name, sizeof name, "attention %s hd %d 40 rows", f16 ? "f16" : "f32", att_hd);
+            fa_bound = 2e-6;
             run_case(name, c_attention, 1e-10, 1e-9);
+            fa_bound = 0;
         }
         att_hd = 64, att_nq = 1;
         snprintf(name, sizeof name, "attention %s hd 64 1 row", f16 ? "f16" : "f32");
@@ -2465,7 +2522,9 @@ int main(int argc, char **argv)
             att_hd = 64, att_nq = 40, att_window = wins[wi];
             snprintf(name, sizeof name, "attention %s hd 64 40 rows window %d", f16 ? "f16" : "f32",
                      att_window);
+            fa_bound = 2e-6;
             run_case(name, c_attention, 1e-10, 1e-9);
+            fa_bound = 0;
         }
         /* a long cache: the CPU splits the keys of few rows over threads
          * and merges (decode), and tiles them for many rows */
@@ -2475,7 +2534,9 @@ int main(int argc, char **argv)
             att_nq = nqs[ci], att_window = wins[ci];
             snprintf(name, sizeof name, "attention %s 1300 keys %d rows window %d",
                      f16 ? "f16" : "f32", att_nq, att_window);
+            fa_bound = att_nq >= FA_CASE_ROWS ? 2e-6 : 0;
             run_case(name, c_attention, 1e-10, 1e-9);
+            fa_bound = 0;
             run_case_c(name, c_attention, 1e-10); /* the portable softmax */
         }
         /* blend's rows: scattered but in position order (prefill's are
@@ -2487,9 +2548,24 @@ int main(int argc, char **argv)
             snprintf(name, sizeof name,
                      "attention %s 1300 keys %d rows in position order, window %d",
                      f16 ? "f16" : "f32", att_nq, att_window);
+            fa_bound = 2e-6;
             run_case(name, c_attention, 1e-10, 1e-9);
+            fa_bound = 0;
         }
         att_sorted = 0;
+        /* a prefill's rows (positions 0, 1, 2, ...): the tensor-core
+         * kernel's causal tiles, whole and partial (330 = 5 tiles of 64
+         * rows and 10 more) */
+        att_consec = 1, att_nq = 330;
+        for (int wi = 0; wi < 2; wi++) {
+            att_window = wi ? 300 : 0;
+            snprintf(name, sizeof name, "attention %s prefill 330 rows window %d",
+                     f16 ? "f16" : "f32", att_window);
+            fa_bound = 2e-6;
+            run_case(name, c_attention, 1e-10, 1e-9);
+            fa_bound = 0;
+        }
+        att_consec = 0;
         /* decode's shapes on the f16 cache: one row's 1-7 heads sharing a KV
          * head, which the CPU multiplies on the cache directly (with F16C;
          * the portable path converts tiles), and two to five rows (tiles) */
@@ -2551,6 +2627,8 @@ int main(int argc, char **argv)
 
     if (cuda)
         cuda->ops->free(cuda);
+    if (cuda_fa)
+        cuda_fa->ops->free(cuda_fa);
     cpu->ops->free(cpu);
     cpu_c->ops->free(cpu_c);
     free(o_ref), free(o_cpu), free(o_cuda);
