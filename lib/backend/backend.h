@@ -87,6 +87,11 @@ typedef struct cb_backend_ops {
     /* y [n, d] = x / rms(x) * g (g: backend vector [d]); y may be x */
     void (*rmsnorm)(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d,
                     float eps);
+    /* Optional (NULL: add, then rmsnorm): x [n, d] += y, then out =
+     * rmsnorm(x) * g, in one operation, with the bits of the two (a
+     * layer's residual and the next norm); out may be y */
+    void (*add_rmsnorm)(cb_backend *b, float *x, const float *y, const float *g, float *out,
+                        int64_t n, int64_t d, float eps);
     /* Rotate x [n, n_head, head_dim] in place at positions pos[n] (host):
      * the first n_rot dims of each head, pairs (2i, 2i+1) ("normal") or
      * (i, i + n_rot/2) (neox), angle pos * base^(-2i/n_rot) / ff[i].  ff:
@@ -296,9 +301,9 @@ cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
  * on failure msg holds the reason.  The interface's version counts changes
  * to this table and to struct cb_backend (5: attn_mass added, and the
- * fault fields; 6: rope_qk and kv_write_kv). */
+ * fault fields; 6: rope_qk and kv_write_kv; 7: add_rmsnorm). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 6
+#define CB_CUDA_ABI 7
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

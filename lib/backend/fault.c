@@ -125,6 +125,13 @@ static void f_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, i
         INNER(b)->rmsnorm(b, x, g, y, n, d, eps);
 }
 
+static void f_add_rmsnorm(cb_backend *b, float *x, const float *y, const float *g, float *out,
+                          int64_t n, int64_t d, float eps)
+{
+    if (!hit(b, "add_rmsnorm"))
+        INNER(b)->add_rmsnorm(b, x, y, g, out, n, d, eps);
+}
+
 static void f_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int head_dim,
                    int n_rot, float base, const float *ff, int neox)
 {
@@ -250,6 +257,7 @@ cb_status cb_backend_fail_at(cb_backend *b, long n)
     W(matmul_multi);
     W(get_rows);
     W(rmsnorm);
+    W(add_rmsnorm);
     W(rope);
     W(rope_qk);
     W(add);

@@ -473,14 +473,17 @@ static void init_ops(void)
      * and attn_mass's scratch kept (keep_on), behind CB_CUDA_MEMO=1 until a
      * GPU run has checked them (issue 34) */
     cu_memo = env_is("CB_CUDA_MEMO", "1");
-    /* Q's and K's RoPE in one launch, K's and V's cache rows in one, behind
-     * CB_CUDA_FUSE=1 until a GPU run has checked them (issue 34) */
+    /* Q's and K's RoPE in one launch, K's and V's cache rows in one, a
+     * residual and the next norm in one, behind CB_CUDA_FUSE=1 until a GPU
+     * run has checked them (issue 34) */
     if (env_is("CB_CUDA_FUSE", "1")) {
         OP(rope_qk, cu_rope_qk);
         OP(kv_write_kv, cu_kv_write_kv);
+        OP(add_rmsnorm, cu_add_rmsnorm);
     } else {
         o->rope_qk = NULL;
         o->kv_write_kv = NULL;
+        o->add_rmsnorm = NULL;
     }
 #undef OP
 #undef RELEASE

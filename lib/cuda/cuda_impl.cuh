@@ -248,6 +248,8 @@ cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_
 
 /* cuda_ops.cu */
 void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps);
+void cu_add_rmsnorm(cb_backend *b, float *x, const float *y, const float *g, float *out, int64_t n, int64_t d,
+                    float eps);
 void cu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd, int n_rot, float base,
              const float *ff, int neox);
 void cu_rope_qk(cb_backend *b, float *q, float *k, const int32_t *pos, int64_t n, int n_head, int n_head_kv, int hd,

@@ -46,6 +46,36 @@ void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t
     CKL();
 }
 
+/* backend.h's add_rmsnorm (CB_CUDA_FUSE=1): k_add's sums, then
+ * k_rmsnorm's with the same threads in the same order (each thread reads
+ * back only what it wrote), so the bits of the two; out may be y (a
+ * thread reads its y before the block's barrier, writes out after) */
+__global__ void k_add_rmsnorm(float *x, const float *y, const float *g, float *out, int64_t d, float eps)
+{
+    float *xi = x + (int64_t)blockIdx.x * d;
+    const float *yi = y + (int64_t)blockIdx.x * d;
+    float *oi = out + (int64_t)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        const float s = xi[j] + yi[j];
+        xi[j] = s;
+        ss += s * s;
+    }
+    float scale = cb_op_rms_scale((double)block_sum(ss), d, eps);
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+        oi[j] = xi[j] * scale * g[j];
+}
+
+void cu_add_rmsnorm(cb_backend *b, float *x, const float *y, const float *g, float *out, int64_t n, int64_t d,
+                    float eps)
+{
+    tctx *t = T(b, "add_rmsnorm");
+    if (n == 0)
+        return;
+    k_add_rmsnorm<<<(unsigned)n, 256, 0, t->s>>>(x, y, g, out, d, eps);
+    CKL();
+}
+
 /* thread per (row, head, pair); inv [n_rot/2]: the pairs' inverse
  * frequencies, computed on the host exactly as the CPU backend does (a
  * device powf differs from the host's in the last bit, which the angle

@@ -305,6 +305,20 @@ static void rope_qk(const cb_model *m, const cb_layer *L, float *q, float *k, co
                 hp->rope_neox);
 }
 
+/* x [n, d] += y, then out = rmsnorm(x) * g: in one operation where the
+ * backend has one (out may be y) */
+static void add_norm(cb_backend *be, float *x, const float *y, const float *g, float *out,
+                     int64_t n, int64_t d, float eps)
+{
+    const cb_backend_ops *o = be->ops;
+    if (o->add_rmsnorm) {
+        o->add_rmsnorm(be, x, y, g, out, n, d, eps);
+        return;
+    }
+    o->add(be, x, y, n * d);
+    o->rmsnorm(be, x, g, out, n, d, eps);
+}
+
 /* a layer's K and V rows k, v [n, width] into its cache at rows at[n] */
 static void kv_write_layer(cb_backend *be, const cb_kvcache *kv, int32_t layer, const float *k,
                            const float *v, const int32_t *at, int32_t n)
@@ -404,10 +418,9 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     o->matmul(be, L->wo, f->att, f->xn, n);
     if (L->post_attn_norm)
         o->rmsnorm(be, f->xn, L->post_attn_norm, f->xn, n, d, hp->norm_eps);
-    o->add(be, x, f->xn, n * d);
 
     /* MLP block */
-    o->rmsnorm(be, x, L->ffn_norm, f->xn, n, d, hp->norm_eps);
+    add_norm(be, x, f->xn, L->ffn_norm, f->xn, n, d, hp->norm_eps);
     const cb_bweight *gu[2] = {L->wg, L->wu};
     float *gu_out[2] = {f->g, f->u};
     matmul_same_input(be, gu, 2, f->xn, gu_out, n);
@@ -605,7 +618,8 @@ static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, i
             dkv = (int64_t)hp->n_head_kv * hp->head_dim;
     int64_t ff = hp->n_ff;
 
-    o->rmsnorm(be, f->x, L->attn_norm, f->xn, rows, d, hp->norm_eps);
+    if (l == 0) /* (a later layer's came with the last one's residual) */
+        o->rmsnorm(be, f->x, L->attn_norm, f->xn, rows, d, hp->norm_eps);
     const cb_bweight *qkv[3] = {L->wq, L->wk, L->wv};
     float *qkv_out[3] = {f->q, f->k, f->v};
     decode_products(be, qkv, 3, f->xn, d, qkv_out, (const int64_t[]){dq, dkv, dkv}, rows);
@@ -621,9 +635,8 @@ static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, i
     decode_products(be, wo, 1, f->att, dq, &f->xn, &d, rows);
     if (L->post_attn_norm)
         o->rmsnorm(be, f->xn, L->post_attn_norm, f->xn, rows, d, hp->norm_eps);
-    o->add(be, f->x, f->xn, rows * d);
+    add_norm(be, f->x, f->xn, L->ffn_norm, f->xn, rows, d, hp->norm_eps);
 
-    o->rmsnorm(be, f->x, L->ffn_norm, f->xn, rows, d, hp->norm_eps);
     const cb_bweight *gu[2] = {L->wg, L->wu};
     float *gu_out[2] = {f->g, f->u};
     decode_products(be, gu, 2, f->xn, d, gu_out, (const int64_t[]){ff, ff}, rows);
@@ -634,7 +647,10 @@ static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, i
     decode_products(be, wd, 1, f->g, ff, &f->xn, &d, rows);
     if (L->post_ffn_norm)
         o->rmsnorm(be, f->xn, L->post_ffn_norm, f->xn, rows, d, hp->norm_eps);
-    o->add(be, f->x, f->xn, rows * d);
+    /* the residual, and the next layer's input norm (after the last, the
+     * output norm): f->xn as the next layer and the output head take it */
+    const float *g_next = l + 1 < hp->n_layer ? m->layers[l + 1].attn_norm : m->output_norm;
+    add_norm(be, f->x, f->xn, g_next, f->xn, rows, d, hp->norm_eps);
 }
 
 /* A decode step of sequences 0..n-1 on `rows` rows (n real, the rest
@@ -659,7 +675,7 @@ static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *to
         decode_layer(f, kv, pos, n, rows, l);
     if ((st = cb_backend_status(be)) != CB_OK) /* a fault: the rest would do nothing */
         return st;
-    be->ops->rmsnorm(be, f->x, m->output_norm, f->xn, rows, d, hp->norm_eps);
+    /* (f->xn: the last layer normalized its output) */
     int32_t chunk = f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
     for (int32_t r = 0; r < rows && r < n; r += chunk) {
         int32_t c = rows - r < chunk ? rows - r : chunk, keep = n - r < c ? n - r : c;

@@ -2173,10 +2173,13 @@ static void rows_stable_case(cb_backend *be, const char *label, cb_type t, int64
 }
 
 /* The fused operations (CUDA under CB_CUDA_FUSE=1): rope_qk gives, bit for
- * bit, what rope on Q and then on K gives, and kv_write_kv what kv_write
- * of K and of V does, on the backend's own separate operations (which
- * the cases above check against the CPU): RoPE normal and neox, whole and
- * partial, with and without frequency factors; caches of f32 and f16. */
+ * bit, what rope on Q and then on K gives, kv_write_kv what kv_write of K
+ * and of V does, and add_rmsnorm what add and then rmsnorm give, on the
+ * backend's own separate operations (which the cases above check against
+ * the CPU): RoPE normal and neox, whole and partial, with and without
+ * frequency factors; caches of f32 and f16; rows of 100, 576 and 1536
+ * values (a partial pass of the block's threads, SmolLM2's, Qwen2.5-1.5B's),
+ * the output over the added rows as forward.c has it. */
 static void fused_case(cb_backend *be, const char *label)
 {
     enum { N = 5, NH = 12, NKV = 2, HD = 64, W = NKV * HD, NC = 40 };
@@ -2227,17 +2230,37 @@ static void fused_case(cb_backend *be, const char *label)
         bfree(be, ks), bfree(be, vs);
         free(h1);
     }
+    for (int di = 0; di < 3; di++) {
+        static const int ds[3] = {100, 576, 1536};
+        const int64_t d = ds[di];
+        const size_t xb = sizeof(float) * (size_t)(N * d);
+        float *x = rand_vec(N * d, 3.0f), *y = rand_vec(N * d, 1.0f), *g = rand_vec(d, 1.0f);
+        float *h = malloc(4 * xb), *hx1 = h, *hx2 = h + N * d, *ho1 = h + 2 * N * d,
+              *ho2 = h + 3 * N * d;
+        float *dg = bput(be, g, sizeof(float) * (size_t)d), *dx1 = bput(be, x, xb),
+              *dy1 = bput(be, y, xb), *dx2 = bput(be, x, xb), *dy2 = bput(be, y, xb);
+        be->ops->add(be, dx1, dy1, N * d);
+        be->ops->rmsnorm(be, dx1, dg, dy1, N, d, 1e-6f);
+        be->ops->add_rmsnorm(be, dx2, dy2, dg, dy2, N, d, 1e-6f);
+        bget(be, hx1, dx1, xb), bget(be, hx2, dx2, xb), bget(be, ho1, dy1, xb),
+            bget(be, ho2, dy2, xb);
+        tcase("%s add_rmsnorm = add, then rmsnorm, bit for bit (rows of %d)", label, (int)d);
+        CHECK(memcmp(hx1, hx2, xb) == 0 && memcmp(ho1, ho2, xb) == 0 && memcmp(hx1, x, xb) != 0 &&
+              memcmp(ho1, y, xb) != 0);
+        bfree(be, dg), bfree(be, dx1), bfree(be, dy1), bfree(be, dx2), bfree(be, dy2);
+        free(x), free(y), free(g), free(h);
+    }
     bfree(be, ff);
     free(q), free(k), free(ffh), free(q1), free(q2), free(k1), free(k2);
 }
 
 static void fused_cases(void)
 {
-    if (cuda && cuda->ops->rope_qk && cuda->ops->kv_write_kv) {
+    if (cuda && cuda->ops->rope_qk && cuda->ops->kv_write_kv && cuda->ops->add_rmsnorm) {
         fused_case(cuda, "cuda");
         return;
     }
-    tskip("cuda rope_qk and kv_write_kv = the separate operations, bit for bit",
+    tskip("cuda rope_qk, kv_write_kv and add_rmsnorm = the separate operations, bit for bit",
           cuda ? "CB_CUDA_FUSE=0: no fused operations" : cuda_why);
 }
 
