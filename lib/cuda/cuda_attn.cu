@@ -31,6 +31,13 @@ __host__ __device__ __forceinline__ int first_key(int p, int window)
     return window > 0 && p >= window ? p - window + 1 : 0;
 }
 
+/* whether a query row at position p (-1: none) sees a key of the tile
+ * [k0, k0 + kt) (both kernels skip the tiles it does not) */
+__device__ __forceinline__ bool sees_tile(int p, int window, int k0, int kt)
+{
+    return p >= k0 && first_key(p, window) < k0 + kt;
+}
+
 __device__ __forceinline__ float warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -110,10 +117,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         const int key = k0 + lane;
 #pragma unroll
         for (int r = 0; r < ATT_ROWS; r++) {
+            if (!sees_tile(myp[r], window, k0, ATT_KT)) /* (the same in every lane) */
+                continue;
             /* lowest visible key of this row (the window's first, else 0) */
             const int lo = first_key(myp[r], window);
-            if (myp[r] < k0 || k0 + ATT_KT <= lo) /* no key of the tile is visible (same in every lane) */
-                continue;
             const bool vis = key <= myp[r] && key >= lo;
             const float *qr = Qs + (warp * ATT_ROWS + r) * hd;
             float s = -INFINITY;
@@ -243,8 +250,8 @@ static int att_splits(const cudaDeviceProp *prop, int64_t n, const int32_t *pos,
 
 enum { FA_BQ = 64, FA_BK = 32, FA_WARPS = FA_BQ / 16, FA_MIN_ROWS = 16 };
 
-/* the padded head dimension, and the shared memory a block takes for it */
-static int fa_hp(int hd)
+/* the head dimension padded to the products' 16 */
+__host__ __device__ static inline int fa_hp(int hd)
 {
     return (hd + 15) / 16 * 16;
 }
@@ -285,7 +292,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
     using namespace nvcuda;
     extern __shared__ unsigned char fa_raw[];
     unsigned char *sm = (unsigned char *)(((uintptr_t)fa_raw + 127) & ~(uintptr_t)127);
-    const int hp = (hd + 15) / 16 * 16;
+    const int hp = fa_hp(hd);
     const fa_layout L = fa_lay(hp);
     __half *Qs = (__half *)(sm + L.q), *Ks = (__half *)(sm + L.k), *Vs = (__half *)(sm + L.v),
            *Ps = (__half *)(sm + L.p);
@@ -322,8 +329,8 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
     const int k_first = (t_lo + (int)blockIdx.z * per) * FA_BK;
     const int k_end = min(maxp + 1, (t_lo + ((int)blockIdx.z + 1) * per) * FA_BK);
 
-    /* this lane's row (lanes 16..31 repeat 0..15): does it see the tile? */
-    const int my_p = fp[r0 + lane % 16], my_lo = first_key(my_p, window);
+    /* this lane's row (lanes 16..31 repeat 0..15) */
+    const int my_p = fp[r0 + lane % 16];
 
     for (int k0 = k_first; k0 < k_end; k0 += FA_BK) {
         for (int e = threadIdx.x; e < FA_BK * hp; e += blockDim.x) {
@@ -338,7 +345,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
             Vs[j * L.ldh + d] = __float2half_rn(vv);
         }
         __syncthreads();
-        if (__any_sync(0xffffffffu, my_p >= k0 && my_lo < k0 + FA_BK)) {
+        if (__any_sync(0xffffffffu, sees_tile(my_p, window, k0, FA_BK))) {
             /* S = Q K^T: each Q tile loaded once for the tile's keys */
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc[FA_BK / 16];
 #pragma unroll

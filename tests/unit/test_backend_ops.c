@@ -1554,6 +1554,7 @@ static float *o_ref, *o_cpu, *o_cuda;
  * f32 ones (K and V rounded in the kernel): bound 2e-6. */
 static cb_backend *cuda_fa;
 static double fa_bound;
+#define FA_BOUND 2e-6
 enum { FA_CASE_ROWS = 16 }; /* cuda_attn.cu's FA_MIN_ROWS: fewer rows take the scalar kernel */
 
 /* The reference vs the CPU backend within cpu_bound; the CPU vs CUDA
@@ -1602,6 +1603,20 @@ static int case_skip(const char *name, const char *cpu_what, const char *cuda_wh
     return 1;
 }
 
+/* The case fn on CUDA backend be against the CPU's o_cpu (n values), as
+ * test line nm: within bound (< 0: exact equality) */
+static void vs_cpu(cb_backend *be, const char *nm, case_fn fn, int64_t n, double bound)
+{
+    int64_t n_cu = fn(be, o_cuda);
+    double e = nmse(o_cpu, o_cuda, n);
+    tcase("%s (nmse %.2e, bound %.0e)", nm, e, bound);
+    CHECK(n_cu == n);
+    if (bound < 0)
+        CHECK(memcmp(o_cpu, o_cuda, sizeof(float) * (size_t)n) == 0);
+    else
+        CHECKF(e <= bound, "nmse %.3e > %.0e", e, bound);
+}
+
 /* An attention case on the tensor-core kernel against the CPU's o_cpu (n
  * values), when the case sets fa_bound */
 static void run_fa(const char *name, case_fn fn, int64_t n)
@@ -1614,11 +1629,7 @@ static void run_fa(const char *name, case_fn fn, int64_t n)
         tskip(nm, cuda ? "CB_CUDA_FA: the device has no shared memory for its tiles" : cuda_why);
         return;
     }
-    int64_t n_cu = fn(cuda_fa, o_cuda);
-    double e = nmse(o_cpu, o_cuda, n);
-    tcase("%s (nmse %.2e, bound %.0e)", nm, e, fa_bound);
-    CHECK(n_cu == n);
-    CHECKF(e <= fa_bound, "nmse %.3e > %.0e", e, fa_bound);
+    vs_cpu(cuda_fa, nm, fn, n, fa_bound);
 }
 
 static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda_bound)
@@ -1633,21 +1644,12 @@ static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda
         CHECK(memcmp(o_ref, o_cpu, sizeof(float) * (size_t)n_ref) == 0);
     else
         CHECKF(e <= cpu_bound, "nmse %.3e > %.0e", e, cpu_bound);
-    if (!cuda) {
-        char nm[128];
-        snprintf(nm, sizeof nm, "cuda %-28s vs cpu", name);
-        tskip(nm, cuda_why);
-        run_fa(name, fn, n_cpu);
-        return;
-    }
-    int64_t n_cu = fn(cuda, o_cuda);
-    e = nmse(o_cpu, o_cuda, n_cpu);
-    tcase("cuda %-28s vs cpu (nmse %.2e, bound %.0e)", name, e, cuda_bound);
-    CHECK(n_cu == n_cpu);
-    if (cuda_bound < 0)
-        CHECK(memcmp(o_cpu, o_cuda, sizeof(float) * (size_t)n_cpu) == 0);
+    char nm[160];
+    snprintf(nm, sizeof nm, "cuda %-28s vs cpu", name);
+    if (cuda)
+        vs_cpu(cuda, nm, fn, n_cpu, cuda_bound);
     else
-        CHECKF(e <= cuda_bound, "nmse %.3e > %.0e", e, cuda_bound);
+        tskip(nm, cuda_why);
     run_fa(name, fn, n_cpu);
 }
 
@@ -1713,11 +1715,9 @@ static void run_case_sampled(const char *name, case_fn fn, double cpu_bound, dou
         return;
     }
     n_cpu = fn(cpu, o_cpu);
-    int64_t n_cu = fn(cuda, o_cuda);
-    e = nmse(o_cpu, o_cuda, n_cpu);
-    tcase("cuda %s vs cpu, all rows (nmse %.2e, bound %.0e)", name, e, cuda_bound);
-    CHECK(n_cu == n_cpu);
-    CHECKF(e <= cuda_bound, "nmse %.3e > %.0e", e, cuda_bound);
+    char nm[160];
+    snprintf(nm, sizeof nm, "cuda %s vs cpu, all rows", name);
+    vs_cpu(cuda, nm, fn, n_cpu, cuda_bound);
     run_fa(name, fn, n_cpu);
 }
 
@@ -2346,7 +2346,7 @@ static void r18_cases(const char *self)
                  att[i].window ? " window" : "");
         if (att[i].window)
             snprintf(name + strlen(name), sizeof name - strlen(name), " %d", att[i].window);
-        fa_bound = 2e-6;
+        fa_bound = FA_BOUND;
         run_case_sampled(name, c_attention_big, 1e-10, 1e-9);
         fa_bound = 0;
     }
@@ -2532,7 +2532,7 @@ int main(int argc, char **argv)
             att_hd = hds[hdi];
             att_nq = 40;
             snprintf(name, sizeof name, "attention %s hd %d 40 rows", f16 ? "f16" : "f32", att_hd);
-            fa_bound = 2e-6;
+            fa_bound = FA_BOUND;
             run_case(name, c_attention, 1e-10, 1e-9);
             fa_bound = 0;
         }
@@ -2545,7 +2545,7 @@ int main(int argc, char **argv)
             att_hd = 64, att_nq = 40, att_window = wins[wi];
             snprintf(name, sizeof name, "attention %s hd 64 40 rows window %d", f16 ? "f16" : "f32",
                      att_window);
-            fa_bound = 2e-6;
+            fa_bound = FA_BOUND;
             run_case(name, c_attention, 1e-10, 1e-9);
             fa_bound = 0;
         }
@@ -2557,7 +2557,7 @@ int main(int argc, char **argv)
             att_nq = nqs[ci], att_window = wins[ci];
             snprintf(name, sizeof name, "attention %s 1300 keys %d rows window %d",
                      f16 ? "f16" : "f32", att_nq, att_window);
-            fa_bound = att_nq >= FA_CASE_ROWS ? 2e-6 : 0;
+            fa_bound = att_nq >= FA_CASE_ROWS ? FA_BOUND : 0;
             run_case(name, c_attention, 1e-10, 1e-9);
             fa_bound = 0;
             run_case_c(name, c_attention, 1e-10); /* the portable softmax */
@@ -2571,7 +2571,7 @@ int main(int argc, char **argv)
             snprintf(name, sizeof name,
                      "attention %s 1300 keys %d rows in position order, window %d",
                      f16 ? "f16" : "f32", att_nq, att_window);
-            fa_bound = 2e-6;
+            fa_bound = FA_BOUND;
             run_case(name, c_attention, 1e-10, 1e-9);
             fa_bound = 0;
         }
@@ -2584,7 +2584,7 @@ int main(int argc, char **argv)
             att_window = wi ? 300 : 0;
             snprintf(name, sizeof name, "attention %s prefill 330 rows window %d",
                      f16 ? "f16" : "f32", att_window);
-            fa_bound = 2e-6;
+            fa_bound = FA_BOUND;
             run_case(name, c_attention, 1e-10, 1e-9);
             fa_bound = 0;
         }
