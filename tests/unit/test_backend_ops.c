@@ -1603,18 +1603,20 @@ static int case_skip(const char *name, const char *cpu_what, const char *cuda_wh
     return 1;
 }
 
-/* The case fn on CUDA backend be against the CPU's o_cpu (n values), as
- * test line nm: within bound (< 0: exact equality) */
-static void vs_cpu(cb_backend *be, const char *nm, case_fn fn, int64_t n, double bound)
+/* The case fn on backend be into got against ref (n values), as test
+ * line nm: within bound (< 0: exact equality); fn's count */
+static int64_t vs_ref(cb_backend *be, const float *ref, float *got, const char *nm, case_fn fn,
+                      int64_t n, double bound)
 {
-    int64_t n_cu = fn(be, o_cuda);
-    double e = nmse(o_cpu, o_cuda, n);
+    int64_t n_be = fn(be, got);
+    double e = nmse(ref, got, n);
     tcase("%s (nmse %.2e, bound %.0e)", nm, e, bound);
-    CHECK(n_cu == n);
+    CHECK(n_be == n);
     if (bound < 0)
-        CHECK(memcmp(o_cpu, o_cuda, sizeof(float) * (size_t)n) == 0);
+        CHECK(memcmp(ref, got, sizeof(float) * (size_t)n) == 0);
     else
         CHECKF(e <= bound, "nmse %.3e > %.0e", e, bound);
+    return n_be;
 }
 
 /* An attention case on the tensor-core kernel against the CPU's o_cpu (n
@@ -1629,25 +1631,20 @@ static void run_fa(const char *name, case_fn fn, int64_t n)
         tskip(nm, cuda ? "CB_CUDA_FA: the device has no shared memory for its tiles" : cuda_why);
         return;
     }
-    vs_cpu(cuda_fa, nm, fn, n, fa_bound);
+    vs_ref(cuda_fa, o_cpu, o_cuda, nm, fn, n, fa_bound);
 }
 
 static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda_bound)
 {
     if (case_skip(name, "vs reference", "vs cpu"))
         return;
-    int64_t n_ref = fn(NULL, o_ref), n_cpu = fn(cpu, o_cpu);
-    double e = nmse(o_ref, o_cpu, n_ref);
-    tcase("cpu  %-28s vs reference (nmse %.2e, bound %.0e)", name, e, cpu_bound);
-    CHECK(n_ref == n_cpu);
-    if (cpu_bound < 0)
-        CHECK(memcmp(o_ref, o_cpu, sizeof(float) * (size_t)n_ref) == 0);
-    else
-        CHECKF(e <= cpu_bound, "nmse %.3e > %.0e", e, cpu_bound);
+    int64_t n_ref = fn(NULL, o_ref);
     char nm[160];
+    snprintf(nm, sizeof nm, "cpu  %-28s vs reference", name);
+    int64_t n_cpu = vs_ref(cpu, o_ref, o_cpu, nm, fn, n_ref, cpu_bound);
     snprintf(nm, sizeof nm, "cuda %-28s vs cpu", name);
     if (cuda)
-        vs_cpu(cuda, nm, fn, n_cpu, cuda_bound);
+        vs_ref(cuda, o_cpu, o_cuda, nm, fn, n_cpu, cuda_bound);
     else
         tskip(nm, cuda_why);
     run_fa(name, fn, n_cpu);
@@ -1717,7 +1714,7 @@ static void run_case_sampled(const char *name, case_fn fn, double cpu_bound, dou
     n_cpu = fn(cpu, o_cpu);
     char nm[160];
     snprintf(nm, sizeof nm, "cuda %s vs cpu, all rows", name);
-    vs_cpu(cuda, nm, fn, n_cpu, cuda_bound);
+    vs_ref(cuda, o_cpu, o_cuda, nm, fn, n_cpu, cuda_bound);
     run_fa(name, fn, n_cpu);
 }
 
