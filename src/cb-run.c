@@ -48,10 +48,16 @@ static void usage(FILE *f)
         "                     recompute the most deviating tokens; reuse: reuse caches,\n"
         "                     recompute nothing; prefix: reuse the leading chunk only when\n"
         "                     it is a true prefix; full: ordinary prefill (default without)\n"
-        "      --ratio R|auto fraction of cached tokens recomputed (default 0.15); auto: the\n"
-        "                     loading controller's choice from the store's profile (see\n"
-        "                     cb-profile(1)): recompute as much as loading the KV hides\n"
-        "      --min-ratio R  the least ratio auto picks (default 0.15), or --mass (0.05)\n"
+        "      --speedup S    recompute the most cached tokens that keep the rows the\n"
+        "                     blend computes S times under full prefill's (default 4;\n"
+        "                     on the CPU the rows are the time), --min-ratio at least;\n"
+        "                     0: a fixed ratio\n"
+        "      --ratio R|auto fraction of cached tokens recomputed, fixed (instead of\n"
+        "                     --speedup); auto: the loading controller's choice from the\n"
+        "                     store's profile (see cb-profile(1)): recompute as much as\n"
+        "                     loading the KV hides\n"
+        "      --min-ratio R  the least ratio --speedup and auto pick (default 0.15), or\n"
+        "                     --mass (0.05)\n"
         "      --mass M       with --strategy probe (or auto, which then is probe): per\n"
         "                     prompt, the smallest ratio whose tokens hold the share M\n"
         "                     of the question's attention to the cached tokens, between\n"
@@ -176,7 +182,8 @@ enum {
     OPT_KEYTEMP,
     OPT_BATCH,
     OPT_BATCHSIZE,
-    OPT_KVBUDGET
+    OPT_KVBUDGET,
+    OPT_SPEEDUP
 };
 
 /* ---------------------------------------------------------- generation */
@@ -186,7 +193,8 @@ typedef struct gen_opts {
         *device;
     const char *score, *score_file; /* --score TEXT, --score-file FILE */
     int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto, min_ratio_given;
-    int no_context; /* --no-context */
+    int no_context;                 /* --no-context */
+    int ratio_given, speedup_given; /* --ratio or --ratios; --speedup */
     double min_ratio;
     cb_type kv_type;
     cb_sampler_params sp;
@@ -390,6 +398,7 @@ static void run_auto_ratio(run *r)
 {
     const gen_opts *o = r->o;
     cb_error err;
+    r->bp.speedup = 0; /* the controller's ratio, as given */
     if (cb_prompt_auto_ratio(r->pr, r->store, r->m, o->kv_type, o->min_ratio, &r->rc, &err) ==
         CB_OK) {
         r->bp.ratios[0] = (float)r->rc.ratio;
@@ -533,6 +542,14 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         json_object_set_new(s, "predicted_recompute_ms", json_real(ss->rc->pred_recompute_ms));
         if (ss->rc->tier[0])
             json_object_set_new(s, "tier", json_string(ss->rc->tier));
+    }
+    if (s && bp->mode == CB_MODE_BLEND && bp->n_ratios == 1)
+        json_object_set_new(s, "predicted_speedup", json_real(bs->pred_speedup));
+    if (s && bp->speedup > 0 && bp->adapt_mass == 0 && bp->mode == CB_MODE_BLEND) {
+        json_object_set_new(s, "ratio_source", json_string("speedup"));
+        json_object_set_new(s, "speedup",
+                            json_pack("{s:f, s:f, s:s}", "target", (double)bp->speedup, "min_ratio",
+                                      (double)bp->ratios[0], "bound", bs->ratio_bound));
     }
     if (s && bp->adapt_mass > 0 && bp->mode == CB_MODE_BLEND) {
         json_object_set_new(s, "ratio_source", json_string("adaptive"));
@@ -1059,6 +1076,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     case OPT_CHUNKS: o->chunks_path = arg; return 0;
     case OPT_RATIO:
         o->bp.n_ratios = 1;
+        o->ratio_given = 1;
         if (!strcmp(arg, "auto"))
             return o->ratio_auto = 1, 0;
         if (cli_parse_num("--ratio", arg, 0, 1, &d))
@@ -1073,7 +1091,13 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         return cli_parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
     case OPT_MAXRATIO:
         return cli_parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
-    case OPT_RATIOS: return parse_ratios(arg, &o->bp);
+    case OPT_RATIOS: return o->ratio_given = 1, parse_ratios(arg, &o->bp);
+    case OPT_SPEEDUP:
+        if (cli_parse_num("--speedup", arg, 0, 1000, &d))
+            return -1;
+        o->bp.speedup = (float)d;
+        o->speedup_given = 1;
+        return 0;
     case OPT_CHECK:
         return cli_parse_num("--check-layer", arg, 1, 4096, &d)
                    ? -1
@@ -1213,6 +1237,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"batch", no_argument, 0, OPT_BATCH},
         {"batch-size", required_argument, 0, OPT_BATCHSIZE},
         {"kv-budget", required_argument, 0, OPT_KVBUDGET},
+        {"speedup", required_argument, 0, OPT_SPEEDUP},
         CLI_COMMON_OPTS,
         CLI_STORE_OPT,
         CLI_DEVICE_OPT,
@@ -1268,6 +1293,15 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         cli_err("--mass needs --strategy probe or auto (and no --ratio auto)");
         return CLI_EX_USAGE;
     }
+    if (o->ratio_given && o->speedup_given && o->bp.speedup > 0) {
+        cli_err("--ratio and --speedup exclude each other (--min-ratio sets --speedup's least "
+                "ratio)");
+        return CLI_EX_USAGE;
+    }
+    if (o->ratio_given) /* a ratio as given, or the controller's */
+        o->bp.speedup = 0;
+    else if (o->bp.speedup > 0 && o->min_ratio_given)
+        o->bp.ratios[0] = (float)o->min_ratio;
     if (o->bp.adapt_mass > 0 && o->min_ratio_given)
         o->bp.adapt_min = (float)o->min_ratio;
     if (o->bp.adapt_mass > 0 && o->bp.adapt_min > o->bp.adapt_max) {

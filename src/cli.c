@@ -522,8 +522,9 @@ const char *const cli_mode_names[4] = {"full", "prefix", "reuse", "blend"};
 const char *const cli_strategy_names[6] = {"hkvd", "sink", "query", "probe", "runs", "auto"};
 
 /* The fields a question line may have; the others pass through to its answer. */
-static const char *const q_fields[] = {"id",    "question", "prompt",    "chunks", "system", "mode",
-                                       "ratio", "strategy", "n_predict", "score",  "stop"};
+static const char *const q_fields[] = {"id",       "question",  "prompt", "chunks",
+                                       "system",   "mode",      "ratio",  "speedup",
+                                       "strategy", "n_predict", "score",  "stop"};
 
 int cli_question_reads(const char *field)
 {
@@ -637,6 +638,19 @@ static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size
             rq->bp.ratios[0] = (float)json_number_value(v);
         } else {
             return snprintf(msg, n, "\"ratio\" is not a number in [0, 1] or \"auto\""), -1;
+        }
+        rq->bp.speedup = 0; /* a ratio as given, or the controller's */
+    }
+    if ((v = json_object_get(obj, "speedup"))) {
+        if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 1000))
+            return snprintf(msg, n, "\"speedup\" is not a number in [0, 1000]"), -1;
+        if (json_object_get(obj, "ratio") && json_number_value(v) > 0)
+            return snprintf(msg, n, "\"ratio\" and \"speedup\" exclude each other"), -1;
+        rq->bp.speedup = (float)json_number_value(v);
+        if (rq->bp.speedup > 0) { /* instead of the options' --ratio, at least --min-ratio */
+            rq->ratio_auto = 0;
+            rq->bp.n_ratios = 1;
+            rq->bp.ratios[0] = (float)rq->min_ratio;
         }
     }
     if ((v = json_object_get(obj, "n_predict"))) {

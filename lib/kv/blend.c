@@ -64,6 +64,7 @@ cb_blend_params cb_blend_defaults(void)
     p.probe_rows = 0;     /* all the question's rows: measured better than its last 8 (issue 15) */
     p.probe_depth = 0.0f; /* by cost: cb_blend_probe_layers (issue 31) */
     p.key_temp = 0.0f;    /* the model's: cb_blend_key_temp */
+    p.speedup = 4.0f;     /* the ratio by the prompt's rows, 0.15 at least: blend_speedup */
     return p;
 }
 
@@ -328,6 +329,16 @@ static cb_status plan_check(blend_plan *pl, cb_error *err)
             err, CB_ERR_INVALID,
             "blend: the key temperature must be positive (or 0: the model's), not %g",
             (double)p->key_temp);
+    if (!(p->speedup >= 0.0f && p->speedup < 1e30f))
+        return cb_error_set(
+            err, CB_ERR_INVALID,
+            "blend: the speedup must be positive (or 0: the ratio as given), not %g",
+            (double)p->speedup);
+    if (p->speedup > 0 && p->mode == CB_MODE_BLEND && p->adapt_mass == 0 && p->n_ratios != 1)
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "blend: a speedup sets one ratio, not %d (give it as 0 for gradual "
+                            "filtering)",
+                            p->n_ratios);
     if (!(p->probe_depth >= 0.0f && p->probe_depth <= 1.0f))
         return cb_error_set(err, CB_ERR_INVALID,
                             "blend: probe's depth is a share of the layers in (0, 1] (0: by "
@@ -518,9 +529,8 @@ static cb_status check_layer(blend_plan *pl, const blend_strategy *sg, int32_t s
  * uncached rows, where probe's first pass costs 4-6% and probe answered
  * better.  Probe stays with an adaptive ratio (it needs probe's scores), a
  * fixed probe depth, sliding windows, and nothing to recompute. */
-static const blend_strategy *blend_choose(const blend_plan *pl)
+static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_params *p)
 {
-    const cb_blend_params *p = pl->p;
     if (p->strategy != CB_STRATEGY_AUTO)
         return blend_strategy_of(p->strategy);
     int64_t want = (int64_t)ceilf(p->ratios[p->n_ratios - 1] * (float)pl->n_cached);
@@ -530,12 +540,112 @@ static const blend_strategy *blend_choose(const blend_plan *pl)
     return &blend_hkvd;
 }
 
+/* The rows a blend computes, one row through every layer the unit (full
+ * prefill computes pl->total), with a budget of w cached rows: what a
+ * speedup (cb_blend_params.speedup) holds the blend to.  A check-layer
+ * strategy computes every row but the exact ones in the layers before the
+ * check layer, then the uncached rows and the w in the rest; probe runs
+ * the uncached rows through its first pass (nl layers; none when nothing
+ * or everything is kept), then those and the w through every layer.
+ * Attention, loading and the logits are left out: on the CPU the rows are
+ * the time (MuSiQue, Qwen2.5-Coder-1.5B, issue 31: a recomputed row costs
+ * what a row of full prefill does, 4.6 against 4.7 ms on 20 chunks, 5.6
+ * against 5.7 on 6 passages), but for those the predicted speedup is above
+ * the measured one, at ratio 0.15 by 16% (20 chunks), 9% (6 passages of
+ * ~550 tokens) and 25% (6 of ~50): hence the default of 4, measured 3.42x
+ * and 3.51x on the first two (150 and 48 questions), where the ratio
+ * rose to 0.19-0.23 and the first-token KL to full prefill fell on 101 of
+ * 150 and 40 of 48 questions; the third stays at the least ratio. */
+static double blend_cost(const blend_plan *pl, const cb_blend_params *p, int probe, int64_t w,
+                         int32_t nl)
+{
+    double L = pl->hp->n_layer, u = pl->n_rows, c = (double)(pl->n_cached - pl->n_exact);
+    if (probe)
+        return u * nl / L + u + (double)w;
+    double cl = p->check_layer;
+    return (u + c) * cl / L + (u + (double)w) * (L - cl) / L;
+}
+
+/* probe's first pass as a budget of w would run it (probe_scores) */
+static int32_t probe_nl(const blend_plan *pl, const cb_blend_params *p, int64_t w)
+{
+    if (w <= 0 || w >= pl->n_cached - pl->n_exact)
+        return 0;
+    return cb_blend_probe_layers(p, pl->hp->n_layer, pl->n_rows, w, pl->hp->n_swa_layers > 0);
+}
+
+/* The largest budget, at least lo, whose cost is at most pl->total / s
+ * (the cost grows with the budget: bisection). */
+static int64_t afford(const blend_plan *pl, const cb_blend_params *p, int probe, int64_t lo,
+                      double s)
+{
+    int64_t hi = pl->n_cached - pl->n_exact;
+    double limit = (double)pl->total / s;
+    if (lo >= hi)
+        return lo;
+    if (blend_cost(pl, p, probe, hi, probe ? probe_nl(pl, p, hi) : 0) <= limit)
+        return hi;
+    while (hi - lo > 1) { /* cost(lo) within the limit or lo the floor; cost(hi) over it */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (blend_cost(pl, p, probe, mid, probe ? probe_nl(pl, p, mid) : 0) <= limit)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The ratio whose budget (ceil of it x n) is exactly w. */
+static float ratio_of(int64_t w, int64_t n)
+{
+    if (w <= 0 || n <= 0)
+        return 0.0f;
+    float r = (float)w / (float)n;
+    while (r > 0.0f && (int64_t)ceilf(r * (float)n) > w)
+        r = nextafterf(r, 0.0f);
+    while ((int64_t)ceilf(r * (float)n) < w)
+        r = nextafterf(r, 2.0f);
+    return r;
+}
+
+/* A speedup: the budget it affords, at least the given ratio's, and under
+ * auto the strategy too (auto's rule on probe's budget; hkvd then gets its
+ * own, its first layer's rows counted).  eff is p with them: an explicit
+ * strategy and one ratio.  Without a speedup (or with an adaptive ratio,
+ * which sets its own) eff is p. */
+static void blend_speedup(const blend_plan *pl, cb_blend_params *eff, cb_blend_stats *stats)
+{
+    const cb_blend_params *p = pl->p;
+    *eff = *p;
+    if (p->speedup <= 0 || p->mode != CB_MODE_BLEND || p->adapt_mass > 0)
+        return;
+    int64_t lo = (int64_t)ceilf(p->ratios[0] * (float)pl->n_cached), w;
+    const blend_strategy *sg = blend_strategy_of(p->strategy);
+    int probe = p->strategy == CB_STRATEGY_PROBE || p->strategy == CB_STRATEGY_AUTO;
+    w = afford(pl, p, probe, lo, p->speedup);
+    eff->ratios[0] = ratio_of(w, pl->n_cached);
+    if (p->strategy == CB_STRATEGY_AUTO) {
+        sg = blend_choose(pl, eff);
+        if (sg->id != CB_STRATEGY_PROBE) {
+            w = afford(pl, p, 0, lo, p->speedup);
+            eff->ratios[0] = ratio_of(w, pl->n_cached);
+        }
+        eff->strategy = sg->id;
+    }
+    probe = sg->id == CB_STRATEGY_PROBE;
+    stats->ratio = eff->ratios[0];
+    stats->ratio_bound = blend_cost(pl, p, probe, w, probe ? probe_nl(pl, p, w) : 0) <=
+                                 (double)pl->total / p->speedup
+                             ? "speedup"
+                             : "min";
+}
+
 /* Blend: the strategy's own way, or every row before the check layer, the
  * check layers' selections, then the last selection in the layers after. */
 static cb_status fuse(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
 {
     const cb_blend_params *p = pl->p;
-    const blend_strategy *sg = blend_choose(pl);
+    const blend_strategy *sg = blend_choose(pl, p);
     cb_status st;
     stats->strategy = sg->id;
     if (sg->fuse)
@@ -575,7 +685,9 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
                      .n_segs = n_segs,
                      .p = p,
                      .hp = cb_model_hparams(cb_fwd_model(f))};
+    cb_blend_params eff;
     loader ld;
+    int32_t n_uncached = 0;
     double t_start = cb_now_ms();
     int layer_err = 0;
     cb_status st;
@@ -588,6 +700,9 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
                                               : 0.0f;
     if ((st = plan_check(&pl, err)) != CB_OK || (st = plan_rows(&pl, err)) != CB_OK)
         goto out;
+    blend_speedup(&pl, &eff, stats);
+    pl.p = p = &eff;
+    n_uncached = pl.n_rows;
     stats->n_prompt_tokens = (int32_t)pl.total;
     stats->n_cached_tokens = (int32_t)pl.n_cached;
     stats->n_exact_tokens = (int32_t)pl.n_exact;
@@ -632,6 +747,13 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
                                                        : 0;
     if (p->mode == CB_MODE_FULL)
         stats->n_recomputed_tokens = 0;
+    if (p->mode == CB_MODE_BLEND && p->n_ratios == 1) {
+        int probe = stats->strategy == CB_STRATEGY_PROBE;
+        pl.n_rows = n_uncached; /* the cost's u */
+        stats->pred_speedup =
+            (float)((double)pl.total / blend_cost(&pl, p, probe, stats->n_recomputed_tokens,
+                                                  probe ? stats->probe_layers : 0));
+    }
 out:
     plan_free(&pl);
     return st;

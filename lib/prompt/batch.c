@@ -258,6 +258,7 @@ static void job_auto_ratio(cb_batch *b, job *j)
 {
     cb_answer *a = j->a;
     cb_error err;
+    a->bp.speedup = 0; /* the controller's ratio, as given */
     if (cb_prompt_auto_ratio(j->pr, b->s, b->m, j->kv_type, j->min_ratio, &a->rc, &err) == CB_OK) {
         a->bp.ratios[0] = (float)a->rc.ratio;
         a->ratio_source = "controller";

@@ -119,6 +119,7 @@ int main(int argc, char **argv)
     float *lf = malloc(sizeof(float) * nv), *lo = malloc(sizeof(float) * nv);
     cb_blend_params p = cb_blend_defaults();
     cb_blend_stats st;
+    p.speedup = 0.0f; /* the default ratio, fixed */
     cb_kvcache_new(&kfull, m, total, CB_TYPE_F32);
     cb_kvcache_new(&kreuse, m, total, CB_TYPE_F32);
     cb_kvcache_new(&kb, m, total, CB_TYPE_F32);
@@ -189,6 +190,7 @@ int main(int argc, char **argv)
     int checks[2] = {1, first_global + 1};
     for (int i = 0; i < 2 && checks[i] < nl; i++) {
         p = cb_blend_defaults();
+        p.speedup = 0.0f;
         p.check_layer = checks[i];
         cb_blend_prefill(f, kb, segs, 5, &p, lo, &st, &err);
         /* the far rows recomputed: their V in the last layer is not the loaded one */

@@ -246,7 +246,8 @@ static int parse_mode(const char *s, cb_blend_params *bp)
     if (got < 2 || r < 0 || r > 1 || depth < 0 || depth > 1)
         return -1;
     bp->mode = CB_MODE_BLEND;
-    bp->ratios[0] = r;
+    bp->ratios[0] = r; /* as given: no speedup */
+    bp->speedup = 0.0f;
     bp->probe_depth = depth;
     if (!strcmp(name, "probe"))
         bp->strategy = CB_STRATEGY_PROBE;

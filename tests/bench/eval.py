@@ -19,7 +19,8 @@ document ("doc"; its pieces numbered by "seq"); with --context, cb-precompute
 which cb-run uses where the two come in that order (the many shape keeps a
 passage's pieces in order; those dropped break the runs).  Then cb-run
 answers with each mode (MODE/OPT=V: with cb-run --OPT V, as reuse/no-context;
-and each blend ratio and strategy, NAME/OPT=V alike), greedily, and
+"default": blend at cb-run's own settings, the ratio its --speedup picks; and
+each blend ratio and strategy, NAME/OPT=V alike), greedily, and
 each mode's first-token distribution (cb-run --logits-out) is compared with
 full prefill's; with --score, a second run per mode scores the first gold
 answer (cb-run --score: its mean NLL per token after the prompt).
@@ -196,28 +197,33 @@ def plot(rows, work, png):
     standard error of its difference from full's) and the share of answers
     identical to full's (when answers were generated), the KL recovery, and
     the NLL recovery (when scored)."""
-    strategies = sorted({r["strategy"] for r in rows if r["mode"] == "blend"})
+    strategies = sorted({r["strategy"] for r in rows if r["mode"] == "blend" and r["ratio"] is not None})
+    # references, as labelled points: full, reuse, and the runs at cb-run's own ratio (default)
+    refs = [r for r in rows if r["mode"] in ("full", "reuse", "default") or (r["mode"] == "blend" and r["ratio"] is None)]
     dat = os.path.join(work, "plot.dat")
     with open(dat, "w") as f:
         for s in strategies:
             f.write(f"# {s}\n")
-            for r in sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["ratio"]):
+            for r in sorted((r for r in rows if r["strategy"] == s and r["ratio"] is not None), key=lambda r: r["ratio"]):
                 f.write(f"{r['ttft_ms']:.1f} {100 * r['kl_recovery']:.2f} {100 * r['nll_recovery']:.2f} "
                         f"{r['f1']:.4f} {r['f1_diff_se']:.4f} {100 * r['identical']:.1f} \"{r['ratio']:g}\"\n")
             f.write("\n\n")
-        for r in rows:
+        for r in refs:
             if r["mode"] in ("full", "reuse"):
-                full = 100 * (r["mode"] == "full")
-                f.write(f"# {r['mode']}\n{r['ttft_ms']:.1f} {full:.0f} {full:.0f} {r['f1']:.4f} "
-                        f"{r['f1_diff_se'] if r['mode'] == 'reuse' else 0:.4f} {100 * r['identical']:.1f} "
-                        f"\"{r['mode']}\"\n\n\n")
+                kl = nll = 100 * (r["mode"] == "full")
+            else:
+                kl, nll = 100 * r["kl_recovery"], 100 * r["nll_recovery"]
+            f.write(f"# {r['config']}\n{r['ttft_ms']:.1f} {kl:.2f} {nll:.2f} {r['f1']:.4f} "
+                    f"{r['f1_diff_se'] if r['mode'] != 'full' else 0:.4f} {100 * r['identical']:.1f} "
+                    f"\"{r['config']}\"\n\n\n")
     n = len(strategies)
     def lines(col, bars=False):
         return ", ".join(
             [f"'{dat}' index {i} using 1:{col} with linespoints lw 2 pt 7 title '{s.replace('@', ' mass ')}', "
              f"'' index {i} using 1:{col}:7 with labels offset 0,0.8 notitle" for i, s in enumerate(strategies)]
-            + ([f"'{dat}' index 0:{n + 1} using 1:{col}:5 with yerrorbars lc rgb 'gray' pt 0 notitle"] if bars else [])
-            + [f"'{dat}' index {n}:{n + 1} using 1:{col}:7 with labels point pt 5 offset 0,-0.8 notitle"])
+            + ([f"'{dat}' index 0:{n + len(refs) - 1} using 1:{col}:5 with yerrorbars lc rgb 'gray' pt 0 notitle"]
+               if bars else [])
+            + [f"'{dat}' index {n}:{n + len(refs) - 1} using 1:{col}:7 with labels point pt 5 offset 0,-0.8 notitle"])
     nll = any(r["nll_recovery"] == r["nll_recovery"] for r in rows)  # scored (--score): not all NaN
     ans = any(r["identical"] == r["identical"] for r in rows)  # answers generated (not --no-answers)
     panels = 2 + nll + ans
@@ -319,8 +325,9 @@ def main():
     ap.add_argument("--strategies", default="auto,probe,hkvd,runs",
                     help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio; "
                     "NAME/OPT=V/...: with cb-run --OPT V (e.g. hkvd/check-layer=5, probe/probe-rows=0)")
-    ap.add_argument("--modes", default="full,prefix,reuse,blend",
-                    help="MODE/OPT=V/...: that mode with cb-run --OPT V (reuse/no-context)")
+    ap.add_argument("--modes", default="full,prefix,reuse,default,blend",
+                    help="MODE/OPT=V/...: that mode with cb-run --OPT V (reuse/no-context); default: blend at "
+                    "cb-run's own settings (the ratio --speedup picks); blend: the sweep of --ratios x --strategies")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--bin", default=os.path.join(top, "bin"))
@@ -384,7 +391,7 @@ def main():
                 for r in args.ratios.split(","):
                     for s in args.strategies.split(","):
                         configs.append(("blend", float(r), s))
-            else:  # MODE/OPT=V...: cb-run --OPT V (reuse/no-context)
+            else:  # MODE/OPT=V...: cb-run --OPT V (reuse/no-context); default: blend as cb-run's defaults have it
                 name, _, opts = mode.partition("/")
                 configs.append((name, None, opts or None))
         results = []
@@ -398,7 +405,8 @@ def main():
             for mode, ratio, strat in sorted(configs, key=lambda c: c[0] != "full"):
                 stats = os.path.join(work, "stats.json")
                 lfile = os.path.join(work, "logits.f32")
-                cmd = [run, "--store", store, "--chunks", chunks, "--mode", mode, "--temp", "0", "-n",
+                cmd = [run, "--store", store, "--chunks", chunks, "--mode", "blend" if mode == "default" else mode,
+                       "--temp", "0", "-n",
                        str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
                        "-p", question] + common
                 if ratio is None and strat:

@@ -64,6 +64,7 @@ qs = [
     {"id": 6, "question": "Score this.", "chunks": recs[:1], "score": "The bridge."},
     {"id": 7, "question": "Tell me more.", "system": "You are terse.", "n_predict": 13, "stop": "e"},
     {"id": 8, "question": "And then?", "chunks": recs, "ratio": 0.0, "n_predict": 10},
+    {"id": 9, "question": "Who paid for it?", "chunks": recs, "speedup": 1.5, "n_predict": 6},
 ]
 with open(f"{t}/q.jsonl", "w", encoding="utf-8") as f:
     for q in qs:
@@ -78,7 +79,8 @@ for i, q in enumerate(qs):
                 r = next(r for r in recs if r["kv"] == (c if isinstance(c, str) else c.get("kv")))
                 f.write(json.dumps(r) + "\n")
         args += ["--chunks", f"{t}/c{i}.jsonl"]
-    for k, o in (("mode", "--mode"), ("strategy", "--strategy"), ("ratio", "--ratio"), ("n_predict", "-n"),
+    for k, o in (("mode", "--mode"), ("strategy", "--strategy"), ("ratio", "--ratio"), ("speedup", "--speedup"),
+                 ("n_predict", "-n"),
                  ("system", "--system"), ("score", "--score")):
         if k in q:
             args += [o, str(q[k])]
@@ -90,7 +92,7 @@ PY
 for act8 in --exact ""; do  # the exact path, then the default (8-bit activations)
     for temp in 0 0.8; do
         rm -rf "$T/lone"; mkdir "$T/lone"
-        for i in 0 1 2 3 4 5 6 7 8; do
+        for i in 0 1 2 3 4 5 6 7 8 9; do
             # shellcheck disable=SC2046
             xargs -0 "$RUN" -m "$M" -t 2 --store "$S" --no-store-write $act8 --temp $temp -s 5 -n 20 < "$T/a$i" \
                 > "$T/lone/$i" 2>/dev/null
@@ -98,7 +100,7 @@ for act8 in --exact ""; do  # the exact path, then the default (8-bit activation
         "$RUN" -m "$M" -t 2 --store "$S" --no-store-write $act8 --temp $temp -s 5 -n 20 --batch "$T/q.jsonl" \
             > "$T/b.jsonl" 2>"$T/err"; rc=$?
         if [ $rc -eq 0 ] && compare "$T/b.jsonl" "$T/lone"; then
-            ok "tiny${act8:+ $act8}, temp $temp: 9 batched answers = lone runs (modes, chunks by record and key, scores, stops)"
+            ok "tiny${act8:+ $act8}, temp $temp: 10 batched answers = lone runs (modes, chunks by record and key, scores, stops, speedup)"
         else
             not_ok "tiny${act8:+ $act8}, temp $temp: batched answers (exit $rc)"; sed 's/^/#   /' "$T/err" | head -3
         fi
@@ -107,16 +109,18 @@ done
 python3 - "$T/b.jsonl" <<'PY' && ok "answers in input order, ids and unread fields passed on, --stats fields" || not_ok "answer lines"
 import json, sys
 out = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
-assert [o["id"] for o in out] == list(range(9)), [o.get("id") for o in out]
+assert [o["id"] for o in out] == list(range(10)), [o.get("id") for o in out]
 assert out[0]["gold"] == "Norden" and "question" not in out[0] and "chunks" not in out[1], out[0]
 need = ["mode", "n_prompt_tokens", "n_cached_tokens", "n_recomputed_tokens", "ratio", "ttft_ms", "prefill_ms",
         "load_ms", "n_gen_tokens", "gen_ms", "stop"]
 for o in out:
     assert all(k in o["stats"] for k in need), o
 modes = [o["stats"]["mode"] for o in out]
-assert modes == ["full", "blend", "reuse", "blend", "full", "prefix", "blend", "full", "blend"], modes
+assert modes == ["full", "blend", "reuse", "blend", "full", "prefix", "blend", "full", "blend", "blend"], modes
 assert out[2]["stats"]["n_cached_tokens"] > 0 and out[1]["stats"]["n_cached_tokens"] > 0, out[2]
 assert out[3]["stats"]["strategy"] == "hkvd" and out[3]["stats"]["ratio"] == 0.5, out[3]["stats"]
+assert "speedup" not in out[3]["stats"] and out[1]["stats"]["speedup"]["target"] == 4, out[1]["stats"]
+assert out[9]["stats"]["speedup"]["target"] == 1.5, out[9]["stats"]
 assert "score" in out[6] and "answer" not in out[6] and out[6]["score"]["n_tokens"] > 0, out[6]
 assert out[0]["stats"]["n_gen_tokens"] <= 9 and out[1]["stats"]["n_gen_tokens"] <= 14, out[0]
 PY
@@ -134,7 +138,7 @@ cmp -s "$T/s1" "$T/s9" && cmp -s "$T/s3" "$T/s9" && [ -s "$T/s9" ] \
 python3 - "$T/bs.json" "$T/b3.jsonl" <<'PY' && ok "--stats: the batch's totals; the budget held the caches" || not_ok "batch --stats"
 import json, sys
 s = json.load(open(sys.argv[1]))
-assert s["n_questions"] == 9 and s["n_answered"] == 9 and s["n_failed"] == 0, s
+assert s["n_questions"] == 10 and s["n_answered"] == 10 and s["n_failed"] == 0, s
 assert s["batch_size"] == 3 and s["kv_budget"] == 40960, s
 # one question's cache alone may pass the budget (it then runs alone); two never do together
 one = max(json.loads(l)["stats"]["kv_bytes"] for l in open(sys.argv[2]))
@@ -159,6 +163,8 @@ not json
 {"id": "i", "question": "q", "chunks": ["00000000000000000000000000000000-11111111111111111111111111111111"]}
 {"id": "j", "question": "q", "chunks": [{"seq": 1}]}
 {"id": "k", "question": "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two twenty-three twenty-four twenty-five"}
+{"id": "m", "question": "q", "ratio": 0.2, "speedup": 3}
+{"id": "n", "question": "q", "speedup": "fast"}
 {"id": "l", "question": "And the market?", "n_predict": 4}
 EOF
 "$RUN" -m "$M" -t 2 --store "$S" -c 64 --batch "$T/bad.jsonl" > "$T/o" 2>"$T/err"; rc=$?
@@ -168,10 +174,10 @@ python3 - "$T/o" <<'PY' && ok "every bad line answered with its line number and 
 import json, sys
 out = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
 ids = [o.get("id") for o in out]
-assert ids == ["a", None, None, "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"], ids
+assert ids == ["a", None, None, "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m", "n", "l"], ids
 assert "answer" in out[0] and "answer" in out[-1] and "error" not in out[0], (out[0], out[-1])
 lines = [o.get("line") for o in out[1:-1]]
-assert lines == [2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], lines
+assert lines == [2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], lines
 why = {o.get("id"): o["error"] for o in out[1:-1]}
 assert "not a JSON object" in out[2]["error"], out[2]
 assert "question" in why["b"] and "question" in why["c"], why
@@ -179,6 +185,7 @@ assert "warp" not in why["d"] and "blend" in why["d"], why["d"]
 assert "ratio" in why["e"] and "n_predict" in why["f"] and "stop" in why["g"], why
 assert "not a chunk key" in why["h"] and "not in the store" in why["i"] and "chunk 1" in why["j"], why
 assert "context" in why["k"], why["k"]
+assert "exclude" in why["m"] and "speedup" in why["n"], why
 PY
 
 # --- usage errors and missing input

@@ -7,7 +7,9 @@
 . "$(dirname "$0")/lib.sh"
 EVAL=$(dirname "$0")/../bench/eval.py
 
-# two questions: full, reuse/no-context, and blend probe at 0.15 and 0.3
+# two questions: full, reuse/no-context, blend probe at 0.15 and 0.3, and the
+# runs at cb-run's own ratio (mode default, and blend/no-context: a point of
+# their own on the plot, not a line)
 python3 - "$T/res.json" <<'PY'
 import json, sys
 def r(q, mode, ratio, strat, f1, kl, same, ttft):
@@ -19,7 +21,9 @@ def r(q, mode, ratio, strat, f1, kl, same, ttft):
 res = [r(0, "full", None, None, 1.0, 0.0, True, 1000), r(1, "full", None, None, 0.5, 0.0, True, 3000),
        r(0, "reuse", None, "no-context", 0.5, 2.0, False, 100), r(1, "reuse", None, "no-context", 0.5, 1.0, False, 100),
        r(0, "blend", 0.15, "probe/no-context", 1.0, 1.0, True, 400), r(1, "blend", 0.15, "probe/no-context", 0.0, 0.5, False, 600),
-       r(0, "blend", 0.3, "probe/no-context", 1.0, 0.5, True, 900), r(1, "blend", 0.3, "probe/no-context", 0.5, 0.0, True, 1100)]
+       r(0, "blend", 0.3, "probe/no-context", 1.0, 0.5, True, 900), r(1, "blend", 0.3, "probe/no-context", 0.5, 0.0, True, 1100),
+       r(0, "default", None, None, 1.0, 0.25, True, 700), r(1, "default", None, None, 0.5, 0.25, True, 700),
+       r(0, "blend", None, "no-context", 1.0, 1.5, True, 300), r(1, "blend", None, "no-context", 0.5, 1.5, False, 300)]
 json.dump({"args": {"passages": 6, "model": "m.gguf", "threads": 2, "kv_type": "f16", "shape": "many"},
            "results": res}, open(sys.argv[1], "w"))
 PY
@@ -39,6 +43,15 @@ r30=$(row "blend r=0.3 probe/no-context")
 case $r30 in
 *"| 100% |"*"| 0.2500 | 83.3% |"*"| 1000 | 2.00x |"*) ok "a second ratio, its own row" ;;
 *) not_ok "the second blend row: $r30" ;;
+esac
+# default: F1 kept 100%, KL 0.25 (83.3% recovered), 2.86x
+case $(row "default") in
+*"| 100% |"*"| 100% |"*"| 0.2500 | 83.3% |"*"| 700 | 2.86x |") ok "the default blend (cb-run's own ratio), its row" ;;
+*) not_ok "default row: $(row "default")" ;;
+esac
+case $(row "blend no-context") in
+*"| 50% |"*"| 1.5000 | 0.0% |"*"| 300 | 6.67x |") ok "a blend without a ratio (blend/no-context), its row" ;;
+*) not_ok "blend/no-context row: $(row "blend no-context")" ;;
 esac
 case $(row "reuse no-context") in
 *"| 1.5000 | 0.0% |"*) ok "reuse/no-context is recovery's reference (0%)" ;;

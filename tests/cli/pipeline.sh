@@ -132,7 +132,7 @@ for sg in probe runs; do
         && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["strategy"] == sys.argv[2] and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/sg-$sg.json" $sg \
         && ok "--strategy $sg" || not_ok "--strategy $sg"
 done
-"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 2 -p "$Q" --stats "$T/sg-auto.json" > /dev/null \
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --speedup 0 -n 2 -p "$Q" --stats "$T/sg-auto.json" > /dev/null \
     && python3 -c '
 import json, math, sys
 s = json.load(open(sys.argv[1]))
@@ -140,6 +140,28 @@ want, unc = math.ceil(0.15 * s["n_cached_tokens"]), s["n_prompt_tokens"] - s["n_
 assert s["strategy"] == "auto" and s["strategy_used"] == ("hkvd" if 0 < want < 3 * unc else "probe"), s' "$T/sg-auto.json" \
     && ok "--strategy auto (the default): hkvd where fewer tokens are recomputed than 3x those without a cache, in the stats" \
     || not_ok "--strategy auto"
+for sp in "" 1.01 1000; do  # the default (4), one that buys every row, one that buys none past --min-ratio
+    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" ${sp:+--speedup $sp} --min-ratio 0.05 -n 2 -p "$Q" \
+        --stats "$T/sp$sp.json" > /dev/null || not_ok "--speedup ${sp:-default}: exit $?"
+done
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --ratio 0.3 -n 2 -p "$Q" --stats "$T/sp-r.json" > /dev/null
+python3 - "$T" <<'PY' && ok "--speedup (default 4): the ratio, its floor --min-ratio and the prediction in the stats; --ratio fixes it" \
+    || not_ok "--speedup stats"
+import json, math, sys
+t = sys.argv[1]
+d, lo, hi, r = (json.load(open(f"{t}/{n}.json")) for n in ("sp", "sp1000", "sp1.01", "sp-r"))
+for s, target in ((d, 4), (lo, 1000), (hi, 1.01)):
+    sp = s["speedup"]
+    assert s["ratio_source"] == "speedup" and abs(sp["target"] - target) < 1e-4 and abs(sp["min_ratio"] - 0.05) < 1e-6, s
+    assert s["ratio"] >= 0.05 - 1e-6 and s["predicted_speedup"] > 0, s
+    assert sp["bound"] == ("speedup" if s["predicted_speedup"] >= target * (1 - 1e-5) else "min"), s
+assert lo["speedup"]["bound"] == "min" and lo["n_recomputed_tokens"] == math.ceil(0.05 * lo["n_cached_tokens"] - 1e-3), lo
+assert hi["speedup"]["bound"] == "speedup" and hi["n_recomputed_tokens"] > d["n_recomputed_tokens"] > 0, (hi, d)
+assert d["n_recomputed_tokens"] >= lo["n_recomputed_tokens"], (d, lo)
+assert "speedup" not in r and abs(r["ratio"] - 0.3) < 1e-6 and r["predicted_speedup"] > 0, r
+PY
+expect_exit "--ratio with --speedup" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --ratio 0.3 --speedup 4 -p q
+expect_exit "--speedup negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --speedup -1 -p q
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --max-ratio 0.4 -n 2 -p "$Q" \
     --stats "$T/ad.json" > /dev/null
 python3 - "$T/ad.json" <<'PY' && ok "--mass: the adaptive ratio and why, in the stats" || not_ok "--mass stats"

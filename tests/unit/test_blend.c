@@ -105,6 +105,15 @@ static int32_t build(fixture *fx, const int order[3], cb_segment *segs)
 }
 
 /* the cached tokens a blend may recompute: all but a true prefix's */
+/* The defaults at a fixed ratio (no speedup): what every test but the
+ * speedup's states its expectations for. */
+static cb_blend_params fixed_defaults(void)
+{
+    cb_blend_params p = cb_blend_defaults();
+    p.speedup = 0.0f;
+    return p;
+}
+
 static int32_t cand(const cb_blend_stats *st) { return st->n_cached_tokens - st->n_exact_tokens; }
 
 static cb_status run(fixture *fx, const cb_segment *segs, int32_t n_segs, const cb_blend_params *p,
@@ -235,7 +244,7 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, w = (int64_t)hp->n_head_kv * hp->head_dim;
     float *q = malloc(sizeof(float) * 512 * (size_t)dq),
           *k = malloc(sizeof(float) * 512 * (size_t)w), *lg = NULL;
-    cb_blend_params p = cb_blend_defaults();
+    cb_blend_params p = fixed_defaults();
     cb_blend_stats st;
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
@@ -332,7 +341,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     cb_segment segs[16];
     int order[3] = {0, 1, 2};
     int32_t ns = build(&fx, order, segs);
-    cb_blend_params p = cb_blend_defaults();
+    cb_blend_params p = fixed_defaults();
     cb_blend_stats st;
 
     p.mode = CB_MODE_FULL;
@@ -340,7 +349,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECK(st.n_cached_tokens == 0);
 
     tcase("%s: blend at ratio 1 reproduces full prefill", label);
-    p = cb_blend_defaults();
+    p = fixed_defaults();
     p.ratios[0] = 1.0f;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     double e = rel(a, full, (size_t)nv);
@@ -360,7 +369,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     printf("# %s: ratio 0 vs reuse: %.2e; reuse vs full: %.2e\n", label, e, dr);
 
     tcase("%s: blend at 0.15 selects ceil(0.15 x cached) and lies between reuse and full", label);
-    p = cb_blend_defaults();
+    p = fixed_defaults();
     p.key_temp =
         1.0f; /* the selection alone (the temperature is a measured choice, not a property) */
     p.mode = CB_MODE_REUSE;
@@ -394,7 +403,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     CHECK(st.n_selected[0] == (int32_t)ceilf(0.5f * st.n_cached_tokens));
     CHECK(st.n_selected[1] == (int32_t)ceilf(0.25f * st.n_cached_tokens));
-    p = cb_blend_defaults();
+    p = fixed_defaults();
     p.strategy = CB_STRATEGY_SINK;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     CHECK(st.n_selected[0] >= (int32_t)ceilf(0.15f * st.n_cached_tokens));
@@ -402,7 +411,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     p.strategy = CB_STRATEGY_QUERY;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     CHECK(st.n_selected[0] == (int32_t)ceilf(0.15f * st.n_cached_tokens));
-    p = cb_blend_defaults();
+    p = fixed_defaults();
     p.deviation_v = 0;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
 
@@ -411,7 +420,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         tcase(
             "%s: strategy %s: ratio 1 is full prefill, ratio 0 is reuse (sink: the sinks), 0.15 its budget",
             label, names[sg]);
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         p.strategy = (cb_blend_strategy)sg;
         if (sg !=
             CB_STRATEGY_PROBE) /* they compute every row before the check layer: untempered there */
@@ -455,7 +464,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                 float depth = d == 0 ? 0.0f : d == 1 ? 1.0f : d == 2 ? 0.5f : 0.01f;
                 int32_t nl = (int32_t)ceilf(depth * (float)nly - 1e-4f);
                 nl = nl < 1 ? 1 : nl;
-                p = cb_blend_defaults();
+                p = fixed_defaults();
                 p.strategy = CB_STRATEGY_PROBE; /* auto would be hkvd on these short chunks */
                 p.probe_rows = qr;
                 p.probe_depth = depth;
@@ -477,7 +486,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                     "%.6f (without windows %.6f)\n",
                     label, qr, (double)depth, nl, nly, st.selected_mass, want, nowin);
             }
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         for (int i = 0; i < 3; i++) { /* outside [0, 1]: refused */
             p.probe_depth = i == 0 ? -0.5f : i == 1 ? 1.01f : NAN;
             CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
@@ -494,7 +503,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
           "the second, half of them at least",
           label);
     {
-        cb_blend_params q = cb_blend_defaults();
+        cb_blend_params q = fixed_defaults();
         CHECK(q.probe_depth == 0.0f);
         /* (uncached rows, rows to recompute) -> layers of 28: a short prompt (65 question
          * rows, 44 to recompute) gets half; a long one (65, 345) all; between, the share */
@@ -512,11 +521,102 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 0) == 1);
     }
 
+    tcase("%s: a speedup: the most rows whose count, as blend computes them, is at most "
+          "1/speedup of full prefill's; the given ratio at least",
+          label);
+    {
+        cb_blend_params q = cb_blend_defaults(), h;
+        CHECK(q.speedup == 4.0f && q.n_ratios == 1 && q.ratios[0] == 0.15f);
+        q.mode = CB_MODE_REUSE;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        int64_t tot = st.n_prompt_tokens, n_c = st.n_cached_tokens, u = tot - n_c,
+                n_cand = cand(&st), lo = (int64_t)ceilf(0.15f * (float)n_c), n_between = 0;
+        double L = hp->n_layer;
+        static const float speedups[] = {1.01f, 1.2f, 1.5f, 2.0f, 3.0f, 4.0f, 1000.0f};
+        static const cb_blend_strategy strats[] = {CB_STRATEGY_AUTO, CB_STRATEGY_PROBE,
+                                                   CB_STRATEGY_HKVD};
+        for (size_t si = 0; si < 3; si++)
+            for (size_t k = 0; k < sizeof speedups / sizeof speedups[0]; k++) {
+                q = cb_blend_defaults();
+                q.strategy = strats[si];
+                q.speedup = speedups[k];
+                CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+                /* the reference: down from every candidate row to the first whose rows fit;
+                 * auto takes probe's when it is 3x the uncached rows, else hkvd's */
+                int64_t want[2];
+                double cost[2];
+                for (int probe = 0; probe < 2; probe++) {
+                    int64_t w = n_cand;
+                    for (;; w--) {
+                        int32_t nl = w > 0 && w < n_cand
+                                         ? cb_blend_probe_layers(&q, hp->n_layer, (int64_t)u, w,
+                                                                 hp->n_swa_layers > 0)
+                                         : 0;
+                        cost[probe] = probe ? u * nl / L + u + (double)w
+                                            : (u + n_cand) / L + (u + (double)w) * (L - 1) / L;
+                        if (w <= lo || cost[probe] <= (double)tot / q.speedup)
+                            break;
+                    }
+                    want[probe] = w;
+                }
+                int probe = strats[si] == CB_STRATEGY_PROBE ||
+                            (strats[si] == CB_STRATEGY_AUTO &&
+                             (want[1] >= 3 * u || want[1] == 0 || hp->n_swa_layers > 0));
+                CHECKF(st.strategy == (int32_t)(probe ? CB_STRATEGY_PROBE : CB_STRATEGY_HKVD) &&
+                           st.n_recomputed_tokens == want[probe] &&
+                           !strcmp(st.ratio_bound,
+                                   cost[probe] <= (double)tot / q.speedup ? "speedup" : "min") &&
+                           fabs(st.pred_speedup * cost[probe] / (double)tot - 1) < 1e-5,
+                       "%s at %g: ran %d, %d rows (%s, predicted %.3f), want %lld (%s, %.3f)",
+                       strats[si] == CB_STRATEGY_AUTO ? "auto"
+                       : probe                        ? "probe"
+                                                      : "hkvd",
+                       (double)q.speedup, (int)st.strategy, st.n_recomputed_tokens, st.ratio_bound,
+                       (double)st.pred_speedup, (long long)want[probe],
+                       cost[probe] <= (double)tot / q.speedup ? "speedup" : "min",
+                       (double)tot / cost[probe]);
+                n_between += want[probe] > lo && want[probe] < n_cand;
+                /* the same as that ratio, given, bit for bit */
+                h = fixed_defaults();
+                h.strategy = (cb_blend_strategy)st.strategy;
+                h.ratios[0] = st.ratio;
+                cb_blend_stats sh;
+                CHECK_OK(run(&fx, segs, ns, &h, b, &sh, NULL));
+                CHECKF(rel(a, b, (size_t)nv) == 0 &&
+                           sh.n_recomputed_tokens == st.n_recomputed_tokens,
+                       "at %g: %d rows, ratio %.4f given: %d", (double)q.speedup,
+                       st.n_recomputed_tokens, (double)st.ratio, sh.n_recomputed_tokens);
+            }
+        /* a fixture too small for any budget between the bounds would test only them */
+        CHECKF(n_between > 0, "%lld cached rows (%lld candidates), %lld uncached", (long long)n_c,
+               (long long)n_cand, (long long)u);
+        q = cb_blend_defaults(); /* an adaptive ratio sets its own */
+        q.adapt_mass = 0.5f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        CHECK(strcmp(st.ratio_bound, "speedup") != 0 && strcmp(st.ratio_bound, "given") != 0);
+        q = cb_blend_defaults(); /* refused: gradual filtering, a speedup below 0 or not a number */
+        q.strategy = CB_STRATEGY_HKVD;
+        q.n_ratios = 2;
+        q.ratios[1] = 0.1f;
+        CHECK(run(&fx, segs, ns, &q, a, &st, NULL) == CB_ERR_INVALID);
+        q.speedup = 0.0f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        q = cb_blend_defaults();
+        for (int i = 0; i < 2; i++) {
+            q.speedup = i ? NAN : -1.0f;
+            CHECK(run(&fx, segs, ns, &q, a, &st, NULL) == CB_ERR_INVALID);
+        }
+        q = cb_blend_defaults(); /* the other modes: no speedup, no prediction */
+        q.mode = CB_MODE_REUSE;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        CHECK(st.pred_speedup == 0.0f && !strcmp(st.ratio_bound, "given"));
+    }
+
     tcase("%s: auto is hkvd where fewer rows are to be recomputed than 3x those without a cache, "
           "else probe",
           label);
     {
-        cb_blend_params q = cb_blend_defaults(), h;
+        cb_blend_params q = fixed_defaults(), h;
         CHECK(q.strategy == CB_STRATEGY_AUTO);
         q.mode = CB_MODE_REUSE;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
@@ -535,7 +635,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
             printf("# %s: %d uncached rows, %d cached: auto is hkvd up to ratio 1\n", label, n_unc,
                    n_c);
         for (int hi = 0; hi < 2 && !(hi && r_hi > 1.0f); hi++) {
-            q = cb_blend_defaults();
+            q = fixed_defaults();
             q.ratios[0] = hi ? r_hi : r_lo;
             CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
             h = q; /* sliding-window layers (gemma3): always probe */
@@ -548,7 +648,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                    "ratio %.3f: ran %d, want %d", (double)q.ratios[0], (int)st.strategy,
                    (int)h.strategy);
         }
-        q = cb_blend_defaults(); /* probe whatever the budget: a fixed depth, a mass, ratio 0 */
+        q = fixed_defaults(); /* probe whatever the budget: a fixed depth, a mass, ratio 0 */
         q.ratios[0] = r_lo;
         q.probe_depth = 0.5f;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
@@ -568,7 +668,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     {
         int32_t n_sel[3];
         float masses[3] = {0.3f, 0.6f, 0.9f};
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         p.strategy = CB_STRATEGY_PROBE;
         p.adapt_min = 0.0f;
         p.adapt_max = 1.0f;
@@ -598,7 +698,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
               st.n_selected[0] == (int32_t)ceilf(0.2f * st.n_cached_tokens));
         p.strategy = CB_STRATEGY_HKVD;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
-        p = cb_blend_defaults(); /* probe selects once */
+        p = fixed_defaults(); /* probe selects once */
         p.strategy = CB_STRATEGY_PROBE;
         p.n_ratios = 2;
         p.ratios[1] = 0.1f;
@@ -609,7 +709,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     cb_segment ps[3] = {{fx.lead.ids, (int32_t)fx.lead.n, NULL},
                         {fx.chunk[0].ids, (int32_t)fx.chunk[0].n, fx.file[0]},
                         {fx.question.ids, (int32_t)fx.question.n, NULL}};
-    p = cb_blend_defaults();
+    p = fixed_defaults();
     p.mode = CB_MODE_FULL;
     CHECK_OK(run(&fx, ps, 3, &p, full, &st, NULL));
     p.mode = CB_MODE_PREFIX;
@@ -633,7 +733,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
         float *kr = malloc(sizeof(float) * 512 * w), *kbl = malloc(sizeof(float) * 512 * w);
         cb_kvcache *kreuse = NULL, *kblend = NULL;
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         p.mode = CB_MODE_REUSE;
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, &kreuse));
         CHECK(st.n_exact_tokens == n0); /* reuse knows it too (no temperature on it) */
@@ -701,7 +801,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                              {fx.sep.ids, (int32_t)fx.sep.n, NULL},
                              {fx.chunk[1].ids, n1, f1},
                              {fx.question.ids, (int32_t)fx.question.n, NULL}};
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         p.mode = CB_MODE_FULL;
         CHECK_OK(run(&fx, two, 5, &p, full, &st, NULL));
         p.mode = CB_MODE_REUSE;
@@ -756,7 +856,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         float *v1 = malloc(sizeof(float) * (size_t)(n_all * w)),
               *vt = malloc(sizeof(float) * (size_t)(n_all * w));
         cb_kvcache *kv1 = NULL, *kvT = NULL;
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         p.mode = CB_MODE_REUSE;
         p.key_temp = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, &kv1));
@@ -803,7 +903,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
         CHECKF(rel(a, b, (size_t)nv) < tol_full, "ratio 1 at T vs full: %.3g",
                rel(a, b, (size_t)nv));
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         p.key_temp = -1.0f;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
         free(k1), free(kt), free(v1), free(vt);
@@ -813,7 +913,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     tcase("%s: the default key temperature is the architecture's (gemma3 1.05, else 1)", label);
     {
         const float want = strcmp(hp->arch, "gemma3") == 0 ? 1.05f : 1.0f;
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         p.mode = CB_MODE_REUSE;
         CHECK(p.key_temp == 0.0f && cb_blend_key_temp(fx.m, &p) == want);
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
@@ -836,7 +936,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     cb_segment segs2[16];
     int32_t ns2 = build(&fx, order2, segs2);
     cb_kvcache *ka = NULL, *kb = NULL, *ca = NULL, *cbk = NULL;
-    p = cb_blend_defaults();
+    p = fixed_defaults();
     p.mode = CB_MODE_REUSE;
     p.key_temp = 1.0f; /* chunk 0 is a true prefix in one prompt only: tempered in the other */
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, &ka));
@@ -869,7 +969,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     cb_kvcache_free(ka), cb_kvcache_free(kb), cb_kvcache_free(ca), cb_kvcache_free(cbk);
 
     tcase("%s: pipelined and sequential loading give identical results", label);
-    p = cb_blend_defaults();
+    p = fixed_defaults();
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
     p.sequential_load = 1;
     CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
@@ -885,7 +985,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         /* timings on a shared machine: the best of three attempts */
         int good = 0;
         for (int attempt = 0; attempt < 3 && !good; attempt++) {
-            p = cb_blend_defaults();
+            p = fixed_defaults();
             p.strategy = CB_STRATEGY_HKVD; /* recompute overlapping every layer's load */
             p.sequential_load = 1;
             CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL)); /* warm-up */
@@ -916,7 +1016,7 @@ score:
         double hn, ht;
         cb_score_result sr, sb;
         score_by_hand(&fx, segs, ns, &cont, &hn, &ht);
-        p = cb_blend_defaults();
+        p = fixed_defaults();
         p.mode = CB_MODE_FULL;
         CHECK_OK(score_after(&fx, segs, ns, &p, &cont, &sr));
         CHECKF(fabs(sr.nll - hn) < tol_full * 10 * (1 + hn), "cb_score %.6f, by hand %.6f", sr.nll,
@@ -937,7 +1037,7 @@ score:
     }
 
     tcase("%s: a bad parameter is refused", label);
-    p = cb_blend_defaults();
+    p = fixed_defaults();
     p.check_layer = hp->n_layer;
     CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
     free(full), free(a), free(b);
