@@ -228,13 +228,9 @@ typedef struct cb_blend_params {
     float adapt_mass, adapt_min, adapt_max; /* probe, mass > 0: the ratio holding that share */
     int32_t probe_rows;                     /* probe: the last probe_rows question rows; 0: all */
     float probe_depth;                      /* probe: share of the layers scored; 0: by cost */
-    float key_temp;                         /* cached keys divided by it; 0: the model's */
-    float speedup; /* > 0: the largest ratio, at least ratios[0], whose rows computed are at
-                    * most 1/speedup of full prefill's (one ratio; not with adapt_mass); 0: the
-                    * ratios as given */
+    float key_temp, speedup; /* keys / key_temp, 0: the model's; > 0: the ratio by rows, 0: given */
 } cb_blend_params;
-/* blend, auto, check layer 1, speedup 4 at ratio 0.15 at least, V */
-cb_blend_params cb_blend_defaults(void);
+cb_blend_params cb_blend_defaults(void); /* blend, auto, speedup 4, ratio >= 0.15, V */
 typedef struct cb_blend_stats {
     int32_t n_prompt_tokens;
     int32_t n_cached_tokens;                /* tokens whose KV came from a cache */
@@ -243,15 +239,13 @@ typedef struct cb_blend_stats {
     int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
     float ratio, selected_mass;             /* the ratio used; probe: the attention share kept */
     int32_t probe_layers, strategy;         /* probe's first-pass layers; the strategy run */
-    const char *ratio_bound;        /* adapt_mass: "mass", "min", "max"; speedup: "speedup", "min";
-                              * else "given" */
-    float key_temp;                 /* reuse, blend: the key temperature used; else 1 */
+    const char *ratio_bound; /* "given"; mass: "mass", "min", "max"; speedup: "speedup", "min" */
+    float key_temp, pred_speedup;   /* the key temperature used (else 1); blend: blend_cost's */
     double load_ms, recompute_ms;   /* loading cached KV; computing (stalls excluded) */
     double overlapped_ms, stall_ms; /* loading hidden; computing waiting for a layer */
     uint64_t load_bytes;            /* KV bytes read from files */
     double prefill_ms;              /* all of it, to the logits */
     int32_t failed_segment;         /* the segment whose cache failed, else -1 */
-    float pred_speedup; /* blend: full prefill's rows computed over the blend's (blend_cost) */
 } cb_blend_stats;
 /* Build a prompt's KV cache from segments in p's mode; the last position's logits. */
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
