@@ -398,7 +398,6 @@ static void run_auto_ratio(run *r)
 {
     const gen_opts *o = r->o;
     cb_error err;
-    r->bp.speedup = 0; /* the controller's ratio, as given */
     if (cb_prompt_auto_ratio(r->pr, r->store, r->m, o->kv_type, o->min_ratio, &r->rc, &err) ==
         CB_OK) {
         r->bp.ratios[0] = (float)r->rc.ratio;

@@ -566,12 +566,10 @@ static double blend_cost(const blend_plan *pl, const cb_blend_params *p, int pro
     return (u + c) * cl / L + (u + (double)w) * (L - cl) / L;
 }
 
-/* probe's first pass as a budget of w would run it (probe_scores) */
-static int32_t probe_nl(const blend_plan *pl, const cb_blend_params *p, int64_t w)
+/* The cost of a budget of w, probe's first pass as that budget would run it */
+static double cost_of(const blend_plan *pl, const cb_blend_params *p, int probe, int64_t w)
 {
-    if (w <= 0 || w >= pl->n_cached - pl->n_exact)
-        return 0;
-    return cb_blend_probe_layers(p, pl->hp->n_layer, pl->n_rows, w, pl->hp->n_swa_layers > 0);
+    return blend_cost(pl, p, probe, w, probe ? blend_probe_pass(pl, w) : 0);
 }
 
 /* The largest budget, at least lo, whose cost is at most pl->total / s
@@ -583,11 +581,11 @@ static int64_t afford(const blend_plan *pl, const cb_blend_params *p, int probe,
     double limit = (double)pl->total / s;
     if (lo >= hi)
         return lo;
-    if (blend_cost(pl, p, probe, hi, probe ? probe_nl(pl, p, hi) : 0) <= limit)
+    if (cost_of(pl, p, probe, hi) <= limit)
         return hi;
     while (hi - lo > 1) { /* cost(lo) within the limit or lo the floor; cost(hi) over it */
         int64_t mid = lo + (hi - lo) / 2;
-        if (blend_cost(pl, p, probe, mid, probe ? probe_nl(pl, p, mid) : 0) <= limit)
+        if (cost_of(pl, p, probe, mid) <= limit)
             lo = mid;
         else
             hi = mid;
@@ -634,10 +632,8 @@ static void blend_speedup(const blend_plan *pl, cb_blend_params *eff, cb_blend_s
     }
     probe = sg->id == CB_STRATEGY_PROBE;
     stats->ratio = eff->ratios[0];
-    stats->ratio_bound = blend_cost(pl, p, probe, w, probe ? probe_nl(pl, p, w) : 0) <=
-                                 (double)pl->total / p->speedup
-                             ? "speedup"
-                             : "min";
+    stats->ratio_bound =
+        cost_of(pl, p, probe, w) <= (double)pl->total / p->speedup ? "speedup" : "min";
 }
 
 /* Blend: the strategy's own way, or every row before the check layer, the

@@ -75,6 +75,10 @@ cb_status blend_run_layers(blend_plan *pl, int32_t lo, int32_t hi, const int32_t
 /* pl->rows = every row kept or not cached, in order; returns how many of
  * them are cached (kept) rows. */
 int64_t blend_rows_from_keep(blend_plan *pl);
+/* The layers probe's first pass runs for a budget of `want` cached rows
+ * (pl->n_rows the uncached ones): cb_blend_probe_layers', or none when the
+ * budget needs no scores (nothing or everything kept, no adaptive ratio). */
+int32_t blend_probe_pass(const blend_plan *pl, int64_t want);
 
 /* A row's score, for sorting: by_score_desc orders higher scores first,
  * equal ones by lower row. */

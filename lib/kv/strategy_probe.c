@@ -50,19 +50,24 @@ static int64_t probe_budget(const blend_plan *pl, const blend_scored *sc, int64_
     return want;
 }
 
-/* The first pass: the first probe_layers() layers for the uncached rows,
- * the question's nq last of them (the tail of pl->rows) adding their
- * attention mass over the prompt's rows to mass[total]; stops early when
- * the budget needs no scores (nothing or everything kept, and no adaptive
- * ratio). */
+int32_t blend_probe_pass(const blend_plan *pl, int64_t want)
+{
+    int64_t n_cand = pl->n_cached - pl->n_exact;
+    if (pl->p->adapt_mass <= 0 && (want <= 0 || want >= n_cand))
+        return 0;
+    return cb_blend_probe_layers(pl->p, pl->hp->n_layer, pl->n_rows, want,
+                                 pl->hp->n_swa_layers > 0);
+}
+
+/* The first pass: blend_probe_pass's layers for the uncached rows, the
+ * question's nq last of them (the tail of pl->rows) adding their
+ * attention mass over the prompt's rows to mass[total]. */
 static cb_status probe_scores(blend_plan *pl, int32_t nq, int64_t want, float *mass, int *layer_err,
                               cb_error *err, cb_blend_stats *stats)
 {
-    int64_t n_cand = pl->n_cached - pl->n_exact;
-    int32_t nl =
-        cb_blend_probe_layers(pl->p, pl->hp->n_layer, pl->n_rows, want, pl->hp->n_swa_layers > 0);
+    int32_t nl = blend_probe_pass(pl, want);
     cb_status st;
-    for (int32_t l = 0; l < nl && (pl->p->adapt_mass > 0 || (want > 0 && want < n_cand)); l++) {
+    for (int32_t l = 0; l < nl; l++) {
         if ((st = blend_wait(pl, l, err)) != CB_OK)
             return st;
         if ((st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK ||
