@@ -46,6 +46,11 @@ static void usage(FILE *f)
            "                     cache where the two chunks come in that order, and blends\n"
            "                     closer to full prefill; about twice the precompute work and\n"
            "                     the store space\n"
+           "      --system TEXT  also store the head of cb-run prompts with --system TEXT\n"
+           "                     (repeat for several), for cb-run to load; without it a run\n"
+           "                     computes that head, and stores it unless it may not write\n"
+           "                     (--no-store-write, a read-only store). The chunks are the same\n"
+           "                     either way: computed after the default head\n"
            "      --strict       stop at the first bad record (default: report and skip it)\n"
            "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
            "  -v, --verbose      report every chunk on stderr\n"
@@ -61,7 +66,7 @@ static void usage(FILE *f)
            "error, 130 interrupted (the chunk in progress is not stored).\n");
 }
 
-enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE, OPT_CONTEXT };
+enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE, OPT_CONTEXT, OPT_SYSTEM };
 
 /* Write `line` (one JSON object, no newline) with kv and cached added.
  * Keeps the original bytes when the object has neither field yet. */
@@ -89,6 +94,8 @@ static int emit(const char *line, size_t len, json_t *obj, const char *key, int 
 typedef struct pre {
     cli_common co;
     const char *place, *store_dir, *in_name;
+    const char **systems; /* --system, in order */
+    int n_systems;
     int strict, from_stdin, progress, context;
     cb_type kv_type;
     FILE *in;
@@ -110,6 +117,7 @@ static int parse_args(int argc, char **argv, pre *x)
         {"strict", no_argument, 0, OPT_STRICT},
         {"place", required_argument, 0, OPT_PLACE},
         {"context", no_argument, 0, OPT_CONTEXT},
+        {"system", required_argument, 0, OPT_SYSTEM},
         CLI_COMMON_OPTS,
         CLI_STORE_OPT,
         CLI_DEVICE_OPT,
@@ -138,6 +146,14 @@ static int parse_args(int argc, char **argv, pre *x)
             x->place = optarg;
         } else if (c == OPT_CONTEXT) {
             x->context = 1;
+        } else if (c == OPT_SYSTEM) {
+            const char **ns = realloc(x->systems, sizeof *ns * (size_t)(x->n_systems + 1));
+            if (!ns) {
+                cli_err("out of memory");
+                return CLI_EX_SOFTWARE;
+            }
+            x->systems = ns;
+            x->systems[x->n_systems++] = optarg;
         } else {
             usage(stderr);
             return CLI_EX_USAGE;
@@ -210,6 +226,21 @@ static int setup(pre *x, const char *model_path)
     }
     cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path,
              cb_precomputer_lead(x->pc)->n, x->store_dir, cb_type_name(x->kv_type));
+    for (int i = 0; i < x->n_systems; i++) {
+        size_t n;
+        if (cb_precomputer_head(x->pc, x->systems[i], &n, &err) != CB_OK) {
+            cli_err("--system \"%.40s%s\": %s", x->systems[i],
+                    strlen(x->systems[i]) > 40 ? "..." : "", err.msg);
+            return cli_exit_code(err.status);
+        }
+        if (n == 0 && cli_verbosity > 0)
+            cli_err("warning: --system \"%.40s%s\": the prompt's head is too short to be worth "
+                    "an entry (no chat template, or no system turn in it); not stored",
+                    x->systems[i], strlen(x->systems[i]) > 40 ? "..." : "");
+        else if (n > 0)
+            cli_info("the head of prompts with --system \"%.40s%s\" (%zu tokens) is in the store",
+                     x->systems[i], strlen(x->systems[i]) > 40 ? "..." : "", n);
+    }
     return 0;
 }
 
@@ -432,6 +463,7 @@ int main(int argc, char **argv)
         code = run(&x);
     if (!x.from_stdin)
         fclose(x.in);
+    free(x.systems);
     cb_tokens_free(&x.ids);
     cb_tokens_free(&x.prev);
     json_decref(x.prev_doc);

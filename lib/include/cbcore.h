@@ -574,16 +574,15 @@ int32_t cb_batch_default_size(const cb_model *m, cb_type kv_type, uint64_t kv_bu
 cb_status cb_batch_new(cb_batch **out, cb_model *m, cb_store *s, int32_t cap, uint64_t kv_budget,
                        void (*warn)(void *ctx, const char *msg), void *ctx);
 void cb_batch_free(cb_batch *b);
-/* 1 when nothing can be submitted now (step until 0); 1 while anything is pending. */
-int cb_batch_full(const cb_batch *b);
-int cb_batch_busy(const cb_batch *b);
+int cb_batch_full(const cb_batch *b); /* 1: nothing can be submitted now (step until 0) */
+int cb_batch_busy(const cb_batch *b); /* 1 while anything is pending */
 /* Start a question (one that fails becomes an answer); CB_ERR_RANGE when full. */
 cb_status cb_batch_submit(cb_batch *b, const cb_request *rq, void *tag);
 cb_status cb_batch_step(cb_batch *b);  /* the parked question if it fits; a decode step */
 cb_answer *cb_batch_next(cb_batch *b); /* in the order the questions ended; NULL: none */
 const cb_batch_info *cb_batch_get_info(const cb_batch *b);
-/* Chunks' KV files prefilled after the lead-in (and _after's chunk and separator), put into a
- * store (tier NULL: fastest with room) as cb-precompute does; new stores the prompt's head. */
+/* Chunks' KV prefilled after the lead-in (or _after's), stored (tier NULL: fastest with room) as
+ * cb-precompute does; _head: a prompt's head with that system (NULL: default, which new stores). */
 typedef struct cb_precomputer cb_precomputer;
 cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type,
                              const char *tier, cb_error *err);
@@ -593,6 +592,7 @@ void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n,
 cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err);
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err);
 cb_status cb_precomputer_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev);
+cb_status cb_precomputer_head(cb_precomputer *pc, const char *system, size_t *n, cb_error *err);
 
 #ifdef __cplusplus
 }

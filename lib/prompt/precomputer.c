@@ -185,23 +185,41 @@ cb_status pr_precompute_alone(cb_precomputer *pc, const int32_t *ids, int32_t n,
     return st == CB_OK ? cb_precomputer_store(pc, key, err) : st;
 }
 
-/* The head cb-run gives a prompt with no system message (BOS, the
- * template's system turn and user opener: pr_default_head) as an entry of
- * its own, computed alone at positions 0.., unless the store has it: every
- * such prompt starts with it, and cb-run loads it as it is (an exact
- * prefix) instead of computing it.  When a precomputer is made (so a run
- * of cb-precompute over chunks all stored already adds it to an older
- * store); a failure costs only that saving. */
-static void store_head(cb_precomputer *pc)
+/* The head cb-run gives a prompt with this system message (NULL: none
+ * given; BOS, the template's system turn and user opener: pr_head) as an
+ * entry of its own, computed alone at positions 0.., unless the store has
+ * it: every such prompt starts with it, and cb-run loads it as it is (an
+ * exact prefix) instead of computing it.  *n_head: its length, 0 when it is
+ * too short to be worth an entry (no chat template). */
+cb_status cb_precomputer_head(cb_precomputer *pc, const char *system, size_t *n_head, cb_error *err)
 {
     cb_tokens head = {0};
     char key[66];
     int found = 0;
-    cb_error err;
-    if (pr_default_head(pc->m, &head) == CB_OK && head.n >= PR_HEAD_MIN) {
+    cb_status st;
+    *n_head = 0;
+    if (!pc->store)
+        return cb_error_set(err, CB_ERR_INVALID, "precompute: no store for the prompt's head");
+    if ((st = pr_head(pc->m, system, &head)) != CB_OK) {
+        cb_error_set(err, st, "precompute: the prompt's head: %s", cb_strerror(st));
+    } else if (head.n >= PR_HEAD_MIN) {
+        *n_head = head.n;
         pr_head_key(pc->m, &head, key);
-        if (cb_store_has(pc->store, key, &found) == CB_OK && !found)
-            pr_precompute_alone(pc, head.ids, (int32_t)head.n, key, &err);
+        if ((st = cb_store_has(pc->store, key, &found)) != CB_OK)
+            cb_error_set(err, st, "precompute: the prompt's head %s: %s", key, cb_strerror(st));
+        else if (!found)
+            st = pr_precompute_alone(pc, head.ids, (int32_t)head.n, key, err);
     }
     cb_tokens_free(&head);
+    return st;
+}
+
+/* The default head, when a precomputer is made (so a run of cb-precompute
+ * over chunks all stored already adds it to an older store); a failure
+ * costs only that saving. */
+static void store_head(cb_precomputer *pc)
+{
+    size_t n;
+    cb_error err;
+    cb_precomputer_head(pc, NULL, &n, &err);
 }

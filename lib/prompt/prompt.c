@@ -94,11 +94,11 @@ void pr_head_key(const cb_model *m, const cb_tokens *head, char key[66])
               key);
 }
 
-cb_status pr_default_head(const cb_model *m, cb_tokens *out)
+cb_status pr_head(const cb_model *m, const char *system, cb_tokens *out)
 {
     cb_chat_parts parts = {0};
     cb_chat_kind kind;
-    cb_status st = render(m, NULL, 0, &kind, &parts);
+    cb_status st = render(m, system, 0, &kind, &parts);
     if (st == CB_OK)
         st = head_tokens(m, kind, &parts, out);
     cb_chat_parts_free(&parts);

@@ -15,11 +15,12 @@ void pr_warnf(void (*warn)(void *ctx, const char *msg), void *ctx, const char *f
 cb_status pr_lead_after(const cb_tokens *lead, const int32_t *prev, size_t n_prev,
                         const cb_tokens *sep, cb_tokens *out);
 
-/* The head of a prompt with no system message given (BOS when the model
- * adds one, the template's default system turn and the user turn's
- * opener), appended to out; and the store key of a head's own cache (its
- * tokens prefilled alone, at positions 0..).  (prompt.c) */
-cb_status pr_default_head(const cb_model *m, cb_tokens *out);
+/* The head of a prompt with this system message (BOS when the model adds
+ * one, the template's system turn and the user turn's opener; system NULL:
+ * the template's default turn), appended to out; and the store key of a
+ * head's own cache (its tokens prefilled alone, at positions 0..).
+ * (prompt.c) */
+cb_status pr_head(const cb_model *m, const char *system, cb_tokens *out);
 /* A head shorter than this (BOS alone: no chat template) is computed, as
  * its own entry would cost a store entry and a file read to save less than
  * a few rows. */

@@ -3,7 +3,8 @@
 # turn's opener) cached alone: cb-run stores it after an answer when the
 # store lacks it, like a missing chunk, and loads it as an exact prefix
 # from then on (reuse of it alone equals full prefill); cb-precompute stores
-# the default head with its first chunk.  On the tiny qwen2 fixture, whose
+# the default head with its first chunk, and with --system that message's
+# head, for stores a run may not write to.  On the tiny qwen2 fixture, whose
 # template has no default system turn (a head too short to cache: the
 # system messages below make it long enough), and on SmolLM2 when present.
 . "$(dirname "$0")/lib.sh"
@@ -71,6 +72,23 @@ run "$T/s" reuse --system "$SYS" --chunks /dev/null > "$T/f.json" \
 import json, sys
 f = json.load(open(f"{sys.argv[1]}/f.json"))
 assert f["n_cached_tokens"] == 0 and f["verify"]["kl"] < 1e-6, f
+PY
+# cb-precompute --system: that message's head stored with the chunks (once), loaded by a run
+# that may not write as the one above stored it; a system message too short to be worth an entry
+# (none: '') is said so, and nothing more is stored
+"$BINDIR_B/cb-precompute" -m "$M" --store "$T/sys" --system "$SYS" --system '' "$T/c.jsonl" \
+        > "$T/sys.out" 2> "$T/sys.err" \
+    && [ "$(n_keys "$T/sys")" -eq 3 ] && grep -q "system \"\": .*too short.*not stored" "$T/sys.err" \
+    && "$BINDIR_B/cb-precompute" -m "$M" --store "$T/sys" --system "$SYS" -q "$T/c.jsonl" > /dev/null \
+    && [ "$(n_keys "$T/sys")" -eq 3 ] \
+    && run "$T/sys" reuse --system "$SYS" --chunks "$T/c.jsonl" --no-store-write > "$T/g.json" \
+    && python3 - "$T" <<'PY' && ok "cb-precompute --system: that prompt's head stored once, loaded exact by a run that does not write" || { not_ok "precompute --system (keys $(n_keys "$T/sys"))"; sed 's/^/#   /' "$T/sys.err" "$T/err" | head -5; }
+import json, sys
+t = sys.argv[1]
+c, g = (json.load(open(f"{t}/{x}.json")) for x in "cg")
+assert g["n_exact_tokens"] == c["n_exact_tokens"] >= 8, (c, g)
+assert g["n_cached_tokens"] == c["n_cached_tokens"] and g["n_chunks_missing"] == 0, (c, g)
+assert abs(g["verify"]["kl"] - c["verify"]["kl"]) < 1e-6, (c["verify"], g["verify"])
 PY
 chmod -R a-w "$T/ro"
 if [ "$(id -u)" -eq 0 ]; then
