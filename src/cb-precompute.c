@@ -50,7 +50,7 @@ static void usage(FILE *f)
            "                     (repeat for several), for cb-run to load; without it a run\n"
            "                     computes that head, and stores it unless it may not write\n"
            "                     (--no-store-write, a read-only store). The chunks are the same\n"
-           "                     either way: computed after the default head\n"
+           "                     either way, computed after the model's lead-in\n"
            "      --strict       stop at the first bad record (default: report and skip it)\n"
            "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
            "  -v, --verbose      report every chunk on stderr\n"
