@@ -227,19 +227,20 @@ static int setup(pre *x, const char *model_path)
     cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path,
              cb_precomputer_lead(x->pc)->n, x->store_dir, cb_type_name(x->kv_type));
     for (int i = 0; i < x->n_systems; i++) {
+        char what[64]; /* how the lines below name it: cut at 40 bytes */
         size_t n;
+        snprintf(what, sizeof what, "--system \"%.40s%s\"", x->systems[i],
+                 strlen(x->systems[i]) > 40 ? "..." : "");
         if (cb_precomputer_head(x->pc, x->systems[i], &n, &err) != CB_OK) {
-            cli_err("--system \"%.40s%s\": %s", x->systems[i],
-                    strlen(x->systems[i]) > 40 ? "..." : "", err.msg);
+            cli_err("%s: %s", what, err.msg);
             return cli_exit_code(err.status);
         }
         if (n == 0 && cli_verbosity > 0)
-            cli_err("warning: --system \"%.40s%s\": the prompt's head is too short to be worth "
-                    "an entry (no chat template, or no system turn in it); not stored",
-                    x->systems[i], strlen(x->systems[i]) > 40 ? "..." : "");
+            cli_err("warning: %s: the prompt's head is too short to be worth an entry (no chat "
+                    "template, or no system turn in it); not stored",
+                    what);
         else if (n > 0)
-            cli_info("the head of prompts with --system \"%.40s%s\" (%zu tokens) is in the store",
-                     x->systems[i], strlen(x->systems[i]) > 40 ? "..." : "", n);
+            cli_info("the head of prompts with %s (%zu tokens) is in the store", what, n);
     }
     return 0;
 }

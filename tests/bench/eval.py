@@ -166,13 +166,13 @@ def make_chunks(q, qi, shape, passages, chunks_max=20, sources=False):
     return [(t, p, k) for t, (p, k) in zip(out, src)] if sources else out
 
 
-def precompute(pre, store, kv_type, common, qchunks, work, context=False, system=None):
+def precompute(pre, store, kv_type, common, qchunks, work, context=False):
     """Every chunk of every question (qchunks: {question number: chunk texts,
     or make_chunks' (text, passage, piece) sources}) into the store with
     cb-precompute, each passage a document (with context, cb-precompute
-    --context: a piece also after the one before it; with system, the head
-    of the prompts with that system message too, which cb-run --no-store-write
-    would otherwise compute every time); the seconds it took."""
+    --context: a piece also after the one before it); the seconds it took.
+    common carries --system when given: cb-precompute then stores that
+    prompt's head, which cb-run --no-store-write would compute every time."""
     allf = os.path.join(work, "all.jsonl")
     with open(allf, "w", encoding="utf-8") as f:
         for qi, chunks in qchunks.items():
@@ -181,8 +181,7 @@ def precompute(pre, store, kv_type, common, qchunks, work, context=False, system
                 f.write(json.dumps({"doc": f"q{qi}p{doc}", "seq": seq, "text": t}, ensure_ascii=False) + "\n")
     t0 = time.time()
     subprocess.run([pre, "--store", store, "--kv-type", kv_type, "-q"] + (["--context"] if context else [])
-                   + (["--system", system] if system is not None else []) + common + [allf],
-                   stdout=subprocess.DEVNULL, check=True)
+                   + common + [allf], stdout=subprocess.DEVNULL, check=True)
     return time.time() - t0
 
 
@@ -378,7 +377,8 @@ def main():
         sys.exit(f"eval: {args.data}: no such file (give --data)")
     qa = load_qa(args.data)[: args.questions]
     run, pre = os.path.join(args.bin, "cb-run"), os.path.join(args.bin, "cb-precompute")
-    common = ["-t", str(args.threads)] + (["-m", args.model] if args.model else [])
+    common = (["-t", str(args.threads)] + (["-m", args.model] if args.model else [])
+              + (["--system", args.system] if args.system is not None else []))
     work = tempfile.mkdtemp(prefix="cb-eval-")
     store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     try:
@@ -386,7 +386,7 @@ def main():
         qsrc = [make_chunks(q, qi, args.shape, args.passages, args.chunks_max, sources=True)
                 for qi, q in enumerate(qa)]
         qchunks = [[c[0] for c in cs] for cs in qsrc]
-        pre_s = precompute(pre, store, args.kv_type, common, dict(enumerate(qsrc)), work, args.context, args.system)
+        pre_s = precompute(pre, store, args.kv_type, common, dict(enumerate(qsrc)), work, args.context)
         print(f"precomputed {sum(map(len, qchunks))} passages in {pre_s:.1f} s", file=sys.stderr)
 
         # a model without a chat template (Gemma-3-270M is a base model) is
@@ -418,7 +418,7 @@ def main():
                 cmd = [run, "--store", store, "--chunks", chunks, "--mode", "blend" if mode == "default" else mode,
                        "--temp", "0", "-n",
                        str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
-                       "-p", question] + common + (["--system", args.system] if args.system is not None else [])
+                       "-p", question] + common
                 if ratio is None and strat:
                     for o in strat.split("/"):
                         k, _, v = o.partition("=")
