@@ -4,7 +4,8 @@
 #   ops       test_backend_ops: every CUDA operation against the CPU (the
 #             few-row product kernel, the staging memo and the fused
 #             operations on; the tensor-core attention, CB_CUDA_FA=1, on a
-#             second backend beside the scalar kernel's; `ops-cublas`: again with all three off,
+#             second backend beside the scalar kernel's, the weights kept in
+#             their blocks, CB_CUDA_QW=1, on a third; `ops-cublas`: again with all three off,
 #             CB_CUDA_GEMV=0 CB_CUDA_MEMO=0 CB_CUDA_FUSE=0, cuBLAS for every
 #             row count and every index array sent)
 #   memcheck racecheck synccheck initcheck
@@ -29,7 +30,9 @@
 #             again with the few-row product kernel (CB_CUDA_GEMV=1), and
 #             with it, the staging memo and the fused operations
 #             (CB_CUDA_MEMO=1 CB_CUDA_FUSE=1); prefill and 512-row batches
-#             again with the tensor-core attention (CB_CUDA_FA=1)
+#             again with the tensor-core attention (CB_CUDA_FA=1); and all
+#             of these again with the weights kept in their blocks
+#             (CB_CUDA_QW=1 beside the three)
 #   racecheck-big  racecheck over the model-sized attention cases alone
 #             (slow: a minute or more a case)
 # No STEP: all of them, in that order (ops-cublas after ops).  Environment: BUILD (default
@@ -181,6 +184,14 @@ bench() {
                 CB_CUDA_FA=1 CB_BENCH_DEVICE=$dev $BUILD/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
                     awk -v sc="$sc" '$1 != "device" && $1 != "load_s" && $1 != "rss_kb" { v[$1] = $2 }
                         END { for (k in v) print "  " sc " (CB_CUDA_FA=1): " k " " v[k] }'
+            done
+            # the weights kept in their blocks (CB_CUDA_QW=1, not yet the
+            # default), with the three above: decoding reads the blocks, a
+            # prompt's products dequantize tiles of rows at each product
+            [ "$dev" = cuda ] && for sc in prefill:512 prefill:4096 decode:512:64 seqs:1:512 seqs:8:512 batch:16:2048; do
+                CB_CUDA_QW=1 CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 CB_BENCH_DEVICE=$dev $BUILD/bench/bench_engine "$d/$m.gguf" "$J" "$sc" "$sc" |
+                    awk -v sc="$sc" '$1 != "device" && $1 != "load_s" && $1 != "rss_kb" { v[$1] = $2 }
+                        END { for (k in v) print "  " sc " (CB_CUDA_QW=1 CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1): " k " " v[k] }'
             done
         done
     done

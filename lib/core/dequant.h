@@ -204,4 +204,66 @@ CB_HD void cb_dq_q6_k(uint8_t a, uint8_t c, uint8_t h, int l, const float ds[8],
     y[3] = ds[is + 6] * (float)(((c >> 4) | (h >> 6 & 3) << 4) - 32);
 }
 
+/* Eight consecutive elements e0..e0+7 of a block of type t (ggml's type
+ * ids: 2 q4_0, 3 q4_1, 6 q5_0, 7 q5_1, 8 q8_0, 12 q4_K, 13 q5_K, 14 q6_K;
+ * e0 a multiple of 8 inside the block) into y, by the functions above:
+ * what a lane of the CUDA backend's products on weights kept in their
+ * blocks decodes at a time (cuda_mm.cu's k_qgemv, with t a constant).
+ * Eight such elements share their scales (a K-quant sub-block, a q6_K
+ * scale), decoded once.  An unknown t gives zeros. */
+CB_HD void cb_dq8(int t, const uint8_t *b, int e0, float y[8])
+{
+    float y0 = 0.0f, y1 = 0.0f;
+    if (t == 8) {
+        const float d = cb_dq_d(b, 0);
+        for (int i = 0; i < 8; i++)
+            y[i] = cb_dq_q8_0((int8_t)b[2 + e0 + i], d);
+    } else if (t == 2 || t == 3 || t == 6 || t == 7) {
+        /* element j < 16 is the low half of byte j, j + 16 its high half */
+        const int j0 = e0 & 15, hi = e0 >= 16;
+        const float d = cb_dq_d(b, 0);
+        for (int i = 0; i < 8; i++) {
+            const int j = j0 + i;
+            if (t == 2)
+                cb_dq_q4_0(b[2 + j], d, &y0, &y1);
+            else if (t == 3)
+                cb_dq_q4_1(b[4 + j], d, cb_dq_d(b, 2), &y0, &y1);
+            else if (t == 6)
+                cb_dq_q5_0(b[6 + j], cb_dq_rd32(b + 2), j, d, &y0, &y1);
+            else
+                cb_dq_q5_1(b[8 + j], cb_dq_rd32(b + 4), j, d, cb_dq_d(b, 2), &y0, &y1);
+            y[i] = hi ? y1 : y0;
+        }
+    } else if (t == 12 || t == 13) {
+        /* group g: elements 64g + l (low nibbles) and 64g + 32 + l (high) */
+        const int g = e0 / 64, l0 = e0 % 32, hi = e0 % 64 >= 32;
+        float f[4];
+        cb_dq_k_group(b, g, f);
+        for (int i = 0; i < 8; i++) {
+            const int l = l0 + i;
+            if (t == 12)
+                cb_dq_q4_k(b[16 + 32 * g + l], f, &y0, &y1);
+            else
+                cb_dq_q5_k(b[48 + 32 * g + l], b[16 + l], g, f, &y0, &y1);
+            y[i] = hi ? y1 : y0;
+        }
+    } else if (t == 14) {
+        /* half n, elements 128n + l + 32k, as cb_dq_q6_k_scales and
+         * cb_dq_q6_k give them (one scale, d * scales[8n + l/16 + 2k], for
+         * the eight), without their arrays: a GPU thread keeps an array it
+         * indexes by a variable in memory, not registers */
+        const int n = e0 / 128, k = e0 % 128 / 32, l0 = e0 % 32;
+        const float s = cb_dq_d(b, 208) * (float)(int8_t)b[192 + 8 * n + l0 / 16 + 2 * k];
+        for (int i = 0; i < 8; i++) {
+            const int l = l0 + i;
+            const uint8_t ql = b[64 * n + l + 32 * (k & 1)], qh = b[128 + 32 * n + l];
+            const int q = ((k >= 2 ? ql >> 4 : ql & 0x0f) | (qh >> (2 * k) & 3) << 4) - 32;
+            y[i] = s * (float)q;
+        }
+    } else {
+        for (int i = 0; i < 8; i++)
+            y[i] = 0.0f;
+    }
+}
+
 #endif

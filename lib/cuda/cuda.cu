@@ -116,6 +116,8 @@ static void tctx_destroy(tctx *t)
         cudaEventDestroy(t->memo[i].sl.ev);
     }
     cudaFree(t->act.p);
+    cudaFree(t->tile32.p);
+    cudaFree(t->tile16.p);
     cudaFree(t->att_part.p);
     cudaFree(t->mass_buf.p);
     cudaFree(t->scal);
@@ -572,6 +574,9 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
      * until a GPU run has checked it (issue 34); per backend, so that
      * test_backend_ops can hold one with it and one without */
     c->fa = env_is("CB_CUDA_FA", "1") && c->fa_smem > 0;
+    /* weights kept in their GGUF blocks (cuda_mm.cu), behind CB_CUDA_QW=1
+     * until a GPU run has checked it (issue 34); per backend likewise */
+    c->qw = env_is("CB_CUDA_QW", "1");
     b->ops = &cuda_ops;
     b->ctx = c;
     b->n_threads = 1;

@@ -146,6 +146,7 @@ typedef struct tctx {
     slot stage[2];        /* upload staging, alternating */
     int next_stage;
     kept act;             /* 16-bit copy of a matmul's input rows */
+    kept tile32, tile16;  /* CB_CUDA_QW=1: a block weight's rows dequantized, f32 then 16-bit */
     kept att_part;        /* CB_CUDA_MEMO=1: attention's split shares, kept */
     kept mass_buf;        /* and attn_mass's normalizers and per-head sums */
     struct tctx *next;    /* free list */
@@ -166,6 +167,10 @@ struct cuda_ctx {
      * fa_smem bytes of shared memory (0: none) */
     int fa;
     size_t fa_smem;
+    /* CB_CUDA_QW=1 at open: block-quantized weights stay in their GGUF
+     * blocks on the device (cuda_mm.cu): few-row products read the blocks
+     * (k_qgemv), larger ones dequantize a tile of rows at a time */
+    int qw;
 };
 
 static inline cuda_ctx *CTX(cb_backend *b)

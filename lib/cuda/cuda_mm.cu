@@ -4,8 +4,14 @@
  * converted to the weight's type at a scale of their own (cuda.cu's head
  * comment), or, for a few rows under CB_CUDA_GEMV=1, by a kernel of ours
  * that reads them as they are (k_gemv); and the embedding lookup from the
- * same 16-bit copy. */
+ * same 16-bit copy.  Under CB_CUDA_QW=1 (per backend, at open) a
+ * block-quantized weight stays in its GGUF blocks instead: few-row
+ * products decode the blocks as they read them (k_qgemv), larger ones
+ * dequantize a tile of rows at a time into the 16-bit form above for
+ * cuBLAS, and the embedding lookup decodes the rows it copies. */
 #include "cuda_impl.cuh"
+
+#include <type_traits>
 
 /* --------------------------------------------------- dequantization */
 
@@ -148,6 +154,44 @@ template <typename T> static void dequant(cb_type t, const uint8_t *src, T *y, i
     CKL();
 }
 
+/* Elements and bytes per block of the types CB_CUDA_QW keeps */
+template <cb_type QT> struct qtraits;
+template <> struct qtraits<CB_TYPE_Q4_0> { enum { elems = CB_QK, bytes = CB_Q4_0_BYTES }; };
+template <> struct qtraits<CB_TYPE_Q4_1> { enum { elems = CB_QK, bytes = CB_Q4_1_BYTES }; };
+template <> struct qtraits<CB_TYPE_Q5_0> { enum { elems = CB_QK, bytes = CB_Q5_0_BYTES }; };
+template <> struct qtraits<CB_TYPE_Q5_1> { enum { elems = CB_QK, bytes = CB_Q5_1_BYTES }; };
+template <> struct qtraits<CB_TYPE_Q8_0> { enum { elems = CB_QK, bytes = CB_Q8_0_BYTES }; };
+template <> struct qtraits<CB_TYPE_Q4_K> { enum { elems = CB_QK_K, bytes = CB_Q4_K_BYTES }; };
+template <> struct qtraits<CB_TYPE_Q5_K> { enum { elems = CB_QK_K, bytes = CB_Q5_K_BYTES }; };
+template <> struct qtraits<CB_TYPE_Q6_K> { enum { elems = CB_QK_K, bytes = CB_Q6_K_BYTES }; };
+
+/* cb_dq8 with the type a constant: the other types' branches fold away */
+template <cb_type QT> __device__ __forceinline__ void dq8(const uint8_t *b, int e0, float *y)
+{
+    cb_dq8((int)QT, b, e0, y);
+}
+
+/* the block types CB_CUDA_QW keeps as they are: those the loader reads */
+static bool qw_type(cb_type t)
+{
+    return t != CB_TYPE_F32 && t != CB_TYPE_F16 && t != CB_TYPE_BF16 && row_bytes(t, CB_QK_K) != 0;
+}
+
+/* a switch over the block types that calls the macro F(QT) with the
+ * matching type as a constant (a template argument) */
+#define QW_DISPATCH(t, F)                                                                                            \
+    switch (t) {                                                                                                      \
+    case CB_TYPE_Q4_0: F(CB_TYPE_Q4_0); break;                                                                        \
+    case CB_TYPE_Q4_1: F(CB_TYPE_Q4_1); break;                                                                        \
+    case CB_TYPE_Q5_0: F(CB_TYPE_Q5_0); break;                                                                        \
+    case CB_TYPE_Q5_1: F(CB_TYPE_Q5_1); break;                                                                        \
+    case CB_TYPE_Q8_0: F(CB_TYPE_Q8_0); break;                                                                        \
+    case CB_TYPE_Q4_K: F(CB_TYPE_Q4_K); break;                                                                        \
+    case CB_TYPE_Q5_K: F(CB_TYPE_Q5_K); break;                                                                        \
+    case CB_TYPE_Q6_K: F(CB_TYPE_Q6_K); break;                                                                        \
+    default: BUG("CB_CUDA_QW", "a weight of a type not kept in its blocks");                                         \
+    }
+
 /* ------------------------------------------------------------ weights */
 
 /* the largest magnitude of x [n] into *amax as f32 bits, which order like
@@ -188,12 +232,23 @@ __global__ void k_to16(const float *x, T *y, int64_t n, const unsigned *amax, in
         *alpha = ldexpf(1.0f, -(e + e_w));
 }
 
+/* y [n] = x [n] 2^e in f16: weight_fill's conversion at a known scale */
+__global__ void k_to16_at(const float *x, __half *y, int64_t n, int e)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = st<__half>(ldexpf(x[i], e));
+}
+
 struct cb_bweight {
     int64_t n_in, n_out;
-    void *w;           /* [n_out, n_in] of dt: the weight times 2^e */
+    void *w;           /* [n_out, n_in] of dt: the weight times 2^e (NULL with q) */
     cudaDataType_t dt; /* CUDA_R_16F or CUDA_R_16BF */
     int e;             /* f16: cb_op_f16_scale_exp of the weight's largest magnitude; bf16: 0 */
     float *bias;       /* [n_out] or NULL */
+    uint8_t *q;        /* CB_CUDA_QW=1, a block type: its GGUF rows as they are, else NULL */
+    cb_type qt;        /* their type */
+    size_t rb;         /* and bytes per row */
 };
 
 /* Rows per dequantization pass through the f32 scratch (about 4M values) */
@@ -207,9 +262,10 @@ static int64_t dq_rows(int64_t n_in)
  * (dequant.h's formulas), in passes through a scratch buffer: f16 weights
  * take two, one for the largest magnitude and one converting to f16 at the
  * power-of-two scale that keeps every value finite (an f32 weight above
- * 65504, a q8_0 block scale times 127); bf16 weights one.  w's memory and
- * the scratch (raw, f32, amax) are allocated; returns once w is usable by
- * every thread. */
+ * 65504, a q8_0 block scale times 127); bf16 weights one; a weight kept
+ * in its blocks (w->q, which is raw) only the first, for its scale, which
+ * its tiles take.  w's memory and the scratch (raw, f32, amax) are
+ * allocated; returns once w is usable by every thread. */
 static void weight_fill(tctx *th, cb_bweight *w, cb_type t, size_t rb, int64_t chunk, uint8_t *raw, float *f32,
                         unsigned *amax, const void *data, const float *bias)
 {
@@ -219,7 +275,7 @@ static void weight_fill(tctx *th, cb_bweight *w, cb_type t, size_t rb, int64_t c
         upload_on(th, w->bias, bias, sizeof(float) * (size_t)n_out);
     upload_on(th, raw, data, rb * (size_t)n_out);
     CK(cudaMemsetAsync(amax, 0, sizeof *amax, th->s));
-    for (int pass = w->dt == CUDA_R_16F ? 0 : 1; pass < 2; pass++)
+    for (int pass = w->dt == CUDA_R_16F ? 0 : 1; pass < (w->q ? 1 : 2); pass++)
         for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
             int64_t nr = n_out - r0 < chunk ? n_out - r0 : chunk, ne = nr * n_in;
             dequant<float>(t, raw + (size_t)r0 * rb, f32, ne, th->s);
@@ -245,7 +301,7 @@ static void weight_fill(tctx *th, cb_bweight *w, cb_type t, size_t rb, int64_t c
  * so that it also cleans up after a fault. */
 static void weight_drop(tctx *th, cb_bweight *w, void *raw, void *f32, void *amax, bool keep)
 {
-    void *p[] = {raw, f32, amax, keep || !w ? NULL : w->w, keep || !w ? NULL : w->bias};
+    void *p[] = {keep && w && w->q ? NULL : raw, f32, amax, keep || !w ? NULL : w->w, keep || !w ? NULL : w->bias};
     for (void *q : p)
         if (q)
             cudaFreeAsync(q, th->s);
@@ -269,11 +325,14 @@ cb_bweight *cu_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out,
             w->n_in = n_in;
             w->n_out = n_out;
             w->dt = t == CB_TYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-            ok = (w->w = alloc_on(th, 2 * (size_t)(n_in * n_out))) &&
+            const bool keep_q = CTX(b)->qw && qw_type(t);
+            ok = (keep_q || (w->w = alloc_on(th, 2 * (size_t)(n_in * n_out)))) &&
                  (raw = (uint8_t *)alloc_on(th, rb * (size_t)n_out)) &&
                  (f32 = (float *)alloc_on(th, sizeof(float) * (size_t)(chunk * n_in))) &&
                  (amax = (unsigned *)alloc_on(th, sizeof *amax)) &&
                  (!bias || (w->bias = (float *)alloc_on(th, sizeof(float) * (size_t)n_out)));
+            if (ok && keep_q)
+                w->q = raw, w->qt = t, w->rb = rb;
         }
         if (ok)
             weight_fill(th, w, t, rb, chunk, raw, f32, amax, data, bias);
@@ -290,6 +349,7 @@ void cu_weight_free(cb_backend *b, cb_bweight *w)
     if (!w)
         return;
     cu_dealloc(b, w->w);
+    cu_dealloc(b, w->q);
     cu_dealloc(b, w->bias);
     free(w);
 }
@@ -412,31 +472,73 @@ struct gemv_set {
     unsigned first[CU_GEMV_SET + 1];
 };
 
-template <typename T, int R, bool V8, bool A16>
-__global__ void k_gemv(const gemv_set s, int64_t n_in, const float *__restrict__ x)
+/* This warp's weight row of a gemv_set launch: the weight's fields
+ * (chosen by a select over constant indices: no indexed read of the
+ * parameters) and the row o; false past the weight's last row (a whole
+ * warp: the shuffles of gemv_store never miss a lane). */
+struct gemv_row {
+    const void *w;
+    const float *bias;
+    float *y, unscale;
+    int64_t n_out, o;
+};
+__device__ __forceinline__ bool gemv_pick(const gemv_set &s, gemv_row *r)
 {
-    const int lane = threadIdx.x % 32;
-    /* this block's weight: a select over constant indices (no indexed
-     * read of the parameters) */
     int k = 0;
 #pragma unroll
     for (int i = 1; i < CU_GEMV_SET; i++)
         k = blockIdx.x >= s.first[i] ? i : k;
-    const T *w = NULL;
-    const float *bias = NULL;
-    float *y = NULL, unscale = 1.0f;
-    int64_t n_out = 0;
     unsigned first = 0;
 #pragma unroll
     for (int i = 0; i < CU_GEMV_SET; i++)
         if (i == k) {
-            w = (const T *)s.w[i], bias = s.bias[i], y = s.y[i], unscale = s.unscale[i];
-            n_out = s.n_out[i], first = s.first[i];
+            r->w = s.w[i], r->bias = s.bias[i], r->y = s.y[i], r->unscale = s.unscale[i];
+            r->n_out = s.n_out[i], first = s.first[i];
         }
-    const int64_t o = (int64_t)(blockIdx.x - first) * (blockDim.x / 32) + threadIdx.x / 32;
-    if (o >= n_out)
-        return; /* a whole warp: the shuffles below never miss a lane */
-    const T *wr = w + o * n_in;
+    r->o = (int64_t)(blockIdx.x - first) * (blockDim.x / 32) + threadIdx.x / 32;
+    return r->o < r->n_out;
+}
+
+/* The R lane sums of row r into y: the warp's fixed butterfly, the
+ * weight's power-of-two scale undone (exact), the bias added */
+template <int R> __device__ __forceinline__ void gemv_store(const float *acc, int lane, const gemv_row &r)
+{
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        float v = acc[i];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+        if (lane == 0) {
+            v = __fmul_rn(v, r.unscale);
+            r.y[i * r.n_out + r.o] = r.bias ? __fadd_rn(v, r.bias[r.o]) : v;
+        }
+    }
+}
+
+/* acc[r] += the eight weights wf . x's row r at elements j..j+7, in order */
+template <int R, bool A16>
+__device__ __forceinline__ void gemv_fma8(const float *wf, const float *__restrict__ x, int64_t n_in, int64_t j,
+                                          float *acc)
+{
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float xf[8];
+        ld8x<A16>(x + r * n_in + j, xf);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            acc[r] = fmaf(wf[e], xf[e], acc[r]);
+    }
+}
+
+template <typename T, int R, bool V8, bool A16>
+__global__ void k_gemv(const gemv_set s, int64_t n_in, const float *__restrict__ x)
+{
+    const int lane = threadIdx.x % 32;
+    gemv_row row;
+    if (!gemv_pick(s, &row))
+        return;
+    const T *wr = (const T *)row.w + row.o * n_in;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -445,14 +547,7 @@ __global__ void k_gemv(const gemv_set s, int64_t n_in, const float *__restrict__
         for (int64_t j = 8 * lane; j < n_in; j += 256) {
             float wf[8];
             ld8w<T>(wr + j, wf);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                float xf[8];
-                ld8x<A16>(x + r * n_in + j, xf);
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    acc[r] = fmaf(wf[e], xf[e], acc[r]);
-            }
+            gemv_fma8<R, A16>(wf, x, n_in, j, acc);
         }
     } else {
         for (int64_t j = lane; j < n_in; j += 32) {
@@ -462,29 +557,42 @@ __global__ void k_gemv(const gemv_set s, int64_t n_in, const float *__restrict__
                 acc[r] = fmaf(wj, x[r * n_in + j], acc[r]);
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = acc[r];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
-        if (lane == 0) {
-            v = __fmul_rn(v, unscale);
-            y[r * n_out + o] = bias ? __fadd_rn(v, bias[o]) : v;
-        }
-    }
+    gemv_store<R>(acc, lane, row);
 }
 
-template <typename T, bool V8, bool A16>
-static void gemv_launch(tctx *t, const gemv_set &s, int nw, int64_t n_in, const float *x, int64_t n)
+/* k_gemv on a weight kept in its blocks (CB_CUDA_QW=1): the same lanes,
+ * steps, order of sums and butterfly, each lane's eight weights decoded
+ * from their block (dq8) where k_gemv loads them; the weights' values are
+ * dequant.h's, not rounded to 16 bits, and there is no scale to undo.
+ * Block types have rows of a multiple of 32 elements (V8 always).  Row
+ * stable for the same reasons as k_gemv. */
+template <cb_type QT, int R, bool A16>
+__global__ void k_qgemv(const gemv_set s, int64_t n_in, size_t rb, const float *__restrict__ x)
 {
-    const unsigned g = s.first[nw]; /* 8 warps a block, a weight row each */
-    if (g == 0)
-        return; /* no weight rows */
+    enum { BE = qtraits<QT>::elems, BB = qtraits<QT>::bytes };
+    const int lane = threadIdx.x % 32;
+    gemv_row row;
+    if (!gemv_pick(s, &row))
+        return;
+    const uint8_t *wr = (const uint8_t *)row.w + row.o * rb;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    for (int64_t j = 8 * lane; j < n_in; j += 256) {
+        float wf[8];
+        dq8<QT>(wr + (j / BE) * BB, (int)(j % BE), wf);
+        gemv_fma8<R, A16>(wf, x, n_in, j, acc);
+    }
+    gemv_store<R>(acc, lane, row); /* (unscale 1: the blocks are not scaled) */
+}
+
+/* launch(std::integral_constant<int, n>) for n in 1..CU_GEMV_ROWS: the
+ * kernels take their row count as a template argument */
+template <typename L> static void by_rows(tctx *t, int64_t n, L launch)
+{
 #define GV(R)                                                                                                         \
-    case R:                                                                                                           \
-        k_gemv<T, R, V8, A16><<<g, 256, 0, t->s>>>(s, n_in, x);                                                       \
-        break
+    case R: launch(std::integral_constant<int, R>()); break
     switch (n) {
         GV(1);
         GV(2);
@@ -500,6 +608,22 @@ static void gemv_launch(tctx *t, const gemv_set &s, int nw, int64_t n_in, const 
     CKL();
 }
 
+template <typename T, bool V8, bool A16>
+static void gemv_launch(tctx *t, const gemv_set &s, int nw, int64_t n_in, const float *x, int64_t n)
+{
+    const unsigned g = s.first[nw]; /* 8 warps a block, a weight row each */
+    if (g > 0) /* (else no weight rows) */
+        by_rows(t, n, [&](auto r) { k_gemv<T, decltype(r)::value, V8, A16><<<g, 256, 0, t->s>>>(s, n_in, x); });
+}
+
+template <cb_type QT, bool A16>
+static void qgemv_launch(tctx *t, const gemv_set &s, int nw, int64_t n_in, size_t rb, const float *x, int64_t n)
+{
+    const unsigned g = s.first[nw];
+    if (g > 0)
+        by_rows(t, n, [&](auto r) { k_qgemv<QT, decltype(r)::value, A16><<<g, 256, 0, t->s>>>(s, n_in, rb, x); });
+}
+
 /* y[k] = x . w[k]^T (+ bias) through one k_gemv launch, for nw <=
  * CU_GEMV_SET weights of one n_in and one type, n <= CU_GEMV_ROWS */
 static void gemv(tctx *t, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
@@ -508,22 +632,52 @@ static void gemv(tctx *t, const cb_bweight *const *w, int nw, const float *x, fl
     memset(&s, 0, sizeof s);
     for (int k = 0; k < nw; k++) {
         s.w[k] = w[k]->w, s.bias[k] = w[k]->bias, s.y[k] = y[k], s.n_out[k] = w[k]->n_out;
-        s.unscale[k] = ldexpf(1.0f, -w[k]->e); /* exact */
+        s.unscale[k] = w[k]->q ? 1.0f : ldexpf(1.0f, -w[k]->e); /* exact */
         s.first[k + 1] = s.first[k] + nblocks(w[k]->n_out, 8);
     }
     for (int k = nw; k < CU_GEMV_SET; k++) /* no blocks past the last weight */
         s.first[k + 1] = s.first[nw];
     const int64_t n_in = w[0]->n_in;
-    const bool bf = w[0]->dt == CUDA_R_16BF;
+    const bool bf = w[0]->dt == CUDA_R_16BF, a16 = (uintptr_t)x % 16 == 0;
+    if (w[0]->q) { /* every weight of the set: the same block type (callers check) */
+        const size_t rb = w[0]->rb;
+#define QG(QT) a16 ? qgemv_launch<QT, true>(t, s, nw, n_in, rb, x, n) : qgemv_launch<QT, false>(t, s, nw, n_in, rb, x, n)
+        QW_DISPATCH(w[0]->qt, QG)
+#undef QG
+        return;
+    }
     if (n_in % 8 != 0)
         bf ? gemv_launch<__nv_bfloat16, false, false>(t, s, nw, n_in, x, n)
            : gemv_launch<__half, false, false>(t, s, nw, n_in, x, n);
-    else if ((uintptr_t)x % 16 == 0)
+    else if (a16)
         bf ? gemv_launch<__nv_bfloat16, true, true>(t, s, nw, n_in, x, n)
            : gemv_launch<__half, true, true>(t, s, nw, n_in, x, n);
     else
         bf ? gemv_launch<__nv_bfloat16, true, false>(t, s, nw, n_in, x, n)
            : gemv_launch<__half, true, false>(t, s, nw, n_in, x, n);
+}
+
+/* y = x [n, n_in] . w^T for a weight kept in its blocks, more rows than
+ * k_qgemv takes: its rows a tile at a time (dq_rows of them) dequantized
+ * to f32, then to f16 at the weight's scale 2^e (the values and rounding
+ * of the 16-bit copy a weight without CB_CUDA_QW keeps), and multiplied
+ * by cuBLAS into the tile's columns of y; act is x in f16 at its own
+ * scale, t->scal->alpha undoes both. */
+static void matmul_tiles(tctx *t, const cb_bweight *w, const void *act, float *y, int64_t n)
+{
+    const int64_t n_in = w->n_in, n_out = w->n_out, chunk = dq_rows(n_in) < n_out ? dq_rows(n_in) : n_out;
+    float *f32 = (float *)keep_on(t, &t->tile32, sizeof(float) * (size_t)(chunk * n_in));
+    __half *h = (__half *)keep_on(t, &t->tile16, sizeof(__half) * (size_t)(chunk * n_in));
+    if (!f32 || !h)
+        cu_fail(CB_ERR_DEVICE, 1, "keep_on(t, &t->tile32/tile16, ...)", __FILE__, __LINE__, "out of memory");
+    for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
+        const int64_t nr = n_out - r0 < chunk ? n_out - r0 : chunk, ne = nr * n_in;
+        dequant<float>(w->qt, w->q + (size_t)r0 * w->rb, f32, ne, t->s);
+        LAUNCH_1D(t, ne, k_to16_at, f32, h, ne, w->e);
+        CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)n_in, &t->scal->alpha, h,
+                         CUDA_R_16F, (int)n_in, act, CUDA_R_16F, (int)n_in, &t->scal->zero, y + r0, CUDA_R_32F,
+                         (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
 }
 
 void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
@@ -552,9 +706,12 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
         }
         /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
          * y^T [n_out, n] = (W as column-major [n_in, n_out])^T x^T */
-        CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in, &t->scal->alpha,
-                         w->w, w->dt, (int)w->n_in, act, w->dt, (int)w->n_in, &t->scal->zero, y, CUDA_R_32F,
-                         (int)w->n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (w->q)
+            matmul_tiles(t, w, act, y, n);
+        else
+            CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in,
+                             &t->scal->alpha, w->w, w->dt, (int)w->n_in, act, w->dt, (int)w->n_in, &t->scal->zero,
+                             y, CUDA_R_32F, (int)w->n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (w->bias)
             LAUNCH_1D(t, n * w->n_out, k_add_bias, y, w->bias, n, w->n_out);
     }
@@ -586,8 +743,9 @@ void cu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const fl
 {
     tctx *t = T(b, "matmul_multi");
     bool one = n <= cu_gemv_rows && !cu_sync_each;
-    for (int k = 1; k < nw; k++)
-        one = one && w[k]->dt == w[0]->dt && w[k]->n_in == w[0]->n_in;
+    for (int k = 1; k < nw; k++) /* one n_in, and one 16-bit type or one block type */
+        one = one && w[k]->dt == w[0]->dt && w[k]->n_in == w[0]->n_in && !w[k]->q == !w[0]->q &&
+              (!w[0]->q || w[k]->qt == w[0]->qt);
     if (n == 0 || nw <= 0)
         return;
     if (!one) {
@@ -607,6 +765,23 @@ __global__ void k_get_rows(const T *w, const int32_t *ids, int64_t n, int64_t d,
         dst[i] = ld<T>(w[(int64_t)ids[i / d] * d + i % d]) * unscale;
 }
 
+/* get_rows from a weight kept in its blocks: a thread eight elements of a
+ * row, decoded as k_qgemv decodes them (d, the row, a multiple of 32) */
+template <cb_type QT>
+__global__ void k_get_rows_q(const uint8_t *q, size_t rb, const int32_t *ids, int64_t n, int64_t d, float *dst)
+{
+    enum { BE = qtraits<QT>::elems, BB = qtraits<QT>::bytes };
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = d / 8;
+    if (i >= n * per)
+        return;
+    const int64_t r = i / per, c = i % per * 8;
+    float v[8];
+    dq8<QT>(q + (size_t)ids[r] * rb + (size_t)(c / BE) * BB, (int)(c % BE), v);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        dst[r * d + c + k] = v[k];
+}
+
 void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst)
 {
     tctx *t = T(b, "get_rows");
@@ -614,6 +789,12 @@ void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t
     if (n == 0)
         return;
     const int32_t *dids = stage_idx(t, ids, n);
+    if (w->q) {
+#define GR(QT) LAUNCH_1D(t, n * (w->n_in / 8), k_get_rows_q<QT>, w->q, w->rb, dids, n, w->n_in, dst)
+        QW_DISPATCH(w->qt, GR)
+#undef GR
+        return;
+    }
     if (w->dt == CUDA_R_16BF)
         LAUNCH_1D(t, n * w->n_in, k_get_rows, (const __nv_bfloat16 *)w->w, dids, n, w->n_in, unscale, dst);
     else

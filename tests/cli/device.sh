@@ -103,6 +103,29 @@ else
     skip "the CUDA module's build" "this build has no CUDA module (nvcc not found, or CUDA=0)"
 fi
 
+# how many answers of the batch output FILE equal the lone runs' in
+# $T/lone0.txt, lone1.txt, ...: as cb-run --batch writes text into JSON, each
+# byte of an invalid UTF-8 sequence (the fixture's random tokens make them)
+# becomes U+FFFD
+same_as_lone() {
+    python3 - "$1" "$T" <<'PY'
+import json, sys
+same = 0
+for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
+    text = open("%s/lone%d.txt" % (sys.argv[2], i), "rb").read().decode("utf-8", "surrogateescape")
+    same += json.loads(line).get("answer") == "".join("\ufffd" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
+print(same)
+PY
+}
+# the lone runs of $T/bq.jsonl's questions into $T/lone0.txt, lone1.txt,
+# ..., with the environment assignments given (n is lib.sh's test count)
+lone_runs() {
+    for i in 0 1 2; do
+        q=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[$i])['question'])" "$T/bq.jsonl")
+        np=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[$i])['n_predict'])" "$T/bq.jsonl")
+        env "$@" "$RUN" -m "$TINY" --device cuda --temp 0 -n "$np" -p "$q" > "$T/lone$i.txt" 2>/dev/null
+    done
+}
 # ---------------------------- batched decoding on CUDA (the fixture model)
 # With the few-row product kernel (CB_CUDA_GEMV=1) the device batches the
 # sequences' decoding rows in shared products: each answer must be the one a
@@ -113,22 +136,8 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
         '{"id": 2, "question": "x", "n_predict": 12}' > "$T/bq.jsonl"
     CB_CUDA_GEMV=1 "$RUN" -m "$TINY" --device cuda --temp 0 --batch "$T/bq.jsonl" > "$T/bo.jsonl" 2>"$T/berr"
     brc=$?
-    for i in 0 1 2; do
-        q=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[$i])['question'])" "$T/bq.jsonl")
-        n=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[$i])['n_predict'])" "$T/bq.jsonl")
-        CB_CUDA_GEMV=1 "$RUN" -m "$TINY" --device cuda --temp 0 -n "$n" -p "$q" > "$T/lone$i.txt" 2>/dev/null
-    done
-    # as cb-run --batch writes text into JSON: each byte of an invalid UTF-8
-    # sequence (the fixture's random tokens make them) becomes U+FFFD
-    same=$(python3 - "$T/bo.jsonl" "$T" <<'PY'
-import json, sys
-same = 0
-for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
-    text = open("%s/lone%d.txt" % (sys.argv[2], i), "rb").read().decode("utf-8", "surrogateescape")
-    same += json.loads(line).get("answer") == "".join("\ufffd" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
-print(same)
-PY
-)
+    lone_runs CB_CUDA_GEMV=1
+    same=$(same_as_lone "$T/bo.jsonl")
     [ "$brc" = 0 ] && [ "$same" = 3 ] && ok "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do (3 of 3)" ||
         not_ok "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do (exit $brc, $same of 3; $(head -c 200 "$T/berr"))"
     # the staging memo and the fused operations (CB_CUDA_MEMO=1
@@ -152,11 +161,20 @@ PY
     [ -s "$T/ml0.bin" ] && cmp -s "$T/ml0.bin" "$T/ml1.bin" && cmp -s "$T/ma0.txt" "$T/ma1.txt" &&
         ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" ||
         not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/merr1"))"
+    # the weights kept in their blocks (CB_CUDA_QW=1): the few-row kernel on
+    # the blocks is row-stable too, so the batch's answers are lone runs'
+    CB_CUDA_QW=1 CB_CUDA_GEMV=1 "$RUN" -m "$TINY" --device cuda --temp 0 --batch "$T/bq.jsonl" > "$T/boq.jsonl" 2>"$T/berr"
+    brc=$?
+    lone_runs CB_CUDA_QW=1 CB_CUDA_GEMV=1
+    same=$(same_as_lone "$T/boq.jsonl")
+    [ "$brc" = 0 ] && [ "$same" = 3 ] && ok "CB_CUDA_QW=1: cb-run --batch on CUDA answers as lone runs do (3 of 3)" ||
+        not_ok "CB_CUDA_QW=1: cb-run --batch on CUDA answers as lone runs do (exit $brc, $same of 3; $(head -c 200 "$T/berr"))"
 else
     [ "$DEV" = cuda ] && why="no GPU here" || why="CB_TEST_DEVICE=$DEV, not cuda"
     skip "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do" "$why"
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers" "$why"
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" "$why"
+    skip "CB_CUDA_QW=1: cb-run --batch on CUDA answers as lone runs do" "$why"
 fi
 
 # ------------------------------------------------ CPU vs CUDA end to end
@@ -169,7 +187,7 @@ if [ "$gpu" = 0 ] || [ -z "$M" ]; then
              "CB_CUDA_SYNC=1: every operation checked, same logits" \
              "precompute and blend on CUDA vs CPU" "CB_CUDA_SYNC=1: the blend, loader included, checked" \
              "CB_CUDA_FA=1: first-token logits CPU vs CUDA" "CB_CUDA_FA=1: the blend CPU vs CUDA" \
-             "cb-profile on CUDA"; do
+             "CB_CUDA_QW=1: first-token logits and greedy answers CPU vs CUDA" "cb-profile on CUDA"; do
         skip "$c" "$why"
     done
     done_testing; exit
@@ -245,6 +263,19 @@ CB_CUDA_FA=1 "$RUN" -m "$M" --device "$DEV" --store "$T/gs" --chunks "$T/chunks.
     -p "Where was the bridge's engineer born?" -n 1 --temp 0 --logits-out "$T/bfa.bin" >/dev/null 2>&1 &&
     r=$(python3 "$T/kl.py" "$T/bc.bin" "$T/bfa.bin" 0.02) && ok "CB_CUDA_FA=1: the blend CPU vs CUDA (KL, top-1: $r)" ||
     not_ok "CB_CUDA_FA=1: the blend CPU vs CUDA (${r:-the run failed})"
+# the weights kept in their blocks (CB_CUDA_QW=1, not yet the default):
+# the prompt's products through f16 tiles, decoding's on the blocks
+i=0; bad=0; same=0
+for q in "The capital of France is" "How many days are in a week?"; do
+    i=$((i + 1)); r=
+    CB_CUDA_QW=1 CB_CUDA_GEMV=1 "$RUN" -m "$M" --device "$DEV" -p "$q" -n 24 --temp 0 --logits-out "$T/qw$i.bin" \
+        > "$T/qw$i.txt" 2>/dev/null && r=$(python3 "$T/kl.py" "$T/cpu$i.bin" "$T/qw$i.bin" 0.02) || bad=$((bad + 1))
+    cmp -s "$T/cpu$i.txt" "$T/qw$i.txt" && same=$((same + 1))
+    echo "# CB_CUDA_QW=1, prompt $i: KL, top-1 agree = ${r:-failed}"
+done
+[ "$bad" = 0 ] && grep -q 7 "$T/qw2.txt" &&
+    ok "CB_CUDA_QW=1: first-token logits and greedy answers CPU vs CUDA (KL < 0.02, same top-1; $same of 2 answers identical)" ||
+    not_ok "CB_CUDA_QW=1: first-token logits and greedy answers CPU vs CUDA ($bad of 2 over bound)"
 expect_exit "cb-profile on CUDA" 0 "$PROF" -m "$M" --device "$DEV" --store "$T/gs" --lengths 512 --ratios 0.15 --repeat 1
 grep -q "device $DEV" "$T/out" || not_ok "cb-profile names the device"
 done_testing

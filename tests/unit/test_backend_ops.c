@@ -1555,6 +1555,15 @@ static float *o_ref, *o_cpu, *o_cuda;
 static cb_backend *cuda_fa;
 static double fa_bound;
 #define FA_BOUND 2e-6
+/* A third CUDA backend keeping block-quantized weights in their GGUF
+ * blocks (CB_CUDA_QW=1), and the bound a matmul or get_rows case of a
+ * block type sets for it (0: a case it does not take).  Its few-row
+ * products and its embedding rows take the weights' exact values (no
+ * rounding to f16): f32 sums in another order than the CPU's, nmse ~1e-14
+ * (bound 1e-10); more rows go through f16 tiles, the first backend's
+ * rounding and bound. */
+static cb_backend *cuda_qw;
+static double qw_bound;
 enum { FA_CASE_ROWS = 16 }; /* cuda_attn.cu's FA_MIN_ROWS: fewer rows take the scalar kernel */
 
 /* The reference vs the CPU backend within cpu_bound; the CPU vs CUDA
@@ -1600,6 +1609,10 @@ static int case_skip(const char *name, const char *cpu_what, const char *cuda_wh
         snprintf(nm, sizeof nm, "cuda-fa %s vs cpu", name);
         tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
     }
+    if (qw_bound > 0) {
+        snprintf(nm, sizeof nm, "cuda-qw %s vs cpu", name);
+        tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+    }
     return 1;
 }
 
@@ -1634,6 +1647,31 @@ static void run_fa(const char *name, case_fn fn, int64_t n)
     vs_ref(cuda_fa, o_cpu, o_cuda, nm, fn, n, fa_bound);
 }
 
+/* qw_bound for a product of n rows of weight type t (get_rows: n 1):
+ * the exact bound where cuda_qw's few-row kernel takes it, tiles_bound
+ * (the first CUDA backend's) past it; 0 for the types it does not keep */
+static double qw_case_bound(cb_type t, int64_t n, double tiles_bound)
+{
+    if (cb_type_block_elems(t) == 1)
+        return 0;
+    return cuda_qw && n <= cuda_qw->rows_max ? 1e-10 : tiles_bound;
+}
+
+/* A matmul or get_rows case on the weights kept in their blocks, against
+ * the CPU's o_cpu (n values), when the case sets qw_bound */
+static void run_qw(const char *name, case_fn fn, int64_t n)
+{
+    char nm[192];
+    if (qw_bound <= 0)
+        return;
+    snprintf(nm, sizeof nm, "cuda-qw %s vs cpu", name);
+    if (!cuda_qw) {
+        tskip(nm, cuda ? "CB_CUDA_QW: the backend did not open" : cuda_why);
+        return;
+    }
+    vs_ref(cuda_qw, o_cpu, o_cuda, nm, fn, n, qw_bound);
+}
+
 static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda_bound)
 {
     if (case_skip(name, "vs reference", "vs cpu"))
@@ -1648,6 +1686,7 @@ static void run_case(const char *name, case_fn fn, double cpu_bound, double cuda
     else
         tskip(nm, cuda_why);
     run_fa(name, fn, n_cpu);
+    run_qw(name, fn, n_cpu);
 }
 
 /* The CPU backend's portable kernels (no SIMD) vs the reference: the same
@@ -2003,6 +2042,8 @@ static void act8_cases(void)
     else
         tskip("cuda matmul_multi = matmul each, bit for bit",
               cuda ? "CB_CUDA_GEMV=0: no matmul_multi" : cuda_why);
+    if (cuda_qw && cuda_qw->ops->matmul_multi)
+        multi_case(cuda_qw, "cuda-qw");
     outlier_cases(a8);
     float *o_c = malloc(sizeof(float) * MAXOUT);
     for (size_t i = 0; i < sizeof q8_types / sizeof q8_types[0]; i++) {
@@ -2300,6 +2341,13 @@ static void rows_stable_cases(void)
         rows_stable_case(cuda, "cuda ", CB_TYPE_BF16, 512);
         rows_stable_case(cuda, "cuda ", CB_TYPE_F32, 100);
     }
+    /* and k_qgemv on the blocks, two weights a launch through matmul_multi */
+    if (cuda_qw && !cuda_qw->ops->rows_unstable && cuda_qw->rows_step > 0) {
+        rows_stable_case(cuda_qw, "cuda-qw", CB_TYPE_Q8_0, 512);
+        rows_stable_case(cuda_qw, "cuda-qw", CB_TYPE_Q4_K, 512);
+        rows_stable_case(cuda_qw, "cuda-qw", CB_TYPE_Q6_K, 512);
+        rows_stable_case(cuda_qw, "cuda-qw", CB_TYPE_Q4_1, 512);
+    }
 }
 
 static void r18_cases(const char *self)
@@ -2440,6 +2488,19 @@ int main(int argc, char **argv)
         setenv("CB_CUDA_FA", "1", 1);
         if (cb_backend_open(&cuda_fa, "cuda", 0, &err) != CB_OK)
             cuda_fa = NULL;
+        /* and the weights kept in their blocks (CB_CUDA_QW=1) one of theirs */
+        char *qw_env = getenv("CB_CUDA_QW") ? strdup(getenv("CB_CUDA_QW")) : NULL;
+        setenv("CB_CUDA_FA", "0", 1);
+        setenv("CB_CUDA_QW", "1", 1);
+        if (cb_backend_open(&cuda_qw, "cuda", 0, &err) != CB_OK)
+            cuda_qw = NULL;
+        else
+            printf("# CUDA backend with block weights (CB_CUDA_QW=1): %s\n", cuda_qw->desc);
+        if (qw_env)
+            setenv("CB_CUDA_QW", qw_env, 1);
+        else
+            unsetenv("CB_CUDA_QW");
+        free(qw_env);
     }
     if (fa_env)
         setenv("CB_CUDA_FA", fa_env, 1);
@@ -2456,12 +2517,15 @@ int main(int argc, char **argv)
         mm_type = types[i];
         mm_n = 7, mm_in = 512, mm_out = 48, mm_bias = 0;
         snprintf(name, sizeof name, "matmul %s 7x512x48", cb_type_name(mm_type));
+        qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
         run_case(name, c_matmul, 1e-12, mm_type == CB_TYPE_BF16 ? 1e-4 : 1e-5);
         snprintf(name, sizeof name, "get_rows %s", cb_type_name(mm_type));
+        qw_bound = qw_case_bound(mm_type, 1, 1e-6);
         run_case(name, c_get_rows, mm_type == CB_TYPE_F32 ? -1 : 0,
                  mm_type == CB_TYPE_BF16  ? -1
                  : mm_type == CB_TYPE_F32 ? 1e-6
                                           : 1e-6);
+        qw_bound = 0;
     }
     /* The CPU kernels on every type and batch shape: one row (decode), 3
      * (a partial group of the 4-row kernel), 9 (the dot kernels in groups of
@@ -2483,7 +2547,9 @@ int main(int argc, char **argv)
                 mm_n = 5, mm_in = 100, mm_out = 21;
             snprintf(name, sizeof name, "matmul %s %lldx%lldx%lld", cb_type_name(mm_type),
                      (long long)mm_n, (long long)mm_in, (long long)mm_out);
+            qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
             run_case(name, c_matmul, 1e-12, mm_type == CB_TYPE_BF16 ? 1e-4 : 1e-5);
+            qw_bound = 0;
             run_case_c(name, c_matmul, 1e-12);
         }
     }
@@ -2494,7 +2560,18 @@ int main(int argc, char **argv)
     /* the CUDA few-row kernel at its most rows, nine 256-element steps a
      * lane, a last block of warps past the weight's rows */
     mm_type = CB_TYPE_Q4_K, mm_n = 8, mm_in = 2304, mm_out = 300, mm_bias = 1;
+    qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
     run_case("matmul q4_K 8x2304x300 + bias", c_matmul, 1e-12, 1e-5);
+    /* and on the blocks: q6_K (the output heads' type) past a tile of rows
+     * (dq_rows: 4M values, here 1,820 rows of 2,304), with a bias; q5_0
+     * with 8 rows over 9 steps a lane */
+    mm_type = CB_TYPE_Q6_K, mm_n = 24, mm_in = 2304, mm_out = 2000, mm_bias = 1;
+    qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
+    run_case("matmul q6_K 24x2304x2000 + bias", c_matmul, 1e-12, 1e-5);
+    mm_type = CB_TYPE_Q5_0, mm_n = 8, mm_in = 2304, mm_out = 70, mm_bias = 0;
+    qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
+    run_case("matmul q5_0 8x2304x70", c_matmul, 1e-12, 1e-5);
+    qw_bound = 0;
 
     c_inplace = 0;
     run_case("rmsnorm", c_rmsnorm, 1e-12, 1e-10);
@@ -2649,6 +2726,8 @@ int main(int argc, char **argv)
         cuda->ops->free(cuda);
     if (cuda_fa)
         cuda_fa->ops->free(cuda_fa);
+    if (cuda_qw)
+        cuda_qw->ops->free(cuda_qw);
     cpu->ops->free(cpu);
     cpu_c->ops->free(cpu_c);
     free(o_ref), free(o_cpu), free(o_cuda);

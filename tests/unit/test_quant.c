@@ -7,6 +7,7 @@
  * with: the reference f16 encoder/decoder, the quantizers and the decoder
  * below are this file's own. */
 #include "../../lib/core/core.h"
+#include "../../lib/core/dequant.h"
 #include "test.h"
 
 #include <float.h>
@@ -925,6 +926,18 @@ static void test_random_blocks(void)
         CHECK_OK(cb_dequant_row(t, blk, got, n));
         ref_dequant(t, blk, want, n);
         check_bits(t, got, want, n);
+        if (be > 1) { /* the CUDA products' eight at a time: the same bits */
+            int bad = 0;
+            tcase("random %s blocks: cb_dq8 (eight elements at a time) = the row's dequant",
+                  cb_type_name(t));
+            for (int i = 0; i < nblk; i++)
+                for (int e0 = 0; e0 < be; e0 += 8) {
+                    float y[8];
+                    cb_dq8((int)t, blk + (size_t)i * bb, e0, y);
+                    bad += memcmp(y, got + (size_t)i * be + e0, sizeof y) != 0;
+                }
+            CHECKF(bad == 0, "%d of %d groups of eight differ", bad, n / 8);
+        }
         free(raw);
         free(got);
         free(want);
