@@ -182,6 +182,8 @@ struct cb_fwd {
     float *logits;  /* [min(n_max, FWD_LOGIT_ROWS), n_vocab] */
     float *dev;     /* [n_max] deviations */
     int32_t n_q;    /* rows whose queries q holds (the last projection of Q) */
+    float *mass;    /* cb_fwd_mass_begin's sum [mass_keys], or NULL */
+    int32_t mass_keys;
 };
 
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
@@ -240,7 +242,8 @@ void cb_fwd_free(cb_fwd *f)
     if (!f)
         return;
     cb_backend *be = f->m->be;
-    float *bufs[] = {f->x, f->xs, f->xn, f->q, f->att, f->k, f->v, f->g, f->u, f->logits, f->dev};
+    float *bufs[] = {f->x, f->xs, f->xn, f->q,      f->att, f->k,
+                     f->v, f->g,  f->u,  f->logits, f->dev, f->mass};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->ops->dealloc(be, bufs[i]);
     free(f->pos);
@@ -880,14 +883,14 @@ cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *
     return cb_backend_status(f->m->be);
 }
 
-cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
-                           int32_t n_keys, float *mass)
+/* cb_fwd_attn_mass's work: the checks, then the layer's mass added into
+ * dm (backend memory [n_keys]) */
+static cb_status mass_into(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
+                           int32_t n_keys, float *dm)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
-    cb_backend *be = m->be;
     int64_t dq = (int64_t)hp->n_head * hp->head_dim;
-    size_t bytes = sizeof(float) * (size_t)n_keys;
 
     if (kv->m != m || layer < 0 || layer >= hp->n_layer || from < 0 || n < 0 || from > f->n_q - n ||
         n_keys < 1 || n_keys > kv->n_ctx)
@@ -897,18 +900,63 @@ cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32
             return CB_ERR_RANGE;
     if (n == 0)
         return CB_OK;
+    kv_after_loads(kv, layer);
+    return cb_backend_attn_mass(m->be, f->q + from * dq, f->q_pos + from, n, kv->k[layer], kv->type,
+                                n_keys, hp->n_head, hp->n_head_kv, hp->head_dim, m->attn_scale,
+                                m->layers[layer].window, dm);
+}
+
+cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
+                           int32_t n_keys, float *mass)
+{
+    cb_backend *be = f->m->be;
+    size_t bytes = sizeof(float) * (size_t)(n_keys > 0 ? n_keys : 1);
+    if (n == 0 || n_keys < 1) /* (checked, nothing to add) */
+        return mass_into(f, kv, layer, from, n, n_keys, NULL);
     float *dm = be_tmp(be, bytes);
     if (!dm)
         return cb_backend_nomem(be);
     be->ops->upload(be, dm, mass, bytes);
-    kv_after_loads(kv, layer);
-    cb_status st = cb_backend_attn_mass(be, f->q + from * dq, f->q_pos + from, n, kv->k[layer],
-                                        kv->type, n_keys, hp->n_head, hp->n_head_kv, hp->head_dim,
-                                        m->attn_scale, m->layers[layer].window, dm);
+    cb_status st = mass_into(f, kv, layer, from, n, n_keys, dm);
     if (st == CB_OK)
         be->ops->download(be, mass, dm, bytes);
     be->ops->dealloc(be, dm);
     return st != CB_OK ? st : cb_backend_status(be);
+}
+
+cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys)
+{
+    cb_backend *be = f->m->be;
+    float *zero;
+    if (f->mass || n_keys < 1)
+        return f->mass ? CB_ERR_INVALID : CB_ERR_RANGE;
+    if (!(zero = calloc((size_t)n_keys, sizeof *zero)))
+        return CB_ERR_NOMEM;
+    if ((f->mass = be_tmp(be, sizeof(float) * (size_t)n_keys)))
+        be->ops->upload(be, f->mass, zero, sizeof(float) * (size_t)n_keys);
+    free(zero);
+    f->mass_keys = n_keys;
+    return f->mass ? cb_backend_status(be) : cb_backend_nomem(be);
+}
+
+cb_status cb_fwd_mass_add(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n)
+{
+    if (!f->mass)
+        return CB_ERR_INVALID;
+    cb_status st = mass_into(f, kv, layer, from, n, f->mass_keys, f->mass);
+    return st != CB_OK ? st : cb_backend_status(f->m->be);
+}
+
+cb_status cb_fwd_mass_end(cb_fwd *f, float *mass)
+{
+    cb_backend *be = f->m->be;
+    if (!f->mass)
+        return mass ? CB_ERR_INVALID : CB_OK;
+    if (mass)
+        be->ops->download(be, mass, f->mass, sizeof(float) * (size_t)f->mass_keys);
+    be->ops->dealloc(be, f->mass);
+    f->mass = NULL;
+    return cb_backend_status(be);
 }
 
 cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int which,

@@ -267,6 +267,15 @@ cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *
  * CB_ERR_NOMEM, CB_ERR_UNSUPPORTED, CB_ERR_DEVICE. */
 cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
                            int32_t n_keys, float *mass);
+/* The same mass summed over layers in the backend's memory, with one copy
+ * back for all of them (a device waits for its queue at each copy back):
+ * cb_fwd_mass_begin starts a sum of n_keys zeros on f (CB_ERR_INVALID when
+ * one is open), each cb_fwd_mass_add adds a layer as cb_fwd_attn_mass
+ * does (the same bits), cb_fwd_mass_end copies the sum into mass (host
+ * [n_keys]; NULL: dropped) and ends it (cb_fwd_free also does). */
+cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys);
+cb_status cb_fwd_mass_add(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n);
+cb_status cb_fwd_mass_end(cb_fwd *f, float *mass);
 /* Blending's selection: recompute K (which 0) or V (1) of `rows` at
  * `layer` from the hidden state (as cb_fwd_layer_qkv), and return in top
  * the k rows whose fresh values are farthest (squared L2) from the cache's

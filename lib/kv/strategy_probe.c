@@ -61,22 +61,31 @@ int32_t blend_probe_pass(const blend_plan *pl, int64_t want)
 
 /* The first pass: blend_probe_pass's layers for the uncached rows, the
  * question's nq last of them (the tail of pl->rows) adding their
- * attention mass over the prompt's rows to mass[total]. */
+ * attention mass over the prompt's rows into mass[total] (summed on the
+ * backend, copied back once). */
 static cb_status probe_scores(blend_plan *pl, int32_t nq, int64_t want, float *mass, int *layer_err,
                               cb_error *err, cb_blend_stats *stats)
 {
     int32_t nl = blend_probe_pass(pl, want);
-    cb_status st;
-    for (int32_t l = 0; l < nl; l++) {
+    cb_status st = CB_OK;
+    if (nl > 0 && (st = cb_fwd_mass_begin(pl->f, (int32_t)pl->total)) != CB_OK)
+        return *layer_err = 1, st;
+    for (int32_t l = 0; l < nl && st == CB_OK; l++) {
         if ((st = blend_wait(pl, l, err)) != CB_OK)
-            return st;
+            break;
         if ((st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK ||
-            (st = cb_fwd_attn_mass(pl->f, pl->kv, l, pl->n_rows - nq, nq, (int32_t)pl->total,
-                                   mass)) != CB_OK)
-            return *layer_err = 1, st;
+            (st = cb_fwd_mass_add(pl->f, pl->kv, l, pl->n_rows - nq, nq)) != CB_OK) {
+            *layer_err = 1;
+            break;
+        }
         stats->probe_layers = l + 1;
     }
-    return CB_OK;
+    if (nl > 0) {
+        cb_status est = cb_fwd_mass_end(pl->f, st == CB_OK ? mass : NULL);
+        if (st == CB_OK && est != CB_OK)
+            st = est, *layer_err = 1;
+    }
+    return st;
 }
 
 /* The second pass must recompute the uncached rows too: from layer 0 on

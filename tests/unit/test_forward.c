@@ -313,30 +313,39 @@ static void test_deviation(void)
     }
 }
 
+/* The fixture model `name` (exact path), a 32-row f16 cache and a pass of
+ * n rows: 0, or -1 after a failed check (the model missing) */
+static int open_fixture(const char *name, int32_t n, cb_model **m, cb_kvcache **kv, cb_fwd **f)
+{
+    const char *tmp = getenv("CB_TEST_TMP");
+    char path[1024];
+    cb_error err;
+    snprintf(path, sizeof path, "%s/%s", tmp ? tmp : "tests/tmp", name);
+    if (cb_model_load(m, path, &T_EXACT, &err) != CB_OK) {
+        CHECKF(0, "%s", err.msg);
+        return -1;
+    }
+    CHECK_OK(cb_kvcache_new(kv, *m, 32, CB_TYPE_F16));
+    CHECK_OK(cb_fwd_new(f, *m, n));
+    return 0;
+}
+
 /* cb_fwd_layer_queries: the queries a layer pass attended with, rows
  * [from, from+n) of that pass, equal those cb_fwd_layer_qkv projects for
  * the same rows alone (same hidden states: taken before the layer runs). */
 static void test_layer_queries(void)
 {
-    const char *tmp = getenv("CB_TEST_TMP");
-    char path[1024];
     cb_model *m = NULL;
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
-    cb_error err;
     int32_t n = 20, toks[20], pos[20], rows[11];
-    snprintf(path, sizeof path, "%s/tiny-qwen3.gguf", tmp ? tmp : "tests/tmp"); /* Q norms too */
     tcase("forward: cb_fwd_layer_queries returns the queries the layer pass computed for its rows");
-    if (cb_model_load(&m, path, &T_EXACT, &err) != CB_OK) {
-        CHECKF(0, "%s", err.msg);
+    if (open_fixture("tiny-qwen3.gguf", n, &m, &kv, &f) != 0) /* Q norms too */
         return;
-    }
     const cb_hparams *hp = cb_model_hparams(m);
     int64_t dq = (int64_t)hp->n_head * hp->head_dim;
     float *want = malloc(sizeof(float) * (size_t)(4 * dq)),
           *got = malloc(sizeof(float) * (size_t)(4 * dq));
-    CHECK_OK(cb_kvcache_new(&kv, m, 32, CB_TYPE_F16));
-    CHECK_OK(cb_fwd_new(&f, m, n));
     for (int32_t i = 0; i < n; i++)
         toks[i] = (i * 29 + 5) % hp->n_vocab, pos[i] = i;
     for (int i = 0; i < 11; i++)
@@ -357,6 +366,52 @@ static void test_layer_queries(void)
     CHECK_OK(cb_fwd_layer_qkv(f, 1, rows, 3, NULL, got, NULL)); /* keys only: q is not touched */
     CHECK(cb_fwd_layer_queries(f, 0, 1, got) == CB_OK); /* K only: the pass's queries stay */
     free(want), free(got);
+    cb_fwd_free(f), cb_kvcache_free(kv), cb_model_free(m);
+}
+
+/* cb_fwd_mass_begin/add/end (probe's score summed in the backend's
+ * memory, copied back once) give, bit for bit, what cb_fwd_attn_mass
+ * accumulates layer by layer on the host; and the sum's misuses fail. */
+static void test_mass_sum(void)
+{
+    cb_model *m = NULL;
+    cb_kvcache *kv = NULL;
+    cb_fwd *f = NULL;
+    int32_t n = 24, toks[24], pos[24], rows[9];
+    float host[24] = {0}, dev[24];
+    tcase(
+        "forward: cb_fwd_mass_* sums the layers' attention mass as cb_fwd_attn_mass does, bit for "
+        "bit; misuse fails");
+    if (open_fixture("tiny-gemma3.gguf", n, &m, &kv, &f) != 0) /* windows too */
+        return;
+    const cb_hparams *hp = cb_model_hparams(m);
+    for (int32_t i = 0; i < n; i++)
+        toks[i] = (i * 31 + 3) % hp->n_vocab, pos[i] = i;
+    for (int i = 0; i < 9; i++)
+        rows[i] = 15 + i; /* the last 9: the "question" */
+    CHECK_OK(cb_fwd_embed(f, toks, pos, n));
+    CHECK(cb_fwd_mass_add(f, kv, 0, 0, 1) == CB_ERR_INVALID); /* no sum open */
+    CHECK(cb_fwd_mass_end(f, dev) == CB_ERR_INVALID);
+    CHECK_OK(cb_fwd_mass_end(f, NULL));
+    CHECK(cb_fwd_mass_begin(f, 0) == CB_ERR_RANGE);
+    CHECK_OK(cb_fwd_mass_begin(f, n));
+    CHECK(cb_fwd_mass_begin(f, n) == CB_ERR_INVALID); /* one at a time */
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        CHECK_OK(cb_fwd_layer(f, kv, l, l == 0 ? NULL : rows, l == 0 ? 0 : 9));
+        int32_t from = l == 0 ? 15 : 0;
+        CHECK_OK(cb_fwd_attn_mass(f, kv, l, from, 9, n, host));
+        CHECK_OK(cb_fwd_mass_add(f, kv, l, from, 9));
+    }
+    CHECK(cb_fwd_mass_add(f, kv, 0, 0, 99) == CB_ERR_RANGE); /* not rows of the last pass */
+    CHECK_OK(cb_fwd_mass_end(f, dev));
+    double total = 0;
+    for (int32_t j = 0; j < n; j++)
+        total += host[j];
+    CHECKF(memcmp(host, dev, sizeof host) == 0 && total > hp->n_layer,
+           "sums differ, or hold no mass (total %g)", total);
+    CHECK_OK(cb_fwd_mass_begin(f, n)); /* dropped, then freed with f */
+    CHECK_OK(cb_fwd_mass_end(f, NULL));
+    CHECK_OK(cb_fwd_mass_begin(f, n));
     cb_fwd_free(f), cb_kvcache_free(kv), cb_model_free(m);
 }
 
@@ -588,6 +643,7 @@ int main(void)
     test_act8("gemma3");
     test_deviation();
     test_layer_queries();
+    test_mass_sum();
     test_last_layer();
     test_errors();
     test_gemma();
