@@ -631,7 +631,8 @@ static void gemv(tctx *t, const cb_bweight *const *w, int nw, const float *x, fl
     gemv_set s;
     memset(&s, 0, sizeof s);
     for (int k = 0; k < nw; k++) {
-        s.w[k] = w[k]->w, s.bias[k] = w[k]->bias, s.y[k] = y[k], s.n_out[k] = w[k]->n_out;
+        s.w[k] = w[k]->q ? (const void *)w[k]->q : w[k]->w; /* the blocks, or the 16-bit copy */
+        s.bias[k] = w[k]->bias, s.y[k] = y[k], s.n_out[k] = w[k]->n_out;
         s.unscale[k] = w[k]->q ? 1.0f : ldexpf(1.0f, -w[k]->e); /* exact */
         s.first[k + 1] = s.first[k] + nblocks(w[k]->n_out, 8);
     }
