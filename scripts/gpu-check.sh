@@ -17,7 +17,9 @@
 #             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 4,
 #             probe, hkvd, and probe with CB_CUDA_MASS=0; full and probe again
 #             with the paths not yet default, CB_CUDA_GEMV=1 CB_CUDA_MEMO=1
-#             CB_CUDA_FUSE=1 CB_CUDA_FA=1), on random-weight
+#             CB_CUDA_FUSE=1 CB_CUDA_FA=1), then full and probe once more each
+#             way under CB_BACKEND_PROFILE=1 (each operation's calls and
+#             host time), on random-weight
 #             models of SmolLM2's and Qwen2.5-1.5B's shape (their logits are
 #             too chaotic to compare devices on: device does that, on SmolLM2)
 #   bench     bench_engine on CUDA and on the CPU, warm, on a random-weight
@@ -148,6 +150,17 @@ blend() {
             done
             echo "$m $spec ttft_ms $best $(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print("prompt", s["n_prompt_tokens"], "recomputed", s["n_recomputed_tokens"])' "$d/s.json")"
             echo "  last run's --stats: $(tr -d '\n ' < "$d/s.json" | cut -c1-1500)"
+        done
+        # where the time goes: each backend operation's calls and host time
+        # (CB_BACKEND_PROFILE=1; on the device, issuing it and any wait in it),
+        # full prefill and probe, as they are and with the paths not yet default
+        for next in 0 1; do
+            for mode in full blend; do
+                echo "$m $mode, CB_CUDA_GEMV/MEMO/FUSE/FA=$next, CB_BACKEND_PROFILE=1:"
+                CB_BACKEND_PROFILE=1 CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_FA=$next \
+                    "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" \
+                    -n 1 -p "$q" 2>&1 >/dev/null | grep '^#' | head -24
+            done
         done
     done
     rm -rf "$d"

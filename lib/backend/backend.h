@@ -272,6 +272,14 @@ static inline void cb_backend_fail(cb_backend *b, cb_status st, const char *fmt,
  * when $CB_BACKEND_FAIL_AT is n.  Errors: CB_ERR_NOMEM, CB_ERR_INVALID. */
 cb_status cb_backend_fail_at(cb_backend *b, long n);
 
+/* The operation profile, for finding where a run's time goes: the same
+ * wrapping table times every operation (host time in the call, all
+ * threads: on the CPU the work itself, on a device the issuing and any
+ * wait) and, when the backend is freed, prints each operation's calls and
+ * time on stderr.  cb_backend_open calls it when $CB_BACKEND_PROFILE is 1.
+ * Errors: CB_ERR_NOMEM. */
+cb_status cb_backend_profile(cb_backend *b);
+
 /* The CPU backend: weights computed on in their GGUF types (AVX2 kernels
  * chosen at run time, else portable C), OpenBLAS sgemm on dequantized panels
  * for large batches, one persistent thread pool.  n_threads <= 0: the
@@ -284,7 +292,8 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd);
  * "cuda:N", or "auto" for CUDA device 0 when one is present, else the CPU.  The
  * CUDA backend lives in a module, libcbcore-cuda.so, loaded on demand so
  * that programs start without the CUDA libraries on machines without a
- * GPU.  $CB_BACKEND_FAIL_AT=N injects faults (cb_backend_fail_at).
+ * GPU.  $CB_BACKEND_FAIL_AT=N injects faults (cb_backend_fail_at),
+ * $CB_BACKEND_PROFILE=1 profiles the operations (cb_backend_profile).
  * Errors: CB_ERR_INVALID (a malformed name, or $CB_BACKEND_FAIL_AT not a
  * count), CB_ERR_DEVICE (no CUDA module, or no usable device),
  * CB_ERR_NOMEM. */

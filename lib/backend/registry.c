@@ -124,13 +124,20 @@ static cb_status open_cpu(cb_backend **out, int n_threads, cb_error *err)
     return *out ? CB_OK : cb_error_set(err, CB_ERR_NOMEM, "cpu: cannot start the CPU backend");
 }
 
-/* $CB_BACKEND_FAIL_AT=N: the tests' fault injection (cb_backend_fail_at). */
+/* $CB_BACKEND_FAIL_AT=N: the tests' fault injection (cb_backend_fail_at);
+ * $CB_BACKEND_PROFILE=1: the operation profile (cb_backend_profile). */
 static cb_status inject_faults(cb_backend **out, cb_error *err)
 {
-    const char *env = getenv("CB_BACKEND_FAIL_AT");
+    const char *env = getenv("CB_BACKEND_FAIL_AT"), *prof = getenv("CB_BACKEND_PROFILE");
     char *end;
     long n;
-    cb_status st;
+    cb_status st = CB_OK;
+    if (prof && strcmp(prof, "1") == 0 && (st = cb_backend_profile(*out)) != CB_OK) {
+        cb_error_set(err, st, "CB_BACKEND_PROFILE: %s", cb_strerror(st));
+        (*out)->ops->free(*out);
+        *out = NULL;
+        return st;
+    }
     if (!env || !*env)
         return CB_OK;
     n = strtol(env, &end, 10);

@@ -67,4 +67,30 @@ grep -q '"error":".*injected device fault' "$T/b.jsonl" && ok "... each answer's
 
 sweep "cb-precompute" 2 2000 "$PRE" -m "$M" --store "$T/store2" -q "$T/chunks.jsonl"
 sweep "cb-profile" 11 4000 "$PROF" -m "$M" --store "$T/store3" --no-write --lengths 32 --ratios 0.5 --repeat 1
+
+# The same wrapping table's other use: $CB_BACKEND_PROFILE=1 times every
+# operation and prints a table on stderr as the backend closes; the answer
+# is the unprofiled one
+CB_BACKEND_PROFILE=1 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -p "Who built the bridge?" -n 6 \
+    > "$T/p.txt" 2> "$T/p.err"; rc=$?
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -p "Who built the bridge?" -n 6 > "$T/p0.txt" 2>/dev/null
+[ "$rc" = 0 ] && cmp -s "$T/p.txt" "$T/p0.txt" && ok "CB_BACKEND_PROFILE=1: the same answer" ||
+    not_ok "CB_BACKEND_PROFILE=1: the same answer (exit $rc)"
+# a table: the header, the products and attention with their calls, a total
+# equal to the sum of the rows' calls
+python3 - "$T/p.err" <<'PY' && ok "CB_BACKEND_PROFILE=1: each operation's calls and time on stderr" ||
+import re, sys
+t = open(sys.argv[1]).read()
+rows = {m[1]: (int(m[2]), float(m[3])) for m in re.finditer(r"^# (\w+) +(\d+) +([\d.]+)", t, re.M)}
+ok = "# backend profile (CB_BACKEND_PROFILE): cpu" in t and "all" in rows
+ok = ok and rows.get("matmul", rows.get("matmul_multi", (0, 0)))[0] > 0 and rows.get("attention", (0, 0))[0] > 0
+ok = ok and rows["all"][0] == sum(c for k, (c, _) in rows.items() if k != "all")
+sys.exit(0 if ok else 1)
+PY
+    { not_ok "CB_BACKEND_PROFILE=1: each operation's calls and time on stderr"; head -c 600 "$T/p.err" | sed 's/^/#   /'; }
+# with the fault injection too: the fault as before, and the profile of what ran
+CB_BACKEND_PROFILE=1 CB_BACKEND_FAIL_AT=30 "$RUN" -m "$M" -p "abc" -n 4 > /dev/null 2> "$T/pf.err"; rc=$?
+[ "$rc" = 69 ] && grep -q "injected device fault at backend operation 30" "$T/pf.err" &&
+    grep -q "^# backend profile" "$T/pf.err" && ok "CB_BACKEND_PROFILE=1 with CB_BACKEND_FAIL_AT: both" ||
+    not_ok "CB_BACKEND_PROFILE=1 with CB_BACKEND_FAIL_AT: both (exit $rc)"
 done_testing
