@@ -76,7 +76,7 @@ static fault_ops *FO(cb_backend *b) { return (fault_ops *)(void *)b->ops; }
 
 /* Count one operation; nonzero when it must fail (the backend has a fault,
  * recorded now when this is the n-th operation). */
-static int hit(cb_backend *b, const char *op)
+static int hit(cb_backend *b, int op)
 {
     fault_ops *fo = FO(b);
     if (cb_backend_status(b) != CB_OK)
@@ -86,7 +86,7 @@ static int hit(cb_backend *b, const char *op)
         return 0;
     cb_backend_fail(b, CB_ERR_DEVICE,
                     "%s: %s: injected device fault at backend operation %ld (CB_BACKEND_FAIL_AT)",
-                    fo->inner->name, op, n);
+                    fo->inner->name, op_name[op], n);
     return 1;
 }
 
@@ -110,15 +110,15 @@ static void t_end(cb_backend *b, int op, double t0)
         call;                    \
         t_end(b, OP_##op, t0_);  \
     } while (0)
-#define VOID_OP(op, call)  \
-    do {                   \
-        if (!hit(b, #op))  \
-            RUN(op, call); \
+#define VOID_OP(op, call)     \
+    do {                      \
+        if (!hit(b, OP_##op)) \
+            RUN(op, call);    \
     } while (0)
 #define PTR_OP(op, type, call)  \
     do {                        \
         type r_ = NULL;         \
-        if (!hit(b, #op))       \
+        if (!hit(b, OP_##op))   \
             RUN(op, r_ = call); \
         return r_;              \
     } while (0)

@@ -126,7 +126,7 @@ static cb_status open_cpu(cb_backend **out, int n_threads, cb_error *err)
 
 /* $CB_BACKEND_FAIL_AT=N: the tests' fault injection (cb_backend_fail_at);
  * $CB_BACKEND_PROFILE=1: the operation profile (cb_backend_profile). */
-static cb_status inject_faults(cb_backend **out, cb_error *err)
+static cb_status wrap_ops(cb_backend **out, cb_error *err)
 {
     const char *env = getenv("CB_BACKEND_FAIL_AT"), *prof = getenv("CB_BACKEND_PROFILE");
     char *end;
@@ -183,5 +183,5 @@ cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, c
 {
     *out = NULL;
     cb_status st = open_device(out, device, n_threads, err);
-    return st == CB_OK ? inject_faults(out, err) : st;
+    return st == CB_OK ? wrap_ops(out, err) : st;
 }

@@ -666,7 +666,7 @@ static void gemv(tctx *t, const cb_bweight *const *w, int nw, const float *x, fl
  * scale, t->scal->alpha undoes both. */
 static void matmul_tiles(tctx *t, const cb_bweight *w, const void *act, float *y, int64_t n)
 {
-    const int64_t n_in = w->n_in, n_out = w->n_out, chunk = dq_rows(n_in) < n_out ? dq_rows(n_in) : n_out;
+    const int64_t n_in = w->n_in, n_out = w->n_out, rows = dq_rows(n_in), chunk = rows < n_out ? rows : n_out;
     float *f32 = (float *)keep_on(t, &t->tile32, sizeof(float) * (size_t)(chunk * n_in));
     __half *h = (__half *)keep_on(t, &t->tile16, sizeof(__half) * (size_t)(chunk * n_in));
     if (!f32 || !h)
