@@ -910,9 +910,9 @@ cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32
                            int32_t n_keys, float *mass)
 {
     cb_backend *be = f->m->be;
-    size_t bytes = sizeof(float) * (size_t)(n_keys > 0 ? n_keys : 1);
     if (n == 0 || n_keys < 1) /* (checked, nothing to add) */
         return mass_into(f, kv, layer, from, n, n_keys, NULL);
+    size_t bytes = sizeof(float) * (size_t)n_keys;
     float *dm = be_tmp(be, bytes);
     if (!dm)
         return cb_backend_nomem(be);
