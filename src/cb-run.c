@@ -82,6 +82,9 @@ static void usage(FILE *f)
         "                     tokens for half the budget, each with the token after it\n"
         "      --probe-rows N  probe scores by the attention of the question's last N\n"
         "                     tokens (default 0: all of its tokens)\n"
+        "      --probe-weight W  value (default): probe counts each head's attention\n"
+        "                     to a token times the norm of the token's value in that\n"
+        "                     head; none: the attention alone\n"
         "      --probe-depth F  probe's first pass runs and scores the first F of the\n"
         "                     layers, 0 < F <= 1; default 0: by cost, every layer while\n"
         "                     that pass costs at most a quarter of the second, else fewer,\n"
@@ -178,6 +181,7 @@ enum {
     OPT_MASS,
     OPT_MAXRATIO,
     OPT_PROBEROWS,
+    OPT_PROBEWEIGHT,
     OPT_PROBEDEPTH,
     OPT_KEYTEMP,
     OPT_BATCH,
@@ -528,6 +532,8 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         bs->overlapped_ms, "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes,
         "probe_rows", bp->probe_rows, "probe_depth", (double)bp->probe_depth, "probe_layers",
         bs->probe_layers, "key_temp", (double)bs->key_temp);
+    if (s)
+        json_object_set_new(s, "probe_weight", json_string(bp->probe_values ? "value" : "none"));
     if (s) {
         json_object_set_new(s, "n_chunks_after", json_integer(ss->n_after));
         json_object_set_new(s, "strategy_used",
@@ -1062,7 +1068,8 @@ static int parse_ratios(const char *arg, cb_blend_params *bp)
 /* Blending and cache options; 1 when c is not one of them, -1 on a usage error. */
 static int blend_opt(gen_opts *o, int c, const char *arg)
 {
-    static const char *const devs[] = {"k", "v"}, *const kv_types[] = {"f16", "f32"};
+    static const char *const devs[] = {"k", "v"}, *const kv_types[] = {"f16", "f32"},
+                             *const weights[] = {"value", "none"};
     double d;
     int e;
     switch (c) {
@@ -1119,6 +1126,11 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         return cli_parse_num("--probe-rows", arg, 0, 1 << 20, &d)
                    ? -1
                    : (o->bp.probe_rows = (int32_t)d, 0);
+    case OPT_PROBEWEIGHT:
+        if (cli_parse_enum("--probe-weight", arg, weights, 2, &e))
+            return -1;
+        o->bp.probe_values = e == 0;
+        return 0;
     case OPT_PROBEDEPTH:
         return cli_parse_num("--probe-depth", arg, 0, 1, &d) ? -1
                                                              : (o->bp.probe_depth = (float)d, 0);
@@ -1231,6 +1243,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"mass", required_argument, 0, OPT_MASS},
         {"max-ratio", required_argument, 0, OPT_MAXRATIO},
         {"probe-rows", required_argument, 0, OPT_PROBEROWS},
+        {"probe-weight", required_argument, 0, OPT_PROBEWEIGHT},
         {"probe-depth", required_argument, 0, OPT_PROBEDEPTH},
         {"key-temp", required_argument, 0, OPT_KEYTEMP},
         {"batch", no_argument, 0, OPT_BATCH},

@@ -155,10 +155,13 @@ typedef struct cb_backend_ops {
      * 0..pos[i] of k (type t, rows of n_head_kv*hd; window > 0: only
      * pos[i]-window+1..pos[i]); each head's softmax probabilities are added
      * to mass [n_keys] (backend), head by head, each head's rows in order.
+     * With v (the value cache, as k) each head's probability of key j is
+     * first multiplied by the L2 norm of v's row j in the head's KV head
+     * (the norm in f32, in order over the head dimension); NULL: as is.
      * Errors: CB_ERR_NOMEM (scratch), a device's CB_ERR_DEVICE. */
     cb_status (*attn_mass)(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
-                           const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
-                           int hd, float scale, int window, float *mass);
+                           const void *k, const void *v, cb_type t, int64_t n_keys, int n_head,
+                           int n_head_kv, int hd, float scale, int window, float *mass);
     /* Optional (NULL: the backend has no such mode): on != 0 (the CPU's
      * default) makes every product with block-quantized weights quantize
      * its activations to 8 bits (llama.cpp's way: faster, not exact; the
@@ -300,19 +303,20 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd);
 cb_status cb_backend_open(cb_backend **out, const char *device, int n_threads, cb_error *err);
 
 /* attn_mass on any backend: its operation, or where it has none the
- * CPU's on host copies of q, the cache's first n_keys rows and mass
+ * CPU's on host copies of q, the caches' first n_keys rows and mass
  * (downloaded, computed, mass uploaded back).  Errors: the operation's;
  * CB_ERR_UNSUPPORTED when neither can run (no operation, no OpenBLAS). */
 cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
-                               const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
-                               int hd, float scale, int window, float *mass);
+                               const void *k, const void *v, cb_type t, int64_t n_keys, int n_head,
+                               int n_head_kv, int hd, float scale, int window, float *mass);
 
 /* The module's one entry point (lib/cuda/cuda.cu).  Returns a cb_status;
  * on failure msg holds the reason.  The interface's version counts changes
  * to this table and to struct cb_backend (5: attn_mass added, and the
- * fault fields; 6: rope_qk and kv_write_kv; 7: add_rmsnorm). */
+ * fault fields; 6: rope_qk and kv_write_kv; 7: add_rmsnorm; 8: attn_mass's
+ * value cache). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 7
+#define CB_CUDA_ABI 8
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

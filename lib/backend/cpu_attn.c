@@ -375,12 +375,13 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
 
 /* ------------------------------------------------------ attention mass */
 
-/* attn_mass on host memory (keys f32 [n_keys, n_head_kv*hd]): each head's
- * logits of every row over every key are one product into s [n, n_keys];
- * each row's softmax over the keys its mask leaves it, added to mass. */
+/* attn_mass on host memory (keys f32 [n_keys, n_head_kv*hd]; vn NULL or
+ * the value rows' norms [n_keys, n_head_kv]): each head's logits of every
+ * row over every key are one product into s [n, n_keys]; each row's
+ * softmax over the keys its mask leaves it, times vn, added to mass. */
 static cb_status mass_host(const float *q, const int32_t *pos, int64_t n, const float *keys,
-                           int64_t n_keys, int n_head, int n_head_kv, int hd, float scale,
-                           int window, qmm_exp_sum_fn exp_sum, float *restrict mass)
+                           const float *vn, int64_t n_keys, int n_head, int n_head_kv, int hd,
+                           float scale, int window, qmm_exp_sum_fn exp_sum, float *restrict mass)
 {
     int64_t dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
     int grp = n_head / n_head_kv;
@@ -402,12 +403,34 @@ static cb_status mass_host(const float *q, const int32_t *pos, int64_t n, const 
                 for (int64_t j = j0; j < e; j++)
                     sum += (a[j] = expf(a[j] - mx));
             float inv = 1.0f / sum;
-            for (int64_t j = j0; j < e; j++)
-                mass[j] += a[j] * inv;
+            if (vn)
+                for (int64_t j = j0; j < e; j++)
+                    mass[j] += a[j] * inv * vn[j * n_head_kv + h / grp];
+            else
+                for (int64_t j = j0; j < e; j++)
+                    mass[j] += a[j] * inv;
         }
     }
     free(s);
     return CB_OK;
+}
+
+/* the L2 norms of the first n rows of a value cache (type t: f16, or f32
+ * [n, n_kv*hd]), each KV head's slice of a row: [n, n_kv], each a sum in
+ * order of the values as f32 */
+static float *value_norms(const void *v, cb_type t, int64_t n, int n_kv, int hd)
+{
+    float *vn = malloc(sizeof(float) * (size_t)(n * n_kv));
+    for (int64_t j = 0; vn && j < n * n_kv; j++) {
+        float s2 = 0.0f;
+        for (int e = 0; e < hd; e++) {
+            float x = t == CB_TYPE_F32 ? ((const float *)v)[j * hd + e]
+                                       : (float)((const _Float16 *)v)[j * hd + e];
+            s2 += x * x;
+        }
+        vn[j] = sqrtf(s2);
+    }
+    return vn;
 }
 
 /* the cache's first n rows as f32 [n, width] (as kv_read converts them) */
@@ -425,26 +448,28 @@ static float *keys_f32(const void *k, cb_type t, int64_t width, int64_t n)
 }
 
 cb_status cpu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
-                        cb_type t, int64_t n_keys, int n_head, int n_head_kv, int hd, float scale,
-                        int window, float *mass)
+                        const void *v, cb_type t, int64_t n_keys, int n_head, int n_head_kv, int hd,
+                        float scale, int window, float *mass)
 {
     if (n == 0)
         return CB_OK;
     float *keys = keys_f32(k, t, (int64_t)n_head_kv * hd, n_keys);
-    if (!keys)
-        return CB_ERR_NOMEM;
-    cb_blas_single();
-    cb_status st = mass_host(q, pos, n, keys, n_keys, n_head, n_head_kv, hd, scale, window,
-                             CTX(b)->exp_sum, mass);
-    free(keys);
+    float *vn = v ? value_norms(v, t, n_keys, n_head_kv, hd) : NULL;
+    cb_status st = CB_ERR_NOMEM;
+    if (keys && (!v || vn)) {
+        cb_blas_single();
+        st = mass_host(q, pos, n, keys, vn, n_keys, n_head, n_head_kv, hd, scale, window,
+                       CTX(b)->exp_sum, mass);
+    }
+    free(keys), free(vn);
     return st;
 }
 
 /* A backend without attn_mass: the host computes it as the CPU does, on
  * copies (what blending did for every backend before the operation). */
 static cb_status mass_fallback(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
-                               const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
-                               int hd, float scale, int window, float *mass)
+                               const void *k, const void *v, cb_type t, int64_t n_keys, int n_head,
+                               int n_head_kv, int hd, float scale, int window, float *mass)
 {
     int64_t w = (int64_t)n_head_kv * hd, dq = (int64_t)n_head * hd;
     cb_status st = CB_ERR_NOMEM;
@@ -453,38 +478,45 @@ static cb_status mass_fallback(cb_backend *b, const float *q, const int32_t *pos
     int32_t *at = malloc(sizeof(int32_t) * (size_t)n_keys);
     float *hq = malloc(sizeof(float) * (size_t)(n * dq)),
           *hk = malloc(sizeof(float) * (size_t)(n_keys * w)),
+          *hv = v ? malloc(sizeof(float) * (size_t)(n_keys * w)) : NULL, *vn = NULL,
           *hm = malloc(sizeof(float) * (size_t)n_keys);
     float *tmp = b->ops->alloc_tmp ? b->ops->alloc_tmp(b, sizeof(float) * (size_t)(n_keys * w))
                                    : b->ops->alloc(b, sizeof(float) * (size_t)(n_keys * w));
-    if (at && hq && hk && hm && tmp) {
+    if (at && hq && hk && (!v || hv) && hm && tmp) {
         for (int64_t j = 0; j < n_keys; j++)
             at[j] = (int32_t)j;
+        if (v) {
+            b->ops->kv_read(b, v, t, w, at, n_keys, tmp);
+            b->ops->download(b, hv, tmp, sizeof(float) * (size_t)(n_keys * w));
+            vn = value_norms(hv, CB_TYPE_F32, n_keys, n_head_kv, hd);
+        }
         b->ops->kv_read(b, k, t, w, at, n_keys, tmp);
         b->ops->download(b, hk, tmp, sizeof(float) * (size_t)(n_keys * w));
         b->ops->download(b, hq, q, sizeof(float) * (size_t)(n * dq));
         b->ops->download(b, hm, mass, sizeof(float) * (size_t)n_keys);
-        st = mass_host(hq, pos, n, hk, n_keys, n_head, n_head_kv, hd, scale, window, qmm_exp_sum(1),
-                       hm);
+        if (!v || vn)
+            st = mass_host(hq, pos, n, hk, vn, n_keys, n_head, n_head_kv, hd, scale, window,
+                           qmm_exp_sum(1), hm);
         if (st == CB_OK)
             b->ops->upload(b, mass, hm, sizeof(float) * (size_t)n_keys);
     }
     if (tmp)
         b->ops->dealloc(b, tmp);
-    free(at), free(hq), free(hk), free(hm);
+    free(at), free(hq), free(hk), free(hv), free(vn), free(hm);
     return st;
 }
 
 cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
-                               const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
-                               int hd, float scale, int window, float *mass)
+                               const void *k, const void *v, cb_type t, int64_t n_keys, int n_head,
+                               int n_head_kv, int hd, float scale, int window, float *mass)
 {
     cb_status st = cb_backend_status(b); /* after a fault: nothing (backend.h) */
     if (st != CB_OK)
         return st;
     if (b->ops->attn_mass)
-        return b->ops->attn_mass(b, q, pos, n, k, t, n_keys, n_head, n_head_kv, hd, scale, window,
-                                 mass);
+        return b->ops->attn_mass(b, q, pos, n, k, v, t, n_keys, n_head, n_head_kv, hd, scale,
+                                 window, mass);
     if (n == 0)
         return CB_OK;
-    return mass_fallback(b, q, pos, n, k, t, n_keys, n_head, n_head_kv, hd, scale, window, mass);
+    return mass_fallback(b, q, pos, n, k, v, t, n_keys, n_head, n_head_kv, hd, scale, window, mass);
 }

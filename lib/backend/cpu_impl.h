@@ -83,7 +83,7 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
                    const void *v, cb_type t, int n_head, int n_head_kv, int hd, float scale,
                    int window, float *out);
 cb_status cpu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
-                        cb_type t, int64_t n_keys, int n_head, int n_head_kv, int hd, float scale,
-                        int window, float *mass);
+                        const void *v, cb_type t, int64_t n_keys, int n_head, int n_head_kv, int hd,
+                        float scale, int window, float *mass);
 
 #endif

@@ -320,11 +320,11 @@ static void f_topk(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t 
 
 /* timed, not counted for faults (it was not, and the fault tests' counts stand) */
 static cb_status f_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
-                             const void *k, cb_type t, int64_t n_keys, int n_head, int n_head_kv,
-                             int hd, float scale, int window, float *mass)
+                             const void *k, const void *v, cb_type t, int64_t n_keys, int n_head,
+                             int n_head_kv, int hd, float scale, int window, float *mass)
 {
     cb_status st;
-    RUN(attn_mass, st = INNER(b)->attn_mass(b, q, pos, n, k, t, n_keys, n_head, n_head_kv, hd,
+    RUN(attn_mass, st = INNER(b)->attn_mass(b, q, pos, n, k, v, t, n_keys, n_head, n_head_kv, hd,
                                             scale, window, mass));
     return st;
 }

@@ -523,7 +523,8 @@ cudaError_t cu_attention_setup(const cudaDeviceProp *prop, size_t *smem, size_t 
  *     and 1 / sum e^(s - m) over the keys its mask leaves it;
  *   k_mass_head: per (tile of MASS_KT keys, head): each thread a key, the
  *     sum over the query rows (MASS_RC at a time through shared memory) of
- *     e^(s - m) / l, to part[head][key];
+ *     e^(s - m) / l, times the norm of the key's value row in the head's
+ *     KV head where v is given, to part[head][key];
  *   k_mass_add: mass[key] += the heads' sums, head by head.
  * Logits are f32 dot products in order over the head dimension (the CPU's
  * come from sgemm: test_backend_ops bounds the difference). */
@@ -579,8 +580,8 @@ __global__ void __launch_bounds__(MASS_NT)
 
 template <typename T>
 __global__ void __launch_bounds__(MASS_KT)
-    k_mass_head(const float *q, const int32_t *pos, int64_t n, const T *k, int64_t n_keys, int n_head, int n_head_kv,
-                int hd, float scale, int window, const float2 *ml, float *part)
+    k_mass_head(const float *q, const int32_t *pos, int64_t n, const T *k, const T *v, int64_t n_keys, int n_head,
+                int n_head_kv, int hd, float scale, int window, const float2 *ml, float *part)
 {
     extern __shared__ float sm[];
     const int ldk = hd + 1; /* padded: threads read different key rows */
@@ -611,8 +612,18 @@ __global__ void __launch_bounds__(MASS_KT)
             sum += expf(s - mi.x) * mi.y;
         }
     }
-    if (key < n_keys)
-        part[(int64_t)h * n_keys + key] = sum;
+    if (key >= n_keys)
+        return;
+    if (v) { /* the value row's norm: f32, in order over the head dimension, as the CPU's */
+        const T *vr = v + key * ldkv + (int64_t)kvh * hd;
+        float s2 = 0.0f;
+        for (int d = 0; d < hd; d++) {
+            const float x = ld<T>(vr[d]);
+            s2 += x * x;
+        }
+        sum *= sqrtf(s2);
+    }
+    part[(int64_t)h * n_keys + key] = sum;
 }
 
 __global__ void k_mass_add(const float *part, int64_t n_keys, int n_head, float *mass)
@@ -631,8 +642,9 @@ static size_t mass_smem(int hd)
     return sizeof(float) * (size_t)(MASS_KT * (hd + 1) + MASS_RC * hd);
 }
 
-cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, cb_type ty,
-                       int64_t n_keys, int n_head, int n_head_kv, int hd, float scale, int window, float *mass)
+cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
+                       cb_type ty, int64_t n_keys, int n_head, int n_head_kv, int hd, float scale, int window,
+                       float *mass)
 {
     tctx *t = T(b, "attn_mass");
     if (n == 0 || n_keys == 0)
@@ -663,14 +675,14 @@ cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_
         k_mass_norm<float><<<gn, MASS_NT, 0, t->s>>>(q, dpos, (const float *)k, n_head, n_head_kv, hd, scale, window,
                                                      ml);
         CKL();
-        k_mass_head<float><<<gh, MASS_KT, smem, t->s>>>(q, dpos, n, (const float *)k, n_keys, n_head, n_head_kv, hd,
-                                                        scale, window, ml, part);
+        k_mass_head<float><<<gh, MASS_KT, smem, t->s>>>(q, dpos, n, (const float *)k, (const float *)v, n_keys,
+                                                        n_head, n_head_kv, hd, scale, window, ml, part);
     } else {
         k_mass_norm<__half><<<gn, MASS_NT, 0, t->s>>>(q, dpos, (const __half *)k, n_head, n_head_kv, hd, scale,
                                                       window, ml);
         CKL();
-        k_mass_head<__half><<<gh, MASS_KT, smem, t->s>>>(q, dpos, n, (const __half *)k, n_keys, n_head, n_head_kv,
-                                                         hd, scale, window, ml, part);
+        k_mass_head<__half><<<gh, MASS_KT, smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v, n_keys,
+                                                         n_head, n_head_kv, hd, scale, window, ml, part);
     }
     CKL();
     LAUNCH_1D(t, n_keys, k_mass_add, part, n_keys, n_head, mass);

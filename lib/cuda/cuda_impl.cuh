@@ -246,10 +246,11 @@ enum { CU_ATT_HD_MAX = 256 };
 cudaError_t cu_attention_setup(const cudaDeviceProp *prop, size_t *smem, size_t *fa_smem);
 void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
                   cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out);
-/* backend.h's attn_mass (in the table only under CB_CUDA_MASS=1 until a GPU
- * run has checked it; without it, blending copies to the host) */
-cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, cb_type ty,
-                       int64_t n_keys, int n_head, int n_head_kv, int hd, float scale, int window, float *mass);
+/* backend.h's attn_mass (in the table unless CB_CUDA_MASS=0, which scores
+ * on the host from copies) */
+cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
+                       cb_type ty, int64_t n_keys, int n_head, int n_head_kv, int hd, float scale, int window,
+                       float *mass);
 
 /* cuda_ops.cu */
 void cu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n, int64_t d, float eps);

@@ -226,7 +226,7 @@ typedef struct cb_blend_params {
     int sequential_load;                    /* 1: load every layer before computing */
     double load_limit_mbs;                  /* > 0: throttle KV reads to this many MB/s */
     float adapt_mass, adapt_min, adapt_max; /* probe, mass > 0: the ratio holding that share */
-    int32_t probe_rows;                     /* probe: the last probe_rows question rows; 0: all */
+    int32_t probe_rows, probe_values;       /* probe: the question's last rows (0: all); 1: x |V| */
     float probe_depth;                      /* probe: share of the layers scored; 0: by cost */
     float key_temp, speedup; /* keys / key_temp, 0: the model's; > 0: the ratio by rows, 0: given */
 } cb_blend_params;

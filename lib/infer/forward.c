@@ -173,17 +173,17 @@ struct cb_fwd {
     int32_t *eval_tok; /* host [n_max]: cb_fwd_decode's tokens, padding rows included */
     float *zero_row;   /* host [H*hd] zeros: a padding row's attention output */
     /* backend buffers */
-    float *x;       /* [n_max, d] hidden state of every embedded row */
-    float *xs;      /* [n_max, d] the selected rows, compacted */
-    float *xn;      /* [n_max, d] */
-    float *q, *att; /* [n_max, H*hd] */
-    float *k, *v;   /* [n_max, Hkv*hd] */
-    float *g, *u;   /* [n_max, n_ff] */
-    float *logits;  /* [min(n_max, FWD_LOGIT_ROWS), n_vocab] */
-    float *dev;     /* [n_max] deviations */
-    int32_t n_q;    /* rows whose queries q holds (the last projection of Q) */
-    float *mass;    /* cb_fwd_mass_begin's sum [mass_keys], or NULL */
-    int32_t mass_keys;
+    float *x;                  /* [n_max, d] hidden state of every embedded row */
+    float *xs;                 /* [n_max, d] the selected rows, compacted */
+    float *xn;                 /* [n_max, d] */
+    float *q, *att;            /* [n_max, H*hd] */
+    float *k, *v;              /* [n_max, Hkv*hd] */
+    float *g, *u;              /* [n_max, n_ff] */
+    float *logits;             /* [min(n_max, FWD_LOGIT_ROWS), n_vocab] */
+    float *dev;                /* [n_max] deviations */
+    int32_t n_q;               /* rows whose queries q holds (the last projection of Q) */
+    float *mass;               /* cb_fwd_mass_begin's sum [mass_keys], or NULL */
+    int32_t mass_keys, mass_v; /* its keys; weighted by the value norms */
 };
 
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
@@ -886,7 +886,7 @@ cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *
 /* cb_fwd_attn_mass's work: the checks, then the layer's mass added into
  * dm (backend memory [n_keys]) */
 static cb_status mass_into(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
-                           int32_t n_keys, float *dm)
+                           int32_t n_keys, int by_value, float *dm)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -901,30 +901,31 @@ static cb_status mass_into(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32
     if (n == 0)
         return CB_OK;
     kv_after_loads(kv, layer);
-    return cb_backend_attn_mass(m->be, f->q + from * dq, f->q_pos + from, n, kv->k[layer], kv->type,
-                                n_keys, hp->n_head, hp->n_head_kv, hp->head_dim, m->attn_scale,
-                                m->layers[layer].window, dm);
+    return cb_backend_attn_mass(m->be, f->q + from * dq, f->q_pos + from, n, kv->k[layer],
+                                by_value ? kv->v[layer] : NULL, kv->type, n_keys, hp->n_head,
+                                hp->n_head_kv, hp->head_dim, m->attn_scale, m->layers[layer].window,
+                                dm);
 }
 
 cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
-                           int32_t n_keys, float *mass)
+                           int32_t n_keys, int by_value, float *mass)
 {
     cb_backend *be = f->m->be;
     if (n == 0 || n_keys < 1) /* (checked, nothing to add) */
-        return mass_into(f, kv, layer, from, n, n_keys, NULL);
+        return mass_into(f, kv, layer, from, n, n_keys, by_value, NULL);
     size_t bytes = sizeof(float) * (size_t)n_keys;
     float *dm = be_tmp(be, bytes);
     if (!dm)
         return cb_backend_nomem(be);
     be->ops->upload(be, dm, mass, bytes);
-    cb_status st = mass_into(f, kv, layer, from, n, n_keys, dm);
+    cb_status st = mass_into(f, kv, layer, from, n, n_keys, by_value, dm);
     if (st == CB_OK)
         be->ops->download(be, mass, dm, bytes);
     be->ops->dealloc(be, dm);
     return st != CB_OK ? st : cb_backend_status(be);
 }
 
-cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys)
+cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys, int by_value)
 {
     cb_backend *be = f->m->be;
     float *zero;
@@ -936,6 +937,7 @@ cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys)
         be->ops->upload(be, f->mass, zero, sizeof(float) * (size_t)n_keys);
     free(zero);
     f->mass_keys = n_keys;
+    f->mass_v = by_value != 0;
     return f->mass ? cb_backend_status(be) : cb_backend_nomem(be);
 }
 
@@ -943,7 +945,7 @@ cb_status cb_fwd_mass_add(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_
 {
     if (!f->mass)
         return CB_ERR_INVALID;
-    cb_status st = mass_into(f, kv, layer, from, n, f->mass_keys, f->mass);
+    cb_status st = mass_into(f, kv, layer, from, n, f->mass_keys, f->mass_v, f->mass);
     return st != CB_OK ? st : cb_backend_status(f->m->be);
 }
 

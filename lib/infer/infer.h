@@ -261,19 +261,22 @@ cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *
  * the engine's mask lets the row see (0..its position; on a
  * sliding-window layer the last `window` of them), added to mass[j] for
  * every key j < n_keys (host [n_keys], accumulated: the caller zeroes it
- * once and sums layers into it).  Computed on the model's backend where it
- * has the operation, else on the host.  Errors: CB_ERR_RANGE (not rows of
- * that call, a position at or past n_keys, n_keys past the cache),
+ * once and sums layers into it); with by_value, each probability times the
+ * L2 norm of key j's value row in the head's KV head (what the token adds
+ * to the head's output scales with it).  Computed on the model's backend
+ * where it has the operation, else on the host.  Errors: CB_ERR_RANGE (not
+ * rows of that call, a position at or past n_keys, n_keys past the cache),
  * CB_ERR_NOMEM, CB_ERR_UNSUPPORTED, CB_ERR_DEVICE. */
 cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
-                           int32_t n_keys, float *mass);
+                           int32_t n_keys, int by_value, float *mass);
 /* The same mass summed over layers in the backend's memory, with one copy
  * back for all of them (a device waits for its queue at each copy back):
  * cb_fwd_mass_begin starts a sum of n_keys zeros on f (CB_ERR_INVALID when
  * one is open), each cb_fwd_mass_add adds a layer as cb_fwd_attn_mass
- * does (the same bits), cb_fwd_mass_end copies the sum into mass (host
- * [n_keys]; NULL: dropped) and ends it (cb_fwd_free also does). */
-cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys);
+ * does with the sum's by_value (the same bits), cb_fwd_mass_end copies the
+ * sum into mass (host [n_keys]; NULL: dropped) and ends it (cb_fwd_free
+ * also does). */
+cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys, int by_value);
 cb_status cb_fwd_mass_add(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n);
 cb_status cb_fwd_mass_end(cb_fwd *f, float *mass);
 /* Blending's selection: recompute K (which 0) or V (1) of `rows` at

@@ -63,6 +63,7 @@ cb_blend_params cb_blend_defaults(void)
     p.adapt_max = 0.5f;
     p.probe_rows = 0;     /* all the question's rows: measured better than its last 8 (issue 15) */
     p.probe_depth = 0.0f; /* by cost: cb_blend_probe_layers (issue 31) */
+    p.probe_values = 1;   /* the mass times the value rows' norms: strategy_probe.c */
     p.key_temp = 0.0f;    /* the model's: cb_blend_key_temp */
     p.speedup = 4.0f;     /* the ratio by the prompt's rows, 0.15 at least: blend_speedup */
     return p;

@@ -71,7 +71,7 @@ static cb_status question_pass(cb_fwd *f, cb_kvcache *kv, const cb_segment *tail
         float *m = d->mass + (size_t)l * (size_t)total;
         memset(m, 0, sizeof *m * (size_t)total);
         if ((st = cb_fwd_layer(f, kv, l, NULL, n)) != CB_OK ||
-            (st = cb_fwd_attn_mass(f, kv, l, 0, n, total, m)) != CB_OK ||
+            (st = cb_fwd_attn_mass(f, kv, l, 0, n, total, 0, m)) != CB_OK ||
             (st = cb_fwd_hidden(f, n - 1, d->hidden + (size_t)l * (size_t)hp->n_embd)) != CB_OK)
             goto out;
         double s = 0;

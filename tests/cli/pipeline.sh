@@ -184,6 +184,11 @@ PY
     && ok "--key-temp, in the stats" || not_ok "--key-temp"
 expect_exit "bad --key-temp" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --key-temp 0 -n 1 -p "$Q"
 expect_exit "--probe-rows negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-rows -1 -p q
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --probe-weight none -n 2 -p "$Q" --stats "$T/pw0.json" > /dev/null \
+    && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_weight"] == "none" and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/pw0.json" \
+    && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["probe_weight"] == "value"' "$T/sg-probe.json" \
+    && ok "--probe-weight none, in the stats (default value)" || not_ok "--probe-weight"
+expect_exit "--probe-weight unknown" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-weight v2 -p q
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --probe-depth 1 -n 2 -p "$Q" --stats "$T/pd1.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_depth"] == 1 and s["probe_layers"] > 0 and s["n_recomputed_tokens"] > 0, s' "$T/pd1.json" \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_depth"] == 0 and s["probe_layers"] > 0, s' "$T/sg-probe.json" \

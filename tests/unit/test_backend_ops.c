@@ -554,8 +554,10 @@ static int64_t c_deviation(cb_backend *be, float *out)
 /* blending's attention mass (probe's score): am_nq query rows at
  * scattered positions (out of order, both ends) over an am_keys-row cache,
  * am_heads heads over am_kv_heads KV heads, am_window > 0 a sliding-window
- * layer; added to a mass that already holds something */
-static int am_nq = 20, am_keys = 150, am_window, am_heads = 6, am_kv_heads = 2, am_hd = 64;
+ * layer, am_values: each probability times the L2 norm of the key's value
+ * row in its KV head; added to a mass that already holds something */
+static int am_nq = 20, am_keys = 150, am_window, am_heads = 6, am_kv_heads = 2, am_hd = 64,
+           am_values;
 
 static int64_t c_attn_mass(cb_backend *be, float *out)
 {
@@ -565,9 +567,9 @@ static int64_t c_attn_mass(cb_backend *be, float *out)
     seed(19);
     int32_t *pos = scattered_pos(n, n_keys);
     float *q = rand_vec(n * dq, 2.0f), *k = rand_vec(n_keys * w, 2.0f),
-          *m0 = rand_vec(n_keys, 1.0f);
+          *m0 = rand_vec(n_keys, 1.0f), *v = rand_vec(n_keys * w, 1.5f);
     for (int64_t i = 0; i < n_keys * w; i++)
-        k[i] = round_kv(k[i]);
+        k[i] = round_kv(k[i]), v[i] = round_kv(v[i]);
     if (!be) {
         double *s = malloc(sizeof(double) * (size_t)n_keys),
                *mass = malloc(sizeof(double) * (size_t)n_keys);
@@ -579,8 +581,12 @@ static int64_t c_attn_mass(cb_backend *be, float *out)
                 int64_t lo;
                 double sum = ref_softmax(q + i * dq + h * hd, k + kh * hd, w, hd, pos[i], am_window,
                                          scale, s, &lo);
-                for (int64_t c = lo; c <= pos[i]; c++)
-                    mass[c] += s[c] / sum;
+                for (int64_t c = lo; c <= pos[i]; c++) {
+                    double vn = 0;
+                    for (int e = 0; e < hd && am_values; e++)
+                        vn += (double)v[c * w + kh * hd + e] * v[c * w + kh * hd + e];
+                    mass[c] += s[c] / sum * (am_values ? sqrt(vn) : 1.0);
+                }
             }
         for (int64_t j = 0; j < n_keys; j++)
             out[j] = (float)mass[j];
@@ -590,20 +596,23 @@ static int64_t c_attn_mass(cb_backend *be, float *out)
         int32_t *all = malloc(sizeof(int32_t) * (size_t)n_keys);
         for (int64_t i = 0; i < n_keys; i++)
             all[i] = (int32_t)i;
-        void *kc = be->ops->alloc(be, esz * (size_t)(n_keys * w));
+        void *kc = be->ops->alloc(be, esz * (size_t)(n_keys * w)),
+             *vc = be->ops->alloc(be, esz * (size_t)(n_keys * w));
         float *dk = bput(be, k, sizeof(float) * (size_t)(n_keys * w));
+        float *dv = bput(be, v, sizeof(float) * (size_t)(n_keys * w));
         float *dq_ = bput(be, q, sizeof(float) * (size_t)(n * dq));
         float *dm = bput(be, m0, sizeof(float) * (size_t)n_keys);
         be->ops->kv_write(be, kc, kv_type, w, dk, all, n_keys);
-        cb_status st = cb_backend_attn_mass(be, dq_, pos, n, kc, kv_type, n_keys, n_head, n_head_kv,
-                                            hd, scale, am_window, dm);
+        be->ops->kv_write(be, vc, kv_type, w, dv, all, n_keys);
+        cb_status st = cb_backend_attn_mass(be, dq_, pos, n, kc, am_values ? vc : NULL, kv_type,
+                                            n_keys, n_head, n_head_kv, hd, scale, am_window, dm);
         bget(be, out, dm, sizeof(float) * (size_t)n_keys);
         if (st != CB_OK)
             out[0] = NAN; /* fails the comparison */
-        bfree(be, kc), bfree(be, dk), bfree(be, dq_), bfree(be, dm);
+        bfree(be, kc), bfree(be, vc), bfree(be, dk), bfree(be, dv), bfree(be, dq_), bfree(be, dm);
         free(all);
     }
-    free(pos), free(q), free(k), free(m0);
+    free(pos), free(q), free(k), free(m0), free(v);
     return n_keys;
 }
 
@@ -616,11 +625,15 @@ static void test_attn_mass_fallback(cb_backend *cpu_be, float *o_op, float *o_fb
     ops.attn_mass = NULL;
     fb.ops = &ops;
     am_window = 7;
-    int64_t n = c_attn_mass(cpu_be, o_op);
-    c_attn_mass(&fb, o_fb);
+    for (am_values = 0; am_values < 2; am_values++) {
+        int64_t n = c_attn_mass(cpu_be, o_op);
+        c_attn_mass(&fb, o_fb);
+        tcase("cpu  attn_mass's host fallback (no operation) equals the operation%s",
+              am_values ? ", by value" : "");
+        CHECK(memcmp(o_op, o_fb, sizeof(float) * (size_t)n) == 0);
+    }
+    am_values = 0;
     am_window = 0;
-    tcase("cpu  attn_mass's host fallback (no operation) equals the operation");
-    CHECK(memcmp(o_op, o_fb, sizeof(float) * (size_t)n) == 0);
 }
 
 static int64_t topk_n;
@@ -2701,12 +2714,17 @@ int main(int argc, char **argv)
                              keys[7] = {150, 150, 150, 150, 150, 1100, 1033};
             am_heads = heads[ci][0], am_kv_heads = heads[ci][1], am_window = wins[ci];
             am_nq = nqs[ci], am_hd = hds[ci], am_keys = keys[ci];
-            snprintf(name, sizeof name, "attn_mass %s %d rows %d/%d heads hd %d %d keys window %d",
-                     f16 ? "f16" : "f32", am_nq, am_heads, am_kv_heads, am_hd, am_keys, am_window);
-            run_case(name, c_attn_mass, 1e-10, 1e-9);
-            run_case_c(name, c_attn_mass, 1e-10); /* the portable softmax */
+            for (am_values = 0; am_values < 2; am_values++) {
+                snprintf(name, sizeof name,
+                         "attn_mass %s %d rows %d/%d heads hd %d %d keys win %d%s",
+                         f16 ? "f16" : "f32", am_nq, am_heads, am_kv_heads, am_hd, am_keys,
+                         am_window, am_values ? " by V" : "");
+                run_case(name, c_attn_mass, 1e-10, 1e-9);
+                run_case_c(name, c_attn_mass, 1e-10); /* the portable softmax */
+            }
         }
         am_heads = 6, am_kv_heads = 2, am_window = 0, am_nq = 20, am_hd = 64, am_keys = 150;
+        am_values = 0;
     }
     test_attention_nan();
     kv_type = CB_TYPE_F16;

@@ -235,7 +235,7 @@ static int32_t exact_end(const cb_segment *segs, int32_t n_segs)
  * total held by the top `want` cached rows (what probe's stats call
  * selected_mass), or -1. */
 static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs, int32_t q_rows,
-                            int windows, double ratio, int32_t n_layers)
+                            int windows, double ratio, int32_t n_layers, int by_value)
 {
     const cb_hparams *hp = cb_model_hparams(fx->m);
     int32_t ids[512], pos[512], rows[512], qrows[512], n = 0, n_rows = 0, nq = 0, n_c = 0;
@@ -243,7 +243,8 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
     double *score = calloc(512, sizeof(double)), *sc = malloc(512 * sizeof(double)), mass = -1;
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, w = (int64_t)hp->n_head_kv * hp->head_dim;
     float *q = malloc(sizeof(float) * 512 * (size_t)dq),
-          *k = malloc(sizeof(float) * 512 * (size_t)w), *lg = NULL;
+          *k = malloc(sizeof(float) * 512 * (size_t)w),
+          *v = malloc(sizeof(float) * 512 * (size_t)w), *lg = NULL;
     cb_blend_params p = fixed_defaults();
     cb_blend_stats st;
     cb_kvcache *kv = NULL;
@@ -272,11 +273,13 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
         int32_t win = windows ? cb_model_layer_window(fx->m, l) : 0;
         if (cb_fwd_layer_qkv(f, l, qrows + q0, nq - q0, q, NULL, NULL) != CB_OK ||
             cb_fwd_layer(f, kv, l, rows, n_rows) != CB_OK ||
-            cb_kvcache_read(kv, l, 0, 0, n, k) != CB_OK)
+            cb_kvcache_read(kv, l, 0, 0, n, k) != CB_OK ||
+            cb_kvcache_read(kv, l, 1, 0, n, v) != CB_OK)
             goto out;
         for (int32_t i = 0; i < nq - q0; i++)
             for (int32_t h = 0; h < hp->n_head; h++) {
                 int32_t row = qrows[q0 + i], j0 = win > 0 && row + 1 > win ? row + 1 - win : 0;
+                int64_t kh = (int64_t)(h / (hp->n_head / hp->n_head_kv)) * hp->head_dim;
                 double a[512], mx = -INFINITY, sum = 0;
                 for (int32_t j = j0; j <= row; j++) {
                     double d = 0;
@@ -289,8 +292,12 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
                 }
                 for (int32_t j = j0; j <= row; j++)
                     sum += (a[j] = exp(a[j] - mx));
-                for (int32_t j = j0; j <= row; j++)
-                    score[j] += cached[j] == 1 ? a[j] / sum : 0;
+                for (int32_t j = j0; j <= row; j++) {
+                    double vn = 0; /* the value row's norm in this head's KV head */
+                    for (int32_t e = 0; e < hp->head_dim && by_value; e++)
+                        vn += (double)v[j * w + kh + e] * v[j * w + kh + e];
+                    score[j] += cached[j] == 1 ? a[j] / sum * (by_value ? sqrt(vn) : 1) : 0;
+                }
             }
     }
     double total = 0, top = 0;
@@ -310,7 +317,7 @@ static double probe_by_hand(fixture *fx, const cb_segment *segs, int32_t n_segs,
 out:
     cb_fwd_free(f);
     cb_kvcache_free(kv);
-    free(score), free(sc), free(q), free(k), free(lg);
+    free(score), free(sc), free(q), free(k), free(v), free(lg);
     return mass;
 }
 
@@ -454,38 +461,45 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     }
 
     tcase("%s: probe's scores equal a plain double loop (the question's last rows, the layers' "
-          "windows, the first layers: probe_depth)",
+          "windows, the first layers: probe_depth; by value and plain)",
           label);
     {
-        int32_t nly = cb_model_hparams(fx.m)->n_layer;
+        int32_t nly = cb_model_hparams(fx.m)->n_layer, n_moved = 0;
         for (int32_t qr = 0; qr <= 3; qr += 3)
-            for (int d = 0; d < 4; d++) {
+            for (int d = 0; d < 5; d++) {
+                int bv = d < 4; /* the default, by value, at every depth; plain at all layers */
                 /* by cost (the default), all, half, one layer */
-                float depth = d == 0 ? 0.0f : d == 1 ? 1.0f : d == 2 ? 0.5f : 0.01f;
+                float depth = d == 0 ? 0.0f : d == 1 || d == 4 ? 1.0f : d == 2 ? 0.5f : 0.01f;
                 int32_t nl = (int32_t)ceilf(depth * (float)nly - 1e-4f);
                 nl = nl < 1 ? 1 : nl;
                 p = fixed_defaults();
                 p.strategy = CB_STRATEGY_PROBE; /* auto would be hkvd on these short chunks */
                 p.probe_rows = qr;
                 p.probe_depth = depth;
+                CHECK(p.probe_values == 1);
+                p.probe_values = bv;
                 CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
                 if (d == 0)
                     nl = st.probe_layers;
                 CHECKF(nl >= 1 && st.probe_layers == nl, "%d layers scored, want %d",
                        st.probe_layers, nl);
-                double want = probe_by_hand(&fx, segs, ns, qr, 1, 0.15, nl),
-                       nowin = probe_by_hand(&fx, segs, ns, qr, 0, 0.15, nl);
+                double want = probe_by_hand(&fx, segs, ns, qr, 1, 0.15, nl, bv),
+                       nowin = probe_by_hand(&fx, segs, ns, qr, 0, 0.15, nl, bv),
+                       other = probe_by_hand(&fx, segs, ns, qr, 1, 0.15, nl, !bv);
                 /* -1: the scored layers' windows keep every cached token from the rows
                  * that score (gemma3's first layers, its last question rows): no mass */
                 CHECKF(want < 0 ? st.selected_mass == 0 && depth > 0 && qr > 0
                                 : fabs(st.selected_mass - want) < 1e-3 * want,
                        "probe rows %d, %d of %d layers: selected mass %.6f, by hand %.6f", qr, nl,
                        nly, st.selected_mass, want);
-                printf(
-                    "# %s: probe rows %d, depth %g: %d of %d layers: selected mass %.6f, by hand "
-                    "%.6f (without windows %.6f)\n",
-                    label, qr, (double)depth, nl, nly, st.selected_mass, want, nowin);
+                printf("# %s: probe rows %d, depth %g, %s: %d of %d layers: selected mass %.6f, "
+                       "by hand %.6f (without windows %.6f; %s %.6f)\n",
+                       label, qr, (double)depth, bv ? "by value" : "plain", nl, nly,
+                       st.selected_mass, want, nowin, bv ? "plain" : "by value", other);
+                n_moved += want >= 0 && other >= 0 && fabs(want - other) > 3e-3 * want;
             }
+        /* the weighting changes what the reference selects, so it is tested */
+        CHECKF(n_moved > 0, "the value norms never moved the selected mass");
         p = fixed_defaults();
         for (int i = 0; i < 3; i++) { /* outside [0, 1]: refused */
             p.probe_depth = i == 0 ? -0.5f : i == 1 ? 1.01f : NAN;

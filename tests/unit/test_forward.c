@@ -371,17 +371,18 @@ static void test_layer_queries(void)
 
 /* cb_fwd_mass_begin/add/end (probe's score summed in the backend's
  * memory, copied back once) give, bit for bit, what cb_fwd_attn_mass
- * accumulates layer by layer on the host; and the sum's misuses fail. */
+ * accumulates layer by layer on the host, plain and weighted by the value
+ * norms (which changes it); and the sum's misuses fail. */
 static void test_mass_sum(void)
 {
     cb_model *m = NULL;
     cb_kvcache *kv = NULL;
     cb_fwd *f = NULL;
     int32_t n = 24, toks[24], pos[24], rows[9];
-    float host[24] = {0}, dev[24];
+    float host[2][24] = {{0}}, dev[2][24];
     tcase(
         "forward: cb_fwd_mass_* sums the layers' attention mass as cb_fwd_attn_mass does, bit for "
-        "bit; misuse fails");
+        "bit, plain and by value; misuse fails");
     if (open_fixture("tiny-gemma3.gguf", n, &m, &kv, &f) != 0) /* windows too */
         return;
     const cb_hparams *hp = cb_model_hparams(m);
@@ -391,27 +392,32 @@ static void test_mass_sum(void)
         rows[i] = 15 + i; /* the last 9: the "question" */
     CHECK_OK(cb_fwd_embed(f, toks, pos, n));
     CHECK(cb_fwd_mass_add(f, kv, 0, 0, 1) == CB_ERR_INVALID); /* no sum open */
-    CHECK(cb_fwd_mass_end(f, dev) == CB_ERR_INVALID);
+    CHECK(cb_fwd_mass_end(f, dev[0]) == CB_ERR_INVALID);
     CHECK_OK(cb_fwd_mass_end(f, NULL));
-    CHECK(cb_fwd_mass_begin(f, 0) == CB_ERR_RANGE);
-    CHECK_OK(cb_fwd_mass_begin(f, n));
-    CHECK(cb_fwd_mass_begin(f, n) == CB_ERR_INVALID); /* one at a time */
-    for (int32_t l = 0; l < hp->n_layer; l++) {
-        CHECK_OK(cb_fwd_layer(f, kv, l, l == 0 ? NULL : rows, l == 0 ? 0 : 9));
-        int32_t from = l == 0 ? 15 : 0;
-        CHECK_OK(cb_fwd_attn_mass(f, kv, l, from, 9, n, host));
-        CHECK_OK(cb_fwd_mass_add(f, kv, l, from, 9));
+    CHECK(cb_fwd_mass_begin(f, 0, 0) == CB_ERR_RANGE);
+    for (int bv = 0; bv < 2; bv++) {
+        CHECK_OK(cb_fwd_embed(f, toks, pos, n));
+        CHECK_OK(cb_fwd_mass_begin(f, n, bv));
+        CHECK(cb_fwd_mass_begin(f, n, bv) == CB_ERR_INVALID); /* one at a time */
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            CHECK_OK(cb_fwd_layer(f, kv, l, l == 0 ? NULL : rows, l == 0 ? 0 : 9));
+            int32_t from = l == 0 ? 15 : 0;
+            CHECK_OK(cb_fwd_attn_mass(f, kv, l, from, 9, n, bv, host[bv]));
+            CHECK_OK(cb_fwd_mass_add(f, kv, l, from, 9));
+        }
+        CHECK(cb_fwd_mass_add(f, kv, 0, 0, 99) == CB_ERR_RANGE); /* not rows of the last pass */
+        CHECK_OK(cb_fwd_mass_end(f, dev[bv]));
+        double total = 0;
+        for (int32_t j = 0; j < n; j++)
+            total += host[bv][j];
+        CHECKF(memcmp(host[bv], dev[bv], sizeof host[bv]) == 0 && (bv || total > hp->n_layer) &&
+                   total > 0,
+               "%s: sums differ, or hold no mass (total %g)", bv ? "by value" : "plain", total);
     }
-    CHECK(cb_fwd_mass_add(f, kv, 0, 0, 99) == CB_ERR_RANGE); /* not rows of the last pass */
-    CHECK_OK(cb_fwd_mass_end(f, dev));
-    double total = 0;
-    for (int32_t j = 0; j < n; j++)
-        total += host[j];
-    CHECKF(memcmp(host, dev, sizeof host) == 0 && total > hp->n_layer,
-           "sums differ, or hold no mass (total %g)", total);
-    CHECK_OK(cb_fwd_mass_begin(f, n)); /* dropped, then freed with f */
+    CHECK(memcmp(host[0], host[1], sizeof host[0]) != 0);
+    CHECK_OK(cb_fwd_mass_begin(f, n, 0)); /* dropped, then freed with f */
     CHECK_OK(cb_fwd_mass_end(f, NULL));
-    CHECK_OK(cb_fwd_mass_begin(f, n));
+    CHECK_OK(cb_fwd_mass_begin(f, n, 1));
     cb_fwd_free(f), cb_kvcache_free(kv), cb_model_free(m);
 }
 
