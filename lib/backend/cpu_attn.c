@@ -377,51 +377,131 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
 
 /* attn_mass on host memory (keys f32 [n_keys, n_head_kv*hd]; vn NULL or
  * the value rows' norms [n_keys, n_head_kv]): each head's logits of every
- * row over every key are one product into s [n, n_keys]; each row's
- * softmax over the keys its mask leaves it, times vn, added to mass. */
-static cb_status mass_host(const float *q, const int32_t *pos, int64_t n, const float *keys,
-                           const float *vn, int64_t n_keys, int n_head, int n_head_kv, int hd,
-                           float scale, int window, qmm_exp_sum_fn exp_sum, float *restrict mass)
+ * row over every key are one product into its scores [n, n_keys]; each
+ * row's softmax over the keys its mask leaves it, times vn, added to mass.
+ * Two steps, each split over the pool's threads when there is a pool: the
+ * heads' scores and softmax sums, head by head, then the mass by ranges of
+ * keys, each key's terms added in one order (head, then row) whatever the
+ * split, so that every split gives the same bits.  The heads go a group at
+ * a time, as many as MASS_BYTES of scores hold (one at least). */
+enum { MASS_BYTES = 64 << 20, MASS_KEYS = 256 /* the least keys a range of the sums takes */ };
+
+typedef struct mass_job {
+    const float *q, *keys, *vn;
+    const int32_t *pos;
+    int64_t n, n_keys;
+    int n_head, n_head_kv, hd, window;
+    int h0, nh;  /* the group: heads h0 .. h0 + nh - 1 */
+    int n_parts; /* the key ranges of the sums */
+    float scale;
+    qmm_exp_sum_fn exp_sum;
+    float *s;   /* [nh][n][n_keys]: the exponentials of the scores */
+    float *inv; /* [nh][n]: the inverses of their rows' sums */
+    float *mass;
+} mass_job;
+
+/* head h0 + g: its scores, each row's exponentials and their sum */
+static void mass_scores(void *arg, int64_t g, int tid)
 {
-    int64_t dq = (int64_t)n_head * hd, w = (int64_t)n_head_kv * hd;
-    int grp = n_head / n_head_kv;
-    float *s = malloc(sizeof(float) * (size_t)(n * n_keys));
-    if (!s)
-        return CB_ERR_NOMEM;
-    for (int h = 0; h < n_head; h++) {
-        cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n_keys, hd, scale,
-                 q + (int64_t)h * hd, (int)dq, keys + (int64_t)(h / grp) * hd, (int)w, 0.0f, s,
-                 (int)n_keys);
-        for (int64_t i = 0; i < n; i++) {
-            int64_t e = (int64_t)pos[i] + 1, j0 = window > 0 && e > window ? e - window : 0;
-            float *a = s + i * n_keys, mx = -INFINITY, sum = 0;
-            for (int64_t j = j0; j < e; j++)
-                mx = a[j] > mx ? a[j] : mx;
-            if (exp_sum)
-                sum = exp_sum(a + j0, e - j0, mx);
+    const mass_job *j = arg;
+    int h = j->h0 + (int)g, grp = j->n_head / j->n_head_kv;
+    int64_t dq = (int64_t)j->n_head * j->hd, w = (int64_t)j->n_head_kv * j->hd, nk = j->n_keys;
+    float *s = j->s + g * j->n * nk;
+    cb_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)nk, j->hd, j->scale,
+             j->q + (int64_t)h * j->hd, (int)dq, j->keys + (int64_t)(h / grp) * j->hd, (int)w, 0.0f,
+             s, (int)nk);
+    for (int64_t i = 0; i < j->n; i++) {
+        int64_t e = (int64_t)j->pos[i] + 1, c0 = j->window > 0 && e > j->window ? e - j->window : 0;
+        float *a = s + i * nk, mx = -INFINITY, sum = 0;
+        for (int64_t c = c0; c < e; c++)
+            mx = a[c] > mx ? a[c] : mx;
+        if (j->exp_sum)
+            sum = j->exp_sum(a + c0, e - c0, mx);
+        else
+            for (int64_t c = c0; c < e; c++)
+                sum += (a[c] = expf(a[c] - mx));
+        j->inv[g * j->n + i] = 1.0f / sum;
+    }
+}
+
+/* keys [ka, kb) of range `part`: the group's terms added into the mass */
+static void mass_add(void *arg, int64_t part, int tid)
+{
+    const mass_job *j = arg;
+    int grp = j->n_head / j->n_head_kv, nkv = j->n_head_kv;
+    int64_t nk = j->n_keys, ka = nk * part / j->n_parts, kb = nk * (part + 1) / j->n_parts;
+    float *restrict mass = j->mass;
+    for (int g = 0; g < j->nh; g++) {
+        int kh = (j->h0 + g) / grp;
+        for (int64_t i = 0; i < j->n; i++) {
+            int64_t e = (int64_t)j->pos[i] + 1,
+                    c0 = j->window > 0 && e > j->window ? e - j->window : 0;
+            const float *a = j->s + (g * j->n + i) * nk;
+            float inv = j->inv[g * j->n + i];
+            c0 = c0 > ka ? c0 : ka;
+            e = e < kb ? e : kb;
+            if (j->vn)
+                for (int64_t c = c0; c < e; c++)
+                    mass[c] += a[c] * inv * j->vn[c * nkv + kh];
             else
-                for (int64_t j = j0; j < e; j++)
-                    sum += (a[j] = expf(a[j] - mx));
-            float inv = 1.0f / sum;
-            if (vn)
-                for (int64_t j = j0; j < e; j++)
-                    mass[j] += a[j] * inv * vn[j * n_head_kv + h / grp];
-            else
-                for (int64_t j = j0; j < e; j++)
-                    mass[j] += a[j] * inv;
+                for (int64_t c = c0; c < e; c++)
+                    mass[c] += a[c] * inv;
         }
     }
-    free(s);
+}
+
+/* pool NULL: on the calling thread */
+static cb_status mass_host(cb_pool *pool, const float *q, const int32_t *pos, int64_t n,
+                           const float *keys, const float *vn, int64_t n_keys, int n_head,
+                           int n_head_kv, int hd, float scale, int window, qmm_exp_sum_fn exp_sum,
+                           float *mass)
+{
+    int nt = pool ? cb_pool_size(pool) : 1;
+    int64_t per_head = n * n_keys, fit = MASS_BYTES / (int64_t)sizeof(float) / per_head;
+    int nh = fit < 1 ? 1 : fit < n_head ? (int)fit : n_head;
+    int64_t parts = n_keys / MASS_KEYS < nt ? n_keys / MASS_KEYS : nt;
+    mass_job j = {.q = q,
+                  .keys = keys,
+                  .vn = vn,
+                  .pos = pos,
+                  .n = n,
+                  .n_keys = n_keys,
+                  .n_head = n_head,
+                  .n_head_kv = n_head_kv,
+                  .hd = hd,
+                  .window = window,
+                  .n_parts = parts > 1 ? (int)parts : 1,
+                  .scale = scale,
+                  .exp_sum = exp_sum,
+                  .mass = mass};
+    j.s = malloc(sizeof(float) * (size_t)(nh * per_head));
+    j.inv = malloc(sizeof(float) * (size_t)(nh * n));
+    if (!j.s || !j.inv) {
+        free(j.s), free(j.inv);
+        return CB_ERR_NOMEM;
+    }
+    for (j.h0 = 0; j.h0 < n_head; j.h0 += j.nh) {
+        j.nh = n_head - j.h0 < nh ? n_head - j.h0 : nh;
+        if (pool) {
+            cb_pool_for(pool, mass_scores, &j, j.nh);
+            cb_pool_for(pool, mass_add, &j, j.n_parts);
+            continue;
+        }
+        for (int g = 0; g < j.nh; g++)
+            mass_scores(&j, g, 0);
+        for (int p = 0; p < j.n_parts; p++)
+            mass_add(&j, p, 0);
+    }
+    free(j.s), free(j.inv);
     return CB_OK;
 }
 
-/* the L2 norms of the first n rows of a value cache (type t: f16, or f32
- * [n, n_kv*hd]), each KV head's slice of a row: [n, n_kv], each a sum in
- * order of the values as f32 */
-static float *value_norms(const void *v, cb_type t, int64_t n, int n_kv, int hd)
+/* the L2 norms of slices j0 .. j1-1 of a value cache (type t: f16, or f32
+ * [n, n_kv*hd]), each KV head's slice of a row (slice j: row j / n_kv),
+ * each a sum in order of the values as f32 */
+static void norms_of(const void *v, cb_type t, int64_t j0, int64_t j1, int hd, float *vn)
 {
-    float *vn = malloc(sizeof(float) * (size_t)(n * n_kv));
-    for (int64_t j = 0; vn && j < n * n_kv; j++) {
+    for (int64_t j = j0; j < j1; j++) {
         float s2 = 0.0f;
         for (int e = 0; e < hd; e++) {
             float x = t == CB_TYPE_F32 ? ((const float *)v)[j * hd + e]
@@ -430,21 +510,44 @@ static float *value_norms(const void *v, cb_type t, int64_t n, int n_kv, int hd)
         }
         vn[j] = sqrtf(s2);
     }
+}
+
+/* ... of the first n rows: [n, n_kv] */
+static float *value_norms(const void *v, cb_type t, int64_t n, int n_kv, int hd)
+{
+    float *vn = malloc(sizeof(float) * (size_t)(n * n_kv));
+    if (vn)
+        norms_of(v, t, 0, n * n_kv, hd, vn);
     return vn;
 }
 
-/* the cache's first n rows as f32 [n, width] (as kv_read converts them) */
-static float *keys_f32(const void *k, cb_type t, int64_t width, int64_t n)
+/* attn_mass's inputs from the cache, by ranges of rows over the threads:
+ * the keys as f32 [n, width] (as kv_read converts them) and the value
+ * rows' norms (vn NULL: none) */
+typedef struct mass_prep {
+    const void *k, *v;
+    cb_type t;
+    int64_t n, width;
+    int n_kv, hd, parts;
+    qmm_f16_fn f16_row;
+    float *keys, *vn;
+} mass_prep;
+
+static void mass_prep_rows(void *arg, int64_t p, int tid)
 {
-    float *dst = malloc(sizeof(float) * (size_t)(n * width));
-    if (!dst || t == CB_TYPE_F32) {
-        if (dst)
-            memcpy(dst, k, sizeof(float) * (size_t)(n * width));
-        return dst;
-    }
-    for (int64_t e = 0; e < n * width; e++)
-        dst[e] = (float)((const _Float16 *)k)[e];
-    return dst;
+    const mass_prep *j = arg;
+    int64_t r0 = j->n * p / j->parts, r1 = j->n * (p + 1) / j->parts;
+    if (j->t == CB_TYPE_F32)
+        memcpy(j->keys + r0 * j->width, (const float *)j->k + r0 * j->width,
+               sizeof(float) * (size_t)((r1 - r0) * j->width));
+    else if (j->f16_row)
+        j->f16_row((const uint16_t *)j->k + r0 * j->width, j->keys + r0 * j->width,
+                   (r1 - r0) * j->width);
+    else
+        for (int64_t e = r0 * j->width; e < r1 * j->width; e++)
+            j->keys[e] = (float)((const _Float16 *)j->k)[e];
+    if (j->vn)
+        norms_of(j->v, j->t, r0 * j->n_kv, r1 * j->n_kv, j->hd, j->vn);
 }
 
 cb_status cpu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
@@ -453,15 +556,30 @@ cb_status cpu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64
 {
     if (n == 0)
         return CB_OK;
-    float *keys = keys_f32(k, t, (int64_t)n_head_kv * hd, n_keys);
-    float *vn = v ? value_norms(v, t, n_keys, n_head_kv, hd) : NULL;
+    cpu_ctx *c = CTX(b);
+    int64_t width = (int64_t)n_head_kv * hd, parts = n_keys / MASS_KEYS;
+    int nt = cb_pool_size(c->pool);
+    mass_prep j = {.k = k,
+                   .v = v,
+                   .t = t,
+                   .n = n_keys,
+                   .width = width,
+                   .n_kv = n_head_kv,
+                   .hd = hd,
+                   .parts = parts < 1    ? 1
+                            : parts < nt ? (int)parts
+                                         : nt,
+                   .f16_row = c->f16_row};
+    j.keys = malloc(sizeof(float) * (size_t)(n_keys * width));
+    j.vn = v ? malloc(sizeof(float) * (size_t)(n_keys * n_head_kv)) : NULL;
     cb_status st = CB_ERR_NOMEM;
-    if (keys && (!v || vn)) {
+    if (j.keys && (!v || j.vn)) {
+        cb_pool_for(c->pool, mass_prep_rows, &j, j.parts);
         cb_blas_single();
-        st = mass_host(q, pos, n, keys, vn, n_keys, n_head, n_head_kv, hd, scale, window,
-                       CTX(b)->exp_sum, mass);
+        st = mass_host(c->pool, q, pos, n, j.keys, j.vn, n_keys, n_head, n_head_kv, hd, scale,
+                       window, c->exp_sum, mass);
     }
-    free(keys), free(vn);
+    free(j.keys), free(j.vn);
     return st;
 }
 
@@ -495,7 +613,7 @@ static cb_status mass_fallback(cb_backend *b, const float *q, const int32_t *pos
         b->ops->download(b, hq, q, sizeof(float) * (size_t)(n * dq));
         b->ops->download(b, hm, mass, sizeof(float) * (size_t)n_keys);
         if (!v || vn)
-            st = mass_host(hq, pos, n, hk, vn, n_keys, n_head, n_head_kv, hd, scale, window,
+            st = mass_host(NULL, hq, pos, n, hk, vn, n_keys, n_head, n_head_kv, hd, scale, window,
                            qmm_exp_sum(1), hm);
         if (st == CB_OK)
             b->ops->upload(b, mass, hm, sizeof(float) * (size_t)n_keys);

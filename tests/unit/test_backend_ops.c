@@ -617,23 +617,27 @@ static int64_t c_attn_mass(cb_backend *be, float *out)
 }
 
 /* A backend without attn_mass (the CPU's table less it): the host
- * fallback on copies gives the CPU's operation's bits. */
+ * fallback on copies, on one thread, gives the CPU's operation's bits,
+ * also where the operation splits the heads and the keys over its
+ * threads (1,100 keys: ranges of them summed by each thread) */
 static void test_attn_mass_fallback(cb_backend *cpu_be, float *o_op, float *o_fb)
 {
     cb_backend_ops ops = *cpu_be->ops;
     cb_backend fb = *cpu_be;
     ops.attn_mass = NULL;
     fb.ops = &ops;
-    am_window = 7;
-    for (am_values = 0; am_values < 2; am_values++) {
-        int64_t n = c_attn_mass(cpu_be, o_op);
-        c_attn_mass(&fb, o_fb);
-        tcase("cpu  attn_mass's host fallback (no operation) equals the operation%s",
-              am_values ? ", by value" : "");
-        CHECK(memcmp(o_op, o_fb, sizeof(float) * (size_t)n) == 0);
+    for (int ci = 0; ci < 2; ci++) {
+        am_window = ci ? 0 : 7, am_keys = ci ? 1100 : 150, am_nq = ci ? 37 : 20;
+        am_heads = ci ? 12 : 6, am_hd = ci ? 128 : 64;
+        for (am_values = 0; am_values < 2; am_values++) {
+            int64_t n = c_attn_mass(cpu_be, o_op);
+            c_attn_mass(&fb, o_fb);
+            tcase("cpu  attn_mass's host fallback (no operation) equals the operation, %d keys%s",
+                  am_keys, am_values ? ", by value" : "");
+            CHECK(memcmp(o_op, o_fb, sizeof(float) * (size_t)n) == 0);
+        }
     }
-    am_values = 0;
-    am_window = 0;
+    am_values = 0, am_window = 0, am_keys = 150, am_nq = 20, am_heads = 6, am_hd = 64;
 }
 
 static int64_t topk_n;
