@@ -553,20 +553,77 @@ static void cpu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids,
 
 /* ------------------------------------------------------ elementwise ops */
 
+/* The elementwise operations of a forward pass (RMSNorm, the residual
+ * add, the gated activations) over the pool's threads in equal ranges of
+ * rows, each element computed as one thread would (the same bits); a
+ * product that small stays on the caller's thread.  (RoPE, kv_write, scale
+ * and kv_read stay there: the KV loader calls them from its own thread,
+ * next to the forward's jobs.) */
+enum { EW_MIN = 16384 /* the least elements a range takes */ };
+
+typedef struct ew_job {
+    int op; /* EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU */
+    const float *a, *b;
+    float *y;
+    int64_t n, d; /* rows of d elements (d 1: elements) */
+    float eps;
+    int parts;
+} ew_job;
+
+enum { EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU };
+
+static void ew_rows(const ew_job *j, int64_t i0, int64_t i1)
+{
+    int64_t d = j->d;
+    switch (j->op) {
+    case EW_RMSNORM:
+        for (int64_t i = i0; i < i1; i++) {
+            const float *xi = j->a + i * d;
+            float *yi = j->y + i * d;
+            double ss = 0; /* ggml sums in double too (ggml_vec_*, rms_norm) */
+            for (int64_t e = 0; e < d; e++)
+                ss += (double)xi[e] * xi[e];
+            float scale = cb_op_rms_scale(ss, d, j->eps);
+            for (int64_t e = 0; e < d; e++)
+                yi[e] = xi[e] * scale * j->b[e];
+        }
+        break;
+    case EW_ADD:
+        for (int64_t i = i0; i < i1; i++)
+            j->y[i] += j->a[i];
+        break;
+    case EW_SWIGLU:
+        for (int64_t i = i0; i < i1; i++)
+            j->y[i] = cb_op_swiglu(j->a[i], j->b[i]);
+        break;
+    default:
+        for (int64_t i = i0; i < i1; i++)
+            j->y[i] = cb_op_geglu(j->a[i], j->b[i]);
+    }
+}
+
+static void ew_task(void *arg, int64_t p, int tid)
+{
+    const ew_job *j = arg;
+    ew_rows(j, j->n * p / j->parts, j->n * (p + 1) / j->parts);
+}
+
+static void ew_run(cb_backend *b, ew_job *j)
+{
+    cpu_ctx *c = CTX(b);
+    int64_t parts = j->n * j->d / EW_MIN, nt = cb_pool_size(c->pool);
+    j->parts = parts < 1 ? 1 : parts < nt ? (int)parts : (int)nt;
+    if (j->parts == 1)
+        ew_rows(j, 0, j->n);
+    else
+        cb_pool_for(c->pool, ew_task, j, j->parts);
+}
+
 static void cpu_rmsnorm(cb_backend *b, const float *x, const float *g, float *y, int64_t n,
                         int64_t d, float eps)
 {
-    (void)b;
-    for (int64_t i = 0; i < n; i++) {
-        const float *xi = x + i * d;
-        float *yi = y + i * d;
-        double ss = 0; /* ggml sums in double too (ggml_vec_*, rms_norm) */
-        for (int64_t j = 0; j < d; j++)
-            ss += (double)xi[j] * xi[j];
-        float scale = cb_op_rms_scale(ss, d, eps);
-        for (int64_t j = 0; j < d; j++)
-            yi[j] = xi[j] * scale * g[j];
-    }
+    ew_job j = {.op = EW_RMSNORM, .a = x, .b = g, .y = y, .n = n, .d = d, .eps = eps};
+    ew_run(b, &j);
 }
 
 static void cpu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int n_head, int hd,
@@ -601,23 +658,20 @@ static void cpu_rope(cb_backend *b, float *x, const int32_t *pos, int64_t n, int
 
 static void cpu_add(cb_backend *b, float *x, const float *y, int64_t n)
 {
-    (void)b;
-    for (int64_t i = 0; i < n; i++)
-        x[i] += y[i];
+    ew_job j = {.op = EW_ADD, .a = y, .y = x, .n = n, .d = 1};
+    ew_run(b, &j);
 }
 
 static void cpu_swiglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n)
 {
-    (void)b;
-    for (int64_t i = 0; i < n; i++)
-        out[i] = cb_op_swiglu(g[i], u[i]);
+    ew_job j = {.op = EW_SWIGLU, .a = g, .b = u, .y = out, .n = n, .d = 1};
+    ew_run(b, &j);
 }
 
 static void cpu_geglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n)
 {
-    (void)b;
-    for (int64_t i = 0; i < n; i++)
-        out[i] = cb_op_geglu(g[i], u[i]);
+    ew_job j = {.op = EW_GEGLU, .a = g, .b = u, .y = out, .n = n, .d = 1};
+    ew_run(b, &j);
 }
 
 static void cpu_scale(cb_backend *b, float *x, float s, int64_t n)

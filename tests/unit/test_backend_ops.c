@@ -213,9 +213,11 @@ static int64_t c_get_rows(cb_backend *be, float *out)
 
 static int c_inplace;
 
+static int64_t rms_n = 5; /* rows */
+
 static int64_t c_rmsnorm(cb_backend *be, float *out)
 {
-    int64_t n = 5, d = 300; /* d: not a multiple of a warp or a block */
+    int64_t n = rms_n, d = 300; /* d: not a multiple of a warp or a block */
     float eps = 1e-5f;
     seed(3);
     float *x = rand_vec(n * d, 3.0f), *g = rand_vec(d, 1.0f);
@@ -303,10 +305,11 @@ static int64_t c_rope(cb_backend *be, float *out)
 }
 
 static int ew_op; /* 0 add, 1 swiglu, 2 geglu, 3 scale */
+static int64_t ew_n = 1000;
 
 static int64_t c_elementwise(cb_backend *be, float *out)
 {
-    int64_t n = 1000;
+    int64_t n = ew_n;
     seed(5);
     float *a = rand_vec(n, 6.0f), *b = rand_vec(n, 2.0f);
     size_t bytes = sizeof(float) * (size_t)n;
@@ -2463,6 +2466,36 @@ static void blas_on_demand(void)
     CHECK(c[0] == -2 && c[1] == 4 && c[2] == -2 && c[3] == 13);
 }
 
+/* The CPU's elementwise operations split over its threads (RMSNorm over
+ * 150 rows, add and the gated activations over 100,003 elements; scale,
+ * which the KV loader calls, stays on the caller's) give one thread's
+ * bits, and the reference's values */
+static void test_elementwise_threads(cb_backend *cpu_be, float *o2, float *o1)
+{
+    static const char *const names[5] = {"add", "swiglu", "geglu", "scale", "rmsnorm"};
+    cb_backend *one = cb_backend_cpu_new(1);
+    tcase("cpu  a backend of one thread opens");
+    CHECK(one != NULL);
+    if (!one)
+        return;
+    ew_n = 100003, rms_n = 150;
+    for (int op = 0; op < 5; op++) {
+        char name[64];
+        ew_op = op;
+        int64_t n = op < 4 ? c_elementwise(cpu_be, o2) : c_rmsnorm(cpu_be, o2);
+        if (op < 4)
+            c_elementwise(one, o1);
+        else
+            c_rmsnorm(one, o1);
+        tcase("cpu  %s on 2 threads = on 1, bit for bit (%lld elements)", names[op], (long long)n);
+        CHECK(memcmp(o1, o2, sizeof(float) * (size_t)n) == 0);
+        snprintf(name, sizeof name, "%s, %lld elements", names[op], (long long)n);
+        run_case(name, op < 4 ? c_elementwise : c_rmsnorm, 1e-12, 1e-10);
+    }
+    ew_n = 1000, rms_n = 5, ew_op = 0;
+    one->ops->free(one);
+}
+
 int main(int argc, char **argv)
 {
     cb_error err;
@@ -2733,6 +2766,7 @@ int main(int argc, char **argv)
     test_attention_nan();
     kv_type = CB_TYPE_F16;
     test_attn_mass_fallback(cpu, o_cpu, o_cuda);
+    test_elementwise_threads(cpu, o_cpu, o_cuda);
     run_case("gather + scatter", c_gather_scatter, -1, -1);
     topk_n = 10;
     run_case("topk 4 of 10 (ties)", c_topk, -1, -1);
