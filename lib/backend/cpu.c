@@ -562,7 +562,8 @@ static void cpu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids,
 enum { EW_MIN = 16384 /* the least elements a range takes */ };
 
 typedef struct ew_job {
-    int op; /* EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU */
+    int op;   /* EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU */
+    int fast; /* SwiGLU's exponential by qmm_exp_neg (the 8-bit path), not libm's */
     const float *a, *b;
     float *y;
     int64_t n, d; /* rows of d elements (d 1: elements) */
@@ -571,6 +572,22 @@ typedef struct ew_job {
 } ew_job;
 
 enum { EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU };
+
+/* The 8-bit path's SwiGLU: silu(g) * u as g * sigmoid(g) * u, sigmoid
+ * from e = e^-|g| (1 / (1 + e) for g >= 0, e / (1 + e) below) by
+ * qmm_exp_neg's polynomial, which gcc vectorizes, where libm's expf is a
+ * call per element (on a 3,596-token prefill of Qwen2.5-1.5B: 157 ms
+ * against 793 on two threads).  As close to the double-precision values
+ * as the exact path's (test_backend_ops: nmse 3.5e-15 against 3.2e-15).
+ * y may be g or u (in place). */
+__attribute__((optimize("O3"))) static void swiglu_fast(const float *g, const float *u, float *y,
+                                                        int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i], e = qmm_exp_neg(-fabsf(x));
+        y[i] = x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[i];
+    }
+}
 
 static void ew_rows(const ew_job *j, int64_t i0, int64_t i1)
 {
@@ -593,6 +610,10 @@ static void ew_rows(const ew_job *j, int64_t i0, int64_t i1)
             j->y[i] += j->a[i];
         break;
     case EW_SWIGLU:
+        if (j->fast) {
+            swiglu_fast(j->a + i0, j->b + i0, j->y + i0, i1 - i0);
+            break;
+        }
         for (int64_t i = i0; i < i1; i++)
             j->y[i] = cb_op_swiglu(j->a[i], j->b[i]);
         break;
@@ -664,7 +685,7 @@ static void cpu_add(cb_backend *b, float *x, const float *y, int64_t n)
 
 static void cpu_swiglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n)
 {
-    ew_job j = {.op = EW_SWIGLU, .a = g, .b = u, .y = out, .n = n, .d = 1};
+    ew_job j = {.op = EW_SWIGLU, .fast = CTX(b)->act8, .a = g, .b = u, .y = out, .n = n, .d = 1};
     ew_run(b, &j);
 }
 

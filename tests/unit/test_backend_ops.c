@@ -2469,15 +2469,18 @@ static void blas_on_demand(void)
 /* The CPU's elementwise operations split over its threads (RMSNorm over
  * 150 rows, add and the gated activations over 100,003 elements; scale,
  * which the KV loader calls, stays on the caller's) give one thread's
- * bits, and the reference's values */
+ * bits, and the reference's values; then the 8-bit path's SwiGLU (its own
+ * exponential: cpu.c's swiglu_fast), on 1,000 and 100,003 elements */
 static void test_elementwise_threads(cb_backend *cpu_be, float *o2, float *o1)
 {
     static const char *const names[5] = {"add", "swiglu", "geglu", "scale", "rmsnorm"};
-    cb_backend *one = cb_backend_cpu_new(1);
-    tcase("cpu  a backend of one thread opens");
-    CHECK(one != NULL);
-    if (!one)
-        return;
+    cb_backend *one = cb_backend_cpu_new(1), *one8 = cb_backend_cpu_new(1),
+               *two8 = cb_backend_cpu_new(2);
+    tcase("cpu  backends of one and two threads open");
+    CHECK(one && one8 && two8);
+    if (!one || !one8 || !two8)
+        goto done;
+    one->ops->set_act8(one, 0);
     ew_n = 100003, rms_n = 150;
     for (int op = 0; op < 5; op++) {
         char name[64];
@@ -2492,8 +2495,25 @@ static void test_elementwise_threads(cb_backend *cpu_be, float *o2, float *o1)
         snprintf(name, sizeof name, "%s, %lld elements", names[op], (long long)n);
         run_case(name, op < 4 ? c_elementwise : c_rmsnorm, 1e-12, 1e-10);
     }
+    ew_op = 1;
+    for (ew_n = 1000; ew_n < 200000; ew_n = ew_n * 100 + 3) {
+        int64_t n = c_elementwise(NULL, o_ref);
+        c_elementwise(two8, o2);
+        c_elementwise(one8, o1);
+        double e = nmse(o_ref, o2, n);
+        tcase("act8 swiglu, %lld elements, vs reference (nmse %.2e, bound 1e-12)", (long long)n, e);
+        CHECKF(e <= 1e-12 && e > 0, "nmse %.3e", e);
+        tcase("act8 swiglu, %lld elements, on 2 threads = on 1, bit for bit", (long long)n);
+        CHECK(memcmp(o1, o2, sizeof(float) * (size_t)n) == 0);
+    }
+done:
     ew_n = 1000, rms_n = 5, ew_op = 0;
-    one->ops->free(one);
+    if (one)
+        one->ops->free(one);
+    if (one8)
+        one8->ops->free(one8);
+    if (two8)
+        two8->ops->free(two8);
 }
 
 int main(int argc, char **argv)
