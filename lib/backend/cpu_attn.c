@@ -384,7 +384,14 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
  * keys, each key's terms added in one order (head, then row) whatever the
  * split, so that every split gives the same bits.  The heads go a group at
  * a time, as many as MASS_BYTES of scores hold (one at least). */
-enum { MASS_BYTES = 64 << 20, MASS_KEYS = 256 /* the least keys a range of the sums takes */ };
+enum { MASS_BYTES = 64 << 20, MASS_KEYS = 256 /* the least keys a range takes */ };
+
+/* the ranges n_keys keys go in over nt threads: MASS_KEYS a range at least */
+static int mass_parts(int64_t n_keys, int nt)
+{
+    int64_t parts = n_keys / MASS_KEYS;
+    return parts < 1 ? 1 : parts < nt ? (int)parts : nt;
+}
 
 typedef struct mass_job {
     const float *q, *keys, *vn;
@@ -459,7 +466,6 @@ static cb_status mass_host(cb_pool *pool, const float *q, const int32_t *pos, in
     int nt = pool ? cb_pool_size(pool) : 1;
     int64_t per_head = n * n_keys, fit = MASS_BYTES / (int64_t)sizeof(float) / per_head;
     int nh = fit < 1 ? 1 : fit < n_head ? (int)fit : n_head;
-    int64_t parts = n_keys / MASS_KEYS < nt ? n_keys / MASS_KEYS : nt;
     mass_job j = {.q = q,
                   .keys = keys,
                   .vn = vn,
@@ -470,7 +476,7 @@ static cb_status mass_host(cb_pool *pool, const float *q, const int32_t *pos, in
                   .n_head_kv = n_head_kv,
                   .hd = hd,
                   .window = window,
-                  .n_parts = parts > 1 ? (int)parts : 1,
+                  .n_parts = mass_parts(n_keys, nt),
                   .scale = scale,
                   .exp_sum = exp_sum,
                   .mass = mass};
@@ -557,8 +563,7 @@ cb_status cpu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64
     if (n == 0)
         return CB_OK;
     cpu_ctx *c = CTX(b);
-    int64_t width = (int64_t)n_head_kv * hd, parts = n_keys / MASS_KEYS;
-    int nt = cb_pool_size(c->pool);
+    int64_t width = (int64_t)n_head_kv * hd;
     mass_prep j = {.k = k,
                    .v = v,
                    .t = t,
@@ -566,9 +571,7 @@ cb_status cpu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64
                    .width = width,
                    .n_kv = n_head_kv,
                    .hd = hd,
-                   .parts = parts < 1    ? 1
-                            : parts < nt ? (int)parts
-                                         : nt,
+                   .parts = mass_parts(n_keys, cb_pool_size(c->pool)),
                    .f16_row = c->f16_row};
     j.keys = malloc(sizeof(float) * (size_t)(n_keys * width));
     j.vn = v ? malloc(sizeof(float) * (size_t)(n_keys * n_head_kv)) : NULL;
