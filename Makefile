@@ -174,7 +174,7 @@ $(BUILD)/tests/test_qgemm: $(BUILD)/tests/unit/test_qgemm.o $(QG_EMU_OBJ) $(LIBA
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # test_noalloc counts every allocation libcbcore.a makes during a forward pass.
-$(BUILD)/tests/test_noalloc: LDFLAGS += -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc
+$(BUILD)/tests/test_noalloc: LDFLAGS += -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc -Wl,--wrap=aligned_alloc
 
 $(GEN_BIN): $(BUILD)/tests/gen/cb-gen-fixture.o $(LIBA)
 	@mkdir -p $(dir $@)

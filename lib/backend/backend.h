@@ -174,6 +174,11 @@ typedef struct cb_backend_ops {
      * allocate nothing (a larger batch still works).  Called after the
      * weights are made (cb_fwd_new). */
     void (*reserve)(cb_backend *b, int64_t n);
+    /* Optional (NULL: nothing to size): attention will be given caches of
+     * up to n_keys keys of n_head_kv heads of hd; the backend sizes its
+     * scratch now, so that attention allocates nothing (more keys still
+     * work).  Called when a KV cache is made (cb_kvcache_new). */
+    void (*reserve_keys)(cb_backend *b, int64_t n_keys, int n_head_kv, int hd);
     /* Optional declaration (0: the backend keeps the row-stability
      * contract below): 1 when its products' rows may depend on the call's
      * other rows or on their number beyond what the contract allows (CUDA:

@@ -846,6 +846,7 @@ static void cpu_free(cb_backend *b)
     free(c->xg);
     free(c->ol_x);
     free(c->ol_y);
+    free(c->a8);
     pthread_mutex_destroy(&c->grow_mu);
     pthread_mutex_destroy(&c->xg_mu);
     free(c);
@@ -905,6 +906,7 @@ static const cb_backend_ops cpu_ops = {
     .attn_mass = cpu_attn_mass,
     .set_act8 = cpu_set_act8,
     .reserve = cpu_reserve,
+    .reserve_keys = cpu_reserve_keys,
 };
 
 cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)

@@ -8,6 +8,7 @@
 #include "cpu_impl.h"
 #include "opmath.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,6 +31,11 @@ typedef struct att_job {
     int64_t mq, n_qb;   /* query rows per task, query blocks */
     int n_split;        /* key splits (1: no partials) */
     int32_t kmin, kmax; /* the keys any row sees: [kmin, kmax) */
+    /* the 8-bit products (att_task8): every KV head's keys and values
+     * [a8_base, a8_base + a8_n) packed at c->a8, a8_head bytes a head */
+    int64_t a8_base, a8_n, a8_nch;
+    size_t a8_head, a8_kpb, a8_vpb; /* a K panel: p keys of 2 hd (two parts) */
+    float *a8_kmean; /* [n_head_kv, hd]: the keys' mean, taken out before quantizing */
 } att_job;
 
 /* rows c0..c1 of KV head hk of a cache into an f32 tile [c1-c0, hd];
@@ -157,30 +163,62 @@ __attribute__((optimize("O3"))) static void rows_end(const att_job *j, const thr
     }
 }
 
+/* a task's place: its key split, KV head, heads [h0, h0 + nh), query
+ * rows [i0, i1) (M (row, head) pairs) and the keys those rows see at most,
+ * [lo, hi] */
+typedef struct att_place {
+    int sp, hk, h0, nh;
+    int64_t i0, i1, M, lo, hi;
+} att_place;
+
+static att_place place_of(const att_job *j, int64_t task)
+{
+    att_place a;
+    a.sp = (int)(task % j->n_split);
+    int64_t rest = task / j->n_split, qb = rest % j->n_qb;
+    int hs = (int)(rest / j->n_qb % j->n_hsub), G = j->n_head / j->n_head_kv;
+    a.hk = (int)(rest / j->n_qb / j->n_hsub);
+    a.h0 = a.hk * G + hs * j->nh;
+    a.nh = (a.h0 + j->nh < (a.hk + 1) * G ? a.h0 + j->nh : (a.hk + 1) * G) - a.h0;
+    a.i0 = qb * j->mq, a.i1 = a.i0 + j->mq < j->n ? a.i0 + j->mq : j->n;
+    a.M = (a.i1 - a.i0) * a.nh;
+    a.lo = INT64_MAX, a.hi = -1;
+    for (int64_t i = a.i0; i < a.i1; i++) {
+        int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+        a.lo = lo < a.lo ? lo : a.lo;
+        a.hi = j->pos[i] > a.hi ? j->pos[i] : a.hi;
+    }
+    return a;
+}
+
+/* the rows [*ia, *ib) of [i0, i1) that see keys [c0, c1): leading rows
+ * before them and trailing ones whose window starts after them see nothing
+ * of them (rows in position order, as a prefill's or blend's are: all but
+ * the first and last such rows are computed, masked, in any order) */
+static void tile_rows(const att_job *j, int64_t i0, int64_t i1, int64_t c0, int64_t c1, int64_t *ia,
+                      int64_t *ib)
+{
+    *ia = i0, *ib = i1;
+    while (*ia < *ib && j->pos[*ia] < c0)
+        (*ia)++;
+    while (*ib > *ia && j->window > 0 && j->pos[*ib - 1] - j->window + 1 >= c1)
+        (*ib)--;
+}
+
 static void att_task(void *arg, int64_t task, int tid)
 {
     const att_job *j = arg;
     thread_scratch *ts = &j->c->ts[tid];
-    int sp = (int)(task % j->n_split);
-    int64_t rest = task / j->n_split, qb = rest % j->n_qb;
-    int hs = (int)(rest / j->n_qb % j->n_hsub), hk = (int)(rest / j->n_qb / j->n_hsub);
-    int hd = j->hd, G = j->n_head / j->n_head_kv;
-    int h0 = hk * G + hs * j->nh, h1 = h0 + j->nh < (hk + 1) * G ? h0 + j->nh : (hk + 1) * G,
-        nh = h1 - h0;
-    int64_t i0 = qb * j->mq, i1 = i0 + j->mq < j->n ? i0 + j->mq : j->n, M = (i1 - i0) * nh;
+    att_place a = place_of(j, task);
+    int sp = a.sp, hk = a.hk, h0 = a.h0, nh = a.nh, hd = j->hd;
+    int64_t i0 = a.i0, i1 = a.i1, M = a.M;
     int64_t width = (int64_t)j->n_head_kv * hd;
     int64_t span = j->kmax - j->kmin;
     int64_t ka = j->kmin + span * sp / j->n_split, kb = j->kmin + span * (sp + 1) / j->n_split;
-    int64_t lo_all = INT64_MAX, hi_all = -1;
 
     rows_begin(j, ts, i0, i1, h0, nh);
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
-        lo_all = lo < lo_all ? lo : lo_all;
-        hi_all = j->pos[i] > hi_all ? j->pos[i] : hi_all;
-    }
-    ka = ka > lo_all ? ka : lo_all;
-    kb = kb < hi_all + 1 ? kb : hi_all + 1;
+    ka = ka > a.lo ? ka : a.lo;
+    kb = kb < a.hi + 1 ? kb : a.hi + 1;
     /* one query row (a block's last; decode itself takes att_task_dec), its
      * heads that share KV head hk, on an f16 cache: products that read the
      * cache directly (no tile in f32, no call per key).  One row sees every
@@ -192,16 +230,8 @@ static void att_task(void *arg, int64_t task, int tid)
     const uint16_t *kh16 = (const uint16_t *)j->k + (int64_t)hk * hd,
                    *vh16 = (const uint16_t *)j->v + (int64_t)hk * hd;
     for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
-        int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0;
-        /* the rows that see this tile: leading rows before it and trailing
-         * ones whose window starts after it see nothing of it (rows in
-         * position order, as a prefill's or blend's are: all but the first
-         * and last such rows are computed, masked, in any order) */
-        int64_t ia = i0, ib = i1;
-        while (ia < ib && j->pos[ia] < c0)
-            ia++;
-        while (ib > ia && j->window > 0 && j->pos[ib - 1] - j->window + 1 >= c1)
-            ib--;
+        int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0, ia, ib;
+        tile_rows(j, i0, i1, c0, c1, &ia, &ib);
         int64_t ra = (ia - i0) * nh, rn = (ib - ia) * nh;
         float *sa = ts->s + ra * ATT_KB, *qa = ts->q + ra * hd, *oa = ts->o + ra * hd;
         if (rn == 0)
@@ -239,6 +269,271 @@ static void att_task(void *arg, int64_t task, int tid)
                     if (sa[r * ATT_KB + c] != 0.0f)
                         axpy(oa + r * hd, sa[r * ATT_KB + c], ts->v + c * hd, hd);
         }
+    }
+    rows_end(j, ts, i0, i1, h0, nh, sp);
+}
+
+/* ------------------------------------------------- 8-bit attention */
+
+/* With 8-bit activations (the default path) the attention of a batch of
+ * query rows (prefill, a blend's recomputed rows) multiplies in 8-bit
+ * integers through qgemm.h's panel kernels, as the products with weights
+ * do; softmax (maxima, exponentials, sums) stays f32.
+ *   scores  each query row (scaled) quantized per 32 values (qmm_q8); each
+ *           key less the mean of the call's keys (per KV head and
+ *           dimension) in two q8_0 parts, the key per 32 values and what
+ *           that rounding left, per 32 values again (about 15 bits), packed
+ *           as panels of p keys of 2 hd values (the kernels' layout),
+ *           multiplied with the query row twice over: s = q . (k - mean),
+ *           which is q . k less a constant of the row, the same softmax.
+ *           The mean takes out what every key shares (Qwen2's keys carry a
+ *           large bias in a few dimensions, which would otherwise set
+ *           their blocks' scales), the second part what rotates with the
+ *           position.  First-token KL to --exact's (the default path's
+ *           products' own error included): the 1.5B's full prefill of 8
+ *           MuSiQue prompts (~3,600 tokens), mean 2.0e-2 with keys in one
+ *           part and no mean, 3.2e-3 with the mean (f32 attention:
+ *           3.7e-3); the 0.5B on make parity's 25 prompts, 3.8e-3 with
+ *           one part and the mean, 1.5e-3 with two (f32: 1.2e-3);
+ *   output  each value row quantized with one scale per key and head
+ *           (sv = max|v| / 127), packed as panels of p dimensions over the
+ *           keys (blocks of 32 keys, scale 1); each tile's probabilities
+ *           times sv quantized per 32 keys as the activations.
+ * Keys and values are quantized once per call, for every query row of it,
+ * at key blocks that start at multiples of 32; every quantization is of one
+ * query row, one key or one value row (the keys' after the call's mean is
+ * taken out).  Tiles start where the f32 path's do, at 32 below it at
+ * most. */
+
+enum { A8_BLOCK = QG_OFF_0_BYTES /* a packed q8_0 block's bytes per panel row */ };
+
+/* s[k] *= sv[k] for k < n, s[k] = 0 for n <= k < n32 */
+__attribute__((optimize("O3"))) static void a8_scale(float *restrict s, const float *restrict sv,
+                                                     int64_t n, int64_t n32)
+{
+    for (int64_t k = 0; k < n; k++)
+        s[k] *= sv[k];
+    for (int64_t k = n; k < n32; k++)
+        s[k] = 0;
+}
+
+/* m[d] += the sum of x[r][d] over r < n (rows of hd) */
+__attribute__((optimize("O3"))) static void a8_colsum(float *restrict m, const float *restrict x,
+                                                      int64_t n, int hd)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int d = 0; d < hd; d++)
+            m[d] += x[r * hd + d];
+}
+
+__attribute__((optimize("O3"))) static void a8_sub(float *restrict x, const float *restrict m,
+                                                   int hd)
+{
+    for (int d = 0; d < hd; d++)
+        x[d] -= m[d];
+}
+
+__attribute__((optimize("O3"))) static void a8_add(float *restrict o, const float *restrict t,
+                                                   int64_t n)
+{
+    for (int64_t e = 0; e < n; e++)
+        o[e] += t[e];
+}
+
+/* the mean of KV head hk's keys [kmin, kmax), into a8_kmean (one thread a
+ * head: the same bits on any number) */
+static void a8_mean_task(void *arg, int64_t hk, int tid)
+{
+    const att_job *j = arg;
+    cpu_ctx *c = j->c;
+    float *k = c->ts[tid].k, *m = j->a8_kmean + hk * j->hd;
+    int hd = j->hd;
+    memset(m, 0, sizeof(float) * (size_t)hd);
+    for (int64_t k0 = j->kmin; k0 < j->kmax; k0 += ATT_KB) {
+        int64_t k1 = k0 + ATT_KB < j->kmax ? k0 + ATT_KB : j->kmax;
+        load_tile(j->k, j->t, (int64_t)j->n_head_kv * hd, (int)hk, hd, k0, k1, k, c->f16_row);
+        a8_colsum(m, k, k1 - k0, hd);
+    }
+    /* a NaN or infinite key (a broken model) leaves its dimension as it is:
+     * the mean would carry it into every key */
+    float inv = 1.0f / (float)(j->kmax - j->kmin);
+    for (int d = 0; d < hd; d++)
+        m[d] = isfinite(m[d]) ? m[d] * inv : 0.0f;
+}
+
+/* the packed keys and values of keys [k0, k1) (a chunk of at most ATT_KB,
+ * k0 - a8_base a multiple of 32) of KV head hk; keys from kmax on are
+ * zero */
+static void a8_prep_task(void *arg, int64_t task, int tid)
+{
+    const att_job *j = arg;
+    cpu_ctx *c = j->c;
+    thread_scratch *ts = &c->ts[tid];
+    int p = c->qg.layout.p, hd = j->hd, hk = (int)(task / j->a8_nch);
+    int64_t width = (int64_t)j->n_head_kv * hd, base = j->a8_base;
+    int64_t k0 = base + task % j->a8_nch * ATT_KB,
+            k1 = k0 + ATT_KB < base + j->a8_n ? k0 + ATT_KB : base + j->a8_n,
+            ke = k1 < j->kmax ? k1 : j->kmax;
+    size_t bb = (size_t)A8_BLOCK * (size_t)p;
+    uint8_t *kp = c->a8 + (size_t)hk * j->a8_head, *vp = kp + (size_t)(j->a8_n / p) * j->a8_kpb;
+    float *sv = (float *)(void *)(vp + (size_t)(hd / p) * j->a8_vpb);
+    float one = 1.0f;
+
+    memset(kp + (size_t)((k0 - base) / p) * j->a8_kpb, 0, (size_t)((k1 - k0) / p) * j->a8_kpb);
+    for (int dp = 0; dp < hd / p; dp++) {
+        uint8_t *b0 = vp + (size_t)dp * j->a8_vpb + (size_t)((k0 - base) / 32) * bb;
+        memset(b0, 0, (size_t)((k1 - k0) / 32) * bb);
+        for (int64_t b = 0; b < (k1 - k0) / 32; b++)
+            for (int i = 0; i < p; i++)
+                memcpy(b0 + (size_t)b * bb + (size_t)QG_OFF_0_D * (size_t)p + 4 * (size_t)i, &one,
+                       4);
+    }
+    for (int64_t key = ke > k0 ? ke : k0; key < k1; key++)
+        sv[key - base] = 0;
+    if (ke <= k0)
+        return;
+    load_tile(j->k, j->t, width, hk, hd, k0, ke, ts->k, c->f16_row);
+    load_tile(j->v, j->t, width, hk, hd, k0, ke, ts->v, c->f16_row);
+    for (int64_t key = k0; key < ke; key++) {
+        int64_t rel = key - base;
+        int lane = (int)(rel % p);
+        qmm_q8 xq[2 * ATT_HD / 32];
+        float *kr = ts->k + (key - k0) * hd, res[ATT_HD];
+        a8_sub(kr, j->a8_kmean + hk * hd, hd);
+        c->qg.quant_0(kr, hd, xq);
+        for (int d = 0; d < hd; d++)
+            res[d] = kr[d] - xq[d / 32].d * (float)xq[d / 32].q[d % 32];
+        c->qg.quant_0(res, hd, xq + hd / 32);
+        uint8_t *pan = kp + (size_t)(rel / p) * j->a8_kpb;
+        for (int b = 0; b < 2 * hd / 32; b++) {
+            uint8_t *blk = pan + (size_t)b * bb;
+            for (int ch = 0; ch < 8; ch++)
+                memcpy(blk + ((size_t)ch * (size_t)p + (size_t)lane) * 4, xq[b].q + 4 * ch, 4);
+            memcpy(blk + (size_t)QG_OFF_0_D * (size_t)p + 4 * (size_t)lane, &xq[b].d, 4);
+        }
+        /* the value row: one scale, finite (a NaN is no maximum; an
+         * infinite one gives 0), so that a masked key's probability stays
+         * 0 times it */
+        const float *v = ts->v + (key - k0) * hd;
+        float m = 0;
+        for (int d = 0; d < hd; d++)
+            m = fabsf(v[d]) > m ? fabsf(v[d]) : m;
+        m = m <= FLT_MAX ? m : 0.0f;
+        float inv = m > 0 ? 127.0f / m : 0.0f;
+        sv[rel] = m / 127.0f;
+        uint8_t *vb = vp + (size_t)(rel / 32) * bb;
+        size_t at = ((size_t)(rel % 32 / 4) * (size_t)p) * 4 + (size_t)(rel % 4);
+        for (int d = 0; d < hd; d++)
+            vb[(size_t)(d / p) * j->a8_vpb + at + (size_t)(d % p) * 4] =
+                (uint8_t)(int8_t)lrintf(v[d] * inv);
+    }
+}
+
+/* the packed form's sizes for a8_n keys (a multiple of 32) of heads of
+ * hd: a K panel, a V panel, a head's whole; returns the bytes of n_kv
+ * heads and their keys' means */
+static size_t a8_sizes(const cpu_ctx *c, int64_t a8_n, int hd, int n_kv, size_t *kpb, size_t *vpb,
+                       size_t *head)
+{
+    int p = c->qg.layout.p;
+    *kpb = qg_panel_bytes(CB_TYPE_Q8_0, 2 * hd, p);
+    *vpb = qg_panel_bytes(CB_TYPE_Q8_0, a8_n, p);
+    *head =
+        ((size_t)(a8_n / p) * *kpb + (size_t)(hd / p) * *vpb + sizeof(float) * (size_t)a8_n + 63) /
+        64 * 64;
+    return *head * (size_t)n_kv + sizeof(float) * (size_t)n_kv * (size_t)hd;
+}
+
+/* c->a8 of need bytes at least; 0 where the memory is not there */
+static int a8_grow(cpu_ctx *c, size_t need)
+{
+    if (need <= c->a8_bytes)
+        return 1;
+    uint8_t *a = aligned_alloc(64, (need + 63) / 64 * 64);
+    if (!a)
+        return 0;
+    free(c->a8);
+    c->a8 = a, c->a8_bytes = need;
+    return 1;
+}
+
+void cpu_reserve_keys(cb_backend *b, int64_t n_keys, int n_head_kv, int hd)
+{
+    cpu_ctx *c = CTX(b);
+    size_t kpb, vpb, head;
+    if (c->act8 && hd % 32 == 0 && hd <= ATT_HD) /* on failure: grown by the first call, or f32 */
+        a8_grow(c, a8_sizes(c, (n_keys + 31) / 32 * 32, hd, n_head_kv, &kpb, &vpb, &head));
+}
+
+/* j's keys and values packed for att_task8 (c->a8 grown where the caches
+ * are longer than reserved); 0 where the memory is not there (the f32
+ * tiles then) */
+static int a8_prep(att_job *j)
+{
+    cpu_ctx *c = j->c;
+    j->a8_base = j->kmin / 32 * 32;
+    j->a8_n = (j->kmax - j->a8_base + 31) / 32 * 32;
+    j->a8_nch = (j->a8_n + ATT_KB - 1) / ATT_KB;
+    if (!a8_grow(c, a8_sizes(c, j->a8_n, j->hd, j->n_head_kv, &j->a8_kpb, &j->a8_vpb, &j->a8_head)))
+        return 0;
+    j->a8_kmean = (float *)(void *)(c->a8 + j->a8_head * (size_t)j->n_head_kv);
+    cb_pool_for(c->pool, a8_mean_task, j, j->n_head_kv);
+    cb_pool_for(c->pool, a8_prep_task, j, (int64_t)j->n_head_kv * j->a8_nch);
+    return 1;
+}
+
+/* att_task's work through the 8-bit products (above) */
+static void att_task8(void *arg, int64_t task, int tid)
+{
+    const att_job *j = arg;
+    cpu_ctx *c = j->c;
+    thread_scratch *ts = &c->ts[tid];
+    att_place a = place_of(j, task);
+    int sp = a.sp, hk = a.hk, h0 = a.h0, nh = a.nh, hd = j->hd, p = c->qg.layout.p;
+    int64_t i0 = a.i0, i1 = a.i1, M = a.M;
+    int64_t base = j->a8_base, n32 = j->a8_n / 32;
+    /* the splits at multiples of 32 keys */
+    int64_t ka = base + n32 * sp / j->n_split * 32, kb = base + n32 * (sp + 1) / j->n_split * 32;
+    size_t abq = sizeof(qmm_q8) * (size_t)(2 * hd / 32), abp = sizeof(qmm_q8) * (ATT_KB / 32),
+           bb = (size_t)A8_BLOCK * (size_t)p;
+    uint8_t *qx = (uint8_t *)ts->v, *px = qx + (size_t)ATT_M * sizeof(qmm_q8) * (2 * ATT_HD / 32);
+    float *tmp = ts->k;
+    const uint8_t *kp = c->a8 + (size_t)hk * j->a8_head,
+                  *vp = kp + (size_t)(j->a8_n / p) * j->a8_kpb;
+    const float *sv = (const float *)(const void *)(vp + (size_t)(hd / p) * j->a8_vpb);
+
+    rows_begin(j, ts, i0, i1, h0, nh);
+    for (int64_t r = 0; r < M; r++) { /* the row twice over: once for each part of the keys */
+        c->qg.quant_0(ts->q + r * hd, hd, (qmm_q8 *)(void *)(qx + (size_t)r * abq));
+        memcpy(qx + (size_t)r * abq + abq / 2, qx + (size_t)r * abq, abq / 2);
+    }
+    ka = ka > a.lo / 32 * 32 ? ka : a.lo / 32 * 32;
+    kb = kb < a.hi + 1 ? kb : a.hi + 1;
+    for (int64_t c0 = ka; c0 < kb; c0 += ATT_KB) {
+        int64_t c1 = c0 + ATT_KB < kb ? c0 + ATT_KB : kb, nk = c1 - c0, nk32 = (nk + 31) / 32 * 32;
+        int64_t ia, ib;
+        tile_rows(j, i0, i1, c0, c1, &ia, &ib);
+        int64_t ra = (ia - i0) * nh, rn = (ib - ia) * nh;
+        float *sa = ts->s + ra * ATT_KB, *oa = ts->o + ra * hd;
+        if (rn == 0)
+            continue;
+        for (int64_t t = 0; t < nk; t += p)
+            c->qg.gemm(CB_TYPE_Q8_0, kp + (size_t)((c0 - base + t) / p) * j->a8_kpb, 2 * hd,
+                       qx + (size_t)ra * abq, abq, rn, nk - t < p ? (int)(nk - t) : p, sa + t,
+                       ATT_KB);
+        for (int64_t r = ra; r < ra + rn; r++) {
+            int64_t i = i0 + r / nh;
+            int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+            float *s = ts->s + r * ATT_KB;
+            softmax_step(s, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
+                         c->exp_sum);
+            a8_scale(s, sv + (c0 - base), nk, nk32);
+            c->qg.quant_0(s, nk32, (qmm_q8 *)(void *)(px + (size_t)(r - ra) * abp));
+        }
+        for (int dp = 0; dp < hd / p; dp++)
+            c->qg.gemm(CB_TYPE_Q8_0, vp + (size_t)dp * j->a8_vpb + (size_t)((c0 - base) / 32) * bb,
+                       nk32, px, abp, rn, p, tmp + dp * p, hd);
+        a8_add(oa, tmp, rn * hd);
     }
     rows_end(j, ts, i0, i1, h0, nh, sp);
 }
@@ -367,8 +662,11 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
         want = want < fit ? want : fit;
         j.n_split = want > 1 ? (int)want : 1;
     }
+    /* the default path's 8-bit products, where there are rows enough */
+    int a8 = c->act8 && n >= ATT8_MIN_ROWS && hd % 32 == 0 && hd <= ATT_HD &&
+             (t == CB_TYPE_F16 || t == CB_TYPE_F32) && a8_prep(&j);
     cb_blas_single();
-    cb_pool_for(c->pool, att_task, &j, tasks * j.n_split);
+    cb_pool_for(c->pool, a8 ? att_task8 : att_task, &j, tasks * j.n_split);
     if (j.n_split > 1)
         att_merge(&j);
 }

@@ -27,6 +27,9 @@ enum {
                          cache rows stream whole, not one head's slice of each */
     ATT_M = 256,         /* query (row, head) pairs per attention task */
     ATT_HD = 512,        /* the largest head dimension */
+    ATT8_MIN_ROWS = 8,   /* 8-bit activations: attention of at least this many query rows in
+                         8-bit products (fewer: the f32 tiles; decode's one row reads the
+                         cache, which quantizing once per call would read again) */
     ATT_PARTS = 1 << 20, /* floats of split-key partial results */
 };
 
@@ -64,6 +67,8 @@ typedef struct cpu_ctx {
     float *ol_x, *ol_y;    /* [CB_ROWS_MAX] rows of the widest input and output: the rows an
                               outlier dominates (qg_outliers; with xg, under xg_mu) */
     int64_t ol_in, ol_out;
+    uint8_t *a8;     /* the 8-bit attention's keys and values, packed (cpu_attn.c); grown */
+    size_t a8_bytes; /* its size */
 } cpu_ctx;
 
 struct cb_bweight {
@@ -79,6 +84,9 @@ struct cb_bweight {
 static inline cpu_ctx *CTX(cb_backend *b) { return b->ctx; }
 
 /* attention (cpu_attn.c): the backend operations */
+/* the 8-bit attention's scratch sized for n_keys keys (backend.h's
+ * reserve_keys) */
+void cpu_reserve_keys(cb_backend *b, int64_t n_keys, int n_head_kv, int hd);
 void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
                    const void *v, cb_type t, int n_head, int n_head_kv, int hd, float scale,
                    int window, float *out);

@@ -169,6 +169,10 @@ static void f_weight_free(cb_backend *b, cb_bweight *w)
 static void f_event_free(cb_backend *b, void *ev) { RUN(event_free, INNER(b)->event_free(b, ev)); }
 static void f_set_act8(cb_backend *b, int on) { INNER(b)->set_act8(b, on); }
 static void f_reserve(cb_backend *b, int64_t n) { INNER(b)->reserve(b, n); }
+static void f_reserve_keys(cb_backend *b, int64_t n_keys, int n_head_kv, int hd)
+{
+    INNER(b)->reserve_keys(b, n_keys, n_head_kv, hd);
+}
 
 static void *f_alloc(cb_backend *b, size_t n) { PTR_OP(alloc, void *, INNER(b)->alloc(b, n)); }
 
@@ -382,6 +386,7 @@ static cb_status wrap(cb_backend *b, fault_ops **out)
     W(attn_mass);
     W(set_act8);
     W(reserve);
+    W(reserve_keys);
 #undef W
     b->ops = o;
     *out = fo;

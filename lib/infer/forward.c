@@ -54,6 +54,8 @@ cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_
         if (m->be->ops->event_new && !(kv->loaded[l] = m->be->ops->event_new(m->be)))
             goto fail;
     }
+    if (m->be->ops->reserve_keys)
+        m->be->ops->reserve_keys(m->be, n_ctx, hp->n_head_kv, hp->head_dim);
     *out = kv;
     return CB_OK;
 fail:

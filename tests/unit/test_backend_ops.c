@@ -379,6 +379,8 @@ static int64_t c_kv(cb_backend *be, float *out)
 
 static int att_hd, att_nq, att_window, att_ctx = 150, att_nan, att_heads = 6, att_kv_heads = 2,
                                        att_sorted, att_consec;
+/* 1: two channels of every key head 20 times the rest (Qwen2's keys have such) */
+static int att_big_k;
 
 static int cmp_i32(const void *a, const void *b)
 {
@@ -444,8 +446,11 @@ static int64_t c_attention(cb_backend *be, float *out)
     }
     float *q = rand_vec(n * dq, 2.0f), *k = rand_vec(n_ctx * w, 2.0f),
           *v = rand_vec(n_ctx * w, 1.0f);
-    for (int64_t i = 0; i < n_ctx * w; i++)
+    for (int64_t i = 0; i < n_ctx * w; i++) {
+        if (att_big_k && (i % hd == 3 || i % hd == hd - 9))
+            k[i] = 20.0f + k[i];
         k[i] = round_kv(k[i]), v[i] = round_kv(v[i]);
+    }
     if (att_nan)
         q[0] = NAN; /* row 0, head 0 */
     if (!be) {
@@ -2039,6 +2044,88 @@ static void paired_cases(void)
     free(wf), free(x);
 }
 
+/* The default path's attention (cpu_attn.c's 8-bit products: queries and
+ * keys per 32 values, values per key, the probabilities per 32 keys) on
+ * the shapes of the exact path's cases: against the double-precision
+ * reference, the exact path and the portable kernels, and on 1 thread
+ * against 2.  Fewer than 8 rows, and a head dimension not a multiple of 32,
+ * keep the f32 tiles: the exact path's bound.  The 8-bit bound, 3e-4: on
+ * these uniform random rows (scores of a few units, nearly flat softmax,
+ * outputs means of many values) the roundings of q and of the
+ * probabilities (1/254 of a block's largest value) move the outputs by
+ * about 1% (nmse 0.3-1.1e-4); the portable softmax's sums may flip one of
+ * the probabilities' roundings (1e-7).  Keys with two channels 20 times
+ * the rest (Qwen2's keys carry such) stay at the others' error: their mean
+ * is taken out, and a key is quantized in two parts (one part and no mean:
+ * 9.5e-4). */
+static void act8_attention_cases(cb_backend *a8, cb_backend *a8c)
+{
+    static const struct {
+        int f16, hd, heads, kv, nq, ctx, window, sorted, consec, big_k;
+    } cs[] = {
+        {1, 64, 6, 2, 40, 150, 0, 0, 0, 0},     {0, 64, 6, 2, 40, 150, 0, 0, 0, 0},
+        {1, 128, 6, 2, 40, 150, 0, 0, 0, 0},    {1, 40, 6, 2, 40, 150, 0, 0, 0, 0},
+        {1, 64, 6, 2, 40, 150, 7, 0, 0, 0},     {1, 64, 6, 2, 40, 1300, 300, 0, 0, 0},
+        {1, 64, 6, 2, 200, 1300, 0, 1, 0, 0},   {0, 64, 6, 2, 700, 1300, 70, 1, 0, 0},
+        {1, 128, 6, 2, 330, 1300, 0, 0, 1, 0},  {1, 64, 6, 2, 330, 1300, 300, 0, 1, 0},
+        {1, 128, 12, 2, 330, 1300, 0, 0, 1, 1}, {1, 64, 4, 4, 90, 1300, 0, 1, 0, 0},
+        {1, 64, 6, 2, 8, 1300, 0, 1, 0, 0},     {1, 64, 6, 2, 7, 1300, 0, 1, 0, 0},
+        {1, 64, 6, 2, 1, 1300, 0, 0, 0, 0},
+    };
+    char name[160];
+    cb_backend *a1 = cb_backend_cpu_new(1);
+    a1->ops->set_act8(a1, 1);
+    float *o_c = malloc(sizeof(float) * MAXOUT), *o_1 = malloc(sizeof(float) * MAXOUT),
+          *o_x = malloc(sizeof(float) * MAXOUT);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        kv_type = cs[i].f16 ? CB_TYPE_F16 : CB_TYPE_F32;
+        att_hd = cs[i].hd, att_heads = cs[i].heads, att_kv_heads = cs[i].kv, att_nq = cs[i].nq;
+        att_ctx = cs[i].ctx, att_window = cs[i].window, att_sorted = cs[i].sorted;
+        att_consec = cs[i].consec, att_big_k = cs[i].big_k;
+        int q8 = att_nq >= 8 && att_hd % 32 == 0;
+        snprintf(name, sizeof name, "attention %s hd %d %dx%d heads %d rows%s %d keys window %d%s",
+                 cs[i].f16 ? "f16" : "f32", att_hd, att_heads / att_kv_heads, att_kv_heads, att_nq,
+                 att_sorted   ? " sorted"
+                 : att_consec ? " prefill"
+                              : "",
+                 att_ctx, att_window, att_big_k ? ", keys' outlier channels" : "");
+        if (!case_wanted(name)) {
+            char nm[200];
+            snprintf(nm, sizeof nm, "act8 %s", name);
+            tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+            continue;
+        }
+        int64_t n = c_attention(NULL, o_ref);
+        c_attention(a8, o_cpu);
+        c_attention(a8c, o_c);
+        c_attention(a1, o_1);
+        c_attention(cpu, o_x);
+        double e = nmse(o_ref, o_cpu, n), ec = nmse(o_ref, o_c, n), ex = nmse(o_x, o_cpu, n),
+               es = nmse(o_c, o_cpu, n), bound = q8 ? 3e-4 : 1e-10;
+        tcase("act8 %s vs reference (nmse %.2e, portable %.2e; bound %.0e: %s)", name, e, ec, bound,
+              q8 ? "8-bit products" : "the f32 tiles");
+        CHECKF(e <= bound && ec <= bound, "nmse %.3e / %.3e", e, ec);
+        tcase("act8 %s vs the exact path (nmse %.2e, %s)", name, ex,
+              q8 ? "> 0: the 8-bit products ran" : "0: the f32 tiles");
+        CHECK(q8 ? ex > 0 : ex == 0);
+        tcase("act8 %s %s vs portable (nmse %.2e, bound %.0e)", name, a8->desc, es,
+              q8 ? 1e-7 : 1e-9);
+        CHECKF(es <= (q8 ? 1e-7 : 1e-9), "nmse %.3e", es);
+        /* the same tasks on both (the keys split only where tasks are
+         * fewer than 4 a thread: then as many splits as threads want) */
+        int g = att_heads / att_kv_heads;
+        int64_t tasks = att_kv_heads * (int64_t)((att_nq + 256 / g - 1) / (256 / g));
+        if (att_nq >= 8 && (tasks >= 8 || att_ctx < 512)) {
+            tcase("act8 %s on 1 thread = on 2, bit for bit", name);
+            CHECK(memcmp(o_1, o_cpu, sizeof(float) * (size_t)n) == 0);
+        }
+    }
+    att_heads = 6, att_kv_heads = 2, att_ctx = 150, att_window = 0, att_sorted = 0, att_consec = 0,
+    att_big_k = 0;
+    free(o_c), free(o_1), free(o_x);
+    a1->ops->free(a1);
+}
+
 static void act8_cases(void)
 {
     static const cb_type q8_types[] = {CB_TYPE_Q4_0, CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1,
@@ -2065,6 +2152,7 @@ static void act8_cases(void)
     if (cuda_qw && cuda_qw->ops->matmul_multi)
         multi_case(cuda_qw, "cuda-qw");
     outlier_cases(a8);
+    act8_attention_cases(a8, a8c);
     float *o_c = malloc(sizeof(float) * MAXOUT);
     for (size_t i = 0; i < sizeof q8_types / sizeof q8_types[0]; i++) {
         mm_type = q8_types[i], mm_bias = 0;

@@ -14,6 +14,7 @@
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t s);
 void *__real_realloc(void *p, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
 static atomic_long n_allocs;
 static atomic_int counting;
 
@@ -36,6 +37,13 @@ void *__wrap_realloc(void *p, size_t n)
     if (atomic_load(&counting))
         atomic_fetch_add(&n_allocs, 1);
     return __real_realloc(p, n);
+}
+
+void *__wrap_aligned_alloc(size_t a, size_t n)
+{
+    if (atomic_load(&counting))
+        atomic_fetch_add(&n_allocs, 1);
+    return __real_aligned_alloc(a, n);
 }
 
 static void run(const char *path, const char *label, int exact)
