@@ -163,6 +163,12 @@ __attribute__((optimize("O3"))) static void rows_end(const att_job *j, const thr
     }
 }
 
+/* the first key query row i sees (its window's start; 0 without one) */
+static int64_t first_key(const att_job *j, int64_t i)
+{
+    return j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+}
+
 /* a task's place: its key split, KV head, heads [h0, h0 + nh), query
  * rows [i0, i1) (M (row, head) pairs) and the keys those rows see at most,
  * [lo, hi] */
@@ -184,7 +190,7 @@ static att_place place_of(const att_job *j, int64_t task)
     a.M = (a.i1 - a.i0) * a.nh;
     a.lo = INT64_MAX, a.hi = -1;
     for (int64_t i = a.i0; i < a.i1; i++) {
-        int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+        int64_t lo = first_key(j, i);
         a.lo = lo < a.lo ? lo : a.lo;
         a.hi = j->pos[i] > a.hi ? j->pos[i] : a.hi;
     }
@@ -251,7 +257,7 @@ static void att_task(void *arg, int64_t task, int tid)
         }
         for (int64_t r = ra; r < ra + rn; r++) {
             int64_t i = i0 + r / nh;
-            int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+            int64_t lo = first_key(j, i);
             softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r],
                          ts->o + r * hd, hd, j->c->exp_sum);
         }
@@ -523,7 +529,7 @@ static void att_task8(void *arg, int64_t task, int tid)
                        ATT_KB);
         for (int64_t r = ra; r < ra + rn; r++) {
             int64_t i = i0 + r / nh;
-            int64_t lo = j->window > 0 && j->pos[i] >= j->window ? j->pos[i] - j->window + 1 : 0;
+            int64_t lo = first_key(j, i);
             float *s = ts->s + r * ATT_KB;
             softmax_step(s, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
                          c->exp_sum);
@@ -551,7 +557,7 @@ static void att_task_dec(void *arg, int64_t task, int tid)
     int sp = (int)task, hd = j->hd, H = j->n_head, nkv = j->n_head_kv, G = H / nkv;
     int64_t width = (int64_t)nkv * hd, span = j->kmax - j->kmin;
     int64_t ka = j->kmin + span * sp / j->n_split, kb = j->kmin + span * (sp + 1) / j->n_split;
-    int64_t p = j->pos[0], lo = j->window > 0 && p >= j->window ? p - j->window + 1 : 0;
+    int64_t p = j->pos[0], lo = first_key(j, 0);
     const uint16_t *k16 = j->k, *v16 = j->v;
 
     rows_begin(j, ts, 0, 1, 0, H);
