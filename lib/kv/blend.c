@@ -378,7 +378,7 @@ static cb_status plan_check(blend_plan *pl, cb_error *err)
 /* Does everything before segment s equal its file's lead-in, at the
  * positions it was computed at?  Then its cache is exactly what a full
  * prefill computes (prefix caching). */
-static int is_true_prefix(const cb_segment *segs, int32_t s, int32_t start)
+int cb_blend_true_prefix(const cb_segment *segs, int32_t s, int32_t start)
 {
     const cb_kv_meta *mt = cb_kvfile_meta(segs[s].kv);
     if (mt->n_lead != start || mt->pos0 != start)
@@ -419,7 +419,7 @@ static cb_status plan_rows(blend_plan *pl, cb_error *err)
     }
     if (pl->p->mode == CB_MODE_PREFIX) { /* the leading caches that are true prefixes */
         for (int32_t s = 0; s < n_segs; s++)
-            if (pl->segs[s].kv && !(pl->use[s] = is_true_prefix(pl->segs, s, pl->start[s])))
+            if (pl->segs[s].kv && !(pl->use[s] = cb_blend_true_prefix(pl->segs, s, pl->start[s])))
                 break;
     } else if (pl->p->mode == CB_MODE_REUSE || pl->p->mode == CB_MODE_BLEND) {
         for (int32_t s = 0; s < n_segs; s++)
@@ -437,7 +437,7 @@ static cb_status plan_rows(blend_plan *pl, cb_error *err)
             /* the leading caches, while each is a true prefix (the first
              * chunk; the second too when its cache was computed after the
              * first, cb-precompute --context) */
-            if (!is_true_prefix(pl->segs, s, pl->start[s]))
+            if (!cb_blend_true_prefix(pl->segs, s, pl->start[s]))
                 break;
             for (int32_t j = 0; j < pl->segs[s].n; j++)
                 if (pl->cached[pl->start[s] + j])

@@ -89,6 +89,10 @@ float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p);
  * windowed, where the question sees no cached token far from it. */
 int32_t cb_blend_probe_layers(const cb_blend_params *p, int32_t n_layer, int64_t n_rows,
                               int64_t want, int windowed);
+/* Whether segment s, starting at row `start`, has a cache that is a true
+ * prefix: computed after exactly the segments before it, at its place, so
+ * that it is what full prefill computes there (never recomputed). */
+int cb_blend_true_prefix(const cb_segment *segs, int32_t s, int32_t start);
 
 /* ------------------------------------------------- profile and controller */
 

@@ -5,7 +5,11 @@
  *          (gold: the chunks holding an answer); each chunk's KV must be in
  *          STORE (cb-precompute, as tests/bench/diag.py does)
  *   MODE   full (always run first), reuse, or STRATEGY:RATIO[:DEPTH] (probe:0.15;
- *          DEPTH: probe's first pass through that share of the layers, 0: by cost)
+ *          DEPTH: probe's first pass through that share of the layers, 0: by cost),
+ *          or ORACLE:RATIO: the loaded caches with the rows picked by a
+ *          score that only full prefill gives, recomputed as probe's second
+ *          pass does (the headroom of selection; oracle_scores):
+ *          oatt, odev, ovdev, ostale, and oprobe (probe's own score, a check)
  * For each question and mode one JSON line on stdout:
  *   kl, top1   the first answer token's distribution against full's
  *   per layer (arrays of n_layer):
@@ -27,9 +31,13 @@
  *   first half (the layers probe's first pass scores at on long prompts);
  *   gold_rank, gold_rank_half: the best rank of a gold chunk by it (0: the
  *   most attended; -1: no gold chunk).
+ *   vdev_pos, vdev_chunk: ||V - V_full|| / ||V_full|| of a chunk's row, the
+ *   mean over rows and layers, by the row's place in its chunk (0, 1, 2-3,
+ *   4-7, ..., 512 on) and by chunk (the prompt's head is chunk 0 when it
+ *   has a cache).
  * The question turn is run again, layer by layer, against the cache the
  * prefill left (the same K/V the prefill's last pass attended to). */
-#include "../../lib/infer/infer.h"
+#include "../../lib/kv/kv.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -38,6 +46,7 @@
 #include <string.h>
 
 #define HEAD_TOKENS 4
+#define POS_BUCKETS 11 /* a row's place in its chunk: 0, 1, 2-3, 4-7, ..., 512 on */
 
 enum { R_HEAD, R_CHUNK_HEAD, R_GOLD, R_OTHER, R_SEP, R_SELF, R_N };
 static const char *const r_name[R_N] = {"prefix", "heads", "gold", "other", "sep", "self"};
@@ -128,7 +137,10 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
     float *a = malloc(sizeof *a * (size_t)(T * w)), *b = malloc(sizeof *b * (size_t)(T * w));
     float *ca = malloc(sizeof *ca * (size_t)(T * w)), *cb = malloc(sizeof *cb * (size_t)(T * w));
     json_t *o = json_object();
-    int bad = !share || !tv || !cs || !a || !b || !ca || !cb || !o;
+    double pb[POS_BUCKETS] = {0}, pn[POS_BUCKETS] = {0};
+    double *cbk = calloc((size_t)n_chunks + 1, sizeof *cbk),
+           *cbn = calloc((size_t)n_chunks + 1, sizeof *cbn);
+    int bad = !cbk || !cbn || !share || !tv || !cs || !a || !b || !ca || !cb || !o;
     for (int i = 0; i < 4; i++) {
         dev[i] = calloc((size_t)L, sizeof *dev[i]), nc[i] = calloc((size_t)L, sizeof *nc[i]);
         bad |= !dev[i] || !nc[i];
@@ -154,6 +166,23 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
             if (cb_kvcache_read(kv, l, which, 0, T, a) != CB_OK ||
                 cb_kvcache_read(kv_full, l, which, 0, T, b) != CB_OK)
                 continue;
+            for (int32_t j = 0; which && j < T; j++) { /* V's staleness by place */
+                int c = chunk_of[j];
+                if (c < 0)
+                    continue;
+                double dd = 0, nn = 0;
+                for (int64_t e = 0; e < w; e++) {
+                    double x = (double)a[j * w + e] - b[j * w + e];
+                    dd += x * x, nn += (double)b[j * w + e] * b[j * w + e];
+                }
+                int32_t at = j, bk = 0;
+                while (at > 0 && chunk_of[at - 1] == c)
+                    at--;
+                for (int32_t i = j - at; i > 0 && bk < POS_BUCKETS - 1; i >>= 1)
+                    bk++;
+                double rd = nn > 0 ? sqrt(dd / nn) : 0;
+                pb[bk] += rd, pn[bk] += 1, cbk[c] += rd, cbn[c] += 1;
+            }
             for (int sel = 0; sel < (which ? 1 : 3); sel++) {
                 size_t n = 0;
                 for (int32_t j = 0; j < T; j++) {
@@ -172,6 +201,13 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
         }
     }
     json_object_set_new(o, "mode", json_string(label));
+    for (int i = 0; i < POS_BUCKETS; i++)
+        pb[i] = pn[i] > 0 ? pb[i] / pn[i] : 0;
+    for (int32_t c = 0; c < n_chunks; c++)
+        cbk[c] = cbn[c] > 0 ? cbk[c] / cbn[c] : 0;
+    json_object_set_new(o, "vdev_pos", jarr(pb, POS_BUCKETS));
+    json_object_set_new(o, "vdev_chunk", jarr(cbk, n_chunks));
+    free(cbk), free(cbn);
     { /* each chunk's share of the question's attention, over all layers and the first half */
         double *cm = calloc((size_t)(2 * n_chunks + 1), sizeof *cm);
         if (!cm) {
@@ -233,9 +269,149 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
     return o;
 }
 
-static int parse_mode(const char *s, cb_blend_params *bp)
+/* The oracle modes: what only full prefill knows picks the rows. */
+enum { OR_NONE, OR_ATT, OR_DEV, OR_VDEV, OR_PROBE, OR_STALE };
+
+typedef struct blend_like {
+    float score;
+    int32_t row;
+} blend_like;
+
+static int by_score(const void *a, const void *b) /* higher first, equal by lower row */
+{
+    const blend_like *x = a, *y = b;
+    return x->score != y->score ? (x->score < y->score ? 1 : -1)
+                                : (x->row > y->row) - (x->row < y->row);
+}
+
+/* The oracle's scores [T] of the rows: kind OR_VDEV sums ||V_full - V||
+ * over the layers (hkvd's deviation, at every layer, against the truth);
+ * the others run the question turn over a cache and add, at every layer,
+ * each head's attention to a row times the norm of a V row, through
+ * cb_fwd_attn_mass over a scratch cache holding that cache's K and that V:
+ *   OR_ATT    over full prefill's cache, V_full (probe's score, had it the
+ *             true cache)
+ *   OR_DEV    over full prefill's cache, V_full - V (what the stale row
+ *             changes in the head's output, weighed as full prefill reads)
+ *   OR_PROBE  over the loaded cache, its V (probe's own score: a check)
+ *   OR_STALE  over the loaded cache, V_full - V (weighed as the stale
+ *             question reads). */
+static cb_status oracle_scores(cb_fwd *f, cb_kvcache *kv, cb_kvcache *kv_full, cb_kvcache *tmp,
+                               const cb_hparams *hp, const cb_segment *tail, int32_t T, int kind,
+                               float *score)
+{
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+    float *a = malloc(sizeof *a * (size_t)(T * w)), *b = malloc(sizeof *b * (size_t)(T * w));
+    int32_t *pos = malloc(sizeof *pos * (size_t)tail->n);
+    cb_status st = CB_ERR_NOMEM;
+    if (!a || !b || !pos)
+        goto out;
+    memset(score, 0, sizeof *score * (size_t)T);
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        if ((st = cb_kvcache_read(kv, l, 1, 0, T, a)) != CB_OK ||
+            (st = cb_kvcache_read(kv_full, l, 1, 0, T, b)) != CB_OK)
+            goto out;
+        for (int64_t i = 0; i < T * w; i++)
+            a[i] = kind == OR_ATT ? b[i] : kind == OR_PROBE ? a[i] : b[i] - a[i];
+        if (kind == OR_VDEV) {
+            for (int32_t j = 0; j < T; j++) {
+                double d = 0;
+                for (int64_t e = 0; e < w; e++)
+                    d += (double)a[j * w + e] * a[j * w + e];
+                score[j] += (float)sqrt(d);
+            }
+            continue;
+        }
+        cb_kvcache *qkv = kind == OR_PROBE || kind == OR_STALE ? kv : kv_full;
+        if ((st = cb_kvcache_write(tmp, l, 1, 0, T, a)) != CB_OK ||
+            (st = cb_kvcache_read(qkv, l, 0, 0, T, b)) != CB_OK ||
+            (st = cb_kvcache_write(tmp, l, 0, 0, T, b)) != CB_OK)
+            goto out;
+    }
+    if (kind != OR_VDEV) {
+        for (int32_t i = 0; i < tail->n; i++)
+            pos[i] = T - tail->n + i;
+        if ((st = cb_fwd_embed(f, tail->ids, pos, tail->n)) != CB_OK)
+            goto out;
+        for (int32_t l = 0; l < hp->n_layer; l++)
+            if ((st = cb_fwd_layer(f, kind == OR_PROBE || kind == OR_STALE ? kv : kv_full, l, NULL,
+                                   tail->n)) != CB_OK ||
+                (st = cb_fwd_attn_mass(f, tmp, l, 0, tail->n, T, 1, score)) != CB_OK)
+                goto out;
+    }
+    st = CB_OK;
+out:
+    free(a), free(b), free(pos);
+    return st;
+}
+
+/* An oracle blend at ratio r: reuse's loaded caches, the top ceil(r x
+ * cached rows) candidates by oracle_scores recomputed with the uncached
+ * rows through every layer (probe's second pass, another choice of rows). */
+static cb_status oracle_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv,
+                                cb_kvcache *kv_full, cb_kvcache *tmp, const cb_hparams *hp,
+                                int kind, float r, float *logits, int32_t *n_recomputed,
+                                cb_error *err)
+{
+    int32_t n_segs, T = (int32_t)cb_prompt_n_tokens(p);
+    const cb_segment *segs = cb_prompt_segments(p, &n_segs);
+    cb_blend_params bp = cb_blend_defaults();
+    cb_blend_stats bs;
+    bp.mode = CB_MODE_REUSE;
+    cb_status st = cb_prompt_prefill(p, s, f, kv, &bp, logits, &bs, warn, NULL, err);
+    if (st != CB_OK)
+        return st;
+    uint8_t *cand = calloc((size_t)T, 1);
+    int32_t *ids = malloc(sizeof *ids * (size_t)T), *pos = malloc(sizeof *pos * (size_t)T);
+    float *score = malloc(sizeof *score * (size_t)T);
+    blend_like *sc = malloc(sizeof *sc * (size_t)T);
+    st = CB_ERR_NOMEM;
+    if (!cand || !ids || !pos || !score || !sc)
+        goto out;
+    int64_t n_cached = 0, n_c = 0;
+    int exact = 1; /* the leading caches while each is a true prefix */
+    for (int32_t sg = 0, r0 = 0; sg < n_segs; r0 += segs[sg++].n) {
+        memcpy(ids + r0, segs[sg].ids, sizeof *ids * (size_t)segs[sg].n);
+        if (!segs[sg].kv)
+            continue;
+        exact = exact && cb_blend_true_prefix(segs, sg, r0);
+        for (int32_t j = 0; j < segs[sg].n; j++)
+            if (r0 + j != T - 1)
+                n_cached++, cand[r0 + j] = exact ? 2 : 1;
+    }
+    if ((st = oracle_scores(f, kv, kv_full, tmp, hp, &segs[n_segs - 1], T, kind, score)) != CB_OK)
+        goto out;
+    for (int32_t j = 0; j < T; j++)
+        if (cand[j] == 1)
+            sc[n_c].score = score[j], sc[n_c++].row = j;
+    qsort(sc, (size_t)n_c, sizeof *sc, by_score);
+    int64_t want = (int64_t)ceilf(r * (float)n_cached);
+    want = want > n_c ? n_c : want;
+    for (int64_t i = 0; i < want; i++)
+        cand[sc[i].row] = 0; /* recomputed */
+    int32_t n = 0;
+    for (int32_t j = 0; j < T; j++)
+        if (!cand[j])
+            ids[n] = ids[j], pos[n++] = j;
+    if ((st = cb_fwd_embed(f, ids, pos, n)) != CB_OK)
+        goto out;
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        if ((st = cb_fwd_layer(f, kv, l, NULL, n)) != CB_OK)
+            goto out;
+    int32_t last = n - 1;
+    st = cb_fwd_logits(f, &last, 1, logits);
+    *n_recomputed = (int32_t)want;
+out:
+    if (st != CB_OK)
+        snprintf(err->msg, sizeof err->msg, "the oracle blend failed (%d)", (int)st);
+    free(cand), free(ids), free(pos), free(score), free(sc);
+    return st;
+}
+
+static int parse_mode(const char *s, cb_blend_params *bp, int *oracle)
 {
     *bp = cb_blend_defaults();
+    *oracle = OR_NONE;
     if (!strcmp(s, "full"))
         return bp->mode = CB_MODE_FULL, 0;
     if (!strcmp(s, "reuse"))
@@ -255,6 +431,16 @@ static int parse_mode(const char *s, cb_blend_params *bp)
         bp->strategy = CB_STRATEGY_HKVD;
     else if (!strcmp(name, "query"))
         bp->strategy = CB_STRATEGY_QUERY;
+    else if (!strcmp(name, "oatt"))
+        *oracle = OR_ATT;
+    else if (!strcmp(name, "odev"))
+        *oracle = OR_DEV;
+    else if (!strcmp(name, "ovdev"))
+        *oracle = OR_VDEV;
+    else if (!strcmp(name, "oprobe"))
+        *oracle = OR_PROBE;
+    else if (!strcmp(name, "ostale"))
+        *oracle = OR_STALE;
     else
         return -1;
     return 0;
@@ -268,7 +454,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     size_t nc = json_array_size(jc);
     cb_strview *texts = calloc(nc ? nc : 1, sizeof *texts);
     cb_prompt *p = NULL;
-    cb_kvcache *kv_full = NULL, *kv = NULL;
+    cb_kvcache *kv_full = NULL, *kv = NULL, *kv_tmp = NULL;
     cb_fwd *f = NULL;
     qdiag full = {0}, d = {0};
     uint8_t *cls = NULL, *gold_chunk = NULL;
@@ -332,14 +518,20 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
         goto out;
     for (int mi = -1; mi < n_modes; mi++) {
         cb_blend_params bp;
-        cb_blend_stats bs;
+        cb_blend_stats bs = {0};
+        int oracle;
         const char *label = mi < 0 ? "full" : modes[mi];
         if (mi >= 0 && !strcmp(label, "full"))
             continue;
-        parse_mode(label, &bp);
+        parse_mode(label, &bp, &oracle);
         cb_kvcache *k = mi < 0 ? kv_full : kv;
         qdiag *dd = mi < 0 ? &full : &d;
-        if (cb_prompt_prefill(p, s, f, k, &bp, dd->logits, &bs, warn, NULL, &err) != CB_OK) {
+        if (oracle && !kv_tmp && cb_kvcache_new(&kv_tmp, m, T, CB_TYPE_F32) != CB_OK)
+            goto out;
+        if (oracle
+                ? oracle_prefill(p, s, f, k, kv_full, kv_tmp, hp, oracle, bp.ratios[0], dd->logits,
+                                 &bs.n_recomputed_tokens, &err) != CB_OK
+                : cb_prompt_prefill(p, s, f, k, &bp, dd->logits, &bs, warn, NULL, &err) != CB_OK) {
             fprintf(stderr, "blend_diag: question %d, %s: %s\n", qi, label, err.msg);
             goto out;
         }
@@ -364,7 +556,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     rc = 0;
 out:
     cb_fwd_free(f);
-    cb_kvcache_free(kv), cb_kvcache_free(kv_full);
+    cb_kvcache_free(kv), cb_kvcache_free(kv_full), cb_kvcache_free(kv_tmp);
     cb_prompt_free(p);
     free(texts), free(cls), free(chunk_of), free(gold_chunk);
     free(full.mass), free(d.mass), free(full.hidden), free(d.hidden), free(full.logits),
@@ -379,10 +571,12 @@ int main(int argc, char **argv)
         return 64;
     }
     cb_blend_params bp;
+    int oracle;
     for (int i = 5; i < argc; i++)
-        if (parse_mode(argv[i], &bp) != 0) {
+        if (parse_mode(argv[i], &bp, &oracle) != 0) {
             fprintf(stderr,
-                    "blend_diag: bad mode '%s' (full, reuse, probe:R[:DEPTH], hkvd:R, query:R)\n",
+                    "blend_diag: bad mode '%s' (full, reuse, probe:R[:DEPTH], hkvd:R, query:R, "
+                    "oatt:R, odev:R, ovdev:R, oprobe:R, ostale:R)\n",
                     argv[i]);
             return 64;
         }

@@ -17,6 +17,17 @@ probe's first pass scores) and how many of full prefill's 5 most attended
 chunks each mode's 5 are.
 With --chunks-list 1,2,5,20 the same with only the first k chunks of each
 question (the gold ones among them): how quality moves with their number.
+How stale reuse's rows are, by their place in the chunk and by chunk.
+The headroom of selection: the oracle modes recompute rows picked by what
+only full prefill knows, as probe's second pass does (--modes
+reuse,probe:0.22,oatt:0.22,odev:0.22,ostale:0.22,ovdev:0.22,oprobe:0.22):
+  oatt    the question's attention in full prefill times |V_full| (probe's
+          score, had it the true cache)
+  odev    that attention times |V_full - V| (what a stale row changes in the
+          heads' outputs)
+  ostale  the question's attention over the loaded caches times |V_full - V|
+  ovdev   |V_full - V| alone (hkvd's deviation, every layer, the true one)
+  oprobe  probe's own score through the same path (a check: probe's KL)
 """
 import argparse
 import json
@@ -56,6 +67,18 @@ def table(lines, modes, n_layer, title):
         print(f"| {mode} | {mean(kl):.3f} +- {se(kl):.3f} | {mean([float(x.get('top1', True)) for x in ls]):.2f} "
               f"| {mean([x['n_recomputed'] for x in ls]):.0f} of {mean([x['n_tokens'] for x in ls]):.0f} "
               f"| {mean([mean(x['tv']) for x in ls]):.3f} | {mean([mean(x['cos']) for x in ls]):.3f} |")
+    stale = [x for x in lines if x["mode"] == "reuse" and "vdev_pos" in x]
+    if stale:  # how stale a loaded row's V is, by its place (blend_diag's vdev_pos, vdev_chunk)
+        places = ["0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64-127", "128-255", "256-511", "512+"]
+        print("\nreuse: ||V - V_full|| / ||V_full|| of the chunks' rows (mean over rows and layers) by the row's "
+              "place in its chunk, and by chunk (0: the prompt's head)\n")
+        print("| place | " + " | ".join(places) + " |\n|" + "---|" * (len(places) + 1))
+        print("| vdev | " + " | ".join(f"{mean([x['vdev_pos'][i] for x in stale if x['vdev_pos'][i] > 0]):.3f}"
+                                      for i in range(len(places))) + " |")
+        nc = max(len(x["vdev_chunk"]) for x in stale)
+        print("\n| chunk | " + " | ".join(str(c) for c in range(nc)) + " |\n|" + "---|" * (nc + 1))
+        print("| vdev | " + " | ".join(f"{mean([x['vdev_chunk'][c] for x in stale if len(x['vdev_chunk']) > c]):.3f}"
+                                      for c in range(nc)) + " |")
     picks = sorted({0, 1, n_layer // 4, n_layer // 2, 3 * n_layer // 4, n_layer - 1})
     keys = ["prefix", "heads", "gold", "other", "sep", "self", "tv", "cos", "kdev", "vdev", "kdev_gold",
             "kdev_heads", "knorm", "kcos", "vnorm", "vcos"]
@@ -107,7 +130,8 @@ def main():
     ap.add_argument("--shape", choices=["paper", "many", "short"], default="many")
     ap.add_argument("--chunks-max", type=int, default=20)
     ap.add_argument("--chunks-list", default="", help="also with the first k chunks, k in this list")
-    ap.add_argument("--modes", default="reuse,probe:0.15")
+    ap.add_argument("--modes", default="reuse,probe:0.15",
+                    help="reuse, STRATEGY:R[:DEPTH] (probe, hkvd, query), ORACLE:R (oatt, odev, ostale, ovdev, oprobe)")
     ap.add_argument("--model", default=os.environ.get("CB_MODEL") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cacheblend", "models",
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), help="default: $CB_MODEL (make diag MODEL=...), else Qwen2.5-Coder-1.5B")

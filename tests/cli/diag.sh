@@ -4,7 +4,9 @@
 # computed in place, recomputing every cached row (probe at ratio 1) gives
 # full prefill back, reuse does not; the attention shares add up; bad
 # modes and missing caches are refused; each chunk's share of the question's
-# attention adds up to the chunks' and ranks the gold one.
+# attention adds up to the chunks' and ranks the gold one; the oracle
+# modes pick as many rows as probe, probe's own score (oprobe) picks its
+# rows, and every row recomputed gives full prefill back.
 . "$(dirname "$0")/lib.sh"
 DIAG=${BUILD:-build/rel}/bench/blend_diag
 M=$CB_TEST_TMP/tiny4-qwen2.gguf
@@ -29,8 +31,9 @@ with open(f"{t}/q.jsonl", "w") as f:
 PY
 "$BINDIR_B/cb-precompute" -m "$M" --store "$S" -q "$T/chunks.jsonl" > /dev/null \
     && ok "chunks precomputed" || not_ok "cb-precompute"
-"$DIAG" "$M" "$S" 1 "$T/q.jsonl" reuse probe:1 probe:0.3 > "$T/d.jsonl" 2> "$T/err"; rc=$?
-[ $rc -eq 0 ] && [ "$(wc -l < "$T/d.jsonl")" -eq 8 ] && ok "a line per question and mode" \
+"$DIAG" "$M" "$S" 1 "$T/q.jsonl" reuse probe:1 probe:0.3 probe:0.3:1 oprobe:0.3 oatt:1 oatt:0.3 \
+    odev:0.3 ostale:0.3 ovdev:0.3 > "$T/d.jsonl" 2> "$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l < "$T/d.jsonl")" -eq 22 ] && ok "a line per question and mode" \
     || { not_ok "blend_diag (rc $rc)"; sed 's/^/#   /' "$T/err" | head -5; }
 python3 - "$T/d.jsonl" <<'PY' && ok "full exact, moved chunks exact at layer 0, ratio 1 = full, reuse not, shares add up" || not_ok "diagnosis values"
 import json, sys
@@ -69,6 +72,25 @@ for x in ls:
         g = 1 if x["q"] == 0 else 0
         assert r == sum(m[e] > m[g] or (m[e] == m[g] and e < g) for e in range(n)), (x["mode"], key, r, m)
         assert 0 <= r < n, r
+PY
+python3 - "$T/d.jsonl" <<'PY' && ok "oracle modes: probe's own score picks probe's rows, every row recomputed is full prefill, each recomputes the ratio's rows; staleness by place" || not_ok "oracle values"
+import json, sys
+ls = [json.loads(x) for x in open(sys.argv[1])]
+q0 = {x["mode"]: x for x in ls if x["q"] == 0}
+p3 = q0["probe:0.3:1"]  # probe scoring at every layer, as the oracles do
+assert abs(q0["oprobe:0.3"]["kl"] - p3["kl"]) <= 1e-3 * p3["kl"] + 1e-9, (q0["oprobe:0.3"], p3)
+assert q0["oatt:1"]["kl"] < 1e-4 and q0["oatt:1"]["n_recomputed"] == q0["probe:1"]["n_recomputed"], q0["oatt:1"]
+for m in ("oprobe", "oatt", "odev", "ostale", "ovdev"):
+    o = q0[m + ":0.3"]
+    assert o["n_recomputed"] == p3["n_recomputed"], (m, o["n_recomputed"], p3["n_recomputed"])
+    assert 0 < o["kl"] < 10, (m, o["kl"])  # random weights: no ranking of the scores here
+r = q0["reuse"]
+vc, n = r["vdev_chunk"], r["n_chunks"]
+assert len(r["vdev_pos"]) == 11 and len(vc) in (n, n + 1), r  # the head first when it has a cache
+assert max(vc[: len(vc) - n + 1]) < 3e-3 and min(vc[len(vc) - n + 1:]) > 1e-3, vc  # the first chunk is exact
+assert max(r["vdev_pos"]) > 1e-3, r["vdev_pos"]
+q1 = {x["mode"]: x for x in ls if x["q"] == 1}
+assert max(q1["reuse"]["vdev_pos"]) < 3e-3, q1["reuse"]["vdev_pos"]  # a true prefix: nothing stale
 PY
 expect_exit "a bad mode is refused" 64 "$DIAG" "$M" "$S" 1 "$T/q.jsonl" probe:2
 grep -q "bad mode 'probe:2'" "$T/err" && ok "and named" || not_ok "the bad mode's message"
