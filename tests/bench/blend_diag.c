@@ -2,8 +2,9 @@
  * question, full prefill against reuse and blend, layer by layer.
  * usage: blend_diag MODEL STORE THREADS QFILE MODE...
  *   QFILE  JSON Lines: {"question": text, "chunks": [text...], "gold": [i...]}
- *          (gold: the chunks holding an answer); each chunk's KV must be in
- *          STORE (cb-precompute, as tests/bench/diag.py does)
+ *          (gold: the chunks holding an answer; "system": text, optional, as
+ *          cb-run --system); each chunk's KV must be in STORE (cb-precompute,
+ *          as tests/bench/diag.py does)
  *   MODE   full (always run first), reuse, or STRATEGY:RATIO[:DEPTH] (probe:0.15;
  *          DEPTH: probe's first pass through that share of the layers, 0: by cost),
  *          or ORACLE:RATIO: the loaded caches with the rows picked by a
@@ -33,8 +34,10 @@
  *   most attended; -1: no gold chunk).
  *   vdev_pos, vdev_chunk: ||V - V_full|| / ||V_full|| of a chunk's row, the
  *   mean over rows and layers, by the row's place in its chunk (0, 1, 2-3,
- *   4-7, ..., 512 on) and by chunk (the prompt's head is chunk 0 when it
- *   has a cache).
+ *   4-7, ..., 512 on; the chunks whose caches are not true prefixes) and by
+ *   chunk (every one).
+ * The chunks are the passages: the prompt's head is none of them, cached
+ * or not.
  * The question turn is run again, layer by layer, against the cache the
  * prefill left (the same K/V the prefill's last pass attended to). */
 #include "../../lib/kv/kv.h"
@@ -124,10 +127,12 @@ static json_t *jarr(const double *x, int32_t n)
     return a;
 }
 
-/* One mode's line: its distribution against full's, its cache against full's. */
+/* One mode's line: its distribution against full's, its cache against full's
+ * (chunk_flags[c]: bit 0, chunk c holds an answer; bit 1, its cache is a
+ * true prefix). */
 static json_t *compare(const char *label, const qdiag *d, const qdiag *full, const uint8_t *cls,
                        const cb_hparams *hp, cb_kvcache *kv, cb_kvcache *kv_full,
-                       const int16_t *chunk_of, const uint8_t *is_gold_chunk, int32_t n_chunks,
+                       const int16_t *chunk_of, const uint8_t *chunk_flags, int32_t n_chunks,
                        int32_t n_vocab)
 {
     int32_t L = hp->n_layer, T = d->total;
@@ -170,6 +175,7 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
                 int c = chunk_of[j];
                 if (c < 0)
                     continue;
+                int by_place = !(chunk_flags[c] & 2); /* a true prefix's rows are not stale */
                 double dd = 0, nn = 0;
                 for (int64_t e = 0; e < w; e++) {
                     double x = (double)a[j * w + e] - b[j * w + e];
@@ -181,13 +187,13 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
                 for (int32_t i = j - at; i > 0 && bk < POS_BUCKETS - 1; i >>= 1)
                     bk++;
                 double rd = nn > 0 ? sqrt(dd / nn) : 0;
-                pb[bk] += rd, pn[bk] += 1, cbk[c] += rd, cbn[c] += 1;
+                pb[bk] += by_place * rd, pn[bk] += by_place, cbk[c] += rd, cbn[c] += 1;
             }
             for (int sel = 0; sel < (which ? 1 : 3); sel++) {
                 size_t n = 0;
                 for (int32_t j = 0; j < T; j++) {
                     int c = chunk_of[j];
-                    if (c < 0 || (sel == 1 && !is_gold_chunk[c]) ||
+                    if (c < 0 || (sel == 1 && !(chunk_flags[c] & 1)) ||
                         (sel == 2 && cls[j] != R_CHUNK_HEAD))
                         continue;
                     memcpy(ca + n, a + (size_t)j * w, sizeof *a * (size_t)w);
@@ -228,7 +234,7 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
             const double *x = cm + h * n_chunks;
             int32_t best = -1;
             for (int32_t c = 0; c < n_chunks; c++) {
-                if (!is_gold_chunk[c])
+                if (!(chunk_flags[c] & 1))
                     continue;
                 int32_t above = 0;
                 for (int32_t e = 0; e < n_chunks; e++)
@@ -451,6 +457,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
     const cb_hparams *hp = cb_model_hparams(m);
     json_t *jc = json_object_get(q, "chunks"), *jg = json_object_get(q, "gold");
     const char *question = json_string_value(json_object_get(q, "question"));
+    const char *sys = json_string_value(json_object_get(q, "system")); /* NULL: the template's */
     size_t nc = json_array_size(jc);
     cb_strview *texts = calloc(nc ? nc : 1, sizeof *texts);
     cb_prompt *p = NULL;
@@ -468,7 +475,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
         const char *t = json_string_value(json_array_get(jc, i));
         texts[i] = (cb_strview){t ? t : "", t ? strlen(t) : 0};
     }
-    if (cb_prompt_build(&p, m, NULL, 0, texts, nc, question, strlen(question), &err) != CB_OK) {
+    if (cb_prompt_build(&p, m, sys, 0, texts, nc, question, strlen(question), &err) != CB_OK) {
         fprintf(stderr, "blend_diag: question %d: %s\n", qi, err.msg);
         goto out;
     }
@@ -494,13 +501,16 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
         goto out;
     /* each row's class: head, chunk (its first tokens, gold or other), separator, question */
     int32_t r0 = 0, chunk = -1;
+    int exact = 1; /* the leading caches while each is a true prefix (the head's first) */
     for (int32_t sgi = 0; sgi < n_segs; r0 += segs[sgi++].n) {
         int gold = 0;
-        if (segs[sgi].kv) {
+        if (segs[sgi].kv) /* as blend.c's: uncached segments between do not end it */
+            exact = exact && cb_blend_true_prefix(segs, sgi, r0);
+        if (segs[sgi].kv && sgi > 0) { /* a chunk (the head's cache is none of them) */
             chunk++;
             for (size_t g = 0; g < json_array_size(jg); g++)
                 gold |= json_integer_value(json_array_get(jg, g)) == chunk;
-            gold_chunk[chunk] = (uint8_t)gold;
+            gold_chunk[chunk] = (uint8_t)(gold | exact << 1);
         }
         for (int32_t i = 0; i < segs[sgi].n; i++) {
             uint8_t c = sgi == 0            ? R_HEAD
@@ -510,7 +520,7 @@ static int one_question(cb_model *m, cb_store *s, json_t *q, int qi, char **mode
                         : gold              ? R_GOLD
                                             : R_OTHER;
             cls[r0 + i] = c;
-            chunk_of[r0 + i] = segs[sgi].kv ? (int16_t)chunk : -1;
+            chunk_of[r0 + i] = segs[sgi].kv && sgi > 0 ? (int16_t)chunk : -1;
         }
     }
     if (cb_kvcache_new(&kv_full, m, T, CB_TYPE_F16) != CB_OK ||

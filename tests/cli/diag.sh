@@ -85,12 +85,31 @@ for m in ("oprobe", "oatt", "odev", "ostale", "ovdev"):
     assert o["n_recomputed"] == p3["n_recomputed"], (m, o["n_recomputed"], p3["n_recomputed"])
     assert 0 < o["kl"] < 10, (m, o["kl"])  # random weights: no ranking of the scores here
 r = q0["reuse"]
-vc, n = r["vdev_chunk"], r["n_chunks"]
-assert len(r["vdev_pos"]) == 11 and len(vc) in (n, n + 1), r  # the head first when it has a cache
-assert max(vc[: len(vc) - n + 1]) < 3e-3 and min(vc[len(vc) - n + 1:]) > 1e-3, vc  # the first chunk is exact
+vc = r["vdev_chunk"]
+assert len(r["vdev_pos"]) == 11 and len(vc) == r["n_chunks"], r
+assert vc[0] < 3e-3 and min(vc[1:]) > 1e-3, vc  # the first chunk is a true prefix
 assert max(r["vdev_pos"]) > 1e-3, r["vdev_pos"]
 q1 = {x["mode"]: x for x in ls if x["q"] == 1}
-assert max(q1["reuse"]["vdev_pos"]) < 3e-3, q1["reuse"]["vdev_pos"]  # a true prefix: nothing stale
+assert len(q1["reuse"]["vdev_chunk"]) == 1 and q1["reuse"]["vdev_chunk"][0] < 3e-3, q1["reuse"]
+assert max(q1["reuse"]["vdev_pos"]) == 0, q1["reuse"]["vdev_pos"]  # a true prefix's rows: not by place
+PY
+# a cached head (a system message's, stored by cb-precompute --system) is none of the chunks
+SYS="You answer questions about the town archive of Kelby, briefly."
+python3 -c 'import json, sys; q = json.loads(open(sys.argv[1]).readline()); q["system"] = sys.argv[2]; print(json.dumps(q))' \
+    "$T/q.jsonl" "$SYS" > "$T/qs.jsonl"
+"$BINDIR_B/cb-precompute" -m "$M" --store "$S" --system "$SYS" -q "$T/chunks.jsonl" > /dev/null \
+    && "$DIAG" "$M" "$S" 1 "$T/qs.jsonl" reuse oprobe:0.3 > "$T/h.jsonl" 2> "$T/err" \
+    && python3 - "$T/h.jsonl" "$T/d.jsonl" <<'PY' && ok "a cached head: not a chunk; the same chunks' attention and gold rank" || not_ok "with a cached head"
+import json, sys
+ls = [json.loads(x) for x in open(sys.argv[1])]
+before = {x["mode"]: x for x in map(json.loads, open(sys.argv[2])) if x["q"] == 0}
+assert len(ls) == 3, ls
+for x in ls:
+    assert len(x["chunk_mass"]) == 3 and len(x["vdev_chunk"]) == 3 and x["gold_rank"] >= 0, x
+    assert max(x["prefix"]) > 0, x  # the head's rows are the prompt's head, as before
+r = [x for x in ls if x["mode"] == "reuse"][0]
+assert min(r["vdev_chunk"]) > 1e-3, r["vdev_chunk"]  # computed after another lead-in: none exact
+assert max(r["vdev_pos"]) > 1e-3, r["vdev_pos"]
 PY
 expect_exit "a bad mode is refused" 64 "$DIAG" "$M" "$S" 1 "$T/q.jsonl" probe:2
 grep -q "bad mode 'probe:2'" "$T/err" && ok "and named" || not_ok "the bad mode's message"
