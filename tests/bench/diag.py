@@ -71,7 +71,7 @@ def table(lines, modes, n_layer, title):
     if stale:  # how stale a loaded row's V is, by its place (blend_diag's vdev_pos, vdev_chunk)
         places = ["0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64-127", "128-255", "256-511", "512+"]
         print("\nreuse: ||V - V_full|| / ||V_full|| of the chunks' rows (mean over rows and layers) by the row's "
-              "place in its chunk, and by chunk (0: the prompt's head)\n")
+              "place in its chunk (the chunks not true prefixes), and by chunk (0: the first)\n")
         print("| place | " + " | ".join(places) + " |\n|" + "---|" * (len(places) + 1))
         print("| vdev | " + " | ".join(f"{mean([x['vdev_pos'][i] for x in stale if x['vdev_pos'][i] > 0]):.3f}"
                                       for i in range(len(places))) + " |")
