@@ -10,7 +10,10 @@
  *          or ORACLE:RATIO: the loaded caches with the rows picked by a
  *          score that only full prefill gives, recomputed as probe's second
  *          pass does (the headroom of selection; oracle_scores):
- *          oatt, odev, ovdev, ostale, and oprobe (probe's own score, a check)
+ *          oatt, odev, ovdev, ostale, and oprobe (probe's own score, a check);
+ *          oiter: probe's score in two rounds, the second over the cache
+ *          the first one's half of the rows left (not an oracle: it knows
+ *          nothing of full prefill, but costs about 1.5 blends)
  * For each question and mode one JSON line on stdout:
  *   kl, top1   the first answer token's distribution against full's
  *   per layer (arrays of n_layer):
@@ -276,7 +279,7 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
 }
 
 /* The oracle modes: what only full prefill knows picks the rows. */
-enum { OR_NONE, OR_ATT, OR_DEV, OR_VDEV, OR_PROBE, OR_STALE };
+enum { OR_NONE, OR_ATT, OR_DEV, OR_VDEV, OR_PROBE, OR_STALE, OR_ITER };
 
 typedef struct blend_like {
     float score;
@@ -351,16 +354,55 @@ out:
     return st;
 }
 
+/* The top `want` candidates still open (cand 1) by score, marked chosen
+ * (cand 0); how many there were. */
+static int64_t choose(uint8_t *cand, const float *score, int32_t T, int64_t want, blend_like *sc)
+{
+    int64_t n_c = 0;
+    for (int32_t j = 0; j < T; j++)
+        if (cand[j] == 1)
+            sc[n_c].score = score[j], sc[n_c++].row = j;
+    qsort(sc, (size_t)n_c, sizeof *sc, by_score);
+    want = want > n_c ? n_c : want;
+    for (int64_t i = 0; i < want; i++)
+        cand[sc[i].row] = 0;
+    return want;
+}
+
+/* The rows that are no candidates (cand 0: uncached or chosen) from the
+ * embeddings through every layer over kv, the last one's logits (probe's
+ * second pass); ids and pos are scratch of T. */
+static cb_status recompute(cb_fwd *f, cb_kvcache *kv, const cb_hparams *hp, const int32_t *all_ids,
+                           const uint8_t *cand, int32_t T, int32_t *ids, int32_t *pos,
+                           float *logits)
+{
+    int32_t n = 0;
+    cb_status st;
+    for (int32_t j = 0; j < T; j++)
+        if (!cand[j])
+            ids[n] = all_ids[j], pos[n++] = j;
+    if ((st = cb_fwd_embed(f, ids, pos, n)) != CB_OK)
+        return st;
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        if ((st = cb_fwd_layer(f, kv, l, NULL, n)) != CB_OK)
+            return st;
+    int32_t last = n - 1;
+    return cb_fwd_logits(f, &last, 1, logits);
+}
+
 /* An oracle blend at ratio r: reuse's loaded caches, the top ceil(r x
  * cached rows) candidates by oracle_scores recomputed with the uncached
- * rows through every layer (probe's second pass, another choice of rows). */
+ * rows through every layer (probe's second pass, another choice of rows).
+ * OR_ITER: probe's score picks half of them, those are recomputed, the
+ * question's attention over that cache picks the rest, and all of them are
+ * recomputed (selection in two rounds). */
 static cb_status oracle_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv,
                                 cb_kvcache *kv_full, cb_kvcache *tmp, const cb_hparams *hp,
                                 int kind, float r, float *logits, int32_t *n_recomputed,
                                 cb_error *err)
 {
     int32_t n_segs, T = (int32_t)cb_prompt_n_tokens(p);
-    const cb_segment *segs = cb_prompt_segments(p, &n_segs);
+    const cb_segment *segs = cb_prompt_segments(p, &n_segs), *tail = &segs[n_segs - 1];
     cb_blend_params bp = cb_blend_defaults();
     cb_blend_stats bs;
     bp.mode = CB_MODE_REUSE;
@@ -368,16 +410,17 @@ static cb_status oracle_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache
     if (st != CB_OK)
         return st;
     uint8_t *cand = calloc((size_t)T, 1);
-    int32_t *ids = malloc(sizeof *ids * (size_t)T), *pos = malloc(sizeof *pos * (size_t)T);
+    int32_t *all = malloc(sizeof *all * (size_t)T), *ids = malloc(sizeof *ids * (size_t)T),
+            *pos = malloc(sizeof *pos * (size_t)T);
     float *score = malloc(sizeof *score * (size_t)T);
     blend_like *sc = malloc(sizeof *sc * (size_t)T);
     st = CB_ERR_NOMEM;
-    if (!cand || !ids || !pos || !score || !sc)
+    if (!cand || !all || !ids || !pos || !score || !sc)
         goto out;
-    int64_t n_cached = 0, n_c = 0;
+    int64_t n_cached = 0;
     int exact = 1; /* the leading caches while each is a true prefix */
     for (int32_t sg = 0, r0 = 0; sg < n_segs; r0 += segs[sg++].n) {
-        memcpy(ids + r0, segs[sg].ids, sizeof *ids * (size_t)segs[sg].n);
+        memcpy(all + r0, segs[sg].ids, sizeof *all * (size_t)segs[sg].n);
         if (!segs[sg].kv)
             continue;
         exact = exact && cb_blend_true_prefix(segs, sg, r0);
@@ -385,32 +428,24 @@ static cb_status oracle_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache
             if (r0 + j != T - 1)
                 n_cached++, cand[r0 + j] = exact ? 2 : 1;
     }
-    if ((st = oracle_scores(f, kv, kv_full, tmp, hp, &segs[n_segs - 1], T, kind, score)) != CB_OK)
-        goto out;
-    for (int32_t j = 0; j < T; j++)
-        if (cand[j] == 1)
-            sc[n_c].score = score[j], sc[n_c++].row = j;
-    qsort(sc, (size_t)n_c, sizeof *sc, by_score);
-    int64_t want = (int64_t)ceilf(r * (float)n_cached);
-    want = want > n_c ? n_c : want;
-    for (int64_t i = 0; i < want; i++)
-        cand[sc[i].row] = 0; /* recomputed */
-    int32_t n = 0;
-    for (int32_t j = 0; j < T; j++)
-        if (!cand[j])
-            ids[n] = ids[j], pos[n++] = j;
-    if ((st = cb_fwd_embed(f, ids, pos, n)) != CB_OK)
-        goto out;
-    for (int32_t l = 0; l < hp->n_layer; l++)
-        if ((st = cb_fwd_layer(f, kv, l, NULL, n)) != CB_OK)
+    int64_t want = (int64_t)ceilf(r * (float)n_cached), got = 0;
+    if (kind == OR_ITER) {
+        if ((st = oracle_scores(f, kv, kv_full, tmp, hp, tail, T, OR_PROBE, score)) != CB_OK)
             goto out;
-    int32_t last = n - 1;
-    st = cb_fwd_logits(f, &last, 1, logits);
-    *n_recomputed = (int32_t)want;
+        got = choose(cand, score, T, (want + 1) / 2, sc);
+        if ((st = recompute(f, kv, hp, all, cand, T, ids, pos, logits)) != CB_OK)
+            goto out;
+    }
+    if ((st = oracle_scores(f, kv, kv_full, tmp, hp, tail, T, kind == OR_ITER ? OR_PROBE : kind,
+                            score)) != CB_OK)
+        goto out;
+    got += choose(cand, score, T, want - got, sc);
+    st = recompute(f, kv, hp, all, cand, T, ids, pos, logits);
+    *n_recomputed = (int32_t)got;
 out:
     if (st != CB_OK)
         snprintf(err->msg, sizeof err->msg, "the oracle blend failed (%d)", (int)st);
-    free(cand), free(ids), free(pos), free(score), free(sc);
+    free(cand), free(all), free(ids), free(pos), free(score), free(sc);
     return st;
 }
 
@@ -447,6 +482,8 @@ static int parse_mode(const char *s, cb_blend_params *bp, int *oracle)
         *oracle = OR_PROBE;
     else if (!strcmp(name, "ostale"))
         *oracle = OR_STALE;
+    else if (!strcmp(name, "oiter"))
+        *oracle = OR_ITER;
     else
         return -1;
     return 0;
@@ -586,7 +623,7 @@ int main(int argc, char **argv)
         if (parse_mode(argv[i], &bp, &oracle) != 0) {
             fprintf(stderr,
                     "blend_diag: bad mode '%s' (full, reuse, probe:R[:DEPTH], hkvd:R, query:R, "
-                    "oatt:R, odev:R, ovdev:R, oprobe:R, ostale:R)\n",
+                    "oatt:R, odev:R, ovdev:R, oprobe:R, ostale:R, oiter:R)\n",
                     argv[i]);
             return 64;
         }

@@ -5,8 +5,9 @@
 # full prefill back, reuse does not; the attention shares add up; bad
 # modes and missing caches are refused; each chunk's share of the question's
 # attention adds up to the chunks' and ranks the gold one; the oracle
-# modes pick as many rows as probe, probe's own score (oprobe) picks its
-# rows, and every row recomputed gives full prefill back.
+# modes (and oiter, probe in two rounds) pick as many rows as probe,
+# probe's own score (oprobe) picks its rows, and every row recomputed gives
+# full prefill back.
 . "$(dirname "$0")/lib.sh"
 DIAG=${BUILD:-build/rel}/bench/blend_diag
 M=$CB_TEST_TMP/tiny4-qwen2.gguf
@@ -32,8 +33,8 @@ PY
 "$BINDIR_B/cb-precompute" -m "$M" --store "$S" -q "$T/chunks.jsonl" > /dev/null \
     && ok "chunks precomputed" || not_ok "cb-precompute"
 "$DIAG" "$M" "$S" 1 "$T/q.jsonl" reuse probe:1 probe:0.3 probe:0.3:1 oprobe:0.3 oatt:1 oatt:0.3 \
-    odev:0.3 ostale:0.3 ovdev:0.3 > "$T/d.jsonl" 2> "$T/err"; rc=$?
-[ $rc -eq 0 ] && [ "$(wc -l < "$T/d.jsonl")" -eq 22 ] && ok "a line per question and mode" \
+    odev:0.3 ostale:0.3 ovdev:0.3 oiter:0.3 > "$T/d.jsonl" 2> "$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l < "$T/d.jsonl")" -eq 24 ] && ok "a line per question and mode" \
     || { not_ok "blend_diag (rc $rc)"; sed 's/^/#   /' "$T/err" | head -5; }
 python3 - "$T/d.jsonl" <<'PY' && ok "full exact, moved chunks exact at layer 0, ratio 1 = full, reuse not, shares add up" || not_ok "diagnosis values"
 import json, sys
@@ -80,7 +81,7 @@ q0 = {x["mode"]: x for x in ls if x["q"] == 0}
 p3 = q0["probe:0.3:1"]  # probe scoring at every layer, as the oracles do
 assert abs(q0["oprobe:0.3"]["kl"] - p3["kl"]) <= 1e-3 * p3["kl"] + 1e-9, (q0["oprobe:0.3"], p3)
 assert q0["oatt:1"]["kl"] < 1e-4 and q0["oatt:1"]["n_recomputed"] == q0["probe:1"]["n_recomputed"], q0["oatt:1"]
-for m in ("oprobe", "oatt", "odev", "ostale", "ovdev"):
+for m in ("oprobe", "oatt", "odev", "ostale", "ovdev", "oiter"):
     o = q0[m + ":0.3"]
     assert o["n_recomputed"] == p3["n_recomputed"], (m, o["n_recomputed"], p3["n_recomputed"])
     assert 0 < o["kl"] < 10, (m, o["kl"])  # random weights: no ranking of the scores here
