@@ -28,6 +28,8 @@ reuse,probe:0.22,oatt:0.22,odev:0.22,ostale:0.22,ovdev:0.22,oprobe:0.22):
   ostale  the question's attention over the loaded caches times |V_full - V|
   ovdev   |V_full - V| alone (hkvd's deviation, every layer, the true one)
   oprobe  probe's own score through the same path (a check: probe's KL)
+and oiter: probe's score in two rounds (half the rows recomputed, then the
+question's attention over that cache picks the rest; about 1.5 blends).
 """
 import argparse
 import json
@@ -131,7 +133,7 @@ def main():
     ap.add_argument("--chunks-max", type=int, default=20)
     ap.add_argument("--chunks-list", default="", help="also with the first k chunks, k in this list")
     ap.add_argument("--modes", default="reuse,probe:0.15",
-                    help="reuse, STRATEGY:R[:DEPTH] (probe, hkvd, query), ORACLE:R (oatt, odev, ostale, ovdev, oprobe)")
+                    help="reuse, STRATEGY:R[:DEPTH] (probe, hkvd, query), ORACLE:R (oatt, odev, ostale, ovdev, oprobe), oiter:R")
     ap.add_argument("--model", default=os.environ.get("CB_MODEL") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cacheblend", "models",
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), help="default: $CB_MODEL (make diag MODEL=...), else Qwen2.5-Coder-1.5B")

@@ -100,10 +100,9 @@ python3 -c 'import json, sys; q = json.loads(open(sys.argv[1]).readline()); q["s
     "$T/q.jsonl" "$SYS" > "$T/qs.jsonl"
 "$BINDIR_B/cb-precompute" -m "$M" --store "$S" --system "$SYS" -q "$T/chunks.jsonl" > /dev/null \
     && "$DIAG" "$M" "$S" 1 "$T/qs.jsonl" reuse oprobe:0.3 > "$T/h.jsonl" 2> "$T/err" \
-    && python3 - "$T/h.jsonl" "$T/d.jsonl" <<'PY' && ok "a cached head: not a chunk; the same chunks' attention and gold rank" || not_ok "with a cached head"
+    && python3 - "$T/h.jsonl" <<'PY' && ok "a cached head: not a chunk (3 chunks, their attention, a gold rank), its rows the prompt's head" || not_ok "with a cached head"
 import json, sys
 ls = [json.loads(x) for x in open(sys.argv[1])]
-before = {x["mode"]: x for x in map(json.loads, open(sys.argv[2])) if x["q"] == 0}
 assert len(ls) == 3, ls
 for x in ls:
     assert len(x["chunk_mass"]) == 3 and len(x["vdev_chunk"]) == 3 and x["gold_rank"] >= 0, x
