@@ -43,7 +43,7 @@
  * or not.
  * The question turn is run again, layer by layer, against the cache the
  * prefill left (the same K/V the prefill's last pass attended to). */
-#include "../../lib/kv/kv.h"
+#include "../../lib/kv/strategy.h" /* blend_scored, blend_by_score_desc */
 
 #include <jansson.h>
 #include <math.h>
@@ -174,8 +174,9 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
             if (cb_kvcache_read(kv, l, which, 0, T, a) != CB_OK ||
                 cb_kvcache_read(kv_full, l, which, 0, T, b) != CB_OK)
                 continue;
-            for (int32_t j = 0; which && j < T; j++) { /* V's staleness by place */
+            for (int32_t j = 0, place = 0; which && j < T; j++) { /* V's staleness by place */
                 int c = chunk_of[j];
+                place = j > 0 && chunk_of[j - 1] == c ? place + 1 : 0; /* the row's, in its chunk */
                 if (c < 0)
                     continue;
                 int by_place = !(chunk_flags[c] & 2); /* a true prefix's rows are not stale */
@@ -184,10 +185,8 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
                     double x = (double)a[j * w + e] - b[j * w + e];
                     dd += x * x, nn += (double)b[j * w + e] * b[j * w + e];
                 }
-                int32_t at = j, bk = 0;
-                while (at > 0 && chunk_of[at - 1] == c)
-                    at--;
-                for (int32_t i = j - at; i > 0 && bk < POS_BUCKETS - 1; i >>= 1)
+                int bk = 0;
+                for (int32_t i = place; i > 0 && bk < POS_BUCKETS - 1; i >>= 1)
                     bk++;
                 double rd = nn > 0 ? sqrt(dd / nn) : 0;
                 pb[bk] += by_place * rd, pn[bk] += by_place, cbk[c] += rd, cbn[c] += 1;
@@ -281,17 +280,6 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
 /* The oracle modes: what only full prefill knows picks the rows. */
 enum { OR_NONE, OR_ATT, OR_DEV, OR_VDEV, OR_PROBE, OR_STALE, OR_ITER };
 
-typedef struct blend_like {
-    float score;
-    int32_t row;
-} blend_like;
-
-static int by_score(const void *a, const void *b) /* higher first, equal by lower row */
-{
-    const blend_like *x = a, *y = b;
-    return x->score != y->score ? (x->score < y->score ? 1 : -1)
-                                : (x->row > y->row) - (x->row < y->row);
-}
 
 /* The oracle's scores [T] of the rows: kind OR_VDEV sums ||V_full - V||
  * over the layers (hkvd's deviation, at every layer, against the truth);
@@ -356,13 +344,13 @@ out:
 
 /* The top `want` candidates still open (cand 1) by score, marked chosen
  * (cand 0); how many there were. */
-static int64_t choose(uint8_t *cand, const float *score, int32_t T, int64_t want, blend_like *sc)
+static int64_t choose(uint8_t *cand, const float *score, int32_t T, int64_t want, blend_scored *sc)
 {
     int64_t n_c = 0;
     for (int32_t j = 0; j < T; j++)
         if (cand[j] == 1)
             sc[n_c].score = score[j], sc[n_c++].row = j;
-    qsort(sc, (size_t)n_c, sizeof *sc, by_score);
+    qsort(sc, (size_t)n_c, sizeof *sc, blend_by_score_desc);
     want = want > n_c ? n_c : want;
     for (int64_t i = 0; i < want; i++)
         cand[sc[i].row] = 0;
@@ -413,7 +401,7 @@ static cb_status oracle_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache
     int32_t *all = malloc(sizeof *all * (size_t)T), *ids = malloc(sizeof *ids * (size_t)T),
             *pos = malloc(sizeof *pos * (size_t)T);
     float *score = malloc(sizeof *score * (size_t)T);
-    blend_like *sc = malloc(sizeof *sc * (size_t)T);
+    blend_scored *sc = malloc(sizeof *sc * (size_t)T);
     st = CB_ERR_NOMEM;
     if (!cand || !all || !ids || !pos || !score || !sc)
         goto out;
