@@ -51,6 +51,12 @@ static void usage(FILE *f)
            "                     computes that head, and stores it unless it may not write\n"
            "                     (--no-store-write, a read-only store). The chunks are the same\n"
            "                     either way, computed after the model's lead-in\n"
+           "      --for-system TEXT\n"
+           "                     compute the chunks after the head of cb-run prompts with\n"
+           "                     --system TEXT instead (and store that head): such prompts\n"
+           "                     take these caches first, their first chunk then exact as\n"
+           "                     with the default head; other prompts do not find them (run\n"
+           "                     cb-precompute without it too for both)\n"
            "      --strict       stop at the first bad record (default: report and skip it)\n"
            "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
            "  -v, --verbose      report every chunk on stderr\n"
@@ -66,7 +72,7 @@ static void usage(FILE *f)
            "error, 130 interrupted (the chunk in progress is not stored).\n");
 }
 
-enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE, OPT_CONTEXT, OPT_SYSTEM };
+enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE, OPT_CONTEXT, OPT_SYSTEM, OPT_FOR_SYSTEM };
 
 /* Write `line` (one JSON object, no newline) with kv and cached added.
  * Keeps the original bytes when the object has neither field yet. */
@@ -96,6 +102,7 @@ typedef struct pre {
     const char *place, *store_dir, *in_name;
     const char **systems; /* --system, in order */
     int n_systems;
+    const char *for_system; /* --for-system: the chunks' lead-in is that prompt's head */
     int strict, from_stdin, progress, context;
     cb_type kv_type;
     FILE *in;
@@ -118,6 +125,7 @@ static int parse_args(int argc, char **argv, pre *x)
         {"place", required_argument, 0, OPT_PLACE},
         {"context", no_argument, 0, OPT_CONTEXT},
         {"system", required_argument, 0, OPT_SYSTEM},
+        {"for-system", required_argument, 0, OPT_FOR_SYSTEM},
         CLI_COMMON_OPTS,
         CLI_STORE_OPT,
         CLI_DEVICE_OPT,
@@ -154,6 +162,12 @@ static int parse_args(int argc, char **argv, pre *x)
             }
             x->systems = ns;
             x->systems[x->n_systems++] = optarg;
+        } else if (c == OPT_FOR_SYSTEM) {
+            if (x->for_system) {
+                cli_err("--for-system: once only (a chunk is computed after one head)");
+                return CLI_EX_USAGE;
+            }
+            x->for_system = optarg;
         } else {
             usage(stderr);
             return CLI_EX_USAGE;
@@ -224,8 +238,13 @@ static int setup(pre *x, const char *model_path)
         cli_err("%s", err.msg);
         return cli_exit_code(err.status);
     }
-    cli_info("model %s, lead-in %zu tokens, store %s, KV type %s", model_path,
-             cb_precomputer_lead(x->pc)->n, x->store_dir, cb_type_name(x->kv_type));
+    if (x->for_system && cb_precomputer_system(x->pc, x->for_system, &err) != CB_OK) {
+        cli_err("--for-system: %s", err.msg);
+        return cli_exit_code(err.status);
+    }
+    cli_info("model %s, lead-in %zu tokens%s, store %s, KV type %s", model_path,
+             cb_precomputer_lead(x->pc)->n, x->for_system ? " (the --for-system head)" : "",
+             x->store_dir, cb_type_name(x->kv_type));
     for (int i = 0; i < x->n_systems; i++) {
         char what[64]; /* how the lines below name it: cut at 40 bytes */
         size_t n;

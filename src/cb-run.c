@@ -496,7 +496,7 @@ typedef struct stats_src {
     int64_t total;
     const cb_gen_result *gr;
     double gen_ms, t_load;
-    int n_chunks, n_missing, n_stored, n_after;
+    int n_chunks, n_missing, n_stored, n_after, n_own;
     cb_chat_kind chat;
     const char *ratio_source; /* with ratio_auto */
     const cb_ratio_choice *rc;
@@ -536,6 +536,7 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         json_object_set_new(s, "probe_weight", json_string(bp->probe_values ? "value" : "none"));
     if (s) {
         json_object_set_new(s, "n_chunks_after", json_integer(ss->n_after));
+        json_object_set_new(s, "n_chunks_system", json_integer(ss->n_own));
         json_object_set_new(s, "strategy_used",
                             bp->mode == CB_MODE_BLEND
                                 ? json_string(cli_strategy_names[bs->strategy])
@@ -583,6 +584,7 @@ static int run_stats(run *r)
                     cb_prompt_n_missing(r->pr),
                     r->n_stored,
                     cb_prompt_n_after(r->pr),
+                    cb_prompt_n_own(r->pr),
                     cb_prompt_chat(r->pr),
                     r->ratio_source,
                     &r->rc,
@@ -761,6 +763,7 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
                         a->n_missing,
                         a->n_stored,
                         a->n_after,
+                        a->n_own,
                         a->chat,
                         a->ratio_source,
                         &a->rc,

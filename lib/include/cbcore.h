@@ -496,6 +496,8 @@ int64_t cb_prompt_n_tokens(const cb_prompt *p);
 int cb_prompt_n_chunks(const cb_prompt *p);
 int cb_prompt_n_missing(const cb_prompt *p);
 int cb_prompt_n_after(const cb_prompt *p); /* chunks cached after the chunk before them */
+/* chunks cached after the prompt's own head (a system message's: cb_precomputer_system) */
+int cb_prompt_n_own(const cb_prompt *p);
 cb_chat_kind cb_prompt_chat(const cb_prompt *p);
 void cb_prompt_use_context(cb_prompt *p, int use); /* 0: attach takes chunks' own caches only */
 /* Find and check each chunk's cache in s (unusable ones to warn), acquired until freed. */
@@ -555,6 +557,7 @@ typedef struct cb_answer {
     cb_blend_stats bs;
     int64_t n_prompt_tokens;
     int n_chunks, n_missing, n_stored, n_after; /* n_after: as cb_prompt_n_after */
+    int n_own;                                  /* as cb_prompt_n_own */
     cb_chat_kind chat;
     uint64_t kv_bytes; /* its cache's */
 } cb_answer;
@@ -592,6 +595,9 @@ void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n,
 cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err);
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err);
 cb_status cb_precomputer_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev);
+/* Chunks from now on keyed and computed after the head of prompts with this system message
+ * (cb-precompute --for-system), which cb_prompt_attach takes first for such prompts. */
+cb_status cb_precomputer_system(cb_precomputer *pc, const char *system, cb_error *err);
 cb_status cb_precomputer_head(cb_precomputer *pc, const char *system, size_t *n, cb_error *err);
 
 #ifdef __cplusplus

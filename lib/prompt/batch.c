@@ -228,6 +228,7 @@ static cb_status job_prepare(cb_batch *b, job *j, const cb_request *rq, cb_error
     a->n_chunks = cb_prompt_n_chunks(j->pr);
     a->n_missing = cb_prompt_n_missing(j->pr);
     a->n_after = cb_prompt_n_after(j->pr);
+    a->n_own = cb_prompt_n_own(j->pr);
     a->chat = cb_prompt_chat(j->pr);
     if (a->n_prompt_tokens == 0)
         return cb_error_set(err, CB_ERR_FORMAT, "the prompt is empty");

@@ -109,6 +109,25 @@ cb_status cb_precomputer_after(cb_precomputer *pc, const int32_t *prev, int32_t 
     return st;
 }
 
+/* The lead-in from now on: the head of prompts with this system message
+ * (pr_head), so that such a prompt's first chunk is a true prefix and the
+ * others follow the head they were computed after.  The head itself is
+ * stored too (cb_precomputer_head), as the runs load it. */
+cb_status cb_precomputer_system(cb_precomputer *pc, const char *system, cb_error *err)
+{
+    cb_tokens head = {0};
+    size_t n;
+    cb_status st = pr_head(pc->m, system, &head);
+    if (st != CB_OK) {
+        cb_tokens_free(&head);
+        return cb_error_set(err, st, "precompute: the prompt's head: %s", cb_strerror(st));
+    }
+    cb_tokens_free(&pc->lead);
+    pc->lead = head;
+    pc->use_after = 0;
+    return pc->store ? cb_precomputer_head(pc, system, &n, err) : CB_OK;
+}
+
 /* Grow the f32 cache to hold `need` positions, in steps of PC_BATCH, at
  * most n_ctx. */
 static cb_status reserve(cb_precomputer *pc, int64_t need, int32_t n_ctx, cb_error *err)

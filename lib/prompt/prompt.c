@@ -18,7 +18,9 @@ typedef struct pseg {
     int missing; /* looked for in the store and found no usable cache */
     int after;   /* its cache is the one computed after the chunk before it (key_after) */
     int is_head; /* the head (BOS, the template's opening), keyed alone (pr_head_key) */
+    int own;     /* its cache was computed after this prompt's own head (cb_prompt.own) */
     char key[66];
+    char own_key[66]; /* its key after the prompt's own head, when it has one */
     cb_kvfile *kf;
     cb_store_ref *ref;
 } pseg;
@@ -31,6 +33,8 @@ struct cb_prompt {
     int n_chunks;
     cb_chat_kind kind;
     cb_tokens lead;
+    cb_tokens own;  /* the prompt's head when a system message makes it differ from the lead-in:
+                     * chunks precomputed after it (cb_precomputer_system) are taken first */
     cb_tokens sep;  /* what goes between chunks (cb_kv_separator) */
     int no_context; /* cb_prompt_use_context(p, 0) */
 };
@@ -144,6 +148,10 @@ static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, 
     cb_kv_key(cb_model_fingerprint(p->m),
               cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, s->toks.ids, (int32_t)s->toks.n),
               s->key);
+    if (p->own.n)
+        cb_kv_key(cb_model_fingerprint(p->m),
+                  cb_kv_tokens_hash(p->own.ids, (int32_t)p->own.n, s->toks.ids, (int32_t)s->toks.n),
+                  s->own_key);
     p->n_chunks++;
     return CB_OK;
 }
@@ -177,12 +185,27 @@ static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, cons
     for (int32_t i = 0; i < mt->n_tokens; i++)
         if (cb_tokens_push(&s->toks, mt->ids[i]) != CB_OK)
             return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
-    char want[66];
+    char want[66], own[66] = "";
     cb_kv_key(cb_model_fingerprint(p->m),
               cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, mt->ids, mt->n_tokens), want);
-    if (strcmp(want, key) != 0)
+    if (p->own.n) /* a key of the prompt's own head names a file computed after it */
+        cb_kv_key(cb_model_fingerprint(p->m),
+                  cb_kv_tokens_hash(p->own.ids, (int32_t)p->own.n, mt->ids, mt->n_tokens), own);
+    s->own = strcmp(own, key) == 0;
+    if (strcmp(want, key) != 0 && !s->own) {
+        char its[66]; /* the file's key by its own lead-in: computed after another head */
+        cb_kv_key(cb_model_fingerprint(p->m),
+                  cb_kv_tokens_hash(mt->lead, mt->n_lead, mt->ids, mt->n_tokens), its);
+        if (strcmp(its, key) == 0)
+            return cb_error_set(err, CB_ERR_MISMATCH,
+                                "chunk %s was computed after another prompt head (cb-precompute "
+                                "--for-system): give cb-run the --system it was computed for",
+                                key);
         return cb_error_set(err, CB_ERR_MISMATCH, "chunk %s: its file holds the tokens of %s", key,
                             want);
+    }
+    if (s->own) /* key stays the lead-in's: what a missing chunk is stored under */
+        memcpy(s->own_key, key, sizeof s->own_key), memcpy(s->key, want, sizeof s->key);
     p->n_chunks++;
     return CB_OK;
 }
@@ -224,6 +247,11 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
     if ((st = render(m, system, raw, &p->kind, &parts)) != CB_OK)
         goto fail;
     if ((st = add_head(p, &parts)) != CB_OK)
+        goto fail;
+    if (system &&
+        (p->s[0].toks.n != p->lead.n ||
+         memcmp(p->s[0].toks.ids, p->lead.ids, sizeof(int32_t) * p->lead.n) != 0) &&
+        (st = push_all(&p->own, &p->s[0].toks)) != CB_OK)
         goto fail;
     if ((st = cb_kv_separator(m, &p->sep)) != CB_OK)
         goto fail;
@@ -278,6 +306,7 @@ void cb_prompt_free(cb_prompt *p)
     free(p->s);
     free(p->segs);
     cb_tokens_free(&p->lead);
+    cb_tokens_free(&p->own);
     cb_tokens_free(&p->sep);
     free(p);
 }
@@ -333,6 +362,7 @@ static void detach(pseg *s)
     s->ref = NULL;
     s->missing = 1;
     s->after = 0;
+    s->own = 0;
 }
 
 cb_status pr_lead_after(const cb_tokens *lead, const int32_t *prev, size_t n_prev,
@@ -354,9 +384,10 @@ static int open_for(const cb_model *m, cb_store *store, const pseg *s, const cha
                     void *ctx)
 {
     /* what happens instead: a chunk's cache computed after the one before
-     * it gives way to its own cache */
+     * it, or after the prompt's own head, gives way to its cache after the
+     * lead-in */
     const char *then = s->is_head                 ? "the prompt's head is computed"
-                       : strcmp(key, s->key) != 0 ? "its own cache is tried"
+                       : strcmp(key, s->key) != 0 ? "another cache of it is tried"
                                                   : "the chunk is recomputed";
     cb_error err;
     cb_status st;
@@ -380,32 +411,38 @@ static int open_for(const cb_model *m, cb_store *store, const pseg *s, const cha
 
 /* Chunk i's cache computed after the chunk before it, when the prompt has
  * that chunk right before it (segments i-2 and i-1: the chunk and the
- * separator) and the store has the file (cb-precompute --context): 1 when
- * attached, in place of the cache it had (a keyed chunk's). */
+ * separator) and the store has the file (cb-precompute --context), the one
+ * after the prompt's own head first: 1 when attached, in place of the
+ * cache it had (a keyed chunk's). */
 static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void *, const char *),
                         void *ctx)
 {
     pseg *g = &p->s[i], *prev = i >= 2 ? &p->s[i - 2] : NULL;
-    cb_tokens lead = {0};
     cb_kvfile *kf = NULL;
     cb_store_ref *ref = NULL;
-    char key[66];
-    int have = 0, ok = 0;
-    if (p->no_context || !prev || !prev->is_chunk || p->s[i - 1].is_chunk)
+    int ok = 0, own = 0;
+    if (p->no_context || !prev || !prev->is_chunk || p->s[i - 1].is_chunk ||
+        p->sep.n != p->s[i - 1].toks.n ||
+        memcmp(p->sep.ids, p->s[i - 1].toks.ids, sizeof(int32_t) * p->sep.n) != 0)
         return 0;
-    if (p->sep.n == p->s[i - 1].toks.n &&
-        !memcmp(p->sep.ids, p->s[i - 1].toks.ids, sizeof(int32_t) * p->sep.n) &&
-        pr_lead_after(&p->lead, prev->toks.ids, prev->toks.n, &p->sep, &lead) == CB_OK) {
-        cb_kv_key(cb_model_fingerprint(p->m),
-                  cb_kv_tokens_hash(lead.ids, (int32_t)lead.n, g->toks.ids, (int32_t)g->toks.n),
-                  key);
-        ok = cb_store_has(s, key, &have) == CB_OK && have &&
-             open_for(p->m, s, g, key, &kf, &ref, warn, ctx);
+    for (int k = p->own.n ? 0 : 1; k < 2 && !ok; k++) {
+        cb_tokens lead = {0};
+        char key[66];
+        int have = 0;
+        if (pr_lead_after(k == 0 ? &p->own : &p->lead, prev->toks.ids, prev->toks.n, &p->sep,
+                          &lead) == CB_OK) {
+            cb_kv_key(cb_model_fingerprint(p->m),
+                      cb_kv_tokens_hash(lead.ids, (int32_t)lead.n, g->toks.ids, (int32_t)g->toks.n),
+                      key);
+            ok = cb_store_has(s, key, &have) == CB_OK && have &&
+                 open_for(p->m, s, g, key, &kf, &ref, warn, ctx);
+            own = k == 0;
+        }
+        cb_tokens_free(&lead);
     }
-    cb_tokens_free(&lead);
     if (ok) {
         detach(g);
-        g->kf = kf, g->ref = ref, g->missing = 0, g->after = 1;
+        g->kf = kf, g->ref = ref, g->missing = 0, g->after = 1, g->own = own;
     }
     return ok;
 }
@@ -421,8 +458,21 @@ void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const c
             open_for(p->m, s, g, g->key, &g->kf, &g->ref, warn, ctx);
         if (!g->is_chunk || (s && attach_after(p, s, i, warn, ctx)) || g->kf)
             continue;
+        /* the cache computed after the prompt's own head, else after the lead-in */
+        if (s && p->own.n && open_for(p->m, s, g, g->own_key, &g->kf, &g->ref, warn, ctx)) {
+            g->own = 1, g->missing = 0;
+            continue;
+        }
         g->missing = !s || !open_for(p->m, s, g, g->key, &g->kf, &g->ref, warn, ctx);
     }
+}
+
+int cb_prompt_n_own(const cb_prompt *p)
+{
+    int n = 0;
+    for (int32_t i = 0; i < p->n; i++)
+        n += p->s[i].is_chunk && p->s[i].kf && p->s[i].own;
+    return n;
 }
 
 int cb_prompt_n_after(const cb_prompt *p)

@@ -345,6 +345,9 @@ def main():
     ap.add_argument("--system", default=None,
                     help="cb-run --system TEXT for every mode (default: the chat template's own system "
                     "message); cb-precompute stores that prompt's head")
+    ap.add_argument("--for-system", action="store_true",
+                    help="with --system: precompute the chunks after that prompt's head (cb-precompute "
+                    "--for-system), not after the template's default one")
     ap.add_argument("--context", action="store_true",
                     help="precompute each piece of a passage also after the piece before it (cb-precompute "
                     "--context; the many shape splits passages into pieces)")
@@ -386,7 +389,12 @@ def main():
         qsrc = [make_chunks(q, qi, args.shape, args.passages, args.chunks_max, sources=True)
                 for qi, q in enumerate(qa)]
         qchunks = [[c[0] for c in cs] for cs in qsrc]
-        pre_s = precompute(pre, store, args.kv_type, common, dict(enumerate(qsrc)), work, args.context)
+        if args.for_system and args.system is None:
+            sys.exit("eval.py: --for-system needs --system")
+        pcommon = common  # --system (common's last two) becomes --for-system: the chunks after its head
+        if args.for_system:
+            pcommon = common[:common.index("--system")] + ["--for-system", args.system]
+        pre_s = precompute(pre, store, args.kv_type, pcommon, dict(enumerate(qsrc)), work, args.context)
         print(f"precomputed {sum(map(len, qchunks))} passages in {pre_s:.1f} s", file=sys.stderr)
 
         # a model without a chat template (Gemma-3-270M is a base model) is
@@ -452,6 +460,7 @@ def main():
                     "n_prompt_tokens": st["n_prompt_tokens"], "n_cached_tokens": st["n_cached_tokens"],
                     "n_recomputed_tokens": st["n_recomputed_tokens"],
                     "n_chunks": st["n_chunks"], "n_chunks_after": st.get("n_chunks_after", 0),
+                    "n_chunks_system": st.get("n_chunks_system", 0),
                     "nll": score["nll"], "nll_tokens": score["n_tokens"], "nll_top1": score["top1"],
                 }
                 logits = read_logits(lfile)

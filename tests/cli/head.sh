@@ -90,6 +90,71 @@ assert g["n_exact_tokens"] == c["n_exact_tokens"] >= 8, (c, g)
 assert g["n_cached_tokens"] == c["n_cached_tokens"] and g["n_chunks_missing"] == 0, (c, g)
 assert abs(g["verify"]["kl"] - c["verify"]["kl"]) < 1e-6, (c["verify"], g["verify"])
 PY
+# cb-precompute --for-system: the chunks computed after that message's head (the head stored
+# too), taken first by prompts with that message: the first chunk is then a true prefix, exact
+# (a one-chunk prompt's reuse is full prefill); prompts without it do not find them; with both
+# caches in the store, each prompt takes its own
+head -n 1 "$T/c.jsonl" > "$T/c1.jsonl"
+"$BINDIR_B/cb-precompute" -m "$M" --store "$T/fs" --for-system "$SYS" -q "$T/c.jsonl" > "$T/fs.out" \
+    && [ "$(n_keys "$T/fs")" -eq 3 ] \
+    && run "$T/fs" reuse --system "$SYS" --chunks "$T/c.jsonl" --no-store-write > "$T/h.json" \
+    && run "$T/fs" reuse --system "$SYS" --chunks "$T/c1.jsonl" --no-store-write > "$T/i.json" \
+    && run "$T/fs" reuse --chunks "$T/c.jsonl" --no-store-write > "$T/j.json" \
+    && python3 - "$T" <<'PY' && ok "cb-precompute --for-system: that prompt's first chunk exact (reuse of it is full prefill), other prompts miss the chunks" || { not_ok "precompute --for-system (keys $(n_keys "$T/fs"))"; sed 's/^/#   /' "$T/err" | head -5; }
+import json, sys
+t = sys.argv[1]
+c, g, h, i, j = (json.load(open(f"{t}/{x}.json")) for x in "cghij")
+head = g["n_exact_tokens"]
+# the records name the keys after that head: cb-run's own keys for that prompt's chunks
+keys = [json.loads(l)["kv"] for l in open(f"{t}/fs.out")]
+assert len(keys) == 2 and all(not json.loads(l)["cached"] for l in open(f"{t}/fs.out")), keys
+assert h["n_chunks_system"] == 2 and h["n_chunks_missing"] == 0, h
+assert h["n_cached_tokens"] == g["n_cached_tokens"] and h["n_exact_tokens"] > head, (g, h)
+assert g["n_chunks_system"] == 0, g
+assert i["n_exact_tokens"] == i["n_cached_tokens"] > head and i["verify"]["kl"] < 1e-6, i
+assert j["n_chunks_missing"] == 2 and j["n_chunks_system"] == 0, j
+PY
+# the same chunks given by the keys cb-precompute printed (cb-run --batch): taken by a question
+# with that system message, exact as above; without it, an error that says why (not that the
+# file holds other tokens)
+python3 - "$T/fs.out" "$SYS" > "$T/fk.jsonl" <<'PY'
+import json, sys
+keys = [json.loads(l)["kv"] for l in open(sys.argv[1])]
+q = {"question": "Who built the bridge?", "chunks": keys, "mode": "reuse", "n_predict": 1}
+print(json.dumps(dict(q, id="own", system=sys.argv[2])))
+print(json.dumps(dict(q, id="none")))
+PY
+"$BINDIR_B/cb-run" -m "$M" --store "$T/fs" --no-store-write --temp 0 --batch "$T/fk.jsonl" > "$T/fk.out" 2> "$T/err"
+rc=$?
+[ $rc -eq 65 ] && python3 - "$T" <<'PY' && ok "--for-system chunks given by key: taken by a question with that system message; without it, an error naming the cause" || { not_ok "keyed --for-system chunks (exit $rc)"; sed 's/^/#   /' "$T/err" "$T/fk.out" | head -5; }
+import json, sys
+t = sys.argv[1]
+h = json.load(open(f"{t}/h.json"))
+own, none = (json.loads(l) for l in open(f"{t}/fk.out"))
+assert own["id"] == "own" and none["id"] == "none", (own, none)
+s = own["stats"]
+assert s["n_chunks_system"] == 2 and s["n_exact_tokens"] == h["n_exact_tokens"], (h, s)
+assert "computed after another prompt head" in none["error"] and "--system" in none["error"], none
+PY
+"$BINDIR_B/cb-precompute" -m "$M" --store "$T/fs" -q "$T/c.jsonl" > /dev/null \
+    && [ "$(n_keys "$T/fs")" -eq 5 ] \
+    && run "$T/fs" reuse --system "$SYS" --chunks "$T/c.jsonl" --no-store-write > "$T/k.json" \
+    && run "$T/fs" reuse --system "Another system message, not stored anywhere yet." --chunks "$T/c.jsonl" \
+        --no-store-write > "$T/l.json" \
+    && run "$T/fs" reuse --chunks "$T/c.jsonl" --no-store-write > "$T/m.json" \
+    && python3 - "$T" <<'PY' && ok "both caches stored: a prompt with that system message takes its own, any other the lead-in's" || { not_ok "both caches"; sed 's/^/#   /' "$T/err" | head -5; }
+import json, sys
+t = sys.argv[1]
+h, k, l, m = (json.load(open(f"{t}/{x}.json")) for x in "hklm")
+assert k["n_chunks_system"] == 2 and k["n_exact_tokens"] == h["n_exact_tokens"], (h, k)
+assert abs(k["verify"]["kl"] - h["verify"]["kl"]) < 1e-6, (h["verify"], k["verify"])
+assert l["n_chunks_system"] == 0 and l["n_chunks_missing"] == 0 and l["n_exact_tokens"] == 0, l
+assert m["n_chunks_system"] == 0 and m["n_chunks_missing"] == 0, m
+PY
+"$BINDIR_B/cb-precompute" -m "$M" --store "$T/fs" --for-system a --for-system b "$T/c.jsonl" \
+        > /dev/null 2> "$T/fs2.err"
+[ $? -eq 64 ] && grep -q "once only" "$T/fs2.err" \
+    && ok "--for-system twice: a usage error (exit 64)" || not_ok "--for-system twice"
 chmod -R a-w "$T/ro"
 if [ "$(id -u)" -eq 0 ]; then
     skip "a read-only store: the head computed, nothing stored" "running as root (permissions do not bind)"
