@@ -496,17 +496,14 @@ int64_t cb_prompt_n_tokens(const cb_prompt *p);
 int cb_prompt_n_chunks(const cb_prompt *p);
 int cb_prompt_n_missing(const cb_prompt *p);
 int cb_prompt_n_after(const cb_prompt *p); /* chunks cached after the chunk before them */
-/* chunks cached after the prompt's own head (a system message's: cb_precomputer_system) */
-int cb_prompt_n_own(const cb_prompt *p);
+int cb_prompt_n_own(const cb_prompt *p);   /* ... after its own head (cb_precomputer_system) */
 cb_chat_kind cb_prompt_chat(const cb_prompt *p);
 void cb_prompt_use_context(cb_prompt *p, int use); /* 0: attach takes chunks' own caches only */
 /* Find and check each chunk's cache in s (unusable ones to warn), acquired until freed. */
-void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
-                      void *ctx);
+void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *, const char *), void *ctx);
 /* The ratio --ratio auto takes: the controller's, by the store's profile. */
 typedef struct cb_ratio_choice {
-    double ratio;
-    double pred_load_ms, pred_recompute_ms;
+    double ratio, pred_load_ms, pred_recompute_ms;
     int64_t n_cached; /* tokens whose KV comes from the caches */
     char tier[64];    /* the slowest tier holding one */
 } cb_ratio_choice;
@@ -556,8 +553,7 @@ typedef struct cb_answer {
     cb_ratio_choice rc;       /* the controller's choice, with ratio_auto */
     cb_blend_stats bs;
     int64_t n_prompt_tokens;
-    int n_chunks, n_missing, n_stored, n_after; /* n_after: as cb_prompt_n_after */
-    int n_own;                                  /* as cb_prompt_n_own */
+    int n_chunks, n_missing, n_stored, n_after, n_own; /* as cb_prompt_n_after, _n_own */
     cb_chat_kind chat;
     uint64_t kv_bytes; /* its cache's */
 } cb_answer;
@@ -584,8 +580,8 @@ cb_status cb_batch_submit(cb_batch *b, const cb_request *rq, void *tag);
 cb_status cb_batch_step(cb_batch *b);  /* the parked question if it fits; a decode step */
 cb_answer *cb_batch_next(cb_batch *b); /* in the order the questions ended; NULL: none */
 const cb_batch_info *cb_batch_get_info(const cb_batch *b);
-/* Chunks' KV prefilled after the lead-in (or _after's), stored (tier NULL: fastest with room) as
- * cb-precompute does; _head: a prompt's head with that system (NULL: default, which new stores). */
+/* Chunks' KV prefilled after the lead-in (or _after's, or from now on _system's head), stored (tier
+ * NULL: fastest with room) as cb-precompute does; _head: a prompt's head (system NULL: default). */
 typedef struct cb_precomputer cb_precomputer;
 cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type,
                              const char *tier, cb_error *err);
@@ -595,8 +591,6 @@ void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n,
 cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err);
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err);
 cb_status cb_precomputer_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev);
-/* Chunks from now on keyed and computed after the head of prompts with this system message
- * (cb-precompute --for-system), which cb_prompt_attach takes first for such prompts. */
 cb_status cb_precomputer_system(cb_precomputer *pc, const char *system, cb_error *err);
 cb_status cb_precomputer_head(cb_precomputer *pc, const char *system, size_t *n, cb_error *err);
 
