@@ -33,8 +33,10 @@ struct cb_prompt {
     int n_chunks;
     cb_chat_kind kind;
     cb_tokens lead;
-    cb_tokens own;  /* the prompt's head when a system message makes it differ from the lead-in:
-                     * chunks precomputed after it (cb_precomputer_system) are taken first */
+    cb_tokens own; /* the prompt's head when a system message makes it differ from the lead-in
+                     * (has_own; it may be empty): chunks precomputed after it
+                     * (cb_precomputer_system) are taken first */
+    int has_own;
     cb_tokens sep;  /* what goes between chunks (cb_kv_separator) */
     int no_context; /* cb_prompt_use_context(p, 0) */
 };
@@ -148,7 +150,7 @@ static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, 
     cb_kv_key(cb_model_fingerprint(p->m),
               cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, s->toks.ids, (int32_t)s->toks.n),
               s->key);
-    if (p->own.n)
+    if (p->has_own)
         cb_kv_key(cb_model_fingerprint(p->m),
                   cb_kv_tokens_hash(p->own.ids, (int32_t)p->own.n, s->toks.ids, (int32_t)s->toks.n),
                   s->own_key);
@@ -188,7 +190,7 @@ static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, cons
     char want[66], own[66] = "";
     cb_kv_key(cb_model_fingerprint(p->m),
               cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, mt->ids, mt->n_tokens), want);
-    if (p->own.n) /* a key of the prompt's own head names a file computed after it */
+    if (p->has_own) /* a key of the prompt's own head names a file computed after it */
         cb_kv_key(cb_model_fingerprint(p->m),
                   cb_kv_tokens_hash(p->own.ids, (int32_t)p->own.n, mt->ids, mt->n_tokens), own);
     s->own = strcmp(own, key) == 0;
@@ -248,10 +250,11 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
         goto fail;
     if ((st = add_head(p, &parts)) != CB_OK)
         goto fail;
-    if (system &&
+    p->has_own =
+        system &&
         (p->s[0].toks.n != p->lead.n ||
-         memcmp(p->s[0].toks.ids, p->lead.ids, sizeof(int32_t) * p->lead.n) != 0) &&
-        (st = push_all(&p->own, &p->s[0].toks)) != CB_OK)
+         (p->lead.n && memcmp(p->s[0].toks.ids, p->lead.ids, sizeof(int32_t) * p->lead.n)));
+    if (p->has_own && (st = push_all(&p->own, &p->s[0].toks)) != CB_OK)
         goto fail;
     if ((st = cb_kv_separator(m, &p->sep)) != CB_OK)
         goto fail;
@@ -425,7 +428,7 @@ static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
         p->sep.n != p->s[i - 1].toks.n ||
         memcmp(p->sep.ids, p->s[i - 1].toks.ids, sizeof(int32_t) * p->sep.n) != 0)
         return 0;
-    for (int k = p->own.n ? 0 : 1; k < 2 && !ok; k++) {
+    for (int k = p->has_own ? 0 : 1; k < 2 && !ok; k++) {
         cb_tokens lead = {0};
         char key[66];
         int have = 0;
@@ -459,7 +462,7 @@ void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const c
         if (!g->is_chunk || (s && attach_after(p, s, i, warn, ctx)) || g->kf)
             continue;
         /* the cache computed after the prompt's own head, else after the lead-in */
-        if (s && p->own.n && open_for(p->m, s, g, g->own_key, &g->kf, &g->ref, warn, ctx)) {
+        if (s && p->has_own && open_for(p->m, s, g, g->own_key, &g->kf, &g->ref, warn, ctx)) {
             g->own = 1, g->missing = 0;
             continue;
         }
