@@ -125,6 +125,14 @@ static cb_status add_head(cb_prompt *p, const cb_chat_parts *parts)
     return st;
 }
 
+/* The store key of a chunk's tokens computed after lead. */
+static void chunk_key(const cb_prompt *p, const int32_t *lead, size_t n_lead, const int32_t *ids,
+                      size_t n, char key[66])
+{
+    cb_kv_key(cb_model_fingerprint(p->m), cb_kv_tokens_hash(lead, (int32_t)n_lead, ids, (int32_t)n),
+              key);
+}
+
 /* [sep] [chunk i], keyed by its tokens after the lead-in. */
 static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, int first)
 {
@@ -147,13 +155,9 @@ static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, 
         p->n--;
         return CB_OK;
     }
-    cb_kv_key(cb_model_fingerprint(p->m),
-              cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, s->toks.ids, (int32_t)s->toks.n),
-              s->key);
+    chunk_key(p, p->lead.ids, p->lead.n, s->toks.ids, s->toks.n, s->key);
     if (p->has_own)
-        cb_kv_key(cb_model_fingerprint(p->m),
-                  cb_kv_tokens_hash(p->own.ids, (int32_t)p->own.n, s->toks.ids, (int32_t)s->toks.n),
-                  s->own_key);
+        chunk_key(p, p->own.ids, p->own.n, s->toks.ids, s->toks.n, s->own_key);
     p->n_chunks++;
     return CB_OK;
 }
@@ -188,16 +192,13 @@ static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, cons
         if (cb_tokens_push(&s->toks, mt->ids[i]) != CB_OK)
             return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
     char want[66], own[66] = "";
-    cb_kv_key(cb_model_fingerprint(p->m),
-              cb_kv_tokens_hash(p->lead.ids, (int32_t)p->lead.n, mt->ids, mt->n_tokens), want);
+    chunk_key(p, p->lead.ids, p->lead.n, mt->ids, (size_t)mt->n_tokens, want);
     if (p->has_own) /* a key of the prompt's own head names a file computed after it */
-        cb_kv_key(cb_model_fingerprint(p->m),
-                  cb_kv_tokens_hash(p->own.ids, (int32_t)p->own.n, mt->ids, mt->n_tokens), own);
+        chunk_key(p, p->own.ids, p->own.n, mt->ids, (size_t)mt->n_tokens, own);
     s->own = strcmp(own, key) == 0;
     if (strcmp(want, key) != 0 && !s->own) {
         char its[66]; /* the file's key by its own lead-in: computed after another head */
-        cb_kv_key(cb_model_fingerprint(p->m),
-                  cb_kv_tokens_hash(mt->lead, mt->n_lead, mt->ids, mt->n_tokens), its);
+        chunk_key(p, mt->lead, (size_t)mt->n_lead, mt->ids, (size_t)mt->n_tokens, its);
         if (strcmp(its, key) == 0)
             return cb_error_set(err, CB_ERR_MISMATCH,
                                 "chunk %s was computed after another prompt head (cb-precompute "
@@ -434,9 +435,7 @@ static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
         int have = 0;
         if (pr_lead_after(k == 0 ? &p->own : &p->lead, prev->toks.ids, prev->toks.n, &p->sep,
                           &lead) == CB_OK) {
-            cb_kv_key(cb_model_fingerprint(p->m),
-                      cb_kv_tokens_hash(lead.ids, (int32_t)lead.n, g->toks.ids, (int32_t)g->toks.n),
-                      key);
+            chunk_key(p, lead.ids, lead.n, g->toks.ids, g->toks.n, key);
             ok = cb_store_has(s, key, &have) == CB_OK && have &&
                  open_for(p->m, s, g, key, &kf, &ref, warn, ctx);
             own = k == 0;
