@@ -93,6 +93,10 @@ static void usage(FILE *f)
         "      --key-temp T   reuse, blend: divide the cached keys by T as they load, a\n"
         "                     temperature on the attention to the tokens not recomputed\n"
         "                     (after APE; default: the model's, 1.05 on gemma3, else 1)\n"
+        "      --stale-scale S  blend: after the selection, the tokens computed (and\n"
+        "                     generated) give the cached tokens not recomputed S times\n"
+        "                     the attention they would (APE's scaling factor; default:\n"
+        "                     the model's, 0.35 on qwen2, else 1; CPU only)\n"
         "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
         "                     agreement and whether the greedy answers match to --stats\n"
         "      --no-store-write  do not store the KV of chunks (or the prompt's head) that\n"
@@ -184,6 +188,7 @@ enum {
     OPT_PROBEWEIGHT,
     OPT_PROBEDEPTH,
     OPT_KEYTEMP,
+    OPT_STALESCALE,
     OPT_BATCH,
     OPT_BATCHSIZE,
     OPT_KVBUDGET,
@@ -532,6 +537,8 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         bs->overlapped_ms, "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes,
         "probe_rows", bp->probe_rows, "probe_depth", (double)bp->probe_depth, "probe_layers",
         bs->probe_layers, "key_temp", (double)bs->key_temp);
+    if (s)
+        json_object_set_new(s, "stale_scale", json_real((double)bs->stale_scale));
     if (s)
         json_object_set_new(s, "probe_weight", json_string(bp->probe_values ? "value" : "none"));
     if (s) {
@@ -1140,6 +1147,10 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
     case OPT_KEYTEMP:
         return cli_parse_num("--key-temp", arg, 0.01, 100, &d) ? -1
                                                                : (o->bp.key_temp = (float)d, 0);
+    case OPT_STALESCALE:
+        return cli_parse_num("--stale-scale", arg, 0.01, 100, &d)
+                   ? -1
+                   : (o->bp.stale_scale = (float)d, 0);
     case OPT_VERIFY: o->verify = 1; return 0;
     case OPT_LOGITS: o->logits_out = arg; return 0;
     case OPT_SCORE: o->score = arg; return 0;
@@ -1249,6 +1260,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"probe-weight", required_argument, 0, OPT_PROBEWEIGHT},
         {"probe-depth", required_argument, 0, OPT_PROBEDEPTH},
         {"key-temp", required_argument, 0, OPT_KEYTEMP},
+        {"stale-scale", required_argument, 0, OPT_STALESCALE},
         {"batch", no_argument, 0, OPT_BATCH},
         {"batch-size", required_argument, 0, OPT_BATCHSIZE},
         {"kv-budget", required_argument, 0, OPT_KVBUDGET},

@@ -169,6 +169,13 @@ typedef struct cb_backend_ops {
      * keeps f32 activations (the exact path).  The weights made afterwards
      * use it: call it before any weight_new. */
     void (*set_act8)(cb_backend *b, int on);
+    /* Optional (NULL: not available): until set again, attention adds
+     * bias to the scores of the keys flagged in stale[0..n) (host memory,
+     * copied; the keys past n are not flagged) for the query rows at
+     * positions below until (blending's stale scale, as its log); n = 0
+     * clears it.  Errors: CB_ERR_NOMEM (then nothing is flagged). */
+    cb_status (*set_key_bias)(cb_backend *b, const uint8_t *stale, int64_t n, float bias,
+                              int32_t until);
     /* Optional (NULL: nothing to size): matmul will be given batches of up
      * to n rows; the backend sizes its scratch now, so that those products
      * allocate nothing (a larger batch still works).  Called after the

@@ -846,6 +846,7 @@ static void cpu_free(cb_backend *b)
     free(c->xg);
     free(c->ol_x);
     free(c->ol_y);
+    free(c->kb_stale);
     free(c->a8);
     pthread_mutex_destroy(&c->grow_mu);
     pthread_mutex_destroy(&c->xg_mu);
@@ -907,6 +908,7 @@ static const cb_backend_ops cpu_ops = {
     .set_act8 = cpu_set_act8,
     .reserve = cpu_reserve,
     .reserve_keys = cpu_reserve_keys,
+    .set_key_bias = cpu_set_key_bias,
 };
 
 cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)

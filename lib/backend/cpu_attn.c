@@ -36,6 +36,13 @@ typedef struct att_job {
     int64_t a8_base, a8_n, a8_nch;
     size_t a8_head, a8_kpb, a8_vpb; /* a K panel: p keys of 2 hd (two parts) */
     float *a8_kmean; /* [n_head_kv, hd]: the keys' mean, taken out before quantizing */
+    /* cpu_set_key_bias's: bias added to the scores of keys flagged in
+     * stale[0..n_stale) for the rows at positions below until (stale NULL:
+     * none) */
+    const uint8_t *stale;
+    int64_t n_stale;
+    float bias;
+    int32_t until;
 } att_job;
 
 /* rows c0..c1 of KV head hk of a cache into an f32 tile [c1-c0, hd];
@@ -58,6 +65,20 @@ __attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type
         for (int e = 0; e < hd; e++)
             dst[e] = cb_dq_f16(s[e]);
     }
+}
+
+/* query row i's scores s[0..nk) of keys c0.. with the key bias added to
+ * the flagged keys' (before the softmax step masks the keys it does not
+ * see) */
+static void key_bias(const att_job *j, int64_t i, float *restrict s, int64_t nk, int64_t c0)
+{
+    if (!j->stale || j->pos[i] >= j->until || c0 >= j->n_stale)
+        return;
+    int64_t e = c0 + nk < j->n_stale ? nk : j->n_stale - c0;
+    const uint8_t *f = j->stale + c0;
+    for (int64_t c = 0; c < e; c++)
+        if (f[c])
+            s[c] += j->bias;
 }
 
 /* the online-softmax step for one row of scores s[0..nk) (keys c0..):
@@ -258,6 +279,7 @@ static void att_task(void *arg, int64_t task, int tid)
         for (int64_t r = ra; r < ra + rn; r++) {
             int64_t i = i0 + r / nh;
             int64_t lo = first_key(j, i);
+            key_bias(j, i, ts->s + r * ATT_KB, nk, c0);
             softmax_step(ts->s + r * ATT_KB, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r],
                          ts->o + r * hd, hd, j->c->exp_sum);
         }
@@ -531,6 +553,7 @@ static void att_task8(void *arg, int64_t task, int tid)
             int64_t i = i0 + r / nh;
             int64_t lo = first_key(j, i);
             float *s = ts->s + r * ATT_KB;
+            key_bias(j, i, s, nk, c0);
             softmax_step(s, nk, c0, lo, j->pos[i], &ts->mx[r], &ts->l[r], ts->o + r * hd, hd,
                          c->exp_sum);
             a8_scale(s, sv + (c0 - base), nk, nk32);
@@ -571,9 +594,11 @@ static void att_task_dec(void *arg, int64_t task, int tid)
                              k16 + (c0 + b) * width + (int64_t)hk * hd, width,
                              nk - b < ATT_SUB ? nk - b : ATT_SUB, ts->s + hk * G * ATT_KB + b,
                              ATT_KB);
-        for (int r = 0; r < H; r++)
+        for (int r = 0; r < H; r++) {
+            key_bias(j, 0, ts->s + r * ATT_KB, nk, c0);
             softmax_step(ts->s + r * ATT_KB, nk, c0, lo, p, &ts->mx[r], &ts->l[r], ts->o + r * hd,
                          hd, j->c->exp_sum);
+        }
         for (int64_t b = 0; b < nk; b += ATT_SUB)
             for (int hk = 0; hk < nkv; hk++)
                 j->c->att_pv(ts->s + hk * G * ATT_KB + b, G, ATT_KB,
@@ -628,7 +653,11 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
                  .hd = hd,
                  .window = window,
                  .scale = scale,
-                 .out = out};
+                 .out = out,
+                 .stale = c->kb_n > 0 ? c->kb_stale : NULL,
+                 .n_stale = c->kb_n,
+                 .bias = c->kb_bias,
+                 .until = c->kb_until};
     j.nh = G < ATT_M ? G : ATT_M;
     j.n_hsub = (G + j.nh - 1) / j.nh;
     j.mq = ATT_M / j.nh;
@@ -675,6 +704,24 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
     cb_pool_for(c->pool, a8 ? att_task8 : att_task, &j, tasks * j.n_split);
     if (j.n_split > 1)
         att_merge(&j);
+}
+
+cb_status cpu_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float bias,
+                           int32_t until)
+{
+    cpu_ctx *c = CTX(b);
+    c->kb_n = 0;
+    if (n <= 0 || !stale)
+        return CB_OK;
+    if (n > c->kb_cap) {
+        uint8_t *p = realloc(c->kb_stale, (size_t)n);
+        if (!p)
+            return CB_ERR_NOMEM;
+        c->kb_stale = p, c->kb_cap = n;
+    }
+    memcpy(c->kb_stale, stale, (size_t)n);
+    c->kb_n = n, c->kb_bias = bias, c->kb_until = until;
+    return CB_OK;
 }
 
 /* ------------------------------------------------------ attention mass */

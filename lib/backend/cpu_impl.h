@@ -67,8 +67,12 @@ typedef struct cpu_ctx {
     float *ol_x, *ol_y;    /* [CB_ROWS_MAX] rows of the widest input and output: the rows an
                               outlier dominates (qg_outliers; with xg, under xg_mu) */
     int64_t ol_in, ol_out;
-    uint8_t *a8;     /* the 8-bit attention's keys and values, packed (cpu_attn.c); grown */
-    size_t a8_bytes; /* its size */
+    uint8_t *a8;          /* the 8-bit attention's keys and values, packed (cpu_attn.c); grown */
+    size_t a8_bytes;      /* its size */
+    uint8_t *kb_stale;    /* cpu_set_key_bias's flags [kb_n] (kb_cap allocated), its bias */
+    int64_t kb_n, kb_cap; /* and the query positions it applies below */
+    float kb_bias;
+    int32_t kb_until;
 } cpu_ctx;
 
 struct cb_bweight {
@@ -87,6 +91,8 @@ static inline cpu_ctx *CTX(cb_backend *b) { return b->ctx; }
 /* the 8-bit attention's scratch sized for n_keys keys (backend.h's
  * reserve_keys) */
 void cpu_reserve_keys(cb_backend *b, int64_t n_keys, int n_head_kv, int hd);
+cb_status cpu_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float bias,
+                           int32_t until);
 void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k,
                    const void *v, cb_type t, int n_head, int n_head_kv, int hd, float scale,
                    int window, float *out);

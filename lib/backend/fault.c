@@ -173,6 +173,11 @@ static void f_reserve_keys(cb_backend *b, int64_t n_keys, int n_head_kv, int hd)
 {
     INNER(b)->reserve_keys(b, n_keys, n_head_kv, hd);
 }
+static cb_status f_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float bias,
+                                int32_t until)
+{
+    return INNER(b)->set_key_bias(b, stale, n, bias, until);
+}
 
 static void *f_alloc(cb_backend *b, size_t n) { PTR_OP(alloc, void *, INNER(b)->alloc(b, n)); }
 
@@ -387,6 +392,7 @@ static cb_status wrap(cb_backend *b, fault_ops **out)
     W(set_act8);
     W(reserve);
     W(reserve_keys);
+    W(set_key_bias);
 #undef W
     b->ops = o;
     *out = fo;

@@ -227,7 +227,7 @@ typedef struct cb_blend_params {
     double load_limit_mbs;                  /* > 0: throttle KV reads to this many MB/s */
     float adapt_mass, adapt_min, adapt_max; /* probe, mass > 0: the ratio holding that share */
     int32_t probe_rows, probe_values;       /* probe: the question's last rows (0: all); 1: x |V| */
-    float probe_depth;                      /* probe: share of the layers scored; 0: by cost */
+    float probe_depth, stale_scale;         /* probe layers, 0: by cost; stale x, 0: the model's */
     float key_temp, speedup; /* keys / key_temp, 0: the model's; > 0: the ratio by rows, 0: given */
 } cb_blend_params;
 cb_blend_params cb_blend_defaults(void); /* blend, auto, speedup 4, ratio >= 0.15, V */
@@ -240,12 +240,12 @@ typedef struct cb_blend_stats {
     float ratio, selected_mass;             /* the ratio used; probe: the attention share kept */
     int32_t probe_layers, strategy;         /* probe's first-pass layers; the strategy run */
     const char *ratio_bound; /* "given"; mass: "mass", "min", "max"; speedup: "speedup", "min" */
-    float key_temp, pred_speedup;   /* the key temperature used (else 1); blend: blend_cost's */
-    double load_ms, recompute_ms;   /* loading cached KV; computing (stalls excluded) */
-    double overlapped_ms, stall_ms; /* loading hidden; computing waiting for a layer */
-    uint64_t load_bytes;            /* KV bytes read from files */
-    double prefill_ms;              /* all of it, to the logits */
-    int32_t failed_segment;         /* the segment whose cache failed, else -1 */
+    float key_temp, pred_speedup, stale_scale; /* used (else 1); blend: blend_cost's; used */
+    double load_ms, recompute_ms;              /* loading cached KV; computing (stalls excluded) */
+    double overlapped_ms, stall_ms;            /* loading hidden; computing waiting for a layer */
+    uint64_t load_bytes;                       /* KV bytes read from files */
+    double prefill_ms;                         /* all of it, to the logits */
+    int32_t failed_segment;                    /* the segment whose cache failed, else -1 */
 } cb_blend_stats;
 /* Build a prompt's KV cache from segments in p's mode; the last position's logits. */
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,

@@ -79,7 +79,39 @@ void cb_kvcache_free(cb_kvcache *kv)
     free(kv->k);
     free(kv->v);
     free(kv->loaded);
+    free(kv->stale);
     free(kv);
+}
+
+cb_status cb_kvcache_set_stale(cb_kvcache *kv, const uint8_t *stale, int32_t n, float bias)
+{
+    kv->n_stale = 0;
+    if (n <= 0 || !stale)
+        return CB_OK;
+    if (!kv->m->be->ops->set_key_bias)
+        return CB_ERR_UNSUPPORTED;
+    if (n > kv->n_ctx)
+        return CB_ERR_RANGE;
+    if (!kv->stale && !(kv->stale = malloc((size_t)kv->n_ctx)))
+        return CB_ERR_NOMEM;
+    memcpy(kv->stale, stale, (size_t)n);
+    kv->n_stale = n;
+    kv->stale_bias = bias;
+    return CB_OK;
+}
+
+/* attention over kv, with its stale rows' bias (cb_kvcache_set_stale) */
+static void kv_attention(cb_backend *be, const cb_kvcache *kv, int32_t layer, const float *q,
+                         const int32_t *pos, int64_t n, float *out)
+{
+    const cb_model *m = kv->m;
+    const cb_hparams *hp = &m->hp;
+    int biased = kv->n_stale > 0 && be->ops->set_key_bias(be, kv->stale, kv->n_stale,
+                                                          kv->stale_bias, INT32_MAX) == CB_OK;
+    be->ops->attention(be, q, pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head,
+                       hp->n_head_kv, hp->head_dim, m->attn_scale, m->layers[layer].window, out);
+    if (biased)
+        be->ops->set_key_bias(be, NULL, 0, 0.0f, 0);
 }
 
 /* Scratch that only this thread's work touches: on a device, no wait for
@@ -418,8 +450,7 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     /* attention block: this layer's K/V of the rows, then attention over the cache */
     kv_after_loads(kv, layer);
     kv_write_layer(be, kv, layer, f->k, f->v, f->sel_pos, n);
-    o->attention(be, f->q, f->sel_pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head,
-                 hp->n_head_kv, hp->head_dim, m->attn_scale, L->window, f->att);
+    kv_attention(be, kv, layer, f->q, f->sel_pos, n, f->att);
     o->matmul(be, L->wo, f->att, f->xn, n);
     if (L->post_attn_norm)
         o->rmsnorm(be, f->xn, L->post_attn_norm, f->xn, n, d, hp->norm_eps);
@@ -602,9 +633,7 @@ static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *po
         const cb_kvcache *c = kv[i];
         kv_after_loads(c, layer);
         kv_write_layer(be, c, layer, f->k + i * dkv, f->v + i * dkv, &pos[i], 1);
-        o->attention(be, f->q + i * dq, &pos[i], 1, c->k[layer], c->v[layer], c->type, hp->n_head,
-                     hp->n_head_kv, hp->head_dim, m->attn_scale, m->layers[layer].window,
-                     f->att + i * dq);
+        kv_attention(be, c, layer, f->q + i * dq, &pos[i], 1, f->att + i * dq);
     }
     for (int32_t i = n; i < rows; i++)
         o->upload(be, f->att + i * dq, f->zero_row, sizeof(float) * (size_t)dq);

@@ -279,6 +279,12 @@ cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32
 cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys, int by_value);
 cb_status cb_fwd_mass_add(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n);
 cb_status cb_fwd_mass_end(cb_fwd *f, float *mass);
+/* Blending's stale scale: until set again, every attention over kv (a
+ * prefill's rows, decode steps) adds bias to the scores of its rows
+ * flagged in stale[0..n) (host, copied); n = 0 clears it.  Errors:
+ * CB_ERR_UNSUPPORTED (the backend has no such operation), CB_ERR_RANGE (n
+ * past the cache), CB_ERR_NOMEM; nothing is flagged after any of them. */
+cb_status cb_kvcache_set_stale(cb_kvcache *kv, const uint8_t *stale, int32_t n, float bias);
 /* Blending's selection: recompute K (which 0) or V (1) of `rows` at
  * `layer` from the hidden state (as cb_fwd_layer_qkv), and return in top
  * the k rows whose fresh values are farthest (squared L2) from the cache's

@@ -40,10 +40,13 @@ struct cb_kvcache {
     const cb_model *m;
     cb_type type;
     int32_t n_ctx;
-    int64_t width; /* n_head_kv * head_dim */
-    void **k, **v; /* per layer, backend [n_ctx, width] of type */
-    void **loaded; /* per layer: an event marking the last cb_kvcache_load
+    int64_t width;  /* n_head_kv * head_dim */
+    void **k, **v;  /* per layer, backend [n_ctx, width] of type */
+    void **loaded;  /* per layer: an event marking the last cb_kvcache_load
                         * into it (NULL when the backend has no events) */
+    uint8_t *stale; /* cb_kvcache_set_stale's flags [n_stale] (host), their bias */
+    int32_t n_stale;
+    float stale_bias;
 };
 
 #endif

@@ -66,6 +66,7 @@ cb_blend_params cb_blend_defaults(void)
     p.probe_values = 1;   /* the mass times the value rows' norms: strategy_probe.c */
     p.key_temp = 0.0f;    /* the model's: cb_blend_key_temp */
     p.speedup = 4.0f;     /* the ratio by the prompt's rows, 0.15 at least: blend_speedup */
+    p.stale_scale = 0.0f; /* the model's: cb_blend_stale_scale */
     return p;
 }
 
@@ -84,6 +85,49 @@ float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p)
     if (p->key_temp > 0.0f)
         return p->key_temp;
     return strcmp(cb_model_hparams(m)->arch, "gemma3") == 0 ? 1.05f : 1.0f;
+}
+
+/* The stale scale: after a blend's selection, the rows it computes (the
+ * recomputed ones, the question; the generated ones after it) give the
+ * stale rows (cached, not recomputed) S times the attention they would: a
+ * logit bias ln S (APE's scaling factor, where the blend computes).  The
+ * stale rows were computed without the chunks before them, and the rows
+ * that read them over-attend them: the question's attention share on the
+ * other chunks' rows at Qwen2.5-Coder-0.5B's middle layer is 0.19 over a
+ * blend's cache, 0.11 over full prefill's (MuSiQue, 20 chunks, 20
+ * questions).  Measured on MuSiQue (issue 31), probe, first-token KL to
+ * full prefill, paired, 20 questions each: 0.5B, 20 chunks, ratio 0.2,
+ * 0.392 with none; 0.7: -0.045 +- 0.017, 0.5: -0.065 +- 0.032, 0.35:
+ * -0.093 +- 0.043 (lower on 15 of 20), 1.4: +0.049 +- 0.011 (worse on
+ * 19); the bias for the question's rows alone -0.011, for the recomputed
+ * rows alone -0.027: both together; in probe's first pass too (its scores
+ * moved) less.  6 passages, 0.7: -0.021 +- 0.009 (15 of 20).  1.5B, 20
+ * chunks (1.106 with none): 0.7 -0.035 +- 0.071, 0.5 -0.072 +- 0.134,
+ * 0.35 -0.076 +- 0.177 (lower on 10).  Answers (150 questions, 20 chunks, the terse system message,
+ * --for-system): 0.5B, 0.35, F1 0.111 -> 0.134 (+0.022 +- 0.012; 91% of
+ * full prefill's), KL 0.475 -> 0.373.  Hence 0.35 on qwen2; the others
+ * are unmeasured (1). */
+float cb_blend_stale_scale(const cb_model *m, const cb_blend_params *p)
+{
+    if (p->stale_scale > 0.0f)
+        return p->stale_scale;
+    return strcmp(cb_model_hparams(m)->arch, "qwen2") == 0 ? 0.35f : 1.0f;
+}
+
+cb_status blend_stale_bias(blend_plan *pl)
+{
+    if (pl->stale_scale == 1.0f)
+        return CB_OK;
+    uint8_t *stale = malloc((size_t)pl->total);
+    if (!stale)
+        return CB_ERR_NOMEM;
+    for (int64_t r = 0; r < pl->total; r++)
+        stale[r] = pl->cached[r] == ROW_CAND && !pl->keep[r];
+    cb_status st = cb_kvcache_set_stale(pl->kv, stale, (int32_t)pl->total, logf(pl->stale_scale));
+    free(stale);
+    if (st == CB_ERR_UNSUPPORTED)
+        pl->stale_scale = 1.0f, st = CB_OK;
+    return st;
 }
 
 /* Measured on MuSiQue (issue 31; first-token KL to full prefill, half the
@@ -330,6 +374,10 @@ static cb_status plan_check(blend_plan *pl, cb_error *err)
             err, CB_ERR_INVALID,
             "blend: the key temperature must be positive (or 0: the model's), not %g",
             (double)p->key_temp);
+    if (!(p->stale_scale >= 0.0f && p->stale_scale < 1e30f))
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "blend: the stale scale must be positive (or 0: the model's), not %g",
+                            (double)p->stale_scale);
     if (!(p->speedup >= 0.0f && p->speedup < 1e30f))
         return cb_error_set(
             err, CB_ERR_INVALID,
@@ -510,6 +558,8 @@ static cb_status check_layer(blend_plan *pl, const blend_strategy *sg, int32_t s
     n_kept = blend_rows_from_keep(pl);
     stats->n_selected[step] = (int32_t)n_kept;
     stats->n_recomputed_tokens = (int32_t)n_kept;
+    if ((st = blend_stale_bias(pl)) != CB_OK)
+        return st;
     if ((st = cb_fwd_layer(pl->f, pl->kv, l, pl->rows, pl->n_rows)) != CB_OK)
         *layer_err = 1;
     return st;
@@ -691,6 +741,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
 
     memset(stats, 0, sizeof *stats);
     stats->failed_segment = -1;
+    cb_kvcache_set_stale(kv, NULL, 0, 0.0f); /* a cache used before: a new prompt */
     stats->ratio_bound = "given";
     stats->ratio = p->mode == CB_MODE_FULL    ? 1.0f
                    : p->mode == CB_MODE_BLEND ? p->ratios[p->n_ratios - 1]
@@ -706,6 +757,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     stats->key_temp = 1.0f;
     if (p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE)
         stats->key_temp = cb_blend_key_temp(cb_fwd_model(f), p);
+    pl.stale_scale = p->mode == CB_MODE_BLEND ? cb_blend_stale_scale(cb_fwd_model(f), p) : 1.0f;
     if ((st = cb_fwd_embed(f, pl.ids, pl.pos, (int32_t)pl.total)) != CB_OK) {
         if (st == CB_ERR_INVALID)
             cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)",
@@ -726,6 +778,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     }
     stats->prefill_ms = cb_now_ms() - t_start;
     loader_stop(&ld);
+    stats->stale_scale = pl.stale_scale;
     if (st != CB_OK && ld.st != CB_OK && !layer_err)
         stats->failed_segment = ld.failed_seg;
     if (st == CB_ERR_NOMEM && !layer_err)

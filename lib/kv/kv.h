@@ -77,6 +77,9 @@ cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err);
  * architecture's measured default: 1.05 for gemma3 (measured on
  * Gemma-3-270M), 1 (none) for the others. */
 float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p);
+/* The stale scale p gives on model m: p->stale_scale when > 0, else the
+ * model's (blend.c). */
+float cb_blend_stale_scale(const cb_model *m, const cb_blend_params *p);
 /* The layers probe's first pass runs and scores, for n_rows uncached rows
  * and want cached rows to recompute: p->probe_depth x n_layer, rounded up,
  * at least 1; probe_depth 0: by cost, every layer while that pass (n_rows

@@ -41,7 +41,8 @@ typedef struct blend_plan {
     int32_t *rows; /* [total]: the computed rows (fresh ones and selected cached ones) */
     int32_t n_rows;
     blend_loader *ld;
-    double stall; /* ms waited for the loader */
+    double stall;      /* ms waited for the loader */
+    float stale_scale; /* the computed rows' attention to the stale rows x it (1: as is) */
 } blend_plan;
 
 typedef struct blend_strategy {
@@ -75,6 +76,10 @@ cb_status blend_run_layers(blend_plan *pl, int32_t lo, int32_t hi, const int32_t
 /* pl->rows = every row kept or not cached, in order; returns how many of
  * them are cached (kept) rows. */
 int64_t blend_rows_from_keep(blend_plan *pl);
+/* After a selection (pl->keep): the computed rows' attention to the stale
+ * rows (candidates not kept) scaled by pl->stale_scale from here on (a
+ * backend without the operation: as is, and pl->stale_scale becomes 1). */
+cb_status blend_stale_bias(blend_plan *pl);
 /* The layers probe's first pass runs for a budget of `want` cached rows
  * (pl->n_rows the uncached ones): cb_blend_probe_layers', or none when the
  * budget needs no scores (nothing or everything kept, no adaptive ratio). */

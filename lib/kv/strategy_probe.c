@@ -135,6 +135,8 @@ static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_bl
         pl->keep[sc[c].row] = 1;
     blend_rows_from_keep(pl);
     stats->n_selected[0] = stats->n_recomputed_tokens = (int32_t)(want < n_c ? want : n_c);
+    if ((st = blend_stale_bias(pl)) != CB_OK)
+        goto out;
     if ((st = cb_fwd_embed(pl->f, pl->ids, pl->pos, (int32_t)pl->total)) != CB_OK) {
         *layer_err = 1;
         goto out;

@@ -183,6 +183,11 @@ PY
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert abs(s["key_temp"] - 1.1) < 1e-6 and s["n_recomputed_tokens"] > 0, s' "$T/kt.json" \
     && ok "--key-temp, in the stats" || not_ok "--key-temp"
 expect_exit "bad --key-temp" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --key-temp 0 -n 1 -p "$Q"
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --stale-scale 0.5 -n 2 -p "$Q" --stats "$T/ss.json" > /dev/null \
+    && "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --stale-scale 0.5 --mode reuse -n 2 -p "$Q" --stats "$T/ss-reuse.json" > /dev/null \
+    && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); r=json.load(open(sys.argv[2])); assert abs(s["stale_scale"] - 0.5) < 1e-6 and s["n_recomputed_tokens"] > 0 and r["stale_scale"] == 1, (s, r)' "$T/ss.json" "$T/ss-reuse.json" \
+    && ok "--stale-scale, in the stats (blend only)" || not_ok "--stale-scale"
+expect_exit "bad --stale-scale" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --stale-scale 0 -n 1 -p "$Q"
 expect_exit "--probe-rows negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-rows -1 -p q
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --probe-weight none -n 2 -p "$Q" --stats "$T/pw0.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_weight"] == "none" and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/pw0.json" \

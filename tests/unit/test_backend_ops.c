@@ -381,6 +381,12 @@ static int att_hd, att_nq, att_window, att_ctx = 150, att_nan, att_heads = 6, at
                                        att_sorted, att_consec;
 /* 1: two channels of every key head 20 times the rest (Qwen2's keys have such) */
 static int att_big_k;
+/* != 0: set_key_bias flags every third key (1, 4, 7, ...) with this bias
+ * for the rows below position att_until (blending's stale scale) */
+static float att_stale;
+static int32_t att_until;
+static int att_flagged(int64_t c) { return att_stale != 0.0f && c % 3 == 1; }
+static int att_biased(int32_t pos) { return att_stale != 0.0f && pos < att_until; }
 
 static int cmp_i32(const void *a, const void *b)
 {
@@ -402,7 +408,7 @@ static double ref_softmax(const float *qh, const float *kh, int64_t w, int hd, i
         double d = 0;
         for (int e = 0; e < hd; e++)
             d += (double)qh[e] * kh[c * w + e];
-        s[c] = d * scale;
+        s[c] = d * scale + (att_biased(pos) && att_flagged(c) ? att_stale : 0.0);
         mx = s[c] > mx ? s[c] : mx;
     }
     for (int64_t c = *lo; c <= pos; c++)
@@ -482,8 +488,16 @@ static int64_t c_attention(cb_backend *be, float *out)
         float *dout = be->ops->alloc(be, sizeof(float) * (size_t)(n * dq));
         be->ops->kv_write(be, kc, kv_type, w, dk, all, n_ctx);
         be->ops->kv_write(be, vc, kv_type, w, dv, all, n_ctx);
+        uint8_t *flags = malloc((size_t)n_ctx);
+        for (int64_t c = 0; c < n_ctx; c++)
+            flags[c] = (uint8_t)att_flagged(c);
+        if (att_stale != 0.0f)
+            be->ops->set_key_bias(be, flags, n_ctx, att_stale, att_until);
+        free(flags);
         be->ops->attention(be, dq_, pos, n, kc, vc, kv_type, n_head, n_head_kv, hd, scale,
                            att_window, dout);
+        if (att_stale != 0.0f)
+            be->ops->set_key_bias(be, NULL, 0, 0.0f, 0);
         bget(be, out, dout, sizeof(float) * (size_t)(n * dq));
         bfree(be, kc), bfree(be, vc), bfree(be, dk), bfree(be, dv), bfree(be, dq_), bfree(be, dout);
         free(all);
@@ -1732,6 +1746,77 @@ static void run_case_c(const char *name, case_fn fn, double bound)
 }
 
 
+/* set_key_bias (blending's stale scale): every third key's scores raised
+ * or lowered for the rows below 3/4 of the cache (all rows for the few-row
+ * cases, whose first row is the last key's), against the reference
+ * with the same bias, on each CPU path: the f32 tiles (exact), the 8-bit
+ * products (8 rows and more, the default), decode's one row on the f16
+ * cache, the portable kernels; and the bias must change the output (the
+ * case fails if it is ignored), and be gone once cleared. */
+static void test_key_bias(void)
+{
+    static const struct {
+        int f16, nq, ctx, sorted, act8;
+        float bias;
+    } cs[] = {
+        {1, 40, 150, 0, 0, -1.05f}, {0, 40, 150, 0, 0, 0.7f},     {1, 200, 1300, 1, 0, -1.05f},
+        {1, 40, 150, 0, 1, -1.05f}, {1, 200, 1300, 1, 1, -0.36f}, {1, 1, 1300, 0, 0, -1.05f},
+        {1, 3, 1300, 0, 0, -1.05f},
+    };
+    cb_backend *a8 = cb_backend_cpu_new(2);
+    a8->ops->set_act8(a8, 1);
+    float *o_none = malloc(sizeof(float) * MAXOUT);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        char name[160];
+        kv_type = cs[i].f16 ? CB_TYPE_F16 : CB_TYPE_F32;
+        att_hd = 64, att_nq = cs[i].nq, att_ctx = cs[i].ctx, att_sorted = cs[i].sorted;
+        att_window = 0, att_until = att_nq < 8 ? att_ctx : att_ctx * 3 / 4;
+        cb_backend *be = cs[i].act8 ? a8 : cpu;
+        int q8 = cs[i].act8 && att_nq >= 8;
+        double bound = q8 ? 3e-4 : 1e-10;
+        snprintf(name, sizeof name, "key bias %+.2f %s %d rows%s %d keys, %s", cs[i].bias,
+                 cs[i].f16 ? "f16" : "f32", att_nq, att_sorted ? " sorted" : "", att_ctx,
+                 q8 ? "8-bit products" : "f32 tiles");
+        if (!case_wanted(name)) {
+            tskip(name, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+            continue;
+        }
+        att_stale = cs[i].bias;
+        int64_t n = c_attention(NULL, o_ref);
+        c_attention(be, o_cpu);
+        double e = nmse(o_ref, o_cpu, n);
+        att_stale = 0.0f;
+        c_attention(be, o_none);
+        double moved = nmse(o_ref, o_none, n);
+        tcase("cpu  %s vs reference (nmse %.2e, bound %.0e; without the bias %.2e)", name, e, bound,
+              moved);
+        CHECKF(e <= bound && moved > 1e-3, "nmse %.3e, without %.3e", e, moved);
+        c_attention(NULL, o_ref);
+        e = nmse(o_ref, o_none, n);
+        tcase("cpu  %s cleared: as without it (nmse %.2e)", name, e);
+        CHECKF(e <= bound, "nmse %.3e", e);
+        if (!cs[i].act8) {
+            att_stale = cs[i].bias;
+            c_attention(NULL, o_ref);
+            c_attention(cpu_c, o_cpu);
+            att_stale = 0.0f;
+            e = nmse(o_ref, o_cpu, n);
+            tcase("cpu-c %s vs reference (nmse %.2e)", name, e);
+            CHECKF(e <= 1e-10, "nmse %.3e", e);
+        }
+    }
+    att_ctx = 150, att_sorted = 0, att_nq = 40;
+    char nm[96];
+    snprintf(nm, sizeof nm, "cuda key bias");
+    tskip(nm, !cuda ? cuda_why
+              : cuda->ops->set_key_bias
+                  ? "the CUDA backend has set_key_bias now: give it the CPU's cases"
+                  : "the CUDA backend has no set_key_bias (blends there without the stale "
+                    "scale)");
+    free(o_none);
+    a8->ops->free(a8);
+}
+
 /* Found by fuzz_model: a model with NaN weights gave the softmax NaN
  * scores, and its exp converted NaN to an int (undefined; UBSan's
  * float-cast-overflow, which SAN=1 enables).  The NaN must stay in its own
@@ -2890,6 +2975,7 @@ int main(int argc, char **argv)
         am_values = 0;
     }
     test_attention_nan();
+    test_key_bias();
     kv_type = CB_TYPE_F16;
     test_attn_mass_fallback(cpu, o_cpu, o_cuda);
     test_elementwise_threads(cpu, o_cpu, o_cuda);

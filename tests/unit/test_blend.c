@@ -14,6 +14,7 @@
  * and blend at 0.15 (not required to beat reuse there), then scores once:
  * the strategies, probe, prefix caching, reordering and pipelining run on
  * every fixture. */
+#include "../../lib/infer/model_impl.h" /* a KV cache's stale flags */
 #include "../../lib/kv/kv.h"
 #include "test.h"
 
@@ -107,10 +108,13 @@ static int32_t build(fixture *fx, const int order[3], cb_segment *segs)
 /* the cached tokens a blend may recompute: all but a true prefix's */
 /* The defaults at a fixed ratio (no speedup): what every test but the
  * speedup's states its expectations for. */
+/* the defaults with the ratio as given and no stale scale: the plain
+ * blend, whose ratio 0 is reuse (the stale scale has its own case) */
 static cb_blend_params fixed_defaults(void)
 {
     cb_blend_params p = cb_blend_defaults();
     p.speedup = 0.0f;
+    p.stale_scale = 1.0f;
     return p;
 }
 
@@ -594,6 +598,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                 h = fixed_defaults();
                 h.strategy = (cb_blend_strategy)st.strategy;
                 h.ratios[0] = st.ratio;
+                h.stale_scale = q.stale_scale;
                 cb_blend_stats sh;
                 CHECK_OK(run(&fx, segs, ns, &h, b, &sh, NULL));
                 CHECKF(rel(a, b, (size_t)nv) == 0 &&
@@ -922,6 +927,66 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
         free(k1), free(kt), free(v1), free(vt);
         cb_kvcache_free(kv1), cb_kvcache_free(kvT);
+    }
+
+    tcase("%s: --stale-scale flags the rows a blend leaves stale (and only those), which "
+          "changes its answer; 1, reuse, full and ratio 1 are as without it",
+          label);
+    {
+        cb_kvcache *ks = NULL;
+        float *c = malloc(sizeof(float) * (size_t)nv);
+        p = fixed_defaults();
+        p.ratios[0] = 0.3f;
+        p.stale_scale = 1.0f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECK(st.stale_scale == 1.0f);
+        p.stale_scale = 0.35f;
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, &ks));
+        int32_t flagged = 0, left = cand(&st) - st.n_recomputed_tokens;
+        for (int32_t r = 0; ks && r < ks->n_stale; r++)
+            flagged += ks->stale[r];
+        CHECKF(st.stale_scale == 0.35f && left > 0 && flagged == left &&
+                   ks->stale_bias == logf(0.35f) && rel(a, b, (size_t)nv) > 1e-6,
+               "stats %g, %d flagged of %d left stale, logits moved %.3g", (double)st.stale_scale,
+               flagged, left, rel(a, b, (size_t)nv));
+        /* the next prompt in that cache starts without them */
+        cb_fwd *fw = NULL;
+        cb_error err;
+        cb_fwd_new(&fw, fx.m, 512);
+        p.mode = CB_MODE_REUSE;
+        CHECK_OK(cb_blend_prefill(fw, ks, segs, ns, &p, c, &st, &err));
+        CHECK(ks->n_stale == 0 && st.stale_scale == 1.0f);
+        cb_fwd_free(fw);
+        cb_kvcache_free(ks);
+        p.stale_scale = 1.0f; /* reuse, full, ratio 1: nothing is left stale to scale */
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        p.stale_scale = 0.35f;
+        CHECK_OK(run(&fx, segs, ns, &p, c, &st, NULL));
+        CHECK(memcmp(a, c, sizeof(float) * (size_t)nv) == 0 && st.stale_scale == 1.0f);
+        p.mode = CB_MODE_BLEND;
+        p.ratios[0] = 1.0f;
+        p.stale_scale = 1.0f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        p.stale_scale = 0.35f;
+        CHECK_OK(run(&fx, segs, ns, &p, c, &st, NULL));
+        CHECK(memcmp(a, c, sizeof(float) * (size_t)nv) == 0);
+        p.mode = CB_MODE_FULL;
+        CHECK_OK(run(&fx, segs, ns, &p, c, &st, NULL));
+        CHECK(st.stale_scale == 1.0f);
+        p = fixed_defaults();
+        p.stale_scale = -1.0f;
+        CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
+        /* the default: the architecture's (qwen2 0.35, else 1) */
+        const float want = strcmp(hp->arch, "qwen2") == 0 ? 0.35f : 1.0f;
+        p = cb_blend_defaults();
+        p.speedup = 0.0f;
+        p.ratios[0] = 0.3f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECKF(p.stale_scale == 0.0f && cb_blend_stale_scale(fx.m, &p) == want &&
+                   st.stale_scale == want,
+               "%s: %g, stats %g", hp->arch, (double)cb_blend_stale_scale(fx.m, &p),
+               (double)st.stale_scale);
+        free(c);
     }
 
     tcase("%s: the default key temperature is the architecture's (gemma3 1.05, else 1)", label);
