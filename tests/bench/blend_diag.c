@@ -5,15 +5,18 @@
  *          (gold: the chunks holding an answer; "system": text, optional, as
  *          cb-run --system); each chunk's KV must be in STORE (cb-precompute,
  *          as tests/bench/diag.py does)
- *   MODE   full (always run first), reuse, or STRATEGY:RATIO[:DEPTH] (probe:0.15;
- *          DEPTH: probe's first pass through that share of the layers, 0: by cost),
+ *   MODE   full (always run first), reuse, or STRATEGY:RATIO[:DEPTH[:SCALE]] (probe:0.15;
+ *          DEPTH: probe's first pass through that share of the layers, 0: by cost;
+ *          SCALE: the stale scale, cb-run --stale-scale, 1 unless given),
  *          or ORACLE:RATIO: the loaded caches with the rows picked by a
  *          score that only full prefill gives, recomputed as probe's second
  *          pass does (the headroom of selection; oracle_scores):
  *          oatt, odev, ovdev, ostale, and oprobe (probe's own score, a check);
  *          oiter: probe's score in two rounds, the second over the cache
  *          the first one's half of the rows left (not an oracle: it knows
- *          nothing of full prefill, but costs about 1.5 blends)
+ *          nothing of full prefill, but costs about 1.5 blends); pshr:R:S,
+ *          probe's rows with a budget shrinking with depth, (1 + S) x R's
+ *          at layer 0 to (1 - S) x R's at the last (the same cost)
  * For each question and mode one JSON line on stdout:
  *   kl, top1   the first answer token's distribution against full's
  *   per layer (arrays of n_layer):
@@ -278,7 +281,8 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
 }
 
 /* The oracle modes: what only full prefill knows picks the rows. */
-enum { OR_NONE, OR_ATT, OR_DEV, OR_VDEV, OR_PROBE, OR_STALE, OR_ITER };
+static float shr_slope = 0.5f; /* pshr:R:S, the budget from (1 + S) x to (1 - S) x */
+enum { OR_NONE, OR_ATT, OR_DEV, OR_VDEV, OR_PROBE, OR_STALE, OR_ITER, OR_SHR };
 
 
 /* The oracle's scores [T] of the rows: kind OR_VDEV sums ||V_full - V||
@@ -378,6 +382,35 @@ static cb_status recompute(cb_fwd *f, cb_kvcache *kv, const cb_hparams *hp, cons
     return cb_fwd_logits(f, &last, 1, logits);
 }
 
+/* probe's rows by a budget that shrinks with depth: at layer l the top
+ * w_l of the rows by score (rank[j], -1: not chosen), w_l falling
+ * linearly from a x want at layer 0 to (2 - a) x want at the last (the
+ * same rows in all, a row dropped keeps its loaded K/V from there on). */
+static cb_status recompute_shr(cb_fwd *f, cb_kvcache *kv, const cb_hparams *hp,
+                               const int32_t *all_ids, const uint8_t *cand, const int32_t *rank,
+                               int32_t T, int64_t want, float a, int32_t *ids, int32_t *pos,
+                               float *logits)
+{
+    cb_status st;
+    for (int32_t j = 0; j < T; j++)
+        ids[j] = all_ids[j], pos[j] = j;
+    if ((st = cb_fwd_embed(f, ids, pos, T)) != CB_OK)
+        return st;
+    int32_t L = hp->n_layer;
+    for (int32_t l = 0; l < L; l++) {
+        double g = L > 1 ? a - 2.0 * (a - 1.0) * l / (L - 1) : 1.0;
+        int64_t wl = (int64_t)llround(g * (double)want);
+        int32_t n = 0;
+        for (int32_t j = 0; j < T; j++)
+            if (cand[j] == 0 && (rank[j] < 0 || rank[j] < wl))
+                pos[n++] = j;
+        if ((st = cb_fwd_layer(f, kv, l, pos, n)) != CB_OK)
+            return st;
+    }
+    int32_t last = T - 1;
+    return cb_fwd_logits(f, &last, 1, logits);
+}
+
 /* An oracle blend at ratio r: reuse's loaded caches, the top ceil(r x
  * cached rows) candidates by oracle_scores recomputed with the uncached
  * rows through every layer (probe's second pass, another choice of rows).
@@ -424,9 +457,28 @@ static cb_status oracle_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache
         if ((st = recompute(f, kv, hp, all, cand, T, ids, pos, logits)) != CB_OK)
             goto out;
     }
-    if ((st = oracle_scores(f, kv, kv_full, tmp, hp, tail, T, kind == OR_ITER ? OR_PROBE : kind,
-                            score)) != CB_OK)
+    if ((st = oracle_scores(f, kv, kv_full, tmp, hp, tail, T,
+                            kind == OR_ITER || kind == OR_SHR ? OR_PROBE : kind, score)) != CB_OK)
         goto out;
+    if (kind == OR_SHR) {
+        float a = 1.0f + shr_slope;
+        int64_t top = (int64_t)llround(a * (double)want);
+        got = choose(cand, score, T, top, sc);
+        for (int32_t j = 0; j < T; j++)
+            pos[j] = -1;
+        for (int64_t i = 0; i < got; i++)
+            pos[sc[i].row] = (int32_t)i;
+        int32_t *rank = malloc(sizeof *rank * (size_t)T);
+        if (!rank) {
+            st = CB_ERR_NOMEM;
+            goto out;
+        }
+        memcpy(rank, pos, sizeof *rank * (size_t)T);
+        st = recompute_shr(f, kv, hp, all, cand, rank, T, want, a, ids, pos, logits);
+        free(rank);
+        *n_recomputed = (int32_t)want;
+        goto out;
+    }
     got += choose(cand, score, T, want - got, sc);
     st = recompute(f, kv, hp, all, cand, T, ids, pos, logits);
     *n_recomputed = (int32_t)got;
@@ -446,14 +498,15 @@ static int parse_mode(const char *s, cb_blend_params *bp, int *oracle)
     if (!strcmp(s, "reuse"))
         return bp->mode = CB_MODE_REUSE, 0;
     char name[32];
-    float r, depth = 0.0f;
-    int got = sscanf(s, "%31[a-z]:%f:%f", name, &r, &depth);
-    if (got < 2 || r < 0 || r > 1 || depth < 0 || depth > 1)
+    float r, depth = 0.0f, scale = 1.0f;
+    int got = sscanf(s, "%31[a-z]:%f:%f:%f", name, &r, &depth, &scale);
+    if (got < 2 || r < 0 || r > 1 || depth < 0 || depth > 1 || !(scale > 0))
         return -1;
     bp->mode = CB_MODE_BLEND;
     bp->ratios[0] = r; /* as given: no speedup */
     bp->speedup = 0.0f;
     bp->probe_depth = depth;
+    bp->stale_scale = scale; /* 1 unless given: the oracle modes have none */
     if (!strcmp(name, "probe"))
         bp->strategy = CB_STRATEGY_PROBE;
     else if (!strcmp(name, "hkvd"))
@@ -472,6 +525,8 @@ static int parse_mode(const char *s, cb_blend_params *bp, int *oracle)
         *oracle = OR_STALE;
     else if (!strcmp(name, "oiter"))
         *oracle = OR_ITER;
+    else if (!strcmp(name, "pshr"))
+        *oracle = OR_SHR, shr_slope = depth;
     else
         return -1;
     return 0;
@@ -609,10 +664,11 @@ int main(int argc, char **argv)
     int oracle;
     for (int i = 5; i < argc; i++)
         if (parse_mode(argv[i], &bp, &oracle) != 0) {
-            fprintf(stderr,
-                    "blend_diag: bad mode '%s' (full, reuse, probe:R[:DEPTH], hkvd:R, query:R, "
-                    "oatt:R, odev:R, ovdev:R, oprobe:R, ostale:R, oiter:R)\n",
-                    argv[i]);
+            fprintf(
+                stderr,
+                "blend_diag: bad mode '%s' (full, reuse, probe:R[:DEPTH[:SCALE]], hkvd:R, query:R, "
+                "oatt:R, odev:R, ovdev:R, oprobe:R, ostale:R, oiter:R, pshr:R:S)\n",
+                argv[i]);
             return 64;
         }
     cb_model *m;

@@ -29,7 +29,11 @@ reuse,probe:0.22,oatt:0.22,odev:0.22,ostale:0.22,ovdev:0.22,oprobe:0.22):
   ovdev   |V_full - V| alone (hkvd's deviation, every layer, the true one)
   oprobe  probe's own score through the same path (a check: probe's KL)
 and oiter: probe's score in two rounds (half the rows recomputed, then the
-question's attention over that cache picks the rest; about 1.5 blends).
+question's attention over that cache picks the rest; about 1.5 blends);
+pshr:R:S: probe's rows with a budget that shrinks with depth, (1 + S) x
+R's at layer 0 to (1 - S) x at the last (the same rows computed in all).
+The blends run without the stale scale (cb-run --stale-scale) unless the
+mode gives it: probe:0.2:0:0.35.
 """
 import argparse
 import json
