@@ -97,16 +97,17 @@ float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p)
  * blend's cache, 0.11 over full prefill's (MuSiQue, 20 chunks, 20
  * questions).  Measured on MuSiQue (issue 31), probe, first-token KL to
  * full prefill, paired, 20 questions each: 0.5B, 20 chunks, ratio 0.2,
- * 0.392 with none; 0.7: -0.045 +- 0.017, 0.5: -0.065 +- 0.032, 0.35:
- * -0.093 +- 0.043 (lower on 15 of 20), 1.4: +0.049 +- 0.011 (worse on
- * 19); the bias for the question's rows alone -0.011, for the recomputed
- * rows alone -0.027: both together; in probe's first pass too (its scores
- * moved) less.  6 passages, 0.7: -0.021 +- 0.009 (15 of 20).  1.5B, 20
- * chunks (1.106 with none): 0.7 -0.035 +- 0.071, 0.5 -0.072 +- 0.134,
- * 0.35 -0.076 +- 0.177 (lower on 10).  Answers (150 questions, 20 chunks, the terse system message,
- * --for-system): 0.5B, 0.35, F1 0.111 -> 0.134 (+0.022 +- 0.012; 91% of
- * full prefill's), KL 0.475 -> 0.373.  Hence 0.35 on qwen2; the others
- * are unmeasured (1). */
+ * 0.392 with none; 0.5: -0.073 +- 0.035, 0.35: -0.100 +- 0.050 (lower on
+ * 17 of 20).  A trial that left the last layer's last row (and decode)
+ * unscaled: 0.7 -0.045 +- 0.017, 1.4 +0.049 +- 0.011 (worse on 19); the
+ * question's rows alone -0.011, the recomputed rows alone -0.027: both
+ * together; in probe's first pass too (its scores moved) less; 6
+ * passages, 0.7: -0.021 +- 0.009 (15 of 20); 1.5B, 20 chunks (1.106 with
+ * none): 0.7 -0.035 +- 0.071, 0.5 -0.072 +- 0.134, 0.35 -0.076 +- 0.177
+ * (lower on 10).  Answers (150 questions, 20 chunks, the terse system
+ * message, --for-system): 0.5B, 0.35, F1 0.111 -> 0.134 (+0.022 +-
+ * 0.012; 91% of full prefill's).  Hence 0.35 on qwen2; the others are
+ * unmeasured (1). */
 float cb_blend_stale_scale(const cb_model *m, const cb_blend_params *p)
 {
     if (p->stale_scale > 0.0f)
