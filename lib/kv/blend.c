@@ -106,7 +106,7 @@ float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p)
  * none): 0.7 -0.035 +- 0.071, 0.5 -0.072 +- 0.134, 0.35 -0.076 +- 0.177
  * (lower on 10).  Answers (150 questions, 20 chunks, the terse system
  * message, --for-system): 0.5B, 0.35, F1 0.111 -> 0.134 (+0.022 +-
- * 0.012; 91% of full prefill's), KL 0.475 -> 0.373 (lower on 110),
+ * 0.012; 90% of full prefill's), KL 0.475 -> 0.373 (lower on 110),
  * identical answers 23% -> 30%.  Hence 0.35 on qwen2; the others are
  * unmeasured (1). */
 float cb_blend_stale_scale(const cb_model *m, const cb_blend_params *p)
