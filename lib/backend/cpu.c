@@ -846,7 +846,7 @@ static void cpu_free(cb_backend *b)
     free(c->xg);
     free(c->ol_x);
     free(c->ol_y);
-    free(c->kb_stale);
+    free(c->kb_bias);
     free(c->a8);
     pthread_mutex_destroy(&c->grow_mu);
     pthread_mutex_destroy(&c->xg_mu);

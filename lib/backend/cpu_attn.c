@@ -36,12 +36,11 @@ typedef struct att_job {
     int64_t a8_base, a8_n, a8_nch;
     size_t a8_head, a8_kpb, a8_vpb; /* a K panel: p keys of 2 hd (two parts) */
     float *a8_kmean; /* [n_head_kv, hd]: the keys' mean, taken out before quantizing */
-    /* cpu_set_key_bias's: bias added to the scores of keys flagged in
-     * stale[0..n_stale) for the rows at positions below until (stale NULL:
-     * none) */
-    const uint8_t *stale;
+    /* cpu_set_key_bias's: kbias[c] (the bias, or 0) added to key c's
+     * scores, c < n_stale, for the rows at positions below until (kbias
+     * NULL: none) */
+    const float *kbias;
     int64_t n_stale;
-    float bias;
     int32_t until;
 } att_job;
 
@@ -70,15 +69,15 @@ __attribute__((optimize("O3"))) static void load_tile(const void *cache, cb_type
 /* query row i's scores s[0..nk) of keys c0.. with the key bias added to
  * the flagged keys' (before the softmax step masks the keys it does not
  * see) */
-static void key_bias(const att_job *j, int64_t i, float *restrict s, int64_t nk, int64_t c0)
+__attribute__((optimize("O3"))) static void key_bias(const att_job *j, int64_t i, float *restrict s,
+                                                     int64_t nk, int64_t c0)
 {
-    if (!j->stale || j->pos[i] >= j->until || c0 >= j->n_stale)
+    if (!j->kbias || j->pos[i] >= j->until || c0 >= j->n_stale)
         return;
     int64_t e = c0 + nk < j->n_stale ? nk : j->n_stale - c0;
-    const uint8_t *f = j->stale + c0;
+    const float *restrict b = j->kbias + c0;
     for (int64_t c = 0; c < e; c++)
-        if (f[c])
-            s[c] += j->bias;
+        s[c] += b[c];
 }
 
 /* the online-softmax step for one row of scores s[0..nk) (keys c0..):
@@ -654,9 +653,8 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
                  .window = window,
                  .scale = scale,
                  .out = out,
-                 .stale = c->kb_n > 0 ? c->kb_stale : NULL,
+                 .kbias = c->kb_n > 0 ? c->kb_bias : NULL,
                  .n_stale = c->kb_n,
-                 .bias = c->kb_bias,
                  .until = c->kb_until};
     j.nh = G < ATT_M ? G : ATT_M;
     j.n_hsub = (G + j.nh - 1) / j.nh;
@@ -714,13 +712,14 @@ cb_status cpu_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float
     if (n <= 0 || !stale)
         return CB_OK;
     if (n > c->kb_cap) {
-        uint8_t *p = realloc(c->kb_stale, (size_t)n);
+        float *p = realloc(c->kb_bias, sizeof(float) * (size_t)n);
         if (!p)
             return CB_ERR_NOMEM;
-        c->kb_stale = p, c->kb_cap = n;
+        c->kb_bias = p, c->kb_cap = n;
     }
-    memcpy(c->kb_stale, stale, (size_t)n);
-    c->kb_n = n, c->kb_bias = bias, c->kb_until = until;
+    for (int64_t k = 0; k < n; k++) /* a vector add in the softmax's loop, not a test a key */
+        c->kb_bias[k] = stale[k] ? bias : 0.0f;
+    c->kb_n = n, c->kb_until = until;
     return CB_OK;
 }
 

@@ -69,9 +69,8 @@ typedef struct cpu_ctx {
     int64_t ol_in, ol_out;
     uint8_t *a8;          /* the 8-bit attention's keys and values, packed (cpu_attn.c); grown */
     size_t a8_bytes;      /* its size */
-    uint8_t *kb_stale;    /* cpu_set_key_bias's flags [kb_n] (kb_cap allocated), its bias */
-    int64_t kb_n, kb_cap; /* and the query positions it applies below */
-    float kb_bias;
+    float *kb_bias;       /* cpu_set_key_bias's: each key's bias (or 0) [kb_n] (kb_cap */
+    int64_t kb_n, kb_cap; /* allocated), for the query positions below kb_until */
     int32_t kb_until;
 } cpu_ctx;
 
