@@ -96,7 +96,7 @@ static void usage(FILE *f)
         "      --stale-scale S  blend: after the selection, the tokens computed (and\n"
         "                     generated) give the cached tokens not recomputed S times\n"
         "                     the attention they would (APE's scaling factor; default:\n"
-        "                     the model's, 0.35 on qwen2, else 1; CPU only)\n"
+        "                     the model's with probe, 0.35 on qwen2, else 1; CPU only)\n"
         "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
         "                     agreement and whether the greedy answers match to --stats\n"
         "      --no-store-write  do not store the KV of chunks (or the prompt's head) that\n"

@@ -976,16 +976,24 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         p = fixed_defaults();
         p.stale_scale = -1.0f;
         CHECK(run(&fx, segs, ns, &p, a, &st, NULL) == CB_ERR_INVALID);
-        /* the default: the architecture's (qwen2 0.35, else 1) */
+        /* the default: the architecture's (qwen2 0.35, else 1) with probe;
+         * 1 with the check-layer strategies (unless given) */
         const float want = strcmp(hp->arch, "qwen2") == 0 ? 0.35f : 1.0f;
         p = cb_blend_defaults();
         p.speedup = 0.0f;
         p.ratios[0] = 0.3f;
+        p.strategy = CB_STRATEGY_PROBE;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
         CHECKF(p.stale_scale == 0.0f && cb_blend_stale_scale(fx.m, &p) == want &&
                    st.stale_scale == want,
                "%s: %g, stats %g", hp->arch, (double)cb_blend_stale_scale(fx.m, &p),
                (double)st.stale_scale);
+        p.strategy = CB_STRATEGY_HKVD;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECK(st.stale_scale == 1.0f);
+        p.stale_scale = 0.35f;
+        CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
+        CHECK(st.stale_scale == 0.35f);
         free(c);
     }
 
