@@ -3,7 +3,8 @@
 #   build     nvidia-smi, then the CUDA module and every test program (CUDA=1)
 #   ops       test_backend_ops: every CUDA operation against the CPU (the
 #             few-row product kernel, the staging memo and the fused
-#             operations on; the tensor-core attention, CB_CUDA_FA=1, on a
+#             operations and the key bias, CB_CUDA_KBIAS=1, on; the
+#             tensor-core attention, CB_CUDA_FA=1, on a
 #             second backend beside the scalar kernel's, the weights kept in
 #             their blocks, CB_CUDA_QW=1, on a third; `ops-cublas`: again with all three off,
 #             CB_CUDA_GEMV=0 CB_CUDA_MEMO=0 CB_CUDA_FUSE=0, cuBLAS for every
@@ -17,7 +18,8 @@
 #             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 4,
 #             probe, hkvd, and probe with CB_CUDA_MASS=0; full and probe again
 #             with the paths not yet default, CB_CUDA_GEMV=1 CB_CUDA_MEMO=1
-#             CB_CUDA_FUSE=1 CB_CUDA_FA=1), then full and probe once more each
+#             CB_CUDA_FUSE=1 CB_CUDA_FA=1 CB_CUDA_KBIAS=1: on the qwen2 one,
+#             probe's stale scale), then full and probe once more each
 #             way under CB_BACKEND_PROFILE=1 (each operation's calls and
 #             host time), on random-weight
 #             models of SmolLM2's and Qwen2.5-1.5B's shape (their logits are
@@ -135,7 +137,7 @@ blend() {
         # each probed layer's queries and keys copied back), as before 2026-11-27
         # full:next, blend:probe:next: with the paths not yet default
         # (the few-row product kernel, the staging memo, the fused operations,
-        # the tensor-core attention)
+        # the tensor-core attention, the key bias)
         for spec in full blend:probe blend:hkvd blend:probe:host-mass full:next blend:probe:next; do
             mode=${spec%%:*}; st=${spec#*:}; mass=1; next=0
             case $spec in *:host-mass) st=${st%%:*}; mass=0 ;; *:next) st=${st%%:*}; next=1 ;; esac
@@ -143,7 +145,7 @@ blend() {
             set --; [ "$mode" = blend ] && set -- --strategy "$st"
             best=""
             for _ in 1 2 3 4; do
-                CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_FA=$next CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
+                CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_FA=$next CB_CUDA_KBIAS=$next CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
                     -n 1 --stats "$d/s.json" -p "$q" > /dev/null || { rc=1; break; }
                 ms=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ttft_ms"])' "$d/s.json")
                 best=$(awk -v a="$ms" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')

@@ -120,6 +120,9 @@ static void tctx_destroy(tctx *t)
     cudaFree(t->tile16.p);
     cudaFree(t->att_part.p);
     cudaFree(t->mass_buf.p);
+    cudaFree(t->kb.p);
+    free(t->kb_flags);
+    free(t->kb_host);
     cudaFree(t->scal);
     cudaFree(t->blas_ws);
     if (t->blas)
@@ -458,6 +461,13 @@ static void init_ops(void)
      * host, which copies each probed layer's queries and keys back */
     if (!env_is("CB_CUDA_MASS", "0"))
         OP(attn_mass, cu_attn_mass);
+    /* blending's stale scale (the key bias both attention kernels add),
+     * behind CB_CUDA_KBIAS=1 until a GPU run has checked it (issue 34):
+     * without it a blend on the device keeps the scale 1, and says so */
+    if (env_is("CB_CUDA_KBIAS", "1"))
+        OP(set_key_bias, cu_set_key_bias);
+    else
+        o->set_key_bias = NULL;
     /* cuBLAS picks its algorithm by shape and a product's input rows share
      * one f16 scale: a row's bits can depend on its company (backend.h).
      * The few-row kernel (cuda_mm.cu) keeps each row to itself; it stays

@@ -3,8 +3,22 @@
  * window), one pass of online softmax over tiles of keys, the keys split
  * over several blocks when there are few query rows: a scalar f32 kernel
  * (the reference), and under CB_CUDA_FA=1 a tensor-core one for 16 rows
- * or more.  Then blending's attention mass. */
+ * or more; either adds set_key_bias's bias to the flagged keys' scores.
+ * Then blending's attention mass. */
 #include "cuda_impl.cuh"
+
+/* set_key_bias's row as the kernels take it: b[key] added to the scores
+ * of keys below n for the query rows at positions below until (b NULL:
+ * none) */
+struct kbias {
+    const float *b;
+    int n, until;
+};
+
+__device__ __forceinline__ float key_bias(const kbias &kb, int key, int p)
+{
+    return kb.b && key < kb.n && p < kb.until ? kb.b[key] : 0.0f;
+}
 
 /* A block takes ATT_WARPS x ATT_ROWS query rows of one head; each warp owns
  * ATT_ROWS of them.  Keys and values stream through shared memory in tiles
@@ -55,7 +69,7 @@ __device__ __forceinline__ float warp_sum(float v)
 template <typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_attention(const float *q, const int32_t *pos, int64_t n, const T *k, const T *v, int n_head, int n_head_kv,
-                int hd, float scale, int window, float *out, float *part)
+                int hd, float scale, int window, kbias kb, float *out, float *part)
 {
     extern __shared__ float sm[];
     __shared__ int s_maxp, s_minlo;
@@ -128,7 +142,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                 float dot = 0.0f;
                 for (int d = 0; d < hd; d++)
                     dot += qr[d] * Ks[lane * ldk + d];
-                s = dot;
+                s = dot + key_bias(kb, key, myp[r]);
             }
             const float mnew = fmaxf(m[r], warp_max(s)); /* finite: a key of the tile is visible */
             const float corr = expf(m[r] - mnew);        /* 0 on the first tile */
@@ -287,7 +301,7 @@ __host__ __device__ static inline fa_layout fa_lay(int hp)
 template <typename T>
 __global__ void __launch_bounds__(FA_WARPS * 32)
     k_flash(const float *q, const int32_t *pos, int64_t n, const T *k, const T *v, int n_head, int n_head_kv,
-            int hd, float scale, int window, float *out, float *part)
+            int hd, float scale, int window, kbias kb, float *out, float *part)
 {
     using namespace nvcuda;
     extern __shared__ unsigned char fa_raw[];
@@ -373,7 +387,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
 #pragma unroll
                 for (int i = 0; i < FA_BK / 2; i++) {
                     const int key = k0 + jb + i;
-                    sv[i] = key <= p && key >= lo ? Ss[r * L.lds + jb + i] : -INFINITY;
+                    sv[i] = key <= p && key >= lo ? Ss[r * L.lds + jb + i] + key_bias(kb, key, p) : -INFINITY;
                     mx = fmaxf(mx, sv[i]);
                 }
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -465,18 +479,19 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
         z = 1; /* no memory for the shares: unsplit, slower, the same result */
     }
     dim3 grid(nblocks(n, rows), (unsigned)n_head, (unsigned)z);
+    const kbias kb = {t->kb_n > 0 ? (const float *)t->kb.p : NULL, (int)t->kb_n, t->kb_until};
     if (fa && ty == CB_TYPE_F32)
         k_flash<float><<<grid, FA_WARPS * 32, fa_smem, t->s>>>(q, dpos, n, (const float *)k, (const float *)v,
-                                                               n_head, n_head_kv, hd, scale, window, out, part);
+                                                               n_head, n_head_kv, hd, scale, window, kb, out, part);
     else if (fa)
         k_flash<__half><<<grid, FA_WARPS * 32, fa_smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v,
-                                                                n_head, n_head_kv, hd, scale, window, out, part);
+                                                                n_head, n_head_kv, hd, scale, window, kb, out, part);
     else if (ty == CB_TYPE_F32)
         k_attention<float><<<grid, ATT_WARPS * 32, att_smem(hd), t->s>>>(
-            q, dpos, n, (const float *)k, (const float *)v, n_head, n_head_kv, hd, scale, window, out, part);
+            q, dpos, n, (const float *)k, (const float *)v, n_head, n_head_kv, hd, scale, window, kb, out, part);
     else
         k_attention<__half><<<grid, ATT_WARPS * 32, att_smem(hd), t->s>>>(
-            q, dpos, n, (const __half *)k, (const __half *)v, n_head, n_head_kv, hd, scale, window, out, part);
+            q, dpos, n, (const __half *)k, (const __half *)v, n_head, n_head_kv, hd, scale, window, kb, out, part);
     CKL();
     if (z > 1) {
         k_att_merge<<<dim3((unsigned)n, (unsigned)n_head), (unsigned)hd, 0, t->s>>>(part, z, n, n_head, hd, out);
@@ -484,6 +499,41 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
         if (!cu_memo)
             free_on(t, part);
     }
+}
+
+/* The bias row is made and sent only when the flags or the bias differ
+ * from what was sent last: a blend sets the same ones at every layer's
+ * attention (and clears them after).  The copy is queued on the thread's
+ * stream, after the attention that read the row before. */
+cb_status cu_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float bias, int32_t until)
+{
+    tctx *t = T(b, "set_key_bias");
+    t->kb_n = 0;
+    if (n <= 0 || !stale)
+        return CB_OK;
+    if (n > INT32_MAX)
+        return CB_ERR_RANGE;
+    if (n != t->kb_sent || bias != t->kb_val || memcmp(stale, t->kb_flags, (size_t)n) != 0) {
+        t->kb_sent = 0;
+        uint8_t *fl = (uint8_t *)realloc(t->kb_flags, (size_t)n);
+        if (!fl)
+            return CB_ERR_NOMEM;
+        t->kb_flags = fl;
+        float *row = (float *)realloc(t->kb_host, sizeof(float) * (size_t)n);
+        if (!row)
+            return CB_ERR_NOMEM;
+        t->kb_host = row;
+        void *d = keep_on(t, &t->kb, sizeof(float) * (size_t)n);
+        if (!d)
+            return CB_ERR_NOMEM;
+        for (int64_t k = 0; k < n; k++)
+            row[k] = stale[k] ? bias : 0.0f;
+        upload_on(t, d, row, sizeof(float) * (size_t)n);
+        memcpy(fl, stale, (size_t)n);
+        t->kb_sent = n, t->kb_val = bias;
+    }
+    t->kb_n = n, t->kb_until = until;
+    return CB_OK;
 }
 
 cudaError_t cu_attention_setup(const cudaDeviceProp *prop, size_t *smem, size_t *fa_smem)

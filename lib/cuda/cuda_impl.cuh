@@ -149,6 +149,15 @@ typedef struct tctx {
     kept tile32, tile16;  /* CB_CUDA_QW=1: a block weight's rows dequantized, f32 then 16-bit */
     kept att_part;        /* CB_CUDA_MEMO=1: attention's split shares, kept */
     kept mass_buf;        /* and attn_mass's normalizers and per-head sums */
+    /* set_key_bias's (cuda_attn.cu): the bias row on the device, sent again
+     * only when the flags or the bias change (every layer sets them) */
+    kept kb;              /* [kb_sent] floats: the bias, or 0 */
+    uint8_t *kb_flags;    /* host: the flags it was made from [kb_sent] */
+    float *kb_host;       /* host: the row as sent [kb_sent] */
+    int64_t kb_sent;      /* 0: nothing sent */
+    float kb_val;         /* the bias sent */
+    int64_t kb_n;         /* the keys biased now (0: none) */
+    int32_t kb_until;     /* for the rows at positions below it */
     struct tctx *next;    /* free list */
 } tctx;
 
@@ -246,6 +255,9 @@ enum { CU_ATT_HD_MAX = 256 };
 cudaError_t cu_attention_setup(const cudaDeviceProp *prop, size_t *smem, size_t *fa_smem);
 void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
                   cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out);
+/* backend.h's set_key_bias (in the table under CB_CUDA_KBIAS=1): both
+ * attention kernels add the bias to the flagged keys' scores */
+cb_status cu_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float bias, int32_t until);
 /* backend.h's attn_mass (in the table unless CB_CUDA_MASS=0, which scores
  * on the host from copies) */
 cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,

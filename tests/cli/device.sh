@@ -161,6 +161,20 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     [ -s "$T/ml0.bin" ] && cmp -s "$T/ml0.bin" "$T/ml1.bin" && cmp -s "$T/ma0.txt" "$T/ma1.txt" &&
         ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" ||
         not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/merr1"))"
+    # the key bias (CB_CUDA_KBIAS=1, not yet the default): blending's stale
+    # scale on the device, said in --stats, and it moves the logits (the op
+    # tests hold its values to the CPU's); without it the scale is 1
+    for kb in 0 1; do
+        CB_CUDA_KBIAS=$kb "$RUN" -m "$TINY" --device cuda --store "$T/ms" --chunks "$T/mch.jsonl" \
+            --mode blend --strategy probe --stale-scale 0.35 -p "What stood by the river?" -n 1 --temp 0 \
+            --no-store-write --stats "$T/ks$kb.json" --logits-out "$T/kl$kb.bin" > /dev/null 2>"$T/kerr$kb" ||
+            echo "exit $?" >> "$T/kerr$kb"
+    done
+    sc=$(python3 -c "import json,sys; print(*['%g' % json.load(open(f))['stale_scale'] for f in sys.argv[1:]])" \
+        "$T/ks0.json" "$T/ks1.json" 2>/dev/null)
+    [ "$sc" = "1 0.35" ] && [ -s "$T/kl1.bin" ] && ! cmp -s "$T/kl0.bin" "$T/kl1.bin" &&
+        ok "CB_CUDA_KBIAS=1: a blend's stale scale on the device (stats: $sc), the logits moved" ||
+        not_ok "CB_CUDA_KBIAS=1: a blend's stale scale on the device (stats: ${sc:-none}; $(head -c 200 "$T/kerr1"))"
     # the weights kept in their blocks (CB_CUDA_QW=1): the few-row kernel on
     # the blocks is row-stable too, so the batch's answers are lone runs'
     CB_CUDA_QW=1 CB_CUDA_GEMV=1 "$RUN" -m "$TINY" --device cuda --temp 0 --batch "$T/bq.jsonl" > "$T/boq.jsonl" 2>"$T/berr"
@@ -174,6 +188,7 @@ else
     skip "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do" "$why"
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers" "$why"
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" "$why"
+    skip "CB_CUDA_KBIAS=1: a blend's stale scale on the device" "$why"
     skip "CB_CUDA_QW=1: cb-run --batch on CUDA answers as lone runs do" "$why"
 fi
 

@@ -1746,6 +1746,33 @@ static void run_case_c(const char *name, case_fn fn, double bound)
 }
 
 
+/* test_key_bias's case `name` on the CUDA backends (the scalar kernel;
+ * the tensor-core one from FA_CASE_ROWS rows): with the bias against the
+ * reference (the attention cases' bounds), then cleared */
+static void key_bias_cuda(const char *name, float bias, float *scratch)
+{
+    cb_backend *bes[2] = {cuda, att_nq >= FA_CASE_ROWS ? cuda_fa : NULL};
+    const char *tag[2] = {"cuda", "cuda-fa"};
+    const double bound[2] = {1e-9, FA_BOUND};
+    for (int b = 0; b < 2; b++) {
+        if (!bes[b])
+            continue;
+        att_stale = bias;
+        int64_t n = c_attention(NULL, o_ref);
+        c_attention(bes[b], o_cuda);
+        att_stale = 0.0f;
+        c_attention(bes[b], scratch);
+        double e = nmse(o_ref, o_cuda, n), moved = nmse(o_ref, scratch, n);
+        tcase("%s %s vs reference (nmse %.2e, bound %.0e; without the bias %.2e)", tag[b], name, e,
+              bound[b], moved);
+        CHECKF(e <= bound[b] && moved > 1e-3, "nmse %.3e, without %.3e", e, moved);
+        c_attention(NULL, o_ref);
+        e = nmse(o_ref, scratch, n);
+        tcase("%s %s cleared: as without it (nmse %.2e)", tag[b], name, e);
+        CHECKF(e <= bound[b], "nmse %.3e", e);
+    }
+}
+
 /* set_key_bias (blending's stale scale): every third key's scores raised
  * or lowered for the rows below 3/4 of the cache (all rows for the few-row
  * cases, whose first row is the last key's), against the reference
@@ -1785,6 +1812,11 @@ static void test_key_bias(void)
                 snprintf(nm, sizeof nm, what[w], name);
                 tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
             }
+            for (int w = 0; !cs[i].act8 && cuda && cuda->ops->set_key_bias && w < 2; w++) {
+                char nm[200];
+                snprintf(nm, sizeof nm, w ? "cuda %s cleared" : "cuda %s vs reference", name);
+                tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+            }
             continue;
         }
         att_stale = cs[i].bias;
@@ -1810,15 +1842,14 @@ static void test_key_bias(void)
             tcase("cpu-c %s vs reference (nmse %.2e)", name, e);
             CHECKF(e <= 1e-10, "nmse %.3e", e);
         }
+        if (!cs[i].act8 && cuda && cuda->ops->set_key_bias)
+            key_bias_cuda(name, cs[i].bias, o_none);
     }
     att_ctx = 150, att_sorted = 0, att_nq = 40;
-    char nm[96];
-    snprintf(nm, sizeof nm, "cuda key bias");
-    tskip(nm, !cuda ? cuda_why
-              : cuda->ops->set_key_bias
-                  ? "the CUDA backend has set_key_bias now: give it the CPU's cases"
-                  : "the CUDA backend has no set_key_bias (blends there without the stale "
-                    "scale)");
+    if (!cuda || !cuda->ops->set_key_bias)
+        tskip("cuda key bias", !cuda ? cuda_why
+                                     : "the CUDA backend has no set_key_bias (CB_CUDA_KBIAS=0: "
+                                       "blends there without the stale scale)");
     free(o_none);
     a8->ops->free(a8);
 }
@@ -2744,6 +2775,9 @@ int main(int argc, char **argv)
         setenv("CB_CUDA_MEMO", "1", 1);
     if (!getenv("CB_CUDA_FUSE"))
         setenv("CB_CUDA_FUSE", "1", 1);
+    /* and the key bias (blending's stale scale), behind CB_CUDA_KBIAS=1 */
+    if (!getenv("CB_CUDA_KBIAS"))
+        setenv("CB_CUDA_KBIAS", "1", 1);
     /* the scalar attention kernel is the reference the first backend
      * tests; the tensor-core one (CB_CUDA_FA=1) gets a backend of its own */
     char *fa_env = getenv("CB_CUDA_FA") ? strdup(getenv("CB_CUDA_FA")) : NULL;
