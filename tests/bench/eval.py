@@ -319,6 +319,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=os.path.join(top, "..", "shared", "data", "musique_s.json"))
     ap.add_argument("-n", "--questions", type=int, default=30)
+    ap.add_argument("--first", type=int, default=0,
+                    help="skip the set's first N questions (numbers, chunk seeds and store keys stay the set's own: "
+                    "a long run split over several runs pools)")
     ap.add_argument("--passages", type=int, default=6)
     ap.add_argument("--shape", choices=["paper", "many", "short"], default="paper",
                     help="the chunks: the passages (paper), 20 sentence-aligned chunks of 100-150 tokens (many), "
@@ -378,7 +381,7 @@ def main():
 
     if not os.path.exists(args.data):
         sys.exit(f"eval: {args.data}: no such file (give --data)")
-    qa = load_qa(args.data)[: args.questions]
+    qa = list(enumerate(load_qa(args.data)))[args.first: args.first + args.questions]
     run, pre = os.path.join(args.bin, "cb-run"), os.path.join(args.bin, "cb-precompute")
     common = (["-t", str(args.threads)] + (["-m", args.model] if args.model else [])
               + (["--system", args.system] if args.system is not None else []))
@@ -387,15 +390,15 @@ def main():
     try:
         # every passage of every question, precomputed once
         qsrc = [make_chunks(q, qi, args.shape, args.passages, args.chunks_max, sources=True)
-                for qi, q in enumerate(qa)]
-        qchunks = [[c[0] for c in cs] for cs in qsrc]
+                for qi, q in qa]
+        qchunks = {qi: [c[0] for c in cs] for (qi, _), cs in zip(qa, qsrc)}
         if args.for_system and args.system is None:
             sys.exit("eval.py: --for-system needs --system")
         pcommon = common  # --system (common's last two) becomes --for-system: the chunks after its head
         if args.for_system:
             pcommon = common[:common.index("--system")] + ["--for-system", args.system]
-        pre_s = precompute(pre, store, args.kv_type, pcommon, dict(enumerate(qsrc)), work, args.context)
-        print(f"precomputed {sum(map(len, qchunks))} passages in {pre_s:.1f} s", file=sys.stderr)
+        pre_s = precompute(pre, store, args.kv_type, pcommon, {qi: cs for (qi, _), cs in zip(qa, qsrc)}, work, args.context)
+        print(f"precomputed {sum(map(len, qchunks.values()))} passages in {pre_s:.1f} s", file=sys.stderr)
 
         # a model without a chat template (Gemma-3-270M is a base model) is
         # cued to answer; an instruction-tuned one asked in its chat format
@@ -413,7 +416,7 @@ def main():
                 name, _, opts = mode.partition("/")
                 configs.append((name, None, opts or None))
         results = []
-        for qi, q in enumerate(qa):
+        for done, (qi, q) in enumerate(qa):
             chunks = os.path.join(work, f"q{qi}.jsonl")
             with open(chunks, "w", encoding="utf-8") as f:
                 for t in qchunks[qi]:
@@ -476,7 +479,7 @@ def main():
                 else:  # no full run configured: nothing to compare with
                     res["kl"], res["top1"], res["same"] = float("nan"), False, False
                 results.append(res)
-            print(f"question {qi + 1}/{len(qa)} done", file=sys.stderr)
+            print(f"question {qi + 1} done ({done + 1} of {len(qa)})", file=sys.stderr)
             json.dump({"args": vars(args), "partial": True, "results": results}, open(args.out, "w"), indent=1)
 
         report(args, configs, results, len(qa), work, pre_s)
