@@ -389,15 +389,14 @@ def main():
     store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
     try:
         # every passage of every question, precomputed once
-        qsrc = [make_chunks(q, qi, args.shape, args.passages, args.chunks_max, sources=True)
-                for qi, q in qa]
-        qchunks = {qi: [c[0] for c in cs] for (qi, _), cs in zip(qa, qsrc)}
+        qsrc = {qi: make_chunks(q, qi, args.shape, args.passages, args.chunks_max, sources=True) for qi, q in qa}
+        qchunks = {qi: [c[0] for c in cs] for qi, cs in qsrc.items()}
         if args.for_system and args.system is None:
             sys.exit("eval.py: --for-system needs --system")
         pcommon = common  # --system (common's last two) becomes --for-system: the chunks after its head
         if args.for_system:
             pcommon = common[:common.index("--system")] + ["--for-system", args.system]
-        pre_s = precompute(pre, store, args.kv_type, pcommon, {qi: cs for (qi, _), cs in zip(qa, qsrc)}, work, args.context)
+        pre_s = precompute(pre, store, args.kv_type, pcommon, qsrc, work, args.context)
         print(f"precomputed {sum(map(len, qchunks.values()))} passages in {pre_s:.1f} s", file=sys.stderr)
 
         # a model without a chat template (Gemma-3-270M is a base model) is
