@@ -459,6 +459,16 @@ cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst)
     return cb_backend_status(m->be);
 }
 
+cb_status cb_fwd_set_hidden(cb_fwd *f, int32_t row, const float *src)
+{
+    const cb_model *m = f->m;
+    if (row < 0 || row >= f->n)
+        return CB_ERR_RANGE;
+    m->be->ops->upload(m->be, f->x + (int64_t)row * m->hp.n_embd, src,
+                       sizeof(float) * (size_t)m->hp.n_embd);
+    return cb_backend_status(m->be);
+}
+
 cb_status cb_model_eval(cb_fwd *f, cb_kvcache *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                         float *logits)
 {

@@ -296,6 +296,9 @@ cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int w
 cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *logits);
 /* The hidden state of row `row` after the layers run so far [n_embd]. */
 cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst);
+/* Replaces row `row`'s hidden state with src [n_embd]: the layers run
+ * after it start from there (make diag's late:R:K, tests/bench/blend_diag). */
+cb_status cb_fwd_set_hidden(cb_fwd *f, int32_t row, const float *src);
 
 /* Evaluate n tokens at positions pos0..pos0+n-1 through every layer, in
  * batches of the cb_fwd's n_max, writing their KV into the cache; logits of

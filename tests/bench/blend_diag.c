@@ -16,7 +16,12 @@
  *          the first one's half of the rows left (not an oracle: it knows
  *          nothing of full prefill, but costs about 1.5 blends); pshr:R:S,
  *          probe's rows with a budget shrinking with depth, (1 + S) x R's
- *          at layer 0 to (1 - S) x R's at the last (the same cost)
+ *          at layer 0 to (1 - S) x R's at the last (the same cost);
+ *          late:R:K, probe's rows recomputed from layer K on only, from the
+ *          hidden state each had there when its chunk was computed alone
+ *          after the default lead-in (as cb-precompute without
+ *          --for-system stores it): what storing that state with the KV
+ *          would save (K/n_layer of a recomputed row) and lose
  * For each question and mode one JSON line on stdout:
  *   kl, top1   the first answer token's distribution against full's
  *   per layer (arrays of n_layer):
@@ -282,7 +287,8 @@ static json_t *compare(const char *label, const qdiag *d, const qdiag *full, con
 
 /* The oracle modes: what only full prefill knows picks the rows. */
 static float shr_slope = 0.5f; /* pshr:R:S, the budget from (1 + S) x to (1 - S) x */
-enum { OR_NONE, OR_ATT, OR_DEV, OR_VDEV, OR_PROBE, OR_STALE, OR_ITER, OR_SHR };
+enum { OR_NONE, OR_ATT, OR_DEV, OR_VDEV, OR_PROBE, OR_STALE, OR_ITER, OR_SHR, OR_LATE };
+static int late_k = 0; /* late:R:K */
 
 
 /* The oracle's scores [T] of the rows: kind OR_VDEV sums ||V_full - V||
@@ -411,6 +417,78 @@ static cb_status recompute_shr(cb_fwd *f, cb_kvcache *kv, const cb_hparams *hp,
     return cb_fwd_logits(f, &last, 1, logits);
 }
 
+/* late:R:K: the chosen rows (was 1, cand 0) recomputed only from layer K
+ * on, from the hidden state they had there when their chunk was computed
+ * alone after the default lead-in; in layers 0..K-1 they keep their loaded
+ * K/V and only the uncached rows are computed.  ids and pos: scratch of T. */
+static cb_status recompute_late(cb_fwd *f, cb_kvcache *kv, const cb_model *m,
+                                const cb_segment *segs, int32_t n_segs, const int32_t *all_ids,
+                                const uint8_t *was, const uint8_t *cand, int32_t T, int32_t K,
+                                int32_t *ids, int32_t *pos, float *logits)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    int64_t d = hp->n_embd;
+    float *hid = malloc(sizeof(float) * (size_t)T * (size_t)d);
+    uint8_t *chosen = calloc((size_t)T, 1);
+    cb_tokens lead = {0};
+    cb_fwd *f2 = NULL;
+    cb_kvcache *kv2 = NULL;
+    cb_status st = CB_ERR_NOMEM;
+    if (!hid || !chosen)
+        goto out;
+    if (K > hp->n_layer) {
+        st = CB_ERR_RANGE;
+        goto out;
+    }
+    for (int32_t j = 0; j < T; j++)
+        chosen[j] = was[j] == 1 && cand[j] == 0;
+    if ((st = cb_kv_lead_in(m, &lead)) != CB_OK || (st = cb_fwd_new(&f2, m, T)) != CB_OK ||
+        (st = cb_kvcache_new(&kv2, m, T, CB_TYPE_F16)) != CB_OK)
+        goto out;
+    for (int32_t sg = 0, r0 = 0; sg < n_segs && K > 0; r0 += segs[sg++].n) {
+        int any = 0;
+        for (int32_t j = 0; j < segs[sg].n; j++)
+            any |= chosen[r0 + j];
+        if (!segs[sg].kv || !any)
+            continue;
+        int32_t nl = (int32_t)lead.n, n = nl + segs[sg].n;
+        for (int32_t j = 0; j < n; j++)
+            ids[j] = j < nl ? lead.ids[j] : segs[sg].ids[j - nl], pos[j] = j;
+        if ((st = cb_fwd_embed(f2, ids, pos, n)) != CB_OK)
+            goto out;
+        for (int32_t l = 0; l < K; l++)
+            if ((st = cb_fwd_layer(f2, kv2, l, NULL, n)) != CB_OK)
+                goto out;
+        for (int32_t j = 0; j < segs[sg].n; j++)
+            if (chosen[r0 + j] && (st = cb_fwd_hidden(f2, nl + j, hid + (r0 + j) * d)) != CB_OK)
+                goto out;
+    }
+    for (int32_t j = 0; j < T; j++)
+        ids[j] = all_ids[j], pos[j] = j;
+    if ((st = cb_fwd_embed(f, ids, pos, T)) != CB_OK)
+        goto out;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        int32_t n = 0;
+        if (l == K && K > 0)
+            for (int32_t j = 0; j < T; j++)
+                if (chosen[j] && (st = cb_fwd_set_hidden(f, j, hid + j * d)) != CB_OK)
+                    goto out;
+        for (int32_t j = 0; j < T; j++)
+            if (cand[j] == 0 && (l >= K || !chosen[j]))
+                pos[n++] = j;
+        if ((st = cb_fwd_layer(f, kv, l, pos, n)) != CB_OK)
+            goto out;
+    }
+    int32_t last = T - 1;
+    st = cb_fwd_logits(f, &last, 1, logits);
+out:
+    cb_fwd_free(f2);
+    cb_kvcache_free(kv2);
+    cb_tokens_free(&lead);
+    free(hid), free(chosen);
+    return st;
+}
+
 /* An oracle blend at ratio r: reuse's loaded caches, the top ceil(r x
  * cached rows) candidates by oracle_scores recomputed with the uncached
  * rows through every layer (probe's second pass, another choice of rows).
@@ -458,7 +536,8 @@ static cb_status oracle_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache
             goto out;
     }
     if ((st = oracle_scores(f, kv, kv_full, tmp, hp, tail, T,
-                            kind == OR_ITER || kind == OR_SHR ? OR_PROBE : kind, score)) != CB_OK)
+                            kind == OR_ITER || kind == OR_SHR || kind == OR_LATE ? OR_PROBE : kind,
+                            score)) != CB_OK)
         goto out;
     if (kind == OR_SHR) {
         float a = 1.0f + shr_slope;
@@ -479,11 +558,24 @@ static cb_status oracle_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache
         *n_recomputed = (int32_t)want;
         goto out;
     }
+    uint8_t *was = NULL;
+    if (kind == OR_LATE && !(was = malloc((size_t)T))) {
+        st = CB_ERR_NOMEM;
+        goto out;
+    }
+    if (was)
+        memcpy(was, cand, (size_t)T);
     got += choose(cand, score, T, want - got, sc);
-    st = recompute(f, kv, hp, all, cand, T, ids, pos, logits);
+    st = was ? recompute_late(f, kv, cb_fwd_model(f), segs, n_segs, all, was, cand, T, late_k, ids,
+                              pos, logits)
+             : recompute(f, kv, hp, all, cand, T, ids, pos, logits);
+    free(was);
     *n_recomputed = (int32_t)got;
 out:
-    if (st != CB_OK)
+    if (st == CB_ERR_RANGE && kind == OR_LATE)
+        snprintf(err->msg, sizeof err->msg, "late:%g:%d starts past the model's %d layers",
+                 (double)r, late_k, hp->n_layer);
+    else if (st != CB_OK)
         snprintf(err->msg, sizeof err->msg, "the oracle blend failed (%d)", (int)st);
     free(cand), free(all), free(ids), free(pos), free(score), free(sc);
     return st;
@@ -500,6 +592,16 @@ static int parse_mode(const char *s, cb_blend_params *bp, int *oracle)
     char name[32];
     float r, depth = 0.0f, scale = 1.0f;
     int got = sscanf(s, "%31[a-z]:%f:%f:%f", name, &r, &depth, &scale);
+    if (got >= 2 && !strcmp(name, "late")) {
+        *bp = cb_blend_defaults();
+        bp->mode = CB_MODE_BLEND, bp->ratios[0] = r, bp->speedup = 0.0f, bp->stale_scale = 1.0f;
+        if (r < 0 || r > 1 || depth < 0 || depth > 4096)
+            return -1;
+        late_k = got >= 3 ? (int)depth : 0;
+        if (depth != (float)late_k)
+            return -1;
+        return *oracle = OR_LATE, 0;
+    }
     if (got < 2 || r < 0 || r > 1 || depth < 0 || depth > 1 || !(scale > 0))
         return -1;
     bp->mode = CB_MODE_BLEND;
@@ -667,7 +769,7 @@ int main(int argc, char **argv)
             fprintf(
                 stderr,
                 "blend_diag: bad mode '%s' (full, reuse, probe:R[:DEPTH[:SCALE]], hkvd:R, query:R, "
-                "oatt:R, odev:R, ovdev:R, oprobe:R, ostale:R, oiter:R, pshr:R:S)\n",
+                "oatt:R, odev:R, ovdev:R, oprobe:R, ostale:R, oiter:R, pshr:R:S, late:R:K)\n",
                 argv[i]);
             return 64;
         }

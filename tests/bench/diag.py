@@ -31,7 +31,10 @@ reuse,probe:0.22,oatt:0.22,odev:0.22,ostale:0.22,ovdev:0.22,oprobe:0.22):
 and oiter: probe's score in two rounds (half the rows recomputed, then the
 question's attention over that cache picks the rest; about 1.5 blends);
 pshr:R:S: probe's rows with a budget that shrinks with depth, (1 + S) x
-R's at layer 0 to (1 - S) x at the last (the same rows computed in all).
+R's at layer 0 to (1 - S) x at the last (the same rows computed in all);
+late:R:K: probe's rows recomputed from layer K on only, starting from the
+hidden state each had there when its chunk was computed alone (what storing
+that state beside the KV would save: K of the layers of a recomputed row).
 The blends run without the stale scale (cb-run --stale-scale) unless the
 mode gives it: probe:0.2:0:0.35.
 """
@@ -137,7 +140,7 @@ def main():
     ap.add_argument("--chunks-max", type=int, default=20)
     ap.add_argument("--chunks-list", default="", help="also with the first k chunks, k in this list")
     ap.add_argument("--modes", default="reuse,probe:0.15",
-                    help="reuse, STRATEGY:R[:DEPTH] (probe, hkvd, query), ORACLE:R (oatt, odev, ostale, ovdev, oprobe), oiter:R")
+                    help="reuse, STRATEGY:R[:DEPTH] (probe, hkvd, query), ORACLE:R (oatt, odev, ostale, ovdev, oprobe), oiter:R, pshr:R:S, late:R:K")
     ap.add_argument("--model", default=os.environ.get("CB_MODEL") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cacheblend", "models",
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), help="default: $CB_MODEL (make diag MODEL=...), else Qwen2.5-Coder-1.5B")

@@ -7,7 +7,8 @@
 # attention adds up to the chunks' and ranks the gold one; the oracle
 # modes (and oiter, probe in two rounds) pick as many rows as probe,
 # probe's own score (oprobe) picks its rows, and every row recomputed gives
-# full prefill back.
+# full prefill back; late:R:K (probe's rows from layer K on) is oprobe at
+# K 0 and reuse at K past every layer.
 . "$(dirname "$0")/lib.sh"
 DIAG=${BUILD:-build/rel}/bench/blend_diag
 M=$CB_TEST_TMP/tiny4-qwen2.gguf
@@ -94,6 +95,20 @@ q1 = {x["mode"]: x for x in ls if x["q"] == 1}
 assert len(q1["reuse"]["vdev_chunk"]) == 1 and q1["reuse"]["vdev_chunk"][0] < 3e-3, q1["reuse"]
 assert max(q1["reuse"]["vdev_pos"]) == 0, q1["reuse"]["vdev_pos"]  # a true prefix's rows: not by place
 PY
+# late:R:K, probe's rows recomputed from layer K on, from their chunks' own
+# hidden state there: at K 0 it is oprobe, at K = every layer (4) reuse
+"$DIAG" "$M" "$S" 1 "$T/q.jsonl" reuse oprobe:0.3 late:0.3:0 late:0.3:2 late:0.3:4 > "$T/l.jsonl" 2> "$T/err" \
+    && python3 - "$T/l.jsonl" <<'PY' && ok "late:R:K: K 0 is oprobe, K 2 between, K all layers reuse" || not_ok "late start values"
+import json, sys
+q0 = {x["mode"]: x for x in map(json.loads, open(sys.argv[1])) if x["q"] == 0}
+o, r = q0["oprobe:0.3"], q0["reuse"]
+assert q0["late:0.3:0"]["kl"] == o["kl"], (q0["late:0.3:0"], o)
+assert all(q0[m]["n_recomputed"] == o["n_recomputed"] for m in ("late:0.3:0", "late:0.3:2", "late:0.3:4"))
+assert abs(q0["late:0.3:4"]["kl"] - r["kl"]) <= 1e-3 * r["kl"], (q0["late:0.3:4"], r)
+assert q0["late:0.3:2"]["kl"] not in (o["kl"], r["kl"]), (q0["late:0.3:2"], o, r)
+PY
+expect_exit "a late start past the last layer is refused" 65 "$DIAG" "$M" "$S" 1 "$T/q.jsonl" late:0.3:5
+grep -q "late:0.3:5 starts past the model's 4 layers" "$T/err" && ok "and why" || not_ok "the late start's message"
 # a cached head (a system message's, stored by cb-precompute --system) is none of the chunks
 SYS="You answer questions about the town archive of Kelby, briefly."
 python3 -c 'import json, sys; q = json.loads(open(sys.argv[1]).readline()); q["system"] = sys.argv[2]; print(json.dumps(q))' \

@@ -421,6 +421,82 @@ static void test_mass_sum(void)
     cb_fwd_free(f), cb_kvcache_free(kv), cb_model_free(m);
 }
 
+/* The fixture `name` loaded (exact), the test case named; NULL (a failed
+ * check) when it does not load. */
+static cb_model *fixture_case(const char *name, const char *what)
+{
+    const char *tmp = getenv("CB_TEST_TMP");
+    char path[1024];
+    cb_model *m = NULL;
+    cb_error err;
+    snprintf(path, sizeof path, "%s/%s", tmp ? tmp : "tests/tmp", name);
+    tcase(what);
+    if (cb_model_load(&m, path, &T_EXACT, &err) != CB_OK) {
+        CHECKF(0, "%s", err.msg);
+        return NULL;
+    }
+    return m;
+}
+
+/* Two caches of n_ctx and two passes of n rows, each with toks embedded. */
+static void two_passes(const cb_model *m, int32_t n_ctx, int32_t n, const int32_t *toks,
+                       const int32_t *pos, cb_kvcache **kv, cb_fwd **f)
+{
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(cb_kvcache_new(&kv[k], m, n_ctx, CB_TYPE_F32));
+        CHECK_OK(cb_fwd_new(&f[k], m, n));
+        CHECK_OK(cb_fwd_embed(f[k], toks, pos, n));
+    }
+}
+
+/* A row's hidden state set from another pass: the layers after it give
+ * what that pass's layers gave (same bits), whatever the layers before. */
+static void test_set_hidden(void)
+{
+    cb_kvcache *kv[2] = {NULL, NULL};
+    cb_fwd *f[2] = {NULL, NULL};
+    enum { N = 12, K = 1 };
+    int32_t toks[N], pos[N];
+    cb_model *m = fixture_case(
+        "tiny-qwen2.gguf",
+        "forward: a row's hidden state set mid-way continues as the pass it came from");
+    if (!m)
+        return;
+    const cb_hparams *hp = cb_model_hparams(m);
+    int64_t d = hp->n_embd;
+    float *h = malloc(sizeof(float) * N * d), *a = malloc(sizeof(float) * d),
+          *b = malloc(sizeof(float) * d);
+    for (int32_t i = 0; i < N; i++)
+        toks[i] = (i * 17 + 5) % hp->n_vocab, pos[i] = i;
+    two_passes(m, 16, N, toks, pos, kv, f);
+    for (int32_t l = 0; l < K; l++) /* f[1] skips the layers before K */
+        CHECK_OK(cb_fwd_layer(f[0], kv[0], l, NULL, 0));
+    for (int32_t i = 0; i < N; i++) {
+        CHECK_OK(cb_fwd_hidden(f[0], i, h + i * d));
+        CHECK_OK(cb_fwd_set_hidden(f[1], i, h + i * d));
+        CHECK_OK(cb_fwd_hidden(f[1], i, a));
+        CHECK(memcmp(a, h + i * d, sizeof(float) * (size_t)d) == 0);
+    }
+    for (int32_t l = K; l < hp->n_layer; l++)
+        for (int k = 0; k < 2; k++)
+            CHECK_OK(cb_fwd_layer(f[k], kv[k], l, NULL, 0));
+    int same = 1;
+    for (int32_t i = 0; i < N; i++) {
+        CHECK_OK(cb_fwd_hidden(f[0], i, a));
+        CHECK_OK(cb_fwd_hidden(f[1], i, b));
+        same &= memcmp(a, b, sizeof(float) * (size_t)d) == 0;
+    }
+    CHECK(same);
+    CHECK_OK(cb_fwd_hidden(f[0], 0, a)); /* the layers after K did move it */
+    CHECK(hp->n_layer > K && memcmp(h, a, sizeof(float) * (size_t)d) != 0);
+    CHECK(cb_fwd_set_hidden(f[1], N, h) == CB_ERR_RANGE);
+    CHECK(cb_fwd_set_hidden(f[1], -1, h) == CB_ERR_RANGE);
+    free(h), free(a), free(b);
+    for (int k = 0; k < 2; k++)
+        cb_fwd_free(f[k]), cb_kvcache_free(kv[k]);
+    cb_model_free(m);
+}
+
 /* cb_fwd_layer_kv and cb_fwd_last_layer against cb_fwd_layer on the same
  * rows: the same cache (every row's K and V, to 1e-6 of the largest), the
  * out row's hidden state the same, the other rows' untouched; the fallback
@@ -429,20 +505,15 @@ static void test_mass_sum(void)
  * output). */
 static void test_last_layer(void)
 {
-    const char *tmp = getenv("CB_TEST_TMP");
-    char path[1024];
-    cb_model *m = NULL;
     cb_kvcache *kv[2] = {NULL, NULL};
     cb_fwd *f[2] = {NULL, NULL};
-    cb_error err;
     enum { N = 24 };
     int32_t toks[N], pos[N], rows[9];
-    snprintf(path, sizeof path, "%s/tiny-gemma3.gguf", tmp ? tmp : "tests/tmp");
-    tcase("forward: the last layer computes K/V only for rows whose output no one reads");
-    if (cb_model_load(&m, path, &T_EXACT, &err) != CB_OK) {
-        CHECKF(0, "%s", err.msg);
+    cb_model *m = fixture_case(
+        "tiny-gemma3.gguf",
+        "forward: the last layer computes K/V only for rows whose output no one reads");
+    if (!m)
         return;
-    }
     const cb_hparams *hp = cb_model_hparams(m);
     int32_t L = hp->n_layer - 1, nv = hp->n_vocab;
     int64_t d = hp->n_embd, w = (int64_t)hp->n_head_kv * hp->head_dim;
@@ -454,13 +525,10 @@ static void test_last_layer(void)
         toks[i] = (i * 31 + 3) % nv, pos[i] = i;
     for (int i = 0; i < 9; i++)
         rows[i] = 2 * i + 5; /* in order, the out row (21) last */
-    for (int k = 0; k < 2; k++) {
-        CHECK_OK(cb_kvcache_new(&kv[k], m, 32, CB_TYPE_F32));
-        CHECK_OK(cb_fwd_new(&f[k], m, N));
-        CHECK_OK(cb_fwd_embed(f[k], toks, pos, N));
+    two_passes(m, 32, N, toks, pos, kv, f);
+    for (int k = 0; k < 2; k++)
         for (int32_t l = 0; l < L; l++)
             CHECK_OK(cb_fwd_layer(f[k], kv[k], l, NULL, 0));
-    }
     double e = 0;
     CHECK_OK(cb_fwd_hidden(f[1], 7, h0));
     CHECK_OK(cb_fwd_layer(f[0], kv[0], L, rows, 9));
@@ -651,6 +719,7 @@ int main(void)
     test_layer_queries();
     test_mass_sum();
     test_last_layer();
+    test_set_hidden();
     test_errors();
     test_gemma();
     TEST_END();
