@@ -430,6 +430,7 @@ static cb_status recompute_late(cb_fwd *f, cb_kvcache *kv, const cb_model *m,
     int64_t d = hp->n_embd;
     float *hid = malloc(sizeof(float) * (size_t)T * (size_t)d);
     uint8_t *chosen = calloc((size_t)T, 1);
+    int32_t *ids2 = NULL, *pos2 = NULL; /* a chunk's own pass */
     cb_tokens lead = {0};
     cb_fwd *f2 = NULL;
     cb_kvcache *kv2 = NULL;
@@ -442,8 +443,15 @@ static cb_status recompute_late(cb_fwd *f, cb_kvcache *kv, const cb_model *m,
     }
     for (int32_t j = 0; j < T; j++)
         chosen[j] = was[j] == 1 && cand[j] == 0;
-    if ((st = cb_kv_lead_in(m, &lead)) != CB_OK || (st = cb_fwd_new(&f2, m, T)) != CB_OK ||
-        (st = cb_kvcache_new(&kv2, m, T, CB_TYPE_F16)) != CB_OK)
+    if ((st = cb_kv_lead_in(m, &lead)) != CB_OK)
+        goto out;
+    int32_t nl = (int32_t)lead.n, n2 = 1; /* the longest lead-in and chunk */
+    for (int32_t sg = 0; sg < n_segs; sg++)
+        n2 = segs[sg].kv && nl + segs[sg].n > n2 ? nl + segs[sg].n : n2;
+    st = CB_ERR_NOMEM;
+    if (!(ids2 = malloc(sizeof *ids2 * (size_t)n2)) ||
+        !(pos2 = malloc(sizeof *pos2 * (size_t)n2)) || (st = cb_fwd_new(&f2, m, n2)) != CB_OK ||
+        (st = cb_kvcache_new(&kv2, m, n2, CB_TYPE_F16)) != CB_OK)
         goto out;
     for (int32_t sg = 0, r0 = 0; sg < n_segs && K > 0; r0 += segs[sg++].n) {
         int any = 0;
@@ -451,10 +459,10 @@ static cb_status recompute_late(cb_fwd *f, cb_kvcache *kv, const cb_model *m,
             any |= chosen[r0 + j];
         if (!segs[sg].kv || !any)
             continue;
-        int32_t nl = (int32_t)lead.n, n = nl + segs[sg].n;
+        int32_t n = nl + segs[sg].n;
         for (int32_t j = 0; j < n; j++)
-            ids[j] = j < nl ? lead.ids[j] : segs[sg].ids[j - nl], pos[j] = j;
-        if ((st = cb_fwd_embed(f2, ids, pos, n)) != CB_OK)
+            ids2[j] = j < nl ? lead.ids[j] : segs[sg].ids[j - nl], pos2[j] = j;
+        if ((st = cb_fwd_embed(f2, ids2, pos2, n)) != CB_OK)
             goto out;
         for (int32_t l = 0; l < K; l++)
             if ((st = cb_fwd_layer(f2, kv2, l, NULL, n)) != CB_OK)
@@ -485,7 +493,7 @@ out:
     cb_fwd_free(f2);
     cb_kvcache_free(kv2);
     cb_tokens_free(&lead);
-    free(hid), free(chosen);
+    free(hid), free(chosen), free(ids2), free(pos2);
     return st;
 }
 
