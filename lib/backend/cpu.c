@@ -424,15 +424,15 @@ static int grow_ol(cpu_ctx *c, const cb_bweight *w)
 
 /* y[k] = x . w[k]^T for nw <= MM_MULTI qg weights of one n_in: x quantized
  * once per form, in slices of the rows xg holds (all of them after
- * cpu_reserve); up to QG_ROW_MAX_K (QG_ROW_MAX_K1 without a few-row
- * kernel; QG_ROW_MAX_0 for the 32-element types) rows through qg_gemv,
- * more through packed panels (the same bits either way) */
+ * cpu_reserve); up to the kernels' gemv_max_k rows (QG_ROW_MAX_0 for the
+ * 32-element types) through qg_gemv, more through packed panels (the same
+ * bits either way) */
 static void qg_run(cpu_ctx *c, const cb_bweight *const *w, int nw, const float *x, float *const *y,
                    int64_t n)
 {
     qg_job j = {.c = c, .x = x};
-    int max_k = c->qg.rows ? QG_ROW_MAX_K : QG_ROW_MAX_K1;
-    int nt = cb_pool_size(c->pool), rows = n <= (qg_is_k(w[0]->type) ? max_k : QG_ROW_MAX_0);
+    int nt = cb_pool_size(c->pool),
+        rows = n <= (qg_is_k(w[0]->type) ? c->qg.gemv_max_k : QG_ROW_MAX_0);
     int64_t n_ol = 0; /* the leading dominated rows: up to the first that is not */
     while (n_ol < n && outlier_row(x + n_ol * w[0]->n_in, w[0]->n_in))
         n_ol++;

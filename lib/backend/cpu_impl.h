@@ -12,19 +12,11 @@
 #include <pthread.h>
 
 enum {
-    QG_ROW_MAX_K = 24,   /* 8-bit activations: up to this many rows through qg_gemv (the
-                         one-row kernel, or 8 rows at a time the few-row one), more through
-                         packed panels (measured, Qwen2.5-1.5B, AVX-512 VNNI: batch:24 143-154
-                         rows/s against panels' 130-136, batch:32 144-155 against 154) */
-    QG_ROW_MAX_K1 = 12,  /* ... where the kernels have no few-row one (AVX2; AVX-512BW and the
-                         portable C alike, not measured): the one-row kernel decodes each block
-                         again for every 4 rows (measured, Qwen2.5-1.5B, AVX2 on a Zen 3, three
-                         runs each, bench_engine batch:N:2048: batch:16 37.2-37.9
-                         rows/s against panels' 41.3-43.6, batch:24 39.4 against 50.9, batch:12
-                         28-35 either way, batch:8 28.5-32.2 against 25.0-28.3) */
-    QG_ROW_MAX_0 = 8,    /* ... the 32-element types (panels packed per product took 60% of
-                         Qwen2.5-0.5B's decode of 8 sequences, whose q5_0 and q8_0 weights then
-                         went there: 175 tok/s at 4, 245 at 8) */
+    QG_ROW_MAX_0 = 8,    /* 8-bit activations: up to this many rows of the 32-element types
+                         through qg_gemv, more through packed panels (the K types: qg_kernels'
+                         gemv_max_k; panels packed per product took 60% of Qwen2.5-0.5B's
+                         decode of 8 sequences, whose q5_0 and q8_0 weights then went there:
+                         175 tok/s at 4, 245 at 8) */
     MM_SMALL = 12,       /* up to this many rows: the quantized dot kernels (measured: they beat
                          dequantized panels + sgemm up to 12 rows, tie at 16; lean-2 notes) */
     PANEL_MAX = 128,     /* weight rows per sgemm panel */

@@ -38,6 +38,24 @@ int qg_has(cb_type t) { return qmm_has_q8(t); }
 #define QG_ROWS_TYPES                                                                    \
     (1u << CB_TYPE_Q4_K | 1u << CB_TYPE_Q5_K | 1u << CB_TYPE_Q6_K | 1u << CB_TYPE_Q8_0 | \
      1u << CB_TYPE_Q5_0 | 1u << CB_TYPE_Q5_1)
+/* ... and of its AVX2 form (vpmaddubsw + vpmaddwd for vpdpbusd; also what
+ * AVX-512BW machines run): from 7 rows, on the K-quants (bench_engine
+ * seqs:S:512, Qwen2.5-Coder-1.5B, AVX2 on a Zen 3, tok/s against the one-row
+ * kernel: 5 sequences 31.6-32.9 against 34.5-37.5, 6 41.1-41.2 against
+ * 41.9-42.0, 7 48.7-49.0 against 44.1-45.7, 8 49.1-51.5 against 43.4-44.1;
+ * Qwen2.5-Coder-0.5B, whose q5_0 and q8_0 weights are most of its products,
+ * 8 sequences 106-111 either way) */
+#define QG_ROWS_MIN_AVX2 7
+#define QG_ROWS_TYPES_AVX2 (1u << CB_TYPE_Q4_K | 1u << CB_TYPE_Q5_K | 1u << CB_TYPE_Q6_K)
+/* The most rows of the K types qg_gemv takes in a batch (cpu.c; more go
+ * through packed panels): 24 with the VNNI few-row kernel (measured,
+ * Qwen2.5-1.5B, AVX-512 VNNI, bench_engine: batch:24 143-154 rows/s
+ * against panels' 130-136, batch:32 144-155 against 154); 12 with the
+ * AVX2 form and the one-row kernel (AVX2 on a Zen 3, batch:N:2048 three
+ * runs each: the one-row kernel at 16 rows 37.2-37.9 against panels'
+ * 41.3-43.6, at 24 39.4 against 50.9, at 12 28-35 either way; the AVX2
+ * few-row kernel at 16 rows 43.5-44.5 against panels' 44.4-44.9) */
+enum { QG_GEMV_MAX_K_VNNI = 24, QG_GEMV_MAX_K = 12 };
 
 int qg_is_k(cb_type t) { return t == CB_TYPE_Q4_K || t == CB_TYPE_Q5_K || t == CB_TYPE_Q6_K; }
 
@@ -414,6 +432,11 @@ void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, c
     {                                                                                        \
         qg_gemm_c(t, panel, n_in, xq, ldxq, n, np, y, ldy);                                  \
     }
+void qg_rows_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                  size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
+{
+    qg_gemv_c(t, w, row_bytes, n_in, xq, ldxq, nr, o0, o1, y, ldy);
+}
 void qg_rows_avxvnni(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
                      size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
 {
@@ -455,11 +478,14 @@ void qg_select_isa(int isa, qg_kernels *k)
     k->decode = isa == QG_ISA_C ? qg_decode_c : qg_decode_avx2;
     k->pack = isa == QG_ISA_C ? NULL : qg_pack_avx2;
     k->quant_0 = qmm_quant(isa != QG_ISA_C);
+    int vnni = isa == QG_ISA_AVX512VNNI || isa == QG_ISA_AVXVNNI;
     k->rows = isa == QG_ISA_AVX512VNNI ? qg_rows_avx512vnni
               : isa == QG_ISA_AVXVNNI  ? qg_rows_avxvnni
-                                       : NULL;
-    k->rows_min = QG_ROWS_MIN;
-    k->rows_types = QG_ROWS_TYPES;
+              : isa == QG_ISA_C        ? NULL
+                                       : qg_rows_avx2;
+    k->rows_min = vnni ? QG_ROWS_MIN : QG_ROWS_MIN_AVX2;
+    k->rows_types = vnni ? QG_ROWS_TYPES : QG_ROWS_TYPES_AVX2;
+    k->gemv_max_k = vnni || isa == QG_ISA_C ? QG_GEMV_MAX_K_VNNI : QG_GEMV_MAX_K;
 }
 
 void qg_gemv(const qg_kernels *k, cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,

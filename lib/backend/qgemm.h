@@ -165,8 +165,12 @@ void qg_gemv_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, c
 
 /* The same for 1 <= nr <= QG_ROWS activation rows of any of the eight
  * types, with the rows in the vector lanes (qgemm_rows.h: AVX-VNNI,
- * AVX-512 VNNI; qg_gemv gives it the types where it is ahead) */
+ * AVX-512 VNNI, and AVX2 with vpmaddubsw + vpmaddwd for vpdpbusd, q8_0
+ * there through the one-row kernel; qg_gemv gives it the types where it
+ * is ahead) */
 enum { QG_ROWS = 8 };
+void qg_rows_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                  size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
 void qg_rows_avxvnni(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
                      size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy);
 void qg_rows_avx512vnni(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
@@ -182,6 +186,7 @@ struct qg_kernels {
     qg_gemv_fn rows; /* rows_min .. QG_ROWS rows at a time of rows_types (NULL: none) */
     int rows_min;
     unsigned rows_types; /* the types (bit t: cb_type t) qg_gemv gives it */
+    int gemv_max_k;      /* the most rows of a K type a batch gives qg_gemv (more: panels) */
     qg_decode_fn decode; /* the portable packer's */
     qg_pack_fn pack;     /* NULL: the portable packer (decode, interleave) */
     qg_interleave_fn interleave;

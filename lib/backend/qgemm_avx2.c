@@ -830,4 +830,27 @@ typedef __m256 vf;
 #define VF_CVT _mm256_cvtepi32_ps
 #define VF_ST(p, v) _mm256_storeu_ps(p, v)
 #include "qgemm_tile.h"
+
+/* and the few-row kernel of qgemm_rows.h, vpdpbusd's four products a lane
+ * as vpmaddubsw + vpmaddwd: the same 32-bit sums where no 16-bit pair of
+ * products passes 32767, so for weights of 6 bits or fewer (2 * 63 * 127 <
+ * 32768).  q8_0's come to it as w + 128 and would: its rows go to the
+ * one-row kernel (qg_rows_avx2 below). */
+#define QI(f) f
+#define DPB(acc, w, x) \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+#define QGR_NAME rows_avx2
+static void rows_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                      const uint8_t *xq, size_t ldxq, int nr, int64_t o0, int64_t o1, float *y,
+                      int64_t ldy);
+#include "qgemm_rows.h"
+
+void qg_rows_avx2(cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in, const uint8_t *xq,
+                  size_t ldxq, int nr, int64_t o0, int64_t o1, float *y, int64_t ldy)
+{
+    if (t == CB_TYPE_Q8_0)
+        qg_gemv_avx2(t, w, row_bytes, n_in, xq, ldxq, nr, o0, o1, y, ldy);
+    else
+        rows_avx2(t, w, row_bytes, n_in, xq, ldxq, nr, o0, o1, y, ldy);
+}
 #endif
