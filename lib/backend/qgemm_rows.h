@@ -17,10 +17,11 @@
  * 260 against 143, q8_0 185 against 40, q5_0 168 against 146; 256-bit
  * products: q4_K 243, q6_K 221).
  *
- * Included by qgemm_avx512vnni.c (AVX-512 VNNI, QGR_Z) and qgemm_avxvnni.c
- * (AVX-VNNI's 256 bits): the includer defines QI (the intrinsics' prefix),
- * DPB (vpdpbusd on 256 bits; DPBZ on 512 with QGR_Z) and QGR_NAME (the
- * entry point, qg_gemv_fn). */
+ * Included by qgemm_avx512vnni.c (AVX-512 VNNI, QGR_Z), qgemm_avxvnni.c
+ * (AVX-VNNI's 256 bits) and qgemm_avx2.c (vpdpbusd as vpmaddubsw +
+ * vpmaddwd, exact for weights of up to 6 bits: not q8_0): the includer
+ * defines QI (the intrinsics' prefix), DPB (vpdpbusd on 256 bits; DPBZ on
+ * 512 with QGR_Z) and QGR_NAME (the entry point, qg_gemv_fn). */
 #include "../core/dequant.h"
 
 #include <string.h>
