@@ -66,6 +66,10 @@ float qmm_avx2_exp_sum(float *s, int64_t n, float m)
     return 0;
 }
 void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n) { (void)s, (void)d, (void)n; }
+void qmm_avx2_swiglu(const float *g, const float *u, float *y, int64_t n)
+{
+    (void)g, (void)u, (void)y, (void)n;
+}
 #endif
 
 int qmm_has_q8(cb_type t)
@@ -105,6 +109,8 @@ const char *qmm_isa(int simd)
 qmm_exp_sum_fn qmm_exp_sum(int simd) { return simd && qmm_cpu_avx2() ? qmm_avx2_exp_sum : NULL; }
 
 qmm_f16_fn qmm_f16_row(int simd) { return simd && qmm_cpu_avx2() ? qmm_avx2_f16_row : NULL; }
+
+qmm_swiglu_fn qmm_swiglu(int simd) { return simd && qmm_cpu_avx2() ? qmm_avx2_swiglu : NULL; }
 
 qmm_att_qk_fn qmm_att_qk(int simd) { return simd && qmm_cpu_avx2() ? qmm_avx2_att_qk : NULL; }
 

@@ -110,6 +110,16 @@ typedef float (*qmm_exp_sum_fn)(float *s, int64_t n, float m);
 qmm_exp_sum_fn qmm_exp_sum(int simd);
 float qmm_avx2_exp_sum(float *s, int64_t n, float m);
 
+/* y[j] = silu(g[j]) * u[j], j < n, as cpu.c's swiglu_fast computes it
+ * (sigmoid from e = qmm_exp_neg(-|g|)), bit for bit: the same operations
+ * in the same order, without fused multiply-adds, eight lanes at a time.
+ * The AVX2 version when simd and the CPU has it, else NULL (the caller's
+ * own loop, which gcc vectorizes only with AVX-512's masks).  y may be g
+ * or u. */
+typedef void (*qmm_swiglu_fn)(const float *g, const float *u, float *y, int64_t n);
+qmm_swiglu_fn qmm_swiglu(int simd);
+void qmm_avx2_swiglu(const float *g, const float *u, float *y, int64_t n);
+
 /* d[j] = the f16 values s[j] in f32, j < n (exact); the F16C version when
  * simd and the CPU has it, else NULL (the caller's own loop). */
 typedef void (*qmm_f16_fn)(const uint16_t *s, float *d, int64_t n);

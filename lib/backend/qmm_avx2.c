@@ -13,6 +13,7 @@
 #include "qmm.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -363,6 +364,42 @@ float qmm_avx2_exp_sum(float *s, int64_t n, float m)
         sum += s[j];
     }
     return sum;
+}
+
+/* qmm.h's qmm_swiglu: swiglu_fast's operations lane by lane, multiplies
+ * and adds apart as the C (ISO mode: no contraction) has them */
+void qmm_avx2_swiglu(const float *g, const float *u, float *y, int64_t n)
+{
+    const __m256 lo = _mm256_set1_ps(-87.0f), l2e = _mm256_set1_ps(1.44269504088896341f),
+                 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(),
+                 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    static const float c[6] = {1.339887440266574e-3f, 9.618437357674640e-3f, 5.550332471162809e-2f,
+                               2.402264791363012e-1f, 6.931472028550421e-1f, 1.0f};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_loadu_ps(g + j);
+        /* e = qmm_exp_neg(-|x|); max(lo, a): a NaN a comes through */
+        __m256 a = _mm256_max_ps(lo, _mm256_xor_ps(_mm256_and_ps(x, absm), _mm256_set1_ps(-0.0f)));
+        __m256 t = _mm256_mul_ps(a, l2e);
+        __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 f = _mm256_sub_ps(t, r);
+        __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+        for (int k = 0; k < 6; k++)
+            p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(c[k]));
+        /* a NaN's exponent: 0, as the C's (its p is NaN all the same) */
+        __m256i ni = _mm256_and_si256(_mm256_cvtps_epi32(r),
+                                      _mm256_castps_si256(_mm256_cmp_ps(r, r, _CMP_ORD_Q)));
+        __m256i eb = _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23);
+        __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(eb));
+        /* x * ((x >= 0 ? 1 : e) / (1 + e)) * u */
+        __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(x, zero, _CMP_GE_OQ));
+        __m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u + j)));
+    }
+    for (; j < n; j++) {
+        float x = g[j], e = qmm_exp_neg(-fabsf(x));
+        y[j] = x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[j];
+    }
 }
 
 void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n)

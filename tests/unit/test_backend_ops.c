@@ -2682,6 +2682,56 @@ static void blas_on_demand(void)
     CHECK(c[0] == -2 && c[1] == 4 && c[2] == -2 && c[3] == 13);
 }
 
+/* y = the 8-bit path's SwiGLU of g and u (n elements) on be */
+static void swiglu_on(cb_backend *be, const float *g, const float *u, float *y, int64_t n)
+{
+    size_t bytes = sizeof(float) * (size_t)n;
+    float *dg = bput(be, g, bytes), *du = bput(be, u, bytes);
+    be->ops->swiglu(be, dg, du, dg, n);
+    bget(be, y, dg, bytes);
+    bfree(be, dg), bfree(be, du);
+}
+
+/* The 8-bit path's SwiGLU kernel the CPU picks (qmm_avx2_swiglu on AVX2)
+ * gives the portable loop's bits (cpu.c's swiglu_fast), on random values
+ * and on the edges of its exponential: zeros, the clamp at -87, values
+ * past it, infinities, subnormals, a NaN (NaN on both), at every offset
+ * of an 8-lane vector and its tail */
+static void test_swiglu_kernel(cb_backend *simd8)
+{
+    static const char *name = "act8 swiglu, the CPU's kernel = the portable loop, bit for bit";
+    if (!case_wanted("act8 swiglu kernel")) {
+        tskip(name, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+        return;
+    }
+    if (!qmm_swiglu(1)) {
+        tskip(name, "this CPU has no AVX2: the portable loop is its kernel");
+        return;
+    }
+    cb_backend *port = cb_backend_cpu_new_ex(1, 0);
+    enum { N = 4099 };
+    float *g = rand_vec(N, 12.0f), *u = rand_vec(N, 2.0f), ya[N], yb[N];
+    static const float edge[] = {0.0f,   -0.0f,   1e-40f, -1e-40f, 60.2f,    -60.2f,
+                                 86.9f,  -86.9f,  87.0f,  -87.0f,  87.3f,    -87.3f,
+                                 100.0f, -100.0f, 1e30f,  -1e30f,  INFINITY, -INFINITY,
+                                 NAN,    0.5f,    -0.5f,  3.4e38f, -3.4e38f, 1.0f};
+    for (int k = 0; k < N; k += 3) /* every third value an edge: all offsets in 8 lanes */
+        g[k] = edge[(k / 3) % (int)(sizeof edge / sizeof *edge)];
+    tcase("%s (%d values)", name, N);
+    CHECK(port != NULL);
+    if (port) {
+        swiglu_on(simd8, g, u, ya, N);
+        swiglu_on(port, g, u, yb, N);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < N; i++)
+            bad += isnan(ya[i]) || isnan(yb[i]) ? isnan(ya[i]) != isnan(yb[i])
+                                                : memcmp(&ya[i], &yb[i], sizeof(float)) != 0;
+        CHECKF(bad == 0, "%lld of %d differ", (long long)bad, N);
+        port->ops->free(port);
+    }
+    free(g), free(u);
+}
+
 /* The CPU's elementwise operations split over its threads (RMSNorm over
  * 150 rows, add and the gated activations over 100,003 elements; scale,
  * which the KV loader calls, stays on the caller's) give one thread's
@@ -2734,6 +2784,7 @@ static void test_elementwise_threads(cb_backend *cpu_be, float *o2, float *o1)
         tcase("act8 swiglu, %lld elements, on 2 threads = on 1, bit for bit", (long long)n);
         CHECK(memcmp(o1, o2, sizeof(float) * (size_t)n) == 0);
     }
+    test_swiglu_kernel(one8);
 done:
     ew_n = 1000, rms_n = 5, ew_op = 0;
     if (one)
