@@ -330,7 +330,8 @@ static void att_task(void *arg, int64_t task, int tid)
  * at key blocks that start at multiples of 32; every quantization is of one
  * query row, one key or one value row (the keys' after the call's mean is
  * taken out).  Tiles start where the f32 path's do, at 32 below it at
- * most. */
+ * most.  Only with kernels that have a dot-product instruction (VNNI) or
+ * the portable ones (qg_kernels.att8): on AVX2 the f32 tiles are faster. */
 
 enum { A8_BLOCK = QG_OFF_0_BYTES /* a packed q8_0 block's bytes per panel row */ };
 
@@ -488,7 +489,8 @@ void cpu_reserve_keys(cb_backend *b, int64_t n_keys, int n_head_kv, int hd)
 {
     cpu_ctx *c = CTX(b);
     size_t kpb, vpb, head;
-    if (c->act8 && hd % 32 == 0 && hd <= ATT_HD) /* on failure: grown by the first call, or f32 */
+    /* on failure: grown by the first call, or f32 */
+    if (c->act8 && c->qg.att8 && hd % 32 == 0 && hd <= ATT_HD)
         a8_grow(c, a8_sizes(c, (n_keys + 31) / 32 * 32, hd, n_head_kv, &kpb, &vpb, &head));
 }
 
@@ -696,7 +698,7 @@ void cpu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n,
         j.n_split = want > 1 ? (int)want : 1;
     }
     /* the default path's 8-bit products, where there are rows enough */
-    int a8 = c->act8 && n >= ATT8_MIN_ROWS && hd % 32 == 0 && hd <= ATT_HD &&
+    int a8 = c->act8 && c->qg.att8 && n >= ATT8_MIN_ROWS && hd % 32 == 0 && hd <= ATT_HD &&
              (t == CB_TYPE_F16 || t == CB_TYPE_F32) && a8_prep(&j);
     cb_blas_single();
     cb_pool_for(c->pool, a8 ? att_task8 : att_task, &j, tasks * j.n_split);

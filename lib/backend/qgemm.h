@@ -187,6 +187,7 @@ struct qg_kernels {
     int rows_min;
     unsigned rows_types; /* the types (bit t: cb_type t) qg_gemv gives it */
     int gemv_max_k;      /* the most rows of a K type a batch gives qg_gemv (more: panels) */
+    int att8; /* attention's products in 8 bits too (cpu_attn.c), where they beat its f32 tiles */
     qg_decode_fn decode; /* the portable packer's */
     qg_pack_fn pack;     /* NULL: the portable packer (decode, interleave) */
     qg_interleave_fn interleave;
