@@ -564,9 +564,8 @@ static void cpu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids,
 enum { EW_MIN = 16384 /* the least elements a range takes */ };
 
 typedef struct ew_job {
-    int op;               /* EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU */
-    int fast;             /* SwiGLU's exponential by qmm_exp_neg (the 8-bit path), not libm's */
-    qmm_swiglu_fn swiglu; /* fast's kernel (NULL: swiglu_fast) */
+    int op;             /* EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU */
+    qmm_swiglu_fn fast; /* the 8-bit path's SwiGLU (cpu_ctx.swiglu); NULL: libm's expf */
     const float *a, *b;
     float *y;
     int64_t n, d; /* rows of d elements (d 1: elements) */
@@ -576,9 +575,8 @@ typedef struct ew_job {
 
 enum { EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU };
 
-/* The 8-bit path's SwiGLU: silu(g) * u as g * sigmoid(g) * u, sigmoid
- * from e = e^-|g| (1 / (1 + e) for g >= 0, e / (1 + e) below) by
- * qmm_exp_neg's polynomial, which gcc vectorizes, where libm's expf is a
+/* The 8-bit path's SwiGLU, qmm_swiglu1 a row: qmm_exp_neg's polynomial,
+ * which gcc vectorizes, where libm's expf is a
  * call per element (on a 3,596-token prefill of Qwen2.5-1.5B: 157 ms
  * against 793 on two threads).  As close to the double-precision values
  * as the exact path's (test_backend_ops: nmse 3.5e-15 against 3.2e-15).
@@ -590,10 +588,8 @@ enum { EW_RMSNORM, EW_ADD, EW_SWIGLU, EW_GEGLU };
 __attribute__((optimize("O3"))) static void swiglu_fast(const float *g, const float *u, float *y,
                                                         int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) {
-        float x = g[i], e = qmm_exp_neg(-fabsf(x));
-        y[i] = x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[i];
-    }
+    for (int64_t i = 0; i < n; i++)
+        y[i] = qmm_swiglu1(g[i], u[i]);
 }
 
 static void ew_rows(const ew_job *j, int64_t i0, int64_t i1)
@@ -618,7 +614,7 @@ static void ew_rows(const ew_job *j, int64_t i0, int64_t i1)
         break;
     case EW_SWIGLU:
         if (j->fast) {
-            (j->swiglu ? j->swiglu : swiglu_fast)(j->a + i0, j->b + i0, j->y + i0, i1 - i0);
+            j->fast(j->a + i0, j->b + i0, j->y + i0, i1 - i0);
             break;
         }
         for (int64_t i = i0; i < i1; i++)
@@ -692,9 +688,9 @@ static void cpu_add(cb_backend *b, float *x, const float *y, int64_t n)
 
 static void cpu_swiglu(cb_backend *b, const float *g, const float *u, float *out, int64_t n)
 {
+    cpu_ctx *c = CTX(b);
     ew_job j = {.op = EW_SWIGLU,
-                .fast = CTX(b)->act8,
-                .swiglu = CTX(b)->swiglu,
+                .fast = c->act8 ? c->swiglu : NULL,
                 .a = g,
                 .b = u,
                 .y = out,
@@ -947,7 +943,7 @@ cb_backend *cb_backend_cpu_new_ex(int n_threads, int simd)
     c->simd = simd;
     c->exp_sum = qmm_exp_sum(simd);
     c->f16_row = qmm_f16_row(simd);
-    c->swiglu = qmm_swiglu(simd);
+    c->swiglu = qmm_swiglu(simd) ? qmm_swiglu(simd) : swiglu_fast;
     c->att_qk = qmm_att_qk(simd);
     c->att_pv = qmm_att_pv(simd);
     qg_select(simd, &c->qg);

@@ -48,7 +48,7 @@ typedef struct cpu_ctx {
     int simd;               /* 0: portable kernels only (tests) */
     qmm_exp_sum_fn exp_sum; /* softmax's exponentials (NULL: the loop here) */
     qmm_f16_fn f16_row;     /* f16 cache rows to f32 (NULL: the loop here) */
-    qmm_swiglu_fn swiglu;   /* the 8-bit path's SwiGLU (NULL: swiglu_fast) */
+    qmm_swiglu_fn swiglu;   /* the 8-bit path's SwiGLU (qmm_avx2_swiglu, else swiglu_fast) */
     qmm_att_qk_fn att_qk;   /* the fused f16 products of small attention tasks (NULL: tiles) */
     qmm_att_pv_fn att_pv;
     thread_scratch *ts; /* [n_threads] */

@@ -478,14 +478,15 @@ void qg_select_isa(int isa, qg_kernels *k)
     k->decode = isa == QG_ISA_C ? qg_decode_c : qg_decode_avx2;
     k->pack = isa == QG_ISA_C ? NULL : qg_pack_avx2;
     k->quant_0 = qmm_quant(isa != QG_ISA_C);
-    int vnni = isa == QG_ISA_AVX512VNNI || isa == QG_ISA_AVXVNNI;
+    int vnni = isa == QG_ISA_AVX512VNNI || isa == QG_ISA_AVXVNNI,
+        dot = vnni || isa == QG_ISA_C; /* a dot product an instruction, or the portable kernels */
     k->rows = isa == QG_ISA_AVX512VNNI ? qg_rows_avx512vnni
               : isa == QG_ISA_AVXVNNI  ? qg_rows_avxvnni
               : isa == QG_ISA_C        ? NULL
                                        : qg_rows_avx2;
     k->rows_min = vnni ? QG_ROWS_MIN : QG_ROWS_MIN_AVX2;
     k->rows_types = vnni ? QG_ROWS_TYPES : QG_ROWS_TYPES_AVX2;
-    k->gemv_max_k = vnni || isa == QG_ISA_C ? QG_GEMV_MAX_K_VNNI : QG_GEMV_MAX_K;
+    k->gemv_max_k = dot ? QG_GEMV_MAX_K_VNNI : QG_GEMV_MAX_K;
     /* 8-bit attention where a dot-product instruction takes the products:
      * on AVX2 (an AMD Zen 3, 2 threads) the f32 tiles were faster, by
      * packing the keys and values less and by the keys' second part more
@@ -495,7 +496,7 @@ void qg_select_isa(int isa, qg_kernels *k)
      * does, twice as wide, against OpenBLAS's f32 twice as wide too (not
      * measured).  The portable kernels keep it: where the tests run them,
      * they show its bits on any CPU. */
-    k->att8 = vnni || isa == QG_ISA_C;
+    k->att8 = dot;
 }
 
 void qg_gemv(const qg_kernels *k, cb_type t, const uint8_t *w, size_t row_bytes, int64_t n_in,

@@ -26,6 +26,7 @@
 
 #include "../core/core.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -110,8 +111,16 @@ typedef float (*qmm_exp_sum_fn)(float *s, int64_t n, float m);
 qmm_exp_sum_fn qmm_exp_sum(int simd);
 float qmm_avx2_exp_sum(float *s, int64_t n, float m);
 
-/* y[j] = silu(g[j]) * u[j], j < n, as cpu.c's swiglu_fast computes it
- * (sigmoid from e = qmm_exp_neg(-|g|)), bit for bit: the same operations
+/* silu(x) * u as x * sigmoid(x) * u, the sigmoid from e = e^-|x| by
+ * qmm_exp_neg: 1 / (1 + e) for x >= 0, e / (1 + e) below (the 8-bit
+ * path's SwiGLU, element by element) */
+static inline float qmm_swiglu1(float x, float u)
+{
+    float e = qmm_exp_neg(-fabsf(x));
+    return x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e)) * u;
+}
+
+/* y[j] = qmm_swiglu1(g[j], u[j]), j < n, bit for bit: the same operations
  * in the same order, without fused multiply-adds, eight lanes at a time.
  * The AVX2 version when simd and the CPU has it, else NULL (the caller's
  * own loop, which gcc vectorizes only with AVX-512's masks).  y may be g

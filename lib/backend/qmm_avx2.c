@@ -13,7 +13,6 @@
 #include "qmm.h"
 
 #include <immintrin.h>
-#include <math.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -366,7 +365,7 @@ float qmm_avx2_exp_sum(float *s, int64_t n, float m)
     return sum;
 }
 
-/* qmm.h's qmm_swiglu: swiglu_fast's operations lane by lane, multiplies
+/* qmm.h's qmm_swiglu: qmm_swiglu1's operations lane by lane, multiplies
  * and adds apart as the C (ISO mode: no contraction) has them */
 void qmm_avx2_swiglu(const float *g, const float *u, float *y, int64_t n)
 {
@@ -396,10 +395,8 @@ void qmm_avx2_swiglu(const float *g, const float *u, float *y, int64_t n)
         __m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
         _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u + j)));
     }
-    for (; j < n; j++) {
-        float x = g[j], e = qmm_exp_neg(-fabsf(x));
-        y[j] = x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[j];
-    }
+    for (; j < n; j++)
+        y[j] = qmm_swiglu1(g[j], u[j]);
 }
 
 void qmm_avx2_f16_row(const uint16_t *s, float *d, int64_t n)
