@@ -182,6 +182,11 @@ float cb_model_layer_rope_base(const cb_model *m, int32_t l);
  * before the softmax: 1/sqrt(head_dim) (gemma3 27B: 1/sqrt(n_embd /
  * n_head), as llama.cpp). */
 float cb_model_attn_scale(const cb_model *m);
+/* The time attention takes per multiply-add (a query's scores and its sum
+ * of values) against the products with the weights' (per row and weight),
+ * on this model's backend and path: the blend's cost model (--speedup,
+ * blend.c) weighs a key a row sees by it. */
+float cb_model_attn_cost(const cb_model *m);
 const cb_gguf *cb_model_gguf(const cb_model *m);
 
 /* ------------------------------------------------------------- KV cache */

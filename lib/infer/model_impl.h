@@ -32,6 +32,7 @@ struct cb_model {
     float embd_scale;     /* the embeddings are multiplied by it (gemma3: sqrt(n_embd)), 1: none */
     float attn_scale;     /* attention scores' scale */
     int ffn_gelu;         /* MLP: gelu(g) * u, else silu(g) * u */
+    int exact;            /* the backend's exact path (f32 activations: cb_model_params) */
     cb_layer *layers;
     cb_hash128 fingerprint;
 };

@@ -65,7 +65,7 @@ cb_blend_params cb_blend_defaults(void)
     p.probe_depth = 0.0f; /* by cost: cb_blend_probe_layers (issue 31) */
     p.probe_values = 1;   /* the mass times the value rows' norms: strategy_probe.c */
     p.key_temp = 0.0f;    /* the model's: cb_blend_key_temp */
-    p.speedup = 4.0f;     /* the ratio by the prompt's rows, 0.15 at least: blend_speedup */
+    p.speedup = 4.0f;     /* the ratio by the rows' cost, 0.15 at least: blend_speedup */
     p.stale_scale = 0.0f; /* the model's: cb_blend_stale_scale */
     return p;
 }
@@ -363,7 +363,7 @@ int blend_by_score_desc(const void *a, const void *b)
 static void plan_free(blend_plan *pl)
 {
     free(pl->ids), free(pl->pos), free(pl->seg_of), free(pl->start), free(pl->use);
-    free(pl->cached), free(pl->keep), free(pl->rows);
+    free(pl->cached), free(pl->keep), free(pl->rows), free(pl->cost);
 }
 
 /* Check the segments against the model and the cache; the prompt's size. */
@@ -448,8 +448,10 @@ int cb_blend_true_prefix(const cb_segment *segs, int32_t s, int32_t start)
     return 1;
 }
 
+static void plan_costs(blend_plan *pl);
+
 /* Lay the rows out, decide which caches the mode uses, and which rows are
- * cached; the computed set starts as every row that is not. */
+ * cached; the computed set starts as every row that is not; their costs. */
 static cb_status plan_rows(blend_plan *pl, cb_error *err)
 {
     int64_t total = pl->total;
@@ -463,8 +465,9 @@ static cb_status plan_rows(blend_plan *pl, cb_error *err)
     pl->use = calloc((size_t)n_segs, 1);
     pl->cached = calloc((size_t)total, 1);
     pl->keep = calloc((size_t)total, 1);
+    pl->cost = malloc(sizeof(double) * (size_t)total);
     if (!pl->ids || !pl->pos || !pl->rows || !pl->seg_of || !pl->start || !pl->use || !pl->cached ||
-        !pl->keep)
+        !pl->keep || !pl->cost)
         return cb_error_set(err, CB_ERR_NOMEM, "blend: out of memory");
     for (int32_t s = 0, at = 0; s < n_segs; s++) {
         pl->start[s] = at;
@@ -505,6 +508,7 @@ static cb_status plan_rows(blend_plan *pl, cb_error *err)
     for (int64_t r = 0; r < total; r++)
         if (!pl->cached[r])
             pl->rows[pl->n_rows++] = (int32_t)r;
+    plan_costs(pl);
     return CB_OK;
 }
 
@@ -600,45 +604,83 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
     return &blend_hkvd;
 }
 
-/* The rows a blend computes, one row through every layer the unit (full
- * prefill computes pl->total), with a budget of w cached rows: what a
- * speedup (cb_blend_params.speedup) holds the blend to.  A check-layer
- * strategy computes every row but the exact ones in the layers before the
- * check layer, then the uncached rows and the w in the rest; probe runs
- * the uncached rows through its first pass (nl layers; none when nothing
- * or everything is kept), then those and the w through every layer.
- * Attention, loading and the logits are left out: on the CPU the rows are
- * the time (MuSiQue, Qwen2.5-Coder-1.5B, issue 31: a recomputed row costs
- * what a row of full prefill does, 4.6 against 4.7 ms on 20 chunks, 5.6
- * against 5.7 on 6 passages), but for those the predicted speedup is above
- * the measured one, at ratio 0.15 by 16% (20 chunks), 9% (6 passages of
- * ~550 tokens) and 25% (6 of ~50): hence the default of 4, measured 3.42x
- * and 3.51x on the first two (150 and 48 questions), where the ratio
- * rose to 0.19-0.23 and the first-token KL to full prefill fell on 101 of
- * 150 and 40 of 48 questions; the third stays at the least ratio. */
-static double blend_cost(const blend_plan *pl, const cb_blend_params *p, int probe, int64_t w,
+/* What a speedup budgets (cb_blend_params.speedup): the rows a blend
+ * computes, each at each layer its products with the layer's weights and
+ * its attention over the keys it sees, in units of one row's products
+ * through every layer.  A row at position p costs 1 + key_cost x the keys
+ * it sees (p + 1; a sliding window's at most; the layers' mean), where
+ * key_cost is a key's 2 n_head head_dim multiply-adds over a layer's
+ * weights' (the MLP's three matrices, Q, K, V and O), times the attention's
+ * cost per multiply-add against the products' (cb_model_attn_cost); full
+ * prefill costs the sum over the prompt's rows.  Loading (overlapped),
+ * the logits and the elementwise operations are left out.
+ * Until 2026-12 the rows alone were counted ("on the CPU the rows are the
+ * time"): but a blend's rows sit late in the prompt (the question last;
+ * probe's selection at 0.62 of it on average on MuSiQue's paper shape)
+ * and each sees more keys than full prefill's mean row, so --speedup 4
+ * measured 3.41x on Qwen2.5-Coder-1.5B (150 questions, AVX-512 VNNI) and
+ * 3.09x on the 0.5B, where attention is a third of full prefill's time
+ * (issue 31; tests/bench/results/EVAL.md). */
+static void plan_costs(blend_plan *pl)
+{
+    const cb_hparams *hp = pl->hp;
+    const cb_model *m = cb_fwd_model(pl->f);
+    double q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
+    double weights = (double)hp->n_embd * (2 * q + 2 * kv) + 3.0 * hp->n_embd * hp->n_ff;
+    double key_cost = cb_model_attn_cost(m) * 2 * q / weights, L = hp->n_layer;
+    int32_t nq = blend_probe_nq(pl), seen = 0;
+    pl->c_full = pl->c_unc = pl->c_cand = pl->c_score = 0;
+    for (int64_t r = pl->total - 1; r >= 0; r--) {
+        double keys = 0;
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            int32_t w = cb_model_layer_window(m, l);
+            keys += w > 0 && r + 1 > w ? (double)w : (double)(r + 1);
+        }
+        pl->cost[r] = 1 + key_cost * keys / L;
+        pl->c_full += pl->cost[r];
+        if (pl->cached[r] == ROW_CAND)
+            pl->c_cand += pl->cost[r];
+        if (pl->cached[r])
+            continue;
+        pl->c_unc += pl->cost[r];
+        if (seen++ < nq) /* scoring: as much attention again, no products */
+            pl->c_score += pl->cost[r] - 1;
+    }
+}
+
+/* The cost of a blend whose selection costs sel (w rows), nl layers of
+ * probe's first pass: probe runs the uncached rows through them, scoring
+ * with the question's, then those and the selection through every layer;
+ * a check-layer strategy computes every row but the exact ones in the
+ * layers before the check layer, then the uncached rows and the
+ * selection in the rest. */
+static double blend_cost(const blend_plan *pl, const cb_blend_params *p, int probe, double sel,
                          int32_t nl)
 {
-    double L = pl->hp->n_layer, u = pl->n_rows, c = (double)(pl->n_cached - pl->n_exact);
+    double L = pl->hp->n_layer, u = pl->c_unc;
     if (probe)
-        return u * nl / L + u + (double)w;
+        return (u + pl->c_score) * nl / L + u + sel;
     double cl = p->check_layer;
-    return (u + c) * cl / L + (u + (double)w) * (L - cl) / L;
+    return (u + pl->c_cand) * cl / L + (u + sel) * (L - cl) / L;
 }
 
-/* The cost of a budget of w, probe's first pass as that budget would run it */
+/* The predicted cost of a budget of w (before any selection: the
+ * candidates' mean cost a row), probe's first pass as that budget would
+ * run it */
 static double cost_of(const blend_plan *pl, const cb_blend_params *p, int probe, int64_t w)
 {
-    return blend_cost(pl, p, probe, w, probe ? blend_probe_pass(pl, w) : 0);
+    int64_t n_cand = pl->n_cached - pl->n_exact;
+    double sel = n_cand > 0 ? pl->c_cand * (double)w / (double)n_cand : 0;
+    return blend_cost(pl, p, probe, sel, probe ? blend_probe_pass(pl, w) : 0);
 }
 
-/* The largest budget, at least lo, whose cost is at most pl->total / s
- * (the cost grows with the budget: bisection). */
+/* The largest budget, at least lo, whose cost is at most full prefill's
+ * / s (the cost grows with the budget: bisection). */
 static int64_t afford(const blend_plan *pl, const cb_blend_params *p, int probe, int64_t lo,
                       double s)
 {
     int64_t hi = pl->n_cached - pl->n_exact;
-    double limit = (double)pl->total / s;
+    double limit = pl->c_full / s;
     if (lo >= hi)
         return lo;
     if (cost_of(pl, p, probe, hi) <= limit)
@@ -653,8 +695,7 @@ static int64_t afford(const blend_plan *pl, const cb_blend_params *p, int probe,
     return lo;
 }
 
-/* The ratio whose budget (ceil of it x n) is exactly w. */
-static float ratio_of(int64_t w, int64_t n)
+float blend_ratio_of(int64_t w, int64_t n)
 {
     if (w <= 0 || n <= 0)
         return 0.0f;
@@ -669,9 +710,12 @@ static float ratio_of(int64_t w, int64_t n)
 /* A speedup: the budget it affords, at least the given ratio's, and under
  * auto the strategy too (auto's rule on probe's budget; hkvd then gets its
  * own, its first layer's rows counted).  eff is p with them: an explicit
- * strategy and one ratio.  Without a speedup (or with an adaptive ratio,
- * which sets its own) eff is p. */
-static void blend_speedup(const blend_plan *pl, cb_blend_params *eff, cb_blend_stats *stats)
+ * strategy and one ratio.  The budget is predicted at the candidates' mean
+ * cost; probe, which selects after its first pass, then selects by the
+ * costs of the rows it scores highest (pl->budget: what the speedup leaves
+ * after the first pass and the uncached rows).  Without a speedup (or with
+ * an adaptive ratio, which sets its own) eff is p. */
+static void blend_speedup(blend_plan *pl, cb_blend_params *eff, cb_blend_stats *stats)
 {
     const cb_blend_params *p = pl->p;
     *eff = *p;
@@ -681,19 +725,24 @@ static void blend_speedup(const blend_plan *pl, cb_blend_params *eff, cb_blend_s
     const blend_strategy *sg = blend_strategy_of(p->strategy);
     int probe = p->strategy == CB_STRATEGY_PROBE || p->strategy == CB_STRATEGY_AUTO;
     w = afford(pl, p, probe, lo, p->speedup);
-    eff->ratios[0] = ratio_of(w, pl->n_cached);
+    eff->ratios[0] = blend_ratio_of(w, pl->n_cached);
     if (p->strategy == CB_STRATEGY_AUTO) {
         sg = blend_choose(pl, eff);
         if (sg->id != CB_STRATEGY_PROBE) {
             w = afford(pl, p, 0, lo, p->speedup);
-            eff->ratios[0] = ratio_of(w, pl->n_cached);
+            eff->ratios[0] = blend_ratio_of(w, pl->n_cached);
         }
         eff->strategy = sg->id;
     }
     probe = sg->id == CB_STRATEGY_PROBE;
     stats->ratio = eff->ratios[0];
-    stats->ratio_bound =
-        cost_of(pl, p, probe, w) <= (double)pl->total / p->speedup ? "speedup" : "min";
+    stats->ratio_bound = cost_of(pl, p, probe, w) <= pl->c_full / p->speedup ? "speedup" : "min";
+    int32_t nl = probe ? blend_probe_pass(pl, w) : 0;
+    if (nl > 0) { /* probe's selection by the costs of the rows it picks */
+        pl->budget = pl->c_full / p->speedup - blend_cost(pl, p, 1, 0.0, nl);
+        pl->budget = pl->budget > 0 ? pl->budget : 0;
+        pl->budget_min = lo;
+    }
 }
 
 /* Blend: the strategy's own way, or every row before the check layer, the
@@ -745,10 +794,10 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
                      .segs = segs,
                      .n_segs = n_segs,
                      .p = p,
-                     .hp = cb_model_hparams(cb_fwd_model(f))};
+                     .hp = cb_model_hparams(cb_fwd_model(f)),
+                     .budget = -1};
     cb_blend_params eff;
     loader ld;
-    int32_t n_uncached = 0;
     double t_start = cb_now_ms();
     int layer_err = 0;
     cb_status st;
@@ -764,7 +813,6 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         goto out;
     blend_speedup(&pl, &eff, stats);
     pl.p = p = &eff;
-    n_uncached = pl.n_rows;
     stats->n_prompt_tokens = (int32_t)pl.total;
     stats->n_cached_tokens = (int32_t)pl.n_cached;
     stats->n_exact_tokens = (int32_t)pl.n_exact;
@@ -811,12 +859,13 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
                                                        : 0;
     if (p->mode == CB_MODE_FULL)
         stats->n_recomputed_tokens = 0;
-    if (p->mode == CB_MODE_BLEND && p->n_ratios == 1) {
+    if (p->mode == CB_MODE_BLEND && p->n_ratios == 1) { /* the rows it selected, as computed */
         int probe = stats->strategy == CB_STRATEGY_PROBE;
-        pl.n_rows = n_uncached; /* the cost's u */
+        double sel = 0;
+        for (int64_t r = 0; r < pl.total; r++)
+            sel += pl.keep[r] ? pl.cost[r] : 0;
         stats->pred_speedup =
-            (float)((double)pl.total / blend_cost(&pl, p, probe, stats->n_recomputed_tokens,
-                                                  probe ? stats->probe_layers : 0));
+            (float)(pl.c_full / blend_cost(&pl, p, probe, sel, probe ? stats->probe_layers : 0));
     }
 out:
     plan_free(&pl);

@@ -43,6 +43,13 @@ typedef struct blend_plan {
     blend_loader *ld;
     double stall;      /* ms waited for the loader */
     float stale_scale; /* the computed rows' attention to the stale rows x it (1: as is) */
+    /* the cost model (blend.c, plan_costs): each row's cost [total] in
+     * units of a row's products through every layer, and its sums: every
+     * row (full prefill), the uncached rows, the candidates, the keys
+     * probe's scoring rows see; with a speedup and probe's first pass, the
+     * budget its selection keeps to (< 0: none) and the fewest rows */
+    double *cost, c_full, c_unc, c_cand, c_score, budget;
+    int64_t budget_min;
 } blend_plan;
 
 typedef struct blend_strategy {
@@ -84,6 +91,12 @@ cb_status blend_stale_bias(blend_plan *pl);
  * (pl->n_rows the uncached ones): cb_blend_probe_layers', or none when the
  * budget needs no scores (nothing or everything kept, no adaptive ratio). */
 int32_t blend_probe_pass(const blend_plan *pl, int64_t want);
+/* The question's rows probe scores with: how many of the last uncached
+ * rows (pl->rows before a selection) are the last segment's, at most
+ * probe_rows of them when that is given. */
+int32_t blend_probe_nq(const blend_plan *pl);
+/* The ratio whose budget (ceil of it x n) is exactly w. */
+float blend_ratio_of(int64_t w, int64_t n);
 
 /* A row's score, for sorting: by_score_desc orders higher scores first,
  * equal ones by lower row. */

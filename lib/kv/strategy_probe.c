@@ -39,7 +39,9 @@ static cb_status probe_check(const cb_blend_params *p, cb_error *err)
 /* probe's budget: the given one, or with adapt_mass the fewest top rows
  * (scores sorted in sc[0..n_c)) holding that share of the mass, clamped
  * to [adapt_min, adapt_max] x the cached rows (and to the n_c
- * candidates); the stats say which and why. */
+ * candidates), or with a speedup (pl->budget) the most top rows whose
+ * costs (their positions known now) fit it, pl->budget_min at least; the
+ * stats say which and why. */
 static int64_t probe_budget(const blend_plan *pl, const blend_scored *sc, int64_t n_c, int64_t want,
                             cb_blend_stats *stats)
 {
@@ -57,6 +59,13 @@ static int64_t probe_budget(const blend_plan *pl, const blend_scored *sc, int64_
         stats->ratio_bound = k < lo ? "min" : k > hi ? "max" : "mass";
         want = k < lo ? lo : k > hi ? hi : k;
         stats->ratio = (float)want / (float)pl->n_cached;
+    } else if (pl->budget >= 0 && n_c > 0) { /* a speedup: the top rows its budget affords */
+        int64_t lo = pl->budget_min < n_c ? pl->budget_min : n_c;
+        while (k < n_c && acc + pl->cost[sc[k].row] <= pl->budget)
+            acc += pl->cost[sc[k++].row];
+        stats->ratio_bound = k < lo ? "min" : "speedup";
+        want = k < lo ? lo : k;
+        stats->ratio = blend_ratio_of(want, pl->n_cached);
     }
     acc = 0;
     for (int64_t c = 0; c < want && c < n_c; c++)
@@ -72,6 +81,16 @@ int32_t blend_probe_pass(const blend_plan *pl, int64_t want)
         return 0;
     return cb_blend_probe_layers(pl->p, pl->hp->n_layer, pl->n_rows, want,
                                  pl->hp->n_swa_layers > 0);
+}
+
+int32_t blend_probe_nq(const blend_plan *pl)
+{
+    int32_t qs = pl->start[pl->n_segs - 1], nq = 0;
+    for (int32_t i = 0; i < pl->n_rows; i++) /* the last segment's uncached rows */
+        nq += pl->rows[i] >= qs;
+    if (pl->p->probe_rows > 0 && nq > pl->p->probe_rows) /* the last ones */
+        nq = pl->p->probe_rows;
+    return nq;
 }
 
 /* The first pass: blend_probe_pass's layers for the uncached rows, the
@@ -110,7 +129,7 @@ static cb_status probe_scores(blend_plan *pl, int32_t nq, int64_t want, float *m
  * in 1 of 30 layers), so nothing of the first pass is kept. */
 static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
 {
-    int32_t qs = pl->start[pl->n_segs - 1], nq = 0;
+    int32_t nq = blend_probe_nq(pl);
     int64_t n_c = 0;
     int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)pl->n_cached);
     float *mass = calloc((size_t)pl->total, sizeof(float));
@@ -119,10 +138,6 @@ static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_bl
 
     if (!mass || !sc)
         goto out;
-    for (int32_t i = 0; i < pl->n_rows; i++) /* the last segment's uncached rows */
-        nq += pl->rows[i] >= qs;
-    if (pl->p->probe_rows > 0 && nq > pl->p->probe_rows) /* the last ones */
-        nq = pl->p->probe_rows;
     if ((st = probe_scores(pl, nq, want, mass, layer_err, err, stats)) != CB_OK)
         goto out;
     for (int64_t r = 0; r < pl->total; r++) /* the candidates, by score */

@@ -539,8 +539,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 0) == 1);
     }
 
-    tcase("%s: a speedup: the most rows whose count, as blend computes them, is at most "
-          "1/speedup of full prefill's; the given ratio at least",
+    tcase("%s: a speedup: the most rows whose cost (products and attention), as blend computes "
+          "them, is at most 1/speedup of full prefill's; the given ratio at least",
           label);
     {
         cb_blend_params q = cb_blend_defaults(), h;
@@ -548,8 +548,32 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         q.mode = CB_MODE_REUSE;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
         int64_t tot = st.n_prompt_tokens, n_c = st.n_cached_tokens, u = tot - n_c,
-                n_cand = cand(&st), lo = (int64_t)ceilf(0.15f * (float)n_c), n_between = 0;
+                n_cand = cand(&st), lo = (int64_t)ceilf(0.15f * (float)n_c), n_between = 0,
+                n_refit = 0, n_all = 0;
         double L = hp->n_layer;
+        /* the cost model by hand: a row at position r costs 1 + kc x the keys
+         * it sees (a layer's mean), kc a key's 2 n_head head_dim multiply-adds
+         * over a layer's weights x cb_model_attn_cost; the sums: every row,
+         * the uncached, the candidates, the keys the question's rows see */
+        double qd = (double)hp->n_head * hp->head_dim, kvd = (double)hp->n_head_kv * hp->head_dim;
+        double kc = cb_model_attn_cost(fx.m) * 2 * qd /
+                    ((double)hp->n_embd * (2 * qd + 2 * kvd) + 3.0 * hp->n_embd * hp->n_ff);
+        double F = 0, U = 0, C = 0, S = 0;
+        int32_t xe = exact_end(segs, ns);
+        for (int32_t sg = 0, r = 0; sg < ns; sg++)
+            for (int32_t j = 0; j < segs[sg].n; j++, r++) {
+                double keys = 0;
+                for (int32_t l = 0; l < hp->n_layer; l++) {
+                    int32_t w = cb_model_layer_window(fx.m, l);
+                    keys += w > 0 && r + 1 > w ? w : r + 1;
+                }
+                double c = 1 + kc * keys / L;
+                F += c;
+                if (segs[sg].kv && r != tot - 1)
+                    C += sg >= xe ? c : 0;
+                else
+                    U += c, S += sg == ns - 1 ? c - 1 : 0; /* the question's rows score */
+            }
         static const float speedups[] = {1.01f, 1.2f, 1.5f, 2.0f, 3.0f, 4.0f, 1000.0f};
         static const cb_blend_strategy strats[] = {CB_STRATEGY_AUTO, CB_STRATEGY_PROBE,
                                                    CB_STRATEGY_HKVD};
@@ -558,21 +582,25 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                 q = cb_blend_defaults();
                 q.strategy = strats[si];
                 q.speedup = speedups[k];
+                double limit = F / q.speedup;
                 CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
-                /* the reference: down from every candidate row to the first whose rows fit;
+                /* the prediction before any selection, at the candidates' mean
+                 * cost: down from every candidate row to the first that fits;
                  * auto takes probe's when it is 3x the uncached rows, else hkvd's */
                 int64_t want[2];
+                int32_t nl = 0;
                 double cost[2];
                 for (int probe = 0; probe < 2; probe++) {
                     int64_t w = n_cand;
                     for (;; w--) {
-                        int32_t nl = w > 0 && w < n_cand
-                                         ? cb_blend_probe_layers(&q, hp->n_layer, (int64_t)u, w,
-                                                                 hp->n_swa_layers > 0)
-                                         : 0;
-                        cost[probe] = probe ? u * nl / L + u + (double)w
-                                            : (u + n_cand) / L + (u + (double)w) * (L - 1) / L;
-                        if (w <= lo || cost[probe] <= (double)tot / q.speedup)
+                        nl = probe && w > 0 && w < n_cand
+                                 ? cb_blend_probe_layers(&q, hp->n_layer, (int64_t)u, w,
+                                                         hp->n_swa_layers > 0)
+                                 : 0;
+                        double sel = C * (double)w / (double)n_cand;
+                        cost[probe] = probe ? (U + S) * nl / L + U + sel
+                                            : (U + C) / L + (U + sel) * (L - 1) / L;
+                        if (w <= lo || cost[probe] <= limit)
                             break;
                     }
                     want[probe] = w;
@@ -580,35 +608,76 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                 int probe = strats[si] == CB_STRATEGY_PROBE ||
                             (strats[si] == CB_STRATEGY_AUTO &&
                              (want[1] >= 3 * u || want[1] == 0 || hp->n_swa_layers > 0));
-                CHECKF(st.strategy == (int32_t)(probe ? CB_STRATEGY_PROBE : CB_STRATEGY_HKVD) &&
-                           st.n_recomputed_tokens == want[probe] &&
-                           !strcmp(st.ratio_bound,
-                                   cost[probe] <= (double)tot / q.speedup ? "speedup" : "min") &&
-                           fabs(st.pred_speedup * cost[probe] / (double)tot - 1) < 1e-5,
-                       "%s at %g: ran %d, %d rows (%s, predicted %.3f), want %lld (%s, %.3f)",
-                       strats[si] == CB_STRATEGY_AUTO ? "auto"
-                       : probe                        ? "probe"
-                                                      : "hkvd",
-                       (double)q.speedup, (int)st.strategy, st.n_recomputed_tokens, st.ratio_bound,
-                       (double)st.pred_speedup, (long long)want[probe],
-                       cost[probe] <= (double)tot / q.speedup ? "speedup" : "min",
-                       (double)tot / cost[probe]);
-                n_between += want[probe] > lo && want[probe] < n_cand;
-                /* the same as that ratio, given, bit for bit */
+                const char *how = probe ? "probe" : "hkvd";
+                CHECKF(st.strategy == (int32_t)(probe ? CB_STRATEGY_PROBE : CB_STRATEGY_HKVD),
+                       "%s at %g: ran %d", how, (double)q.speedup, (int)st.strategy);
+                int64_t got = st.n_recomputed_tokens;
+                if (!probe || nl == 0) { /* the predicted budget is the selection */
+                    CHECKF(got == want[probe] &&
+                               !strcmp(st.ratio_bound, cost[probe] <= limit ? "speedup" : "min"),
+                           "%s at %g: %lld rows (%s), want %lld (%s, predicted %.3f)", how,
+                           (double)q.speedup, (long long)got, st.ratio_bound,
+                           (long long)want[probe], cost[probe] <= limit ? "speedup" : "min",
+                           F / cost[probe]);
+                } else { /* probe selects by the costs of its top rows: the most that fit
+                          * what the first pass and the uncached rows leave, lo at least */
+                    CHECKF(st.probe_layers == nl &&
+                               (!strcmp(st.ratio_bound, "speedup")
+                                    ? got >= lo && st.pred_speedup >= q.speedup * (1 - 1e-5f)
+                                    : !strcmp(st.ratio_bound, "min") && got == lo &&
+                                          st.pred_speedup < q.speedup * (1 + 1e-5f)),
+                           "probe at %g: %lld rows (%s, predicted %.3f), %d layers (%d)",
+                           (double)q.speedup, (long long)got, st.ratio_bound,
+                           (double)st.pred_speedup, st.probe_layers, nl);
+                    if (got < n_cand) { /* one more row would not fit */
+                        h = fixed_defaults();
+                        h.strategy = CB_STRATEGY_PROBE;
+                        h.probe_depth = (float)nl / (float)hp->n_layer;
+                        h.stale_scale = q.stale_scale;
+                        h.ratios[0] = (float)(got + 1) / (float)n_c;
+                        while ((int64_t)ceilf(h.ratios[0] * (float)n_c) > got + 1)
+                            h.ratios[0] = nextafterf(h.ratios[0], 0.0f);
+                        while ((int64_t)ceilf(h.ratios[0] * (float)n_c) < got + 1)
+                            h.ratios[0] = nextafterf(h.ratios[0], 2.0f);
+                        cb_blend_stats s1;
+                        CHECK_OK(run(&fx, segs, ns, &h, b, &s1, NULL));
+                        n_refit += !strcmp(st.ratio_bound, "speedup");
+                        CHECKF(s1.n_recomputed_tokens == got + 1 &&
+                                   s1.pred_speedup < q.speedup * (1 + 1e-5f),
+                               "probe at %g: %lld + 1 rows predict %.4f", (double)q.speedup,
+                               (long long)got, (double)s1.pred_speedup);
+                    }
+                }
+                double all = U + C + (probe ? (U + S) * st.probe_layers / L : 0);
+                n_all += got == n_cand;
+                if (got == n_cand) /* every row's cost known: the prediction by hand */
+                    CHECKF(fabs(st.pred_speedup * all / F - 1) < 1e-5,
+                           "%s at %g: every row, predicted %.4f, by hand %.4f", how,
+                           (double)q.speedup, (double)st.pred_speedup, F / all);
+                n_between += got > lo && got < n_cand;
+                /* the same as that ratio (and probe's depth), given, bit for bit */
                 h = fixed_defaults();
                 h.strategy = (cb_blend_strategy)st.strategy;
                 h.ratios[0] = st.ratio;
                 h.stale_scale = q.stale_scale;
+                if (probe && st.probe_layers > 0)
+                    h.probe_depth = (float)st.probe_layers / (float)hp->n_layer;
                 cb_blend_stats sh;
                 CHECK_OK(run(&fx, segs, ns, &h, b, &sh, NULL));
                 CHECKF(rel(a, b, (size_t)nv) == 0 &&
-                           sh.n_recomputed_tokens == st.n_recomputed_tokens,
-                       "at %g: %d rows, ratio %.4f given: %d", (double)q.speedup,
-                       st.n_recomputed_tokens, (double)st.ratio, sh.n_recomputed_tokens);
+                           sh.n_recomputed_tokens == st.n_recomputed_tokens &&
+                           sh.pred_speedup == st.pred_speedup,
+                       "at %g: %d rows, ratio %.4f given: %d (predicted %.4f, %.4f)",
+                       (double)q.speedup, st.n_recomputed_tokens, (double)st.ratio,
+                       sh.n_recomputed_tokens, (double)st.pred_speedup, (double)sh.pred_speedup);
             }
-        /* a fixture too small for any budget between the bounds would test only them */
-        CHECKF(n_between > 0, "%lld cached rows (%lld candidates), %lld uncached", (long long)n_c,
-               (long long)n_cand, (long long)u);
+        /* a fixture too small for any budget between the bounds would test only them;
+         * probe's selection by its rows' costs, bound by the speedup, at least once */
+        CHECKF(n_between > 0 && n_refit > 0 && n_all > 0,
+               "%lld cached rows (%lld candidates), %lld uncached: %lld between, %lld by cost, "
+               "%lld every row",
+               (long long)n_c, (long long)n_cand, (long long)u, (long long)n_between,
+               (long long)n_refit, (long long)n_all);
         q = cb_blend_defaults(); /* an adaptive ratio sets its own */
         q.adapt_mass = 0.5f;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
