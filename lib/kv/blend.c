@@ -614,7 +614,7 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
  * cost per multiply-add against the products' (cb_model_attn_cost); full
  * prefill costs the sum over the prompt's rows.  Loading (overlapped),
  * the logits and the elementwise operations are left out.
- * Until 2026-12 the rows alone were counted ("on the CPU the rows are the
+ * Until 2026-11-30 the rows alone were counted ("on the CPU the rows are the
  * time"): but a blend's rows sit late in the prompt (the question last;
  * probe's selection at 0.62 of it on average on MuSiQue's paper shape)
  * and each sees more keys than full prefill's mean row, so --speedup 4
