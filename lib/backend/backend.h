@@ -193,6 +193,12 @@ typedef struct cb_backend_ops {
      * one f16 scale).  cb_fwd_decode then gives every sequence's row
      * products of its own. */
     int rows_unstable;
+    /* Optional declaration (0: not declared): the (query row, head) pairs
+     * one attention task computes together, each of them against every key
+     * up to the task's last row (an earlier row's later keys masked).  The
+     * blend's cost model (blend.c) prices those keys: rows that lie apart,
+     * as a blend's recomputed ones do, compute many keys they do not see. */
+    int attn_pairs;
 } cb_backend_ops;
 
 /* Row-stable products (what cb_fwd_decode, which decodes independent

@@ -891,6 +891,7 @@ static void cpu_set_act8(cb_backend *b, int on)
 static const cb_backend_ops cpu_ops = {
     .name = "cpu",
     .max_head_dim = ATT_HD,
+    .attn_pairs = ATT_M,
     .free = cpu_free,
     .alloc = cpu_alloc,
     .dealloc = cpu_dealloc,

@@ -187,6 +187,14 @@ float cb_model_attn_scale(const cb_model *m);
  * on this model's backend and path: the blend's cost model (--speedup,
  * blend.c) weighs a key a row sees by it. */
 float cb_model_attn_cost(const cb_model *m);
+/* The query rows one attention task of this model's backend computes
+ * together, each against every key up to the last of them (its
+ * attn_pairs over the query heads a KV head serves); 0: not declared. */
+int32_t cb_model_attn_rows(const cb_model *m);
+/* What placing a byte of a cached row's KV in the cache costs against a
+ * multiply-add of the products with the weights (0: loading overlaps the
+ * compute), for the blend's cost model. */
+float cb_model_load_cost(const cb_model *m);
 const cb_gguf *cb_model_gguf(const cb_model *m);
 
 /* ------------------------------------------------------------- KV cache */

@@ -612,15 +612,43 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
  * key_cost is a key's 2 n_head head_dim multiply-adds over a layer's
  * weights' (the MLP's three matrices, Q, K, V and O), times the attention's
  * cost per multiply-add against the products' (cb_model_attn_cost); full
- * prefill costs the sum over the prompt's rows.  Loading (overlapped),
- * the logits and the elementwise operations are left out.
+ * prefill costs the sum over the prompt's rows.  The logits and the
+ * elementwise operations are left out.
  * Until 2026-11-30 the rows alone were counted ("on the CPU the rows are the
  * time"): but a blend's rows sit late in the prompt (the question last;
  * probe's selection at 0.62 of it on average on MuSiQue's paper shape)
  * and each sees more keys than full prefill's mean row, so --speedup 4
  * measured 3.41x on Qwen2.5-Coder-1.5B (150 questions, AVX-512 VNNI) and
  * 3.09x on the 0.5B, where attention is a third of full prefill's time
- * (issue 31; tests/bench/results/EVAL.md). */
+ * (issue 31; tests/bench/results/EVAL.md).
+ * Later that day it also came to count what left the 0.5B's blends at 3.86-3.99x
+ * on an AVX2 Zen 3 (--speedup 4; 150 and 80 questions):
+ *   - loading: each cached row's K and V bytes (every layer's, in the
+ *     cache's type) x cb_model_load_cost, which is 0 where loading overlaps
+ *     the compute (a device) and, on the CPU, whose loader takes the cores
+ *     the layers need, 35-40 ms of a 2.1 s blend of 2,406 cached rows;
+ *   - the keys the attention computes and masks: the backend takes
+ *     cb_model_attn_rows query rows at a time, each against every key up
+ *     to the last of them; n rows spread over s positions compute about
+ *     (min(n, B) - 1) / 2 x s keys more than they see (pass_waste), whether
+ *     they lie together (full prefill: B / 2 a row) or apart (a blend's:
+ *     measured 42,035 a layer, 5% of its final pass's keys, where this
+ *     gives 41,580); probe's first pass, whose uncached rows lie between
+ *     the chunks and then together (the question), is counted row by row
+ *     (24,000 a layer there, 21%). */
+static double pass_waste(const blend_plan *pl, int64_t n, int64_t span)
+{
+    int64_t B = pl->attn_rows;
+    if (B <= 1 || n <= 1)
+        return 0;
+    return pl->key_cost * (double)((n < B ? n : B) - 1) / 2.0 * (double)span;
+}
+
+double blend_sel_waste(const blend_plan *pl, int64_t n_sel)
+{
+    return pass_waste(pl, pl->n_unc + n_sel, pl->span);
+}
+
 static void plan_costs(blend_plan *pl)
 {
     const cb_hparams *hp = pl->hp;
@@ -646,22 +674,42 @@ static void plan_costs(blend_plan *pl)
         if (seen++ < nq) /* scoring: as much attention again, no products */
             pl->c_score += pl->cost[r] - 1;
     }
+    pl->key_cost = key_cost;
+    pl->attn_rows = cb_model_attn_rows(m);
+    pl->n_unc = pl->n_rows;
+    pl->span = pl->total;
+    for (int64_t r = 0; r < pl->total && pl->cached[r] == ROW_EXACT; r++)
+        pl->span--; /* a blend computes none of the exact prefix */
+    pl->c_full += pass_waste(pl, pl->total, pl->total);
+    double extra = 0; /* the first pass's blocks of uncached rows, as they lie */
+    for (int64_t i = 0, B = pl->attn_rows > 1 ? pl->attn_rows : 1; B > 1 && i < pl->n_rows;
+         i += B) {
+        int64_t e = i + B < pl->n_rows ? i + B : pl->n_rows;
+        for (int64_t k = i; k < e; k++)
+            extra += pl->rows[e - 1] - pl->rows[k];
+    }
+    pl->c_first_waste = key_cost * extra;
+    double row_bytes = 2.0 * L * (double)cb_type_row_bytes(cb_kvcache_type(pl->kv), pl->w);
+    pl->c_load = (double)pl->n_cached * row_bytes * cb_model_load_cost(m) / (weights * L);
 }
 
-/* The cost of a blend whose selection costs sel (w rows), nl layers of
+/* The cost of a blend whose selection costs sel (n_sel rows), nl layers of
  * probe's first pass: probe runs the uncached rows through them, scoring
  * with the question's, then those and the selection through every layer;
  * a check-layer strategy computes every row but the exact ones in the
  * layers before the check layer, then the uncached rows and the
- * selection in the rest. */
+ * selection in the rest.  Each with the loading and its passes' masked
+ * keys (plan_costs). */
 static double blend_cost(const blend_plan *pl, const cb_blend_params *p, int probe, double sel,
-                         int32_t nl)
+                         int64_t n_sel, int32_t nl)
 {
     double L = pl->hp->n_layer, u = pl->c_unc;
+    double last = u + sel + blend_sel_waste(pl, n_sel);
     if (probe)
-        return (u + pl->c_score) * nl / L + u + sel;
-    double cl = p->check_layer;
-    return (u + pl->c_cand) * cl / L + (u + sel) * (L - cl) / L;
+        return (u + pl->c_score + pl->c_first_waste) * nl / L + last + pl->c_load;
+    double cl = p->check_layer, n_cand = (double)(pl->n_cached - pl->n_exact);
+    double all = u + pl->c_cand + pass_waste(pl, pl->n_unc + (int64_t)n_cand, pl->span);
+    return all * cl / L + last * (L - cl) / L + pl->c_load;
 }
 
 /* The predicted cost of a budget of w (before any selection: the
@@ -671,7 +719,7 @@ static double cost_of(const blend_plan *pl, const cb_blend_params *p, int probe,
 {
     int64_t n_cand = pl->n_cached - pl->n_exact;
     double sel = n_cand > 0 ? pl->c_cand * (double)w / (double)n_cand : 0;
-    return blend_cost(pl, p, probe, sel, probe ? blend_probe_pass(pl, w) : 0);
+    return blend_cost(pl, p, probe, sel, w, probe ? blend_probe_pass(pl, w) : 0);
 }
 
 /* The largest budget, at least lo, whose cost is at most full prefill's
@@ -739,7 +787,8 @@ static void blend_speedup(blend_plan *pl, cb_blend_params *eff, cb_blend_stats *
     stats->ratio_bound = cost_of(pl, p, probe, w) <= pl->c_full / p->speedup ? "speedup" : "min";
     int32_t nl = probe ? blend_probe_pass(pl, w) : 0;
     if (nl > 0) { /* probe's selection by the costs of the rows it picks */
-        pl->budget = pl->c_full / p->speedup - blend_cost(pl, p, 1, 0.0, nl);
+        pl->budget =
+            pl->c_full / p->speedup - blend_cost(pl, p, 1, 0.0, 0, nl) + blend_sel_waste(pl, 0);
         pl->budget = pl->budget > 0 ? pl->budget : 0;
         pl->budget_min = lo;
     }
@@ -862,10 +911,12 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     if (p->mode == CB_MODE_BLEND && p->n_ratios == 1) { /* the rows it selected, as computed */
         int probe = stats->strategy == CB_STRATEGY_PROBE;
         double sel = 0;
+        int64_t n_sel = 0;
         for (int64_t r = 0; r < pl.total; r++)
-            sel += pl.keep[r] ? pl.cost[r] : 0;
-        stats->pred_speedup =
-            (float)(pl.c_full / blend_cost(&pl, p, probe, sel, probe ? stats->probe_layers : 0));
+            if (pl.keep[r])
+                sel += pl.cost[r], n_sel++;
+        stats->pred_speedup = (float)(pl.c_full / blend_cost(&pl, p, probe, sel, n_sel,
+                                                             probe ? stats->probe_layers : 0));
     }
 out:
     plan_free(&pl);

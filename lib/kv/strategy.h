@@ -47,9 +47,17 @@ typedef struct blend_plan {
      * units of a row's products through every layer, and its sums: every
      * row (full prefill), the uncached rows, the candidates, the keys
      * probe's scoring rows see; with a speedup and probe's first pass, the
-     * budget its selection keeps to (< 0: none) and the fewest rows */
+     * budget its selection (its rows' costs and blend_sel_waste) keeps to
+     * (< 0: none) and the fewest rows */
     double *cost, c_full, c_unc, c_cand, c_score, budget;
     int64_t budget_min;
+    /* and what the rows' own costs leave out: loading the caches; the keys
+     * the attention's blocks of attn_rows rows compute beyond those their
+     * rows see (key_cost each: over the span of positions a pass's rows
+     * cover, and in probe's first pass over the uncached rows) */
+    double c_load, c_first_waste, key_cost;
+    int64_t n_unc, span;
+    int32_t attn_rows;
 } blend_plan;
 
 typedef struct blend_strategy {
@@ -95,6 +103,9 @@ int32_t blend_probe_pass(const blend_plan *pl, int64_t want);
  * rows (pl->rows before a selection) are the last segment's, at most
  * probe_rows of them when that is given. */
 int32_t blend_probe_nq(const blend_plan *pl);
+/* The keys the final pass's attention computes and masks with n_sel
+ * cached rows selected (plan_costs), in the rows' cost units. */
+double blend_sel_waste(const blend_plan *pl, int64_t n_sel);
 /* The ratio whose budget (ceil of it x n) is exactly w. */
 float blend_ratio_of(int64_t w, int64_t n);
 

@@ -61,7 +61,7 @@ static int64_t probe_budget(const blend_plan *pl, const blend_scored *sc, int64_
         stats->ratio = (float)want / (float)pl->n_cached;
     } else if (pl->budget >= 0 && n_c > 0) { /* a speedup: the top rows its budget affords */
         int64_t lo = pl->budget_min < n_c ? pl->budget_min : n_c;
-        while (k < n_c && acc + pl->cost[sc[k].row] <= pl->budget)
+        while (k < n_c && acc + pl->cost[sc[k].row] + blend_sel_waste(pl, k + 1) <= pl->budget)
             acc += pl->cost[sc[k++].row];
         stats->ratio_bound = k < lo ? "min" : "speedup";
         want = k < lo ? lo : k;

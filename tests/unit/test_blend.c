@@ -554,12 +554,24 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         /* the cost model by hand: a row at position r costs 1 + kc x the keys
          * it sees (a layer's mean), kc a key's 2 n_head head_dim multiply-adds
          * over a layer's weights x cb_model_attn_cost; the sums: every row,
-         * the uncached, the candidates, the keys the question's rows see */
+         * the uncached, the candidates, the keys the question's rows see;
+         * then loading (every cached row's K and V bytes x
+         * cb_model_load_cost, over a row's multiply-adds through every
+         * layer) and the keys the attention's blocks of B rows compute and
+         * mask: (min(n, B) - 1) / 2 x the span of n rows (wst), probe's
+         * first pass block by block (W1) */
         double qd = (double)hp->n_head * hp->head_dim, kvd = (double)hp->n_head_kv * hp->head_dim;
-        double kc = cb_model_attn_cost(fx.m) * 2 * qd /
-                    ((double)hp->n_embd * (2 * qd + 2 * kvd) + 3.0 * hp->n_embd * hp->n_ff);
-        double F = 0, U = 0, C = 0, S = 0;
-        int32_t xe = exact_end(segs, ns);
+        double wts = (double)hp->n_embd * (2 * qd + 2 * kvd) + 3.0 * hp->n_embd * hp->n_ff;
+        double kc = cb_model_attn_cost(fx.m) * 2 * qd / wts;
+        int64_t B = cb_model_attn_rows(fx.m);
+        double F = 0, U = 0, C = 0, S = 0, W1 = 0, Ld, span = (double)tot;
+        int32_t xe = exact_end(segs, ns), unc[512], n_unc = 0;
+        CHECK(B > 1 && cb_model_load_cost(fx.m) > 0); /* the CPU declares both */
+#define wst(n) ((n) > 1 ? kc * (double)(((n) < B ? (n) : B) - 1) / 2 * span : 0.0)
+        for (int32_t sg = 0; sg < xe && segs[sg].kv; sg++)
+            span -= segs[sg].n; /* a leading exact prefix: never computed */
+        Ld = (double)n_c * 2 * L * (double)cb_type_row_bytes(CB_TYPE_F32, (int64_t)kvd) *
+             cb_model_load_cost(fx.m) / (wts * L);
         for (int32_t sg = 0, r = 0; sg < ns; sg++)
             for (int32_t j = 0; j < segs[sg].n; j++, r++) {
                 double keys = 0;
@@ -572,9 +584,16 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                 if (segs[sg].kv && r != tot - 1)
                     C += sg >= xe ? c : 0;
                 else
-                    U += c, S += sg == ns - 1 ? c - 1 : 0; /* the question's rows score */
+                    U += c, S += sg == ns - 1 ? c - 1 : 0, /* the question's rows score */
+                        unc[n_unc++] = r;
             }
-        static const float speedups[] = {1.01f, 1.2f, 1.5f, 2.0f, 3.0f, 4.0f, 1000.0f};
+        F += kc * (double)((tot < B ? tot : B) - 1) / 2 * (double)tot; /* full prefill's rows */
+        for (int32_t i = 0; i < n_unc; i += (int32_t)B)
+            for (int32_t k = i, ke = i + (int32_t)B < n_unc ? i + (int32_t)B : n_unc; k < ke; k++)
+                W1 += kc * (unc[ke - 1] - unc[k]);
+        /* (below 1: every row recomputed, which costs more than full prefill with the loading) */
+        static const float speedups[] = {0.5f, 0.7f, 0.8f, 0.9f, 1.01f, 1.05f,  1.1f,
+                                         1.2f, 1.5f, 2.0f, 3.0f, 4.0f,  1000.0f};
         static const cb_blend_strategy strats[] = {CB_STRATEGY_AUTO, CB_STRATEGY_PROBE,
                                                    CB_STRATEGY_HKVD};
         for (size_t si = 0; si < 3; si++)
@@ -598,8 +617,9 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                                                          hp->n_swa_layers > 0)
                                  : 0;
                         double sel = C * (double)w / (double)n_cand;
-                        cost[probe] = probe ? (U + S) * nl / L + U + sel
-                                            : (U + C) / L + (U + sel) * (L - 1) / L;
+                        cost[probe] = probe ? (U + S + W1) * nl / L + U + sel + wst(u + w) + Ld
+                                            : (U + C + wst(u + n_cand)) / L +
+                                                  (U + sel + wst(u + w)) * (L - 1) / L + Ld;
                         if (w <= lo || cost[probe] <= limit)
                             break;
                     }
@@ -648,7 +668,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                                (long long)got, (double)s1.pred_speedup);
                     }
                 }
-                double all = U + C + (probe ? (U + S) * st.probe_layers / L : 0);
+                double all =
+                    U + C + wst(u + n_cand) + Ld + (probe ? (U + S + W1) * st.probe_layers / L : 0);
                 n_all += got == n_cand;
                 if (got == n_cand) /* every row's cost known: the prediction by hand */
                     CHECKF(fabs(st.pred_speedup * all / F - 1) < 1e-5,
@@ -678,6 +699,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                "%lld every row",
                (long long)n_c, (long long)n_cand, (long long)u, (long long)n_between,
                (long long)n_refit, (long long)n_all);
+#undef wst
         q = cb_blend_defaults(); /* an adaptive ratio sets its own */
         q.adapt_mass = 0.5f;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
