@@ -191,6 +191,9 @@ float cb_model_attn_cost(const cb_model *m);
  * together, each against every key up to the last of them (its
  * attn_pairs over the query heads a KV head serves); 0: not declared. */
 int32_t cb_model_attn_rows(const cb_model *m);
+/* What scoring the cached keys by a query's attention (attn_mass) costs a
+ * (row, key) against the attention's, for the blend's cost model. */
+float cb_model_score_cost(const cb_model *m);
 /* What placing a byte of a cached row's KV in the cache costs against a
  * multiply-add of the products with the weights (0: loading overlaps the
  * compute), for the blend's cost model. */

@@ -612,8 +612,9 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
  * key_cost is a key's 2 n_head head_dim multiply-adds over a layer's
  * weights' (the MLP's three matrices, Q, K, V and O), times the attention's
  * cost per multiply-add against the products' (cb_model_attn_cost); full
- * prefill costs the sum over the prompt's rows.  The logits and the
- * elementwise operations are left out.
+ * prefill costs the sum over the prompt's rows.  Probe's scoring costs
+ * the scoring rows' attention again, weighed by cb_model_score_cost.  The
+ * logits and the elementwise operations are left out.
  * Until 2026-11-30 the rows alone were counted ("on the CPU the rows are the
  * time"): but a blend's rows sit late in the prompt (the question last;
  * probe's selection at 0.62 of it on average on MuSiQue's paper shape)
@@ -656,6 +657,7 @@ static void plan_costs(blend_plan *pl)
     double q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
     double weights = (double)hp->n_embd * (2 * q + 2 * kv) + 3.0 * hp->n_embd * hp->n_ff;
     double key_cost = cb_model_attn_cost(m) * 2 * q / weights, L = hp->n_layer;
+    double score_cost = cb_model_score_cost(m);
     int32_t nq = blend_probe_nq(pl), seen = 0;
     pl->c_full = pl->c_unc = pl->c_cand = pl->c_score = 0;
     for (int64_t r = pl->total - 1; r >= 0; r--) {
@@ -671,8 +673,8 @@ static void plan_costs(blend_plan *pl)
         if (pl->cached[r])
             continue;
         pl->c_unc += pl->cost[r];
-        if (seen++ < nq) /* scoring: as much attention again, no products */
-            pl->c_score += pl->cost[r] - 1;
+        if (seen++ < nq) /* scoring: the attention again x score_cost, no products */
+            pl->c_score += (pl->cost[r] - 1) * score_cost;
     }
     pl->key_cost = key_cost;
     pl->attn_rows = cb_model_attn_rows(m);

@@ -554,7 +554,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         /* the cost model by hand: a row at position r costs 1 + kc x the keys
          * it sees (a layer's mean), kc a key's 2 n_head head_dim multiply-adds
          * over a layer's weights x cb_model_attn_cost; the sums: every row,
-         * the uncached, the candidates, the keys the question's rows see;
+         * the uncached, the candidates, the keys the question's rows see (x cb_model_score_cost);
          * then loading (every cached row's K and V bytes x
          * cb_model_load_cost, over a row's multiply-adds through every
          * layer) and the keys the attention's blocks of B rows compute and
@@ -584,7 +584,8 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                 if (segs[sg].kv && r != tot - 1)
                     C += sg >= xe ? c : 0;
                 else
-                    U += c, S += sg == ns - 1 ? c - 1 : 0, /* the question's rows score */
+                    U += c, /* the question's rows score */
+                        S += sg == ns - 1 ? (c - 1) * cb_model_score_cost(fx.m) : 0,
                         unc[n_unc++] = r;
             }
         F += kc * (double)((tot < B ? tot : B) - 1) / 2 * (double)tot; /* full prefill's rows */
