@@ -622,8 +622,8 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
  * measured 3.41x on Qwen2.5-Coder-1.5B (150 questions, AVX-512 VNNI) and
  * 3.09x on the 0.5B, where attention is a third of full prefill's time
  * (issue 31; tests/bench/results/EVAL.md).
- * Later that day it also came to count what left the 0.5B's blends at 3.86-3.99x
- * on an AVX2 Zen 3 (--speedup 4; 150 and 80 questions):
+ * Later on 2026-11-30 it came to count what still left the 0.5B's blends at
+ * 3.86-3.99x on an AVX2 Zen 3 (--speedup 4; 150 and 80 questions):
  *   - loading: each cached row's K and V bytes (every layer's, in the
  *     cache's type) x cb_model_load_cost, which is 0 where loading overlaps
  *     the compute (a device) and, on the CPU, whose loader takes the cores
@@ -635,8 +635,11 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
  *     they lie together (full prefill: B / 2 a row) or apart (a blend's:
  *     measured 42,035 a layer, 5% of its final pass's keys, where this
  *     gives 41,580); probe's first pass, whose uncached rows lie between
- *     the chunks and then together (the question), is counted row by row
- *     (24,000 a layer there, 21%). */
+ *     the chunks and then together (the question), is counted block by
+ *     block as its rows lie (24,000 a layer there, 21%);
+ *   - probe's scoring at its own cost (above), which was taken as the
+ *     attention's until then and measured 1.3-1.56 times it.
+ * Measured after (150 and 80 questions): 4.05x on both (EVAL.md). */
 static double pass_waste(const blend_plan *pl, int64_t n, int64_t span)
 {
     int64_t B = pl->attn_rows;
@@ -709,8 +712,8 @@ static double blend_cost(const blend_plan *pl, const cb_blend_params *p, int pro
     double last = u + sel + blend_sel_waste(pl, n_sel);
     if (probe)
         return (u + pl->c_score + pl->c_first_waste) * nl / L + last + pl->c_load;
-    double cl = p->check_layer, n_cand = (double)(pl->n_cached - pl->n_exact);
-    double all = u + pl->c_cand + pass_waste(pl, pl->n_unc + (int64_t)n_cand, pl->span);
+    double cl = p->check_layer;
+    double all = u + pl->c_cand + pass_waste(pl, pl->total - pl->n_exact, pl->span);
     return all * cl / L + last * (L - cl) / L + pl->c_load;
 }
 
