@@ -650,7 +650,7 @@ static double pass_waste(const blend_plan *pl, int64_t n, int64_t span)
 
 double blend_sel_waste(const blend_plan *pl, int64_t n_sel)
 {
-    return pass_waste(pl, pl->n_unc + n_sel, pl->span);
+    return pass_waste(pl, pl->total - pl->n_cached + n_sel, pl->span);
 }
 
 static void plan_costs(blend_plan *pl)
@@ -681,14 +681,12 @@ static void plan_costs(blend_plan *pl)
     }
     pl->key_cost = key_cost;
     pl->attn_rows = cb_model_attn_rows(m);
-    pl->n_unc = pl->n_rows;
     pl->span = pl->total;
     for (int64_t r = 0; r < pl->total && pl->cached[r] == ROW_EXACT; r++)
         pl->span--; /* a blend computes none of the exact prefix */
     pl->c_full += pass_waste(pl, pl->total, pl->total);
     double extra = 0; /* the first pass's blocks of uncached rows, as they lie */
-    for (int64_t i = 0, B = pl->attn_rows > 1 ? pl->attn_rows : 1; B > 1 && i < pl->n_rows;
-         i += B) {
+    for (int64_t i = 0, B = pl->attn_rows; B > 1 && i < pl->n_rows; i += B) {
         int64_t e = i + B < pl->n_rows ? i + B : pl->n_rows;
         for (int64_t k = i; k < e; k++)
             extra += pl->rows[e - 1] - pl->rows[k];

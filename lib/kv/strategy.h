@@ -56,7 +56,7 @@ typedef struct blend_plan {
      * rows see (key_cost each: over the span of positions a pass's rows
      * cover, and in probe's first pass over the uncached rows) */
     double c_load, c_first_waste, key_cost;
-    int64_t n_unc, span;
+    int64_t span;
     int32_t attn_rows;
 } blend_plan;
 
