@@ -3,7 +3,8 @@
 #   build     nvidia-smi, then the CUDA module and every test program (CUDA=1)
 #   ops       test_backend_ops: every CUDA operation against the CPU (the
 #             few-row product kernel, the staging memo and the fused
-#             operations and the key bias, CB_CUDA_KBIAS=1, on; the
+#             operations and the key bias, CB_CUDA_KBIAS=1, and the
+#             loader's page-locked reads, CB_CUDA_PIN=1, on; the
 #             tensor-core attention, CB_CUDA_FA=1, on a
 #             second backend beside the scalar kernel's, the weights kept in
 #             their blocks, CB_CUDA_QW=1, on a third; `ops-cublas`: again with all three off,
@@ -18,7 +19,7 @@
 #             cb-precompute on the GPU, cb-run --stats ttft_ms, best of 4,
 #             probe, hkvd, and probe with CB_CUDA_MASS=0; full and probe again
 #             with the paths not yet default, CB_CUDA_GEMV=1 CB_CUDA_MEMO=1
-#             CB_CUDA_FUSE=1 CB_CUDA_FA=1 CB_CUDA_KBIAS=1: on the qwen2 one,
+#             CB_CUDA_FUSE=1 CB_CUDA_FA=1 CB_CUDA_KBIAS=1 CB_CUDA_PIN=1: on the qwen2 one,
 #             probe's stale scale), then full and probe once more each
 #             way under CB_BACKEND_PROFILE=1 (each operation's calls and
 #             host time), on random-weight
@@ -145,7 +146,7 @@ blend() {
             set --; [ "$mode" = blend ] && set -- --strategy "$st"
             best=""
             for _ in 1 2 3 4; do
-                CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_FA=$next CB_CUDA_KBIAS=$next CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
+                CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_FA=$next CB_CUDA_KBIAS=$next CB_CUDA_PIN=$next CB_CUDA_MASS=$mass "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
                     -n 1 --stats "$d/s.json" -p "$q" > /dev/null || { rc=1; break; }
                 ms=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ttft_ms"])' "$d/s.json")
                 best=$(awk -v a="$ms" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
@@ -158,10 +159,12 @@ blend() {
         # full prefill and probe, as they are and with the paths not yet default
         for next in 0 1; do
             for mode in full blend; do
-                echo "$m $mode, CB_CUDA_GEMV/MEMO/FUSE/FA=$next, CB_BACKEND_PROFILE=1:"
+                echo "$m $mode, CB_CUDA_GEMV/MEMO/FUSE/FA/PIN=$next, CB_BACKEND_PROFILE=1:"
                 CB_BACKEND_PROFILE=1 CB_CUDA_GEMV=$next CB_CUDA_MEMO=$next CB_CUDA_FUSE=$next CB_CUDA_FA=$next \
-                    "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" \
-                    -n 1 -p "$q" 2>&1 >/dev/null | grep '^#' | head -24
+                    CB_CUDA_PIN=$next "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" \
+                    --mode "$mode" -n 1 -p "$q" --stats "$d/p.json" 2>&1 >/dev/null | grep '^#' | head -28
+                # the loader's busy time against the computing thread's wait for it
+                python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print("  ttft_ms", s["ttft_ms"], "load_ms", s["load_ms"], "stall_ms", s.get("stall_ms"))' "$d/p.json"
             done
         done
     done

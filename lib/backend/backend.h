@@ -55,6 +55,14 @@ typedef struct cb_backend_ops {
     /* Wait until the work this thread queued is done.  NULL: every
      * operation is done when it returns (the CPU backend). */
     void (*sync)(cb_backend *b);
+    /* Optional (NULL: malloc, free and upload): host memory the backend
+     * copies from directly (CUDA: page-locked), and an upload from it
+     * that may still be queued when it returns: src must stay unchanged
+     * until the calling thread's next sync.  cb-run's loader reads the KV
+     * files' layers into it, so that no byte goes through staging. */
+    void *(*host_alloc)(cb_backend *b, size_t nbytes);
+    void (*host_free)(cb_backend *b, void *p);
+    void (*upload_async)(cb_backend *b, void *dst, const void *src, size_t nbytes);
     /* Events, optional (NULL: operations are done when they return, as on
      * the CPU).  event_record marks the work this thread has queued so far;
      * event_wait makes the work this thread queues later wait for a mark
@@ -332,9 +340,9 @@ cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos
  * on failure msg holds the reason.  The interface's version counts changes
  * to this table and to struct cb_backend (5: attn_mass added, and the
  * fault fields; 6: rope_qk and kv_write_kv; 7: add_rmsnorm; 8: attn_mass's
- * value cache). */
+ * value cache; 9: host_alloc, host_free and upload_async). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 8
+#define CB_CUDA_ABI 9
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

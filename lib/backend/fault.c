@@ -22,6 +22,9 @@ enum {
     OP_upload,
     OP_download,
     OP_sync,
+    OP_host_alloc,
+    OP_host_free,
+    OP_upload_async,
     OP_event_new,
     OP_event_free,
     OP_event_record,
@@ -52,13 +55,13 @@ enum {
 };
 #define NAME(op) [OP_##op] = #op
 static const char *const op_name[N_OPS] = {
-    NAME(alloc),      NAME(dealloc),     NAME(alloc_tmp),  NAME(upload),       NAME(download),
-    NAME(sync),       NAME(event_new),   NAME(event_free), NAME(event_record), NAME(event_wait),
-    NAME(weight_new), NAME(weight_free), NAME(matmul),     NAME(matmul_multi), NAME(get_rows),
-    NAME(rmsnorm),    NAME(add_rmsnorm), NAME(rope),       NAME(rope_qk),      NAME(add),
-    NAME(swiglu),     NAME(geglu),       NAME(scale),      NAME(kv_write),     NAME(kv_write_kv),
-    NAME(kv_read),    NAME(attention),   NAME(gather),     NAME(scatter),      NAME(deviation),
-    NAME(topk),       NAME(attn_mass)};
+    NAME(alloc),      NAME(dealloc),      NAME(alloc_tmp),   NAME(upload),       NAME(download),
+    NAME(sync),       NAME(host_alloc),   NAME(host_free),   NAME(upload_async), NAME(event_new),
+    NAME(event_free), NAME(event_record), NAME(event_wait),  NAME(weight_new),   NAME(weight_free),
+    NAME(matmul),     NAME(matmul_multi), NAME(get_rows),    NAME(rmsnorm),      NAME(add_rmsnorm),
+    NAME(rope),       NAME(rope_qk),      NAME(add),         NAME(swiglu),       NAME(geglu),
+    NAME(scale),      NAME(kv_write),     NAME(kv_write_kv), NAME(kv_read),      NAME(attention),
+    NAME(gather),     NAME(scatter),      NAME(deviation),   NAME(topk),         NAME(attn_mass)};
 #undef NAME
 
 typedef struct fault_ops {
@@ -197,6 +200,18 @@ static void f_download(cb_backend *b, void *dst, const void *src, size_t n)
 }
 
 static void f_sync(cb_backend *b) { VOID_OP(sync, INNER(b)->sync(b)); }
+
+static void *f_host_alloc(cb_backend *b, size_t n)
+{
+    PTR_OP(host_alloc, void *, INNER(b)->host_alloc(b, n));
+}
+
+static void f_host_free(cb_backend *b, void *p) { RUN(host_free, INNER(b)->host_free(b, p)); }
+
+static void f_upload_async(cb_backend *b, void *dst, const void *src, size_t n)
+{
+    VOID_OP(upload_async, INNER(b)->upload_async(b, dst, src, n));
+}
 
 static void *f_event_new(cb_backend *b) { PTR_OP(event_new, void *, INNER(b)->event_new(b)); }
 
@@ -363,6 +378,9 @@ static cb_status wrap(cb_backend *b, fault_ops **out)
     W(upload);
     W(download);
     W(sync);
+    W(host_alloc);
+    W(host_free);
+    W(upload_async);
     W(event_new);
     W(event_free);
     W(event_record);

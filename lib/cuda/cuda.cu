@@ -364,6 +364,37 @@ static void cu_sync(cb_backend *b)
     CK(cudaStreamSynchronize(T(b, "sync")->s));
 }
 
+/* host_alloc: page-locked memory, which the copy engine reads directly:
+ * upload_async sends it with no staging copy and no wait (the caller
+ * syncs before it changes it; cb-run's loader, after each layer) */
+static void *cu_host_alloc(cb_backend *b, size_t nbytes)
+{
+    void *p = NULL;
+    T(b, "host_alloc"); /* on the backend's device */
+    cudaError_t e = cudaHostAlloc(&p, nbytes ? nbytes : 1, cudaHostAllocDefault);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); /* not sticky: the caller reports it */
+        return NULL;
+    }
+    CK(e);
+    return p;
+}
+
+static void cu_host_free(cb_backend *b, void *p)
+{
+    if (p) {
+        T(b, "host_free");
+        CK(cudaFreeHost(p));
+    }
+}
+
+static void cu_upload_async(cb_backend *b, void *dst, const void *src, size_t nbytes)
+{
+    tctx *t = T(b, "upload_async");
+    if (nbytes)
+        CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, t->s));
+}
+
 static void *cu_event_new(cb_backend *b)
 {
     cudaEvent_t ev;
@@ -435,6 +466,18 @@ static void init_ops(void)
     OP(upload, cu_upload);
     OP(download, cu_download);
     OP(sync, cu_sync);
+    /* the loader's layers read into page-locked memory and sent from there
+     * (cu_host_alloc), behind CB_CUDA_PIN=1 until a GPU run has checked it
+     * (issue 34); without it, malloc's memory through the staging buffers */
+    if (env_is("CB_CUDA_PIN", "1")) {
+        OP(host_alloc, cu_host_alloc);
+        RELEASE(host_free, cu_host_free);
+        OP(upload_async, cu_upload_async);
+    } else {
+        o->host_alloc = NULL;
+        o->host_free = NULL;
+        o->upload_async = NULL;
+    }
     OP(event_new, cu_event_new);
     RELEASE(event_free, cu_event_free);
     OP(event_record, cu_event_record);

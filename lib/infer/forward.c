@@ -775,34 +775,175 @@ static cb_status load_rows_f32(cb_kvcache *kv, int32_t layer, int32_t pos, int32
     return st;
 }
 
+void cb_kv_scratch_free(const cb_kvcache *kv, cb_kv_scratch *sc)
+{
+    cb_backend *be = kv->m->be;
+    int32_t group = sc->group, async = sc->async;
+    be->ops->dealloc(be, sc->tmp);
+    free(sc->at);
+    free(sc->delta);
+    memset(sc, 0, sizeof *sc);
+    sc->group = group, sc->async = async;
+}
+
+/* sc grown to hold `rows` rows of kv's width (else freed, and the status) */
+static cb_status scratch_fit(const cb_kvcache *kv, cb_kv_scratch *sc, int64_t rows)
+{
+    cb_backend *be = kv->m->be;
+    if (rows <= sc->cap)
+        return CB_OK;
+    cb_kv_scratch_free(kv, sc);
+    sc->at = malloc(sizeof(int32_t) * (size_t)rows);
+    sc->delta = malloc(sizeof(int32_t) * (size_t)rows);
+    sc->tmp = be_tmp(be, sizeof(float) * (size_t)rows * (size_t)kv->width);
+    if (!sc->at || !sc->delta || !sc->tmp) {
+        cb_status st = sc->tmp ? CB_ERR_NOMEM : cb_backend_nomem(be);
+        cb_kv_scratch_free(kv, sc);
+        return st;
+    }
+    sc->cap = rows;
+    return CB_OK;
+}
+
+/* whether a segment's keys are read back: scaled or moved */
+static int seg_keys_change(const cb_kv_seg *s)
+{
+    return s->n > 0 && (s->pos != s->from_pos0 || s->key_scale != 1.0f);
+}
+
+/* The listed keys (seg_keys_change, in order) in tmp multiplied by their
+ * segments' scales, a run of segments of one scale at a time */
+static void keys_scale(const cb_kvcache *kv, const cb_kv_seg *segs, int32_t n_segs, float *tmp)
+{
+    cb_backend *be = kv->m->be;
+    int64_t r = 0, run0 = 0;
+    float scale = 1.0f; /* the run's, rows run0..r-1 */
+    for (int32_t i = 0; i <= n_segs; i++) {
+        const cb_kv_seg *s = i < n_segs ? &segs[i] : NULL;
+        if (s && (s->type != kv->type || !seg_keys_change(s)))
+            continue;
+        if (!s || s->key_scale != scale) {
+            if (scale != 1.0f && r > run0)
+                be->ops->scale(be, tmp + run0 * kv->width, scale, (r - run0) * kv->width);
+            if (!s)
+                break;
+            run0 = r, scale = s->key_scale;
+        }
+        r += s->n;
+    }
+}
+
+/* ... and moved by the layer's RoPE, a run of moved segments at a time
+ * (the keys that stay where they are keep their bits: no rotation by 0) */
+static void keys_move(const cb_kvcache *kv, int32_t layer, const cb_kv_seg *segs, int32_t n_segs,
+                      const cb_kv_scratch *sc)
+{
+    const cb_model *m = kv->m;
+    cb_backend *be = m->be;
+    int64_t r = 0, run0 = 0;
+    int moving = 0; /* whether rows run0..r-1 move */
+    for (int32_t i = 0; i <= n_segs; i++) {
+        const cb_kv_seg *s = i < n_segs ? &segs[i] : NULL;
+        if (s && (s->type != kv->type || !seg_keys_change(s)))
+            continue;
+        int mv = s && s->pos != s->from_pos0;
+        if (!s || mv != moving) {
+            if (moving && r > run0)
+                be->ops->rope(be, sc->tmp + run0 * kv->width, sc->delta + run0, r - run0,
+                              m->hp.n_head_kv, m->hp.head_dim, m->hp.n_rot,
+                              m->layers[layer].rope_base, m->layers[layer].rope_ff,
+                              m->hp.rope_neox);
+            if (!s)
+                break;
+            run0 = r, moving = mv;
+        }
+        r += s->n;
+    }
+}
+
+/* cb_kvcache_load_segs's rows of the cache's type: K and V as they are,
+ * into their rows; then every scaled or moved key read back as f32 in one
+ * operation, scaled and moved by runs of segments, written back in one */
+static cb_status place_group(cb_kvcache *kv, int32_t layer, const cb_kv_seg *segs, int32_t n_segs,
+                             cb_kv_scratch *sc)
+{
+    cb_backend *be = kv->m->be;
+    size_t row = cb_type_row_bytes(kv->type, kv->width);
+    int64_t n_keys = 0, r = 0; /* the rows whose keys are read back */
+    void (*up)(cb_backend *, void *, const void *, size_t) =
+        sc->async && be->ops->upload_async ? be->ops->upload_async : be->ops->upload;
+    cb_status st;
+
+    for (int32_t i = 0; i < n_segs; i++) {
+        const cb_kv_seg *s = &segs[i];
+        size_t bytes = row * (size_t)s->n;
+        if (s->n == 0 || s->type != kv->type)
+            continue;
+        up(be, (char *)kv->v[layer] + (size_t)s->pos * row, s->v, bytes);
+        up(be, (char *)kv->k[layer] + (size_t)s->pos * row, s->k, bytes);
+        n_keys += seg_keys_change(s) ? s->n : 0;
+    }
+    if (n_keys == 0)
+        return CB_OK;
+    if ((st = scratch_fit(kv, sc, n_keys)) != CB_OK)
+        return st;
+    for (int32_t i = 0; i < n_segs; i++) {
+        const cb_kv_seg *s = &segs[i];
+        if (s->type != kv->type || !seg_keys_change(s))
+            continue;
+        for (int32_t j = 0; j < s->n; j++, r++) {
+            sc->at[r] = s->pos + j;
+            sc->delta[r] = s->pos - s->from_pos0;
+        }
+    }
+    be->ops->kv_read(be, kv->k[layer], kv->type, kv->width, sc->at, n_keys, sc->tmp);
+    keys_scale(kv, segs, n_segs, sc->tmp);
+    keys_move(kv, layer, segs, n_segs, sc);
+    be->ops->kv_write(be, kv->k[layer], kv->type, kv->width, sc->tmp, sc->at, n_keys);
+    return CB_OK;
+}
+
+cb_status cb_kvcache_load_segs(cb_kvcache *kv, int32_t layer, const cb_kv_seg *segs, int32_t n_segs,
+                               cb_kv_scratch *sc)
+{
+    cb_backend *be = kv->m->be;
+    cb_status st;
+
+    for (int32_t i = 0; i < n_segs; i++)
+        if (!load_args_ok(kv, layer, segs[i].pos, segs[i].n, segs[i].from_pos0))
+            return CB_ERR_RANGE;
+    /* rows of another type: through f32 on the host, one at a time */
+    for (int32_t i = 0; i < n_segs; i++) {
+        const cb_kv_seg *s = &segs[i];
+        if (s->n > 0 && s->type != kv->type &&
+            (st = load_rows_f32(kv, layer, s->pos, s->n, s->type, s->k, s->v, s->from_pos0,
+                                s->key_scale)) != CB_OK)
+            return st;
+    }
+    /* the others by groups of segments: a device's group is all of them
+     * (fewer operations to issue), the CPU's one segment (its rows still
+     * in the cache when its keys are read back) */
+    int32_t group = sc->group > 0 ? sc->group : be->ops->sync ? n_segs : 1;
+    for (int32_t g0 = 0, g1; g0 < n_segs; g0 = g1) {
+        g1 = n_segs - g0 < group ? n_segs : g0 + group;
+        if ((st = place_group(kv, layer, segs + g0, g1 - g0, sc)) != CB_OK)
+            return st;
+    }
+    if (kv->loaded[layer]) /* other threads' work on this layer waits for this mark */
+        be->ops->event_record(be, kv->loaded[layer]);
+    return cb_backend_status(be);
+}
+
 cb_status cb_kvcache_load_rows(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, cb_type t,
                                const void *k, const void *v, int32_t from_pos0, float key_scale)
 {
-    cb_backend *be = kv->m->be;
-    size_t row = cb_type_row_bytes(kv->type, kv->width), bytes = row * (size_t)n;
-    kv_place pl = {0};
-    cb_status st;
-
-    if (!load_args_ok(kv, layer, pos, n, from_pos0))
-        return CB_ERR_RANGE;
-    if (n == 0)
+    cb_kv_seg s = {pos, n, from_pos0, t, k, v, key_scale};
+    cb_kv_scratch sc = {0};
+    if (n == 0 && load_args_ok(kv, layer, pos, n, from_pos0))
         return CB_OK;
-    if (t != kv->type)
-        return load_rows_f32(kv, layer, pos, n, t, k, v, from_pos0, key_scale);
-    /* K and V as they are, into their rows; K then read back as f32 on the
-     * device, scaled and moved, when it must be */
-    if ((pos != from_pos0 || key_scale != 1.0f) &&
-        (st = place_begin(kv, layer, pos, n, from_pos0, &pl)) != CB_OK)
-        return st;
-    be->ops->upload(be, (char *)kv->v[layer] + (size_t)pos * row, v, bytes);
-    be->ops->upload(be, (char *)kv->k[layer] + (size_t)pos * row, k, bytes);
-    if (pl.tmp) {
-        be->ops->kv_read(be, kv->k[layer], kv->type, kv->width, pl.at, n, pl.tmp);
-        if (key_scale != 1.0f)
-            be->ops->scale(be, pl.tmp, key_scale, (int64_t)n * kv->width);
-        place_keys(kv, layer, pos, n, from_pos0, &pl);
-    }
-    return place_end(kv, layer, &pl);
+    cb_status st = cb_kvcache_load_segs(kv, layer, &s, 1, &sc);
+    cb_kv_scratch_free(kv, &sc);
+    return st;
 }
 
 const cb_model *cb_fwd_model(const cb_fwd *f) { return f->m; }

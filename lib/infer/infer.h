@@ -199,6 +199,12 @@ float cb_model_score_cost(const cb_model *m);
  * compute), for the blend's cost model. */
 float cb_model_load_cost(const cb_model *m);
 const cb_gguf *cb_model_gguf(const cb_model *m);
+/* n bytes of host memory that the model's backend copies from directly
+ * (CUDA: page-locked; else malloc's), NULL when there is none; *async
+ * says whether it is the backend's, to be given to cb_model_host_free and
+ * sent with cb_kv_scratch.async. */
+void *cb_model_host_alloc(const cb_model *m, size_t n, int *async);
+void cb_model_host_free(const cb_model *m, void *p, int async);
 
 /* ------------------------------------------------------------- KV cache */
 
@@ -217,6 +223,31 @@ const cb_model *cb_kvcache_model(const cb_kvcache *kv);
  * cb_dequant_row's for another type. */
 cb_status cb_kvcache_load_rows(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, cb_type t,
                                const void *k, const void *v, int32_t from_pos0, float key_scale);
+/* cb_kvcache_load_rows for several segments of one layer (cb-run's loader:
+ * every cached chunk's rows of the layer): the same rows, the same bits,
+ * in fewer backend operations (the keys of all the segments read back,
+ * scaled, moved and written as one, the layer's mark recorded once).
+ * sc is scratch kept from call to call (zeroed first; one thread, one
+ * cache), freed with cb_kv_scratch_free.  Errors as cb_kvcache_load_rows;
+ * on one, the layer's rows are undefined. */
+typedef struct cb_kv_seg {
+    int32_t pos, n, from_pos0; /* n rows computed at from_pos0.., placed at pos.. */
+    cb_type type;              /* of the rows k and v (host) */
+    const void *k, *v;
+    float key_scale;
+} cb_kv_seg;
+typedef struct cb_kv_scratch {
+    float *tmp; /* backend [cap, width] */
+    int32_t *at, *delta;
+    int64_t cap;
+    int32_t group; /* segments placed together: 0, the backend's choice (a device: all;
+                    * the CPU: one, its rows still in the cache when read back) */
+    int async;     /* the rows are in the backend's host_alloc memory: sent with
+                    * upload_async, and the caller syncs before it changes them */
+} cb_kv_scratch;
+cb_status cb_kvcache_load_segs(cb_kvcache *kv, int32_t layer, const cb_kv_seg *segs, int32_t n_segs,
+                               cb_kv_scratch *sc);
+void cb_kv_scratch_free(const cb_kvcache *kv, cb_kv_scratch *sc);
 /* Copy n rows of layer `layer`'s K (which 0) or V (which 1) starting at
  * position pos0 to or from f32 host memory [n, n_head_kv*head_dim].
  * K is stored after RoPE, at its position.  Errors: CB_ERR_RANGE. */

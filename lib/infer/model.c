@@ -569,6 +569,21 @@ cb_status cb_model_sync(const cb_model *m)
     return cb_backend_status(m->be);
 }
 
+void *cb_model_host_alloc(const cb_model *m, size_t n, int *async)
+{
+    cb_backend *be = m->be;
+    *async = be->ops->host_alloc != NULL;
+    return be->ops->host_alloc ? be->ops->host_alloc(be, n) : malloc(n ? n : 1);
+}
+
+void cb_model_host_free(const cb_model *m, void *p, int async)
+{
+    if (p && async)
+        m->be->ops->host_free(m->be, p);
+    else
+        free(p);
+}
+
 const char *cb_model_strerror(const cb_model *m, cb_status st)
 {
     if (st != CB_OK && m && m->be && cb_backend_status(m->be) == st)

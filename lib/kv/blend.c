@@ -191,28 +191,58 @@ static void loader_run(loader *ld)
     cb_status st = CB_OK;
     cb_error err;
     int32_t bad_seg = -1;
+    cb_kv_seg *ks = calloc((size_t)ld->n_segs, sizeof *ks);
+    cb_kv_scratch sc = {0};
+    size_t all = 0;
+    uint8_t *buf = NULL;
 
+    /* one buffer for a layer of every cached segment, in memory the
+     * device copies from directly (page-locked: no staging copy); the
+     * copies out of it may still be queued after the layer is placed, so
+     * the next layer is read into it only after a sync (a device's;
+     * nothing on the CPU).  Without it, each file's own buffer. */
+    for (int32_t s = 0; s < ld->n_segs; s++)
+        all += ld->use[s] ? cb_kvfile_layer_bytes(ld->segs[s].kv) : 0;
+    if (!ks)
+        st = cb_error_set(&err, CB_ERR_NOMEM, "blend: out of memory");
+    else if (!(buf = cb_model_host_alloc(ld->m, all, &sc.async)))
+        sc.async = 0;
     for (int32_t l = 0; l < ld->n_layer && st == CB_OK; l++) {
         double t0 = cb_now_ms();
+        int32_t n = 0;
+        size_t off = 0;
+        if (sc.async && l > 0 && (st = cb_model_sync(ld->m)) != CB_OK) {
+            cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
+            break;
+        }
+        /* every cached segment's rows of the layer read, then placed
+         * together: the file's rows as they are (f16 into an f16 cache is
+         * sent as it is), the keys expanded, scaled and moved on the
+         * device, in one operation each */
         for (int32_t s = 0; s < ld->n_segs && st == CB_OK; s++) {
             if (!ld->use[s])
                 continue;
             cb_kvfile *kf = ld->segs[s].kv;
             const cb_kv_meta *mt = cb_kvfile_meta(kf);
             const void *k, *v;
-            if ((st = cb_kvfile_layer_rows(kf, l, &k, &v, &err)) != CB_OK) {
+            if ((st = buf ? cb_kvfile_layer_rows_into(kf, l, buf + off, &k, &v, &err)
+                          : cb_kvfile_layer_rows(kf, l, &k, &v, &err)) != CB_OK) {
                 bad_seg = s;
                 break;
             }
-            /* the file's rows as they are: f16 into an f16 cache is sent as
-             * it is, and only K is expanded, scaled and moved, on the device */
-            st = cb_kvcache_load_rows(ld->kv, l, ld->start[s], ld->segs[s].n, mt->type, k, v,
-                                      mt->pos0, s >= ld->exact_end ? ld->key_scale : 1.0f);
-            if (st != CB_OK)
-                cb_error_set(&err, st, "blend: cannot place segment %d: %s", s,
-                             cb_model_strerror(ld->m, st));
+            off += cb_kvfile_layer_bytes(kf);
+            ks[n++] = (cb_kv_seg){.pos = ld->start[s],
+                                  .n = ld->segs[s].n,
+                                  .from_pos0 = mt->pos0,
+                                  .type = mt->type,
+                                  .k = k,
+                                  .v = v,
+                                  .key_scale = s >= ld->exact_end ? ld->key_scale : 1.0f};
             ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
         }
+        if (st == CB_OK && (st = cb_kvcache_load_segs(ld->kv, l, ks, n, &sc)) != CB_OK)
+            cb_error_set(&err, st, "blend: cannot place layer %d of the caches: %s", l,
+                         cb_model_strerror(ld->m, st));
         if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
             double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = cb_now_ms();
             if (due > now) {
@@ -239,10 +269,13 @@ static void loader_run(loader *ld)
             st = sst;
             cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
         }
+        cb_kv_scratch_free(ld->kv, &sc);
+        cb_model_host_free(ld->m, buf, sc.async);
         pthread_mutex_lock(&ld->mu);
         ld->busy_ms += cb_now_ms() - t0;
         pthread_mutex_unlock(&ld->mu);
     }
+    free(ks);
     if (st != CB_OK && ld->st == CB_OK) {
         pthread_mutex_lock(&ld->mu);
         ld->st = st;

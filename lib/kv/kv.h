@@ -68,6 +68,12 @@ cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error 
  * cb_kvfile_read_layer. */
 cb_status cb_kvfile_layer_rows(cb_kvfile *f, int32_t l, const void **k, const void **v,
                                cb_error *err);
+/* cb_kvfile_layer_rows into the caller's buf of cb_kvfile_layer_bytes(f)
+ * bytes (cb-run's loader: memory the device copies from directly); *k and
+ * *v point into buf. */
+size_t cb_kvfile_layer_bytes(const cb_kvfile *f);
+cb_status cb_kvfile_layer_rows_into(cb_kvfile *f, int32_t l, void *buf, const void **k,
+                                    const void **v, cb_error *err);
 /* Verify every layer's checksum.  Errors as cb_kvfile_read_layer. */
 cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err);
 

@@ -501,18 +501,37 @@ cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error 
     return CB_OK;
 }
 
-static cb_status load_layer(cb_kvfile *f, int32_t l, cb_error *err)
+/* layer l's S bytes into buf, verified */
+static cb_status load_layer_into(cb_kvfile *f, int32_t l, uint8_t *buf, cb_error *err)
 {
     if (l < 0 || l >= f->meta.n_layer)
         return cb_error_set(err, CB_ERR_RANGE, "%s: layer %d out of range", f->path, l);
     char what[32];
     snprintf(what, sizeof what, "layer %d", l);
-    cb_status st = read_at(f, f->buf, (size_t)f->S, f->H + f->S * (uint64_t)l, what, err);
+    cb_status st = read_at(f, buf, (size_t)f->S, f->H + f->S * (uint64_t)l, what, err);
     if (st != CB_OK)
         return st;
-    if (XXH3_64bits(f->buf, (size_t)f->S) != f->sums[l])
+    if (XXH3_64bits(buf, (size_t)f->S) != f->sums[l])
         return cb_error_set(err, CB_ERR_CHECKSUM,
                             "%s: layer %d checksum mismatch: the KV file is corrupt", f->path, l);
+    return CB_OK;
+}
+
+static cb_status load_layer(cb_kvfile *f, int32_t l, cb_error *err)
+{
+    return load_layer_into(f, l, f->buf, err);
+}
+
+size_t cb_kvfile_layer_bytes(const cb_kvfile *f) { return (size_t)f->S; }
+
+cb_status cb_kvfile_layer_rows_into(cb_kvfile *f, int32_t l, void *buf, const void **k,
+                                    const void **v, cb_error *err)
+{
+    cb_status st = load_layer_into(f, l, buf, err);
+    if (st != CB_OK)
+        return st;
+    *k = buf;
+    *v = (const uint8_t *)buf + f->B;
     return CB_OK;
 }
 

@@ -153,14 +153,20 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     printf 'Then the village built a bridge of stone where it had been.\n' >> "$T/mdoc.txt"
     "$BINDIR_B/cb-chunk" -m "$TINY" --tokens 12 "$T/mdoc.txt" > "$T/mch.jsonl" &&
         "$PRE" -q -m "$TINY" --device cuda --store "$T/ms" "$T/mch.jsonl" >/dev/null 2>&1
-    for memo in 0 1; do
-        CB_CUDA_GEMV=1 CB_CUDA_MEMO=$memo CB_CUDA_FUSE=$memo "$RUN" -m "$TINY" --device cuda --store "$T/ms" --chunks "$T/mch.jsonl" \
-            --mode blend --strategy probe -p "What stood by the river?" -n 8 --temp 0 --no-store-write \
-            --logits-out "$T/ml$memo.bin" > "$T/ma$memo.txt" 2>"$T/merr$memo" || echo "exit $?" >> "$T/merr$memo"
-    done
-    [ -s "$T/ml0.bin" ] && cmp -s "$T/ml0.bin" "$T/ml1.bin" && cmp -s "$T/ma0.txt" "$T/ma1.txt" &&
-        ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" ||
-        not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/merr1"))"
+    # blend_run TAG VAR=VALUE...: a probe blend of the stored chunks with
+    # those settings, its logits in $T/TAG.bin, its answer in $T/TAG.txt
+    blend_run() {
+        tag=$1; shift
+        env "$@" "$RUN" -m "$TINY" --device cuda --store "$T/ms" --chunks "$T/mch.jsonl" --mode blend \
+            --strategy probe -p "What stood by the river?" -n 8 --temp 0 --no-store-write \
+            --logits-out "$T/$tag.bin" > "$T/$tag.txt" 2>"$T/$tag.err" || echo "exit $?" >> "$T/$tag.err"
+    }
+    # same_blend A B: the two runs' logits and answers, bit for bit
+    same_blend() { [ -s "$T/$1.bin" ] && cmp -s "$T/$1.bin" "$T/$2.bin" && cmp -s "$T/$1.txt" "$T/$2.txt"; }
+    blend_run m0 CB_CUDA_GEMV=1 CB_CUDA_MEMO=0 CB_CUDA_FUSE=0
+    blend_run m1 CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1
+    same_blend m0 m1 && ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" ||
+        not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/m1.err"))"
     # the key bias (CB_CUDA_KBIAS=1, not yet the default): blending's stale
     # scale on the device, said in --stats, and it moves the logits (the op
     # tests hold its values to the CPU's); without it the scale is 1
@@ -175,6 +181,12 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     [ "$sc" = "1 0.35" ] && [ -s "$T/kl1.bin" ] && ! cmp -s "$T/kl0.bin" "$T/kl1.bin" &&
         ok "CB_CUDA_KBIAS=1: a blend's stale scale on the device (stats: $sc), the logits moved" ||
         not_ok "CB_CUDA_KBIAS=1: a blend's stale scale on the device (stats: ${sc:-none}; $(head -c 200 "$T/kerr1"))"
+    # the loader's page-locked reads (CB_CUDA_PIN=1, not yet the default)
+    # change how the files' bytes reach the device, not a value
+    blend_run p0 CB_CUDA_PIN=0
+    blend_run p1 CB_CUDA_PIN=1
+    same_blend p0 p1 && ok "CB_CUDA_PIN=1: a blend's logits and answer, bit for bit" ||
+        not_ok "CB_CUDA_PIN=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/p1.err"))"
     # the weights kept in their blocks (CB_CUDA_QW=1): the few-row kernel on
     # the blocks is row-stable too, so the batch's answers are lone runs'
     CB_CUDA_QW=1 CB_CUDA_GEMV=1 "$RUN" -m "$TINY" --device cuda --temp 0 --batch "$T/bq.jsonl" > "$T/boq.jsonl" 2>"$T/berr"
@@ -189,6 +201,7 @@ else
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers" "$why"
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" "$why"
     skip "CB_CUDA_KBIAS=1: a blend's stale scale on the device" "$why"
+    skip "CB_CUDA_PIN=1: a blend's logits and answer, bit for bit" "$why"
     skip "CB_CUDA_QW=1: cb-run --batch on CUDA answers as lone runs do" "$why"
 fi
 

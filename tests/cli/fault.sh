@@ -56,7 +56,7 @@ done
     ok "a store to blend from" || not_ok "a store to blend from"
 : > "$T/msgs"
 sweep "cb-run --mode blend" 5 3000 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -p "Who built the bridge?" -n 2
-grep -q "cannot place segment [0-9]*: cpu: [a-z_]*: injected" "$T/msgs" && ok "... faults met placing the caches" ||
+grep -q "cannot place layer [0-9]* of the caches: cpu: [a-z_]*: injected" "$T/msgs" && ok "... faults met placing the caches" ||
     not_ok "... faults met placing the caches"
 printf '{"id": 0, "question": "Who built the bridge?"}\n{"id": 1, "question": "Where is Kelby?", "mode": "full"}\n' > "$T/q.jsonl"
 : > "$T/msgs"

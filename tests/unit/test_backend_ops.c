@@ -1340,6 +1340,38 @@ static int64_t c_roundtrip40(cb_backend *be, float *out)
     return n;
 }
 
+/* 40 MB through host_alloc memory and upload_async, as cb-run's loader
+ * sends a layer (CB_CUDA_PIN=1): a 4 MB buffer refilled after each sync,
+ * its pieces sent without a wait; upload where the backend has none */
+static int64_t c_async40(cb_backend *be, float *out)
+{
+    int64_t n = 10 << 20, piece = 1 << 20;
+    seed(1809);
+    float *x = rand_vec(n, 1.0f);
+    if (!be) {
+        memcpy(out, x, sizeof(float) * (size_t)n);
+    } else {
+        float *d = be->ops->alloc(be, sizeof(float) * (size_t)n);
+        float *h = be->ops->host_alloc ? be->ops->host_alloc(be, sizeof(float) * (size_t)piece)
+                                       : malloc(sizeof(float) * (size_t)piece);
+        for (int64_t off = 0; off < n && d && h; off += piece) {
+            if (be->ops->sync) /* the last piece's copy has left h */
+                be->ops->sync(be);
+            memcpy(h, x + off, sizeof(float) * (size_t)piece);
+            (be->ops->upload_async ? be->ops->upload_async : be->ops->upload)(
+                be, d + off, h, sizeof(float) * (size_t)piece);
+        }
+        bget(be, out, d, sizeof(float) * (size_t)n);
+        if (be->ops->host_free)
+            be->ops->host_free(be, h);
+        else
+            free(h);
+        bfree(be, d);
+    }
+    free(x);
+    return n;
+}
+
 /* An allocation the device cannot satisfy returns NULL (reported by the
  * caller as out of memory), and the backend works on afterwards. */
 static int64_t c_alloc_fail(cb_backend *be, float *out)
@@ -2657,6 +2689,7 @@ static void r18_cases(const char *self)
     run_case("20000 staged indices, 200 indexed ops queued", c_staging, -1, -1);
     run_case("index arrays repeated, rewritten, evicted", c_memo, -1, -1);
     run_case("upload/download 40 MB", c_roundtrip40, -1, -1);
+    run_case("host_alloc + upload_async 40 MB (CB_CUDA_PIN)", c_async40, -1, -1);
     run_case("alloc of 4 EiB fails, then works on", c_alloc_fail, -1, -1);
     run_case("weight made on one thread, used on another", c_weight_thread, 1e-12, 1e-5);
     run_case("loader pattern: f16 rows, K expanded, scaled, shifted; event; attention", c_loader,
@@ -2846,6 +2879,9 @@ int main(int argc, char **argv)
     /* and the key bias (blending's stale scale), behind CB_CUDA_KBIAS=1 */
     if (!getenv("CB_CUDA_KBIAS"))
         setenv("CB_CUDA_KBIAS", "1", 1);
+    /* and the loader's page-locked reads, behind CB_CUDA_PIN=1 */
+    if (!getenv("CB_CUDA_PIN"))
+        setenv("CB_CUDA_PIN", "1", 1);
     /* the scalar attention kernel is the reference the first backend
      * tests; the tensor-core one (CB_CUDA_FA=1) gets a backend of its own */
     char *fa_env = getenv("CB_CUDA_FA") ? strdup(getenv("CB_CUDA_FA")) : NULL;

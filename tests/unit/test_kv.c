@@ -112,6 +112,85 @@ static void check_load_rows(cb_model *m, cb_kvfile *kf)
     free(k), free(v), free(ra), free(rb);
 }
 
+/* cb_kvcache_load_segs (the loader's layer of every cached chunk at once)
+ * against cb_kvcache_load_rows on each segment: the same cache, bit for
+ * bit, into an f16 and an f32 cache, by groups of 1, 2 and all segments
+ * (the CPU's and a device's choices) and the backend's own; segments
+ * unmoved and moved, keys scaled (by two scales) and not, rows of the
+ * file's type and f32 rows (another type for an f16 cache), empty ones. */
+static void check_load_segs(cb_model *m, cb_kvfile *kf)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    const cb_kv_meta *mt = cb_kvfile_meta(kf);
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim, e = (int64_t)mt->n_tokens * w;
+    enum { CTX = 96 };
+    float *k = malloc(sizeof(float) * (size_t)e), *v = malloc(sizeof(float) * (size_t)e);
+    float *ra = malloc(sizeof(float) * CTX * (size_t)w),
+          *rb = malloc(sizeof(float) * CTX * (size_t)w);
+    static const cb_type ctypes[] = {CB_TYPE_F16, CB_TYPE_F32};
+    static const int32_t groups[] = {0, 1, 2, 64};
+    const float s1 = 1.0f / 1.05f, s2 = 1.0f / 1.1f;
+    cb_error err;
+    int bad = 0, n = 0;
+    for (int ci = 0; ci < 2; ci++)
+        for (int gi = 0; gi < 4; gi++)
+            for (int set = 0; set < 2; set++) {
+                cb_kvcache *a = NULL, *b = NULL;
+                cb_kv_scratch sc = {.group = groups[gi]};
+                CHECK_OK(cb_kvcache_new(&a, m, CTX, ctypes[ci]));
+                CHECK_OK(cb_kvcache_new(&b, m, CTX, ctypes[ci]));
+                if (!a || !b)
+                    break;
+                for (int32_t l = 0; l < hp->n_layer; l++) {
+                    const void *rk, *rv;
+                    CHECK_OK(cb_kvfile_read_layer(kf, l, k, v, &err));
+                    CHECK_OK(cb_kvfile_layer_rows(kf, l, &rk, &rv, &err));
+                    int32_t p0 = mt->pos0, nt = mt->n_tokens;
+                    /* set 0: unmoved as is, moved and scaled, moved alone,
+                     * f32 rows moved and scaled, empty, moved at another
+                     * scale; set 1: unmoved and scaled, then moved at one
+                     * scale (a run across segments) */
+                    cb_kv_seg s0[] = {{p0, nt, p0, mt->type, rk, rv, 1.0f},
+                                      {p0 + nt + 3, nt, p0, mt->type, rk, rv, s1},
+                                      {p0 + 2 * nt + 5, nt, p0, mt->type, rk, rv, 1.0f},
+                                      {p0 + 3 * nt + 6, nt, p0, CB_TYPE_F32, k, v, s1},
+                                      {p0 + 4 * nt + 6, 0, p0, mt->type, rk, rv, s1},
+                                      {p0 + 4 * nt + 6, nt, p0, mt->type, rk, rv, s2}};
+                    cb_kv_seg s1s[] = {{p0, nt, p0, mt->type, rk, rv, s1},
+                                       {p0 + nt, nt, p0, mt->type, rk, rv, s1},
+                                       {p0 + 2 * nt + 1, nt, p0, mt->type, rk, rv, s1}};
+                    const cb_kv_seg *segs = set ? s1s : s0;
+                    int32_t ns = set ? 3 : 6;
+                    CHECK_OK(cb_kvcache_load_segs(a, l, segs, ns, &sc));
+                    for (int32_t i = 0; i < ns; i++)
+                        CHECK_OK(cb_kvcache_load_rows(b, l, segs[i].pos, segs[i].n, segs[i].type,
+                                                      segs[i].k, segs[i].v, segs[i].from_pos0,
+                                                      segs[i].key_scale));
+                    for (int which = 0; which < 2; which++, n++) {
+                        CHECK_OK(cb_kvcache_read(a, l, which, 0, CTX, ra));
+                        CHECK_OK(cb_kvcache_read(b, l, which, 0, CTX, rb));
+                        bad += memcmp(ra, rb, sizeof(float) * CTX * (size_t)w) != 0;
+                    }
+                }
+                CHECK(sc.group == groups[gi]);
+                cb_kv_scratch_free(a, &sc);
+                CHECK(sc.tmp == NULL && sc.cap == 0 && sc.group == groups[gi]);
+                cb_kvcache_free(a);
+                cb_kvcache_free(b);
+            }
+    CHECKF(bad == 0, "%d of %d layer reads differ from placing segment by segment", bad, n);
+    /* a segment out of range: refused before anything is placed */
+    cb_kvcache *a = NULL;
+    const void *rk, *rv;
+    cb_kv_scratch sc = {0};
+    CHECK_OK(cb_kvcache_new(&a, m, 16, CB_TYPE_F16));
+    CHECK_OK(cb_kvfile_layer_rows(kf, 0, &rk, &rv, &err));
+    cb_kv_seg over[] = {{0, 2, 0, mt->type, rk, rv, 1.0f}, {15, 2, 0, mt->type, rk, rv, 1.0f}};
+    CHECK(cb_kvcache_load_segs(a, 0, over, 2, &sc) == CB_ERR_RANGE && sc.tmp == NULL);
+    cb_kv_scratch_free(a, &sc);
+    cb_kvcache_free(a);
+    free(k), free(v), free(ra), free(rb);
+}
 
 static void test_roundtrip_and_move(cb_model *m)
 {
@@ -214,6 +293,9 @@ static void test_roundtrip_and_move(cb_model *m)
         tcase("kv %s %s: the loader's rows placed as the f32 path places them, bit for bit",
               hp->arch, cb_type_name(t));
         check_load_rows(m, kf);
+        tcase("kv %s %s: a layer's segments placed together as one by one, bit for bit", hp->arch,
+              cb_type_name(t));
+        check_load_segs(m, kf);
         free(k), free(v), free(rk), free(rv);
         cb_kvfile_free(kf);
         cb_kvcache_free(kv);
