@@ -174,19 +174,23 @@ tctx *T(cb_backend *b, const char *op)
  * has left its host buffer, grown to `cap` bytes if it holds fewer than
  * `bytes` (its device buffer freed after the work that read it), filled,
  * and its copy to the device queued on t->s; returns the device copy. */
+static void slot_grow(tctx *t, slot *sl, size_t cap)
+{
+    CK(cudaFreeHost(sl->host));
+    if (sl->dev)
+        CK(cudaFreeAsync(sl->dev, t->s));
+    sl->host = sl->dev = NULL;
+    sl->cap = 0;
+    CK(cudaHostAlloc(&sl->host, cap, cudaHostAllocDefault));
+    CK(cudaMallocAsync(&sl->dev, cap, t->s));
+    sl->cap = cap;
+}
+
 static const void *slot_send(tctx *t, slot *sl, const void *h, size_t bytes, size_t cap)
 {
     CK(cudaEventSynchronize(sl->ev));
-    if (bytes > sl->cap) {
-        CK(cudaFreeHost(sl->host));
-        if (sl->dev)
-            CK(cudaFreeAsync(sl->dev, t->s));
-        sl->host = sl->dev = NULL;
-        sl->cap = 0;
-        CK(cudaHostAlloc(&sl->host, cap, cudaHostAllocDefault));
-        CK(cudaMallocAsync(&sl->dev, cap, t->s));
-        sl->cap = cap;
-    }
+    if (bytes > sl->cap)
+        slot_grow(t, sl, cap);
     if (bytes == 0)
         return sl->dev;
     memcpy(sl->host, h, bytes);
@@ -217,7 +221,7 @@ static const void *stage_memo(tctx *t, const void *h, size_t bytes)
             lru = m;
     }
     lru->len = 0; /* until refilled: an error on the way leaves it empty */
-    const void *d = slot_send(t, &lru->sl, h, bytes, bytes < 4096 ? 4096 : bytes);
+    const void *d = slot_send(t, &lru->sl, h, bytes, bytes < (size_t)MEMO_CAP ? (size_t)MEMO_CAP : bytes);
     lru->len = bytes;
     lru->used = t->memo_clock;
     return d;
@@ -229,12 +233,31 @@ const void *stage(tctx *t, const void *h, size_t bytes)
         return stage_memo(t, h, bytes);
     slot *sl = &t->idx[t->next_idx];
     t->next_idx = (t->next_idx + 1) % N_IDX;
-    return slot_send(t, sl, h, bytes, bytes < 65536 ? 65536 : bytes * 2);
+    return slot_send(t, sl, h, bytes, bytes < (size_t)IDX_CAP ? (size_t)IDX_CAP : bytes * 2);
 }
 
 const int32_t *stage_idx(tctx *t, const int32_t *h, int64_t n)
 {
     return (const int32_t *)stage(t, h, sizeof(int32_t) * (size_t)(n > 0 ? n : 0));
+}
+
+/* A context's staging made now, as its first uses would make it: both
+ * upload buffers and every index slot (and memo slot), page-locked, so
+ * that the operations a caller times first pin no host memory (tens of
+ * calls, milliseconds, inside a blend's first layers on two threads) */
+static void tctx_warm(tctx *t)
+{
+    for (int i = 0; i < 2; i++)
+        if (!t->stage[i].host) {
+            CK(cudaHostAlloc(&t->stage[i].host, STAGE_BYTES, cudaHostAllocDefault));
+            t->stage[i].cap = STAGE_BYTES;
+        }
+    for (int i = 0; i < N_IDX; i++)
+        if (!t->idx[i].host)
+            slot_grow(t, &t->idx[i], IDX_CAP);
+    for (int i = 0; i < N_MEMO && cu_memo; i++)
+        if (!t->memo[i].sl.host)
+            slot_grow(t, &t->memo[i].sl, MEMO_CAP);
 }
 
 /* CB_CUDA_SYNC=1: after an operation, wait for the thread's work and
@@ -637,14 +660,34 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
     b->rows_max = cu_gemv_rows; /* (0 and rows_unstable without the few-row kernel) */
     snprintf(b->desc, sizeof b->desc, "cuda:%d (%.48s, sm_%d%d, %.0f GiB)", device, c->prop.name, c->prop.major,
              c->prop.minor, (double)c->prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
-    /* warm start: the opening thread's context, its cuBLAS handle and its
-     * workspace now, not inside the first operation a caller times.  Best
-     * effort: what fails here fails again, and is reported, where it is
-     * used. */
+    /* warm start: the opening thread's context, its cuBLAS handle, its
+     * workspace and its staging now, and a second context's staging, not
+     * inside the first operations a caller times.  Best effort: what fails
+     * here fails again, and is reported, where it is used. */
     try {
         tctx *t = T(b, "open");
         cu_blas(t);
-        CK(cudaStreamSynchronize(t->s));
+        tctx_warm(t);
+        /* and a second context, staging made, on the free list for the
+         * first thread to come (cb-run's KV loader) */
+        tctx *spare = tctx_new(c);
+        try {
+            tctx_warm(spare);
+        } catch (cu_fault &) {
+            tctx_destroy(spare);
+            throw;
+        }
+        pthread_mutex_lock(&c->mu);
+        if (c->n_all < MAX_TCTX) {
+            c->all[c->n_all++] = spare;
+            spare->next = c->free_list;
+            c->free_list = spare;
+            spare = NULL;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (spare)
+            tctx_destroy(spare);
+        CK(cudaDeviceSynchronize());
     } catch (cu_fault &) {
         cudaGetLastError();
     }

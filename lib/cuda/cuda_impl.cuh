@@ -97,7 +97,7 @@ static inline unsigned nblocks(int64_t n, int per)
 /* 64 staging slots for index arrays and small tables: the host may queue
  * that many such operations ahead of the device before it waits for the
  * oldest slot to be free again */
-enum { N_IDX = 64, STAGE_BYTES = 8 << 20 };
+enum { N_IDX = 64, STAGE_BYTES = 8 << 20, IDX_CAP = 64 << 10 };
 
 typedef struct slot {
     void *host;      /* page-locked */
@@ -109,7 +109,7 @@ typedef struct slot {
 /* A staged array kept for reuse (CB_CUDA_MEMO=1): while a forward pass's
  * layers stage the same positions and RoPE table again and again, the
  * device copy of the first is handed out, and nothing is sent. */
-enum { N_MEMO = 8, MEMO_BYTES = 64 << 10 };
+enum { N_MEMO = 8, MEMO_BYTES = 64 << 10, MEMO_CAP = 4096 };
 
 typedef struct memo {
     slot sl;             /* host: the contents last sent; dev: their copy */
