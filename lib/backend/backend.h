@@ -181,7 +181,9 @@ typedef struct cb_backend_ops {
      * bias to the scores of the keys flagged in stale[0..n) (host memory,
      * copied; the keys past n are not flagged) for the query rows at
      * positions below until (blending's stale scale, as its log); n = 0
-     * clears it.  Errors: CB_ERR_NOMEM (then nothing is flagged). */
+     * clears it.  Set it from the thread that runs the attention: a
+     * device backend keeps it with the thread's queue (CUDA: per thread).
+     * Errors: CB_ERR_NOMEM (then nothing is flagged). */
     cb_status (*set_key_bias)(cb_backend *b, const uint8_t *stale, int64_t n, float bias,
                               int32_t until);
     /* Optional (NULL: nothing to size): matmul will be given batches of up

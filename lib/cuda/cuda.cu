@@ -474,7 +474,11 @@ static bool env_is(const char *name, const char *v)
     return e && strcmp(e, v) == 0;
 }
 
-/* The table: every entry guarded (fault handling, CB_CUDA_SYNC) */
+/* The table: every entry guarded (fault handling, CB_CUDA_SYNC).  One
+ * table for the process, filled again at each open from the environment:
+ * the switches below (CB_CUDA_GEMV, MEMO, FUSE, KBIAS, PIN) hold for every
+ * backend of a process, which opens them all under the same environment
+ * (test_backend_ops does); CB_CUDA_FA and CB_CUDA_QW are per backend. */
 static void init_ops(void)
 {
 #define OP(field, fn) o->field = guarded<false, fn>::call

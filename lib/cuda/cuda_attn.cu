@@ -452,8 +452,9 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
     }
 }
 
-/* the scalar kernel's, or with CB_CUDA_FA=1 from FA_MIN_ROWS rows on the
- * tensor-core kernel's where the device gives it the shared memory */
+/* the scalar kernel's, or with CB_CUDA_FA=1 from FA_MIN_ROWS rows of an
+ * f16 cache on the tensor-core kernel's where the device gives it the
+ * shared memory */
 void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, const void *k, const void *v,
                          cb_type ty, int n_head, int n_head_kv, int hd, float scale, int window, float *out)
 {
@@ -464,7 +465,9 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
         BUG("attention", "head dimension above 256");
     const cuda_ctx *c = t->owner;
     const size_t fa_smem = fa_lay(fa_hp(hd)).total;
-    const bool fa = c->fa && n >= FA_MIN_ROWS && fa_smem <= c->fa_smem;
+    /* an f16 cache only: the kernel rounds K and V to f16, and an f32
+     * cache's values may lie past its range (inf, then NaN in the tile) */
+    const bool fa = c->fa && ty == CB_TYPE_F16 && n >= FA_MIN_ROWS && fa_smem <= c->fa_smem;
     const int rows = fa ? FA_BQ : ATT_WARPS * ATT_ROWS;
     const int32_t *dpos = stage_idx(t, pos, n);
     int z = att_splits(&c->prop, n, pos, n_head, window, rows, fa ? (int)FA_BK : (int)ATT_KT);
@@ -480,10 +483,7 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
     }
     dim3 grid(nblocks(n, rows), (unsigned)n_head, (unsigned)z);
     const kbias kb = {t->kb_n > 0 ? (const float *)t->kb.p : NULL, (int)t->kb_n, t->kb_until};
-    if (fa && ty == CB_TYPE_F32)
-        k_flash<float><<<grid, FA_WARPS * 32, fa_smem, t->s>>>(q, dpos, n, (const float *)k, (const float *)v,
-                                                               n_head, n_head_kv, hd, scale, window, kb, out, part);
-    else if (fa)
+    if (fa)
         k_flash<__half><<<grid, FA_WARPS * 32, fa_smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v,
                                                                 n_head, n_head_kv, hd, scale, window, kb, out, part);
     else if (ty == CB_TYPE_F32)
@@ -547,16 +547,14 @@ cudaError_t cu_attention_setup(const cudaDeviceProp *prop, size_t *smem, size_t 
         return e;
     /* the tensor-core kernel: up to the largest head dimension whose tiles
      * the device's shared memory holds (sm_80 and sm_90: 256; sm_86 and
-     * sm_89, 99 KB a block: 128); larger ones take the scalar kernel */
+     * sm_89, 99 KB a block: 160); larger ones take the scalar kernel */
     *fa_smem = 0;
     for (int hd = ATT_HD_MAX; hd >= 16; hd -= 16) {
         size_t need = fa_lay(fa_hp(hd)).total;
         if (need > prop->sharedMemPerBlockOptin)
             continue;
-        if ((e = cudaFuncSetAttribute(k_flash<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need)) !=
-                cudaSuccess ||
-            (e = cudaFuncSetAttribute(k_flash<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need)) !=
-                cudaSuccess)
+        if ((e = cudaFuncSetAttribute(k_flash<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need)) !=
+            cudaSuccess)
             return e;
         *fa_smem = need;
         break;

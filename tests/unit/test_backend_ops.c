@@ -3008,8 +3008,8 @@ int main(int argc, char **argv)
         kv_type = f16 ? CB_TYPE_F16 : CB_TYPE_F32;
         snprintf(name, sizeof name, "kv_write/kv_read %s", f16 ? "f16" : "f32");
         run_case(name, c_kv, -1, -1);
-        for (int hdi = 0; hdi < 3; hdi++) {
-            static const int hds[3] = {64, 40, 128};
+        for (int hdi = 0; hdi < 4; hdi++) {
+            static const int hds[4] = {64, 40, 128, 72}; /* 40, 72: not whole 16-wide tiles */
             att_hd = hds[hdi];
             att_nq = 40;
             snprintf(name, sizeof name, "attention %s hd %d 40 rows", f16 ? "f16" : "f32", att_hd);
@@ -3033,8 +3033,8 @@ int main(int argc, char **argv)
         /* a long cache: the CPU splits the keys of few rows over threads
          * and merges (decode), and tiles them for many rows */
         att_ctx = 1300, att_hd = 64;
-        for (int ci = 0; ci < 4; ci++) {
-            static const int nqs[4] = {1, 3, 1, 40}, wins[4] = {0, 0, 70, 300};
+        for (int ci = 0; ci < 5; ci++) { /* 16 rows: the tensor-core kernel's fewest, split keys */
+            static const int nqs[5] = {1, 3, 1, 40, 16}, wins[5] = {0, 0, 70, 300, 0};
             att_nq = nqs[ci], att_window = wins[ci];
             snprintf(name, sizeof name, "attention %s 1300 keys %d rows window %d",
                      f16 ? "f16" : "f32", att_nq, att_window);
