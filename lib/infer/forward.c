@@ -786,6 +786,13 @@ void cb_kv_scratch_free(const cb_kvcache *kv, cb_kv_scratch *sc)
     sc->group = group, sc->async = async;
 }
 
+int32_t cb_kv_scratch_group(const cb_kvcache *kv, const cb_kv_scratch *sc)
+{
+    /* a device: all of them (fewer operations to issue); the CPU: one (its
+     * rows still in the cache when its keys are read back) */
+    return sc->group > 0 ? sc->group : kv->m->be->ops->sync ? 0 : 1;
+}
+
 /* sc grown to hold `rows` rows of kv's width (else freed, and the status) */
 static cb_status scratch_fit(const cb_kvcache *kv, cb_kv_scratch *sc, int64_t rows)
 {
@@ -920,10 +927,9 @@ cb_status cb_kvcache_load_segs(cb_kvcache *kv, int32_t layer, const cb_kv_seg *s
                                 s->key_scale)) != CB_OK)
             return st;
     }
-    /* the others by groups of segments: a device's group is all of them
-     * (fewer operations to issue), the CPU's one segment (its rows still
-     * in the cache when its keys are read back) */
-    int32_t group = sc->group > 0 ? sc->group : be->ops->sync ? n_segs : 1;
+    /* the others by groups of segments */
+    int32_t group = cb_kv_scratch_group(kv, sc);
+    group = group > 0 ? group : n_segs;
     for (int32_t g0 = 0, g1; g0 < n_segs; g0 = g1) {
         g1 = n_segs - g0 < group ? n_segs : g0 + group;
         if ((st = place_group(kv, layer, segs + g0, g1 - g0, sc)) != CB_OK)

@@ -248,6 +248,11 @@ typedef struct cb_kv_scratch {
 cb_status cb_kvcache_load_segs(cb_kvcache *kv, int32_t layer, const cb_kv_seg *segs, int32_t n_segs,
                                cb_kv_scratch *sc);
 void cb_kv_scratch_free(const cb_kvcache *kv, cb_kv_scratch *sc);
+/* The segments cb_kvcache_load_segs places together: sc->group, else the
+ * backend's choice (0: all of them; the CPU: 1, so that a caller reading
+ * them one by one places each as soon as it is read, its rows still in
+ * the cache). */
+int32_t cb_kv_scratch_group(const cb_kvcache *kv, const cb_kv_scratch *sc);
 /* Copy n rows of layer `layer`'s K (which 0) or V (which 1) starting at
  * position pos0 to or from f32 host memory [n, n_head_kv*head_dim].
  * K is stored after RoPE, at its position.  Errors: CB_ERR_RANGE. */

@@ -186,6 +186,17 @@ typedef struct blend_loader {
     int started; /* the thread runs (else loading ran on the caller's) */
 } loader;
 
+/* segments of layer l placed in the cache; a failure said in err */
+static cb_status place(loader *ld, int32_t l, const cb_kv_seg *ks, int32_t n, cb_kv_scratch *sc,
+                       cb_error *err)
+{
+    cb_status st = cb_kvcache_load_segs(ld->kv, l, ks, n, sc);
+    if (st != CB_OK)
+        cb_error_set(err, st, "blend: cannot place layer %d of the caches: %s", l,
+                     cb_model_strerror(ld->m, st));
+    return st;
+}
+
 static void loader_run(loader *ld)
 {
     cb_status st = CB_OK;
@@ -207,16 +218,18 @@ static void loader_run(loader *ld)
         st = cb_error_set(&err, CB_ERR_NOMEM, "blend: out of memory");
     else if (!(buf = cb_model_host_alloc(ld->m, all, &sc.async)))
         sc.async = 0;
+    int32_t group = cb_kv_scratch_group(ld->kv, &sc);
     for (int32_t l = 0; l < ld->n_layer && st == CB_OK; l++) {
         double t0 = cb_now_ms();
-        int32_t n = 0;
+        int32_t n = 0, placed = 0;
         size_t off = 0;
         if (sc.async && l > 0 && (st = cb_model_sync(ld->m)) != CB_OK) {
             cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
             break;
         }
-        /* every cached segment's rows of the layer read, then placed
-         * together: the file's rows as they are (f16 into an f16 cache is
+        /* every cached segment's rows of the layer read, and placed by
+         * groups (a device's: all of them together; the CPU's: each as it
+         * is read): the file's rows as they are (f16 into an f16 cache is
          * sent as it is), the keys expanded, scaled and moved on the
          * device, in one operation each */
         for (int32_t s = 0; s < ld->n_segs && st == CB_OK; s++) {
@@ -239,10 +252,11 @@ static void loader_run(loader *ld)
                                   .v = v,
                                   .key_scale = s >= ld->exact_end ? ld->key_scale : 1.0f};
             ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
+            if (group > 0 && n - placed >= group)
+                st = place(ld, l, ks + placed, n - placed, &sc, &err), placed = n;
         }
-        if (st == CB_OK && (st = cb_kvcache_load_segs(ld->kv, l, ks, n, &sc)) != CB_OK)
-            cb_error_set(&err, st, "blend: cannot place layer %d of the caches: %s", l,
-                         cb_model_strerror(ld->m, st));
+        if (st == CB_OK && n > placed)
+            st = place(ld, l, ks + placed, n - placed, &sc, &err);
         if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
             double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = cb_now_ms();
             if (due > now) {
