@@ -1,7 +1,7 @@
 /* kvcache.c - a KV cache: every layer's K and V on the model's backend,
  * made, sized and freed; the rows a blend left stale (cb_kvcache_set_stale),
- * whose bias forward.c's attention applies.  Its row I/O and the loaders
- * are forward.c's. */
+ * whose bias forward.c's attention applies.  Its row I/O is forward.c's,
+ * its loaders kvload.c's. */
 #include "model_impl.h"
 
 #include <stdlib.h>

@@ -50,4 +50,11 @@ struct cb_kvcache {
     float stale_bias;
 };
 
+/* Scratch that only this thread's work touches: on a device, no wait for
+ * the queue (the KV loads, the deviation and the logits are hot paths). */
+static inline void *be_tmp(cb_backend *be, size_t bytes)
+{
+    return be->ops->alloc_tmp ? be->ops->alloc_tmp(be, bytes) : be->ops->alloc(be, bytes);
+}
+
 #endif
