@@ -543,6 +543,9 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         json_object_set_new(s, "stale_scale", json_real((double)bs->stale_scale));
     if (s)
         json_object_set_new(s, "probe_weight", json_string(bp->probe_values ? "value" : "none"));
+    if (s)
+        json_object_set_new(s, "stall_clock",
+                            json_string(bs->stall_clock ? bs->stall_clock : "host"));
     if (s) {
         json_object_set_new(s, "n_chunks_after", json_integer(ss->n_after));
         json_object_set_new(s, "n_chunks_system", json_integer(ss->n_own));

@@ -72,6 +72,16 @@ typedef struct cb_backend_ops {
     void (*event_free)(cb_backend *b, void *ev);
     void (*event_record)(cb_backend *b, void *ev);
     void (*event_wait)(cb_backend *b, void *ev);
+    /* Timing marks, optional with the events (NULL: cb_model_mark_* read
+     * the host's clock, right where operations are done when they return).
+     * mark_new makes an event that keeps its time (recorded with
+     * event_record, freed with event_free); mark_ms waits for z and returns
+     * the milliseconds from when the work queued before a was done to when
+     * the work queued before z was, negative when either was never
+     * recorded.  On a device the host's clock sees when work was queued,
+     * not when it ran: blending times its waits for the KV loader so. */
+    void *(*mark_new)(cb_backend *b);
+    double (*mark_ms)(cb_backend *b, void *a, void *z);
 
     /* Weights: take n_out rows of n_in elements of type t from host memory
      * (a GGUF mapping), and an optional f32 bias (copied).  Usable by every
@@ -342,9 +352,10 @@ cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos
  * on failure msg holds the reason.  The interface's version counts changes
  * to this table and to struct cb_backend (5: attn_mass added, and the
  * fault fields; 6: rope_qk and kv_write_kv; 7: add_rmsnorm; 8: attn_mass's
- * value cache; 9: host_alloc, host_free and upload_async). */
+ * value cache; 9: host_alloc, host_free and upload_async; 10: mark_new
+ * and mark_ms). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 9
+#define CB_CUDA_ABI 10
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

@@ -29,6 +29,8 @@ enum {
     OP_event_free,
     OP_event_record,
     OP_event_wait,
+    OP_mark_new,
+    OP_mark_ms,
     OP_weight_new,
     OP_weight_free,
     OP_matmul,
@@ -55,13 +57,14 @@ enum {
 };
 #define NAME(op) [OP_##op] = #op
 static const char *const op_name[N_OPS] = {
-    NAME(alloc),      NAME(dealloc),      NAME(alloc_tmp),   NAME(upload),       NAME(download),
-    NAME(sync),       NAME(host_alloc),   NAME(host_free),   NAME(upload_async), NAME(event_new),
-    NAME(event_free), NAME(event_record), NAME(event_wait),  NAME(weight_new),   NAME(weight_free),
-    NAME(matmul),     NAME(matmul_multi), NAME(get_rows),    NAME(rmsnorm),      NAME(add_rmsnorm),
-    NAME(rope),       NAME(rope_qk),      NAME(add),         NAME(swiglu),       NAME(geglu),
-    NAME(scale),      NAME(kv_write),     NAME(kv_write_kv), NAME(kv_read),      NAME(attention),
-    NAME(gather),     NAME(scatter),      NAME(deviation),   NAME(topk),         NAME(attn_mass)};
+    NAME(alloc),      NAME(dealloc),      NAME(alloc_tmp),  NAME(upload),       NAME(download),
+    NAME(sync),       NAME(host_alloc),   NAME(host_free),  NAME(upload_async), NAME(event_new),
+    NAME(event_free), NAME(event_record), NAME(event_wait), NAME(mark_new),     NAME(mark_ms),
+    NAME(weight_new), NAME(weight_free),  NAME(matmul),     NAME(matmul_multi), NAME(get_rows),
+    NAME(rmsnorm),    NAME(add_rmsnorm),  NAME(rope),       NAME(rope_qk),      NAME(add),
+    NAME(swiglu),     NAME(geglu),        NAME(scale),      NAME(kv_write),     NAME(kv_write_kv),
+    NAME(kv_read),    NAME(attention),    NAME(gather),     NAME(scatter),      NAME(deviation),
+    NAME(topk),       NAME(attn_mass)};
 #undef NAME
 
 typedef struct fault_ops {
@@ -225,6 +228,16 @@ static void f_event_wait(cb_backend *b, void *ev)
     VOID_OP(event_wait, INNER(b)->event_wait(b, ev));
 }
 
+static void *f_mark_new(cb_backend *b) { PTR_OP(mark_new, void *, INNER(b)->mark_new(b)); }
+
+static double f_mark_ms(cb_backend *b, void *a, void *z)
+{
+    double r = -1;
+    if (!hit(b, OP_mark_ms))
+        RUN(mark_ms, r = INNER(b)->mark_ms(b, a, z));
+    return r;
+}
+
 static cb_bweight *f_weight_new(cb_backend *b, cb_type t, int64_t n_in, int64_t n_out,
                                 const void *data, const float *bias)
 {
@@ -385,6 +398,8 @@ static cb_status wrap(cb_backend *b, fault_ops **out)
     W(event_free);
     W(event_record);
     W(event_wait);
+    W(mark_new);
+    W(mark_ms);
     W(weight_new);
     W(weight_free);
     W(matmul);

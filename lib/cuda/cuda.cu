@@ -61,6 +61,9 @@
  * without SmolLM2.  What changes here needs those again on a GPU. */
 #include "cuda_impl.cuh"
 
+#include <cuda.h> /* the driver's types only: its entry points come through cudart */
+
+#include <time.h>
 #include <type_traits>
 
 /* ----------------------------------------------------------- errors */
@@ -418,17 +421,43 @@ static void cu_upload_async(cb_backend *b, void *dst, const void *src, size_t nb
         CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, t->s));
 }
 
-static void *cu_event_new(cb_backend *b)
+/* an event on the calling thread's device (its context); NULL when out of memory */
+static void *event_make(cb_backend *b, const char *op, unsigned flags)
 {
     cudaEvent_t ev;
-    T(b, "event_new"); /* on the backend's device */
-    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    T(b, op);
+    cudaError_t e = cudaEventCreateWithFlags(&ev, flags);
     if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError();
         return NULL;
     }
     CK(e);
     return (void *)ev;
+}
+
+static void *cu_event_new(cb_backend *b)
+{
+    return event_make(b, "event_new", cudaEventDisableTiming);
+}
+
+/* backend.h's timing marks: events that keep their time */
+static void *cu_mark_new(cb_backend *b)
+{
+    return event_make(b, "mark_new", cudaEventDefault);
+}
+
+static double cu_mark_ms(cb_backend *b, void *a, void *z)
+{
+    float ms = -1;
+    T(b, "mark_ms");
+    CK(cudaEventSynchronize((cudaEvent_t)z));
+    cudaError_t e = cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)z);
+    if (e == cudaErrorInvalidResourceHandle) { /* one was never recorded: not sticky */
+        cudaGetLastError();
+        return -1;
+    }
+    CK(e);
+    return ms;
 }
 
 static void cu_event_free(cb_backend *b, void *ev)
@@ -509,6 +538,8 @@ static void init_ops(void)
     RELEASE(event_free, cu_event_free);
     OP(event_record, cu_event_record);
     OP(event_wait, cu_event_wait);
+    OP(mark_new, cu_mark_new);
+    OP(mark_ms, cu_mark_ms);
     OP(weight_new, cu_weight_new);
     RELEASE(weight_free, cu_weight_free);
     OP(matmul, cu_matmul);
@@ -570,6 +601,71 @@ static void init_ops(void)
 #undef OP
 #undef RELEASE
 }
+
+/* Warm start, the kernels: under lazy loading (CUDA's default since 12.2)
+ * a kernel is loaded at its first launch, inside the first operations a
+ * caller times (a first blend launches some forty kernels for the first
+ * time).  This loads them all when the backend opens: from one kernel of
+ * each file the driver gives its module, lists the module's functions and
+ * loads each.  The driver's calls come through cudart's entry-point query
+ * (the module does not link libcuda); a driver without them (before 12.4)
+ * leaves the kernels to load lazily, as before.  Returns how many kernels
+ * it loaded, -1 when it could not list them. */
+typedef CUresult (*fn_func_module)(CUmodule *, CUfunction);
+typedef CUresult (*fn_module_count)(unsigned *, CUmodule);
+typedef CUresult (*fn_module_list)(CUfunction *, unsigned, CUmodule);
+typedef CUresult (*fn_func_load)(CUfunction);
+
+static void *driver_fn(const char *name)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12040, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        return NULL;
+    return fn;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int load_kernels(void)
+{
+    fn_func_module func_module = (fn_func_module)driver_fn("cuFuncGetModule");
+    fn_module_count module_count = (fn_module_count)driver_fn("cuModuleGetFunctionCount");
+    fn_module_list module_list = (fn_module_list)driver_fn("cuModuleEnumerateFunctions");
+    fn_func_load func_load = (fn_func_load)driver_fn("cuFuncLoad");
+    const void *anchor[] = {cu_mm_kernel(), cu_attn_kernel(), cu_ops_kernel()};
+    int loaded = 0;
+    if (!func_module || !module_count || !module_list || !func_load) {
+        cudaGetLastError();
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof anchor / sizeof anchor[0]; i++) {
+        cudaFunction_t f;
+        CUmodule mod;
+        unsigned n = 0;
+        if (cudaGetFuncBySymbol(&f, anchor[i]) != cudaSuccess || func_module(&mod, (CUfunction)f) != CUDA_SUCCESS ||
+            module_count(&n, mod) != CUDA_SUCCESS) {
+            cudaGetLastError();
+            return -1;
+        }
+        CUfunction *all = (CUfunction *)calloc(n ? n : 1, sizeof *all);
+        if (!all || module_list(all, n, mod) != CUDA_SUCCESS) {
+            free(all);
+            return -1;
+        }
+        for (unsigned j = 0; j < n; j++)
+            loaded += func_load(all[j]) == CUDA_SUCCESS;
+        free(all);
+    }
+    return loaded;
+}
+
 
 extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_backend **out, int abi, int device,
                                                                            char *msg, size_t msg_len)
@@ -691,6 +787,11 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
         pthread_mutex_unlock(&c->mu);
         if (spare)
             tctx_destroy(spare);
+        double t0 = now_ms();
+        int n_loaded = load_kernels();
+        if (env_is("CB_BACKEND_PROFILE", "1"))
+            fprintf(stderr, "# cuda: %d kernels loaded at open in %.1f ms (-1: the driver cannot list them)\n",
+                    n_loaded, now_ms() - t0);
         CK(cudaDeviceSynchronize());
     } catch (cu_fault &) {
         cudaGetLastError();

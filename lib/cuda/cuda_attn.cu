@@ -740,3 +740,8 @@ cb_status cu_attn_mass(cb_backend *b, const float *q, const int32_t *pos, int64_
     }
     return CB_OK;
 }
+
+const void *cu_attn_kernel(void)
+{
+    return (const void *)k_att_merge;
+}

@@ -247,6 +247,13 @@ void cu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const fl
                      int64_t n);
 void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t n, float *dst);
 
+/* One kernel of each file (each file's kernels are a module of their own:
+ * no relocatable device code), from which cuda.cu's load_kernels finds
+ * the module and loads all of its kernels when the backend opens */
+const void *cu_mm_kernel(void);
+const void *cu_attn_kernel(void);
+const void *cu_ops_kernel(void);
+
 /* cuda_attn.cu: head dimensions up to CU_ATT_HD_MAX; cu_attention_setup
  * gives the scalar kernels the shared memory that takes (*smem bytes), and
  * the tensor-core kernel what its tiles take at the largest head dimension

@@ -801,3 +801,8 @@ void cu_get_rows(cb_backend *b, const cb_bweight *w, const int32_t *ids, int64_t
     else
         LAUNCH_1D(t, n * w->n_in, k_get_rows, (const __half *)w->w, dids, n, w->n_in, unscale, dst);
 }
+
+const void *cu_mm_kernel(void)
+{
+    return (const void *)k_add_bias;
+}

@@ -380,3 +380,8 @@ void cu_topk(cb_backend *b, const float *x, int64_t n, int64_t k, int32_t *idx)
         if (idx[r] < 0 || idx[r] >= n)
             BUG("topk", "a rank slot was left unwritten");
 }
+
+const void *cu_ops_kernel(void)
+{
+    return (const void *)k_add;
+}

@@ -246,6 +246,7 @@ typedef struct cb_blend_stats {
     uint64_t load_bytes;                       /* KV bytes read from files */
     double prefill_ms;                         /* all of it, to the logits */
     int32_t failed_segment;                    /* the segment whose cache failed, else -1 */
+    const char *stall_clock; /* stall_ms: "device" (the device's events), "host" (its clock) */
 } cb_blend_stats;
 /* Build a prompt's KV cache from segments in p's mode; the last position's logits. */
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,

@@ -41,10 +41,7 @@ static void kv_attention(cb_backend *be, const cb_kvcache *kv, int32_t layer, co
         be->ops->set_key_bias(be, NULL, 0, 0.0f, 0);
 }
 
-/* Order this thread's next work on layer `layer` of the cache after the
- * loads another thread queued into it (a device-side wait; nothing on the
- * CPU). */
-static void kv_after_loads(const cb_kvcache *kv, int32_t layer)
+void cb_kvcache_after_loads(const cb_kvcache *kv, int32_t layer)
 {
     cb_backend *be = kv->m->be;
     if (kv->loaded[layer])
@@ -72,7 +69,7 @@ static cb_status kv_rows_io(const cb_kvcache *kv, int32_t layer, int which, int3
     for (int32_t i = 0; i < n; i++)
         at[i] = pos0 + i;
     void *cache = which ? kv->v[layer] : kv->k[layer];
-    kv_after_loads(kv, layer);
+    cb_kvcache_after_loads(kv, layer);
     if (src) {
         be->ops->upload(be, tmp, src, bytes);
         be->ops->kv_write(be, cache, kv->type, kv->width, tmp, at, n);
@@ -355,7 +352,7 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     const cb_layer *L = &m->layers[layer];
 
     /* attention block: this layer's K/V of the rows, then attention over the cache */
-    kv_after_loads(kv, layer);
+    cb_kvcache_after_loads(kv, layer);
     kv_write_layer(be, kv, layer, f->k, f->v, f->sel_pos, n);
     kv_attention(be, kv, layer, f->q, f->sel_pos, n, f->att);
     o->matmul(be, L->wo, f->att, f->xn, n);
@@ -394,7 +391,7 @@ cb_status cb_fwd_layer_kv(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_
     if ((st = layer_qkv(f, layer, rows, n_rows, kv->n_ctx, QKV_K | QKV_V, &x, &n)) != CB_OK ||
         n == 0)
         return st;
-    kv_after_loads(kv, layer);
+    cb_kvcache_after_loads(kv, layer);
     kv_write_layer(be, kv, layer, f->k, f->v, f->sel_pos, n);
     return cb_backend_status(be);
 }
@@ -548,7 +545,7 @@ static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *po
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
     for (int32_t i = 0; i < n; i++) {
         const cb_kvcache *c = kv[i];
-        kv_after_loads(c, layer);
+        cb_kvcache_after_loads(c, layer);
         kv_write_layer(be, c, layer, f->k + i * dkv, f->v + i * dkv, &pos[i], 1);
         kv_attention(be, c, layer, f->q + i * dq, &pos[i], 1, f->att + i * dq);
     }
@@ -713,7 +710,7 @@ static cb_status mass_into(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32
             return CB_ERR_RANGE;
     if (n == 0)
         return CB_OK;
-    kv_after_loads(kv, layer);
+    cb_kvcache_after_loads(kv, layer);
     return cb_backend_attn_mass(m->be, f->q + from * dq, f->q_pos + from, n, kv->k[layer],
                                 by_value ? kv->v[layer] : NULL, kv->type, n_keys, hp->n_head,
                                 hp->n_head_kv, hp->head_dim, m->attn_scale, m->layers[layer].window,
@@ -789,7 +786,7 @@ cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int w
     if (st != CB_OK || n == 0 || k == 0)
         return st;
     dev = f->dev;
-    kv_after_loads(kv, layer);
+    cb_kvcache_after_loads(kv, layer);
     be->ops->deviation(be, which ? f->v : f->k, which ? kv->v[layer] : kv->k[layer], kv->type,
                        kv->width, f->sel_pos, n, dev);
     be->ops->topk(be, dev, n, k, top);

@@ -205,8 +205,37 @@ const cb_gguf *cb_model_gguf(const cb_model *m);
  * sent with cb_kv_scratch.async. */
 void *cb_model_host_alloc(const cb_model *m, size_t n, int *async);
 void cb_model_host_free(const cb_model *m, void *p, int async);
+/* Timing marks on the work the calling thread queues: the backend's
+ * (backend.h's mark_new: a device's time) or, where it has none, the
+ * host's clock at the call.  cb_model_mark_ms gives the milliseconds from
+ * a to z, waiting for z's work; negative when either was not recorded (or
+ * the backend failed).  new: NULL when out of memory (or the backend's
+ * fault). */
+typedef struct cb_mark cb_mark;
+cb_mark *cb_model_mark_new(const cb_model *m);
+void cb_model_mark_free(const cb_model *m, cb_mark *mk);
+void cb_model_mark_record(const cb_model *m, cb_mark *mk);
+double cb_model_mark_ms(const cb_model *m, const cb_mark *a, const cb_mark *z);
+/* whether the marks are the backend's (a device's clock) */
+int cb_model_marks_on_device(const cb_model *m);
+/* Spans: each begun and ended on one thread's work (begin records a new
+ * pair's first mark, end its second), cb_spans_ms their sum (waiting for
+ * the last), negative when a mark could not be made or read.  new: NULL
+ * when out of memory; every function takes a NULL (and does nothing). */
+typedef struct cb_spans cb_spans;
+cb_spans *cb_spans_new(const cb_model *m);
+void cb_spans_free(cb_spans *s);
+void cb_spans_begin(cb_spans *s);
+void cb_spans_end(cb_spans *s);
+double cb_spans_ms(const cb_spans *s);
 
 /* ------------------------------------------------------------- KV cache */
+
+/* Order the calling thread's next work on layer `layer` of the cache
+ * after the loads another thread queued into it (a device-side wait;
+ * nothing on the CPU).  The forward's operations on the layer do it; a
+ * caller timing the wait does it first. */
+void cb_kvcache_after_loads(const cb_kvcache *kv, int32_t layer);
 
 /* The bytes of K and V a cache of n_ctx positions of type `type` holds
  * (what cb_kvcache_new allocates for them: every layer's K and V). */

@@ -411,6 +411,7 @@ static void plan_free(blend_plan *pl)
 {
     free(pl->ids), free(pl->pos), free(pl->seg_of), free(pl->start), free(pl->use);
     free(pl->cached), free(pl->keep), free(pl->rows), free(pl->cost);
+    cb_spans_free(pl->waits);
 }
 
 /* Check the segments against the model and the cache; the prompt's size. */
@@ -563,7 +564,12 @@ static cb_status plan_rows(blend_plan *pl, cb_error *err)
 
 cb_status blend_wait(blend_plan *pl, int32_t l, cb_error *err)
 {
-    return loader_wait(pl->ld, l, &pl->stall, err);
+    cb_spans_begin(pl->waits);
+    cb_status st = loader_wait(pl->ld, l, &pl->stall, err);
+    if (st == CB_OK) /* (the layer's operations wait on it again: for nothing) */
+        cb_kvcache_after_loads(pl->kv, l);
+    cb_spans_end(pl->waits);
+    return st;
 }
 
 cb_status blend_run_layers(blend_plan *pl, int32_t lo, int32_t hi, const int32_t *rows,
@@ -902,6 +908,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     cb_status st;
 
     memset(stats, 0, sizeof *stats);
+    stats->stall_clock = "host";
     stats->failed_segment = -1;
     cb_kvcache_set_stale(kv, NULL, 0, 0.0f); /* a cache used before: a new prompt */
     stats->ratio_bound = "given";
@@ -929,6 +936,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         goto out;
     }
     pl.ld = &ld;
+    pl.waits = cb_spans_new(cb_fwd_model(f)); /* (NULL: the host's clock alone) */
     loader_start(&ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_end, kv, p);
     st = p->mode == CB_MODE_BLEND ? fuse(&pl, &layer_err, err, stats)
                                   : prefill_plain(&pl, &layer_err, err);
@@ -951,11 +959,19 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
         goto out;
     stats->load_ms = ld.busy_ms;
     stats->load_bytes = ld.bytes;
-    stats->stall_ms = pl.stall;
-    stats->recompute_ms = stats->prefill_ms - pl.stall - (p->sequential_load ? ld.busy_ms : 0);
-    stats->overlapped_ms = p->sequential_load          ? 0
-                           : ld.busy_ms - pl.stall > 0 ? ld.busy_ms - pl.stall
-                                                       : 0;
+    { /* the waits as the computing thread's work saw them: on a device,
+       * by its events (the host's clock sees only when the loader queued a
+       * layer, not when its copies were done) */
+        double w = cb_spans_ms(pl.waits);
+        stats->stall_ms = w >= 0 ? w : pl.stall;
+        if (w >= 0 && cb_model_marks_on_device(cb_fwd_model(f)))
+            stats->stall_clock = "device";
+    }
+    stats->recompute_ms =
+        stats->prefill_ms - stats->stall_ms - (p->sequential_load ? ld.busy_ms : 0);
+    stats->overlapped_ms = p->sequential_load                 ? 0
+                           : ld.busy_ms - stats->stall_ms > 0 ? ld.busy_ms - stats->stall_ms
+                                                              : 0;
     if (p->mode == CB_MODE_FULL)
         stats->n_recomputed_tokens = 0;
     if (p->mode == CB_MODE_BLEND && p->n_ratios == 1) { /* the rows it selected, as computed */

@@ -41,7 +41,8 @@ typedef struct blend_plan {
     int32_t *rows; /* [total]: the computed rows (fresh ones and selected cached ones) */
     int32_t n_rows;
     blend_loader *ld;
-    double stall;      /* ms waited for the loader */
+    double stall;      /* ms waited for the loader, on the host's clock */
+    cb_spans *waits;   /* the same waits on the computing thread's work (a device's clock) */
     float stale_scale; /* the computed rows' attention to the stale rows x it (1: as is) */
     /* the cost model (blend.c, plan_costs): each row's cost [total] in
      * units of a row's products through every layer, and its sums: every
@@ -82,7 +83,9 @@ const blend_strategy *blend_strategy_of(cb_blend_strategy id);
 /* What blend.c gives the strategies. */
 
 /* Wait until layer l of every cache is in place (a strategy that reads the
- * cache must); the time waited goes to pl->stall. */
+ * cache must): the host for the loader's thread, then the computing
+ * thread's work for the loads it queued.  The time waited goes to
+ * pl->stall (the host's clock) and pl->waits (the work's). */
 cb_status blend_wait(blend_plan *pl, int32_t l, cb_error *err);
 /* Layers lo..hi-1 for rows[n_rows] (NULL: every row); the model's last
  * layer only as far as the prompt's last row's logits and the cache need. */

@@ -28,6 +28,9 @@ expect_exit "cb-run --device cuda:x is a usage error" 64 "$RUN" -m "$TINY" --dev
 expect_exit "cb-run --device cpu" 0 "$RUN" -m "$TINY" --device cpu -p "abc" -n 4 --stats "$T/s.json"
 python3 -c "import json,sys; d=json.load(open('$T/s.json')); sys.exit(not (d['backend']=='cpu' and d['device'].startswith('cpu (')))" &&
     ok "--stats names the device" || not_ok "--stats names the device"
+python3 -c "import json,sys; d=json.load(open('$T/s.json')); sys.exit(d['stall_clock'] != 'host')" &&
+    ok "on the CPU --stats times the waits for the loader on the host's clock" ||
+    not_ok "on the CPU --stats times the waits for the loader on the host's clock"
 
 # The default: 8-bit activations, said in --stats; --exact / $CB_EXACT=1:
 # f32 activations (the device defaults to the CPU then, the one device
@@ -181,6 +184,11 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     [ "$sc" = "1 0.35" ] && [ -s "$T/kl1.bin" ] && ! cmp -s "$T/kl0.bin" "$T/kl1.bin" &&
         ok "CB_CUDA_KBIAS=1: a blend's stale scale on the device (stats: $sc), the logits moved" ||
         not_ok "CB_CUDA_KBIAS=1: a blend's stale scale on the device (stats: ${sc:-none}; $(head -c 200 "$T/kerr1"))"
+    # the waits for the loader timed by the device's events (backend.h's
+    # marks): the compute stream's wait, not the host's for the copies' queueing
+    st=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['stall_clock'], 0 <= d['stall_ms'] <= d['prefill_ms'])" "$T/ks0.json" 2>/dev/null)
+    [ "$st" = "device True" ] && ok "on CUDA a blend's stall is timed by the device's events (stats: $st)" ||
+        not_ok "on CUDA a blend's stall is timed by the device's events (stats: ${st:-none}; $(head -c 200 "$T/kerr0"))"
     # the loader's page-locked reads (CB_CUDA_PIN=1, not yet the default)
     # change how the files' bytes reach the device, not a value
     blend_run p0 CB_CUDA_PIN=0

@@ -1907,6 +1907,40 @@ static void test_attention_nan(void)
     CHECKF(err <= 1e-10, "nmse %.3e", err);
 }
 
+/* Timing marks (backend.h's mark_new and mark_ms, the device's clock
+ * for blending's stall): a pair never recorded, or half recorded, reads
+ * negative and leaves no fault; a recorded pair around queued work reads
+ * more than nothing and no more than the host waited in all. */
+static void test_marks(cb_backend *be, const char *tag)
+{
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s timing marks", tag);
+    if (!be || !be->ops->mark_new) {
+        tskip(nm, !be ? cuda_why : "none: the host's clock times its operations (cb_model_mark_*)");
+        return;
+    }
+    void *a = be->ops->mark_new(be), *z = be->ops->mark_new(be);
+    CHECK(a && z);
+    if (!a || !z)
+        return;
+    double never = be->ops->mark_ms(be, a, z);
+    be->ops->event_record(be, a);
+    double half = be->ops->mark_ms(be, a, z);
+    tcase("%s: never recorded %.1f, one of two %.1f (negative), no fault", nm, never, half);
+    CHECK(never < 0 && half < 0 && cb_backend_status(be) == CB_OK);
+    double t0 = cb_now_ms();
+    be->ops->event_record(be, a);
+    busy(be, 20);
+    be->ops->event_record(be, z);
+    double ms = be->ops->mark_ms(be, a, z), host = cb_now_ms() - t0;
+    tcase("%s: 20 x 64 MB of writes between two marks: %.3f ms (the host waited %.3f ms in all)",
+          nm, ms, host);
+    CHECKF(ms > 0 && ms <= host + 0.5 && cb_backend_status(be) == CB_OK, "%.3f ms, host %.3f ms",
+           ms, host);
+    be->ops->event_free(be, a);
+    be->ops->event_free(be, z);
+}
+
 /* ------------------------------------------- the review's cases: driver */
 
 /* run_case for the model-sized attention: the reference and the CPU on a
@@ -3131,6 +3165,8 @@ int main(int argc, char **argv)
     run_case("upload/download 12 MB", c_roundtrip, -1, -1);
     run_case("two threads at once", c_threads, -1, -1);
     run_case("event hand-over between threads", c_event, -1, -1);
+    test_marks(cpu, "cpu ");
+    test_marks(cuda, "cuda");
     act8_cases();
     rows_stable_cases();
     fused_cases();

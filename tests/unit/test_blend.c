@@ -18,6 +18,8 @@
 #include "../../lib/kv/kv.h"
 #include "test.h"
 
+#include <time.h>
+
 static const char *tmpdir(void)
 {
     const char *t = getenv("CB_TEST_TMP");
@@ -323,6 +325,38 @@ out:
     cb_kvcache_free(kv);
     free(score), free(sc), free(q), free(k), free(v), free(lg);
     return mass;
+}
+
+/* The blend's timing spans (lib/infer/marks.c) where the backend has no
+ * clock of its own: the host's, a span of a 20 ms sleep read as such, a
+ * pool grown past its first 64 spans, a span never ended or a mark never
+ * recorded read as unknown (negative). */
+static void test_spans(cb_model *m)
+{
+    tcase("timing spans on the host's clock: a 20 ms sleep, 200 empty spans, unrecorded marks");
+    CHECK(!cb_model_marks_on_device(m));
+    cb_spans *s = cb_spans_new(m);
+    CHECK(s != NULL);
+    cb_spans_begin(s);
+    nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    cb_spans_end(s);
+    for (int i = 0; i < 200; i++) {
+        cb_spans_begin(s);
+        cb_spans_end(s);
+    }
+    double ms = cb_spans_ms(s);
+    CHECKF(ms >= 19.9 && ms < 2000, "%.3f ms", ms);
+    cb_spans_begin(s);
+    CHECK(cb_spans_ms(s) < 0);
+    cb_spans_free(s);
+    CHECK(cb_spans_ms(NULL) < 0);
+    cb_spans_begin(NULL), cb_spans_end(NULL), cb_spans_free(NULL);
+    cb_mark *a = cb_model_mark_new(m), *z = cb_model_mark_new(m);
+    CHECK(a && z && cb_model_mark_ms(m, a, z) < 0);
+    cb_model_mark_record(m, a);
+    cb_model_mark_record(m, z);
+    CHECK(cb_model_mark_ms(m, a, z) >= 0 && cb_model_mark_ms(m, z, a) <= 0);
+    cb_model_mark_free(m, a), cb_model_mark_free(m, z);
 }
 
 static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full,
@@ -1154,6 +1188,19 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
     CHECK(memcmp(a, b, sizeof(float) * (size_t)nv) == 0);
     CHECK(st.load_bytes > 0 && st.stall_ms >= 0);
+    if (strstr(label, "tiny 4-layer")) {
+        test_spans(fx.m);
+        tcase("%s: the stats' stall on the backend's clock (%s here), recompute = prefill - stall",
+              label, cb_model_marks_on_device(fx.m) ? "a device's" : "the host's");
+        p.sequential_load = 0;
+        CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+        CHECK(st.stall_clock &&
+              !strcmp(st.stall_clock, cb_model_marks_on_device(fx.m) ? "device" : "host"));
+        CHECKF(st.stall_ms >= 0 && st.stall_ms <= st.prefill_ms &&
+                   fabs(st.recompute_ms - (st.prefill_ms - st.stall_ms)) < 1e-9,
+               "prefill %.3f, stall %.3f, recompute %.3f ms", st.prefill_ms, st.stall_ms,
+               st.recompute_ms);
+    }
 
     if (strstr(label, "SmolLM2")) {
         /* A slow tier, emulated by throttling the loader so that loading
