@@ -39,13 +39,12 @@
  * waits until the loader has queued the layer's copies, the device until
  * they are done (an event per cache layer, see cb_kvcache_load). */
 #include "kv.h"
+#include "blend_load.h"
 #include "strategy.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 cb_blend_params cb_blend_defaults(void)
 {
@@ -160,214 +159,6 @@ int32_t cb_blend_probe_layers(const cb_blend_params *p, int32_t n_layer, int64_t
     }
     int32_t n = (int32_t)ceilf(d * (float)n_layer - 1e-4f);
     return n < 1 ? 1 : n > n_layer ? n_layer : n;
-}
-
-/* ------------------------------------------------------------- loader */
-
-typedef struct blend_loader {
-    const cb_model *m;
-    const cb_segment *segs;
-    int32_t n_segs, n_layer;
-    const uint8_t *use;
-    const int32_t *start;
-    cb_kvcache *kv;
-    double limit_mbs;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t ready; /* layers 0..ready-1 are in place */
-    cb_status st;
-    cb_error err;
-    int32_t failed_seg; /* the segment whose file failed to read, or -1 */
-    int32_t exact_end;  /* the caches of segments before it are exact (keys kept as they are) */
-    float key_scale;    /* the other caches' keys are multiplied by it (1 / key_temp) */
-    double busy_ms, t_begin;
-    uint64_t bytes;
-    pthread_t thread;
-    int started; /* the thread runs (else loading ran on the caller's) */
-} loader;
-
-/* segments of layer l placed in the cache; a failure said in err */
-static cb_status place(loader *ld, int32_t l, const cb_kv_seg *ks, int32_t n, cb_kv_scratch *sc,
-                       cb_error *err)
-{
-    cb_status st = cb_kvcache_load_segs(ld->kv, l, ks, n, sc);
-    if (st != CB_OK)
-        cb_error_set(err, st, "blend: cannot place layer %d of the caches: %s", l,
-                     cb_model_strerror(ld->m, st));
-    return st;
-}
-
-static void loader_run(loader *ld)
-{
-    cb_status st = CB_OK;
-    cb_error err;
-    int32_t bad_seg = -1;
-    cb_kv_seg *ks = calloc((size_t)ld->n_segs, sizeof *ks);
-    cb_kv_scratch sc = {0};
-    size_t all = 0;
-    uint8_t *buf = NULL;
-
-    /* one buffer for a layer of every cached segment, in memory the
-     * device copies from directly (page-locked: no staging copy); the
-     * copies out of it may still be queued after the layer is placed, so
-     * the next layer is read into it only after a sync (a device's;
-     * nothing on the CPU).  Without it, each file's own buffer. */
-    for (int32_t s = 0; s < ld->n_segs; s++)
-        all += ld->use[s] ? cb_kvfile_layer_bytes(ld->segs[s].kv) : 0;
-    if (!ks)
-        st = cb_error_set(&err, CB_ERR_NOMEM, "blend: out of memory");
-    else if (!(buf = cb_model_host_alloc(ld->m, all, &sc.async)))
-        sc.async = 0;
-    int32_t group = cb_kv_scratch_group(ld->kv, &sc);
-    for (int32_t l = 0; l < ld->n_layer && st == CB_OK; l++) {
-        double t0 = cb_now_ms();
-        int32_t n = 0, placed = 0;
-        size_t off = 0;
-        if (sc.async && l > 0 && (st = cb_model_sync(ld->m)) != CB_OK) {
-            cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
-            break;
-        }
-        /* every cached segment's rows of the layer read, and placed by
-         * groups (a device's: all of them together; the CPU's: each as it
-         * is read): the file's rows as they are (f16 into an f16 cache is
-         * sent as it is), the keys expanded, scaled and moved on the
-         * device, in one operation each */
-        for (int32_t s = 0; s < ld->n_segs && st == CB_OK; s++) {
-            if (!ld->use[s])
-                continue;
-            cb_kvfile *kf = ld->segs[s].kv;
-            const cb_kv_meta *mt = cb_kvfile_meta(kf);
-            const void *k, *v;
-            if ((st = buf ? cb_kvfile_layer_rows_into(kf, l, buf + off, &k, &v, &err)
-                          : cb_kvfile_layer_rows(kf, l, &k, &v, &err)) != CB_OK) {
-                bad_seg = s;
-                break;
-            }
-            off += cb_kvfile_layer_bytes(kf);
-            ks[n++] = (cb_kv_seg){.pos = ld->start[s],
-                                  .n = ld->segs[s].n,
-                                  .from_pos0 = mt->pos0,
-                                  .type = mt->type,
-                                  .k = k,
-                                  .v = v,
-                                  .key_scale = s >= ld->exact_end ? ld->key_scale : 1.0f};
-            ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
-            if (group > 0 && n - placed >= group)
-                st = place(ld, l, ks + placed, n - placed, &sc, &err), placed = n;
-        }
-        if (st == CB_OK && n > placed)
-            st = place(ld, l, ks + placed, n - placed, &sc, &err);
-        if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
-            double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = cb_now_ms();
-            if (due > now) {
-                struct timespec ts = {(time_t)((due - now) / 1e3),
-                                      (long)(fmod(due - now, 1e3) * 1e6)};
-                nanosleep(&ts, NULL);
-            }
-        }
-        pthread_mutex_lock(&ld->mu);
-        ld->busy_ms += cb_now_ms() - t0;
-        if (st == CB_OK)
-            ld->ready = l + 1;
-        else
-            ld->st = st, ld->err = err, ld->failed_seg = bad_seg;
-        pthread_cond_broadcast(&ld->cv);
-        pthread_mutex_unlock(&ld->mu);
-    }
-    { /* a device queues the copies: wait for them on every exit (after an
-       * error too: the caller frees the cache once this thread is joined),
-       * and count them as loading time */
-        double t0 = cb_now_ms();
-        cb_status sst = cb_model_sync(ld->m);
-        if (st == CB_OK && sst != CB_OK) {
-            st = sst;
-            cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
-        }
-        cb_kv_scratch_free(ld->kv, &sc);
-        cb_model_host_free(ld->m, buf, sc.async);
-        pthread_mutex_lock(&ld->mu);
-        ld->busy_ms += cb_now_ms() - t0;
-        pthread_mutex_unlock(&ld->mu);
-    }
-    free(ks);
-    if (st != CB_OK && ld->st == CB_OK) {
-        pthread_mutex_lock(&ld->mu);
-        ld->st = st;
-        ld->err = err;
-        pthread_cond_broadcast(&ld->cv);
-        pthread_mutex_unlock(&ld->mu);
-    }
-}
-
-static void *loader_main(void *arg)
-{
-    loader_run(arg);
-    return NULL;
-}
-
-/* Start loading every used cache, layer by layer, at its new position
- * (the keys of all but the segments before exact_end divided by the key temperature): on a
- * thread of its own, or right here with p->sequential_load (or when no
- * thread can be made).  Nothing to load: every layer is ready at once. */
-static void loader_start(loader *ld, const cb_model *m, const cb_segment *segs, int32_t n_segs,
-                         const uint8_t *use, const int32_t *start, int32_t exact_end,
-                         cb_kvcache *kv, const cb_blend_params *p)
-{
-    const cb_hparams *hp = cb_model_hparams(m);
-    int any = 0;
-    for (int32_t s = 0; s < n_segs; s++)
-        any |= use[s];
-    memset(ld, 0, sizeof *ld);
-    pthread_mutex_init(&ld->mu, NULL);
-    pthread_cond_init(&ld->cv, NULL);
-    ld->m = m;
-    ld->segs = segs;
-    ld->n_segs = n_segs;
-    ld->n_layer = hp->n_layer;
-    ld->use = use;
-    ld->start = start;
-    ld->kv = kv;
-    ld->limit_mbs = p->load_limit_mbs;
-    ld->ready = any ? 0 : hp->n_layer;
-    ld->failed_seg = -1;
-    ld->exact_end = exact_end;
-    ld->key_scale = p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE
-                        ? 1.0f / cb_blend_key_temp(m, p)
-                        : 1.0f;
-    ld->t_begin = cb_now_ms();
-    if (!any)
-        return;
-    if (p->sequential_load || pthread_create(&ld->thread, NULL, loader_main, ld) != 0)
-        loader_run(ld);
-    else
-        ld->started = 1;
-}
-
-/* Wait for the loader to finish (it always runs to the end or to its
- * first error) and release it. */
-static void loader_stop(loader *ld)
-{
-    if (ld->started)
-        pthread_join(ld->thread, NULL);
-    ld->started = 0;
-    pthread_mutex_destroy(&ld->mu);
-    pthread_cond_destroy(&ld->cv);
-}
-
-/* Wait until layer l is in place; adds the time waited to *stall. */
-static cb_status loader_wait(loader *ld, int32_t l, double *stall, cb_error *err)
-{
-    cb_status st;
-    double t0 = cb_now_ms();
-    pthread_mutex_lock(&ld->mu);
-    while (ld->ready <= l && ld->st == CB_OK)
-        pthread_cond_wait(&ld->cv, &ld->mu);
-    st = ld->ready > l ? CB_OK : ld->st;
-    if (st != CB_OK && err)
-        *err = ld->err;
-    pthread_mutex_unlock(&ld->mu);
-    *stall += cb_now_ms() - t0;
-    return st;
 }
 
 /* ------------------------------------------------------------ the plan */
@@ -565,7 +356,7 @@ static cb_status plan_rows(blend_plan *pl, cb_error *err)
 cb_status blend_wait(blend_plan *pl, int32_t l, cb_error *err)
 {
     cb_spans_begin(pl->waits);
-    cb_status st = loader_wait(pl->ld, l, &pl->stall, err);
+    cb_status st = blend_loader_wait(pl->ld, l, &pl->stall, err);
     if (st == CB_OK) /* (the layer's operations wait on it again: for nothing) */
         cb_kvcache_after_loads(pl->kv, l);
     cb_spans_end(pl->waits);
@@ -937,7 +728,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     }
     pl.ld = &ld;
     pl.waits = cb_spans_new(cb_fwd_model(f)); /* (NULL: the host's clock alone) */
-    loader_start(&ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_end, kv, p);
+    blend_loader_start(&ld, cb_fwd_model(f), segs, n_segs, pl.use, pl.start, pl.exact_end, kv, p);
     st = p->mode == CB_MODE_BLEND ? fuse(&pl, &layer_err, err, stats)
                                   : prefill_plain(&pl, &layer_err, err);
     if (st == CB_OK) {
@@ -946,7 +737,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
             layer_err = 1;
     }
     stats->prefill_ms = cb_now_ms() - t_start;
-    loader_stop(&ld);
+    blend_loader_stop(&ld);
     stats->stale_scale = pl.stale_scale;
     if (st != CB_OK && ld.st != CB_OK && !layer_err)
         stats->failed_segment = ld.failed_seg;

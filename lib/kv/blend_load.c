@@ -1,0 +1,195 @@
+/* blend_load.c - see blend_load.h.  The loader reads a layer of every
+ * used cache into one buffer (page-locked where the backend has such
+ * memory) and places the segments in groups (cb_kv_scratch_group: all of
+ * them together on a device, each as it is read on the CPU). */
+#include "blend_load.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+
+/* segments of layer l placed in the cache; a failure said in err */
+static cb_status place(loader *ld, int32_t l, const cb_kv_seg *ks, int32_t n, cb_kv_scratch *sc,
+                       cb_error *err)
+{
+    cb_status st = cb_kvcache_load_segs(ld->kv, l, ks, n, sc);
+    if (st != CB_OK)
+        cb_error_set(err, st, "blend: cannot place layer %d of the caches: %s", l,
+                     cb_model_strerror(ld->m, st));
+    return st;
+}
+
+static void loader_run(loader *ld)
+{
+    cb_status st = CB_OK;
+    cb_error err;
+    int32_t bad_seg = -1;
+    cb_kv_seg *ks = calloc((size_t)ld->n_segs, sizeof *ks);
+    cb_kv_scratch sc = {0};
+    size_t all = 0;
+    uint8_t *buf = NULL;
+
+    /* one buffer for a layer of every cached segment, in memory the
+     * device copies from directly (page-locked: no staging copy); the
+     * copies out of it may still be queued after the layer is placed, so
+     * the next layer is read into it only after a sync (a device's;
+     * nothing on the CPU).  Without it, each file's own buffer. */
+    for (int32_t s = 0; s < ld->n_segs; s++)
+        all += ld->use[s] ? cb_kvfile_layer_bytes(ld->segs[s].kv) : 0;
+    if (!ks)
+        st = cb_error_set(&err, CB_ERR_NOMEM, "blend: out of memory");
+    else if (!(buf = cb_model_host_alloc(ld->m, all, &sc.async)))
+        sc.async = 0;
+    int32_t group = cb_kv_scratch_group(ld->kv, &sc);
+    for (int32_t l = 0; l < ld->n_layer && st == CB_OK; l++) {
+        double t0 = cb_now_ms();
+        int32_t n = 0, placed = 0;
+        size_t off = 0;
+        if (sc.async && l > 0 && (st = cb_model_sync(ld->m)) != CB_OK) {
+            cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
+            break;
+        }
+        /* every cached segment's rows of the layer read, and placed by
+         * groups (a device's: all of them together; the CPU's: each as it
+         * is read): the file's rows as they are (f16 into an f16 cache is
+         * sent as it is), the keys expanded, scaled and moved on the
+         * device, in one operation each */
+        for (int32_t s = 0; s < ld->n_segs && st == CB_OK; s++) {
+            if (!ld->use[s])
+                continue;
+            cb_kvfile *kf = ld->segs[s].kv;
+            const cb_kv_meta *mt = cb_kvfile_meta(kf);
+            const void *k, *v;
+            if ((st = buf ? cb_kvfile_layer_rows_into(kf, l, buf + off, &k, &v, &err)
+                          : cb_kvfile_layer_rows(kf, l, &k, &v, &err)) != CB_OK) {
+                bad_seg = s;
+                break;
+            }
+            off += cb_kvfile_layer_bytes(kf);
+            ks[n++] = (cb_kv_seg){.pos = ld->start[s],
+                                  .n = ld->segs[s].n,
+                                  .from_pos0 = mt->pos0,
+                                  .type = mt->type,
+                                  .k = k,
+                                  .v = v,
+                                  .key_scale = s >= ld->exact_end ? ld->key_scale : 1.0f};
+            ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
+            if (group > 0 && n - placed >= group)
+                st = place(ld, l, ks + placed, n - placed, &sc, &err), placed = n;
+        }
+        if (st == CB_OK && n > placed)
+            st = place(ld, l, ks + placed, n - placed, &sc, &err);
+        if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
+            double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = cb_now_ms();
+            if (due > now) {
+                struct timespec ts = {(time_t)((due - now) / 1e3),
+                                      (long)(fmod(due - now, 1e3) * 1e6)};
+                nanosleep(&ts, NULL);
+            }
+        }
+        pthread_mutex_lock(&ld->mu);
+        ld->busy_ms += cb_now_ms() - t0;
+        if (st == CB_OK)
+            ld->ready = l + 1;
+        else
+            ld->st = st, ld->err = err, ld->failed_seg = bad_seg;
+        pthread_cond_broadcast(&ld->cv);
+        pthread_mutex_unlock(&ld->mu);
+    }
+    { /* a device queues the copies: wait for them on every exit (after an
+       * error too: the caller frees the cache once this thread is joined),
+       * and count them as loading time */
+        double t0 = cb_now_ms();
+        cb_status sst = cb_model_sync(ld->m);
+        if (st == CB_OK && sst != CB_OK) {
+            st = sst;
+            cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
+        }
+        cb_kv_scratch_free(ld->kv, &sc);
+        cb_model_host_free(ld->m, buf, sc.async);
+        pthread_mutex_lock(&ld->mu);
+        ld->busy_ms += cb_now_ms() - t0;
+        pthread_mutex_unlock(&ld->mu);
+    }
+    free(ks);
+    if (st != CB_OK && ld->st == CB_OK) {
+        pthread_mutex_lock(&ld->mu);
+        ld->st = st;
+        ld->err = err;
+        pthread_cond_broadcast(&ld->cv);
+        pthread_mutex_unlock(&ld->mu);
+    }
+}
+
+static void *loader_main(void *arg)
+{
+    loader_run(arg);
+    return NULL;
+}
+
+/* Start loading every used cache, layer by layer, at its new position
+ * (the keys of all but the segments before exact_end divided by the key temperature): on a
+ * thread of its own, or right here with p->sequential_load (or when no
+ * thread can be made).  Nothing to load: every layer is ready at once. */
+void blend_loader_start(loader *ld, const cb_model *m, const cb_segment *segs, int32_t n_segs,
+                        const uint8_t *use, const int32_t *start, int32_t exact_end, cb_kvcache *kv,
+                        const cb_blend_params *p)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    int any = 0;
+    for (int32_t s = 0; s < n_segs; s++)
+        any |= use[s];
+    memset(ld, 0, sizeof *ld);
+    pthread_mutex_init(&ld->mu, NULL);
+    pthread_cond_init(&ld->cv, NULL);
+    ld->m = m;
+    ld->segs = segs;
+    ld->n_segs = n_segs;
+    ld->n_layer = hp->n_layer;
+    ld->use = use;
+    ld->start = start;
+    ld->kv = kv;
+    ld->limit_mbs = p->load_limit_mbs;
+    ld->ready = any ? 0 : hp->n_layer;
+    ld->failed_seg = -1;
+    ld->exact_end = exact_end;
+    ld->key_scale = p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE
+                        ? 1.0f / cb_blend_key_temp(m, p)
+                        : 1.0f;
+    ld->t_begin = cb_now_ms();
+    if (!any)
+        return;
+    if (p->sequential_load || pthread_create(&ld->thread, NULL, loader_main, ld) != 0)
+        loader_run(ld);
+    else
+        ld->started = 1;
+}
+
+/* Wait for the loader to finish (it always runs to the end or to its
+ * first error) and release it. */
+void blend_loader_stop(loader *ld)
+{
+    if (ld->started)
+        pthread_join(ld->thread, NULL);
+    ld->started = 0;
+    pthread_mutex_destroy(&ld->mu);
+    pthread_cond_destroy(&ld->cv);
+}
+
+/* Wait until layer l is in place; adds the time waited to *stall. */
+cb_status blend_loader_wait(loader *ld, int32_t l, double *stall, cb_error *err)
+{
+    cb_status st;
+    double t0 = cb_now_ms();
+    pthread_mutex_lock(&ld->mu);
+    while (ld->ready <= l && ld->st == CB_OK)
+        pthread_cond_wait(&ld->cv, &ld->mu);
+    st = ld->ready > l ? CB_OK : ld->st;
+    if (st != CB_OK && err)
+        *err = ld->err;
+    pthread_mutex_unlock(&ld->mu);
+    *stall += cb_now_ms() - t0;
+    return st;
+}
