@@ -233,12 +233,11 @@ typedef struct cb_blend_params {
 cb_blend_params cb_blend_defaults(void); /* blend, auto, speedup 4, ratio >= 0.15, V */
 typedef struct cb_blend_stats {
     int32_t n_prompt_tokens;
-    int32_t n_cached_tokens;                /* tokens whose KV came from a cache */
-    int32_t n_exact_tokens;                 /* of those, a true prefix's (never recomputed) */
-    int32_t n_recomputed_tokens;            /* cached tokens recomputed at the last check layer */
-    int32_t n_selected[CB_BLEND_MAX_STEPS]; /* cached tokens kept at each check layer */
-    float ratio, selected_mass;             /* the ratio used; probe: the attention share kept */
-    int32_t probe_layers, strategy;         /* probe's first-pass layers; the strategy run */
+    int32_t n_cached_tokens, n_exact_tokens; /* KV from a cache; of those, a true prefix's */
+    int32_t n_recomputed_tokens;             /* cached tokens recomputed at the last check layer */
+    int32_t n_selected[CB_BLEND_MAX_STEPS];  /* cached tokens kept at each check layer */
+    float ratio, selected_mass;              /* the ratio used; probe: the attention share kept */
+    int32_t probe_layers, strategy;          /* probe's first-pass layers; the strategy run */
     const char *ratio_bound; /* "given"; mass: "mass", "min", "max"; speedup: "speedup", "min" */
     float key_temp, pred_speedup, stale_scale; /* used (else 1); blend: blend_cost's; used */
     double load_ms, recompute_ms;              /* loading cached KV; computing (stalls excluded) */
