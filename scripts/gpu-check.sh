@@ -23,7 +23,8 @@
 #             CB_CUDA_FUSE=1 CB_CUDA_FA=1 CB_CUDA_KBIAS=1 CB_CUDA_PIN=1: on the qwen2 one,
 #             probe's stale scale), then full and probe once more each
 #             way under CB_BACKEND_PROFILE=1 (each operation's calls and
-#             host time), on random-weight
+#             host time); the loader alone by its reader threads
+#             (bench_load, with and without CB_CUDA_PIN=1), on random-weight
 #             models of SmolLM2's and Qwen2.5-1.5B's shape (their logits are
 #             too chaotic to compare devices on: device does that, on SmolLM2)
 #   bench     bench_engine on CUDA and on the CPU, warm, on a random-weight
@@ -164,6 +165,13 @@ blend() {
             warm=$(python3 -c 'import json, sys; v = [json.loads(l)["stats"] for l in open(sys.argv[1])][1:]; print("warm ttft_ms", min(s["ttft_ms"] for s in v), "prefill_ms", min(s["prefill_ms"] for s in v))' "$d/warm.out" 2>/dev/null)
             echo "$m $spec ttft_ms $best (best of 4 processes) ${warm:-warm: none} $(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print("prompt", s["n_prompt_tokens"], "recomputed", s["n_recomputed_tokens"])' "$d/s.json")"
             echo "  last run's --stats: $(tr -d '\n ' < "$d/s.json" | cut -c1-1500)"
+        done
+        # the loader alone (bench_load: 6 x 512-token caches loaded with
+        # nothing computed beside it), by its reader threads (0: the
+        # default), its buffer pageable and page-locked (CB_CUDA_PIN=1)
+        for pin in 0 1; do
+            CB_CUDA_PIN=$pin CB_BENCH_DEVICE=cuda $BUILD/bench/bench_load "$M" 6 512 5 1,2,4,8,0 |
+                awk -v m="$m" -v pin="$pin" '$1 ~ /^load_[0-9]+_(ms|gb_s|threads)$/ { print "  " m " loader, CB_CUDA_PIN=" pin ": " $1 " " $2 }'
         done
         # where the time goes: each backend operation's calls and host time
         # (CB_BACKEND_PROFILE=1; on the device, issuing it and any wait in it),

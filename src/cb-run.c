@@ -114,6 +114,8 @@ static void usage(FILE *f)
         "      --logits-out FILE  write the first generated token's logits (n_vocab\n"
         "                     little-endian float32) to FILE, for offline comparison\n"
         "      --kv-type T    KV cache elements: f16 (default) or f32\n"
+        "      --load-threads N  threads reading the chunks' KV files (default 0: on a\n"
+        "                     GPU half the cores, up to 8; on the CPU one)\n"
         "      --stats FILE   write timing and token counts as one JSON object to FILE\n"
         "                     ('-' = stderr); with --batch, the batch's totals\n"
         "\n"
@@ -170,6 +172,7 @@ enum {
     OPT_MODE,
     OPT_STATS,
     OPT_KVTYPE,
+    OPT_LOADTHREADS,
     OPT_CHUNKS,
     OPT_RATIO,
     OPT_RATIOS,
@@ -543,9 +546,11 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         json_object_set_new(s, "stale_scale", json_real((double)bs->stale_scale));
     if (s)
         json_object_set_new(s, "probe_weight", json_string(bp->probe_values ? "value" : "none"));
-    if (s)
+    if (s) {
         json_object_set_new(s, "stall_clock",
                             json_string(bs->stall_clock ? bs->stall_clock : "host"));
+        json_object_set_new(s, "load_threads", json_integer(bs->load_threads));
+    }
     if (s) {
         json_object_set_new(s, "n_chunks_after", json_integer(ss->n_after));
         json_object_set_new(s, "n_chunks_system", json_integer(ss->n_own));
@@ -1168,6 +1173,9 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
             return -1;
         o->kv_type = e ? CB_TYPE_F32 : CB_TYPE_F16;
         return 0;
+    case OPT_LOADTHREADS:
+        return cli_parse_num("--load-threads", arg, 0, 64, &d) ? -1
+                                                               : (o->bp.load_threads = (int)d, 0);
     }
     return 1;
 }
@@ -1244,6 +1252,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"ctx", required_argument, 0, 'c'},
         {"mode", required_argument, 0, OPT_MODE},
         {"kv-type", required_argument, 0, OPT_KVTYPE},
+        {"load-threads", required_argument, 0, OPT_LOADTHREADS},
         {"stats", required_argument, 0, OPT_STATS},
         {"chunks", required_argument, 0, OPT_CHUNKS},
         {"ratio", required_argument, 0, OPT_RATIO},

@@ -1,4 +1,5 @@
-/* pool.h - the CPU backend's persistent thread pool (private).
+/* pool.h - the CPU backend's persistent thread pool (private to lib/;
+ * also the blend's KV loader's readers, lib/kv/blend_load.c).
  *
  * n threads including the caller.  A job is fn(arg, i, tid) for i in
  * [0, n_tasks), tasks taken in order from a shared counter; tid (0..n-1)

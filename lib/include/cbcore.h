@@ -218,13 +218,13 @@ typedef enum cb_blend_strategy {
 typedef struct cb_blend_params {
     cb_blend_mode mode;
     cb_blend_strategy strategy;
-    int32_t check_layer;                    /* first check layer (default 1) */
-    int32_t n_ratios;                       /* 1: one check layer; more: gradual filtering */
-    float ratios[CB_BLEND_MAX_STEPS];       /* share of cached tokens kept at check layer + i */
-    int deviation_v;                        /* 0: deviation of K (after RoPE), 1: of V */
-    int32_t sink_tokens;                    /* CB_STRATEGY_SINK: tokens per segment (default 4) */
-    int sequential_load;                    /* 1: load every layer before computing */
-    double load_limit_mbs;                  /* > 0: throttle KV reads to this many MB/s */
+    int32_t check_layer;               /* first check layer (default 1) */
+    int32_t n_ratios;                  /* 1: one check layer; more: gradual filtering */
+    float ratios[CB_BLEND_MAX_STEPS];  /* share of cached tokens kept at check layer + i */
+    int deviation_v;                   /* 0: deviation of K (after RoPE), 1: of V */
+    int32_t sink_tokens;               /* CB_STRATEGY_SINK: tokens per segment (default 4) */
+    int sequential_load, load_threads; /* 1: load every layer before computing; readers, 0: auto */
+    double load_limit_mbs;             /* > 0: throttle KV reads to this many MB/s */
     float adapt_mass, adapt_min, adapt_max; /* probe, mass > 0: the ratio holding that share */
     int32_t probe_rows, probe_values;       /* probe: the question's last rows (0: all); 1: x |V| */
     float probe_depth, stale_scale;         /* probe layers, 0: by cost; stale x, 0: the model's */
@@ -244,7 +244,7 @@ typedef struct cb_blend_stats {
     double overlapped_ms, stall_ms;            /* loading hidden; computing waiting for a layer */
     uint64_t load_bytes;                       /* KV bytes read from files */
     double prefill_ms;                         /* all of it, to the logits */
-    int32_t failed_segment;                    /* the segment whose cache failed, else -1 */
+    int32_t failed_segment, load_threads; /* the segment whose cache failed, else -1; readers */
     const char *stall_clock; /* stall_ms: "device" (the device's events), "host" (its clock) */
 } cb_blend_stats;
 /* Build a prompt's KV cache from segments in p's mode; the last position's logits. */

@@ -749,6 +749,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     if (st != CB_OK)
         goto out;
     stats->load_ms = ld.busy_ms;
+    stats->load_threads = ld.threads;
     stats->load_bytes = ld.bytes;
     { /* the waits as the computing thread's work saw them: on a device,
        * by its events (the host's clock sees only when the loader queued a

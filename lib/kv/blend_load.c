@@ -4,10 +4,14 @@
  * them together on a device, each as it is read on the CPU). */
 #include "blend_load.h"
 
+#include "../backend/pool.h"
+
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 
 /* segments of layer l placed in the cache; a failure said in err */
@@ -21,32 +25,117 @@ static cb_status place(loader *ld, int32_t l, const cb_kv_seg *ks, int32_t n, cb
     return st;
 }
 
+/* Used segment s's rows of layer l read into at (NULL: the file's own
+ * buffer), as the segment to place */
+static cb_status read_seg(const loader *ld, int32_t s, int32_t l, uint8_t *at, cb_kv_seg *out,
+                          cb_error *err)
+{
+    cb_kvfile *kf = ld->segs[s].kv;
+    const cb_kv_meta *mt = cb_kvfile_meta(kf);
+    const void *k, *v;
+    cb_status st = at ? cb_kvfile_layer_rows_into(kf, l, at, &k, &v, err)
+                      : cb_kvfile_layer_rows(kf, l, &k, &v, err);
+    if (st == CB_OK)
+        *out = (cb_kv_seg){.pos = ld->start[s],
+                           .n = ld->segs[s].n,
+                           .from_pos0 = mt->pos0,
+                           .type = mt->type,
+                           .k = k,
+                           .v = v,
+                           .key_scale = s >= ld->exact_end ? ld->key_scale : 1.0f};
+    return st;
+}
+
+/* A layer read by several threads (cb_pool_for's tasks: one a used
+ * segment), each file into its own place in the buffer; the first failure
+ * in the segments' order is the one reported, as one reader would. */
+typedef struct layer_reads {
+    const loader *ld;
+    int32_t l, n;       /* the layer; the used segments */
+    const int32_t *seg; /* [n]: their indices */
+    const size_t *off;  /* [n]: their places in buf */
+    uint8_t *buf;
+    cb_kv_seg *ks; /* [n] */
+    pthread_mutex_t mu;
+    int32_t bad; /* the first failed one, else n */
+    cb_status st;
+    cb_error err;
+} layer_reads;
+
+static void read_task(void *arg, int64_t i, int tid)
+{
+    layer_reads *r = arg;
+    cb_error err;
+    (void)tid;
+    cb_status st = read_seg(r->ld, r->seg[i], r->l, r->buf + r->off[i], &r->ks[i], &err);
+    if (st != CB_OK) {
+        pthread_mutex_lock(&r->mu);
+        if (i < r->bad)
+            r->bad = (int32_t)i, r->st = st, r->err = err;
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* The readers the backend's choice gives: on a device (which places a
+ * layer of every segment together) half the cores this process may run
+ * on, up to 8, as reading and checking the files is the loader's work
+ * there; on the CPU one, which reads each segment just before placing it
+ * while the computing threads take the cores. */
+static int32_t auto_readers(int32_t group)
+{
+    cpu_set_t cpus;
+    long n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
+                                                           : sysconf(_SC_NPROCESSORS_ONLN);
+    if (group > 0)
+        return 1;
+    n /= 2;
+    return n < 1 ? 1 : n > 8 ? 8 : (int32_t)n;
+}
+
 static void loader_run(loader *ld)
 {
     cb_status st = CB_OK;
     cb_error err;
-    int32_t bad_seg = -1;
+    int32_t bad_seg = -1, n_used = 0;
     cb_kv_seg *ks = calloc((size_t)ld->n_segs, sizeof *ks);
+    int32_t *used = calloc((size_t)ld->n_segs, sizeof *used);
+    size_t *off = calloc((size_t)ld->n_segs, sizeof *off);
     cb_kv_scratch sc = {0};
     size_t all = 0;
+    uint64_t layer_bytes = 0;
     uint8_t *buf = NULL;
+    cb_pool *pool = NULL;
+    int local = 1;
 
     /* one buffer for a layer of every cached segment, in memory the
      * device copies from directly (page-locked: no staging copy); the
      * copies out of it may still be queued after the layer is placed, so
      * the next layer is read into it only after a sync (a device's;
      * nothing on the CPU).  Without it, each file's own buffer. */
-    for (int32_t s = 0; s < ld->n_segs; s++)
-        all += ld->use[s] ? cb_kvfile_layer_bytes(ld->segs[s].kv) : 0;
-    if (!ks)
+    for (int32_t s = 0; s < ld->n_segs && used && off; s++)
+        if (ld->use[s]) {
+            cb_kvfile *kf = ld->segs[s].kv;
+            used[n_used] = s, off[n_used++] = all;
+            all += cb_kvfile_layer_bytes(kf);
+            layer_bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
+            local &= cb_kvfile_concurrent(kf);
+        }
+    if (!ks || !used || !off)
         st = cb_error_set(&err, CB_ERR_NOMEM, "blend: out of memory");
     else if (!(buf = cb_model_host_alloc(ld->m, all, &sc.async)))
         sc.async = 0;
-    int32_t group = cb_kv_scratch_group(ld->kv, &sc);
+    int32_t group = cb_kv_scratch_group(ld->kv, &sc), per = group > 0 ? group : n_used;
+    /* several readers: local files (pread; a stream's source reads one
+     * thing at a time), each into its place in the one buffer */
+    int32_t readers = ld->threads > 0 ? ld->threads : auto_readers(group);
+    readers = readers > n_used ? n_used : readers;
+    if (st == CB_OK && buf && local && readers > 1 && !(pool = cb_pool_new(readers)))
+        readers = 1;
+    ld->threads = pool ? cb_pool_size(pool) : 1;
+    layer_reads rd = {.ld = ld, .n = n_used, .seg = used, .off = off, .buf = buf, .ks = ks};
+    pthread_mutex_init(&rd.mu, NULL);
     for (int32_t l = 0; l < ld->n_layer && st == CB_OK; l++) {
         double t0 = cb_now_ms();
-        int32_t n = 0, placed = 0;
-        size_t off = 0;
         if (sc.async && l > 0 && (st = cb_model_sync(ld->m)) != CB_OK) {
             cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
             break;
@@ -55,32 +144,29 @@ static void loader_run(loader *ld)
          * groups (a device's: all of them together; the CPU's: each as it
          * is read): the file's rows as they are (f16 into an f16 cache is
          * sent as it is), the keys expanded, scaled and moved on the
-         * device, in one operation each */
-        for (int32_t s = 0; s < ld->n_segs && st == CB_OK; s++) {
-            if (!ld->use[s])
-                continue;
-            cb_kvfile *kf = ld->segs[s].kv;
-            const cb_kv_meta *mt = cb_kvfile_meta(kf);
-            const void *k, *v;
-            if ((st = buf ? cb_kvfile_layer_rows_into(kf, l, buf + off, &k, &v, &err)
-                          : cb_kvfile_layer_rows(kf, l, &k, &v, &err)) != CB_OK) {
-                bad_seg = s;
-                break;
+         * device, in one operation each.  With several readers, the
+         * whole layer is read first. */
+        if (pool) {
+            rd.l = l, rd.bad = n_used;
+            cb_pool_for(pool, read_task, &rd, n_used);
+            if (rd.bad < n_used)
+                st = rd.st, err = rd.err, bad_seg = used[rd.bad];
+            for (int32_t i = 0; i < n_used && st == CB_OK; i += per)
+                st = place(ld, l, ks + i, n_used - i < per ? n_used - i : per, &sc, &err);
+        } else {
+            int32_t placed = 0;
+            for (int32_t i = 0; i < n_used && st == CB_OK; i++) {
+                if ((st = read_seg(ld, used[i], l, buf ? buf + off[i] : NULL, &ks[i], &err)) !=
+                    CB_OK) {
+                    bad_seg = used[i];
+                    break;
+                }
+                if (i + 1 - placed >= per || i + 1 == n_used)
+                    st = place(ld, l, ks + placed, i + 1 - placed, &sc, &err), placed = i + 1;
             }
-            off += cb_kvfile_layer_bytes(kf);
-            ks[n++] = (cb_kv_seg){.pos = ld->start[s],
-                                  .n = ld->segs[s].n,
-                                  .from_pos0 = mt->pos0,
-                                  .type = mt->type,
-                                  .k = k,
-                                  .v = v,
-                                  .key_scale = s >= ld->exact_end ? ld->key_scale : 1.0f};
-            ld->bytes += cb_kvfile_size(kf) / (uint64_t)ld->n_layer;
-            if (group > 0 && n - placed >= group)
-                st = place(ld, l, ks + placed, n - placed, &sc, &err), placed = n;
         }
-        if (st == CB_OK && n > placed)
-            st = place(ld, l, ks + placed, n - placed, &sc, &err);
+        if (st == CB_OK)
+            ld->bytes += layer_bytes;
         if (ld->limit_mbs > 0) { /* an emulated slow tier: never faster than limit_mbs */
             double due = ld->t_begin + (double)ld->bytes / (ld->limit_mbs * 1e3), now = cb_now_ms();
             if (due > now) {
@@ -98,6 +184,8 @@ static void loader_run(loader *ld)
         pthread_cond_broadcast(&ld->cv);
         pthread_mutex_unlock(&ld->mu);
     }
+    pthread_mutex_destroy(&rd.mu);
+    cb_pool_free(pool);
     { /* a device queues the copies: wait for them on every exit (after an
        * error too: the caller frees the cache once this thread is joined),
        * and count them as loading time */
@@ -113,7 +201,7 @@ static void loader_run(loader *ld)
         ld->busy_ms += cb_now_ms() - t0;
         pthread_mutex_unlock(&ld->mu);
     }
-    free(ks);
+    free(ks), free(used), free(off);
     if (st != CB_OK && ld->st == CB_OK) {
         pthread_mutex_lock(&ld->mu);
         ld->st = st;
@@ -152,6 +240,7 @@ void blend_loader_start(loader *ld, const cb_model *m, const cb_segment *segs, i
     ld->start = start;
     ld->kv = kv;
     ld->limit_mbs = p->load_limit_mbs;
+    ld->threads = p->load_threads;
     ld->ready = any ? 0 : hp->n_layer;
     ld->failed_seg = -1;
     ld->exact_end = exact_end;

@@ -27,6 +27,7 @@ typedef struct blend_loader {
     float key_scale;    /* the other caches' keys are multiplied by it (1 / key_temp) */
     double busy_ms, t_begin;
     uint64_t bytes;
+    int32_t threads; /* readers asked for (0: the backend's choice); then those used */
     pthread_t thread;
     int started; /* the thread runs (else loading ran on the caller's) */
 } loader;

@@ -72,6 +72,9 @@ cb_status cb_kvfile_layer_rows(cb_kvfile *f, int32_t l, const void **k, const vo
  * bytes (cb-run's loader: memory the device copies from directly); *k and
  * *v point into buf. */
 size_t cb_kvfile_layer_bytes(const cb_kvfile *f);
+/* Whether reads of f's layers into the callers' buffers may run on several
+ * threads at once: a local file's (pread), not a source's. */
+int cb_kvfile_concurrent(const cb_kvfile *f);
 cb_status cb_kvfile_layer_rows_into(cb_kvfile *f, int32_t l, void *buf, const void **k,
                                     const void **v, cb_error *err);
 /* Verify every layer's checksum.  Errors as cb_kvfile_read_layer. */

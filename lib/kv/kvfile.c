@@ -524,6 +524,8 @@ static cb_status load_layer(cb_kvfile *f, int32_t l, cb_error *err)
 
 size_t cb_kvfile_layer_bytes(const cb_kvfile *f) { return (size_t)f->S; }
 
+int cb_kvfile_concurrent(const cb_kvfile *f) { return f->src.read == NULL; }
+
 cb_status cb_kvfile_layer_rows_into(cb_kvfile *f, int32_t l, void *buf, const void **k,
                                     const void **v, cb_error *err)
 {

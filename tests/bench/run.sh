@@ -231,6 +231,13 @@ print(f"decode after 512-token prompts on {sys.argv[2]}: one question {one:.1f} 
       f"= {eight / one:.2f}x (target >= 5x; medians of 3: " + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in
       zip(v["seqs_1_512_tok_s"], v["seqs_8_512_tok_s"])) + ")")
 PY
+# The blend's KV loader alone (6 x 512-token caches, nothing computed beside
+# it), by its reader threads: the CPU's default is one (its cores compute
+# while it loads); a device's, several (lib/kv/blend_load.c).
+echo "== bench_load: the blend's KV loader by its readers, 6 x 512-token caches (median of 5)"
+"$BUILD/bench/bench_load" "$M" 6 512 5 1,2 | awk '$1 == "load_file_mb" { mb = 6 * $2 }
+    $1 ~ /^load_[0-9]+_ms$/ { split($1, a, "_"); ms[a[2]] = $2 }
+    END { printf "loading %.1f MB: 1 reader %.1f ms, 2 readers %.1f ms = %.2fx\n", mb, ms[1], ms[2], ms[1] / ms[2] }'
 # The same engine on the GPU, when this machine has one and the CUDA module runs.
 if "$BINDIR_B/cb-run" -m "$M" --device cuda -p x -n 1 >/dev/null 2>"$tmp/cuda.err"; then
     echo "== bench_engine (ours) on CUDA vs ours on the CPU"

@@ -88,6 +88,17 @@ assert abs(s["blend"]["n_recomputed_tokens"] - 0.15 * s["blend"]["n_cached_token
 assert s["blend"]["n_chunks_missing"] == 0, s["blend"]
 assert len(set(v["n_prompt_tokens"] for v in s.values())) == 1
 PY
+# the loader's readers: two read every layer's files together, one reads
+# them in turn: the same logits; a count past 64 is a usage error
+for lt in 1 2; do
+    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 1 -p "$Q" --load-threads $lt --stats "$T/lt$lt.json" \
+        --logits-out "$T/lt$lt.bin" > /dev/null 2>&1
+done
+lt=$(python3 -c 'import json,sys; print(*[json.load(open(f))["load_threads"] for f in sys.argv[1:]])' "$T/lt1.json" "$T/lt2.json" 2>/dev/null)
+[ "$lt" = "1 2" ] && [ -s "$T/lt1.bin" ] && cmp -s "$T/lt1.bin" "$T/lt2.bin" &&
+    ok "--load-threads 2: the caches' files read by two threads, the same logits (stats: $lt)" ||
+    not_ok "--load-threads 2: the caches' files read by two threads, the same logits (stats: ${lt:-none})"
+expect_exit "--load-threads 65" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 1 -p "$Q" --load-threads 65
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 4 -p "$Q" --verify --stats "$T/v.json" > /dev/null
 python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))["verify"]; assert v["kl"] >= 0 and "same_answer" in v and "top1_agree" in v' "$T/v.json" \
     && ok "--verify adds KL, top-1 agreement and answer identity" || not_ok "--verify"

@@ -19,6 +19,7 @@
 #include "test.h"
 
 #include <time.h>
+#include <unistd.h>
 
 static const char *tmpdir(void)
 {
@@ -357,6 +358,81 @@ static void test_spans(cb_model *m)
     cb_model_mark_record(m, z);
     CHECK(cb_model_mark_ms(m, a, z) >= 0 && cb_model_mark_ms(m, z, a) <= 0);
     cb_model_mark_free(m, a), cb_model_mark_free(m, z);
+}
+
+/* A copy of path at to, with one bit of layer 0's data flipped */
+static int corrupt_copy(const char *path, const char *to)
+{
+    cb_error err;
+    FILE *f = fopen(path, "rb");
+    uint8_t *d = NULL;
+    long n = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 128 && fseek(f, 0, SEEK_SET) == 0 &&
+        (d = malloc((size_t)n)) && fread(d, 1, (size_t)n, f) != (size_t)n)
+        n = -1;
+    if (f)
+        fclose(f);
+    uint32_t H = 0;
+    if (n > 128)
+        memcpy(&H, d + 12, 4);
+    int ok = n > 128 && H + 3 < (uint64_t)n;
+    if (ok) {
+        d[H + 3] ^= 0x20;
+        ok = cb_file_write_atomic(to, d, (size_t)n, &err) == CB_OK;
+    }
+    free(d);
+    return ok ? 0 : -1;
+}
+
+/* The loader's readers (cb_blend_params.load_threads): three threads read
+ * each layer's files together and give the bits one does; with two of the
+ * files corrupt, the first of them in the prompt is the one reported
+ * (failed_segment), whichever reader met its fault first. */
+static void test_readers(fixture *fx, const cb_segment *segs0, int32_t ns, float *one, float *three,
+                         const char *label)
+{
+    int nv = cb_model_hparams(fx->m)->n_vocab;
+    cb_blend_params p = fixed_defaults();
+    cb_blend_stats st;
+    tcase("%s: three readers of the caches' files: one reader's bits; the first corrupt file in "
+          "the prompt named",
+          label);
+    CHECK_OK(run(fx, segs0, ns, &p, one, &st, NULL));
+    CHECK(st.load_threads == 1); /* the CPU's choice */
+    p.load_threads = 3;
+    CHECK_OK(run(fx, segs0, ns, &p, three, &st, NULL));
+    CHECK(st.load_threads == 3 && memcmp(one, three, sizeof(float) * (size_t)nv) == 0);
+    p.load_threads = 8; /* more than the files: one a file */
+    CHECK_OK(run(fx, segs0, ns, &p, three, &st, NULL));
+    CHECK(st.load_threads == 3 && memcmp(one, three, sizeof(float) * (size_t)nv) == 0);
+    char from[1024], to[2][1024];
+    cb_kvfile *bad[2] = {NULL, NULL};
+    cb_segment segs[16];
+    cb_error err;
+    memcpy(segs, segs0, sizeof *segs * (size_t)ns);
+    int32_t first = -1;
+    for (int c = 1, k = 0; c < 3; c++, k++) { /* the 2nd and 3rd chunks */
+        snprintf(from, sizeof from, "%s/blend-%d-%s.cbkv", tmpdir(), c,
+                 cb_type_name(cb_kvfile_meta(fx->file[c])->type));
+        snprintf(to[k], sizeof to[k], "%s/blend-bad-%d.cbkv", tmpdir(), c);
+        CHECK(corrupt_copy(from, to[k]) == 0 && cb_kvfile_open(&bad[k], to[k], &err) == CB_OK);
+        for (int32_t s = 0; s < ns; s++)
+            if (segs[s].kv == fx->file[c]) {
+                segs[s].kv = bad[k];
+                first = first < 0 ? s : first;
+            }
+    }
+    int named = 1;
+    for (int r = 0; r < 6 && bad[0] && bad[1]; r++) {
+        cb_status s = run(fx, segs, ns, &p, three, &st, NULL);
+        named &= s == CB_ERR_CHECKSUM && st.failed_segment == first;
+    }
+    CHECKF(named && first > 0, "failed_segment %d, the first corrupt one %d", st.failed_segment,
+           first);
+    for (int k = 0; k < 2; k++) {
+        cb_kvfile_free(bad[k]);
+        unlink(to[k]);
+    }
 }
 
 static void invariants(const char *label, const char *model_path, cb_type kvt, double tol_full,
@@ -1200,6 +1276,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                    fabs(st.recompute_ms - (st.prefill_ms - st.stall_ms)) < 1e-9,
                "prefill %.3f, stall %.3f, recompute %.3f ms", st.prefill_ms, st.stall_ms,
                st.recompute_ms);
+        test_readers(&fx, segs, ns, a, b, label);
     }
 
     if (strstr(label, "SmolLM2")) {
