@@ -452,7 +452,7 @@ static double cu_mark_ms(cb_backend *b, void *a, void *z)
     T(b, "mark_ms");
     CK(cudaEventSynchronize((cudaEvent_t)z));
     cudaError_t e = cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)z);
-    if (e == cudaErrorInvalidResourceHandle) { /* one was never recorded: not sticky */
+    if (e == cudaErrorInvalidResourceHandle || e == cudaErrorNotReady) { /* one never recorded: not sticky */
         cudaGetLastError();
         return -1;
     }
