@@ -609,8 +609,11 @@ static void init_ops(void)
  * each file the driver gives its module, lists the module's functions and
  * loads each.  The driver's calls come through cudart's entry-point query
  * (the module does not link libcuda); a driver without them (before 12.4)
- * leaves the kernels to load lazily, as before.  Returns how many kernels
- * it loaded, -1 when it could not list them. */
+ * leaves the kernels to load lazily, as before.  A device newer than the
+ * newest SASS in the module (CU_SASS_NEWEST, from CUDA_ARCHS) runs kernels
+ * compiled from PTX on the spot: those stay lazy too, not every kernel
+ * compiled at every open.  Returns how many kernels it loaded, -1 when it
+ * could not list them (or left them lazy). */
 typedef CUresult (*fn_func_module)(CUmodule *, CUfunction);
 typedef CUresult (*fn_module_count)(unsigned *, CUmodule);
 typedef CUresult (*fn_module_list)(CUfunction *, unsigned, CUmodule);
@@ -633,8 +636,14 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-static int load_kernels(void)
+#ifndef CU_SASS_NEWEST
+#define CU_SASS_NEWEST 90
+#endif
+
+static int load_kernels(const cudaDeviceProp *prop)
 {
+    if (prop->major * 10 + prop->minor > CU_SASS_NEWEST)
+        return -1;
     fn_func_module func_module = (fn_func_module)driver_fn("cuFuncGetModule");
     fn_module_count module_count = (fn_module_count)driver_fn("cuModuleGetFunctionCount");
     fn_module_list module_list = (fn_module_list)driver_fn("cuModuleEnumerateFunctions");
@@ -665,7 +674,6 @@ static int load_kernels(void)
     }
     return loaded;
 }
-
 
 extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_backend **out, int abi, int device,
                                                                            char *msg, size_t msg_len)
@@ -788,9 +796,9 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
         if (spare)
             tctx_destroy(spare);
         double t0 = now_ms();
-        int n_loaded = load_kernels();
+        int n_loaded = load_kernels(&c->prop);
         if (env_is("CB_BACKEND_PROFILE", "1"))
-            fprintf(stderr, "# cuda: %d kernels loaded at open in %.1f ms (-1: the driver cannot list them)\n",
+            fprintf(stderr, "# cuda: %d kernels loaded at open in %.1f ms (-1: left lazy, see load_kernels)\n",
                     n_loaded, now_ms() - t0);
         CK(cudaDeviceSynchronize());
     } catch (cu_fault &) {

@@ -12,6 +12,7 @@ CUDA_ARCHS ?= 80 86 89 90
 CUDA_PTX   := $(lastword $(CUDA_ARCHS))
 NVCCFLAGS  ?= -O3
 NVCCFLAGS  += -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter -MMD -MP -Ilib/include \
+              -DCU_SASS_NEWEST=$(CUDA_PTX) \
               $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
               -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX)
 CUDA_SRC   := $(sort $(wildcard lib/cuda/*.cu))
