@@ -84,10 +84,10 @@ static void read_task(void *arg, int64_t i, int tid)
 static int32_t auto_readers(int32_t group)
 {
     cpu_set_t cpus;
-    long n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
-                                                           : sysconf(_SC_NPROCESSORS_ONLN);
     if (group > 0)
         return 1;
+    long n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
+                                                           : sysconf(_SC_NPROCESSORS_ONLN);
     n /= 2;
     return n < 1 ? 1 : n > 8 ? 8 : (int32_t)n;
 }
@@ -129,8 +129,8 @@ static void loader_run(loader *ld)
      * thing at a time), each into its place in the one buffer */
     int32_t readers = ld->threads > 0 ? ld->threads : auto_readers(group);
     readers = readers > n_used ? n_used : readers;
-    if (st == CB_OK && buf && local && readers > 1 && !(pool = cb_pool_new(readers)))
-        readers = 1;
+    if (st == CB_OK && buf && local && readers > 1)
+        pool = cb_pool_new(readers); /* (NULL: one reader) */
     ld->threads = pool ? cb_pool_size(pool) : 1;
     layer_reads rd = {.ld = ld, .n = n_used, .seg = used, .off = off, .buf = buf, .ks = ks};
     pthread_mutex_init(&rd.mu, NULL);

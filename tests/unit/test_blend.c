@@ -364,21 +364,15 @@ static void test_spans(cb_model *m)
 static int corrupt_copy(const char *path, const char *to)
 {
     cb_error err;
-    FILE *f = fopen(path, "rb");
-    uint8_t *d = NULL;
-    long n = -1;
-    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 128 && fseek(f, 0, SEEK_SET) == 0 &&
-        (d = malloc((size_t)n)) && fread(d, 1, (size_t)n, f) != (size_t)n)
-        n = -1;
-    if (f)
-        fclose(f);
+    size_t n = 0;
+    uint8_t *d = (uint8_t *)t_read_file(path, &n);
     uint32_t H = 0;
-    if (n > 128)
+    if (d && n > 128)
         memcpy(&H, d + 12, 4);
-    int ok = n > 128 && H + 3 < (uint64_t)n;
+    int ok = d && n > 128 && H + 3 < (uint64_t)n;
     if (ok) {
         d[H + 3] ^= 0x20;
-        ok = cb_file_write_atomic(to, d, (size_t)n, &err) == CB_OK;
+        ok = cb_file_write_atomic(to, d, n, &err) == CB_OK;
     }
     free(d);
     return ok ? 0 : -1;
