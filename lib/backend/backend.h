@@ -223,9 +223,12 @@ typedef struct cb_backend_ops {
 
 /* Row-stable products (what cb_fwd_decode, which decodes independent
  * sequences together, relies on for a sequence's tokens to be the same
- * bits whatever it is batched with).  matmul and matmul_multi compute row
- * i of y from row i of x alone: the values of the other rows never change
- * it.  Which kernel computes it may depend on the number of rows n, so a
+ * bits whatever it is batched with).  In products of up to rows_max rows,
+ * matmul and matmul_multi compute row i of y from row i of x alone: the
+ * values of the other rows never change it (past rows_max a device may
+ * share one scale among the rows: CUDA's cuBLAS path, whose f16 inputs
+ * take the scale of the largest value in the product).  Which kernel
+ * computes a row may depend on the number of rows n, so a
  * row's bits may change with n; but every backend that does not declare
  * rows_unstable gives a row the same bits in all products whose n is a
  * multiple of its rows_step and at most its rows_max (struct cb_backend).

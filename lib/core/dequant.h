@@ -42,6 +42,17 @@
 #include <string.h>
 #endif
 
+/* a*b + c and a*b - c rounded twice, as the CPU computes them (C11 does not
+ * contract): nvcc fuses such a pair into one FMA unless told not to, which
+ * would move q4_1, q5_1, q4_K and q5_K weights by an ulp on the device */
+#ifdef __CUDA_ARCH__
+#define CB_DQ_MADD(a, b, c) __fadd_rn(__fmul_rn((a), (b)), (c))
+#define CB_DQ_MSUB(a, b, c) __fsub_rn(__fmul_rn((a), (b)), (c))
+#else
+#define CB_DQ_MADD(a, b, c) ((a) * (b) + (c))
+#define CB_DQ_MSUB(a, b, c) ((a) * (b) - (c))
+#endif
+
 /* Bytes per block and elements per block of the block types. */
 enum {
     CB_QK = 32, /* q4_0 .. q8_0 */
@@ -118,8 +129,8 @@ CB_HD void cb_dq_q4_0(uint8_t q, float d, float *y0, float *y1)
 /* q4_1: q = qs[j] @4, d @0, m @2 */
 CB_HD void cb_dq_q4_1(uint8_t q, float d, float m, float *y0, float *y1)
 {
-    *y0 = (float)(q & 0x0f) * d + m;
-    *y1 = (float)(q >> 4) * d + m;
+    *y0 = CB_DQ_MADD((float)(q & 0x0f), d, m);
+    *y1 = CB_DQ_MADD((float)(q >> 4), d, m);
 }
 
 /* q5_0: q = qs[j] @6, qh = u32 @2 */
@@ -134,8 +145,8 @@ CB_HD void cb_dq_q5_0(uint8_t q, uint32_t qh, int j, float d, float *y0, float *
 CB_HD void cb_dq_q5_1(uint8_t q, uint32_t qh, int j, float d, float m, float *y0, float *y1)
 {
     int h0 = (int)(qh >> j & 1) << 4, h1 = (int)(qh >> (j + 16) & 1) << 4;
-    *y0 = (float)((q & 0x0f) | h0) * d + m;
-    *y1 = (float)((q >> 4) | h1) * d + m;
+    *y0 = CB_DQ_MADD((float)((q & 0x0f) | h0), d, m);
+    *y1 = CB_DQ_MADD((float)((q >> 4) | h1), d, m);
 }
 
 /* q8_0: element j from q = qs[j] @2 */
@@ -173,16 +184,16 @@ CB_HD void cb_dq_k_group(const uint8_t *b, int g, float f[4])
 /* q4_K: elements 64g+l and 64g+32+l from q = qs[32g+l] @16 */
 CB_HD void cb_dq_q4_k(uint8_t q, const float f[4], float *y0, float *y1)
 {
-    *y0 = f[0] * (float)(q & 0x0f) - f[1];
-    *y1 = f[2] * (float)(q >> 4) - f[3];
+    *y0 = CB_DQ_MSUB(f[0], (float)(q & 0x0f), f[1]);
+    *y1 = CB_DQ_MSUB(f[2], (float)(q >> 4), f[3]);
 }
 
 /* q5_K: q = qs[32g+l] @48, qh = qh[l] @16 */
 CB_HD void cb_dq_q5_k(uint8_t q, uint8_t qh, int g, const float f[4], float *y0, float *y1)
 {
     int h0 = (qh >> (2 * g) & 1) << 4, h1 = (qh >> (2 * g + 1) & 1) << 4;
-    *y0 = f[0] * (float)((q & 0x0f) | h0) - f[1];
-    *y1 = f[2] * (float)((q >> 4) | h1) - f[3];
+    *y0 = CB_DQ_MSUB(f[0], (float)((q & 0x0f) | h0), f[1]);
+    *y1 = CB_DQ_MSUB(f[2], (float)((q >> 4) | h1), f[3]);
 }
 
 /* q6_K half n: ds[k] = d * scales[8n + k] (k < 8), d = f16 @208 */

@@ -95,28 +95,37 @@ void cu_fail(cb_status st, int cuda, const char *what, const char *file, int lin
 static void tctx_release(void *p)
 {
     tctx *t = (tctx *)p;
+    t->kb_n = 0; /* a bias set and never cleared is not the next thread's */
     pthread_mutex_lock(&t->owner->mu);
     t->next = t->owner->free_list;
     t->owner->free_list = t;
     pthread_mutex_unlock(&t->owner->mu);
 }
 
+/* an event of a context, unless tctx_new failed before making it */
+static void event_drop(cudaEvent_t ev)
+{
+    if (ev)
+        cudaEventDestroy(ev);
+}
+
 static void tctx_destroy(tctx *t)
 {
-    cudaStreamSynchronize(t->s);
+    if (t->s)
+        cudaStreamSynchronize(t->s);
     for (int i = 0; i < N_IDX; i++) {
         cudaFreeHost(t->idx[i].host);
         cudaFree(t->idx[i].dev);
-        cudaEventDestroy(t->idx[i].ev);
+        event_drop(t->idx[i].ev);
     }
     for (int i = 0; i < 2; i++) {
         cudaFreeHost(t->stage[i].host);
-        cudaEventDestroy(t->stage[i].ev);
+        event_drop(t->stage[i].ev);
     }
     for (int i = 0; i < N_MEMO; i++) {
         cudaFreeHost(t->memo[i].sl.host);
         cudaFree(t->memo[i].sl.dev);
-        cudaEventDestroy(t->memo[i].sl.ev);
+        event_drop(t->memo[i].sl.ev);
     }
     cudaFree(t->act.p);
     cudaFree(t->tile32.p);
@@ -130,7 +139,8 @@ static void tctx_destroy(tctx *t)
     cudaFree(t->blas_ws);
     if (t->blas)
         cublasDestroy(t->blas);
-    cudaStreamDestroy(t->s);
+    if (t->s)
+        cudaStreamDestroy(t->s);
     free(t);
 }
 
@@ -140,13 +150,18 @@ static tctx *tctx_new(cuda_ctx *c)
     if (!t)
         cu_fail(CB_ERR_NOMEM, 0, "calloc", __FILE__, __LINE__, "out of memory");
     t->owner = c;
-    CK(cudaStreamCreateWithFlags(&t->s, cudaStreamNonBlocking));
-    for (int i = 0; i < N_IDX; i++)
-        CK(cudaEventCreateWithFlags(&t->idx[i].ev, cudaEventDisableTiming));
-    for (int i = 0; i < 2; i++)
-        CK(cudaEventCreateWithFlags(&t->stage[i].ev, cudaEventDisableTiming));
-    for (int i = 0; i < N_MEMO; i++)
-        CK(cudaEventCreateWithFlags(&t->memo[i].sl.ev, cudaEventDisableTiming));
+    try {
+        CK(cudaStreamCreateWithFlags(&t->s, cudaStreamNonBlocking));
+        for (int i = 0; i < N_IDX; i++)
+            CK(cudaEventCreateWithFlags(&t->idx[i].ev, cudaEventDisableTiming));
+        for (int i = 0; i < 2; i++)
+            CK(cudaEventCreateWithFlags(&t->stage[i].ev, cudaEventDisableTiming));
+        for (int i = 0; i < N_MEMO; i++)
+            CK(cudaEventCreateWithFlags(&t->memo[i].sl.ev, cudaEventDisableTiming));
+    } catch (const cu_fault &) {
+        tctx_destroy(t); /* what was made */
+        throw;
+    }
     return t;
 }
 
@@ -163,7 +178,12 @@ tctx *T(cb_backend *b, const char *op)
         t = c->free_list;
         c->free_list = t->next;
     } else if (c->n_all < MAX_TCTX) {
-        t = tctx_new(c);
+        try {
+            t = tctx_new(c);
+        } catch (const cu_fault &) {
+            pthread_mutex_unlock(&c->mu); /* or every later thread would wait on it */
+            throw;
+        }
         c->all[c->n_all++] = t;
     }
     pthread_mutex_unlock(&c->mu);
@@ -224,7 +244,7 @@ static const void *stage_memo(tctx *t, const void *h, size_t bytes)
             lru = m;
     }
     lru->len = 0; /* until refilled: an error on the way leaves it empty */
-    const void *d = slot_send(t, &lru->sl, h, bytes, bytes < (size_t)MEMO_CAP ? (size_t)MEMO_CAP : bytes);
+    const void *d = slot_send(t, &lru->sl, h, bytes, (size_t)MEMO_BYTES);
     lru->len = bytes;
     lru->used = t->memo_clock;
     return d;
@@ -260,7 +280,7 @@ static void tctx_warm(tctx *t)
             slot_grow(t, &t->idx[i], IDX_CAP);
     for (int i = 0; i < N_MEMO && cu_memo; i++)
         if (!t->memo[i].sl.host)
-            slot_grow(t, &t->memo[i].sl, MEMO_CAP);
+            slot_grow(t, &t->memo[i].sl, (size_t)MEMO_BYTES);
 }
 
 /* CB_CUDA_SYNC=1: after an operation, wait for the thread's work and
@@ -274,16 +294,41 @@ static void check_op(cb_backend *b)
     CK(cudaGetLastError());
 }
 
+/* After a fault, the device's work waited for (best effort: a broken
+ * context returns at once) before memory is released: a fault can skip
+ * the sync that would have waited for another thread's queued copies into
+ * it (the blend's loader, whose caches the computing thread frees). */
+static void drain_after_fault(cb_backend *b)
+{
+    cudaSetDevice(CTX(b)->dev);
+    cudaDeviceSynchronize();
+    cudaGetLastError();
+}
+
+/* What a guarded entry returns when it did not run or failed: NULL, 0, or
+ * for an operation that returns a status, the backend's (never CB_OK) */
+template <typename R> static R not_done(cb_backend *b)
+{
+    if constexpr (std::is_same_v<R, cb_status>)
+        return cb_backend_status(b) != CB_OK ? cb_backend_status(b) : CB_ERR_DEVICE;
+    else
+        return R();
+}
+
 /* The operation table's entries: after a fault, nothing (Release: the
- * releasing operations, which always run); a cu_fault thrown by the
- * operation recorded as the backend's fault, the result then NULL; under
- * CB_CUDA_SYNC=1, check_op after the operation. */
+ * releasing operations, which always run, once the device's work is
+ * done); a cu_fault thrown by the operation recorded as the backend's
+ * fault, the result then not_done's; under CB_CUDA_SYNC=1, check_op after
+ * the operation. */
 template <bool Release, auto F> struct guarded;
 template <bool Release, typename R, typename... A, R (*F)(cb_backend *, A...)> struct guarded<Release, F> {
     static R call(cb_backend *b, A... a)
     {
-        if (!Release && cb_backend_status(b) != CB_OK)
-            return R();
+        if (cb_backend_status(b) != CB_OK) {
+            if (!Release)
+                return not_done<R>(b);
+            drain_after_fault(b);
+        }
         try {
             if constexpr (std::is_void_v<R>) {
                 F(b, a...);
@@ -298,7 +343,7 @@ template <bool Release, typename R, typename... A, R (*F)(cb_backend *, A...)> s
         } catch (const cu_fault &f) {
             cb_backend_fail(b, f.st, "cuda:%d: %s", CTX(b)->dev, f.msg);
         }
-        return R();
+        return not_done<R>(b);
     }
 };
 
@@ -450,6 +495,7 @@ static double cu_mark_ms(cb_backend *b, void *a, void *z)
 {
     float ms = -1;
     T(b, "mark_ms");
+    CK(cudaEventSynchronize((cudaEvent_t)a)); /* (at once for one never recorded) */
     CK(cudaEventSynchronize((cudaEvent_t)z));
     cudaError_t e = cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)z);
     if (e == cudaErrorInvalidResourceHandle || e == cudaErrorNotReady) { /* one never recorded: not sticky */
@@ -504,15 +550,21 @@ static bool env_is(const char *name, const char *v)
 }
 
 /* The table: every entry guarded (fault handling, CB_CUDA_SYNC).  One
- * table for the process, filled again at each open from the environment:
- * the switches below (CB_CUDA_GEMV, MEMO, FUSE, KBIAS, PIN) hold for every
- * backend of a process, which opens them all under the same environment
- * (test_backend_ops does); CB_CUDA_FA and CB_CUDA_QW are per backend. */
+ * table for the process, filled from the environment at the first open:
+ * the switches below (CB_CUDA_SYNC, GEMV, MEMO, FUSE, KBIAS, PIN) hold for
+ * every backend of a process, so that a later open under another
+ * environment does not change them under the backends already open (a
+ * backend declares rows_max from them); CB_CUDA_FA and CB_CUDA_QW are per
+ * backend. */
+static pthread_once_t ops_once = PTHREAD_ONCE_INIT;
+
 static void init_ops(void)
 {
 #define OP(field, fn) o->field = guarded<false, fn>::call
 #define RELEASE(field, fn) o->field = guarded<true, fn>::call
     cb_backend_ops *o = &cuda_ops;
+    const char *sync_env = getenv("CB_CUDA_SYNC");
+    cu_sync_each = sync_env && *sync_env && strcmp(sync_env, "0") != 0;
     o->name = "cuda";
     o->max_head_dim = CU_ATT_HD_MAX;
     o->free = cu_free; /* checks nothing: it cannot fail */
@@ -622,10 +674,14 @@ typedef CUresult (*fn_func_load)(CUfunction);
 static void *driver_fn(const char *name)
 {
     void *fn = NULL;
+#if CUDART_VERSION >= 12050 /* the query by version came with 12.5: before it, kernels stay lazy */
     cudaDriverEntryPointQueryResult q;
     if (cudaGetDriverEntryPointByVersion(name, &fn, 12040, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess)
         return NULL;
+#else
+    (void)name;
+#endif
     return fn;
 }
 
@@ -741,10 +797,6 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
         free(b);
         return CB_ERR_DEVICE;
     }
-    {
-        const char *env = getenv("CB_CUDA_SYNC");
-        cu_sync_each = env && *env && strcmp(env, "0") != 0;
-    }
     pthread_mutex_init(&c->mu, NULL);
     if (pthread_key_create(&c->key, tctx_release) != 0) {
         snprintf(msg, msg_len, "out of thread keys");
@@ -753,7 +805,7 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
         free(b);
         return CB_ERR_NOMEM;
     }
-    init_ops();
+    pthread_once(&ops_once, init_ops);
     /* tensor-core attention (cuda_attn.cu's k_flash), behind CB_CUDA_FA=1
      * until a GPU run has checked it (issue 34); per backend, so that
      * test_backend_ops can hold one with it and one without */

@@ -108,8 +108,10 @@ typedef struct slot {
 
 /* A staged array kept for reuse (CB_CUDA_MEMO=1): while a forward pass's
  * layers stage the same positions and RoPE table again and again, the
- * device copy of the first is handed out, and nothing is sent. */
-enum { N_MEMO = 8, MEMO_BYTES = 64 << 10, MEMO_CAP = 4096 };
+ * device copy of the first is handed out, and nothing is sent.  Each
+ * slot is made at MEMO_BYTES (at open: tctx_warm), so that none grows,
+ * pinning memory, inside the timed work of a long prompt. */
+enum { N_MEMO = 8, MEMO_BYTES = 64 << 10 };
 
 typedef struct memo {
     slot sl;             /* host: the contents last sent; dev: their copy */

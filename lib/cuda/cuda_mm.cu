@@ -251,11 +251,13 @@ struct cb_bweight {
     size_t rb;         /* and bytes per row */
 };
 
-/* Rows per dequantization pass through the f32 scratch (about 4M values) */
+/* Rows per dequantization pass through the f32 scratch (about 4M values),
+ * a multiple of 32 where there are that many, so that each pass's output
+ * (y + r0 rows) starts as aligned as y for cuBLAS */
 static int64_t dq_rows(int64_t n_in)
 {
     int64_t r = ((int64_t)4 << 20) / (n_in > 0 ? n_in : 1);
-    return r > 0 ? r : 1;
+    return r >= 32 ? r / 32 * 32 : r > 0 ? r : 1;
 }
 
 /* The weight's GGUF bytes are dequantized to f32 rows by the type's kernel

@@ -1629,12 +1629,13 @@ static double fa_bound;
 /* A third CUDA backend keeping block-quantized weights in their GGUF
  * blocks (CB_CUDA_QW=1), and the bound a matmul or get_rows case of a
  * block type sets for it (0: a case it does not take).  Its few-row
- * products and its embedding rows take the weights' exact values (no
- * rounding to f16): f32 sums in another order than the CPU's, nmse ~1e-14
- * (bound 1e-10); more rows go through f16 tiles, the first backend's
- * rounding and bound. */
+ * products take the weights' exact values (no rounding to f16): f32 sums
+ * in another order than the CPU's, nmse ~1e-14 (bound 1e-10); its
+ * embedding rows are the CPU's bit for bit (QW_EXACT); more rows go
+ * through f16 tiles, the first backend's rounding and bound. */
 static cb_backend *cuda_qw;
 static double qw_bound;
+#define QW_EXACT (-1.0)     /* qw_bound: bit for bit */
 enum { FA_CASE_ROWS = 16 }; /* cuda_attn.cu's FA_MIN_ROWS: fewer rows take the scalar kernel */
 
 /* The reference vs the CPU backend within cpu_bound; the CPU vs CUDA
@@ -1680,7 +1681,7 @@ static int case_skip(const char *name, const char *cpu_what, const char *cuda_wh
         snprintf(nm, sizeof nm, "cuda-fa %s vs cpu", name);
         tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
     }
-    if (qw_bound > 0) {
+    if (qw_bound != 0) {
         snprintf(nm, sizeof nm, "cuda-qw %s vs cpu", name);
         tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
     }
@@ -1733,7 +1734,7 @@ static double qw_case_bound(cb_type t, int64_t n, double tiles_bound)
 static void run_qw(const char *name, case_fn fn, int64_t n)
 {
     char nm[192];
-    if (qw_bound <= 0)
+    if (qw_bound == 0)
         return;
     snprintf(nm, sizeof nm, "cuda-qw %s vs cpu", name);
     if (!cuda_qw) {
@@ -2092,14 +2093,14 @@ static void r18_error_checks(const char *self)
  * multiple of their 8-row panels.  And the quantizers agree bit for bit
  * with the portable ones, ties and zeros included. */
 /* matmul_multi (one job for the products of one input) gives, bit for bit,
- * what matmul gives for each weight: three weights of different types and
- * widths (one with a bias), 1, 5 and 12 rows and 20 (the per-weight
- * fallback), on backend be */
-static void multi_case(cb_backend *be, const char *label)
+ * what matmul gives for each weight: three weights of types ty and
+ * different widths (the second with a bias), 1, 5, 8 and 12 rows and 20
+ * (the per-weight fallback), inputs of n_in, on backend be.  Types that
+ * differ take one product per weight on a device keeping weights in their
+ * blocks; three of one type one launch. */
+static void multi_case(cb_backend *be, const char *label, const cb_type ty[3], int64_t n_in)
 {
-    static const cb_type ty[3] = {CB_TYPE_Q4_1, CB_TYPE_Q8_0, CB_TYPE_Q6_K};
     static const int64_t outs[3] = {72, 40, 20}, ns[5] = {1, 5, 8, 12, 20};
-    int64_t n_in = 512;
     seed(7);
     float *x = rand_vec(20 * n_in, 1.0f), *bias = rand_vec(40, 0.5f);
     float *dx = bput(be, x, sizeof(float) * 20 * (size_t)n_in);
@@ -2129,7 +2130,8 @@ static void multi_case(cb_backend *be, const char *label)
             bget(be, y2[k], d2[k], sizeof(float) * (size_t)(ns[i] * outs[k]));
             same &= memcmp(y1[k], y2[k], sizeof(float) * (size_t)(ns[i] * outs[k])) == 0;
         }
-        tcase("%s matmul_multi q4_1+q8_0(bias)+q6_K, %lld rows = matmul each, bit for bit", label,
+        tcase("%s matmul_multi %s+%s(bias)+%s x %lld, %lld rows = matmul each, bit for bit", label,
+              cb_type_name(ty[0]), cb_type_name(ty[1]), cb_type_name(ty[2]), (long long)n_in,
               (long long)ns[i]);
         CHECK(same);
     }
@@ -2350,17 +2352,28 @@ static void act8_cases(void)
     a8->ops->set_act8(a8, 1);
     a8c->ops->set_act8(a8c, 1);
     printf("# 8-bit activations: %s; portable: %s\n", a8->desc, a8c->desc);
-    multi_case(cpu, "cpu ");
-    multi_case(a8, "act8");
+    static const cb_type mixed[3] = {CB_TYPE_Q4_1, CB_TYPE_Q8_0, CB_TYPE_Q6_K},
+                         q8[3] = {CB_TYPE_Q8_0, CB_TYPE_Q8_0, CB_TYPE_Q8_0};
+    multi_case(cpu, "cpu ", mixed, 512);
+    multi_case(a8, "act8", mixed, 512);
+    multi_case(cpu, "cpu ", q8, 896);
     /* CUDA's, with the few-row kernel: one launch for the three (up to 8
-     * rows), cuBLAS weight by weight past them */
+     * rows), cuBLAS weight by weight past them; on the blocks, one launch
+     * for three of one type (Qwen2.5-0.5B's width) */
     if (cuda && cuda->ops->matmul_multi)
-        multi_case(cuda, "cuda");
+        multi_case(cuda, "cuda", mixed, 512);
     else
         tskip("cuda matmul_multi = matmul each, bit for bit",
               cuda ? "CB_CUDA_GEMV=0: no matmul_multi" : cuda_why);
-    if (cuda_qw && cuda_qw->ops->matmul_multi)
-        multi_case(cuda_qw, "cuda-qw");
+    if (cuda_qw && cuda_qw->ops->matmul_multi) {
+        multi_case(cuda_qw, "cuda-qw", mixed, 512);
+        multi_case(cuda_qw, "cuda-qw", q8, 896);
+    } else {
+        tskip("cuda-qw matmul_multi = matmul each, bit for bit",
+              cuda_qw ? "CB_CUDA_GEMV=0: no matmul_multi"
+              : cuda  ? "CB_CUDA_QW: the backend did not open"
+                      : cuda_why);
+    }
     outlier_cases(a8);
     act8_attention_cases(a8, a8c);
     float *o_c = malloc(sizeof(float) * MAXOUT);
@@ -2961,7 +2974,8 @@ int main(int argc, char **argv)
         qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
         run_case(name, c_matmul, 1e-12, mm_type == CB_TYPE_BF16 ? 1e-4 : 1e-5);
         snprintf(name, sizeof name, "get_rows %s", cb_type_name(mm_type));
-        qw_bound = qw_case_bound(mm_type, 1, 1e-6);
+        /* on the blocks: dequant.h's values, the CPU's bits (no FMA) */
+        qw_bound = cb_type_block_elems(mm_type) == 1 ? 0 : QW_EXACT;
         run_case(name, c_get_rows, mm_type == CB_TYPE_F32 ? -1 : 0,
                  mm_type == CB_TYPE_BF16  ? -1
                  : mm_type == CB_TYPE_F32 ? 1e-6
@@ -3004,7 +3018,7 @@ int main(int argc, char **argv)
     qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
     run_case("matmul q4_K 8x2304x300 + bias", c_matmul, 1e-12, 1e-5);
     /* and on the blocks: q6_K (the output heads' type) past a tile of rows
-     * (dq_rows: 4M values, here 1,820 rows of 2,304), with a bias; q5_0
+     * (dq_rows: 4M values in whole 32s of rows, here 1,792 rows of 2,304), with a bias; q5_0
      * with 8 rows over 9 steps a lane */
     mm_type = CB_TYPE_Q6_K, mm_n = 24, mm_in = 2304, mm_out = 2000, mm_bias = 1;
     qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
@@ -3012,6 +3026,15 @@ int main(int argc, char **argv)
     mm_type = CB_TYPE_Q5_0, mm_n = 8, mm_in = 2304, mm_out = 70, mm_bias = 0;
     qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
     run_case("matmul q5_0 8x2304x70", c_matmul, 1e-12, 1e-5);
+    /* a width of 28 blocks of 32 (Qwen2.5-0.5B's 896): the few-row
+     * kernel's lanes take unequal numbers of steps */
+    for (int t = 0; t < 2; t++) {
+        mm_type = t ? CB_TYPE_Q5_0 : CB_TYPE_Q8_0, mm_n = 3, mm_in = 896, mm_out = 37, mm_bias = t;
+        snprintf(name, sizeof name, "matmul %s 3x896x37%s", cb_type_name(mm_type),
+                 t ? " + bias" : "");
+        qw_bound = qw_case_bound(mm_type, mm_n, 1e-5);
+        run_case(name, c_matmul, 1e-12, 1e-5);
+    }
     qw_bound = 0;
 
     c_inplace = 0;
@@ -3051,6 +3074,16 @@ int main(int argc, char **argv)
             run_case(name, c_attention, 1e-10, 1e-9);
             fa_bound = 0;
         }
+        /* Qwen2's keys: two channels of every key head far above the rest
+         * (the tensor-core kernel rounds Q to f16; an emulation of it in
+         * numpy gave nmse 3e-8 to 4e-8 here, as without them: the outlier
+         * channels shift every key's score alike) */
+        att_hd = 64, att_nq = 40, att_big_k = 1;
+        snprintf(name, sizeof name, "attention %s hd 64 40 rows, keys' outlier channels",
+                 f16 ? "f16" : "f32");
+        fa_bound = FA_BOUND;
+        run_case(name, c_attention, 1e-10, 1e-9);
+        fa_bound = 0, att_big_k = 0;
         att_hd = 64, att_nq = 1;
         snprintf(name, sizeof name, "attention %s hd 64 1 row", f16 ? "f16" : "f32");
         run_case(name, c_attention, 1e-10, 1e-9);
