@@ -132,8 +132,10 @@ static void tctx_destroy(tctx *t)
     cudaFree(t->tile16.p);
     cudaFree(t->att_part.p);
     cudaFree(t->mass_buf.p);
-    cudaFree(t->kb.p);
-    free(t->kb_flags);
+    for (int i = 0; i < N_KB; i++) {
+        cudaFree(t->kbr[i].dev.p);
+        free(t->kbr[i].flags);
+    }
     free(t->kb_host);
     cudaFree(t->scal);
     cudaFree(t->blas_ws);

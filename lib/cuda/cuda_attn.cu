@@ -482,7 +482,7 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
         z = 1; /* no memory for the shares: unsplit, slower, the same result */
     }
     dim3 grid(nblocks(n, rows), (unsigned)n_head, (unsigned)z);
-    const kbias kb = {t->kb_n > 0 ? (const float *)t->kb.p : NULL, (int)t->kb_n, t->kb_until};
+    const kbias kb = {t->kb_n > 0 ? t->kb_cur : NULL, (int)t->kb_n, t->kb_until};
     if (fa)
         k_flash<__half><<<grid, FA_WARPS * 32, fa_smem, t->s>>>(q, dpos, n, (const __half *)k, (const __half *)v,
                                                                 n_head, n_head_kv, hd, scale, window, kb, out, part);
@@ -501,10 +501,12 @@ void cu_attention(cb_backend *b, const float *q, const int32_t *pos, int64_t n, 
     }
 }
 
-/* The bias row is made and sent only when the flags or the bias differ
- * from what was sent last: a blend sets the same ones at every layer's
- * attention (and clears them after).  The copy is queued on the thread's
- * stream, after the attention that read the row before. */
+/* A bias row is made and sent only when no row of the last N_KB sent has
+ * the same flags and bias: a blend sets the same ones at every layer's
+ * attention (and clears them after), and a batch's decoding each of its
+ * sequences' in turn, at every layer of every step.  The least recently
+ * used row is rewritten by a copy queued on the thread's stream, after
+ * every attention that read it before. */
 cb_status cu_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float bias, int32_t until)
 {
     tctx *t = T(b, "set_key_bias");
@@ -513,26 +515,36 @@ cb_status cu_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float 
         return CB_OK;
     if (n > INT32_MAX)
         return CB_ERR_RANGE;
-    if (n != t->kb_sent || bias != t->kb_val || memcmp(stale, t->kb_flags, (size_t)n) != 0) {
-        t->kb_sent = 0;
-        uint8_t *fl = (uint8_t *)realloc(t->kb_flags, (size_t)n);
+    kb_row *r = &t->kbr[0];
+    bool hit = false;
+    t->kb_clock++;
+    for (int i = 0; i < N_KB && !hit; i++) {
+        kb_row *e = &t->kbr[i];
+        if ((hit = e->n == n && e->val == bias && memcmp(stale, e->flags, (size_t)n) == 0))
+            r = e;
+        else if (e->used < r->used)
+            r = e;
+    }
+    if (!hit) {
+        r->n = 0; /* until refilled */
+        uint8_t *fl = (uint8_t *)realloc(r->flags, (size_t)n);
         if (!fl)
             return CB_ERR_NOMEM;
-        t->kb_flags = fl;
+        r->flags = fl;
         float *row = (float *)realloc(t->kb_host, sizeof(float) * (size_t)n);
         if (!row)
             return CB_ERR_NOMEM;
         t->kb_host = row;
-        void *d = keep_on(t, &t->kb, sizeof(float) * (size_t)n);
-        if (!d)
+        if (!keep_on(t, &r->dev, sizeof(float) * (size_t)n))
             return CB_ERR_NOMEM;
         for (int64_t k = 0; k < n; k++)
             row[k] = stale[k] ? bias : 0.0f;
-        upload_on(t, d, row, sizeof(float) * (size_t)n);
+        upload_on(t, r->dev.p, row, sizeof(float) * (size_t)n); /* (copied out of row before it returns) */
         memcpy(fl, stale, (size_t)n);
-        t->kb_sent = n, t->kb_val = bias;
+        r->n = n, r->val = bias;
     }
-    t->kb_n = n, t->kb_until = until;
+    r->used = t->kb_clock;
+    t->kb_cur = (const float *)r->dev.p, t->kb_n = n, t->kb_until = until;
     return CB_OK;
 }
 

@@ -125,6 +125,16 @@ typedef struct kept {
     size_t cap;
 } kept;
 
+/* A key-bias row on the device and what it was made from */
+enum { N_KB = 8 };
+typedef struct kb_row {
+    kept dev;       /* [n] floats: the bias, or 0 */
+    uint8_t *flags; /* host: the flags [n] */
+    int64_t n;      /* 0: empty */
+    float val;      /* the bias */
+    unsigned long used;
+} kb_row;
+
 /* A thread's device scalars for its matrix products (stream-ordered: each
  * product rewrites them after the previous one has read them). */
 typedef struct mm_scalars {
@@ -151,14 +161,14 @@ typedef struct tctx {
     kept tile32, tile16;  /* CB_CUDA_QW=1: a block weight's rows dequantized, f32 then 16-bit */
     kept att_part;        /* CB_CUDA_MEMO=1: attention's split shares, kept */
     kept mass_buf;        /* and attn_mass's normalizers and per-head sums */
-    /* set_key_bias's (cuda_attn.cu): the bias row on the device, sent again
-     * only when the flags or the bias change (every layer sets them) */
-    kept kb;              /* [kb_sent] floats: the bias, or 0 */
-    uint8_t *kb_flags;    /* host: the flags it was made from [kb_sent] */
-    float *kb_host;       /* host: the row as sent [kb_sent] */
-    int64_t kb_sent;      /* 0: nothing sent */
-    float kb_val;         /* the bias sent */
-    int64_t kb_n;         /* the keys biased now (0: none) */
+    /* set_key_bias's (cuda_attn.cu): bias rows on the device, each sent
+     * once while its flags are in use (every layer of a blend sets the
+     * same; a batch's decoding, each sequence's in turn) */
+    kb_row kbr[N_KB];     /* the last N_KB rows sent */
+    unsigned long kb_clock;
+    float *kb_host;       /* host: a row being made */
+    const float *kb_cur;  /* the row attention adds now (one of kbr's) */
+    int64_t kb_n;         /* its keys (0: none biased) */
     int32_t kb_until;     /* for the rows at positions below it */
     struct tctx *next;    /* free list */
 } tctx;

@@ -33,8 +33,13 @@ static void kv_attention(cb_backend *be, const cb_kvcache *kv, int32_t layer, co
 {
     const cb_model *m = kv->m;
     const cb_hparams *hp = &m->hp;
-    int biased = kv->n_stale > 0 && be->ops->set_key_bias(be, kv->stale, kv->n_stale,
-                                                          kv->stale_bias, INT32_MAX) == CB_OK;
+    int biased = 0;
+    if (kv->n_stale > 0) {
+        cb_status st = be->ops->set_key_bias(be, kv->stale, kv->n_stale, kv->stale_bias, INT32_MAX);
+        if (st != CB_OK) /* not attention without the bias, which the stats say is applied */
+            cb_backend_fail(be, st, "set_key_bias: %s (the blend's stale scale)", cb_strerror(st));
+        biased = st == CB_OK;
+    }
     be->ops->attention(be, q, pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head,
                        hp->n_head_kv, hp->head_dim, m->attn_scale, m->layers[layer].window, out);
     if (biased)
@@ -46,6 +51,20 @@ void cb_kvcache_after_loads(const cb_kvcache *kv, int32_t layer)
     cb_backend *be = kv->m->be;
     if (kv->loaded[layer])
         be->ops->event_wait(be, kv->loaded[layer]);
+}
+
+void cb_kvcache_hand_over(cb_kvcache *kv)
+{
+    cb_backend *be = kv->m->be;
+    if (kv->handed)
+        be->ops->event_record(be, kv->handed);
+}
+
+void cb_kvcache_before_loads(const cb_kvcache *kv)
+{
+    cb_backend *be = kv->m->be;
+    if (kv->handed)
+        be->ops->event_wait(be, kv->handed);
 }
 
 /* Copy rows pos0..pos0+n-1 of one layer's K (which 0) or V (1) from f32

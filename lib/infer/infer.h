@@ -236,6 +236,15 @@ double cb_spans_ms(const cb_spans *s);
  * nothing on the CPU).  The forward's operations on the layer do it; a
  * caller timing the wait does it first. */
 void cb_kvcache_after_loads(const cb_kvcache *kv, int32_t layer);
+/* The other way: the calling thread hands the cache to another thread's
+ * loads (it marks the work it queued on the cache so far), and the loading
+ * thread orders its writes after that work (cb_kvcache_before_loads, before
+ * its first).  On a device each thread queues on its own stream: without
+ * it, a blend's loader could write layers that a previous pass over the
+ * same cache (a failed blend that is retried) has still to compute.
+ * Device-side only; nothing on the CPU. */
+void cb_kvcache_hand_over(cb_kvcache *kv);
+void cb_kvcache_before_loads(const cb_kvcache *kv);
 
 /* The bytes of K and V a cache of n_ctx positions of type `type` holds
  * (what cb_kvcache_new allocates for them: every layer's K and V). */

@@ -35,6 +35,8 @@ cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_
         if (m->be->ops->event_new && !(kv->loaded[l] = m->be->ops->event_new(m->be)))
             goto fail;
     }
+    if (m->be->ops->event_new && !(kv->handed = m->be->ops->event_new(m->be)))
+        goto fail;
     if (m->be->ops->reserve_keys)
         m->be->ops->reserve_keys(m->be, n_ctx, hp->n_head_kv, hp->head_dim);
     *out = kv;
@@ -57,6 +59,8 @@ void cb_kvcache_free(cb_kvcache *kv)
         if (kv->loaded && kv->loaded[l])
             be->ops->event_free(be, kv->loaded[l]);
     }
+    if (kv->handed)
+        be->ops->event_free(be, kv->handed);
     free(kv->k);
     free(kv->v);
     free(kv->loaded);

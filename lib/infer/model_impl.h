@@ -45,6 +45,8 @@ struct cb_kvcache {
     void **k, **v;  /* per layer, backend [n_ctx, width] of type */
     void **loaded;  /* per layer: an event marking the last cb_kvcache_load
                         * into it (NULL when the backend has no events) */
+    void *handed;   /* an event marking the work queued on the cache before
+                     * cb_kvcache_hand_over (NULL likewise) */
     uint8_t *stale; /* cb_kvcache_set_stale's flags [n_stale] (host), their bias */
     int32_t n_stale;
     float stale_bias;

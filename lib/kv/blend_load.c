@@ -107,6 +107,7 @@ static void loader_run(loader *ld)
     cb_pool *pool = NULL;
     int local = 1;
 
+    cb_kvcache_before_loads(ld->kv);
     /* one buffer for a layer of every cached segment, in memory the
      * device copies from directly (page-locked: no staging copy); the
      * copies out of it may still be queued after the layer is placed, so
@@ -196,10 +197,12 @@ static void loader_run(loader *ld)
             cb_error_set(&err, st, "blend: loading the caches: %s", cb_model_strerror(ld->m, st));
         }
         cb_kv_scratch_free(ld->kv, &sc);
-        cb_model_host_free(ld->m, buf, sc.async);
         pthread_mutex_lock(&ld->mu);
         ld->busy_ms += cb_now_ms() - t0;
         pthread_mutex_unlock(&ld->mu);
+        /* (not timed: freeing page-locked memory may wait for the whole
+         * device, the computing thread's remaining layers included) */
+        cb_model_host_free(ld->m, buf, sc.async);
     }
     free(ks), free(used), free(off);
     if (st != CB_OK && ld->st == CB_OK) {
@@ -250,6 +253,7 @@ void blend_loader_start(loader *ld, const cb_model *m, const cb_segment *segs, i
     ld->t_begin = cb_now_ms();
     if (!any)
         return;
+    cb_kvcache_hand_over(kv); /* the loader writes after what this thread queued on it */
     if (p->sequential_load || pthread_create(&ld->thread, NULL, loader_main, ld) != 0)
         loader_run(ld);
     else
