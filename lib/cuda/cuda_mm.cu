@@ -692,7 +692,10 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
     if (n == 0)
         return;
     cu_blas(t);
-    if (n <= cu_gemv_rows) {
+    /* few rows: the few-row kernel (CB_CUDA_GEMV=1); on a weight kept in
+     * its blocks, always (else every token would dequantize the whole
+     * weight into tiles), row-stable or not as the backend declares */
+    if (n <= cu_gemv_rows || (w->q && n <= CU_GEMV_ROWS)) {
         gemv(t, &w, 1, x, &y, n);
     } else {
         void *act = keep_on(t, &t->act, need);

@@ -1720,13 +1720,15 @@ static void run_fa(const char *name, case_fn fn, int64_t n)
 }
 
 /* qw_bound for a product of n rows of weight type t (get_rows: n 1):
- * the exact bound where cuda_qw's few-row kernel takes it, tiles_bound
- * (the first CUDA backend's) past it; 0 for the types it does not keep */
+ * the exact bound where cuda_qw's few-row kernel takes it (up to 8 rows,
+ * with CB_CUDA_GEMV=0 too: the blocks are never dequantized into tiles for
+ * so few), tiles_bound (the first CUDA backend's) past it; 0 for the types
+ * it does not keep */
 static double qw_case_bound(cb_type t, int64_t n, double tiles_bound)
 {
     if (cb_type_block_elems(t) == 1)
         return 0;
-    return cuda_qw && n <= cuda_qw->rows_max ? 1e-10 : tiles_bound;
+    return n <= 8 ? 1e-10 : tiles_bound;
 }
 
 /* A matmul or get_rows case on the weights kept in their blocks, against
