@@ -42,7 +42,15 @@
 #             (CB_CUDA_QW=1 beside the three)
 #   racecheck-big  racecheck over the model-sized attention cases alone
 #             (slow: a minute or more a case)
-# No STEP: all of them, in that order (ops-cublas after ops).  Environment: BUILD (default
+#   quick     the issue's figures alone, in a few minutes (a session's device
+#             time is short): on both shapes, CUDA only, prefill of 4,096 and
+#             decode after 512 as they are and with every path not yet
+#             default ($NEXT; and the 1.5B's decode with CB_CUDA_QW=1 too),
+#             and the blend's warm TTFT (full, probe, hkvd; five questions in
+#             one cb-run --batch: the first is the cold figure, the best of
+#             the other four the warm one) both ways, with the loader alone
+#             (bench_load, default readers, page-locked)
+# No STEP: all of them but quick, in that order (ops-cublas after ops).  Environment: BUILD (default
 # build/rel; a NATIVE=0 build is build/rel-generic, for a device machine
 # whose CPU differs from the one that built it), STEP_TIMEOUT (seconds a
 # step may take, default none), GPU_BENCH_DEVICES (default "cuda cpu").  Each step's output goes to
@@ -62,6 +70,8 @@ if [ "$BUILD" = build/rel ]; then BINDIR_B=bin; CB_CUDA_MODULE=$PWD/lib/libcbcor
 else BINDIR_B=$BUILD/bin; CB_CUDA_MODULE=$PWD/$BUILD/lib/libcbcore-cuda.so; fi
 export CB_CUDA_MODULE
 OPS=$BUILD/tests/test_backend_ops
+# the paths built but not yet default (issue 34), as the quick step turns them on
+NEXT="CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 CB_CUDA_FA=1 CB_CUDA_KBIAS=1 CB_CUDA_PIN=1"
 TO=${STEP_TIMEOUT:+timeout $STEP_TIMEOUT}
 SAN_ARGS="--target-processes application-only"
 failed=0
@@ -235,11 +245,56 @@ bench() {
     rm -rf "$d"
 }
 
+quick() {
+    d=$(mktemp -d) || return 1
+    fixtures "$d" || { rm -rf "$d"; return 1; }
+    cat README.md man/*/*.[0-9] 2>/dev/null > "$d/text.txt"
+    q="Which of these places is the oldest, and why?"
+    for _ in 1 2 3 4 5; do printf '{"question": "%s"}\n' "$q"; done > "$d/warm.jsonl"
+    rc=0
+    for m in smol qwen15; do
+        M=$d/$m.gguf
+        # the engine: each scenario twice in one process, the second kept
+        for sw in "" "$NEXT" ${m%smol}; do
+            case $sw in qwen15) sw="CB_CUDA_QW=1 $NEXT"; scs=decode:512:64 ;; *) scs="prefill:4096 decode:512:64" ;; esac
+            for sc in $scs; do
+                # shellcheck disable=SC2086
+                env $sw CB_BENCH_DEVICE=cuda $BUILD/bench/bench_engine "$M" "$J" "$sc" "$sc" |
+                    awk -v m="$m" -v sc="$sc" -v sw="${sw:-defaults}" '$1 ~ /tok_s$/ { v[$1] = $2 }
+                        END { for (k in v) print m " " sc " (" sw "): " k " " v[k] }' || rc=1
+            done
+        done
+        "$BINDIR_B/cb-chunk" -m "$M" --tokens 512 "$d/text.txt" | head -n 6 > "$d/$m.jsonl"
+        "$BINDIR_B/cb-precompute" -q -m "$M" --device cuda --store "$d/$m.st" "$d/$m.jsonl" > /dev/null || rc=1
+        # the blend against full prefill, warm (the issue's targets) and cold
+        for sw in "" "$NEXT"; do
+            for spec in full probe hkvd; do
+                set --; [ "$spec" = full ] && set -- --mode full || set -- --mode blend --strategy "$spec"
+                # shellcheck disable=SC2086
+                env $sw "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" "$@" \
+                    -n 1 --batch-size 1 --batch "$d/warm.jsonl" > "$d/warm.out" || { rc=1; continue; }
+                python3 -c 'import json, sys
+v = [json.loads(l)["stats"] for l in open(sys.argv[1])]
+w = min(v[1:], key=lambda s: s["ttft_ms"])
+f = lambda k: "-" if w.get(k) is None else "%.1f" % w[k]
+print("%s %s (%s): warm ttft_ms %.1f, cold %.1f; prompt %d, recomputed %d, load_ms %s, stall_ms %s (%s clock), recompute_ms %s" % (
+    sys.argv[2], sys.argv[3], sys.argv[4], w["ttft_ms"], v[0]["ttft_ms"], w["n_prompt_tokens"], w.get("n_recomputed_tokens", 0),
+    f("load_ms"), f("stall_ms"), w.get("stall_clock", "-"), f("recompute_ms")))' \
+                    "$d/warm.out" "$m" "$spec" "${sw:-defaults}" || rc=1
+            done
+        done
+        CB_CUDA_PIN=1 CB_BENCH_DEVICE=cuda $BUILD/bench/bench_load "$M" 6 512 5 0 |
+            awk -v m="$m" '$1 ~ /^load_[0-9]+_(ms|gb_s|threads)$/ { print m " loader alone, CB_CUDA_PIN=1: " $1 " " $2 }'
+    done
+    rm -rf "$d"
+    return $rc
+}
+
 if [ "${1:-}" = --one ]; then "$2"; exit; fi # one step, in a process of its own (STEP_TIMEOUT)
 steps=${*:-build ops ops-cublas memcheck racecheck synccheck initcheck device suites blend bench racecheck-big}
 for s in $steps; do
     case $s in
-    build | ops | memcheck | racecheck | synccheck | initcheck | device | suites | blend | bench) step "$s" "$s" ;;
+    build | ops | memcheck | racecheck | synccheck | initcheck | device | suites | blend | bench | quick) step "$s" "$s" ;;
     racecheck-big) step "$s" racecheck_big ;;
     ops-cublas) step "$s" ops_cublas ;;
     *) echo "gpu-check: unknown step '$s'" >&2; exit 64 ;;

@@ -11,8 +11,10 @@
 #   device run, carry: .gpu build/rel-generic/bin build/rel-generic/tests
 #                      build/rel-generic/bench build/rel-generic/lib/libcbcore-cuda.so
 #                      (about 45 MB with the working tree; the limit is 64 MiB)
-#   command: STEP_TIMEOUT=150 sh scripts/gpu-run.sh ops ops-cublas device \
-#            memcheck initcheck synccheck racecheck bench blend
+#   commands (a session's device time is short: the figures first):
+#            STEP_TIMEOUT=150 sh scripts/gpu-run.sh ops ops-cublas device quick
+#            STEP_TIMEOUT=150 sh scripts/gpu-run.sh memcheck initcheck synccheck
+#            then, as time allows, bench blend racecheck
 #
 # Exit status: 0, or the build's or tar's.
 set -eu
