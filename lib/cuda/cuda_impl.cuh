@@ -137,10 +137,12 @@ typedef struct kb_row {
 
 /* A thread's device scalars for its matrix products (stream-ordered: each
  * product rewrites them after the previous one has read them). */
+enum { MM_SET = 4 }; /* the most weights one product's input is converted for */
 typedef struct mm_scalars {
-    unsigned amax;     /* the input's largest magnitude, as f32 bits (NaN above inf) */
-    float alpha, zero; /* cuBLAS reads both from here (device pointer mode) */
-    unsigned n_bad;    /* CB_CUDA_SYNC: non-finite outputs of the last product */
+    unsigned amax;         /* the input's largest magnitude, as f32 bits (NaN above inf) */
+    float alpha[MM_SET];   /* each weight's undoing of both scales, and zero: */
+    float zero;            /* cuBLAS reads them from here (device pointer mode) */
+    unsigned n_bad;        /* CB_CUDA_SYNC: non-finite outputs of the last product */
 } mm_scalars;
 
 typedef struct cuda_ctx cuda_ctx;

@@ -218,18 +218,27 @@ static void absmax(tctx *t, const float *x, int64_t n, unsigned *amax)
     }
 }
 
+/* The products an input is converted for: alpha[k] = 2^-(e + e_w[k]),
+ * weight k's undoing of both scales, k < n (passed by value) */
+struct alpha_set {
+    int e_w[MM_SET];
+    int n;
+    float *alpha;
+};
+
 /* y [n] = x [n] 2^e in 16 bits; scaled: e = cb_op_f16_scale_exp(*amax)
- * (else 0).  With alpha: *alpha = 2^-(e + e_w), the product's undoing of
- * both scales (written by one thread; the product runs after the kernel). */
+ * (else 0); and as's alphas (written by one thread; the products run
+ * after the kernel). */
 template <typename T>
-__global__ void k_to16(const float *x, T *y, int64_t n, const unsigned *amax, int e_w, float *alpha)
+__global__ void k_to16(const float *x, T *y, int64_t n, const unsigned *amax, alpha_set as)
 {
     const int e = amax ? cb_op_f16_scale_exp(__uint_as_float(*amax)) : 0;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = st<T>(ldexpf(x[i], e));
-    if (alpha && i == 0)
-        *alpha = ldexpf(1.0f, -(e + e_w));
+    if (i == 0)
+        for (int k = 0; k < as.n; k++)
+            as.alpha[k] = ldexpf(1.0f, -(e + as.e_w[k]));
 }
 
 /* y [n] = x [n] 2^e in f16: weight_fill's conversion at a known scale */
@@ -286,11 +295,11 @@ static void weight_fill(tctx *th, cb_bweight *w, cb_type t, size_t rb, int64_t c
                 k_absmax<<<g < 1024 ? g : 1024, 256, 0, th->s>>>(f32, ne, amax);
                 CKL();
             } else if (w->dt == CUDA_R_16BF) {
-                LAUNCH_1D(th, ne, k_to16, f32, (__nv_bfloat16 *)w->w + r0 * n_in, ne, (const unsigned *)NULL, 0,
-                          (float *)NULL);
+                LAUNCH_1D(th, ne, k_to16, f32, (__nv_bfloat16 *)w->w + r0 * n_in, ne, (const unsigned *)NULL,
+                          alpha_set{});
             } else {
-                LAUNCH_1D(th, ne, k_to16, f32, (__half *)w->w + r0 * n_in, ne, (const unsigned *)amax, 0,
-                          (float *)NULL);
+                LAUNCH_1D(th, ne, k_to16, f32, (__half *)w->w + r0 * n_in, ne, (const unsigned *)amax,
+                          alpha_set{});
             }
         }
     CK(cudaMemcpyAsync(&h_amax, amax, sizeof h_amax, cudaMemcpyDeviceToHost, th->s));
@@ -665,8 +674,8 @@ static void gemv(tctx *t, const cb_bweight *const *w, int nw, const float *x, fl
  * to f32, then to f16 at the weight's scale 2^e (the values and rounding
  * of the 16-bit copy a weight without CB_CUDA_QW keeps), and multiplied
  * by cuBLAS into the tile's columns of y; act is x in f16 at its own
- * scale, t->scal->alpha undoes both. */
-static void matmul_tiles(tctx *t, const cb_bweight *w, const void *act, float *y, int64_t n)
+ * scale, *alpha (device) undoes both. */
+static void matmul_tiles(tctx *t, const cb_bweight *w, const void *act, const float *alpha, float *y, int64_t n)
 {
     const int64_t n_in = w->n_in, n_out = w->n_out, rows = dq_rows(n_in), chunk = rows < n_out ? rows : n_out;
     float *f32 = (float *)keep_on(t, &t->tile32, sizeof(float) * (size_t)(chunk * n_in));
@@ -677,9 +686,49 @@ static void matmul_tiles(tctx *t, const cb_bweight *w, const void *act, float *y
         const int64_t nr = n_out - r0 < chunk ? n_out - r0 : chunk, ne = nr * n_in;
         dequant<float>(w->qt, w->q + (size_t)r0 * w->rb, f32, ne, t->s);
         LAUNCH_1D(t, ne, k_to16_at, f32, h, ne, w->e);
-        CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)n_in, &t->scal->alpha, h,
+        CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)n_in, alpha, h,
                          CUDA_R_16F, (int)n_in, act, CUDA_R_16F, (int)n_in, &t->scal->zero, y + r0, CUDA_R_32F,
                          (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+/* y[k] = x [n, n_in] . w[k]^T for nw (up to MM_SET) weights of one n_in,
+ * one 16-bit type and either all kept in their blocks or none, past the
+ * few-row kernel: x converted to 16 bits once (f16 at the power-of-two
+ * scale its largest magnitude allows; bf16 as it is), each weight's alpha
+ * undoing both scales, then each product by cuBLAS (or its tiles) and its
+ * bias.  The bits of one call per weight.  *amax_known: t->scal->amax then
+ * holds x's largest magnitude. */
+static void products_16(tctx *t, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n,
+                        bool *amax_known)
+{
+    const int64_t ne = n * w[0]->n_in;
+    void *act = keep_on(t, &t->act, 2 * (size_t)ne);
+    if (!act)
+        cu_fail(CB_ERR_DEVICE, 1, "keep_on(t, &t->act, need)", __FILE__, __LINE__, "out of memory");
+    alpha_set as{};
+    as.n = nw, as.alpha = t->scal->alpha;
+    for (int k = 0; k < nw; k++)
+        as.e_w[k] = w[k]->e;
+    if (w[0]->dt == CUDA_R_16BF) { /* bf16 holds any f32 magnitude: no scaling */
+        LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)act, ne, (const unsigned *)NULL, as);
+    } else {
+        absmax(t, x, ne, &t->scal->amax);
+        *amax_known = true;
+        LAUNCH_1D(t, ne, k_to16, x, (__half *)act, ne, (const unsigned *)&t->scal->amax, as);
+    }
+    for (int k = 0; k < nw; k++) {
+        /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
+         * y^T [n_out, n] = (W as column-major [n_in, n_out])^T x^T */
+        if (w[k]->q)
+            matmul_tiles(t, w[k], act, &t->scal->alpha[k], y[k], n);
+        else
+            CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w[k]->n_out, (int)n, (int)w[k]->n_in,
+                             &t->scal->alpha[k], w[k]->w, w[k]->dt, (int)w[k]->n_in, act, w[k]->dt,
+                             (int)w[k]->n_in, &t->scal->zero, y[k], CUDA_R_32F, (int)w[k]->n_out,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (w[k]->bias)
+            LAUNCH_1D(t, n * w[k]->n_out, k_add_bias, y[k], w[k]->bias, n, w[k]->n_out);
     }
 }
 
@@ -687,7 +736,6 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
 {
     tctx *t = T(b, "matmul");
     int64_t ne = n * w->n_in;
-    size_t need = 2 * (size_t)ne;
     bool amax_known = false; /* t->scal->amax holds x's largest magnitude */
     if (n == 0)
         return;
@@ -695,32 +743,10 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
     /* few rows: the few-row kernel (CB_CUDA_GEMV=1); on a weight kept in
      * its blocks, always (else every token would dequantize the whole
      * weight into tiles), row-stable or not as the backend declares */
-    if (n <= cu_gemv_rows || (w->q && n <= CU_GEMV_ROWS)) {
+    if (n <= cu_gemv_rows || (w->q && n <= CU_GEMV_ROWS))
         gemv(t, &w, 1, x, &y, n);
-    } else {
-        void *act = keep_on(t, &t->act, need);
-        if (!act)
-            cu_fail(CB_ERR_DEVICE, 1, "keep_on(t, &t->act, need)", __FILE__, __LINE__, "out of memory");
-        if (w->dt == CUDA_R_16BF) { /* bf16 holds any f32 magnitude: no scaling */
-            LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)act, ne, (const unsigned *)NULL, w->e,
-                      &t->scal->alpha);
-        } else {
-            absmax(t, x, ne, &t->scal->amax);
-            amax_known = true;
-            LAUNCH_1D(t, ne, k_to16, x, (__half *)act, ne, (const unsigned *)&t->scal->amax, w->e,
-                      &t->scal->alpha);
-        }
-        /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
-         * y^T [n_out, n] = (W as column-major [n_in, n_out])^T x^T */
-        if (w->q)
-            matmul_tiles(t, w, act, y, n);
-        else
-            CKB(cublasGemmEx(t->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, (int)n, (int)w->n_in,
-                             &t->scal->alpha, w->w, w->dt, (int)w->n_in, act, w->dt, (int)w->n_in, &t->scal->zero,
-                             y, CUDA_R_32F, (int)w->n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        if (w->bias)
-            LAUNCH_1D(t, n * w->n_out, k_add_bias, y, w->bias, n, w->n_out);
-    }
+    else
+        products_16(t, &w, 1, x, &y, n, &amax_known);
     if (cu_sync_each) { /* the debug check: no inf or NaN out of a product */
         mm_scalars h;
         CK(cudaMemsetAsync(&t->scal->n_bad, 0, sizeof(unsigned), t->s));
@@ -740,15 +766,17 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
 }
 
 /* backend.h's matmul_multi, in the table with the few-row kernel
- * (CB_CUDA_GEMV=1): the products of up to CU_GEMV_ROWS rows of one input
- * (Q, K and V; gate and up) through one k_gemv launch, the bits of
- * cu_matmul's each (the same per-row arithmetic); more rows, weights of
- * mixed 16-bit types and CB_CUDA_SYNC's output check go through cu_matmul
+ * (CB_CUDA_GEMV=1): the products of one input (Q, K and V; gate and up),
+ * the bits of cu_matmul's each.  Up to CU_GEMV_ROWS rows through one
+ * k_gemv launch (the same per-row arithmetic); more, through cuBLAS with
+ * the input converted once for all of them (products_16: the conversion,
+ * scale and alphas of each call's).  Weights of mixed 16-bit types or
+ * block types, and CB_CUDA_SYNC's output check, go through cu_matmul
  * weight by weight. */
 void cu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
 {
     tctx *t = T(b, "matmul_multi");
-    bool one = n <= cu_gemv_rows && !cu_sync_each;
+    bool one = !cu_sync_each;
     for (int k = 1; k < nw; k++) /* one n_in, and one 16-bit type or one block type */
         one = one && w[k]->dt == w[0]->dt && w[k]->n_in == w[0]->n_in && !w[k]->q == !w[0]->q &&
               (!w[0]->q || w[k]->qt == w[0]->qt);
@@ -759,8 +787,16 @@ void cu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const fl
             cu_matmul(b, w[k], x, y[k], n);
         return;
     }
-    for (int k = 0; k < nw; k += CU_GEMV_SET)
-        gemv(t, w + k, nw - k < CU_GEMV_SET ? nw - k : CU_GEMV_SET, x, y + k, n);
+    static_assert((int)CU_GEMV_SET <= (int)MM_SET, "a set of weights is converted for at once");
+    if (n <= cu_gemv_rows) {
+        for (int k = 0; k < nw; k += CU_GEMV_SET)
+            gemv(t, w + k, nw - k < CU_GEMV_SET ? nw - k : CU_GEMV_SET, x, y + k, n);
+        return;
+    }
+    cu_blas(t);
+    bool amax_known = false;
+    for (int k = 0; k < nw; k += MM_SET)
+        products_16(t, w + k, nw - k < MM_SET ? nw - k : MM_SET, x, y + k, n, &amax_known);
 }
 
 template <typename T>

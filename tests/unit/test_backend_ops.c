@@ -2412,16 +2412,20 @@ static void act8_cases(void)
     a8c->ops->set_act8(a8c, 1);
     printf("# 8-bit activations: %s; portable: %s\n", a8->desc, a8c->desc);
     static const cb_type mixed[3] = {CB_TYPE_Q4_1, CB_TYPE_Q8_0, CB_TYPE_Q6_K},
-                         q8[3] = {CB_TYPE_Q8_0, CB_TYPE_Q8_0, CB_TYPE_Q8_0};
+                         q8[3] = {CB_TYPE_Q8_0, CB_TYPE_Q8_0, CB_TYPE_Q8_0},
+                         bf[3] = {CB_TYPE_BF16, CB_TYPE_BF16, CB_TYPE_BF16};
     multi_case(cpu, "cpu ", mixed, 512);
     multi_case(a8, "act8", mixed, 512);
     multi_case(cpu, "cpu ", q8, 896);
+    multi_case(cpu, "cpu ", bf, 512);
     /* CUDA's, with the few-row kernel: one launch for the three (up to 8
-     * rows), cuBLAS weight by weight past them; on the blocks, one launch
-     * for three of one type (Qwen2.5-0.5B's width) */
-    if (cuda && cuda->ops->matmul_multi)
+     * rows), past them the input converted to f16 (bf16) once for the
+     * three cuBLAS products; on the blocks, one launch for three of one
+     * type (Qwen2.5-0.5B's width), past 8 rows their tiles */
+    if (cuda && cuda->ops->matmul_multi) {
         multi_case(cuda, "cuda", mixed, 512);
-    else
+        multi_case(cuda, "cuda", bf, 512);
+    } else
         tskip("cuda matmul_multi = matmul each, bit for bit",
               cuda ? "CB_CUDA_GEMV=0: no matmul_multi" : cuda_why);
     if (cuda_qw && cuda_qw->ops->matmul_multi) {
