@@ -20,7 +20,10 @@ MANDIR  ?= $(PREFIX)/share/man
 PKGDIR  ?= $(LIBDIR)/pkgconfig
 
 CC      ?= cc
-CSTD    := -std=c11 -D_GNU_SOURCE
+# -ffp-contract=off: a*b + c rounded twice, as C11 asks (gcc's default in
+# this mode; clang's is to fuse): the bits every backend and kernel is
+# checked against (dequant.h's formulas on the CPU and on the device)
+CSTD    := -std=c11 -D_GNU_SOURCE -ffp-contract=off
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror=implicit-function-declaration
 ifeq ($(NATIVE),0)
 OPT     := -O2

@@ -42,9 +42,10 @@
 #include <string.h>
 #endif
 
-/* a*b + c and a*b - c rounded twice, as the CPU computes them (C11 does not
- * contract): nvcc fuses such a pair into one FMA unless told not to, which
- * would move q4_1, q5_1, q4_K and q5_K weights by an ulp on the device */
+/* a*b + c and a*b - c rounded twice, as the CPU computes them (built with
+ * -ffp-contract=off, C11's rule): nvcc fuses such a pair into one FMA
+ * unless told not to, which would move q4_1, q5_1, q4_K and q5_K weights
+ * by an ulp on the device */
 #ifdef __CUDA_ARCH__
 #define CB_DQ_MADD(a, b, c) __fadd_rn(__fmul_rn((a), (b)), (c))
 #define CB_DQ_MSUB(a, b, c) __fsub_rn(__fmul_rn((a), (b)), (c))

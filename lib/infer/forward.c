@@ -27,23 +27,24 @@
 
 /* ------------------------------------------------------------- KV cache */
 
-/* attention over kv, with its stale rows' bias (cb_kvcache_set_stale) */
-static void kv_attention(cb_backend *be, const cb_kvcache *kv, int32_t layer, const float *q,
-                         const int32_t *pos, int64_t n, float *out)
+/* attention over kv, with its stale rows' bias (cb_kvcache_set_stale);
+ * the bias's error (out of memory) returned, and no attention run without
+ * the bias the stats say is applied */
+static cb_status kv_attention(cb_backend *be, const cb_kvcache *kv, int32_t layer, const float *q,
+                              const int32_t *pos, int64_t n, float *out)
 {
     const cb_model *m = kv->m;
     const cb_hparams *hp = &m->hp;
-    int biased = 0;
     if (kv->n_stale > 0) {
         cb_status st = be->ops->set_key_bias(be, kv->stale, kv->n_stale, kv->stale_bias, INT32_MAX);
-        if (st != CB_OK) /* not attention without the bias, which the stats say is applied */
-            cb_backend_fail(be, st, "set_key_bias: %s (the blend's stale scale)", cb_strerror(st));
-        biased = st == CB_OK;
+        if (st != CB_OK)
+            return st;
     }
     be->ops->attention(be, q, pos, n, kv->k[layer], kv->v[layer], kv->type, hp->n_head,
                        hp->n_head_kv, hp->head_dim, m->attn_scale, m->layers[layer].window, out);
-    if (biased)
+    if (kv->n_stale > 0)
         be->ops->set_key_bias(be, NULL, 0, 0.0f, 0);
+    return CB_OK;
 }
 
 void cb_kvcache_after_loads(const cb_kvcache *kv, int32_t layer)
@@ -373,7 +374,8 @@ cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *
     /* attention block: this layer's K/V of the rows, then attention over the cache */
     cb_kvcache_after_loads(kv, layer);
     kv_write_layer(be, kv, layer, f->k, f->v, f->sel_pos, n);
-    kv_attention(be, kv, layer, f->q, f->sel_pos, n, f->att);
+    if ((st = kv_attention(be, kv, layer, f->q, f->sel_pos, n, f->att)) != CB_OK)
+        return st;
     o->matmul(be, L->wo, f->att, f->xn, n);
     if (L->post_attn_norm)
         o->rmsnorm(be, f->xn, L->post_attn_norm, f->xn, n, d, hp->norm_eps);
@@ -553,9 +555,9 @@ static void decode_products(cb_backend *be, const cb_bweight *const *w, int nw, 
 }
 
 /* Attention of rows 0..n-1, each over its own cache, their K/V written
- * first; the padding rows' outputs are zero. */
-static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
-                             int32_t rows, int32_t layer)
+ * first; the padding rows' outputs are zero.  The first error of a bias. */
+static cb_status decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
+                                  int32_t rows, int32_t layer)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -566,15 +568,18 @@ static void decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *po
         const cb_kvcache *c = kv[i];
         cb_kvcache_after_loads(c, layer);
         kv_write_layer(be, c, layer, f->k + i * dkv, f->v + i * dkv, &pos[i], 1);
-        kv_attention(be, c, layer, f->q + i * dq, &pos[i], 1, f->att + i * dq);
+        cb_status st = kv_attention(be, c, layer, f->q + i * dq, &pos[i], 1, f->att + i * dq);
+        if (st != CB_OK)
+            return st;
     }
     for (int32_t i = n; i < rows; i++)
         o->upload(be, f->att + i * dq, f->zero_row, sizeof(float) * (size_t)dq);
+    return CB_OK;
 }
 
 /* One layer of a decode step on rows 0..rows-1 (f->pos their positions). */
-static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
-                         int32_t rows, int32_t l)
+static cb_status decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
+                              int32_t rows, int32_t l)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -597,7 +602,9 @@ static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, i
         o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)rows * hp->n_head_kv, hp->head_dim,
                    hp->norm_eps);
     rope_qk(m, L, f->q, f->k, f->pos, rows);
-    decode_attention(f, kv, pos, n, rows, l);
+    cb_status st = decode_attention(f, kv, pos, n, rows, l);
+    if (st != CB_OK)
+        return st;
     const cb_bweight *wo[1] = {L->wo}, *wd[1] = {L->wd};
     decode_products(be, wo, 1, f->att, dq, &f->xn, &d, rows);
     if (L->post_attn_norm)
@@ -618,6 +625,7 @@ static void decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, i
      * output norm): f->xn as the next layer and the output head take it */
     const float *g_next = l + 1 < hp->n_layer ? m->layers[l + 1].attn_norm : m->output_norm;
     add_norm(be, f->x, f->xn, g_next, f->xn, rows, d, hp->norm_eps);
+    return CB_OK;
 }
 
 /* A decode step of sequences 0..n-1 on `rows` rows (n real, the rest
@@ -639,7 +647,8 @@ static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *to
         return st;
     f->n_q = 0; /* the queries of these rows are no layer's to inspect */
     for (int32_t l = 0; l < hp->n_layer; l++)
-        decode_layer(f, kv, pos, n, rows, l);
+        if ((st = decode_layer(f, kv, pos, n, rows, l)) != CB_OK)
+            return st;
     if ((st = cb_backend_status(be)) != CB_OK) /* a fault: the rest would do nothing */
         return st;
     /* (f->xn: the last layer normalized its output) */
