@@ -258,10 +258,12 @@ quick() {
         for sw in "" "$NEXT" ${m%smol}; do
             case $sw in qwen15) sw="CB_CUDA_QW=1 $NEXT"; scs=decode:512:64 ;; *) scs="prefill:4096 decode:512:64" ;; esac
             for sc in $scs; do
+                # (its status, not a pipe's: a crash under a switch fails the step)
                 # shellcheck disable=SC2086
-                env $sw CB_BENCH_DEVICE=cuda $BUILD/bench/bench_engine "$M" "$J" "$sc" "$sc" |
-                    awk -v m="$m" -v sc="$sc" -v sw="${sw:-defaults}" '$1 ~ /tok_s$/ { v[$1] = $2 }
-                        END { for (k in v) print m " " sc " (" sw "): " k " " v[k] }' || rc=1
+                out=$(env $sw CB_BENCH_DEVICE=cuda $BUILD/bench/bench_engine "$M" "$J" "$sc" "$sc") ||
+                    { rc=1; echo "$m $sc (${sw:-defaults}): bench_engine failed"; }
+                printf '%s\n' "$out" | awk -v m="$m" -v sc="$sc" -v sw="${sw:-defaults}" '$1 ~ /tok_s$/ { v[$1] = $2 }
+                    END { for (k in v) print m " " sc " (" sw "): " k " " v[k] }'
             done
         done
         "$BINDIR_B/cb-chunk" -m "$M" --tokens 512 "$d/text.txt" | head -n 6 > "$d/$m.jsonl"
@@ -283,7 +285,9 @@ print("%s %s (%s): warm ttft_ms %.1f, cold %.1f; prompt %d, recomputed %d, load_
                     "$d/warm.out" "$m" "$spec" "${sw:-defaults}" || rc=1
             done
         done
-        CB_CUDA_PIN=1 CB_BENCH_DEVICE=cuda $BUILD/bench/bench_load "$M" 6 512 5 0 |
+        out=$(CB_CUDA_PIN=1 CB_BENCH_DEVICE=cuda $BUILD/bench/bench_load "$M" 6 512 5 0) ||
+            { rc=1; echo "$m: bench_load failed"; }
+        printf '%s\n' "$out" |
             awk -v m="$m" '$1 ~ /^load_[0-9]+_(ms|gb_s|threads)$/ { print m " loader alone, CB_CUDA_PIN=1: " $1 " " $2 }'
     done
     rm -rf "$d"

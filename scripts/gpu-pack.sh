@@ -12,7 +12,8 @@
 #                      build/rel-generic/bench build/rel-generic/lib/libcbcore-cuda.so
 #                      (about 45 MB with the working tree; the limit is 64 MiB)
 #   commands (a session's device time is short: the figures first):
-#            STEP_TIMEOUT=150 sh scripts/gpu-run.sh ops ops-cublas device quick
+#            STEP_TIMEOUT=120 sh scripts/gpu-run.sh ops ops-cublas device
+#            STEP_TIMEOUT=400 sh scripts/gpu-run.sh quick
 #            STEP_TIMEOUT=150 sh scripts/gpu-run.sh memcheck initcheck synccheck
 #            then, as time allows, bench blend racecheck
 #
