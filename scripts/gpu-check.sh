@@ -136,16 +136,27 @@ fixtures() { # DIR: the two random-weight models of bench and blend
         $BUILD/tests/cb-gen-fixture --arch qwen2 --type q4_K --layers 28 --embd 1536 --ff 8960 --heads 12 \
             --kv-heads 2 --vocab 151936 --untied --ctx 8192 "$1/qwen15.gguf"
 }
+# blend's and quick's inputs in DIR: the two models, a text of ours, and
+# the question five times (warm.jsonl: cb-run --batch, one at a time)
+q="Which of these places is the oldest, and why?"
+blend_setup() {
+    fixtures "$1" || return 1
+    cat README.md man/*/*.[0-9] 2>/dev/null > "$1/text.txt"
+    for _ in 1 2 3 4 5; do printf '{"question": "%s"}\n' "$q"; done > "$1/warm.jsonl"
+}
+# DIR MODEL: six 512-token chunks of DIR's text (DIR/MODEL.jsonl), their KV
+# computed on the GPU into the store DIR/MODEL.st
+blend_store() {
+    "$BINDIR_B/cb-chunk" -m "$1/$2.gguf" --tokens 512 "$1/text.txt" | head -n 6 > "$1/$2.jsonl"
+    "$BINDIR_B/cb-precompute" -q -m "$1/$2.gguf" --device cuda --store "$1/$2.st" "$1/$2.jsonl" > /dev/null
+}
 blend() {
     d=$(mktemp -d) || return 1
-    fixtures "$d" || { rm -rf "$d"; return 1; }
-    cat README.md man/*/*.[0-9] 2>/dev/null > "$d/text.txt"
-    q="Which of these places is the oldest, and why?"
+    blend_setup "$d" || { rm -rf "$d"; return 1; }
     rc=0
     for m in smol qwen15; do
         M=$d/$m.gguf
-        "$BINDIR_B/cb-chunk" -m "$M" --tokens 512 "$d/text.txt" | head -n 6 > "$d/$m.jsonl"
-        "$BINDIR_B/cb-precompute" -q -m "$M" --device cuda --store "$d/$m.st" "$d/$m.jsonl" > /dev/null || rc=1
+        blend_store "$d" "$m" || rc=1
         # probe:host-mass: probe with its score on the host (CB_CUDA_MASS=0,
         # each probed layer's queries and keys copied back), as before 2026-11-27
         # full:next, blend:probe:next: with the paths not yet default
@@ -168,7 +179,6 @@ blend() {
             # warm: the question five times in one process (cb-run --batch,
             # one at a time), the best of the last four: no kernel of ours or
             # cuBLAS's loaded inside them, as in bench_engine's warm figures
-            for _ in 1 2 3 4 5; do printf '{"question": "%s"}\n' "$q"; done > "$d/warm.jsonl"
             # shellcheck disable=SC2086
             env $sw "$BINDIR_B/cb-run" -q -m "$M" --device cuda --store "$d/$m.st" --chunks "$d/$m.jsonl" --mode "$mode" "$@" \
                 -n 1 --batch-size 1 --batch "$d/warm.jsonl" > "$d/warm.out" || rc=1
@@ -247,10 +257,7 @@ bench() {
 
 quick() {
     d=$(mktemp -d) || return 1
-    fixtures "$d" || { rm -rf "$d"; return 1; }
-    cat README.md man/*/*.[0-9] 2>/dev/null > "$d/text.txt"
-    q="Which of these places is the oldest, and why?"
-    for _ in 1 2 3 4 5; do printf '{"question": "%s"}\n' "$q"; done > "$d/warm.jsonl"
+    blend_setup "$d" || { rm -rf "$d"; return 1; }
     rc=0
     for m in smol qwen15; do
         M=$d/$m.gguf
@@ -266,8 +273,7 @@ quick() {
                     END { for (k in v) print m " " sc " (" sw "): " k " " v[k] }'
             done
         done
-        "$BINDIR_B/cb-chunk" -m "$M" --tokens 512 "$d/text.txt" | head -n 6 > "$d/$m.jsonl"
-        "$BINDIR_B/cb-precompute" -q -m "$M" --device cuda --store "$d/$m.st" "$d/$m.jsonl" > /dev/null || rc=1
+        blend_store "$d" "$m" || rc=1
         # the blend against full prefill, warm (the issue's targets) and cold
         for sw in "" "$NEXT"; do
             for spec in full probe hkvd; do

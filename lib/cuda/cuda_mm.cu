@@ -697,10 +697,9 @@ static void matmul_tiles(tctx *t, const cb_bweight *w, const void *act, const fl
  * few-row kernel: x converted to 16 bits once (f16 at the power-of-two
  * scale its largest magnitude allows; bf16 as it is), each weight's alpha
  * undoing both scales, then each product by cuBLAS (or its tiles) and its
- * bias.  The bits of one call per weight.  *amax_known: t->scal->amax then
- * holds x's largest magnitude. */
-static void products_16(tctx *t, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n,
-                        bool *amax_known)
+ * bias.  The bits of one call per weight.  Returns whether t->scal->amax
+ * then holds x's largest magnitude (f16's scaling found it). */
+static bool products_16(tctx *t, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
 {
     const int64_t ne = n * w[0]->n_in;
     void *act = keep_on(t, &t->act, 2 * (size_t)ne);
@@ -710,11 +709,11 @@ static void products_16(tctx *t, const cb_bweight *const *w, int nw, const float
     as.n = nw, as.alpha = t->scal->alpha;
     for (int k = 0; k < nw; k++)
         as.e_w[k] = w[k]->e;
-    if (w[0]->dt == CUDA_R_16BF) { /* bf16 holds any f32 magnitude: no scaling */
+    const bool bf = w[0]->dt == CUDA_R_16BF; /* bf16 holds any f32 magnitude: no scaling */
+    if (bf) {
         LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)act, ne, (const unsigned *)NULL, as);
     } else {
         absmax(t, x, ne, &t->scal->amax);
-        *amax_known = true;
         LAUNCH_1D(t, ne, k_to16, x, (__half *)act, ne, (const unsigned *)&t->scal->amax, as);
     }
     for (int k = 0; k < nw; k++) {
@@ -730,6 +729,7 @@ static void products_16(tctx *t, const cb_bweight *const *w, int nw, const float
         if (w[k]->bias)
             LAUNCH_1D(t, n * w[k]->n_out, k_add_bias, y[k], w[k]->bias, n, w[k]->n_out);
     }
+    return !bf;
 }
 
 void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
@@ -746,7 +746,7 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
     if (n <= cu_gemv_rows || (w->q && n <= CU_GEMV_ROWS))
         gemv(t, &w, 1, x, &y, n);
     else
-        products_16(t, &w, 1, x, &y, n, &amax_known);
+        amax_known = products_16(t, &w, 1, x, &y, n);
     if (cu_sync_each) { /* the debug check: no inf or NaN out of a product */
         mm_scalars h;
         CK(cudaMemsetAsync(&t->scal->n_bad, 0, sizeof(unsigned), t->s));
@@ -794,9 +794,8 @@ void cu_matmul_multi(cb_backend *b, const cb_bweight *const *w, int nw, const fl
         return;
     }
     cu_blas(t);
-    bool amax_known = false;
     for (int k = 0; k < nw; k += MM_SET)
-        products_16(t, w + k, nw - k < MM_SET ? nw - k : MM_SET, x, y + k, n, &amax_known);
+        products_16(t, w + k, nw - k < MM_SET ? nw - k : MM_SET, x, y + k, n);
 }
 
 template <typename T>
