@@ -46,6 +46,8 @@
 #             time is short): on both shapes, CUDA only, prefill of 4,096 and
 #             decode after 512 as they are and with every path not yet
 #             default ($NEXT; and the 1.5B's decode with CB_CUDA_QW=1 too),
+#             an answer's decoding (cb_fwd_decode, one sequence and four)
+#             likewise and with graphs (CB_CUDA_GRAPH=1 beside $NEXT),
 #             and the blend's warm TTFT (full, probe, hkvd; five questions in
 #             one cb-run --batch: the first is the cold figure, the best of
 #             the other four the warm one) both ways, with the loader alone
@@ -262,8 +264,14 @@ quick() {
     for m in smol qwen15; do
         M=$d/$m.gguf
         # the engine: each scenario twice in one process, the second kept
-        for sw in "" "$NEXT" ${m%smol}; do
-            case $sw in qwen15) sw="CB_CUDA_QW=1 $NEXT"; scs=decode:512:64 ;; *) scs="prefill:4096 decode:512:64" ;; esac
+        # (seqs:S:512: an answer's decoding as cb-run's, cb_fwd_decode; with
+        # graphs, CB_CUDA_GRAPH=1, one sequence and four)
+        for sw in "" "$NEXT" graph ${m%smol}; do
+            case $sw in
+            qwen15) sw="CB_CUDA_QW=1 $NEXT"; scs="decode:512:64 seqs:1:512" ;;
+            graph) sw="CB_CUDA_GRAPH=1 $NEXT"; scs="seqs:1:512 seqs:4:512" ;;
+            *) scs="prefill:4096 decode:512:64 seqs:1:512 seqs:4:512" ;;
+            esac
             for sc in $scs; do
                 # (its status, not a pipe's: a crash under a switch fails the step)
                 # shellcheck disable=SC2086

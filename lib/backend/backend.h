@@ -206,6 +206,27 @@ typedef struct cb_backend_ops {
      * scratch now, so that attention allocates nothing (more keys still
      * work).  Called when a KV cache is made (cb_kvcache_new). */
     void (*reserve_keys)(cb_backend *b, int64_t n_keys, int n_head_kv, int hd);
+    /* Optional (NULL: the backend has none, as the CPU): graphs, a device's
+     * way to queue a recurring sequence of operations at the cost of one.
+     * graph_begin returns 1 when the operations the calling thread queues
+     * from then until graph_end are recorded instead of run (0: they run as
+     * usual, and graph_end is not called).  While it records, the thread
+     * may queue only the operations that compute on backend memory (matmul,
+     * matmul_multi, get_rows, rmsnorm, add_rmsnorm, rope, rope_qk, add,
+     * swiglu, geglu, scale, kv_write, kv_write_kv, kv_read, attention,
+     * gather, scatter), set_key_bias and upload (host arrays are copied
+     * when recorded, as always): nothing that hands data back, waits,
+     * allocates or frees, and no event.  graph_end(b, run) ends the
+     * recording.  With run it queues the recorded work (replaying, updated,
+     * the graph it last made under the same key) and returns 1.  It returns
+     * 0 when none of the recorded work ran or will: run was 0, or the
+     * recording failed (an operation the device could not record, or
+     * scratch that had to grow); the caller then queues the operations
+     * again, unrecorded.  A device fault is reported as usual
+     * (cb_backend_status).  key tells apart sequences of different shapes
+     * (cb_fwd_decode: its row count), each kept as a graph of its own. */
+    int (*graph_begin)(cb_backend *b, int key);
+    int (*graph_end)(cb_backend *b, int run);
     /* Optional declaration (0: the backend keeps the row-stability
      * contract below): 1 when its products' rows may depend on the call's
      * other rows or on their number beyond what the contract allows (CUDA:
@@ -356,9 +377,9 @@ cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos
  * to this table and to struct cb_backend (5: attn_mass added, and the
  * fault fields; 6: rope_qk and kv_write_kv; 7: add_rmsnorm; 8: attn_mass's
  * value cache; 9: host_alloc, host_free and upload_async; 10: mark_new
- * and mark_ms). */
+ * and mark_ms; 11: graph_begin and graph_end). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 10
+#define CB_CUDA_ABI 11
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

@@ -14,7 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the operations, in the table's order (and attn_mass, profiled only) */
+/* the operations, in the table's order (and attn_mass and the graphs',
+ * profiled only) */
 enum {
     OP_alloc,
     OP_dealloc,
@@ -53,18 +54,21 @@ enum {
     OP_deviation,
     OP_topk,
     OP_attn_mass,
+    OP_graph_begin,
+    OP_graph_end,  /* graph_end that queued the recorded work */
+    OP_graph_redo, /* graph_end that did not: the caller queues it again */
     N_OPS
 };
 #define NAME(op) [OP_##op] = #op
 static const char *const op_name[N_OPS] = {
-    NAME(alloc),      NAME(dealloc),      NAME(alloc_tmp),  NAME(upload),       NAME(download),
-    NAME(sync),       NAME(host_alloc),   NAME(host_free),  NAME(upload_async), NAME(event_new),
-    NAME(event_free), NAME(event_record), NAME(event_wait), NAME(mark_new),     NAME(mark_ms),
-    NAME(weight_new), NAME(weight_free),  NAME(matmul),     NAME(matmul_multi), NAME(get_rows),
-    NAME(rmsnorm),    NAME(add_rmsnorm),  NAME(rope),       NAME(rope_qk),      NAME(add),
-    NAME(swiglu),     NAME(geglu),        NAME(scale),      NAME(kv_write),     NAME(kv_write_kv),
-    NAME(kv_read),    NAME(attention),    NAME(gather),     NAME(scatter),      NAME(deviation),
-    NAME(topk),       NAME(attn_mass)};
+    NAME(alloc),      NAME(dealloc),      NAME(alloc_tmp),   NAME(upload),       NAME(download),
+    NAME(sync),       NAME(host_alloc),   NAME(host_free),   NAME(upload_async), NAME(event_new),
+    NAME(event_free), NAME(event_record), NAME(event_wait),  NAME(mark_new),     NAME(mark_ms),
+    NAME(weight_new), NAME(weight_free),  NAME(matmul),      NAME(matmul_multi), NAME(get_rows),
+    NAME(rmsnorm),    NAME(add_rmsnorm),  NAME(rope),        NAME(rope_qk),      NAME(add),
+    NAME(swiglu),     NAME(geglu),        NAME(scale),       NAME(kv_write),     NAME(kv_write_kv),
+    NAME(kv_read),    NAME(attention),    NAME(gather),      NAME(scatter),      NAME(deviation),
+    NAME(topk),       NAME(attn_mass),    NAME(graph_begin), NAME(graph_end),    NAME(graph_redo)};
 #undef NAME
 
 typedef struct fault_ops {
@@ -366,6 +370,23 @@ static cb_status f_attn_mass(cb_backend *b, const float *q, const int32_t *pos, 
     return st;
 }
 
+/* timed, not counted: a recording's operations are (each as it is
+ * queued), and the fault tests' counts stand */
+static int f_graph_begin(cb_backend *b, int key)
+{
+    int r;
+    RUN(graph_begin, r = INNER(b)->graph_begin(b, key));
+    return r;
+}
+
+static int f_graph_end(cb_backend *b, int run)
+{
+    double t0 = t_begin(b);
+    int r = INNER(b)->graph_end(b, run);
+    t_end(b, r ? OP_graph_end : OP_graph_redo, t0);
+    return r;
+}
+
 /* The wrapping table on b (once: a second call adjusts the first's) */
 static cb_status wrap(cb_backend *b, fault_ops **out)
 {
@@ -426,6 +447,8 @@ static cb_status wrap(cb_backend *b, fault_ops **out)
     W(reserve);
     W(reserve_keys);
     W(set_key_bias);
+    W(graph_begin);
+    W(graph_end);
 #undef W
     b->ops = o;
     *out = fo;

@@ -137,6 +137,7 @@ static void tctx_destroy(tctx *t)
         free(t->kbr[i].flags);
     }
     free(t->kb_host);
+    rec_destroy(t);
     cudaFree(t->scal);
     cudaFree(t->blas_ws);
     if (t->blas)
@@ -254,6 +255,8 @@ static const void *stage_memo(tctx *t, const void *h, size_t bytes)
 
 const void *stage(tctx *t, const void *h, size_t bytes)
 {
+    if (cu_rec)
+        return rec_stage(t, h, bytes);
     if (cu_memo && bytes > 0 && bytes <= (size_t)MEMO_BYTES)
         return stage_memo(t, h, bytes);
     slot *sl = &t->idx[t->next_idx];
@@ -317,7 +320,19 @@ template <typename R> static R not_done(cb_backend *b)
         return R();
 }
 
-/* The operation table's entries: after a fault, nothing (Release: the
+/* What an entry returns while a failed recording is dropped: CB_OK for
+ * an operation that returns a status (the step is queued again, and the
+ * status comes then), else NULL or 0 */
+template <typename R> static R rec_skip()
+{
+    if constexpr (std::is_same_v<R, cb_status>)
+        return CB_OK;
+    else
+        return R();
+}
+
+/* The operation table's entries: a failed recording's, nothing
+ * (rec_skip); after a fault, nothing (Release: the
  * releasing operations, which always run, once the device's work is
  * done); a cu_fault thrown by the operation recorded as the backend's
  * fault, the result then not_done's; under CB_CUDA_SYNC=1, check_op after
@@ -326,6 +341,8 @@ template <bool Release, auto F> struct guarded;
 template <bool Release, typename R, typename... A, R (*F)(cb_backend *, A...)> struct guarded<Release, F> {
     static R call(cb_backend *b, A... a)
     {
+        if (cu_rec == REC_BROKEN) /* nothing more is recorded (cuda_graph.cu) */
+            return rec_skip<R>();
         if (cb_backend_status(b) != CB_OK) {
             if (!Release)
                 return not_done<R>(b);
@@ -343,6 +360,10 @@ template <bool Release, typename R, typename... A, R (*F)(cb_backend *, A...)> s
                 return r;
             }
         } catch (const cu_fault &f) {
+            if (cu_rec) { /* a failed recording, not a fault: the step is queued again */
+                rec_broken(f.msg);
+                return rec_skip<R>();
+            }
             cb_backend_fail(b, f.st, "cuda:%d: %s", CTX(b)->dev, f.msg);
         }
         return not_done<R>(b);
@@ -354,6 +375,8 @@ template <bool Release, typename R, typename... A, R (*F)(cb_backend *, A...)> s
 void *alloc_on(tctx *t, size_t nbytes)
 {
     void *p = NULL;
+    if (cu_rec)
+        rec_refuse("alloc_on");
     cudaError_t e = cudaMallocAsync(&p, nbytes ? nbytes : 1, t->s);
     if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError(); /* not sticky: clear it, the caller reports it */
@@ -381,6 +404,8 @@ static void *cu_alloc_tmp(cb_backend *b, size_t nbytes)
 
 void free_on(tctx *t, void *p)
 {
+    if (cu_rec)
+        rec_refuse("free_on");
     if (p)
         CK(cudaFreeAsync(p, t->s));
 }
@@ -388,6 +413,8 @@ void free_on(tctx *t, void *p)
 void *keep_on(tctx *t, kept *k, size_t nbytes)
 {
     if (nbytes > k->cap) {
+        if (cu_rec)
+            rec_refuse("keep_on (scratch to grow)");
         free_on(t, k->p);
         k->cap = 0;
         if ((k->p = alloc_on(t, nbytes)))
@@ -404,6 +431,10 @@ void cu_dealloc(cb_backend *b, void *p)
 
 void upload_on(tctx *t, void *dst, const void *src, size_t nbytes)
 {
+    if (cu_rec) {
+        rec_upload(t, dst, src, nbytes);
+        return;
+    }
     for (size_t off = 0; off < nbytes;) {
         slot *sl = &t->stage[t->next_stage];
         size_t len = nbytes - off < (size_t)STAGE_BYTES ? nbytes - off : (size_t)STAGE_BYTES;
@@ -428,13 +459,18 @@ static void cu_upload(cb_backend *b, void *dst, const void *src, size_t nbytes)
 static void cu_download(cb_backend *b, void *dst, const void *src, size_t nbytes)
 {
     tctx *t = T(b, "download");
+    if (cu_rec) /* (backend.h: what a recording may not hold, refused before it breaks the capture) */
+        rec_refuse("download");
     CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, t->s));
     CK(cudaStreamSynchronize(t->s));
 }
 
 static void cu_sync(cb_backend *b)
 {
-    CK(cudaStreamSynchronize(T(b, "sync")->s));
+    tctx *t = T(b, "sync");
+    if (cu_rec)
+        rec_refuse("sync");
+    CK(cudaStreamSynchronize(t->s));
 }
 
 /* host_alloc: page-locked memory, which the copy engine reads directly:
@@ -464,6 +500,8 @@ static void cu_host_free(cb_backend *b, void *p)
 static void cu_upload_async(cb_backend *b, void *dst, const void *src, size_t nbytes)
 {
     tctx *t = T(b, "upload_async");
+    if (cu_rec)
+        rec_refuse("upload_async");
     if (nbytes)
         CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, t->s));
 }
@@ -516,12 +554,18 @@ static void cu_event_free(cb_backend *b, void *ev)
 
 static void cu_event_record(cb_backend *b, void *ev)
 {
-    CK(cudaEventRecord((cudaEvent_t)ev, T(b, "event_record")->s));
+    tctx *t = T(b, "event_record");
+    if (cu_rec) /* (an event recorded in a capture cannot be waited for after it) */
+        rec_refuse("event_record");
+    CK(cudaEventRecord((cudaEvent_t)ev, t->s));
 }
 
 static void cu_event_wait(cb_backend *b, void *ev)
 {
-    CK(cudaStreamWaitEvent(T(b, "event_wait")->s, (cudaEvent_t)ev, 0));
+    tctx *t = T(b, "event_wait");
+    if (cu_rec)
+        rec_refuse("event_wait");
+    CK(cudaStreamWaitEvent(t->s, (cudaEvent_t)ev, 0));
 }
 
 /* ------------------------------------------------------------ backend */
@@ -651,6 +695,20 @@ static void init_ops(void)
         o->rope_qk = NULL;
         o->kv_write_kv = NULL;
         o->add_rmsnorm = NULL;
+    }
+    /* a decode step recorded as a graph and replayed (cuda_graph.cu),
+     * behind CB_CUDA_GRAPH=1 until a GPU run has checked it (issue 34);
+     * with the memo only (a recording stages through an arena of its own,
+     * and attention's scratch must not be allocated inside it), and not
+     * under CB_CUDA_SYNC=1, whose waits no recording may hold.  Their
+     * entries guard themselves: graph_end must end a recording even
+     * after a fault */
+    if (env_is("CB_CUDA_GRAPH", "1") && cu_memo && !cu_sync_each) {
+        o->graph_begin = cu_graph_begin;
+        o->graph_end = cu_graph_end;
+    } else {
+        o->graph_begin = NULL;
+        o->graph_end = NULL;
     }
 #undef OP
 #undef RELEASE

@@ -526,6 +526,8 @@ cb_status cu_set_key_bias(cb_backend *b, const uint8_t *stale, int64_t n, float 
             r = e;
     }
     if (!hit) {
+        if (cu_rec) /* (a row sent by a recording that fails would be taken for sent) */
+            rec_refuse("set_key_bias (a row to send)");
         r->n = 0; /* until refilled */
         uint8_t *fl = (uint8_t *)realloc(r->flags, (size_t)n);
         if (!fl)

@@ -52,6 +52,12 @@ extern int cu_gemv_rows;
  * attention keeps its scratch from call to call (cuda_attn.cu) */
 extern int cu_memo;
 
+/* CB_CUDA_GRAPH=1 (cuda_graph.cu): whether the calling thread records a
+ * graph (REC_ON), or did and the recording failed (REC_BROKEN: the
+ * table's entries do nothing until graph_end) */
+enum { REC_OFF, REC_ON, REC_BROKEN };
+extern thread_local int cu_rec;
+
 /* Throw a cu_fault: `what` (a call) failed at file:line for reason `why`,
  * in the backend operation the calling thread is in ("matmul: an illegal
  * memory access was encountered (cublasGemmEx(...) at file:line)").  cuda:
@@ -145,6 +151,18 @@ typedef struct mm_scalars {
     unsigned n_bad;        /* CB_CUDA_SYNC: non-finite outputs of the last product */
 } mm_scalars;
 
+/* CB_CUDA_GRAPH=1 (cuda_graph.cu): the recordings' arena (host arrays
+ * staged while recording), the stagings of one recording it reuses, the
+ * executable graphs a thread keeps (one per key), and the failed
+ * recordings in a row after which the thread records no more */
+enum { ARENA_BYTES = 64 << 10, REC_SEEN = 16, N_GX = 4, GR_TRIES = 8 };
+
+typedef struct gexec {
+    cudaGraphExec_t ex; /* NULL: none */
+    int key;
+    unsigned long used;
+} gexec;
+
 typedef struct cuda_ctx cuda_ctx;
 
 typedef struct tctx {
@@ -172,6 +190,16 @@ typedef struct tctx {
     const float *kb_cur;  /* the row attention adds now (one of kbr's) */
     int64_t kb_n;         /* its keys (0: none biased) */
     int32_t kb_until;     /* for the rows at positions below it */
+    /* CB_CUDA_GRAPH=1's (cuda_graph.cu) */
+    slot arena;           /* host: what a recording staged, read when its graph runs; ev: its last launch */
+    size_t rec_off;       /* the arena's bytes in use by this recording */
+    struct {
+        size_t off, len;
+    } rec_seen[REC_SEEN]; /* this recording's stagings, reused while their contents repeat */
+    int rec_n, rec_key;
+    gexec gx[N_GX];
+    unsigned long gx_clock;
+    int gr_fails, gr_off; /* failed recordings in a row; graphs off for the thread */
     struct tctx *next;    /* free list */
 } tctx;
 
@@ -234,6 +262,18 @@ static inline float bits_float(unsigned u)
     memcpy(&f, &u, sizeof f);
     return f;
 }
+
+/* cuda_graph.cu: while recording, stage() and upload_on() send through
+ * the arena (rec_stage, rec_upload), and what may not be recorded throws
+ * (rec_refuse), which fails the recording (rec_broken, in the table's
+ * entries), not the backend */
+const void *rec_stage(tctx *t, const void *h, size_t bytes);
+void rec_upload(tctx *t, void *dst, const void *src, size_t bytes);
+[[noreturn]] void rec_refuse(const char *what);
+void rec_broken(const char *why);
+void rec_destroy(tctx *t);
+int cu_graph_begin(cb_backend *b, int key);
+int cu_graph_end(cb_backend *b, int run);
 
 /* ------------------------------------------------- element conversions */
 

@@ -396,6 +396,8 @@ void cu_blas(tctx *t)
     cublasHandle_t h;
     if (t->blas)
         return;
+    if (cu_rec)
+        rec_refuse("cublasCreate");
     if (!t->scal) {
         CK(cudaMallocAsync((void **)&t->scal, sizeof *t->scal, t->s));
         CK(cudaMemsetAsync(t->scal, 0, sizeof *t->scal, t->s)); /* zero: beta */

@@ -144,6 +144,12 @@ struct cb_fwd {
     int32_t mass_keys, mass_v; /* its keys; weighted by the value norms */
 };
 
+/* The rows' logits are made FWD_LOGIT_ROWS at a time (f->logits' size) */
+static int32_t logit_chunk(const cb_fwd *f)
+{
+    return f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
+}
+
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
 {
     const cb_hparams *hp = &m->hp;
@@ -449,7 +455,7 @@ cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *l
     if (rows)
         be->ops->gather(be, f->x, rows, n, d, f->xs);
     be->ops->rmsnorm(be, rows ? f->xs : f->x, m->output_norm, f->xn, n, d, hp->norm_eps);
-    int32_t chunk = f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
+    int32_t chunk = logit_chunk(f);
     for (int32_t i = 0; i < n; i += chunk) {
         int32_t c = n - i < chunk ? n - i : chunk;
         be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)i * d, f->logits,
@@ -555,9 +561,11 @@ static void decode_products(cb_backend *be, const cb_bweight *const *w, int nw, 
 }
 
 /* Attention of rows 0..n-1, each over its own cache, their K/V written
- * first; the padding rows' outputs are zero.  The first error of a bias. */
+ * first (after the cache's loads unless `waited`: a recorded step waits
+ * for them before it begins); the padding rows' outputs are zero.  The
+ * first error of a bias. */
 static cb_status decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
-                                  int32_t rows, int32_t layer)
+                                  int32_t rows, int32_t layer, int waited)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -566,7 +574,8 @@ static cb_status decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_
     int64_t dq = (int64_t)hp->n_head * hp->head_dim, dkv = (int64_t)hp->n_head_kv * hp->head_dim;
     for (int32_t i = 0; i < n; i++) {
         const cb_kvcache *c = kv[i];
-        cb_kvcache_after_loads(c, layer);
+        if (!waited)
+            cb_kvcache_after_loads(c, layer);
         kv_write_layer(be, c, layer, f->k + i * dkv, f->v + i * dkv, &pos[i], 1);
         cb_status st = kv_attention(be, c, layer, f->q + i * dq, &pos[i], 1, f->att + i * dq);
         if (st != CB_OK)
@@ -579,7 +588,7 @@ static cb_status decode_attention(cb_fwd *f, cb_kvcache *const *kv, const int32_
 
 /* One layer of a decode step on rows 0..rows-1 (f->pos their positions). */
 static cb_status decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
-                              int32_t rows, int32_t l)
+                              int32_t rows, int32_t l, int waited)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
@@ -602,7 +611,7 @@ static cb_status decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *p
         o->rmsnorm(be, f->k, L->k_norm, f->k, (int64_t)rows * hp->n_head_kv, hp->head_dim,
                    hp->norm_eps);
     rope_qk(m, L, f->q, f->k, f->pos, rows);
-    cb_status st = decode_attention(f, kv, pos, n, rows, l);
+    cb_status st = decode_attention(f, kv, pos, n, rows, l, waited);
     if (st != CB_OK)
         return st;
     const cb_bweight *wo[1] = {L->wo}, *wd[1] = {L->wd};
@@ -628,37 +637,70 @@ static cb_status decode_layer(cb_fwd *f, cb_kvcache *const *kv, const int32_t *p
     return CB_OK;
 }
 
+/* A decode step's work up to its first chunk of logits, queued: the
+ * embedding (f->eval_tok, f->eval_pos), every layer, and the logits of the
+ * first logit_chunk rows in f->logits.  What a recorded step records. */
+static cb_status decode_queue(cb_fwd *f, cb_kvcache *const *kv, const int32_t *pos, int32_t n,
+                              int32_t rows, int waited)
+{
+    const cb_model *m = f->m;
+    cb_backend *be = m->be;
+    int32_t c = rows < logit_chunk(f) ? rows : logit_chunk(f);
+    cb_status st;
+
+    if ((st = cb_fwd_embed(f, f->eval_tok, f->eval_pos, rows)) != CB_OK)
+        return st;
+    for (int32_t l = 0; l < m->hp.n_layer; l++)
+        if ((st = decode_layer(f, kv, pos, n, rows, l, waited)) != CB_OK)
+            return st;
+    /* (f->xn: the last layer normalized its output) */
+    be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn, f->logits, c);
+    return CB_OK;
+}
+
 /* A decode step of sequences 0..n-1 on `rows` rows (n real, the rest
- * padding); logits [n, n_vocab]. */
+ * padding); logits [n, n_vocab].  On a backend with graphs (backend.h) the
+ * step is recorded and replayed: a step's hundreds of operations queued at
+ * the cost of one, the graph updated with the step's own values.  The
+ * caches' loads are waited for first (no event while recording), and when
+ * the recording fails the step is queued again, as on any backend. */
 static cb_status decode_step(cb_fwd *f, cb_kvcache *const *kv, const int32_t *tokens,
                              const int32_t *pos, int32_t n, int32_t rows, float *logits)
 {
     const cb_model *m = f->m;
     const cb_hparams *hp = &m->hp;
     cb_backend *be = m->be;
+    const cb_backend_ops *o = be->ops;
     int64_t d = hp->n_embd;
+    int32_t chunk = logit_chunk(f);
     cb_status st;
 
     for (int32_t i = 0; i < rows; i++) {
         f->eval_tok[i] = tokens[i < n ? i : 0];
         f->eval_pos[i] = pos[i < n ? i : 0];
     }
-    if ((st = cb_fwd_embed(f, f->eval_tok, f->eval_pos, rows)) != CB_OK)
-        return st;
     f->n_q = 0; /* the queries of these rows are no layer's to inspect */
-    for (int32_t l = 0; l < hp->n_layer; l++)
-        if ((st = decode_layer(f, kv, pos, n, rows, l)) != CB_OK)
-            return st;
+    int graph = 0;
+    if (o->graph_begin) {
+        for (int32_t i = 0; i < n; i++)
+            for (int32_t l = 0; l < hp->n_layer; l++)
+                cb_kvcache_after_loads(kv[i], l);
+        graph = o->graph_begin(be, rows);
+    }
+    st = decode_queue(f, kv, pos, n, rows, o->graph_begin != NULL); /* (loads waited for) */
+    if (graph && !o->graph_end(be, st == CB_OK) && st == CB_OK)
+        st = decode_queue(f, kv, pos, n, rows, 1); /* not recorded: queued as it is */
+    if (st != CB_OK)
+        return st;
     if ((st = cb_backend_status(be)) != CB_OK) /* a fault: the rest would do nothing */
         return st;
-    /* (f->xn: the last layer normalized its output) */
-    int32_t chunk = f->n_max < FWD_LOGIT_ROWS ? f->n_max : FWD_LOGIT_ROWS;
     for (int32_t r = 0; r < rows && r < n; r += chunk) {
         int32_t c = rows - r < chunk ? rows - r : chunk, keep = n - r < c ? n - r : c;
-        be->ops->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)r * d, f->logits,
-                        c);
-        be->ops->download(be, logits + (int64_t)r * hp->n_vocab, f->logits,
-                          sizeof(float) * (size_t)keep * (size_t)hp->n_vocab);
+        if (r > 0) /* (the first chunk's came with the layers) */
+            o->matmul(be, m->output ? m->output : m->tok_embd, f->xn + (int64_t)r * d, f->logits,
+                      c);
+        o->download(be, logits + (int64_t)r * hp->n_vocab, f->logits,
+                    sizeof(float) * (size_t)keep * (size_t)hp->n_vocab);
     }
     return cb_backend_status(be);
 }

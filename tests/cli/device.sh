@@ -150,6 +150,17 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     same=$(python3 -c "import json,sys; a=[json.loads(l)['answer'] for l in open(sys.argv[1])]; b=[json.loads(l)['answer'] for l in open(sys.argv[2])]; print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)" "$T/bo.jsonl" "$T/bom.jsonl" 2>/dev/null)
     [ "$brc" = 0 ] && [ "$same" = 3 ] && ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers (3 of 3)" ||
         not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers (exit $brc, $same of 3; $(head -c 200 "$T/berr"))"
+    # a decode step recorded as a graph and replayed (CB_CUDA_GRAPH=1, not
+    # yet the default): the same answers, and the profile shows replays
+    CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 CB_CUDA_GRAPH=1 CB_BACKEND_PROFILE=1 "$RUN" -m "$TINY" --device cuda \
+        --temp 0 --batch "$T/bq.jsonl" > "$T/bog.jsonl" 2>"$T/gerr"
+    brc=$?
+    same=$(python3 -c "import json,sys; a=[json.loads(l)['answer'] for l in open(sys.argv[1])]; b=[json.loads(l)['answer'] for l in open(sys.argv[2])]; print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)" "$T/bom.jsonl" "$T/bog.jsonl" 2>/dev/null)
+    replays=$(awk '$1 == "#" && $2 == "graph_end" { print $3 }' "$T/gerr")
+    redos=$(awk '$1 == "#" && $2 == "graph_redo" { print $3 }' "$T/gerr")
+    [ "$brc" = 0 ] && [ "$same" = 3 ] && [ "${replays:-0}" -gt 0 ] &&
+        ok "CB_CUDA_GRAPH=1: the same answers (3 of 3), ${replays} steps replayed, ${redos:-0} queued again" ||
+        not_ok "CB_CUDA_GRAPH=1: the same answers (exit $brc, $same of 3, ${replays:-0} replayed, ${redos:-0} queued again; $(grep -v '^#' "$T/gerr" | head -c 200))"
     # and a blend (gathers, scatters, deviations and top-k over row sets): the same logits, bit for bit
     printf 'The old mill stood by the river for two hundred years. ' > "$T/mdoc.txt"
     printf 'Its wheel turned until the flood of the last winter. ' >> "$T/mdoc.txt"
@@ -157,19 +168,29 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     "$BINDIR_B/cb-chunk" -m "$TINY" --tokens 12 "$T/mdoc.txt" > "$T/mch.jsonl" &&
         "$PRE" -q -m "$TINY" --device cuda --store "$T/ms" "$T/mch.jsonl" >/dev/null 2>&1
     # blend_run TAG VAR=VALUE...: a probe blend of the stored chunks with
-    # those settings, its logits in $T/TAG.bin, its answer in $T/TAG.txt
+    # those settings (and $blend_extra's options), its logits in
+    # $T/TAG.bin, its answer in $T/TAG.txt
     blend_run() {
         tag=$1; shift
         env "$@" "$RUN" -m "$TINY" --device cuda --store "$T/ms" --chunks "$T/mch.jsonl" --mode blend \
-            --strategy probe -p "What stood by the river?" -n 8 --temp 0 --no-store-write \
+            --strategy probe -p "What stood by the river?" -n 8 --temp 0 --no-store-write $blend_extra \
             --logits-out "$T/$tag.bin" > "$T/$tag.txt" 2>"$T/$tag.err" || echo "exit $?" >> "$T/$tag.err"
     }
+    blend_extra=""
     # same_blend A B: the two runs' logits and answers, bit for bit
     same_blend() { [ -s "$T/$1.bin" ] && cmp -s "$T/$1.bin" "$T/$2.bin" && cmp -s "$T/$1.txt" "$T/$2.txt"; }
     blend_run m0 CB_CUDA_GEMV=1 CB_CUDA_MEMO=0 CB_CUDA_FUSE=0
     blend_run m1 CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1
     same_blend m0 m1 && ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" ||
         not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/m1.err"))"
+    # its answer decoded by graphs, over a cache with stale keys (each
+    # layer's key bias set inside the recording)
+    blend_extra="--stale-scale 0.35 -n 24" # (the later -n: 24 tokens decoded)
+    blend_run g0 CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 CB_CUDA_KBIAS=1
+    blend_run g1 CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 CB_CUDA_KBIAS=1 CB_CUDA_GRAPH=1
+    blend_extra=
+    same_blend g0 g1 && ok "CB_CUDA_GRAPH=1: a blend's logits and answer, bit for bit" ||
+        not_ok "CB_CUDA_GRAPH=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/g1.err"))"
     # the key bias (CB_CUDA_KBIAS=1, not yet the default): blending's stale
     # scale on the device, said in --stats, and it moves the logits (the op
     # tests hold its values to the CPU's); without it the scale is 1
@@ -208,6 +229,8 @@ else
     skip "CB_CUDA_GEMV=1: cb-run --batch on CUDA answers as lone runs do" "$why"
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers" "$why"
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" "$why"
+    skip "CB_CUDA_GRAPH=1: the same answers" "$why"
+    skip "CB_CUDA_GRAPH=1: a blend's logits and answer, bit for bit" "$why"
     skip "CB_CUDA_KBIAS=1: a blend's stale scale on the device" "$why"
     skip "CB_CUDA_PIN=1: a blend's logits and answer, bit for bit" "$why"
     skip "CB_CUDA_QW=1: cb-run --batch on CUDA answers as lone runs do" "$why"

@@ -2015,6 +2015,155 @@ static void test_marks(cb_backend *be, const char *tag)
     be->ops->event_free(be, z);
 }
 
+/* Graphs (backend.h's graph_begin and graph_end; CUDA under
+ * CB_CUDA_GRAPH=1): a decode-like step (norm, Q/K/V products, RoPE, the
+ * cache rows, attention over them with and without a key bias, the output
+ * product and the residual) recorded and replayed must give the bits of
+ * the same step queued as usual afterwards on a state of its own, step
+ * after step: positions that move (the graph updated), a jump from 64
+ * keys to 900 (the attention's split changes the graph's shape: made
+ * anew), key-bias rows never sent before and a scratch allocation (the
+ * recording refuses them: graph_end returns 0 and the step is queued
+ * again, as cb_fwd_decode does).  A recording dropped with a key bias set
+ * changes nothing, and leaves no bias on the next attention. */
+enum { GR_D = 256, GR_HD = 64, GR_NH = 4, GR_NKV = 2, GR_CTX = 1024, GR_STEPS = 9 };
+
+typedef struct gr_state {
+    float *x, *xn, *q, *k, *v, *att, *y;
+    void *kc, *vc;
+} gr_state;
+
+static void gr_step(cb_backend *be, gr_state *s, cb_bweight *const *w, const float *g, int32_t pos,
+                    const uint8_t *stale, int breaker)
+{
+    const cb_backend_ops *o = be->ops;
+    const int64_t dkv = GR_NKV * GR_HD;
+    o->rmsnorm(be, s->x, g, s->xn, 1, GR_D, 1e-5f);
+    if (breaker && o->alloc_tmp) /* scratch, which no recording may allocate */
+        o->alloc_tmp(be, 64);
+    o->matmul(be, w[0], s->xn, s->q, 1);
+    o->matmul(be, w[1], s->xn, s->k, 1);
+    o->matmul(be, w[2], s->xn, s->v, 1);
+    o->rope(be, s->q, &pos, 1, GR_NH, GR_HD, GR_HD, 10000.0f, NULL, 1);
+    o->rope(be, s->k, &pos, 1, GR_NKV, GR_HD, GR_HD, 10000.0f, NULL, 1);
+    o->kv_write(be, s->kc, CB_TYPE_F16, dkv, s->k, &pos, 1);
+    o->kv_write(be, s->vc, CB_TYPE_F16, dkv, s->v, &pos, 1);
+    if (stale && o->set_key_bias)
+        o->set_key_bias(be, stale, pos / 2, -0.8f, INT32_MAX);
+    o->attention(be, s->q, &pos, 1, s->kc, s->vc, CB_TYPE_F16, GR_NH, GR_NKV, GR_HD, 0.125f, 0,
+                 s->att);
+    if (stale && o->set_key_bias)
+        o->set_key_bias(be, NULL, 0, 0.0f, 0);
+    o->matmul(be, w[3], s->att, s->y, 1);
+    o->add(be, s->x, s->y, GR_D);
+}
+
+static void test_graph_ops(cb_backend *be, const char *tag)
+{
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s graphs: a recorded step replays the bits of a queued one, %d steps",
+             tag, GR_STEPS);
+    if (!be || !be->ops->graph_begin) {
+        tskip(nm, !be ? cuda_why
+                      : "the backend has no graphs (CB_CUDA_GRAPH=0, or CB_CUDA_MEMO=0 or "
+                        "CB_CUDA_SYNC=1, without which it records none)");
+        return;
+    }
+    if (!case_wanted(nm)) {
+        tskip(nm, "left out by $CB_OPS_ONLY or $CB_OPS_SKIP");
+        return;
+    }
+    /* bias rows of 31 keys (step 2; step 3 the same row), 451 and 452;
+     * step 5's recording allocates */
+    static const int32_t at[GR_STEPS] = {60, 61, 62, 63, 900, 901, 902, 903, 904};
+    static const int with_bias[GR_STEPS] = {0, 0, 1, 1, 0, 0, 1, 0, 1};
+    const int64_t dkv = GR_NKV * GR_HD;
+    seed(4242);
+    float *wh[4] = {rand_vec(GR_D * GR_D, 0.06f), rand_vec(dkv * GR_D, 0.06f),
+                    rand_vec(dkv * GR_D, 0.06f), rand_vec(GR_D * GR_D, 0.06f)};
+    const int64_t n_out[4] = {GR_D, dkv, dkv, GR_D};
+    cb_bweight *w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = be->ops->weight_new(be, CB_TYPE_F32, GR_D, n_out[i], wh[i], NULL);
+    float *gh = rand_vec(GR_D, 1.0f), *x0 = rand_vec(GR_D, 1.0f);
+    float *kh = rand_vec(GR_CTX * dkv, 1.5f), *vh = rand_vec(GR_CTX * dkv, 1.0f);
+    int32_t *all = malloc(sizeof(int32_t) * GR_CTX);
+    uint8_t *stale = malloc(GR_CTX);
+    for (int i = 0; i < GR_CTX; i++)
+        all[i] = i, stale[i] = (uint8_t)(i % 3 == 0);
+    float *g = bput(be, gh, sizeof(float) * GR_D);
+    float *dk = bput(be, kh, sizeof(float) * (size_t)(GR_CTX * dkv)),
+          *dv = bput(be, vh, sizeof(float) * (size_t)(GR_CTX * dkv));
+    gr_state st[2];
+    for (int i = 0; i < 2; i++) {
+        gr_state *s = &st[i];
+        s->x = bput(be, x0, sizeof(float) * GR_D);
+        s->xn = be->ops->alloc(be, sizeof(float) * GR_D);
+        s->q = be->ops->alloc(be, sizeof(float) * GR_D);
+        s->k = be->ops->alloc(be, sizeof(float) * dkv);
+        s->v = be->ops->alloc(be, sizeof(float) * dkv);
+        s->att = be->ops->alloc(be, sizeof(float) * GR_D);
+        s->y = be->ops->alloc(be, sizeof(float) * GR_D);
+        s->kc = be->ops->alloc(be, 2 * (size_t)(GR_CTX * dkv));
+        s->vc = be->ops->alloc(be, 2 * (size_t)(GR_CTX * dkv));
+        be->ops->kv_write(be, s->kc, CB_TYPE_F16, dkv, dk, all, GR_CTX);
+        be->ops->kv_write(be, s->vc, CB_TYPE_F16, dkv, dv, all, GR_CTX);
+    }
+    float xa[GR_D], xb[GR_D];
+    int same = 0, ran = 0, redone = 0, moved = 0;
+    for (int i = 0; i < GR_STEPS; i++) {
+        const uint8_t *sb = with_bias[i] ? stale : NULL;
+        /* recorded first, so that what it refuses (a bias row, scratch to
+         * grow) is not already there from the step queued as usual */
+        if (be->ops->graph_begin(be, 1)) {
+            gr_step(be, &st[1], w, g, at[i], sb, i == 5);
+            if (be->ops->graph_end(be, 1))
+                ran++;
+            else
+                redone++, gr_step(be, &st[1], w, g, at[i], sb, 0);
+        } else {
+            redone++, gr_step(be, &st[1], w, g, at[i], sb, 0);
+        }
+        gr_step(be, &st[0], w, g, at[i], sb, 0);
+        bget(be, xa, st[0].x, sizeof xa);
+        bget(be, xb, st[1].x, sizeof xb);
+        same += memcmp(xa, xb, sizeof xa) == 0;
+        moved += memcmp(xa, x0, sizeof xa) != 0;
+    }
+    /* a recording dropped (run 0) with a key bias set (a row sent before)
+     * and never cleared leaves the state as it was, and the next step,
+     * queued as usual without a bias, takes none */
+    bget(be, xa, st[1].x, sizeof xa);
+    int dropped = be->ops->graph_begin(be, 1);
+    if (dropped) {
+        be->ops->set_key_bias(be, stale, at[2] / 2, -0.8f, INT32_MAX);
+        gr_step(be, &st[1], w, g, 905, NULL, 0);
+        dropped = be->ops->graph_end(be, 0) == 0;
+    }
+    bget(be, xb, st[1].x, sizeof xb);
+    int unchanged = memcmp(xa, xb, sizeof xa) == 0;
+    gr_step(be, &st[1], w, g, 905, NULL, 0);
+    gr_step(be, &st[0], w, g, 905, NULL, 0);
+    bget(be, xa, st[0].x, sizeof xa);
+    bget(be, xb, st[1].x, sizeof xb);
+    tcase("%s (%d replayed, %d queued again, %d the same)", nm, ran, redone, same);
+    CHECKF(same == GR_STEPS && moved == GR_STEPS && ran >= 3 && redone >= 4 &&
+               cb_backend_status(be) == CB_OK,
+           "%d of %d steps the same, %d replayed, %d queued again, status %d", same, GR_STEPS, ran,
+           redone, cb_backend_status(be));
+    tcase("%s graphs: a recording not run changes nothing, and leaves no key bias", tag);
+    CHECK(dropped && unchanged && memcmp(xa, xb, sizeof xa) == 0 && cb_backend_status(be) == CB_OK);
+    for (int i = 0; i < 2; i++) {
+        gr_state *s = &st[i];
+        bfree(be, s->x), bfree(be, s->xn), bfree(be, s->q), bfree(be, s->k), bfree(be, s->v);
+        bfree(be, s->att), bfree(be, s->y), bfree(be, s->kc), bfree(be, s->vc);
+    }
+    for (int i = 0; i < 4; i++)
+        be->ops->weight_free(be, w[i]), free(wh[i]);
+    bfree(be, g), bfree(be, dk), bfree(be, dv);
+    free(gh), free(x0), free(kh), free(vh), free(all), free(stale);
+}
+
 /* ------------------------------------------- the review's cases: driver */
 
 /* run_case for the model-sized attention: the reference and the CPU on a
@@ -3008,6 +3157,9 @@ int main(int argc, char **argv)
     /* and the loader's page-locked reads, behind CB_CUDA_PIN=1 */
     if (!getenv("CB_CUDA_PIN"))
         setenv("CB_CUDA_PIN", "1", 1);
+    /* and graphs, behind CB_CUDA_GRAPH=1 (only test_graph_ops records) */
+    if (!getenv("CB_CUDA_GRAPH"))
+        setenv("CB_CUDA_GRAPH", "1", 1);
     /* the scalar attention kernel is the reference the first backend
      * tests; the tensor-core one (CB_CUDA_FA=1) gets a backend of its own */
     char *fa_env = getenv("CB_CUDA_FA") ? strdup(getenv("CB_CUDA_FA")) : NULL;
@@ -3279,6 +3431,7 @@ int main(int argc, char **argv)
     run_case("event hand-over between threads", c_event, -1, -1);
     test_marks(cpu, "cpu ");
     test_marks(cuda, "cuda");
+    test_graph_ops(cuda, "cuda");
     act8_cases();
     rows_stable_cases();
     fused_cases();
