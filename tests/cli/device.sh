@@ -161,6 +161,17 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     [ "$brc" = 0 ] && [ "$same" = 3 ] && [ "${replays:-0}" -gt 0 ] &&
         ok "CB_CUDA_GRAPH=1: the same answers (3 of 3), ${replays} steps replayed, ${redos:-0} queued again" ||
         not_ok "CB_CUDA_GRAPH=1: the same answers (exit $brc, $same of 3, ${replays:-0} replayed, ${redos:-0} queued again; $(grep -v '^#' "$T/gerr" | head -c 200))"
+    # and with cuBLAS's few-row products (CB_CUDA_GEMV=0: each question's
+    # step on its own, cuBLAS inside the recording)
+    for g in 0 1; do
+        CB_CUDA_GEMV=0 CB_CUDA_MEMO=1 CB_CUDA_GRAPH=$g CB_BACKEND_PROFILE=1 "$RUN" -m "$TINY" --device cuda \
+            --temp 0 --batch "$T/bq.jsonl" > "$T/boc$g.jsonl" 2>"$T/gcerr$g" || echo "exit $?" >> "$T/gcerr$g"
+    done
+    same=$(python3 -c "import json,sys; a=[json.loads(l)['answer'] for l in open(sys.argv[1])]; b=[json.loads(l)['answer'] for l in open(sys.argv[2])]; print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)" "$T/boc0.jsonl" "$T/boc1.jsonl" 2>/dev/null)
+    replays=$(awk '$1 == "#" && $2 == "graph_end" { print $3 }' "$T/gcerr1")
+    [ "$same" = 3 ] && [ "${replays:-0}" -gt 0 ] &&
+        ok "CB_CUDA_GRAPH=1 CB_CUDA_GEMV=0: cuBLAS recorded, the same answers (3 of 3), ${replays} steps replayed" ||
+        not_ok "CB_CUDA_GRAPH=1 CB_CUDA_GEMV=0: the same answers (${same:-none} of 3, ${replays:-0} replayed; $(grep -v '^#' "$T/gcerr1" | head -c 200))"
     # and a blend (gathers, scatters, deviations and top-k over row sets): the same logits, bit for bit
     printf 'The old mill stood by the river for two hundred years. ' > "$T/mdoc.txt"
     printf 'Its wheel turned until the flood of the last winter. ' >> "$T/mdoc.txt"
@@ -230,6 +241,7 @@ else
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers" "$why"
     skip "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit" "$why"
     skip "CB_CUDA_GRAPH=1: the same answers" "$why"
+    skip "CB_CUDA_GRAPH=1 CB_CUDA_GEMV=0: cuBLAS recorded, the same answers" "$why"
     skip "CB_CUDA_GRAPH=1: a blend's logits and answer, bit for bit" "$why"
     skip "CB_CUDA_KBIAS=1: a blend's stale scale on the device" "$why"
     skip "CB_CUDA_PIN=1: a blend's logits and answer, bit for bit" "$why"
