@@ -73,6 +73,7 @@ static thread_local const char *cur_op = "open";
 int cu_sync_each;
 int cu_gemv_rows;
 int cu_memo;
+int cu_fuse;
 
 void cu_fail(cb_status st, int cuda, const char *what, const char *file, int line, const char *why)
 {
@@ -687,7 +688,8 @@ static void init_ops(void)
     /* Q's and K's RoPE in one launch, K's and V's cache rows in one, a
      * residual and the next norm in one, behind CB_CUDA_FUSE=1 until a GPU
      * run has checked them (issue 34) */
-    if (env_is("CB_CUDA_FUSE", "1")) {
+    cu_fuse = env_is("CB_CUDA_FUSE", "1"); /* (and products_16's input scale without a memset) */
+    if (cu_fuse) {
         OP(rope_qk, cu_rope_qk);
         OP(kv_write_kv, cu_kv_write_kv);
         OP(add_rmsnorm, cu_add_rmsnorm);

@@ -123,7 +123,7 @@ int cu_graph_begin(cb_backend *b, int key)
         }
         cu_blas(t); /* (a handle is not made while recording) */
         CK(cudaEventSynchronize(t->arena.ev)); /* the last graph has read the arena */
-        t->rec_off = 0, t->rec_n = 0, t->rec_key = key;
+        t->rec_off = 0, t->rec_n = 0, t->rec_key = key, t->rec_amax_at = t->amax_at;
         cudaError_t e = cudaStreamBeginCapture(t->s, cudaStreamCaptureModeThreadLocal);
         if (e != cudaSuccess) {
             cudaGetLastError();
@@ -188,13 +188,16 @@ int cu_graph_end(cb_backend *b, int run)
     cudaError_t e = cudaStreamEndCapture(t->s, &g);
     bool broken = cu_rec == REC_BROKEN || e != cudaSuccess || !g;
     cu_rec = REC_OFF;
-    /* A key bias set while recording stays set on the host's side: a
-     * failed recording skipped the call that would have cleared it, and a
-     * dropped one may never have made it.  Either way the step is queued
-     * again, and sets it again where it is due; any other attention must
-     * not take it. */
-    if (broken || !run)
+    /* The host's side as if nothing was recorded, when nothing runs: a key
+     * bias set while recording stays set (a failed recording skipped the
+     * call that would have cleared it, and a dropped one may never have
+     * made it; the step queued again sets it where it is due, and no
+     * other attention may take it), and the products' amax slot
+     * (cuda_mm.cu) goes back to the one the device still has zeroed. */
+    if (broken || !run) {
         t->kb_n = 0;
+        t->amax_at = t->rec_amax_at;
+    }
     if (broken) {
         /* the error that broke it, or the capture's own, is not sticky:
          * cleared, lest the step queued again meet it at its first check */

@@ -47,6 +47,10 @@ extern int cu_sync_each;
 enum { CU_GEMV_ROWS = 8 };
 extern int cu_gemv_rows;
 
+/* CB_CUDA_FUSE=1: besides the fused operations' entries, a product's
+ * input scale needs no memset (cuda_mm.cu's amax slots) */
+extern int cu_fuse;
+
 /* CB_CUDA_MEMO=1: stage() sends an index array or small table only when
  * its contents differ from the N_MEMO the thread sent last (cuda.cu), and
  * attention keeps its scratch from call to call (cuda_attn.cu) */
@@ -145,10 +149,14 @@ typedef struct kb_row {
  * product rewrites them after the previous one has read them). */
 enum { MM_SET = 4 }; /* the most weights one product's input is converted for */
 typedef struct mm_scalars {
-    unsigned amax;         /* the input's largest magnitude, as f32 bits (NaN above inf) */
+    /* the input's largest magnitude, as f32 bits (NaN above inf), in
+     * amax[0]; under CB_CUDA_FUSE=1 in amax[amax_at] (struct tctx), the
+     * other one zeroed by the same product's conversion for the next */
+    unsigned amax[2];
     float alpha[MM_SET];   /* each weight's undoing of both scales, and zero: */
     float zero;            /* cuBLAS reads them from here (device pointer mode) */
     unsigned n_bad;        /* CB_CUDA_SYNC: non-finite outputs of the last product */
+    unsigned amax_dbg;     /* and its input's largest magnitude, where the product did not find it */
 } mm_scalars;
 
 /* CB_CUDA_GRAPH=1 (cuda_graph.cu): the recordings' arena (host arrays
@@ -170,6 +178,7 @@ typedef struct tctx {
     cudaStream_t s;
     cublasHandle_t blas;  /* cu_blas: at open for the opening thread, else first matmul */
     mm_scalars *scal;     /* device, with the handle */
+    int amax_at;          /* CB_CUDA_FUSE=1: scal->amax's slot the next product takes (zero) */
     void *blas_ws;        /* the handle's workspace (cu_blas) */
     slot idx[N_IDX];      /* index arrays, round robin */
     int next_idx;
@@ -197,6 +206,7 @@ typedef struct tctx {
         size_t off, len;
     } rec_seen[REC_SEEN]; /* this recording's stagings, reused while their contents repeat */
     int rec_n, rec_key;
+    int rec_amax_at;      /* amax_at when the recording began (restored when it does not run) */
     gexec gx[N_GX];
     unsigned long gx_clock;
     int gr_fails, gr_off; /* failed recordings in a row; graphs off for the thread */

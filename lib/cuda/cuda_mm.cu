@@ -228,17 +228,22 @@ struct alpha_set {
 
 /* y [n] = x [n] 2^e in 16 bits; scaled: e = cb_op_f16_scale_exp(*amax)
  * (else 0); and as's alphas (written by one thread; the products run
- * after the kernel). */
+ * after the kernel); and *zero = 0 where given (the other amax slot: no
+ * kernel of this product reads it, and the next product's k_absmax
+ * starts from it). */
 template <typename T>
-__global__ void k_to16(const float *x, T *y, int64_t n, const unsigned *amax, alpha_set as)
+__global__ void k_to16(const float *x, T *y, int64_t n, const unsigned *amax, alpha_set as, unsigned *zero)
 {
     const int e = amax ? cb_op_f16_scale_exp(__uint_as_float(*amax)) : 0;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = st<T>(ldexpf(x[i], e));
-    if (i == 0)
+    if (i == 0) {
         for (int k = 0; k < as.n; k++)
             as.alpha[k] = ldexpf(1.0f, -(e + as.e_w[k]));
+        if (zero)
+            *zero = 0;
+    }
 }
 
 /* y [n] = x [n] 2^e in f16: weight_fill's conversion at a known scale */
@@ -296,10 +301,10 @@ static void weight_fill(tctx *th, cb_bweight *w, cb_type t, size_t rb, int64_t c
                 CKL();
             } else if (w->dt == CUDA_R_16BF) {
                 LAUNCH_1D(th, ne, k_to16, f32, (__nv_bfloat16 *)w->w + r0 * n_in, ne, (const unsigned *)NULL,
-                          alpha_set{});
+                          alpha_set{}, (unsigned *)NULL);
             } else {
                 LAUNCH_1D(th, ne, k_to16, f32, (__half *)w->w + r0 * n_in, ne, (const unsigned *)amax,
-                          alpha_set{});
+                          alpha_set{}, (unsigned *)NULL);
             }
         }
     CK(cudaMemcpyAsync(&h_amax, amax, sizeof h_amax, cudaMemcpyDeviceToHost, th->s));
@@ -699,9 +704,11 @@ static void matmul_tiles(tctx *t, const cb_bweight *w, const void *act, const fl
  * few-row kernel: x converted to 16 bits once (f16 at the power-of-two
  * scale its largest magnitude allows; bf16 as it is), each weight's alpha
  * undoing both scales, then each product by cuBLAS (or its tiles) and its
- * bias.  The bits of one call per weight.  Returns whether t->scal->amax
- * then holds x's largest magnitude (f16's scaling found it). */
-static bool products_16(tctx *t, const cb_bweight *const *w, int nw, const float *x, float *const *y, int64_t n)
+ * bias.  The bits of one call per weight.  Returns where x's largest
+ * magnitude then lies (one of t->scal->amax: f16's scaling found it),
+ * else NULL. */
+static const unsigned *products_16(tctx *t, const cb_bweight *const *w, int nw, const float *x, float *const *y,
+                                   int64_t n)
 {
     const int64_t ne = n * w[0]->n_in;
     void *act = keep_on(t, &t->act, 2 * (size_t)ne);
@@ -712,11 +719,24 @@ static bool products_16(tctx *t, const cb_bweight *const *w, int nw, const float
     for (int k = 0; k < nw; k++)
         as.e_w[k] = w[k]->e;
     const bool bf = w[0]->dt == CUDA_R_16BF; /* bf16 holds any f32 magnitude: no scaling */
+    const unsigned *found = NULL;
     if (bf) {
-        LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)act, ne, (const unsigned *)NULL, as);
+        LAUNCH_1D(t, ne, k_to16, x, (__nv_bfloat16 *)act, ne, (const unsigned *)NULL, as, (unsigned *)NULL);
+    } else if (!cu_fuse) {
+        absmax(t, x, ne, &t->scal->amax[0]);
+        LAUNCH_1D(t, ne, k_to16, x, (__half *)act, ne, (const unsigned *)&t->scal->amax[0], as, (unsigned *)NULL);
+        found = &t->scal->amax[0];
     } else {
-        absmax(t, x, ne, &t->scal->amax);
-        LAUNCH_1D(t, ne, k_to16, x, (__half *)act, ne, (const unsigned *)&t->scal->amax, as);
+        /* CB_CUDA_FUSE=1: no memset.  The slot amax_at is zero (the last
+         * product's conversion zeroed it, or cu_blas); this conversion
+         * zeroes the other one for the next */
+        unsigned *a = &t->scal->amax[t->amax_at], *other = &t->scal->amax[1 - t->amax_at];
+        unsigned g = nblocks(ne, 256);
+        k_absmax<<<g < 1024 ? g : 1024, 256, 0, t->s>>>(x, ne, a);
+        CKL();
+        LAUNCH_1D(t, ne, k_to16, x, (__half *)act, ne, (const unsigned *)a, as, other);
+        t->amax_at = 1 - t->amax_at;
+        found = a;
     }
     for (int k = 0; k < nw; k++) {
         /* row-major y [n, n_out] = x [n, n_in] W^T is column-major
@@ -731,14 +751,14 @@ static bool products_16(tctx *t, const cb_bweight *const *w, int nw, const float
         if (w[k]->bias)
             LAUNCH_1D(t, n * w[k]->n_out, k_add_bias, y[k], w[k]->bias, n, w[k]->n_out);
     }
-    return !bf;
+    return found;
 }
 
 void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int64_t n)
 {
     tctx *t = T(b, "matmul");
     int64_t ne = n * w->n_in;
-    bool amax_known = false; /* t->scal->amax holds x's largest magnitude */
+    const unsigned *amax_at = NULL; /* where x's largest magnitude lies, if products_16 found it */
     if (n == 0)
         return;
     cu_blas(t);
@@ -748,18 +768,18 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
     if (n <= cu_gemv_rows || (w->q && n <= CU_GEMV_ROWS))
         gemv(t, &w, 1, x, &y, n);
     else
-        amax_known = products_16(t, &w, 1, x, &y, n);
+        amax_at = products_16(t, &w, 1, x, &y, n);
     if (cu_sync_each) { /* the debug check: no inf or NaN out of a product */
         mm_scalars h;
         CK(cudaMemsetAsync(&t->scal->n_bad, 0, sizeof(unsigned), t->s));
         LAUNCH_1D(t, n * w->n_out, k_count_bad, y, n * w->n_out, &t->scal->n_bad);
-        if (!amax_known)
-            absmax(t, x, ne, &t->scal->amax);
+        if (!amax_at) /* (in a slot of its own: amax's are the products') */
+            absmax(t, x, ne, (unsigned *)(amax_at = &t->scal->amax_dbg));
         CK(cudaMemcpyAsync(&h, t->scal, sizeof h, cudaMemcpyDeviceToHost, t->s));
         CK(cudaStreamSynchronize(t->s));
         if (h.n_bad) {
             char why[160];
-            float xa = bits_float(h.amax);
+            float xa = bits_float(amax_at == &t->scal->amax_dbg ? h.amax_dbg : h.amax[amax_at - t->scal->amax]);
             snprintf(why, sizeof why, "%u of %lld outputs are inf or NaN; the input's largest magnitude is %g", h.n_bad,
                      (long long)(n * w->n_out), (double)xa);
             BUG("matmul [n x n_in] . [n_out x n_in]^T (CB_CUDA_SYNC check)", why);

@@ -113,6 +113,57 @@ static int64_t c_matmul(cb_backend *be, float *out)
     return n * n_out;
 }
 
+/* Four products in a row on one f16 weight, past the few-row kernel
+ * (cuBLAS, each input scaled to f16's range by its largest magnitude),
+ * inputs of magnitude 1e4, 1e-7, 1e-7 and 1: each output divided by its
+ * input's magnitude, so that each product weighs alike in the nmse.  A
+ * scale left over from an earlier product (CUDA's amax slots under
+ * CB_CUDA_FUSE=1, which no memset clears) would put the 1e-7 inputs among
+ * f16's subnormals (a few levels apart): nmse ~1e-2. */
+static int64_t c_matmul_seq(cb_backend *be, float *out)
+{
+    enum { N = 12, IN = 256, OUT = 40, K = 4 };
+    static const float mag[K] = {1e4f, 1e-7f, 1e-7f, 1.0f};
+    seed(77);
+    float *wf = rand_vec(IN * OUT, 1.0f), *x0 = rand_vec(N * IN, 1.0f);
+    float *x = malloc(sizeof(float) * K * N * IN);
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < N * IN; i++)
+            x[k * N * IN + i] = x0[i] * mag[k];
+    size_t rb = cb_type_row_bytes(CB_TYPE_F16, IN);
+    uint8_t *wq = malloc(rb * OUT);
+    for (int o = 0; o < OUT; o++)
+        cb_quant_row(CB_TYPE_F16, wf + o * IN, wq + (size_t)o * rb, IN);
+    if (!be) {
+        float *w = malloc(sizeof(float) * IN * OUT);
+        for (int o = 0; o < OUT; o++)
+            cb_dequant_row(CB_TYPE_F16, wq + (size_t)o * rb, w + o * IN, IN);
+        for (int k = 0; k < K; k++)
+            for (int i = 0; i < N; i++)
+                for (int o = 0; o < OUT; o++) {
+                    double sum = 0;
+                    for (int j = 0; j < IN; j++)
+                        sum += (double)x[(k * N + i) * IN + j] * w[o * IN + j];
+                    out[(k * N + i) * OUT + o] = (float)(sum / mag[k]);
+                }
+        free(w);
+    } else {
+        cb_bweight *w = be->ops->weight_new(be, CB_TYPE_F16, IN, OUT, wq, NULL);
+        float *dx = bput(be, x, sizeof(float) * K * N * IN);
+        float *dy = be->ops->alloc(be, sizeof(float) * K * N * OUT);
+        for (int k = 0; k < K; k++) /* queued back to back, read after */
+            be->ops->matmul(be, w, dx + k * N * IN, dy + k * N * OUT, N);
+        bget(be, out, dy, sizeof(float) * K * N * OUT);
+        for (int k = 0; k < K; k++)
+            for (int i = 0; i < N * OUT; i++)
+                out[k * N * OUT + i] /= mag[k];
+        bfree(be, dx), bfree(be, dy);
+        be->ops->weight_free(be, w);
+    }
+    free(wf), free(x0), free(x), free(wq);
+    return K * N * OUT;
+}
+
 /* The 8-bit activation path's math, plain: each group of 32 activations
  * (256 for the K-quants: llama.cpp's Q8_K) quantized (d = max|x| / 127,
  * q = x / d rounded half to even), then the double sum of the decoded
@@ -3267,6 +3318,9 @@ int main(int argc, char **argv)
         run_case(name, c_matmul, 1e-12, 1e-5);
     }
     qw_bound = 0;
+    /* products in a row whose inputs differ by ten orders of magnitude:
+     * each takes its own scale */
+    run_case("matmul f16 12x256x40 x4, 1e4..1e-7", c_matmul_seq, 1e-12, 1e-5);
 
     c_inplace = 0;
     run_case("rmsnorm", c_rmsnorm, 1e-12, 1e-10);
