@@ -96,7 +96,8 @@ void cu_fail(cb_status st, int cuda, const char *what, const char *file, int lin
 static void tctx_release(void *p)
 {
     tctx *t = (tctx *)p;
-    t->kb_n = 0; /* a bias set and never cleared is not the next thread's */
+    rec_abandon(t); /* (a recording left open) */
+    t->kb_n = 0;    /* a bias set and never cleared is not the next thread's */
     pthread_mutex_lock(&t->owner->mu);
     t->next = t->owner->free_list;
     t->owner->free_list = t;

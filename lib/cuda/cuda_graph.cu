@@ -16,8 +16,9 @@
  * ends the capture, drops it and returns 0, and the caller queues the
  * step again as usual (the scratch that had to grow then grows).  After
  * GR_TRIES failures in a row the thread records no more, and says so on
- * stderr once.  Nothing a dropped recording did is left behind: the
- * arena is its only state. */
+ * stderr once.  Nothing a recording that does not run did is left
+ * behind: the arena is its device-side state, and rec_undo puts back the
+ * host's (the key bias, the products' amax slot). */
 #include "cuda_impl.cuh"
 
 thread_local int cu_rec;
@@ -84,6 +85,19 @@ static void rec_failed(tctx *t, const char *why)
     fprintf(stderr, "cacheblend: cuda: CB_CUDA_GRAPH=1: graphs off for this thread after %d failed recordings "
                     "in a row (the last: %s); its steps are queued as usual\n",
             GR_TRIES, why);
+}
+
+/* The host's side as if nothing had been recorded, for a recording whose
+ * work never runs (dropped, failed, or its graph not made or launched):
+ * a key bias set while recording stays set (a failed recording skipped
+ * the call that would have cleared it, and a dropped one may never have
+ * made it; the step queued again sets it where it is due, and no other
+ * attention may take it), and the products' amax slot (cuda_mm.cu) goes
+ * back to the one the device still has zeroed. */
+static void rec_undo(tctx *t)
+{
+    t->kb_n = 0;
+    t->amax_at = t->rec_amax_at;
 }
 
 /* The arena (host and device) and its event, made on the first
@@ -188,16 +202,8 @@ int cu_graph_end(cb_backend *b, int run)
     cudaError_t e = cudaStreamEndCapture(t->s, &g);
     bool broken = cu_rec == REC_BROKEN || e != cudaSuccess || !g;
     cu_rec = REC_OFF;
-    /* The host's side as if nothing was recorded, when nothing runs: a key
-     * bias set while recording stays set (a failed recording skipped the
-     * call that would have cleared it, and a dropped one may never have
-     * made it; the step queued again sets it where it is due, and no
-     * other attention may take it), and the products' amax slot
-     * (cuda_mm.cu) goes back to the one the device still has zeroed. */
-    if (broken || !run) {
-        t->kb_n = 0;
-        t->amax_at = t->rec_amax_at;
-    }
+    if (broken || !run)
+        rec_undo(t);
     if (broken) {
         /* the error that broke it, or the capture's own, is not sticky:
          * cleared, lest the step queued again meet it at its first check */
@@ -212,6 +218,7 @@ int cu_graph_end(cb_backend *b, int run)
     gexec *x = gexec_for(t, t->rec_key);
     if ((e = gexec_set(x, g)) != cudaSuccess) {
         cudaGraphDestroy(g);
+        rec_undo(t);
         rec_failed(t, cudaGetErrorString(e));
         return 0;
     }
@@ -225,6 +232,7 @@ int cu_graph_end(cb_backend *b, int run)
                 CK(e);
             cudaGraphExecDestroy(x->ex); /* (not launched: the step is queued again) */
             x->ex = NULL;
+            rec_undo(t);
             rec_failed(t, cudaGetErrorString(e));
             return 0;
         }
@@ -235,6 +243,22 @@ int cu_graph_end(cb_backend *b, int run)
         cb_backend_fail(b, f.st, "cuda:%d: %s", CTX(b)->dev, f.msg);
     }
     return 0; /* (the fault says the step's work is lost: queued again, it does nothing) */
+}
+
+/* A thread that ends while it records (outside backend.h's contract):
+ * the capture ended and dropped, so that its context, which the next
+ * thread takes with its stream, is not left capturing */
+void rec_abandon(tctx *t)
+{
+    if (!cu_rec)
+        return;
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(t->s, &g);
+    if (g)
+        cudaGraphDestroy(g);
+    cudaGetLastError();
+    cu_rec = REC_OFF;
+    rec_undo(t);
 }
 
 void rec_destroy(tctx *t)

@@ -281,6 +281,7 @@ const void *rec_stage(tctx *t, const void *h, size_t bytes);
 void rec_upload(tctx *t, void *dst, const void *src, size_t bytes);
 [[noreturn]] void rec_refuse(const char *what);
 void rec_broken(const char *why);
+void rec_abandon(tctx *t);
 void rec_destroy(tctx *t);
 int cu_graph_begin(cb_backend *b, int key);
 int cu_graph_end(cb_backend *b, int run);

@@ -726,7 +726,7 @@ static const unsigned *products_16(tctx *t, const cb_bweight *const *w, int nw, 
         absmax(t, x, ne, &t->scal->amax[0]);
         LAUNCH_1D(t, ne, k_to16, x, (__half *)act, ne, (const unsigned *)&t->scal->amax[0], as, (unsigned *)NULL);
         found = &t->scal->amax[0];
-    } else {
+    } else if (ne > 0) { /* (always: n > 0 and n_in > 0; a skipped conversion would leave both slots set) */
         /* CB_CUDA_FUSE=1: no memset.  The slot amax_at is zero (the last
          * product's conversion zeroed it, or cu_blas); this conversion
          * zeroes the other one for the next */
@@ -758,7 +758,7 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
 {
     tctx *t = T(b, "matmul");
     int64_t ne = n * w->n_in;
-    const unsigned *amax_at = NULL; /* where x's largest magnitude lies, if products_16 found it */
+    const unsigned *found = NULL; /* where x's largest magnitude lies, if products_16 found it */
     if (n == 0)
         return;
     cu_blas(t);
@@ -768,18 +768,18 @@ void cu_matmul(cb_backend *b, const cb_bweight *w, const float *x, float *y, int
     if (n <= cu_gemv_rows || (w->q && n <= CU_GEMV_ROWS))
         gemv(t, &w, 1, x, &y, n);
     else
-        amax_at = products_16(t, &w, 1, x, &y, n);
+        found = products_16(t, &w, 1, x, &y, n);
     if (cu_sync_each) { /* the debug check: no inf or NaN out of a product */
         mm_scalars h;
         CK(cudaMemsetAsync(&t->scal->n_bad, 0, sizeof(unsigned), t->s));
         LAUNCH_1D(t, n * w->n_out, k_count_bad, y, n * w->n_out, &t->scal->n_bad);
-        if (!amax_at) /* (in a slot of its own: amax's are the products') */
-            absmax(t, x, ne, (unsigned *)(amax_at = &t->scal->amax_dbg));
+        if (!found) /* (in a slot of its own: amax's are the products') */
+            absmax(t, x, ne, (unsigned *)(found = &t->scal->amax_dbg));
         CK(cudaMemcpyAsync(&h, t->scal, sizeof h, cudaMemcpyDeviceToHost, t->s));
         CK(cudaStreamSynchronize(t->s));
         if (h.n_bad) {
             char why[160];
-            float xa = bits_float(amax_at == &t->scal->amax_dbg ? h.amax_dbg : h.amax[amax_at - t->scal->amax]);
+            float xa = bits_float(found == &t->scal->amax_dbg ? h.amax_dbg : h.amax[found - t->scal->amax]);
             snprintf(why, sizeof why, "%u of %lld outputs are inf or NaN; the input's largest magnitude is %g", h.n_bad,
                      (long long)(n * w->n_out), (double)xa);
             BUG("matmul [n x n_in] . [n_out x n_in]^T (CB_CUDA_SYNC check)", why);
