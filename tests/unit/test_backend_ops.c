@@ -2109,6 +2109,48 @@ static void gr_step(cb_backend *be, gr_state *s, cb_bweight *const *w, const flo
     o->add(be, s->x, s->y, GR_D);
 }
 
+/* A dropped recording of one product past the few-row kernel leaves the
+ * products' input scale as the device has it: a product of inputs of
+ * magnitude 1e4 queued, one recorded and dropped, then one of inputs of
+ * 1e-7, which must take its own scale (CUDA's amax slots under
+ * CB_CUDA_FUSE=1: the dropped product's turn of slot undone; else the
+ * third takes the first's slot, still holding 1e4, and its inputs fall
+ * among f16's subnormals, nmse ~2e-2 against the bound 1e-5). */
+static void gr_scale_after_drop(cb_backend *be, const char *tag, cb_bweight *w, const float *wh)
+{
+    enum { N = 12 };
+    float *x = rand_vec(N * GR_D, 1.0f), *big = malloc(sizeof(float) * N * GR_D);
+    float *tiny = malloc(sizeof(float) * N * GR_D), *got = malloc(sizeof(float) * N * GR_D);
+    for (int i = 0; i < N * GR_D; i++)
+        big[i] = x[i] * 1e4f, tiny[i] = x[i] * 1e-7f;
+    float *db = bput(be, big, sizeof(float) * N * GR_D),
+          *dt = bput(be, tiny, sizeof(float) * N * GR_D);
+    float *dy = be->ops->alloc(be, sizeof(float) * N * GR_D);
+    be->ops->matmul(be, w, db, dy, N);
+    int dropped = be->ops->graph_begin(be, 2);
+    if (dropped) {
+        be->ops->matmul(be, w, dt, dy, N);
+        dropped = be->ops->graph_end(be, 0) == 0;
+    }
+    be->ops->matmul(be, w, dt, dy, N);
+    bget(be, got, dy, sizeof(float) * N * GR_D);
+    double e = 0, r2 = 0;
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < GR_D; o++) {
+            double ref = 0;
+            for (int j = 0; j < GR_D; j++)
+                ref += (double)x[i * GR_D + j] * wh[o * GR_D + j];
+            double d = got[i * GR_D + o] / 1e-7 - ref;
+            e += d * d, r2 += ref * ref;
+        }
+    tcase("%s graphs: a dropped recording's product leaves the next its own input scale (nmse "
+          "%.2e, bound 1e-5)",
+          tag, e / r2);
+    CHECK(dropped && e / r2 <= 1e-5 && cb_backend_status(be) == CB_OK);
+    bfree(be, db), bfree(be, dt), bfree(be, dy);
+    free(x), free(big), free(tiny), free(got);
+}
+
 static void test_graph_ops(cb_backend *be, const char *tag)
 {
     char nm[200];
@@ -2204,6 +2246,7 @@ static void test_graph_ops(cb_backend *be, const char *tag)
            redone, cb_backend_status(be));
     tcase("%s graphs: a recording not run changes nothing, and leaves no key bias", tag);
     CHECK(dropped && unchanged && memcmp(xa, xb, sizeof xa) == 0 && cb_backend_status(be) == CB_OK);
+    gr_scale_after_drop(be, tag, w[0], wh[0]);
     for (int i = 0; i < 2; i++) {
         gr_state *s = &st[i];
         bfree(be, s->x), bfree(be, s->xn), bfree(be, s->q), bfree(be, s->k), bfree(be, s->v);
