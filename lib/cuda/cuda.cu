@@ -47,7 +47,8 @@
  *
  * Files: this one (errors, thread contexts, memory, events, the table),
  * cuda_mm.cu (weights, products), cuda_attn.cu (attention), cuda_ops.cu
- * (the small kernels); cuda_impl.cuh what they share.
+ * (the small kernels), cuda_graph.cu (decode steps as graphs); cuda_impl.cuh
+ * what they share.
  *
  * Verified: compiled and linked for sm_80, sm_86, sm_89, sm_90 and PTX
  * (compute_90) with nvcc 13.0, and run on an H100 (80 GB HBM3, driver

@@ -1,7 +1,8 @@
 # lib/cuda/cuda.mk - the CUDA backend module, libcbcore-cuda.so (included by
 # the Makefile when nvcc is found, or with CUDA=1), from every lib/cuda/*.cu
 # (cuda.cu: contexts, memory, the table; cuda_mm.cu: weights and products;
-# cuda_attn.cu: attention; cuda_ops.cu: the small kernels), which share
+# cuda_attn.cu: attention; cuda_ops.cu: the small kernels; cuda_graph.cu:
+# graphs, no kernels), which share
 # cuda_impl.cuh (nvcc -MMD tracks it).  No relocatable device code: each
 # file's kernels are its own.
 #   CUDA_ARCHS   SASS targets (default 80 86 89 90); PTX for the newest is

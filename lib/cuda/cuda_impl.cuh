@@ -8,7 +8,9 @@
  *   cuda_attn.cu  attention (online softmax, split keys; the tensor-core
  *                 kernel under CB_CUDA_FA=1), probe's attention mass
  *   cuda_ops.cu   rmsnorm, rope, elementwise, KV rows, gather/scatter,
- *                 blending's deviation and top-k */
+ *                 blending's deviation and top-k
+ *   cuda_graph.cu graphs: a decode step recorded and replayed (under
+ *                 CB_CUDA_GRAPH=1) */
 #ifndef CB_CUDA_IMPL_CUH
 #define CB_CUDA_IMPL_CUH
 
