@@ -263,23 +263,25 @@ quick() {
     rc=0
     for m in smol qwen15; do
         M=$d/$m.gguf
-        # the engine: each scenario twice in one process, the second kept
-        # (seqs:S:512: an answer's decoding as cb-run's, cb_fwd_decode; with
-        # graphs, CB_CUDA_GRAPH=1, one sequence and four)
+        # the engine: each scenario twice, the second kept, all of a set of
+        # switches in one process (one model load; each scenario's figures
+        # have keys of their own) (seqs:S:512: an answer's decoding as
+        # cb-run's, cb_fwd_decode; with graphs, CB_CUDA_GRAPH=1, one
+        # sequence and four)
         for sw in "" "$NEXT" graph ${m%smol}; do
             case $sw in
             qwen15) sw="CB_CUDA_QW=1 $NEXT"; scs="decode:512:64 seqs:1:512" ;;
             graph) sw="CB_CUDA_GRAPH=1 $NEXT"; scs="seqs:1:512 seqs:4:512" ;;
             *) scs="prefill:4096 decode:512:64 seqs:1:512 seqs:4:512" ;;
             esac
-            for sc in $scs; do
-                # (its status, not a pipe's: a crash under a switch fails the step)
-                # shellcheck disable=SC2086
-                out=$(env $sw CB_BENCH_DEVICE=cuda $BUILD/bench/bench_engine "$M" "$J" "$sc" "$sc") ||
-                    { rc=1; echo "$m $sc (${sw:-defaults}): bench_engine failed"; }
-                printf '%s\n' "$out" | awk -v m="$m" -v sc="$sc" -v sw="${sw:-defaults}" '$1 ~ /tok_s$/ { v[$1] = $2 }
-                    END { for (k in v) print m " " sc " (" sw "): " k " " v[k] }'
-            done
+            set --
+            for sc in $scs; do set -- "$@" "$sc" "$sc"; done
+            # (its status, not a pipe's: a crash under a switch fails the step)
+            # shellcheck disable=SC2086
+            out=$(env $sw CB_BENCH_DEVICE=cuda $BUILD/bench/bench_engine "$M" "$J" "$@") ||
+                { rc=1; echo "$m $scs (${sw:-defaults}): bench_engine failed"; }
+            printf '%s\n' "$out" | awk -v m="$m" -v sw="${sw:-defaults}" '$1 ~ /tok_s$/ { v[$1] = $2 }
+                END { for (k in v) print m " (" sw "): " k " " v[k] }'
         done
         blend_store "$d" "$m" || rc=1
         # the blend against full prefill, warm (the issue's targets) and cold
