@@ -120,6 +120,13 @@ for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
 print(same)
 PY
 }
+# how many answers of two cb-run --batch outputs A and B agree, line by
+# line (-1: not as many answers)
+same_answers() {
+    python3 -c "import json,sys; a=[json.loads(l)['answer'] for l in open(sys.argv[1])]; b=[json.loads(l)['answer'] for l in open(sys.argv[2])]; print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)" "$1" "$2" 2>/dev/null
+}
+# the calls of backend operation OP in CB_BACKEND_PROFILE's table in FILE
+profile_calls() { awk -v op="$2" '$1 == "#" && $2 == op { print $3 }' "$1"; }
 # the lone runs of $T/bq.jsonl's questions into $T/lone0.txt, lone1.txt,
 # ..., with the environment assignments given (n is lib.sh's test count)
 lone_runs() {
@@ -147,7 +154,7 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     # CB_CUDA_FUSE=1) change what is sent and launched, not a value
     CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 "$RUN" -m "$TINY" --device cuda --temp 0 --batch "$T/bq.jsonl" > "$T/bom.jsonl" 2>"$T/berr"
     brc=$?
-    same=$(python3 -c "import json,sys; a=[json.loads(l)['answer'] for l in open(sys.argv[1])]; b=[json.loads(l)['answer'] for l in open(sys.argv[2])]; print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)" "$T/bo.jsonl" "$T/bom.jsonl" 2>/dev/null)
+    same=$(same_answers "$T/bo.jsonl" "$T/bom.jsonl")
     [ "$brc" = 0 ] && [ "$same" = 3 ] && ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers (3 of 3)" ||
         not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: the same answers (exit $brc, $same of 3; $(head -c 200 "$T/berr"))"
     # a decode step recorded as a graph and replayed (CB_CUDA_GRAPH=1, not
@@ -155,9 +162,9 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 CB_CUDA_GRAPH=1 CB_BACKEND_PROFILE=1 "$RUN" -m "$TINY" --device cuda \
         --temp 0 --batch "$T/bq.jsonl" > "$T/bog.jsonl" 2>"$T/gerr"
     brc=$?
-    same=$(python3 -c "import json,sys; a=[json.loads(l)['answer'] for l in open(sys.argv[1])]; b=[json.loads(l)['answer'] for l in open(sys.argv[2])]; print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)" "$T/bom.jsonl" "$T/bog.jsonl" 2>/dev/null)
-    replays=$(awk '$1 == "#" && $2 == "graph_end" { print $3 }' "$T/gerr")
-    redos=$(awk '$1 == "#" && $2 == "graph_redo" { print $3 }' "$T/gerr")
+    same=$(same_answers "$T/bom.jsonl" "$T/bog.jsonl")
+    replays=$(profile_calls "$T/gerr" graph_end)
+    redos=$(profile_calls "$T/gerr" graph_redo)
     [ "$brc" = 0 ] && [ "$same" = 3 ] && [ "${replays:-0}" -gt 0 ] &&
         ok "CB_CUDA_GRAPH=1: the same answers (3 of 3), ${replays} steps replayed, ${redos:-0} queued again" ||
         not_ok "CB_CUDA_GRAPH=1: the same answers (exit $brc, $same of 3, ${replays:-0} replayed, ${redos:-0} queued again; $(grep -v '^#' "$T/gerr" | head -c 200))"
@@ -167,8 +174,8 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
         CB_CUDA_GEMV=0 CB_CUDA_MEMO=1 CB_CUDA_GRAPH=$g CB_BACKEND_PROFILE=1 "$RUN" -m "$TINY" --device cuda \
             --temp 0 --batch "$T/bq.jsonl" > "$T/boc$g.jsonl" 2>"$T/gcerr$g" || echo "exit $?" >> "$T/gcerr$g"
     done
-    same=$(python3 -c "import json,sys; a=[json.loads(l)['answer'] for l in open(sys.argv[1])]; b=[json.loads(l)['answer'] for l in open(sys.argv[2])]; print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)" "$T/boc0.jsonl" "$T/boc1.jsonl" 2>/dev/null)
-    replays=$(awk '$1 == "#" && $2 == "graph_end" { print $3 }' "$T/gcerr1")
+    same=$(same_answers "$T/boc0.jsonl" "$T/boc1.jsonl")
+    replays=$(profile_calls "$T/gcerr1" graph_end)
     [ "$same" = 3 ] && [ "${replays:-0}" -gt 0 ] &&
         ok "CB_CUDA_GRAPH=1 CB_CUDA_GEMV=0: cuBLAS recorded, the same answers (3 of 3), ${replays} steps replayed" ||
         not_ok "CB_CUDA_GRAPH=1 CB_CUDA_GEMV=0: the same answers (${same:-none} of 3, ${replays:-0} replayed; $(grep -v '^#' "$T/gcerr1" | head -c 200))"
