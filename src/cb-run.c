@@ -81,6 +81,7 @@ static void usage(FILE *f)
         "                     every chunk; query: the cached tokens the question attends\n"
         "                     to most at the check layer; runs: hkvd's most deviating\n"
         "                     tokens for half the budget, each with the token after it\n"
+        "                     random: a control, the budget drawn at random\n"
         "      --probe-rows N  probe scores by the attention of the question's last N\n"
         "                     tokens (default 0: all of its tokens)\n"
         "      --probe-weight W  value (default): probe counts each head's attention\n"
@@ -1134,7 +1135,7 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.deviation_v = e;
         return 0;
     case OPT_STRATEGY:
-        if (cli_parse_enum("--strategy", arg, cli_strategy_names, 6, &e))
+        if (cli_parse_enum("--strategy", arg, cli_strategy_names, 7, &e))
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;

@@ -519,7 +519,8 @@ cb_status cli_sink_write(void *ctx, const char *p, size_t n)
 /* ------------------------------------------------------ --batch questions */
 
 const char *const cli_mode_names[4] = {"full", "prefix", "reuse", "blend"};
-const char *const cli_strategy_names[6] = {"hkvd", "sink", "query", "probe", "runs", "auto"};
+const char *const cli_strategy_names[7] = {"hkvd", "sink", "query", "probe",
+                                           "runs", "auto", "random"};
 
 /* The fields a question line may have; the others pass through to its answer. */
 static const char *const q_fields[] = {"id",       "question",  "prompt", "chunks",
@@ -625,7 +626,7 @@ static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size
         rq->bp.mode = rq->n_chunks > 0 ? CB_MODE_BLEND
                                        : CB_MODE_FULL; /* nothing to reuse: full, as a lone run */
     if ((v = json_object_get(obj, "strategy"))) {
-        if (q_enum(v, "strategy", cli_strategy_names, 6, &e, msg, n))
+        if (q_enum(v, "strategy", cli_strategy_names, 7, &e, msg, n))
             return -1;
         rq->bp.strategy = (cb_blend_strategy)e;
     }

@@ -187,7 +187,7 @@ cb_status cli_sink_write(void *ctx, const char *p, size_t n);
 
 /* The names of cb_blend_mode's and cb_blend_strategy's values. */
 extern const char *const cli_mode_names[4];
-extern const char *const cli_strategy_names[6];
+extern const char *const cli_strategy_names[7];
 
 struct json_t; /* jansson's */
 

@@ -211,7 +211,8 @@ typedef enum cb_blend_strategy {
     CB_STRATEGY_QUERY,    /* those the last segment attends to most */
     CB_STRATEGY_PROBE,    /* after ProphetKV: attention summed over the first layers */
     CB_STRATEGY_RUNS,     /* after CacheClip: HKVD anchors and the token after each */
-    CB_STRATEGY_AUTO      /* PROBE, or HKVD where the budget is under 3x the uncached rows */
+    CB_STRATEGY_AUTO,     /* PROBE, or HKVD where the budget is under 3x the uncached rows */
+    CB_STRATEGY_RANDOM    /* a control: the ratio's share drawn at random, computed as PROBE's */
 } cb_blend_strategy;
 #define CB_BLEND_MAX_STEPS 8
 /* Blending's parameters; libcbcore(3) tells each field. */

@@ -178,9 +178,10 @@ static const blend_strategy blend_auto = {
 
 /* The strategies, by cb_blend_strategy (strategy.h). */
 static const blend_strategy *const strategies[] = {
-    [CB_STRATEGY_HKVD] = &blend_hkvd,   [CB_STRATEGY_SINK] = &blend_sink,
-    [CB_STRATEGY_QUERY] = &blend_query, [CB_STRATEGY_PROBE] = &blend_probe,
-    [CB_STRATEGY_RUNS] = &blend_runs,   [CB_STRATEGY_AUTO] = &blend_auto,
+    [CB_STRATEGY_HKVD] = &blend_hkvd,     [CB_STRATEGY_SINK] = &blend_sink,
+    [CB_STRATEGY_QUERY] = &blend_query,   [CB_STRATEGY_PROBE] = &blend_probe,
+    [CB_STRATEGY_RUNS] = &blend_runs,     [CB_STRATEGY_AUTO] = &blend_auto,
+    [CB_STRATEGY_RANDOM] = &blend_random,
 };
 
 const blend_strategy *blend_strategy_of(cb_blend_strategy id)
@@ -652,7 +653,7 @@ static cb_status fuse(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_st
     /* the model's stale scale is probe's (measured there); on hkvd's short
      * prompts it kept F1 but not full prefill's answers (0.5B, 150
      * questions: 66 -> 49 identical) */
-    if (p->stale_scale <= 0.0f && sg->id != CB_STRATEGY_PROBE)
+    if (p->stale_scale <= 0.0f && sg->id != CB_STRATEGY_PROBE && sg->id != CB_STRATEGY_RANDOM)
         pl->stale_scale = 1.0f;
     if (sg->fuse)
         return sg->fuse(pl, layer_err, err, stats);
@@ -767,7 +768,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     if (p->mode == CB_MODE_FULL)
         stats->n_recomputed_tokens = 0;
     if (p->mode == CB_MODE_BLEND && p->n_ratios == 1) { /* the rows it selected, as computed */
-        int probe = stats->strategy == CB_STRATEGY_PROBE;
+        int probe = stats->strategy == CB_STRATEGY_PROBE || stats->strategy == CB_STRATEGY_RANDOM;
         double sel = 0;
         int64_t n_sel = 0;
         for (int64_t r = 0; r < pl.total; r++)

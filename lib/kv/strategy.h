@@ -77,7 +77,8 @@ typedef struct blend_strategy {
 } blend_strategy;
 
 /* The entries (strategy_*.c) and the table: the entry of id, or NULL. */
-extern const blend_strategy blend_hkvd, blend_sink, blend_query, blend_probe, blend_runs;
+extern const blend_strategy blend_hkvd, blend_sink, blend_query, blend_probe, blend_runs,
+    blend_random;
 const blend_strategy *blend_strategy_of(cb_blend_strategy id);
 
 /* What blend.c gives the strategies. */

@@ -125,8 +125,26 @@ static cb_status probe_scores(blend_plan *pl, int32_t nq, int64_t want, float *m
 /* The second pass must recompute the uncached rows too: from layer 0 on
  * they attend to the selected rows' fresh K/V, not the loaded ones the
  * first pass saw.  Only their layer-0 K/V (a function of the embeddings)
- * is the same, a negligible share of the pass (6 passages: 43 of 593 rows
- * in 1 of 30 layers), so nothing of the first pass is kept. */
+ * is the same, a negligible share of the pass, so nothing of the first
+ * pass is kept.  sc[n_c]: the candidates, best first; the top want are
+ * recomputed, with the uncached rows, from the embeddings through every
+ * layer. */
+static cb_status run_selection(blend_plan *pl, const blend_scored *sc, int64_t n_c, int64_t want,
+                               int *layer_err, cb_error *err, cb_blend_stats *stats)
+{
+    cb_status st;
+    memset(pl->keep, 0, (size_t)pl->total);
+    for (int64_t c = 0; c < want && c < n_c; c++)
+        pl->keep[sc[c].row] = 1;
+    blend_rows_from_keep(pl);
+    stats->n_selected[0] = stats->n_recomputed_tokens = (int32_t)(want < n_c ? want : n_c);
+    if ((st = blend_stale_bias(pl)) != CB_OK)
+        return st;
+    if ((st = cb_fwd_embed(pl->f, pl->ids, pl->pos, (int32_t)pl->total)) != CB_OK)
+        return *layer_err = 1, st;
+    return blend_run_layers(pl, 0, pl->hp->n_layer, pl->rows, pl->n_rows, layer_err, err);
+}
+
 static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
 {
     int32_t nq = blend_probe_nq(pl);
@@ -145,18 +163,7 @@ static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_bl
             sc[n_c++] = (blend_scored){mass[r], (int32_t)r};
     qsort(sc, (size_t)n_c, sizeof *sc, blend_by_score_desc);
     want = probe_budget(pl, sc, n_c, want, stats);
-    memset(pl->keep, 0, (size_t)pl->total);
-    for (int64_t c = 0; c < want && c < n_c; c++)
-        pl->keep[sc[c].row] = 1;
-    blend_rows_from_keep(pl);
-    stats->n_selected[0] = stats->n_recomputed_tokens = (int32_t)(want < n_c ? want : n_c);
-    if ((st = blend_stale_bias(pl)) != CB_OK)
-        goto out;
-    if ((st = cb_fwd_embed(pl->f, pl->ids, pl->pos, (int32_t)pl->total)) != CB_OK) {
-        *layer_err = 1;
-        goto out;
-    }
-    st = blend_run_layers(pl, 0, pl->hp->n_layer, pl->rows, pl->n_rows, layer_err, err);
+    st = run_selection(pl, sc, n_c, want, layer_err, err, stats);
 out:
     free(mass);
     free(sc);
@@ -169,4 +176,45 @@ const blend_strategy blend_probe = {
     .check = probe_check,
     .fuse = fuse_probe,
     .adaptive = 1,
+};
+
+/* ---------------------------------------------------------------- random */
+
+/* splitmix64: a row's draw from the prompt's seed */
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* random: a control, not a method.  The ratio's share of the cached rows,
+ * drawn uniformly (seeded by the prompt's token ids: the same prompt draws
+ * the same rows), computed as probe computes its selection (every layer,
+ * the model's stale scale) but with no first pass: what a selection
+ * method wins over chance at the same budget. */
+static cb_status fuse_random(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
+{
+    int64_t n_c = 0;
+    int64_t want = (int64_t)ceilf(pl->p->ratios[pl->p->n_ratios - 1] * (float)pl->n_cached);
+    blend_scored *sc = malloc(sizeof *sc * (size_t)(pl->total > 0 ? pl->total : 1));
+    if (!sc)
+        return CB_ERR_NOMEM;
+    uint64_t seed = cb_hash128_bytes(pl->ids, sizeof(int32_t) * (size_t)pl->total).lo;
+    for (int64_t r = 0; r < pl->total; r++)
+        if (pl->cached[r] == ROW_CAND)
+            sc[n_c++] = (blend_scored){(float)(mix64(seed ^ (uint64_t)r) >> 40), (int32_t)r};
+    qsort(sc, (size_t)n_c, sizeof *sc, blend_by_score_desc);
+    stats->ratio = pl->p->ratios[pl->p->n_ratios - 1];
+    cb_status st = run_selection(pl, sc, n_c, want, layer_err, err, stats);
+    free(sc);
+    return st;
+}
+
+const blend_strategy blend_random = {
+    .id = CB_STRATEGY_RANDOM,
+    .name = "random",
+    .check = probe_check,
+    .fuse = fuse_random,
 };

@@ -530,15 +530,20 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     p.deviation_v = 0;
     CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
 
-    static const char *const names[] = {"hkvd", "sink", "query", "probe", "runs"};
-    for (int sg = CB_STRATEGY_HKVD; sg <= CB_STRATEGY_RUNS; sg++) {
+    static const char *const names[] = {"hkvd", "sink", "query", "probe", "runs", "auto", "random"};
+    static const cb_blend_strategy tried[] = {CB_STRATEGY_HKVD,  CB_STRATEGY_SINK,
+                                              CB_STRATEGY_QUERY, CB_STRATEGY_PROBE,
+                                              CB_STRATEGY_RUNS,  CB_STRATEGY_RANDOM};
+    for (size_t ti = 0; ti < sizeof tried / sizeof tried[0]; ti++) {
+        int sg = tried[ti];
         tcase(
             "%s: strategy %s: ratio 1 is full prefill, ratio 0 is reuse (sink: the sinks), 0.15 its budget",
             label, names[sg]);
         p = fixed_defaults();
         p.strategy = (cb_blend_strategy)sg;
-        if (sg !=
-            CB_STRATEGY_PROBE) /* they compute every row before the check layer: untempered there */
+        /* the check-layer strategies compute every row before the check layer: untempered
+         * there */
+        if (sg != CB_STRATEGY_PROBE && sg != CB_STRATEGY_RANDOM)
             p.key_temp = 1.0f;
         p.ratios[0] = 1.0f;
         CHECK_OK(run(&fx, segs, ns, &p, a, &st, NULL));
@@ -566,6 +571,11 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         double es = rel(a, full, (size_t)nv);
         printf("# %s: %s at 0.15 vs full: %.2e (reuse %.2e)\n", label, names[sg], es,
                rel(b, full, (size_t)nv));
+        if (sg == CB_STRATEGY_RANDOM) { /* the same prompt draws the same rows */
+            CHECK_OK(run(&fx, segs, ns, &p, b, &st, NULL));
+            CHECKF(memcmp(a, b, sizeof(float) * (size_t)nv) == 0,
+                   "random: two runs of one prompt differ");
+        }
     }
 
     tcase("%s: probe's scores equal a plain double loop (the question's last rows, the layers' "
