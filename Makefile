@@ -226,7 +226,7 @@ parity: deps all $(BENCH_BIN) ## compare our logits and greedy output with llama
 	    $(BUILD)/bench/cb-logits $(BINDIR_B)/cb-run --ref $(BUILD)/bench/cb-ref-logits
 
 EVAL_ARGS ?=
-eval: deps all ## score full, prefix, reuse and blend on MuSiQue (EVAL_ARGS="-n 30 --ratios 0.15 ...")
+eval: deps all ## agreement with full prefill and retention, with intervals and controls, on nq20 (EVAL_ARGS="--split dev -n 300")
 	@$(MAKE) --no-print-directory model
 	@python3 tests/bench/eval.py --bin $(BINDIR_B) $(EVAL_ARGS)
 

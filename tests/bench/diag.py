@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a blend's quality goes (issue 31 item 2), layer by layer.
 
-Builds eval.py's prompts (--shape paper|many|short from ../shared/data/
+Builds shapes.py's prompts (--shape paper|many|short from ../shared/data/
 musique_s.json), precomputes every chunk into a store (--store keeps it
 between runs), and runs build/*/bench/blend_diag on them: full prefill
 against reuse and each blend (--modes reuse,probe:0.15,...), with the
@@ -48,7 +48,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import eval as ev  # noqa: E402
+import shapes as ev  # noqa: E402
 
 
 def mean(xs):

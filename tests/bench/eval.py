@@ -1,47 +1,53 @@
 #!/usr/bin/env python3
-"""make eval: answer quality and time to first token of full prefill, prefix
-caching, full KV reuse and CacheBlend on a QA set, through the real programs.
+"""make eval: how often a blend gives full prefill's answer, with intervals.
 
-Input: a JSON list, or JSON Lines, of {question, answers: [...], ctxs: [{title,
-text}]} (the format of ../shared/data/musique_s.json). Each question's chunks
-come from its first --passages passages, in one of three shapes (--shape):
-  paper  the passages themselves (MuSiQue's: ~550 tokens each), as the paper;
-  many   the passages split at sentence ends into chunks of 100 to 150 tokens
-         (each chunk's target drawn from that range by a generator seeded with
-         the question's number; tokens counted as 1.35 a word), then as many
-         of those not holding a gold answer dropped, seeded, as leave
-         --chunks-max (default 20) in their order;
-  short  the passages cut to ~50 tokens: from the first sentence holding a gold
-         answer (else the first sentence), 50 tokens' worth of words.
-Every chunk is precomputed into a store with cb-precompute, each passage a
-document ("doc"; its pieces numbered by "seq"); with --context, cb-precompute
---context also stores each piece as computed after the piece before it,
-which cb-run uses where the two come in that order (the many shape keeps a
-passage's pieces in order; those dropped break the runs).  Then cb-run
-answers with each mode (MODE/OPT=V: with cb-run --OPT V, as reuse/no-context;
-"default": blend at cb-run's own settings, the ratio its --speedup picks; and
-each blend ratio and strategy, NAME/OPT=V alike), greedily, and
-each mode's first-token distribution (cb-run --logits-out) is compared with
-full prefill's; with --score, a second run per mode scores the first gold
-answer (cb-run --score: its mean NLL per token after the prompt).
+The claim under test is that cb-run's blend answers as full prefill does.
+Each question's passages are chunks, precomputed once (cb-precompute
+--for-system S) into a store kept in the eval's cache; then cb-run answers
+the question (greedy, --system S, -n 16) in each mode, and every mode is
+compared with full prefill on the same question:
 
-Prints a markdown table per mode, strategy and ratio: F1 and exact match
-(SQuAD normalization, max over gold answers), F1's paired differences from
-full prefill's and from reuse's (the same questions); answers identical to full;
-first-token top-1 agreement and mean KL to full; the gold answer's mean NLL,
-its mean gap to full and mean absolute gap; recovery = (reuse - blend) /
-(reuse - full) of the mean KL and of the mean absolute NLL gap (the share of what full KV reuse loses that the
-blend wins back); mean TTFT and speedup over full.  Writes the per-question
-results as JSON and, with gnuplot, the ratio sweep: F1 (with its standard
-error), answers identical to full's, KL recovery and NLL recovery against
-TTFT, a line per strategy.  --no-answers skips generation (F1, EM
-and identity are then not measured): the sweep needs only the scoring run.
+  agreement   the first answer line equals full prefill's after SQuAD
+              normalization (lowercase, no punctuation or articles)
+  F1 to full  token F1 of that line against full prefill's line
+  retention   of the questions full prefill answers right (F1 >= 0.5
+              against some gold alias), the share the mode still answers
+              right
+  F1, EM      against the gold aliases
+  top-1, KL   of the first generated token's distribution, against full's
+  TTFT        cb-run's ttft_ms; speedup = full's mean / the mode's mean
+
+Every figure has a paired bootstrap 95% interval (the questions resampled,
+the same draws for every mode), and so do the differences the table's
+verdicts rest on: the default against reuse and against a random selection
+of the same number of tokens (both controls run every time, with
+closed-book: the question without passages).
+
+Sets (--set): nq20 (../shared/data/nq20_dev.json: 600 NQ-open questions, the
+gold passage among 20; questions 0-299 are the development half, --split
+dev, 300-599 the test half, --split test: tune on dev, report test at a
+recorded commit); musique (../shared/data/musique_s.json, the first 6
+passages of ~550 tokens each, only the questions whose gold answer appears
+in them: a multi-hop check).  No shape is built from the gold answer.
+
+Cached per model under --cache (default ~/.cache/cacheblend/eval): the
+passages' store; full prefill's and closed-book's answers and first-token
+logits, keyed by the engine (a hash of full prefill's logits on a fixed
+probe prompt: any change to the arithmetic invalidates them, a change to the
+blend does not); each blend mode's results, keyed by the cb-run binary and
+the mode's options, so an interrupted run resumes and a method's run costs
+only its own blends.  Full prefill's TTFT is timed once, when it is cached.
+
+  python3 tests/bench/eval.py --set nq20 --split dev -n 300 --model M.gguf
+  python3 tests/bench/eval.py --report-from results.json   (tables again)
 """
 import argparse
 import array
+import hashlib
 import json
 import math
 import os
+import random
 import re
 import shutil
 import string
@@ -51,6 +57,12 @@ import tempfile
 import time
 from collections import Counter
 
+SYSTEM = ("Answer the question using the passages. Reply with only the answer: "
+          "a few words, no sentence, no explanation.")
+DIAL = [1.5, 2, 3, 4, 6]  # --speedup values of the quality dial (4: cb-run's default)
+
+
+# ------------------------------------------------------------------ metrics
 
 def normalize(s):
     s = s.lower()
@@ -61,14 +73,18 @@ def normalize(s):
 
 def f1(pred, gold):
     p, g = normalize(pred).split(), normalize(gold).split()
-    common = Counter(p) & Counter(g)
-    same = sum(common.values())
     if not p or not g:
         return float(p == g)
+    same = sum((Counter(p) & Counter(g)).values())
     if same == 0:
         return 0.0
     prec, rec = same / len(p), same / len(g)
     return 2 * prec * rec / (prec + rec)
+
+
+def first_line(ans):
+    ans = ans.strip()
+    return ans.split("\n")[0].strip() if ans else ""
 
 
 def read_logits(path):
@@ -81,409 +97,460 @@ def read_logits(path):
 def kl_top1(p_logits, q_logits):
     """KL(softmax p || softmax q) and whether the argmaxes agree."""
     mp, mq = max(p_logits), max(q_logits)
-    zp = math.fsum(math.exp(x - mp) for x in p_logits)
-    zq = math.fsum(math.exp(x - mq) for x in q_logits)
-    lzp, lzq = math.log(zp), math.log(zq)
-    kl = 0.0
-    for a, b in zip(p_logits, q_logits):
-        la = a - mp - lzp
-        kl += math.exp(la) * (la - (b - mq - lzq))
+    lzp = mp + math.log(math.fsum(math.exp(x - mp) for x in p_logits))
+    lzq = mq + math.log(math.fsum(math.exp(x - mq) for x in q_logits))
+    kl = math.fsum(math.exp(a - lzp) * ((a - lzp) - (b - lzq)) for a, b in zip(p_logits, q_logits))
     ap = max(range(len(p_logits)), key=p_logits.__getitem__)
     aq = max(range(len(q_logits)), key=q_logits.__getitem__)
     return max(kl, 0.0), ap == aq
 
 
-def load_qa(path):
-    text = open(path, encoding="utf-8").read()
+def score(res, q, full):
+    """A mode's result res for question q, scored (against full's result)."""
+    pred = first_line(res["answer"])
+    res["pred"] = pred
+    res["f1"] = max(f1(pred, g) for g in q["answers"])
+    res["em"] = max(float(normalize(pred) == normalize(g)) for g in q["answers"])
+    res["right"] = res["f1"] >= 0.5
+    if full is not None:
+        res["agree"] = normalize(pred) == normalize(full["pred"])
+        res["f1_full"] = f1(pred, full["pred"])
+    return res
+
+
+# ---------------------------------------------------------------- bootstrap
+
+def draws(n, b, seed=0):
+    """b resamples (with replacement) of n questions' indices: the same for
+    every mode, so differences are paired."""
+    rng = random.Random(seed)
+    return [[rng.randrange(n) for _ in range(n)] for _ in range(b)]
+
+
+def interval(xs):
+    xs = sorted(x for x in xs if x == x)
+    if not xs:
+        return (float("nan"), float("nan"))
+    lo, hi = xs[int(0.025 * (len(xs) - 1))], xs[int(math.ceil(0.975 * (len(xs) - 1)))]
+    return (lo, hi)
+
+
+def mean(xs):
+    xs = [x for x in xs if x == x]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def retention(mode, full, idx):
+    """Of the questions in idx full answers right, the share mode does."""
+    k = [i for i in idx if full[i]]
+    return sum(mode[i] for i in k) / len(k) if k else float("nan")
+
+
+def stat_fns():
+    """metric name -> f(per-question columns of a mode, full's columns, idx)."""
+    def avg(col):
+        return lambda m, f, idx: sum(m[col][i] for i in idx) / len(idx)
+    return {
+        "agreement": avg("agree"),
+        "f1_full": avg("f1_full"),
+        "retention": lambda m, f, idx: retention(m["right"], f["right"], idx),
+        "f1": avg("f1"),
+        "em": avg("em"),
+        "top1": avg("top1"),
+        "kl": avg("kl"),
+        "ttft_ms": avg("ttft_ms"),
+        "speedup": lambda m, f, idx: (sum(f["ttft_ms"][i] for i in idx) / max(1e-9, sum(m["ttft_ms"][i] for i in idx))),
+        "recomputed": lambda m, f, idx: (sum(m["n_recomputed_tokens"][i] for i in idx)
+                                         / max(1, sum(m["n_cached_tokens"][i] for i in idx))),
+    }
+
+
+def columns(rows):
+    keys = ["agree", "f1_full", "right", "f1", "em", "top1", "kl", "ttft_ms", "n_recomputed_tokens",
+            "n_cached_tokens"]
+    return {k: [float(r.get(k, float("nan"))) for r in rows] for k in keys}
+
+
+def summarize(modes, order, b=1000, seed=0):
+    """modes: name -> rows, each mode's rows for the same questions in the
+    same order (full's among them).  Returns name -> {metric: (value, lo,
+    hi)} and the paired differences the verdicts need."""
+    fns = stat_fns()
+    cols = {m: columns(modes[m]) for m in order}
+    full = cols["full"]
+    n = len(modes["full"])
+    idx_all = list(range(n))
+    ds = draws(n, b, seed)
+    out = {}
+    boot = {}
+    for m in order:
+        out[m], boot[m] = {}, {}
+        for k, fn in fns.items():
+            v = fn(cols[m], full, idx_all)
+            bs = [fn(cols[m], full, d) for d in ds]
+            boot[m][k] = bs
+            out[m][k] = (v,) + interval(bs)
+    diffs = {}
+    for a, c in (("default", "reuse"), ("default", "random"), ("default", "full")):
+        if a in boot and c in boot:
+            for k in ("agreement", "retention", "f1", "kl"):
+                v = out[a][k][0] - out[c][k][0]
+                diffs[(a, c, k)] = (v,) + interval([x - y for x, y in zip(boot[a][k], boot[c][k])])
+    return out, diffs
+
+
+# ---------------------------------------------------------------- the data
+
+def load_set(name, path):
+    data = json.load(open(path, encoding="utf-8"))
+    return data if isinstance(data, list) else [data]
+
+
+def passages(q, set_name):
+    n = 6 if set_name == "musique" else len(q["ctxs"])
+    return [f"{c.get('title', '')}\n{c['text']}".strip() for c in q["ctxs"][:n]]
+
+
+def gold_in_passages(q):
+    text = normalize(" ".join(passages(q, "musique")))
+    return any(normalize(a) and normalize(a) in text for a in q["answers"])
+
+
+def question_text(q):
+    return f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}"
+
+
+def select(args, data):
+    """(number in the set, question) of the questions to run."""
+    qs = list(enumerate(data))
+    if args.set == "nq20":
+        half = {"dev": (0, 300), "test": (300, 600), "all": (0, len(qs))}[args.split]
+        qs = qs[half[0]:half[1]]
+    else:
+        qs = [(i, q) for i, q in qs if gold_in_passages(q)]
+        if args.split != "all":
+            h = len(qs) // 2
+            qs = qs[:h] if args.split == "dev" else qs[h:]
+    return qs[args.first: args.first + args.questions]
+
+
+# ----------------------------------------------------------------- running
+
+def sha(path_or_bytes, n=16):
+    h = hashlib.sha256()
+    if isinstance(path_or_bytes, bytes):
+        h.update(path_or_bytes)
+    else:
+        with open(path_or_bytes, "rb") as f:
+            for blk in iter(lambda: f.read(1 << 20), b""):
+                h.update(blk)
+    return h.hexdigest()[:n]
+
+
+class Runner:
+    def __init__(self, args, work):
+        self.args, self.work = args, work
+        self.run = os.path.join(args.bin, "cb-run")
+        self.pre = os.path.join(args.bin, "cb-precompute")
+        self.common = ["-t", str(args.threads)] + (["-m", args.model] if args.model else [])
+
+    def cb_run(self, extra, prompt, tag):
+        stats = os.path.join(self.work, f"{tag}.stats.json")
+        logits = os.path.join(self.work, f"{tag}.f32")
+        cmd = ([self.run, "--temp", "0", "-n", str(self.args.max_new), "--system", SYSTEM, "--no-store-write",
+                "--stats", stats, "--logits-out", logits, "-p", prompt] + self.common + extra)
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if p.returncode != 0:
+            sys.exit(f"eval: {' '.join(cmd[:3])} ... exited {p.returncode}: {p.stderr.decode(errors='replace')[-500:]}")
+        st = json.load(open(stats))
+        return p.stdout.decode("utf-8", "replace"), st, logits
+
+    def precompute(self, store, qs):
+        allf = os.path.join(self.work, "all.jsonl")
+        with open(allf, "w", encoding="utf-8") as f:
+            for qi, q in qs:
+                for ci, t in enumerate(passages(q, self.args.set)):
+                    f.write(json.dumps({"doc": f"q{qi}p{ci}", "seq": 0, "text": t}, ensure_ascii=False) + "\n")
+        t0 = time.time()
+        subprocess.run([self.pre, "--store", store, "-q", "--for-system", SYSTEM] + self.common + [allf],
+                       stdout=subprocess.DEVNULL, check=True)
+        return time.time() - t0
+
+
+def chunks_file(work, q, set_name, qi):
+    path = os.path.join(work, f"q{qi}.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for t in passages(q, set_name):
+            f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+    return path
+
+
+def mode_args(name, store, chunks, default_row):
+    """cb-run's options for a mode; None: not run for this question."""
+    blend = ["--store", store, "--chunks", chunks]
+    if name == "full":
+        return blend + ["--mode", "full"]
+    if name == "closed":
+        return ["--mode", "full"]
+    if name == "reuse":
+        return blend + ["--mode", "reuse"]
+    if name == "default":
+        return blend + ["--mode", "blend"]
+    if name == "random":  # as many cached tokens as the default recomputed, drawn at random
+        k, n = default_row["n_recomputed_tokens"], default_row["n_cached_tokens"]
+        r = 0.0 if k == 0 else (k - 0.5) / n
+        return blend + ["--mode", "blend", "--strategy", "random", "--speedup", "0", "--ratio", f"{r:.9f}"]
+    if name.startswith("speedup="):
+        return blend + ["--mode", "blend", "--speedup", name.split("=", 1)[1]]
+    if name.startswith("method:"):  # method:LABEL:cb-run options
+        return blend + ["--mode", "blend"] + name.split(":", 2)[2].split()
+    sys.exit(f"eval: unknown mode '{name}'")
+
+
+def run_eval(args):
+    data_path = args.data or os.path.join(args.top, "..", "shared", "data",
+                                          "nq20_dev.json" if args.set == "nq20" else "musique_s.json")
+    if not os.path.exists(data_path):
+        sys.exit(f"eval: {data_path}: no such file (give --data)")
+    data = load_set(args.set, data_path)
+    qs = select(args, data)
+    if not qs:
+        sys.exit("eval: no question selected")
+    model = args.model or os.environ.get("CB_MODEL") or ""
+    mkey = os.path.basename(model) or "default-model"
+    cache = os.path.join(os.path.expanduser(args.cache), mkey, args.set)
+    os.makedirs(cache, exist_ok=True)
+    store = os.path.join(cache, "store")
+    work = tempfile.mkdtemp(prefix="cb-eval-")
+    rn = Runner(args, work)
     try:
-        data = json.loads(text)
-        return data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        return [json.loads(l) for l in text.splitlines() if l.strip()]
+        if not os.path.isdir(store):
+            subprocess.run([os.path.join(args.bin, "cb-store"), "--store", store, "init"], check=True,
+                           stdout=subprocess.DEVNULL)
+        pre_s = 0.0
+
+        # the engine's key: full prefill's logits on the probe (the set's first question)
+        q0 = data[0]
+        pre_s += rn.precompute(store, [(0, q0)])
+        _, _, lf = rn.cb_run(mode_args("full", store, chunks_file(work, q0, args.set, 0), None),
+                             question_text(q0), "probe")
+        engine = sha(open(lf, "rb").read() + args.set.encode() + str(args.max_new).encode() + SYSTEM.encode())
+        full_dir = os.path.join(cache, "full-" + engine)
+        os.makedirs(full_dir, exist_ok=True)
+        binkey = sha(rn.run) + "-" + engine
+        blend_dir = os.path.join(cache, "runs-" + binkey)
+        os.makedirs(blend_dir, exist_ok=True)
+        print(f"eval: engine {engine}, binary {binkey}; cache {cache}", file=sys.stderr)
+
+        modes = ["full", "closed", "reuse", "default", "random"]
+        modes += [f"speedup={s:g}" for s in args.dial if s != 4]
+        modes += [m for m in args.methods if m]
+
+        def cache_file(m):
+            d = full_dir if m in ("full", "closed") else blend_dir
+            return os.path.join(d, hashlib.sha256(m.encode()).hexdigest()[:12] + ".jsonl")
+
+        done = {}
+        for m in modes:
+            done[m] = {}
+            cf = cache_file(m)
+            if os.path.exists(cf):
+                for line in open(cf, encoding="utf-8"):
+                    if line.strip():
+                        r = json.loads(line)
+                        done[m][r["q"]] = r
+        t_start = time.time()
+        for n_done, (qi, q) in enumerate(qs):
+            chunks = chunks_file(work, q, args.set, qi)
+            prompt = question_text(q)
+            if any(qi not in done[m] for m in modes if m != "closed"):  # its passages, as it comes
+                pre_s += rn.precompute(store, [(qi, q)])
+            rows = {}
+            for m in modes:
+                if qi in done[m]:
+                    rows[m] = done[m][qi]
+                    continue
+                extra = mode_args(m, store, chunks, rows.get("default"))
+                ans, st, lf = rn.cb_run(extra, prompt, "run")
+                r = {"q": qi, "mode": m, "answer": ans, "ttft_ms": st["ttft_ms"],
+                     "n_prompt_tokens": st["n_prompt_tokens"], "n_cached_tokens": st.get("n_cached_tokens", 0),
+                     "n_recomputed_tokens": st.get("n_recomputed_tokens", 0),
+                     "strategy_used": st.get("strategy_used"), "ratio": st.get("ratio")}
+                if m in ("full", "closed"):
+                    shutil.copyfile(lf, os.path.join(full_dir, f"{m}-{qi}.f32"))
+                    r["kl"], r["top1"] = (0.0, True) if m == "full" else kl_top1(
+                        read_logits(os.path.join(full_dir, f"full-{qi}.f32")), read_logits(lf))
+                else:
+                    r["kl"], r["top1"] = kl_top1(read_logits(os.path.join(full_dir, f"full-{qi}.f32")),
+                                                 read_logits(lf))
+                with open(cache_file(m), "a", encoding="utf-8") as f:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                done[m][qi] = rows[m] = r
+            el = time.time() - t_start
+            print(f"eval: question {qi} ({n_done + 1} of {len(qs)}, {el:.0f} s)", file=sys.stderr)
+        results = [done[m][qi] for qi, _ in qs for m in modes]
+        meta = {"set": args.set, "split": args.split, "first": args.first, "n": len(qs),
+                "model": mkey, "engine": engine, "binary": binkey, "commit": git_commit(args.top),
+                "threads": args.threads, "max_new": args.max_new, "system": SYSTEM, "modes": modes,
+                "precompute_s": pre_s}
+        out = {"meta": meta, "results": results, "questions": {str(qi): {"answers": q["answers"]} for qi, q in qs}}
+        json.dump(out, open(args.out, "w"), indent=1)
+        print(f"eval: results in {args.out}", file=sys.stderr)
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
-SENT = re.compile(r"(?<=[.!?])\s+(?=\S)")
+def git_commit(top):
+    try:
+        c = subprocess.run(["git", "-C", top, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                           text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", top, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return c + ("-dirty" if dirty else "")
+    except OSError:
+        return "unknown"
 
 
-def ntok(text):
-    """Tokens, estimated: 1.35 per word (Qwen2.5's and SmolLM2's BPE on
-    MuSiQue's English measure 1.3-1.4)."""
-    return 1.35 * len(text.split())
+# ------------------------------------------------------------------ report
+
+def pct(v):
+    return f"{100 * v:.1f}" if v == v else "n/a"
 
 
-def answer_test(q):
-    """Whether a text holds one of question q's gold answers (normalized)."""
-    golds = [normalize(a) for a in q["answers"] if normalize(a)]
-    return lambda t: any(g in normalize(t) for g in golds)
+def fmt(t, p=True, digits=3):
+    v, lo, hi = t
+    if p:
+        return f"{pct(v)} [{pct(lo)}, {pct(hi)}]"
+    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def make_chunks(q, qi, shape, passages, chunks_max=20, sources=False):
-    """The chunk texts of question q (number qi) in the given shape; with
-    sources, (text, passage, piece) for each: its passage's number and its
-    place among the pieces that passage was split into (as cb-chunk's "doc"
-    and "seq")."""
-    import random
-    ctxs = q["ctxs"][:passages]
-    has_gold = answer_test(q)
-    if shape == "paper":
-        out = [f"{c.get('title', '')}\n{c['text']}".strip() for c in ctxs]
-        return [(t, i, 0) for i, t in enumerate(out)] if sources else out
-    rng = random.Random(qi)
-    out, src = [], []
-    for pi, c in enumerate(ctxs):
-        n0 = len(out)
-        sents = [x for x in SENT.split(c["text"].strip()) if x]
-        title = c.get("title", "").strip()
-        if shape == "short":
-            # from the first sentence holding a gold answer (else the first), ~50 tokens' worth
-            first = next((i for i, x in enumerate(sents) if has_gold(x)), 0)
-            words, text = [], " ".join(sents[first:]).split()
-            for w in text:
-                if ntok(" ".join(words + [w])) > 50:
-                    break
-                words.append(w)
-            out.append(f"{title}\n{' '.join(words)}".strip())
-            src.append((pi, 0))
-            continue
-        # many: sentences grouped up to a target size drawn from [100, 150] tokens
-        cur, target = [], rng.uniform(100, 150)
-        for x in sents:
-            if cur and ntok(" ".join(cur + [x])) > target:
-                out.append(" ".join(cur))
-                cur, target = [], rng.uniform(100, 150)
-            cur.append(x)
-        if cur and out and ntok(" ".join(cur)) < 50:  # a short tail joins the chunk before it
-            out[-1] += " " + " ".join(cur)
-        elif cur:
-            out.append(" ".join(cur))
-        src += [(pi, k) for k in range(len(out) - n0)]
-    if shape == "many" and len(out) > chunks_max:
-        drop = [i for i, t in enumerate(out) if not has_gold(t)]
-        rng.shuffle(drop)
-        gone = set(drop[: len(out) - chunks_max])
-        keep = [i for i in range(len(out)) if i not in gone][:chunks_max]
-        out, src = [out[i] for i in keep], [src[i] for i in keep]
-    return [(t, p, k) for t, (p, k) in zip(out, src)] if sources else out
+def label(m):
+    return {"full": "full prefill", "closed": "closed-book (control)", "reuse": "reuse (control)",
+            "random": "random selection, default's budget (control)",
+            "default": "**blend, default (speedup 4)**"}.get(m, m.replace("speedup=", "blend, speedup "))
 
 
-def precompute(pre, store, kv_type, common, qchunks, work, context=False):
-    """Every chunk of every question (qchunks: {question number: chunk texts,
-    or make_chunks' (text, passage, piece) sources}) into the store with
-    cb-precompute, each passage a document (with context, cb-precompute
-    --context: a piece also after the one before it); the seconds it took.
-    common carries --system when given: cb-precompute then stores that
-    prompt's head, which cb-run --no-store-write would compute every time."""
-    allf = os.path.join(work, "all.jsonl")
-    with open(allf, "w", encoding="utf-8") as f:
-        for qi, chunks in qchunks.items():
-            for ci, c in enumerate(chunks):
-                t, doc, seq = c if isinstance(c, tuple) else (c, ci, 0)
-                f.write(json.dumps({"doc": f"q{qi}p{doc}", "seq": seq, "text": t}, ensure_ascii=False) + "\n")
-    t0 = time.time()
-    subprocess.run([pre, "--store", store, "--kv-type", kv_type, "-q"] + (["--context"] if context else [])
-                   + common + [allf], stdout=subprocess.DEVNULL, check=True)
-    return time.time() - t0
+def report(out, b=1000, plot=None):
+    meta, questions = out["meta"], out["questions"]
+    order = [m for m in meta["modes"]]
+    modes = {m: sorted([dict(r) for r in out["results"] if r["mode"] == m], key=lambda r: r["q"]) for m in order}
+    fulls = {}
+    for r in modes["full"]:
+        fulls[r["q"]] = score(r, questions[str(r["q"])], None)
+        r["agree"], r["f1_full"] = True, 1.0
+    for m in order[1:]:
+        for r in modes[m]:
+            score(r, questions[str(r["q"])], fulls.get(r["q"]))
+    qn = [r["q"] for r in modes["full"]]
+    for m in order:
+        if [r["q"] for r in modes[m]] != qn:
+            sys.exit(f"eval: mode {m} lacks some questions")
+    summ, diffs = summarize(modes, order, b)
+    n_right = sum(1 for r in modes["full"] if r["right"])
+    lines = []
+    w = lines.append
+    w(f"{meta['set']} {meta['split']} half, questions {qn[0]}-{qn[-1]} ({len(qn)}); model {meta['model']}; "
+      f"commit {meta['commit']}; {meta['threads']} threads; greedy, {meta['max_new']} new tokens; "
+      f"full prefill answers {n_right} right (F1 >= 0.5). 95% paired bootstrap intervals ({b} draws).")
+    w("")
+    w("| mode | agreement % | retention % | F1 to full | F1 (gold) | EM (gold) | first-token top-1 % | KL | "
+      "recomputed % | TTFT ms | speedup |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
+    for m in order:
+        s = summ[m]
+        w(f"| {label(m)} | {fmt(s['agreement'])} | {fmt(s['retention'])} | {fmt(s['f1_full'], False)} | "
+          f"{fmt(s['f1'], False)} | {s['em'][0]:.3f} | {pct(s['top1'][0])} | {s['kl'][0]:.3f} | "
+          f"{pct(s['recomputed'][0])} | {s['ttft_ms'][0]:.0f} | {fmt(s['speedup'], False, 2)}x |")
+    w("")
+    for c in ("reuse", "random"):
+        for k in ("agreement", "retention"):
+            d = diffs.get(("default", c, k))
+            if d:
+                verdict = "above" if d[1] > 0 else "NOT above"
+                w(f"- default minus {c}, {k}: {100 * d[0]:+.1f} points [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]: "
+                  f"the default is {verdict} {c} outside the interval")
+    d = diffs.get(("default", "full", "f1"))
+    if d:
+        w(f"- default minus full prefill, F1 against gold: {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]")
+    text = "\n".join(lines)
+    if plot:
+        dial_plot(summ, order, meta, plot)
+    return text, summ
 
 
-def question_text(q, cue=""):
-    return f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}{cue}"
-
-
-def first_line(ans):
-    ans = ans.strip()
-    return ans.split("\n")[0].strip() if ans else ""
-
-
-def plot(rows, work, png):
-    """The ratio sweep against mean TTFT, a line per strategy (points in
-    ratio order), with full and reuse as references: F1 (with the paired
-    standard error of its difference from full's) and the share of answers
-    identical to full's (when answers were generated), the KL recovery, and
-    the NLL recovery (when scored)."""
-    strategies = sorted({r["strategy"] for r in rows if r["mode"] == "blend" and r["ratio"] is not None})
-    # references, as labelled points: full, reuse, and the runs at cb-run's own ratio (default)
-    refs = [r for r in rows if r["mode"] in ("full", "reuse", "default") or (r["mode"] == "blend" and r["ratio"] is None)]
-    dat = os.path.join(work, "plot.dat")
-    with open(dat, "w") as f:
-        for s in strategies:
-            f.write(f"# {s}\n")
-            for r in sorted((r for r in rows if r["strategy"] == s and r["ratio"] is not None), key=lambda r: r["ratio"]):
-                f.write(f"{r['ttft_ms']:.1f} {100 * r['kl_recovery']:.2f} {100 * r['nll_recovery']:.2f} "
-                        f"{r['f1']:.4f} {r['f1_diff_se']:.4f} {100 * r['identical']:.1f} \"{r['ratio']:g}\"\n")
+def dial_plot(summ, order, meta, png):
+    if not shutil.which("gnuplot"):
+        print("eval: no gnuplot: no plot", file=sys.stderr)
+        return
+    work = tempfile.mkdtemp(prefix="cb-eval-plot-")
+    try:
+        dat = os.path.join(work, "dial.dat")
+        dial = [m for m in order if m == "default" or m.startswith("speedup=")]
+        dial.sort(key=lambda m: summ[m]["speedup"][0])
+        with open(dat, "w") as f:
+            for m in dial:
+                s = summ[m]
+                lab = "4" if m == "default" else m.split("=", 1)[1]
+                f.write(f"{s['speedup'][0]:.3f} {100 * s['agreement'][0]:.2f} {100 * s['agreement'][1]:.2f} "
+                        f"{100 * s['agreement'][2]:.2f} {100 * s['retention'][0]:.2f} {100 * s['retention'][1]:.2f} "
+                        f"{100 * s['retention'][2]:.2f} \"{lab}\"\n")
             f.write("\n\n")
-        for r in refs:
-            if r["mode"] in ("full", "reuse"):
-                kl = nll = 100 * (r["mode"] == "full")
-            else:
-                kl, nll = 100 * r["kl_recovery"], 100 * r["nll_recovery"]
-            f.write(f"# {r['config']}\n{r['ttft_ms']:.1f} {kl:.2f} {nll:.2f} {r['f1']:.4f} "
-                    f"{r['f1_diff_se'] if r['mode'] != 'full' else 0:.4f} {100 * r['identical']:.1f} "
-                    f"\"{r['config']}\"\n\n\n")
-    n = len(strategies)
-    def lines(col, bars=False):
-        return ", ".join(
-            [f"'{dat}' index {i} using 1:{col} with linespoints lw 2 pt 7 title '{s.replace('@', ' mass ')}', "
-             f"'' index {i} using 1:{col}:7 with labels offset 0,0.8 notitle" for i, s in enumerate(strategies)]
-            + ([f"'{dat}' index 0:{n + len(refs) - 1} using 1:{col}:5 with yerrorbars lc rgb 'gray' pt 0 notitle"]
-               if bars else [])
-            + [f"'{dat}' index {n}:{n + len(refs) - 1} using 1:{col}:7 with labels point pt 5 offset 0,-0.8 notitle"])
-    nll = any(r["nll_recovery"] == r["nll_recovery"] for r in rows)  # scored (--score): not all NaN
-    ans = any(r["identical"] == r["identical"] for r in rows)  # answers generated (not --no-answers)
-    panels = 2 + nll + ans
-    script = (f"set terminal png size {700 * panels},600; set output '{png}'; set multiplot layout 1,{panels};"
-              "set xlabel 'mean TTFT (ms)'; set grid; set key bottom right;"
-              + ("set title 'F1 vs TTFT (labels: ratio; bars: paired standard error of the difference from full)';"
-                 f"set ylabel 'F1'; plot {lines(4, True)};"
-                 "set title 'answers identical to full prefill vs TTFT'; set ylabel 'identical (%)';"
-                 f"set yrange [-5:105]; plot {lines(6)};" if ans else "")
-              + "set yrange [-20:110];"
-              f"set title 'first-token KL recovery vs TTFT'; set ylabel 'KL recovery (%)'; plot {lines(2)};"
-              + (f"set title 'gold-answer NLL recovery vs TTFT'; set ylabel 'NLL recovery (%)'; plot {lines(3)};"
-                 if nll else "")
-              + "unset multiplot")
-    subprocess.run(["gnuplot", "-e", script], check=False)
-
-
-def report(args, configs, results, n_q, work, pre_s):
-    """Print the table of results (and write them and the plot)."""
-    def label(c):
-        return (c[0] if not c[2] else f"{c[0]} {c[2]}") if c[1] is None else f"blend r={c[1]:g} {c[2]}"
-
-    def mean(rs, k):
-        return sum(r[k] for r in rs) / len(rs) if rs else float("nan")
-
-    def recovery(reuse, full, x):
-        return (reuse - x) / (reuse - full) if reuse - full > 1e-12 else float("nan")
-
-    by = {c: [r for r in results if (r["mode"], r["ratio"], r["strategy"]) == c] for c in configs}
-    # recovery's reference: plain reuse, else the first reuse configured (reuse/no-context)
-    fr = by.get(("full", None, None), [])
-    rr = by.get(("reuse", None, None)) or next((by[c] for c in configs if c[0] == "reuse"), [])
-    mean_full, mean_full_f1 = mean(fr, "ttft_ms"), mean(fr, "f1")
-    kl_reuse, gap_reuse = mean(rr, "kl"), mean(rr, "nll_absgap")
-    rows = []
-    print(f"\n{n_q} questions, shape {getattr(args, 'shape', 'paper')}, {args.passages} passages each, mean prompt "
-          f"{sum(r['n_prompt_tokens'] for r in results) / len(results):.0f} tokens; model "
-          f"{os.path.basename(args.model or os.environ.get('CB_MODEL') or 'default')}; {args.threads} threads; KV {args.kv_type}\n")
-    def se(xs):
-        xs = [x for x in xs if x == x]
-        if len(xs) < 2:
-            return float("nan")
-        m = sum(xs) / len(xs)
-        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-
-    ctx = [r for r in results if r["mode"] in ("reuse", "blend") and r.get("n_chunks")
-           and "no-context" not in (r["strategy"] or "")]
-    if ctx and any(r.get("n_chunks_after") for r in ctx):
-        print(f"chunks cached after the piece before them (--context): "
-              f"{sum(r['n_chunks_after'] for r in ctx) / sum(r['n_chunks'] for r in ctx):.0%} of the chunks\n")
-    full_f1, reuse_f1 = {r["q"]: r["f1"] for r in fr}, {r["q"]: r["f1"] for r in rr}
-    print("| mode | F1 (+- s.e.) | F1 - full's (+- s.e., paired) | F1 kept | F1 - reuse's (paired) | EM | identical to full | top-1 = full | "
-          "KL | KL recovery | gold NLL | NLL gap | abs NLL gap | NLL recovery | recomputed | TTFT ms | speedup |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for c in configs:
-        rs = by[c]
-        kl, gap, agap = mean(rs, "kl"), mean(rs, "nll_gap"), mean(rs, "nll_absgap")
-        row = {"config": label(c), "mode": c[0], "ratio": c[1], "strategy": c[2], "f1": mean(rs, "f1"),
-               "em": mean(rs, "em"), "identical": mean(rs, "same"),
-               "top1": sum(1 for r in rs if r["top1"]) / len(rs), "kl": kl,
-               "kl_recovery": recovery(kl_reuse, 0.0, kl), "nll": mean(rs, "nll"), "nll_gap": gap,
-               "nll_absgap": agap, "nll_recovery": recovery(gap_reuse, 0.0, agap),
-               "recomputed": sum(r["n_recomputed_tokens"] for r in rs) / max(1, sum(r["n_cached_tokens"] for r in rs)),
-               "ttft_ms": mean(rs, "ttft_ms"), "speedup": mean_full / mean(rs, "ttft_ms")}
-        diffs = [r["f1"] - full_f1[r["q"]] for r in rs if r["q"] in full_f1]
-        row["f1_se"], row["f1_diff"], row["f1_diff_se"] = se([r["f1"] for r in rs]), mean(
-            [{"d": d} for d in diffs], "d"), se(diffs)
-        row["f1_kept"] = row["f1"] / mean_full_f1 if mean_full_f1 > 0 else float("nan")
-        # "never below reuse": the same questions' F1 against the reuse run's
-        vs_reuse = [r["f1"] - reuse_f1[r["q"]] for r in rs if r["q"] in reuse_f1]
-        row["f1_vs_reuse"], row["f1_vs_reuse_se"] = mean([{"d": d} for d in vs_reuse], "d"), se(vs_reuse)
-        rows.append(row)
-        print(f"| {row['config']} | {row['f1']:.3f} +- {row['f1_se']:.3f} | {row['f1_diff']:+.3f} +- {row['f1_diff_se']:.3f} | "
-              f"{row['f1_kept']:.0%} | {row['f1_vs_reuse']:+.3f} +- {row['f1_vs_reuse_se']:.3f} | {row['em']:.3f} | {row['identical']:.0%} | {row['top1']:.0%} | "
-              f"{kl:.4f} | {row['kl_recovery']:.1%} | {row['nll']:.3f} | {gap:+.3f} | {agap:.3f} | {row['nll_recovery']:.1%} | "
-              f"{row['recomputed']:.1%} | {row['ttft_ms']:.0f} | {row['speedup']:.2f}x |")
-    print(f"\n(full prefill F1 {mean_full_f1:.3f}; recovery = (reuse - x) / (reuse - full) of the mean KL and of "
-          "the mean absolute NLL gap; recomputed = recomputed / cached tokens)")
-    json.dump({"args": vars(args), "precompute_s": pre_s, "summary": rows, "results": results},
-              open(args.out, "w"), indent=1)
-    print(f"\nresults: {args.out}", file=sys.stderr)
-    if args.plot and shutil.which("gnuplot"):
-        plot(rows, work, os.path.abspath(args.plot))
-        print(f"plot: {args.plot}", file=sys.stderr)
+            for m in ("reuse", "random"):
+                if m in summ:
+                    s = summ[m]
+                    f.write(f"{s['speedup'][0]:.3f} {100 * s['agreement'][0]:.2f} {100 * s['agreement'][1]:.2f} "
+                            f"{100 * s['agreement'][2]:.2f} {100 * s['retention'][0]:.2f} "
+                            f"{100 * s['retention'][1]:.2f} {100 * s['retention'][2]:.2f} \"{m}\"\n")
+        title = f"{meta['model']}, {meta['set']} {meta['split']} ({meta['n']} questions)"
+        script = (f"set terminal png size 900,600; set output '{png}'; set grid; set key bottom left;"
+                  f"set title '{title}: the quality dial (labels: --speedup; bars: 95% intervals)';"
+                  "set xlabel 'TTFT speedup over full prefill (x)'; set ylabel '%'; set yrange [0:105];"
+                  f"plot '{dat}' index 0 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'agreement with full',"
+                  f" '' index 0 using 1:5:6:7 with yerrorlines lw 2 pt 5 title 'retention',"
+                  f" '' index 0 using 1:2:8 with labels offset 0,1 notitle,"
+                  f" '' index 1 using 1:2:3:4 with yerrorbars pt 9 ps 1.5 title 'controls: agreement',"
+                  f" '' index 1 using 1:5:6:7 with yerrorbars pt 11 ps 1.5 title 'controls: retention',"
+                  f" '' index 1 using 1:2:8 with labels offset 0,-1 notitle")
+        subprocess.run(["gnuplot", "-e", script], check=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     top = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=os.path.join(top, "..", "shared", "data", "musique_s.json"))
-    ap.add_argument("-n", "--questions", type=int, default=30)
-    ap.add_argument("--first", type=int, default=0,
-                    help="skip the set's first N questions (numbers, chunk seeds and store keys stay the set's own: "
-                    "a long run split over several runs pools)")
-    ap.add_argument("--passages", type=int, default=6)
-    ap.add_argument("--shape", choices=["paper", "many", "short"], default="paper",
-                    help="the chunks: the passages (paper), 20 sentence-aligned chunks of 100-150 tokens (many), "
-                    "the passages cut to ~50 tokens around the answer (short)")
-    ap.add_argument("--chunks-max", type=int, default=20, help="many: the chunks kept")
-    ap.add_argument("--score", action="store_true",
-                    help="also score the gold answer (cb-run --score: its NLL; one more run per mode)")
-    ap.add_argument("--max-new", type=int, default=32)
-    ap.add_argument("--ratios", default="0.15", help="blend ratios, comma-separated")
-    ap.add_argument("--strategies", default="auto,probe,hkvd,runs",
-                    help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio; "
-                    "NAME/OPT=V/...: with cb-run --OPT V (e.g. hkvd/check-layer=5, probe/probe-rows=0)")
-    ap.add_argument("--modes", default="full,prefix,reuse,default,blend",
-                    help="MODE/OPT=V/...: that mode with cb-run --OPT V (reuse/no-context); default: blend at "
-                    "cb-run's own settings (the ratio --speedup picks); blend: the sweep of --ratios x --strategies")
+    ap.add_argument("--set", choices=["nq20", "musique"], default="nq20")
+    ap.add_argument("--split", choices=["dev", "test", "all"], default="dev",
+                    help="nq20: dev = questions 0-299 (tune here), test = 300-599 (report); musique: halves")
+    ap.add_argument("--data", default=None, help="the set's file (default: ../shared/data/)")
+    ap.add_argument("-n", "--questions", type=int, default=300)
+    ap.add_argument("--first", type=int, default=0, help="skip the split's first N questions")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--bin", default=os.path.join(top, "bin"))
+    ap.add_argument("--max-new", type=int, default=16)
+    ap.add_argument("--dial", default=",".join(f"{s:g}" for s in DIAL),
+                    help="--speedup values of the quality dial, comma-separated ('' for none)")
+    ap.add_argument("--method", action="append", default=[], dest="methods",
+                    help="a method to compare, as method:LABEL:cb-run options (repeatable)")
+    ap.add_argument("--cache", default=os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache",
+                                                    "cacheblend", "eval"))
     ap.add_argument("--out", default="eval-results.json")
-    ap.add_argument("--plot", default="eval-quality-ttft.png")
-    ap.add_argument("--kv-type", default="f16")
-    ap.add_argument("--no-answers", action="store_true", help="score only: no generation, no F1/EM")
-    ap.add_argument("--extra", default="", help="extra cb-run flags for blend runs")
-    ap.add_argument("--system", default=None,
-                    help="cb-run --system TEXT for every mode (default: the chat template's own system "
-                    "message); cb-precompute stores that prompt's head")
-    ap.add_argument("--for-system", action="store_true",
-                    help="with --system: precompute the chunks after that prompt's head (cb-precompute "
-                    "--for-system), not after the template's default one")
-    ap.add_argument("--context", action="store_true",
-                    help="precompute each piece of a passage also after the piece before it (cb-precompute "
-                    "--context; the many shape splits passages into pieces)")
-    ap.add_argument("--store", default=None,
-                    help="keep the passages' KV in this store (created if missing; reruns skip what it has)")
-    ap.add_argument("--table-from", default=None,
-                    help="print the table of a results file (--out of an earlier or interrupted run); "
-                    "its table JSON and plot go beside it unless --plot is given")
+    ap.add_argument("--report", default=None, help="also write the table (markdown) to this file")
+    ap.add_argument("--plot", default="eval-dial.png", help="the quality dial's plot ('' for none)")
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--report-from", default=None, help="the table of an earlier results file")
     args = ap.parse_args()
-    if args.table_from:
-        saved = json.load(open(args.table_from))
-        results, configs = saved["results"], []
-        for r in results:
-            if (r["mode"], r["ratio"], r["strategy"]) not in configs:
-                configs.append((r["mode"], r["ratio"], r["strategy"]))
-        configs.sort(key=lambda c: c[0] != "full")
-        vars(args).update({k: v for k, v in saved["args"].items()
-                           if k in ("passages", "model", "threads", "kv_type", "shape")})
-        args.out = args.table_from + ".table.json"
-        if args.plot == ap.get_default("plot"):  # beside the results, not in the current directory
-            args.plot = args.table_from + ".png"
-        work = tempfile.mkdtemp(prefix="cb-eval-")
-        try:
-            report(args, configs, results, len({r["q"] for r in results}), work, saved.get("precompute_s", 0.0))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        return
-
-    if not os.path.exists(args.data):
-        sys.exit(f"eval: {args.data}: no such file (give --data)")
-    qa = list(enumerate(load_qa(args.data)))[args.first: args.first + args.questions]
-    run, pre = os.path.join(args.bin, "cb-run"), os.path.join(args.bin, "cb-precompute")
-    common = (["-t", str(args.threads)] + (["-m", args.model] if args.model else [])
-              + (["--system", args.system] if args.system is not None else []))
-    work = tempfile.mkdtemp(prefix="cb-eval-")
-    store = os.path.abspath(args.store) if args.store else os.path.join(work, "store")
-    try:
-        # every passage of every question, precomputed once
-        qsrc = {qi: make_chunks(q, qi, args.shape, args.passages, args.chunks_max, sources=True) for qi, q in qa}
-        qchunks = {qi: [c[0] for c in cs] for qi, cs in qsrc.items()}
-        if args.for_system and args.system is None:
-            sys.exit("eval.py: --for-system needs --system")
-        pcommon = common  # --system (common's last two) becomes --for-system: the chunks after its head
-        if args.for_system:
-            pcommon = common[:common.index("--system")] + ["--for-system", args.system]
-        pre_s = precompute(pre, store, args.kv_type, pcommon, qsrc, work, args.context)
-        print(f"precomputed {sum(map(len, qchunks.values()))} passages in {pre_s:.1f} s", file=sys.stderr)
-
-        # a model without a chat template (Gemma-3-270M is a base model) is
-        # cued to answer; an instruction-tuned one asked in its chat format
-        probe = os.path.join(work, "probe.json")
-        subprocess.run([run, "-p", "x", "-n", "1", "--stats", probe] + common, stdout=subprocess.DEVNULL, check=True)
-        cue = "\nAnswer:" if json.load(open(probe)).get("chat_template") == "none" else ""
-
-        configs = []
-        for mode in args.modes.split(","):
-            if mode == "blend":
-                for r in args.ratios.split(","):
-                    for s in args.strategies.split(","):
-                        configs.append(("blend", float(r), s))
-            else:  # MODE/OPT=V...: cb-run --OPT V (reuse/no-context); default: blend as cb-run's defaults have it
-                name, _, opts = mode.partition("/")
-                configs.append((name, None, opts or None))
-        results = []
-        for done, (qi, q) in enumerate(qa):
-            chunks = os.path.join(work, f"q{qi}.jsonl")
-            with open(chunks, "w", encoding="utf-8") as f:
-                for t in qchunks[qi]:
-                    f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
-            question = question_text(q, cue)
-            full_logits = full_answer = full_nll = None
-            for mode, ratio, strat in sorted(configs, key=lambda c: c[0] != "full"):
-                stats = os.path.join(work, "stats.json")
-                lfile = os.path.join(work, "logits.f32")
-                cmd = [run, "--store", store, "--chunks", chunks, "--mode", "blend" if mode == "default" else mode,
-                       "--temp", "0", "-n",
-                       str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
-                       "-p", question] + common
-                if ratio is None and strat:
-                    for o in strat.split("/"):
-                        k, _, v = o.partition("=")
-                        cmd += [f"--{k}"] + ([v] if v else [])
-                if ratio is not None:
-                    name, *opts = strat.split("/")  # NAME/OPT=V: cb-run --OPT V
-                    name, _, mass = name.partition("@")  # probe@M: --mass M, at most the ratio
-                    cmd += ["--ratio", str(ratio), "--strategy", name] + (args.extra.split() if args.extra else [])
-                    for o in opts:
-                        k, _, v = o.partition("=")
-                        cmd += [f"--{k}"] + ([v] if v else [])
-                    if mass:
-                        cmd += ["--mass", mass, "--max-ratio", str(ratio), "--min-ratio", "0"]
-                score = {"nll": float("nan"), "n_tokens": 0, "top1": float("nan")}
-                if args.score or args.no_answers:  # the gold answer's score after the prompt (and the first token's logits)
-                    subprocess.run(cmd + ["--score", q["answers"][0]], stdout=subprocess.DEVNULL, check=True)
-                    st = json.load(open(stats))
-                    score = st["score"]
-                ans = ""
-                if not args.no_answers:  # the answer (and, without --score, the first token's logits)
-                    gcmd = cmd if not args.score else [a for a in cmd if a not in ("--logits-out", lfile)]
-                    ans = subprocess.run(gcmd, stdout=subprocess.PIPE, check=True).stdout.decode("utf-8", "replace")
-                    if not args.score:
-                        st = json.load(open(stats))
-                pred = first_line(ans)
-                res = {
-                    "q": qi, "mode": mode, "ratio": ratio, "strategy": strat, "answer": ans,
-                    "f1": max(f1(pred, g) for g in q["answers"]),
-                    "em": max(float(normalize(pred) == normalize(g)) for g in q["answers"]),
-                    "ttft_ms": st["ttft_ms"], "prefill_ms": st["prefill_ms"], "load_ms": st["load_ms"],
-                    "n_prompt_tokens": st["n_prompt_tokens"], "n_cached_tokens": st["n_cached_tokens"],
-                    "n_recomputed_tokens": st["n_recomputed_tokens"],
-                    "n_chunks": st["n_chunks"], "n_chunks_after": st.get("n_chunks_after", 0),
-                    "n_chunks_system": st.get("n_chunks_system", 0),
-                    "nll": score["nll"], "nll_tokens": score["n_tokens"], "nll_top1": score["top1"],
-                }
-                logits = read_logits(lfile)
-                if mode == "full":
-                    full_logits, full_answer, full_nll = logits, ans, score["nll"]
-                res["nll_gap"] = res["nll"] - full_nll if full_logits is not None else float("nan")
-                res["nll_absgap"] = abs(res["nll_gap"])
-                if args.no_answers:
-                    res["f1"] = res["em"] = float("nan")
-                if full_logits is not None:
-                    res["kl"], res["top1"] = kl_top1(full_logits, logits)
-                    res["same"] = ans == full_answer if not args.no_answers else float("nan")
-                else:  # no full run configured: nothing to compare with
-                    res["kl"], res["top1"], res["same"] = float("nan"), False, False
-                results.append(res)
-            print(f"question {qi + 1} done ({done + 1} of {len(qa)})", file=sys.stderr)
-            json.dump({"args": vars(args), "partial": True, "results": results}, open(args.out, "w"), indent=1)
-
-        report(args, configs, results, len(qa), work, pre_s)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    args.top = top
+    args.dial = [float(x) for x in args.dial.split(",") if x.strip()] if isinstance(args.dial, str) else args.dial
+    out = json.load(open(args.report_from)) if args.report_from else run_eval(args)
+    text, _ = report(out, args.bootstrap, args.plot or None)
+    print(text)
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":

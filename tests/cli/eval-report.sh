@@ -1,70 +1,83 @@
 #!/bin/sh
-# make eval's report (tests/bench/eval.py --table-from) on a results file
-# written here, no model run: F1 against full's with the paired standard
-# error, answers identical to full, KL recovery against the reuse run (also
-# when that run has options, as reuse/no-context), speedups; and the sweep
-# plot's panels (F1, identity, KL recovery; the NLL one only when scored).
+# make eval's report (tests/bench/eval.py --report-from) on a results file
+# written here, no model run: agreement with full prefill, retention,
+# F1 to full's answer, gold F1 and EM, speedup, the paired bootstrap
+# intervals, and the verdicts against the controls (reuse, random).
 . "$(dirname "$0")/lib.sh"
 EVAL=$(dirname "$0")/../bench/eval.py
 
-# two questions: full, reuse/no-context, blend probe at 0.15 and 0.3, and the
-# runs at cb-run's own ratio (mode default, and blend/no-context: a point of
-# their own on the plot, not a line)
+# 40 questions.  full answers the first 20 right (its answer "paris"),
+# the rest wrong ("rome" against gold "oslo").  default agrees with full on
+# 36 (wrong on q 0-3 where full was right: "nice"); reuse and random agree on
+# 10 (q 30-39) only; closed-book never.  TTFTs: full 4000, default 1000,
+# random 900, reuse 400, closed 100.
 python3 - "$T/res.json" <<'PY'
 import json, sys
-def r(q, mode, ratio, strat, f1, kl, same, ttft):
-    return {"q": q, "mode": mode, "ratio": ratio, "strategy": strat, "answer": "a", "f1": f1, "em": 0.0,
-            "ttft_ms": ttft, "prefill_ms": ttft, "load_ms": 0, "n_prompt_tokens": 100, "n_cached_tokens": 80,
-            "n_recomputed_tokens": int(80 * (ratio or 0)), "n_chunks": 4, "n_chunks_after": 0,
-            "nll": float("nan"), "nll_tokens": 0, "nll_top1": float("nan"), "nll_gap": float("nan"),
-            "nll_absgap": float("nan"), "kl": kl, "top1": kl < 0.5, "same": same}
-res = [r(0, "full", None, None, 1.0, 0.0, True, 1000), r(1, "full", None, None, 0.5, 0.0, True, 3000),
-       r(0, "reuse", None, "no-context", 0.5, 2.0, False, 100), r(1, "reuse", None, "no-context", 0.5, 1.0, False, 100),
-       r(0, "blend", 0.15, "probe/no-context", 1.0, 1.0, True, 400), r(1, "blend", 0.15, "probe/no-context", 0.0, 0.5, False, 600),
-       r(0, "blend", 0.3, "probe/no-context", 1.0, 0.5, True, 900), r(1, "blend", 0.3, "probe/no-context", 0.5, 0.0, True, 1100),
-       r(0, "default", None, None, 1.0, 0.25, True, 700), r(1, "default", None, None, 0.5, 0.25, True, 700),
-       r(0, "blend", None, "no-context", 1.0, 1.5, True, 300), r(1, "blend", None, "no-context", 0.5, 1.5, False, 300)]
-json.dump({"args": {"passages": 6, "model": "m.gguf", "threads": 2, "kv_type": "f16", "shape": "many"},
-           "results": res}, open(sys.argv[1], "w"))
+res = []
+for q in range(40):
+    gold = "paris" if q < 20 else "oslo"
+    full = "Paris" if q < 20 else "Rome"
+    res.append({"q": q, "mode": "full", "answer": full, "ttft_ms": 4000, "kl": 0.0, "top1": True,
+                "n_cached_tokens": 0, "n_recomputed_tokens": 0, "gold": gold})
+    for m, ttft, agree, rec in (("closed", 100, lambda q: False, 0), ("reuse", 400, lambda q: q >= 30, 0),
+                                ("default", 1000, lambda q: q >= 4, 20), ("random", 900, lambda q: q >= 30, 20)):
+        res.append({"q": q, "mode": m, "answer": full if agree(q) else "the Nice.\nmore", "ttft_ms": ttft,
+                    "kl": 0.1 if agree(q) else 1.0, "top1": agree(q), "n_cached_tokens": 100,
+                    "n_recomputed_tokens": rec, "gold": gold})
+json.dump({"meta": {"set": "nq20", "split": "dev", "first": 0, "n": 40, "model": "m.gguf", "engine": "e",
+                    "binary": "b", "commit": "c", "threads": 2, "max_new": 16, "system": "S",
+                    "modes": ["full", "closed", "reuse", "default", "random"], "precompute_s": 0},
+           "results": res, "questions": {str(q): {"answers": ["paris" if q < 20 else "oslo"]} for q in range(40)}},
+          open(sys.argv[1], "w"))
 PY
-python3 "$EVAL" --table-from "$T/res.json" --plot "$T/p.png" > "$T/table" 2>"$T/err"
+python3 "$EVAL" --report-from "$T/res.json" --plot "$T/p.png" --bootstrap 400 > "$T/table" 2>"$T/err"
 rc=$?
-[ "$rc" = 0 ] && ok "eval.py --table-from reads a results file" || { not_ok "eval.py --table-from (exit $rc)"; sed 's/^/#   /' "$T/err"; }
+[ "$rc" = 0 ] && ok "eval.py --report-from reads a results file" || { not_ok "eval.py --report-from (exit $rc)"; sed 's/^/#   /' "$T/err"; }
 row() { grep -F "| $1 |" "$T/table"; }
-# blend 0.15: F1 (1, 0): 0.5 +- 0.5; minus full's (1, 0.5): differences (0, -0.5), -0.25 +-
-# 0.25; kept 0.5 / 0.75; identical 50%; KL 0.75 against reuse's 1.5: 50% recovered; TTFT 500
-# ms against full's 2000: 4.00x; minus reuse's (0.5, 0.5): differences (0.5, -0.5), 0 +- 0.5
-r15=$(row "blend r=0.15 probe/no-context")
-case $r15 in
-*"| 0.500 +- 0.500 | -0.250 +- 0.250 | 67% | +0.000 +- 0.500 |"*"| 50% |"*"| 0.7500 | 50.0% |"*"| 500 | 4.00x |") ok "F1, its paired differences from full's and reuse's, identity, KL recovery against reuse/no-context, speedup" ;;
-*) not_ok "the blend row: $r15" ;;
+# default: agreement 36/40 = 90.0; retention 16/20 = 80.0; gold F1 (16 + 0) / 40 = 0.400;
+# EM 0.400; speedup 4000 / 1000 = 4.00; recomputed 20%
+case $(row "**blend, default (speedup 4)**") in
+*"| 90.0 ["*"| 80.0 ["*"| 0.400 ["*"| 0.400 | 90.0 |"*"| 20.0 | 1000 | 4.00 ["*) ok "the default's agreement, retention, gold F1 and EM, top-1, recomputed share and speedup" ;;
+*) not_ok "the default's row: $(row "**blend, default (speedup 4)**")" ;;
 esac
-r30=$(row "blend r=0.3 probe/no-context")
-case $r30 in
-*"| 100% |"*"| 0.2500 | 83.3% |"*"| 1000 | 2.00x |"*) ok "a second ratio, its own row" ;;
-*) not_ok "the second blend row: $r30" ;;
+# reuse: agreement 10/40 = 25.0, retention 0/20 = 0.0, speedup 10.00
+case $(row "reuse (control)") in
+*"| 25.0 ["*"| 0.0 [0.0, 0.0] |"*"| 10.00 ["*) ok "reuse's agreement, retention and speedup" ;;
+*) not_ok "reuse's row: $(row "reuse (control)")" ;;
 esac
-# default: F1 kept 100%, minus reuse's (0.5, 0): 0.25 +- 0.25, KL 0.25 (83.3% recovered), 2.86x
-case $(row "default") in
-*"| 100% | +0.250 +- 0.250 |"*"| 100% |"*"| 0.2500 | 83.3% |"*"| 700 | 2.86x |") ok "the default blend (cb-run's own ratio), its row" ;;
-*) not_ok "default row: $(row "default")" ;;
+case $(row "full prefill") in
+*"| 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] | 1.000 [1.000, 1.000] | 0.500 ["*) ok "full prefill agrees with itself; its gold F1 0.5" ;;
+*) not_ok "full's row: $(row "full prefill")" ;;
 esac
-case $(row "blend no-context") in
-*"| 50% |"*"| 1.5000 | 0.0% |"*"| 300 | 6.67x |") ok "a blend without a ratio (blend/no-context), its row" ;;
-*) not_ok "blend/no-context row: $(row "blend no-context")" ;;
-esac
-case $(row "reuse no-context") in
-*"| 1.5000 | 0.0% |"*) ok "reuse/no-context is recovery's reference (0%)" ;;
-*) not_ok "reuse row: $(row "reuse no-context")" ;;
-esac
+# every interval holds its value: lo <= v <= hi
+python3 - "$T/table" <<'PY' && ok "every interval holds its value" || not_ok "an interval that misses its value"
+import re, sys
+bad = [m.group(0) for m in re.finditer(r"(-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\]", open(sys.argv[1]).read())
+       if not float(m.group(2)) <= float(m.group(1)) <= float(m.group(3))]
+sys.exit(1 if bad else 0)
+PY
+# verdicts: default - reuse agreement +65 points, far outside; retention +80
+grep -q "default minus reuse, agreement: +65.0 points \[+[0-9.]*, +[0-9.]*\]: the default is above reuse" "$T/table" \
+    && ok "the verdict against reuse: above, outside the interval" || { not_ok "the verdict against reuse"; sed 's/^/#   /' "$T/table" | tail -6; }
+grep -q "default minus random, retention: +80.0 points" "$T/table" && ok "the difference from random selection" \
+    || not_ok "the difference from random selection"
+# a tie is not called a win: the default made equal to random
+python3 - "$T/res.json" "$T/tie.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+byq = {r["q"]: r for r in d["results"] if r["mode"] == "default"}
+for r in d["results"]:
+    if r["mode"] == "random":
+        r.update({k: byq[r["q"]][k] for k in ("answer", "kl", "top1")})
+json.dump(d, open(sys.argv[2], "w"))
+PY
+python3 "$EVAL" --report-from "$T/tie.json" --plot '' --bootstrap 200 > "$T/tie" 2>&1
+grep -q "default minus random, agreement: +0.0 points \[+0.0, +0.0\]: the default is NOT above random" "$T/tie" \
+    && ok "a tie with random selection says NOT above" || { not_ok "the tie's verdict"; grep "random" "$T/tie" | sed 's/^/#   /'; }
 if command -v gnuplot >/dev/null 2>&1; then
-    [ -s "$T/p.png" ] && ! grep -q "line 0:" "$T/err" && ok "the sweep plot is drawn (gnuplot said nothing wrong)" ||
-        { not_ok "the sweep plot"; sed 's/^/#   /' "$T/err" | head -5; }
-    # three panels, 700 pixels each: F1, identity, KL (not scored: no NLL panel)
-    w=$(python3 -c "import struct,sys; d=open(sys.argv[1],'rb').read(24); print(struct.unpack('>I', d[16:20])[0])" "$T/p.png")
-    [ "$w" = 2100 ] && ok "three panels without scores (2100 pixels wide)" || not_ok "the plot is $w pixels wide, not 2100"
+    [ -s "$T/p.png" ] && ! grep -q "line 0:" "$T/err" && ok "the dial plot is drawn (gnuplot said nothing wrong)" ||
+        { not_ok "the dial plot"; sed 's/^/#   /' "$T/err" | head -5; }
 else
-    skip "the sweep plot is drawn" "no gnuplot here"
-    skip "three panels without scores" "no gnuplot here"
+    skip "the dial plot is drawn" "no gnuplot here"
 fi
 done_testing
