@@ -228,6 +228,7 @@ typedef struct cb_blend_params {
     double load_limit_mbs;             /* > 0: throttle KV reads to this many MB/s */
     float adapt_mass, adapt_min, adapt_max; /* probe, mass > 0: the ratio holding that share */
     int32_t probe_rows, probe_values;       /* probe: the question's last rows (0: all); 1: x |V| */
+    int32_t probe_passages;                 /* probe: the top segments recomputed whole first */
     float probe_depth, stale_scale;         /* probe layers, 0: by cost; stale x, 0: the model's */
     float key_temp, speedup; /* keys / key_temp, 0: the model's; > 0: the ratio by cost, 0: given */
 } cb_blend_params;

@@ -20,8 +20,8 @@
  *
  * Options: probe_rows (the question's last rows that score, 0: all), probe_depth
  * (the first pass runs and scores that share of the layers, the first
- * ones), adapt_mass, adapt_min and adapt_max (an adaptive ratio); one
- * ratio only. */
+ * ones), adapt_mass, adapt_min and adapt_max (an adaptive ratio),
+ * probe_passages (whole passages first: by_passage); one ratio only. */
 #include "strategy.h"
 
 #include <math.h>
@@ -145,6 +145,53 @@ static cb_status run_selection(blend_plan *pl, const blend_scored *sc, int64_t n
     return blend_run_layers(pl, 0, pl->hp->n_layer, pl->rows, pl->n_rows, layer_err, err);
 }
 
+/* Whole passages first: of the segments, the probe_passages with the most
+ * mass among their candidates, each while its candidates fit what is left
+ * of the budget want, are moved to the front of sc[n_c] (their rows in
+ * score order), the other rows after them in score order.  The answer to a
+ * question usually lives in one or two of the passages: recomputing those
+ * whole gives their tokens one another's fresh K/V, where scattered
+ * tokens see stale neighbours. */
+static cb_status by_passage(const blend_plan *pl, blend_scored *sc, int64_t n_c, int64_t want)
+{
+    int32_t ns = pl->n_segs, n_pick = pl->p->probe_passages;
+    double *mass = calloc((size_t)ns, sizeof *mass);
+    int64_t *count = calloc((size_t)ns, sizeof *count);
+    uint8_t *pick = calloc((size_t)ns, 1);
+    blend_scored *tmp = malloc(sizeof *tmp * (size_t)(n_c > 0 ? n_c : 1));
+    cb_status st = CB_ERR_NOMEM;
+    if (!mass || !count || !pick || !tmp)
+        goto out;
+    for (int64_t c = 0; c < n_c; c++) {
+        int32_t s = pl->seg_of[sc[c].row];
+        mass[s] += sc[c].score;
+        count[s]++;
+    }
+    for (int64_t left = want; n_pick > 0; n_pick--) {
+        int32_t best = -1;
+        for (int32_t s = 0; s < ns; s++)
+            if (!pick[s] && count[s] > 0 && count[s] <= left && (best < 0 || mass[s] > mass[best]))
+                best = s;
+        if (best < 0)
+            break;
+        pick[best] = 1;
+        left -= count[best];
+    }
+    int64_t k = 0;
+    for (int pass = 1; pass >= 0; pass--) /* the picked segments' rows, then the rest */
+        for (int64_t c = 0; c < n_c; c++)
+            if (pick[pl->seg_of[sc[c].row]] == pass)
+                tmp[k++] = sc[c];
+    memcpy(sc, tmp, sizeof *tmp * (size_t)n_c);
+    st = CB_OK;
+out:
+    free(mass);
+    free(count);
+    free(pick);
+    free(tmp);
+    return st;
+}
+
 static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
 {
     int32_t nq = blend_probe_nq(pl);
@@ -163,6 +210,8 @@ static cb_status fuse_probe(blend_plan *pl, int *layer_err, cb_error *err, cb_bl
             sc[n_c++] = (blend_scored){mass[r], (int32_t)r};
     qsort(sc, (size_t)n_c, sizeof *sc, blend_by_score_desc);
     want = probe_budget(pl, sc, n_c, want, stats);
+    if (pl->p->probe_passages > 0 && (st = by_passage(pl, sc, n_c, want)) != CB_OK)
+        goto out;
     st = run_selection(pl, sc, n_c, want, layer_err, err, stats);
 out:
     free(mass);
