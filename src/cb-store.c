@@ -476,13 +476,16 @@ static int cmd_stat(const opts *o)
         hits += st[i].hits;
     uint64_t gets = hits + misses;
     cb_store_shared_auth sa;
+    cb_error serr;
+    /* the shared tier first: how the login went is known after it */
+    int have_shared = cb_store_shared_stat(s, &st[n], &serr) == CB_OK;
     int have_sa = cb_store_shared_name(s) && cb_store_shared_auth_info(s, &sa, &err) == CB_OK;
     if (cb_store_shared_name(s) && !have_sa)
         cli_err("warning: %s", err.msg);
-    if (cb_store_shared_stat(s, &st[n], &err) == CB_OK)
+    if (have_shared)
         n++; /* the shared tier; its hits are in each entry (ls) */
-    else if (err.status != CB_ERR_NOT_FOUND && have_sa)
-        cli_err("warning: %s", err.msg);
+    else if (serr.status != CB_ERR_NOT_FOUND && have_sa)
+        cli_err("warning: %s", serr.msg);
     if (o->json) {
         json_t *tiers = json_array(), *root;
         for (int i = 0; i < n; i++)
@@ -501,10 +504,11 @@ static int cmd_stat(const opts *o)
         if (root && have_sa)
             json_object_set_new(
                 root, "shared_auth",
-                json_pack("{s:s, s:b, s:s?, s:s?, s:b, s:b}", "tier", cb_store_shared_name(s),
+                json_pack("{s:s, s:b, s:s?, s:s?, s:b, s:b, s:b}", "tier", cb_store_shared_name(s),
                           "authenticated", sa.authenticated, "key_id",
                           sa.authenticated ? sa.key_id : NULL, "user", sa.user[0] ? sa.user : NULL,
-                          "password", sa.password, "read_only", sa.read_only));
+                          "password", sa.password, "read_only", sa.read_only, "login_refused",
+                          sa.login_refused));
         if (!root || json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
             code = CLI_EX_SOFTWARE;
         putchar('\n');
@@ -533,8 +537,12 @@ static int cmd_stat(const opts *o)
             printf("shared tier %s: login %s%s%s%s\n", cb_store_shared_name(s),
                    sa.password ? "with a password" : "without a password",
                    sa.user[0] ? " as user " : "", sa.user,
-                   sa.read_only ? " (read-only: the server refused this user a write)" : "");
-            if (sa.authenticated)
+                   sa.login_refused ? " (refused by the server: the tier is not used)"
+                   : sa.read_only   ? " (read-only: the server refused this user a write)"
+                                    : "");
+            if (sa.login_refused)
+                ; /* nothing is read or written: no entry is authenticated */
+            else if (sa.authenticated)
                 printf(
                     "shared tier %s: authenticated: entries carry an AES-256-GMAC tag per part (tier key %s), and a "
                     "part whose MAC does not verify is never used\n",

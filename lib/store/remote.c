@@ -418,13 +418,12 @@ int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void *
     freeReplyObject(rep);
     free(m.tags);
     if (bad) {
+        char msg[400];
         free(buf);
-        snprintf(r->why, sizeof r->why, "%s", bad);
         r->n_refused += forged;
-        st_remote_warn(s, "shared tier %s: %s: %s; %sthe chunk is computed", r->name, key, bad,
-                       drop_bad && !s->readonly && !r->ro ? "dropped, " : "");
-        if (drop_bad && !s->readonly)
-            st_remote_drop(s, key, m.want);
+        snprintf(msg, sizeof msg, "shared tier %s: %s: %s", r->name, key, bad);
+        st_remote_refuse(s, key, m.want, drop_bad ? NULL : "", msg);
+        snprintf(r->why, sizeof r->why, "%s", bad);
         return -1;
     }
     *out = buf;
@@ -453,11 +452,26 @@ cb_status cb_store_shared_drop(cb_store *s, const char *key, cb_error *err)
     return CB_OK;
 }
 
+void st_remote_refuse(cb_store *s, const char *key, const char *checksum, const char *keep,
+                      const char *msg)
+{
+    st_remote *r = &s->remote;
+    if (!keep)
+        keep = s->readonly ? "the store is read-only" : r->ro ? "this user may not write" : NULL;
+    if (!keep && (!st_remote_up(s) || st_remote_drop(s, key, checksum) != CB_OK))
+        keep = r->ro ? "this user may not write" : "the tier cannot be reached";
+    if (keep && *keep)
+        st_remote_warn(s, "%s; a miss (not dropped: %s)", msg, keep);
+    else if (keep)
+        st_remote_warn(s, "%s; a miss", msg);
+    else
+        st_remote_warn(s, "%s; dropped (a miss)", msg);
+}
+
 /* A fetched entry failed the local verification: drop it. */
 void st_remote_reject(cb_store *s, const char *key, const char *why)
 {
-    st_remote_warn(s, "shared tier %s: %s: %s; dropped, the chunk is computed", s->remote.name, key,
-                   why);
-    if (!s->readonly && st_remote_up(s))
-        st_remote_drop(s, key, NULL);
+    char msg[CB_ERROR_MSG_MAX + 200];
+    snprintf(msg, sizeof msg, "shared tier %s: %s: %s", s->remote.name, key, why);
+    st_remote_refuse(s, key, NULL, NULL, msg);
 }

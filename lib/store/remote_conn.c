@@ -4,13 +4,16 @@
 #include "remote_impl.h"
 
 #include <errno.h>
+#include <openssl/crypto.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <openssl/crypto.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 
 void st_remote_warn(cb_store *s, const char *fmt, ...)
 {
@@ -139,15 +142,14 @@ void st_pipe_restore(st_pipe_guard *g)
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
-/* Mark the tier down for ST_RETRY_US after a failure (why), warned. */
-static void went_down(cb_store *s, const char *why)
+void st_remote_went_down(cb_store *s, const char *why, int for_run)
 {
     st_remote *r = &s->remote;
     snprintf(r->why, sizeof r->why, "%s", why);
-    st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)",
-                   r->name, r->url, why);
+    st_remote_warn(s, "shared tier %s (%s): %s; %s (its entries are misses)", r->name, r->url, why,
+                   for_run ? "not used again by this process" : "not used for 5 s");
     st_remote_disconnect(r);
-    r->down_until = st_now_us() + ST_RETRY_US;
+    r->down_until = for_run ? INT64_MAX : st_now_us() + ST_RETRY_US;
 }
 
 /* The server's refusal of our login (or of no login), said with what to
@@ -170,22 +172,24 @@ static const char *login_refused(const st_remote *r, const char *reply, char *bu
     return buf;
 }
 
-/* rep, or NULL after marking the tier down (no reply, or the login
- * refused: warned once per outage) or after an error reply (warned,
- * freed; NOPERM, a write this user may not make, turns the tier read-only
- * for this handle, warned once). */
-static redisReply *checked(cb_store *s, redisReply *rep)
+/* rep, or NULL after marking the tier down (no reply: for ST_RETRY_US;
+ * the request timed out or the login was refused: for the rest of the
+ * handle's life, as neither mends within a run; warned once) or after an
+ * error reply (warned, freed; NOPERM, a write this user may not make,
+ * turns the tier read-only for this handle, warned once). */
+static redisReply *checked(cb_store *s, redisReply *rep, int timed_out)
 {
     st_remote *r = &s->remote;
     char buf[300];
     if (!rep) {
-        went_down(s, r->ctx->errstr[0] ? r->ctx->errstr : "no reply");
+        st_remote_went_down(s, r->ctx->errstr[0] ? r->ctx->errstr : "no reply", timed_out);
         return NULL;
     }
     if (rep->type == REDIS_REPLY_ERROR) {
         const char *login = login_refused(r, rep->str, buf, sizeof buf);
         if (login) {
-            went_down(s, login);
+            r->refused_login = 1;
+            st_remote_went_down(s, login, 1);
         } else if (strstr(rep->str, "NOPERM")) {
             if (!r->ro && !r->quiet)
                 st_remote_warn(
@@ -204,15 +208,109 @@ static redisReply *checked(cb_store *s, redisReply *rep)
     return rep;
 }
 
+/* Microseconds on a clock that no one sets: deadlines. */
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t st_remote_deadline(int timeout_ms) { return mono_us() + (int64_t)timeout_ms * 1000; }
+
+/* Milliseconds left before deadline (at least 1), or 0 when it has passed:
+ * then c's error says the request timed out after timeout_ms. */
+static int left_ms(redisContext *c, int64_t deadline, int timeout_ms)
+{
+    int64_t left = deadline - mono_us();
+    if (left > 0)
+        return (int)((left + 999) / 1000);
+    c->err = REDIS_ERR_IO;
+    snprintf(c->errstr, sizeof c->errstr, "timed out after %d ms", timeout_ms);
+    return 0;
+}
+
+/* A failed read or write on c as a time-out when it is one. */
+static void io_failed(redisContext *c, int64_t deadline, int timeout_ms, int *timed_out)
+{
+    /* a write that ran out of time fails with EAGAIN */
+    if (errno != EAGAIN && errno != EWOULDBLOCK && mono_us() < deadline)
+        return;
+    snprintf(c->errstr, sizeof c->errstr, "timed out after %d ms", timeout_ms);
+    *timed_out = 1;
+}
+
+int st_remote_flush(redisContext *c, int64_t deadline, int timeout_ms, int *timed_out)
+{
+    int done = 0, ms;
+    *timed_out = 0;
+    if (c->err)
+        return -1;
+    /* Each write is bounded by the time left (a send time-out: a blocking
+     * write of a large command waits for the server to read it). */
+    while (!done) {
+        if (!(ms = left_ms(c, deadline, timeout_ms))) {
+            *timed_out = 1;
+            return -1;
+        }
+        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (redisBufferWrite(c, &done) != REDIS_OK) {
+            io_failed(c, deadline, timeout_ms, timed_out);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+redisReply *st_remote_reply(redisContext *c, int64_t deadline, int timeout_ms, int *timed_out)
+{
+    void *rep = NULL;
+    int ms;
+    /* What was appended goes out first; then the reply comes in as the
+     * socket has bytes for it, each wait at most the time left. */
+    if (st_remote_flush(c, deadline, timeout_ms, timed_out) != 0)
+        return NULL;
+    if (redisGetReplyFromReader(c, &rep) != REDIS_OK)
+        return NULL;
+    while (!rep) {
+        struct pollfd p = {c->fd, POLLIN, 0};
+        if (!(ms = left_ms(c, deadline, timeout_ms))) {
+            *timed_out = 1;
+            return NULL;
+        }
+        int n = poll(&p, 1, ms);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0)
+            continue; /* left_ms says it timed out */
+        if (n < 0) {
+            c->err = REDIS_ERR_IO;
+            snprintf(c->errstr, sizeof c->errstr, "poll: %s", strerror(errno));
+            return NULL;
+        }
+        if (redisBufferRead(c) != REDIS_OK) {
+            io_failed(c, deadline, timeout_ms, timed_out);
+            return NULL;
+        }
+        if (redisGetReplyFromReader(c, &rep) != REDIS_OK)
+            return NULL;
+    }
+    return rep;
+}
+
 /* A reply, or NULL after marking the tier down (warned once per outage). */
 redisReply *st_remote_cmd_argv(cb_store *s, int argc, const char **argv, const size_t *len)
 {
     st_remote *r = &s->remote;
     st_pipe_guard g;
+    redisReply *rep = NULL;
+    int timed_out = 0;
     st_pipe_block(&g);
-    redisReply *rep = redisCommandArgv(r->ctx, argc, argv, len);
+    if (redisAppendCommandArgv(r->ctx, argc, argv, len) == REDIS_OK)
+        rep = st_remote_reply(r->ctx, st_remote_deadline(r->timeout_ms), r->timeout_ms, &timed_out);
     st_pipe_restore(&g);
-    return checked(s, rep);
+    return checked(s, rep, timed_out);
 }
 
 redisReply *st_remote_cmdf(cb_store *s, const char *fmt, ...)
@@ -220,29 +318,40 @@ redisReply *st_remote_cmdf(cb_store *s, const char *fmt, ...)
     st_remote *r = &s->remote;
     va_list ap;
     st_pipe_guard g;
+    redisReply *rep = NULL;
+    int timed_out = 0, ok;
     st_pipe_block(&g);
     va_start(ap, fmt);
-    redisReply *rep = redisvCommand(r->ctx, fmt, ap);
+    ok = redisvAppendCommand(r->ctx, fmt, ap) == REDIS_OK;
     va_end(ap);
+    if (ok)
+        rep = st_remote_reply(r->ctx, st_remote_deadline(r->timeout_ms), r->timeout_ms, &timed_out);
     st_pipe_restore(&g);
-    return checked(s, rep);
+    return checked(s, rep, timed_out);
 }
 
-/* A new connection to r's server, its time-out set for connecting and
- * each read or write; *db the database to select.  NULL with the reason. */
-redisContext *st_remote_connect(const st_remote *r, int *db, char *why, size_t why_n)
+/* A new connection to r's server, connected and logged in by one deadline
+ * (the time-out); *db the database to select.  NULL with the reason, and
+ * *for_run 1 when the failure holds for the run (a time-out, or the login
+ * refused: *refused 1). */
+redisContext *st_remote_connect(const st_remote *r, int *db, char *why, size_t why_n, int *for_run,
+                                int *refused)
 {
     char host[1024];
     int port, is_unix;
+    *for_run = *refused = 0;
     if (st_remote_parse(r->url, host, sizeof host, &port, db, &is_unix) != 0) {
         snprintf(why, why_n, "malformed address");
         return NULL;
     }
+    int64_t deadline = st_remote_deadline(r->timeout_ms);
     struct timeval tv = {r->timeout_ms / 1000, (r->timeout_ms % 1000) * 1000};
     redisContext *c =
         is_unix ? redisConnectUnixWithTimeout(host, tv) : redisConnectWithTimeout(host, port, tv);
     if (!c || c->err) {
+        int e = errno; /* hiredis' connect sets ETIMEDOUT when its time-out passes */
         snprintf(why, why_n, "%s", c ? c->errstr : "out of memory");
+        *for_run = c && c->err == REDIS_ERR_IO && e == ETIMEDOUT;
         if (c)
             redisFree(c);
         return NULL;
@@ -251,12 +360,14 @@ redisContext *st_remote_connect(const st_remote *r, int *db, char *why, size_t w
     if (r->pass[0]) {
         /* AUTH [USER] PASSWORD, as arguments: never formatted into text */
         const char *argv[] = {"AUTH", r->user, r->pass};
-        int argc = 3;
+        int argc = 3, timed_out = 0;
         if (!r->user[0])
             argv[1] = r->pass, argc = 2;
         st_pipe_guard g; /* a server gone meanwhile: EPIPE, not SIGPIPE */
         st_pipe_block(&g);
-        redisReply *rep = redisCommandArgv(c, argc, argv, NULL);
+        redisReply *rep = NULL;
+        if (redisAppendCommandArgv(c, argc, argv, NULL) == REDIS_OK)
+            rep = st_remote_reply(c, deadline, r->timeout_ms, &timed_out);
         st_pipe_restore(&g);
         char buf[300];
         if (!rep || rep->type == REDIS_REPLY_ERROR) {
@@ -266,6 +377,8 @@ redisContext *st_remote_connect(const st_remote *r, int *db, char *why, size_t w
                      : rep          ? rep->str
                      : c->errstr[0] ? c->errstr
                                     : "no reply to AUTH");
+            *refused = login != NULL;
+            *for_run = timed_out || *refused;
             if (rep)
                 freeReplyObject(rep);
             redisFree(c);
@@ -290,14 +403,15 @@ int st_remote_up(cb_store *s)
         return 0;
     cb_error e;
     if (!r->secrets && st_remote_secrets(r, &e) != CB_OK) {
-        st_remote_warn(s, "shared tier %s (%s): %s; it is not used (what it holds is computed)",
+        st_remote_warn(s, "shared tier %s (%s): %s; it is not used (its entries are misses)",
                        r->name, r->url, e.msg);
         return 0;
     }
-    int db;
+    int db, for_run, refused;
     char why[320];
-    if (!(r->ctx = st_remote_connect(r, &db, why, sizeof why))) {
-        went_down(s, why);
+    if (!(r->ctx = st_remote_connect(r, &db, why, sizeof why, &for_run, &refused))) {
+        r->refused_login |= refused;
+        st_remote_went_down(s, why, for_run);
         return 0;
     }
     if (db > 0) {
@@ -358,7 +472,8 @@ cb_status cb_store_shared_auth_info(cb_store *s, cb_store_shared_auth *out, cb_e
         return cb_error_set(err, CB_ERR_NOT_FOUND, "%s: the store has no shared tier", s->dir);
     if ((st = st_remote_secrets(r, err)) != CB_OK)
         return st;
-    out->authenticated = r->mac.kdf != NULL;
+    out->authenticated = r->mac.kdf != NULL && !r->refused_login;
+    out->login_refused = r->refused_login;
     snprintf(out->key_id, sizeof out->key_id, "%s", r->mac.id);
     snprintf(out->user, sizeof out->user, "%s", r->user);
     out->password = r->pass[0] != 0;

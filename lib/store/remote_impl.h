@@ -29,16 +29,34 @@ typedef struct st_pipe_guard {
 void st_pipe_block(st_pipe_guard *g);
 void st_pipe_restore(st_pipe_guard *g);
 void st_remote_disconnect(st_remote *r);
-/* A reply, or NULL after marking the tier down (no reply, the login
- * refused: warned once per outage) or after an error reply (warned, freed;
- * NOPERM turns the tier read-only for this handle).  The format is
- * hiredis' (%b a binary argument). */
+/* Mark the tier down after a failure (why, never a secret), warned: for
+ * ST_RETRY_US, or for the rest of the handle's life when for_run. */
+void st_remote_went_down(cb_store *s, const char *why, int for_run);
+/* A reply, or NULL after marking the tier down (no reply: for ST_RETRY_US;
+ * a time-out or the login refused: for the rest of the handle's life;
+ * warned once) or after an error reply (warned, freed; NOPERM turns the
+ * tier read-only for this handle).  The whole request, sent and answered,
+ * is bounded by the time-out.  The format is hiredis' (%b a binary
+ * argument). */
 redisReply *st_remote_cmd_argv(cb_store *s, int argc, const char **argv, const size_t *len);
 redisReply *st_remote_cmdf(cb_store *s, const char *fmt, ...);
-/* A new connection to r's server (logged in when r has a password), its
- * time-out set for connecting and each read or write; *db the database to
- * select.  NULL with the reason in why. */
-redisContext *st_remote_connect(const st_remote *r, int *db, char *why, size_t why_n);
+/* The deadline timeout_ms from now, for st_remote_reply. */
+int64_t st_remote_deadline(int timeout_ms);
+/* Write what was appended to c by deadline: 0, else -1 with c->errstr
+ * set and *timed_out 1 when the deadline passed.  SIGPIPE is the
+ * caller's to block. */
+int st_remote_flush(redisContext *c, int64_t deadline, int timeout_ms, int *timed_out);
+/* The next reply on c, after writing what was appended to it, by deadline
+ * at the latest (a server that answers a byte at a time cannot stretch
+ * it): NULL with c->errstr set, and *timed_out 1 when the deadline passed
+ * ("timed out after timeout_ms ms").  SIGPIPE is the caller's to block. */
+redisReply *st_remote_reply(redisContext *c, int64_t deadline, int timeout_ms, int *timed_out);
+/* A new connection to r's server, connected and logged in (when r has a
+ * password) within one time-out; *db the database to select.  NULL with
+ * the reason in why, and *for_run 1 when the failure holds for the run (a
+ * time-out, or the login refused: then *refused 1). */
+redisContext *st_remote_connect(const st_remote *r, int *db, char *why, size_t why_n, int *for_run,
+                                int *refused);
 
 /* ------------------------------------------------------------ remote.c */
 
@@ -50,6 +68,13 @@ void st_remote_keys(const cb_store *s, const char *key, rkeys *k);
 /* Drop key's entry (unless its checksum is no longer checksum; NULL: any):
  * CB_OK, CB_ERR_CREATE when this user may not, CB_ERR_IO. */
 cb_status st_remote_drop(cb_store *s, const char *key, const char *checksum);
+
+/* Warn that key's entry is not used (msg names it and says why): a miss.
+ * keep NULL: dropped (unless its checksum is no longer checksum) where
+ * this handle may drop it; else it is kept, keep the reason said ("" none).
+ * The warning says which happened. */
+void st_remote_refuse(cb_store *s, const char *key, const char *checksum, const char *keep,
+                      const char *msg);
 
 /* An entry's metadata as a reader needs it. */
 typedef struct rmeta {

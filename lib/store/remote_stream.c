@@ -46,6 +46,7 @@ struct st_stream {
     int stop;           /* the last reference went: the receiver ends */
     int failed;         /* the receiver ended on a failure (why) */
     int down;           /* the connection failed or timed out (not the entry's fault) */
+    int timed_out;      /* it timed out: the tier is down for the run */
     int gone;           /* a part was missing: evicted or dropped meanwhile (not corrupt) */
     int forged;         /* a part's MAC did not verify */
     char why[200];      /* the first failure */
@@ -99,23 +100,11 @@ static cb_status stream_err(const st_stream *x, cb_error *err)
     return cb_error_set(err, x->down ? CB_ERR_IO : CB_ERR_FORMAT, "%s: %s", x->name, x->why);
 }
 
-/* The next reply, within the time-out (each read is bounded by the
- * socket's time-out too, so a part takes at most about twice it). */
-static redisReply *stream_reply(st_stream *x)
+/* The next reply, within the time-out (each part has the time-out to
+ * arrive whole); *timed_out 1 when it did not. */
+static redisReply *stream_reply(st_stream *x, int *timed_out)
 {
-    void *rep = NULL;
-    int64_t deadline = st_now_us() + (int64_t)x->timeout_ms * 1000;
-    if (redisGetReplyFromReader(x->c, &rep) != REDIS_OK)
-        return NULL;
-    while (!rep) {
-        if (st_now_us() > deadline) {
-            snprintf(x->c->errstr, sizeof x->c->errstr, "timed out after %d ms", x->timeout_ms);
-            return NULL;
-        }
-        if (redisBufferRead(x->c) != REDIS_OK || redisGetReplyFromReader(x->c, &rep) != REDIS_OK)
-            return NULL;
-    }
-    return rep;
+    return st_remote_reply(x->c, st_remote_deadline(x->timeout_ms), x->timeout_ms, timed_out);
 }
 
 /* The receiver: each part received, checked, put into buf, published. */
@@ -132,9 +121,8 @@ static void *stream_main(void *arg)
         pthread_mutex_unlock(&x->mu);
         if (stop)
             break;
-        redisReply *rep = stream_reply(x);
-        int timed_out =
-            !rep && x->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+        int timed_out;
+        redisReply *rep = stream_reply(x, &timed_out);
         const char *bad = NULL;
         int mac_bad = 0;
         if (rep && rep->type == REDIS_REPLY_STRING && rep->len <= x->size - have)
@@ -146,9 +134,10 @@ static void *stream_main(void *arg)
             memcpy(x->buf + have, rep->str,
                    rep->len); /* before publishing: nobody reads there yet */
         pthread_mutex_lock(&x->mu);
-        if (timed_out)
+        if (timed_out) {
+            x->timed_out = !x->why[0];
             fail_locked(x, 1, "timed out after %d ms", x->timeout_ms);
-        else if (!rep)
+        } else if (!rep)
             fail_locked(x, 1, "%s", x->c->errstr[0] ? x->c->errstr : "no reply");
         else if (rep->type == REDIS_REPLY_NIL) {
             x->gone = !x->why[0];
@@ -208,13 +197,15 @@ static cb_status stream_read(void *ctx, uint64_t off, void *buf, size_t n, cb_er
     return CB_OK;
 }
 
-/* Ask for every part of key's value on a new connection. */
-static int stream_request(cb_store *s, st_stream *x, const char *vkey, char *why, size_t why_n)
+/* Ask for every part of key's value on a new connection: 0, else -1 with
+ * why and *for_run (the failure holds for the run, st_remote_connect). */
+static int stream_request(cb_store *s, st_stream *x, const char *vkey, char *why, size_t why_n,
+                          int *for_run)
 {
-    int db, done = 0;
+    int db, refused, timed_out;
     st_pipe_guard g;
     char idx[24];
-    if (!(x->c = st_remote_connect(&s->remote, &db, why, why_n)))
+    if (!(x->c = st_remote_connect(&s->remote, &db, why, why_n, for_run, &refused)))
         return -1;
     if (db > 0)
         redisAppendCommand(x->c, "SELECT %d", db);
@@ -224,15 +215,17 @@ static int stream_request(cb_store *s, st_stream *x, const char *vkey, char *why
         redisAppendCommandArgv(x->c, 3, argv, NULL);
     }
     st_pipe_block(&g);
-    while (!done && redisBufferWrite(x->c, &done) == REDIS_OK)
-        ;
+    int sent =
+        st_remote_flush(x->c, st_remote_deadline(x->timeout_ms), x->timeout_ms, &timed_out) == 0;
     st_pipe_restore(&g);
-    if (!done) {
+    if (!sent) {
         snprintf(why, why_n, "%s", x->c->errstr[0] ? x->c->errstr : "cannot send");
+        *for_run = timed_out;
         return -1;
     }
-    redisReply *rep = db > 0 ? stream_reply(x) : NULL;
+    redisReply *rep = db > 0 ? stream_reply(x, &timed_out) : NULL;
     if (db > 0 && (!rep || rep->type == REDIS_REPLY_ERROR)) {
+        *for_run = !rep && timed_out;
         snprintf(why, why_n, "SELECT %d: %s", db, rep ? rep->str : x->c->errstr);
         if (rep)
             freeReplyObject(rep);
@@ -271,19 +264,16 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
     x->tags = m.tags;
     if (m.bytes <= 0 || m.parts <= 0 || m.parts > m.bytes || m.parts > ST_MAX_PARTS ||
         (uint64_t)m.bytes > SIZE_MAX / 2) {
-        st_remote_warn(s, "%s: its metadata is malformed; %sthe chunk is computed", x->name,
-                       s->readonly || r->ro ? "" : "dropped, ");
-        if (!s->readonly)
-            st_remote_drop(s, key, x->want);
+        snprintf(why, sizeof why, "%s: its metadata is malformed", x->name);
+        st_remote_refuse(s, key, x->want, NULL, why);
         stream_unref(x);
         return -1;
     }
     if (st_remote_mac_usable(s, &m, why, sizeof why) != 0) {
+        char msg[sizeof why + sizeof x->name + 2];
         r->n_refused++;
-        st_remote_warn(s, "%s: %s; %sthe chunk is computed", x->name, why,
-                       s->readonly || r->ro ? "" : "dropped, ");
-        if (!s->readonly)
-            st_remote_drop(s, key, x->want);
+        snprintf(msg, sizeof msg, "%s: %s", x->name, why);
+        st_remote_refuse(s, key, x->want, NULL, msg);
         stream_unref(x);
         return -1;
     }
@@ -302,11 +292,9 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
         stream_unref(x);
         return 0;
     }
-    if (stream_request(s, x, k.v, why, sizeof why) != 0) {
-        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)",
-                       r->name, r->url, why);
-        r->down_until = st_now_us() + ST_RETRY_US;
-        st_remote_disconnect(r);
+    int for_run;
+    if (stream_request(s, x, k.v, why, sizeof why, &for_run) != 0) {
+        st_remote_went_down(s, why, for_run);
         stream_unref(x);
         return 0;
     }
@@ -336,23 +324,17 @@ int st_stream_bad(cb_store *s, st_stream *x, const char *why)
 {
     st_remote *r = &s->remote;
     pthread_mutex_lock(&x->mu);
-    int down = x->down, gone = x->gone, forged = x->forged;
+    int down = x->down, gone = x->gone, forged = x->forged, timed_out = x->timed_out;
     x->forged = 0; /* counted once */
     pthread_mutex_unlock(&x->mu);
     if (down) {
-        st_remote_warn(s, "shared tier %s (%s): %s; not used for 5 s (what it holds is computed)",
-                       r->name, r->url, x->why);
-        r->down_until = st_now_us() + ST_RETRY_US;
-        st_remote_disconnect(r);
+        st_remote_went_down(s, x->why, timed_out);
         return 2;
     }
     /* why names the entry (the reader's or the stream's message); an entry
      * that went away meanwhile is not dropped (it may be back, sound) */
-    int fix = !s->readonly && !r->ro && !gone;
     r->n_refused += forged;
-    st_remote_warn(s, "%s; %sthe chunk is computed", why, fix ? "dropped, " : "");
-    if (fix && st_remote_up(s))
-        st_remote_drop(s, x->key, x->want);
+    st_remote_refuse(s, x->key, x->want, gone ? "it went away meanwhile" : NULL, why);
     return 1;
 }
 

@@ -51,13 +51,18 @@ static size_t strip_eol(char *buf, size_t n)
 /* Read a secret file into buf (NUL-terminated, at most cap - 1 bytes, a
  * final newline dropped):
  * a regular file that its owner (this user, or root) alone may read or
- * write.  Messages name the file and `what`, never what it holds. */
+ * write.  A FIFO, a device or a socket is refused without waiting on it:
+ * the file is checked before it is opened, opened without blocking, and
+ * checked again as opened (it may have been swapped meanwhile).  Messages
+ * name the file and `what`, never what it holds. */
 static cb_status secret_read(const char *path, const char *what, char *buf, size_t cap, size_t *len,
                              cb_error *err)
 {
     struct stat sb;
     cb_status st = CB_OK;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return cb_error_set(err, CB_ERR_FORMAT, "%s %s: not a regular file", what, path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         return cb_error_set(err, e == ENOENT || e == EACCES ? CB_ERR_NOT_FOUND : CB_ERR_IO,
@@ -71,6 +76,7 @@ static cb_status secret_read(const char *path, const char *what, char *buf, size
         st = cb_error_set(err, CB_ERR_FORMAT, "%s %s: not a regular file", what, path);
         goto done;
     }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     if (sb.st_mode & 077) {
         st = cb_error_set(err, CB_ERR_FORMAT,
                           "%s %s: permissions %04o are too open: others may read it (chmod 600 %s)",

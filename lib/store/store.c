@@ -401,14 +401,39 @@ cb_status cb_store_init(const char *dir, const cb_store_tier *tiers, int n_tiers
                 return cb_error_set(err, CB_ERR_INVALID, "tier name '%s' given twice",
                                     tiers[i].name);
     }
+    int made_dir = access(dir, F_OK) != 0;
     if (st_mkdir_p(dir, 0755) != 0)
         return cb_error_set(err, CB_ERR_CREATE, "%s: %s", dir, strerror(errno));
-    if ((fd = open_lock_file(dir)) < 0)
-        return cb_error_set(err, CB_ERR_CREATE, "%s/lock: %s", dir, strerror(errno));
-    while (flock(fd, LOCK_EX) != 0 && errno == EINTR)
-        ;
+    char *lock = st_asprintf("%s/lock", dir);
+    if (!lock)
+        return cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+    /* A failed init removes the lock file it made (under the lock), so a
+     * waiting init may hold a lock on a file no longer there: it locks the
+     * file at that name again. */
+    for (;;) {
+        struct stat a, b;
+        if ((fd = open_lock_file(dir)) < 0) {
+            st = cb_error_set(err, CB_ERR_CREATE, "%s: %s", lock, strerror(errno));
+            free(lock);
+            return st;
+        }
+        while (flock(fd, LOCK_EX) != 0 && errno == EINTR)
+            ;
+        if (fstat(fd, &a) == 0 && stat(lock, &b) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino)
+            break;
+        close(fd);
+    }
     st = init_locked(dir, tiers, n_tiers, promote_hits, &exists, err);
+    /* Nothing of a store that was not made stays behind: its lock file,
+     * and its directory where init made it and nothing else is there. */
+    if (st != CB_OK && !exists) {
+        unlink(lock);
+        if (made_dir)
+            rmdir(dir);
+    }
     close(fd);
+    free(lock);
     return st;
 }
 

@@ -70,9 +70,9 @@ typedef struct st_remote {
     char *url;                /* redis://HOST[:PORT][/DB] or unix:///PATH */
     char id[33];              /* the shared tier's id (its keys' namespace) */
     uint64_t cap;             /* 0 = unlimited */
-    int timeout_ms;           /* connect and per command */
+    int timeout_ms;           /* deadline of a connect (and login), and of each request */
     struct redisContext *ctx; /* NULL when not connected */
-    int64_t down_until;       /* after a failure: not tried again before (us) */
+    int64_t down_until;       /* after a failure: not tried again before (us; INT64_MAX never) */
     /* Secrets (secret.c), read when first connecting: the files' paths as
      * store.json records them (NULL: none; $CB_REDIS_AUTH_FILE and
      * $CB_TIER_KEY_FILE override them), never their contents. */
@@ -84,6 +84,7 @@ typedef struct st_remote {
     int ro;                     /* the server refused this user a write (NOPERM): reads only */
     int ro_warned;              /* said once that nothing is written through */
     int quiet;                  /* a NOPERM expected: not warned of */
+    int refused_login;          /* the server refused the login: the tier is not used */
     char why[CB_ERROR_MSG_MAX]; /* the last failure, for messages (never a secret) */
     uint64_t n_refused;         /* entries refused: no MAC, or one that does not verify */
 } st_remote;
