@@ -116,7 +116,9 @@ with open(os.path.join(out, "bad-options"), "w", encoding="utf-8") as f:
     f.write("".join(x + "\n" for x in bad_opts))
 # every --option the prose names, known to one of the programs
 every = "".join(help_of(p) for p in ("cb-chunk", "cb-precompute", "cb-run", "cb-store", "cb-profile"))
-unknown = sorted({(n + 1, o) for n, l in enumerate(lines) for o in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", l)
+# (a make target's VAR_ARGS="..." holds a script's options, not a program's)
+unknown = sorted({(n + 1, o) for n, l in enumerate(lines)
+                  for o in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", re.sub(r'[A-Z_]+ARGS="[^"]*"', "", l))
                   if not re.search(r"(^|[\s,\[])" + re.escape(o) + r"\b", every)})
 with open(os.path.join(out, "unknown-options"), "w", encoding="utf-8") as f:
     f.write("".join(f"line {n}: {o}\n" for n, o in unknown))
