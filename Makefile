@@ -235,7 +235,7 @@ diag: deps all $(BUILD)/bench/blend_diag ## where a blend's quality goes, layer 
 	@$(MAKE) --no-print-directory model
 	@python3 tests/bench/diag.py --bin $(BINDIR_B) --diag $(BUILD)/bench/blend_diag $(DIAG_ARGS)
 
-demo: deps ## fetch the model, print its facts and tokenize a sample
+demo: deps ## fetch the model, build, and answer three two-hop questions on examples/corpus by full prefill, KV reuse and blend, each with its TTFT
 	@$(MAKE) --no-print-directory model all
 	@sh examples/demo.sh
 
