@@ -18,7 +18,8 @@ document ("doc"; its pieces numbered by "seq"); with --context, cb-precompute
 --context also stores each piece as computed after the piece before it,
 which cb-run uses where the two come in that order (the many shape keeps a
 passage's pieces in order; those dropped break the runs).  Then cb-run
-answers with each mode (MODE/OPT=V: with cb-run --OPT V, as reuse/no-context;
+answers with each mode (MODE/OPT=V: with cb-run --OPT V, or --tune OPT=V where
+OPT is a key of cb-run --tune help, as reuse/no-context;
 "default": blend at cb-run's own settings, the ratio its --speedup picks; and
 each blend ratio and strategy, NAME/OPT=V alike), greedily, and
 each mode's first-token distribution (cb-run --logits-out) is compared with
@@ -313,6 +314,22 @@ def report(args, configs, results, n_q, work, pre_s):
         print(f"plot: {args.plot}", file=sys.stderr)
 
 
+def tune_keys(run):
+    """The keys of cb-run's --tune (cb-run --tune help: a line each, KEY=VALUE first)."""
+    out = subprocess.run([run, "--tune", "help"], stdout=subprocess.PIPE, check=True).stdout.decode()
+    return {line.split()[0].partition("=")[0] for line in out.splitlines() if line.strip()}
+
+
+def run_opts(opts, tune):
+    """A configuration's OPT=V (or OPT) as cb-run's arguments: --tune OPT=V for a key of
+    --tune (tune), else --OPT V."""
+    args = []
+    for o in opts:
+        k, _, v = o.partition("=")
+        args += ["--tune", o] if k in tune else [f"--{k}"] + ([v] if v else [])
+    return args
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     top = os.path.dirname(os.path.dirname(here))
@@ -332,10 +349,12 @@ def main():
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--ratios", default="0.15", help="blend ratios, comma-separated")
     ap.add_argument("--strategies", default="auto,probe,hkvd,runs",
-                    help="comma-separated; probe@M: probe with --mass M and the ratio as --max-ratio; "
-                    "NAME/OPT=V/...: with cb-run --OPT V (e.g. hkvd/check-layer=5, probe/probe-rows=0)")
+                    help="comma-separated; probe@M: probe with --tune mass=M and the ratio as max-ratio; "
+                    "NAME/OPT=V/...: with cb-run --OPT V or --tune OPT=V (e.g. hkvd/check-layer=5, "
+                    "probe/probe-rows=0)")
     ap.add_argument("--modes", default="full,prefix,reuse,default,blend",
-                    help="MODE/OPT=V/...: that mode with cb-run --OPT V (reuse/no-context); default: blend at "
+                    help="MODE/OPT=V/...: that mode with cb-run --OPT V or --tune OPT=V (reuse/no-context); "
+                    "default: blend at "
                     "cb-run's own settings (the ratio --speedup picks); blend: the sweep of --ratios x --strategies")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -404,6 +423,7 @@ def main():
         probe = os.path.join(work, "probe.json")
         subprocess.run([run, "-p", "x", "-n", "1", "--stats", probe] + common, stdout=subprocess.DEVNULL, check=True)
         cue = "\nAnswer:" if json.load(open(probe)).get("chat_template") == "none" else ""
+        tune = tune_keys(run)
 
         configs = []
         for mode in args.modes.split(","):
@@ -411,7 +431,7 @@ def main():
                 for r in args.ratios.split(","):
                     for s in args.strategies.split(","):
                         configs.append(("blend", float(r), s))
-            else:  # MODE/OPT=V...: cb-run --OPT V (reuse/no-context); default: blend as cb-run's defaults have it
+            else:  # MODE/OPT=V...: cb-run's option or knob (reuse/no-context); default: blend as its defaults have it
                 name, _, opts = mode.partition("/")
                 configs.append((name, None, opts or None))
         results = []
@@ -430,18 +450,14 @@ def main():
                        str(args.max_new), "--no-store-write", "--stats", stats, "--logits-out", lfile,
                        "-p", question] + common
                 if ratio is None and strat:
-                    for o in strat.split("/"):
-                        k, _, v = o.partition("=")
-                        cmd += [f"--{k}"] + ([v] if v else [])
+                    cmd += run_opts(strat.split("/"), tune)
                 if ratio is not None:
-                    name, *opts = strat.split("/")  # NAME/OPT=V: cb-run --OPT V
-                    name, _, mass = name.partition("@")  # probe@M: --mass M, at most the ratio
+                    name, *opts = strat.split("/")  # NAME/OPT=V: cb-run --OPT V or --tune OPT=V
+                    name, _, mass = name.partition("@")  # probe@M: mass M, at most the ratio
                     cmd += ["--ratio", str(ratio), "--strategy", name] + (args.extra.split() if args.extra else [])
-                    for o in opts:
-                        k, _, v = o.partition("=")
-                        cmd += [f"--{k}"] + ([v] if v else [])
+                    cmd += run_opts(opts, tune)
                     if mass:
-                        cmd += ["--mass", mass, "--max-ratio", str(ratio), "--min-ratio", "0"]
+                        cmd += ["--tune", f"mass={mass}", "--tune", f"max-ratio={ratio}", "--tune", "min-ratio=0"]
                 score = {"nll": float("nan"), "n_tokens": 0, "top1": float("nan")}
                 if args.score or args.no_answers:  # the gold answer's score after the prompt (and the first token's logits)
                     subprocess.run(cmd + ["--score", q["answers"][0]], stdout=subprocess.DEVNULL, check=True)
