@@ -51,6 +51,7 @@
  * or not.
  * The question turn is run again, layer by layer, against the cache the
  * prefill left (the same K/V the prefill's last pass attended to). */
+#include "../../lib/infer/diag.h"  /* cb_fwd_attn_mass, cb_fwd_hidden, cb_fwd_set_hidden */
 #include "../../lib/kv/strategy.h" /* blend_scored, blend_by_score_desc */
 
 #include <jansson.h>
