@@ -15,20 +15,16 @@
 
 static void usage(FILE *f)
 {
-    fprintf(
-        f,
+    fputs(
         "usage: cb-run [options] [-p TEXT | -f FILE]      answer a prompt (stdin by default)\n"
         "       cb-run [options] --batch [FILE|-]         answer the questions of a JSON Lines file\n"
-        "       cb-run --tokenize   [-m MODEL] [--special] [-p TEXT | -f FILE]\n"
-        "       cb-run --detokenize [-m MODEL] [--special] [-p IDS | -f FILE]\n"
+        "       cb-run --tokenize | --detokenize [-m MODEL] [--special] [-p TEXT | -f FILE]\n"
         "\n"
-        "Generation:\n"
+        "Prompt and sampling:\n"
         "  -p, --prompt TEXT  the prompt (or the question)\n"
-        "  -f, --file FILE    read the prompt from FILE ('-' for stdin; stdin is the default)\n"
-        "      --system TEXT  system message for the chat template (default: the\n"
-        "                     template's own, as Qwen2.5's; '' for none)\n"
-        "      --raw          send the prompt as is, without the chat template (control\n"
-        "                     tokens written in it, such as <|im_start|>, are matched)\n"
+        "  -f, --file FILE    read the prompt from FILE ('-' or none: stdin)\n"
+        "      --system TEXT  system message (default: the chat template's own; '' none)\n"
+        "      --raw          the prompt as is, no chat template (control tokens matched)\n"
         "  -n, --n-predict N  generate at most N tokens (default 256)\n"
         "      --temp T       temperature; 0 is greedy (default 0)\n"
         "      --top-k K      keep the K most likely tokens (default 40; 0 = off)\n"
@@ -36,115 +32,46 @@ static void usage(FILE *f)
         "      --min-p P      drop tokens below P x the top probability (default 0.05)\n"
         "  -s, --seed N       sampling seed (default 0)\n"
         "      --stop STR     stop when STR is generated (not printed); repeatable\n"
-        "  -c, --ctx N        context size in tokens (default: prompt + N, at most the\n"
-        "                     model's training context)\n"
+        "  -c, --ctx N        context size (default: prompt + N, at most the model's)\n"
         "\n"
         "Reusing cached chunks (see cb-precompute(1)):\n"
-        "      --chunks FILE  chunk records (JSON Lines with \"text\"), placed in order between\n"
-        "                     the system text and the question ('-' = stdin)\n"
-        "      --store DIR    the store holding their KV files (default: $CB_STORE, else\n"
+        "      --chunks FILE  chunk records (\"text\") put before the question ('-' = stdin)\n"
+        "      --store DIR    the store of their KV files (default: $CB_STORE, else\n"
         "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store)\n"
-        "      --mode MODE    blend (default with --chunks): reuse every chunk's cache and\n"
-        "                     recompute the most deviating tokens; reuse: reuse caches,\n"
-        "                     recompute nothing; prefix: reuse the leading chunk only when\n"
-        "                     it is a true prefix; full: ordinary prefill (default without)\n"
-        "      --speedup S    recompute the most cached tokens that keep the blend's\n"
-        "                     predicted compute (each row's products with the weights\n"
-        "                     and its attention over the keys before it; on the CPU\n"
-        "                     loading the caches too) S times under full prefill's\n"
-        "                     (default 4), --min-ratio at least; 0: a fixed ratio\n"
-        "      --ratio R|auto fraction of cached tokens recomputed, fixed (instead of\n"
-        "                     --speedup); auto: the loading controller's choice from the\n"
-        "                     store's profile (see cb-profile(1)): recompute as much as\n"
-        "                     loading the KV hides\n"
-        "      --min-ratio R  the least ratio --speedup and auto pick (default 0.15), or\n"
-        "                     --mass (0.05)\n"
-        "      --mass M       with --strategy probe (or auto, which then is probe): per\n"
-        "                     prompt, the smallest ratio whose tokens hold the share M\n"
-        "                     of the question's attention to the cached tokens, between\n"
-        "                     --min-ratio and --max-ratio\n"
-        "      --max-ratio R  the most --mass picks (default 0.5)\n"
-        "      --ratios LIST  gradual filtering: r1,r2,... at successive check layers\n"
-        "                     (hkvd, sink, query, runs)\n"
-        "      --check-layer N  the (first) layer where deviation is measured (default 1)\n"
-        "      --deviation k|v  measure deviation on keys or values (default v)\n"
-        "      --strategy S   auto (default): probe, but hkvd where fewer tokens are to\n"
-        "                     be recomputed than 3x those without a cache (short\n"
-        "                     chunks: probe's first pass would cost more than it pays);\n"
-        "                     probe: run the question through the first layers\n"
-        "                     (--probe-depth) against the loaded caches first, then\n"
-        "                     recompute the cached tokens it attends to most in every\n"
-        "                     layer (auto is probe with --mass, --probe-depth or\n"
-        "                     sliding-window layers); hkvd (the paper's): the most\n"
-        "                     deviating tokens at the check layer;\n"
-        "                     sink: hkvd and the first --sink-tokens N (default 4) of\n"
-        "                     every chunk; query: the cached tokens the question attends\n"
-        "                     to most at the check layer; runs: hkvd's most deviating\n"
-        "                     tokens for half the budget, each with the token after it\n"
-        "                     random: a control, the budget drawn at random\n"
-        "      --probe-rows N  probe scores by the attention of the question's last N\n"
-        "                     tokens (default 0: all of its tokens)\n"
-        "      --probe-weight W  value (default): probe counts each head's attention\n"
-        "                     to a token times the norm of the token's value in that\n"
-        "                     head; none: the attention alone\n"
-        "      --probe-depth F  probe's first pass runs and scores the first F of the\n"
-        "                     layers, 0 < F <= 1; default 0: by cost, every layer while\n"
-        "                     that pass costs at most a quarter of the second, else fewer,\n"
-        "                     half of them at least (short prompts); every layer on a\n"
-        "                     model with sliding-window layers\n"
-        "      --key-temp T   reuse, blend: divide the cached keys by T as they load, a\n"
-        "                     temperature on the attention to the tokens not recomputed\n"
-        "                     (after APE; default: the model's, 1.05 on gemma3, else 1)\n"
-        "      --stale-scale S  blend: after the selection, the tokens computed (and\n"
-        "                     generated) give the cached tokens not recomputed S times\n"
-        "                     the attention they would (APE's scaling factor; default:\n"
-        "                     the model's with probe, 0.35 on qwen2, else 1; on CUDA\n"
-        "                     only with CB_CUDA_KBIAS=1)\n"
-        "      --verify       also run full prefill: add first-token KL divergence, top-1\n"
-        "                     agreement and whether the greedy answers match to --stats\n"
-        "      --no-store-write  do not store the KV of chunks (or the prompt's head) that\n"
-        "                     had none\n"
-        "      --no-context   use every chunk's own cache, not the one computed after\n"
-        "                     the chunk before it where the prompt has that chunk right\n"
-        "                     before it (cb-precompute --context)\n"
-        "      --score TEXT   score TEXT as the answer instead of generating: its mean\n"
-        "                     negative log-likelihood per token after the prompt (teacher\n"
-        "                     forcing) goes to stdout, details to --stats; with --verify\n"
-        "                     also full prefill's\n"
-        "      --score-file FILE  the same, the continuation read from FILE ('-' = stdin)\n"
-        "      --logits-out FILE  write the first generated token's logits (n_vocab\n"
-        "                     little-endian float32) to FILE, for offline comparison\n"
+        "      --mode MODE    blend (default with --chunks): reuse every chunk's cache,\n"
+        "                     recompute some tokens; reuse: recompute none; prefix: reuse\n"
+        "                     the leading chunk only; full: ordinary prefill\n"
+        "      --speedup S    recompute as many cached tokens as keep the predicted\n"
+        "                     compute S times under full prefill's (default 4)\n"
+        "      --ratio R|auto recompute the share R of the cached tokens instead; auto:\n"
+        "                     as much as loading hides (the store's cb-profile(1))\n",
+        f);
+    fprintf(f, "      --strategy S   %s (default)", cli_strategy_names[CB_STRATEGY_AUTO]);
+    for (int i = 0; i < cli_n_strategies; i++)
+        if (i != CB_STRATEGY_AUTO)
+            fprintf(f, ", %s", cli_strategy_names[i]);
+    fputs(
+        "\n"
+        "      --tune KEY=VALUE  a research knob (repeatable); --tune help lists them\n"
+        "      --verify       also run full prefill: its KL, top-1 and answer in --stats\n"
+        "      --stats FILE   timings and counts as one JSON object ('-' = stderr)\n"
+        "      --no-store-write  do not store the KV of chunks that had none\n"
         "      --kv-type T    KV cache elements: f16 (default) or f32\n"
-        "      --load-threads N  threads reading the chunks' KV files (default 0: on a\n"
-        "                     GPU half the cores, up to 8; on the CPU one)\n"
-        "      --stats FILE   write timing and token counts as one JSON object to FILE\n"
-        "                     ('-' = stderr); with --batch, the batch's totals\n"
+        "      --score TEXT   print TEXT's mean NLL per token after the prompt instead\n"
+        "      --score-file FILE  the same, the text read from FILE ('-' = stdin)\n"
+        "      --logits-out FILE  the first token's logits (float32 LE) into FILE\n"
         "\n"
-        "Many questions (--batch):\n"
-        "      --batch        read questions as JSON Lines from FILE (or stdin), an object a\n"
-        "                     line: \"question\" (or \"prompt\"); optional \"id\", \"chunks\"\n"
-        "                     (records with \"text\" or \"kv\", or store keys), \"system\",\n"
-        "                     \"mode\", \"ratio\", \"strategy\", \"n_predict\", \"score\", \"stop\";\n"
-        "                     the options above give the defaults.  An answer line each,\n"
-        "                     in input order: \"id\", \"answer\" (or \"score\"), \"stats\", and\n"
-        "                     the fields not read; a bad line gets \"error\" and \"line\",\n"
-        "                     the rest go on, and the exit status is 65.  The questions\n"
-        "                     are prefilled one after the other and decoded together,\n"
-        "                     a token of each per step; answers are a lone run's\n"
-        "      --batch-size N at most N questions in flight (default: as many KV caches\n"
-        "                     of the model's whole context as fit the KV budget, 1 to 16)\n"
-        "      --kv-budget SIZE  the KV caches in flight stay within SIZE (512M, 4G; a\n"
-        "                     larger question runs alone; default: half the available\n"
-        "                     memory)\n"
+        "Many questions:\n"
+        "      --batch        JSON Lines, an object a line: \"question\"; optional \"id\",\n"
+        "                     \"chunks\", \"system\", \"mode\", \"ratio\", \"speedup\", \"strategy\",\n"
+        "                     \"n_predict\", \"score\", \"stop\"; an answer line each, in order\n"
+        "      --batch-size N at most N questions in flight (default: as many as fit)\n"
+        "      --kv-budget SIZE  their KV caches within SIZE (default: half free memory)\n"
         "\n"
-        "Tokenizer:\n"
-        "  --tokenize         print the token ids of exactly the input bytes (no BOS or\n"
-        "                     EOS) as one line of space-separated integers\n"
-        "  --detokenize       read space-separated token ids and print their text\n"
-        "  --special          tokenize: match control tokens in the text; detokenize:\n"
-        "                     print control tokens as their text\n"
-        "\n"
-        "Common:\n"
+        "Tokenizer and common options:\n"
+        "      --tokenize     print the input's token ids (no BOS or EOS) on one line\n"
+        "      --detokenize   read token ids and print their text\n"
+        "      --special      match control tokens in the text / print them as text\n"
         "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model in\n"
         "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/models/)\n"
         "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
@@ -153,10 +80,10 @@ static void usage(FILE *f)
         "  -h, --help         this help\n"
         "      --version      print the version\n"
         "\n"
-        "Exit status: 0 success, 64 usage error, 65 bad input data (malformed GGUF,\n"
-        "unsupported model, unknown token id, prompt longer than the context),\n"
-        "66 input missing, 69 compute device not available or failed (a device\n"
-        "fault), 70 internal error, 73 cannot create output, 74 I/O error.\n");
+        "Exit status: 0 ok, 64 usage, 65 bad input data, 66 input missing, 69 device\n"
+        "unavailable or failed, 70 internal error, 73 cannot create output, 74 I/O error.\n"
+        "Research knobs (--tune KEY=VALUE): cb-run --tune help; man cb-run, TUNING.\n",
+        f);
 }
 
 enum {
@@ -173,32 +100,19 @@ enum {
     OPT_MODE,
     OPT_STATS,
     OPT_KVTYPE,
-    OPT_LOADTHREADS,
     OPT_CHUNKS,
     OPT_RATIO,
-    OPT_RATIOS,
-    OPT_CHECK,
-    OPT_DEVIATION,
     OPT_STRATEGY,
-    OPT_SINK,
     OPT_VERIFY,
     OPT_NOSTORE,
-    OPT_NOCONTEXT,
-    OPT_MINRATIO,
     OPT_LOGITS,
     OPT_SCORE,
     OPT_SCOREFILE,
-    OPT_MASS,
-    OPT_MAXRATIO,
-    OPT_PROBEROWS,
-    OPT_PROBEWEIGHT,
-    OPT_PROBEDEPTH,
-    OPT_KEYTEMP,
-    OPT_STALESCALE,
     OPT_BATCH,
     OPT_BATCHSIZE,
     OPT_KVBUDGET,
-    OPT_SPEEDUP
+    OPT_SPEEDUP,
+    OPT_TUNE
 };
 
 /* ---------------------------------------------------------- generation */
@@ -208,8 +122,8 @@ typedef struct gen_opts {
         *device;
     const char *score, *score_file; /* --score TEXT, --score-file FILE */
     int raw, n_predict, n_ctx, n_threads, verify, store_write, ratio_auto, min_ratio_given;
-    int no_context;                 /* --no-context */
-    int ratio_given, speedup_given; /* --ratio or --ratios; --speedup */
+    int no_context;                 /* --tune no-context */
+    int ratio_given, speedup_given; /* --ratio or --tune ratios; --speedup */
     double min_ratio;
     cb_type kv_type;
     cb_sampler_params sp;
@@ -547,6 +461,8 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
         json_object_set_new(s, "stale_scale", json_real((double)bs->stale_scale));
     if (s)
         json_object_set_new(s, "probe_weight", json_string(bp->probe_values ? "value" : "none"));
+    if (s)
+        json_object_set_new(s, "probe_passages", json_integer(bp->probe_passages));
     if (s) {
         json_object_set_new(s, "stall_clock",
                             json_string(bs->stall_clock ? bs->stall_clock : "host"));
@@ -1065,15 +981,15 @@ typedef struct cli_run {
     uint64_t kv_budget;   /* --kv-budget, 0: half the available memory */
 } cli_run;
 
-static int parse_ratios(const char *arg, cb_blend_params *bp)
+static int parse_ratios(const char *name, const char *arg, cb_blend_params *bp)
 {
     char *dup = strdup(arg), *save = NULL;
     double d;
     bp->n_ratios = 0;
     for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (bp->n_ratios == CB_BLEND_MAX_STEPS || cli_parse_num("--ratios", t, 0, 1, &d)) {
+        if (bp->n_ratios == CB_BLEND_MAX_STEPS || cli_parse_num(name, t, 0, 1, &d)) {
             if (bp->n_ratios == CB_BLEND_MAX_STEPS)
-                cli_err("--ratios: at most %d", CB_BLEND_MAX_STEPS);
+                cli_err("%s: at most %d", name, CB_BLEND_MAX_STEPS);
             free(dup);
             return -1;
         }
@@ -1081,17 +997,132 @@ static int parse_ratios(const char *arg, cb_blend_params *bp)
     }
     free(dup);
     if (bp->n_ratios == 0) {
-        cli_err("--ratios: give r1,r2,...");
+        cli_err("%s: give r1,r2,...", name);
         return -1;
     }
     return 0;
 }
 
+/* The research knobs, given as --tune KEY=VALUE: each key's value, what it
+ * tunes and its default, one line each for --tune help (cb-run(1), TUNING,
+ * says more).  Indexed by enum tune. */
+enum tune {
+    TUNE_RATIOS,
+    TUNE_MINRATIO,
+    TUNE_MAXRATIO,
+    TUNE_MASS,
+    TUNE_CHECK,
+    TUNE_DEVIATION,
+    TUNE_SINK,
+    TUNE_PROBEROWS,
+    TUNE_PROBEWEIGHT,
+    TUNE_PROBEDEPTH,
+    TUNE_PASSAGES,
+    TUNE_KEYTEMP,
+    TUNE_STALESCALE,
+    TUNE_LOADTHREADS,
+    TUNE_NOCONTEXT,
+    TUNE_N
+};
+static const struct tune_key {
+    const char *key, *value, *help;
+} tune_keys[TUNE_N] = {
+    {"ratios", "R1,R2,..", "[0, 1] each: a ratio per check layer (hkvd, sink, query, runs)"},
+    {"min-ratio", "R", "[0, 1] the least ratio --speedup, auto and mass pick (0.15; mass 0.05)"},
+    {"max-ratio", "R", "[0, 1] the most ratio mass picks (0.5)"},
+    {"mass", "M", "[0, 1] probe: per prompt, the ratio holding M of the attention (0: off)"},
+    {"check-layer", "N", "[1, 4096] the (first) layer where deviation is measured (1)"},
+    {"deviation", "k|v", "measure deviation on keys or values (v)"},
+    {"sink-tokens", "N", "[0, 1024] sink: the first N tokens of every chunk recomputed (4)"},
+    {"probe-rows", "N", "[0, 2^20] probe scores by the question's last N tokens (0: all)"},
+    {"probe-weight", "value|none", "probe: attention times the value's norm, or alone (value)"},
+    {"probe-depth", "F", "[0, 1] the share of layers probe's first pass runs (0: by cost)"},
+    {"passages", "N", "[0, 64] probe: the N chunks it scores highest recomputed whole first (0)"},
+    {"key-temp", "T", "[0.01, 100] cached keys divided by T (the model's: gemma3 1.05, else 1)"},
+    {"stale-scale", "S",
+     "[0.01, 100] blend: stale tokens' attention x S (the model's: qwen2 0.35)"},
+    {"load-threads", "N", "[0, 64] threads reading the KV files (0: GPU half the cores; CPU 1)"},
+    {"no-context", "0|1", "1 (or no value): each chunk's own cache, not one after the one before"},
+};
+
+static void tune_help(FILE *f)
+{
+    for (int i = 0; i < TUNE_N; i++) {
+        char kv[40];
+        snprintf(kv, sizeof kv, "%s=%s", tune_keys[i].key, tune_keys[i].value);
+        fprintf(f, "  %-24s %s\n", kv, tune_keys[i].help);
+    }
+}
+
+/* Set knob k from arg; name ("--tune KEY") names it in messages.  0, or -1
+ * on a usage error. */
+static int tune_set(gen_opts *o, enum tune k, const char *name, const char *arg)
+{
+    static const char *const devs[] = {"k", "v"}, *const weights[] = {"value", "none"},
+                             *const bools[] = {"0", "1"};
+    double d;
+    int e;
+    switch (k) {
+    case TUNE_RATIOS: return o->ratio_given = 1, parse_ratios(name, arg, &o->bp);
+    case TUNE_MINRATIO:
+        return cli_parse_num(name, arg, 0, 1, &o->min_ratio) ? -1 : (o->min_ratio_given = 1, 0);
+    case TUNE_MAXRATIO:
+        return cli_parse_num(name, arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
+    case TUNE_MASS:
+        return cli_parse_num(name, arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
+    case TUNE_CHECK:
+        return cli_parse_num(name, arg, 1, 4096, &d) ? -1 : (o->bp.check_layer = (int32_t)d, 0);
+    case TUNE_DEVIATION:
+        return cli_parse_enum(name, arg, devs, 2, &e) ? -1 : (o->bp.deviation_v = e, 0);
+    case TUNE_SINK:
+        return cli_parse_num(name, arg, 0, 1024, &d) ? -1 : (o->bp.sink_tokens = (int32_t)d, 0);
+    case TUNE_PROBEROWS:
+        return cli_parse_num(name, arg, 0, 1 << 20, &d) ? -1 : (o->bp.probe_rows = (int32_t)d, 0);
+    case TUNE_PROBEWEIGHT:
+        return cli_parse_enum(name, arg, weights, 2, &e) ? -1 : (o->bp.probe_values = e == 0, 0);
+    case TUNE_PROBEDEPTH:
+        return cli_parse_num(name, arg, 0, 1, &d) ? -1 : (o->bp.probe_depth = (float)d, 0);
+    case TUNE_PASSAGES:
+        return cli_parse_num(name, arg, 0, 64, &d) ? -1 : (o->bp.probe_passages = (int32_t)d, 0);
+    case TUNE_KEYTEMP:
+        return cli_parse_num(name, arg, 0.01, 100, &d) ? -1 : (o->bp.key_temp = (float)d, 0);
+    case TUNE_STALESCALE:
+        return cli_parse_num(name, arg, 0.01, 100, &d) ? -1 : (o->bp.stale_scale = (float)d, 0);
+    case TUNE_LOADTHREADS:
+        return cli_parse_num(name, arg, 0, 64, &d) ? -1 : (o->bp.load_threads = (int)d, 0);
+    case TUNE_NOCONTEXT:
+        return cli_parse_enum(name, arg, bools, 2, &e) ? -1 : (o->no_context = e, 0);
+    case TUNE_N: break;
+    }
+    return -1;
+}
+
+/* --tune KEY=VALUE (KEY alone: no-context's 1).  0, or -1 on a usage error
+ * (an unknown key, a bad value). */
+static int tune_opt(gen_opts *o, const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+    char name[64];
+    for (int i = 0; i < TUNE_N; i++) {
+        if (strlen(tune_keys[i].key) != n || strncmp(arg, tune_keys[i].key, n) != 0)
+            continue;
+        snprintf(name, sizeof name, "--tune %s", tune_keys[i].key);
+        if (!eq && i != TUNE_NOCONTEXT) {
+            cli_err("%s: give %s=%s", name, tune_keys[i].key, tune_keys[i].value);
+            return -1;
+        }
+        return tune_set(o, (enum tune)i, name, eq ? eq + 1 : "1");
+    }
+    cli_err("--tune %.*s: no such key (cb-run --tune help lists them)", (int)(n < 64 ? n : 64),
+            arg);
+    return -1;
+}
+
 /* Blending and cache options; 1 when c is not one of them, -1 on a usage error. */
 static int blend_opt(gen_opts *o, int c, const char *arg)
 {
-    static const char *const devs[] = {"k", "v"}, *const kv_types[] = {"f16", "f32"},
-                             *const weights[] = {"value", "none"};
+    static const char *const kv_types[] = {"f16", "f32"};
     double d;
     int e;
     switch (c) {
@@ -1112,72 +1143,29 @@ static int blend_opt(gen_opts *o, int c, const char *arg)
         o->bp.ratios[0] = (float)d;
         o->ratio_auto = 0;
         return 0;
-    case OPT_MINRATIO:
-        return cli_parse_num("--min-ratio", arg, 0, 1, &o->min_ratio) ? -1
-                                                                      : (o->min_ratio_given = 1, 0);
-    case OPT_MASS:
-        return cli_parse_num("--mass", arg, 0, 1, &d) ? -1 : (o->bp.adapt_mass = (float)d, 0);
-    case OPT_MAXRATIO:
-        return cli_parse_num("--max-ratio", arg, 0, 1, &d) ? -1 : (o->bp.adapt_max = (float)d, 0);
-    case OPT_RATIOS: return o->ratio_given = 1, parse_ratios(arg, &o->bp);
     case OPT_SPEEDUP:
         if (cli_parse_num("--speedup", arg, 0, 1000, &d))
             return -1;
         o->bp.speedup = (float)d;
         o->speedup_given = 1;
         return 0;
-    case OPT_CHECK:
-        return cli_parse_num("--check-layer", arg, 1, 4096, &d)
-                   ? -1
-                   : (o->bp.check_layer = (int32_t)d, 0);
-    case OPT_DEVIATION:
-        if (cli_parse_enum("--deviation", arg, devs, 2, &e))
-            return -1;
-        o->bp.deviation_v = e;
-        return 0;
     case OPT_STRATEGY:
-        if (cli_parse_enum("--strategy", arg, cli_strategy_names, 7, &e))
+        if (cli_parse_enum("--strategy", arg, cli_strategy_names, cli_n_strategies, &e))
             return -1;
         o->bp.strategy = (cb_blend_strategy)e;
         return 0;
-    case OPT_SINK:
-        return cli_parse_num("--sink-tokens", arg, 0, 1024, &d)
-                   ? -1
-                   : (o->bp.sink_tokens = (int32_t)d, 0);
-    case OPT_PROBEROWS:
-        return cli_parse_num("--probe-rows", arg, 0, 1 << 20, &d)
-                   ? -1
-                   : (o->bp.probe_rows = (int32_t)d, 0);
-    case OPT_PROBEWEIGHT:
-        if (cli_parse_enum("--probe-weight", arg, weights, 2, &e))
-            return -1;
-        o->bp.probe_values = e == 0;
-        return 0;
-    case OPT_PROBEDEPTH:
-        return cli_parse_num("--probe-depth", arg, 0, 1, &d) ? -1
-                                                             : (o->bp.probe_depth = (float)d, 0);
-    case OPT_KEYTEMP:
-        return cli_parse_num("--key-temp", arg, 0.01, 100, &d) ? -1
-                                                               : (o->bp.key_temp = (float)d, 0);
-    case OPT_STALESCALE:
-        return cli_parse_num("--stale-scale", arg, 0.01, 100, &d)
-                   ? -1
-                   : (o->bp.stale_scale = (float)d, 0);
+    case OPT_TUNE: return tune_opt(o, arg);
     case OPT_VERIFY: o->verify = 1; return 0;
     case OPT_LOGITS: o->logits_out = arg; return 0;
     case OPT_SCORE: o->score = arg; return 0;
     case OPT_SCOREFILE: o->score_file = arg; return 0;
     case OPT_NOSTORE: o->store_write = 0; return 0;
-    case OPT_NOCONTEXT: o->no_context = 1; return 0;
     case OPT_STATS: o->stats_path = arg; return 0;
     case OPT_KVTYPE:
         if (cli_parse_enum("--kv-type", arg, kv_types, 2, &e))
             return -1;
         o->kv_type = e ? CB_TYPE_F32 : CB_TYPE_F16;
         return 0;
-    case OPT_LOADTHREADS:
-        return cli_parse_num("--load-threads", arg, 0, 64, &d) ? -1
-                                                               : (o->bp.load_threads = (int)d, 0);
     }
     return 1;
 }
@@ -1254,33 +1242,20 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {"ctx", required_argument, 0, 'c'},
         {"mode", required_argument, 0, OPT_MODE},
         {"kv-type", required_argument, 0, OPT_KVTYPE},
-        {"load-threads", required_argument, 0, OPT_LOADTHREADS},
         {"stats", required_argument, 0, OPT_STATS},
         {"chunks", required_argument, 0, OPT_CHUNKS},
         {"ratio", required_argument, 0, OPT_RATIO},
-        {"min-ratio", required_argument, 0, OPT_MINRATIO},
         {"logits-out", required_argument, 0, OPT_LOGITS},
-        {"ratios", required_argument, 0, OPT_RATIOS},
-        {"check-layer", required_argument, 0, OPT_CHECK},
-        {"deviation", required_argument, 0, OPT_DEVIATION},
         {"strategy", required_argument, 0, OPT_STRATEGY},
-        {"sink-tokens", required_argument, 0, OPT_SINK},
         {"verify", no_argument, 0, OPT_VERIFY},
         {"no-store-write", no_argument, 0, OPT_NOSTORE},
-        {"no-context", no_argument, 0, OPT_NOCONTEXT},
         {"score", required_argument, 0, OPT_SCORE},
         {"score-file", required_argument, 0, OPT_SCOREFILE},
-        {"mass", required_argument, 0, OPT_MASS},
-        {"max-ratio", required_argument, 0, OPT_MAXRATIO},
-        {"probe-rows", required_argument, 0, OPT_PROBEROWS},
-        {"probe-weight", required_argument, 0, OPT_PROBEWEIGHT},
-        {"probe-depth", required_argument, 0, OPT_PROBEDEPTH},
-        {"key-temp", required_argument, 0, OPT_KEYTEMP},
-        {"stale-scale", required_argument, 0, OPT_STALESCALE},
         {"batch", no_argument, 0, OPT_BATCH},
         {"batch-size", required_argument, 0, OPT_BATCHSIZE},
         {"kv-budget", required_argument, 0, OPT_KVBUDGET},
         {"speedup", required_argument, 0, OPT_SPEEDUP},
+        {"tune", required_argument, 0, OPT_TUNE},
         CLI_COMMON_OPTS,
         CLI_STORE_OPT,
         CLI_DEVICE_OPT,
@@ -1289,6 +1264,10 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
     };
     int c, r;
     while ((c = getopt_long(argc, argv, "p:f:n:s:c:" CLI_COMMON_SHORT, opts, NULL)) != -1) {
+        if (c == OPT_TUNE && !strcmp(optarg, "help")) {
+            tune_help(stdout);
+            return cli_finish(0);
+        }
         if ((r = cli_common_opt(&cr->co, c, optarg, usage)) != CLI_NOT_COMMON) {
             if (r != CLI_CONTINUE)
                 return r;
@@ -1333,12 +1312,12 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
     if (o->bp.adapt_mass > 0 &&
         ((o->bp.strategy != CB_STRATEGY_PROBE && o->bp.strategy != CB_STRATEGY_AUTO) ||
          o->ratio_auto)) {
-        cli_err("--mass needs --strategy probe or auto (and no --ratio auto)");
+        cli_err("--tune mass needs --strategy probe or auto (and no --ratio auto)");
         return CLI_EX_USAGE;
     }
     if (o->ratio_given && o->speedup_given && o->bp.speedup > 0) {
-        cli_err("--ratio and --speedup exclude each other (--min-ratio sets --speedup's least "
-                "ratio)");
+        cli_err("--ratio and --speedup exclude each other (--tune min-ratio sets --speedup's "
+                "least ratio)");
         return CLI_EX_USAGE;
     }
     if (o->ratio_given) /* a ratio as given, or the controller's */
@@ -1348,7 +1327,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
     if (o->bp.adapt_mass > 0 && o->min_ratio_given)
         o->bp.adapt_min = (float)o->min_ratio;
     if (o->bp.adapt_mass > 0 && o->bp.adapt_min > o->bp.adapt_max) {
-        cli_err("--min-ratio %g is above --max-ratio %g", o->bp.adapt_min, o->bp.adapt_max);
+        cli_err("--tune min-ratio=%g is above max-ratio=%g", o->bp.adapt_min, o->bp.adapt_max);
         return CLI_EX_USAGE;
     }
     if (o->score && o->score_file) {

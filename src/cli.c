@@ -519,8 +519,9 @@ cb_status cli_sink_write(void *ctx, const char *p, size_t n)
 /* ------------------------------------------------------ --batch questions */
 
 const char *const cli_mode_names[4] = {"full", "prefix", "reuse", "blend"};
-const char *const cli_strategy_names[7] = {"hkvd", "sink", "query", "probe",
-                                           "runs", "auto", "random"};
+const char *const cli_strategy_names[] = {"hkvd", "sink", "query", "probe",
+                                          "runs", "auto", "random"};
+const int cli_n_strategies = (int)(sizeof cli_strategy_names / sizeof cli_strategy_names[0]);
 
 /* The fields a question line may have; the others pass through to its answer. */
 static const char *const q_fields[] = {"id",       "question",  "prompt", "chunks",
@@ -626,7 +627,7 @@ static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size
         rq->bp.mode = rq->n_chunks > 0 ? CB_MODE_BLEND
                                        : CB_MODE_FULL; /* nothing to reuse: full, as a lone run */
     if ((v = json_object_get(obj, "strategy"))) {
-        if (q_enum(v, "strategy", cli_strategy_names, 7, &e, msg, n))
+        if (q_enum(v, "strategy", cli_strategy_names, cli_n_strategies, &e, msg, n))
             return -1;
         rq->bp.strategy = (cb_blend_strategy)e;
     }
@@ -648,7 +649,7 @@ static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size
         if (json_object_get(obj, "ratio") && json_number_value(v) > 0)
             return snprintf(msg, n, "\"ratio\" and \"speedup\" exclude each other"), -1;
         rq->bp.speedup = (float)json_number_value(v);
-        if (rq->bp.speedup > 0) { /* instead of the options' --ratio, at least --min-ratio */
+        if (rq->bp.speedup > 0) { /* instead of the options' --ratio, at least min-ratio */
             rq->ratio_auto = 0;
             rq->bp.n_ratios = 1;
             rq->bp.ratios[0] = (float)rq->min_ratio;
@@ -662,7 +663,7 @@ static int q_params(json_t *obj, int mode_given, cb_request *rq, char *msg, size
     if (rq->bp.adapt_mass > 0 &&
         ((rq->bp.strategy != CB_STRATEGY_PROBE && rq->bp.strategy != CB_STRATEGY_AUTO) ||
          rq->ratio_auto))
-        return snprintf(msg, n, "--mass needs the probe strategy and a given ratio"), -1;
+        return snprintf(msg, n, "--tune mass needs the probe strategy and a given ratio"), -1;
     return 0;
 }
 

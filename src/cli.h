@@ -185,9 +185,11 @@ cb_status cli_sink_write(void *ctx, const char *p, size_t n);
 
 /* ------------------------------------------------------ --batch questions */
 
-/* The names of cb_blend_mode's and cb_blend_strategy's values. */
+/* The names of cb_blend_mode's and cb_blend_strategy's values (in the
+ * enums' order; cli_n_strategies of the latter). */
 extern const char *const cli_mode_names[4];
-extern const char *const cli_strategy_names[7];
+extern const char *const cli_strategy_names[];
+extern const int cli_n_strategies;
 
 struct json_t; /* jansson's */
 

@@ -19,6 +19,7 @@
  * return nothing; a failed one leaves a sticky fault on the backend
  * (backend.h), which each function here checks before it returns success
  * or uses what the device handed back. */
+#include "diag.h"
 #include "model_impl.h"
 
 #include <math.h>

@@ -340,32 +340,22 @@ cb_status cb_fwd_last_layer(cb_fwd *f, cb_kvcache *kv, const int32_t *rows, int3
  * the hidden states are not touched.  Errors: CB_ERR_RANGE, CB_ERR_NOMEM. */
 cb_status cb_fwd_layer_qkv(cb_fwd *f, int32_t layer, const int32_t *rows, int32_t n_rows, float *q,
                            float *k, float *v);
-/* The queries (RoPE applied) that the last cb_fwd_layer (or _qkv with q)
- * on f computed for its rows[from .. from+n), copied to q [n, n_head*hd];
- * what those rows attended with, without projecting them again.  Errors:
- * CB_ERR_RANGE (not rows of that call; a call that failed computed none). */
-cb_status cb_fwd_layer_queries(const cb_fwd *f, int32_t from, int32_t n, float *q);
-/* Blending's attention mass (the probe strategy's score): for the queries
- * of the last cb_fwd_layer (or _qkv with q) on f for its rows[from ..
- * from+n), at `layer`, each head's softmax attention over the cache rows
- * the engine's mask lets the row see (0..its position; on a
- * sliding-window layer the last `window` of them), added to mass[j] for
- * every key j < n_keys (host [n_keys], accumulated: the caller zeroes it
- * once and sums layers into it); with by_value, each probability times the
- * L2 norm of key j's value row in the head's KV head (what the token adds
- * to the head's output scales with it).  Computed on the model's backend
- * where it has the operation, else on the host.  Errors: CB_ERR_RANGE (not
- * rows of that call, a position at or past n_keys, n_keys past the cache),
- * CB_ERR_NOMEM, CB_ERR_UNSUPPORTED, CB_ERR_DEVICE. */
-cb_status cb_fwd_attn_mass(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n,
-                           int32_t n_keys, int by_value, float *mass);
-/* The same mass summed over layers in the backend's memory, with one copy
- * back for all of them (a device waits for its queue at each copy back):
- * cb_fwd_mass_begin starts a sum of n_keys zeros on f (CB_ERR_INVALID when
- * one is open), each cb_fwd_mass_add adds a layer as cb_fwd_attn_mass
- * does with the sum's by_value (the same bits), cb_fwd_mass_end copies the
- * sum into mass (host [n_keys]; NULL: dropped) and ends it (cb_fwd_free
- * also does). */
+/* Blending's attention mass (the probe strategy's score), summed over
+ * layers in the backend's memory with one copy back for all of them (a
+ * device waits for its queue at each copy back).  A layer's mass: for the
+ * queries of the last cb_fwd_layer (or _qkv with q) on f for its rows[from
+ * .. from+n), at `layer`, each head's softmax attention over the cache rows
+ * the engine's mask lets the row see (0..its position; on a sliding-window
+ * layer the last `window` of them), added to the sum's key j for every j <
+ * n_keys; with by_value, each probability times the L2 norm of key j's
+ * value row in the head's KV head (what the token adds to the head's
+ * output scales with it).  Computed on the model's backend where it has
+ * the operation, else on the host.  cb_fwd_mass_begin starts a sum of
+ * n_keys zeros on f (CB_ERR_INVALID when one is open), each cb_fwd_mass_add
+ * adds a layer (errors: CB_ERR_RANGE: not rows of that call, a position at
+ * or past n_keys, n_keys past the cache; CB_ERR_NOMEM, CB_ERR_UNSUPPORTED,
+ * CB_ERR_DEVICE), cb_fwd_mass_end copies the sum into mass (host [n_keys];
+ * NULL: dropped) and ends it (cb_fwd_free also does). */
 cb_status cb_fwd_mass_begin(cb_fwd *f, int32_t n_keys, int by_value);
 cb_status cb_fwd_mass_add(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int32_t from, int32_t n);
 cb_status cb_fwd_mass_end(cb_fwd *f, float *mass);
@@ -384,11 +374,6 @@ cb_status cb_fwd_deviation(cb_fwd *f, const cb_kvcache *kv, int32_t layer, int w
                            const int32_t *rows, int32_t n_rows, int32_t k, int32_t *top);
 /* logits [n_rows, n_vocab] for rows (NULL: all). */
 cb_status cb_fwd_logits(cb_fwd *f, const int32_t *rows, int32_t n_rows, float *logits);
-/* The hidden state of row `row` after the layers run so far [n_embd]. */
-cb_status cb_fwd_hidden(const cb_fwd *f, int32_t row, float *dst);
-/* Replaces row `row`'s hidden state with src [n_embd]: the layers run
- * after it start from there (make diag's late:R:K, tests/bench/blend_diag). */
-cb_status cb_fwd_set_hidden(cb_fwd *f, int32_t row, const float *src);
 
 /* Evaluate n tokens at positions pos0..pos0+n-1 through every layer, in
  * batches of the cb_fwd's n_max, writing their KV into the cache; logits of

@@ -1,7 +1,7 @@
 /* strategy_probe.c - probe (after ProphetKV): the uncached rows run
  * through every layer against the loaded cache, each layer's attention
  * from the question scoring the cached rows (the backend's attention
- * mass, cb_fwd_attn_mass); then the top ratio x the cached rows, with the
+ * mass, cb_fwd_mass_add); then the top ratio x the cached rows, with the
  * uncached ones, from the embeddings through every layer.
  *
  * With probe_values (the default) each head's attention to a token counts

@@ -7,7 +7,7 @@
  *          as tests/bench/diag.py does)
  *   MODE   full (always run first), reuse, or STRATEGY:RATIO[:DEPTH[:SCALE]] (probe:0.15;
  *          DEPTH: probe's first pass through that share of the layers, 0: by cost;
- *          SCALE: the stale scale, cb-run --stale-scale, 1 unless given),
+ *          SCALE: the stale scale, cb-run --tune stale-scale, 1 unless given),
  *          or ORACLE:RATIO: the loaded caches with the rows picked by a
  *          score that only full prefill gives, recomputed as probe's second
  *          pass does (the headroom of selection; oracle_scores):
@@ -51,6 +51,7 @@
  * or not.
  * The question turn is run again, layer by layer, against the cache the
  * prefill left (the same K/V the prefill's last pass attended to). */
+#include "../../lib/infer/diag.h"  /* cb_fwd_attn_mass, cb_fwd_hidden, cb_fwd_set_hidden */
 #include "../../lib/kv/strategy.h" /* blend_scored, blend_by_score_desc */
 
 #include <jansson.h>

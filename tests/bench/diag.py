@@ -35,7 +35,7 @@ R's at layer 0 to (1 - S) x at the last (the same rows computed in all);
 late:R:K: probe's rows recomputed from layer K on only, starting from the
 hidden state each had there when its chunk was computed alone (what storing
 that state beside the KV would save: K of the layers of a recomputed row).
-The blends run without the stale scale (cb-run --stale-scale) unless the
+The blends run without the stale scale (cb-run --tune stale-scale) unless the
 mode gives it: probe:0.2:0:0.35.
 """
 import argparse

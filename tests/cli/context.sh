@@ -59,16 +59,16 @@ assert s["n_chunks_after"] == 0 and s["n_chunks_missing"] == 0, s
 assert c["n_chunks_after"] == 2 and c["n_chunks"] == 6 and c["n_chunks_missing"] == 0, c
 assert p["n_cached_tokens"] == json.load(open(f"{t}/a.json"))["n_cached_tokens"] and p["verify"]["kl"] < 1e-4, p
 PY
-# the same pair given by store keys (a --batch line), and --no-context
+# the same pair given by store keys (a --batch line), and --tune no-context
 python3 -c '
 import json, sys
 ks = [json.loads(l)["kv"] for l in list(open(sys.argv[1]))[:2]]
 print(json.dumps({"question": "Who built the bridge?", "chunks": ks, "mode": "reuse"}))' "$T/out" > "$T/keys.jsonl"
 "$BINDIR_B/cb-run" -m "$M" --store "$T/ctx" --batch "$T/keys.jsonl" -n 1 --temp 0 --no-store-write \
         > "$T/k.jsonl" 2> "$T/err" \
-    && "$BINDIR_B/cb-run" -m "$M" --store "$T/ctx" --chunks "$T/two.jsonl" --mode reuse --no-context \
+    && "$BINDIR_B/cb-run" -m "$M" --store "$T/ctx" --chunks "$T/two.jsonl" --mode reuse --tune no-context \
         -n 1 --temp 0 --no-store-write --stats "$T/n.json" -p "Who built the bridge?" > /dev/null 2>&1 \
-    && python3 - "$T" <<'PY' && ok "chunks given by key use it too; --no-context keeps each chunk's own" || not_ok "keys, --no-context"
+    && python3 - "$T" <<'PY' && ok "chunks given by key use it too; --tune no-context keeps each chunk's own" || not_ok "keys, --tune no-context"
 import json, sys
 t = sys.argv[1]
 k = json.loads(open(f"{t}/k.jsonl").readline())["stats"]

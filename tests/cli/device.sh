@@ -203,7 +203,7 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
         not_ok "CB_CUDA_MEMO=1 CB_CUDA_FUSE=1: a blend's logits and answer, bit for bit ($(head -c 200 "$T/m1.err"))"
     # its answer decoded by graphs, over a cache with stale keys (each
     # layer's key bias set inside the recording)
-    blend_extra="--stale-scale 0.35 -n 24" # (the later -n: 24 tokens decoded)
+    blend_extra="--tune stale-scale=0.35 -n 24" # (the later -n: 24 tokens decoded)
     blend_run g0 CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 CB_CUDA_KBIAS=1
     blend_run g1 CB_CUDA_GEMV=1 CB_CUDA_MEMO=1 CB_CUDA_FUSE=1 CB_CUDA_KBIAS=1 CB_CUDA_GRAPH=1
     blend_extra=
@@ -214,7 +214,7 @@ if [ "$gpu" = 1 ] && [ "$DEV" = cuda ]; then
     # tests hold its values to the CPU's); without it the scale is 1
     for kb in 0 1; do
         CB_CUDA_KBIAS=$kb "$RUN" -m "$TINY" --device cuda --store "$T/ms" --chunks "$T/mch.jsonl" \
-            --mode blend --strategy probe --stale-scale 0.35 -p "What stood by the river?" -n 1 --temp 0 \
+            --mode blend --strategy probe --tune stale-scale=0.35 -p "What stood by the river?" -n 1 --temp 0 \
             --no-store-write --stats "$T/ks$kb.json" --logits-out "$T/kl$kb.bin" > /dev/null 2>"$T/kerr$kb" ||
             echo "exit $?" >> "$T/kerr$kb"
     done

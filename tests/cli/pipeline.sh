@@ -91,14 +91,14 @@ PY
 # the loader's readers: two read every layer's files together, one reads
 # them in turn: the same logits; a count past 64 is a usage error
 for lt in 1 2; do
-    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 1 -p "$Q" --load-threads $lt --stats "$T/lt$lt.json" \
+    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 1 -p "$Q" --tune load-threads=$lt --stats "$T/lt$lt.json" \
         --logits-out "$T/lt$lt.bin" > /dev/null 2>&1
 done
 lt=$(python3 -c 'import json,sys; print(*[json.load(open(f))["load_threads"] for f in sys.argv[1:]])' "$T/lt1.json" "$T/lt2.json" 2>/dev/null)
 [ "$lt" = "1 2" ] && [ -s "$T/lt1.bin" ] && cmp -s "$T/lt1.bin" "$T/lt2.bin" &&
-    ok "--load-threads 2: the caches' files read by two threads, the same logits (stats: $lt)" ||
-    not_ok "--load-threads 2: the caches' files read by two threads, the same logits (stats: ${lt:-none})"
-expect_exit "--load-threads 65" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 1 -p "$Q" --load-threads 65
+    ok "--tune load-threads=2: the caches' files read by two threads, the same logits (stats: $lt)" ||
+    not_ok "--tune load-threads=2: the caches' files read by two threads, the same logits (stats: ${lt:-none})"
+expect_exit "--tune load-threads=65" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 1 -p "$Q" --tune load-threads=65
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" -n 4 -p "$Q" --verify --stats "$T/v.json" > /dev/null
 python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))["verify"]; assert v["kl"] >= 0 and "same_answer" in v and "top1_agree" in v' "$T/v.json" \
     && ok "--verify adds KL, top-1 agreement and answer identity" || not_ok "--verify"
@@ -152,11 +152,11 @@ assert s["strategy"] == "auto" and s["strategy_used"] == ("hkvd" if 0 < want < 3
     && ok "--strategy auto (the default): hkvd where fewer tokens are recomputed than 3x those without a cache, in the stats" \
     || not_ok "--strategy auto"
 for sp in "" 1.01 1000; do  # the default (4), one that buys every row, one that buys none past --min-ratio
-    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" ${sp:+--speedup $sp} --min-ratio 0.05 -n 2 -p "$Q" \
+    "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" ${sp:+--speedup $sp} --tune min-ratio=0.05 -n 2 -p "$Q" \
         --stats "$T/sp$sp.json" > /dev/null || not_ok "--speedup ${sp:-default}: exit $?"
 done
 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --ratio 0.3 -n 2 -p "$Q" --stats "$T/sp-r.json" > /dev/null
-python3 - "$T" <<'PY' && ok "--speedup (default 4): the ratio, its floor --min-ratio and the prediction in the stats; --ratio fixes it" \
+python3 - "$T" <<'PY' && ok "--speedup (default 4): the ratio, its floor (--tune min-ratio) and the prediction in the stats; --ratio fixes it" \
     || not_ok "--speedup stats"
 import json, math, sys
 t = sys.argv[1]
@@ -173,9 +173,9 @@ assert "speedup" not in r and abs(r["ratio"] - 0.3) < 1e-6 and r["predicted_spee
 PY
 expect_exit "--ratio with --speedup" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --ratio 0.3 --speedup 4 -p q
 expect_exit "--speedup negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --speedup -1 -p q
-"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --max-ratio 0.4 -n 2 -p "$Q" \
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --tune mass=0.5 --tune max-ratio=0.4 -n 2 -p "$Q" \
     --stats "$T/ad.json" > /dev/null
-python3 - "$T/ad.json" <<'PY' && ok "--mass: the adaptive ratio and why, in the stats" || not_ok "--mass stats"
+python3 - "$T/ad.json" <<'PY' && ok "--tune mass: the adaptive ratio and why, in the stats" || not_ok "--tune mass stats"
 import json, sys
 s = json.load(open(sys.argv[1]))
 a = s["adaptive"]
@@ -186,34 +186,34 @@ assert 0.05 <= s["ratio"] <= 0.4 + 1 / s["n_cached_tokens"], s  # ceil(ratio x c
 assert s["n_recomputed_tokens"] == round(s["ratio"] * s["n_cached_tokens"]), s
 assert (a["selected_mass"] >= 0.5) == (a["bound"] != "max"), s
 PY
-"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --probe-rows 1 -n 2 -p "$Q" --stats "$T/pr1.json" > /dev/null \
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --tune probe-rows=1 -n 2 -p "$Q" --stats "$T/pr1.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["strategy"] == "probe" and s["probe_rows"] == 1 and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/pr1.json" \
     && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["probe_rows"] == 0' "$T/sg-probe.json" \
-    && ok "--probe-rows, in the stats (default 0: all)" || not_ok "--probe-rows"
-"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --key-temp 1.1 -n 2 -p "$Q" --stats "$T/kt.json" > /dev/null \
+    && ok "--tune probe-rows, in the stats (default 0: all)" || not_ok "--tune probe-rows"
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --tune key-temp=1.1 -n 2 -p "$Q" --stats "$T/kt.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert abs(s["key_temp"] - 1.1) < 1e-6 and s["n_recomputed_tokens"] > 0, s' "$T/kt.json" \
-    && ok "--key-temp, in the stats" || not_ok "--key-temp"
-expect_exit "bad --key-temp" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --key-temp 0 -n 1 -p "$Q"
-"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --stale-scale 0.5 -n 2 -p "$Q" --stats "$T/ss.json" > /dev/null \
-    && "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --stale-scale 0.5 --mode reuse -n 2 -p "$Q" --stats "$T/ss-reuse.json" > /dev/null \
+    && ok "--tune key-temp, in the stats" || not_ok "--tune key-temp"
+expect_exit "bad --tune key-temp" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --tune key-temp=0 -n 1 -p "$Q"
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --tune stale-scale=0.5 -n 2 -p "$Q" --stats "$T/ss.json" > /dev/null \
+    && "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --tune stale-scale=0.5 --mode reuse -n 2 -p "$Q" --stats "$T/ss-reuse.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); r=json.load(open(sys.argv[2])); assert abs(s["stale_scale"] - 0.5) < 1e-6 and s["n_recomputed_tokens"] > 0 and r["stale_scale"] == 1, (s, r)' "$T/ss.json" "$T/ss-reuse.json" \
-    && ok "--stale-scale, in the stats (blend only)" || not_ok "--stale-scale"
-expect_exit "bad --stale-scale" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --stale-scale 0 -n 1 -p "$Q"
-expect_exit "--probe-rows negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-rows -1 -p q
-"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --probe-weight none -n 2 -p "$Q" --stats "$T/pw0.json" > /dev/null \
+    && ok "--tune stale-scale, in the stats (blend only)" || not_ok "--tune stale-scale"
+expect_exit "bad --tune stale-scale" 64 "$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --tune stale-scale=0 -n 1 -p "$Q"
+expect_exit "--tune probe-rows negative" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --tune probe-rows=-1 -p q
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --strategy probe --tune probe-weight=none -n 2 -p "$Q" --stats "$T/pw0.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_weight"] == "none" and 0 < s["n_recomputed_tokens"] < s["n_cached_tokens"], s' "$T/pw0.json" \
     && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["probe_weight"] == "value"' "$T/sg-probe.json" \
-    && ok "--probe-weight none, in the stats (default value)" || not_ok "--probe-weight"
-expect_exit "--probe-weight unknown" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-weight v2 -p q
-"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --probe-depth 1 -n 2 -p "$Q" --stats "$T/pd1.json" > /dev/null \
+    && ok "--tune probe-weight=none, in the stats (default value)" || not_ok "--tune probe-weight"
+expect_exit "--tune probe-weight unknown" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --tune probe-weight=v2 -p q
+"$RUN" -m "$M" --store "$S" --chunks "$T/chunks.jsonl" --tune probe-depth=1 -n 2 -p "$Q" --stats "$T/pd1.json" > /dev/null \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_depth"] == 1 and s["probe_layers"] > 0 and s["n_recomputed_tokens"] > 0, s' "$T/pd1.json" \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["probe_depth"] == 0 and s["probe_layers"] > 0, s' "$T/sg-probe.json" \
-    && ok "--probe-depth, in the stats (default 0: by cost; the layers used)" || not_ok "--probe-depth"
+    && ok "--tune probe-depth, in the stats (default 0: by cost; the layers used)" || not_ok "--tune probe-depth"
 for bad in -0.5 1.5 x; do
-    expect_exit "--probe-depth $bad" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --probe-depth "$bad" -p q
+    expect_exit "--tune probe-depth=$bad" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --tune probe-depth="$bad" -p q
 done
-expect_exit "--mass with another strategy" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy hkvd --mass 0.5 -p q
-expect_exit "--min-ratio above --max-ratio" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy probe --mass 0.5 --min-ratio 0.6 -p q
+expect_exit "--tune mass with another strategy" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy hkvd --tune mass=0.5 -p q
+expect_exit "--tune min-ratio above max-ratio" 64 "$RUN" -m "$M" --chunks "$T/chunks.jsonl" --strategy probe --tune mass=0.5 --tune min-ratio=0.6 -p q
 expect_exit "--score and --score-file together" 64 "$RUN" -m "$M" -p q --score a --score-file "$T/ans.txt"
 expect_exit "--score with no tokens" 65 "$RUN" -m "$M" -p q --score ""
 expect_exit "--score-file missing" 66 "$RUN" -m "$M" -p q --score-file "$T/nope.txt"

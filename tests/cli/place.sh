@@ -3,7 +3,7 @@
 # writes a profile into the store; cb-store place and cb-precompute
 # --place auto pick the cheapest tier fast enough, from a profile whose
 # numbers are set here; cb-run --ratio auto uses the controller, and falls
-# back to --min-ratio without a profile.
+# back to --tune min-ratio without a profile.
 . "$(dirname "$0")/lib.sh"
 PRE=$BINDIR_B/cb-precompute RUN=$BINDIR_B/cb-run STORE=$BINDIR_B/cb-store PROF=$BINDIR_B/cb-profile
 M=$CB_TEST_TMP/tiny-q8_0.gguf
@@ -60,7 +60,7 @@ assert abs(s["predicted_load_ms"] - s["predicted_recompute_ms"]) < 1e-3 or s["ra
 assert s["ratio"] >= 0.15 - 1e-6, s
 PY
 rm -f "$S"/profile-*.json
-"$RUN" -m "$M" --store "$S" --chunks "$T/q.jsonl" --ratio auto --min-ratio 0.3 -n 2 -p "Which river?" --stats "$T/st2.json" > /dev/null 2> "$T/err"
+"$RUN" -m "$M" --store "$S" --chunks "$T/q.jsonl" --ratio auto --tune min-ratio=0.3 -n 2 -p "Which river?" --stats "$T/st2.json" > /dev/null 2> "$T/err"
 python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["ratio_source"]=="fallback" and abs(s["ratio"]-0.3)<1e-6, s' "$T/st2.json" \
     && grep -q "no profile" "$T/err" && ok "--ratio auto without a profile: --min-ratio, and it says so" || not_ok "--ratio auto fallback"
 

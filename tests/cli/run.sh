@@ -54,6 +54,26 @@ done
 expect_exit "missing model" 66 "$RUN" -m "$T/nope.gguf" -p hi
 expect_exit "stats file in a missing directory" 73 "$RUN" -m "$TINY" -p hi -n 2 --stats "$T/no/such/dir/s.json"
 "$RUN" --help | grep -q -- "--device DEV" && ok "--help lists --device" || not_ok "--help lists --device"
+"$RUN" --help > "$T/help"
+[ "$(wc -l < "$T/help")" -le 70 ] && tail -n 1 "$T/help" | grep -q -- "--tune help" && tail -n 1 "$T/help" | grep -q TUNING \
+    && ok "--help fits 70 lines and ends pointing to --tune help and TUNING" || not_ok "--help: $(wc -l < "$T/help") lines"
+# the research knobs: --tune KEY=VALUE only, each listed by --tune help and in cb-run(1)'s TUNING
+man_keys=$(sed -n '/^\.Sh TUNING/,/^\.Sh /p' man/man1/cb-run.1 | sed -n 's/^\.It Cm \([a-z-]*\) .*/\1/p' | sort)
+"$RUN" --tune help > "$T/keys" && tune_keys=$(awk '{sub(/=.*/, "", $1); print $1}' "$T/keys" | sort) \
+    && [ -n "$tune_keys" ] && [ "$tune_keys" = "$man_keys" ] \
+    && ok "--tune help lists the keys of cb-run(1)'s TUNING, one line each ($(echo $tune_keys | wc -w))" \
+    || not_ok "--tune help keys '$(echo $tune_keys)' against TUNING's '$(echo $man_keys)'"
+moved=""
+for k in $tune_keys; do grep -q -- "--$k\b" "$T/help" && moved="$moved $k"; done
+[ -z "$moved" ] && ok "--help leaves the knobs to --tune" || not_ok "--help still lists:$moved"
+expect_exit "--tune with an unknown key" 64 "$RUN" -m "$TINY" -p hi --tune warp=9
+grep -q "warp" "$T/err" && ok "the unknown key is named" || not_ok "the unknown key is named"
+expect_exit "--tune mass out of range" 64 "$RUN" -m "$TINY" -p hi --tune mass=1.5
+grep -q -- "--tune mass: '1.5' is not a number in \[0, 1\]" "$T/err" && ok "the bad value names its key and range" || not_ok "the bad value's message"
+expect_exit "--tune key-temp without a value" 64 "$RUN" -m "$TINY" -p hi --tune key-temp
+expect_exit "--tune deviation not k or v" 64 "$RUN" -m "$TINY" -p hi --tune deviation=q
+expect_exit "a knob as an option of its own (--mass)" 64 "$RUN" -m "$TINY" -p hi --mass 0.5
+expect_exit "--tune no-context alone" 0 "$RUN" -m "$TINY" -p hi -n 1 --tune no-context --tune check-layer=1
 
 if M=$(smol_model); then
     # Without --system, SmolLM2's own template writes its default system turn ("You are a

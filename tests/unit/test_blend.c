@@ -1064,7 +1064,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
     }
 
     tcase(
-        "%s: --key-temp divides the loaded keys of all but a true prefix, and ratio 1 still is full",
+        "%s: key_temp divides the loaded keys of all but a true prefix, and ratio 1 still is full",
         label);
     {
         /* reuse with T: every cached key but chunk 0's is T=1's divided by T
@@ -1135,7 +1135,7 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         cb_kvcache_free(kv1), cb_kvcache_free(kvT);
     }
 
-    tcase("%s: --stale-scale flags the rows a blend leaves stale (and only those), which "
+    tcase("%s: stale_scale flags the rows a blend leaves stale (and only those), which "
           "changes its answer; 1, reuse, full and ratio 1 are as without it",
           label);
     {

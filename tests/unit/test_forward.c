@@ -6,7 +6,7 @@
  * run on an explicit subset of rows == the same layer on all rows, a
  * prefill's last layer as K/V only for rows whose output nobody reads ==
  * the whole layer. */
-#include "../../lib/infer/infer.h"
+#include "../../lib/infer/diag.h"
 #include "refmodel.h"
 #include "test.h"
 
