@@ -149,9 +149,6 @@ const char *cb_model_strerror(const cb_model *m, cb_status st); /* st's text; a 
 typedef struct cb_kvcache cb_kvcache; /* per layer, K and V rows by position, f16 or f32 */
 cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_type type);
 void cb_kvcache_free(cb_kvcache *kv);
-/* A chunk's K and V of one layer (f32) into rows pos.., K rotated from from_pos0.. */
-cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k,
-                          const float *v, int32_t from_pos0);
 typedef struct cb_fwd cb_fwd; /* the activations of up to n_max tokens, layer by layer */
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max);
 void cb_fwd_free(cb_fwd *f);

@@ -231,6 +231,12 @@ double cb_spans_ms(const cb_spans *s);
 
 /* ------------------------------------------------------------- KV cache */
 
+/* A chunk's K and V of one layer (f32) into rows pos.., K rotated from
+ * from_pos0..: the loaders' (lib/kv) way in; a client reaches a cache
+ * through cb_blend_prefill. */
+cb_status cb_kvcache_load(cb_kvcache *kv, int32_t layer, int32_t pos, int32_t n, const float *k,
+                          const float *v, int32_t from_pos0);
+
 /* Order the calling thread's next work on layer `layer` of the cache
  * after the loads another thread queued into it (a device-side wait;
  * nothing on the CPU).  The forward's operations on the layer do it; a
