@@ -590,8 +590,7 @@ static int run_answer(run *r)
         return cli_exit_code(st);
     }
     r->gen_ms = cb_now_ms() - r->t0 - r->gr.first_ms;
-    if (isatty(1))
-        putchar('\n');
+    putchar('\n'); /* the answer is a line: one newline after it, always */
     fflush(stdout);
     return 0;
 }

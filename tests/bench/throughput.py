@@ -95,7 +95,7 @@ def main():
         for i, q in enumerate(questions):
             out, _, _, c = run([f"{b}/cb-run"] + common + ["--stats", f"{tmp}/s{i}.json", "--chunks",
                                                            f"{tmp}/q{i}.jsonl", "-p", q])
-            lone.append(out.decode("utf-8", "replace"))
+            lone.append(out[:-1].decode("utf-8", "replace"))  # the answer, less the newline after it
             cpu += c
             lone_prefill.append(json.load(open(f"{tmp}/s{i}.json"))["prefill_ms"] / 1000)
         sep_s.append(time.perf_counter() - t0)

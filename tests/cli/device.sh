@@ -115,7 +115,8 @@ same_as_lone() {
 import json, sys
 same = 0
 for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
-    text = open("%s/lone%d.txt" % (sys.argv[2], i), "rb").read().decode("utf-8", "surrogateescape")
+    # a lone run's answer and the one newline after it
+    text = open("%s/lone%d.txt" % (sys.argv[2], i), "rb").read()[:-1].decode("utf-8", "surrogateescape")
     same += json.loads(line).get("answer") == "".join("\ufffd" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
 print(same)
 PY

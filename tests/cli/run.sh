@@ -36,6 +36,19 @@ else
     skip "--stop" "tiny model answered too briefly"
 fi
 echo "prompt from stdin" | "$RUN" -m "$TINY" -n 3 > "$T/o" && [ -s "$T/o" ] && ok "prompt from stdin" || not_ok "prompt from stdin"
+# the answer is a line into a file or pipe too: its bytes (those --batch
+# puts in "answer", with U+FFFD for each byte of invalid UTF-8), then one
+# newline; a score is one number on its line
+"$RUN" -m "$TINY" -p "x y z" -n 12 --temp 0 > "$T/ans" &&
+    printf '{"question": "x y z", "n_predict": 12}\n' | "$RUN" -m "$TINY" --temp 0 --batch > "$T/ans.jsonl" &&
+    python3 -c 'import json, sys
+d = open(sys.argv[1], "rb").read()
+a = json.loads(open(sys.argv[2]).read())["answer"]
+t = "".join("\ufffd" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in d[:-1].decode("utf-8", "surrogateescape"))
+sys.exit(not (len(d) > 1 and d.endswith(b"\n") and t == a))' "$T/ans" "$T/ans.jsonl" &&
+    ok "the answer ends with one newline, not its own" || not_ok "the answer's final newline"
+"$RUN" -m "$TINY" -p "x y z" --score " a b" > "$T/sc" && [ "$(wc -l < "$T/sc")" -eq 1 ] &&
+    grep -qx '[0-9][0-9.]*' "$T/sc" && ok "--score prints one number and a newline" || not_ok "--score output: $(cat "$T/sc")"
 expect_exit "unknown mode" 64 "$RUN" -m "$TINY" -p hi --mode warp
 expect_exit "bad number" 64 "$RUN" -m "$TINY" -p hi -n lots
 expect_exit "prompt longer than the context" 65 "$RUN" -m "$TINY" -p "one two three four five six" -c 4

@@ -147,7 +147,7 @@ same = 0
 for p in (prompts if greedy else []):
     a = llm.create_completion(p, max_tokens=32, temperature=0.0, top_k=1)["choices"][0]["text"]
     b = subprocess.run([cb_run, "-m", model, "--raw", "--temp", "0", "-n", "32", "-t", "2", "-p", p],
-                       stdout=subprocess.PIPE, check=True).stdout.decode("utf-8", "replace")
+                       stdout=subprocess.PIPE, check=True).stdout[:-1].decode("utf-8", "replace")  # less its newline
     ok = a == b
     same += ok
     if not ok:
