@@ -648,8 +648,9 @@ done:
 /* One line, from reading to writing. */
 typedef struct qline {
     long lineno;
-    size_t seq;     /* its place in the output */
-    cli_question q; /* the parsed object and what its request points into */
+    size_t seq;       /* its place in the output */
+    double submit_ms; /* when it was submitted, from the batch's start */
+    cli_question q;   /* the parsed object and what its request points into */
 } qline;
 
 static void qline_free(qline *q)
@@ -705,6 +706,12 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
                         a->scored ? &a->score : NULL};
         json_t *st = stats_json(o, m, &ss);
         json_object_set_new(st, "kv_bytes", json_integer((json_int_t)a->kv_bytes));
+        /* A question's first token waits for the questions before it and
+         * beside it, so a lone run's ttft_ms has no counterpart here: the
+         * times count from the batch's start instead. */
+        json_object_del(st, "ttft_ms");
+        json_object_set_new(st, "submit_ms", json_real(q->submit_ms));
+        json_object_set_new(st, "first_token_ms", json_real(q->submit_ms + a->gen.first_ms));
         json_object_set_new(out, "stats", st);
     }
     char *line = json_dumps(out, JSON_COMPACT);
@@ -792,19 +799,19 @@ typedef struct brun {
     cb_request defaults; /* the options' */
     cb_batch *b;
     outq w;
-    double t_load;
-    int worst; /* the exit status so far */
+    double t_load, t0;   /* the model's loading; the batch's start (cb_now_ms) */
+    const char *in_name; /* the input's name in messages */
+    int worst;           /* the exit status so far */
 } brun;
 
-/* A line's failure: an error line, and the exit status it makes (65 for
- * bad data, else the failure's). */
+/* A line's failure: "FILE:LINE: message" on stderr, an error line, and the
+ * exit status it makes (65 for bad data, else the failure's). */
 static void line_failed(brun *r, qline *q, const char *msg, cb_status st)
 {
     int code = cli_exit_code(st);
     if (code == CLI_EX_USAGE || code == CLI_EX_NOINPUT || code == CLI_EX_OK)
         code = CLI_EX_DATAERR; /* a bad parameter, a key the store lacks: the line's data */
-    if (code != CLI_EX_DATAERR)
-        cli_err("line %ld: %s", q->lineno, msg);
+    cli_err("%s:%ld: %s", r->in_name, q->lineno, msg);
     if (code != CLI_EX_DATAERR || r->worst == 0)
         r->worst = code;
     if (outq_put(&r->w, q->seq, answer_line(r->o, r->m, r->t_load, q, NULL, msg)) != 0)
@@ -852,6 +859,7 @@ static int feed(brun *r, FILE *in, long *lineno, size_t *seq)
     int bad = cli_question_parse(line, (size_t)len, &r->defaults, r->o->mode_given, r->chunks,
                                  &q->q, &rq, msg, sizeof msg);
     free(line);
+    q->submit_ms = cb_now_ms() - r->t0;
     if (bad) {
         line_failed(r, q, msg, CB_ERR_FORMAT);
         qline_free(q);
@@ -908,12 +916,11 @@ static int batch_stats(const brun *r, double ms)
 
 static int run_batch(const gen_opts *o, const char *path, int32_t size, uint64_t budget)
 {
-    brun r = {.o = o};
+    brun r = {.o = o, .in_name = strcmp(path, "-") ? path : "stdin"};
     FILE *in = strcmp(path, "-") ? fopen(path, "r") : stdin;
     long lineno = 0, total = 0;
     size_t seq = 0;
     int eof = 0, code, tty;
-    double t0;
 
     if (!in) {
         cli_err("%s: %s", path, strerror(errno));
@@ -931,7 +938,7 @@ static int run_batch(const gen_opts *o, const char *path, int32_t size, uint64_t
         r.defaults.score = (cb_strview){o->score, strlen(o->score)};
     if ((code = batch_open(&r, size, budget)) != 0)
         goto done;
-    t0 = cb_now_ms();
+    r.t0 = cb_now_ms();
     if (tty)
         total = count_questions(path);
     while (!eof || cb_batch_busy(r.b)) {
@@ -941,17 +948,17 @@ static int run_batch(const gen_opts *o, const char *path, int32_t size, uint64_t
         if (cb_batch_busy(r.b))
             cb_batch_step(r.b);
         if (tty)
-            progress(cb_batch_get_info(r.b), total, t0, 0);
+            progress(cb_batch_get_info(r.b), total, r.t0, 0);
     }
     if (tty)
-        progress(cb_batch_get_info(r.b), total, t0, 1);
+        progress(cb_batch_get_info(r.b), total, r.t0, 1);
     if (ferror(in)) {
         cli_err("%s: read error", path);
         r.worst = CLI_EX_IOERR;
     }
     code = r.w.io_err ? CLI_EX_IOERR : r.worst;
     if (o->stats_path) {
-        int sc = batch_stats(&r, cb_now_ms() - t0);
+        int sc = batch_stats(&r, cb_now_ms() - r.t0);
         code = code ? code : sc;
     }
 done:

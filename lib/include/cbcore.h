@@ -545,7 +545,7 @@ typedef struct cb_answer {
     size_t len;
     int scored; /* score holds the continuation's score; no text */
     cb_score_result score;
-    cb_gen_result gen;        /* first_ms: from submission to the first token (TTFT) */
+    cb_gen_result gen;        /* first_ms from submission: waits for the prefills in flight */
     double gen_ms;            /* from the first token to the last */
     cb_blend_params bp;       /* the parameters used (the ratio --ratio auto chose) */
     const char *ratio_source; /* "given", "controller" or "fallback" */

@@ -112,10 +112,17 @@ import json, sys
 out = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
 assert [o["id"] for o in out] == list(range(10)), [o.get("id") for o in out]
 assert out[0]["gold"] == "Norden" and "question" not in out[0] and "chunks" not in out[1], out[0]
-need = ["mode", "n_prompt_tokens", "n_cached_tokens", "n_recomputed_tokens", "ratio", "ttft_ms", "prefill_ms",
-        "load_ms", "n_gen_tokens", "gen_ms", "stop"]
+need = ["mode", "n_prompt_tokens", "n_cached_tokens", "n_recomputed_tokens", "ratio", "submit_ms", "first_token_ms",
+        "prefill_ms", "load_ms", "n_gen_tokens", "gen_ms", "stop"]
 for o in out:
-    assert all(k in o["stats"] for k in need), o
+    assert all(k in o["stats"] for k in need) and "ttft_ms" not in o["stats"], o
+# from the batch's start: submitted in input order, the first token after the
+# submission and its own prefill
+sub = [o["stats"]["submit_ms"] for o in out]
+assert sub == sorted(sub) and sub[0] >= 0, sub
+for o in out:
+    s = o["stats"]
+    assert s["first_token_ms"] >= s["submit_ms"] + s["prefill_ms"], s
 modes = [o["stats"]["mode"] for o in out]
 assert modes == ["full", "blend", "reuse", "blend", "full", "prefix", "blend", "full", "blend", "blend"], modes
 assert out[2]["stats"]["n_cached_tokens"] > 0 and out[1]["stats"]["n_cached_tokens"] > 0, out[2]
@@ -187,6 +194,14 @@ assert "ratio" in why["e"] and "n_predict" in why["f"] and "stop" in why["g"], w
 assert "not a chunk key" in why["h"] and "not in the store" in why["i"] and "chunk 1" in why["j"], why
 assert "context" in why["k"], why["k"]
 assert "exclude" in why["m"] and "speedup" in why["n"], why
+PY
+python3 - "$T/o" "$T/err" "$T/bad.jsonl" <<'PY' && ok "each bad line also on stderr, as it fails: cb-run: FILE:LINE: why" \
+    || { not_ok "bad lines on stderr"; sed 's/^/#   /' "$T/err" | head -5; }
+import json, sys
+out = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+err = [l.rstrip("\n") for l in open(sys.argv[2], encoding="utf-8") if not l.startswith("cb-run: warning")]
+want = ["cb-run: %s:%d: %s" % (sys.argv[3], o["line"], o["error"]) for o in out if "error" in o]
+assert len(want) == 14 and sorted(err) == sorted(want), (err, want)  # said as they fail
 PY
 
 # --- usage errors and missing input
