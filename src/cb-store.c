@@ -30,9 +30,10 @@ static void usage(FILE *f)
             "Commands:\n"
             "  init [--tier NAME=PATH[:CAPACITY]]... [--cost NAME=C]... [--promote N]\n"
             "       [--timeout MS]\n"
-            "                     create a store; tiers fastest first (default: one tier\n"
-            "                     'main' in DIR/tiers/main, unlimited); CAPACITY takes K, M,\n"
-            "                     G, T suffixes (powers of 1024); --cost: a tier's relative\n"
+            "                     create a store (the other commands need one); tiers\n"
+            "                     fastest first (default: one tier 'main' in\n"
+            "                     DIR/tiers/main, unlimited); CAPACITY takes K, M, G, T\n"
+            "                     suffixes (powers of 1024); --cost: a tier's relative\n"
             "                     cost per byte, for place (default: fastest dearest);\n"
             "                     --promote N moves an entry to a faster tier on its Nth and\n"
             "                     later gets (default 2, 0 = never)\n"
@@ -167,10 +168,11 @@ static void warn_cb(void *ctx, const char *msg)
     cli_err("warning: %s", msg);
 }
 
-static int open_store(const opts *o, int create, cb_store **s)
+/* Open the store; only init creates one (a missing store is 66). */
+static int open_store(const opts *o, cb_store **s)
 {
     cb_error err;
-    if (cb_store_open(s, o->store, create, &err) != CB_OK)
+    if (cb_store_open(s, o->store, 0, &err) != CB_OK)
         return fail(&err);
     readonly_note(o, *s);
     cb_store_set_warn(*s, warn_cb, NULL);
@@ -445,7 +447,7 @@ static int cmd_ls(const opts *o)
     }
     if (o->model && (code = model_filter(o->model, hex)) != 0)
         return code;
-    if ((code = open_store(o, 0, &s)) != 0)
+    if ((code = open_store(o, &s)) != 0)
         return code;
     if (cb_store_list(s, o->model ? hex : NULL, o->n_tiers ? o->tiers[0] : NULL,
                       o->json ? ls_json : ls_text, &bad, &err) != CB_OK)
@@ -465,7 +467,7 @@ static int cmd_stat(const opts *o)
     int code;
     if ((code = need_args(o, "stat", 0, 0)) != 0)
         return code;
-    if ((code = open_store(o, 0, &s)) != 0)
+    if ((code = open_store(o, &s)) != 0)
         return code;
     int n = cb_store_n_tiers(s);
     if (cb_store_stat(s, st, &misses, &err) != CB_OK) {
@@ -589,7 +591,7 @@ static int cmd_get(const opts *o)
     int code;
     if ((code = need_args(o, "get", 1, 1)) != 0)
         return code;
-    if ((code = open_store(o, 0, &s)) != 0)
+    if ((code = open_store(o, &s)) != 0)
         return code;
     if (cb_store_acquire(s, o->args[0], &ref, &path, &err) != CB_OK)
         code = fail(&err);
@@ -611,7 +613,7 @@ static int cmd_put(const opts *o)
     int code, worst = 0;
     if ((code = need_args(o, "put", 1, -1)) != 0)
         return code;
-    if ((code = open_store(o, 1, &s)) != 0)
+    if ((code = open_store(o, &s)) != 0)
         return code;
     for (int i = 0; i < o->n_args; i++) {
         const char *f = o->args[i];
@@ -640,7 +642,7 @@ static int cmd_keys(const opts *o, const char *cmd)
     int code, worst = 0;
     if ((code = need_args(o, cmd, 1, -1)) != 0)
         return code;
-    if ((code = open_store(o, 0, &s)) != 0)
+    if ((code = open_store(o, &s)) != 0)
         return code;
     for (int i = 0; i < o->n_args; i++) {
         cb_status st = strcmp(cmd, "rm") == 0    ? cb_store_remove(s, o->args[i], &err)
@@ -665,7 +667,7 @@ static int cmd_gc(const opts *o)
     int code;
     if ((code = need_args(o, "gc", 0, 0)) != 0)
         return code;
-    if ((code = open_store(o, 0, &s)) != 0)
+    if ((code = open_store(o, &s)) != 0)
         return code;
     if (cb_store_gc(s, &r, &err) != CB_OK)
         code = fail(&err);
@@ -753,7 +755,7 @@ static int cmd_export(const opts *o)
             cli_err("export: '%s' is not a store key", o->args[i]);
             return CLI_EX_USAGE;
         }
-    if ((code = open_store(o, 0, &s)) != 0)
+    if ((code = open_store(o, &s)) != 0)
         return code;
     int to_stdout = strcmp(o->args[0], "-") == 0;
     if (to_stdout)
@@ -788,7 +790,7 @@ static int cmd_import(const opts *o)
         cli_err("%s: %s", o->args[0], strerror(errno));
         return CLI_EX_NOINPUT;
     }
-    if ((code = open_store(o, 1, &s)) != 0)
+    if ((code = open_store(o, &s)) != 0)
         return code;
     cb_status st = cb_store_import(s, from_stdin ? NULL : o->args[0], from_stdin ? 0 : -1,
                                    import_problem, NULL, &r, &err);

@@ -235,6 +235,7 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
     char *conf = st_asprintf("%s/%s", dir, conf_name);
     char *abs[CB_STORE_MAX_TIERS] = {0};
     char *real[CB_STORE_MAX_TIERS] = {0};
+    int made[CB_STORE_MAX_TIERS] = {0}, n_marked = 0; /* tier directories made, markers written */
     char id[33];
     json_t *root = NULL, *arr = NULL;
     char *text = NULL;
@@ -284,6 +285,7 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
                 cb_error_set(err, CB_ERR_CREATE, "tier %s: %s is not empty", tiers[i].name, abs[i]);
             goto done;
         }
+        made[i] = access(abs[i], F_OK) != 0;
         if (st_mkdir_p(abs[i], 0755) != 0 || !(real[i] = realpath(abs[i], NULL))) {
             st = cb_error_set(err, CB_ERR_CREATE, "tier %s: %s: %s", tiers[i].name, abs[i],
                               strerror(errno));
@@ -296,8 +298,8 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
                 goto done;
             }
     }
-    for (int i = 0; i < n_tiers; i++)
-        if ((st = marker_write(abs[i], id, err)) != CB_OK)
+    for (; n_marked < n_tiers; n_marked++)
+        if ((st = marker_write(abs[n_marked], id, err)) != CB_OK)
             goto done;
     {
         char *o = st_asprintf("%s/owners", dir), *t = st_asprintf("%s/tmp", dir);
@@ -361,6 +363,16 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
      * directory a store, so a crash before this point leaves none. */
     st = cb_file_write_atomic(conf, text, strlen(text), err);
 done:
+    /* A failed init leaves no half store: without the configuration the
+     * markers would make the next init find its tiers taken. */
+    for (int i = 0; st != CB_OK && !*exists && i < n_tiers; i++) {
+        char *mp = i < n_marked ? marker_path(abs[i]) : NULL;
+        if (mp)
+            unlink(mp);
+        free(mp);
+        if (made[i])
+            rmdir(abs[i]);
+    }
     for (int i = 0; i < CB_STORE_MAX_TIERS; i++) {
         free(abs[i]);
         free(real[i]);
@@ -461,7 +473,8 @@ static cb_status read_config(cb_store *s, cb_error *err)
     root = json_load_file(conf, 0, &je);
     if (!root) {
         st = access(conf, F_OK) != 0
-                 ? cb_error_set(err, CB_ERR_NOT_FOUND, "%s: no store there (cb-store init)", s->dir)
+                 ? cb_error_set(err, CB_ERR_NOT_FOUND,
+                                "%s: no store there (create one with cb-store init)", s->dir)
                  : cb_error_set(err, CB_ERR_FORMAT, "%s: line %d: %s", conf, je.line, je.text);
         free(conf);
         return st;

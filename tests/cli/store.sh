@@ -40,6 +40,11 @@ expect_exit "init with a bad capacity" 64 $S init --tier "ram=$RAM:lots"
 expect_exit "init with a bad tier" 64 $S init --tier "noequals"
 expect_exit "init with two tiers" 0 $S init --tier "ram=$RAM:$((SZ * 2 / 1024))K" --tier "disk=$T/disk:1M" --promote 1
 expect_exit "init again" 73 $S init
+# an init that fails midway (its index cannot be made) leaves no half store
+mkdir -p "$T/st5/index.db/x"
+expect_exit "init that cannot make its index" 73 $STORE --store "$T/st5" init
+rm -rf "$T/st5/index.db"
+expect_exit "the next init starts afresh" 0 $STORE --store "$T/st5" init
 grep -q '"capacity": 1048576' "$T/st/store.json" && ok "capacities with suffixes" || not_ok "capacities with suffixes"
 
 # -- put, ls, stat
@@ -133,11 +138,19 @@ else
     skip "archive members" "no zstd"
 fi
 S2="$STORE --store $T/st2"
-expect_exit "import into a new store" 0 $S2 import "$T/all.tar.zst"
+# only init makes a store: import and put into none say so and make nothing
+expect_exit "import where there is no store" 66 $S2 import "$T/all.tar.zst"
+grep -q "no store there.*cb-store init" "$T/err" && [ ! -e "$T/st2" ] && ok "it says to run init, and makes nothing" \
+    || not_ok "import without a store: $(cat "$T/err")"
+expect_exit "put where there is no store" 66 $S2 put "$KV0"
+[ ! -e "$T/st2" ] && ok "put made nothing" || not_ok "put made a store"
+expect_exit "init a new store" 0 $S2 init
+expect_exit "import into the new store" 0 $S2 import "$T/all.tar.zst"
 [ "$($S ls | cut -c1-65 | sort)" = "$($S2 ls | cut -c1-65 | sort)" ] && ok "same keys after import" || not_ok "same keys"
 $S2 get "$K0" -o - | cmp -s - "$KV0" && ok "same bytes after import" || not_ok "same bytes after import"
 expect_exit "verify the imported store" 0 $S2 verify
-$S export - "$K0" | $STORE --store "$T/st3" import - && [ "$($STORE --store "$T/st3" ls | wc -l)" -eq 1 ] \
+$STORE --store "$T/st3" init && $S export - "$K0" | $STORE --store "$T/st3" import - &&
+    [ "$($STORE --store "$T/st3" ls | wc -l)" -eq 1 ] \
     && ok "export - KEY | import -" || not_ok "export - KEY | import -"
 $S export - --compress none | tar tf - | grep -q "^$K0.kv$" && ok "export --compress none: plain tar on stdout" \
     || not_ok "export --compress none"
@@ -163,6 +176,7 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.PAX_FORMAT) as t:
     add("junk.kv", b"hello")
     add("ok/kv-2.kv", other)
 PY
+$STORE --store "$T/st4" init
 expect_exit "import a hostile archive" 65 $STORE --store "$T/st4" import "$T/evil.tar"
 [ "$(grep -c rejected "$T/err")" -eq 6 ] && ok "six members rejected, each named" || not_ok "rejections: $(cat "$T/err")"
 [ "$($STORE --store "$T/st4" ls | wc -l)" -eq 1 ] && ok "the valid member was imported" || not_ok "valid member imported"
