@@ -795,6 +795,27 @@ static int load_kernels(const cudaDeviceProp *prop)
     return loaded;
 }
 
+/* Why cudaGetDeviceCount failed (e), in words a user can act on.  The runtime
+ * reports a missing driver (libcuda.so.1 not loadable) as an insufficient
+ * one; cudaDriverGetVersion tells the two apart: it gives 0 without a driver. */
+static void cuda_no_device(cudaError_t e, char *msg, size_t msg_len)
+{
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    if ((e == cudaErrorInsufficientDriver && drv == 0) || e == cudaErrorNoDevice) {
+        if (drv == 0)
+            snprintf(msg, msg_len, "no NVIDIA driver found (libcuda.so.1 cannot be loaded)");
+        else
+            snprintf(msg, msg_len, "the NVIDIA driver (CUDA %d.%d) sees no GPU", drv / 1000, drv % 1000 / 10);
+    } else if (e == cudaErrorInsufficientDriver) {
+        snprintf(msg, msg_len, "the NVIDIA driver is too old: it runs CUDA %d.%d, this build needs %d.%d; update the driver",
+                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+    } else {
+        snprintf(msg, msg_len, "no usable CUDA device: %s", cudaGetErrorString(e));
+    }
+}
+
 extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_backend **out, int abi, int device,
                                                                            char *msg, size_t msg_len)
 {
@@ -807,7 +828,7 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
         return CB_ERR_DEVICE;
     }
     if ((e = cudaGetDeviceCount(&count)) != cudaSuccess) {
-        snprintf(msg, msg_len, "no usable CUDA device: %s", cudaGetErrorString(e));
+        cuda_no_device(e, msg, msg_len);
         cudaGetLastError();
         return CB_ERR_DEVICE;
     }

@@ -99,6 +99,15 @@ if [ -n "${CB_CUDA_MOD:-}" ]; then
             fi
         done
         [ ! -e "$T/st-cb-precompute" ] && ok "cb-precompute created no store" || not_ok "cb-precompute created no store"
+        # no driver at all (the runtime calls that an insufficient one): said as such
+        if [ ! -e /dev/nvidiactl ] && [ ! -e /proc/driver/nvidia/version ] &&
+            ! python3 -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' 2>/dev/null; then
+            expect_exit "no NVIDIA driver: --device cuda" 69 "$RUN" -m "$TINY" --device cuda -p x
+            grep -q "no NVIDIA driver found" "$T/err" && ! grep -qi "insufficient\|too old" "$T/err" &&
+                ok "it says no driver was found, not an old one" || not_ok "no-driver message: $(cat "$T/err")"
+        else
+            skip "the no-driver message" "this machine has an NVIDIA driver"
+        fi
     fi
 else
     expect_exit "a build without the module: --device cuda" 69 "$RUN" -m "$TINY" --device cuda -p x
