@@ -3,6 +3,10 @@
 # the pipeline on the example corpus (cb-chunk | cb-precompute), then
 # questions that need two chunks answered with full prefill, full KV reuse
 # and CacheBlend, with their times to first token.
+# Everything it stores goes into its own store, $CB_DEMO_STORE (default
+# ${XDG_CACHE_HOME:-~/.cache}/cacheblend/demo-store), kept so that a second
+# run loads the chunks instead of computing them; the user's default store
+# is never touched.  rm -rf it to start over.
 set -eu
 cd "$(dirname "$0")/.."
 M=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
@@ -39,7 +43,7 @@ bin/cb-precompute -m "$M" --store "$S" "$tmp/needed.jsonl" > "$tmp/pre.jsonl"
 echo "   $(grep -c '"cached":false' "$tmp/pre.jsonl") computed now, $(grep -c '"cached":true' "$tmp/pre.jsonl") already stored"
 # A model without a chat template (Gemma-3-270M is a base model) is asked
 # completion-style; an instruction-tuned one in its own chat format.
-bin/cb-run -m "$M" -p x -n 1 --stats "$tmp/probe.json" >/dev/null
+bin/cb-run -m "$M" --store "$S" -p x -n 1 --stats "$tmp/probe.json" >/dev/null
 tmpl=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chat_template"])' "$tmp/probe.json")
 i=0
 while [ $i -lt "$NQ" ]; do
@@ -60,3 +64,5 @@ PY
     done
     i=$((i + 1))
 done
+echo
+echo "== the demo's store: $S (rm -rf it to start over)"

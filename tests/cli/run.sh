@@ -108,6 +108,15 @@ sys.exit(not a - b > 10)' "$T/sys.json" "$T/nosys.json" &&
         got=$(ask "$q")
         if printf %s "$got" | grep -qi "$a"; then ok "SmolLM2: $q"; else not_ok "SmolLM2: $q -> $got"; fi
     done
+    # the demo keeps to its own store: the user's default one is not made or touched
+    mkdir -p "$T/xdg"
+    XDG_CACHE_HOME=$T/xdg CB_STORE='' CB_MODEL=$M CB_DEMO_QUESTIONS=1 sh examples/demo.sh > "$T/demo.out" 2>&1; rc=$?
+    if [ $rc = 0 ] && [ ! -e "$T/xdg/cacheblend/store" ] && [ -f "$T/xdg/cacheblend/demo-store/store.json" ] &&
+        grep -q "demo-store" "$T/demo.out"; then
+        ok "examples/demo.sh stores only into its own store, and names it"
+    else
+        not_ok "examples/demo.sh's store (exit $rc; $(ls "$T/xdg/cacheblend" 2>&1 | tr '\n' ' '))"; tail -3 "$T/demo.out" | sed 's/^/#   /'
+    fi
 else
     skip "SmolLM2 factual answers" "SmolLM2 not fetched (make model MODEL=smollm2)"
 fi
