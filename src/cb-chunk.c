@@ -625,7 +625,7 @@ int main(int argc, char **argv)
     int c, code;
 
     cli_prog = "cb-chunk";
-    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, CLI_COMMON_SHORT, opts)) != -1) {
         if ((code = cli_common_opt(&co, c, optarg, usage)) != CLI_NOT_COMMON) {
             if (code != CLI_CONTINUE)
                 return code;
@@ -673,7 +673,10 @@ int main(int argc, char **argv)
         return err.status == CB_ERR_INVALID ? CLI_EX_USAGE : cli_exit_code(err.status);
     }
     x.tokens = vocab != NULL;
-    if (vocab)
+    if (cp.max == 0) /* --tokens 0 or --chars 0 */
+        cli_info("chunking by %s%s, no size limit: each document (or separator piece) is one chunk",
+                 vocab ? "tokens of " : "characters", vocab ? model_used : "");
+    else if (vocab)
         cli_info("chunking by tokens of %s, at most %d per chunk", model_used, (int)cp.max);
     else
         cli_info("chunking by characters, at most %d per chunk", (int)cp.max);
@@ -687,8 +690,14 @@ int main(int argc, char **argv)
     show_progress(&x, 1);
     if (!x.fatal) {
         double dt = now_s() - x.t0;
-        cli_info("%zu documents, %zu chunks, %.2f MB in %.2f s (%.2f MB/s)", x.n_docs, x.n_chunks,
-                 (double)x.n_bytes / 1e6, dt, dt > 0 ? (double)x.n_bytes / 1e6 / dt : 0.0);
+        char size[32], rate[48] = "";
+        if (dt >= 0.1) /* a rate over less is noise */
+            snprintf(rate, sizeof rate, " (%.2f MB/s)", (double)x.n_bytes / 1e6 / dt);
+        cli_info("%zu %s, %zu %s, %s in %.*f %s%s", x.n_docs,
+                 cli_plural(x.n_docs, "document", "documents"), x.n_chunks,
+                 cli_plural(x.n_chunks, "chunk", "chunks"),
+                 cli_bytes((uint64_t)x.n_bytes, size, sizeof size), dt < 1 ? 0 : 2,
+                 dt < 1 ? dt * 1e3 : dt, dt < 1 ? "ms" : "s", rate);
     }
     cb_chunks_free(&x.chunks);
     cb_chunker_free(x.ck);

@@ -136,7 +136,7 @@ static int parse_args(int argc, char **argv, pre *x)
     static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0"};
     static const cb_type kv_types[] = {CB_TYPE_F16, CB_TYPE_F32, CB_TYPE_BF16, CB_TYPE_Q8_0};
     int c, r;
-    while ((c = getopt_long(argc, argv, CLI_COMMON_SHORT, opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, CLI_COMMON_SHORT, opts)) != -1) {
         if ((r = cli_common_opt(&x->co, c, optarg, usage)) != CLI_NOT_COMMON) {
             if (r != CLI_CONTINUE)
                 return r;
@@ -453,10 +453,13 @@ static int run(pre *x)
     if (cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
         fprintf(
             stderr,
-            "cb-precompute: %ld chunks: %ld stored, %ld already cached, %ld bad records; %.0f tokens/s\n",
-            x->n_done, x->n_new, x->n_cached, x->n_bad, x->tok_done / (el > 0 ? el : 1));
+            "cb-precompute: %ld %s: %ld stored, %ld already cached, %ld bad %s; %.0f tokens/s\n",
+            x->n_done, cli_plural((uint64_t)x->n_done, "chunk", "chunks"), x->n_new, x->n_cached,
+            x->n_bad, cli_plural((uint64_t)x->n_bad, "record", "records"),
+            x->tok_done / (el > 0 ? el : 1));
     if (x->context && cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
-        fprintf(stderr, "cb-precompute: %ld chunks also after the chunk before them\n", x->n_after);
+        fprintf(stderr, "cb-precompute: %ld %s also after the chunk before them\n", x->n_after,
+                cli_plural((uint64_t)x->n_after, "chunk", "chunks"));
     return 0;
 }
 

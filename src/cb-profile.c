@@ -141,7 +141,7 @@ static int parse_args(int argc, char **argv, popts *o)
         {0, 0, 0, 0},
     };
     int c, r;
-    while ((c = getopt_long(argc, argv, "o:" CLI_COMMON_SHORT, opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "o:" CLI_COMMON_SHORT, opts)) != -1) {
         if ((r = cli_common_opt(&o->co, c, optarg, usage)) != CLI_NOT_COMMON) {
             if (r != CLI_CONTINUE)
                 return r;

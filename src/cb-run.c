@@ -1269,7 +1269,7 @@ static int parse_args(int argc, char **argv, gen_opts *o, cli_run *cr)
         {0, 0, 0, 0},
     };
     int c, r;
-    while ((c = getopt_long(argc, argv, "p:f:n:s:c:" CLI_COMMON_SHORT, opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "p:f:n:s:c:" CLI_COMMON_SHORT, opts)) != -1) {
         if (c == OPT_TUNE && !strcmp(optarg, "help")) {
             tune_help(stdout);
             return cli_finish(0);

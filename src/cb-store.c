@@ -673,11 +673,13 @@ static int cmd_gc(const opts *o)
         code = fail(&err);
     else
         cli_info(
-            "gc: %llu demoted, %llu evicted, %llu orphan files and %llu temporary files removed, %llu stale index "
-            "entries dropped, %llu entries in use or pinned",
+            "gc: %llu demoted, %llu evicted, %llu orphan %s and %llu temporary %s removed, %llu "
+            "stale index %s dropped, %llu %s in use or pinned",
             (unsigned long long)r.demoted, (unsigned long long)r.evicted,
-            (unsigned long long)r.orphans, (unsigned long long)r.temps, (unsigned long long)r.stale,
-            (unsigned long long)r.busy);
+            (unsigned long long)r.orphans, cli_plural(r.orphans, "file", "files"),
+            (unsigned long long)r.temps, cli_plural(r.temps, "file", "files"),
+            (unsigned long long)r.stale, cli_plural(r.stale, "entry", "entries"),
+            (unsigned long long)r.busy, cli_plural(r.busy, "entry", "entries"));
     cb_store_close(s);
     return code;
 }
@@ -712,14 +714,16 @@ static int cmd_verify(const opts *o)
         code = fail(&err);
     } else {
         code = st == CB_OK ? 0 : CLI_EX_DATAERR;
+        char size[32];
         if (cli_verbosity >= 2 || (cli_verbosity >= 1 && r.problems))
-            fprintf(
-                stderr,
-                "cb-store: verify: %llu entries, %llu files, %llu bytes checked; %llu problems, %llu repaired, "
-                "%llu left\n",
-                (unsigned long long)r.entries, (unsigned long long)r.files,
-                (unsigned long long)r.bytes, (unsigned long long)r.problems,
-                (unsigned long long)r.repaired, (unsigned long long)r.remaining);
+            fprintf(stderr,
+                    "cb-store: verify: %llu %s, %llu %s, %s checked; %llu %s, %llu repaired, %llu "
+                    "left\n",
+                    (unsigned long long)r.entries, cli_plural(r.entries, "entry", "entries"),
+                    (unsigned long long)r.files, cli_plural(r.files, "file", "files"),
+                    cli_bytes(r.bytes, size, sizeof size), (unsigned long long)r.problems,
+                    cli_plural(r.problems, "problem", "problems"), (unsigned long long)r.repaired,
+                    (unsigned long long)r.remaining);
     }
     cb_store_close(s);
     return code;
@@ -765,8 +769,8 @@ static int cmd_export(const opts *o)
                         &err) != CB_OK)
         code = err.status == CB_ERR_INVALID ? (cli_err("%s", err.msg), CLI_EX_USAGE) : fail(&err);
     else
-        cli_info("export: %llu entries written to %s", (unsigned long long)n,
-                 to_stdout ? "standard output" : o->args[0]);
+        cli_info("export: %llu %s written to %s", (unsigned long long)n,
+                 cli_plural(n, "entry", "entries"), to_stdout ? "standard output" : o->args[0]);
     cb_store_close(s);
     return code;
 }
@@ -952,7 +956,7 @@ int main(int argc, char **argv)
     o.costs = calloc((size_t)argc + 1, sizeof *o.costs);
     if (!o.tiers || !o.costs)
         return CLI_EX_SOFTWARE;
-    while ((c = getopt_long(argc, argv, "o:" CLI_COMMON_SHORT, lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "o:" CLI_COMMON_SHORT, lopts)) != -1) {
         given[OPT_DEVICE] |= c == CLI_OPT_DEVICE;
         if ((code = cli_common_opt(&co, c, optarg, usage)) != CLI_NOT_COMMON) {
             if (code != CLI_CONTINUE)

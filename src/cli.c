@@ -220,6 +220,74 @@ char *cli_utf8_clean(const char *s, size_t n, size_t *out_len)
     return out;
 }
 
+const char *cli_plural(uint64_t n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
+}
+
+const char *cli_bytes(uint64_t n, char *buf, size_t size)
+{
+    if (n < 1000)
+        snprintf(buf, size, "%llu %s", (unsigned long long)n, cli_plural(n, "byte", "bytes"));
+    else if (n < 1000000)
+        snprintf(buf, size, "%.1f kB", (double)n / 1e3);
+    else if (n < 1000000000)
+        snprintf(buf, size, "%.2f MB", (double)n / 1e6);
+    else
+        snprintf(buf, size, "%.2f GB", (double)n / 1e9);
+    return buf;
+}
+
+/* The long option that `text` ("--name" or "--name=value") names, by its
+ * whole name or an abbreviation; NULL for none, and *n_match the number of
+ * options it abbreviates. */
+static const struct option *long_named(const char *text, const struct option *lo, int *n_match)
+{
+    const char *name = text + 2;
+    size_t n = strcspn(name, "=");
+    const struct option *hit = NULL;
+    *n_match = 0;
+    for (; lo && lo->name; lo++) {
+        if (strncmp(lo->name, name, n) != 0)
+            continue;
+        if (lo->name[n] == 0) { /* the whole name wins over abbreviations */
+            *n_match = 1;
+            return lo;
+        }
+        hit = lo, ++*n_match;
+    }
+    return *n_match == 1 ? hit : NULL;
+}
+
+int cli_getopt(int argc, char *const argv[], const char *shortopts, const struct option *longopts)
+{
+    opterr = 0;
+    int c = getopt_long(argc, argv, shortopts, longopts, NULL);
+    if (c != '?')
+        return c;
+    const char *text = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+    if (strncmp(text, "--", 2) == 0 && text[2]) {
+        int n_match;
+        const struct option *lo = long_named(text, longopts, &n_match);
+        int len = (int)strcspn(text, "=");
+        if (n_match > 1)
+            cli_err("option '%.*s' is ambiguous (see --help)", len, text);
+        else if (!lo)
+            cli_err("unknown option '%.*s' (see --help)", len, text);
+        else if (lo->has_arg == no_argument)
+            cli_err("option '--%s' takes no argument (see --help)", lo->name);
+        else
+            cli_err("option '--%s' needs an argument (see --help)", lo->name);
+    } else if (optopt && optopt != ':' && strchr(shortopts, optopt)) {
+        cli_err("option '-%c' needs an argument (see --help)", optopt);
+    } else if (optopt > ' ' && optopt < 127) {
+        cli_err("unknown option '-%c' (see --help)", optopt);
+    } else {
+        cli_err("unknown option '%s' (see --help)", text);
+    }
+    return '?';
+}
+
 int cli_common_opt(cli_common *co, int c, const char *arg, void (*usage)(FILE *))
 {
     char *end;
@@ -242,7 +310,7 @@ int cli_common_opt(cli_common *co, int c, const char *arg, void (*usage)(FILE *)
     case 'q': cli_verbosity = 0; return CLI_CONTINUE;
     case 'h': usage(stdout); return cli_finish(0);
     case CLI_OPT_VERSION: cli_version(); return cli_finish(0);
-    case '?': usage(stderr); return CLI_EX_USAGE;
+    case '?': return CLI_EX_USAGE; /* cli_getopt said why */
     }
     return CLI_NOT_COMMON;
 }

@@ -94,6 +94,12 @@ uint64_t cli_mem_available(void);
 /* Print the --version line. */
 void cli_version(void);
 
+/* `one` when n is 1, else `many` ("1 problem", "2 problems"). */
+const char *cli_plural(uint64_t n, const char *one, const char *many);
+/* n bytes for a message, at a precision that suits its size ("512 bytes",
+ * "4.2 kB", "3.18 MB", "1.20 GB"; powers of 1000) into buf; returns buf. */
+const char *cli_bytes(uint64_t n, char *buf, size_t size);
+
 /* ------------------------------------------------------ common options
  * Every program takes -m/--model, -t/--threads, -v/--verbose, -q/--quiet,
  * -h/--help and --version; those that open a store take --store, those
@@ -140,11 +146,16 @@ enum { CLI_OPT_VERSION = 0x1000, CLI_OPT_STORE, CLI_OPT_DEVICE, CLI_OPT_ACT8, CL
 /* ... and when it handled it and parsing goes on. */
 #define CLI_CONTINUE (-2)
 
-/* Handle option c (getopt_long's return, arg its optarg).  Returns
+/* getopt_long without its messages: an option it rejects ('?') is said in
+ * one line, "prog: unknown option '--x' (see --help)" (or one that needs an
+ * argument, takes none, or is ambiguous), instead of the whole help. */
+int cli_getopt(int argc, char *const argv[], const char *shortopts, const struct option *longopts);
+
+/* Handle option c (cli_getopt's return, arg its optarg).  Returns
  * CLI_CONTINUE when it took a common option, CLI_NOT_COMMON when c is the
  * program's own, or the status to exit with now: 0 after printing -h
  * (usage(stdout)) or --version, 64 after a bad -t (1 to 1024 threads) or
- * an option getopt rejected ('?': usage(stderr)). */
+ * an option cli_getopt rejected ('?', said there). */
 int cli_common_opt(cli_common *co, int c, const char *arg, void (*usage)(FILE *));
 
 /* Compute threads: -t, else every online core. */

@@ -530,8 +530,9 @@ static cb_status verify_row(vctx *v, const rowl *r)
         if (v->fix) {
             /* The index may be what is wrong: a file that is valid on its
              * own terms is kept and the index corrected. */
-            if (check_file(p, r->key, NULL, sum, model, &nt, &size, &v->rep->bytes, why,
-                           sizeof why) == NULL) {
+            uint64_t again = 0; /* the same bytes: counted once */
+            if (check_file(p, r->key, NULL, sum, model, &nt, &size, &again, why, sizeof why) ==
+                NULL) {
                 sqlite3_stmt *q;
                 if (st_begin_stmt(s, SQL_FIXSUM, &q, NULL) == CB_OK) {
                     sqlite3_bind_text(q, 1, r->key, -1, SQLITE_STATIC);

@@ -179,6 +179,14 @@ import json, sys
 t = [json.loads(l)['text'] for l in open(sys.argv[1])]
 assert t == ['one', 'two three', 'four'], t" "$T/sep.jsonl" && ok "--separator cuts at every match" || not_ok "--separator"
 
+# -v's lines: --chars 0 means no limit, and says so; a small input's size
+# and time in units that show them, one document in the singular
+printf 'one two\n\nthree four\n' | "$CHUNK" -v --chars 0 > "$T/z.jsonl" 2> "$T/z.err"
+[ "$(wc -l < "$T/z.jsonl")" -eq 1 ] && grep -q "no size limit" "$T/z.err" && ! grep -q "at most 0" "$T/z.err" &&
+    grep -q ": 1 document, 1 chunk, 20 bytes in [0-9]* ms$" "$T/z.err" &&
+    ok "-v --chars 0: no size limit, one chunk; '1 document, 1 chunk, 20 bytes in N ms'" ||
+    not_ok "-v lines: $(cat "$T/z.err")"
+
 # -------------------------------------------------------------- bad input
 printf 'good text\n' > "$T/good.txt"
 printf 'caf\351 au lait\n' > "$T/latin1.txt"

@@ -113,11 +113,17 @@ expect_exit "gc" 0 $S gc
 expect_exit "verify a sound store" 0 $S verify
 F=$($S get "$K1")
 python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(-300, 2); b = f.read(1); f.seek(-300, 2); f.write(bytes([b[0] ^ 1]))' "$F"
-expect_exit "verify finds a flipped byte" 65 $S verify
+expect_exit "verify finds a flipped byte" 65 $S -v verify
 grep -q "$K1" "$T/out" && ok "verify names the damaged entry" || not_ok "verify names the damaged entry"
+grep -q "; 1 problem, 0 repaired, 1 left$" "$T/err" && ok "verify -v: '1 problem'" || not_ok "verify -v: $(cat "$T/err")"
 cp "$T/kv/kv-5.kv" "$T/disk/$K5.kv"
 expect_exit "verify finds a file the index does not know" 65 $S verify
-expect_exit "verify --repair" 0 $S verify --repair
+# every byte is read once, a damaged file's too: the total is the files'
+tot=$(cat "$RAM"/*.kv "$T"/disk/*.kv | wc -c)
+expect_exit "verify --repair" 0 $S -v verify --repair
+want=$(python3 -c 'import sys; n = int(sys.argv[1]); print("%.1f kB" % (n / 1e3) if n < 1e6 else "%.2f MB" % (n / 1e6))' "$tot")
+grep -q " files, $want checked; 2 problems, 2 repaired, 0 left" "$T/err" &&
+    ok "verify --repair -v: the bytes of the files ($want), once" || not_ok "verify --repair -v (want $want): $(cat "$T/err")"
 grep -q "repaired" "$T/out" && ok "repair says what it fixed" || not_ok "repair says what it fixed"
 expect_exit "verify after repair" 0 $S verify
 $S ls | grep -q "$K5" && ! $S ls | grep -q "$K1" && ok "repair adopted the valid file and dropped the damaged one" \
