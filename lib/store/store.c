@@ -236,6 +236,7 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
     char *abs[CB_STORE_MAX_TIERS] = {0};
     char *real[CB_STORE_MAX_TIERS] = {0};
     int made[CB_STORE_MAX_TIERS] = {0}, n_marked = 0; /* tier directories made, markers written */
+    int made_rest = 0;                                /* owners/, tmp/ and the index were made */
     char id[33];
     json_t *root = NULL, *arr = NULL;
     char *text = NULL;
@@ -301,6 +302,7 @@ static cb_status init_locked(const char *dir, const cb_store_tier *tiers, int n_
     for (; n_marked < n_tiers; n_marked++)
         if ((st = marker_write(abs[n_marked], id, err)) != CB_OK)
             goto done;
+    made_rest = 1;
     {
         char *o = st_asprintf("%s/owners", dir), *t = st_asprintf("%s/tmp", dir);
         int bad = !o || !t || st_mkdir_p(o, 0755) != 0 || st_mkdir_p(t, 0755) != 0;
@@ -372,6 +374,22 @@ done:
         free(mp);
         if (made[i])
             rmdir(abs[i]);
+    }
+    if (st != CB_OK && !*exists && made_rest) {
+        static const char *const rest[] = {"index.db", "index.db-wal", "index.db-shm"};
+        for (int i = 0; i < 3; i++) {
+            char *p = st_asprintf("%s/%s", dir, rest[i]);
+            if (p)
+                unlink(p);
+            free(p);
+        }
+        static const char *const dirs[] = {"owners", "tmp"};
+        for (int i = 0; i < 2; i++) {
+            char *p = st_asprintf("%s/%s", dir, dirs[i]);
+            if (p)
+                rmdir(p);
+            free(p);
+        }
     }
     for (int i = 0; i < CB_STORE_MAX_TIERS; i++) {
         free(abs[i]);
