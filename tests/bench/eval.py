@@ -34,9 +34,10 @@ Cached per model under --cache (default ~/.cache/cacheblend/eval): the
 passages' store; full prefill's and closed-book's answers and first-token
 logits, keyed by the engine (a hash of full prefill's logits on a fixed
 probe prompt: any change to the arithmetic invalidates them, a change to the
-blend does not); each blend mode's results, keyed by the cb-run binary and
-the mode's options, so an interrupted run resumes and a method's run costs
-only its own blends.  Full prefill's TTFT is timed once, when it is cached.
+blend does not); each blend mode's results, keyed by the default blend's and
+reuse's logits on the probe (--fresh: and the cb-run binary) and the mode's
+options, so an interrupted run resumes and a method's run costs only its
+own blends.  Full prefill's TTFT is timed once, when it is cached.
 
   python3 tests/bench/eval.py --set nq20 --split dev -n 300 --model M.gguf
   python3 tests/bench/eval.py --report-from results.json   (tables again)
@@ -337,10 +338,18 @@ def run_eval(args):
         engine = sha(open(lf, "rb").read() + args.set.encode() + str(args.max_new).encode() + SYSTEM.encode())
         full_dir = os.path.join(cache, "full-" + engine)
         os.makedirs(full_dir, exist_ok=True)
-        binkey = sha(rn.run) + "-" + engine
+        # the blends' key: the default's and reuse's logits on the probe, so a
+        # rebuild that leaves the blend's bits alone keeps its results (--fresh:
+        # the binary's hash too, for a change on a method's own path)
+        probe_chunks = chunks_file(work, q0, args.set, 0)
+        blend_bits = b""
+        for m in ("default", "reuse"):
+            _, _, lf = rn.cb_run(mode_args(m, store, probe_chunks, None), question_text(q0), "probe")
+            blend_bits += open(lf, "rb").read()
+        binkey = sha(blend_bits + engine.encode()) + (("-" + sha(rn.run)) if args.fresh else "")
         blend_dir = os.path.join(cache, "runs-" + binkey)
         os.makedirs(blend_dir, exist_ok=True)
-        print(f"eval: engine {engine}, binary {binkey}; cache {cache}", file=sys.stderr)
+        print(f"eval: engine {engine}, blends {binkey}; cache {cache}", file=sys.stderr)
 
         modes = ["full", "closed", "reuse", "default", "random"]
         modes += [f"speedup={s:g}" for s in args.dial if s != 4]
@@ -390,7 +399,7 @@ def run_eval(args):
             print(f"eval: question {qi} ({n_done + 1} of {len(qs)}, {el:.0f} s)", file=sys.stderr)
         results = [done[m][qi] for qi, _ in qs for m in modes]
         meta = {"set": args.set, "split": args.split, "first": args.first, "n": len(qs),
-                "model": mkey, "engine": engine, "binary": binkey, "commit": git_commit(args.top),
+                "model": mkey, "engine": engine, "blends": binkey, "commit": git_commit(args.top),
                 "threads": args.threads, "max_new": args.max_new, "system": SYSTEM, "modes": modes,
                 "precompute_s": pre_s}
         out = {"meta": meta, "results": results, "questions": {str(qi): {"answers": q["answers"]} for qi, q in qs}}
@@ -540,6 +549,9 @@ def main():
     ap.add_argument("--out", default="eval-results.json")
     ap.add_argument("--report", default=None, help="also write the table (markdown) to this file")
     ap.add_argument("--plot", default="eval-dial.png", help="the quality dial's plot ('' for none)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="key the blends' cached results by the cb-run binary too (a change to a method's own "
+                         "path that leaves the default's bits alone)")
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--report-from", default=None, help="the table of an earlier results file")
     args = ap.parse_args()
