@@ -36,8 +36,8 @@ static void usage(FILE *f)
         "      --min-p P      drop tokens below P x the top probability (default 0.05)\n"
         "  -s, --seed N       sampling seed (default 0)\n"
         "      --stop STR     stop when STR is generated (not printed); repeatable\n"
-        "  -c, --ctx N        context size in tokens (default: prompt + N, at most the\n"
-        "                     model's training context)\n"
+        "  -c, --ctx N        context size in tokens (default: prompt + N; at most the\n"
+        "                     model's trained context, and the prompt must fit in it)\n"
         "\n"
         "Reusing cached chunks (see cb-precompute(1)):\n"
         "      --chunks FILE  chunk records (JSON Lines with \"text\"), placed in order between\n"
@@ -152,10 +152,11 @@ static void usage(FILE *f)
         "  -h, --help         this help\n"
         "      --version      print the version\n"
         "\n"
-        "Exit status: 0 success, 64 usage error, 65 bad input data (malformed GGUF,\n"
-        "unsupported model, unknown token id, prompt longer than the context),\n"
-        "66 input missing, 69 compute device not available or failed (a device\n"
-        "fault), 70 internal error, 73 cannot create output, 74 I/O error.\n");
+        "Exit status: 0 success, 64 usage error (-c past the model's context), 65 bad\n"
+        "input data (malformed GGUF, unsupported model, unknown token id, prompt\n"
+        "longer than the context), 66 input missing, 69 compute device not available\n"
+        "or failed (a device fault), 70 internal error or too little memory for the\n"
+        "context, 73 cannot create output, 74 I/O error.\n");
 }
 
 enum {
@@ -249,7 +250,7 @@ typedef struct run {
 } run;
 
 /* --chunks' records (into *chunks) and the model (its load time into
- * *t_load). */
+ * *t_load); -c within the context the model was trained for. */
 static int open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *t_load)
 {
     cb_model_params mp = cli_model_params(o->n_threads, o->device);
@@ -265,6 +266,11 @@ static int open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *
         return cli_exit_code(st);
     }
     *t_load = cb_now_ms() - t;
+    if (o->n_ctx > cb_model_hparams(*m)->n_ctx_train) {
+        cli_err("-c %d: more than the model's context (%d tokens, as trained)", o->n_ctx,
+                cb_model_hparams(*m)->n_ctx_train);
+        return CLI_EX_USAGE;
+    }
     return 0;
 }
 
@@ -334,7 +340,27 @@ static int run_continuation(run *r)
     return 0;
 }
 
-/* Assemble the prompt, find its caches, and size the context. */
+/* What the run's cache and activations take, before they are taken: on
+ * the CPU, more than the memory available now is refused (a device's
+ * allocations fail by themselves). */
+static int run_memory(const run *r)
+{
+    int64_t rows = r->total > (int64_t)r->cont.n ? r->total : (int64_t)r->cont.n;
+    uint64_t kv = cb_kvcache_bytes(r->m, (int32_t)r->n_ctx, r->o->kv_type);
+    uint64_t act = cb_fwd_bytes(r->m, (int32_t)rows), avail;
+    uint64_t need = (kv + act) * (r->o->verify ? 2 : 1); /* --verify: a second pair */
+
+    if (strcmp(cb_model_backend(r->m), "cpu") != 0 || need <= (avail = cli_mem_available()))
+        return 0;
+    cli_err("a context of %lld tokens needs %.0f MiB (KV cache %.0f MiB, activations %.0f MiB%s); "
+            "%.0f MiB of memory are available",
+            (long long)r->n_ctx, need / 1048576.0, kv / 1048576.0, act / 1048576.0,
+            r->o->verify ? ", twice for --verify" : "", avail / 1048576.0);
+    return cli_exit_code(CB_ERR_NOMEM);
+}
+
+/* Assemble the prompt (refused past the model's context), find its
+ * caches, and size the context and its memory. */
 static int run_prompt(run *r, const char *text, size_t len)
 {
     const gen_opts *o = r->o;
@@ -343,6 +369,7 @@ static int run_prompt(run *r, const char *text, size_t len)
     cb_strview *texts = calloc(nc ? nc : 1, sizeof *texts);
     cb_error err;
     cb_status st;
+    int code;
 
     if (!texts)
         return CLI_EX_SOFTWARE;
@@ -365,19 +392,24 @@ static int run_prompt(run *r, const char *text, size_t len)
         cli_err("%s: the prompt is empty", o->in_name);
         return CLI_EX_DATAERR;
     }
-    if (o->score || o->score_file) {
-        int code = run_continuation(r);
-        if (code)
-            return code;
-    }
+    if ((o->score || o->score_file) && (code = run_continuation(r)) != 0)
+        return code;
+    /* the prompt is shorter than the trained context (cb_prompt_build), and -c no longer */
     r->n_ctx = o->n_ctx > 0 ? o->n_ctx : r->total + (r->cont.n ? (int64_t)r->cont.n : o->n_predict);
     if (o->n_ctx <= 0 && r->n_ctx > hp->n_ctx_train)
-        r->n_ctx = hp->n_ctx_train > r->total ? hp->n_ctx_train : r->total + 1;
+        r->n_ctx = hp->n_ctx_train;
     if (r->total >= r->n_ctx) {
         cli_err("%s: the prompt has %lld tokens; the context holds %lld (-c)", o->in_name,
                 (long long)r->total, (long long)r->n_ctx);
         return CLI_EX_DATAERR;
     }
+    if (r->total + (int64_t)r->cont.n - 1 > r->n_ctx) { /* cb_score's positions */
+        cli_err("%s: the prompt and the continuation need %lld positions; the context holds %lld",
+                o->in_name, (long long)(r->total + (int64_t)r->cont.n - 1), (long long)r->n_ctx);
+        return CLI_EX_DATAERR;
+    }
+    if ((code = run_memory(r)) != 0)
+        return code;
     cli_info("%s: %s, %d layers, device %s, loaded in %.0f ms", o->model, hp->arch, hp->n_layer,
              cb_model_device(r->m), r->t_load);
     cli_info(
@@ -945,7 +977,8 @@ static int feed(brun *r, FILE *in, long *lineno, size_t *seq)
     return 0;
 }
 
-/* The model, the store, --chunks, and the batch with its limits. */
+/* The model, the store, --chunks, and the batch with its limits; with -c,
+ * one question's cache is to fit the memory available (on the CPU). */
 static int batch_open(brun *r, int32_t size, uint64_t budget)
 {
     const gen_opts *o = r->o;
@@ -955,6 +988,14 @@ static int batch_open(brun *r, int32_t size, uint64_t budget)
     if ((code = open_model(o, &r->chunks, &r->m, &r->t_load)) != 0 ||
         (code = open_store(o, &r->store)) != 0)
         return code;
+    if (o->n_ctx > 0 && strcmp(cb_model_backend(r->m), "cpu") == 0) {
+        uint64_t kv = cb_kvcache_bytes(r->m, o->n_ctx, o->kv_type), avail = cli_mem_available();
+        if (kv > avail) {
+            cli_err("-c %d: a question's KV cache takes %.0f MiB; %.0f MiB of memory are available",
+                    o->n_ctx, kv / 1048576.0, avail / 1048576.0);
+            return cli_exit_code(CB_ERR_NOMEM);
+        }
+    }
     if (!budget)
         budget = cli_mem_available() / 2;
     int32_t dflt = cb_batch_default_size(r->m, o->kv_type, budget);
