@@ -36,8 +36,8 @@ static void usage(FILE *f)
         "      --min-p P      drop tokens below P x the top probability (default 0.05)\n"
         "  -s, --seed N       sampling seed (default 0)\n"
         "      --stop STR     stop when STR is generated (not printed); repeatable\n"
-        "  -c, --ctx N        context size in tokens (default: prompt + N; at most the\n"
-        "                     model's trained context, and the prompt must fit in it)\n"
+        "  -c, --ctx N        context size in tokens (default: prompt + N, at most the\n"
+        "                     model's training context)\n"
         "\n"
         "Reusing cached chunks (see cb-precompute(1)):\n"
         "      --chunks FILE  chunk records (JSON Lines with \"text\"), placed in order between\n"
@@ -152,11 +152,10 @@ static void usage(FILE *f)
         "  -h, --help         this help\n"
         "      --version      print the version\n"
         "\n"
-        "Exit status: 0 success, 64 usage error (-c past the model's context), 65 bad\n"
-        "input data (malformed GGUF, unsupported model, unknown token id, prompt\n"
-        "longer than the context), 66 input missing, 69 compute device not available\n"
-        "or failed (a device fault), 70 internal error or too little memory for the\n"
-        "context, 73 cannot create output, 74 I/O error.\n");
+        "Exit status: 0 success, 64 usage error, 65 bad input data (malformed GGUF,\n"
+        "unsupported model, unknown token id, prompt longer than the context),\n"
+        "66 input missing, 69 compute device not available or failed (a device\n"
+        "fault), 70 internal error, 73 cannot create output, 74 I/O error.\n");
 }
 
 enum {
