@@ -1420,6 +1420,7 @@ int main(int argc, char **argv)
     int code = 0;
 
     cli_prog = "cb-run";
+    cli_trap_sigbus();
     o.n_predict = 256;
     o.kv_type = CB_TYPE_F16;
     o.sp = cb_sampler_defaults();
