@@ -625,6 +625,7 @@ int main(int argc, char **argv)
     int c, code;
 
     cli_prog = "cb-chunk";
+    cli_trap_sigbus();
     while ((c = cli_getopt(argc, argv, CLI_COMMON_SHORT, opts)) != -1) {
         if ((code = cli_common_opt(&co, c, optarg, usage)) != CLI_NOT_COMMON) {
             if (code != CLI_CONTINUE)

@@ -470,6 +470,7 @@ int main(int argc, char **argv)
     int code;
 
     cli_prog = "cb-precompute";
+    cli_trap_sigbus();
     if ((code = parse_args(argc, argv, &x)) >= 0)
         return code;
     const char *in_path = optind < argc ? argv[optind] : "-";

@@ -509,6 +509,7 @@ int main(int argc, char **argv)
     int code;
 
     cli_prog = "cb-profile";
+    cli_trap_sigbus();
     if ((code = parse_args(argc, argv, &o)) >= 0)
         return code;
     cb_model_params mp = cli_model_params(o.co.n_threads, o.co.device);

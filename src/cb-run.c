@@ -164,7 +164,7 @@ typedef struct run {
 } run;
 
 /* --chunks' records (into *chunks) and the model (its load time into
- * *t_load). */
+ * *t_load); -c within the context the model was trained for. */
 static int open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *t_load)
 {
     cb_model_params mp = cli_model_params(o->n_threads, o->device);
@@ -180,6 +180,11 @@ static int open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *
         return cli_exit_code(st);
     }
     *t_load = cb_now_ms() - t;
+    if (o->n_ctx > cb_model_hparams(*m)->n_ctx_train) {
+        cli_err("-c %d: more than the model's context (%d tokens, as trained)", o->n_ctx,
+                cb_model_hparams(*m)->n_ctx_train);
+        return CLI_EX_USAGE;
+    }
     return 0;
 }
 
@@ -249,7 +254,27 @@ static int run_continuation(run *r)
     return 0;
 }
 
-/* Assemble the prompt, find its caches, and size the context. */
+/* What the run's cache and activations take, before they are taken: on
+ * the CPU, more than the memory available now is refused (a device's
+ * allocations fail by themselves). */
+static int run_memory(const run *r)
+{
+    int64_t rows = r->total > (int64_t)r->cont.n ? r->total : (int64_t)r->cont.n;
+    uint64_t kv = cb_kvcache_bytes(r->m, (int32_t)r->n_ctx, r->o->kv_type);
+    uint64_t act = cb_fwd_bytes(r->m, (int32_t)rows), avail;
+    uint64_t need = (kv + act) * (r->o->verify ? 2 : 1); /* --verify: a second pair */
+
+    if (strcmp(cb_model_backend(r->m), "cpu") != 0 || need <= (avail = cli_mem_available()))
+        return 0;
+    cli_err("a context of %lld tokens needs %.0f MiB (KV cache %.0f MiB, activations %.0f MiB%s); "
+            "%.0f MiB of memory are available",
+            (long long)r->n_ctx, need / 1048576.0, kv / 1048576.0, act / 1048576.0,
+            r->o->verify ? ", twice for --verify" : "", avail / 1048576.0);
+    return cli_exit_code(CB_ERR_NOMEM);
+}
+
+/* Assemble the prompt (refused past the model's context), find its
+ * caches, and size the context and its memory. */
 static int run_prompt(run *r, const char *text, size_t len)
 {
     const gen_opts *o = r->o;
@@ -258,6 +283,7 @@ static int run_prompt(run *r, const char *text, size_t len)
     cb_strview *texts = calloc(nc ? nc : 1, sizeof *texts);
     cb_error err;
     cb_status st;
+    int code;
 
     if (!texts)
         return CLI_EX_SOFTWARE;
@@ -280,19 +306,24 @@ static int run_prompt(run *r, const char *text, size_t len)
         cli_err("%s: the prompt is empty", o->in_name);
         return CLI_EX_DATAERR;
     }
-    if (o->score || o->score_file) {
-        int code = run_continuation(r);
-        if (code)
-            return code;
-    }
+    if ((o->score || o->score_file) && (code = run_continuation(r)) != 0)
+        return code;
+    /* the prompt is shorter than the trained context (cb_prompt_build), and -c no longer */
     r->n_ctx = o->n_ctx > 0 ? o->n_ctx : r->total + (r->cont.n ? (int64_t)r->cont.n : o->n_predict);
     if (o->n_ctx <= 0 && r->n_ctx > hp->n_ctx_train)
-        r->n_ctx = hp->n_ctx_train > r->total ? hp->n_ctx_train : r->total + 1;
+        r->n_ctx = hp->n_ctx_train;
     if (r->total >= r->n_ctx) {
         cli_err("%s: the prompt has %lld tokens; the context holds %lld (-c)", o->in_name,
                 (long long)r->total, (long long)r->n_ctx);
         return CLI_EX_DATAERR;
     }
+    if (r->total + (int64_t)r->cont.n - 1 > r->n_ctx) { /* cb_score's positions */
+        cli_err("%s: the prompt and the continuation need %lld positions; the context holds %lld",
+                o->in_name, (long long)(r->total + (int64_t)r->cont.n - 1), (long long)r->n_ctx);
+        return CLI_EX_DATAERR;
+    }
+    if ((code = run_memory(r)) != 0)
+        return code;
     cli_info("%s: %s, %d layers, device %s, loaded in %.0f ms", o->model, hp->arch, hp->n_layer,
              cb_model_device(r->m), r->t_load);
     cli_info(
@@ -870,7 +901,8 @@ static int feed(brun *r, FILE *in, long *lineno, size_t *seq)
     return 0;
 }
 
-/* The model, the store, --chunks, and the batch with its limits. */
+/* The model, the store, --chunks, and the batch with its limits; with -c,
+ * one question's cache is to fit the memory available (on the CPU). */
 static int batch_open(brun *r, int32_t size, uint64_t budget)
 {
     const gen_opts *o = r->o;
@@ -880,6 +912,14 @@ static int batch_open(brun *r, int32_t size, uint64_t budget)
     if ((code = open_model(o, &r->chunks, &r->m, &r->t_load)) != 0 ||
         (code = open_store(o, &r->store)) != 0)
         return code;
+    if (o->n_ctx > 0 && strcmp(cb_model_backend(r->m), "cpu") == 0) {
+        uint64_t kv = cb_kvcache_bytes(r->m, o->n_ctx, o->kv_type), avail = cli_mem_available();
+        if (kv > avail) {
+            cli_err("-c %d: a question's KV cache takes %.0f MiB; %.0f MiB of memory are available",
+                    o->n_ctx, kv / 1048576.0, avail / 1048576.0);
+            return cli_exit_code(CB_ERR_NOMEM);
+        }
+    }
     if (!budget)
         budget = cli_mem_available() / 2;
     int32_t dflt = cb_batch_default_size(r->m, o->kv_type, budget);
@@ -1367,6 +1407,7 @@ int main(int argc, char **argv)
     int code = 0;
 
     cli_prog = "cb-run";
+    cli_trap_sigbus();
     o.n_predict = 256;
     o.kv_type = CB_TYPE_F16;
     o.sp = cb_sampler_defaults();

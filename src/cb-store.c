@@ -949,6 +949,7 @@ int main(int argc, char **argv)
     int c, code, given[OPT_KEY_FILE + 1] = {0};
 
     cli_prog = "cb-store";
+    cli_trap_sigbus();
     o.promote = -1;
     o.ratio = 0.15;
     o.tokens = 3072;

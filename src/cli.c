@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,31 @@ uint64_t cli_mem_available(void)
         return (uint64_t)kb * 1024;
     long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : (uint64_t)1 << 30;
+}
+
+static char sigbus_msg[192];
+static size_t sigbus_len;
+
+static void on_sigbus(int sig)
+{
+    (void)sig;
+    if (write(2, sigbus_msg, sigbus_len) < 0) { /* nothing more to say */
+    }
+    _exit(CLI_EX_IOERR);
+}
+
+void cli_trap_sigbus(void)
+{
+    struct sigaction sa;
+    int n = snprintf(sigbus_msg, sizeof sigbus_msg,
+                     "%s: a mapped file (the model or a KV file) was truncated or could not be "
+                     "read while in use\n",
+                     cli_prog);
+    sigbus_len = n < 0 ? 0 : (size_t)n < sizeof sigbus_msg ? (size_t)n : sizeof sigbus_msg - 1;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
 }
 
 void cli_version(void) { printf("%s (cacheblend) %s\n", cli_prog, CB_VERSION_STRING); }

@@ -90,6 +90,11 @@ int cli_write_json(const char *path, const void *json_obj);
 /* The memory this machine can give a process now: MemAvailable from
  * /proc/meminfo, else the free pages (sysconf), else 1 GiB. */
 uint64_t cli_mem_available(void);
+/* A file the library maps (the model, a KV file) truncated under the
+ * program makes its next read fault (SIGBUS): it then ends with a
+ * message naming the cause and exit 74, not a crash.  Call once cli_prog
+ * is set. */
+void cli_trap_sigbus(void);
 
 /* Print the --version line. */
 void cli_version(void);

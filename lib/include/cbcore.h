@@ -28,13 +28,11 @@ typedef enum cb_status {
     CB_ERR_DEVICE = -12      /* the compute device is not available, or failed (a fault) */
 } cb_status;
 #define CB_ERROR_MSG_MAX 512
-/* Error detail for functions that create objects. */
-typedef struct cb_error {
+typedef struct cb_error { /* error detail for functions that create objects */
     cb_status status;
     char msg[CB_ERROR_MSG_MAX];
 } cb_error;
-/* A borrowed, not NUL-terminated string. */
-typedef struct cb_strview {
+typedef struct cb_strview { /* a borrowed string, not NUL-terminated */
     const char *data;
     size_t len;
 } cb_strview;
@@ -148,9 +146,11 @@ const char *cb_model_strerror(const cb_model *m, cb_status st); /* st's text; a 
 /* ------------------------------------------------- KV cache, forward pass */
 typedef struct cb_kvcache cb_kvcache; /* per layer, K and V rows by position, f16 or f32 */
 cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_type type);
+uint64_t cb_kvcache_bytes(const cb_model *m, int32_t n_ctx, cb_type type); /* its K and V */
 void cb_kvcache_free(cb_kvcache *kv);
 typedef struct cb_fwd cb_fwd; /* the activations of up to n_max tokens, layer by layer */
 cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max);
+uint64_t cb_fwd_bytes(const cb_model *m, int32_t n_max); /* what cb_fwd_new allocates */
 void cb_fwd_free(cb_fwd *f);
 /* Tokens -> hidden rows 0..n-1 at positions pos. */
 cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int32_t n);

@@ -202,6 +202,20 @@ cb_status cb_fwd_new(cb_fwd **out, const cb_model *m, int32_t n_max)
     return CB_OK;
 }
 
+/* Counts what cb_fwd_new allocates, buffer by buffer; the backend's own
+ * scratch for products of n_max rows (reserve) is not counted. */
+uint64_t cb_fwd_bytes(const cb_model *m, int32_t n_max)
+{
+    const cb_hparams *hp = &m->hp;
+    uint64_t n = n_max < 1 ? 0 : (uint64_t)n_max, d = (uint64_t)hp->n_embd,
+             dq = (uint64_t)hp->n_head * (uint64_t)hp->head_dim,
+             dkv = (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
+    uint64_t host = 6 * sizeof(int32_t) * n + sizeof(float) * dq;
+    uint64_t rows = 3 * d + 2 * dq + 2 * dkv + 2 * (uint64_t)hp->n_ff + 1;
+    uint64_t logits = (n < FWD_LOGIT_ROWS ? n : FWD_LOGIT_ROWS) * (uint64_t)hp->n_vocab;
+    return n ? host + sizeof(float) * (n * rows + logits) : 0;
+}
+
 void cb_fwd_free(cb_fwd *f)
 {
     if (!f)

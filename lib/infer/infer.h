@@ -157,6 +157,14 @@ int32_t cb_vocab_eos(const cb_vocab *v);
 int32_t cb_vocab_eot(const cb_vocab *v);
 int cb_vocab_add_bos(const cb_vocab *v);
 int cb_vocab_add_eos(const cb_vocab *v);
+/* The most input bytes one token of an encoding stands for: the longest
+ * token text as stored (a byte-level or SPM text is never shorter than the
+ * bytes it covers), at least 1; 0 where a token also swallows the
+ * whitespace around it (lstrip, rstrip) and no such bound holds.  A text
+ * of more than n times this many bytes encodes to more than n tokens, but
+ * for bytes a vocabulary can only drop (no token, no byte fallback, no
+ * unknown token). */
+size_t cb_vocab_max_token_bytes(const cb_vocab *v);
 /* Text of a token as stored in the vocabulary, and its CB_TOKEN_* attrs;
  * {NULL,0} and 0 for an id out of range. */
 cb_strview cb_vocab_token_text(const cb_vocab *v, int32_t id);
@@ -252,9 +260,6 @@ void cb_kvcache_after_loads(const cb_kvcache *kv, int32_t layer);
 void cb_kvcache_hand_over(cb_kvcache *kv);
 void cb_kvcache_before_loads(const cb_kvcache *kv);
 
-/* The bytes of K and V a cache of n_ctx positions of type `type` holds
- * (what cb_kvcache_new allocates for them: every layer's K and V). */
-uint64_t cb_kvcache_bytes(const cb_model *m, int32_t n_ctx, cb_type type);
 int32_t cb_kvcache_n_ctx(const cb_kvcache *kv);
 cb_type cb_kvcache_type(const cb_kvcache *kv);
 const cb_model *cb_kvcache_model(const cb_kvcache *kv);

@@ -95,6 +95,8 @@ struct cb_vocab {
     int32_t *special; /* ids of control/user-defined/unknown tokens, longest text first */
     size_t n_special;
 
+    size_t max_bytes; /* cb_vocab_max_token_bytes */
+
     /* Byte fallback for a merged symbol outside the vocabulary: SPM's
      * <0xXX> (or the byte itself), BPE's one-byte token; NO_TOKEN if none. */
     int32_t byte_tok[256];

@@ -269,6 +269,15 @@ cb_status cb_vocab_load(cb_vocab **out, const cb_gguf *g, cb_error *err)
         st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    v->max_bytes = 1; /* cb_vocab_max_token_bytes */
+    for (int32_t id = 0; id < v->n_tokens; id++) {
+        if (v->tok[id].attr & (TOK_LSTRIP | TOK_RSTRIP)) {
+            v->max_bytes = 0;
+            break;
+        }
+        if (v->tok[id].len > v->max_bytes)
+            v->max_bytes = v->tok[id].len;
+    }
     *out = v;
     return CB_OK;
 fail:
@@ -286,6 +295,7 @@ int32_t cb_vocab_eos(const cb_vocab *v) { return v->eos; }
 int32_t cb_vocab_eot(const cb_vocab *v) { return v->eot; }
 int cb_vocab_add_bos(const cb_vocab *v) { return v->add_bos; }
 int cb_vocab_add_eos(const cb_vocab *v) { return v->add_eos; }
+size_t cb_vocab_max_token_bytes(const cb_vocab *v) { return v->max_bytes; }
 
 cb_strview cb_vocab_token_text(const cb_vocab *v, int32_t id)
 {

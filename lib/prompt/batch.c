@@ -241,14 +241,25 @@ static cb_status job_prepare(cb_batch *b, job *j, const cb_request *rq, cb_error
             return cb_error_set(err, CB_ERR_FORMAT, "the continuation to score has no tokens");
         a->scored = 1;
     }
+    /* the prompt is within the trained context (cb_prompt_build), the context too */
+    if (rq->n_ctx > hp->n_ctx_train)
+        return cb_error_set(err, CB_ERR_RANGE,
+                            "a context of %d tokens is more than the model's (%d, as trained)",
+                            rq->n_ctx, hp->n_ctx_train);
     j->n_ctx = rq->n_ctx > 0
                    ? rq->n_ctx
                    : a->n_prompt_tokens + (j->cont.n ? (int64_t)j->cont.n : rq->gp.n_predict);
     if (rq->n_ctx <= 0 && j->n_ctx > hp->n_ctx_train)
-        j->n_ctx = hp->n_ctx_train > a->n_prompt_tokens ? hp->n_ctx_train : a->n_prompt_tokens + 1;
+        j->n_ctx = hp->n_ctx_train;
     if (a->n_prompt_tokens >= j->n_ctx)
         return cb_error_set(err, CB_ERR_RANGE, "the prompt has %lld tokens; the context holds %lld",
                             (long long)a->n_prompt_tokens, (long long)j->n_ctx);
+    if (a->n_prompt_tokens + (int64_t)j->cont.n - 1 > j->n_ctx) /* cb_score's positions */
+        return cb_error_set(err, CB_ERR_RANGE,
+                            "the prompt and the continuation need %lld positions; the context "
+                            "holds %lld",
+                            (long long)(a->n_prompt_tokens + (int64_t)j->cont.n - 1),
+                            (long long)j->n_ctx);
     a->kv_bytes = cb_kvcache_bytes(b->m, (int32_t)j->n_ctx, j->kv_type);
     return CB_OK;
 }

@@ -231,8 +231,31 @@ static cb_status add_tail(cb_prompt *p, const cb_chat_parts *parts, const cb_tok
     return st;
 }
 
+/* Refuse, before tokenizing, a prompt whose bytes alone say it has more
+ * tokens than the model's trained context: a huge input costs its reading
+ * and no more (cb_vocab_max_token_bytes bounds the bytes a token covers). */
+static cb_status check_bytes(const cb_model *m, const cb_chat_parts *parts, cb_chat_kind kind,
+                             const cb_strview *texts, const cb_chunk_src *srcs, size_t n_chunks,
+                             size_t len, cb_error *err)
+{
+    size_t per = cb_vocab_max_token_bytes(cb_model_vocab(m));
+    int32_t n_ctx = cb_model_hparams(m)->n_ctx_train;
+    uint64_t bytes = len;
+    if (kind != CB_CHAT_NONE)
+        bytes += strlen(parts->prefix) + strlen(parts->suffix);
+    for (size_t i = 0; i < n_chunks; i++)
+        bytes += srcs ? srcs[i].text.len : texts[i].len;
+    if (per == 0 || n_ctx < 1 || bytes <= (uint64_t)n_ctx * per)
+        return CB_OK;
+    return cb_error_set(err, CB_ERR_RANGE,
+                        "the prompt has %llu bytes, more tokens than the model's context holds "
+                        "(%d tokens, as trained: %llu bytes at most)",
+                        (unsigned long long)bytes, n_ctx, (unsigned long long)n_ctx * per);
+}
+
 /* cb_prompt_build and cb_prompt_build_from: the chunks as texts, or as
- * sources (texts or store keys). */
+ * sources (texts or store keys); refused past the model's trained context
+ * (a token to spare). */
 static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, const char *system,
                        int raw, const cb_strview *texts, const cb_chunk_src *srcs, size_t n_chunks,
                        const char *question, size_t len, cb_error *err)
@@ -249,6 +272,8 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
         goto fail;
     if ((st = render(m, system, raw, &p->kind, &parts)) != CB_OK)
         goto fail;
+    if ((st = check_bytes(m, &parts, p->kind, texts, srcs, n_chunks, len, err)) != CB_OK)
+        goto fail_said;
     if ((st = add_head(p, &parts)) != CB_OK)
         goto fail;
     p->has_own =
@@ -262,13 +287,19 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
     for (size_t i = 0; i < n_chunks; i++) {
         if (srcs && !srcs[i].text.data) {
             if ((st = add_chunk_key(p, store, srcs[i].key, &p->sep, i == 0, err)) != CB_OK)
-                goto fail_keyed;
+                goto fail_said;
         } else if ((st = add_chunk(p, srcs ? srcs[i].text : texts[i], &p->sep, i == 0)) != CB_OK) {
             goto fail;
         }
     }
     if ((st = add_tail(p, &parts, n_chunks > 0 ? &p->sep : NULL, question, len)) != CB_OK)
         goto fail;
+    if (cb_prompt_n_tokens(p) >= cb_model_hparams(m)->n_ctx_train) {
+        st = cb_error_set(err, CB_ERR_RANGE,
+                          "the prompt has %lld tokens; the model's context holds %d (as trained)",
+                          (long long)cb_prompt_n_tokens(p), cb_model_hparams(m)->n_ctx_train);
+        goto fail_said;
+    }
     if (!(p->segs = calloc((size_t)p->n, sizeof *p->segs))) {
         st = CB_ERR_NOMEM;
         goto fail;
@@ -278,7 +309,7 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
     return CB_OK;
 fail:
     cb_error_set(err, st, "cannot build the prompt: %s", cb_strerror(st));
-fail_keyed: /* err says which key */
+fail_said: /* err says why */
     cb_chat_parts_free(&parts);
     cb_prompt_free(p);
     return st;
