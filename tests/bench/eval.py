@@ -512,8 +512,8 @@ def dial_plot(summ, order, meta, png):
                             f"{100 * s['agreement'][2]:.2f} {100 * s['retention'][0]:.2f} "
                             f"{100 * s['retention'][1]:.2f} {100 * s['retention'][2]:.2f} \"{m}\"\n")
         title = f"{meta['model']}, {meta['set']} {meta['split']} ({meta['n']} questions)"
-        script = (f"set terminal png size 900,600; set output '{png}'; set grid; set key bottom left;"
-                  f"set title '{title}: the quality dial (labels: --speedup; bars: 95% intervals)';"
+        script = (f"set terminal png noenhanced size 1000,600; set output '{png}'; set grid; set key bottom left;"
+                  f"set title \"{title}\\nthe quality dial (labels: --speedup; bars: 95% intervals)\";"
                   "set xlabel 'TTFT speedup over full prefill (x)'; set ylabel '%'; set yrange [0:105];"
                   f"plot '{dat}' index 0 using 1:2:3:4 with yerrorlines lw 2 pt 7 title 'agreement with full',"
                   f" '' index 0 using 1:5:6:7 with yerrorlines lw 2 pt 5 title 'retention',"
