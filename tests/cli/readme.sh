@@ -206,11 +206,11 @@ done < "$T/blocks/manifest"
 # -- what make demo runs, on the small model and one question, in a store of the test's
 if [ ! -f "$MODEL" ]; then
     skip "examples/demo.sh (make demo)" "no model: neither SmolLM2 nor $MODEL"
-elif (cd "$top" && CB_MODEL="$MODEL" CB_DEMO_QUESTIONS=1 CB_DEMO_STORE="$W/demo-store" CB_STORE="$W/default-store" \
-    sh examples/demo.sh) > "$T/demo.out" 2>&1 && grep -q '^   blend ' "$T/demo.out" && [ ! -e "$W/default-store" ]; then
+elif (cd "$top" && CB_MODEL="$MODEL" CB_DEMO_QUESTIONS=1 CB_DEMO_STORE="$W/demo-store" CB_STORE="$W/demo-default-store" \
+    sh examples/demo.sh) > "$T/demo.out" 2>&1 && grep -q '^   blend ' "$T/demo.out" && [ ! -e "$W/demo-default-store" ]; then
     ok "examples/demo.sh (make demo) answers a question three ways, in its own store only"
 else
-    not_ok "examples/demo.sh (make demo)$([ -e "$W/default-store" ] && echo ': it wrote into the default store')"
+    not_ok "examples/demo.sh (make demo)$([ -e "$W/demo-default-store" ] && echo ': it wrote into the default store')"
     tail -n 8 "$T/demo.out" | sed 's/^/#   /'
 fi
 done_testing
