@@ -440,10 +440,11 @@ def label(m):
             "default": "**blend, default (speedup 4)**"}.get(m, m.replace("speedup=", "blend, speedup "))
 
 
-def report(out, b=1000, plot=None):
+def report(out, b=1000, plot=None, q_from=0):
     meta, questions = out["meta"], out["questions"]
     order = [m for m in meta["modes"]]
-    modes = {m: sorted([dict(r) for r in out["results"] if r["mode"] == m], key=lambda r: r["q"]) for m in order}
+    modes = {m: sorted([dict(r) for r in out["results"] if r["mode"] == m and r["q"] >= q_from],
+                       key=lambda r: r["q"]) for m in order}
     fulls = {}
     for r in modes["full"]:
         fulls[r["q"]] = score(r, questions[str(r["q"])], None)
@@ -554,11 +555,14 @@ def main():
                          "path that leaves the default's bits alone)")
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--report-from", default=None, help="the table of an earlier results file")
+    ap.add_argument("--questions-from", type=int, default=0,
+                    help="with --report-from: only the questions numbered from Q on (say, those whose "
+                         "runs were all timed on a quiet machine)")
     args = ap.parse_args()
     args.top = top
     args.dial = [float(x) for x in args.dial.split(",") if x.strip()] if isinstance(args.dial, str) else args.dial
     out = json.load(open(args.report_from)) if args.report_from else run_eval(args)
-    text, _ = report(out, args.bootstrap, args.plot or None)
+    text, _ = report(out, args.bootstrap, args.plot or None, args.questions_from)
     print(text)
     if args.report:
         with open(args.report, "w") as f:
