@@ -6,60 +6,13 @@ their precompute, and the question's wording.  The many and short shapes
 use the gold answer to choose text, so they serve diagnostics only; make
 eval (eval.py) builds no shape from the gold answer.
 """
-import argparse
-import array
 import json
-import math
 import os
 import re
-import shutil
-import string
 import subprocess
-import sys
-import tempfile
 import time
-from collections import Counter
 
-
-def normalize(s):
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def f1(pred, gold):
-    p, g = normalize(pred).split(), normalize(gold).split()
-    common = Counter(p) & Counter(g)
-    same = sum(common.values())
-    if not p or not g:
-        return float(p == g)
-    if same == 0:
-        return 0.0
-    prec, rec = same / len(p), same / len(g)
-    return 2 * prec * rec / (prec + rec)
-
-
-def read_logits(path):
-    a = array.array("f")
-    with open(path, "rb") as f:
-        a.frombytes(f.read())
-    return a
-
-
-def kl_top1(p_logits, q_logits):
-    """KL(softmax p || softmax q) and whether the argmaxes agree."""
-    mp, mq = max(p_logits), max(q_logits)
-    zp = math.fsum(math.exp(x - mp) for x in p_logits)
-    zq = math.fsum(math.exp(x - mq) for x in q_logits)
-    lzp, lzq = math.log(zp), math.log(zq)
-    kl = 0.0
-    for a, b in zip(p_logits, q_logits):
-        la = a - mp - lzp
-        kl += math.exp(la) * (la - (b - mq - lzq))
-    ap = max(range(len(p_logits)), key=p_logits.__getitem__)
-    aq = max(range(len(q_logits)), key=q_logits.__getitem__)
-    return max(kl, 0.0), ap == aq
+from eval import normalize  # noqa: E402  (one normalization for both)
 
 
 def load_qa(path):
@@ -156,8 +109,3 @@ def precompute(pre, store, kv_type, common, qchunks, work, context=False):
 
 def question_text(q, cue=""):
     return f"Answer the question with a few words, based on the passages above.\nQuestion: {q['question']}{cue}"
-
-
-def first_line(ans):
-    ans = ans.strip()
-    return ans.split("\n")[0].strip() if ans else ""
