@@ -485,7 +485,7 @@ def report(out, b=1000, plot=None, q_from=0):
         w(f"- default minus full prefill, F1 against gold: {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]")
     text = "\n".join(lines)
     if plot:
-        dial_plot(summ, order, meta, plot)
+        dial_plot(summ, order, dict(meta, n=len(qn)), plot)
     return text, summ
 
 
