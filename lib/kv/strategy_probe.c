@@ -151,7 +151,8 @@ static cb_status run_selection(blend_plan *pl, const blend_scored *sc, int64_t n
  * score order), the other rows after them in score order.  The answer to a
  * question usually lives in one or two of the passages: recomputing those
  * whole gives their tokens one another's fresh K/V, where scattered
- * tokens see stale neighbours. */
+ * tokens see stale neighbours.  Off by default: on nq20's development half
+ * it lost to the scattered choice at the same budget (EVAL.md, round 4). */
 static cb_status by_passage(const blend_plan *pl, blend_scored *sc, int64_t n_c, int64_t want)
 {
     int32_t ns = pl->n_segs, n_pick = pl->p->probe_passages;
