@@ -624,8 +624,8 @@ static void init_ops(void)
     OP(download, cu_download);
     OP(sync, cu_sync);
     /* the loader's layers read into page-locked memory and sent from there
-     * (cu_host_alloc), behind CB_CUDA_PIN=1 until a GPU run has checked it
-     * (issue 34); without it, malloc's memory through the staging buffers */
+     * (cu_host_alloc), behind CB_CUDA_PIN=1 until a GPU run has checked it;
+     * without it, malloc's memory through the staging buffers */
     if (env_is("CB_CUDA_PIN", "1")) {
         OP(host_alloc, cu_host_alloc);
         RELEASE(host_free, cu_host_free);
@@ -664,7 +664,7 @@ static void init_ops(void)
     if (!env_is("CB_CUDA_MASS", "0"))
         OP(attn_mass, cu_attn_mass);
     /* blending's stale scale (the key bias both attention kernels add),
-     * behind CB_CUDA_KBIAS=1 until a GPU run has checked it (issue 34):
+     * behind CB_CUDA_KBIAS=1 until a GPU run has checked it:
      * without it a blend on the device keeps the scale 1, and says so */
     if (env_is("CB_CUDA_KBIAS", "1"))
         OP(set_key_bias, cu_set_key_bias);
@@ -673,7 +673,7 @@ static void init_ops(void)
     /* cuBLAS picks its algorithm by shape and a product's input rows share
      * one f16 scale: a row's bits can depend on its company (backend.h).
      * The few-row kernel (cuda_mm.cu) keeps each row to itself; it stays
-     * behind CB_CUDA_GEMV=1 until a GPU run has checked it (issue 34), and
+     * behind CB_CUDA_GEMV=1 until a GPU run has checked it, and
      * then decoding batches sequences in products of up to CU_GEMV_ROWS
      * rows (cb_backend_cuda_open sets rows_step and rows_max) */
     cu_gemv_rows = env_is("CB_CUDA_GEMV", "1") ? CU_GEMV_ROWS : 0;
@@ -685,11 +685,11 @@ static void init_ops(void)
         o->matmul_multi = NULL;
     /* index arrays sent once while they repeat (stage_memo), attention's
      * and attn_mass's scratch kept (keep_on), behind CB_CUDA_MEMO=1 until a
-     * GPU run has checked them (issue 34) */
+     * GPU run has checked them */
     cu_memo = env_is("CB_CUDA_MEMO", "1");
     /* Q's and K's RoPE in one launch, K's and V's cache rows in one, a
      * residual and the next norm in one, behind CB_CUDA_FUSE=1 until a GPU
-     * run has checked them (issue 34) */
+     * run has checked them */
     cu_fuse = env_is("CB_CUDA_FUSE", "1"); /* (and products_16's input scale without a memset) */
     if (cu_fuse) {
         OP(rope_qk, cu_rope_qk);
@@ -701,7 +701,7 @@ static void init_ops(void)
         o->add_rmsnorm = NULL;
     }
     /* a decode step recorded as a graph and replayed (cuda_graph.cu),
-     * behind CB_CUDA_GRAPH=1 until a GPU run has checked it (issue 34);
+     * behind CB_CUDA_GRAPH=1 until a GPU run has checked it;
      * with the memo only (a recording stages through an arena of its own,
      * and attention's scratch must not be allocated inside it), and not
      * under CB_CUDA_SYNC=1, whose waits no recording may hold.  Their
@@ -892,11 +892,11 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
     }
     pthread_once(&ops_once, init_ops);
     /* tensor-core attention (cuda_attn.cu's k_flash), behind CB_CUDA_FA=1
-     * until a GPU run has checked it (issue 34); per backend, so that
+     * until a GPU run has checked it; per backend, so that
      * test_backend_ops can hold one with it and one without */
     c->fa = env_is("CB_CUDA_FA", "1") && c->fa_smem > 0;
     /* weights kept in their GGUF blocks (cuda_mm.cu), behind CB_CUDA_QW=1
-     * until a GPU run has checked it (issue 34); per backend likewise */
+     * until a GPU run has checked it; per backend likewise */
     c->qw = env_is("CB_CUDA_QW", "1");
     b->ops = &cuda_ops;
     b->ctx = c;

@@ -244,7 +244,7 @@ static int att_splits(const cudaDeviceProp *prop, int64_t n, const int32_t *pos,
 
 /* ------------------------------------------- tensor-core attention */
 
-/* CB_CUDA_FA=1 (issue 34; the scalar kernel above stays the reference):
+/* CB_CUDA_FA=1 (the scalar kernel above stays the reference):
  * query rows in tiles of FA_BQ, FA_BK keys a step, both products on the
  * tensor cores in f16 with f32 sums (wmma 16x16x16), the softmax online
  * in f32, flash-attention style.  Warp w owns rows 16w..16w+15 of the

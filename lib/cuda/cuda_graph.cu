@@ -1,5 +1,5 @@
 /* cuda_graph.cu - graphs (backend.h's graph_begin and graph_end), behind
- * CB_CUDA_GRAPH=1 until a GPU run has checked them (issue 34): a decode
+ * CB_CUDA_GRAPH=1 until a GPU run has checked them: a decode
  * step's few hundred launches recorded once per step (stream capture on
  * the thread's stream) and queued as one graph, the executable graph of
  * the step before updated in place (cudaGraphExecUpdate) rather than made

@@ -527,7 +527,7 @@ float cb_model_layer_rope_base(const cb_model *m, int32_t l) { return m->layers[
 float cb_model_attn_scale(const cb_model *m) { return m->attn_scale; }
 
 /* Measured with CB_BACKEND_PROFILE=1 on full prefills of MuSiQue's
- * ~3,600-token prompts (issue 31): the attention's time per (row, key)
+ * ~3,600-token prompts (EVAL.md): the attention's time per (row, key)
  * over its 2 n_head head_dim multiply-adds a layer, against the products'
  * time per row over the layers' weights.  The CPU's 8-bit path (products
  * in 8 bits; attention in 8 bits with VNNI, f32 tiles without): 1.98

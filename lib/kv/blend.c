@@ -51,8 +51,8 @@ cb_blend_params cb_blend_defaults(void)
     cb_blend_params p;
     memset(&p, 0, sizeof p);
     p.mode = CB_MODE_BLEND;
-    p.strategy = CB_STRATEGY_AUTO; /* probe, measured best (issue 15), but hkvd on short
-                                    * prompts (issue 31: blend_choose) */
+    p.strategy = CB_STRATEGY_AUTO; /* probe, measured best (EVAL.md), but hkvd on short
+                                    * prompts (blend_choose) */
     p.check_layer = 1;
     p.n_ratios = 1;
     p.ratios[0] = 0.15f;
@@ -60,8 +60,8 @@ cb_blend_params cb_blend_defaults(void)
     p.sink_tokens = 4;
     p.adapt_min = 0.05f;
     p.adapt_max = 0.5f;
-    p.probe_rows = 0;     /* all the question's rows: measured better than its last 8 (issue 15) */
-    p.probe_depth = 0.0f; /* by cost: cb_blend_probe_layers (issue 31) */
+    p.probe_rows = 0;     /* all the question's rows: measured better than its last 8 (EVAL.md) */
+    p.probe_depth = 0.0f; /* by cost: cb_blend_probe_layers (EVAL.md) */
     p.probe_values = 1;   /* the mass times the value rows' norms: strategy_probe.c */
     p.key_temp = 0.0f;    /* the model's: cb_blend_key_temp */
     p.speedup = 4.0f;     /* the ratio by the rows' cost, 0.15 at least: blend_speedup */
@@ -69,11 +69,11 @@ cb_blend_params cb_blend_defaults(void)
     return p;
 }
 
-/* Key temperatures measured on MuSiQue (issue 15): gemma3 1.05 (Gemma-3-270M:
+/* Key temperatures measured on MuSiQue (EVAL.md): gemma3 1.05 (Gemma-3-270M:
  * first-token KL lower on 45 of 50 questions, KL recovery 20% -> 50% on
  * questions 1-30, 33% -> 57% on 31-50); on the others nothing that held
  * out of sample (SmolLM2: 1.1 helped questions 1-30, not 31-80).
- * Also measured on Qwen2.5 (issue 31, make diag, 20 chunks; first-token KL,
+ * Also measured on Qwen2.5 (EVAL.md, make diag, 20 chunks; first-token KL,
  * paired), none helping probe, so none is here: a logit bias log 0.25 on
  * the stale cached rows (APE's scaling factor; helps reuse on the 0.5B);
  * chunks precomputed with the lead-in 1,000 positions away (helps reuse on
@@ -94,7 +94,7 @@ float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p)
  * that read them over-attend them: the question's attention share on the
  * other chunks' rows at Qwen2.5-Coder-0.5B's middle layer is 0.19 over a
  * blend's cache, 0.11 over full prefill's (MuSiQue, 20 chunks, 20
- * questions).  Measured on MuSiQue (issue 31), probe, first-token KL to
+ * questions).  Measured on MuSiQue (EVAL.md), probe, first-token KL to
  * full prefill, paired, 20 questions each: 0.5B, 20 chunks, ratio 0.2,
  * 0.392 with none; 0.5: -0.073 +- 0.035, 0.35: -0.100 +- 0.050 (lower on
  * 17 of 20).  A trial that left the last layer's last row (and decode)
@@ -138,7 +138,7 @@ cb_status blend_stale_bias(blend_plan *pl)
     return st;
 }
 
-/* Measured on MuSiQue (issue 31; first-token KL to full prefill, half the
+/* Measured on MuSiQue (EVAL.md; first-token KL to full prefill, half the
  * layers minus all of them, paired, +- s.e.): short shape (6 passages of
  * ~50 tokens), where the first pass is ~40% of the rows computed: Qwen2.5
  * 1.5B -0.12 +- 0.27 (12 questions), 0.5B +0.00 +- 0.04 (16); many-chunk
@@ -429,7 +429,7 @@ static cb_status check_layer(blend_plan *pl, const blend_strategy *sg, int32_t s
  * prompts of short chunks: there probe's first pass (those rows through
  * half the layers at least) costs more than an eighth of the second, and
  * on MuSiQue's short shape (6 passages cut to ~50 tokens, 80 questions;
- * issue 31) hkvd answered as well in less time.  Qwen2.5-Coder-1.5B, F1
+ * EVAL.md) hkvd answered as well in less time.  Qwen2.5-Coder-1.5B, F1
  * and TTFT against full prefill's: with the prompt's head computed, hkvd
  * 0.278 at 2.41x, probe 0.255 at 1.92x; with it cached (30 fewer uncached
  * rows, a budget 1.4 times them), hkvd 0.278 at 3.00x, probe 0.272 at
@@ -466,7 +466,7 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
  * and each sees more keys than full prefill's mean row, so --speedup 4
  * measured 3.41x on Qwen2.5-Coder-1.5B (150 questions, AVX-512 VNNI) and
  * 3.09x on the 0.5B, where attention is a third of full prefill's time
- * (issue 31; tests/bench/results/EVAL.md).
+ * (tests/bench/results/EVAL.md).
  * Later on 2026-11-30 it came to count what still left the 0.5B's blends at
  * 3.86-3.99x on an AVX2 Zen 3 (--speedup 4; 150 and 80 questions):
  *   - loading: each cached row's K and V bytes (every layer's, in the

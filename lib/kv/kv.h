@@ -93,7 +93,7 @@ float cb_blend_stale_scale(const cb_model *m, const cb_blend_params *p);
  * and want cached rows to recompute: p->probe_depth x n_layer, rounded up,
  * at least 1; probe_depth 0: by cost, every layer while that pass (n_rows
  * rows a layer) costs at most a quarter of the second (n_rows + want), and
- * never fewer than half of them.  Measured on Qwen2.5 (issue 31): half the
+ * never fewer than half of them.  Measured on Qwen2.5 (EVAL.md): half the
  * layers select as well as all of them on short prompts, where the
  * question is most of the rows computed, and worse on many-chunk ones,
  * where the first pass costs little.  A model with sliding-window layers

@@ -9,7 +9,7 @@
  * p x v to the head's output, so what a stale v can change scales with
  * |v| as well as with p.  Tokens the question attends to with little
  * value (the sinks that gather attention, punctuation) then stop crowding
- * out those it reads from.  Measured on MuSiQue's paper shape (issue 31,
+ * out those it reads from.  Measured on MuSiQue's paper shape (EVAL.md,
  * the default speedup, first-token KL to full prefill, paired):
  * Qwen2.5-Coder-0.5B, 40 questions, 0.097 -> 0.076 (lower on 32 of 40;
  * reuse 0.492: 80% -> 85% of its loss recovered), answers identical to
