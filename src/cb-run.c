@@ -16,9 +16,9 @@
 static void usage(FILE *f)
 {
     fputs(
-        "usage: cb-run [options] [-p TEXT | -f FILE]      answer a prompt (stdin by default)\n"
-        "       cb-run [options] --batch [FILE|-]         answer the questions of a JSON Lines file\n"
-        "       cb-run --tokenize | --detokenize [-m MODEL] [--special] [-p TEXT | -f FILE]\n"
+        "usage: cb-run [options] [-p TEXT | -f FILE]  answer a prompt (default: stdin)\n"
+        "       cb-run [options] --batch [FILE|-]     answer each JSON Lines question\n"
+        "       cb-run --tokenize|--detokenize [-m MODEL] [--special] [-p TEXT|-f FILE]\n"
         "\n"
         "Prompt and sampling:\n"
         "  -p, --prompt TEXT  the prompt (or the question)\n"
@@ -35,7 +35,7 @@ static void usage(FILE *f)
         "  -c, --ctx N        context size (default: prompt + N, at most the model's)\n"
         "\n"
         "Reusing cached chunks (see cb-precompute(1)):\n"
-        "      --chunks FILE  chunk records (\"text\") put before the question ('-' = stdin)\n"
+        "      --chunks FILE  chunk records (\"text\") put before the question ('-': stdin)\n"
         "      --store DIR    the store of their KV files (default: $CB_STORE, else\n"
         "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store)\n"
         "      --mode MODE    blend (default with --chunks): reuse every chunk's cache,\n"
