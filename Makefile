@@ -124,7 +124,7 @@ ISA_FILES := qmm_avx2 qgemm_avx2 qgemm_avxvnni qgemm_avx512 qgemm_avx512vnni
 include tests/fuzz/fuzz.mk
 
 .SECONDARY:
-.PHONY: memcheck all lib progs cuda help deps model model-gemma test check-tools bench parity eval diag demo install uninstall clean format format-check funclen layers
+.PHONY: soak memcheck all lib progs cuda help deps model model-gemma test check-tools bench parity eval diag demo install uninstall clean format format-check funclen layers
 
 all: lib progs ## build the library and the programs (default)
 
@@ -210,6 +210,14 @@ test: deps ## install deps, fetch the models, build everything and run every tes
 	@[ -z "$(FUZZ_CC)" ] || $(MAKE) --no-print-directory fuzz-build
 	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) SAN_TESTS="$(SAN_TESTS)" CB_CUDA_MOD="$(CUDA_MOD)" \
 	    CB_FUZZ_DIR="$(if $(FUZZ_CC),$(FUZZ_B))" sh tests/run.sh
+
+# A long chaos run (tests/cli/chaos.sh, whose short form make test runs): four hosts sharing
+# a private redis-server under SIGKILLs, restarts, stalls, tampering and a full disk.
+SOAK_MINUTES ?= 10
+soak: all $(GEN_BIN) ## chaos run for SOAK_MINUTES (default 10): 0 corrupt reads, hangs, lost entries (needs redis-server)
+	@rm -rf tests/tmp/soak; mkdir -p tests/tmp/soak
+	@BUILD=$(BUILD) BINDIR_B=$(BINDIR_B) CB_DEVICE=cpu CB_TEST_TMP=$(CURDIR)/tests/tmp/soak \
+	    CHAOS_SECONDS=$$(($(SOAK_MINUTES) * 60)) CHAOS_HOSTS=$${CHAOS_HOSTS:-4} sh tests/cli/chaos.sh
 
 memcheck: deps check-tools ## run every unit test under Valgrind memcheck (tests/memcheck.sh)
 	@BUILD=$(BUILD) sh tests/memcheck.sh
