@@ -6,12 +6,18 @@
       forwarded in pieces of 1 to 1024 bytes, each after 0 to 3 ms, and now
       and then (one piece in 150) after a stall of 0.2 to 1.2 s, longer
       than the shared tier's time-out about half the time.
-  chaos.py tamper SOCK PASSWORD SID LOG
-      one random fault on one random entry of the shared tier: a byte of a
-      part flipped, a part cut short, a part removed, a part of another
-      entry put in its place, the value or the metadata deleted, either of
-      them replaced by a key of the wrong Redis type, a metadata field
-      changed.  Appends "TIME ACTION KEY" to LOG.
+  chaos.py start T MODE SERVER SOCK PASSWORD DIR
+      starts the run's redis-server (MODE: none, aof or rdb persistence) on
+      a free port in 20000-29999 and a unix socket, and prints the port.
+  chaos.py chaos T SECONDS HOSTS TMPFS
+      the chaos loop: a fault every 0.1 to 0.5 s, for SECONDS: SIGKILL of
+      a host's running program, Redis stopped (SIGSTOP) for 0.1 to 0.8 s,
+      an entry tampered with (a byte of a part flipped, a part cut short,
+      removed, or taken from another entry, the value or the metadata
+      deleted or replaced by a key of the wrong Redis type, a metadata
+      field changed), Redis restarted (its persistence chosen anew), the
+      tmpfs TMPFS filled for 2 to 5 s.  Logs them to T/faults.log and
+      T/tamper.log, and the server's state to T/state.
   chaos.py analyze T
       reads what the hosts logged in T, computes the reference logits the
       answers need (cb-run on a clean local store holding the chunks the
@@ -128,7 +134,7 @@ class Resp:
         return self.reply()
 
 
-def tamper(sock, password, sid, log):
+def tamper(sock, password, sid, log, run=0):
     r = Resp(sock, password)
     r.s.settimeout(2)
     keys = r.cmd(b"ZRANGE", "cb:%s:lru" % sid, 0, -1)
@@ -190,7 +196,7 @@ def tamper(sock, password, sid, log):
         r.cmd(b"HSET", m, f, new)
         act += ":" + f
     with open(log, "a") as fl:
-        fl.write("%.3f %s %s\n" % (time.time(), act, k))
+        fl.write("%.3f %s %s %s\n" % (time.time(), act, k, run))
     return act + " " + k
 
 
@@ -360,7 +366,7 @@ def chaos(T, secs, hosts, tmpfs):
                 os.kill(p, signal.SIGCONT)
         elif x < 9:   # an entry tampered with
             try:
-                what = tamper(r.c["sock"], r.c["password"], sid, os.path.join(T, "tamper.log"))
+                what = tamper(r.c["sock"], r.c["password"], sid, os.path.join(T, "tamper.log"), r.run)
                 if what:
                     fault("tamper", what)
             except (OSError, RuntimeError):
@@ -411,7 +417,10 @@ def analyze(T):
         for ln in open(os.path.join(T, "faults.log")):
             t, what = ln.split(" ", 1)
             faults.append((float(t), what.strip()))
-    tampered = {ln.split()[2] for ln in open(os.path.join(T, "tamper.log"))} if os.path.exists(os.path.join(T, "tamper.log")) else set()
+    # (key, durable run) of every entry tampered with: Redis keeps the damage for that run
+    tampered = set()
+    if os.path.exists(os.path.join(T, "tamper.log")):
+        tampered = {(ln.split()[2], ln.split()[3]) for ln in open(os.path.join(T, "tamper.log"))}
     kv = cfg["kv"]                 # chunk index -> key
     refs = {}                      # (combo, mode, missing tuple) -> sha
 
@@ -484,9 +493,23 @@ def analyze(T):
     for h in cfg["hosts"]:
         present[h] = set(open(os.path.join(T, "final-ls-%s" % h)).read().split())
 
+    why = {}
+
     def readable(k):   # by a host whose local tier is empty: from the shared tier, its MACs verified
         p = subprocess.run([cfg["store"], "--store", os.path.join(T, "probe"), "get", k, "-o", os.path.join(T, "probe.kv")],
-                           capture_output=True)
+                           capture_output=True, text=True)
+        if p.returncode != 0:   # what Redis holds of it
+            try:
+                rc = Redis(T)
+                r = Resp(rc.c["sock"], rc.c["password"])
+                sid = json.load(open(os.path.join(T, cfg["hosts"][0], "store.json")))["shared"]["id"]
+                m, v = "cb:{%s:%s}:m" % (sid, k), "cb:{%s:%s}:v" % (sid, k)
+                held = "meta %s, value %s (%s parts), in the LRU set: %s" % (
+                    r.cmd(b"TYPE", m).decode(), r.cmd(b"TYPE", v).decode(), r.cmd(b"LLEN", v),
+                    r.cmd(b"ZSCORE", "cb:%s:lru" % sid, k) is not None)
+            except (OSError, RuntimeError, AttributeError) as e:
+                held = "Redis not asked (%s)" % e
+            why[k] = "cb-store get: exit %d, %s; Redis: %s" % (p.returncode, p.stderr.strip().replace("\n", " / "), held)
         return p.returncode == 0
     acks = [ln.split() for ln in open(os.path.join(T, "acks.log"))]
     last_wipe = {}
@@ -497,21 +520,21 @@ def analyze(T):
         # host key rc warn state0 state1, or host WIPE: the host's local tier emptied
         if a[1] == "WIPE":
             continue
-        h, k, rc, warn, s0, s1 = a
+        h, k, rc, warn, s0, s1 = a[:6]
         g0, mode0, run0, fill0 = s0.split(":")
         tmpfs_host = h == cfg.get("tmpfs_host")
         if i > last_wipe.get(h, -1) and (not tmpfs_host or (s0.split(":")[3] == s1.split(":")[3] and int(fill0) % 2 == 0)):
             n_local += 1
             if k not in present[h]:
                 lost_local.append("%s %s (cb-precompute exit %s)" % (h, k, rc))
-        if (rc == "0" and warn == "0" and s0 == s1 and mode0 in ("aof", "rdb") and run0 == final[2]
-                and final[1] in ("aof", "rdb") and k not in tampered):
+        if (rc == "0" and warn == "0" and s0.split(":")[:3] == s1.split(":")[:3] and mode0 in ("aof", "rdb")
+                and run0 == final[2] and final[1] in ("aof", "rdb") and (k, run0) not in tampered):
             n_shared += 1
             if k in readable_:
                 pass
             elif k in unreadable_ or not readable(k):
                 unreadable_.add(k)
-                lost_shared.append("%s %s (written in redis generation %s, %s)" % (h, k, g0, mode0))
+                lost_shared.append("%s %s (written in redis generation %s, %s): %s" % (h, k, g0, mode0, why.get(k, "")))
             else:
                 readable_.add(k)
     print("# answers given: %d (cb-run exit 0), of which %d chunks loaded from a cache, %d recomputed"
@@ -524,7 +547,7 @@ def analyze(T):
         a = w.split()[0]
         fc[a] = fc.get(a, 0) + 1
     print("# faults injected: %s" % (", ".join("%s %d" % x for x in sorted(fc.items())) or "none"))
-    print("# acknowledged entries checked: %d local, %d shared (written while Redis persisted, never tampered)"
+    print("# acknowledged entries checked: %d local, %d shared (written while Redis persisted, not tampered with since)"
           % (n_local, n_shared))
     for b in bad[:20]:
         print("# " + b)

@@ -197,11 +197,11 @@ host_loop() {
         if [ $kind = pre ]; then   # every record printed as computed and stored, even by a killed run
             warn=0; grep -qi "shared tier\|warning" "$w.err" && warn=1
             sed -n 's/.*"kv":"\([^"]*\)","cached":false.*/\1/p' "$w.out" | while read -r k; do
-                echo "$h $k $rc $warn $s0 $s1"
+                echo "$h $k $rc $warn $s0 $s1 $t0 $w"
             done >> "$T/acks.log"
         fi
         err=-
-        if [ $rc -ne 0 ] && [ $rc -ne 137 ] || [ -s "$w.err" ]; then err=$w.err; else rm -f "$w.err"; fi
+        if [ $rc -ne 0 ] && [ $rc -ne 137 ] || [ -s "$w.err" ] || [ $kind = pre ]; then err=$w.err; else rm -f "$w.err"; fi
         echo "$h $kind $c $mode $rc $ms $t0 $t1 ${sha:--} ${miss:-0} ${nch:-0} $healed $err" >> "$T/runs.log"
         rm -f "$w.in" "$w.out" "$w.lg" "$w.st"
     done
