@@ -84,7 +84,7 @@ typedef struct st_remote {
     int secrets;                /* 0 not read yet, 1 read, -1 unusable (the tier is not used) */
     char user[128];             /* the ACL user, "" for the password alone */
     char pass[512];             /* the password ("" none); cleansed when closed */
-    st_mac mac;                 /* the tier key: entries are written with and read only with MACs */
+    st_mac mac;                 /* the tier key: entries written sealed, read when tags verify */
     int ro;                     /* the server refused this user a write (NOPERM): reads only */
     int ro_warned;              /* said once that nothing is written through */
     int quiet;                  /* a NOPERM expected: not warned of */
