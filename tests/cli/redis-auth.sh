@@ -129,8 +129,8 @@ r cb-cron "$CRON" FLUSHALL 2>&1 | grep -q NOPERM && r cb-cron "$CRON" CONFIG GET
     && ok "the cron user may not FLUSHALL or read the configuration" || not_ok "the cron ACL is too wide"
 
 # -- a wrong password on a query host: a warning and a miss, the answer still right
-"$RUN" -m "$M" --chunks "$T/chunks.jsonl" --mode reuse -n 1 -p "$Q" --no-store-write --logits-out "$T/lg-none" \
-    > /dev/null 2>> "$T/all-err"   # no store at all: every chunk computed
+"$RUN" -m "$M" --store "$T/nostore" --chunks "$T/chunks.jsonl" --mode reuse -n 1 -p "$Q" --no-store-write \
+    --logits-out "$T/lg-none" > /dev/null 2>> "$T/all-err"   # no store at all: every chunk computed
 rm -rf "$T/e"; $STORE --store "$T/e" init --tier "main=$T/e/t" --tier "shared=$URL" --auth-file "$T/query.auth" --key-file "$T/tier.key" > /dev/null 2>&1
 CB_REDIS_AUTH_FILE=$T/wrong.auth run e wrongpw; rc=$?
 [ $rc -eq 0 ] && [ "$(grep -c "refused the login" "$T/err-wrongpw")" -eq 1 ] && [ "$(stat_of wrongpw n_chunks_missing)" -eq "$(stat_of wrongpw n_chunks)" ] \

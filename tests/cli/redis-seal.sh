@@ -149,7 +149,9 @@ py needles "$T/kvs" "$T/needles" && nt=$(grep -c '^t' "$T/needles") && nv=$(grep
     && ok "$nkv chunks precomputed locally: $nt runs of 3 token ids and $nv runs of 4 f16 KV values to look for" \
     || { not_ok "needles ($nkv files)"; done_testing; exit 1; }
 run loc ref
-"$RUN" -m "$M" --chunks "$T/chunks.jsonl" --mode reuse -n 1 -p "$Q" --logits-out "$T/lg-none" > /dev/null 2>> "$T/all-err"
+# (a store that does not exist, not $CB_STORE's or the default one, which may hold these chunks)
+"$RUN" -m "$M" --store "$T/nostore" --chunks "$T/chunks.jsonl" --mode reuse -n 1 -p "$Q" --no-store-write \
+    --logits-out "$T/lg-none" > /dev/null 2>> "$T/all-err"
 [ -s "$T/lg-ref" ] && [ -s "$T/lg-none" ] && ! cmp -s "$T/lg-ref" "$T/lg-none" \
     && ok "references: the answer from the local store's caches, and with every chunk computed (they differ)" \
     || not_ok "the reference runs"
