@@ -564,10 +564,11 @@ static int run_stats(run *r)
     if (s && r->store && cb_store_shared_name(r->store) &&
         cb_store_shared_auth_info(r->store, &sa, &e2) == CB_OK)
         json_object_set_new(s, "shared",
-                            json_pack("{s:s, s:b, s:b, s:I}", "tier",
+                            json_pack("{s:s, s:b, s:b, s:I, s:I}", "tier",
                                       cb_store_shared_name(r->store), "authenticated",
                                       sa.authenticated, "login_refused", sa.login_refused,
-                                      "n_refused", (json_int_t)sa.n_refused));
+                                      "n_refused", (json_int_t)sa.n_refused, "n_resealed",
+                                      (json_int_t)sa.n_resealed));
     code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
     json_decref(s);
     return code;

@@ -47,8 +47,8 @@ static void usage(FILE *f)
             "                     owner may read (mode 0600; store.json records their\n"
             "                     names): --auth-file, one line PASSWORD or USER PASSWORD\n"
             "                     to log in to Redis ($CB_REDIS_AUTH_FILE overrides it);\n"
-            "                     --key-file, a tier key: entries are written with an\n"
-            "                     AES-256-GMAC tag per part and read only when it verifies\n"
+            "                     --key-file, a tier key: entries are written encrypted\n"
+            "                     (AES-256-GCM), read only when each part's tag verifies\n"
             "                     ($CB_TIER_KEY_FILE overrides it)\n"
             "  keygen FILE        make a tier key: 32 random bytes, mode 0600 (never over\n"
             "                     an existing file); copy it to every host of the tier\n"
@@ -546,13 +546,13 @@ static int cmd_stat(const opts *o)
                 ; /* nothing is read or written: no entry is authenticated */
             else if (sa.authenticated)
                 printf(
-                    "shared tier %s: authenticated: entries carry an AES-256-GMAC tag per part (tier key %s), and a "
-                    "part whose MAC does not verify is never used\n",
+                    "shared tier %s: authenticated: entries are encrypted with AES-256-GCM, a tag per part (tier "
+                    "key %s), and a part whose tag does not verify is never used\n",
                     cb_store_shared_name(s), sa.key_id);
             else
                 printf(
                     "shared tier %s: unauthenticated: no tier key (cb-store keygen, init --key-file): whoever "
-                    "can write to Redis can plant entries\n",
+                    "can write to Redis can plant entries, and whoever can read it reads them\n",
                     cb_store_shared_name(s));
         }
     }

@@ -351,12 +351,13 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
 const char *cb_store_shared_name(const cb_store *s);
 /* How the shared tier is secured, as this handle uses it. */
 typedef struct cb_store_shared_auth {
-    int authenticated;           /* 1: a tier key (MACs on every entry), the login not refused */
+    int authenticated;           /* 1: a tier key (every entry sealed), the login not refused */
     char key_id[17];             /* the tier key's id (16 hex digits), "" without one */
     char user[128];              /* the Redis ACL user, "" for none */
     int password, login_refused; /* 1: it logs in with a password; 1: refused (tier unused) */
     int read_only;               /* 1: the server refused this user a write (NOPERM) */
     uint64_t n_refused;          /* entries refused: no MAC, another key's, or a bad one */
+    uint64_t n_resealed;         /* older entries (parts in clear) read and rewritten sealed */
 } cb_store_shared_auth;
 cb_status cb_store_shared_auth_info(cb_store *s, cb_store_shared_auth *out, cb_error *err);
 /* Drop an entry from the shared tier (for every store using it). */

@@ -19,12 +19,17 @@
  *
  * Reads are verified: the parts' total size and XXH3-128 against the
  * metadata, then the local put verifies header, key and layer checksums.
- * With a tier key (secret.c), a writer adds to the metadata an AES-256-GMAC
- * tag per part (mac_key, mac_alg, mac_nonce, macs) and a reader takes no
- * part whose tag does not verify: an entry without tags, with another key's,
- * with no algorithm or one it does not know (mac_alg; v1 entries of older
- * hosts have none), or with one part that fails is refused (dropped) as a
- * corrupt one is.  A password
+ * With a tier key (secret.c), a writer seals every part (AES-256-GCM under
+ * a key of the upload's own: the header with the token ids, each layer's
+ * KV) and adds to the metadata its tag per part (mac_key, mac_alg,
+ * mac_nonce, macs); the checksum is then the stored ciphertext's.  A
+ * reader decrypts each part and takes none whose tag does not verify: an
+ * entry without tags, with another key's, with no algorithm or one it does
+ * not know (mac_alg; v1 entries of older hosts have none), or with one part
+ * that fails is refused (dropped) as a corrupt one is.  A v2 entry (parts
+ * in clear under GMAC tags) is read, its tags checked, and written again
+ * sealed (st_remote_reseal).  A host without the key takes a sealed entry
+ * for a miss and leaves it alone.  A password
  * file makes every connection log in first (AUTH [USER] PASSWORD); a user
  * the server refuses a write (NOPERM) is taken as read-only from then on.
  * Any failure (unreachable, timed out, bad entry) is a miss: the caller
@@ -189,10 +194,11 @@ static size_t part_len(const void *data, size_t size, size_t i, size_t off)
     return size - off < ST_PART ? size - off : ST_PART;
 }
 
-/* 1 when an entry is stored under key that a keyed reader would take (or
- * there is no key: any entry), 0 when there is none or one it would
- * refuse (no tags, another key's, another algorithm's or none; dropped here
- * so that this put replaces it), -1 when the tier is down. */
+/* 1 when an entry is stored under key that a keyed reader would take as
+ * it is (or there is no key: any entry), 0 when there is none or one it
+ * would refuse or reseal (no tags, another key's, another algorithm's or
+ * none, v2's parts in clear; dropped here so that this put replaces it),
+ * -1 when the tier is down. */
 static int have_usable(cb_store *s, const char *key, const rkeys *k)
 {
     st_remote *r = &s->remote;
@@ -225,7 +231,8 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     rkeys k;
     char sum[33], num[5][32], mac_key[17] = "", nonce_hex[2 * ST_NONCE_BYTES + 1] = "";
     char *macs = NULL;
-    st_mac_ctx *mc = NULL;
+    uint8_t *sealed = NULL;
+    st_seal_ctx *sc = NULL;
     int rc = -1;
     if (!st_remote_up(s))
         return -1;
@@ -247,34 +254,39 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     for (size_t off = 0; off < size; parts++)
         off += part_len(data, size, parts, off);
     st_part_id id = {r->id, key, {0}, parts, size};
+    const uint8_t *val = data; /* the value as stored: sealed with a tier key */
     if (r->mac.kdf) {
+        /* the upload's own key, derived after its nonce is drawn */
         if (st_mac_nonce(id.nonce) != 0 || !(macs = malloc(parts * 2 * ST_TAG_BYTES + 1)) ||
-            !(mc = st_mac_upload(&r->mac, &id))) { /* the upload's own key: drawn after its nonce */
-            st_remote_warn(
-                s, "shared tier %s: %s: not written (no random bytes or memory for its MAC)",
-                r->name, key);
-            free(macs);
-            return -1;
+            !(sealed = malloc(size ? size : 1)) || !(sc = st_seal_upload(&r->mac, &id))) {
+            st_remote_warn(s,
+                           "shared tier %s: %s: not written (no random bytes or memory to seal it)",
+                           r->name, key);
+            goto done;
         }
         snprintf(mac_key, sizeof mac_key, "%s", r->mac.id);
         st_tohex(id.nonce, ST_NONCE_BYTES, nonce_hex);
         macs[0] = 0;
+        size_t i = 0;
+        for (size_t off = 0; off < size; i++) {
+            size_t n = part_len(data, size, i, off);
+            uint8_t tag[ST_TAG_BYTES];
+            if (st_seal_part(sc, &id, i, (const char *)data + off, n, sealed + off, tag) != 0) {
+                st_remote_warn(s, "shared tier %s: %s: not written (sealing failed in libcrypto)",
+                               r->name, key);
+                goto done;
+            }
+            st_tohex(tag, ST_TAG_BYTES, macs + i * 2 * ST_TAG_BYTES);
+            off += n;
+        }
+        val = sealed;
     }
     /* Uploaded under its own name, expiring, then committed at once. */
     redisReply *rep;
     size_t i = 0;
     for (size_t off = 0; off < size; i++) {
         size_t n = part_len(data, size, i, off);
-        if (macs) {
-            uint8_t tag[ST_TAG_BYTES];
-            if (st_mac_part(mc, &id, i, (const char *)data + off, n, tag) != 0) {
-                st_remote_warn(s, "shared tier %s: %s: not written (its MAC failed in libcrypto)",
-                               r->name, key);
-                goto done;
-            }
-            st_tohex(tag, ST_TAG_BYTES, macs + i * 2 * ST_TAG_BYTES);
-        }
-        if (!(rep = st_remote_cmdf(s, "RPUSH %s %b", k.t, (const char *)data + off, n)))
+        if (!(rep = st_remote_cmdf(s, "RPUSH %s %b", k.t, (const char *)val + off, n)))
             goto done;
         freeReplyObject(rep);
         if (i == 0) {
@@ -284,7 +296,7 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
         }
         off += n;
     }
-    cb_hash128_hex(cb_hash128_bytes(data, size), sum);
+    cb_hash128_hex(cb_hash128_bytes(val, size), sum);
     snprintf(num[0], 32, "%zu", size);
     snprintf(num[1], 32, "%lld", (long long)n_tokens);
     snprintf(num[2], 32, "%lld", (long long)st_now_us());
@@ -303,7 +315,8 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
                        size, (unsigned long long)r->cap);
     rc = res >= 0 ? 0 : -1;
 done:
-    st_mac_ctx_free(mc);
+    st_seal_ctx_free(sc);
+    free(sealed);
     free(macs);
     return rc;
 }
@@ -339,6 +352,7 @@ int st_remote_touch_meta(cb_store *s, const char *key, int record, const rkeys *
     if (ok) {
         m->bytes = int_of(rep->element[0]);
         m->parts = int_of(rep->element[2]);
+        m->tokens = rep->elements > 3 ? int_of(rep->element[3]) : -1;
         snprintf(m->want, sizeof m->want, "%s",
                  rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "");
         st_remote_meta_macs(m, rep);
@@ -347,9 +361,11 @@ int st_remote_touch_meta(cb_store *s, const char *key, int record, const rkeys *
     return ok;
 }
 
-/* Fetch key's bytes into *out (malloc'd): 1 found and its checksum right
- * (and with a tier key every part's MAC), 0 missing or unreachable, -1 bad
- * (dropped when drop_bad, with a warning). */
+/* Fetch key's bytes into *out (malloc'd, in clear): 1 found and its
+ * checksum right (and with a tier key every part's tag, each sealed part
+ * decrypted), 0 missing, unreachable, or sealed and this host without the
+ * key, -1 bad (dropped when drop_bad, with a warning).  With drop_bad, a
+ * v2 entry read with the key is written again sealed (st_remote_reseal). */
 int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void **out, size_t *size)
 {
     st_remote *r = &s->remote;
@@ -373,48 +389,52 @@ int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void *
         return 0; /* evicted meanwhile */
     }
     const char *bad = NULL;
-    int forged = 0;
+    int forged = 0, usable = 0;
     size_t total = 0;
     for (size_t i = 0; i < rep->elements; i++)
         total += rep->element[i]->type == REDIS_REPLY_STRING ? rep->element[i]->len : 0;
     if (m.bytes < 0 || m.parts != (int64_t)rep->elements || total != (uint64_t)m.bytes)
         bad = "its size does not match its metadata";
-    else if (st_remote_mac_usable(s, &m, why, sizeof why) != 0)
+    else if ((usable = st_remote_mac_usable(s, &m, why, sizeof why)) < 0)
         bad = why, forged = 1;
-    if (!bad && r->mac.kdf) {
-        st_part_id id;
-        st_remote_part_id(s, key, &m, &id);
-        st_mac_ctx *mc = st_mac_upload(&r->mac, &id);
-        if (!mc) {
-            freeReplyObject(rep);
-            free(m.tags);
-            return 0; /* no memory: a miss, the entry left as it is */
-        }
-        for (size_t i = 0; i < rep->elements && !bad; i++)
-            if (!st_mac_check(mc, &id, i, rep->element[i]->str, rep->element[i]->len,
-                              m.tags + i * ST_TAG_BYTES)) {
-                snprintf(why, sizeof why,
-                         "part %zu: its MAC does not verify (forged, or changed in Redis)", i);
-                bad = why, forged = 1;
-            }
+    uint8_t *buf = bad || usable > 0 ? NULL : malloc(total ? total : 1);
+    st_part_id id;
+    st_remote_part_id(s, key, &m, &id);
+    st_mac_ctx *mc = !bad && r->mac.kdf && !m.sealed ? st_mac_upload(&r->mac, &id) : NULL;
+    st_seal_ctx *sc = !bad && r->mac.kdf && m.sealed ? st_seal_upload(&r->mac, &id) : NULL;
+    if (usable > 0 || (!bad && (!buf || (r->mac.kdf && !mc && !sc)))) {
+        if (usable > 0)
+            st_remote_sealed_miss(s, key);
         st_mac_ctx_free(mc);
-    }
-    uint8_t *buf = bad ? NULL : malloc(total ? total : 1);
-    if (!bad && !buf) {
+        st_seal_ctx_free(sc);
+        free(buf);
         freeReplyObject(rep);
         free(m.tags);
-        return 0;
+        return 0; /* sealed and no key, or no memory: a miss, the entry left as it is */
     }
-    if (!bad) {
-        size_t off = 0;
-        for (size_t i = 0; i < rep->elements; i++) {
-            memcpy(buf + off, rep->element[i]->str, rep->element[i]->len);
-            off += rep->element[i]->len;
-        }
+    /* the stored bytes (the checksum's), then with a key each part's tag
+     * checked (v2) or each part decrypted in place and its tag checked */
+    for (size_t i = 0, off = 0; !bad && i < rep->elements; i++) {
+        memcpy(buf + off, rep->element[i]->str, rep->element[i]->len);
+        off += rep->element[i]->len;
+    }
+    if (!bad)
         cb_hash128_hex(cb_hash128_bytes(buf, total), sum);
-        if (strcmp(sum, m.want) != 0)
-            bad = "its checksum does not match";
+    for (size_t i = 0, off = 0; !bad && (mc || sc) && i < rep->elements; i++) {
+        size_t n = rep->element[i]->len;
+        const uint8_t *tag = m.tags + i * ST_TAG_BYTES;
+        if (sc ? !st_seal_open(sc, &id, i, buf + off, n, buf + off, tag)
+               : !st_mac_check(mc, &id, i, buf + off, n, tag)) {
+            snprintf(why, sizeof why,
+                     "part %zu: its MAC does not verify (forged, or changed in Redis)", i);
+            bad = why, forged = 1;
+        }
+        off += n;
     }
+    if (!bad && strcmp(sum, m.want) != 0)
+        bad = "its checksum does not match";
+    st_mac_ctx_free(mc);
+    st_seal_ctx_free(sc);
     freeReplyObject(rep);
     free(m.tags);
     if (bad) {
@@ -426,6 +446,8 @@ int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void *
         snprintf(r->why, sizeof r->why, "%s", bad);
         return -1;
     }
+    if (r->mac.kdf && !m.sealed && drop_bad)
+        st_remote_reseal(s, key, buf, total, m.tokens);
     *out = buf;
     *size = total;
     return 1;

@@ -479,5 +479,6 @@ cb_status cb_store_shared_auth_info(cb_store *s, cb_store_shared_auth *out, cb_e
     out->password = r->pass[0] != 0;
     out->read_only = r->ro;
     out->n_refused = r->n_refused;
+    out->n_resealed = r->n_resealed;
     return CB_OK;
 }

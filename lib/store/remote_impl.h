@@ -83,6 +83,8 @@ typedef struct rmeta {
     char mac_key[17]; /* the id of the key its tags were made with, "" none */
     char mac_alg[24]; /* their algorithm: "" none, "?" not a name, else as stored */
     int has_mac;      /* mac_key, mac_alg known, nonce and tags present and well-formed */
+    int sealed;       /* mac_alg is ST_MAC_ALG: the parts are ciphertext */
+    int64_t tokens;   /* as the writer recorded it, -1 none */
     uint8_t nonce[ST_NONCE_BYTES];
     uint8_t *tags; /* [parts][ST_TAG_BYTES], malloc'd, or NULL */
 } rmeta;
@@ -103,10 +105,18 @@ static inline int64_t int_of(const redisReply *e)
 void st_tohex(const uint8_t *p, size_t n, char *out);
 /* The mac fields of the metadata's HMGET reply into m (m->parts read). */
 void st_remote_meta_macs(rmeta *m, const redisReply *rep);
-/* With a tier key: 0 when m carries tags made with it by the algorithm this
- * host knows, else -1 with why.  Without a key: 0. */
+/* With a tier key: 0 when m carries tags made with it by an algorithm this
+ * host reads (ST_MAC_ALG, or ST_MAC_ALG_V2), else -1 with why.  Without a
+ * key: 0, or 1 with why when the entry is sealed (unreadable here, not bad:
+ * a miss, neither dropped nor counted as refused). */
 int st_remote_mac_usable(const cb_store *s, const rmeta *m, char *why, size_t why_n);
 /* What the tags of key's entry (its metadata m) bind. */
 void st_remote_part_id(const cb_store *s, const char *key, const rmeta *m, st_part_id *id);
+/* A sealed entry met by a host without the tier key: warned of once. */
+void st_remote_sealed_miss(cb_store *s, const char *key);
+/* Key's v2 entry (parts in clear, checksum want), read and verified as
+ * data: written again sealed (a put that replaces it) where this handle
+ * may write, counted in n_resealed. */
+void st_remote_reseal(cb_store *s, const char *key, const void *data, size_t size, int64_t tokens);
 
 #endif

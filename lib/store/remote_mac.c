@@ -1,6 +1,8 @@
-/* remote_mac.c - the AES-256-GMAC tags of the shared tier's entries
- * (remote.c) as their metadata holds them: read, and judged usable or not
- * with this host's tier key (the tags themselves: secret.c). */
+/* remote_mac.c - the tags of the shared tier's entries (remote.c) as
+ * their metadata holds them (AES-256-GCM over sealed parts, or the older
+ * AES-256-GMAC over parts in clear): read, and judged usable or not with
+ * this host's tier key (the tags themselves: secret.c); older entries
+ * rewritten sealed. */
 #include "remote_impl.h"
 
 #include <stdio.h>
@@ -49,6 +51,7 @@ void st_remote_meta_macs(rmeta *m, const redisReply *rep)
     m->mac_key[0] = 0;
     m->mac_alg[0] = 0;
     m->has_mac = 0;
+    m->sealed = 0;
     m->tags = NULL;
     if (rep->elements < 11)
         return;
@@ -56,10 +59,11 @@ void st_remote_meta_macs(rmeta *m, const redisReply *rep)
     alg_name(rep->element[10], m->mac_alg, sizeof m->mac_alg);
     if (k->type == REDIS_REPLY_STRING && k->len == 16 && st_is_hex(k->str, 16))
         memcpy(m->mac_key, k->str, 17);
-    if (!m->mac_key[0] || strcmp(m->mac_alg, ST_MAC_ALG) != 0 || n->type != REDIS_REPLY_STRING ||
-        t->type != REDIS_REPLY_STRING || n->len != 2 * ST_NONCE_BYTES ||
-        unhex(n->str, ST_NONCE_BYTES, m->nonce) != 0 || m->parts <= 0 || m->parts > ST_MAX_PARTS ||
-        t->len != (size_t)m->parts * 2 * ST_TAG_BYTES ||
+    m->sealed = strcmp(m->mac_alg, ST_MAC_ALG) == 0;
+    if (!m->mac_key[0] || (!m->sealed && strcmp(m->mac_alg, ST_MAC_ALG_V2) != 0) ||
+        n->type != REDIS_REPLY_STRING || t->type != REDIS_REPLY_STRING ||
+        n->len != 2 * ST_NONCE_BYTES || unhex(n->str, ST_NONCE_BYTES, m->nonce) != 0 ||
+        m->parts <= 0 || m->parts > ST_MAX_PARTS || t->len != (size_t)m->parts * 2 * ST_TAG_BYTES ||
         !(m->tags = malloc((size_t)m->parts * ST_TAG_BYTES)))
         return;
     if (unhex(t->str, (size_t)m->parts * ST_TAG_BYTES, m->tags) != 0) {
@@ -76,6 +80,10 @@ void st_remote_meta_macs(rmeta *m, const redisReply *rep)
 int st_remote_mac_usable(const cb_store *s, const rmeta *m, char *why, size_t why_n)
 {
     const st_remote *r = &s->remote;
+    if (!r->mac.kdf && strcmp(m->mac_alg, ST_MAC_ALG) == 0) {
+        snprintf(why, why_n, "it is sealed (%s) and this host has no tier key", ST_MAC_ALG);
+        return 1;
+    }
     if (!r->mac.kdf)
         return 0;
     if (!m->mac_key[0])
@@ -88,9 +96,9 @@ int st_remote_mac_usable(const cb_store *s, const rmeta *m, char *why, size_t wh
             why, why_n,
             "its MAC names no algorithm (an older host's HMAC-SHA256 tags, which are not read any "
             "more, or planted)");
-    else if (strcmp(m->mac_alg, ST_MAC_ALG) != 0)
-        snprintf(why, why_n, "its MAC algorithm %s is unknown here (this host reads %s)",
-                 m->mac_alg, ST_MAC_ALG);
+    else if (strcmp(m->mac_alg, ST_MAC_ALG) != 0 && strcmp(m->mac_alg, ST_MAC_ALG_V2) != 0)
+        snprintf(why, why_n, "its MAC algorithm %s is unknown here (this host reads %s and %s)",
+                 m->mac_alg, ST_MAC_ALG, ST_MAC_ALG_V2);
     else if (!m->has_mac)
         snprintf(why, why_n, "its MAC is malformed");
     else
@@ -105,4 +113,25 @@ void st_remote_part_id(const cb_store *s, const char *key, const rmeta *m, st_pa
     memcpy(id->nonce, m->nonce, ST_NONCE_BYTES);
     id->n_parts = (uint64_t)m->parts;
     id->total = (uint64_t)m->bytes;
+}
+
+void st_remote_sealed_miss(cb_store *s, const char *key)
+{
+    st_remote *r = &s->remote;
+    if (!r->sealed_warned++)
+        st_remote_warn(s,
+                       "shared tier %s: %s: sealed (%s) and this host has no tier key: a miss, as "
+                       "is every sealed entry (cb-store init --key-file, or $CB_TIER_KEY_FILE)",
+                       r->name, key, ST_MAC_ALG);
+}
+
+void st_remote_reseal(cb_store *s, const char *key, const void *data, size_t size, int64_t tokens)
+{
+    st_remote *r = &s->remote;
+    /* the put finds the v2 entry not usable as it stands, drops it (unless
+     * replaced meanwhile) and writes this one sealed */
+    if (!r->mac.kdf || s->readonly || r->ro || s->no_write_through)
+        return;
+    if (st_remote_put(s, key, data, size, tokens < 0 ? 0 : tokens) == 0)
+        r->n_resealed++;
 }

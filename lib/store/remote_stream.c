@@ -14,14 +14,17 @@
 /* An entry read layer by layer (cb_store_open_kv): every part requested
  * at once on a connection of its own (the server queues the replies), and
  * received in order by a thread of the stream's own, which checks each
- * part (with a tier key, against its MAC) before it puts it into buf and
- * publishes it; the KV reader waits for the bytes it asks for, so that the
- * receiving and checking of layer l+1 runs while layer l is converted and
- * computed on.  The parts are kept in buf, for re-reads and for keeping the
- * entry locally afterwards (st_stream_finish), where the whole value is
- * checked against its metadata.  The reader never sees a byte of a part
- * that failed.  Besides the receiver, one thread at a time uses it: the
- * reader's (the loader's), then the store's. */
+ * part (with a tier key, against its tag, decrypting a sealed one) before
+ * it puts it into buf and publishes it; the KV reader waits for the bytes
+ * it asks for, so that the receiving, decrypting and checking of layer l+1
+ * runs while layer l is converted and computed on.  The parts are kept in
+ * buf, in clear, for re-reads and for keeping the entry locally afterwards
+ * (st_stream_finish), where the whole value is checked against its
+ * metadata (a sealed value's tags have bound every part, its place, the
+ * count and the size already; its checksum is the ciphertext's, which buf
+ * no longer holds).  The reader never sees a byte of a part that failed.
+ * Besides the receiver, one thread at a time uses it: the reader's (the
+ * loader's), then the store's. */
 struct st_stream {
     redisContext *c; /* the receiver's; freed with the stream */
     char key[66];
@@ -31,9 +34,10 @@ struct st_stream {
     int64_t parts;  /* parts in the value */
     uint64_t size;
     int timeout_ms;
-    st_mac_ctx
-        *mac;       /* the upload's GMAC key (a context of the receiver's own), NULL: no tier key */
-    st_part_id pid; /* what the tags bind (pid.sid points at sid, pid.key at key) */
+    st_mac_ctx *mac;   /* a v2 upload's GMAC key (a context of the receiver's own), or NULL */
+    st_seal_ctx *seal; /* a sealed upload's AES-256-GCM key (the receiver's), or NULL */
+    int64_t tokens;    /* as the metadata says, for rewriting a v2 entry sealed */
+    st_part_id pid;    /* what the tags bind (pid.sid points at sid, pid.key at key) */
     char sid[33];
     uint8_t *tags; /* [parts][ST_TAG_BYTES] */
     pthread_t th;
@@ -73,6 +77,7 @@ static void stream_unref(void *ctx)
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     st_mac_ctx_free(x->mac);
+    st_seal_ctx_free(x->seal);
     free(x->tags);
     free(x->buf);
     free(x);
@@ -125,14 +130,17 @@ static void *stream_main(void *arg)
         redisReply *rep = stream_reply(x, &timed_out);
         const char *bad = NULL;
         int mac_bad = 0;
-        if (rep && rep->type == REDIS_REPLY_STRING && rep->len <= x->size - have)
+        /* into buf beyond what is published: nobody reads there yet */
+        if (rep && rep->type == REDIS_REPLY_STRING && rep->len <= x->size - have && x->seal)
+            mac_bad = !st_seal_open(x->seal, &x->pid, (uint64_t)i, rep->str, rep->len,
+                                    x->buf + have, x->tags + i * ST_TAG_BYTES);
+        else if (rep && rep->type == REDIS_REPLY_STRING && rep->len <= x->size - have)
             mac_bad = x->mac && !st_mac_check(x->mac, &x->pid, (uint64_t)i, rep->str, rep->len,
                                               x->tags + i * ST_TAG_BYTES);
         else if (rep && rep->type == REDIS_REPLY_STRING)
             bad = "its size does not match its metadata";
-        if (rep && !bad && !mac_bad && rep->type == REDIS_REPLY_STRING)
-            memcpy(x->buf + have, rep->str,
-                   rep->len); /* before publishing: nobody reads there yet */
+        if (rep && !bad && !mac_bad && !x->seal && rep->type == REDIS_REPLY_STRING)
+            memcpy(x->buf + have, rep->str, rep->len);
         pthread_mutex_lock(&x->mu);
         if (timed_out) {
             x->timed_out = !x->why[0];
@@ -269,7 +277,13 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
         stream_unref(x);
         return -1;
     }
-    if (st_remote_mac_usable(s, &m, why, sizeof why) != 0) {
+    int usable = st_remote_mac_usable(s, &m, why, sizeof why);
+    if (usable > 0) {
+        st_remote_sealed_miss(s, key);
+        stream_unref(x);
+        return 0;
+    }
+    if (usable < 0) {
         char msg[sizeof why + sizeof x->name + 2];
         r->n_refused++;
         snprintf(msg, sizeof msg, "%s: %s", x->name, why);
@@ -283,7 +297,9 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
         memcpy(x->sid, r->id, sizeof x->sid);
         st_remote_part_id(s, x->key, &m, &x->pid);
         x->pid.sid = x->sid;
-        if (!(x->mac = st_mac_upload(&r->mac, &x->pid))) {
+        x->tokens = m.tokens;
+        if (m.sealed ? !(x->seal = st_seal_upload(&r->mac, &x->pid))
+                     : !(x->mac = st_mac_upload(&r->mac, &x->pid))) {
             stream_unref(x);
             return 0;
         }
@@ -351,7 +367,7 @@ int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size)
     if (!whole)
         fail_locked(x, 0, "its size does not match its metadata");
     pthread_mutex_unlock(&x->mu);
-    if (whole) {
+    if (whole && !x->seal) {
         cb_hash128_hex(cb_hash128_bytes(x->buf, (size_t)x->size), sum);
         if (strcmp(sum, x->want) != 0) {
             pthread_mutex_lock(&x->mu);
@@ -367,6 +383,8 @@ int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size)
         st_stream_bad(s, x, err.msg);
         return 0;
     }
+    if (x->mac) /* a v2 entry, its tags verified: written again sealed */
+        st_remote_reseal(s, x->key, x->buf, (size_t)x->size, x->tokens);
     *data = x->buf;
     *size = (size_t)x->size;
     return 1;

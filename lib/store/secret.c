@@ -1,26 +1,37 @@
-/* secret.c - the shared tier's secrets and the MACs of its entries
+/* secret.c - the shared tier's secrets and the sealing of its entries
  * (OpenSSL's libcrypto): the Redis password and the tier key are read from
  * files that only their owner may read (checked like ssh's keys), and never
- * put into a message; every part of an entry a keyed host writes carries an
- * AES-256-GMAC tag that binds it to its tier, its key, its upload, its
- * place and its entry's size (cb-store(5), SHARED TIER; mac_alg
- * "aes-256-gmac-v2"):
+ * put into a message; every part of an entry a keyed host writes is
+ * encrypted and authenticated with AES-256-GCM under a key of its upload's
+ * own, the tag binding it to its tier, its key, its upload, its place and
+ * its entry's size (cb-store(5), SHARED TIER; mac_alg "aes-256-gcm-v3"):
  *
- *   K_u   = HKDF-SHA256-Expand(K, "cacheblend-entry-key-v2\0" || SID (32)
+ *   K_u   = HKDF-SHA256-Expand(K, "cacheblend-entry-key-v3\0" || SID (32)
  *                                 || KEY (65) || NONCE (16), 32)
  *   IV_i  = u64le i || 0 (4 bytes)
- *   tag_i = GMAC-AES-256(K_u, IV_i, "cacheblend-part-v2\0" || SID || KEY
- *                        || NONCE || u64le i || u64le N || u64le TOTAL
- *                        || u64le len_i || part_i)
+ *   AAD_i = "cacheblend-part-v3\0" || SID || KEY || NONCE || u64le i
+ *           || u64le N || u64le TOTAL || u64le len_i
+ *   C_i, tag_i = AES-256-GCM-Encrypt(K_u, IV_i, AAD_i, part_i)
  *
  * K: the tier key (32 random bytes); SID: the shared tier's id; KEY: the
  * entry's key; NONCE: random, one per upload; N: the entry's parts; TOTAL:
- * its bytes.  Every field before the part has a fixed length, so no two
- * inputs read the same.  GMAC must never see one IV twice under one key:
- * K_u is an upload's own (a fresh 128-bit NONCE per put), and within an
- * upload the IV is the part's index.  A reader checks each part's tag when
- * the part arrives, before any byte of it is used.  GMAC runs at 3.5-5.9
- * GB/s here (GHASH on PCLMUL), HMAC-SHA256, the v1 construction, at 1.3-1.5. */
+ * its bytes.  Every field of AAD_i has a fixed length, so no two read the
+ * same.  GCM must never see one (key, IV) pair twice: it would give away
+ * the XOR of two plaintexts and the hash key, and with it forgeries.  K_u
+ * is an upload's own: two uploads share it only when SID, KEY and a fresh
+ * 128-bit random NONCE all repeat (a chance below q^2/2^129 after q
+ * uploads) or HKDF collides; within an upload the IV is the part's index,
+ * which never repeats (at most ST_MAX_PARTS parts, each sealed once); and
+ * the labels "-v3" differ from the GMAC-only construction's "-v2", so a v3
+ * upload never shares K_u with a v2 one even under one NONCE.  A reader
+ * decrypts each part when it arrives and uses none of its bytes unless its
+ * tag verifies.
+ *
+ * The previous construction, "aes-256-gmac-v2" (the same K_u, IV_i and
+ * input with labels "-v2", GMAC over the part in clear), is still checked
+ * when read (st_mac_upload, st_mac_check), so that entries written before
+ * are read and then rewritten sealed; nothing here writes it but tests.
+ * GCM runs at a few GB/s here (AES-NI and GHASH on PCLMUL). */
 #include "store_impl.h"
 
 #include <errno.h>
@@ -145,6 +156,8 @@ cb_status st_auth_load(const char *path, char *user, size_t user_n, char *pass, 
 static const char KEY_ID_LABEL[] = "cacheblend-key-id-v1";
 static const char ENTRY_LABEL[] = "cacheblend-entry-key-v2"; /* and its NUL */
 static const char PART_LABEL[] = "cacheblend-part-v2";       /* and its NUL */
+static const char SEAL_ENTRY_LABEL[] = "cacheblend-entry-key-v3";
+static const char SEAL_PART_LABEL[] = "cacheblend-part-v3";
 
 void st_mac_free(st_mac *m)
 {
@@ -213,22 +226,28 @@ cb_status st_key_load(const char *path, st_mac *m, cb_error *err)
     return st;
 }
 
-st_mac_ctx *st_mac_upload(const st_mac *m, const st_part_id *id)
+/* K_u of the upload id names, under label (with its NUL): 0, or -1. */
+static int upload_key(const st_mac *m, const char *label, size_t label_n, const st_part_id *id,
+                      uint8_t ku[32])
 {
-    uint8_t ku[32];
-    EVP_MAC_CTX *c = NULL;
     if (!m->kdf)
-        return NULL;
+        return -1;
     /* info: the label and its NUL, SID, KEY, NONCE (fixed lengths), given
      * in pieces, which HKDF concatenates */
     OSSL_PARAM info[] = {
-        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)ENTRY_LABEL,
-                                          sizeof ENTRY_LABEL),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)label, label_n),
         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->sid, 32),
         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->key, 65),
         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)id->nonce, ST_NONCE_BYTES),
         OSSL_PARAM_construct_end()};
-    if (EVP_KDF_derive(m->kdf, ku, sizeof ku, info) == 1) {
+    return EVP_KDF_derive(m->kdf, ku, 32, info) == 1 ? 0 : -1;
+}
+
+st_mac_ctx *st_mac_upload(const st_mac *m, const st_part_id *id)
+{
+    uint8_t ku[32];
+    EVP_MAC_CTX *c = NULL;
+    if (upload_key(m, ENTRY_LABEL, sizeof ENTRY_LABEL, id, ku) == 0) {
         EVP_MAC *alg = EVP_MAC_fetch(NULL, "GMAC", NULL);
         OSSL_PARAM prm[] = {
             OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER, (char *)"AES-256-GCM", 0),
@@ -287,6 +306,90 @@ int st_mac_check(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *pa
     if (st_mac_part(c, id, i, part, len, tag) != 0)
         return 0;
     return CRYPTO_memcmp(tag, want, ST_TAG_BYTES) == 0;
+}
+
+/* --------------------------------------------------------------- seal */
+
+st_seal_ctx *st_seal_upload(const st_mac *m, const st_part_id *id)
+{
+    uint8_t ku[32];
+    EVP_CIPHER_CTX *c = NULL;
+    if (upload_key(m, SEAL_ENTRY_LABEL, sizeof SEAL_ENTRY_LABEL, id, ku) == 0) {
+        EVP_CIPHER *alg = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
+        c = alg ? EVP_CIPHER_CTX_new() : NULL;
+        /* the key schedule made once; each part sets its IV and direction */
+        if (c && EVP_CipherInit_ex2(c, alg, ku, NULL, 1, NULL) != 1) {
+            EVP_CIPHER_CTX_free(c);
+            c = NULL;
+        }
+        EVP_CIPHER_free(alg); /* the context keeps its own reference */
+    }
+    OPENSSL_cleanse(ku, sizeof ku);
+    return c;
+}
+
+void st_seal_ctx_free(st_seal_ctx *c) { EVP_CIPHER_CTX_free(c); }
+
+/* Part i of len bytes through c, in (enc 1) or out of (enc 0) GCM, from in
+ * to out (which may be in): 0, or -1 when libcrypto fails.  Encrypting,
+ * the tag is written to tag; decrypting, tag is checked at the end, -1
+ * when it does not verify. */
+static int seal_run(st_seal_ctx *c, const st_part_id *id, uint64_t i, const void *in, size_t len,
+                    void *out, uint8_t tag[ST_TAG_BYTES], int enc)
+{
+    uint8_t aad[sizeof SEAL_PART_LABEL + 32 + 65 + ST_NONCE_BYTES + 32], iv[12] = {0};
+    uint8_t *p = aad;
+    int n;
+    if (!c)
+        return -1;
+    memcpy(p, SEAL_PART_LABEL, sizeof SEAL_PART_LABEL); /* with its NUL */
+    p += sizeof SEAL_PART_LABEL;
+    memcpy(p, id->sid, 32);
+    p += 32;
+    memcpy(p, id->key, 65);
+    p += 65;
+    memcpy(p, id->nonce, ST_NONCE_BYTES);
+    p += ST_NONCE_BYTES;
+    put_u64(p, i);
+    put_u64(p + 8, id->n_parts);
+    put_u64(p + 16, id->total);
+    put_u64(p + 24, (uint64_t)len);
+    put_u64(iv, i); /* unique within the upload, whose key is its own */
+    if (EVP_CipherInit_ex2(c, NULL, NULL, iv, enc, NULL) != 1 ||
+        EVP_CipherUpdate(c, NULL, &n, aad, (int)sizeof aad) != 1)
+        return -1;
+    const uint8_t *s = in;
+    uint8_t *d = out;
+    for (size_t off = 0; off < len;) { /* EVP counts in int */
+        int step = len - off < (1u << 30) ? (int)(len - off) : 1 << 30;
+        if (EVP_CipherUpdate(c, d + off, &n, s + off, step) != 1 || n != step)
+            return -1;
+        off += (size_t)step;
+    }
+    if (!enc && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, ST_TAG_BYTES, tag) != 1)
+        return -1;
+    if (EVP_CipherFinal_ex(c, d + len, &n) != 1 || n != 0)
+        return -1;
+    if (enc && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, ST_TAG_BYTES, tag) != 1)
+        return -1;
+    return 0;
+}
+
+int st_seal_part(st_seal_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
+                 void *out, uint8_t tag[ST_TAG_BYTES])
+{
+    return seal_run(c, id, i, part, len, out, tag, 1);
+}
+
+int st_seal_open(st_seal_ctx *c, const st_part_id *id, uint64_t i, const void *sealed, size_t len,
+                 void *out, const uint8_t want[ST_TAG_BYTES])
+{
+    uint8_t tag[ST_TAG_BYTES];
+    memcpy(tag, want, ST_TAG_BYTES);
+    if (seal_run(c, id, i, sealed, len, out, tag, 0) == 0)
+        return 1;
+    OPENSSL_cleanse(out, len); /* nothing of a part that failed is left to use */
+    return 0;
 }
 
 int st_mac_nonce(uint8_t nonce[ST_NONCE_BYTES])

@@ -50,8 +50,9 @@ typedef struct st_tier {
     double cost;     /* relative cost per byte, for placement */
 } st_tier;
 
-/* A tier key ready to MAC parts (secret.c); kdf NULL: no key. */
-typedef struct evp_mac_ctx_st st_mac_ctx; /* one upload's GMAC key (st_mac_upload) */
+/* A tier key ready to seal parts (secret.c); kdf NULL: no key. */
+typedef struct evp_mac_ctx_st st_mac_ctx;     /* one v2 upload's GMAC key (st_mac_upload) */
+typedef struct evp_cipher_ctx_st st_seal_ctx; /* one upload's AES-256-GCM key (st_seal_upload) */
 typedef struct st_mac {
     struct evp_kdf_ctx_st *kdf; /* HKDF-SHA256 (expand only) keyed with the tier key */
     char id[17];                /* the key's id: 16 hex digits of HMAC(K, "cacheblend-key-id-v1") */
@@ -60,9 +61,12 @@ typedef struct st_mac {
 #define ST_KEY_BYTES 32
 #define ST_NONCE_BYTES 16
 #define ST_TAG_BYTES 16
-/* The metadata's mac_alg: the only construction this version writes or
- * reads (secret.c).  v1 entries (HMAC-SHA256, no mac_alg) are refused. */
-#define ST_MAC_ALG "aes-256-gmac-v2"
+/* The metadata's mac_alg: the construction this version writes (secret.c),
+ * every part encrypted and authenticated; and the one it still reads, the
+ * parts in clear under GMAC tags (read, then rewritten sealed).  v1 entries
+ * (HMAC-SHA256, no mac_alg) are refused. */
+#define ST_MAC_ALG "aes-256-gcm-v3"
+#define ST_MAC_ALG_V2 "aes-256-gmac-v2"
 
 /* The shared tier on Redis (remote*.c); url NULL when the store has none. */
 typedef struct st_remote {
@@ -80,13 +84,15 @@ typedef struct st_remote {
     int secrets;                /* 0 not read yet, 1 read, -1 unusable (the tier is not used) */
     char user[128];             /* the ACL user, "" for the password alone */
     char pass[512];             /* the password ("" none); cleansed when closed */
-    st_mac mac;                 /* the tier key: entries are written with and read only with MACs */
+    st_mac mac;                 /* the tier key: entries written sealed, read when tags verify */
     int ro;                     /* the server refused this user a write (NOPERM): reads only */
     int ro_warned;              /* said once that nothing is written through */
     int quiet;                  /* a NOPERM expected: not warned of */
     int refused_login;          /* the server refused the login: the tier is not used */
     char why[CB_ERROR_MSG_MAX]; /* the last failure, for messages (never a secret) */
     uint64_t n_refused;         /* entries refused: no MAC, or one that does not verify */
+    uint64_t n_resealed;        /* v2 entries (parts in clear) read and rewritten sealed */
+    int sealed_warned;          /* said once that sealed entries need the tier key */
 } st_remote;
 
 #define ST_REMOTE_TIMEOUT_MS 1000
@@ -298,7 +304,8 @@ const char *st_stream_key(const st_stream *x);
  * is dropped (1; not when a part had gone, evicted meanwhile). */
 int st_stream_bad(cb_store *s, st_stream *x, const char *why);
 /* Receive the parts not read yet and check the whole value against its
- * metadata: 1 with the bytes (held by x), else 0 (warned, dropped). */
+ * metadata: 1 with the bytes (held by x, in clear), else 0 (warned,
+ * dropped).  A v2 entry (parts in clear) is then written again sealed. */
 int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size);
 
 /* ------------------------------------------------------------ secret.c */
@@ -337,6 +344,21 @@ int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *par
 /* 1 when want is part i's tag (compared in constant time), else 0. */
 int st_mac_check(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
                  const uint8_t want[ST_TAG_BYTES]);
+/* The AES-256-GCM key of the upload id names (v3: labels of its own),
+ * derived from m's tier key: a context of the caller's own, NULL without a
+ * key or memory; freed by st_seal_ctx_free (accepts NULL).  Uses m's
+ * context: one thread at a time. */
+st_seal_ctx *st_seal_upload(const st_mac *m, const st_part_id *id);
+void st_seal_ctx_free(st_seal_ctx *c);
+/* Part i of len bytes encrypted under c into out (len bytes; may be part)
+ * and its tag: 0, or -1 when libcrypto fails.  A writer seals each i of an
+ * upload once: the IV is i, and no (key, IV) pair may come twice. */
+int st_seal_part(st_seal_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
+                 void *out, uint8_t tag[ST_TAG_BYTES]);
+/* Sealed part i of len bytes decrypted under c into out (may be sealed):
+ * 1 when want is its tag, else 0 with out cleansed. */
+int st_seal_open(st_seal_ctx *c, const st_part_id *id, uint64_t i, const void *sealed, size_t len,
+                 void *out, const uint8_t want[ST_TAG_BYTES]);
 /* A fresh random nonce: 0, or -1 when libcrypto has no random bytes. */
 int st_mac_nonce(uint8_t nonce[ST_NONCE_BYTES]);
 

@@ -17,8 +17,9 @@
  *            layer read (verified, converted to f32) as cb-run's loader
  *            reads it; stream = cb_store_open_kv streaming the entry from
  *            Redis while those layers are read; stream+mac = the same from a
- *            tier whose entries carry AES-256-GMAC tags (a tier key made by
- *            cb_store_keygen; every part's tag checked as it arrives),
+ *            tier whose entries are sealed with AES-256-GCM (a tier key made
+ *            by cb_store_keygen; every part decrypted and its tag checked as
+ *            it arrives),
  *            measured alternately with stream, entry by entry, so that both
  *            see the same load on a shared machine
  * KV files are real: MODEL prefills TOKENS tokens once and cb_kv_serialize
@@ -240,7 +241,7 @@ static double open_read(cb_store *s, const kv *e, int want_tier, const char *wha
 
 /* The shared tier on Redis at url: put through a local tier without room,
  * get of entries that only it holds; the same streamed from a tier whose
- * entries are authenticated (named sharedmac: a namespace of its own). */
+ * entries are sealed (named sharedmac: a namespace of its own). */
 static int bench_shared(const char *url, const char *ram, const char *base, kv *e, int n,
                         int tokens, char *buf, size_t cap)
 {

@@ -1666,6 +1666,55 @@ static void test_secrets(const char *tmp)
     CHECK(co && st_mac_part(co, &id, 1, part, strlen(part), t3) == 0 &&
           memcmp(tag, t3, sizeof tag) != 0 && strcmp(m.id, m2.id) != 0);
     st_mac_ctx_free(co);
+
+    tcase("sealed part: AES-256-GCM under the upload's v3 HKDF key, the layout of cb-store(5), as "
+          "Python's cryptography computes it; every field bound, nothing of a bad part left");
+    /* python3 (cryptography): as above with "-v3" labels; ku = HKDFExpand(..., b"cacheblend-entry-key-v3\0"
+     *     + sid + key + nonce).derive(bytes(range(32))); AESGCM(ku).encrypt(struct.pack("<Q", 1) +
+     *     bytes(4), b"the header part", b"cacheblend-part-v3\0" + sid + key + nonce +
+     *     struct.pack("<QQQQ", 1, 3, 4096, 15)).hex(): ciphertext, then the tag */
+    static const char want_ct[] = "7786b2907e8f644a016cf7bd309fe2",
+                      want_tag[] = "f72aaf076c1f3764ed836304c794696e";
+    K[0] ^= 1; /* the key of the vector again */
+    CHECK_OK(st_mac_from_key(&m2, K, &err));
+    st_seal_ctx *sc = st_seal_upload(&m2, &id);
+    char ct[sizeof part], pt[sizeof part], cthex[2 * sizeof part + 1];
+    CHECK(sc != NULL && st_seal_part(sc, &id, 1, part, strlen(part), ct, tag) == 0);
+    for (size_t i = 0; i < strlen(part); i++)
+        snprintf(cthex + 2 * i, 3, "%02x", (uint8_t)ct[i]);
+    for (int i = 0; i < ST_TAG_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", tag[i]);
+    CHECKF(strcmp(cthex, want_ct) == 0 && strcmp(hex, want_tag) == 0, "%s %s", cthex, hex);
+    CHECK(st_seal_open(sc, &id, 1, ct, strlen(part), pt, tag) == 1 &&
+          memcmp(pt, part, strlen(part)) == 0);
+    memcpy(pt, ct, sizeof ct); /* in place */
+    CHECK(st_seal_open(sc, &id, 1, pt, strlen(part), pt, tag) == 1 &&
+          memcmp(pt, part, strlen(part)) == 0);
+    CHECK(st_seal_open(sc, &id, 2, ct, strlen(part), pt, tag) == 0); /* another place */
+    static const char zero[sizeof part] = {0};
+    CHECK(memcmp(pt, zero, strlen(part)) == 0); /* what it decrypted, wiped */
+    ct[3] ^= 1;
+    CHECK(st_seal_open(sc, &id, 1, ct, strlen(part), pt, tag) == 0); /* one bit */
+    ct[3] ^= 1;
+    o = id;
+    o.total = 4095;
+    CHECK(st_seal_open(sc, &o, 1, ct, strlen(part), pt, tag) == 0); /* size */
+    o = id;
+    o.n_parts = 4;
+    CHECK(st_seal_open(sc, &o, 1, ct, strlen(part), pt, tag) == 0); /* count */
+    o = id;
+    o.nonce[0] ^= 1;
+    st_seal_ctx *so = st_seal_upload(&m2, &o);
+    CHECK(so && st_seal_open(so, &o, 1, ct, strlen(part), pt, tag) == 0); /* upload */
+    st_seal_ctx_free(so);
+    /* the v2 construction's key for the same upload is another: its GMAC
+     * tag of an empty part is no GCM tag under the v3 key */
+    co = st_mac_upload(&m2, &id);
+    CHECK(co && st_mac_part(co, &id, 1, "", 0, t3) == 0 &&
+          st_seal_part(sc, &id, 1, "", 0, ct, t2) == 0 && memcmp(t2, t3, sizeof t2) != 0);
+    st_mac_ctx_free(co);
+    st_seal_ctx_free(sc);
+    CHECK(st_seal_upload(&(st_mac){0}, &id) == NULL); /* no key */
     uint8_t n1[ST_NONCE_BYTES], n2[ST_NONCE_BYTES];
     CHECK(st_mac_nonce(n1) == 0 && st_mac_nonce(n2) == 0 && memcmp(n1, n2, sizeof n1) != 0);
     st_mac_ctx_free(c);
