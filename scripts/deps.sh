@@ -4,9 +4,10 @@
 set -e
 pkgs="build-essential pkg-config libpcre2-dev libxxhash-dev libarchive-dev libopenblas-dev
       libjansson-dev libsqlite3-dev libhiredis-dev libsimde-dev libssl-dev redis-server stunnel4 zstd unzip gnuplot-nox python3
-      python3-venv python3-pip ca-certificates"
-# libssl-dev: libcrypto (AES-256-GMAC, HKDF, random bytes) for the shared tier's
-# authenticated entries; stunnel4: tests/cli/redis-auth.sh's TLS tunnel.
+      python3-venv python3-pip python3-cryptography ca-certificates"
+# libssl-dev: libcrypto (AES-256-GCM, HKDF, random bytes) for the shared tier's
+# sealed entries; python3-cryptography: tests/cli/redis-seal.sh decrypts an
+# entry on its own; stunnel4: tests/cli/redis-auth.sh's TLS tunnel.
 # make fuzz: clang 15 or later (x86 _Float16) and its libFuzzer runtime;
 # make fuzz-cov: llvm-N (llvm-profdata, llvm-cov); make memcheck: valgrind.
 # The first clang-N installed, else one apt has.
