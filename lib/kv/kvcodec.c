@@ -130,50 +130,91 @@ cb_status cb_kivi4_encode(const float *k, const float *v, int32_t n, int64_t w, 
 
 /* ------------------------------------------------------------- decoding */
 
-/* 32 elements from 16 bytes of nibbles and each element's d and m: the
- * portable decoder */
-static void dec32(const uint8_t *qs, const float *d, const float *m, uint16_t *out)
+/* A key row: w channels from w/2 bytes of nibbles, each channel's d and m
+ * (the portable decoder) */
+static void dec_k_row(const uint8_t *q, const float *d, const float *m, uint16_t *out, int64_t w)
 {
-    for (int j = 0; j < 16; j++) {
-        out[j] = cb_f32_to_f16((float)(qs[j] & 15) * d[j] + m[j]);
-        out[j + 16] = cb_f32_to_f16((float)(qs[j] >> 4) * d[j + 16] + m[j + 16]);
+    for (int64_t c0 = 0; c0 < w; c0 += 32, q += 16)
+        for (int j = 0; j < 16; j++) {
+            int64_t c = c0 + j;
+            out[c] = cb_f32_to_f16((float)(q[j] & 15) * d[c] + m[c]);
+            out[c + 16] = cb_f32_to_f16((float)(q[j] >> 4) * d[c + 16] + m[c + 16]);
+        }
+}
+
+/* A value row: w/32 blocks of 20 bytes (the portable decoder) */
+static void dec_v_row(const uint8_t *b, uint16_t *out, int64_t w)
+{
+    for (int64_t c0 = 0; c0 < w; c0 += 32, b += 20) {
+        float d = cb_f16_to_f32(rd16(b)), m = cb_f16_to_f32(rd16(b + 2));
+        for (int j = 0; j < 16; j++) {
+            out[c0 + j] = cb_f32_to_f16((float)(b[4 + j] & 15) * d + m);
+            out[c0 + j + 16] = cb_f32_to_f16((float)(b[4 + j] >> 4) * d + m);
+        }
     }
 }
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* dec32 with AVX2 and F16C (the same operations, eight at a time; the
- * conversion rounds to nearest even as cb_f32_to_f16 does) */
-__attribute__((target("avx2,f16c"))) static void dec32_avx2(const uint8_t *qs, const float *d,
-                                                            const float *m, uint16_t *out)
+/* The same operations eight at a time with AVX2 and F16C: the product and
+ * the sum rounded apart (no FMA), the conversion to nearest even as
+ * cb_f32_to_f16 rounds. */
+#define KV_AVX2 __attribute__((target("avx2,f16c")))
+
+/* the 32 levels of 16 bytes of nibbles, as four vectors of 8 floats in
+ * element order: the low nibbles are elements 0..15, the high 16..31 */
+KV_AVX2 static inline void levels32(const uint8_t *q, __m256 out[4])
 {
-    __m128i b = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0f);
+    __m128i b = _mm_loadu_si128((const __m128i *)q), mask = _mm_set1_epi8(0x0f);
     __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int i = 0; i < 4; i++) {
-        __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
-        __m256 x =
-            _mm256_add_ps(_mm256_mul_ps(q, _mm256_loadu_ps(d + 8 * i)), _mm256_loadu_ps(m + 8 * i));
-        _mm_storeu_si128((__m128i *)(out + 8 * i),
-                         _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+KV_AVX2 static inline void store8(uint16_t *out, __m256 x)
+{
+    _mm_storeu_si128((__m128i *)out,
+                     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+KV_AVX2 static void dec_k_row_avx2(const uint8_t *q, const float *d, const float *m, uint16_t *out,
+                                   int64_t w)
+{
+    __m256 l[4];
+    for (int64_t c0 = 0; c0 < w; c0 += 32, q += 16) {
+        levels32(q, l);
+        for (int i = 0; i < 4; i++)
+            store8(out + c0 + 8 * i,
+                   _mm256_add_ps(_mm256_mul_ps(l[i], _mm256_loadu_ps(d + c0 + 8 * i)),
+                                 _mm256_loadu_ps(m + c0 + 8 * i)));
+    }
+}
+
+KV_AVX2 static void dec_v_row_avx2(const uint8_t *b, uint16_t *out, int64_t w)
+{
+    __m256 l[4];
+    for (int64_t c0 = 0; c0 < w; c0 += 32, b += 20) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(rd16(b))), m = _mm256_set1_ps(_cvtsh_ss(rd16(b + 2)));
+        levels32(b + 4, l);
+        for (int i = 0; i < 4; i++)
+            store8(out + c0 + 8 * i, _mm256_add_ps(_mm256_mul_ps(l[i], d), m));
     }
 }
 
 static int have_simd(void) { return qmm_cpu_avx2(); }
 #else
-static void dec32_avx2(const uint8_t *qs, const float *d, const float *m, uint16_t *out)
-{
-    dec32(qs, d, m, out);
-}
+#define dec_k_row_avx2 dec_k_row
+#define dec_v_row_avx2 dec_v_row
 static int have_simd(void) { return 0; }
 #endif
 
 cb_status cb_kivi4_decode(const uint8_t *in, int32_t n, int64_t w, uint16_t *k, uint16_t *v,
                           float *scratch, int simd)
 {
-    void (*dec)(const uint8_t *, const float *, const float *, uint16_t *) =
-        simd && have_simd() ? dec32_avx2 : dec32;
+    int fast = simd && have_simd();
     float *d = scratch, *m = scratch + w;
     if (!cb_kivi4_k_bytes(n, w))
         return CB_ERR_INVALID;
@@ -185,16 +226,19 @@ cb_status cb_kivi4_decode(const uint8_t *in, int32_t n, int64_t w, uint16_t *k, 
             m[c] = cb_f16_to_f32(rd16(p + 2 * w + 2 * c));
         }
         p += 4 * w;
-        for (int32_t t = 0; t < r; t++, p += w / 2)
-            for (int64_t c0 = 0; c0 < w; c0 += 32)
-                dec(p + c0 / 2, d + c0, m + c0, k + (int64_t)(t0 + t) * w + c0);
+        for (int32_t t = 0; t < r; t++, p += w / 2) {
+            uint16_t *row = k + (int64_t)(t0 + t) * w;
+            if (fast)
+                dec_k_row_avx2(p, d, m, row, w);
+            else
+                dec_k_row(p, d, m, row, w);
+        }
     }
-    for (int64_t i = 0; i < (int64_t)n * w; i += 32, p += 20) {
-        float dd = cb_f16_to_f32(rd16(p)), mm = cb_f16_to_f32(rd16(p + 2));
-        float db[32], mb[32];
-        for (int j = 0; j < 32; j++)
-            db[j] = dd, mb[j] = mm;
-        dec(p + 4, db, mb, v + i);
+    for (int32_t t = 0; t < n; t++, p += w / 32 * 20) {
+        if (fast)
+            dec_v_row_avx2(p, v + (int64_t)t * w, w);
+        else
+            dec_v_row(p, v + (int64_t)t * w, w);
     }
     return CB_OK;
 }

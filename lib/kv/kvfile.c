@@ -179,7 +179,7 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     H = align_up(KV_FIXED + 4 * (uint64_t)(n + n_lead) + 16 * (uint64_t)hp->n_layer, CB_KV_ALIGN);
     total = H + S * (uint64_t)hp->n_layer;
     buf = calloc(1, (size_t)total);
-    /* a coded type encodes K and V together: both layers' rows at once */
+    /* a coded type encodes a layer's K and V together: both read at once */
     tmp = malloc(sizeof(float) * (size_t)(n * width) * (coded(type) ? 2 : 1));
     if (!buf || !tmp) {
         free(buf);
