@@ -34,8 +34,9 @@ static void usage(FILE *f)
            "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model)\n"
            "      --store DIR    the store (default: $CB_STORE, else\n"
            "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store); created if absent\n"
-           "      --kv-type T    element type of the KV files: f16 (default), f32, bf16, or\n"
-           "                     q8_0 (8-bit, about half the size of f16)\n"
+           "      --kv-type T    element type of the KV files: f16 (default), f32, bf16,\n"
+           "                     q8_0 (8-bit, about half the size of f16), or kivi4 (4-bit\n"
+           "                     keys per channel and values per token, under a third)\n"
            "      --place WHERE  the tier new entries go to: a tier's name, or auto: the\n"
            "                     cheapest tier whose load time does not exceed the recompute\n"
            "                     time (cb-store place, from the store's profile); default: the\n"
@@ -133,8 +134,9 @@ static int parse_args(int argc, char **argv, pre *x)
         CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };
-    static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0"};
-    static const cb_type kv_types[] = {CB_TYPE_F16, CB_TYPE_F32, CB_TYPE_BF16, CB_TYPE_Q8_0};
+    static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0", "kivi4"};
+    static const cb_type kv_types[] = {CB_TYPE_F16, CB_TYPE_F32, CB_TYPE_BF16, CB_TYPE_Q8_0,
+                                       CB_TYPE_KIVI4};
     int c, r;
     while ((c = cli_getopt(argc, argv, CLI_COMMON_SHORT, opts)) != -1) {
         if ((r = cli_common_opt(&x->co, c, optarg, usage)) != CLI_NOT_COMMON) {
@@ -142,10 +144,10 @@ static int parse_args(int argc, char **argv, pre *x)
                 return r;
         } else if (c == OPT_KVTYPE) {
             int k = 0;
-            while (k < 4 && strcmp(optarg, kv_names[k]))
+            while (k < 5 && strcmp(optarg, kv_names[k]))
                 k++;
-            if (k == 4) {
-                cli_err("--kv-type %s: use f16, f32, bf16 or q8_0", optarg);
+            if (k == 5) {
+                cli_err("--kv-type %s: use f16, f32, bf16, q8_0 or kivi4", optarg);
                 return CLI_EX_USAGE;
             }
             x->kv_type = kv_types[k];

@@ -69,6 +69,8 @@ static const struct cb_type_traits *traits_of(cb_type t)
 
 const char *cb_type_name(cb_type t)
 {
+    if (t == CB_TYPE_KIVI4) /* not a tensor type: no traits, only a name */
+        return "kivi4";
     const struct cb_type_traits *tt = traits_of(t);
     return tt ? tt->name : NULL;
 }

@@ -39,7 +39,7 @@ static cb_status read_seg(const loader *ld, int32_t s, int32_t l, uint8_t *at, c
         *out = (cb_kv_seg){.pos = ld->start[s],
                            .n = ld->segs[s].n,
                            .from_pos0 = mt->pos0,
-                           .type = mt->type,
+                           .type = cb_kvfile_rows_type(kf),
                            .k = k,
                            .v = v,
                            .key_scale = s >= ld->exact_end ? ld->key_scale : 1.0f};

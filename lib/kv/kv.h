@@ -33,6 +33,26 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
                           int32_t n_lead, const int32_t *ids, int32_t n, int32_t pos0, cb_type type,
                           void **buf, size_t *size);
 
+/* The coded element types of KV files (lib/kv/kvcodec.c, cbkv(5)): not
+ * ggml's row-wise blocks, so a reader decodes a layer to f16 rows.
+ * kivi4: 4-bit keys per channel (groups of CB_KIVI4_GROUP tokens) and
+ * values per token (groups of 32 channels), scale and minimum in f16. */
+#define CB_KIVI4_GROUP 32
+/* Bytes of one layer's K, and of its V, of n tokens of width w; 0 when w
+ * is not a positive multiple of 32 or n < 1. */
+uint64_t cb_kivi4_k_bytes(int32_t n, int64_t w);
+uint64_t cb_kivi4_v_bytes(int32_t n, int64_t w);
+/* k, v [n][w] f32 as one layer's K then V into out (cb_kivi4_k_bytes +
+ * cb_kivi4_v_bytes bytes).  Errors: CB_ERR_INVALID (shape). */
+cb_status cb_kivi4_encode(const float *k, const float *v, int32_t n, int64_t w, uint8_t *out);
+/* One layer's K then V at in decoded to f16 rows k, v [n][w]; scratch
+ * holds 2*w floats.  simd 0 takes the portable decoder, 1 the CPU's
+ * fastest (the same bits).  Errors: CB_ERR_INVALID (shape). */
+cb_status cb_kivi4_decode(const uint8_t *in, int32_t n, int64_t w, uint16_t *k, uint16_t *v,
+                          float *scratch, int simd);
+/* 1 when KV files may hold elements of type t (f32, f16, bf16, q8_0, kivi4). */
+int cb_kv_type_ok(cb_type t);
+
 /* The size in bytes a KV file must have whose first n bytes are `fixed`:
  * checks the fixed header (its first 128 bytes) as cb_kvfile_open does
  * (magic, version, shape, element type, and the header, layer and total
@@ -64,10 +84,13 @@ cb_status cb_kvfile_open_source(cb_kvfile **out, const cb_kv_source *src, cb_err
  * CB_ERR_MISMATCH with a message naming the file. */
 cb_status cb_kvfile_check_model(const cb_kvfile *f, const cb_model *m, cb_error *err);
 /* Read layer l, verified: *k and *v point at its n_tokens rows of K and V
- * in the file's element type, valid until the next read of f.  Errors as
+ * in cb_kvfile_rows_type(f), valid until the next read of f.  Errors as
  * cb_kvfile_read_layer. */
 cb_status cb_kvfile_layer_rows(cb_kvfile *f, int32_t l, const void **k, const void **v,
                                cb_error *err);
+/* The type of the rows cb_kvfile_layer_rows gives: the file's element
+ * type, or f16 for a coded type (kivi4), which a read decodes. */
+cb_type cb_kvfile_rows_type(const cb_kvfile *f);
 /* cb_kvfile_layer_rows into the caller's buf of cb_kvfile_layer_bytes(f)
  * bytes (cb-run's loader: memory the device copies from directly); *k and
  * *v point into buf. */

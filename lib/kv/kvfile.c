@@ -1,10 +1,14 @@
 /* kvfile.c - the KV file: one chunk's precomputed keys and values.
  *
- * Byte layout (little endian), format version 2; also in cbkv(5):
+ * Byte layout (little endian), format version 2, or 3 for a coded element
+ * type; also in cbkv(5):
  *
  *   offset  size  field
  *   0       8     magic "CBKV\r\n\x1a\n"
- *   8       4     format version (2; version 1 files are still read)
+ *   8       4     format version: 2, or 3 when the element type is a coded
+ *                 one (kivi4); a writer writes the lowest that describes
+ *                 the file, so a plain type's file still reads in builds
+ *                 that know only 2; version 1 files are still read
  *   12      4     H: header bytes, a multiple of 4096; the body starts at H
  *   16      16    model fingerprint (lo u64, hi u64), cb_gguf_fingerprint
  *   32      16    token hash (lo, hi), cb_kv_tokens_hash(lead, ids)
@@ -14,7 +18,9 @@
  *   60      4     n_rot (RoPE dimensions per head)
  *   64      4     rope pairing: 0 (2i, 2i+1) "normal", 1 (i, i+n_rot/2) neox
  *   68      4     rope base (f32) of the global layers
- *   72      4     element type (ggml id: 0 f32, 1 f16, 8 q8_0, 30 bf16)
+ *   72      4     element type: a ggml id (0 f32, 1 f16, 8 q8_0, 30 bf16)
+ *                 in version 1 and 2, or a coded type, 1024 kivi4, in
+ *                 version 3 (only there)
  *   76      4     n_tokens
  *   80      4     pos0: K of token i was computed, after RoPE, at position pos0+i
  *   84      4     n_lead: lead-in tokens prefilled before the chunk, dropped
@@ -22,8 +28,9 @@
  *   92      4     flags: bit 0, the global layers' RoPE frequencies are divided
  *                 (Llama 3's rope_freqs, a linear factor); version 1: 0
  *   96      8     S: layer stride in bytes, a multiple of 4096
- *   104     8     B: bytes of one layer's K (= its V): n_tokens rows of
- *                 n_head_kv*head_dim elements
+ *   104     8     B: bytes of one layer's K: n_tokens rows of
+ *                 n_head_kv*head_dim elements; V's are as many for a ggml
+ *                 type, and for a coded type what the type's layout gives
  *   112     8     total file size, H + n_layer*S
  *   120     8     header checksum: XXH3-64 of bytes [0, H) with this field 0
  *   128     4n    token ids (int32)
@@ -35,7 +42,13 @@
  *                 (f32) the layer's K was rotated with; version 1 files are
  *                 read as window 0 and the base at 68 for every layer
  *   ...           zeros up to H
- *   H + l*S       layer l: K (B bytes), V (B bytes), zeros up to S
+ *   H + l*S       layer l: K (B bytes), V (B bytes, or the coded type's),
+ *                 zeros up to S
+ *
+ * A coded type's layer is not rows of blocks: kivi4 groups keys per channel
+ * along the tokens (kvcodec.c has its layout), so a reader decodes a whole
+ * layer, after its checksum, into f16 rows, which the loader places as it
+ * places an f16 file's.
  *
  * Every layer starts on a 4096-byte boundary, so one layer can be read alone
  * (and with O_DIRECT).  Moving the chunk to position p is a RoPE rotation of
@@ -52,7 +65,8 @@
 #include <xxhash.h>
 
 #define KV_MAGIC "CBKV\r\n\x1a\n"
-#define KV_VERSION 2
+#define KV_VERSION 2       /* the plain element types' files */
+#define KV_VERSION_CODED 3 /* a coded element type's (kivi4) */
 #define KV_FLAG_ROPE_DIV 1u
 #define KV_FIXED 128
 #define KV_MAX_TOKENS (1 << 24)
@@ -65,7 +79,8 @@ struct cb_kvfile {
     uint8_t *hdr;     /* H bytes */
     uint32_t H;
     uint64_t S, B, size;
-    uint8_t *buf; /* one layer, S bytes */
+    uint64_t BV;  /* bytes of one layer's V (B but for a coded type) */
+    uint8_t *buf; /* one layer, S bytes, and for a coded type its rows */
     cb_kv_meta meta;
     int32_t *ids, *lead;
     uint64_t *sums;
@@ -73,9 +88,25 @@ struct cb_kvfile {
     float *rope_base; /* [n_layer] */
 };
 
-static int kv_type_ok(cb_type t)
+int cb_kv_type_ok(cb_type t)
 {
-    return t == CB_TYPE_F32 || t == CB_TYPE_F16 || t == CB_TYPE_BF16 || t == CB_TYPE_Q8_0;
+    return t == CB_TYPE_F32 || t == CB_TYPE_F16 || t == CB_TYPE_BF16 || t == CB_TYPE_Q8_0 ||
+           t == CB_TYPE_KIVI4;
+}
+
+static int coded(cb_type t) { return t == CB_TYPE_KIVI4; }
+
+/* Bytes of one layer's K and V of n tokens of width w in type t: 1, or 0
+ * when the width is not whole blocks of the type. */
+static int part_bytes(cb_type t, int32_t n, int64_t w, uint64_t *bk, uint64_t *bv)
+{
+    if (coded(t)) {
+        *bk = cb_kivi4_k_bytes(n, w);
+        *bv = cb_kivi4_v_bytes(n, w);
+    } else {
+        *bk = *bv = (uint64_t)cb_type_row_bytes(t, w) * (uint64_t)n;
+    }
+    return *bk > 0 && *bv > 0;
 }
 
 static uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
@@ -137,20 +168,19 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     cb_hash128 fp = cb_model_fingerprint(m);
     int64_t width = (int64_t)hp->n_head_kv * hp->head_dim;
     size_t row = cb_type_row_bytes(type, width);
-    uint64_t B, S, H, total;
+    uint64_t B, BV, S, H, total;
     uint8_t *buf;
     float *tmp;
 
-    if (!kv_type_ok(type) || row == 0)
+    if (!cb_kv_type_ok(type) || n < 1 || n > KV_MAX_TOKENS || n_lead < 0 || pos0 < 0 ||
+        pos0 > cb_kvcache_n_ctx(kv) - n || !part_bytes(type, n, width, &B, &BV))
         return CB_ERR_INVALID;
-    if (n < 1 || n > KV_MAX_TOKENS || n_lead < 0 || pos0 < 0 || pos0 > cb_kvcache_n_ctx(kv) - n)
-        return CB_ERR_INVALID;
-    B = (uint64_t)row * (uint64_t)n;
-    S = align_up(2 * B, CB_KV_ALIGN);
+    S = align_up(B + BV, CB_KV_ALIGN);
     H = align_up(KV_FIXED + 4 * (uint64_t)(n + n_lead) + 16 * (uint64_t)hp->n_layer, CB_KV_ALIGN);
     total = H + S * (uint64_t)hp->n_layer;
     buf = calloc(1, (size_t)total);
-    tmp = malloc(sizeof(float) * (size_t)(n * width));
+    /* a coded type encodes a layer's K and V together: both read at once */
+    tmp = malloc(sizeof(float) * (size_t)(n * width) * (coded(type) ? 2 : 1));
     if (!buf || !tmp) {
         free(buf);
         free(tmp);
@@ -158,7 +188,7 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     }
     cb_hash128 th = cb_kv_tokens_hash(lead, n_lead, ids, n);
     memcpy(buf, KV_MAGIC, 8);
-    put32(buf + 8, KV_VERSION);
+    put32(buf + 8, coded(type) ? KV_VERSION_CODED : KV_VERSION);
     put32(buf + 12, (uint32_t)H);
     put64(buf + 16, fp.lo);
     put64(buf + 24, fp.hi);
@@ -192,15 +222,18 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     for (int32_t l = 0; l < hp->n_layer; l++) {
         uint8_t *layer = buf + H + S * (uint64_t)l;
         for (int which = 0; which < 2; which++) {
-            cb_status st = cb_kvcache_read(kv, l, which, pos0, n, tmp);
+            float *x = coded(type) ? tmp + which * (int64_t)n * width : tmp;
+            cb_status st = cb_kvcache_read(kv, l, which, pos0, n, x);
             if (st != CB_OK) {
                 free(buf);
                 free(tmp);
                 return st;
             }
-            for (int32_t i = 0; i < n; i++)
+            for (int32_t i = 0; i < n && !coded(type); i++)
                 cb_quant_row(type, tmp + i * width, layer + which * B + (uint64_t)i * row, width);
         }
+        if (coded(type))
+            cb_kivi4_encode(tmp, tmp + (int64_t)n * width, n, width, layer);
         put64(sums + 8 * (size_t)l, XXH3_64bits(layer, (size_t)S));
     }
     put64(buf + 120, XXH3_64bits(buf, (size_t)H));
@@ -236,7 +269,7 @@ static int read_fd(int fd, void *buf, size_t n, uint64_t off)
 /* The fields of the fixed header, checked as far as they can be without
  * the rest of the file; NULL, or why they are impossible. */
 static const char *parse_fixed(const uint8_t *fixed, cb_kv_meta *mt, uint32_t *H, uint64_t *S,
-                               uint64_t *B, uint64_t *size)
+                               uint64_t *B, uint64_t *BV, uint64_t *size)
 {
     uint32_t version = get32(fixed + 8);
     *H = get32(fixed + 12);
@@ -264,19 +297,17 @@ static const char *parse_fixed(const uint8_t *fixed, cb_kv_meta *mt, uint32_t *H
         mt->n_head_kv > 4096 || mt->head_dim < 1 || mt->head_dim > 4096 || mt->n_rot < 0 ||
         mt->n_rot > mt->head_dim || (mt->rope_neox != 0 && mt->rope_neox != 1))
         return "impossible model shape";
-    if (!kv_type_ok(mt->type))
+    if (!cb_kv_type_ok(mt->type) || coded(mt->type) != (version == KV_VERSION_CODED))
         return "unknown element type";
     if (mt->n_tokens < 1 || mt->n_tokens > KV_MAX_TOKENS || mt->n_lead < 0 ||
         mt->n_lead > KV_MAX_TOKENS || mt->pos0 < 0 || get32(fixed + 88) != 1)
         return "impossible token counts or positions";
     if (mt->flags & ~KV_FLAG_ROPE_DIV)
         return "unknown flags";
-    if (cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) ==
-        0) /* not whole blocks */
+    uint64_t bk;
+    if (!part_bytes(mt->type, mt->n_tokens, (int64_t)mt->n_head_kv * mt->head_dim, &bk, BV))
         return "rows are not whole blocks of the element type";
-    if (*B != (uint64_t)cb_type_row_bytes(mt->type, (int64_t)mt->n_head_kv * mt->head_dim) *
-                  (uint64_t)mt->n_tokens ||
-        *S < 2 * *B || *S % CB_KV_ALIGN || *S > (1ull << 40))
+    if (*B != bk || *S < *B + *BV || *S % CB_KV_ALIGN || *S > (1ull << 40))
         return "inconsistent layer sizes";
     if (*H % CB_KV_ALIGN || *H < KV_FIXED + 4 * (uint64_t)(mt->n_tokens + mt->n_lead) +
                                      per_layer * (uint64_t)mt->n_layer)
@@ -292,10 +323,10 @@ static cb_status check_magic(const uint8_t *fixed, const char *path, cb_error *e
     if (memcmp(fixed, KV_MAGIC, 8) != 0)
         return bad(err, path, "bad magic");
     uint32_t version = get32(fixed + 8);
-    if (version != 1 && version != KV_VERSION)
+    if (version < 1 || version > KV_VERSION_CODED)
         return cb_error_set(err, CB_ERR_UNSUPPORTED,
-                            "%s: KV format version %u is not supported (this build reads 1 and %d)",
-                            path, version, KV_VERSION);
+                            "%s: KV format version %u is not supported (this build reads 1 to %d)",
+                            path, version, KV_VERSION_CODED);
     return CB_OK;
 }
 
@@ -304,13 +335,13 @@ cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint6
 {
     cb_kv_meta mt;
     uint32_t H;
-    uint64_t S, B;
+    uint64_t S, B, BV;
     cb_status st;
     if (n < KV_FIXED)
         return bad(err, name, "shorter than its fixed header");
     if ((st = check_magic(fixed, name, err)) != CB_OK)
         return st;
-    const char *why = parse_fixed(fixed, &mt, &H, &S, &B, size);
+    const char *why = parse_fixed(fixed, &mt, &H, &S, &B, &BV, size);
     return why ? bad(err, name, why) : CB_OK;
 }
 
@@ -402,7 +433,7 @@ static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_
     cb_kv_meta *mt = &f->meta;
 
     /* Bounds before any allocation sized by the file. */
-    const char *why = parse_fixed(fixed, mt, &f->H, &f->S, &f->B, &f->size);
+    const char *why = parse_fixed(fixed, mt, &f->H, &f->S, &f->B, &f->BV, &f->size);
     if (!why && f->size != file_size)
         why = "truncated or extended (size differs from its header)";
     if (why) {
@@ -410,7 +441,7 @@ static cb_status kv_open(cb_kvfile **out, const char *path, int fd, const cb_kv_
         return bad(err, path, why);
     }
     f->hdr = malloc(f->H);
-    f->buf = malloc((size_t)f->S);
+    f->buf = malloc(cb_kvfile_layer_bytes(f));
     f->ids = malloc(4 * (size_t)mt->n_tokens);
     f->lead = malloc(4 * (size_t)(mt->n_lead ? mt->n_lead : 1));
     f->sums = malloc(8 * (size_t)mt->n_layer);
@@ -522,18 +553,54 @@ static cb_status load_layer(cb_kvfile *f, int32_t l, cb_error *err)
     return load_layer_into(f, l, f->buf, err);
 }
 
-size_t cb_kvfile_layer_bytes(const cb_kvfile *f) { return (size_t)f->S; }
+/* Bytes of a layer's decoded rows (K then V, f16) of a coded type */
+static size_t rows_bytes(const cb_kvfile *f)
+{
+    return 4 * (size_t)f->meta.n_tokens * (size_t)f->meta.n_head_kv * (size_t)f->meta.head_dim;
+}
+
+/* A coded type's buffer: the decoded rows, the layer's S bytes as stored,
+ * then the decoder's scratch (2 floats a channel); whole pages, as S is,
+ * so that buffers laid end to end (the loader's) start on pages */
+size_t cb_kvfile_layer_bytes(const cb_kvfile *f)
+{
+    if (!coded(f->meta.type))
+        return (size_t)f->S;
+    return (size_t)align_up(rows_bytes(f) + f->S +
+                                2 * sizeof(float) * (uint64_t)f->meta.n_head_kv *
+                                    (uint64_t)f->meta.head_dim,
+                            CB_KV_ALIGN);
+}
+
+cb_type cb_kvfile_rows_type(const cb_kvfile *f)
+{
+    return coded(f->meta.type) ? CB_TYPE_F16 : f->meta.type;
+}
 
 int cb_kvfile_concurrent(const cb_kvfile *f) { return f->src.read == NULL; }
 
 cb_status cb_kvfile_layer_rows_into(cb_kvfile *f, int32_t l, void *buf, const void **k,
                                     const void **v, cb_error *err)
 {
-    cb_status st = load_layer_into(f, l, buf, err);
+    const cb_kv_meta *mt = &f->meta;
+    if (!coded(mt->type)) {
+        cb_status st = load_layer_into(f, l, buf, err);
+        if (st != CB_OK)
+            return st;
+        *k = buf;
+        *v = (const uint8_t *)buf + f->B;
+        return CB_OK;
+    }
+    int64_t w = (int64_t)mt->n_head_kv * mt->head_dim;
+    uint8_t *rows = buf, *raw = rows + rows_bytes(f);
+    uint16_t *dk = (uint16_t *)rows, *dv = dk + (int64_t)mt->n_tokens * w;
+    cb_status st = load_layer_into(f, l, raw, err);
     if (st != CB_OK)
         return st;
-    *k = buf;
-    *v = (const uint8_t *)buf + f->B;
+    /* the layer's checksum holds: its bytes are the ones written */
+    cb_kivi4_decode(raw, mt->n_tokens, w, dk, dv, (float *)(raw + f->S), 1);
+    *k = dk;
+    *v = dv;
     return CB_OK;
 }
 
@@ -541,13 +608,15 @@ cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_e
 {
     const cb_kv_meta *mt = &f->meta;
     int64_t width = (int64_t)mt->n_head_kv * mt->head_dim;
-    size_t row = cb_type_row_bytes(mt->type, width);
-    cb_status st = load_layer(f, l, err);
+    cb_type rt = cb_kvfile_rows_type(f);
+    size_t row = cb_type_row_bytes(rt, width);
+    const void *rk, *rv;
+    cb_status st = cb_kvfile_layer_rows(f, l, &rk, &rv, err);
     if (st != CB_OK)
         return st;
     for (int32_t i = 0; i < mt->n_tokens; i++) {
-        cb_dequant_row(mt->type, f->buf + (size_t)i * row, k + i * width, width);
-        cb_dequant_row(mt->type, f->buf + f->B + (size_t)i * row, v + i * width, width);
+        cb_dequant_row(rt, (const uint8_t *)rk + (size_t)i * row, k + i * width, width);
+        cb_dequant_row(rt, (const uint8_t *)rv + (size_t)i * row, v + i * width, width);
     }
     return CB_OK;
 }
@@ -555,12 +624,7 @@ cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_e
 cb_status cb_kvfile_layer_rows(cb_kvfile *f, int32_t l, const void **k, const void **v,
                                cb_error *err)
 {
-    cb_status st = load_layer(f, l, err);
-    if (st != CB_OK)
-        return st;
-    *k = f->buf;
-    *v = f->buf + f->B;
-    return CB_OK;
+    return cb_kvfile_layer_rows_into(f, l, f->buf, k, v, err);
 }
 
 cb_status cb_kvfile_load_layer(cb_kvfile *f, int32_t l, cb_kvcache *kv, int32_t pos, cb_error *err)
@@ -569,8 +633,8 @@ cb_status cb_kvfile_load_layer(cb_kvfile *f, int32_t l, cb_kvcache *kv, int32_t 
     cb_status st = cb_kvfile_layer_rows(f, l, &k, &v, err);
     if (st != CB_OK)
         return st;
-    if ((st = cb_kvcache_load_rows(kv, l, pos, f->meta.n_tokens, f->meta.type, k, v, f->meta.pos0,
-                                   1.0f)) != CB_OK)
+    if ((st = cb_kvcache_load_rows(kv, l, pos, f->meta.n_tokens, cb_kvfile_rows_type(f), k, v,
+                                   f->meta.pos0, 1.0f)) != CB_OK)
         cb_error_set(err, st, "%s: layer %d: cannot place it in the cache: %s", f->path, l,
                      cb_model_strerror(cb_kvcache_model(kv), st));
     return st;

@@ -40,7 +40,7 @@ cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *
     pc->store = s;
     pc->type = type;
     pc->fp = cb_model_fingerprint(m);
-    if (cb_profile_type_index(type) < 0) {
+    if (!cb_kv_type_ok(type)) {
         st = cb_error_set(err, CB_ERR_INVALID, "precompute: KV files of type %s are not supported",
                           cb_type_name(type) ? cb_type_name(type) : "?");
         goto fail;

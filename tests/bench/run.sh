@@ -238,6 +238,10 @@ echo "== bench_load: the blend's KV loader by its readers, 6 x 512-token caches 
 "$BUILD/bench/bench_load" "$M" 6 512 5 1,2 | awk '$1 == "load_file_mb" { mb = 6 * $2 }
     $1 ~ /^load_[0-9]+_ms$/ { split($1, a, "_"); ms[a[2]] = $2 }
     END { printf "loading %.1f MB: 1 reader %.1f ms, 2 readers %.1f ms = %.2fx\n", mb, ms[1], ms[2], ms[1] / ms[2] }'
+# Decoding a coded KV type runs in the loader thread: it must outpace the
+# tier that delivers the stored bytes (the default model's geometry).
+echo "== bench_kvcodec: a 512-token chunk's layers from memory, f16's load vs kivi4's (decoded to f16)"
+"$BUILD/bench/bench_kvcodec" 512 256 28 9
 # The same engine on the GPU, when this machine has one and the CUDA module runs.
 if "$BINDIR_B/cb-run" -m "$M" --device cuda -p x -n 1 >/dev/null 2>"$tmp/cuda.err"; then
     echo "== bench_engine (ours) on CUDA vs ours on the CPU"

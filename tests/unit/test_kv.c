@@ -56,6 +56,7 @@ static void check_load_rows(cb_model *m, cb_kvfile *kf)
 {
     const cb_hparams *hp = cb_model_hparams(m);
     const cb_kv_meta *mt = cb_kvfile_meta(kf);
+    cb_type rt = cb_kvfile_rows_type(kf); /* f16 for a coded type */
     int64_t w = (int64_t)hp->n_head_kv * hp->head_dim, e = (int64_t)mt->n_tokens * w;
     float *k = malloc(sizeof(float) * (size_t)e), *v = malloc(sizeof(float) * (size_t)e);
     float *ra = malloc(sizeof(float) * (size_t)e), *rb = malloc(sizeof(float) * (size_t)e);
@@ -80,8 +81,8 @@ static void check_load_rows(cb_model *m, cb_kvfile *kf)
                         k[i] *= scales[si];
                     CHECK_OK(cb_kvcache_load(a, l, pos, mt->n_tokens, k, v, mt->pos0));
                     CHECK_OK(cb_kvfile_layer_rows(kf, l, &rk, &rv, &err));
-                    CHECK_OK(cb_kvcache_load_rows(b, l, pos, mt->n_tokens, mt->type, rk, rv,
-                                                  mt->pos0, scales[si]));
+                    CHECK_OK(cb_kvcache_load_rows(b, l, pos, mt->n_tokens, rt, rk, rv, mt->pos0,
+                                                  scales[si]));
                     if (si == 0)
                         CHECK_OK(cb_kvfile_load_layer(kf, l, c, pos, &err));
                     for (int which = 0; which < 2; which++) {
@@ -105,8 +106,8 @@ static void check_load_rows(cb_model *m, cb_kvfile *kf)
     const void *rk, *rv;
     CHECK_OK(cb_kvcache_new(&a, m, 16, CB_TYPE_F16));
     CHECK_OK(cb_kvfile_layer_rows(kf, 0, &rk, &rv, &err));
-    CHECK(cb_kvcache_load_rows(a, 0, 16 - mt->n_tokens + 1, mt->n_tokens, mt->type, rk, rv,
-                               mt->pos0, 1.0f) == CB_ERR_RANGE);
+    CHECK(cb_kvcache_load_rows(a, 0, 16 - mt->n_tokens + 1, mt->n_tokens, rt, rk, rv, mt->pos0,
+                               1.0f) == CB_ERR_RANGE);
     CHECK(cb_kvfile_load_layer(kf, hp->n_layer, a, 0, &err) == CB_ERR_RANGE);
     cb_kvcache_free(a);
     free(k), free(v), free(ra), free(rb);
@@ -122,6 +123,7 @@ static void check_load_segs(cb_model *m, cb_kvfile *kf)
 {
     const cb_hparams *hp = cb_model_hparams(m);
     const cb_kv_meta *mt = cb_kvfile_meta(kf);
+    cb_type rt = cb_kvfile_rows_type(kf); /* f16 for a coded type */
     int64_t w = (int64_t)hp->n_head_kv * hp->head_dim, e = (int64_t)mt->n_tokens * w;
     enum { CTX = 96 };
     float *k = malloc(sizeof(float) * (size_t)e), *v = malloc(sizeof(float) * (size_t)e);
@@ -150,15 +152,15 @@ static void check_load_segs(cb_model *m, cb_kvfile *kf)
                      * f32 rows moved and scaled, empty, moved at another
                      * scale; set 1: unmoved and scaled, then moved at one
                      * scale (a run across segments) */
-                    cb_kv_seg s0[] = {{p0, nt, p0, mt->type, rk, rv, 1.0f},
-                                      {p0 + nt + 3, nt, p0, mt->type, rk, rv, s1},
-                                      {p0 + 2 * nt + 5, nt, p0, mt->type, rk, rv, 1.0f},
+                    cb_kv_seg s0[] = {{p0, nt, p0, rt, rk, rv, 1.0f},
+                                      {p0 + nt + 3, nt, p0, rt, rk, rv, s1},
+                                      {p0 + 2 * nt + 5, nt, p0, rt, rk, rv, 1.0f},
                                       {p0 + 3 * nt + 6, nt, p0, CB_TYPE_F32, k, v, s1},
-                                      {p0 + 4 * nt + 6, 0, p0, mt->type, rk, rv, s1},
-                                      {p0 + 4 * nt + 6, nt, p0, mt->type, rk, rv, s2}};
-                    cb_kv_seg s1s[] = {{p0, nt, p0, mt->type, rk, rv, s1},
-                                       {p0 + nt, nt, p0, mt->type, rk, rv, s1},
-                                       {p0 + 2 * nt + 1, nt, p0, mt->type, rk, rv, s1}};
+                                      {p0 + 4 * nt + 6, 0, p0, rt, rk, rv, s1},
+                                      {p0 + 4 * nt + 6, nt, p0, rt, rk, rv, s2}};
+                    cb_kv_seg s1s[] = {{p0, nt, p0, rt, rk, rv, s1},
+                                       {p0 + nt, nt, p0, rt, rk, rv, s1},
+                                       {p0 + 2 * nt + 1, nt, p0, rt, rk, rv, s1}};
                     const cb_kv_seg *segs = set ? s1s : s0;
                     int32_t ns = set ? 3 : 6;
                     CHECK_OK(cb_kvcache_load_segs(a, l, segs, ns, &sc));
@@ -185,7 +187,7 @@ static void check_load_segs(cb_model *m, cb_kvfile *kf)
     cb_kv_scratch sc = {0};
     CHECK_OK(cb_kvcache_new(&a, m, 16, CB_TYPE_F16));
     CHECK_OK(cb_kvfile_layer_rows(kf, 0, &rk, &rv, &err));
-    cb_kv_seg over[] = {{0, 2, 0, mt->type, rk, rv, 1.0f}, {15, 2, 0, mt->type, rk, rv, 1.0f}};
+    cb_kv_seg over[] = {{0, 2, 0, rt, rk, rv, 1.0f}, {15, 2, 0, rt, rk, rv, 1.0f}};
     CHECK(cb_kvcache_load_segs(a, 0, over, 2, &sc) == CB_ERR_RANGE && sc.tmp == NULL);
     cb_kv_scratch_free(a, &sc);
     cb_kvcache_free(a);
@@ -207,10 +209,12 @@ static void test_roundtrip_and_move(cb_model *m)
     for (int i = 0; i < 7; i++)
         prefix[i] = (int32_t)((i * 31 + 100) % hp->n_vocab);
 
-    static const cb_type types[] = {CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_BF16, CB_TYPE_Q8_0};
-    static const double tol[] = {1e-6, 2e-3, 1.6e-2, 1.6e-2}; /* relative to max |value| */
+    static const cb_type types[] = {CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_BF16, CB_TYPE_Q8_0,
+                                    CB_TYPE_KIVI4};
+    /* relative to max |value|; kivi4: half of a 4-bit step of a group's range */
+    static const double tol[] = {1e-6, 2e-3, 1.6e-2, 1.6e-2, 0.1};
     size_t bytes_f16 = 0;
-    for (size_t ti = 0; ti < 4; ti++) {
+    for (size_t ti = 0; ti < 5; ti++) {
         cb_type t = types[ti];
         tcase(
             "kv %s %s: precompute, save, open, read back; moved layer-0 K/V equal full prefill at p",
@@ -289,7 +293,8 @@ static void test_roundtrip_and_move(cb_model *m)
          * deviation blending corrects */
         CHECK_OK(cb_kvfile_read_layer(kf, hp->n_layer - 1, k, v, &err));
         CHECK_OK(cb_kvcache_read(full, hp->n_layer - 1, 1, 7, NC, rv));
-        CHECK(max_abs(v, rv, (size_t)(NC * w), &sv) / sv > 10 * tol[ti]);
+        if (t != CB_TYPE_KIVI4) /* the model's deviation: beyond a 4-bit step's reach */
+            CHECK(max_abs(v, rv, (size_t)(NC * w), &sv) / sv > 10 * tol[ti]);
         tcase("kv %s %s: the loader's rows placed as the f32 path places them, bit for bit",
               hp->arch, cb_type_name(t));
         check_load_rows(m, kf);
@@ -310,26 +315,35 @@ static void test_roundtrip_and_move(cb_model *m)
                        (double)cb_type_row_bytes(CB_TYPE_F16, w);
             CHECKF(r <= 0.55, "q8_0 / f16 bytes per token = %.3f", r);
         }
+        if (t == CB_TYPE_KIVI4) {
+            tcase("kv kivi4 is under a third of the size of f16");
+            /* per token, groups of 32 full, before page padding */
+            double r = (double)(cb_kivi4_k_bytes(32, w) + cb_kivi4_v_bytes(32, w)) /
+                       (double)(2 * 32 * cb_type_row_bytes(CB_TYPE_F16, w));
+            CHECKF(r <= 0.32, "kivi4 / f16 bytes per token = %.3f", r);
+        }
     }
     cb_tokens_free(&lead);
 }
 
-static void test_corruption(cb_model *m, cb_model *other)
+static void test_corruption(cb_model *m, cb_model *other, const char *type)
 {
     char path[1024], flip[1024];
     cb_error err;
     size_t n;
-    snprintf(path, sizeof path, "%s/chunk-f16.cbkv", tmpdir());
+    snprintf(path, sizeof path, "%s/chunk-%s.cbkv", tmpdir(), type);
     snprintf(flip, sizeof flip, "%s/flip.cbkv", tmpdir());
     char *orig = t_read_file(path, &n);
 
-    tcase("kv: a bit flip anywhere in the file is detected");
+    tcase("kv %s: a bit flip anywhere in the file is detected", type);
     if (!orig) {
         CHECK(0);
         return;
     }
+    /* every byte of the f16 file, every 7th of another (the same checks) */
     int missed = 0, by_open = 0, by_verify = 0;
-    for (size_t at = 0; at < n; at++) {
+    size_t step = strcmp(type, "f16") ? 7 : 1;
+    for (size_t at = 0; at < n; at += step) {
         orig[at] ^= (char)(1 << (at % 8));
         write_file(flip, orig, n);
         orig[at] ^= (char)(1 << (at % 8));
@@ -344,20 +358,25 @@ static void test_corruption(cb_model *m, cb_model *other)
             missed++;
         cb_kvfile_free(kf);
     }
-    CHECKF(missed == 0, "%d of %zu flips went unnoticed", missed, n);
-    printf("# %zu single-bit flips: %d refused at open, %d by a layer checksum, %d missed\n", n,
-           by_open, by_verify, missed);
+    CHECKF(missed == 0, "%d of %zu flips went unnoticed", missed, n / step);
+    printf("# %zu single-bit flips: %d refused at open, %d by a layer checksum, %d missed\n",
+           (n + step - 1) / step, by_open, by_verify, missed);
 
-    tcase("kv: truncation, another version, another model: distinct statuses");
+    tcase("kv %s: truncation, another version, another model: distinct statuses", type);
     cb_kvfile *kf = NULL;
+    char version = orig[8];
     write_file(flip, orig, n - 4096);
     CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT && strstr(err.msg, "truncated"));
     write_file(flip, orig, 100);
     CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT);
-    orig[8] = 3;
+    orig[8] = 4;
     write_file(flip, orig, n);
-    orig[8] = 2;
-    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_UNSUPPORTED && strstr(err.msg, "version 3"));
+    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_UNSUPPORTED && strstr(err.msg, "version 4"));
+    /* a coded type only in version 3 files, a plain one only before */
+    orig[8] = version == 3 ? 2 : 3;
+    write_file(flip, orig, n);
+    orig[8] = version;
+    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT && strstr(err.msg, "element type"));
     orig[130] ^= 1; /* a token id: header checksum */
     write_file(flip, orig, n);
     orig[130] ^= 1;
@@ -397,16 +416,17 @@ static void mem_release(void *ctx) { ((memsrc *)ctx)->released++; }
 /* The same file through a source: the same layers; a source's failure and
  * a flipped byte in a layer reach the reader as errors of that layer only;
  * the source is released once, on free or on a failed open. */
-static void test_source(void)
+static void test_source(const char *type)
 {
     char path[1024];
     size_t n;
     cb_error err;
-    snprintf(path, sizeof path, "%s/chunk-f16.cbkv", tmpdir());
+    snprintf(path, sizeof path, "%s/chunk-%s.cbkv", tmpdir(), type);
     uint8_t *orig = (uint8_t *)t_read_file(path, &n);
 
-    tcase(
-        "kv source: layers equal the file's; failures and corruption are that layer's errors; released once");
+    tcase("kv source %s: layers equal the file's; failures and corruption are that layer's "
+          "errors; released once",
+          type);
     if (!orig) {
         CHECK(0);
         return;
@@ -632,8 +652,10 @@ int main(void)
         test_roundtrip_and_move(g);
     cb_model_free(g);
     test_roundtrip_and_move(m);
-    test_corruption(m, other);
-    test_source();
+    test_corruption(m, other, "f16");
+    test_corruption(m, other, "kivi4");
+    test_source("f16");
+    test_source("kivi4");
     test_version1(m);
     test_fuzz_findings();
     test_fingerprint(m, other);
