@@ -192,7 +192,9 @@ def summarize(modes, order, b=1000, seed=0):
             boot[m][k] = bs
             out[m][k] = (v,) + interval(bs)
     diffs = {}
-    for a, c in (("default", "reuse"), ("default", "random"), ("default", "full")):
+    pairs = [("default", "reuse"), ("default", "random"), ("default", "full")]
+    pairs += [(m, "default") for m in order if m.startswith("kv=")]
+    for a, c in pairs:
         if a in boot and c in boot:
             for k in ("agreement", "retention", "f1", "kl"):
                 v = out[a][k][0] - out[c][k][0]
@@ -266,14 +268,18 @@ class Runner:
         st = json.load(open(stats))
         return p.stdout.decode("utf-8", "replace"), st, logits
 
-    def precompute(self, store, qs):
+    def precompute(self, store, qs, kv_type="f16"):
         allf = os.path.join(self.work, "all.jsonl")
         with open(allf, "w", encoding="utf-8") as f:
             for qi, q in qs:
                 for ci, t in enumerate(passages(q, self.args.set)):
                     f.write(json.dumps({"doc": f"q{qi}p{ci}", "seq": 0, "text": t}, ensure_ascii=False) + "\n")
         t0 = time.time()
-        subprocess.run([self.pre, "--store", store, "-q", "--for-system", SYSTEM] + self.common + [allf],
+        if not os.path.isdir(store):
+            subprocess.run([os.path.join(self.args.bin, "cb-store"), "--store", store, "init"], check=True,
+                           stdout=subprocess.DEVNULL)
+        subprocess.run([self.pre, "--store", store, "-q", "--for-system", SYSTEM, "--kv-type", kv_type] +
+                       self.common + [allf],
                        stdout=subprocess.DEVNULL, check=True)
         return time.time() - t0
 
@@ -284,6 +290,11 @@ def chunks_file(work, q, set_name, qi):
         for t in passages(q, set_name):
             f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
     return path
+
+
+def kv_store(store, t):
+    """The store of the passages' KV files of element type t (f16: the eval's own)."""
+    return store if t == "f16" else f"{store}-{t}"
 
 
 def mode_args(name, store, chunks, default_row):
@@ -303,6 +314,8 @@ def mode_args(name, store, chunks, default_row):
         return blend + ["--mode", "blend", "--strategy", "random", "--speedup", "0", "--ratio", f"{r:.9f}"]
     if name.startswith("speedup="):
         return blend + ["--mode", "blend", "--speedup", name.split("=", 1)[1]]
+    if name.startswith("kv="):  # the default blend from KV files of another element type
+        return ["--store", kv_store(store, name[3:]), "--chunks", chunks, "--mode", "blend"]
     if name.startswith("method:"):  # method:LABEL:cb-run options
         return blend + ["--mode", "blend"] + name.split(":", 2)[2].split()
     sys.exit(f"eval: unknown mode '{name}'")
@@ -349,15 +362,22 @@ def run_eval(args):
         binkey = sha(blend_bits + engine.encode()) + (("-" + sha(rn.run)) if args.fresh else "")
         blend_dir = os.path.join(cache, "runs-" + binkey)
         os.makedirs(blend_dir, exist_ok=True)
+        # a stored type's results are keyed by its default blend's logits on the probe too
+        kvkey = {}
+        for t in args.kv_types:
+            pre_s += rn.precompute(kv_store(store, t), [(0, q0)], t)
+            _, _, lf = rn.cb_run(mode_args("kv=" + t, store, probe_chunks, None), question_text(q0), "probe")
+            kvkey["kv=" + t] = sha(open(lf, "rb").read())
         print(f"eval: engine {engine}, blends {binkey}; cache {cache}", file=sys.stderr)
 
         modes = ["full", "closed", "reuse", "default", "random"]
         modes += [f"speedup={s:g}" for s in args.dial if s != 4]
         modes += [m for m in args.methods if m]
+        modes += ["kv=" + t for t in args.kv_types]
 
         def cache_file(m):
             d = full_dir if m in ("full", "closed") else blend_dir
-            return os.path.join(d, hashlib.sha256(m.encode()).hexdigest()[:12] + ".jsonl")
+            return os.path.join(d, hashlib.sha256((m + kvkey.get(m, "")).encode()).hexdigest()[:12] + ".jsonl")
 
         done = {}
         for m in modes:
@@ -374,6 +394,9 @@ def run_eval(args):
             prompt = question_text(q)
             if any(qi not in done[m] for m in modes if m != "closed"):  # its passages, as it comes
                 pre_s += rn.precompute(store, [(qi, q)])
+            for t in args.kv_types:
+                if qi not in done["kv=" + t]:
+                    pre_s += rn.precompute(kv_store(store, t), [(qi, q)], t)
             rows = {}
             for m in modes:
                 if qi in done[m]:
@@ -437,7 +460,8 @@ def fmt(t, p=True, digits=3):
 def label(m):
     return {"full": "full prefill", "closed": "closed-book (control)", "reuse": "reuse (control)",
             "random": "random selection, default's budget (control)",
-            "default": "**blend, default (speedup 4)**"}.get(m, m.replace("speedup=", "blend, speedup "))
+            "default": "**blend, default (speedup 4)**"}.get(
+        m, m.replace("speedup=", "blend, speedup ").replace("kv=", "blend, default, from KV files of type "))
 
 
 def report(out, b=1000, plot=None, q_from=0):
@@ -480,6 +504,12 @@ def report(out, b=1000, plot=None, q_from=0):
                 verdict = "above" if d[1] > 0 else "NOT above"
                 w(f"- default minus {c}, {k}: {100 * d[0]:+.1f} points [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]: "
                   f"the default is {verdict} {c} outside the interval")
+    for m in order:
+        for k in ("agreement", "retention"):
+            d = diffs.get((m, "default", k)) if m.startswith("kv=") else None
+            if d:
+                w(f"- {m[3:]} files minus f16 files, the default blend's {k}: {100 * d[0]:+.1f} points "
+                  f"[{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]")
     d = diffs.get(("default", "full", "f1"))
     if d:
         w(f"- default minus full prefill, F1 against gold: {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]")
@@ -545,6 +575,9 @@ def main():
                     help="--speedup values of the quality dial, comma-separated ('' for none)")
     ap.add_argument("--method", action="append", default=[], dest="methods",
                     help="a method to compare, as method:LABEL:cb-run options (repeatable)")
+    ap.add_argument("--kv-type", default="", dest="kv_types",
+                    help="also the default blend from KV files of these element types (comma-separated, "
+                         "cb-precompute --kv-type), each against the same blend from f16 files")
     ap.add_argument("--cache", default=os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache",
                                                     "cacheblend", "eval"))
     ap.add_argument("--out", default="eval-results.json")
@@ -560,6 +593,7 @@ def main():
                          "runs were all timed on a quiet machine)")
     args = ap.parse_args()
     args.top = top
+    args.kv_types = [t for t in args.kv_types.split(",") if t.strip() and t != "f16"]
     args.dial = [float(x) for x in args.dial.split(",") if x.strip()] if isinstance(args.dial, str) else args.dial
     out = json.load(open(args.report_from)) if args.report_from else run_eval(args)
     text, _ = report(out, args.bootstrap, args.plot or None, args.questions_from)
