@@ -84,6 +84,7 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
     out->name = r->name;
     out->path = r->url;
     out->capacity = r->cap;
+    out->healed = s->n_healed[s->n_tiers];
     cb_status st = st_remote_need(s, err);
     if (st != CB_OK)
         return st;
@@ -137,10 +138,32 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix,
         if (!key)
             continue;
         (*n_entries)++;
+        /* its keys' shape first: a value missing, cut short or of another
+         * type, metadata no hash or malformed (dropped when fix) */
+        void (*w0)(void *, const char *) = s->warn;
+        s->warn = NULL; /* reported below instead */
+        int ins = st_remote_inspect(s, key, NULL, fix, why, sizeof why);
+        s->warn = w0;
+        if (ins < 0) {
+            freeReplyObject(all);
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): lost the connection", r->name,
+                                r->url);
+        }
+        if (ins > 0) {
+            char msg[CB_ERROR_MSG_MAX + 100];
+            (*n_bad)++;
+            snprintf(msg, sizeof msg, "shared tier %s: %s%s", r->name, why,
+                     ins == 2 ? " (dropped)" : "");
+            if (problem)
+                problem(ctx, key, msg);
+            continue;
+        }
         st_remote_keys(s, key, &k);
         redisReply *m = st_remote_cmdf(s, "HMGET %s checksum bytes", k.m);
-        if (!m)
-            break;
+        if (!m) {
+            freeReplyObject(all);
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): %s", r->name, r->url, r->why);
+        }
         char want[33] = "";
         if (m->type == REDIS_REPLY_ARRAY && m->elements == 2 &&
             m->element[0]->type == REDIS_REPLY_STRING)
