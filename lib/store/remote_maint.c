@@ -5,18 +5,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* KEYS: lru, used; ARGV: sid.  Recount: members without metadata leave the
- * LRU set, and used becomes the sum of the rest. */
+/* KEYS: lru, used; ARGV: sid, the most bytes an entry may have.
+ * Recount: members without a whole entry (metadata a hash with bytes a put
+ * writes, value a list) leave the LRU set, their keys dropped, and used
+ * becomes the sum of the rest. */
 static const char LUA_RECOUNT[] =
     "local all = redis.call('ZRANGE', KEYS[1], 0, -1) local u = 0 local gone = 0\n"
     "for _, k in ipairs(all) do\n"
-    "  local mk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:m'\n"
-    "  local b = redis.call('HGET', mk, 'bytes')\n"
-    "  if b and redis.call('EXISTS', 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v') == 1 then u = u + tonumber(b)\n"
-    "  else redis.call('DEL', mk, 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v') redis.call('ZREM', KEYS[1], k) gone = gone + 1 end\n"
+    "  local mk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:m' local vk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v'\n"
+    "  local b = nil\n"
+    "  if redis.call('TYPE', mk).ok == 'hash' and redis.call('TYPE', vk).ok == 'list' then\n"
+    "    b = tonumber(redis.call('HGET', mk, 'bytes') or '')\n"
+    "    if b and (b < 1 or b > tonumber(ARGV[2])) then b = nil end\n"
+    "  end\n"
+    "  if b then u = u + b\n"
+    "  else redis.call('DEL', mk, vk) redis.call('ZREM', KEYS[1], k) gone = gone + 1 end\n"
     "end\n"
     "redis.call('SET', KEYS[2], u)\n"
     "return {gone, u}\n";
+
+/* The accounting recounted (LUA_RECOUNT): CB_OK, else err set. */
+static cb_status recount(cb_store *s, const rkeys *k, cb_error *err)
+{
+    st_remote *r = &s->remote;
+    char max[32];
+    snprintf(max, sizeof max, "%llu", (unsigned long long)(r->cap ? r->cap : ST_MAX_BYTES));
+    const char *argv[] = {"EVAL", LUA_RECOUNT, "2", k->lru, k->used, r->id, max};
+    redisReply *rep = st_remote_cmd_argv(s, 7, argv, NULL);
+    if (!rep)
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s: recount failed", r->name);
+    freeReplyObject(rep);
+    return CB_OK;
+}
 
 /* --------------------------------------------------------- list, stat */
 
@@ -41,6 +61,8 @@ cb_status st_remote_list(cb_store *s, const char *model,
         st_remote_keys(s, key, &k);
         redisReply *m =
             st_remote_cmdf(s, "HMGET %s bytes checksum tokens created last_access hits", k.m);
+        if (!m && r->ctx && ST_WRONGTYPE(r))
+            continue; /* a broken entry: not listed (verify reports it) */
         if (!m) {
             freeReplyObject(all);
             return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): listing failed", r->name,
@@ -105,8 +127,9 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
 
 /* --------------------------------------------------------- gc, verify */
 
-/* Recount the accounting; then every entry is fetched and checked (verify)
- * and bad ones dropped when fix.  problems counted in *bad. */
+/* Every entry's keys' shape and then its bytes checked (verify; not with
+ * fetch 0) and bad ones dropped when fix, then the accounting recounted
+ * when fix.  problems counted in *bad. */
 cb_status st_remote_check(cb_store *s, int fetch, int fix,
                           void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
                           uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err)
@@ -118,15 +141,8 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix,
     if (st != CB_OK)
         return st;
     st_remote_keys(s, "x", &k);
-    if (fix) {
-        const char *argv[] = {"EVAL", LUA_RECOUNT, "2", k.lru, k.used, r->id};
-        redisReply *rep = st_remote_cmd_argv(s, 6, argv, NULL);
-        if (!rep)
-            return cb_error_set(err, CB_ERR_IO, "shared tier %s: recount failed", r->name);
-        freeReplyObject(rep);
-    }
-    if (!fetch)
-        return CB_OK;
+    if (!fetch) /* gc: the accounting alone */
+        return fix ? recount(s, &k, err) : CB_OK;
     redisReply *all = st_remote_cmdf(s, "ZRANGE %s 0 -1", k.lru);
     if (!all)
         return cb_error_set(err, CB_ERR_IO, "shared tier %s: listing failed", r->name);
@@ -202,5 +218,7 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix,
         }
     }
     freeReplyObject(all);
-    return CB_OK;
+    /* after the entries were reported: what is left is counted again */
+    st_remote_keys(s, "x", &k);
+    return fix ? recount(s, &k, err) : CB_OK;
 }
