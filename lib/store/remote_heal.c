@@ -17,41 +17,40 @@
  * when there is no entry (evicted or dropped meanwhile), or another one
  * than checksum's.  A dropped entry's bytes leave the accounting as its
  * commit counted them: its metadata's where they are believable, else its
- * parts' (65536: ST_MAX_PARTS). */
+ * parts' (65536: ST_MAX_PARTS).  Only commands of the writer's ACL in
+ * cb-store(5) (a key of another type is told by a command failing on it,
+ * in pcall). */
 static const char LUA_INSPECT[] =
-    "local mt = redis.call('TYPE', KEYS[1]).ok\n"
-    "local vt = redis.call('TYPE', KEYS[2]).ok\n"
+    "local c = redis.pcall('HGET', KEYS[1], 'checksum')\n"
+    "local n = redis.pcall('LLEN', KEYS[2])\n"
+    "local mbad = type(c) == 'table' local vbad = type(n) == 'table'\n"
     "local why = nil local b = nil\n"
-    "if mt == 'none' then\n"
-    "  if vt == 'none' then return {0, ''} end\n"
-    "  why = 'its value has no metadata'\n"
-    "elseif mt ~= 'hash' then\n"
-    "  why = 'its metadata is a Redis ' .. mt .. ', not a hash'\n"
+    "if mbad then why = 'its metadata is not a hash'\n"
+    "elseif not c then\n"
+    "  if redis.call('EXISTS', KEYS[1]) == 1 then why = 'its metadata is malformed (no checksum)'\n"
+    "  elseif vbad or n > 0 then why = 'its value has no metadata'\n"
+    "  else return {0, ''} end\n"
     "else\n"
-    "  local c = redis.call('HGET', KEYS[1], 'checksum')\n"
     "  if ARGV[2] ~= '' and c ~= ARGV[2] then return {0, ''} end\n"
     "  local sb = redis.call('HGET', KEYS[1], 'bytes') local sp = redis.call('HGET', KEYS[1], 'parts')\n"
     "  b = tonumber(sb or '') local p = tonumber(sp or '')\n"
-    "  if not b or not p or not c or b < 1 or p < 1 or p > b or p > 65536 or b > tonumber(ARGV[4]) then\n"
+    "  if not b or not p or b < 1 or p < 1 or p > b or p > 65536 or b > tonumber(ARGV[4]) then\n"
     "    why = 'its metadata is malformed (bytes ' .. tostring(sb) .. ', parts ' .. tostring(sp) .. ')'\n"
     "    b = nil\n"
-    "  elseif vt == 'none' then why = 'its value is missing'\n"
-    "  elseif vt ~= 'list' then why = 'its value is a Redis ' .. vt .. ', not a list'\n"
-    "  else\n"
-    "    local n = redis.call('LLEN', KEYS[2])\n"
-    "    if n ~= p then why = 'its value has ' .. n .. ' parts, its metadata says ' .. p end\n"
-    "  end\n"
+    "  elseif vbad then why = 'its value is not a list'\n"
+    "  elseif n == 0 then why = 'its value is missing'\n"
+    "  elseif n ~= p then why = 'its value has ' .. n .. ' parts, its metadata says ' .. p end\n"
     "end\n"
     "if not why then return {0, ''} end\n"
     "if ARGV[3] == '1' then\n"
-    "  if not b and vt == 'list' then\n"
+    "  if not b and not vbad then\n"
     "    b = 0\n"
-    "    for i = 0, redis.call('LLEN', KEYS[2]) - 1 do b = b + string.len(redis.call('LINDEX', KEYS[2], i)) end\n"
+    "    for i = 0, n - 1 do b = b + string.len(redis.call('LINDEX', KEYS[2], i)) end\n"
     "  end\n"
-    "  local counted = redis.call('ZSCORE', KEYS[3], ARGV[1])\n"
-    "  redis.call('DEL', KEYS[1], KEYS[2]) redis.call('ZREM', KEYS[3], ARGV[1])\n"
+    "  local counted = redis.call('ZREM', KEYS[3], ARGV[1])\n"
+    "  redis.call('DEL', KEYS[1], KEYS[2])\n"
     "  local u = tonumber(redis.call('GET', KEYS[4]) or '0') or 0\n"
-    "  if counted and b and b <= u then redis.call('SET', KEYS[4], u - b) end\n"
+    "  if counted == 1 and b and b <= u then redis.call('SET', KEYS[4], u - b) end\n"
     "end\n"
     "return {1, why}\n";
 
@@ -90,8 +89,8 @@ int st_remote_inspect(cb_store *s, const char *key, const char *checksum, int dr
         drop = 0;
         rep = st_remote_cmd_argv(s, 11, argv, NULL);
     }
-    if (!rep)
-        return -1;
+    if (!rep) /* a user that may not run scripts cannot look: nothing known */
+        return r->ctx ? 0 : -1;
     int bad = rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
               rep->element[0]->type == REDIS_REPLY_INTEGER && rep->element[0]->integer == 1;
     if (bad) {

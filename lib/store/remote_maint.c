@@ -8,15 +8,19 @@
 /* KEYS: lru, used; ARGV: sid, the most bytes an entry may have.
  * Recount: members without a whole entry (metadata a hash with bytes a put
  * writes, value a list) leave the LRU set, their keys dropped, and used
- * becomes the sum of the rest. */
+ * becomes the sum of the rest (a key of another type told by pcall: only
+ * commands of the writer's ACL in cb-store(5)). */
 static const char LUA_RECOUNT[] =
     "local all = redis.call('ZRANGE', KEYS[1], 0, -1) local u = 0 local gone = 0\n"
     "for _, k in ipairs(all) do\n"
     "  local mk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:m' local vk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v'\n"
-    "  local b = nil\n"
-    "  if redis.call('TYPE', mk).ok == 'hash' and redis.call('TYPE', vk).ok == 'list' then\n"
-    "    b = tonumber(redis.call('HGET', mk, 'bytes') or '')\n"
-    "    if b and (b < 1 or b > tonumber(ARGV[2])) then b = nil end\n"
+    "  local b = redis.pcall('HGET', mk, 'bytes')\n"
+    "  if type(b) == 'table' then b = nil end\n"
+    "  b = tonumber(b or '')\n"
+    "  if b and (b < 1 or b > tonumber(ARGV[2])) then b = nil end\n"
+    "  if b then\n"
+    "    local n = redis.pcall('LLEN', vk)\n"
+    "    if type(n) ~= 'number' or n < 1 then b = nil end\n"
     "  end\n"
     "  if b then u = u + b\n"
     "  else redis.call('DEL', mk, vk) redis.call('ZREM', KEYS[1], k) gone = gone + 1 end\n"

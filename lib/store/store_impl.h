@@ -25,7 +25,8 @@
  *   - the bytes of a tier's rows (both states) never exceed its capacity;
  *   - rows are inserted (reserved) and rows' tiers change only under DIR/lock;
  *   - a file is unlinked or moved only under an exclusive flock on it, which
- *     fails while a reader holds its shared one. */
+ *     fails while a reader holds its shared one; but a file found bad when
+ *     read, unlinked under the store lock alone (st_heal_local). */
 #ifndef CB_STORE_IMPL_H
 #define CB_STORE_IMPL_H
 
