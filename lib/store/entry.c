@@ -227,8 +227,10 @@ static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, c
     for (int t = src->first_tier; t < s->n_tiers && *tier < 0; t++) {
         if (s->tiers[t].cap && size > s->tiers[t].cap)
             continue;
-        if ((s->full_said >> t & 1) && fs_free(s->tiers[t].path) < size)
-            continue; /* its file system was full before: skipped while it is */
+        if ((s->full_said >> t & 1) && fs_free(s->tiers[t].path) < size) {
+            s->n_full[t]++; /* its file system was full before: passed over while it is */
+            continue;
+        }
         st = st_make_room(s, t, size, NULL, NULL, err);
         if (st == CB_OK)
             *tier = t;
@@ -249,10 +251,11 @@ done:
     return st;
 }
 
-/* 2. The temporary file tmp: written (or the movable source renamed to it),
- * fsynced, verified; then renamed to fin and the directory fsynced. */
 #define NO_SPACE(e) ((e) == ENOSPC || (e) == EDQUOT)
 
+/* 2. The temporary file tmp: written (or the movable source renamed to it),
+ * fsynced, verified; then renamed to fin and the directory fsynced.
+ * *no_space 1 when it failed for want of room on the file system. */
 static cb_status put_write(cb_store *s, const put_src *src, const char *key, uint64_t size,
                            cb_hash128 sum, int tier, const char *tmp, const char *fin,
                            int *no_space, cb_error *err)
@@ -397,15 +400,14 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
         if (st == CB_OK || !no_space || moved || tier + 1 >= s->n_tiers)
             return st;
         s->n_full[tier]++;
+        uint64_t avail = fs_free(s->tiers[tier].path);
         if (!(s->full_said >> tier & 1))
             st_remote_warn(s,
                            "tier %s: its file system is full (%llu bytes free of the %llu a put "
                            "needs) before the tier's capacity; entries go to the next tier "
                            "with room while it is",
                            s->tiers[tier].name,
-                           (unsigned long long)(fs_free(s->tiers[tier].path) == UINT64_MAX
-                                                    ? 0
-                                                    : fs_free(s->tiers[tier].path)),
+                           (unsigned long long)(avail == UINT64_MAX ? 0 : avail),
                            (unsigned long long)size);
         s->full_said |= 1u << tier;
         at.first_tier = tier + 1;
