@@ -386,8 +386,13 @@ static void do_buffer(ctx *x, const char *name, const void *data, size_t size, i
     r = archive_read_open_memory(a, data, size);
     if (r == ARCHIVE_OK)
         r = archive_read_next_header(a, &e);
-    if (r == ARCHIVE_EOF)
-        goto done; /* an archive without members */
+    if (r == ARCHIVE_EOF) {
+        /* an archive without members: what nothing but zeros reads as (a
+         * tar's end), compressed or not; no documents is no success */
+        cli_err("%s: an archive without members (or nothing but zeros): no documents in it", name);
+        fail(x, CLI_EX_DATAERR);
+        goto done;
+    }
     if (r < ARCHIVE_WARN) {
         cli_err("%s: %s", name,
                 archive_error_string(a) ? archive_error_string(a) : "unreadable archive");

@@ -459,6 +459,22 @@ static int run(pre *x)
             x->n_done, cli_plural((uint64_t)x->n_done, "chunk", "chunks"), x->n_new, x->n_cached,
             x->n_bad, cli_plural((uint64_t)x->n_bad, "record", "records"),
             x->tok_done / (el > 0 ? el : 1));
+    /* what the store mended on the way (cb-store(5), SELF-HEALING) */
+    cb_store_tier_stat ts[CB_STORE_MAX_TIERS + 1];
+    cb_error err;
+    uint64_t healed = 0, full = 0;
+    if (cb_store_stat(x->store, ts, NULL, &err) == CB_OK)
+        for (int i = 0; i < cb_store_n_tiers(x->store); i++)
+            healed += ts[i].healed, full += ts[i].full;
+    if (cb_store_shared_name(x->store)) {
+        cb_store_shared_stat(x->store, &ts[0], &err); /* its count even when it is down */
+        healed += ts[0].healed;
+    }
+    if (cli_verbosity > 0 && (healed || full))
+        fprintf(stderr,
+                "cb-precompute: %llu bad %s dropped and put again, %llu %s past a full tier\n",
+                (unsigned long long)healed, cli_plural(healed, "entry", "entries"),
+                (unsigned long long)full, cli_plural(full, "put", "puts"));
     if (x->context && cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
         fprintf(stderr, "cb-precompute: %ld %s also after the chunk before them\n", x->n_after,
                 cli_plural((uint64_t)x->n_after, "chunk", "chunks"));

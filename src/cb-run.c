@@ -537,6 +537,35 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
     return s;
 }
 
+/* --stats' "shared" and "store" blocks (a lone run's, or a batch's): how
+ * the shared tier is secured and what it refused; the entries the store
+ * dropped as bad when read (to be computed and put again) and the puts
+ * that a tier's full file system sent to a later tier. */
+static void store_stats(json_t *s, cb_store *st)
+{
+    cb_store_shared_auth sa;
+    cb_store_tier_stat ts[CB_STORE_MAX_TIERS + 1];
+    cb_error e2;
+    uint64_t healed = 0, full = 0;
+    int n = cb_store_n_tiers(st);
+    if (cb_store_shared_name(st) && cb_store_shared_auth_info(st, &sa, &e2) == CB_OK)
+        json_object_set_new(s, "shared",
+                            json_pack("{s:s, s:b, s:b, s:I, s:I}", "tier", cb_store_shared_name(st),
+                                      "authenticated", sa.authenticated, "login_refused",
+                                      sa.login_refused, "n_refused", (json_int_t)sa.n_refused,
+                                      "n_resealed", (json_int_t)sa.n_resealed));
+    if (cb_store_stat(st, ts, NULL, &e2) == CB_OK)
+        for (int i = 0; i < n; i++)
+            healed += ts[i].healed, full += ts[i].full;
+    if (cb_store_shared_name(st)) {
+        cb_store_shared_stat(st, &ts[n], &e2); /* its count even when it is down */
+        healed += ts[n].healed;
+    }
+    json_object_set_new(
+        s, "store",
+        json_pack("{s:I, s:I}", "n_healed", (json_int_t)healed, "n_full", (json_int_t)full));
+}
+
 static int run_stats(run *r)
 {
     stats_src ss = {&r->bp,
@@ -559,16 +588,8 @@ static int run_stats(run *r)
     int code;
     if (s && r->verify)
         json_object_set_new(s, "verify", r->verify), r->verify = NULL;
-    cb_store_shared_auth sa;
-    cb_error e2;
-    if (s && r->store && cb_store_shared_name(r->store) &&
-        cb_store_shared_auth_info(r->store, &sa, &e2) == CB_OK)
-        json_object_set_new(s, "shared",
-                            json_pack("{s:s, s:b, s:b, s:I, s:I}", "tier",
-                                      cb_store_shared_name(r->store), "authenticated",
-                                      sa.authenticated, "login_refused", sa.login_refused,
-                                      "n_refused", (json_int_t)sa.n_refused, "n_resealed",
-                                      (json_int_t)sa.n_resealed));
+    if (s && r->store)
+        store_stats(s, r->store);
     code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
     json_decref(s);
     return code;
@@ -950,6 +971,8 @@ static int batch_stats(const brun *r, double ms)
         (json_int_t)in->kv_budget, "kv_peak", (json_int_t)in->kv_peak, "n_steps",
         (json_int_t)in->n_steps, "model_load_ms", r->t_load, "model", r->o->model, "device",
         cb_model_device(r->m));
+    if (s && r->store)
+        store_stats(s, r->store);
     int code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
     json_decref(s);
     return code;

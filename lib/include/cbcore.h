@@ -343,6 +343,7 @@ typedef struct cb_store_tier_stat {
     uint64_t entries, bytes; /* stored entries and their bytes */
     uint64_t reserved;       /* bytes being written, or removed but still read */
     uint64_t pinned, hits;   /* pinned entries; accesses served since the store was made */
+    uint64_t healed, full;   /* by this handle: bad entries dropped when read; puts sent on */
 } cb_store_tier_stat;
 /* Fill stats[0..cb_store_n_tiers) and *misses (may be NULL). */
 cb_status cb_store_stat(cb_store *s, cb_store_tier_stat *stats, uint64_t *misses, cb_error *err);

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -201,6 +202,16 @@ static cb_status reserve_row(cb_store *s, const char *key, const char *model, in
     return st;
 }
 
+/* Bytes free for this process on the file system of dir (UINT64_MAX when
+ * it does not say). */
+static uint64_t fs_free(const char *dir)
+{
+    struct statvfs v;
+    if (statvfs(dir, &v) != 0)
+        return UINT64_MAX;
+    return (uint64_t)v.f_bavail * (uint64_t)(v.f_frsize ? v.f_frsize : v.f_bsize);
+}
+
 /* 1. Under the store lock: unless key exists (*exists), reserve room in the
  * fastest tier from src->first_tier that has it after eviction (*tier). */
 static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, const char *model,
@@ -216,6 +227,10 @@ static cb_status put_reserve(cb_store *s, const put_src *src, const char *key, c
     for (int t = src->first_tier; t < s->n_tiers && *tier < 0; t++) {
         if (s->tiers[t].cap && size > s->tiers[t].cap)
             continue;
+        if ((s->full_said >> t & 1) && fs_free(s->tiers[t].path) < size) {
+            s->n_full[t]++; /* its file system was full before: passed over while it is */
+            continue;
+        }
         st = st_make_room(s, t, size, NULL, NULL, err);
         if (st == CB_OK)
             *tier = t;
@@ -236,20 +251,26 @@ done:
     return st;
 }
 
+#define NO_SPACE(e) ((e) == ENOSPC || (e) == EDQUOT)
+
 /* 2. The temporary file tmp: written (or the movable source renamed to it),
- * fsynced, verified; then renamed to fin and the directory fsynced. */
+ * fsynced, verified; then renamed to fin and the directory fsynced.
+ * *no_space 1 when it failed for want of room on the file system. */
 static cb_status put_write(cb_store *s, const put_src *src, const char *key, uint64_t size,
                            cb_hash128 sum, int tier, const char *tmp, const char *fin,
-                           cb_error *err)
+                           int *no_space, cb_error *err)
 {
     cb_status st = CB_OK;
     int fd;
+    *no_space = 0;
     if (src->path && src->movable && rename(src->path, tmp) == 0) {
         fd = open(tmp, O_RDONLY | O_CLOEXEC);
     } else {
         fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0)
+        if (fd < 0) {
+            *no_space = NO_SPACE(errno);
             return cb_error_set(err, CB_ERR_CREATE, "%s: %s", tmp, strerror(errno));
+        }
         int in = -1, bad;
         if (src->data)
             bad = st_write_all(fd, src->data, (size_t)size);
@@ -258,13 +279,16 @@ static cb_status put_write(cb_store *s, const put_src *src, const char *key, uin
         if (in >= 0)
             close(in);
         if (bad) {
+            *no_space = NO_SPACE(errno);
             st = cb_error_set(err, CB_ERR_IO, "%s: write: %s", tmp, strerror(errno));
             close(fd);
             return st;
         }
     }
-    if (fd < 0 || fsync(fd) != 0)
+    if (fd < 0 || fsync(fd) != 0) {
+        *no_space = NO_SPACE(errno);
         st = cb_error_set(err, CB_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
+    }
     if (fd >= 0)
         close(fd);
     if (st != CB_OK)
@@ -343,28 +367,51 @@ static cb_status put_common(cb_store *s, const put_src *src, const char *key, co
     if ((st = st_owner(s, err)) != CB_OK)
         return st;
     cb_hash128_hex(sum, sumhex);
-    if ((st = put_reserve(s, src, key, model, n_tokens, size, sumhex, &tier, &exists, err)) !=
-            CB_OK ||
-        exists) {
-        if (exists && existed)
-            *existed = 1;
-        return st;
+    /* A tier whose file system fills before its capacity (a RAM disk
+     * shared with others) is passed over for the next one with room, said
+     * once; a source renamed into it already cannot go on. */
+    put_src at = *src;
+    for (;;) {
+        int no_space = 0;
+        if ((st = put_reserve(s, &at, key, model, n_tokens, size, sumhex, &tier, &exists, err)) !=
+                CB_OK ||
+            exists) {
+            if (exists && existed)
+                *existed = 1;
+            return st;
+        }
+        tmp = st_entry_path(s, tier, key, s->owner);
+        fin = st_entry_path(s, tier, key, NULL);
+        if (!tmp || !fin)
+            st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
+        else if ((st = put_write(s, &at, key, size, sum, tier, tmp, fin, &no_space, err)) ==
+                     CB_OK &&
+                 (st = put_publish(s, key, err)) != CB_OK)
+            st_unlink_locked(fin);
+        int moved = at.path && at.movable && access(at.path, F_OK) != 0;
+        if (st != CB_OK) {
+            if (tmp)
+                unlink(tmp); /* a staged source renamed into the tier goes with it */
+            put_unreserve(s, key);
+        }
+        free(tmp);
+        free(fin);
+        tmp = fin = NULL;
+        if (st == CB_OK || !no_space || moved || tier + 1 >= s->n_tiers)
+            return st;
+        s->n_full[tier]++;
+        uint64_t avail = fs_free(s->tiers[tier].path);
+        if (!(s->full_said >> tier & 1))
+            st_remote_warn(s,
+                           "tier %s: its file system is full (%llu bytes free of the %llu a put "
+                           "needs) before the tier's capacity; entries go to the next tier "
+                           "with room while it is",
+                           s->tiers[tier].name,
+                           (unsigned long long)(avail == UINT64_MAX ? 0 : avail),
+                           (unsigned long long)size);
+        s->full_said |= 1u << tier;
+        at.first_tier = tier + 1;
     }
-    tmp = st_entry_path(s, tier, key, s->owner);
-    fin = st_entry_path(s, tier, key, NULL);
-    if (!tmp || !fin)
-        st = cb_error_set(err, CB_ERR_NOMEM, "out of memory");
-    else if ((st = put_write(s, src, key, size, sum, tier, tmp, fin, err)) == CB_OK &&
-             (st = put_publish(s, key, err)) != CB_OK)
-        st_unlink_locked(fin);
-    if (st != CB_OK) {
-        if (tmp)
-            unlink(tmp); /* a staged source renamed into the tier goes with it */
-        put_unreserve(s, key);
-    }
-    free(tmp);
-    free(fin);
-    return st;
 }
 
 static cb_status put_bytes(cb_store *s, const char *key, const void *data, size_t size,
@@ -501,17 +548,28 @@ cb_status cb_store_lookup(cb_store *s, const char *key, int *found)
             return CB_ERR_NOMEM;
         *found = access(p, F_OK) == 0;
         /* Stored here but lost by the shared tier (a restart without
-         * persistence, an eviction): written through again, so that the
-         * host that computes a corpus refills it. */
-        if (*found && s->remote.url && !s->readonly && st_remote_has(s, key) == 0) {
+         * persistence, an eviction) or broken there: written through
+         * again, so that the host that computes a corpus refills it; a
+         * local file found bad meanwhile is dropped: the chunk is computed
+         * and put again. */
+        if (*found && s->remote.url && !s->readonly && st_remote_sound(s, key) == 0) {
             cb_mmap m;
             cb_error e;
-            if (cb_mmap_open(&m, p, &e) == CB_OK) {
+            struct stat sb;
+            int fd = open(p, O_RDONLY | O_CLOEXEC);
+            if (fd >= 0 && fstat(fd, &sb) == 0 && cb_mmap_open(&m, p, &e) == CB_OK) {
                 char why[300];
                 if (st_kv_check_bytes(m.data, m.size, key, why, sizeof why) == 0)
                     st_remote_put(s, key, m.data, m.size, 0);
+                else if (st_heal_local(s, key, t, &sb)) {
+                    st_remote_warn(s, "tier %s: %s: %s; dropped (computed again)", s->tiers[t].name,
+                                   key, why);
+                    *found = 0;
+                }
                 cb_mmap_close(&m);
             }
+            if (fd >= 0)
+                close(fd);
         }
         free(p);
     }
@@ -611,6 +669,27 @@ static void drop_missing(cb_store *s, const char *key, int t, const char *path)
     }
     if (st_commit(s, NULL) != CB_OK)
         st_rollback(s);
+}
+
+int st_heal_local(cb_store *s, const char *key, int t, const struct stat *was)
+{
+    struct stat now;
+    int dropped = 0, t2;
+    if (s->readonly || t < 0 || t >= s->n_tiers || st_lock(s, NULL) != CB_OK)
+        return 0;
+    /* under the lock nobody moves it: the row and the file are the ones read */
+    char *p = st_entry_path(s, t, key, NULL);
+    if (p && tier_of(s, key, &t2, NULL) == CB_OK && t2 == t && stat(p, &now) == 0 &&
+        now.st_ino == was->st_ino && now.st_dev == was->st_dev &&
+        st_delete_at(s, key, t, NULL) > 0) {
+        unlink(p);
+        st_fsync_dir(s->tiers[t].path);
+        s->n_healed[t]++;
+        dropped = 1;
+    }
+    free(p);
+    st_unlock(s);
+    return dropped;
 }
 
 /* A key missing from the local tiers: fetched from the shared tier and
@@ -778,6 +857,14 @@ cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_stor
     st = st_acquire(s, key, ST_ACQ_RECORD | (stream ? ST_ACQ_LOCAL : 0), &r, err);
     if (st == CB_OK) {
         if ((st = cb_kvfile_open(kf, r->path, err)) != CB_OK) {
+            /* a bad file (not one of a newer format): dropped, to be put again */
+            struct stat sb;
+            if ((st == CB_ERR_FORMAT || st == CB_ERR_CHECKSUM) && fstat(r->fd, &sb) == 0 &&
+                st_heal_local(s, key, r->tier, &sb) && err) {
+                size_t n = strlen(err->msg);
+                snprintf(err->msg + n, sizeof err->msg - n, "; dropped from tier %s",
+                         s->tiers[r->tier].name);
+            }
             cb_store_release(r);
             return st;
         }
@@ -805,9 +892,20 @@ cb_status cb_store_open_kv(cb_store *s, const char *key, cb_kvfile **kf, cb_stor
 
 int cb_store_ref_bad(cb_store *s, cb_store_ref *ref, const char *why)
 {
-    if (!s || !ref || !ref->stream)
+    struct stat sb;
+    if (!s || !ref)
         return 0;
-    return st_stream_bad(s, ref->stream, why);
+    if (ref->stream)
+        return st_stream_bad(s, ref->stream, why);
+    if (ref->fd < 0 || fstat(ref->fd, &sb) != 0)
+        return 0;
+    const char *key = strrchr(ref->path, '/');
+    char k[CB_STORE_KEY_LEN + 1];
+    snprintf(k, sizeof k, "%s", key ? key + 1 : ref->path); /* TIER/KEY.kv */
+    if (!st_heal_local(s, k, ref->tier, &sb))
+        return 0;
+    st_remote_warn(s, "%s; dropped from tier %s (a miss)", why, s->tiers[ref->tier].name);
+    return 1;
 }
 
 cb_status cb_store_keep(cb_store *s, cb_store_ref *ref, cb_error *err)

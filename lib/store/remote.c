@@ -248,6 +248,11 @@ int st_remote_put(cb_store *s, const char *key, const void *data, size_t size, i
     st_random_hex(up, 16); /* this upload's own name, whoever else uploads the key */
     snprintf(k.t, sizeof k.t, "cb:{%s:%s}:t:%s", r->id, key, up);
     int have = have_usable(s, key, &k);
+    /* one there whose keys are broken (its value cut short, of another
+     * type, ...) is replaced */
+    if ((have > 0 || (have < 0 && r->ctx && ST_WRONGTYPE(r))) &&
+        st_remote_heal(s, key, NULL, "written again") == 2)
+        have = 0;
     if (have != 0)
         return have > 0 ? 0 : -1;
     size_t parts = 0;
@@ -325,7 +330,8 @@ done:
 
 /* Read key's metadata into *m (m->tags to be freed), recording the access
  * (hits, LRU time) when record and this user may write: 1 found, 0
- * missing or unreachable. */
+ * missing or unreachable, -1 its metadata no hash (dropped where it may,
+ * warned). */
 int st_remote_touch_meta(cb_store *s, const char *key, int record, const rkeys *k, rmeta *m)
 {
     char now[32];
@@ -338,7 +344,8 @@ int st_remote_touch_meta(cb_store *s, const char *key, int record, const rkeys *
             1; /* a read-only user (NOPERM) reads without recording: not worth a warning */
         rep = st_remote_cmd_argv(s, 8, argv, NULL);
         s->remote.quiet = 0;
-        if (!rep && (!s->remote.ro || !s->remote.ctx))
+        if (!rep && (!s->remote.ro || !s->remote.ctx) &&
+            !(s->remote.ctx && ST_WRONGTYPE(&s->remote)))
             return 0;
     }
     if (!rep &&
@@ -346,7 +353,10 @@ int st_remote_touch_meta(cb_store *s, const char *key, int record, const rkeys *
               s,
               "HMGET %s bytes checksum parts tokens created last_access hits mac_key mac_nonce macs mac_alg",
               k->m))) /* as LUA_TOUCH without recording: a read-only user's way */
-        return 0;
+        return s->remote.ctx && ST_WRONGTYPE(&s->remote) &&
+                       st_remote_heal(s, key, NULL, "a miss") > 0
+                   ? -1
+                   : 0;
     int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 3 &&
              rep->element[0]->type == REDIS_REPLY_STRING;
     if (ok) {
@@ -377,16 +387,27 @@ int st_remote_get(cb_store *s, const char *key, int record, int drop_bad, void *
     if (!st_remote_up(s))
         return 0;
     st_remote_keys(s, key, &k);
-    if (!st_remote_touch_meta(s, key, record && !s->readonly, &k, &m))
-        return 0;
-    if (!(rep = st_remote_cmdf(s, "LRANGE %s 0 -1", k.v))) {
+    int found = st_remote_touch_meta(s, key, record && !s->readonly, &k, &m);
+    if (found <= 0)
+        return found;
+    rep = st_remote_cmdf(s, "LRANGE %s 0 -1", k.v);
+    if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements == 0) {
+        /* evicted meanwhile, or its value missing or not a list: looked at */
+        int down = !rep && !(r->ctx && ST_WRONGTYPE(r));
+        if (rep)
+            freeReplyObject(rep);
         free(m.tags);
-        return 0;
-    }
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements == 0) {
-        freeReplyObject(rep);
-        free(m.tags);
-        return 0; /* evicted meanwhile */
+        if (down)
+            return 0;
+        int ins = st_remote_inspect(s, key, m.want, drop_bad, why, sizeof why);
+        if (ins <= 0)
+            return 0;
+        snprintf(r->why, sizeof r->why, "%s", why);
+        if (ins == 2)
+            st_remote_warn(s, "shared tier %s: %s: %s; dropped (a miss)", r->name, key, why);
+        else
+            st_remote_warn(s, "shared tier %s: %s: %s; a miss", r->name, key, why);
+        return -1;
     }
     const char *bad = NULL;
     int forged = 0, usable = 0;
@@ -486,8 +507,10 @@ void st_remote_refuse(cb_store *s, const char *key, const char *checksum, const 
         st_remote_warn(s, "%s; a miss (not dropped: %s)", msg, keep);
     else if (keep)
         st_remote_warn(s, "%s; a miss", msg);
-    else
+    else {
+        s->n_healed[s->n_tiers]++;
         st_remote_warn(s, "%s; dropped (a miss)", msg);
+    }
 }
 
 /* A fetched entry failed the local verification: drop it. */

@@ -198,6 +198,9 @@ static redisReply *checked(cb_store *s, redisReply *rep, int timed_out)
             r->ro = 1;
             r->ro_warned |= !r->quiet; /* put says nothing more */
             snprintf(r->why, sizeof r->why, "%s", rep->str);
+        } else if (strstr(rep->str, "WRONGTYPE")) {
+            /* an entry's key of another type: the caller's to mend (ST_WRONGTYPE) */
+            snprintf(r->why, sizeof r->why, "%s", rep->str);
         } else {
             snprintf(r->why, sizeof r->why, "%s", rep->str);
             st_remote_warn(s, "shared tier %s (%s): %s", r->name, r->url, rep->str);
@@ -421,7 +424,8 @@ int st_remote_up(cb_store *s)
         freeReplyObject(rep);
     }
     r->down_until = 0;
-    return 1;
+    st_remote_register(s); /* a server restarted empty: its id again */
+    return r->ctx != NULL;
 }
 
 /* CB_OK when st_remote_up, else CB_ERR_IO naming the tier and why it is

@@ -3,7 +3,8 @@
  * remote_conn.c: the address, the connection with its login, and
  * commands; remote_mac.c: an entry's MAC tags as its metadata holds them;
  * remote_stream.c: entries read layer by layer; remote_maint.c: list,
- * stat, gc and verify).  Private to lib/store. */
+ * stat, gc and verify; remote_heal.c: broken entries dropped, the tier's
+ * id registered again).  Private to lib/store. */
 #ifndef CB_REMOTE_IMPL_H
 #define CB_REMOTE_IMPL_H
 
@@ -12,9 +13,14 @@
 #include <hiredis.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ST_RETRY_US 5000000
 #define ST_MAX_PARTS 65536 /* a header and at most 4096 layers (cbkv(5)), or 1 MB parts of 64 GB */
+#define ST_MAX_BYTES ((uint64_t)ST_MAX_PARTS << 20) /* an entry's most bytes (64 GB) */
+/* The last command's error reply was WRONGTYPE (a script's too): one of
+ * an entry's keys is of another Redis type (a bad entry, not a tier down). */
+#define ST_WRONGTYPE(r) (strstr((r)->why, "WRONGTYPE") != NULL)
 
 /* ------------------------------------------------------- remote_conn.c */
 

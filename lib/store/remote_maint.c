@@ -5,18 +5,42 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* KEYS: lru, used; ARGV: sid.  Recount: members without metadata leave the
- * LRU set, and used becomes the sum of the rest. */
+/* KEYS: lru, used; ARGV: sid, the most bytes an entry may have.
+ * Recount: members without a whole entry (metadata a hash with bytes a put
+ * writes, value a list) leave the LRU set, their keys dropped, and used
+ * becomes the sum of the rest (a key of another type told by pcall: only
+ * commands of the writer's ACL in cb-store(5)). */
 static const char LUA_RECOUNT[] =
     "local all = redis.call('ZRANGE', KEYS[1], 0, -1) local u = 0 local gone = 0\n"
     "for _, k in ipairs(all) do\n"
-    "  local mk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:m'\n"
-    "  local b = redis.call('HGET', mk, 'bytes')\n"
-    "  if b and redis.call('EXISTS', 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v') == 1 then u = u + tonumber(b)\n"
-    "  else redis.call('DEL', mk, 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v') redis.call('ZREM', KEYS[1], k) gone = gone + 1 end\n"
+    "  local mk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:m' local vk = 'cb:{' .. ARGV[1] .. ':' .. k .. '}:v'\n"
+    "  local b = redis.pcall('HGET', mk, 'bytes')\n"
+    "  if type(b) == 'table' then b = nil end\n"
+    "  b = tonumber(b or '')\n"
+    "  if b and (b < 1 or b > tonumber(ARGV[2])) then b = nil end\n"
+    "  if b then\n"
+    "    local n = redis.pcall('LLEN', vk)\n"
+    "    if type(n) ~= 'number' or n < 1 then b = nil end\n"
+    "  end\n"
+    "  if b then u = u + b\n"
+    "  else redis.call('DEL', mk, vk) redis.call('ZREM', KEYS[1], k) gone = gone + 1 end\n"
     "end\n"
     "redis.call('SET', KEYS[2], u)\n"
     "return {gone, u}\n";
+
+/* The accounting recounted (LUA_RECOUNT): CB_OK, else err set. */
+static cb_status recount(cb_store *s, const rkeys *k, cb_error *err)
+{
+    st_remote *r = &s->remote;
+    char max[32];
+    snprintf(max, sizeof max, "%llu", (unsigned long long)(r->cap ? r->cap : ST_MAX_BYTES));
+    const char *argv[] = {"EVAL", LUA_RECOUNT, "2", k->lru, k->used, r->id, max};
+    redisReply *rep = st_remote_cmd_argv(s, 7, argv, NULL);
+    if (!rep)
+        return cb_error_set(err, CB_ERR_IO, "shared tier %s: recount failed", r->name);
+    freeReplyObject(rep);
+    return CB_OK;
+}
 
 /* --------------------------------------------------------- list, stat */
 
@@ -41,6 +65,8 @@ cb_status st_remote_list(cb_store *s, const char *model,
         st_remote_keys(s, key, &k);
         redisReply *m =
             st_remote_cmdf(s, "HMGET %s bytes checksum tokens created last_access hits", k.m);
+        if (!m && r->ctx && ST_WRONGTYPE(r))
+            continue; /* a broken entry: not listed (verify reports it) */
         if (!m) {
             freeReplyObject(all);
             return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): listing failed", r->name,
@@ -84,6 +110,7 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
     out->name = r->name;
     out->path = r->url;
     out->capacity = r->cap;
+    out->healed = s->n_healed[s->n_tiers];
     cb_status st = st_remote_need(s, err);
     if (st != CB_OK)
         return st;
@@ -104,8 +131,9 @@ cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *e
 
 /* --------------------------------------------------------- gc, verify */
 
-/* Recount the accounting; then every entry is fetched and checked (verify)
- * and bad ones dropped when fix.  problems counted in *bad. */
+/* Every entry's keys' shape and then its bytes checked (verify; not with
+ * fetch 0) and bad ones dropped when fix, then the accounting recounted
+ * when fix.  problems counted in *bad. */
 cb_status st_remote_check(cb_store *s, int fetch, int fix,
                           void (*problem)(void *ctx, const char *what, const char *msg), void *ctx,
                           uint64_t *n_entries, uint64_t *n_bad, uint64_t *n_bytes, cb_error *err)
@@ -117,15 +145,8 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix,
     if (st != CB_OK)
         return st;
     st_remote_keys(s, "x", &k);
-    if (fix) {
-        const char *argv[] = {"EVAL", LUA_RECOUNT, "2", k.lru, k.used, r->id};
-        redisReply *rep = st_remote_cmd_argv(s, 6, argv, NULL);
-        if (!rep)
-            return cb_error_set(err, CB_ERR_IO, "shared tier %s: recount failed", r->name);
-        freeReplyObject(rep);
-    }
-    if (!fetch)
-        return CB_OK;
+    if (!fetch) /* gc: the accounting alone */
+        return fix ? recount(s, &k, err) : CB_OK;
     redisReply *all = st_remote_cmdf(s, "ZRANGE %s 0 -1", k.lru);
     if (!all)
         return cb_error_set(err, CB_ERR_IO, "shared tier %s: listing failed", r->name);
@@ -137,10 +158,32 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix,
         if (!key)
             continue;
         (*n_entries)++;
+        /* its keys' shape first: a value missing, cut short or of another
+         * type, metadata no hash or malformed (dropped when fix) */
+        void (*w0)(void *, const char *) = s->warn;
+        s->warn = NULL; /* reported below instead */
+        int ins = st_remote_inspect(s, key, NULL, fix, why, sizeof why);
+        s->warn = w0;
+        if (ins < 0) {
+            freeReplyObject(all);
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): lost the connection", r->name,
+                                r->url);
+        }
+        if (ins > 0) {
+            char msg[CB_ERROR_MSG_MAX + 100];
+            (*n_bad)++;
+            snprintf(msg, sizeof msg, "shared tier %s: %s%s", r->name, why,
+                     ins == 2 ? " (dropped)" : "");
+            if (problem)
+                problem(ctx, key, msg);
+            continue;
+        }
         st_remote_keys(s, key, &k);
         redisReply *m = st_remote_cmdf(s, "HMGET %s checksum bytes", k.m);
-        if (!m)
-            break;
+        if (!m) {
+            freeReplyObject(all);
+            return cb_error_set(err, CB_ERR_IO, "shared tier %s (%s): %s", r->name, r->url, r->why);
+        }
         char want[33] = "";
         if (m->type == REDIS_REPLY_ARRAY && m->elements == 2 &&
             m->element[0]->type == REDIS_REPLY_STRING)
@@ -179,5 +222,7 @@ cb_status st_remote_check(cb_store *s, int fetch, int fix,
         }
     }
     freeReplyObject(all);
-    return CB_OK;
+    /* after the entries were reported: what is left is counted again */
+    st_remote_keys(s, "x", &k);
+    return fix ? recount(s, &k, err) : CB_OK;
 }

@@ -51,7 +51,7 @@ struct st_stream {
     int failed;         /* the receiver ended on a failure (why) */
     int down;           /* the connection failed or timed out (not the entry's fault) */
     int timed_out;      /* it timed out: the tier is down for the run */
-    int gone;           /* a part was missing: evicted or dropped meanwhile (not corrupt) */
+    int gone;           /* a part was missing or of another type: evicted meanwhile, or broken */
     int forged;         /* a part's MAC did not verify */
     char why[200];      /* the first failure */
 };
@@ -149,7 +149,10 @@ static void *stream_main(void *arg)
             fail_locked(x, 1, "%s", x->c->errstr[0] ? x->c->errstr : "no reply");
         else if (rep->type == REDIS_REPLY_NIL) {
             x->gone = !x->why[0];
-            fail_locked(x, 0, "part %lld is missing (evicted or dropped meanwhile)", (long long)i);
+            fail_locked(x, 0, "part %lld is missing", (long long)i);
+        } else if (rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "WRONGTYPE")) {
+            x->gone = !x->why[0]; /* the entry's fault, not the tier's */
+            fail_locked(x, 0, "part %lld: %s", (long long)i, rep->str);
         } else if (rep->type != REDIS_REPLY_STRING)
             fail_locked(x, rep->type == REDIS_REPLY_ERROR, "part %lld: %s", (long long)i,
                         rep->type == REDIS_REPLY_ERROR ? rep->str : "not a string");
@@ -255,8 +258,9 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
     if (!st_remote_up(s))
         return 0;
     st_remote_keys(s, key, &k);
-    if (!st_remote_touch_meta(s, key, !s->readonly, &k, &m))
-        return 0;
+    int found = st_remote_touch_meta(s, key, !s->readonly, &k, &m);
+    if (found <= 0)
+        return found;
     st_stream *x = calloc(1, sizeof *x);
     if (!x) {
         free(m.tags);
@@ -271,9 +275,13 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
     x->refs = 1;
     x->tags = m.tags;
     if (m.bytes <= 0 || m.parts <= 0 || m.parts > m.bytes || m.parts > ST_MAX_PARTS ||
-        (uint64_t)m.bytes > SIZE_MAX / 2) {
+        (uint64_t)m.bytes > SIZE_MAX / 2 || (uint64_t)m.bytes > ST_MAX_BYTES ||
+        (r->cap && (uint64_t)m.bytes > r->cap)) {
+        /* dropped without counting its bytes out of the tier's, which
+         * would be as wrong as they are */
         snprintf(why, sizeof why, "%s: its metadata is malformed", x->name);
-        st_remote_refuse(s, key, x->want, NULL, why);
+        if (st_remote_heal(s, key, x->want, "a miss") <= 0)
+            st_remote_refuse(s, key, x->want, NULL, why);
         stream_unref(x);
         return -1;
     }
@@ -305,6 +313,8 @@ int st_remote_stream(cb_store *s, const char *key, cb_kvfile **kf, st_stream **o
         }
     }
     if (!(x->buf = malloc((size_t)x->size))) {
+        st_remote_warn(s, "%s: no memory for its %llu bytes; a miss", x->name,
+                       (unsigned long long)x->size);
         stream_unref(x);
         return 0;
     }
@@ -347,9 +357,12 @@ int st_stream_bad(cb_store *s, st_stream *x, const char *why)
         st_remote_went_down(s, x->why, timed_out);
         return 2;
     }
-    /* why names the entry (the reader's or the stream's message); an entry
-     * that went away meanwhile is not dropped (it may be back, sound) */
+    /* why names the entry (the reader's or the stream's message); a part
+     * missing or of another type: the entry is dropped where its keys are
+     * broken, and not where it went away meanwhile (it may be back, sound) */
     r->n_refused += forged;
+    if (gone && st_remote_heal(s, x->key, x->want, "a miss") > 0)
+        return 1;
     st_remote_refuse(s, x->key, x->want, gone ? "it went away meanwhile" : NULL, why);
     return 1;
 }

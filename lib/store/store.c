@@ -865,6 +865,8 @@ cb_status cb_store_stat(cb_store *s, cb_store_tier_stat *stats, uint64_t *misses
         o->name = s->tiers[t].name;
         o->path = s->tiers[t].path;
         o->capacity = s->tiers[t].cap;
+        o->healed = s->n_healed[t];
+        o->full = s->n_full[t];
         if (!q) {
             st_exec(s, "ROLLBACK", NULL);
             return err ? err->status : CB_ERR_IO;

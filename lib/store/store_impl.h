@@ -25,7 +25,8 @@
  *   - the bytes of a tier's rows (both states) never exceed its capacity;
  *   - rows are inserted (reserved) and rows' tiers change only under DIR/lock;
  *   - a file is unlinked or moved only under an exclusive flock on it, which
- *     fails while a reader holds its shared one. */
+ *     fails while a reader holds its shared one; but a file found bad when
+ *     read, unlinked under the store lock alone (st_heal_local). */
 #ifndef CB_STORE_IMPL_H
 #define CB_STORE_IMPL_H
 
@@ -33,6 +34,7 @@
 
 #include <sqlite3.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #define ST_SCHEMA 1
@@ -111,6 +113,14 @@ struct cb_store {
     char owner[ST_OWNER_LEN + 1];
     st_remote remote;
     int no_write_through; /* putting an entry fetched from the shared tier */
+    /* What this handle mended (cb_store_stat): bad entries dropped when
+     * read, by tier (n_tiers: the shared tier's), and puts that found a
+     * tier's file system full and went to a later tier; which tiers were
+     * said to be full (a bit each), and the shared tier's id said to
+     * differ in Redis. */
+    uint64_t n_healed[CB_STORE_MAX_TIERS + 1], n_full[CB_STORE_MAX_TIERS];
+    unsigned full_said;
+    int id_warned;
     void (*warn)(void *ctx, const char *msg);
     void *warn_ctx;
     struct {
@@ -135,8 +145,9 @@ struct cb_store_ref {
  *   remote*.c the shared tier on Redis (uses util.c and secret.c): remote.c
  *             keys, put, get, drop; remote_conn.c the connection and its
  *             login; remote_mac.c the entries' tags; remote_stream.c reading
- *             by layer; remote_maint.c list, stat, gc, verify (what they
- *             share: remote_impl.h)
+ *             by layer; remote_maint.c list, stat, gc, verify;
+ *             remote_heal.c broken entries found and dropped, the tier's id
+ *             registered again (what they share: remote_impl.h)
  *   index.c   the SQLite index: schema, statements, transactions
  *   store.c   configuration, tiers, the store lock, owners, open/close, stat
  *   tiers.c   moves between tiers: demotion, eviction, promotion
@@ -257,6 +268,12 @@ void st_promote(cb_store *s, const char *key);
 #define ST_ACQ_RECORD 1
 #define ST_ACQ_LOCAL 2
 cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out, cb_error *err);
+/* An entry of local tier t found bad when read: dropped (its row and its
+ * file), where the handle may write, unless its file at the path is no
+ * longer the one read (was: that file's stat), so that the chunk is
+ * computed and put again.  Readers elsewhere keep their descriptors (and
+ * find it bad too).  1 dropped, 0 not; nothing said (the caller warns). */
+int st_heal_local(cb_store *s, const char *key, int t, const struct stat *was);
 /* Adopt a verified copy of the KV file at path; movable: it may be renamed
  * into the tier; expect: the key it must hold (or NULL). */
 cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect,
@@ -307,6 +324,26 @@ int st_stream_bad(cb_store *s, st_stream *x, const char *why);
  * metadata: 1 with the bytes (held by x, in clear), else 0 (warned,
  * dropped).  A v2 entry (parts in clear) is then written again sealed. */
 int st_stream_finish(cb_store *s, st_stream *x, const void **data, size_t *size);
+
+/* ------------------------------------------------------ remote_heal.c */
+
+/* Look at the shape of key's entry in the shared tier (unless its checksum
+ * is no longer checksum; NULL: any): 0 as a put leaves it, or no entry;
+ * else why gets what is wrong (its value missing, cut short or of another
+ * Redis type, its metadata no hash or malformed) and it is dropped when
+ * drop and the handle may: 2 dropped, 1 not; -1 the tier is down. */
+int st_remote_inspect(cb_store *s, const char *key, const char *checksum, int drop, char *why,
+                      size_t why_n);
+/* st_remote_inspect dropping where it may, a broken entry warned of (then:
+ * what becomes of it, "a miss"): its result. */
+int st_remote_heal(cb_store *s, const char *key, const char *checksum, const char *then);
+/* 1 when the shared tier holds key in the shape a put leaves, 0 when not
+ * (a broken entry dropped, warned: to be written again), -1 when it is
+ * down. */
+int st_remote_sound(cb_store *s, const char *key);
+/* Register the tier's id under its name in Redis where it is missing
+ * (warned); warned once when Redis names another id. */
+void st_remote_register(cb_store *s);
 
 /* ------------------------------------------------------------ secret.c */
 
