@@ -470,18 +470,17 @@ static int recode_one(cb_store *s, const char *key, int t, cb_type type,
         out = RC_BUSY;
         goto done;
     }
-    if (size > r.bytes) {
-        cb_status ms = st_make_room(s, t, size - r.bytes, key, NULL, err);
-        if (ms == CB_ERR_CREATE) {
-            snprintf(why, why_n,
-                     "tier %s has no room for its %llu bytes as %s (the entries that would have "
-                     "to go are pinned or in use)",
-                     s->tiers[t].name, (unsigned long long)size, cb_type_name(type));
-            out = RC_NO_ROOM;
+    /* An entry that grows takes room its tier has: a recode moves and
+     * evicts no other entry. */
+    if (size > r.bytes && s->tiers[t].cap) {
+        uint64_t used;
+        if ((out = st_tier_used(s, t, &used, err)) != CB_OK)
             goto done;
-        }
-        if (ms != CB_OK) {
-            out = ms;
+        if (used + (size - r.bytes) > s->tiers[t].cap) {
+            snprintf(why, why_n, "tier %s has no room for its %llu bytes as %s (%llu of %llu used)",
+                     s->tiers[t].name, (unsigned long long)size, cb_type_name(type),
+                     (unsigned long long)used, (unsigned long long)s->tiers[t].cap);
+            out = RC_NO_ROOM;
             goto done;
         }
     }
