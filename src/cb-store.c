@@ -1080,6 +1080,24 @@ done:
 
 /* ---------------------------------------------------------------- main */
 
+/* --project's token count: a number >= 1, with k, M, G or T (powers of
+ * 1000); 0, or -1 after saying why. */
+static int parse_tokens(const char *arg, double *out)
+{
+    static const char suf[] = "kMGT";
+    char *end;
+    double v = strtod(arg, &end);
+    const char *p = *end ? strchr(suf, *end == 'K' ? 'k' : *end) : NULL;
+    if (p && end[1] == 0)
+        v *= pow(1000, (double)(p - suf + 1));
+    if (end == arg || (*end && (!p || end[1])) || !(v >= 1) || v > 1e18) {
+        cli_err("--project: '%s' is not a token count (a number, with k, M, G or T)", arg);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option lopts[] = {
@@ -1209,24 +1227,12 @@ int main(int argc, char **argv)
             given[OPT_RATIO] = 1;
             break;
         }
-        case OPT_PROJECT: {
-            /* a token count: k, M, G, T are powers of 1000 */
-            char *end;
-            double v = strtod(optarg, &end);
-            const char *suf = "kMGT";
-            const char *p = *end ? strchr(suf, *end == 'K' ? 'k' : *end) : NULL;
-            if (p && end[1] == 0)
-                v *= pow(1000, (double)(p - suf + 1));
-            if (end == optarg || (*end && (!p || end[1])) || !(v >= 1) || v > 1e18) {
-                cli_err("--project: '%s' is not a token count (a number, with k, M, G or T)",
-                        optarg);
+        case OPT_PROJECT:
+            if (parse_tokens(optarg, &o.project) != 0)
                 return CLI_EX_USAGE;
-            }
-            o.project = v;
             o.project_arg = optarg;
             given[OPT_PROJECT] = 1;
             break;
-        }
         case OPT_KV_TYPE:
             o.kv_type = optarg;
             given[OPT_KV_TYPE] = 1;
