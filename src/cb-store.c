@@ -3,9 +3,10 @@
  *   cb-store [--store DIR] COMMAND [ARGS]
  *     init [--tier NAME=PATH[:CAPACITY]]... [--promote N] [--timeout MS]
  *          [--auth-file FILE] [--key-file FILE]     keygen FILE
- *     ls [--json] [-m MODEL] [--tier NAME]     stat [--json]
+ *     ls [--json] [-m MODEL] [--tier NAME]     stat [--json] [--project N]
  *     get KEY [-o FILE]     put FILE...     rm KEY...     pin KEY...     unpin KEY...
- *     gc     verify [--repair]     export ARCHIVE [KEY...]     import ARCHIVE
+ *     gc     verify [--repair]     recode --kv-type T [--tier NAME]
+ *     export ARCHIVE [KEY...]     import ARCHIVE
  *
  * The work is done by libcbcore (cb_store_*); this file parses the command
  * line and prints. */
@@ -16,6 +17,8 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -55,8 +58,12 @@ static void usage(FILE *f)
             "  ls [--json] [-m MODEL] [--tier NAME]\n"
             "                     list entries: key, tier, bytes, hits, last use, pin;\n"
             "                     MODEL is a GGUF file or a 32-hex-digit fingerprint\n"
-            "  stat [--json]      per tier: entries, bytes, capacity, hits and hit rate;\n"
-            "                     the shared tier's login and whether it is authenticated\n"
+            "  stat [--json] [--project N]\n"
+            "                     per tier: entries, bytes, capacity, hits and hit rate;\n"
+            "                     the shared tier's login and whether it is authenticated;\n"
+            "                     per model and KV element type: entries, tokens, bytes, bytes\n"
+            "                     per token; --project N: the bytes N tokens would take at\n"
+            "                     those bytes per token (N with k, M, G: powers of 1000)\n"
             "  get KEY [-o FILE]  print the entry's path, or copy it to FILE ('-' = stdout)\n"
             "  put FILE...        verify KV files and add them; prints each one's key\n"
             "  rm KEY...          remove entries\n"
@@ -65,6 +72,10 @@ static void usage(FILE *f)
             "  gc                 enforce capacities; remove orphans and stale temporary files\n"
             "  verify [--repair]  check every file and the index; exit 0 only when consistent;\n"
             "                     --repair rebuilds the index from the files\n"
+            "  recode --kv-type T [--tier NAME]\n"
+            "                     rewrite the entries of the local tiers (or of tier NAME) in\n"
+            "                     element type T (f16, f32, bf16, q8_0), each atomically;\n"
+            "                     entries of type T already are skipped: a rerun resumes\n"
             "  export ARCHIVE [KEY...] [--compress zstd|gzip|xz|none]\n"
             "                     write entries (default all) to a tar archive ('-' = stdout);\n"
             "                     compression from the name (.tar, .tar.gz, .tar.xz), else zstd\n"
@@ -105,18 +116,22 @@ enum {
     OPT_COMPRESS,
     OPT_TIMEOUT,
     OPT_AUTH_FILE,
-    OPT_KEY_FILE
+    OPT_KEY_FILE,
+    OPT_PROJECT,
+    OPT_KV_TYPE
 };
 
 typedef struct opts {
-    const char *store, *model, *out, *compress, *device, *auth_file, *key_file;
+    const char *store, *model, *out, *compress, *device, *auth_file, *key_file, *kv_type;
     const char **tiers;
     int n_tiers, json, repair, promote, timeout_ms;
     const char **costs;
     int n_costs;
     double ratio;
     long tokens;
-    char **args; /* after the command */
+    double project;          /* stat --project: tokens (0: not asked) */
+    const char *project_arg; /* as given */
+    char **args;             /* after the command */
     int n_args;
 } opts;
 
@@ -458,10 +473,58 @@ static int cmd_ls(const opts *o)
     return code;
 }
 
+/* A type's name in stat's output ("unreadable": entries whose header cannot be read). */
+static const char *kv_type_name(int t)
+{
+    const char *n = t >= 0 ? cb_type_name((cb_type)t) : NULL;
+    return n ? n : "unreadable";
+}
+
+/* stat's figures per model and element type: a JSON array, or a table. */
+static json_t *kv_json(const opts *o, const cb_store_kv_stat *kv, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++) {
+        double bpt = kv[i].tokens ? (double)kv[i].bytes / (double)kv[i].tokens : 0.0;
+        json_t *e = json_pack("{s:s, s:s, s:I, s:I, s:I, s:f}", "model", kv[i].model, "type",
+                              kv_type_name(kv[i].type), "entries", (json_int_t)kv[i].entries,
+                              "tokens", (json_int_t)kv[i].tokens, "bytes", (json_int_t)kv[i].bytes,
+                              "bytes_per_token", bpt);
+        if (e && o->project > 0 && kv[i].tokens)
+            json_object_set_new(e, "projected_bytes",
+                                json_integer((json_int_t)llround(bpt * o->project)));
+        json_array_append_new(a, e);
+    }
+    return a;
+}
+
+static void kv_table(const opts *o, const cb_store_kv_stat *kv, size_t n)
+{
+    char a[24], b[24], col[40];
+    if (n == 0)
+        return;
+    putchar('\n');
+    snprintf(col, sizeof col, "FOR %s TOKENS", o->project_arg ? o->project_arg : "");
+    printf("%-32s %-10s %8s %10s %10s %12s%s%s\n", "MODEL", "TYPE", "ENTRIES", "TOKENS", "BYTES",
+           "BYTES/TOKEN", o->project > 0 ? "  " : "", o->project > 0 ? col : "");
+    for (size_t i = 0; i < n; i++) {
+        double bpt = kv[i].tokens ? (double)kv[i].bytes / (double)kv[i].tokens : 0.0;
+        printf("%-32s %-10s %8llu %10llu %10s %12.1f", kv[i].model, kv_type_name(kv[i].type),
+               (unsigned long long)kv[i].entries, (unsigned long long)kv[i].tokens,
+               human(kv[i].bytes, a), bpt);
+        if (o->project > 0)
+            printf("  %*s", (int)strlen(col),
+                   kv[i].tokens ? human((uint64_t)llround(bpt * o->project), b) : "-");
+        putchar('\n');
+    }
+}
+
 static int cmd_stat(const opts *o)
 {
     cb_store *s = NULL;
     cb_store_tier_stat st[CB_STORE_MAX_TIERS + 1];
+    cb_store_kv_stat *kv = NULL;
+    size_t n_kv = 0;
     uint64_t misses = 0, hits = 0;
     cb_error err;
     int code;
@@ -470,7 +533,8 @@ static int cmd_stat(const opts *o)
     if ((code = open_store(o, &s)) != 0)
         return code;
     int n = cb_store_n_tiers(s);
-    if (cb_store_stat(s, st, &misses, &err) != CB_OK) {
+    if (cb_store_stat(s, st, &misses, &err) != CB_OK ||
+        cb_store_stat_kv(s, &kv, &n_kv, &err) != CB_OK) {
         code = fail(&err);
         goto done;
     }
@@ -499,10 +563,14 @@ static int cmd_stat(const opts *o)
                           "reserved", (json_int_t)st[i].reserved, "pinned",
                           (json_int_t)st[i].pinned, "hits", (json_int_t)st[i].hits, "hit_rate",
                           gets ? (double)st[i].hits / (double)gets : 0.0));
-        root = json_pack("{s:s, s:i, s:o, s:I, s:I, s:I, s:f}", "store", cb_store_dir(s),
+        root = json_pack("{s:s, s:i, s:o, s:I, s:I, s:I, s:f, s:o}", "store", cb_store_dir(s),
                          "promote_hits", cb_store_promote_hits(s), "tiers", tiers, "gets",
                          (json_int_t)gets, "hits", (json_int_t)hits, "misses", (json_int_t)misses,
-                         "hit_rate", gets ? (double)hits / (double)gets : 0.0);
+                         "hit_rate", gets ? (double)hits / (double)gets : 0.0, "kv",
+                         kv_json(o, kv, n_kv));
+        if (root && o->project > 0)
+            json_object_set_new(root, "project_tokens",
+                                json_integer((json_int_t)llround(o->project)));
         if (root && have_sa)
             json_object_set_new(
                 root, "shared_auth",
@@ -555,8 +623,12 @@ static int cmd_stat(const opts *o)
                     "can write to Redis can plant entries, and whoever can read it reads them\n",
                     cb_store_shared_name(s));
         }
+        kv_table(o, kv, n_kv);
     }
+    if (o->project > 0 && n_kv == 0)
+        cli_err("stat: --project: the local tiers hold no entry to measure bytes per token by");
 done:
+    free(kv);
     cb_store_close(s);
     return code;
 }
@@ -725,6 +797,111 @@ static int cmd_verify(const opts *o)
                     cli_plural(r.problems, "problem", "problems"), (unsigned long long)r.repaired,
                     (unsigned long long)r.remaining);
     }
+    cb_store_close(s);
+    return code;
+}
+
+/* -------------------------------------------------------------- recode */
+
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig) { interrupted = sig; }
+
+typedef struct recode_ui {
+    const char *type;
+    int progress; /* a progress line on stderr (a terminal) */
+    double t0, t_shown;
+} recode_ui;
+
+static int recode_step(void *ctx, const cb_store_recode_report *r, const char *key, const char *msg)
+{
+    recode_ui *x = ctx;
+    double now = cb_now_ms() / 1e3;
+    if (msg && cli_verbosity >= 1) {
+        if (x->progress)
+            fprintf(stderr, "\r\033[K");
+        cli_err("recode: %s: left as it is: %s", key, msg);
+    }
+    if (x->progress && (now - x->t_shown >= 0.25 || r->done == r->total)) {
+        double el = now - x->t0, rate = (double)r->done / (el > 0 ? el : 1);
+        fprintf(stderr, "\r%s: recode: %llu/%llu entries (%llu rewritten, %llu already %s), %.1f/s",
+                cli_prog, (unsigned long long)r->done, (unsigned long long)r->total,
+                (unsigned long long)r->recoded, (unsigned long long)r->already, x->type, rate);
+        if (rate > 0)
+            fprintf(stderr, ", ETA %.0f s", (double)(r->total - r->done) / rate);
+        fprintf(stderr, "\033[K");
+        x->t_shown = now;
+    }
+    return interrupted != 0;
+}
+
+static int cmd_recode(const opts *o)
+{
+    cb_store *s = NULL;
+    cb_store_recode_report r;
+    cb_type type;
+    cb_error err;
+    int code;
+    if ((code = need_args(o, "recode", 0, 0)) != 0)
+        return code;
+    if (!o->kv_type) {
+        cli_err("recode: --kv-type T is required (f16, f32, bf16 or q8_0)");
+        return CLI_EX_USAGE;
+    }
+    if (cb_kv_type_parse(o->kv_type, &type) != CB_OK) {
+        cli_err("recode: --kv-type %s: not an element type of KV files (f16, f32, bf16, q8_0)",
+                o->kv_type);
+        return CLI_EX_USAGE;
+    }
+    if (o->n_tiers > 1) {
+        cli_err("recode: one --tier at most");
+        return CLI_EX_USAGE;
+    }
+    if ((code = open_store(o, &s)) != 0)
+        return code;
+    const char *shared = cb_store_shared_name(s);
+    if (shared && !o->n_tiers && cli_verbosity >= 1)
+        cli_err("note: recode: the shared tier %s is left as it is (only local tiers are recoded)",
+                shared);
+    recode_ui x = {o->kv_type, isatty(2) && cli_verbosity >= 1, cb_now_ms() / 1e3, 0};
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+    cb_status st =
+        cb_store_recode(s, o->n_tiers ? o->tiers[0] : NULL, type, recode_step, &x, &r, &err);
+    if (x.progress && r.done)
+        fprintf(stderr, "\r\033[K");
+    double el = cb_now_ms() / 1e3 - x.t0;
+    if (st != CB_OK) {
+        code = err.status == CB_ERR_INVALID || err.status == CB_ERR_UNSUPPORTED
+                   ? (cli_err("recode: %s", err.msg), CLI_EX_USAGE)
+                   : fail(&err);
+        if (!r.done)
+            goto done;
+    }
+    if (cli_verbosity >= 1) {
+        char a[32], b[32];
+        cli_err("recode: %llu of %llu %s in %.1f s (%.1f/s): %llu rewritten as %s (%s -> %s), "
+                "%llu already %s; left: %llu in use or moved, %llu without room, %llu unreadable",
+                (unsigned long long)r.done, (unsigned long long)r.total,
+                cli_plural(r.total, "entry", "entries"), el, el > 0 ? (double)r.done / el : 0.0,
+                (unsigned long long)r.recoded, o->kv_type, cli_bytes(r.bytes_before, a, sizeof a),
+                cli_bytes(r.bytes_after, b, sizeof b), (unsigned long long)r.already, o->kv_type,
+                (unsigned long long)r.busy, (unsigned long long)r.no_room,
+                (unsigned long long)r.bad);
+    }
+    if (code)
+        goto done;
+    if (interrupted) {
+        cli_err(
+            "interrupted by signal %d: each entry is whole, old or new; run recode again to go on",
+            (int)interrupted);
+        code = 130;
+    } else if (r.bad) {
+        code = CLI_EX_DATAERR;
+    } else if (r.busy || r.no_room) {
+        code = CLI_EX_CANTCREAT;
+    }
+done:
     cb_store_close(s);
     return code;
 }
@@ -903,6 +1080,24 @@ done:
 
 /* ---------------------------------------------------------------- main */
 
+/* --project's token count: a number >= 1, with k, M, G or T (powers of
+ * 1000); 0, or -1 after saying why. */
+static int parse_tokens(const char *arg, double *out)
+{
+    static const char suf[] = "kMGT";
+    char *end;
+    double v = strtod(arg, &end);
+    const char *p = *end ? strchr(suf, *end == 'K' ? 'k' : *end) : NULL;
+    if (p && end[1] == 0)
+        v *= pow(1000, (double)(p - suf + 1));
+    if (end == arg || (*end && (!p || end[1])) || !(v >= 1) || v > 1e18) {
+        cli_err("--project: '%s' is not a token count (a number, with k, M, G or T)", arg);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option lopts[] = {
@@ -921,6 +1116,8 @@ int main(int argc, char **argv)
         {"key-file", required_argument, 0, OPT_KEY_FILE},
         {"ratio", required_argument, 0, OPT_RATIO},
         {"tokens", required_argument, 0, OPT_TOKENS},
+        {"project", required_argument, 0, OPT_PROJECT},
+        {"kv-type", required_argument, 0, OPT_KV_TYPE},
         {0, 0, 0, 0},
     };
     static const struct {
@@ -932,7 +1129,7 @@ int main(int argc, char **argv)
         {"keygen", cmd_keygen, ""},
         {"place", cmd_place, "json ratio tokens model device"},
         {"ls", cmd_ls, "json tier model"},
-        {"stat", cmd_stat, "json"},
+        {"stat", cmd_stat, "json project"},
         {"get", cmd_get, "output"},
         {"put", cmd_put, ""},
         {"rm", NULL, ""},
@@ -940,13 +1137,14 @@ int main(int argc, char **argv)
         {"unpin", NULL, ""},
         {"gc", cmd_gc, ""},
         {"verify", cmd_verify, "repair"},
+        {"recode", cmd_recode, "kv-type tier"},
         {"export", cmd_export, "compress"},
         {"import", cmd_import, ""},
     };
     char store_buf[4096];
     opts o = {0};
     cli_common co = {0};
-    int c, code, given[OPT_KEY_FILE + 1] = {0};
+    int c, code, given[OPT_KV_TYPE + 1] = {0};
 
     cli_prog = "cb-store";
     cli_trap_sigbus();
@@ -1029,6 +1227,16 @@ int main(int argc, char **argv)
             given[OPT_RATIO] = 1;
             break;
         }
+        case OPT_PROJECT:
+            if (parse_tokens(optarg, &o.project) != 0)
+                return CLI_EX_USAGE;
+            o.project_arg = optarg;
+            given[OPT_PROJECT] = 1;
+            break;
+        case OPT_KV_TYPE:
+            o.kv_type = optarg;
+            given[OPT_KV_TYPE] = 1;
+            break;
         case OPT_TOKENS: {
             char *end;
             o.tokens = strtol(optarg, &end, 10);
@@ -1076,7 +1284,9 @@ int main(int argc, char **argv)
                     {OPT_DEVICE, "device", "--device"},
                     {OPT_TIMEOUT, "timeout", "--timeout"},
                     {OPT_AUTH_FILE, "auth-file", "--auth-file"},
-                    {OPT_KEY_FILE, "key-file", "--key-file"}};
+                    {OPT_KEY_FILE, "key-file", "--key-file"},
+                    {OPT_PROJECT, "project", "--project"},
+                    {OPT_KV_TYPE, "kv-type", "--kv-type"}};
     for (size_t i = 0; i < sizeof specific / sizeof specific[0]; i++)
         if (given[specific[i].id] && !strstr(cmds[k].flags, specific[i].word)) {
             cli_err("%s: %s does not apply", cmd, specific[i].flag);

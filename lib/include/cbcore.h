@@ -188,6 +188,7 @@ const cb_kv_meta *cb_kvfile_meta(const cb_kvfile *f);
 cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_error *err);
 cb_status cb_kvfile_load_layer(cb_kvfile *f, int32_t l, cb_kvcache *kv, int32_t pos, cb_error *err);
 uint64_t cb_kvfile_size(const cb_kvfile *f);
+cb_status cb_kv_type_parse(const char *name, cb_type *out); /* "q8_0": one a KV file holds */
 
 /* ------------------------------------------------------------- blending */
 /* A run of prompt tokens at consecutive positions; with a KV file, its cache. */
@@ -347,6 +348,25 @@ typedef struct cb_store_tier_stat {
 } cb_store_tier_stat;
 /* Fill stats[0..cb_store_n_tiers) and *misses (may be NULL). */
 cb_status cb_store_stat(cb_store *s, cb_store_tier_stat *stats, uint64_t *misses, cb_error *err);
+typedef struct cb_store_kv_stat { /* the local tiers' entries of one model and element type */
+    char model[33];               /* its fingerprint, as the index has it */
+    int type;                     /* a cb_type; -1: entries whose header cannot be read */
+    uint64_t entries, tokens, bytes;
+} cb_store_kv_stat;
+/* Per model and KV element type (from each entry's header): *out malloc'd, *n of them. */
+cb_status cb_store_stat_kv(cb_store *s, cb_store_kv_stat **out, size_t *n, cb_error *err);
+typedef struct cb_store_recode_report {
+    uint64_t total, done, recoded,
+        already;                        /* entries to look at, looked at, rewritten, of type t */
+    uint64_t busy, no_room, bad;        /* left: in use or changed; no room to grow; unreadable */
+    uint64_t bytes_before, bytes_after; /* of those rewritten */
+} cb_store_recode_report;
+/* Rewrite the entries of tier (NULL: every local one) in type t, each atomically; a rerun resumes.
+ * fn after each entry (msg: why it was left, else NULL); nonzero stops. */
+cb_status cb_store_recode(cb_store *s, const char *tier, cb_type t,
+                          int (*fn)(void *ctx, const cb_store_recode_report *r, const char *key,
+                                    const char *msg),
+                          void *ctx, cb_store_recode_report *rep, cb_error *err);
 /* The shared tier (Redis, behind the local ones): its warnings, figures, name (NULL: none). */
 void cb_store_set_warn(cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
 cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err);

@@ -103,6 +103,14 @@ cb_status cb_kvfile_layer_rows_into(cb_kvfile *f, int32_t l, void *buf, const vo
 /* Verify every layer's checksum.  Errors as cb_kvfile_read_layer. */
 cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err);
 
+/* f's KV rewritten in element type `type`: every layer read (verified) as
+ * f32 rows and written by the writer cb_kv_serialize uses, with f's header
+ * otherwise (same model, tokens, positions: the same store key), as a
+ * complete KV file in a malloc'd *buf of *size bytes.  Errors:
+ * CB_ERR_UNSUPPORTED (not a KV element type), CB_ERR_INVALID (f's rows are
+ * not whole blocks of it), CB_ERR_NOMEM, cb_kvfile_read_layer's. */
+cb_status cb_kvfile_recode(cb_kvfile *f, cb_type type, void **buf, size_t *size, cb_error *err);
+
 /* ------------------------------------------------------------- blending */
 
 /* The key temperature p gives on model m: p->key_temp when > 0, else the

@@ -160,24 +160,32 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead,
-                          int32_t n_lead, const int32_t *ids, int32_t n, int32_t pos0, cb_type type,
-                          void **out, size_t *out_size)
+/* Where kv_write gets layer l's K (which 0) or V (which 1): n_tokens rows
+ * of f32 [n_tokens, n_head_kv*head_dim] into rows. */
+typedef cb_status (*kv_rows_fn)(void *ctx, int32_t l, int which, float *rows);
+
+/* The one KV file writer (cb_kv_serialize, cb_kvfile_recode): the header
+ * that mt describes (model, shape, RoPE, flags, positions, ids, lead-in,
+ * each layer's window and RoPE base; its token hash and type are not read)
+ * and every layer's rows from get, in element type `type`, as a complete
+ * file in a malloc'd *out. */
+static cb_status kv_write(const cb_kv_meta *mt, kv_rows_fn get, void *ctx, cb_type type, void **out,
+                          size_t *out_size)
 {
-    const cb_hparams *hp = cb_model_hparams(m);
-    cb_hash128 fp = cb_model_fingerprint(m);
-    int64_t width = (int64_t)hp->n_head_kv * hp->head_dim;
+    int32_t n = mt->n_tokens, n_lead = mt->n_lead;
+    const int32_t *ids = mt->ids, *lead = mt->lead;
+    int64_t width = (int64_t)mt->n_head_kv * mt->head_dim;
     size_t row = cb_type_row_bytes(type, width);
     uint64_t B, BV, S, H, total;
     uint8_t *buf;
     float *tmp;
 
-    if (!cb_kv_type_ok(type) || n < 1 || n > KV_MAX_TOKENS || n_lead < 0 || pos0 < 0 ||
-        pos0 > cb_kvcache_n_ctx(kv) - n || !part_bytes(type, n, width, &B, &BV))
+    if (!cb_kv_type_ok(type) || n < 1 || n > KV_MAX_TOKENS || n_lead < 0 || mt->pos0 < 0 ||
+        !part_bytes(type, n, width, &B, &BV))
         return CB_ERR_INVALID;
     S = align_up(B + BV, CB_KV_ALIGN);
-    H = align_up(KV_FIXED + 4 * (uint64_t)(n + n_lead) + 16 * (uint64_t)hp->n_layer, CB_KV_ALIGN);
-    total = H + S * (uint64_t)hp->n_layer;
+    H = align_up(KV_FIXED + 4 * (uint64_t)(n + n_lead) + 16 * (uint64_t)mt->n_layer, CB_KV_ALIGN);
+    total = H + S * (uint64_t)mt->n_layer;
     buf = calloc(1, (size_t)total);
     /* a coded type encodes a layer's K and V together: both read at once */
     tmp = malloc(sizeof(float) * (size_t)(n * width) * (coded(type) ? 2 : 1));
@@ -190,22 +198,22 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     memcpy(buf, KV_MAGIC, 8);
     put32(buf + 8, coded(type) ? KV_VERSION_CODED : KV_VERSION);
     put32(buf + 12, (uint32_t)H);
-    put64(buf + 16, fp.lo);
-    put64(buf + 24, fp.hi);
+    put64(buf + 16, mt->model.lo);
+    put64(buf + 24, mt->model.hi);
     put64(buf + 32, th.lo);
     put64(buf + 40, th.hi);
-    put32(buf + 48, (uint32_t)hp->n_layer);
-    put32(buf + 52, (uint32_t)hp->n_head_kv);
-    put32(buf + 56, (uint32_t)hp->head_dim);
-    put32(buf + 60, (uint32_t)hp->n_rot);
-    put32(buf + 64, (uint32_t)hp->rope_neox);
-    memcpy(buf + 68, &hp->rope_base, 4);
+    put32(buf + 48, (uint32_t)mt->n_layer);
+    put32(buf + 52, (uint32_t)mt->n_head_kv);
+    put32(buf + 56, (uint32_t)mt->head_dim);
+    put32(buf + 60, (uint32_t)mt->n_rot);
+    put32(buf + 64, (uint32_t)mt->rope_neox);
+    memcpy(buf + 68, &mt->rope_base, 4);
     put32(buf + 72, (uint32_t)type);
     put32(buf + 76, (uint32_t)n);
-    put32(buf + 80, (uint32_t)pos0);
+    put32(buf + 80, (uint32_t)mt->pos0);
     put32(buf + 84, (uint32_t)n_lead);
     put32(buf + 88, 1);
-    put32(buf + 92, rope_flags(hp));
+    put32(buf + 92, mt->flags);
     put64(buf + 96, S);
     put64(buf + 104, B);
     put64(buf + 112, total);
@@ -213,17 +221,16 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     if (n_lead)
         memcpy(buf + KV_FIXED + 4 * (size_t)n, lead, 4 * (size_t)n_lead);
     uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + n_lead),
-            *att = sums + 8 * (size_t)hp->n_layer;
-    for (int32_t l = 0; l < hp->n_layer; l++) {
-        float base = cb_model_layer_rope_base(m, l);
-        put32(att + 8 * (size_t)l, (uint32_t)cb_model_layer_window(m, l));
-        memcpy(att + 8 * (size_t)l + 4, &base, 4);
+            *att = sums + 8 * (size_t)mt->n_layer;
+    for (int32_t l = 0; l < mt->n_layer; l++) {
+        put32(att + 8 * (size_t)l, (uint32_t)mt->window[l]);
+        memcpy(att + 8 * (size_t)l + 4, &mt->layer_rope_base[l], 4);
     }
-    for (int32_t l = 0; l < hp->n_layer; l++) {
+    for (int32_t l = 0; l < mt->n_layer; l++) {
         uint8_t *layer = buf + H + S * (uint64_t)l;
         for (int which = 0; which < 2; which++) {
             float *x = coded(type) ? tmp + which * (int64_t)n * width : tmp;
-            cb_status st = cb_kvcache_read(kv, l, which, pos0, n, x);
+            cb_status st = get(ctx, l, which, x);
             if (st != CB_OK) {
                 free(buf);
                 free(tmp);
@@ -241,6 +248,61 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
     *out = buf;
     *out_size = (size_t)total;
     return CB_OK;
+}
+
+/* kv_write's rows from a cache: rows pos0.. of layer l. */
+typedef struct cache_rows {
+    const cb_kvcache *kv;
+    int32_t pos0, n;
+} cache_rows;
+
+static cb_status rows_of_cache(void *ctx, int32_t l, int which, float *rows)
+{
+    const cache_rows *c = ctx;
+    return cb_kvcache_read(c->kv, l, which, c->pos0, c->n, rows);
+}
+
+cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t *lead,
+                          int32_t n_lead, const int32_t *ids, int32_t n, int32_t pos0, cb_type type,
+                          void **out, size_t *out_size)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    cb_kv_meta mt = {0};
+    cache_rows c = {kv, pos0, n};
+    cb_status st;
+
+    if (n < 1 || n > KV_MAX_TOKENS || n_lead < 0 || pos0 < 0 || pos0 > cb_kvcache_n_ctx(kv) - n)
+        return CB_ERR_INVALID;
+    int32_t *window = malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+    float *base = malloc(sizeof(float) * (size_t)hp->n_layer);
+    if (!window || !base) {
+        free(window);
+        free(base);
+        return CB_ERR_NOMEM;
+    }
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        window[l] = cb_model_layer_window(m, l);
+        base[l] = cb_model_layer_rope_base(m, l);
+    }
+    mt.model = cb_model_fingerprint(m);
+    mt.n_layer = hp->n_layer;
+    mt.n_head_kv = hp->n_head_kv;
+    mt.head_dim = hp->head_dim;
+    mt.n_rot = hp->n_rot;
+    mt.rope_neox = hp->rope_neox;
+    mt.rope_base = hp->rope_base;
+    mt.flags = rope_flags(hp);
+    mt.n_tokens = n;
+    mt.pos0 = pos0;
+    mt.n_lead = n_lead;
+    mt.ids = ids;
+    mt.lead = lead;
+    mt.window = window;
+    mt.layer_rope_base = base;
+    st = kv_write(&mt, rows_of_cache, &c, type, out, out_size);
+    free(window);
+    free(base);
+    return st;
 }
 
 /* ----------------------------------------------------------------- reader */
@@ -648,4 +710,59 @@ cb_status cb_kvfile_verify(cb_kvfile *f, cb_error *err)
             return st;
     }
     return CB_OK;
+}
+
+/* ---------------------------------------------------------------- recode */
+
+
+cb_status cb_kv_type_parse(const char *name, cb_type *out)
+{
+    /* the ggml ids, then the element types of KV files only */
+    for (int t = 0; name && t < CB_TYPE_COUNT_ + 1; t++) {
+        cb_type ty = t < CB_TYPE_COUNT_ ? (cb_type)t : CB_TYPE_KIVI4;
+        const char *tn = cb_type_name(ty);
+        if (tn && cb_kv_type_ok(ty) && strcmp(tn, name) == 0) {
+            *out = ty;
+            return CB_OK;
+        }
+    }
+    return CB_ERR_UNSUPPORTED;
+}
+
+/* kv_write's rows from a KV file: layer l read, verified and made f32 when
+ * its K is asked for, its V kept for the call after. */
+typedef struct file_rows {
+    cb_kvfile *f;
+    float *v; /* [n_tokens, width] */
+    cb_error *err;
+} file_rows;
+
+static cb_status rows_of_file(void *ctx, int32_t l, int which, float *rows)
+{
+    file_rows *r = ctx;
+    const cb_kv_meta *mt = &r->f->meta;
+    if (which == 0)
+        return cb_kvfile_read_layer(r->f, l, rows, r->v, r->err);
+    memcpy(rows, r->v, sizeof(float) * (size_t)mt->n_tokens * (size_t)mt->n_head_kv * mt->head_dim);
+    return CB_OK;
+}
+
+cb_status cb_kvfile_recode(cb_kvfile *f, cb_type type, void **buf, size_t *size, cb_error *err)
+{
+    const cb_kv_meta *mt = &f->meta;
+    file_rows r = {f, NULL, err};
+    if (!cb_kv_type_ok(type))
+        return cb_error_set(err, CB_ERR_UNSUPPORTED, "%s: %s is not an element type of KV files",
+                            f->path, cb_type_name(type) ? cb_type_name(type) : "(unknown)");
+    if (!(r.v = malloc(sizeof(float) * (size_t)mt->n_tokens * (size_t)mt->n_head_kv *
+                       (size_t)mt->head_dim)))
+        return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", f->path);
+    if (err)
+        err->status = CB_OK;
+    cb_status st = kv_write(mt, rows_of_file, &r, type, buf, size);
+    free(r.v);
+    if (st != CB_OK && (!err || err->status == CB_OK))
+        cb_error_set(err, st, "%s: cannot write it as %s: %s", f->path, cb_type_name(type),
+                     cb_strerror(st));
+    return st;
 }

@@ -236,8 +236,9 @@ cb_status cb_store_gc(cb_store *s, cb_store_gc_report *rep, cb_error *err)
     if ((st = st_lock(s, err)) != CB_OK)
         return st;
 
-    /* 1. Reservations of dead processes, and rows whose file is gone. */
-    if ((st = all_rows(s, &rows, &n_rows, err)) != CB_OK)
+    /* 1. Rewrites, reservations of dead processes; rows whose file is gone. */
+    if ((st = st_recode_settle(s, 1, NULL, NULL, NULL, err)) != CB_OK ||
+        (st = all_rows(s, &rows, &n_rows, err)) != CB_OK)
         goto done;
     for (size_t i = 0; i < n_rows; i++) {
         rowl *r = &rows[i];
@@ -525,7 +526,8 @@ static cb_status verify_row(vctx *v, const rowl *r)
             del_key(s, r->key);
         report(v, r->key, v->fix, "indexed in tier %s but %s is missing", r->tier, p);
     } else if ((bad = check_file(p, r->key, r, sum, model, &nt, &size, &v->rep->bytes, why,
-                                 sizeof why))) {
+                                 sizeof why)) &&
+               !(!v->fix && st_recode_pending(s, r->key))) { /* reported as a rewrite */
         int fixed = 0;
         if (v->fix) {
             /* The index may be what is wrong: a file that is valid on its
@@ -555,6 +557,15 @@ static cb_status verify_row(vctx *v, const rowl *r)
     return CB_OK;
 }
 
+static void intent_problem(void *ctx, const char *key, int forward, int fixed)
+{
+    report(ctx, key, fixed, "%s",
+           forward ? "an interrupted recode: the file is rewritten, the index still has its old "
+                     "size and checksum (cb-store recode, gc or verify --repair finishes it)"
+                   : "an interrupted recode: the file was not replaced, its intent is left in the "
+                     "index (cb-store recode, gc or verify --repair drops it)");
+}
+
 static cb_status verify_pass(vctx *v)
 {
     cb_store *s = v->s;
@@ -576,6 +587,14 @@ static cb_status verify_pass(vctx *v)
                    res ? res : sqlite3_errmsg(s->db));
         sqlite3_finalize(q);
     }
+
+    /* Rewrites that a killed cb-store recode left half done. */
+    if ((st = st_lock(s, v->err)) != CB_OK)
+        return st;
+    st = st_recode_settle(s, v->fix, intent_problem, v, NULL, v->err);
+    st_unlock(s);
+    if (st != CB_OK)
+        return st;
 
     /* Every row against its file; the lock is taken per entry, so that
      * writers wait for one file's check at most. */

@@ -152,7 +152,9 @@ struct cb_store_ref {
  *   store.c   configuration, tiers, the store lock, owners, open/close, stat
  *   tiers.c   moves between tiers: demotion, eviction, promotion
  *   entry.c   entries: put, lookup, acquire, remove, pin, list
- *   maint.c   gc, verify and repair
+ *   recode.c  the entries by model and element type; rewriting them in
+ *             another type
+ *   maint.c   gc, verify and repair (settling what recode.c left)
  *   archive.c export and import; profile.c the profiles kept in the store */
 
 /* -------------------------------------------------------------- util.c */
@@ -398,6 +400,19 @@ int st_seal_open(st_seal_ctx *c, const st_part_id *id, uint64_t i, const void *s
                  void *out, const uint8_t want[ST_TAG_BYTES]);
 /* A fresh random nonce: 0, or -1 when libcrypto has no random bytes. */
 int st_mac_nonce(uint8_t nonce[ST_NONCE_BYTES]);
+
+/* ------------------------------------------------------------ recode.c */
+
+/* Settle the intents of rewrites that dead processes left (recode.c's top
+ * comment), under the lock: fix rolls each forward (its file is the new
+ * one: the row takes its bytes and checksum) or drops it (the old file
+ * stayed); without fix they are only found.  fn (may be NULL) hears of
+ * each, with forward and whether it was fixed; *n_found (may be NULL). */
+cb_status st_recode_settle(cb_store *s, int fix,
+                           void (*fn)(void *ctx, const char *key, int forward, int fixed),
+                           void *ctx, uint64_t *n_found, cb_error *err);
+/* 1 when key has an intent of a rewrite (not yet settled). */
+int st_recode_pending(cb_store *s, const char *key);
 
 /* 0 when the bytes are a valid KV file (header, every layer's
  * checksum) holding key, else -1 with the reason in why. */

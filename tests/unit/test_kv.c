@@ -1,7 +1,8 @@
 /* test_kv.c - the KV file format and precompute semantics: round trip per
  * element type, a precomputed chunk's layer-0 K/V moved to position p equal
  * full prefill's at p, a bit flip anywhere is detected, another model's
- * file is refused, another format version is its own status. */
+ * file is refused, another format version is its own status, a file
+ * rewritten in another element type keeps its header. */
 #include "../../lib/kv/kv.h"
 #include "test.h"
 
@@ -636,6 +637,106 @@ static void test_fingerprint_cache(cb_model *m)
     CHECK(system(cmd) == 0);
 }
 
+/* buf written to DIR/name and opened (NULL on failure, said). */
+static cb_kvfile *open_buf(const char *name, const void *buf, size_t size)
+{
+    char path[1024];
+    cb_kvfile *f = NULL;
+    cb_error err;
+    snprintf(path, sizeof path, "%s/%s", tmpdir(), name);
+    if (write_file(path, buf, size) != 0 || cb_kvfile_open(&f, path, &err) != CB_OK)
+        printf("# %s: cannot write or open it\n", path);
+    return f;
+}
+
+/* cb_kvfile_recode: another type through the writer, the header (positions,
+ * lead-in, per-layer attention) kept; f16 -> f32 -> f16 restores the file. */
+static void test_recode(cb_model *m)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    int64_t w = (int64_t)hp->n_head_kv * hp->head_dim;
+    cb_tokens lead = {0};
+    int32_t ids[NC];
+    cb_error err;
+    cb_type t;
+
+    tcase("kv %s: recode f16 -> f32 -> f16 restores the file; q8_0 within its rounding", hp->arch);
+    CHECK_OK(cb_kv_lead_in(m, &lead));
+    for (int i = 0; i < NC; i++)
+        ids[i] = (int32_t)((i * 29 + 3) % hp->n_vocab);
+    cb_kvcache *kv = NULL;
+    cb_fwd *f = NULL;
+    void *b16 = NULL, *b32 = NULL, *b16b = NULL, *b8 = NULL;
+    size_t s16 = 0, s32 = 0, s16b = 0, s8 = 0;
+    CHECK_OK(cb_kvcache_new(&kv, m, 64, CB_TYPE_F32));
+    CHECK_OK(cb_fwd_new(&f, m, 64));
+    CHECK_OK(cb_kv_precompute(f, kv, lead.ids, (int32_t)lead.n, ids, NC, CB_TYPE_F16, &b16, &s16));
+    cb_kvfile *k16 = b16 ? open_buf("recode-f16.kv", b16, s16) : NULL;
+    if (!k16)
+        goto done;
+    CHECK_OK(cb_kvfile_recode(k16, CB_TYPE_F32, &b32, &s32, &err));
+    cb_kvfile *k32 = b32 ? open_buf("recode-f32.kv", b32, s32) : NULL;
+    if (!k32) {
+        cb_kvfile_free(k16);
+        goto done;
+    }
+    const cb_kv_meta *a = cb_kvfile_meta(k16), *b = cb_kvfile_meta(k32);
+    CHECK(b->type == CB_TYPE_F32 && s32 >= s16);
+    CHECK(cb_hash128_eq(a->model, b->model) && cb_hash128_eq(a->tokens, b->tokens));
+    CHECK(a->n_tokens == b->n_tokens && a->n_lead == b->n_lead && a->pos0 == b->pos0 &&
+          a->flags == b->flags && a->rope_base == b->rope_base);
+    CHECK(memcmp(a->lead, b->lead, sizeof(int32_t) * (size_t)a->n_lead) == 0);
+    for (int l = 0; l < hp->n_layer; l++)
+        CHECK(a->window[l] == b->window[l] && a->layer_rope_base[l] == b->layer_rope_base[l]);
+    CHECK_OK(cb_kvfile_check_model(k32, m, &err));
+    CHECK_OK(cb_kvfile_verify(k32, &err));
+    CHECK_OK(cb_kvfile_recode(k32, CB_TYPE_F16, &b16b, &s16b, &err));
+    CHECK(b16b && s16b == s16 && memcmp(b16b, b16, s16) == 0);
+    CHECK_OK(cb_kvfile_recode(k16, CB_TYPE_Q8_0, &b8, &s8, &err));
+    cb_kvfile *k8 = b8 ? open_buf("recode-q8_0.kv", b8, s8) : NULL;
+    if (k8) {
+        float *x = malloc(sizeof(float) * NC * w), *y = malloc(sizeof(float) * NC * w),
+              *xv = malloc(sizeof(float) * NC * w), *yv = malloc(sizeof(float) * NC * w);
+        double worst = 0, sc;
+        for (int l = 0; l < hp->n_layer; l++) {
+            CHECK_OK(cb_kvfile_read_layer(k16, l, x, xv, &err));
+            CHECK_OK(cb_kvfile_read_layer(k8, l, y, yv, &err));
+            double e = max_abs(x, y, (size_t)(NC * w), &sc) / sc;
+            worst = e > worst ? e : worst;
+            e = max_abs(xv, yv, (size_t)(NC * w), &sc) / sc;
+            worst = e > worst ? e : worst;
+        }
+        CHECK(cb_kvfile_meta(k8)->type == CB_TYPE_Q8_0 && worst < 1.6e-2);
+        free(x), free(y), free(xv), free(yv);
+    }
+    CHECK(cb_kvfile_recode(k16, CB_TYPE_Q4_0, &b8, &s8, &err) == CB_ERR_UNSUPPORTED);
+    cb_kvfile_free(k8);
+    if (w % 32 == 0) { /* kivi4's groups of 32 elements: recode reaches it unchanged */
+        void *b4 = NULL;
+        size_t s4 = 0;
+        CHECK_OK(cb_kvfile_recode(k16, CB_TYPE_KIVI4, &b4, &s4, &err));
+        cb_kvfile *k4 = b4 ? open_buf("recode-kivi4.kv", b4, s4) : NULL;
+        CHECK(k4 && cb_kvfile_meta(k4)->type == CB_TYPE_KIVI4 && s4 < s16);
+        if (k4)
+            CHECK_OK(cb_kvfile_verify(k4, &err));
+        cb_kvfile_free(k4);
+        free(b4);
+    }
+    cb_kvfile_free(k32);
+    cb_kvfile_free(k16);
+done:
+    tcase("kv: cb_kv_type_parse names the types a KV file holds");
+    CHECK(cb_kv_type_parse("q8_0", &t) == CB_OK && t == CB_TYPE_Q8_0);
+    CHECK(cb_kv_type_parse("bf16", &t) == CB_OK && t == CB_TYPE_BF16);
+    CHECK(cb_kv_type_parse("kivi4", &t) == CB_OK && t == CB_TYPE_KIVI4);
+    CHECK(cb_kv_type_parse("q4_0", &t) == CB_ERR_UNSUPPORTED);
+    CHECK(cb_kv_type_parse(NULL, &t) == CB_ERR_UNSUPPORTED);
+    free(b16), free(b32), free(b16b), free(b8);
+    cb_fwd_free(f);
+    cb_kvcache_free(kv);
+    cb_tokens_free(&lead);
+}
+
 int main(void)
 {
     TEST_BEGIN();
@@ -648,10 +749,13 @@ int main(void)
     /* gemma3 first (sliding-window layers, their own RoPE base): the llama
      * files written after it are the ones the corruption tests read */
     cb_model *g = load("gemma3");
-    if (g)
+    if (g) {
         test_roundtrip_and_move(g);
+        test_recode(g);
+    }
     cb_model_free(g);
     test_roundtrip_and_move(m);
+    test_recode(m);
     test_corruption(m, other, "f16");
     test_corruption(m, other, "kivi4");
     test_source("f16");
