@@ -74,7 +74,7 @@ static void usage(FILE *f)
             "                     --repair rebuilds the index from the files\n"
             "  recode --kv-type T [--tier NAME]\n"
             "                     rewrite the entries of the local tiers (or of tier NAME) in\n"
-            "                     element type T (f16, f32, bf16, q8_0), each atomically;\n"
+            "                     element type T (f16, f32, bf16, q8_0, kivi4), atomically;\n"
             "                     entries of type T already are skipped: a rerun resumes\n"
             "  export ARCHIVE [KEY...] [--compress zstd|gzip|xz|none]\n"
             "                     write entries (default all) to a tar archive ('-' = stdout);\n"
@@ -844,11 +844,11 @@ static int cmd_recode(const opts *o)
     if ((code = need_args(o, "recode", 0, 0)) != 0)
         return code;
     if (!o->kv_type) {
-        cli_err("recode: --kv-type T is required (f16, f32, bf16 or q8_0)");
+        cli_err("recode: --kv-type T is required (f16, f32, bf16, q8_0 or kivi4)");
         return CLI_EX_USAGE;
     }
     if (cb_kv_type_parse(o->kv_type, &type) != CB_OK) {
-        cli_err("recode: --kv-type %s: not an element type of KV files (f16, f32, bf16, q8_0)",
+        cli_err("recode: --kv-type %s: not an element type of KV files (f16, f32, bf16, q8_0, kivi4)",
                 o->kv_type);
         return CLI_EX_USAGE;
     }
