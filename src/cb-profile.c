@@ -1,8 +1,9 @@
 /* cb-profile - measure what the loading controller needs, on this machine:
  * full-prefill time per layer at several prompt lengths, selective
  * recompute time per layer at several ratios, and the KV read throughput
- * of every store tier, cold and warm.  Writes the profile into the store
- * and prints a table. */
+ * of every store tier, cold and warm, and from them the figures cb-run's
+ * --speedup cost model prices loading and attention with.  Writes the
+ * profile into the store and prints a table. */
 #include "cli.h"
 
 #include <errno.h>
@@ -423,6 +424,9 @@ static void print_md(const cb_profile *prof, const popts *o, const cb_model *m)
     printf("\nKV bytes per token: f32 %.0f, f16 %.0f, bf16 %.0f, q8_0 %.0f\n",
            prof->kv_bytes_per_token[0], prof->kv_bytes_per_token[1], prof->kv_bytes_per_token[2],
            prof->kv_bytes_per_token[3]);
+    printf("\n--speedup's cost figures (0: not measured, the built-in): load %.3g a byte, "
+           "attention %.3g, scoring %.3g\n",
+           (double)prof->costs.load, (double)prof->costs.attn, (double)prof->costs.score);
 }
 
 /* --plot: the recompute curves through gnuplot. */
@@ -488,6 +492,8 @@ static int measure(const cb_model *m, cb_store *store, const popts *o, cb_profil
                     hp->n_ctx_train);
     if (code == 0)
         code = measure_tiers(m, store, o->repeat, prof);
+    if (code == 0) /* what cb-run --speedup prices with (cb-run(1), PROFILE) */
+        cb_profile_fit_costs(prof, m);
     free(samples);
     return code;
 }

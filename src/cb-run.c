@@ -210,6 +210,24 @@ static int open_store(const gen_opts *o, cb_store **s)
     return 0;
 }
 
+/* The cost model's figures (--speedup) of the store's profile for this
+ * model and backend (cb-profile(1)) into bp; where it has none, bp keeps
+ * its zeros: the built-in figures. */
+static void profile_costs(const cb_store *s, const cb_model *m, cb_blend_params *bp)
+{
+    cb_profile *prof = s ? calloc(1, sizeof *prof) : NULL;
+    cb_error err;
+    if (!prof)
+        return;
+    cb_status st =
+        cb_store_profile_load(s, cb_model_fingerprint(m), cb_model_backend(m), prof, &err);
+    if (st == CB_OK)
+        bp->costs = prof->costs;
+    else if (st != CB_ERR_NOT_FOUND)
+        cli_err("warning: %s; --speedup prices with the built-in figures", err.msg);
+    free(prof);
+}
+
 /* The chunk records, the model and (when chunks can be reused or stored)
  * the store. */
 static int run_open(run *r)
@@ -221,8 +239,10 @@ static int run_open(run *r)
         return code;
     /* chunks, or a store named: the prompt's head may be cached there too */
     if (((r->chunks && json_array_size(r->chunks) > 0) || o->store_dir) &&
-        (r->bp.mode != CB_MODE_FULL || (o->store_write && o->store_dir)))
-        return open_store(o, &r->store);
+        (r->bp.mode != CB_MODE_FULL || (o->store_write && o->store_dir)) &&
+        (code = open_store(o, &r->store)) != 0)
+        return code;
+    profile_costs(r->store, r->m, &r->bp);
     return 0;
 }
 
@@ -460,6 +480,34 @@ typedef struct stats_src {
     const cb_score_result *score; /* or NULL */
 } stats_src;
 
+/* The plan the blend resolved before any layer ran (cb_blend_prefill):
+ * its ratio, where it came from and what bounded it, the strategy, the
+ * keys' temperature, the stale scale, and the cost model's figures, each
+ * with its source: the store's profile (cb-profile(1)) or the built-in. */
+static json_t *plan_json(const cb_blend_params *bp, const cb_blend_stats *bs, const stats_src *ss)
+{
+    const char *src = ss->ratio_auto              ? ss->ratio_source
+                      : bp->mode != CB_MODE_BLEND ? "mode"
+                      : bp->adapt_mass > 0        ? "adaptive"
+                      : bp->speedup > 0           ? "speedup"
+                                                  : "given";
+    const float fig[3] = {bs->costs.load, bs->costs.attn, bs->costs.score};
+    const char *const names[3] = {"load", "attn", "score"};
+    json_t *costs = json_object();
+    for (int i = 0; i < 3; i++)
+        json_object_set_new(costs, names[i],
+                            json_pack("{s:f, s:s}", "value", (double)fig[i], "source",
+                                      bs->costs_given >> i & 1 ? "profile" : "built-in"));
+    json_t *p = json_pack(
+        "{s:f, s:s, s:s, s:o, s:f, s:f, s:o}", "ratio", (double)bs->plan_ratio, "ratio_source", src,
+        "bound", bs->plan_bound ? bs->plan_bound : "given", "strategy",
+        bp->mode == CB_MODE_BLEND ? json_string(cli_strategy_names[bs->strategy]) : json_null(),
+        "key_temp", (double)bs->key_temp, "stale_scale", (double)bs->stale_scale, "costs", costs);
+    if (p && strcmp(src, "speedup") == 0)
+        json_object_set_new(p, "speedup", json_real((double)bp->speedup));
+    return p;
+}
+
 static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src *ss)
 {
     const cb_blend_params *bp = ss->bp;
@@ -530,6 +578,8 @@ static json_t *stats_json(const gen_opts *o, const cb_model *m, const stats_src 
                                       bp->adapt_min, "max_ratio", bp->adapt_max, "bound",
                                       bs->ratio_bound));
     }
+    if (s && bp->mode != CB_MODE_FULL)
+        json_object_set_new(s, "plan", plan_json(bp, bs, ss));
     if (s && ss->score)
         json_object_set_new(s, "score",
                             json_pack("{s:f, s:I, s:f}", "nll", ss->score->nll, "n_tokens",
@@ -934,6 +984,7 @@ static int batch_open(brun *r, int32_t size, uint64_t budget)
     if ((code = open_model(o, &r->chunks, &r->m, &r->t_load)) != 0 ||
         (code = open_store(o, &r->store)) != 0)
         return code;
+    profile_costs(r->store, r->m, &r->defaults.bp);
     if (o->n_ctx > 0 && strcmp(cb_model_backend(r->m), "cpu") == 0) {
         uint64_t kv = cb_kvcache_bytes(r->m, o->n_ctx, o->kv_type), avail = cli_mem_available();
         if (kv > avail) {

@@ -50,7 +50,6 @@ cb_status cb_mmap_open(cb_mmap *m, const char *path, cb_error *err);
 void cb_mmap_close(cb_mmap *m); /* accepts a zeroed or already-closed mapping */
 /* Write size bytes to path atomically (on error it is as it was).  Errors: _CREATE, _IO. */
 cb_status cb_file_write_atomic(const char *path, const void *data, size_t size, cb_error *err);
-
 /* ---------------------------------------------------------- tensor types */
 /* clang-format off */
 typedef enum cb_type { /* tensor element types, numbered as in GGUF (ggml_type) */
@@ -67,7 +66,6 @@ typedef enum cb_type { /* tensor element types, numbered as in GGUF (ggml_type) 
 /* clang-format on */
 const char *cb_type_name(cb_type t);            /* as GGUF tools print it ("q4_K"); NULL: unknown */
 size_t cb_type_row_bytes(cb_type t, int64_t n); /* 0: unknown, or n not whole blocks */
-
 /* ------------------------------------------------------- GGUF, tokenizer */
 typedef struct cb_gguf cb_gguf;
 /* Map a GGUF file (version 2 or 3) and validate all of it; nothing outside it is read. */
@@ -98,7 +96,6 @@ enum { CB_DETOK_REMOVE_SPECIAL = 1 << 0, CB_DETOK_UNPARSE_SPECIAL = 1 << 1 }; /*
 /* Detokenize n ids into a malloc'd NUL-terminated *text (*len bytes), as llama_detokenize. */
 cb_status cb_tok_decode(const cb_vocab *v, const int32_t *ids, size_t n, unsigned flags,
                         char **text, size_t *len);
-
 /* ------------------------------------------------------------- hashing */
 /* 128-bit digest (XXH3-128), printed as 32 lowercase hex digits. */
 typedef struct cb_hash128 {
@@ -108,7 +105,6 @@ typedef struct cb_hash128 {
 void cb_hash128_hex(cb_hash128 h, char hex[33]);
 cb_status cb_hash128_parse(const char *hex, cb_hash128 *out);
 cb_status cb_gguf_fingerprint(const cb_gguf *g, cb_hash128 *out); /* model, tokenizer, tensors */
-
 /* ----------------------------------------------------------------- model */
 typedef struct cb_model cb_model;
 /* Architecture parameters read from GGUF metadata. */
@@ -143,7 +139,6 @@ const char *cb_model_backend(const cb_model *m);
 const char *cb_model_device(const cb_model *m);
 cb_status cb_model_sync(const cb_model *m); /* wait for this thread's device work: its fault */
 const char *cb_model_strerror(const cb_model *m, cb_status st); /* st's text; a fault's own */
-
 /* ------------------------------------------------- KV cache, forward pass */
 typedef struct cb_kvcache cb_kvcache; /* per layer, K and V rows by position, f16 or f32 */
 cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_type type);
@@ -158,7 +153,6 @@ cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int
 /* One layer for rows (NULL: all): K/V into the cache, causal attention, MLP. */
 cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows,
                        int32_t n_rows);
-
 /* ------------------------------------------------------------- KV files */
 /* A KV file's header (cbkv(5)): the model, shape, RoPE and how K was placed. */
 typedef struct cb_kv_meta {
@@ -214,6 +208,11 @@ typedef enum cb_blend_strategy {
     CB_STRATEGY_RANDOM    /* a control: the ratio's share drawn at random, computed as PROBE's */
 } cb_blend_strategy;
 #define CB_BLEND_MAX_STEPS 8
+/* The --speedup cost model's figures against a multiply-add of the products with the weights:
+ * placing a cached KV byte, an attention multiply-add; scoring a key against attending it. */
+typedef struct cb_blend_costs {
+    float load, attn, score;
+} cb_blend_costs;
 /* Blending's parameters; libcbcore(3) tells each field. */
 typedef struct cb_blend_params {
     cb_blend_mode mode;
@@ -230,6 +229,7 @@ typedef struct cb_blend_params {
     int32_t probe_passages;                 /* probe: the top segments recomputed whole first */
     float probe_depth, stale_scale;         /* probe layers, 0: by cost; stale x, 0: the model's */
     float key_temp, speedup; /* keys / key_temp, 0: the model's; > 0: the ratio by cost, 0: given */
+    cb_blend_costs costs;    /* the cost model's figures (a profile's); 0 each: the built-in */
 } cb_blend_params;
 cb_blend_params cb_blend_defaults(void); /* blend, auto, speedup 4, ratio >= 0.15, V */
 typedef struct cb_blend_stats {
@@ -247,12 +247,15 @@ typedef struct cb_blend_stats {
     double prefill_ms;                         /* all of it, to the logits */
     int32_t failed_segment, load_threads; /* the segment whose cache failed, else -1; readers */
     const char *stall_clock; /* stall_ms: "device" (the device's events), "host" (its clock) */
+    float plan_ratio;        /* the plan, before any layer: its ratio, and why (as ratio_bound) */
+    const char *plan_bound;
+    cb_blend_costs costs; /* its figures; costs_given bit i: figure i was p's, else built-in */
+    int costs_given;
 } cb_blend_stats;
 /* Build a prompt's KV cache from segments in p's mode; the last position's logits. */
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
                            const cb_blend_params *p, float *logits, cb_blend_stats *stats,
                            cb_error *err);
-
 /* ------------------------------------------------- profile and controller */
 typedef struct cb_profile cb_profile; /* one model's speeds on one backend (cb-profile(1)) */
 #define CB_PROFILE_MAX 64
@@ -273,11 +276,13 @@ struct cb_profile {
     cb_profile_point prefill[CB_PROFILE_MAX];
     cb_profile_point recompute[CB_PROFILE_MAX * 8];
     cb_profile_tier tiers[16];
+    cb_blend_costs costs; /* derived (cb_profile_fit_costs); 0 each: not measured */
 };
 cb_status cb_profile_to_json(const cb_profile *p, char **json); /* malloc'd */
+/* The cost model's figures from p's prefill lengths and first tier on model m, into p->costs. */
+void cb_profile_fit_costs(cb_profile *p, const cb_model *m);
 /* Predicted ms to load L tokens of KV from a tier (cold: page cache dropped); -1: unmeasured. */
 double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold);
-
 /* ---------------------------------------------------------------- store */
 /* A tiered store of KV files (cb-store(5)) for many processes; a handle for one thread. */
 typedef struct cb_store cb_store;
@@ -427,7 +432,6 @@ cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *pa
 /* The cheapest tier loading L tokens no slower than recomputing ratio (-1: none measured). */
 int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t L, cb_type t,
                    double *pred_load, double *pred_recompute);
-
 /* --------------------------------------------------------------- chunker */
 typedef struct cb_chunker cb_chunker; /* splits documents (the rules: cb-chunk(1)) */
 #define CB_CHUNK_DEFAULT_TOKENS 512
@@ -456,7 +460,6 @@ cb_status cb_chunker_split(cb_chunker *c, const char *text, size_t len, cb_chunk
 size_t cb_utf8_check(const char *s, size_t n); /* offset of the first invalid byte, or n */
 /* s[0..n) copied to a malloc'd *out, each bad subsequence U+FFFD (counted in *n_bad). */
 cb_status cb_utf8_repair(const char *s, size_t n, char **out, size_t *out_len, size_t *n_bad);
-
 /* ------------------------------------------------------------ generation */
 typedef struct cb_sampler_params {
     float temp;         /* <= 0: greedy (argmax, lowest id on ties) */
@@ -499,7 +502,6 @@ cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, 
                    int32_t n, cb_score_result *res);
 /* KL(p || q) of the softmaxes of two logit vectors; *top1: argmaxes agree. */
 double cb_logits_kl(const float *lp, const float *lq, int32_t n, int *top1);
-
 /* --------------------------------------------------------------- prompts */
 typedef struct cb_prompt cb_prompt; /* a RAG prompt of token ids, one segment a chunk */
 /* system (NULL: the template's default; "": none) and question templated unless raw. */
@@ -539,7 +541,6 @@ cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv
 void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
 cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,
                                   void (*warn)(void *ctx, const char *msg), void *ctx);
-
 /* ------------------------------------------------------ batches of questions */
 /* Many questions in one process, decoded together, each answered as alone (one thread). */
 typedef struct cb_batch cb_batch;

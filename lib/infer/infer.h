@@ -190,6 +190,12 @@ float cb_model_layer_rope_base(const cb_model *m, int32_t l);
  * before the softmax: 1/sqrt(head_dim) (gemma3 27B: 1/sqrt(n_embd /
  * n_head), as llama.cpp). */
 float cb_model_attn_scale(const cb_model *m);
+/* The blend's defaults for the model's architecture (its table in
+ * model.c): the temperature the cached keys are divided by, and the stale
+ * scale (the computed rows' attention to the stale cached rows x it);
+ * 1: none. */
+float cb_model_key_temp(const cb_model *m);
+float cb_model_stale_scale(const cb_model *m);
 /* The time attention takes per multiply-add (a query's scores and its sum
  * of values) against the products with the weights' (per row and weight),
  * on this model's backend and path: the blend's cost model (--speedup,

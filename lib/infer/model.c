@@ -152,11 +152,17 @@ static const struct arch_desc {
     int embd_scale; /* embeddings x sqrt(n_embd) */
     int swa_period; /* every swa_period-th layer global, the others sliding-window; 0: none */
     int rope_freqs; /* reads rope_freqs.weight */
+    /* The blend's defaults for the architecture, measured on MuSiQue
+     * (EVAL.md; 1 where nothing measured held out of sample): the cached
+     * keys' temperature (gemma3: Gemma-3-270M's first-token KL lower on 45
+     * of 50 questions), and the stale scale of probe's blends (qwen2:
+     * Qwen2.5-Coder-0.5B and 1.5B, KL lower, F1 kept or better). */
+    float key_temp, stale_scale;
 } arches[] = {
-    {"llama", 0, 0, 0, 0, 0, 0, 1},
-    {"qwen2", 1, 0, 0, 0, 0, 0, 0},
-    {"qwen3", 1, 1, 0, 0, 0, 0, 0},
-    {"gemma3", 1, 1, 1, 1, 1, 6, 0},
+    {"llama", 0, 0, 0, 0, 0, 0, 1, 1.0f, 1.0f},
+    {"qwen2", 1, 0, 0, 0, 0, 0, 0, 1.0f, 0.35f},
+    {"qwen3", 1, 1, 0, 0, 0, 0, 0, 1.0f, 1.0f},
+    {"gemma3", 1, 1, 1, 1, 1, 6, 0, 1.05f, 1.0f},
 };
 
 /* The RoPE scaling metadata: the linear factor (1 when none), or an error
@@ -230,14 +236,11 @@ int32_t cb_model_attn_rows(const cb_model *m)
     return g > 0 && pairs / g > 1 ? pairs / g : 1;
 }
 
-/* Measured with --stats on Qwen2.5-Coder's blends of MuSiQue's 20-chunk
- * prompts, the loader run alone (its busy time, load_ms) against full
- * prefill's products (CB_BACKEND_PROFILE=1) on an AVX2 Zen 3: 1.24 ns a
- * byte (0.5B, 30.7 MB of f16 rows; the 1.5B's 70.2 MB, 1.22) against
- * 6.72 ps a multiply-add (0.5B; 1.5B 6.02) on the 8-bit path, 12.6 ps on
- * the exact one: 185 and 203, and 103.  The CPU's loader shares the cores
- * the blend computes on (its time was the TTFT's whether it ran beside
- * the layers or before them); a device's copies run beside its kernels. */
+/* The built-in figure (a store's profile replaces it: cb-profile(1)):
+ * measured on Qwen2.5-Coder's blends on an AVX2 CPU, 185-203 on the 8-bit
+ * path and 103 on the exact one (EVAL.md, "--speedup prices loading,
+ * masked keys and scoring").  The CPU's loader shares the cores the blend
+ * computes on; a device's copies run beside its kernels: 0. */
 float cb_model_load_cost(const cb_model *m)
 {
     if (strcmp(m->be->ops->name, "cpu") != 0)
@@ -245,11 +248,9 @@ float cb_model_load_cost(const cb_model *m)
     return m->exact ? 100.0f : 190.0f;
 }
 
-/* Measured with CB_BACKEND_PROFILE=1 on blends of MuSiQue's 20-chunk
- * prompts (AVX2 Zen 3, the 8-bit path): the CPU's attn_mass (every head's
- * scores in f32, their softmax and the sums by the values' norms) took
- * 1.3 (Qwen2.5-Coder-0.5B) and 1.56 (1.5B) times the attention's time a
- * (row, key) of the same model's full prefill. */
+/* The built-in figure: the CPU's attn_mass measured 1.3-1.56 times the
+ * attention's time a (row, key) on Qwen2.5-Coder (EVAL.md, as above);
+ * other backends: not measured, as the attention. */
 float cb_model_score_cost(const cb_model *m)
 {
     return strcmp(m->be->ops->name, "cpu") == 0 ? 1.4f : 1.0f;
@@ -365,6 +366,8 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         1.0f / sqrtf(ad->embd_scale && hp->n_layer == 62 ? (float)(hp->n_embd / hp->n_head)
                                                          : (float)hp->head_dim);
     m->ffn_gelu = ad->gelu;
+    m->key_temp = ad->key_temp;
+    m->stale_scale = ad->stale_scale;
 
     if ((st = cb_vocab_load(&m->vocab, m->gguf, err)) != CB_OK)
         goto fail;
@@ -525,14 +528,12 @@ const cb_hparams *cb_model_hparams(const cb_model *m) { return &m->hp; }
 int32_t cb_model_layer_window(const cb_model *m, int32_t l) { return m->layers[l].window; }
 float cb_model_layer_rope_base(const cb_model *m, int32_t l) { return m->layers[l].rope_base; }
 float cb_model_attn_scale(const cb_model *m) { return m->attn_scale; }
+float cb_model_key_temp(const cb_model *m) { return m->key_temp; }
+float cb_model_stale_scale(const cb_model *m) { return m->stale_scale; }
 
-/* Measured with CB_BACKEND_PROFILE=1 on full prefills of MuSiQue's
- * ~3,600-token prompts (EVAL.md): the attention's time per (row, key)
- * over its 2 n_head head_dim multiply-adds a layer, against the products'
- * time per row over the layers' weights.  The CPU's 8-bit path (products
- * in 8 bits; attention in 8 bits with VNNI, f32 tiles without): 1.98
- * (Qwen2.5-Coder-1.5B) and 2.13 (0.5B) on an AVX2 Zen 3, 2.33 (1.5B) on
- * an AVX-512 VNNI Xeon; its exact path (f32 products): 1.13 (0.5B, AVX2).
+/* The built-in figure (a store's profile replaces it: cb-profile(1)):
+ * measured on Qwen2.5-Coder's full prefills, 1.98-2.33 on the CPU's 8-bit
+ * path, 1.13 on its exact one (EVAL.md, "--speedup counts attention").
  * Other backends: not measured, the multiply-adds alone. */
 float cb_model_attn_cost(const cb_model *m)
 {

@@ -32,6 +32,8 @@ struct cb_model {
     float embd_scale;     /* the embeddings are multiplied by it (gemma3: sqrt(n_embd)), 1: none */
     float attn_scale;     /* attention scores' scale */
     int ffn_gelu;         /* MLP: gelu(g) * u, else silu(g) * u */
+    float key_temp;       /* the architecture's blend defaults (model.c's table) */
+    float stale_scale;    /* (cb_model_key_temp, cb_model_stale_scale) */
     int exact;            /* the backend's exact path (f32 activations: cb_model_params) */
     cb_layer *layers;
     cb_hash128 fingerprint;

@@ -64,88 +64,45 @@ cb_blend_params cb_blend_defaults(void)
     p.probe_depth = 0.0f; /* by cost: cb_blend_probe_layers (EVAL.md) */
     p.probe_values = 1;   /* the mass times the value rows' norms: strategy_probe.c */
     p.key_temp = 0.0f;    /* the model's: cb_blend_key_temp */
-    p.speedup = 4.0f;     /* the ratio by the rows' cost, 0.15 at least: blend_speedup */
+    p.speedup = 4.0f;     /* the ratio by the rows' cost, 0.15 at least: plan_speedup */
     p.stale_scale = 0.0f; /* the model's: cb_blend_stale_scale */
     return p;
 }
 
-/* Key temperatures measured on MuSiQue (EVAL.md): gemma3 1.05 (Gemma-3-270M:
- * first-token KL lower on 45 of 50 questions, KL recovery 20% -> 50% on
- * questions 1-30, 33% -> 57% on 31-50); on the others nothing that held
- * out of sample (SmolLM2: 1.1 helped questions 1-30, not 31-80).
- * Also measured on Qwen2.5 (EVAL.md, make diag, 20 chunks; first-token KL,
- * paired), none helping probe, so none is here: a logit bias log 0.25 on
- * the stale cached rows (APE's scaling factor; helps reuse on the 0.5B);
- * chunks precomputed with the lead-in 1,000 positions away (helps reuse on
- * both); keys and values rescaled per layer to full prefill's norms (worse
- * for both). */
+/* The architecture's defaults (model.c's table) where p gives none: the
+ * measurements behind them are in EVAL.md ("The stale scale" and the key
+ * temperatures of the earlier rounds). */
 float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p)
 {
-    if (p->key_temp > 0.0f)
-        return p->key_temp;
-    return strcmp(cb_model_hparams(m)->arch, "gemma3") == 0 ? 1.05f : 1.0f;
+    return p->key_temp > 0.0f ? p->key_temp : cb_model_key_temp(m);
 }
 
-/* The stale scale: after a blend's selection, the rows it computes (the
- * recomputed ones, the question; the generated ones after it) give the
- * stale rows (cached, not recomputed) S times the attention they would: a
- * logit bias ln S (APE's scaling factor, where the blend computes).  The
- * stale rows were computed without the chunks before them, and the rows
- * that read them over-attend them: the question's attention share on the
- * other chunks' rows at Qwen2.5-Coder-0.5B's middle layer is 0.19 over a
- * blend's cache, 0.11 over full prefill's (MuSiQue, 20 chunks, 20
- * questions).  Measured on MuSiQue (EVAL.md), probe, first-token KL to
- * full prefill, paired, 20 questions each: 0.5B, 20 chunks, ratio 0.2,
- * 0.392 with none; 0.5: -0.073 +- 0.035, 0.35: -0.100 +- 0.050 (lower on
- * 17 of 20).  A trial that left the last layer's last row (and decode)
- * unscaled: 0.7 -0.045 +- 0.017, 1.4 +0.049 +- 0.011 (worse on 19); the
- * question's rows alone -0.011, the recomputed rows alone -0.027: both
- * together; in probe's first pass too (its scores moved) less; 6
- * passages, 0.7: -0.021 +- 0.009 (15 of 20); 1.5B, 20 chunks (1.106 with
- * none): 0.7 -0.035 +- 0.071, 0.5 -0.072 +- 0.134, 0.35 -0.076 +- 0.177
- * (lower on 10).  Answers (150 questions, 20 chunks, the terse system
- * message, --for-system): 0.5B, 0.35, F1 0.111 -> 0.134 (+0.022 +-
- * 0.012; 90% of full prefill's), KL 0.475 -> 0.373 (lower on 110),
- * identical answers 23% -> 30%.  The default model, 1.5B, 6 passages,
- * that message, the first 60 questions: KL 0.254 -> 0.175 (-0.080 +-
- * 0.026, lower on 45), identical 58% -> 65%, F1 -0.003 +- 0.021 (113% of
- * full prefill's); 20 chunks, the template's own system message, the
- * first 50: KL 0.860 -> 0.701 (-0.159 +- 0.088, lower on 31), identical
- * 22% -> 36%, F1 -0.003 +- 0.023 (108%).  0.5B, 20 chunks, the terse
- * message, the first 50: KL 0.391 at 0.35, 0.25 -0.003 +- 0.011, 0.5
- * +0.016 +- 0.011: flat around it.  Hence 0.35 on qwen2; the
- * others are unmeasured (1). */
 float cb_blend_stale_scale(const cb_model *m, const cb_blend_params *p)
 {
-    if (p->stale_scale > 0.0f)
-        return p->stale_scale;
-    return strcmp(cb_model_hparams(m)->arch, "qwen2") == 0 ? 0.35f : 1.0f;
+    return p->stale_scale > 0.0f ? p->stale_scale : cb_model_stale_scale(m);
 }
 
 cb_status blend_stale_bias(blend_plan *pl)
 {
-    if (pl->stale_scale == 1.0f)
+    float scale = pl->p->stale_scale;
+    if (scale == 1.0f)
         return CB_OK;
     uint8_t *stale = malloc((size_t)pl->total);
     if (!stale)
         return CB_ERR_NOMEM;
     for (int64_t r = 0; r < pl->total; r++)
         stale[r] = pl->cached[r] == ROW_CAND && !pl->keep[r];
-    cb_status st = cb_kvcache_set_stale(pl->kv, stale, (int32_t)pl->total, logf(pl->stale_scale));
+    cb_status st = cb_kvcache_set_stale(pl->kv, stale, (int32_t)pl->total, logf(scale));
     free(stale);
-    if (st == CB_ERR_UNSUPPORTED)
-        pl->stale_scale = 1.0f, st = CB_OK;
+    if (st == CB_ERR_UNSUPPORTED) /* a backend without the bias: the blend runs as if 1 */
+        pl->stale_unsupported = 1, st = CB_OK;
     return st;
 }
 
-/* Measured on MuSiQue (EVAL.md; first-token KL to full prefill, half the
- * layers minus all of them, paired, +- s.e.): short shape (6 passages of
- * ~50 tokens), where the first pass is ~40% of the rows computed: Qwen2.5
- * 1.5B -0.12 +- 0.27 (12 questions), 0.5B +0.00 +- 0.04 (16); many-chunk
- * shape (20 chunks, ~2,300 tokens), where it is ~15%: 1.5B +0.13 +- 0.11
- * (8), 0.5B +0.20 +- 0.12 (12).  Hence the rule in kv.h.  Fewer than half
- * on the short shape (1.5B, 16 questions, session 6): a quarter +0.19 +-
- * 0.16, a sixth +0.19 +- 0.17 over half, where hkvd is +0.17: the floor. */
+/* The rule is kv.h's.  Why: half the layers select as well as all of them
+ * where the first pass is a large share of the rows computed, and worse
+ * where it is a small one; fewer than half did worse still (EVAL.md,
+ * probe's depth on MuSiQue's short and many-chunk shapes). */
 int32_t cb_blend_probe_layers(const cb_blend_params *p, int32_t n_layer, int64_t n_rows,
                               int64_t want, int windowed)
 {
@@ -232,6 +189,10 @@ static cb_status plan_check(blend_plan *pl, cb_error *err)
             err, CB_ERR_INVALID,
             "blend: the speedup must be positive (or 0: the ratio as given), not %g",
             (double)p->speedup);
+    if (!(p->costs.load >= 0.0f && p->costs.load < 1e30f && p->costs.attn >= 0.0f &&
+          p->costs.attn < 1e30f && p->costs.score >= 0.0f && p->costs.score < 1e30f))
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "blend: the cost figures must be positive (or 0: the built-in)");
     if (p->speedup > 0 && p->mode == CB_MODE_BLEND && p->adapt_mass == 0 && p->n_ratios != 1)
         return cb_error_set(err, CB_ERR_INVALID,
                             "blend: a speedup sets one ratio, not %d (give it as 0 for gradual "
@@ -426,18 +387,11 @@ static cb_status check_layer(blend_plan *pl, const blend_strategy *sg, int32_t s
 /* The strategy a blend runs: the one asked for, or auto's choice.  Auto is
  * probe, but hkvd where the recompute budget is under three times the
  * uncached rows (the question, the template, the separators), as on
- * prompts of short chunks: there probe's first pass (those rows through
- * half the layers at least) costs more than an eighth of the second, and
- * on MuSiQue's short shape (6 passages cut to ~50 tokens, 80 questions;
- * EVAL.md) hkvd answered as well in less time.  Qwen2.5-Coder-1.5B, F1
- * and TTFT against full prefill's: with the prompt's head computed, hkvd
- * 0.278 at 2.41x, probe 0.255 at 1.92x; with it cached (30 fewer uncached
- * rows, a budget 1.4 times them), hkvd 0.278 at 3.00x, probe 0.272 at
- * 2.49x.  On 0.5B, F1 hkvd minus probe +0.002 +- 0.012, KL -0.11 +- 0.04.
- * The many-chunk and paper shapes have budgets of 7 and 10 times the
- * uncached rows, where probe's first pass costs 4-6% and probe answered
- * better.  Probe stays with an adaptive ratio (it needs probe's scores), a
- * fixed probe depth, sliding windows, and nothing to recompute. */
+ * prompts of short chunks: there probe's first pass costs more than an
+ * eighth of the second, and hkvd answered as well in less time (EVAL.md,
+ * MuSiQue's short shape); on longer shapes probe answered better.  Probe
+ * stays with an adaptive ratio (it needs probe's scores), a fixed probe
+ * depth, sliding windows, and nothing to recompute. */
 static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_params *p)
 {
     if (p->strategy != CB_STRATEGY_AUTO)
@@ -449,42 +403,32 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
     return &blend_hkvd;
 }
 
-/* What a speedup budgets (cb_blend_params.speedup): the rows a blend
- * computes, each at each layer its products with the layer's weights and
- * its attention over the keys it sees, in units of one row's products
- * through every layer.  A row at position p costs 1 + key_cost x the keys
- * it sees (p + 1; a sliding window's at most; the layers' mean), where
- * key_cost is a key's 2 n_head head_dim multiply-adds over a layer's
- * weights' (the MLP's three matrices, Q, K, V and O), times the attention's
- * cost per multiply-add against the products' (cb_model_attn_cost); full
- * prefill costs the sum over the prompt's rows.  Probe's scoring costs
- * the scoring rows' attention again, weighed by cb_model_score_cost.  The
- * logits and the elementwise operations are left out.
- * Until 2026-11-30 the rows alone were counted ("on the CPU the rows are the
- * time"): but a blend's rows sit late in the prompt (the question last;
- * probe's selection at 0.62 of it on average on MuSiQue's paper shape)
- * and each sees more keys than full prefill's mean row, so --speedup 4
- * measured 3.41x on Qwen2.5-Coder-1.5B (150 questions, AVX-512 VNNI) and
- * 3.09x on the 0.5B, where attention is a third of full prefill's time
- * (tests/bench/results/EVAL.md).
- * Later on 2026-11-30 it came to count what still left the 0.5B's blends at
- * 3.86-3.99x on an AVX2 Zen 3 (--speedup 4; 150 and 80 questions):
+/* The cost model: the one policy behind --speedup (cb_blend_params.speedup).
+ * It prices the rows a blend computes, each at each layer its products
+ * with the layer's weights and its attention over the keys it sees, in
+ * units of one row's products through every layer.  A row at position p
+ * costs 1 + key_cost x the keys it sees (p + 1; a sliding window's at
+ * most; the layers' mean), where key_cost is a key's 2 n_head head_dim
+ * multiply-adds over a layer's weights' (the MLP's three matrices, Q, K,
+ * V and O) times the figure costs.attn; full prefill costs the sum over
+ * the prompt's rows.  Besides the rows:
  *   - loading: each cached row's K and V bytes (every layer's, in the
- *     cache's type) x cb_model_load_cost, which is 0 where loading overlaps
- *     the compute (a device) and, on the CPU, whose loader takes the cores
- *     the layers need, 35-40 ms of a 2.1 s blend of 2,406 cached rows;
+ *     cache's type) x costs.load (0 where loading overlaps the compute, as
+ *     a device's copies do; on the CPU the loader takes the cores the
+ *     layers need);
  *   - the keys the attention computes and masks: the backend takes
  *     cb_model_attn_rows query rows at a time, each against every key up
- *     to the last of them; n rows spread over s positions compute about
- *     (min(n, B) - 1) / 2 x s keys more than they see (pass_waste), whether
- *     they lie together (full prefill: B / 2 a row) or apart (a blend's:
- *     measured 42,035 a layer, 5% of its final pass's keys, where this
- *     gives 41,580); probe's first pass, whose uncached rows lie between
- *     the chunks and then together (the question), is counted block by
- *     block as its rows lie (24,000 a layer there, 21%);
- *   - probe's scoring at its own cost (above), which was taken as the
- *     attention's until then and measured 1.3-1.56 times it.
- * Measured after (150 and 80 questions): 4.05x on both (EVAL.md). */
+ *     to the last of them, so n rows spread over s positions compute about
+ *     (min(n, B) - 1) / 2 x s keys more than they see (pass_waste); probe's
+ *     first pass, whose uncached rows lie between the chunks and then
+ *     together, is counted block by block as its rows lie;
+ *   - probe's scoring: the scoring rows' attention again x costs.score.
+ * The logits and the elementwise operations are left out.  The figures
+ * are the caller's (a store's profile, cb-profile(1)) where given, else
+ * the model's built-in ones (cb_model_load_cost, _attn_cost,
+ * _score_cost).  Each term is there because the predicted speedup missed
+ * the measured one without it (EVAL.md, "--speedup prices loading, masked
+ * keys and scoring"). */
 static double pass_waste(const blend_plan *pl, int64_t n, int64_t span)
 {
     int64_t B = pl->attn_rows;
@@ -504,8 +448,8 @@ static void plan_costs(blend_plan *pl)
     const cb_model *m = cb_fwd_model(pl->f);
     double q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
     double weights = (double)hp->n_embd * (2 * q + 2 * kv) + 3.0 * hp->n_embd * hp->n_ff;
-    double key_cost = cb_model_attn_cost(m) * 2 * q / weights, L = hp->n_layer;
-    double score_cost = cb_model_score_cost(m);
+    double key_cost = pl->plan.costs.attn * 2 * q / weights, L = hp->n_layer;
+    double score_cost = pl->plan.costs.score;
     int32_t nq = blend_probe_nq(pl), seen = 0;
     pl->c_full = pl->c_unc = pl->c_cand = pl->c_score = 0;
     for (int64_t r = pl->total - 1; r >= 0; r--) {
@@ -538,7 +482,7 @@ static void plan_costs(blend_plan *pl)
     }
     pl->c_first_waste = key_cost * extra;
     double row_bytes = 2.0 * L * (double)cb_type_row_bytes(cb_kvcache_type(pl->kv), pl->w);
-    pl->c_load = (double)pl->n_cached * row_bytes * cb_model_load_cost(m) / (weights * L);
+    pl->c_load = (double)pl->n_cached * row_bytes * pl->plan.costs.load / (weights * L);
 }
 
 /* The cost of a blend whose selection costs sel (n_sel rows), nl layers of
@@ -603,35 +547,30 @@ float blend_ratio_of(int64_t w, int64_t n)
     return r;
 }
 
-/* A speedup: the budget it affords, at least the given ratio's, and under
- * auto the strategy too (auto's rule on probe's budget; hkvd then gets its
- * own, its first layer's rows counted).  eff is p with them: an explicit
- * strategy and one ratio.  The budget is predicted at the candidates' mean
- * cost; probe, which selects after its first pass, then selects by the
- * costs of the rows it scores highest (pl->budget: what the speedup leaves
- * after the first pass and the uncached rows).  Without a speedup (or with
- * an adaptive ratio, which sets its own) eff is p. */
-static void blend_speedup(blend_plan *pl, cb_blend_params *eff, cb_blend_stats *stats)
+/* A speedup: the budget it affords, at least the given ratio's, into q's
+ * one ratio, and under auto the strategy too (auto's rule on probe's
+ * budget; hkvd then gets its own, its first layer's rows counted).  The
+ * budget is predicted at the candidates' mean cost; probe, which selects
+ * after its first pass, then selects by the costs of the rows it scores
+ * highest (pl->budget: what the speedup leaves after the first pass and
+ * the uncached rows; the fewest rows pl->budget_min). */
+static void plan_speedup(blend_plan *pl, cb_blend_params *q, cb_blend_stats *stats)
 {
     const cb_blend_params *p = pl->p;
-    *eff = *p;
-    if (p->speedup <= 0 || p->mode != CB_MODE_BLEND || p->adapt_mass > 0)
-        return;
     int64_t lo = (int64_t)ceilf(p->ratios[0] * (float)pl->n_cached), w;
     const blend_strategy *sg = blend_strategy_of(p->strategy);
     int probe = p->strategy == CB_STRATEGY_PROBE || p->strategy == CB_STRATEGY_AUTO;
     w = afford(pl, p, probe, lo, p->speedup);
-    eff->ratios[0] = blend_ratio_of(w, pl->n_cached);
+    q->ratios[0] = blend_ratio_of(w, pl->n_cached);
     if (p->strategy == CB_STRATEGY_AUTO) {
-        sg = blend_choose(pl, eff);
+        sg = blend_choose(pl, q);
         if (sg->id != CB_STRATEGY_PROBE) {
             w = afford(pl, p, 0, lo, p->speedup);
-            eff->ratios[0] = blend_ratio_of(w, pl->n_cached);
+            q->ratios[0] = blend_ratio_of(w, pl->n_cached);
         }
-        eff->strategy = sg->id;
+        q->strategy = sg->id;
     }
     probe = sg->id == CB_STRATEGY_PROBE;
-    stats->ratio = eff->ratios[0];
     stats->ratio_bound = cost_of(pl, p, probe, w) <= pl->c_full / p->speedup ? "speedup" : "min";
     int32_t nl = probe ? blend_probe_pass(pl, w) : 0;
     if (nl > 0) { /* probe's selection by the costs of the rows it picks */
@@ -642,19 +581,59 @@ static void blend_speedup(blend_plan *pl, cb_blend_params *eff, cb_blend_stats *
     }
 }
 
+/* The cost model's figures into the plan: the caller's where given (> 0),
+ * else the model's built-in ones; stats says which. */
+static void plan_figures(blend_plan *pl, cb_blend_stats *stats)
+{
+    const cb_blend_costs *g = &pl->p->costs;
+    const cb_model *m = cb_fwd_model(pl->f);
+    cb_blend_costs *c = &pl->plan.costs;
+    c->load = g->load > 0 ? g->load : cb_model_load_cost(m);
+    c->attn = g->attn > 0 ? g->attn : cb_model_attn_cost(m);
+    c->score = g->score > 0 ? g->score : cb_model_score_cost(m);
+    stats->costs = *c;
+    stats->costs_given = (g->load > 0) | (g->attn > 0) << 1 | (g->score > 0) << 2;
+}
+
+/* The policy, resolved once before any layer runs into pl->plan, the
+ * parameters every later step reads (pl->p points there afterwards; the
+ * strategies never write it): the ratio (the given one, or a speedup's),
+ * the strategy (auto's choice), the key temperature and the stale scale
+ * (the caller's, else the architecture's), with the cost figures
+ * (plan_figures).  The model's stale scale was measured on probe's blends
+ * (and random's, which compute as probe's); on hkvd's short prompts it
+ * kept F1 but not full prefill's answers (EVAL.md, "The stale scale"), so
+ * the other strategies run without one unless it is given. */
+static void plan_policy(blend_plan *pl, cb_blend_stats *stats)
+{
+    const cb_blend_params *p = pl->p;
+    const cb_model *m = cb_fwd_model(pl->f);
+    cb_blend_params *q = &pl->plan;
+    if (p->mode == CB_MODE_BLEND && p->speedup > 0 && p->adapt_mass <= 0)
+        plan_speedup(pl, q, stats);
+    if (p->mode == CB_MODE_BLEND) {
+        q->strategy = blend_choose(pl, q)->id;
+        stats->strategy = q->strategy;
+        stats->ratio = q->ratios[q->n_ratios - 1];
+    }
+    q->key_temp =
+        p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE ? cb_blend_key_temp(m, p) : 1.0f;
+    q->stale_scale = 1.0f;
+    if (p->mode == CB_MODE_BLEND && (p->stale_scale > 0.0f || q->strategy == CB_STRATEGY_PROBE ||
+                                     q->strategy == CB_STRATEGY_RANDOM))
+        q->stale_scale = cb_blend_stale_scale(m, p);
+    stats->key_temp = q->key_temp;
+    stats->plan_ratio = stats->ratio;
+    stats->plan_bound = stats->ratio_bound;
+}
+
 /* Blend: the strategy's own way, or every row before the check layer, the
  * check layers' selections, then the last selection in the layers after. */
 static cb_status fuse(blend_plan *pl, int *layer_err, cb_error *err, cb_blend_stats *stats)
 {
     const cb_blend_params *p = pl->p;
-    const blend_strategy *sg = blend_choose(pl, p);
+    const blend_strategy *sg = blend_strategy_of(p->strategy);
     cb_status st;
-    stats->strategy = sg->id;
-    /* the model's stale scale is probe's (measured there); on hkvd's short
-     * prompts it kept F1 but not full prefill's answers (0.5B, 150
-     * questions: 66 -> 49 identical) */
-    if (p->stale_scale <= 0.0f && sg->id != CB_STRATEGY_PROBE && sg->id != CB_STRATEGY_RANDOM)
-        pl->stale_scale = 1.0f;
     if (sg->fuse)
         return sg->fuse(pl, layer_err, err, stats);
     pl->n_rows = 0; /* before the check layer: every row but the exact ones */
@@ -691,9 +670,9 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
                      .segs = segs,
                      .n_segs = n_segs,
                      .p = p,
+                     .plan = *p,
                      .hp = cb_model_hparams(cb_fwd_model(f)),
                      .budget = -1};
-    cb_blend_params eff;
     loader ld;
     double t_start = cb_now_ms();
     int layer_err = 0;
@@ -707,17 +686,16 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     stats->ratio = p->mode == CB_MODE_FULL    ? 1.0f
                    : p->mode == CB_MODE_BLEND ? p->ratios[p->n_ratios - 1]
                                               : 0.0f;
-    if ((st = plan_check(&pl, err)) != CB_OK || (st = plan_rows(&pl, err)) != CB_OK)
+    if ((st = plan_check(&pl, err)) != CB_OK)
         goto out;
-    blend_speedup(&pl, &eff, stats);
-    pl.p = p = &eff;
+    plan_figures(&pl, stats);
+    if ((st = plan_rows(&pl, err)) != CB_OK)
+        goto out;
+    plan_policy(&pl, stats);
+    pl.p = p = &pl.plan; /* from here on the plan alone */
     stats->n_prompt_tokens = (int32_t)pl.total;
     stats->n_cached_tokens = (int32_t)pl.n_cached;
     stats->n_exact_tokens = (int32_t)pl.n_exact;
-    stats->key_temp = 1.0f;
-    if (p->mode == CB_MODE_BLEND || p->mode == CB_MODE_REUSE)
-        stats->key_temp = cb_blend_key_temp(cb_fwd_model(f), p);
-    pl.stale_scale = p->mode == CB_MODE_BLEND ? cb_blend_stale_scale(cb_fwd_model(f), p) : 1.0f;
     if ((st = cb_fwd_embed(f, pl.ids, pl.pos, (int32_t)pl.total)) != CB_OK) {
         if (st == CB_ERR_INVALID)
             cb_error_set(err, st, "blend: prompt does not fit the batch (%lld tokens)",
@@ -739,7 +717,7 @@ cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, in
     }
     stats->prefill_ms = cb_now_ms() - t_start;
     blend_loader_stop(&ld);
-    stats->stale_scale = pl.stale_scale;
+    stats->stale_scale = pl.stale_unsupported ? 1.0f : p->stale_scale;
     if (st != CB_OK && ld.st != CB_OK && !layer_err)
         stats->failed_segment = ld.failed_seg;
     if (st == CB_ERR_NOMEM && !layer_err)

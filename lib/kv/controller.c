@@ -58,6 +58,10 @@ cb_status cb_profile_to_json(const cb_profile *p, char **json)
                   "backend", p->backend, "n_layer", p->n_layer, "threads", p->threads,
                   "kv_bytes_per_token", kvb, "prefill", points(p->prefill, p->n_prefill),
                   "recompute", points(p->recompute, p->n_recompute), "tiers", tiers);
+    if (o)
+        json_object_set_new(o, "costs",
+                            json_pack("{s:f, s:f, s:f}", "load", (double)p->costs.load, "attn",
+                                      (double)p->costs.attn, "score", (double)p->costs.score));
     if (!o)
         return CB_ERR_NOMEM;
     *json = json_dumps(o, JSON_INDENT(1));
@@ -133,10 +137,53 @@ cb_status cb_profile_from_json(cb_profile *p, const char *text, size_t len, cb_e
         pt->warm_mbs = w;
         pt->cold_mbs = c;
     }
+    json_t *costs = json_object_get(o, "costs"); /* optional: profiles from before it */
+    float *fig[3] = {&p->costs.load, &p->costs.attn, &p->costs.score};
+    const char *const fig_keys[3] = {"load", "attn", "score"};
+    for (int k = 0; costs && k < 3; k++) {
+        json_t *v = json_object_get(costs, fig_keys[k]);
+        double d = json_is_number(v) ? json_number_value(v) : 0;
+        if (!json_is_object(costs) || (v && !json_is_number(v)) || !(d >= 0 && d < 1e30))
+            p->n_prefill = -1;
+        else
+            *fig[k] = (float)d;
+    }
     json_decref(o);
     if (p->n_prefill < 0 || p->n_recompute < 0 || n_layer < 1)
         return cb_error_set(err, CB_ERR_FORMAT, "profile: malformed measurements");
     return CB_OK;
+}
+
+/* Full prefill's time a layer, fitted over the measured lengths as
+ * a L + c L^2 / 2 (least squares on t / L = a + c L / 2): a is a row's
+ * products with the layer's weights, c a (row, key)'s attention (its
+ * 2 n_head head_dim multiply-adds), which gives attn; the first tier's
+ * warm speed (a byte read, checked and placed as cb-run's loader does)
+ * over a multiply-add gives load, on the CPU only, where the loader takes
+ * the cores the layers need (a device's copies run beside its kernels:
+ * 0, the built-in's 0).  Scoring is not measured (0: the built-in). */
+void cb_profile_fit_costs(cb_profile *p, const cb_model *m)
+{
+    const cb_hparams *hp = cb_model_hparams(m);
+    double q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
+    double weights = (double)hp->n_embd * (2 * q + 2 * kv) + 3.0 * hp->n_embd * hp->n_ff;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    int n = 0;
+    memset(&p->costs, 0, sizeof p->costs);
+    for (int i = 0; i < p->n_prefill; i++, n++) {
+        double L = (double)p->prefill[i].length, x = L / 2, y = p->prefill[i].ms_per_layer / L;
+        sx += x, sy += y, sxx += x * x, sxy += x * y;
+    }
+    double d = n * sxx - sx * sx;
+    if (n < 2 || !(d > 0))
+        return;
+    double c = (n * sxy - sx * sy) / d, a = (sy - c * sx) / n, mac_ms = a / weights;
+    if (!(a > 0))
+        return;
+    if (c > 0)
+        p->costs.attn = (float)(c / (2 * q) / mac_ms);
+    if (strcmp(cb_model_backend(m), "cpu") == 0 && p->n_tiers > 0 && p->tiers[0].warm_mbs > 0)
+        p->costs.load = (float)(1.0 / (p->tiers[0].warm_mbs * 1e3) / mac_ms);
 }
 
 /* Per-layer ms at ratio r for one measured length: linear between the

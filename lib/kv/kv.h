@@ -114,11 +114,11 @@ cb_status cb_kvfile_recode(cb_kvfile *f, cb_type type, void **buf, size_t *size,
 /* ------------------------------------------------------------- blending */
 
 /* The key temperature p gives on model m: p->key_temp when > 0, else the
- * architecture's measured default: 1.05 for gemma3 (measured on
- * Gemma-3-270M), 1 (none) for the others. */
+ * architecture's (cb_model_key_temp). */
 float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p);
 /* The stale scale p gives on model m: p->stale_scale when > 0, else the
- * model's (blend.c). */
+ * architecture's (cb_model_stale_scale).  cb_blend_prefill applies it to
+ * probe's and random's blends, to the others' only when p gives it. */
 float cb_blend_stale_scale(const cb_model *m, const cb_blend_params *p);
 /* The layers probe's first pass runs and scores, for n_rows uncached rows
  * and want cached rows to recompute: p->probe_depth x n_layer, rounded up,

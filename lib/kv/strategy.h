@@ -28,7 +28,11 @@ typedef struct blend_plan {
     cb_kvcache *kv;
     const cb_hparams *hp;
     const cb_segment *segs;
+    /* the caller's parameters until the policy is resolved (blend.c,
+     * plan_policy), then plan: every default resolved, the ratio and
+     * strategy chosen; read-only from then on */
     const cb_blend_params *p;
+    cb_blend_params plan;
     int32_t n_segs;
     int64_t total, n_cached, w;  /* w: a K or V row's width (n_head_kv * head_dim) */
     int64_t n_exact;             /* cached rows of true prefixes (ROW_EXACT) */
@@ -41,9 +45,9 @@ typedef struct blend_plan {
     int32_t *rows; /* [total]: the computed rows (fresh ones and selected cached ones) */
     int32_t n_rows;
     blend_loader *ld;
-    double stall;      /* ms waited for the loader, on the host's clock */
-    cb_spans *waits;   /* the same waits on the computing thread's work (a device's clock) */
-    float stale_scale; /* the computed rows' attention to the stale rows x it (1: as is) */
+    double stall;          /* ms waited for the loader, on the host's clock */
+    cb_spans *waits;       /* the same waits on the computing thread's work (a device's clock) */
+    int stale_unsupported; /* the backend has no stale bias: run as at 1 */
     /* the cost model (blend.c, plan_costs): each row's cost [total] in
      * units of a row's products through every layer, and its sums: every
      * row (full prefill), the uncached rows, the candidates, the keys
@@ -96,8 +100,8 @@ cb_status blend_run_layers(blend_plan *pl, int32_t lo, int32_t hi, const int32_t
  * them are cached (kept) rows. */
 int64_t blend_rows_from_keep(blend_plan *pl);
 /* After a selection (pl->keep): the computed rows' attention to the stale
- * rows (candidates not kept) scaled by pl->stale_scale from here on (a
- * backend without the operation: as is, and pl->stale_scale becomes 1). */
+ * rows (candidates not kept) scaled by the plan's stale scale from here on
+ * (a backend without the operation: as is, pl->stale_unsupported set). */
 cb_status blend_stale_bias(blend_plan *pl);
 /* The layers probe's first pass runs for a budget of `want` cached rows
  * (pl->n_rows the uncached ones): cb_blend_probe_layers', or none when the

@@ -653,6 +653,57 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK(cb_blend_probe_layers(&q, 28, 65, 345, 0) == 1);
     }
 
+    tcase("%s: the plan: its cost figures the given ones (a profile's) or the model's, in the "
+          "stats; loading priced slow enough keeps a speedup's ratio at its minimum",
+          label);
+    {
+        cb_blend_params q = cb_blend_defaults();
+        q.strategy = CB_STRATEGY_HKVD;
+        q.speedup = 1.05f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        CHECK(st.costs_given == 0 && st.costs.load == cb_model_load_cost(fx.m) &&
+              st.costs.attn == cb_model_attn_cost(fx.m) &&
+              st.costs.score == cb_model_score_cost(fx.m));
+        float built = st.plan_ratio;
+        int at_min = !strcmp(st.plan_bound, "min"); /* (gemma3's windows: full prefill is cheap) */
+        int64_t lo = (int64_t)ceilf(0.15f * (float)st.n_cached_tokens);
+        CHECKF(st.plan_ratio == st.ratio && (at_min || !strcmp(st.plan_bound, "speedup")) &&
+                   (at_min || (int64_t)st.n_recomputed_tokens > lo),
+               "built-in: ratio %g (%s), %d recomputed", (double)st.plan_ratio, st.plan_bound,
+               st.n_recomputed_tokens);
+        q.costs.load = 1e6f;
+        q.costs.attn = 3.0f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        CHECK(st.costs_given == 3 && st.costs.load == 1e6f && st.costs.attn == 3.0f &&
+              st.costs.score == cb_model_score_cost(fx.m));
+        CHECKF(!strcmp(st.plan_bound, "min") && st.n_recomputed_tokens == lo &&
+                   (at_min ? st.plan_ratio == built : st.plan_ratio < built),
+               "slow loading: ratio %g (%s), %d recomputed", (double)st.plan_ratio, st.plan_bound,
+               st.n_recomputed_tokens);
+        q.costs.score = -1.0f;
+        CHECK(run(&fx, segs, ns, &q, a, &st, NULL) == CB_ERR_INVALID);
+        /* cb-profile's figures: prefill a layer a L + c L^2 / 2 ms, a a multiply-add of
+         * 1e-9 ms over the layer's weights, c an attention multiply-add of 3e-9 ms (attn
+         * 3); the first tier 1000 MB/s warm, 1e-6 ms a byte (load 1000) */
+        cb_profile *pf = calloc(1, sizeof *pf);
+        double qd = (double)hp->n_head * hp->head_dim, kvd = (double)hp->n_head_kv * hp->head_dim;
+        double wts = (double)hp->n_embd * (2 * qd + 2 * kvd) + 3.0 * hp->n_embd * hp->n_ff;
+        for (int i = 0; pf && i < 3; i++) {
+            double len = 100 << i;
+            pf->prefill[pf->n_prefill++] = (cb_profile_point){
+                100 << i, 1.0, wts * 1e-9 * len + 2 * qd * 3e-9 * len * len / 2, 0};
+        }
+        if (pf)
+            pf->tiers[pf->n_tiers++] = (cb_profile_tier){"local", 1000, 500}; /* warm, cold */
+        if (pf)
+            cb_profile_fit_costs(pf, fx.m);
+        CHECKF(pf && fabs(pf->costs.attn - 3.0) < 1e-3 && fabs(pf->costs.load - 1000.0) < 1e-1 &&
+                   pf->costs.score == 0.0f,
+               "fitted: load %g, attn %g", pf ? (double)pf->costs.load : 0.0,
+               pf ? (double)pf->costs.attn : 0.0);
+        free(pf);
+    }
+
     tcase("%s: a speedup: the most rows whose cost (products and attention), as blend computes "
           "them, is at most 1/speedup of full prefill's; the given ratio at least",
           label);

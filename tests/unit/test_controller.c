@@ -73,7 +73,31 @@ int main(void)
     CHECK(NEAR(q.recompute[3].ms_per_layer, 12.0) && !strcmp(q.tiers[1].name, "ssd") &&
           NEAR(q.tiers[1].cold_mbs, 50.0));
     CHECK(NEAR(cb_controller_ratio(&q, "ssd", 512, CB_TYPE_F16, 0, 0.15, NULL, NULL), 0.412));
+    CHECK(q.costs.load == 0 && q.costs.attn == 0 && q.costs.score == 0);
     free(json);
+    p.costs = (cb_blend_costs){150.0f, 2.5f, 0.0f}; /* the cost model's figures, when measured */
+    CHECK_OK(cb_profile_to_json(&p, &json));
+    CHECK_OK(cb_profile_from_json(&q, json, strlen(json), &err));
+    CHECK(q.costs.load == 150.0f && q.costs.attn == 2.5f && q.costs.score == 0.0f);
+    free(json);
+    p.costs = (cb_blend_costs){0};
+    tcase("a profile without cost figures (written before them) loads with none; bad ones do not");
+    {
+        static const char *costs[] = {"", ",\"costs\":{\"load\":-1}", ",\"costs\":{\"attn\":\"x\"}",
+                                      ",\"costs\":[]", ",\"costs\":{\"attn\":2}"};
+        for (size_t i = 0; i < sizeof costs / sizeof costs[0]; i++) {
+            char text[512];
+            snprintf(text, sizeof text,
+                     "{\"version\":1,\"model\":\"m\",\"backend\":\"cpu\",\"n_layer\":1,"
+                     "\"threads\":1,\"kv_bytes_per_token\":{},\"prefill\":[],\"recompute\":[],"
+                     "\"tiers\":[]%s}",
+                     costs[i]);
+            cb_status st = cb_profile_from_json(&q, text, strlen(text), &err);
+            CHECKF(i == 0 || i == 4 ? st == CB_OK : st == CB_ERR_FORMAT, "case %zu: %d", i, st);
+            if (i == 4)
+                CHECK(q.costs.attn == 2.0f && q.costs.load == 0.0f);
+        }
+    }
     CHECK(cb_profile_from_json(&q, "{\"version\": 2}", 14, &err) == CB_ERR_FORMAT);
     CHECK(cb_profile_from_json(&q, "not json", 8, &err) == CB_ERR_FORMAT);
 

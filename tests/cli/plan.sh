@@ -1,0 +1,104 @@
+#!/bin/sh
+# The blend's plan in cb-run --stats: the policy resolved before any layer
+# ran (ratio, why, strategy, the cost model's figures and their source);
+# a store's profile (cb-profile) feeds its figures to --speedup, and a
+# profile that prices loading very slowly keeps the ratio at its minimum,
+# as the cost model predicts.  On the tiny qwen2 fixture.
+. "$(dirname "$0")/lib.sh"
+M=$CB_TEST_TMP/tiny4-qwen2.gguf
+need_fixture "$M" "the blend's plan"
+RUN=$BINDIR_B/cb-run S=$T/store
+vale_chunks "$M" "$T/c.jsonl"
+"$BINDIR_B/cb-precompute" -m "$M" --store "$S" -q "$T/c.jsonl" > /dev/null || not_ok "precompute"
+# blend ARGS...: cb-run's stats into $T/st.json
+blend() {
+    "$RUN" -m "$M" --store "$S" --chunks "$T/c.jsonl" -p "$Q" -n 1 -t 2 --no-store-write \
+        --stats "$T/st.json" "$@" > /dev/null 2> "$T/err"
+}
+blend --strategy hkvd --speedup 1.1 && cp "$T/st.json" "$T/built.json" &&
+    blend --ratio 0.3 && cp "$T/st.json" "$T/given.json" &&
+    blend --mode reuse && cp "$T/st.json" "$T/reuse.json" &&
+    python3 - "$T" <<'PY' && ok "--stats plan: the ratio, its source and bound, the strategy, the built-in figures" ||
+import json, sys
+t = sys.argv[1]
+b, g, r = (json.load(open(f"{t}/{n}.json")) for n in ("built", "given", "reuse"))
+p = b["plan"]
+assert p["ratio_source"] == "speedup" and abs(p["speedup"] - 1.1) < 1e-6 and p["bound"] in ("speedup", "min"), p
+assert abs(p["ratio"] - b["ratio"]) < 1e-6 and p["strategy"] == "hkvd" == b["strategy_used"], (p, b)
+assert abs(p["stale_scale"] - 1) < 1e-6 and abs(p["key_temp"] - 1) < 1e-6, p  # hkvd: no stale scale
+for k in ("load", "attn", "score"):
+    assert p["costs"][k]["source"] == "built-in" and p["costs"][k]["value"] > 0, p
+q = g["plan"]
+assert q["ratio_source"] == "given" and q["bound"] == "given" and abs(q["ratio"] - 0.3) < 1e-6, q
+assert q["strategy"] in ("probe", "hkvd") and "speedup" not in q, q
+assert q["strategy"] != "probe" or abs(q["stale_scale"] - 0.35) < 1e-6, q  # qwen2's, on probe
+assert r["plan"]["ratio_source"] == "mode" and r["plan"]["strategy"] is None, r["plan"]
+PY
+    { not_ok "--stats plan"; sed 's/^/#   /' "$T/err" | head -5; }
+
+# cb-profile writes the figures into the store's profile; cb-run uses them
+"$BINDIR_B/cb-profile" -m "$M" --store "$S" --lengths 64,128,256 --ratios 0.5 --repeat 1 -t 2 -q \
+    > "$T/prof.md" 2> "$T/err" || not_ok "cb-profile: $(head -3 "$T/err")"
+PROF=$(ls "$S"/profile-*-cpu.json 2>/dev/null | head -1)
+blend --strategy hkvd --speedup 1.1 && cp "$T/st.json" "$T/prof.json" &&
+    python3 - "$PROF" "$T/prof.json" <<'PY' && ok "cb-profile's figures reach the plan (source: profile; unmeasured ones, scoring's, built in)" ||
+import json, sys
+c = json.load(open(sys.argv[1]))["costs"]
+p = json.load(open(sys.argv[2]))["plan"]["costs"]
+assert c["score"] == 0 and all(c[k] >= 0 for k in c), c  # (a tiny model's timings are noise)
+for k in ("load", "attn", "score"):
+    if c[k] > 0:
+        assert p[k]["source"] == "profile" and abs(p[k]["value"] - c[k]) <= 1e-4 * c[k], (k, p, c)
+    else:
+        assert p[k]["source"] == "built-in" and p[k]["value"] > 0, (k, p, c)
+PY
+    { not_ok "the profile's figures in the plan"; head -c 600 "$PROF" | sed 's/^/#   /'; }
+python3 - "$PROF" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["costs"] = {"load": 123.0, "attn": 4.5, "score": 0.75}
+json.dump(d, open(sys.argv[1], "w"))
+PY
+blend --strategy hkvd --speedup 1.1 &&
+    python3 - "$T/st.json" <<'PY' && ok "a profile's three figures, each in the plan as the profile's" ||
+import json, sys
+p = json.load(open(sys.argv[1]))["plan"]["costs"]
+assert {k: (v["value"], v["source"]) for k, v in p.items()} == {
+    "load": (123.0, "profile"), "attn": (4.5, "profile"), "score": (0.75, "profile")}, p
+PY
+    not_ok "a profile's figures in the plan"
+grep -q "cost figures" "$T/prof.md" && ok "cb-profile prints the figures" || not_ok "cb-profile's table has no cost figures"
+
+# a profile that prices loading very slowly: every blend costs more than
+# full prefill / 1.1, so the ratio is the least (--tune min-ratio, 0.15)
+python3 - "$PROF" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["costs"]["load"] = 1e7
+json.dump(d, open(sys.argv[1], "w"))
+PY
+blend --strategy hkvd --speedup 1.1 && cp "$T/st.json" "$T/slow.json" &&
+    python3 - "$T/built.json" "$T/slow.json" <<'PY' && ok "slow loading in the profile: the least ratio (bound min), below the built-in figures' ratio" ||
+import json, math, sys
+b, s = (json.load(open(f)) for f in sys.argv[1:])
+p = s["plan"]
+assert p["costs"]["load"]["source"] == "profile" and p["costs"]["load"]["value"] == 1e7, p
+assert p["bound"] == "min" and s["n_recomputed_tokens"] == math.ceil(0.15 * s["n_cached_tokens"] - 1e-3), (p, s)
+assert b["plan"]["bound"] == "speedup" and b["plan"]["ratio"] > p["ratio"], (b["plan"], p)
+PY
+    { not_ok "slow loading's plan"; sed 's/^/#   /' "$T/err" | head -5; }
+# a profile from before the figures (no "costs"): the built-in ones
+python3 - "$PROF" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+del d["costs"]
+json.dump(d, open(sys.argv[1], "w"))
+PY
+blend --strategy hkvd --speedup 1.1 &&
+    python3 - "$T/built.json" "$T/st.json" <<'PY' && ok "a profile without figures: the built-in ones, the same plan" ||
+import json, sys
+b, s = (json.load(open(f))["plan"] for f in sys.argv[1:])
+assert b == s, (b, s)
+PY
+    not_ok "a profile without figures"
+done_testing
