@@ -11,6 +11,7 @@
 extern "C" {
 #endif
 #define CB_VERSION_STRING "0.1.0"
+
 /* ------------------------------------------------------------------ core */
 typedef enum cb_status {
     CB_OK = 0,
@@ -50,6 +51,7 @@ cb_status cb_mmap_open(cb_mmap *m, const char *path, cb_error *err);
 void cb_mmap_close(cb_mmap *m); /* accepts a zeroed or already-closed mapping */
 /* Write size bytes to path atomically (on error it is as it was).  Errors: _CREATE, _IO. */
 cb_status cb_file_write_atomic(const char *path, const void *data, size_t size, cb_error *err);
+
 /* ---------------------------------------------------------- tensor types */
 /* clang-format off */
 typedef enum cb_type { /* tensor element types, numbered as in GGUF (ggml_type) */
@@ -66,6 +68,7 @@ typedef enum cb_type { /* tensor element types, numbered as in GGUF (ggml_type) 
 /* clang-format on */
 const char *cb_type_name(cb_type t);            /* as GGUF tools print it ("q4_K"); NULL: unknown */
 size_t cb_type_row_bytes(cb_type t, int64_t n); /* 0: unknown, or n not whole blocks */
+
 /* ------------------------------------------------------- GGUF, tokenizer */
 typedef struct cb_gguf cb_gguf;
 /* Map a GGUF file (version 2 or 3) and validate all of it; nothing outside it is read. */
@@ -96,6 +99,7 @@ enum { CB_DETOK_REMOVE_SPECIAL = 1 << 0, CB_DETOK_UNPARSE_SPECIAL = 1 << 1 }; /*
 /* Detokenize n ids into a malloc'd NUL-terminated *text (*len bytes), as llama_detokenize. */
 cb_status cb_tok_decode(const cb_vocab *v, const int32_t *ids, size_t n, unsigned flags,
                         char **text, size_t *len);
+
 /* ------------------------------------------------------------- hashing */
 /* 128-bit digest (XXH3-128), printed as 32 lowercase hex digits. */
 typedef struct cb_hash128 {
@@ -105,6 +109,7 @@ typedef struct cb_hash128 {
 void cb_hash128_hex(cb_hash128 h, char hex[33]);
 cb_status cb_hash128_parse(const char *hex, cb_hash128 *out);
 cb_status cb_gguf_fingerprint(const cb_gguf *g, cb_hash128 *out); /* model, tokenizer, tensors */
+
 /* ----------------------------------------------------------------- model */
 typedef struct cb_model cb_model;
 /* Architecture parameters read from GGUF metadata. */
@@ -139,6 +144,7 @@ const char *cb_model_backend(const cb_model *m);
 const char *cb_model_device(const cb_model *m);
 cb_status cb_model_sync(const cb_model *m); /* wait for this thread's device work: its fault */
 const char *cb_model_strerror(const cb_model *m, cb_status st); /* st's text; a fault's own */
+
 /* ------------------------------------------------- KV cache, forward pass */
 typedef struct cb_kvcache cb_kvcache; /* per layer, K and V rows by position, f16 or f32 */
 cb_status cb_kvcache_new(cb_kvcache **out, const cb_model *m, int32_t n_ctx, cb_type type);
@@ -153,6 +159,7 @@ cb_status cb_fwd_embed(cb_fwd *f, const int32_t *tokens, const int32_t *pos, int
 /* One layer for rows (NULL: all): K/V into the cache, causal attention, MLP. */
 cb_status cb_fwd_layer(cb_fwd *f, cb_kvcache *kv, int32_t layer, const int32_t *rows,
                        int32_t n_rows);
+
 /* ------------------------------------------------------------- KV files */
 /* A KV file's header (cbkv(5)): the model, shape, RoPE and how K was placed. */
 typedef struct cb_kv_meta {
@@ -256,6 +263,7 @@ typedef struct cb_blend_stats {
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
                            const cb_blend_params *p, float *logits, cb_blend_stats *stats,
                            cb_error *err);
+
 /* ------------------------------------------------- profile and controller */
 typedef struct cb_profile cb_profile; /* one model's speeds on one backend (cb-profile(1)) */
 #define CB_PROFILE_MAX 64
@@ -283,6 +291,7 @@ cb_status cb_profile_to_json(const cb_profile *p, char **json); /* malloc'd */
 void cb_profile_fit_costs(cb_profile *p, const cb_model *m);
 /* Predicted ms to load L tokens of KV from a tier (cold: page cache dropped); -1: unmeasured. */
 double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold);
+
 /* ---------------------------------------------------------------- store */
 /* A tiered store of KV files (cb-store(5)) for many processes; a handle for one thread. */
 typedef struct cb_store cb_store;
@@ -432,6 +441,7 @@ cb_status cb_store_profile_save(const cb_store *s, const cb_profile *p, char *pa
 /* The cheapest tier loading L tokens no slower than recomputing ratio (-1: none measured). */
 int cb_store_place(const cb_store *s, const cb_profile *p, double ratio, int64_t L, cb_type t,
                    double *pred_load, double *pred_recompute);
+
 /* --------------------------------------------------------------- chunker */
 typedef struct cb_chunker cb_chunker; /* splits documents (the rules: cb-chunk(1)) */
 #define CB_CHUNK_DEFAULT_TOKENS 512
@@ -460,6 +470,7 @@ cb_status cb_chunker_split(cb_chunker *c, const char *text, size_t len, cb_chunk
 size_t cb_utf8_check(const char *s, size_t n); /* offset of the first invalid byte, or n */
 /* s[0..n) copied to a malloc'd *out, each bad subsequence U+FFFD (counted in *n_bad). */
 cb_status cb_utf8_repair(const char *s, size_t n, char **out, size_t *out_len, size_t *n_bad);
+
 /* ------------------------------------------------------------ generation */
 typedef struct cb_sampler_params {
     float temp;         /* <= 0: greedy (argmax, lowest id on ties) */
@@ -502,6 +513,7 @@ cb_status cb_score(cb_fwd *f, cb_kvcache *kv, const float *logits, int32_t pos, 
                    int32_t n, cb_score_result *res);
 /* KL(p || q) of the softmaxes of two logit vectors; *top1: argmaxes agree. */
 double cb_logits_kl(const float *lp, const float *lq, int32_t n, int *top1);
+
 /* --------------------------------------------------------------- prompts */
 typedef struct cb_prompt cb_prompt; /* a RAG prompt of token ids, one segment a chunk */
 /* system (NULL: the template's default; "": none) and question templated unless raw. */
@@ -541,6 +553,7 @@ cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv
 void cb_prompt_keep(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
 cb_status cb_prompt_store_missing(cb_prompt *p, cb_store *s, cb_type type, int *n_stored,
                                   void (*warn)(void *ctx, const char *msg), void *ctx);
+
 /* ------------------------------------------------------ batches of questions */
 /* Many questions in one process, decoded together, each answered as alone (one thread). */
 typedef struct cb_batch cb_batch;
