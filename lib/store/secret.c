@@ -271,13 +271,17 @@ static void put_u64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
-                uint8_t tag[ST_TAG_BYTES])
+/* What a part's tag binds (its label, with the NUL, then the tier, entry,
+ * upload nonce, part index, part count, total and length) into out, and
+ * its IV: the part's index, unique within the upload, whose key is its own.
+ * The two labels have the same length, so both formats bind
+ * PART_BOUND_BYTES. */
+#define PART_BOUND_BYTES (sizeof PART_LABEL + 32 + 65 + ST_NONCE_BYTES + 32)
+static void part_bound(uint8_t *out, const char *label, const st_part_id *id, uint64_t i,
+                       size_t len, uint8_t iv[12])
 {
-    uint8_t pre[sizeof PART_LABEL + 32 + 65 + ST_NONCE_BYTES + 32], iv[12] = {0};
-    uint8_t *p = pre;
-    size_t tl;
-    memcpy(p, PART_LABEL, sizeof PART_LABEL); /* with its NUL */
+    uint8_t *p = out;
+    memcpy(p, label, sizeof PART_LABEL);
     p += sizeof PART_LABEL;
     memcpy(p, id->sid, 32);
     p += 32;
@@ -289,7 +293,17 @@ int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *par
     put_u64(p + 8, id->n_parts);
     put_u64(p + 16, id->total);
     put_u64(p + 24, (uint64_t)len);
-    put_u64(iv, i); /* unique within the upload, whose key is its own */
+    memset(iv, 0, 12);
+    put_u64(iv, i);
+}
+_Static_assert(sizeof PART_LABEL == sizeof SEAL_PART_LABEL, "part labels of one length");
+
+int st_mac_part(st_mac_ctx *c, const st_part_id *id, uint64_t i, const void *part, size_t len,
+                uint8_t tag[ST_TAG_BYTES])
+{
+    uint8_t pre[PART_BOUND_BYTES], iv[12];
+    size_t tl;
+    part_bound(pre, PART_LABEL, id, i, len, iv);
     OSSL_PARAM prm[] = {OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof iv),
                         OSSL_PARAM_construct_end()};
     if (!c || EVP_MAC_init(c, NULL, 0, prm) != 1 || EVP_MAC_update(c, pre, sizeof pre) != 1 ||
@@ -337,24 +351,11 @@ void st_seal_ctx_free(st_seal_ctx *c) { EVP_CIPHER_CTX_free(c); }
 static int seal_run(st_seal_ctx *c, const st_part_id *id, uint64_t i, const void *in, size_t len,
                     void *out, uint8_t tag[ST_TAG_BYTES], int enc)
 {
-    uint8_t aad[sizeof SEAL_PART_LABEL + 32 + 65 + ST_NONCE_BYTES + 32], iv[12] = {0};
-    uint8_t *p = aad;
+    uint8_t aad[PART_BOUND_BYTES], iv[12];
     int n;
     if (!c)
         return -1;
-    memcpy(p, SEAL_PART_LABEL, sizeof SEAL_PART_LABEL); /* with its NUL */
-    p += sizeof SEAL_PART_LABEL;
-    memcpy(p, id->sid, 32);
-    p += 32;
-    memcpy(p, id->key, 65);
-    p += 65;
-    memcpy(p, id->nonce, ST_NONCE_BYTES);
-    p += ST_NONCE_BYTES;
-    put_u64(p, i);
-    put_u64(p + 8, id->n_parts);
-    put_u64(p + 16, id->total);
-    put_u64(p + 24, (uint64_t)len);
-    put_u64(iv, i); /* unique within the upload, whose key is its own */
+    part_bound(aad, SEAL_PART_LABEL, id, i, len, iv);
     if (EVP_CipherInit_ex2(c, NULL, NULL, iv, enc, NULL) != 1 ||
         EVP_CipherUpdate(c, NULL, &n, aad, (int)sizeof aad) != 1)
         return -1;
