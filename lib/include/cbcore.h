@@ -375,12 +375,12 @@ typedef struct cb_store_recode_report {
     uint64_t busy, no_room, bad;        /* left: in use or changed; no room to grow; unreadable */
     uint64_t bytes_before, bytes_after; /* of those rewritten */
 } cb_store_recode_report;
-/* Rewrite the entries of tier (NULL: every local one) in type t, each atomically; a rerun resumes.
- * fn after each entry (msg: why it was left, else NULL); nonzero stops. */
-cb_status cb_store_recode(cb_store *s, const char *tier, cb_type t,
-                          int (*fn)(void *ctx, const cb_store_recode_report *r, const char *key,
-                                    const char *msg),
-                          void *ctx, cb_store_recode_report *rep, cb_error *err);
+/* Called after each entry (msg: why it was left, else NULL); nonzero stops the recode. */
+typedef int (*cb_store_recode_fn)(void *ctx, const cb_store_recode_report *r, const char *key,
+                                  const char *msg);
+/* Rewrite the entries of tier (NULL: every local one) in type t, each atomically; a rerun resumes. */
+cb_status cb_store_recode(cb_store *s, const char *tier, cb_type t, cb_store_recode_fn fn, void *ctx,
+                          cb_store_recode_report *rep, cb_error *err);
 /* The shared tier (Redis, behind the local ones): its warnings, figures, name (NULL: none). */
 void cb_store_set_warn(cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
 cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err);

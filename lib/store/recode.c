@@ -525,9 +525,7 @@ typedef struct todo {
 static const char SQL_TODO[] =
     "SELECT key, tier FROM entries WHERE state = 1 AND (?1 IS NULL OR tier = ?1) ORDER BY tier, key";
 
-cb_status cb_store_recode(cb_store *s, const char *tier, cb_type type,
-                          int (*fn)(void *ctx, const cb_store_recode_report *r, const char *key,
-                                    const char *msg),
+cb_status cb_store_recode(cb_store *s, const char *tier, cb_type type, cb_store_recode_fn fn,
                           void *ctx, cb_store_recode_report *rep, cb_error *err)
 {
     cb_store_recode_report dummy;

@@ -11,6 +11,13 @@ one_line() {
     if [ "$rc" = 64 ] && [ "$(cat "$T/err")" = "$want" ] && [ ! -s "$T/out" ]; then ok "$* (exit 64): $want"
     else not_ok "$* (exit $rc): $(head -c 200 "$T/err")"; fi
 }
+# every help fits an 80-column terminal
+for p in cb-chunk cb-precompute cb-store cb-profile cb-run; do
+    "$BINDIR_B/$p" --help > "$T/help" 2>&1
+    wide=$(awk 'length > 80 { n++ } END { print n + 0 }' "$T/help")
+    if [ "$wide" = 0 ] && [ -s "$T/help" ]; then ok "$p --help: every line within 80 columns"
+    else not_ok "$p --help: $wide lines wider than 80 columns: $(awk 'length > 80' "$T/help" | head -2)"; fi
+done
 for p in cb-chunk cb-precompute cb-store cb-profile cb-run; do
     one_line "$p: unknown option '--bogus' (see --help)" $p --bogus
     one_line "$p: unknown option '-Y' (see --help)" $p -Y
