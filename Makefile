@@ -151,10 +151,13 @@ $(LIBSO): $(LIB_OBJ)
 	@[ "$(Q)" = "" ] || echo "  LD      $@"
 	$(Q)$(CC) -shared -Wl,-soname,libcbcore.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# A program is src/cb-NAME.c, plus its parts where it has them (cb-run:
+# src/run-*.c), plus cli.c.
+$(BINDIR_B)/cb-run: $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/run-*.c))
 $(BINDIR_B)/%: $(BUILD)/src/%.o $(CLI_OBJ) $(LIBA)
 	@mkdir -p $(dir $@)
 	@[ "$(Q)" = "" ] || echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(CLI_OBJ) $(LIBA) $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBA) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBA)
 	@mkdir -p $(dir $@)

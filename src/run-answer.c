@@ -1,0 +1,598 @@
+/* run-answer.c - cb-run's single answer: model, store, prompt, the blend
+ * or full prefill, generation, --verify, --score and --stats (the work is
+ * libcbcore's: cb_prompt_*, cb_blend_prefill, cb_generate). */
+#include "run.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void gen_warn(void *ctx, const char *msg) { cli_err("warning: %s", msg); }
+
+/* Everything one answer holds, from the model to the stats. */
+typedef struct run {
+    const gen_opts *o;
+    cb_model *m;
+    cb_store *store;
+    cb_prompt *pr;
+    cb_kvcache *kv;
+    cb_fwd *f;
+    json_t *chunks;
+    const cb_segment *segs;
+    int32_t n_segs;
+    int64_t total, n_ctx;
+    cb_blend_params bp;
+    cb_blend_stats bs;
+    cb_gen_params gp;
+    cb_gen_result gr;
+    cli_sink sm;
+    float *logits, *first_logits;
+    double t_load, t0, gen_ms;
+    const char *ratio_source; /* --ratio auto: controller or fallback */
+    cb_ratio_choice rc;
+    json_t *verify;
+    int n_stored;
+    cb_tokens cont;     /* --score: the continuation's tokens */
+    cb_score_result sr; /* --score: its score */
+} run;
+
+/* --chunks' records (into *chunks) and the model (its load time into
+ * *t_load); -c within the context the model was trained for. */
+int gen_open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *t_load)
+{
+    cb_model_params mp = cli_model_params(o->n_threads, o->device);
+    cb_error err;
+    cb_status st;
+    int code;
+    double t = cb_now_ms();
+
+    if (o->chunks_path && (code = cli_read_records(o->chunks_path, "text", (void **)chunks)) != 0)
+        return code;
+    if ((st = cb_model_load(m, o->model, &mp, &err)) != CB_OK) {
+        cli_err("%s", err.msg);
+        return cli_exit_code(st);
+    }
+    *t_load = cb_now_ms() - t;
+    if (o->n_ctx > cb_model_hparams(*m)->n_ctx_train) {
+        cli_err("-c %d: more than the model's context (%d tokens, as trained)", o->n_ctx,
+                cb_model_hparams(*m)->n_ctx_train);
+        return CLI_EX_USAGE;
+    }
+    return 0;
+}
+
+/* The store (created when it will be written): a missing one is a
+ * warning, every chunk then computed. */
+int gen_open_store(const gen_opts *o, cb_store **s)
+{
+    cb_error err;
+    cb_status st = cb_store_open(s, o->store_dir, o->store_write, &err);
+    if (st != CB_OK) {
+        if (st != CB_ERR_NOT_FOUND) {
+            cli_err("%s", err.msg);
+            return cli_exit_code(st);
+        }
+        cli_err("warning: %s; every chunk is computed", err.msg);
+        return 0;
+    }
+    cb_store_set_warn(*s, gen_warn, NULL);
+    if (cb_store_readonly(*s) && o->store_write)
+        cli_err(
+            "note: the store %s is read-only: chunks missing from it are computed and not stored",
+            o->store_dir);
+    return 0;
+}
+
+/* The cost model's figures (--speedup) of the store's profile for this
+ * model and backend (cb-profile(1)) into bp; where it has none, bp keeps
+ * its zeros: the built-in figures. */
+void gen_profile_costs(const cb_store *s, const cb_model *m, cb_blend_params *bp)
+{
+    cb_profile *prof = s ? calloc(1, sizeof *prof) : NULL;
+    cb_error err;
+    if (!prof)
+        return;
+    cb_status st =
+        cb_store_profile_load(s, cb_model_fingerprint(m), cb_model_backend(m), prof, &err);
+    if (st == CB_OK)
+        bp->costs = prof->costs;
+    else if (st != CB_ERR_NOT_FOUND)
+        cli_err("warning: %s; --speedup prices with the built-in figures", err.msg);
+    free(prof);
+}
+
+/* The chunk records, the model and (when chunks can be reused or stored)
+ * the store. */
+static int run_open(run *r)
+{
+    const gen_opts *o = r->o;
+    int code;
+
+    if ((code = gen_open_model(o, &r->chunks, &r->m, &r->t_load)) != 0)
+        return code;
+    /* chunks, or a store named: the prompt's head may be cached there too */
+    if (((r->chunks && json_array_size(r->chunks) > 0) || o->store_dir) &&
+        (r->bp.mode != CB_MODE_FULL || (o->store_write && o->store_dir)) &&
+        (code = gen_open_store(o, &r->store)) != 0)
+        return code;
+    gen_profile_costs(r->store, r->m, &r->bp);
+    return 0;
+}
+
+/* --score, --score-file: the continuation's tokens (control tokens
+ * matched with --raw, as in the prompt). */
+static int run_continuation(run *r)
+{
+    const gen_opts *o = r->o;
+    const char *name = o->score ? "--score" : o->score_file;
+    char *buf = NULL;
+    size_t len = 0;
+    int code = 0;
+    cb_status st;
+
+    if (o->score_file && !(buf = cli_read_input(o->score_file, &len, &code)))
+        return code;
+    st = cb_tok_encode(cb_model_vocab(r->m), o->score ? o->score : buf,
+                       o->score ? strlen(o->score) : len, o->raw ? CB_TOK_PARSE_SPECIAL : 0,
+                       &r->cont);
+    free(buf);
+    if (st != CB_OK) {
+        cli_err("%s: tokenizing the continuation failed: %s", name, cb_strerror(st));
+        return cli_exit_code(st);
+    }
+    if (r->cont.n == 0) {
+        cli_err("%s: the continuation has no tokens", name);
+        return CLI_EX_DATAERR;
+    }
+    return 0;
+}
+
+/* What the run's cache and activations take, before they are taken: on
+ * the CPU, more than the memory available now is refused (a device's
+ * allocations fail by themselves). */
+static int run_memory(const run *r)
+{
+    int64_t rows = r->total > (int64_t)r->cont.n ? r->total : (int64_t)r->cont.n;
+    uint64_t kv = cb_kvcache_bytes(r->m, (int32_t)r->n_ctx, r->o->kv_type);
+    uint64_t act = cb_fwd_bytes(r->m, (int32_t)rows), avail;
+    uint64_t need = (kv + act) * (r->o->verify ? 2 : 1); /* --verify: a second pair */
+
+    if (strcmp(cb_model_backend(r->m), "cpu") != 0 || need <= (avail = cli_mem_available()))
+        return 0;
+    cli_err("a context of %lld tokens needs %.0f MiB (KV cache %.0f MiB, activations %.0f MiB%s); "
+            "%.0f MiB of memory are available",
+            (long long)r->n_ctx, need / 1048576.0, kv / 1048576.0, act / 1048576.0,
+            r->o->verify ? ", twice for --verify" : "", avail / 1048576.0);
+    return cli_exit_code(CB_ERR_NOMEM);
+}
+
+/* Assemble the prompt (refused past the model's context), find its
+ * caches, and size the context and its memory. */
+static int run_prompt(run *r, const char *text, size_t len)
+{
+    const gen_opts *o = r->o;
+    const cb_hparams *hp = cb_model_hparams(r->m);
+    size_t nc = r->chunks ? json_array_size(r->chunks) : 0;
+    cb_strview *texts = calloc(nc ? nc : 1, sizeof *texts);
+    cb_error err;
+    cb_status st;
+    int code;
+
+    if (!texts)
+        return CLI_EX_SOFTWARE;
+    for (size_t i = 0; i < nc; i++) {
+        json_t *t = json_object_get(json_array_get(r->chunks, i), "text");
+        texts[i] = (cb_strview){json_string_value(t), json_string_length(t)};
+    }
+    st = cb_prompt_build(&r->pr, r->m, o->system, o->raw, texts, nc, text, len, &err);
+    free(texts);
+    if (st != CB_OK) {
+        cli_err("%s: %s", o->in_name, err.msg);
+        return cli_exit_code(st);
+    }
+    cb_prompt_use_context(r->pr, !o->no_context);
+    if (r->bp.mode != CB_MODE_FULL)
+        cb_prompt_attach(r->pr, r->store, gen_warn, NULL);
+    r->segs = cb_prompt_segments(r->pr, &r->n_segs);
+    r->total = cb_prompt_n_tokens(r->pr);
+    if (r->total == 0) {
+        cli_err("%s: the prompt is empty", o->in_name);
+        return CLI_EX_DATAERR;
+    }
+    if ((o->score || o->score_file) && (code = run_continuation(r)) != 0)
+        return code;
+    /* the prompt is shorter than the trained context (cb_prompt_build), and -c no longer */
+    r->n_ctx = o->n_ctx > 0 ? o->n_ctx : r->total + (r->cont.n ? (int64_t)r->cont.n : o->n_predict);
+    if (o->n_ctx <= 0 && r->n_ctx > hp->n_ctx_train)
+        r->n_ctx = hp->n_ctx_train;
+    if (r->total >= r->n_ctx) {
+        cli_err("%s: the prompt has %lld tokens; the context holds %lld (-c)", o->in_name,
+                (long long)r->total, (long long)r->n_ctx);
+        return CLI_EX_DATAERR;
+    }
+    if (r->total + (int64_t)r->cont.n - 1 > r->n_ctx) { /* cb_score's positions */
+        cli_err("%s: the prompt and the continuation need %lld positions; the context holds %lld",
+                o->in_name, (long long)(r->total + (int64_t)r->cont.n - 1), (long long)r->n_ctx);
+        return CLI_EX_DATAERR;
+    }
+    if ((code = run_memory(r)) != 0)
+        return code;
+    cli_info("%s: %s, %d layers, device %s, loaded in %.0f ms", o->model, hp->arch, hp->n_layer,
+             cb_model_device(r->m), r->t_load);
+    cli_info(
+        "chat template %s; prompt %lld tokens in %d segments, %d chunks (%d without cache); mode %s",
+        cb_chat_name(cb_prompt_chat(r->pr)), (long long)r->total, r->n_segs,
+        cb_prompt_n_chunks(r->pr), cb_prompt_n_missing(r->pr), cli_mode_names[r->bp.mode]);
+    return 0;
+}
+
+/* A cache and activations for the prompt; the status says why not (and a
+ * message has said it). */
+static cb_status run_alloc(const run *r, cb_kvcache **kv, cb_fwd **f)
+{
+    cb_status st;
+    if ((st = cb_kvcache_new(kv, r->m, (int32_t)r->n_ctx, r->o->kv_type)) != CB_OK) {
+        cli_err("a KV cache of %lld positions: %s", (long long)r->n_ctx,
+                cb_model_strerror(r->m, st));
+        return st;
+    }
+    if ((st = cb_fwd_new(
+             f, r->m, (int32_t)(r->total > (int64_t)r->cont.n ? r->total : (int64_t)r->cont.n))) !=
+        CB_OK) {
+        cli_err("activations for %lld tokens: %s", (long long)r->total,
+                cb_model_strerror(r->m, st));
+        return st;
+    }
+    return CB_OK;
+}
+
+/* --ratio auto: the controller's ratio for the slowest tier holding a chunk. */
+static void run_auto_ratio(run *r)
+{
+    const gen_opts *o = r->o;
+    cb_error err;
+    if (cb_prompt_auto_ratio(r->pr, r->store, r->m, o->kv_type, o->min_ratio, &r->rc, &err) ==
+        CB_OK) {
+        r->bp.ratios[0] = (float)r->rc.ratio;
+        r->ratio_source = "controller";
+        cli_info(
+            "--ratio auto: %.3f for %lld cached tokens in tier %s (predicted load %.1f ms, recompute %.1f ms)",
+            r->bp.ratios[0], (long long)r->rc.n_cached, r->rc.tier, r->rc.pred_load_ms,
+            r->rc.pred_recompute_ms);
+        return;
+    }
+    r->bp.ratios[0] = (float)o->min_ratio;
+    r->ratio_source = "fallback";
+    cli_err(
+        "note: --ratio auto: no profile for this model and backend in %s (run cb-profile); using "
+        "--min-ratio %.2f",
+        o->store_dir, o->min_ratio);
+}
+
+/* --verify: full prefill of the same tokens (the first token's KL and
+ * top-1 agreement), and the greedy answers of both. */
+static int run_verify(run *r)
+{
+    const gen_opts *o = r->o;
+    int32_t n_vocab = cb_model_hparams(r->m)->n_vocab;
+    cb_blend_params fp = r->bp;
+    cb_gen_params gp = r->gp;
+    cli_sink full_sm = {NULL, 1, NULL, 0, 0}, greedy_sm = {NULL, 1, NULL, 0, 0};
+    float *vlogits = malloc(sizeof(float) * (size_t)n_vocab);
+    double full_ms = 0, kl = 0;
+    int top1 = 0;
+    cb_score_result fsr = {0};
+    cb_status st = vlogits ? CB_OK : CB_ERR_NOMEM;
+    cb_error err;
+
+    cb_error_set(&err, st, "%s", cb_strerror(st));
+    gp.sp.temp = 0;
+    fp.mode = CB_MODE_FULL;
+    for (int pass = 0; st == CB_OK && pass < 2; pass++) {
+        /* pass 0: full prefill; pass 1: this mode again, greedily, when the run sampled */
+        if (pass == 1 && (o->sp.temp <= 0 || r->cont.n))
+            break;
+        cb_kvcache *kv2 = NULL;
+        cb_fwd *f2 = NULL;
+        cb_blend_stats bs2;
+        cb_gen_result g2;
+        double tv = cb_now_ms();
+        if ((st = run_alloc(r, &kv2, &f2)) != CB_OK)
+            cb_error_set(&err, st, "the second prefill: %s", cb_model_strerror(r->m, st));
+        else
+            st = cb_blend_prefill(f2, kv2, r->segs, r->n_segs, pass ? &r->bp : &fp, vlogits, &bs2,
+                                  &err);
+        if (st == CB_OK && pass == 0) {
+            full_ms = cb_now_ms() - tv;
+            kl = cb_logits_kl(vlogits, r->first_logits, n_vocab, &top1);
+        }
+        if (st == CB_OK && r->cont.n) {
+            if ((st = cb_score(f2, kv2, vlogits, (int32_t)r->total, r->cont.ids, (int32_t)r->cont.n,
+                               &fsr)) != CB_OK)
+                cb_error_set(&err, st, "scoring: %s", cb_model_strerror(r->m, st));
+        } else if (st == CB_OK &&
+                   (st = cb_generate(f2, kv2, vlogits, (int32_t)r->total, &gp, cli_sink_write,
+                                     pass ? &greedy_sm : &full_sm, tv, &g2)) != CB_OK)
+            cb_error_set(&err, st, "generation: %s", cb_model_strerror(r->m, st));
+        cb_fwd_free(f2);
+        cb_kvcache_free(kv2);
+    }
+    if (st == CB_OK && r->cont.n) {
+        r->verify =
+            json_pack("{s:f, s:b, s:f, s:f, s:f}", "kl", kl, "top1_agree", top1, "full_prefill_ms",
+                      full_ms, "score_nll", fsr.nll, "score_top1", fsr.top1);
+    } else if (st == CB_OK) {
+        const char *mine = o->sp.temp > 0 ? greedy_sm.all : r->sm.all, *full = full_sm.all;
+        int same = strcmp(mine ? mine : "", full ? full : "") == 0;
+        char *clean = cli_utf8_clean(full ? full : "", full ? full_sm.all_len : 0, NULL);
+        r->verify =
+            json_pack("{s:f, s:b, s:b, s:f, s:s}", "kl", kl, "top1_agree", top1, "same_answer",
+                      same, "full_prefill_ms", full_ms, "full_answer", clean ? clean : "");
+        free(clean);
+    } else {
+        cli_err("--verify: the full-prefill comparison failed: %s", err.msg);
+    }
+    free(full_sm.all), free(greedy_sm.all);
+    free(vlogits);
+    return cli_exit_code(st);
+}
+
+
+/* The plan the blend resolved before any layer ran (cb_blend_prefill):
+ * its ratio, where it came from and what bounded it, the strategy, the
+ * keys' temperature, the stale scale, and the cost model's figures, each
+ * with its source: the store's profile (cb-profile(1)) or the built-in. */
+static json_t *plan_json(const cb_blend_params *bp, const cb_blend_stats *bs, const stats_src *ss)
+{
+    const char *src = ss->ratio_auto              ? ss->ratio_source
+                      : bp->mode != CB_MODE_BLEND ? "mode"
+                      : bp->adapt_mass > 0        ? "adaptive"
+                      : bp->speedup > 0           ? "speedup"
+                                                  : "given";
+    const float fig[3] = {bs->costs.load, bs->costs.attn, bs->costs.score};
+    const char *const names[3] = {"load", "attn", "score"};
+    json_t *costs = json_object();
+    for (int i = 0; i < 3; i++)
+        json_object_set_new(costs, names[i],
+                            json_pack("{s:f, s:s}", "value", (double)fig[i], "source",
+                                      bs->costs_given >> i & 1 ? "profile" : "built-in"));
+    json_t *p = json_pack(
+        "{s:f, s:s, s:s, s:o, s:f, s:f, s:o}", "ratio", (double)bs->plan_ratio, "ratio_source", src,
+        "bound", bs->plan_bound ? bs->plan_bound : "given", "strategy",
+        bp->mode == CB_MODE_BLEND ? json_string(cli_strategy_names[bs->strategy]) : json_null(),
+        "key_temp", (double)bs->key_temp, "stale_scale", (double)bs->stale_scale, "costs", costs);
+    if (p && strcmp(src, "speedup") == 0)
+        json_object_set_new(p, "speedup", json_real((double)bp->speedup));
+    return p;
+}
+
+json_t *gen_stats_json(const gen_opts *o, const cb_model *m, const stats_src *ss)
+{
+    const cb_blend_params *bp = ss->bp;
+    const cb_blend_stats *bs = ss->bs;
+    json_t *sel = json_array();
+
+    for (int i = 0; bp->mode == CB_MODE_BLEND && i < bp->n_ratios; i++)
+        json_array_append_new(sel, json_integer(bs->n_selected[i]));
+    double ratio = bs->ratio;
+    json_t *s = json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, "
+        "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i, s:f, s:i, s:f}",
+        "mode", cli_mode_names[bp->mode], "n_prompt_tokens", (json_int_t)ss->total,
+        "n_cached_tokens", (json_int_t)bs->n_cached_tokens, "n_exact_tokens",
+        (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens,
+        "ratio", ratio, "ttft_ms", ss->gr->first_ms, "prefill_ms", bs->prefill_ms, "load_ms",
+        bs->load_ms, "n_gen_tokens", (json_int_t)ss->gr->n_gen, "gen_ms", ss->gen_ms,
+        "recompute_ms", bs->recompute_ms, "n_selected", sel, "prefill_tok_s",
+        ss->total / (bs->prefill_ms / 1e3), "gen_tok_s",
+        ss->gr->n_gen ? ss->gr->n_gen / (ss->gen_ms / 1e3) : 0.0, "stop", ss->gr->stop, "n_chunks",
+        ss->n_chunks, "n_chunks_missing", ss->n_missing, "n_chunks_stored", ss->n_stored,
+        "check_layer", bp->check_layer, "strategy", cli_strategy_names[bp->strategy], "deviation",
+        bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m),
+        "device", cb_model_device(m), "chat_template", cb_chat_name(ss->chat), "kv_type",
+        cb_type_name(o->kv_type), "model_load_ms", ss->t_load, "model", o->model, "overlapped_ms",
+        bs->overlapped_ms, "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes,
+        "probe_rows", bp->probe_rows, "probe_depth", (double)bp->probe_depth, "probe_layers",
+        bs->probe_layers, "key_temp", (double)bs->key_temp);
+    if (s)
+        json_object_set_new(s, "stale_scale", json_real((double)bs->stale_scale));
+    if (s)
+        json_object_set_new(s, "probe_weight", json_string(bp->probe_values ? "value" : "none"));
+    if (s)
+        json_object_set_new(s, "probe_passages", json_integer(bp->probe_passages));
+    if (s) {
+        json_object_set_new(s, "stall_clock",
+                            json_string(bs->stall_clock ? bs->stall_clock : "host"));
+        json_object_set_new(s, "load_threads", json_integer(bs->load_threads));
+    }
+    if (s) {
+        json_object_set_new(s, "n_chunks_after", json_integer(ss->n_after));
+        json_object_set_new(s, "n_chunks_system", json_integer(ss->n_own));
+        json_object_set_new(s, "strategy_used",
+                            bp->mode == CB_MODE_BLEND
+                                ? json_string(cli_strategy_names[bs->strategy])
+                                : json_null());
+    }
+    if (s && ss->ratio_auto) {
+        json_object_set_new(s, "ratio_source", json_string(ss->ratio_source));
+        json_object_set_new(s, "predicted_load_ms", json_real(ss->rc->pred_load_ms));
+        json_object_set_new(s, "predicted_recompute_ms", json_real(ss->rc->pred_recompute_ms));
+        if (ss->rc->tier[0])
+            json_object_set_new(s, "tier", json_string(ss->rc->tier));
+    }
+    if (s && bp->mode == CB_MODE_BLEND && bp->n_ratios == 1)
+        json_object_set_new(s, "predicted_speedup", json_real(bs->pred_speedup));
+    if (s && bp->speedup > 0 && bp->adapt_mass == 0 && bp->mode == CB_MODE_BLEND) {
+        json_object_set_new(s, "ratio_source", json_string("speedup"));
+        json_object_set_new(s, "speedup",
+                            json_pack("{s:f, s:f, s:s}", "target", (double)bp->speedup, "min_ratio",
+                                      (double)bp->ratios[0], "bound", bs->ratio_bound));
+    }
+    if (s && bp->adapt_mass > 0 && bp->mode == CB_MODE_BLEND) {
+        json_object_set_new(s, "ratio_source", json_string("adaptive"));
+        json_object_set_new(s, "adaptive",
+                            json_pack("{s:f, s:f, s:f, s:f, s:s}", "mass", bp->adapt_mass,
+                                      "selected_mass", bs->selected_mass, "min_ratio",
+                                      bp->adapt_min, "max_ratio", bp->adapt_max, "bound",
+                                      bs->ratio_bound));
+    }
+    if (s && bp->mode != CB_MODE_FULL)
+        json_object_set_new(s, "plan", plan_json(bp, bs, ss));
+    if (s && ss->score)
+        json_object_set_new(s, "score",
+                            json_pack("{s:f, s:I, s:f}", "nll", ss->score->nll, "n_tokens",
+                                      (json_int_t)ss->score->n_tokens, "top1", ss->score->top1));
+    return s;
+}
+
+/* --stats' "shared" and "store" blocks (a lone run's, or a batch's): how
+ * the shared tier is secured and what it refused; the entries the store
+ * dropped as bad when read (to be computed and put again) and the puts
+ * that a tier's full file system sent to a later tier. */
+void gen_store_stats(json_t *s, cb_store *st)
+{
+    cb_store_shared_auth sa;
+    cb_store_tier_stat ts[CB_STORE_MAX_TIERS + 1];
+    cb_error e2;
+    uint64_t healed = 0, full = 0;
+    int n = cb_store_n_tiers(st);
+    if (cb_store_shared_name(st) && cb_store_shared_auth_info(st, &sa, &e2) == CB_OK)
+        json_object_set_new(s, "shared",
+                            json_pack("{s:s, s:b, s:b, s:I, s:I}", "tier", cb_store_shared_name(st),
+                                      "authenticated", sa.authenticated, "login_refused",
+                                      sa.login_refused, "n_refused", (json_int_t)sa.n_refused,
+                                      "n_resealed", (json_int_t)sa.n_resealed));
+    if (cb_store_stat(st, ts, NULL, &e2) == CB_OK)
+        for (int i = 0; i < n; i++)
+            healed += ts[i].healed, full += ts[i].full;
+    if (cb_store_shared_name(st)) {
+        cb_store_shared_stat(st, &ts[n], &e2); /* its count even when it is down */
+        healed += ts[n].healed;
+    }
+    json_object_set_new(
+        s, "store",
+        json_pack("{s:I, s:I}", "n_healed", (json_int_t)healed, "n_full", (json_int_t)full));
+}
+
+static int run_stats(run *r)
+{
+    stats_src ss = {&r->bp,
+                    &r->bs,
+                    r->total,
+                    &r->gr,
+                    r->gen_ms,
+                    r->t_load,
+                    cb_prompt_n_chunks(r->pr),
+                    cb_prompt_n_missing(r->pr),
+                    r->n_stored,
+                    cb_prompt_n_after(r->pr),
+                    cb_prompt_n_own(r->pr),
+                    cb_prompt_chat(r->pr),
+                    r->ratio_source,
+                    &r->rc,
+                    r->o->ratio_auto,
+                    r->cont.n ? &r->sr : NULL};
+    json_t *s = gen_stats_json(r->o, r->m, &ss);
+    int code;
+    if (s && r->verify)
+        json_object_set_new(s, "verify", r->verify), r->verify = NULL;
+    if (s && r->store)
+        gen_store_stats(s, r->store);
+    code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
+    json_decref(s);
+    return code;
+}
+
+/* Prefill (in the chosen mode) and generate; TTFT counts from r->t0. */
+static int run_answer(run *r)
+{
+    const gen_opts *o = r->o;
+    int32_t n_vocab = cb_model_hparams(r->m)->n_vocab;
+    cb_error err;
+    cb_status st;
+
+    if (!(r->logits = malloc(sizeof(float) * (size_t)n_vocab))) {
+        cli_err("out of memory");
+        return CLI_EX_SOFTWARE;
+    }
+    if ((st = run_alloc(r, &r->kv, &r->f)) != CB_OK)
+        return cli_exit_code(st);
+    if (o->ratio_auto && r->bp.mode == CB_MODE_BLEND)
+        run_auto_ratio(r);
+    if ((st = cb_prompt_prefill(r->pr, r->store, r->f, r->kv, &r->bp, r->logits, &r->bs, gen_warn,
+                                NULL, &err))) {
+        cli_err("%s", err.msg);
+        return cli_exit_code(st);
+    }
+    if (o->logits_out && cb_file_write_atomic(o->logits_out, r->logits,
+                                              sizeof(float) * (size_t)n_vocab, &err) != CB_OK) {
+        cli_err("%s", err.msg);
+        return cli_exit_code(err.status);
+    }
+    if (o->verify && (r->first_logits = malloc(sizeof(float) * (size_t)n_vocab)))
+        memcpy(r->first_logits, r->logits, sizeof(float) * (size_t)n_vocab);
+    if (r->cont.n) { /* no generation: the first token's distribution is ready now */
+        r->gr.first_ms = cb_now_ms() - r->t0;
+        r->gr.stop = "score";
+        if ((st = cb_score(r->f, r->kv, r->logits, (int32_t)r->total, r->cont.ids,
+                           (int32_t)r->cont.n, &r->sr)) != CB_OK) {
+            cli_err("%s: scoring the continuation failed: %s", o->score ? "--score" : o->score_file,
+                    cb_model_strerror(r->m, st));
+            return cli_exit_code(st);
+        }
+        r->gen_ms = cb_now_ms() - r->t0 - r->gr.first_ms;
+        printf("%.6f\n", r->sr.nll);
+        fflush(stdout);
+        return 0;
+    }
+    if ((st = cb_generate(r->f, r->kv, r->logits, (int32_t)r->total, &r->gp, cli_sink_write, &r->sm,
+                          r->t0, &r->gr)) != CB_OK) {
+        cli_err("generation failed: %s", cb_model_strerror(r->m, st));
+        return cli_exit_code(st);
+    }
+    r->gen_ms = cb_now_ms() - r->t0 - r->gr.first_ms;
+    putchar('\n'); /* the answer is a line: one newline after it, always */
+    fflush(stdout);
+    return 0;
+}
+
+int run_generate(const gen_opts *o, const char *text, size_t len)
+{
+    run r = {.o = o, .bp = o->bp, .gr = {0, 0, "length"}, .ratio_source = "given"};
+    int code;
+
+    r.sm = (cli_sink){stdout, o->verify, NULL, 0, 0};
+    r.gp = (cb_gen_params){o->sp, o->n_predict, o->stops, o->n_stops};
+    r.rc.pred_load_ms = r.rc.pred_recompute_ms = -1;
+    if ((code = run_open(&r)) != 0)
+        goto done;
+    r.t0 =
+        cb_now_ms(); /* TTFT counts from here: prompt assembly, cache lookup, prefill, first token */
+    if ((code = run_prompt(&r, text, len)) != 0 || (code = run_answer(&r)) != 0)
+        goto done;
+    if (o->verify && r.first_logits)
+        code = run_verify(&r);
+    cli_info(
+        "prefill %lld tokens (%d cached, %d recomputed) in %.1f ms (load %.1f ms); TTFT %.1f ms; %d tokens in "
+        "%.1f ms; stop: %s",
+        (long long)r.total, r.bs.n_cached_tokens, r.bs.n_recomputed_tokens, r.bs.prefill_ms,
+        r.bs.load_ms, r.gr.first_ms, r.gr.n_gen, r.gen_ms, r.gr.stop);
+    /* For the next run, after the answer (no latency): keep streamed chunks, store missing ones. */
+    cb_prompt_keep(r.pr, r.store, gen_warn, NULL);
+    if (o->store_write && r.store && !cb_store_readonly(r.store))
+        cb_prompt_store_missing(r.pr, r.store, CB_TYPE_F16, &r.n_stored, gen_warn, NULL);
+    if (o->stats_path)
+        code = run_stats(&r);
+done:
+    json_decref(r.verify);
+    cb_tokens_free(&r.cont);
+    free(r.sm.all);
+    free(r.logits);
+    free(r.first_logits);
+    cb_prompt_free(r.pr);
+    cb_fwd_free(r.f);
+    cb_kvcache_free(r.kv);
+    cb_store_close(r.store);
+    cb_model_free(r.m);
+    json_decref(r.chunks);
+    return code;
+}
