@@ -16,33 +16,32 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: cb-profile [-m MODEL] [--store DIR] [--lengths L,...] [--ratios R,...]\n"
-            "                  [--repeat N] [-o md|json] [--plot FILE.png] [-t N]\n"
-            "\n"
-            "Measure full-prefill and selective-recompute time per layer and the KV load\n"
-            "throughput of every tier of the store (cold and warm), write the profile into\n"
-            "the store (profile-<model>-<backend>.json), and print a table.\n"
-            "\n"
-            "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model)\n"
-            "      --store DIR    the store (default: $CB_STORE, else\n"
-            "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store)\n"
-            "      --lengths LIST prompt lengths (default 512,1024,2048,4096,8192, up to the\n"
-            "                     model's context)\n"
-            "      --ratios LIST  recompute ratios (default 0.05,0.1,0.15,0.25,0.5)\n"
-            "      --repeat N     repeats of each measurement; the median is kept (default 3)\n"
-            "      --no-write     measure and print, but do not write the profile\n"
-            "  -o, --output FMT   md (default) or json\n"
-            "      --plot FILE    the curves as a PNG (needs gnuplot)\n"
-            "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
-            "  -v, --verbose      progress on stderr\n"
-            "  -q, --quiet        print nothing but errors\n"
-            "  -h, --help         this help\n"
-            "      --version      print the version\n"
-            "\n"
-            "Exit status: 0 success, 64 usage error, 65 bad model, 66 missing model or\n"
-            "store, 69 compute device not available or failed (a device fault), 70\n"
-            "internal error, 73 cannot write the profile, 74 I/O error.\n");
+    fprintf(f, "usage: cb-profile [-m MODEL] [--store DIR] [--lengths L,...] [--ratios R,...]\n"
+               "                  [--repeat N] [-o md|json] [--plot FILE.png] [-t N]\n"
+               "\n"
+               "Measure full-prefill and selective-recompute time per layer and the KV load\n"
+               "throughput of every tier of the store (cold and warm), write the profile into\n"
+               "the store (profile-<model>-<backend>.json), and print a table.\n"
+               "\n"
+               "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model)\n"
+               "      --store DIR    the store (default: $CB_STORE, else\n"
+               "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store)\n"
+               "      --lengths LIST prompt lengths (default 512,1024,2048,4096,8192, up to the\n"
+               "                     model's context)\n"
+               "      --ratios LIST  recompute ratios (default 0.05,0.1,0.15,0.25,0.5)\n"
+               "      --repeat N     repeats of each measurement; the median is kept (default 3)\n"
+               "      --no-write     measure and print, but do not write the profile\n"
+               "  -o, --output FMT   md (default) or json\n"
+               "      --plot FILE    the curves as a PNG (needs gnuplot)\n"
+               "  -t, --threads N    compute threads (default: every core)\n" CLI_DEVICE_HELP
+               "  -v, --verbose      progress on stderr\n"
+               "  -q, --quiet        print nothing but errors\n"
+               "  -h, --help         this help\n"
+               "      --version      print the version\n"
+               "\n"
+               "Exit status: 0 success, 64 usage error, 65 bad model, 66 missing model or\n"
+               "store, 69 compute device not available or failed (a device fault), 70\n"
+               "internal error, 73 cannot write the profile, 74 I/O error.\n");
 }
 
 enum { OPT_LENGTHS = 256, OPT_RATIOS, OPT_REPEAT, OPT_PLOT, OPT_NOWRITE };

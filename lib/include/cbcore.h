@@ -379,8 +379,8 @@ typedef struct cb_store_recode_report {
 typedef int (*cb_store_recode_fn)(void *ctx, const cb_store_recode_report *r, const char *key,
                                   const char *msg);
 /* Rewrite the entries of tier (NULL: every local one) in type t, each atomically; a rerun resumes. */
-cb_status cb_store_recode(cb_store *s, const char *tier, cb_type t, cb_store_recode_fn fn, void *ctx,
-                          cb_store_recode_report *rep, cb_error *err);
+cb_status cb_store_recode(cb_store *s, const char *tier, cb_type t, cb_store_recode_fn fn,
+                          void *ctx, cb_store_recode_report *rep, cb_error *err);
 /* The shared tier (Redis, behind the local ones): its warnings, figures, name (NULL: none). */
 void cb_store_set_warn(cb_store *s, void (*warn)(void *ctx, const char *msg), void *ctx);
 cb_status cb_store_shared_stat(cb_store *s, cb_store_tier_stat *out, cb_error *err);
