@@ -152,8 +152,9 @@ $(LIBSO): $(LIB_OBJ)
 	$(Q)$(CC) -shared -Wl,-soname,libcbcore.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # A program is src/cb-NAME.c, plus its parts where it has them (cb-run:
-# src/run-*.c), plus cli.c.
+# src/run-*.c; cb-store: src/store-*.c), plus cli.c.
 $(BINDIR_B)/cb-run: $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/run-*.c))
+$(BINDIR_B)/cb-store: $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/store-*.c))
 $(BINDIR_B)/%: $(BUILD)/src/%.o $(CLI_OBJ) $(LIBA)
 	@mkdir -p $(dir $@)
 	@[ "$(Q)" = "" ] || echo "  LD      $@"
