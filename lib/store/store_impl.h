@@ -276,6 +276,15 @@ cb_status st_acquire(cb_store *s, const char *key, int flags, cb_store_ref **out
  * computed and put again.  Readers elsewhere keep their descriptors (and
  * find it bad too).  1 dropped, 0 not; nothing said (the caller warns). */
 int st_heal_local(cb_store *s, const char *key, int t, const struct stat *was);
+/* Put data (size bytes) under key into tier first_tier or a slower one with
+ * room (put.c): checked as a KV file, written atomically, indexed. */
+cb_status st_put_bytes(cb_store *s, const char *key, const void *data, size_t size, int first_tier,
+                       cb_error *err);
+/* An entry's row (put.c, entry.c): its state, tier and owner; drop it; mark it removed. */
+static const char SQL_GET_STATE[] = "SELECT state, tier, owner FROM entries WHERE key = ?1";
+static const char SQL_DEL_KEY[] = "DELETE FROM entries WHERE key = ?1";
+static const char SQL_REMOVED[] =
+    "UPDATE entries SET state = 2, pinned = 0 WHERE key = ?1 AND state = 1";
 /* Adopt a verified copy of the KV file at path; movable: it may be renamed
  * into the tier; expect: the key it must hold (or NULL). */
 cb_status st_put_file(cb_store *s, const char *path, int movable, const char *expect,
