@@ -716,7 +716,8 @@ static void test_recode(cb_model *m)
         size_t s4 = 0;
         CHECK_OK(cb_kvfile_recode(k16, CB_TYPE_KIVI4, &b4, &s4, &err));
         cb_kvfile *k4 = b4 ? open_buf("recode-kivi4.kv", b4, s4) : NULL;
-        CHECK(k4 && cb_kvfile_meta(k4)->type == CB_TYPE_KIVI4 && s4 <= s16); /* pages: tiny models */
+        CHECK(k4 && cb_kvfile_meta(k4)->type == CB_TYPE_KIVI4 &&
+              s4 <= s16); /* pages: tiny models */
         if (k4)
             CHECK_OK(cb_kvfile_verify(k4, &err));
         cb_kvfile_free(k4);
