@@ -285,6 +285,25 @@ static cb_status open_backend(cb_model *m, const char *path, const cb_model_para
     return CB_OK;
 }
 
+/* The architecture table's row of the file's general.architecture. */
+static cb_status model_arch(const cb_gguf *g, const char *path, const struct arch_desc **ad,
+                            cb_error *err)
+{
+    cb_strview arch = cb_gguf_str(g, "general.architecture");
+    if (!arch.data)
+        return cb_error_set(err, CB_ERR_FORMAT, "%s: no general.architecture: not a model file",
+                            path);
+    for (size_t i = 0; i < sizeof arches / sizeof arches[0]; i++)
+        if (cb_strview_eq(arch, arches[i].name)) {
+            *ad = &arches[i];
+            return CB_OK;
+        }
+    return cb_error_set(
+        err, CB_ERR_UNSUPPORTED,
+        "%s: architecture '%.*s' is not supported (supported: llama, qwen2, qwen3, gemma3)", path,
+        (int)(arch.len > 40 ? 40 : arch.len), arch.data);
+}
+
 cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params *p, cb_error *err)
 {
     const struct arch_desc *ad = NULL;
@@ -296,25 +315,10 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     if (!m)
         return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
     hp = &m->hp;
-    if ((st = cb_gguf_open(&m->gguf, path, err)) != CB_OK)
+    if ((st = cb_gguf_open(&m->gguf, path, err)) != CB_OK ||
+        (st = model_arch(m->gguf, path, &ad, err)) != CB_OK)
         goto fail;
-    cb_strview arch = cb_gguf_str(m->gguf, "general.architecture");
-    if (!arch.data) {
-        st =
-            cb_error_set(err, CB_ERR_FORMAT, "%s: no general.architecture: not a model file", path);
-        goto fail;
-    }
-    for (size_t i = 0; i < sizeof arches / sizeof arches[0]; i++)
-        if (cb_strview_eq(arch, arches[i].name))
-            ad = &arches[i];
-    if (!ad) {
-        st = cb_error_set(
-            err, CB_ERR_UNSUPPORTED,
-            "%s: architecture '%.*s' is not supported (supported: llama, qwen2, qwen3, gemma3)",
-            path, (int)(arch.len > 40 ? 40 : arch.len), arch.data);
-        goto fail;
-    }
-    snprintf(hp->arch, sizeof hp->arch, "%.*s", (int)arch.len, arch.data);
+    snprintf(hp->arch, sizeof hp->arch, "%s", ad->name);
     if ((st = hp_int(m->gguf, path, hp->arch, "block_count", &hp->n_layer, 1, err)) ||
         (st = hp_int(m->gguf, path, hp->arch, "embedding_length", &hp->n_embd, 1, err)) ||
         (st = hp_int(m->gguf, path, hp->arch, "feed_forward_length", &hp->n_ff, 1, err)) ||
