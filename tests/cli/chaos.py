@@ -392,7 +392,8 @@ def chaos(T, secs, hosts, tmpfs):
             try:
                 tp = int(open(os.path.join(T, "cur-" + h)).read())
                 ch = open("/proc/%d/task/%d/children" % (tp, tp)).read().split()
-                if ch:
+                # only one of ours: before its exec the child is still timeout
+                if ch and open("/proc/%s/comm" % ch[0]).read().startswith("cb-"):
                     os.kill(int(ch[0]), signal.SIGKILL)
                     fault("kill", h)
             except (OSError, ValueError):

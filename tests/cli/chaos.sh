@@ -182,8 +182,11 @@ host_loop() {
             timeout -k 5 $HANG_S "$PRE" -t 1 -m "$M" --store "$T/$h" -q < "$w.in" > "$w.out" 2> "$w.err" &
         else
             kind=run; c=$(rnd 4); mode=reuse; [ "$(rnd 2)" -eq 1 ] && mode=blend
+            # (the question read here: an expansion in the command below would run in the
+            # forked child, and the chaos's SIGKILL of $!'s child could hit that cat)
+            q=$(cat "$T/q-$c")
             timeout -k 5 $HANG_S "$RUN" -t 1 -m "$M" --temp 0 -n 2 --store "$T/$h" --chunks "$T/combo-$c.jsonl" \
-                --mode $mode -p "$(cat "$T/q-$c")" --logits-out "$w.lg" --stats "$w.st" > /dev/null 2> "$w.err" < /dev/null &
+                --mode $mode -p "$q" --logits-out "$w.lg" --stats "$w.st" > /dev/null 2> "$w.err" < /dev/null &
         fi
         echo $! > "$T/cur-$h"; wait $!; rc=$?; rm -f "$T/cur-$h"
         ms=$(ms_since "$n0"); t1=$(now); s1=$(cat "$T/state")
