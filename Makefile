@@ -204,7 +204,7 @@ model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
 check-tools: all $(TEST_BIN) $(GEN_BIN) $(BENCH_BIN)
 
 # The GGUF fuzz sweep and the tokenizer suites also run under ASan+UBSan.
-SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk test_prompt test_backend_ops test_batch test_fault
+SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_kvcoded test_chunk test_prompt test_backend_ops test_batch test_fault
 
 test: deps ## install deps, fetch the models, build everything and run every test suite
 	@sh scripts/fetch-model.sh smollm2
