@@ -63,8 +63,7 @@ typedef enum cb_type { /* tensor element types, numbered as in GGUF (ggml_type) 
     CB_TYPE_I8 = 24, CB_TYPE_I16 = 25, CB_TYPE_I32 = 26, CB_TYPE_I64 = 27, CB_TYPE_F64 = 28,
     CB_TYPE_IQ1_M = 29, CB_TYPE_BF16 = 30, CB_TYPE_TQ1_0 = 34, CB_TYPE_TQ2_0 = 35,
     CB_TYPE_COUNT_ = 40,
-    CB_TYPE_KIVI4 = 1024, /* KV files' coded types (cbkv(5)), not tensor types */
-    CB_TYPE_CODED = 1025
+    CB_TYPE_KIVI4 = 1024, CB_TYPE_CODED = 1025 /* KV files' coded types (cbkv(5)), not tensors */
 } cb_type;
 /* clang-format on */
 const char *cb_type_name(cb_type t);            /* as GGUF tools print it ("q4_K"); NULL: unknown */

@@ -52,9 +52,12 @@ cb_status cb_kivi4_decode(const uint8_t *in, int32_t n, int64_t w, uint16_t *k, 
                           float *scratch, int simd);
 /* coded: levels at a step of each group's deviation over s (keys per
  * channel, values per token), entropy coded with zstd's literal stage
- * (kvcoded.c).  s of the first third of the layers, and of the rest: */
+ * (kvcoded.c).  s of the first third of the layers, and of the rest,
+ * before the writer scales them all by one factor so that a file takes
+ * 1/CB_CODED_SHARE of an f16 file's bytes (kvfile.c): */
 #define CB_CODED_S_EARLY 1.5f
 #define CB_CODED_S_LATE 1.0f
+#define CB_CODED_SHARE 6
 /* The s the encoder gives layer l of n_layer (the bit allocation). */
 float cb_coded_steps(int32_t l, int32_t n_layer);
 /* The most bytes a coded layer of n tokens of width w takes; 0 when

@@ -64,6 +64,7 @@
 #include "kv.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,6 +186,91 @@ static uint64_t get64(const uint8_t *p)
  * of f32 [n_tokens, n_head_kv*head_dim] into rows. */
 typedef cb_status (*kv_rows_fn)(void *ctx, int32_t l, int which, float *rows);
 
+/* Every layer of a coded file from get, each at its steps (cb_coded_steps)
+ * times g, laid from H on in buf (n_layer*S bytes there): the table and
+ * checksums filled, where the body ends (*end), its largest span, and the
+ * padding to pages in it (*pad). */
+static cb_status coded_pass(const cb_kv_meta *mt, kv_rows_fn get, void *ctx, uint8_t *buf,
+                            uint64_t H, uint64_t S, float g, float *tmp, uint64_t *end,
+                            uint64_t *most, uint64_t *pad)
+{
+    int32_t n = mt->n_tokens, L = mt->n_layer;
+    int64_t w = (int64_t)mt->n_head_kv * mt->head_dim;
+    uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + mt->n_lead), *table = sums + 16 * (size_t)L;
+    uint64_t at = H;
+    *most = *pad = 0;
+    for (int32_t l = 0; l < L; l++) {
+        uint64_t len;
+        cb_status st = get(ctx, l, 0, tmp);
+        if (st == CB_OK)
+            st = get(ctx, l, 1, tmp + (int64_t)n * w);
+        float s = cb_coded_steps(l, L) * g;
+        if (st == CB_OK)
+            st = cb_coded_encode(tmp, tmp + (int64_t)n * w, n, w, s, s, buf + at, S, &len);
+        if (st != CB_OK)
+            return st;
+        uint64_t span = align_up(len, CB_KV_ALIGN);
+        memset(buf + at + len, 0, (size_t)(S - len)); /* what zstd left: zeros */
+        put64(table + 16 * (size_t)l, at);
+        put64(table + 16 * (size_t)l + 8, span);
+        put64(sums + 8 * (size_t)l, XXH3_64bits(buf + at, (size_t)span));
+        *most = span > *most ? span : *most;
+        *pad += span - len;
+        at += span;
+    }
+    *end = at;
+    return CB_OK;
+}
+
+/* A coded file's body at the rate CB_CODED_SHARE sets: the layers' steps
+ * scaled by one g, within [1/4, 4], the largest tried whose file takes at
+ * most 1/CB_CODED_SHARE of f16's bytes for its tokens (2 bytes an element;
+ * its header and pages included), else the largest of those giving the
+ * smallest file (chunks of a few tokens, whose pages are most of the file,
+ * keep their steps).  A level's code grows by about
+ * a bit when its steps double, so each pass moves g by 2^(the bits an
+ * element is over or under, its pages as the last pass padded), or halves
+ * the interval between a g that fit and one that did not; a few passes,
+ * then the chosen g again if the last was not it. */
+static cb_status write_coded(const cb_kv_meta *mt, kv_rows_fn get, void *ctx, uint8_t *buf,
+                             uint64_t H, uint64_t S, float *tmp, uint64_t *end, uint64_t *most)
+{
+    int32_t n = mt->n_tokens, L = mt->n_layer;
+    double elems = 2.0 * (double)n * (double)mt->n_head_kv * mt->head_dim * L;
+    double target = 2 * elems / CB_CODED_SHARE;
+    float g = 1, fit = 0, over = 0; /* the largest g that fit, the smallest that did not */
+    float small = 1;                /* the largest g of the smallest file */
+    uint64_t pad, least = UINT64_MAX;
+    for (int pass = 0; pass < 6; pass++) {
+        cb_status st = coded_pass(mt, get, ctx, buf, H, S, g, tmp, end, most, &pad);
+        if (st != CB_OK)
+            return st;
+        if (*end > target && *end >= least && g == 0.25f)
+            break; /* the fewest steps make it no smaller: its pages, not its codes */
+        if (*end < least || (*end == least && g > small))
+            least = *end, small = g;
+        if ((double)*end <= target)
+            fit = g > fit ? g : fit;
+        else
+            over = over == 0 || g < over ? g : over;
+        if ((double)*end <= target && (double)*end > 0.98 * target)
+            return CB_OK; /* within 2% under: close enough */
+        /* the coded bytes aimed a little under what the pages leave them */
+        double room = target - (double)H - (double)pad - 2048.0 * (pad > 0);
+        float next = g * exp2f((float)(1.5 * (room - (double)(*end - H - pad)) * 8 / elems));
+        /* at least 7% a pass, so that pages come or go */
+        next = (double)*end > target ? fminf(next, 0.93f * g) : fmaxf(next, 1.07f * g);
+        next = next < 0.25f ? 0.25f : next > 4 ? 4 : next;
+        if (fit > 0 && over > 0 && (next <= fit || next >= over))
+            next = sqrtf(fit * over); /* between the two known: halve the interval */
+        if (next == g)
+            break;
+        g = next;
+    }
+    float best = fit > 0 ? fit : small;
+    return best == g ? CB_OK : coded_pass(mt, get, ctx, buf, H, S, best, tmp, end, most, &pad);
+}
+
 /* The one KV file writer (cb_kv_serialize, cb_kvfile_recode): the header
  * that mt describes (model, shape, RoPE, flags, positions, ids, lead-in,
  * each layer's window and RoPE base; its token hash and type are not read)
@@ -242,46 +328,31 @@ static cb_status kv_write(const cb_kv_meta *mt, kv_rows_fn get, void *ctx, cb_ty
     if (n_lead)
         memcpy(buf + KV_FIXED + 4 * (size_t)n, lead, 4 * (size_t)n_lead);
     uint8_t *sums = buf + KV_FIXED + 4 * (size_t)(n + n_lead),
-            *att = sums + 8 * (size_t)mt->n_layer, *table = att + 8 * (size_t)mt->n_layer;
+            *att = sums + 8 * (size_t)mt->n_layer;
     for (int32_t l = 0; l < mt->n_layer; l++) {
         put32(att + 8 * (size_t)l, (uint32_t)mt->window[l]);
         memcpy(att + 8 * (size_t)l + 4, &mt->layer_rope_base[l], 4);
     }
-    uint64_t at = H, most = 0; /* where the next layer goes; the largest span */
-    for (int32_t l = 0; l < mt->n_layer; l++) {
-        uint8_t *layer = buf + at;
-        uint64_t span = S;
-        for (int which = 0; which < 2; which++) {
+    uint64_t at = H, most = 0; /* where the body ends; the largest span */
+    cb_status st = var ? write_coded(mt, get, ctx, buf, H, S, tmp, &at, &most) : CB_OK;
+    for (int32_t l = 0; !var && st == CB_OK && l < mt->n_layer; l++) {
+        uint8_t *layer = buf + H + S * (uint64_t)l;
+        for (int which = 0; which < 2 && st == CB_OK; which++) {
             float *x = coded(type) ? tmp + which * (int64_t)n * width : tmp;
-            cb_status st = get(ctx, l, which, x);
-            if (st != CB_OK) {
-                free(buf);
-                free(tmp);
-                return st;
-            }
-            for (int32_t i = 0; i < n && !coded(type); i++)
+            st = get(ctx, l, which, x);
+            for (int32_t i = 0; i < n && !coded(type) && st == CB_OK; i++)
                 cb_quant_row(type, tmp + i * width, layer + which * B + (uint64_t)i * row, width);
         }
-        if (type == CB_TYPE_KIVI4)
+        if (type == CB_TYPE_KIVI4 && st == CB_OK)
             cb_kivi4_encode(tmp, tmp + (int64_t)n * width, n, width, layer);
-        if (var) {
-            float s = cb_coded_steps(l, mt->n_layer);
-            uint64_t len;
-            cb_status st =
-                cb_coded_encode(tmp, tmp + (int64_t)n * width, n, width, s, s, layer, S, &len);
-            if (st != CB_OK) {
-                free(buf);
-                free(tmp);
-                return st;
-            }
-            span = align_up(len, CB_KV_ALIGN);
-            memset(layer + len, 0, (size_t)(S - len)); /* what zstd left: zeros */
-            put64(table + 16 * (size_t)l, at);
-            put64(table + 16 * (size_t)l + 8, span);
-        }
-        put64(sums + 8 * (size_t)l, XXH3_64bits(layer, (size_t)span));
-        most = span > most ? span : most;
-        at += span;
+        put64(sums + 8 * (size_t)l, XXH3_64bits(layer, (size_t)S));
+        most = S;
+        at += S;
+    }
+    if (st != CB_OK) {
+        free(buf);
+        free(tmp);
+        return st;
     }
     put64(buf + 96, most);
     put64(buf + 112, at);
