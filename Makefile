@@ -59,13 +59,13 @@ endif
 # The release, written once: CB_VERSION_STRING in the public header.
 VERSION := $(shell sed -n 's/^\#define CB_VERSION_STRING "\(.*\)"$$/\1/p' lib/include/cbcore.h)
 
-PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3 hiredis libcrypto
+PKGS    := libpcre2-8 openblas jansson libxxhash libarchive sqlite3 hiredis libcrypto libzstd
 CFLAGS  ?=
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -MMD -MP -Ilib/include $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 CFLAGS  += -DCB_LIBDIR='"$(LIBDIR)"'
 # OpenBLAS is not linked: lib/backend/blas.c loads it when a product first
 # needs it (its constructor would start a thread a core in every program).
-LDLIBS  := $(shell pkg-config --libs $(filter-out openblas,$(PKGS)) 2>/dev/null || echo -lpcre2-8 -ljansson -lxxhash -larchive -lsqlite3 -lhiredis -lcrypto) -lm -lpthread -ldl
+LDLIBS  := $(shell pkg-config --libs $(filter-out openblas,$(PKGS)) 2>/dev/null || echo -lpcre2-8 -ljansson -lxxhash -larchive -lsqlite3 -lhiredis -lcrypto -lzstd) -lm -lpthread -ldl
 BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 LDFLAGS += $(LDSAN)
 
@@ -204,7 +204,7 @@ model-gemma: ## fetch Gemma-3-270M Q4_K_M into the cache
 check-tools: all $(TEST_BIN) $(GEN_BIN) $(BENCH_BIN)
 
 # The GGUF fuzz sweep and the tokenizer suites also run under ASan+UBSan.
-SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_chunk test_prompt test_backend_ops test_batch test_fault
+SAN_TESTS := test_gguf test_tokenizer test_quant test_store test_kv test_kvcoded test_chunk test_prompt test_backend_ops test_batch test_fault
 
 test: deps ## install deps, fetch the models, build everything and run every test suite
 	@sh scripts/fetch-model.sh smollm2

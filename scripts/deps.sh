@@ -3,8 +3,9 @@
 # need.  Idempotent: prints nothing and changes nothing when all are present.
 set -e
 pkgs="build-essential pkg-config libpcre2-dev libxxhash-dev libarchive-dev libopenblas-dev
-      libjansson-dev libsqlite3-dev libhiredis-dev libsimde-dev libssl-dev redis-server stunnel4 zstd unzip gnuplot-nox python3
+      libjansson-dev libsqlite3-dev libhiredis-dev libsimde-dev libssl-dev libzstd-dev redis-server stunnel4 zstd unzip gnuplot-nox python3
       python3-venv python3-pip python3-cryptography ca-certificates"
+# libzstd-dev: the coded KV element type's entropy coder (zstd's literal stage).
 # libssl-dev: libcrypto (AES-256-GCM, HKDF, random bytes) for the shared tier's
 # sealed entries; python3-cryptography: tests/cli/redis-seal.sh decrypts an
 # entry on its own; stunnel4: tests/cli/redis-auth.sh's TLS tunnel.

@@ -35,8 +35,9 @@ static void usage(FILE *f)
                "                     ${XDG_CACHE_HOME:-~/.cache}/cacheblend/store); created if\n"
                "                     absent\n"
                "      --kv-type T    element type of the KV files: f16 (default), f32, bf16,\n"
-               "                     q8_0 (8-bit, about half the size of f16), or kivi4 (4-bit\n"
-               "                     keys per channel and values per token, under a third)\n"
+               "                     q8_0 (8-bit, about half the size of f16), kivi4 (4-bit\n"
+               "                     keys per channel and values per token, under a third), or\n"
+               "                     coded (entropy coded levels, about a sixth)\n"
                "      --place WHERE  the tier new entries go to: a tier's name, or auto: the\n"
                "                     cheapest tier whose load time does not exceed the recompute\n"
                "                     time (cb-store place, from the store's profile); default:\n"
@@ -134,9 +135,9 @@ static int parse_args(int argc, char **argv, pre *x)
         CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };
-    static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0", "kivi4"};
-    static const cb_type kv_types[] = {CB_TYPE_F16, CB_TYPE_F32, CB_TYPE_BF16, CB_TYPE_Q8_0,
-                                       CB_TYPE_KIVI4};
+    static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0", "kivi4", "coded"};
+    static const cb_type kv_types[] = {CB_TYPE_F16,  CB_TYPE_F32,   CB_TYPE_BF16,
+                                       CB_TYPE_Q8_0, CB_TYPE_KIVI4, CB_TYPE_CODED};
     int c, r;
     while ((c = cli_getopt(argc, argv, CLI_COMMON_SHORT, opts)) != -1) {
         if ((r = cli_common_opt(&x->co, c, optarg, usage)) != CLI_NOT_COMMON) {
@@ -144,10 +145,10 @@ static int parse_args(int argc, char **argv, pre *x)
                 return r;
         } else if (c == OPT_KVTYPE) {
             int k = 0;
-            while (k < 5 && strcmp(optarg, kv_names[k]))
+            while (k < 6 && strcmp(optarg, kv_names[k]))
                 k++;
-            if (k == 5) {
-                cli_err("--kv-type %s: use f16, f32, bf16, q8_0 or kivi4", optarg);
+            if (k == 6) {
+                cli_err("--kv-type %s: use f16, f32, bf16, q8_0, kivi4 or coded", optarg);
                 return CLI_EX_USAGE;
             }
             x->kv_type = kv_types[k];

@@ -125,12 +125,13 @@ int cmd_recode(const opts *o)
     if ((code = cs_need_args(o, "recode", 0, 0)) != 0)
         return code;
     if (!o->kv_type) {
-        cli_err("recode: --kv-type T is required (f16, f32, bf16, q8_0 or kivi4)");
+        cli_err("recode: --kv-type T is required (f16, f32, bf16, q8_0, kivi4 or coded)");
         return CLI_EX_USAGE;
     }
     if (cb_kv_type_parse(o->kv_type, &type) != CB_OK) {
         cli_err(
-            "recode: --kv-type %s: not an element type of KV files (f16, f32, bf16, q8_0, kivi4)",
+            "recode: --kv-type %s: not an element type of KV files (f16, f32, bf16, q8_0, kivi4, "
+            "coded)",
             o->kv_type);
         return CLI_EX_USAGE;
     }

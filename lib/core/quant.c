@@ -71,6 +71,8 @@ const char *cb_type_name(cb_type t)
 {
     if (t == CB_TYPE_KIVI4) /* not a tensor type: no traits, only a name */
         return "kivi4";
+    if (t == CB_TYPE_CODED)
+        return "coded";
     const struct cb_type_traits *tt = traits_of(t);
     return tt ? tt->name : NULL;
 }

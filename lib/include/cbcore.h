@@ -63,7 +63,7 @@ typedef enum cb_type { /* tensor element types, numbered as in GGUF (ggml_type) 
     CB_TYPE_I8 = 24, CB_TYPE_I16 = 25, CB_TYPE_I32 = 26, CB_TYPE_I64 = 27, CB_TYPE_F64 = 28,
     CB_TYPE_IQ1_M = 29, CB_TYPE_BF16 = 30, CB_TYPE_TQ1_0 = 34, CB_TYPE_TQ2_0 = 35,
     CB_TYPE_COUNT_ = 40,
-    CB_TYPE_KIVI4 = 1024 /* a KV file's coded type (cbkv(5)), not a tensor type */
+    CB_TYPE_KIVI4 = 1024, CB_TYPE_CODED = 1025 /* KV files' coded types (cbkv(5)), not tensors */
 } cb_type;
 /* clang-format on */
 const char *cb_type_name(cb_type t);            /* as GGUF tools print it ("q4_K"); NULL: unknown */
@@ -167,7 +167,7 @@ typedef struct cb_kv_meta {
     cb_hash128 tokens; /* hash of the lead-in and the token ids */
     int32_t n_layer, n_head_kv, head_dim, n_rot, rope_neox;
     float rope_base;
-    cb_type type;                   /* F16, F32, BF16, Q8_0 or KIVI4 */
+    cb_type type;                   /* F16, F32, BF16, Q8_0, KIVI4 or CODED */
     int32_t n_tokens, pos0, n_lead; /* K of token i is at position pos0 + i, after n_lead */
     uint32_t flags;                 /* bit 0: global layers' RoPE frequencies divided */
     const int32_t *ids, *lead;      /* [n_tokens], [n_lead] (borrowed from the file handle) */

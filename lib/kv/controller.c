@@ -257,11 +257,14 @@ double cb_profile_recompute_ms(const cb_profile *p, double ratio, int64_t L)
  * elements (a group's f16 scale and minimum with it) for f16's 64.  Its keys'
  * last group of a chunk is often partial, so this is slightly low. */
 #define KIVI4_PER_F16 (20.0 / 64.0)
+/* coded's varies with the data and its layers' steps: about a sixth of
+ * f16's on real KV (kvcoded.c) */
+#define CODED_PER_F16 (1.0 / 6.0)
 
 double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold)
 {
-    int ti = cb_profile_type_index(t == CB_TYPE_KIVI4 ? CB_TYPE_F16 : t);
-    double per = t == CB_TYPE_KIVI4 ? KIVI4_PER_F16 : 1.0;
+    int ti = cb_profile_type_index(t == CB_TYPE_KIVI4 || t == CB_TYPE_CODED ? CB_TYPE_F16 : t);
+    double per = t == CB_TYPE_KIVI4 ? KIVI4_PER_F16 : t == CB_TYPE_CODED ? CODED_PER_F16 : 1.0;
     for (int i = 0; ti >= 0 && i < p->n_tiers; i++)
         if (!strcmp(p->tiers[i].name, tier)) {
             double mbs = cold ? p->tiers[i].cold_mbs : p->tiers[i].warm_mbs;

@@ -50,7 +50,34 @@ cb_status cb_kivi4_encode(const float *k, const float *v, int32_t n, int64_t w, 
  * fastest (the same bits).  Errors: CB_ERR_INVALID (shape). */
 cb_status cb_kivi4_decode(const uint8_t *in, int32_t n, int64_t w, uint16_t *k, uint16_t *v,
                           float *scratch, int simd);
-/* 1 when KV files may hold elements of type t (f32, f16, bf16, q8_0, kivi4). */
+/* coded: levels at a step of each group's deviation over s (keys per
+ * channel, values per token), entropy coded with zstd's literal stage
+ * (kvcoded.c).  s of the first third of the layers, and of the rest,
+ * before the writer scales them all by one factor so that a file takes
+ * 1/CB_CODED_SHARE of an f16 file's bytes (kvfile.c): */
+#define CB_CODED_S_EARLY 1.5f
+#define CB_CODED_S_LATE 1.0f
+#define CB_CODED_SHARE 6
+/* The s the encoder gives layer l of n_layer (the bit allocation). */
+float cb_coded_steps(int32_t l, int32_t n_layer);
+/* The most bytes a coded layer of n tokens of width w takes; 0 when
+ * n < 1 or w < 1. */
+uint64_t cb_coded_bound(int32_t n, int64_t w);
+/* Bytes of the scratch cb_coded_decode needs (its zstd context within). */
+size_t cb_coded_scratch(int32_t n, int64_t w);
+/* k, v [n][w] f32 as one coded layer with keys' s sk and values' sv into
+ * out (cap bytes, at least cb_coded_bound), its length in *len.  Errors:
+ * CB_ERR_INVALID (shape, s, cap), CB_ERR_NOMEM, CB_ERR_INTERNAL (zstd). */
+cb_status cb_coded_encode(const float *k, const float *v, int32_t n, int64_t w, float sk, float sv,
+                          uint8_t *out, uint64_t cap, uint64_t *len);
+/* The coded layer at in (len bytes, possibly padded) decoded to f16 rows
+ * k, v [n][w], allocating nothing: its zstd context and levels live in
+ * scratch (cb_coded_scratch bytes).  simd as cb_kivi4_decode's.  Errors:
+ * CB_ERR_FORMAT (the bytes are not such a layer). */
+cb_status cb_coded_decode(const uint8_t *in, uint64_t len, int32_t n, int64_t w, uint16_t *k,
+                          uint16_t *v, void *scratch, int simd);
+/* 1 when KV files may hold elements of type t (f32, f16, bf16, q8_0, kivi4,
+ * coded). */
 int cb_kv_type_ok(cb_type t);
 
 /* The size in bytes a KV file must have whose first n bytes are `fixed`:
@@ -62,6 +89,12 @@ int cb_kv_type_ok(cb_type t);
  * than 128 bytes), CB_ERR_UNSUPPORTED (another format version). */
 cb_status cb_kv_header_size(const void *fixed, size_t n, const char *name, uint64_t *size,
                             cb_error *err);
+
+/* The bytes of part i of the KV file data (size bytes) as its reader
+ * reads it: the header (part 0), then one part a layer (cbkv(5): S each,
+ * or each layer's span in version 4); 0 when data is not a KV file whose
+ * sizes agree with each other, or has no part i. */
+uint64_t cb_kv_part_bytes(const void *data, size_t size, size_t i);
 
 /* A KV file's bytes from elsewhere than a local file (the store's shared
  * tier streams them): read(ctx, off, buf, n, err) fills buf with the n

@@ -23,7 +23,7 @@
 
 #define KV_MAGIC "CBKV\r\n\x1a\n"
 
-/* The fields of a KV file header (format versions 1 to 3, which agree on
+/* The fields of a KV file header (format versions 1 to 4, which agree on
  * them, lib/kv/kvfile.c) the reservation needs before the file is written
  * and verified in full. */
 static cb_status peek_header(const uint8_t *p, size_t size, char key[66], char model[33],
@@ -35,7 +35,7 @@ static cb_status peek_header(const uint8_t *p, size_t size, char key[66], char m
         return cb_error_set(err, CB_ERR_FORMAT, "not a valid KV file: %s",
                             size < 128 ? "too short" : "bad magic");
     memcpy(&ver, p + 8, 4);
-    if (ver < 1 || ver > 3)
+    if (ver < 1 || ver > 4)
         return cb_error_set(err, CB_ERR_UNSUPPORTED, "KV format version %u is not supported", ver);
     memcpy(&total, p + 112, 8);
     if (total != size)

@@ -177,20 +177,14 @@ int st_remote_has(cb_store *s, const char *key)
     return have;
 }
 
-/* Parts: the header, then one per layer (cbkv(5): H at 12, L at 48, S at
- * 96, H + L*S bytes), as a loader reads them; other sizes in parts of
- * ST_PART bytes.  The length of the part at off (part i). */
+/* Parts: the header, then one per layer (cb_kv_part_bytes), as a loader
+ * reads them; other bytes in parts of ST_PART bytes.  The length of the
+ * part at off (part i). */
 static size_t part_len(const void *data, size_t size, size_t i, size_t off)
 {
-    uint32_t H = 0, L = 0;
-    uint64_t S = 0;
-    if (size >= 128) {
-        memcpy(&H, (const char *)data + 12, 4);
-        memcpy(&L, (const char *)data + 48, 4);
-        memcpy(&S, (const char *)data + 96, 8);
-    }
-    if (H > 0 && S > 0 && L > 0 && (uint64_t)H + (uint64_t)L * S == size)
-        return i == 0 ? H : (size_t)S;
+    uint64_t n = cb_kv_part_bytes(data, size, i);
+    if (n > 0 && n <= size - off)
+        return (size_t)n;
     return size - off < ST_PART ? size - off : ST_PART;
 }
 

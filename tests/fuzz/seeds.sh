@@ -38,7 +38,7 @@ st=$w/store
 "$bin/cb-store" --store "$st" -q init
 printf '%s\n' '{"text":"The capital of France is Paris."}' '{"text":"A cache keeps the keys."}' \
     | "$bin/cb-precompute" -q -t 1 --device cpu -m "$out/data/model.gguf" --store "$st" > "$w/pre.jsonl"
-for t in f32 bf16; do
+for t in f32 bf16 coded; do
     echo "{\"text\":\"Stored as $t.\"}" \
         | "$bin/cb-precompute" -q -t 1 --device cpu -m "$out/data/model.gguf" --store "$st" --kv-type $t > /dev/null
 done

@@ -195,6 +195,8 @@ static void check_load_segs(cb_model *m, cb_kvfile *kf)
     free(k), free(v), free(ra), free(rb);
 }
 
+static int coded_type(cb_type t) { return t == CB_TYPE_KIVI4 || t == CB_TYPE_CODED; }
+
 static void test_roundtrip_and_move(cb_model *m)
 {
     const cb_hparams *hp = cb_model_hparams(m);
@@ -210,12 +212,13 @@ static void test_roundtrip_and_move(cb_model *m)
     for (int i = 0; i < 7; i++)
         prefix[i] = (int32_t)((i * 31 + 100) % hp->n_vocab);
 
-    static const cb_type types[] = {CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_BF16, CB_TYPE_Q8_0,
-                                    CB_TYPE_KIVI4};
-    /* relative to max |value|; kivi4: half of a 4-bit step of a group's range */
-    static const double tol[] = {1e-6, 2e-3, 1.6e-2, 1.6e-2, 0.1};
+    static const cb_type types[] = {CB_TYPE_F32,  CB_TYPE_F16,   CB_TYPE_BF16,
+                                    CB_TYPE_Q8_0, CB_TYPE_KIVI4, CB_TYPE_CODED};
+    /* relative to max |value|; kivi4: half of a 4-bit step of a group's range;
+     * coded: half a step of a deviation or more (s = 1) */
+    static const double tol[] = {1e-6, 2e-3, 1.6e-2, 1.6e-2, 0.1, 0.5};
     size_t bytes_f16 = 0;
-    for (size_t ti = 0; ti < 5; ti++) {
+    for (size_t ti = 0; ti < 6; ti++) {
         cb_type t = types[ti];
         tcase(
             "kv %s %s: precompute, save, open, read back; moved layer-0 K/V equal full prefill at p",
@@ -294,7 +297,7 @@ static void test_roundtrip_and_move(cb_model *m)
          * deviation blending corrects */
         CHECK_OK(cb_kvfile_read_layer(kf, hp->n_layer - 1, k, v, &err));
         CHECK_OK(cb_kvcache_read(full, hp->n_layer - 1, 1, 7, NC, rv));
-        if (t != CB_TYPE_KIVI4) /* the model's deviation: beyond a 4-bit step's reach */
+        if (!coded_type(t)) /* the model's deviation: beyond a coded type's steps */
             CHECK(max_abs(v, rv, (size_t)(NC * w), &sv) / sv > 10 * tol[ti]);
         tcase("kv %s %s: the loader's rows placed as the f32 path places them, bit for bit",
               hp->arch, cb_type_name(t));
@@ -370,10 +373,11 @@ static void test_corruption(cb_model *m, cb_model *other, const char *type)
     CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT && strstr(err.msg, "truncated"));
     write_file(flip, orig, 100);
     CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_FORMAT);
-    orig[8] = 4;
+    orig[8] = 5;
     write_file(flip, orig, n);
-    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_UNSUPPORTED && strstr(err.msg, "version 4"));
-    /* a coded type only in version 3 files, a plain one only before */
+    CHECK(cb_kvfile_open(&kf, flip, &err) == CB_ERR_UNSUPPORTED && strstr(err.msg, "version 5"));
+    /* a coded type only in version 3 (kivi4) or 4 (coded) files, a plain
+     * one only before */
     orig[8] = version == 3 ? 2 : 3;
     write_file(flip, orig, n);
     orig[8] = version;
@@ -447,11 +451,8 @@ static void test_source(const char *type)
     size_t per = (size_t)mt->n_tokens * (size_t)(mt->n_head_kv * mt->head_dim);
     float *k1 = malloc(4 * per), *v1 = malloc(4 * per), *k2 = malloc(4 * per),
           *v2 = malloc(4 * per);
-    uint32_t h32;
-    uint64_t H, S;
-    memcpy(&h32, orig + 12, 4);
-    memcpy(&S, orig + 96, 8);
-    H = h32;
+    /* where the last layer starts: the file's end less its span */
+    uint64_t at = n - cb_kv_part_bytes(orig, n, (size_t)mt->n_layer);
     int same = 1;
     for (int32_t l = 0; l < mt->n_layer; l++) {
         CHECK_OK(cb_kvfile_read_layer(a, l, k1, v1, &err));
@@ -461,16 +462,16 @@ static void test_source(const char *type)
     CHECK(same && cb_kvfile_size(b) == n && ms.released == 0);
     /* the last layer's bytes stop coming: that layer fails, earlier ones read */
     int32_t last = mt->n_layer - 1;
-    ms.fail_from = H + S * (uint64_t)last + 1;
+    ms.fail_from = at + 1;
     CHECK(cb_kvfile_read_layer(b, last, k2, v2, &err) == CB_ERR_IO &&
           strstr(err.msg, "memsrc: gone"));
     CHECK_OK(cb_kvfile_read_layer(b, 0, k2, v2, &err));
     /* a flipped byte in a layer: a checksum error of that layer */
     ms.fail_from = n;
-    orig[H + S * (uint64_t)last + 5] ^= 4;
+    orig[at + 5] ^= 4;
     CHECK(cb_kvfile_read_layer(b, last, k2, v2, &err) == CB_ERR_CHECKSUM &&
           strstr(err.msg, "mem: layer"));
-    orig[H + S * (uint64_t)last + 5] ^= 4;
+    orig[at + 5] ^= 4;
     cb_kvfile_free(b);
     CHECK(ms.released == 1);
     /* a failed open releases it too: a bad header, a short source, no reader */
@@ -530,6 +531,159 @@ static void test_version1(cb_model *m)
     }
     cb_kvfile_free(kf);
     free(b);
+}
+
+/* A version 4 file (coded): its offset and span table. */
+typedef struct v4 {
+    uint8_t *b;
+    size_t n;
+    uint32_t H, L;
+    size_t sums, table; /* offsets of the checksums and of the table */
+} v4;
+
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static void wr64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* The header's checksum redone, and (l >= 0) layer l's first */
+static void reseal(v4 *f, int32_t l)
+{
+    if (l >= 0) {
+        const uint8_t *t = f->b + f->table + 16 * (size_t)l;
+        wr64(f->b + f->sums + 8 * (size_t)l, XXH3_64bits(f->b + rd64(t), rd64(t + 8)));
+    }
+    memset(f->b + 120, 0, 8);
+    wr64(f->b + 120, XXH3_64bits(f->b, f->H));
+}
+
+/* f's bytes written to path and opened: the status, err filled */
+static cb_status try_open(const v4 *f, size_t n, const char *path, cb_kvfile **kf, cb_error *err)
+{
+    *kf = NULL;
+    write_file(path, f->b, n);
+    return cb_kvfile_open(kf, path, err);
+}
+
+/* Version 4: its table and layers checked beyond their checksums (a file
+ * whose checksums were redone over a wrong table or a cut layer is still
+ * refused, naming the file), its parts are its layers; fuzzed tables and
+ * layers, resealed, never crash the reader. */
+static void test_coded_file(void)
+{
+    char path[1024], bad_path[1024];
+    cb_error err;
+    cb_kvfile *kf;
+    v4 f = {0};
+    snprintf(path, sizeof path, "%s/chunk-coded.cbkv", tmpdir());
+    snprintf(bad_path, sizeof bad_path, "%s/bad-coded.cbkv", tmpdir());
+    uint8_t *orig = (uint8_t *)t_read_file(path, &f.n);
+    tcase("kv coded: version 4's parts are its header and its layers' spans");
+    if (!orig || f.n < 8192 || orig[8] != 4) {
+        CHECK(0);
+        free(orig);
+        return;
+    }
+    uint32_t nt, nlead;
+    memcpy(&f.H, orig + 12, 4), memcpy(&f.L, orig + 48, 4), memcpy(&nt, orig + 76, 4),
+        memcpy(&nlead, orig + 84, 4);
+    f.sums = 128 + 4 * (size_t)(nt + nlead);
+    f.table = f.sums + 16 * (size_t)f.L;
+    f.b = malloc(f.n);
+    uint64_t total = 0;
+    for (size_t i = 0; i <= f.L; i++)
+        total += cb_kv_part_bytes(orig, f.n, i);
+    CHECK(total == f.n && cb_kv_part_bytes(orig, f.n, 0) == f.H &&
+          cb_kv_part_bytes(orig, f.n, 1) == rd64(orig + f.table + 8) &&
+          cb_kv_part_bytes(orig, f.n, f.L + 1) == 0);
+
+    tcase("kv coded: a wrong layer table or a cut coded layer is refused, naming the file");
+    static const struct {
+        int l, field;
+        int64_t add;
+    } bad_tables[] = {{1, 0, 4096}, {0, 1, -4096}, {0, 1, 1}, {-1, 1, 4096}, {0, 0, -1}};
+    for (size_t i = 0; i < sizeof bad_tables / sizeof *bad_tables; i++) {
+        memcpy(f.b, orig, f.n);
+        int32_t l = bad_tables[i].l < 0 ? (int32_t)f.L - 1 : bad_tables[i].l;
+        uint8_t *e = f.b + f.table + 16 * (size_t)l + 8 * (size_t)bad_tables[i].field;
+        wr64(e, rd64(e) + (uint64_t)bad_tables[i].add);
+        reseal(&f, -1);
+        cb_status st = try_open(&f, f.n, bad_path, &kf, &err);
+        CHECKF(st == CB_ERR_FORMAT && strstr(err.msg, bad_path) && strstr(err.msg, "table"),
+               "table case %zu: status %d: %s", i, st, st ? err.msg : "opened");
+        cb_kvfile_free(kf);
+    }
+    for (int field = 12; field <= 16; field += 4) { /* a frame cut: its length less 9 */
+        memcpy(f.b, orig, f.n);
+        uint8_t *layer = f.b + rd64(f.b + f.table + 16), *z = layer + field;
+        uint32_t zl;
+        memcpy(&zl, z, 4);
+        zl -= 9;
+        memcpy(z, &zl, 4);
+        reseal(&f, 1);
+        CHECK_OK(try_open(&f, f.n, bad_path, &kf, &err));
+        const cb_kv_meta *mt = kf ? cb_kvfile_meta(kf) : NULL;
+        size_t per = mt ? (size_t)mt->n_tokens * (size_t)(mt->n_head_kv * mt->head_dim) : 1;
+        float *k = malloc(4 * per), *v = malloc(4 * per);
+        if (kf) {
+            CHECK_OK(cb_kvfile_read_layer(kf, 0, k, v, &err));
+            cb_status st = cb_kvfile_read_layer(kf, 1, k, v, &err);
+            CHECKF(st == CB_ERR_FORMAT && strstr(err.msg, bad_path) && strstr(err.msg, "layer 1"),
+                   "cut frame: status %d: %s", st, st ? err.msg : "read");
+        }
+        cb_kvfile_free(kf);
+        free(k), free(v);
+    }
+
+    tcase("kv coded: fuzzed tables, layers and lengths, resealed: refused or read, no crash");
+    int opened = 0, read_ok = 0, read_bad = 0;
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 300; i++) {
+        memcpy(f.b, orig, f.n);
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        int32_t l = (int32_t)(seed % f.L);
+        size_t n = f.n;
+        if (i % 3 == 0) { /* the header's fields and table */
+            size_t at = (seed >> 8) % 2 ? 8 + (seed >> 16) % 112
+                                        : f.table + (seed >> 16) % (16 * (size_t)f.L);
+            f.b[at] ^= (uint8_t)(1 + (seed >> 40) % 255);
+            reseal(&f, -1);
+        } else if (i % 3 == 1) { /* a layer's bytes */
+            const uint8_t *t = f.b + f.table + 16 * (size_t)l;
+            uint64_t span = rd64(t + 8), off = rd64(t);
+            for (int j = 0; j < 1 + (int)(seed >> 60); j++)
+                f.b[off + (seed >> (8 + j)) % (seed & 1 || span < 256 ? span : 256)] ^=
+                    (uint8_t)(1 + j); /* anywhere, or among its fields */
+            reseal(&f, l);
+        } else /* cut anywhere */
+            n = (size_t)((seed >> 8) % f.n);
+        if (try_open(&f, n, bad_path, &kf, &err) != CB_OK) {
+            CHECKF(strstr(err.msg, bad_path) != NULL, "%s", err.msg);
+            continue;
+        }
+        opened++;
+        const cb_kv_meta *mt = cb_kvfile_meta(kf);
+        size_t per = (size_t)mt->n_tokens * (size_t)(mt->n_head_kv * mt->head_dim);
+        float *k = malloc(4 * per), *v = malloc(4 * per);
+        for (int32_t j = 0; j < mt->n_layer; j++) {
+            if (cb_kvfile_read_layer(kf, j, k, v, &err) == CB_OK)
+                read_ok++;
+            else
+                read_bad++;
+        }
+        free(k), free(v);
+        cb_kvfile_free(kf);
+    }
+    printf("# 300 fuzzed files: %d opened; their layers %d read, %d refused\n", opened, read_ok,
+           read_bad);
+    CHECK(opened > 0 && opened < 300);
+    unlink(bad_path);
+    free(f.b);
+    free(orig);
 }
 
 /* fuzz_kvfile's invariant on a crafted header: one claiming q8_0 for a row of 16 elements
@@ -723,6 +877,25 @@ static void test_recode(cb_model *m)
         cb_kvfile_free(k4);
         free(b4);
     }
+    { /* coded and back: a coded file of the same key, f16 again readable */
+        void *bc = NULL, *bb = NULL;
+        size_t sc = 0, sb = 0;
+        CHECK_OK(cb_kvfile_recode(k16, CB_TYPE_CODED, &bc, &sc, &err));
+        cb_kvfile *kc = bc ? open_buf("recode-coded.kv", bc, sc) : NULL;
+        CHECK(kc && cb_kvfile_meta(kc)->type == CB_TYPE_CODED &&
+              cb_hash128_eq(cb_kvfile_meta(kc)->tokens, cb_kvfile_meta(k16)->tokens));
+        if (kc) {
+            CHECK_OK(cb_kvfile_verify(kc, &err));
+            CHECK_OK(cb_kvfile_recode(kc, CB_TYPE_F16, &bb, &sb, &err));
+        }
+        cb_kvfile *kb = bb ? open_buf("recode-coded-f16.kv", bb, sb) : NULL;
+        CHECK(kb && sb == s16 && cb_kvfile_meta(kb)->type == CB_TYPE_F16);
+        if (kb)
+            CHECK_OK(cb_kvfile_verify(kb, &err));
+        cb_kvfile_free(kb);
+        cb_kvfile_free(kc);
+        free(bc), free(bb);
+    }
     cb_kvfile_free(k32);
     cb_kvfile_free(k16);
 done:
@@ -730,6 +903,7 @@ done:
     CHECK(cb_kv_type_parse("q8_0", &t) == CB_OK && t == CB_TYPE_Q8_0);
     CHECK(cb_kv_type_parse("bf16", &t) == CB_OK && t == CB_TYPE_BF16);
     CHECK(cb_kv_type_parse("kivi4", &t) == CB_OK && t == CB_TYPE_KIVI4);
+    CHECK(cb_kv_type_parse("coded", &t) == CB_OK && t == CB_TYPE_CODED);
     CHECK(cb_kv_type_parse("q4_0", &t) == CB_ERR_UNSUPPORTED);
     CHECK(cb_kv_type_parse(NULL, &t) == CB_ERR_UNSUPPORTED);
     free(b16), free(b32), free(b16b), free(b8);
@@ -761,6 +935,9 @@ int main(void)
     test_corruption(m, other, "kivi4");
     test_source("f16");
     test_source("kivi4");
+    test_corruption(m, other, "coded");
+    test_source("coded");
+    test_coded_file();
     test_version1(m);
     test_fuzz_findings();
     test_fingerprint(m, other);
