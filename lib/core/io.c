@@ -111,14 +111,31 @@ cb_status cb_file_write_atomic(const char *path, const void *data, size_t size, 
     return cb_file_write_atomic_fn(path, emit_buffer, &b, err);
 }
 
+/* A path that names something other than a regular file (/dev/null,
+ * /dev/stdout, a FIFO) is written where it is: a rename would put a
+ * regular file in the device's place.  CB_OK, or the error. */
+static cb_status write_special(const char *path, cb_emit_fn emit, void *ctx, cb_error *err)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return cb_error_set(err, CB_ERR_CREATE, "%s: %s", path, strerror(errno));
+    cb_status st = emit(ctx, fd, err);
+    if (close(fd) != 0 && st == CB_OK)
+        st = cb_error_set(err, CB_ERR_IO, "%s: close: %s", path, strerror(errno));
+    return st;
+}
+
 cb_status cb_file_write_atomic_fn(const char *path, cb_emit_fn emit, void *ctx, cb_error *err)
 {
     size_t n = strlen(path);
-    char *tmp = malloc(n + 32);
+    char *tmp;
     cb_status st = CB_OK;
     int fd;
+    struct stat sb;
 
-    if (!tmp)
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode))
+        return write_special(path, emit, ctx, err);
+    if (!(tmp = malloc(n + 32)))
         return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
     /* Temporary names start with the target's name and end in .tmp.XXXXXX so
      * that a store's gc can recognise and remove leftovers after a crash. */

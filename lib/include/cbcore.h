@@ -49,7 +49,7 @@ typedef struct cb_mmap {
 } cb_mmap;
 cb_status cb_mmap_open(cb_mmap *m, const char *path, cb_error *err);
 void cb_mmap_close(cb_mmap *m); /* accepts a zeroed or already-closed mapping */
-/* Write size bytes to path atomically (on error it is as it was).  Errors: _CREATE, _IO. */
+/* size bytes to path atomically (on error as it was; a device, a FIFO: in place). _CREATE, _IO */
 cb_status cb_file_write_atomic(const char *path, const void *data, size_t size, cb_error *err);
 
 /* ---------------------------------------------------------- tensor types */

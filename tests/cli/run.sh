@@ -66,6 +66,13 @@ for a in qwen3 gemma3 llama3; do
 done
 expect_exit "missing model" 66 "$RUN" -m "$T/nope.gguf" -p hi
 expect_exit "stats file in a missing directory" 73 "$RUN" -m "$TINY" -p hi -n 2 --stats "$T/no/such/dir/s.json"
+# a FIFO (as /dev/null or /dev/stdout would be) is written where it is, not replaced by a file
+mkfifo "$T/fifo" && { cat "$T/fifo" > "$T/fifo.got" & rd=$!; } &&
+    "$RUN" -m "$TINY" -p hi -n 2 --stats "$T/fifo" --logits-out "$T/fifo.lg" > /dev/null 2>&1; rc=$?
+kill $rd 2>/dev/null; wait $rd 2>/dev/null
+[ $rc -eq 0 ] && [ -p "$T/fifo" ] && grep -q '"n_gen_tokens"' "$T/fifo.got" \
+    && ok "--stats into a FIFO: written through it, the FIFO left a FIFO" \
+    || not_ok "--stats into a FIFO (exit $rc; $(ls -l "$T/fifo"); got $(wc -c < "$T/fifo.got") bytes)"
 "$RUN" --help | grep -q -- "--device DEV" && ok "--help lists --device" || not_ok "--help lists --device"
 "$RUN" --help > "$T/help"
 [ "$(wc -l < "$T/help")" -le 70 ] && tail -n 1 "$T/help" | grep -q -- "--tune help" && tail -n 1 "$T/help" | grep -q TUNING \
