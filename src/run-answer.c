@@ -52,6 +52,8 @@ int gen_open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *t_l
         return cli_exit_code(st);
     }
     *t_load = cb_now_ms() - t;
+    if (*cb_model_features(*m)) /* the CUDA features, and why one is off */
+        cli_info("%s: features %s", cb_model_device(*m), cb_model_features(*m));
     if (o->n_ctx > cb_model_hparams(*m)->n_ctx_train) {
         cli_err("-c %d: more than the model's context (%d tokens, as trained)", o->n_ctx,
                 cb_model_hparams(*m)->n_ctx_train);

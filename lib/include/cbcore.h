@@ -139,9 +139,9 @@ void cb_model_free(cb_model *m);
 const cb_hparams *cb_model_hparams(const cb_model *m);
 const cb_vocab *cb_model_vocab(const cb_model *m);
 cb_hash128 cb_model_fingerprint(const cb_model *m);
-/* The backend's kind ("cpu", "cuda"), and the device described ("cpu (2 threads)"). */
-const char *cb_model_backend(const cb_model *m);
-const char *cb_model_device(const cb_model *m);
+const char *cb_model_backend(const cb_model *m);  /* "cpu", "cuda" */
+const char *cb_model_device(const cb_model *m);   /* described: "cpu (2 threads)" */
+const char *cb_model_features(const cb_model *m); /* the CUDA features on, off (cb-run(1)) */
 cb_status cb_model_sync(const cb_model *m); /* wait for this thread's device work: its fault */
 const char *cb_model_strerror(const cb_model *m, cb_status st); /* st's text; a fault's own */
 

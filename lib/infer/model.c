@@ -565,6 +565,7 @@ const char *cb_model_device(const cb_model *m)
 {
     return m->be->desc[0] ? m->be->desc : m->be->ops->name;
 }
+const char *cb_model_features(const cb_model *m) { return m->be->features; }
 cb_hash128 cb_model_fingerprint(const cb_model *m) { return m->fingerprint; }
 
 cb_status cb_model_sync(const cb_model *m)
