@@ -135,23 +135,16 @@ static int parse_args(int argc, char **argv, pre *x)
         CLI_ACT8_OPT,
         {0, 0, 0, 0},
     };
-    static const char *const kv_names[] = {"f16", "f32", "bf16", "q8_0", "kivi4", "coded"};
-    static const cb_type kv_types[] = {CB_TYPE_F16,  CB_TYPE_F32,   CB_TYPE_BF16,
-                                       CB_TYPE_Q8_0, CB_TYPE_KIVI4, CB_TYPE_CODED};
     int c, r;
     while ((c = cli_getopt(argc, argv, CLI_COMMON_SHORT, opts)) != -1) {
         if ((r = cli_common_opt(&x->co, c, optarg, usage)) != CLI_NOT_COMMON) {
             if (r != CLI_CONTINUE)
                 return r;
         } else if (c == OPT_KVTYPE) {
-            int k = 0;
-            while (k < 6 && strcmp(optarg, kv_names[k]))
-                k++;
-            if (k == 6) {
+            if (cb_kv_type_parse(optarg, &x->kv_type) != CB_OK) {
                 cli_err("--kv-type %s: use f16, f32, bf16, q8_0, kivi4 or coded", optarg);
                 return CLI_EX_USAGE;
             }
-            x->kv_type = kv_types[k];
         } else if (c == OPT_STRICT) {
             x->strict = 1;
         } else if (c == OPT_PLACE) {

@@ -1,6 +1,6 @@
 /* run-answer.c - cb-run's single answer: model, store, prompt, the blend
  * or full prefill, generation, --verify, --score and --stats (the work is
- * libcbcore's: cb_prompt_*, cb_blend_prefill, cb_generate). */
+ * libcbcore's: cb_prompt_*, cb_blend_prefill, cb_generate, cb_answer_to_json). */
 #include "run.h"
 
 #include <stdlib.h>
@@ -52,6 +52,8 @@ int gen_open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *t_l
         return cli_exit_code(st);
     }
     *t_load = cb_now_ms() - t;
+    if (*cb_model_features(*m)) /* the CUDA features, and why one is off */
+        cli_info("%s: features %s", cb_model_device(*m), cb_model_features(*m));
     if (o->n_ctx > cb_model_hparams(*m)->n_ctx_train) {
         cli_err("-c %d: more than the model's context (%d tokens, as trained)", o->n_ctx,
                 cb_model_hparams(*m)->n_ctx_train);
@@ -337,166 +339,39 @@ static int run_verify(run *r)
 }
 
 
-/* The plan the blend resolved before any layer ran (cb_blend_prefill):
- * its ratio, where it came from and what bounded it, the strategy, the
- * keys' temperature, the stale scale, and the cost model's figures, each
- * with its source: the store's profile (cb-profile(1)) or the built-in. */
-static json_t *plan_json(const cb_blend_params *bp, const cb_blend_stats *bs, const stats_src *ss)
+json_t *gen_stats_json(const cb_answer *a, const cb_model *m, cb_store *st)
 {
-    const char *src = ss->ratio_auto              ? ss->ratio_source
-                      : bp->mode != CB_MODE_BLEND ? "mode"
-                      : bp->adapt_mass > 0        ? "adaptive"
-                      : bp->speedup > 0           ? "speedup"
-                                                  : "given";
-    const float fig[3] = {bs->costs.load, bs->costs.attn, bs->costs.score};
-    const char *const names[3] = {"load", "attn", "score"};
-    json_t *costs = json_object();
-    for (int i = 0; i < 3; i++)
-        json_object_set_new(costs, names[i],
-                            json_pack("{s:f, s:s}", "value", (double)fig[i], "source",
-                                      bs->costs_given >> i & 1 ? "profile" : "built-in"));
-    json_t *p = json_pack(
-        "{s:f, s:s, s:s, s:o, s:f, s:f, s:o}", "ratio", (double)bs->plan_ratio, "ratio_source", src,
-        "bound", bs->plan_bound ? bs->plan_bound : "given", "strategy",
-        bp->mode == CB_MODE_BLEND ? json_string(cli_strategy_names[bs->strategy]) : json_null(),
-        "key_temp", (double)bs->key_temp, "stale_scale", (double)bs->stale_scale, "costs", costs);
-    if (p && strcmp(src, "speedup") == 0)
-        json_object_set_new(p, "speedup", json_real((double)bp->speedup));
-    return p;
-}
-
-json_t *gen_stats_json(const gen_opts *o, const cb_model *m, const stats_src *ss)
-{
-    const cb_blend_params *bp = ss->bp;
-    const cb_blend_stats *bs = ss->bs;
-    json_t *sel = json_array();
-
-    for (int i = 0; bp->mode == CB_MODE_BLEND && i < bp->n_ratios; i++)
-        json_array_append_new(sel, json_integer(bs->n_selected[i]));
-    double ratio = bs->ratio;
-    json_t *s = json_pack(
-        "{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:i, s:s, "
-        "s:s, s:i, s:s, s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:I, s:i, s:f, s:i, s:f}",
-        "mode", cli_mode_names[bp->mode], "n_prompt_tokens", (json_int_t)ss->total,
-        "n_cached_tokens", (json_int_t)bs->n_cached_tokens, "n_exact_tokens",
-        (json_int_t)bs->n_exact_tokens, "n_recomputed_tokens", (json_int_t)bs->n_recomputed_tokens,
-        "ratio", ratio, "ttft_ms", ss->gr->first_ms, "prefill_ms", bs->prefill_ms, "load_ms",
-        bs->load_ms, "n_gen_tokens", (json_int_t)ss->gr->n_gen, "gen_ms", ss->gen_ms,
-        "recompute_ms", bs->recompute_ms, "n_selected", sel, "prefill_tok_s",
-        ss->total / (bs->prefill_ms / 1e3), "gen_tok_s",
-        ss->gr->n_gen ? ss->gr->n_gen / (ss->gen_ms / 1e3) : 0.0, "stop", ss->gr->stop, "n_chunks",
-        ss->n_chunks, "n_chunks_missing", ss->n_missing, "n_chunks_stored", ss->n_stored,
-        "check_layer", bp->check_layer, "strategy", cli_strategy_names[bp->strategy], "deviation",
-        bp->deviation_v ? "v" : "k", "threads", o->n_threads, "backend", cb_model_backend(m),
-        "device", cb_model_device(m), "chat_template", cb_chat_name(ss->chat), "kv_type",
-        cb_type_name(o->kv_type), "model_load_ms", ss->t_load, "model", o->model, "overlapped_ms",
-        bs->overlapped_ms, "stall_ms", bs->stall_ms, "load_bytes", (json_int_t)bs->load_bytes,
-        "probe_rows", bp->probe_rows, "probe_depth", (double)bp->probe_depth, "probe_layers",
-        bs->probe_layers, "key_temp", (double)bs->key_temp);
-    if (s)
-        json_object_set_new(s, "stale_scale", json_real((double)bs->stale_scale));
-    if (s)
-        json_object_set_new(s, "probe_weight", json_string(bp->probe_values ? "value" : "none"));
-    if (s)
-        json_object_set_new(s, "probe_passages", json_integer(bp->probe_passages));
-    if (s) {
-        json_object_set_new(s, "stall_clock",
-                            json_string(bs->stall_clock ? bs->stall_clock : "host"));
-        json_object_set_new(s, "load_threads", json_integer(bs->load_threads));
-    }
-    if (s) {
-        json_object_set_new(s, "n_chunks_after", json_integer(ss->n_after));
-        json_object_set_new(s, "n_chunks_system", json_integer(ss->n_own));
-        json_object_set_new(s, "strategy_used",
-                            bp->mode == CB_MODE_BLEND
-                                ? json_string(cli_strategy_names[bs->strategy])
-                                : json_null());
-    }
-    if (s && ss->ratio_auto) {
-        json_object_set_new(s, "ratio_source", json_string(ss->ratio_source));
-        json_object_set_new(s, "predicted_load_ms", json_real(ss->rc->pred_load_ms));
-        json_object_set_new(s, "predicted_recompute_ms", json_real(ss->rc->pred_recompute_ms));
-        if (ss->rc->tier[0])
-            json_object_set_new(s, "tier", json_string(ss->rc->tier));
-    }
-    if (s && bp->mode == CB_MODE_BLEND && bp->n_ratios == 1)
-        json_object_set_new(s, "predicted_speedup", json_real(bs->pred_speedup));
-    if (s && bp->speedup > 0 && bp->adapt_mass == 0 && bp->mode == CB_MODE_BLEND) {
-        json_object_set_new(s, "ratio_source", json_string("speedup"));
-        json_object_set_new(s, "speedup",
-                            json_pack("{s:f, s:f, s:s}", "target", (double)bp->speedup, "min_ratio",
-                                      (double)bp->ratios[0], "bound", bs->ratio_bound));
-    }
-    if (s && bp->adapt_mass > 0 && bp->mode == CB_MODE_BLEND) {
-        json_object_set_new(s, "ratio_source", json_string("adaptive"));
-        json_object_set_new(s, "adaptive",
-                            json_pack("{s:f, s:f, s:f, s:f, s:s}", "mass", bp->adapt_mass,
-                                      "selected_mass", bs->selected_mass, "min_ratio",
-                                      bp->adapt_min, "max_ratio", bp->adapt_max, "bound",
-                                      bs->ratio_bound));
-    }
-    if (s && bp->mode != CB_MODE_FULL)
-        json_object_set_new(s, "plan", plan_json(bp, bs, ss));
-    if (s && ss->score)
-        json_object_set_new(s, "score",
-                            json_pack("{s:f, s:I, s:f}", "nll", ss->score->nll, "n_tokens",
-                                      (json_int_t)ss->score->n_tokens, "top1", ss->score->top1));
+    char *text = NULL;
+    json_t *s = NULL;
+    if (cb_answer_to_json(a, m, st, &text) == CB_OK)
+        s = json_loads(text, 0, NULL);
+    free(text);
     return s;
 }
 
-/* --stats' "shared" and "store" blocks (a lone run's, or a batch's): how
- * the shared tier is secured and what it refused; the entries the store
- * dropped as bad when read (to be computed and put again) and the puts
- * that a tier's full file system sent to a later tier. */
-void gen_store_stats(json_t *s, cb_store *st)
-{
-    cb_store_shared_auth sa;
-    cb_store_tier_stat ts[CB_STORE_MAX_TIERS + 1];
-    cb_error e2;
-    uint64_t healed = 0, full = 0;
-    int n = cb_store_n_tiers(st);
-    if (cb_store_shared_name(st) && cb_store_shared_auth_info(st, &sa, &e2) == CB_OK)
-        json_object_set_new(s, "shared",
-                            json_pack("{s:s, s:b, s:b, s:I, s:I}", "tier", cb_store_shared_name(st),
-                                      "authenticated", sa.authenticated, "login_refused",
-                                      sa.login_refused, "n_refused", (json_int_t)sa.n_refused,
-                                      "n_resealed", (json_int_t)sa.n_resealed));
-    if (cb_store_stat(st, ts, NULL, &e2) == CB_OK)
-        for (int i = 0; i < n; i++)
-            healed += ts[i].healed, full += ts[i].full;
-    if (cb_store_shared_name(st)) {
-        cb_store_shared_stat(st, &ts[n], &e2); /* its count even when it is down */
-        healed += ts[n].healed;
-    }
-    json_object_set_new(
-        s, "store",
-        json_pack("{s:I, s:I}", "n_healed", (json_int_t)healed, "n_full", (json_int_t)full));
-}
-
+/* --stats: the library's object for this answer, with --verify's block. */
 static int run_stats(run *r)
 {
-    stats_src ss = {&r->bp,
-                    &r->bs,
-                    r->total,
-                    &r->gr,
-                    r->gen_ms,
-                    r->t_load,
-                    cb_prompt_n_chunks(r->pr),
-                    cb_prompt_n_missing(r->pr),
-                    r->n_stored,
-                    cb_prompt_n_after(r->pr),
-                    cb_prompt_n_own(r->pr),
-                    cb_prompt_chat(r->pr),
-                    r->ratio_source,
-                    &r->rc,
-                    r->o->ratio_auto,
-                    r->cont.n ? &r->sr : NULL};
-    json_t *s = gen_stats_json(r->o, r->m, &ss);
+    cb_answer a = {.scored = r->cont.n > 0,
+                   .score = r->sr,
+                   .gen = r->gr,
+                   .gen_ms = r->gen_ms,
+                   .bp = r->bp,
+                   .ratio_source = r->ratio_source,
+                   .rc = r->rc,
+                   .bs = r->bs,
+                   .n_prompt_tokens = r->total,
+                   .n_chunks = cb_prompt_n_chunks(r->pr),
+                   .n_missing = cb_prompt_n_missing(r->pr),
+                   .n_stored = r->n_stored,
+                   .n_after = cb_prompt_n_after(r->pr),
+                   .n_own = cb_prompt_n_own(r->pr),
+                   .chat = cb_prompt_chat(r->pr),
+                   .kv_type = r->o->kv_type};
+    json_t *s = gen_stats_json(&a, r->m, r->store);
     int code;
     if (s && r->verify)
         json_object_set_new(s, "verify", r->verify), r->verify = NULL;
-    if (s && r->store)
-        gen_store_stats(s, r->store);
     code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
     json_decref(s);
     return code;

@@ -33,8 +33,7 @@ static void qline_free(qline *q)
 
 /* The answer line of q: its id, the answer (or score, or error) and the
  * fields the batch does not read; NULL when out of memory. */
-static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, const qline *q,
-                         const cb_answer *a, const char *error)
+static char *answer_line(const cb_model *m, const qline *q, const cb_answer *a, const char *error)
 {
     json_t *obj = q->q.obj, *out = json_object(), *id = obj ? json_object_get(obj, "id") : NULL;
     const char *k;
@@ -58,23 +57,7 @@ static char *answer_line(const gen_opts *o, const cb_model *m, double t_load, co
         if (!cli_question_reads(k) && !json_object_get(out, k))
             json_object_set(out, k, v);
     if (!error) {
-        stats_src ss = {&a->bp,
-                        &a->bs,
-                        a->n_prompt_tokens,
-                        &a->gen,
-                        a->gen_ms,
-                        t_load,
-                        a->n_chunks,
-                        a->n_missing,
-                        a->n_stored,
-                        a->n_after,
-                        a->n_own,
-                        a->chat,
-                        a->ratio_source,
-                        &a->rc,
-                        strcmp(a->ratio_source, "given") != 0,
-                        a->scored ? &a->score : NULL};
-        json_t *st = gen_stats_json(o, m, &ss);
+        json_t *st = gen_stats_json(a, m, NULL);
         json_object_set_new(st, "kv_bytes", json_integer((json_int_t)a->kv_bytes));
         /* A question's first token waits for the questions before it and
          * beside it, so a lone run's ttft_ms has no counterpart here: the
@@ -184,7 +167,7 @@ static void line_failed(brun *r, qline *q, const char *msg, cb_status st)
     cli_err("%s:%ld: %s", r->in_name, q->lineno, msg);
     if (code != CLI_EX_DATAERR || r->worst == 0)
         r->worst = code;
-    if (outq_put(&r->w, q->seq, answer_line(r->o, r->m, r->t_load, q, NULL, msg)) != 0)
+    if (outq_put(&r->w, q->seq, answer_line(r->m, q, NULL, msg)) != 0)
         r->worst = CLI_EX_SOFTWARE;
 }
 
@@ -196,7 +179,7 @@ static void drain(brun *r)
         qline *q = a->tag;
         if (a->status != CB_OK)
             line_failed(r, q, a->msg, a->status);
-        else if (outq_put(&r->w, q->seq, answer_line(r->o, r->m, r->t_load, q, a, NULL)) != 0)
+        else if (outq_put(&r->w, q->seq, answer_line(r->m, q, a, NULL)) != 0)
             r->worst = CLI_EX_SOFTWARE;
         qline_free(q);
         cb_answer_free(a);
@@ -279,18 +262,11 @@ static int batch_open(brun *r, int32_t size, uint64_t budget)
 /* --stats with --batch: the whole batch's figures. */
 static int batch_stats(const brun *r, double ms)
 {
-    const cb_batch_info *in = cb_batch_get_info(r->b);
-    json_t *s = json_pack(
-        "{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:i, s:i, s:I, s:I, s:I, s:f, s:s, s:s}",
-        "n_questions", (json_int_t)in->n_submitted, "n_answered", (json_int_t)in->n_answered,
-        "n_failed", (json_int_t)in->n_failed, "n_gen_tokens", (json_int_t)in->n_tokens, "wall_ms",
-        ms, "questions_s", in->n_submitted / (ms / 1e3), "gen_tok_s", in->n_tokens / (ms / 1e3),
-        "batch_size", in->cap, "in_flight_peak", in->in_flight_peak, "kv_budget",
-        (json_int_t)in->kv_budget, "kv_peak", (json_int_t)in->kv_peak, "n_steps",
-        (json_int_t)in->n_steps, "model_load_ms", r->t_load, "model", r->o->model, "device",
-        cb_model_device(r->m));
-    if (s && r->store)
-        gen_store_stats(s, r->store);
+    char *text = NULL;
+    json_t *s = NULL;
+    if (cb_batch_to_json(r->b, ms, &text) == CB_OK)
+        s = json_loads(text, 0, NULL);
+    free(text);
     int code = s ? cli_write_json(r->o->stats_path, s) : CLI_EX_SOFTWARE;
     json_decref(s);
     return code;

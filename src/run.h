@@ -1,5 +1,5 @@
-/* run.h - what the parts of cb-run share: its options (gen_opts), what
- * --stats reports of one answer, and the entry points of a single answer
+/* run.h - what the parts of cb-run share: its options (gen_opts), the
+ * model, store and --stats helpers, and the entry points of a single answer
  * (run-answer.c) and of --batch (run-batch.c).  Options, help and main are
  * cb-run.c's. */
 #ifndef CB_RUN_H
@@ -25,22 +25,6 @@ typedef struct gen_opts {
     int n_stops;
 } gen_opts;
 
-/* What --stats reports of one answer (a lone run's, or each --batch
- * answer's "stats"). */
-typedef struct stats_src {
-    const cb_blend_params *bp;
-    const cb_blend_stats *bs;
-    int64_t total;
-    const cb_gen_result *gr;
-    double gen_ms, t_load;
-    int n_chunks, n_missing, n_stored, n_after, n_own;
-    cb_chat_kind chat;
-    const char *ratio_source; /* with ratio_auto */
-    const cb_ratio_choice *rc;
-    int ratio_auto;
-    const cb_score_result *score; /* or NULL */
-} stats_src;
-
 /* cli_err's "warning: MSG", as the library's warning callback. */
 void gen_warn(void *ctx, const char *msg);
 /* --chunks' records (into *chunks) and the model (its load time into
@@ -52,10 +36,10 @@ int gen_open_store(const gen_opts *o, cb_store **s);
 /* The store's profile's cost figures for this model and backend into bp
  * (zeros, the built-in figures, where it has none). */
 void gen_profile_costs(const cb_store *s, const cb_model *m, cb_blend_params *bp);
-/* One answer's --stats object (new reference). */
-json_t *gen_stats_json(const gen_opts *o, const cb_model *m, const stats_src *ss);
-/* The store's "shared" and "store" blocks into s. */
-void gen_store_stats(json_t *s, cb_store *st);
+/* One answer's --stats object (cb_answer_to_json's, parsed: a new
+ * reference), with the store's counters unless st is NULL; NULL when out
+ * of memory. */
+json_t *gen_stats_json(const cb_answer *a, const cb_model *m, cb_store *st);
 
 /* Answer one prompt (text, len) and print it: an exit code. */
 int run_generate(const gen_opts *o, const char *text, size_t len);

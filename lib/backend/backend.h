@@ -268,6 +268,11 @@ struct cb_backend {
     int n_threads;
     int rows_step, rows_max; /* the row-stable product sizes (above); kept by the backend */
     char desc[96];           /* "cpu (2 threads, avx2 kernels)", "cuda:0 (NVIDIA H100 80GB HBM3)" */
+    /* Its optional features, resolved when it opened: names separated by
+     * spaces, "-" before one that is off, and after an off one why, in
+     * parentheses without spaces ("mass -gemv -graph(needs:memo)"); ""
+     * where it has none (the CPU).  CUDA's are lib/cuda/features.h's. */
+    char features[192];
     /* The first fault (below): fault is 0 or its cb_status, published after
      * fault_msg is written; fault_claimed picks the one writer. */
     int fault, fault_claimed;
@@ -377,9 +382,9 @@ cb_status cb_backend_attn_mass(cb_backend *b, const float *q, const int32_t *pos
  * to this table and to struct cb_backend (5: attn_mass added, and the
  * fault fields; 6: rope_qk and kv_write_kv; 7: add_rmsnorm; 8: attn_mass's
  * value cache; 9: host_alloc, host_free and upload_async; 10: mark_new
- * and mark_ms; 11: graph_begin and graph_end). */
+ * and mark_ms; 11: graph_begin and graph_end; 12: features). */
 #define CB_CUDA_ENTRY "cb_backend_cuda_open"
-#define CB_CUDA_ABI 11
+#define CB_CUDA_ABI 12
 typedef int (*cb_cuda_open_fn)(cb_backend **out, int abi, int device, char *msg, size_t msg_len);
 
 #endif

@@ -61,6 +61,7 @@
  * 0 errors; racecheck: no hazard in the cases it reached), and device.sh
  * without SmolLM2.  What changes here needs those again on a GPU. */
 #include "cuda_impl.cuh"
+#include "features.h"
 
 #include <cuda.h> /* the driver's types only: its entry points come through cudart */
 
@@ -598,22 +599,26 @@ static bool env_is(const char *name, const char *v)
     return e && strcmp(e, v) == 0;
 }
 
+static const char *env_get(const char *name) { return getenv(name); }
+
 /* The table: every entry guarded (fault handling, CB_CUDA_SYNC).  One
- * table for the process, filled from the environment at the first open:
- * the switches below (CB_CUDA_SYNC, GEMV, MEMO, FUSE, KBIAS, PIN) hold for
- * every backend of a process, so that a later open under another
- * environment does not change them under the backends already open (a
- * backend declares rows_max from them); CB_CUDA_FA and CB_CUDA_QW are per
- * backend. */
+ * table for the process, shaped by the features (features.h) resolved at
+ * the first open: those not per backend hold for every backend of a
+ * process, so that a later open under another environment does not change
+ * them under the backends already open (a backend declares rows_max from
+ * them); cb_backend_cuda_open resolves the per-backend ones (fa, qw)
+ * again at each open. */
 static pthread_once_t ops_once = PTHREAD_ONCE_INIT;
+static cu_feature_set cu_proc; /* the process's features, resolved by init_ops */
 
 static void init_ops(void)
 {
 #define OP(field, fn) o->field = guarded<false, fn>::call
 #define RELEASE(field, fn) o->field = guarded<true, fn>::call
     cb_backend_ops *o = &cuda_ops;
-    const char *sync_env = getenv("CB_CUDA_SYNC");
-    cu_sync_each = sync_env && *sync_env && strcmp(sync_env, "0") != 0;
+    const unsigned char *on = cu_proc.on;
+    cu_features_resolve(&cu_proc, env_get, NULL);
+    cu_sync_each = on[CU_F_SYNC];
     o->name = "cuda";
     o->max_head_dim = CU_ATT_HD_MAX;
     o->free = cu_free; /* checks nothing: it cannot fail */
@@ -626,7 +631,7 @@ static void init_ops(void)
     /* the loader's layers read into page-locked memory and sent from there
      * (cu_host_alloc), behind CB_CUDA_PIN=1 until a GPU run has checked it;
      * without it, malloc's memory through the staging buffers */
-    if (env_is("CB_CUDA_PIN", "1")) {
+    if (on[CU_F_PIN]) {
         OP(host_alloc, cu_host_alloc);
         RELEASE(host_free, cu_host_free);
         OP(upload_async, cu_upload_async);
@@ -661,12 +666,12 @@ static void init_ops(void)
     /* probe's score on the device (passed the op tests and every
      * sanitizer on an H200, 2026-11-27); CB_CUDA_MASS=0 leaves it to the
      * host, which copies each probed layer's queries and keys back */
-    if (!env_is("CB_CUDA_MASS", "0"))
+    if (on[CU_F_MASS])
         OP(attn_mass, cu_attn_mass);
     /* blending's stale scale (the key bias both attention kernels add),
      * behind CB_CUDA_KBIAS=1 until a GPU run has checked it:
      * without it a blend on the device keeps the scale 1, and says so */
-    if (env_is("CB_CUDA_KBIAS", "1"))
+    if (on[CU_F_KBIAS])
         OP(set_key_bias, cu_set_key_bias);
     else
         o->set_key_bias = NULL;
@@ -676,7 +681,7 @@ static void init_ops(void)
      * behind CB_CUDA_GEMV=1 until a GPU run has checked it, and
      * then decoding batches sequences in products of up to CU_GEMV_ROWS
      * rows (cb_backend_cuda_open sets rows_step and rows_max) */
-    cu_gemv_rows = env_is("CB_CUDA_GEMV", "1") ? CU_GEMV_ROWS : 0;
+    cu_gemv_rows = on[CU_F_GEMV] ? CU_GEMV_ROWS : 0;
     o->rows_unstable = cu_gemv_rows == 0;
     /* with it, a decode step's Q, K and V (gate and up) in one launch */
     if (cu_gemv_rows)
@@ -686,11 +691,11 @@ static void init_ops(void)
     /* index arrays sent once while they repeat (stage_memo), attention's
      * and attn_mass's scratch kept (keep_on), behind CB_CUDA_MEMO=1 until a
      * GPU run has checked them */
-    cu_memo = env_is("CB_CUDA_MEMO", "1");
+    cu_memo = on[CU_F_MEMO];
     /* Q's and K's RoPE in one launch, K's and V's cache rows in one, a
      * residual and the next norm in one, behind CB_CUDA_FUSE=1 until a GPU
      * run has checked them */
-    cu_fuse = env_is("CB_CUDA_FUSE", "1"); /* (and products_16's input scale without a memset) */
+    cu_fuse = on[CU_F_FUSE]; /* (and products_16's input scale without a memset) */
     if (cu_fuse) {
         OP(rope_qk, cu_rope_qk);
         OP(kv_write_kv, cu_kv_write_kv);
@@ -704,10 +709,10 @@ static void init_ops(void)
      * behind CB_CUDA_GRAPH=1 until a GPU run has checked it;
      * with the memo only (a recording stages through an arena of its own,
      * and attention's scratch must not be allocated inside it), and not
-     * under CB_CUDA_SYNC=1, whose waits no recording may hold.  Their
-     * entries guard themselves: graph_end must end a recording even
-     * after a fault */
-    if (env_is("CB_CUDA_GRAPH", "1") && cu_memo && !cu_sync_each) {
+     * under CB_CUDA_SYNC=1, whose waits no recording may hold (the
+     * table's needs and excludes).  Their entries guard themselves:
+     * graph_end must end a recording even after a fault */
+    if (on[CU_F_GRAPH]) {
         o->graph_begin = cu_graph_begin;
         o->graph_end = cu_graph_end;
     } else {
@@ -891,13 +896,17 @@ extern "C" __attribute__((visibility("default"))) int cb_backend_cuda_open(cb_ba
         return CB_ERR_NOMEM;
     }
     pthread_once(&ops_once, init_ops);
-    /* tensor-core attention (cuda_attn.cu's k_flash), behind CB_CUDA_FA=1
-     * until a GPU run has checked it; per backend, so that
-     * test_backend_ops can hold one with it and one without */
-    c->fa = env_is("CB_CUDA_FA", "1") && c->fa_smem > 0;
-    /* weights kept in their GGUF blocks (cuda_mm.cu), behind CB_CUDA_QW=1
-     * until a GPU run has checked it; per backend likewise */
-    c->qw = env_is("CB_CUDA_QW", "1");
+    /* the per-backend features: tensor-core attention (cuda_attn.cu's
+     * k_flash), where the device has the shared memory for its tiles, and
+     * weights kept in their GGUF blocks (cuda_mm.cu); the rest are the
+     * process's */
+    cu_feature_set fs;
+    cu_features_resolve(&fs, env_get, &cu_proc);
+    if (c->fa_smem == 0)
+        cu_features_off(&fs, CU_F_FA, "no-shared-memory");
+    c->fa = fs.on[CU_F_FA];
+    c->qw = fs.on[CU_F_QW];
+    cu_features_format(&fs, b->features, sizeof b->features);
     b->ops = &cuda_ops;
     b->ctx = c;
     b->n_threads = 1;

@@ -139,9 +139,9 @@ void cb_model_free(cb_model *m);
 const cb_hparams *cb_model_hparams(const cb_model *m);
 const cb_vocab *cb_model_vocab(const cb_model *m);
 cb_hash128 cb_model_fingerprint(const cb_model *m);
-/* The backend's kind ("cpu", "cuda"), and the device described ("cpu (2 threads)"). */
-const char *cb_model_backend(const cb_model *m);
-const char *cb_model_device(const cb_model *m);
+const char *cb_model_backend(const cb_model *m);  /* "cpu", "cuda" */
+const char *cb_model_device(const cb_model *m);   /* described: "cpu (2 threads)" */
+const char *cb_model_features(const cb_model *m); /* the CUDA features on, off (cb-run(1)) */
 cb_status cb_model_sync(const cb_model *m); /* wait for this thread's device work: its fault */
 const char *cb_model_strerror(const cb_model *m, cb_status st); /* st's text; a fault's own */
 
@@ -592,8 +592,11 @@ typedef struct cb_answer {
     int n_chunks, n_missing, n_stored, n_after, n_own; /* as cb_prompt_n_after, _n_own */
     cb_chat_kind chat;
     uint64_t kv_bytes; /* its cache's */
+    cb_type kv_type;
 } cb_answer;
 void cb_answer_free(cb_answer *a);
+/* --stats' object (cb-run(1)) as malloc'd JSON: an answer's on m (s's counters too unless NULL) */
+cb_status cb_answer_to_json(const cb_answer *a, const cb_model *m, cb_store *s, char **json);
 typedef struct cb_batch_info {
     int32_t cap; /* questions in flight at most */
     uint64_t kv_budget;
@@ -616,6 +619,7 @@ cb_status cb_batch_submit(cb_batch *b, const cb_request *rq, void *tag);
 cb_status cb_batch_step(cb_batch *b);  /* the parked question if it fits; a decode step */
 cb_answer *cb_batch_next(cb_batch *b); /* in the order the questions ended; NULL: none */
 const cb_batch_info *cb_batch_get_info(const cb_batch *b);
+cb_status cb_batch_to_json(const cb_batch *b, double wall_ms, char **json); /* a batch's */
 /* Chunks' KV prefilled after the lead-in (or _after's, or from now on _system's head), stored (tier
  * NULL: fastest with room) as cb-precompute does; _head: a prompt's head (system NULL: default). */
 typedef struct cb_precomputer cb_precomputer;

@@ -181,6 +181,13 @@ cb_status cb_tok_piece(const cb_vocab *v, int32_t id, unsigned flags, char **buf
 
 /* ----------------------------------------------------------------- model */
 
+/* Where the model came from (cb_model_load's path), how long loading it
+ * took (ms), and the threads its parameters asked for (0: as many as the
+ * cores): what --stats reports of it. */
+const char *cb_model_path(const cb_model *m);
+double cb_model_load_ms(const cb_model *m);
+int cb_model_threads(const cb_model *m);
+
 /* Layer l's attention window: > 0 for a sliding-window layer (a row at
  * position p sees keys p-window+1..p), 0 for a global one (keys 0..p); and
  * its RoPE base.  l must be in range. */

@@ -311,9 +311,13 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
     cb_hparams *hp;
     cb_status st;
     char name[96];
+    double t0 = cb_now_ms();
 
-    if (!m)
+    if (!m || !(m->path = strdup(path))) {
+        free(m);
         return cb_error_set(err, CB_ERR_NOMEM, "%s: out of memory", path);
+    }
+    m->threads = p ? p->n_threads : 0;
     hp = &m->hp;
     if ((st = cb_gguf_open(&m->gguf, path, err)) != CB_OK ||
         (st = model_arch(m->gguf, path, &ad, err)) != CB_OK)
@@ -483,6 +487,7 @@ cb_status cb_model_load(cb_model **out, const char *path, const cb_model_params 
         cb_error_set(err, st, "%s: %s", path, m->be->fault_msg);
         goto fail;
     }
+    m->load_ms = cb_now_ms() - t0;
     *out = m;
     return CB_OK;
 nomem:
@@ -525,10 +530,14 @@ void cb_model_free(cb_model *m)
     free(m->layers);
     cb_vocab_free(m->vocab);
     cb_gguf_free(m->gguf);
+    free(m->path);
     free(m);
 }
 
 const cb_hparams *cb_model_hparams(const cb_model *m) { return &m->hp; }
+const char *cb_model_path(const cb_model *m) { return m->path; }
+double cb_model_load_ms(const cb_model *m) { return m->load_ms; }
+int cb_model_threads(const cb_model *m) { return m->threads; }
 int32_t cb_model_layer_window(const cb_model *m, int32_t l) { return m->layers[l].window; }
 float cb_model_layer_rope_base(const cb_model *m, int32_t l) { return m->layers[l].rope_base; }
 float cb_model_attn_scale(const cb_model *m) { return m->attn_scale; }
@@ -565,6 +574,7 @@ const char *cb_model_device(const cb_model *m)
 {
     return m->be->desc[0] ? m->be->desc : m->be->ops->name;
 }
+const char *cb_model_features(const cb_model *m) { return m->be->features; }
 cb_hash128 cb_model_fingerprint(const cb_model *m) { return m->fingerprint; }
 
 cb_status cb_model_sync(const cb_model *m)

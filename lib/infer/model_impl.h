@@ -37,6 +37,9 @@ struct cb_model {
     int exact;            /* the backend's exact path (f32 activations: cb_model_params) */
     cb_layer *layers;
     cb_hash128 fingerprint;
+    char *path;     /* as cb_model_load was given it */
+    double load_ms; /* cb_model_load's time */
+    int threads;    /* the threads asked for (cb_model_params) */
 };
 
 struct cb_kvcache {

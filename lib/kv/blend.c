@@ -148,6 +148,12 @@ const blend_strategy *blend_strategy_of(cb_blend_strategy id)
     return strategies[id];
 }
 
+const char *cb_blend_strategy_name(cb_blend_strategy id)
+{
+    const blend_strategy *sg = blend_strategy_of(id);
+    return sg ? sg->name : NULL;
+}
+
 int blend_by_score_desc(const void *a, const void *b)
 {
     const blend_scored *x = a, *y = b;

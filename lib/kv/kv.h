@@ -146,6 +146,10 @@ cb_status cb_kvfile_recode(cb_kvfile *f, cb_type type, void **buf, size_t *size,
 
 /* ------------------------------------------------------------- blending */
 
+/* A strategy's name, as cb-run's --strategy takes it ("hkvd", "probe");
+ * NULL for a value that names none. */
+const char *cb_blend_strategy_name(cb_blend_strategy id);
+
 /* The key temperature p gives on model m: p->key_temp when > 0, else the
  * architecture's (cb_model_key_temp). */
 float cb_blend_key_temp(const cb_model *m, const cb_blend_params *p);

@@ -127,6 +127,8 @@ int cb_batch_full(const cb_batch *b) { return b->parked || b->info.in_flight >= 
 int cb_batch_busy(const cb_batch *b) { return b->parked || b->info.in_flight > 0 || b->n_out > 0; }
 
 const cb_batch_info *cb_batch_get_info(const cb_batch *b) { return &b->info; }
+const cb_model *cb_batch_model(const cb_batch *b) { return b->m; }
+cb_store *cb_batch_store(const cb_batch *b) { return b->s; }
 
 cb_answer *cb_batch_next(cb_batch *b)
 {
@@ -230,6 +232,7 @@ static cb_status job_prepare(cb_batch *b, job *j, const cb_request *rq, cb_error
     a->n_after = cb_prompt_n_after(j->pr);
     a->n_own = cb_prompt_n_own(j->pr);
     a->chat = cb_prompt_chat(j->pr);
+    a->kv_type = j->kv_type;
     if (a->n_prompt_tokens == 0)
         return cb_error_set(err, CB_ERR_FORMAT, "the prompt is empty");
     if (rq->score.data) {

@@ -70,6 +70,12 @@ cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, 
 /* The lead-in chunks were keyed with (cb_kv_lead_in). */
 const cb_tokens *cb_prompt_lead(const cb_prompt *p);
 
+/* ------------------------------------------------------------- batches */
+
+/* The model and the store (NULL: none) the batch was made on. */
+const cb_model *cb_batch_model(const cb_batch *b);
+cb_store *cb_batch_store(const cb_batch *b);
+
 #ifdef __cplusplus
 }
 #endif

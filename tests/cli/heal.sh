@@ -16,7 +16,7 @@ M=$CB_TEST_TMP/tiny-q8_0.gguf
 need_fixture "$M" "self-healing store"
 MNT=""
 cleanup() {
-    [ -f "$T/redis.pid" ] && kill -9 "$(cat "$T/redis.pid")" 2>/dev/null
+    redis_kill
     [ -n "$MNT" ] && umount "$MNT" 2>/dev/null
     rm -rf "$T"
 }
@@ -101,22 +101,8 @@ if [ -z "$RS" ] || [ -z "$RC" ]; then
     skip "the shared tier mends itself" "no redis-server/redis-cli (make deps)"
     done_testing; exit 0
 fi
-SOCK=$T/redis.sock
-PORT=$((20000 + $$ % 9999))
-start_redis() {   # nothing saved: a restart loses everything
-    "$RS" --port "$PORT" --bind 127.0.0.1 --unixsocket "$SOCK" --save "" --appendonly no --dir "$T" \
-        --daemonize yes --pidfile "$T/redis.pid" --logfile "$T/redis.log" > /dev/null 2>&1
-    i=0
-    while [ $i -lt 50 ]; do
-        "$RC" -s "$SOCK" ping 2>/dev/null | grep -q PONG && return 0
-        sleep 0.1; i=$((i + 1))
-    done
-    return 1
-}
-kill_redis() { [ -f "$T/redis.pid" ] && kill -9 "$(cat "$T/redis.pid")" 2>/dev/null; rm -f "$T/redis.pid" "$SOCK"; sleep 0.2; }
-if ! start_redis; then
-    PORT=$((PORT + 1)); start_redis || { skip "the shared tier mends itself" "redis-server does not start here"; done_testing; exit 0; }
-fi
+# nothing saved: a restart loses everything
+redis_start || { skip "the shared tier mends itself" "redis-server does not start here"; done_testing; exit 0; }
 R="$RC -s $SOCK"
 $STORE --store "$T/a" init --tier "main=$T/a/t" --tier "shared=unix://$SOCK:64M" > /dev/null 2>&1
 "$PRE" -m "$M" --store "$T/a" -q < "$T/chunks.jsonl" > /dev/null
@@ -194,7 +180,7 @@ fresh g
 "$RUN" -m "$M" --store "$T/g" --chunks "$T/chunks.jsonl" --no-store-write -n 24 --batch-size 1 --batch "$T/q.jsonl" \
     --stats "$T/st-g.json" > "$T/ans-g" 2> "$T/err-g" &
 bpid=$!
-sleep 1; kill_redis; start_redis || not_ok "restart"
+sleep 1; redis_kill; redis_start || not_ok "restart"
 $R EXISTS cb:tier:shared | grep -q 0 && ok "restarted without persistence: the tier's id is gone" || not_ok "the id survived the restart"
 wait $bpid; rc=$?
 [ $rc -eq 0 ] && [ "$(wc -l < "$T/ans-g")" -eq 40 ] && ok "the batch answers every question across the restart" \
@@ -214,5 +200,5 @@ $STORE --store "$T/b" stat > /dev/null 2> "$T/err-s"
 [ "$($R GET cb:tier:shared)" = "$SID" ] && ok "its key deleted: registered again by the next connection" || not_ok "after DEL: $($R GET cb:tier:shared)"
 fresh i
 [ "$(sid "$T/i")" = "$SID" ] && ok "and the next init joins it" || not_ok "init after DEL: $(sid "$T/i")"
-kill_redis
+redis_kill
 done_testing

@@ -156,13 +156,7 @@ if [ -z "$RS" ] || [ -z "$RC" ]; then
     skip "kivi4 through the shared tier" "no redis-server/redis-cli (make deps)"
     done_testing; exit
 fi
-SOCK=$T/redis.sock
-"$RS" --port 0 --unixsocket "$SOCK" --save "" --appendonly no --dir "$T" --daemonize yes \
-    --pidfile "$T/redis.pid" --logfile "$T/redis.log" > /dev/null 2>&1
-i=0
-while [ $i -lt 50 ] && ! "$RC" -s "$SOCK" ping 2>/dev/null | grep -q PONG; do sleep 0.1; i=$((i + 1)); done
-trap '[ -f "$T/redis.pid" ] && kill -9 "$(cat "$T/redis.pid")" 2>/dev/null; rm -rf "$T"' EXIT
-if [ $i -ge 50 ]; then
+if ! redis_start; then
     skip "kivi4 through the shared tier" "redis-server does not start here"
     done_testing; exit
 fi

@@ -3,7 +3,7 @@
 BINDIR_B=${BINDIR_B:-bin}
 T=${CB_TEST_TMP:-/tmp}/cli.$$
 mkdir -p "$T"
-trap 'rm -rf "$T"' EXIT
+trap 'redis_stop; rm -rf "$T"' EXIT
 n=0; nfail=0
 ok()     { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() { n=$((n + 1)); nfail=$((nfail + 1)); echo "not ok $n - $1"; }
@@ -48,4 +48,41 @@ smol_model() {
 default_model() {
     m=${CB_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
     [ -f "$m" ] && echo "$m"
+}
+# A redis-server of the test's own.  free_port: a loopback TCP port no one
+# listens on now (the kernel's pick).  redis_start [ARG...]: redis-server on
+# the unix socket $SOCK ($T/redis.sock, mode 700) and, when $PORT is set, on
+# 127.0.0.1:$PORT; nothing saved, its pid in $T/redis.pid, its log in
+# $T/redis.log; ARGs go to redis-server first (a config file, then options
+# such as --requirepass PW).  0 once it answers on the socket (PONG, or the
+# refusal of a server with a password), 1 when it does not within 5 s.  It
+# is stopped at exit (lib.sh's trap, or redis_stop in a script's own trap).
+# redis_stop: shut down, waited for up to 2 s (it logs into $T while it
+# goes); redis_kill: killed at once, as by a crash, its socket removed, so
+# that redis_start starts it again, empty, on the same $PORT and $SOCK.
+SOCK=$T/redis.sock
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+redis_start() {
+    _rs=$(command -v redis-server) && _rc=$(command -v redis-cli) || return 1
+    if [ -n "${PORT:-}" ]; then set -- "$@" --bind 127.0.0.1 --port "$PORT"; else set -- "$@" --port 0; fi
+    "$_rs" "$@" --unixsocket "$SOCK" --unixsocketperm 700 --save "" --appendonly no --dir "$T" \
+        --daemonize yes --pidfile "$T/redis.pid" --logfile "$T/redis.log" > /dev/null 2>&1
+    _i=0
+    while [ $_i -lt 50 ]; do
+        "$_rc" -s "$SOCK" ping 2>&1 | grep -qE 'PONG|NOAUTH' && return 0
+        sleep 0.1; _i=$((_i + 1))
+    done
+    return 1
+}
+redis_stop() {
+    _rp=$(cat "$T/redis.pid" 2>/dev/null) || return 0
+    kill "$_rp" 2>/dev/null
+    _i=0; while kill -0 "$_rp" 2>/dev/null && [ $_i -lt 40 ]; do sleep 0.05; _i=$((_i + 1)); done
+    rm -f "$T/redis.pid"
+}
+redis_kill() {
+    [ -f "$T/redis.pid" ] && kill -9 "$(cat "$T/redis.pid")" 2>/dev/null
+    rm -f "$T/redis.pid" "$SOCK"; sleep 0.2
 }

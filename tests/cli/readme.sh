@@ -155,21 +155,7 @@ if [ -n "$SMOL" ]; then MODEL=$SMOL; else MODEL=$CB_TEST_TMP/tiny-q8_0.gguf; fi
 DEFAULT_M=${XDG_CACHE_HOME:-$HOME/.cache}/cacheblend/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 RS=$(command -v redis-server || true); RC=$(command -v redis-cli || true)
 PORT=""
-start_redis() {
-    PORT=$((20000 + $$ % 9000))
-    for try in 1 2 3; do
-        "$RS" --bind 127.0.0.1 --port "$PORT" --save "" --appendonly no --dir "$T" --daemonize yes \
-            --pidfile "$T/redis.pid" --logfile "$T/redis.log" > /dev/null 2>&1
-        i=0
-        while [ $i -lt 50 ]; do
-            "$RC" -p "$PORT" ping 2>/dev/null | grep -q PONG && return 0
-            sleep 0.1; i=$((i + 1))
-        done
-        PORT=$((PORT + 1))
-    done
-    return 1
-}
-trap '[ -f "$T/redis.pid" ] && kill "$(cat "$T/redis.pid")" 2>/dev/null; rm -rf "$T"' EXIT
+start_redis() { PORT=$(free_port) && redis_start || { PORT=""; return 1; }; }
 export CHECKS="$T/checks"
 : > "$CHECKS"
 tab=$(printf '\t')

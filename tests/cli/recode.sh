@@ -237,11 +237,7 @@ fi
 # -- the shared tier is not recoded
 RS=$(command -v redis-server); RC=$(command -v redis-cli)
 if [ -n "$RS" ] && [ -n "$RC" ]; then
-    SOCK=$T/redis.sock
-    "$RS" --port 0 --unixsocket "$SOCK" --save "" --appendonly no --dir "$T" --daemonize yes \
-        --pidfile "$T/redis.pid" --logfile "$T/redis.log" > /dev/null 2>&1
-    w=0; while ! "$RC" -s "$SOCK" ping 2>/dev/null | grep -q PONG && [ $w -lt 50 ]; do sleep 0.1; w=$((w + 1)); done
-    trap '[ -f "$T/redis.pid" ] && kill "$(cat "$T/redis.pid")" 2>/dev/null; rm -rf "$T"' EXIT
+    redis_start
     SR="$STORE --store $T/sr"
     if $SR init --tier disk="$T/srdisk" --tier shared="unix://$SOCK" > /dev/null 2>&1; then
         $SR put "$T"/kv8/*.kv > /dev/null 2>&1
@@ -254,7 +250,7 @@ if [ -n "$RS" ] && [ -n "$RC" ]; then
     else
         skip "recode beside a shared tier" "init with redis-server on $SOCK failed"
     fi
-    kill "$(cat "$T/redis.pid")" 2>/dev/null; rm -f "$T/redis.pid"
+    redis_stop
 else
     skip "recode beside a shared tier" "no redis-server (make deps)"
 fi

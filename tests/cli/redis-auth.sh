@@ -18,7 +18,6 @@ if [ -z "$RS" ] || [ -z "$RC" ] || [ ! -f "$M" ] || ! command -v python3 > /dev/
     skip "the shared tier secured" "no redis-server/redis-cli/python3 (make deps) or no $M"
     done_testing; exit 0
 fi
-SOCK=$T/redis.sock
 # The passwords: random, so that a grep for them finds nothing by chance.
 rnd() { od -An -N12 -tx1 /dev/urandom | tr -d ' \n'; }
 ADMIN=adm$(rnd) CRON=cron$(rnd) QUERY=qry$(rnd)
@@ -26,18 +25,12 @@ umask 077
 # The ACL lines exactly as cb-store(5) gives them (ACL SETUSER ... there, `user` lines in a config).
 acl() { sed -n "/^\.\\\\\" acl-$1\$/,/^\.\\\\\" end/p" "$(dirname "$0")/../../man/man5/cb-store.5" | grep '^ACL SETUSER' | sed 's/^ACL SETUSER /user /'; }
 {
-    echo "port 0"; echo "unixsocket $SOCK"; echo "unixsocketperm 700"; echo 'save ""'; echo "appendonly no"
-    echo "dir $T"; echo "pidfile $T/redis.pid"; echo "logfile $T/redis.log"; echo "daemonize yes"
     echo "requirepass $ADMIN"
     acl cron | sed "s/PASSWORD/$CRON/"; acl query | sed "s/PASSWORD/$QUERY/"
 } > "$T/redis.conf"
 [ "$(grep -c '^user cb-' "$T/redis.conf")" -eq 2 ] || { not_ok "the ACL lines of cb-store(5) (found $(grep -c '^user cb-' "$T/redis.conf"))"; done_testing; exit 1; }
-"$RS" "$T/redis.conf" > /dev/null 2>&1
-i=0; while [ ! -S "$SOCK" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-# (the server logs into $T while it shuts down: waited for, up to 2 s, before $T goes)
-stop_redis() { rp=$(cat "$T/redis.pid" 2>/dev/null) || return 0; kill "$rp" 2>/dev/null
-    i=0; while kill -0 "$rp" 2>/dev/null && [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done; }
-trap 'stop_redis; [ -n "${tpids:-}" ] && kill $tpids 2>/dev/null; rm -rf "$T"' EXIT
+redis_start "$T/redis.conf"
+trap 'redis_stop; [ -n "${tpids:-}" ] && kill $tpids 2>/dev/null; rm -rf "$T"' EXIT
 if ! REDISCLI_AUTH=$ADMIN "$RC" --no-auth-warning -s "$SOCK" ping 2>/dev/null | grep -q PONG; then
     skip "the shared tier secured" "redis-server does not start here ($(tail -n 2 "$T/redis.log" 2>/dev/null))"
     done_testing; exit 0

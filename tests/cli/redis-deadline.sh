@@ -31,18 +31,14 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 timed() { o=$1; shift; t0=$(now_ms); $GUARD "$@" > "$T/$o" 2> "$T/err-$o"; rc=$?; el=$(($(now_ms) - t0)); }
 show() { sed 's/^/#   /' "$T/err-$1" | head -5; }
 
-SOCK=$T/redis.sock
 rnd() { od -An -N12 -tx1 /dev/urandom | tr -d ' \n'; }
 PW=pw$(rnd)
 umask 077
-"$RS" --port 0 --unixsocket "$SOCK" --unixsocketperm 700 --save "" --appendonly no --dir "$T" \
-    --requirepass "$PW" --daemonize yes --pidfile "$T/redis.pid" --logfile "$T/redis.log" > /dev/null 2>&1
-i=0; while [ ! -S "$SOCK" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+redis_start --requirepass "$PW"
 fpids=""
 stop_all() {
     for p in $fpids; do kill "$p" 2>/dev/null; done
-    rp=$(cat "$T/redis.pid" 2>/dev/null) || return 0; kill "$rp" 2>/dev/null
-    i=0; while kill -0 "$rp" 2>/dev/null && [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
+    redis_stop
 }
 trap 'stop_all; rm -rf "$T"' EXIT
 radm() { REDISCLI_AUTH=$PW "$RC" --no-auth-warning -s "$SOCK" "$@"; }

@@ -19,18 +19,8 @@ if [ -z "$RS" ] || [ -z "$RC" ] || [ ! -f "$M" ] || ! python3 -c 'import cryptog
     skip "the shared tier sealed" "no redis-server/redis-cli/python3 with cryptography (make deps) or no $M"
     done_testing; exit 0
 fi
-SOCK=$T/redis.sock
 umask 077
-{
-    echo "port 0"; echo "unixsocket $SOCK"; echo "unixsocketperm 700"; echo 'save ""'; echo "appendonly no"
-    echo "rdbcompression no"; echo "dbfilename dump.rdb"
-    echo "dir $T"; echo "pidfile $T/redis.pid"; echo "logfile $T/redis.log"; echo "daemonize yes"
-} > "$T/redis.conf"
-"$RS" "$T/redis.conf" > /dev/null 2>&1
-i=0; while [ ! -S "$SOCK" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-stop_redis() { rp=$(cat "$T/redis.pid" 2>/dev/null) || return 0; kill "$rp" 2>/dev/null
-    i=0; while kill -0 "$rp" 2>/dev/null && [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done; }
-trap 'stop_redis; rm -rf "$T"' EXIT
+redis_start --rdbcompression no --dbfilename dump.rdb
 radm() { "$RC" -s "$SOCK" "$@"; }
 if ! radm ping 2>/dev/null | grep -q PONG; then
     skip "the shared tier sealed" "redis-server does not start here ($(tail -n 2 "$T/redis.log" 2>/dev/null))"

@@ -13,23 +13,8 @@ if [ -z "$RS" ] || [ -z "$RC" ] || [ ! -f "$M" ]; then
     skip "shared tier on Redis" "no redis-server/redis-cli (make deps) or no $M"
     done_testing; exit 0
 fi
-SOCK=$T/redis.sock
-PORT=$((20000 + $$ % 20000))
-start_redis() {   # on $PORT (127.0.0.1) and $SOCK, nothing saved
-    "$RS" --bind 127.0.0.1 --port "$PORT" --unixsocket "$SOCK" --save "" --appendonly no --dir "$T" \
-        --daemonize yes --pidfile "$T/redis.pid" --logfile "$T/redis.log" > /dev/null 2>&1
-    i=0
-    while [ $i -lt 50 ]; do
-        "$RC" -s "$SOCK" ping 2>/dev/null | grep -q PONG && return 0
-        sleep 0.1; i=$((i + 1))
-    done
-    return 1
-}
-kill_redis() { [ -f "$T/redis.pid" ] && kill -9 "$(cat "$T/redis.pid")" 2>/dev/null; rm -f "$T/redis.pid" "$SOCK"; sleep 0.2; }
-trap 'kill_redis; rm -rf "$T"' EXIT
-if ! start_redis; then
-    PORT=$((PORT + 1)); start_redis || { skip "shared tier on Redis" "redis-server does not start here ($(tail -n 2 "$T/redis.log" 2>/dev/null))"; done_testing; exit 0; }
-fi
+PORT=$(free_port) # and $SOCK; nothing saved
+redis_start || { skip "shared tier on Redis" "redis-server does not start here ($(tail -n 2 "$T/redis.log" 2>/dev/null))"; done_testing; exit 0; }
 R="$RC -s $SOCK"
 
 vale_chunks "$M" "$T/chunks.jsonl" || { not_ok "cb-chunk"; done_testing; exit 1; }
@@ -367,7 +352,7 @@ grep -q "shared tier" "$T/err" && ok "and it warns" || { not_ok "the hang-up war
 kill "$fpid" 2>/dev/null; wait "$fpid" 2>/dev/null
 
 # -- the server killed: cb-run answers (computed in place); then restarted
-kill_redis
+redis_kill
 t0=$(date +%s)
 run d; rc=$?
 t1=$(date +%s)
@@ -375,7 +360,7 @@ t1=$(date +%s)
     || { not_ok "cb-run with the server down (exit $rc, $((t1 - t0)) s)"; sed 's/^/#   /' "$T/err-d" | head -5; }
 cmp -s "$T/ans-d" "$T/a-full" && ok "computed in place, the answer equals full prefill's" || not_ok "d vs full"
 [ "$(grep -c 'shared tier' "$T/err-d")" -eq 1 ] && ok "it warns once" || { not_ok "warnings: $(grep -c 'shared tier' "$T/err-d")"; sed 's/^/#   /' "$T/err-d" | head -5; }
-start_redis && ok "redis restarted" || not_ok "redis restart"
+redis_start && ok "redis restarted" || not_ok "redis restart"
 "$PRE" -m "$M" --store "$T/a" -q < "$T/chunks.jsonl" > /dev/null 2>&1
 rm -rf "$T/d/t"/*.kv; $STORE --store "$T/d" verify --repair > /dev/null 2>&1
 run d
@@ -406,7 +391,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
         if [ $(( $(od -An -N1 -tu1 /dev/urandom) % 4 )) -eq 0 ] && kill -9 "$p" 2>/dev/null; then killed=$((killed + 1)); fi
     done
     if [ $restarted -eq 0 ] && [ "$(date +%s)" -ge $((end - 6)) ]; then
-        kill_redis; start_redis && restarted=1
+        redis_kill; redis_start && restarted=1
     fi
     wait 2>/dev/null; pids=""
 done
