@@ -161,24 +161,26 @@ cb_status cb_profile_from_json(cb_profile *p, const char *text, size_t len, cb_e
  * over a multiply-add gives load, the loader's time a byte (which the
  * cost model adds to the computing on the CPU only, where the loader
  * takes the cores the layers need).  Scoring is not measured (0: the
- * built-in). */
+ * built-in).  Measurements at one length cannot tell a from c: there
+ * the attention is taken at the built-in figure (attn stays 0) and a
+ * follows, so that loading still has its figure. */
 void cb_profile_fit_costs(cb_profile *p, const cb_model *m)
 {
     const cb_hparams *hp = cb_model_hparams(m);
     double q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
     double weights = (double)hp->n_embd * (2 * q + 2 * kv) + 3.0 * hp->n_embd * hp->n_ff;
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, one = 0;
     int n = 0;
     memset(&p->costs, 0, sizeof p->costs);
     for (int i = 0; i < p->n_prefill; i++, n++) {
         double L = (double)p->prefill[i].length, x = L / 2, y = p->prefill[i].ms_per_layer / L;
         sx += x, sy += y, sxx += x * x, sxy += x * y;
+        one += y / (weights + cb_model_attn_cost(m) * q * L) / p->n_prefill;
     }
     double d = n * sxx - sx * sx;
-    if (n < 2 || !(d > 0))
-        return;
-    double c = (n * sxy - sx * sy) / d, a = (sy - c * sx) / n, mac_ms = a / weights;
-    if (!(a > 0))
+    double c = n > 1 && d > 0 ? (n * sxy - sx * sy) / d : 0, a = (sy - c * sx) / (n ? n : 1);
+    double mac_ms = n > 1 && d > 0 ? a / weights : one;
+    if (!(a > 0) || !(mac_ms > 0))
         return;
     if (c > 0)
         p->costs.attn = (float)(c / (2 * q) / mac_ms);

@@ -701,6 +701,15 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                    pf->costs.score == 0.0f,
                "fitted: load %g, attn %g", pf ? (double)pf->costs.load : 0.0,
                pf ? (double)pf->costs.attn : 0.0);
+        if (pf) { /* one length: the attention at the built-in figure, loading's from it */
+            pf->n_prefill = 1;
+            cb_profile_fit_costs(pf, fx.m);
+            double y = pf->prefill[0].ms_per_layer / 100, ab = cb_model_attn_cost(fx.m);
+            double want = 1e-6 / (y / (wts + ab * qd * 100));
+            CHECKF(pf->costs.attn == 0.0f && fabs(pf->costs.load - want) < 1e-4 * want,
+                   "one length: load %g (want %g), attn %g", (double)pf->costs.load, want,
+                   (double)pf->costs.attn);
+        }
         free(pf);
     }
 
