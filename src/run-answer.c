@@ -27,7 +27,7 @@ typedef struct run {
     cli_sink sm;
     float *logits, *first_logits;
     double t_load, t0, gen_ms;
-    const char *ratio_source; /* --ratio auto: controller or fallback */
+    const char *ratio_source; /* --ratio auto: controller */
     cb_ratio_choice rc;
     json_t *verify;
     int n_stored;
@@ -247,27 +247,16 @@ static cb_status run_alloc(const run *r, cb_kvcache **kv, cb_fwd **f)
     return CB_OK;
 }
 
-/* --ratio auto: the controller's ratio for the slowest tier holding a chunk. */
+/* --ratio auto: the loading controller's ratio, loading priced for the
+ * slowest tier holding a chunk where the profile measured it. */
 static void run_auto_ratio(run *r)
 {
     const gen_opts *o = r->o;
     cb_error err;
-    if (cb_prompt_auto_ratio(r->pr, r->store, r->m, o->kv_type, o->min_ratio, &r->rc, &err) ==
-        CB_OK) {
-        r->bp.ratios[0] = (float)r->rc.ratio;
-        r->ratio_source = "controller";
-        cli_info(
-            "--ratio auto: %.3f for %lld cached tokens in tier %s (predicted load %.1f ms, recompute %.1f ms)",
-            r->bp.ratios[0], (long long)r->rc.n_cached, r->rc.tier, r->rc.pred_load_ms,
-            r->rc.pred_recompute_ms);
-        return;
-    }
-    r->bp.ratios[0] = (float)o->min_ratio;
-    r->ratio_source = "fallback";
-    cli_err(
-        "note: --ratio auto: no profile for this model and backend in %s (run cb-profile); using "
-        "--min-ratio %.2f",
-        o->store_dir, o->min_ratio);
+    r->ratio_source = "controller";
+    if (cb_prompt_auto_ratio(r->pr, r->store, r->m, o->min_ratio, &r->bp, &r->rc, &err) != CB_OK)
+        cli_err("note: --ratio auto: %s; loading priced at the %s figure (run cb-profile)", err.msg,
+                r->bp.costs.load > 0 ? "profile's first tier's" : "built-in");
 }
 
 /* --verify: full prefill of the same tokens (the first token's KL and
@@ -398,6 +387,11 @@ static int run_answer(run *r)
         cli_err("%s", err.msg);
         return cli_exit_code(st);
     }
+    if (r->bp.ratio_auto)
+        cli_info("--ratio auto: %.3f of %d cached tokens%s%s (predicted, in full prefill's time: "
+                 "load %.3f, recompute %.3f)",
+                 (double)r->bs.plan_ratio, r->bs.n_cached_tokens, r->rc.tier[0] ? " in tier " : "",
+                 r->rc.tier, (double)r->bs.pred_load, (double)r->bs.pred_recompute);
     if (o->logits_out && cb_file_write_atomic(o->logits_out, r->logits,
                                               sizeof(float) * (size_t)n_vocab, &err) != CB_OK) {
         cli_err("%s", err.msg);
@@ -437,7 +431,6 @@ int run_generate(const gen_opts *o, const char *text, size_t len)
 
     r.sm = (cli_sink){stdout, o->verify, NULL, 0, 0};
     r.gp = (cb_gen_params){o->sp, o->n_predict, o->stops, o->n_stops};
-    r.rc.pred_load_ms = r.rc.pred_recompute_ms = -1;
     if ((code = run_open(&r)) != 0)
         goto done;
     r.t0 =

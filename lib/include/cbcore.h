@@ -184,9 +184,8 @@ typedef struct cb_kvfile cb_kvfile;
 cb_status cb_kvfile_open(cb_kvfile **out, const char *path, cb_error *err);
 void cb_kvfile_free(cb_kvfile *f);
 const cb_kv_meta *cb_kvfile_meta(const cb_kvfile *f);
-/* Read layer l, verified, as f32 k, v [n_tokens, n_head_kv*head_dim]; or place it in rows pos..
- * of kv as cb-run's loader does (rows of the cache's type sent as they are, K moved there). */
-cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_error *err);
+/* Place layer l, verified, in rows pos.. of kv as cb-run's loader does (rows of the cache's
+ * type sent as they are, K moved there). */
 cb_status cb_kvfile_load_layer(cb_kvfile *f, int32_t l, cb_kvcache *kv, int32_t pos, cb_error *err);
 uint64_t cb_kvfile_size(const cb_kvfile *f);
 cb_status cb_kv_type_parse(const char *name, cb_type *out); /* "q8_0": one a KV file holds */
@@ -236,7 +235,8 @@ typedef struct cb_blend_params {
     int32_t probe_passages;                 /* probe: the top segments recomputed whole first */
     float probe_depth, stale_scale;         /* probe layers, 0: by cost; stale x, 0: the model's */
     float key_temp, speedup; /* keys / key_temp, 0: the model's; > 0: the ratio by cost, 0: given */
-    cb_blend_costs costs;    /* the cost model's figures (a profile's); 0 each: the built-in */
+    int ratio_auto;       /* 1: the loading controller's ratio, ratios[0] the least (no speedup) */
+    cb_blend_costs costs; /* the cost model's figures (a profile's); 0 each: the built-in */
 } cb_blend_params;
 cb_blend_params cb_blend_defaults(void); /* blend, auto, speedup 4, ratio >= 0.15, V */
 typedef struct cb_blend_stats {
@@ -258,6 +258,7 @@ typedef struct cb_blend_stats {
     const char *plan_bound;
     cb_blend_costs costs; /* its figures; costs_given bit i: figure i was p's, else built-in */
     int costs_given;
+    float pred_load, pred_recompute; /* ratio_auto (bound "load" or "min"): of full prefill's */
 } cb_blend_stats;
 /* Build a prompt's KV cache from segments in p's mode; the last position's logits. */
 cb_status cb_blend_prefill(cb_fwd *f, cb_kvcache *kv, const cb_segment *segs, int32_t n_segs,
@@ -537,14 +538,15 @@ cb_chat_kind cb_prompt_chat(const cb_prompt *p);
 void cb_prompt_use_context(cb_prompt *p, int use); /* 0: attach takes chunks' own caches only */
 /* Find and check each chunk's cache in s (unusable ones to warn), acquired until freed. */
 void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *, const char *), void *ctx);
-/* The ratio --ratio auto takes: the controller's, by the store's profile. */
+/* bp set to the loading controller's ratio (>= r_min), loading priced by the profile for the
+ * slowest tier holding a cache of p; CB_ERR_NOT_FOUND: no such figure, bp's own kept. */
 typedef struct cb_ratio_choice {
-    double ratio, pred_load_ms, pred_recompute_ms;
     int64_t n_cached; /* tokens whose KV comes from the caches */
-    char tier[64];    /* the slowest tier holding one */
+    char tier[64];    /* the slowest tier holding one, as the profile measured it; "": none */
 } cb_ratio_choice;
 cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m,
-                               cb_type kv_type, double r_min, cb_ratio_choice *out, cb_error *err);
+                               double r_min, cb_blend_params *bp, cb_ratio_choice *out,
+                               cb_error *err);
 /* cb_blend_prefill of the prompt; a cache failing while read is computed instead. */
 cb_status cb_prompt_prefill(cb_prompt *p, cb_store *s, cb_fwd *f, cb_kvcache *kv,
                             const cb_blend_params *bp, float *logits, cb_blend_stats *stats,
@@ -585,8 +587,8 @@ typedef struct cb_answer {
     cb_gen_result gen;        /* first_ms from submission: waits for the prefills in flight */
     double gen_ms;            /* from the first token to the last */
     cb_blend_params bp;       /* the parameters used (the ratio --ratio auto chose) */
-    const char *ratio_source; /* "given", "controller" or "fallback" */
-    cb_ratio_choice rc;       /* the controller's choice, with ratio_auto */
+    const char *ratio_source; /* "given", or "controller" (--ratio auto) */
+    cb_ratio_choice rc;       /* the loading controller's tier, with ratio_auto */
     cb_blend_stats bs;
     int64_t n_prompt_tokens;
     int n_chunks, n_missing, n_stored, n_after, n_own; /* as cb_prompt_n_after, _n_own */

@@ -64,7 +64,7 @@ cb_blend_params cb_blend_defaults(void)
     p.probe_depth = 0.0f; /* by cost: cb_blend_probe_layers (EVAL.md) */
     p.probe_values = 1;   /* the mass times the value rows' norms: strategy_probe.c */
     p.key_temp = 0.0f;    /* the model's: cb_blend_key_temp */
-    p.speedup = 4.0f;     /* the ratio by the rows' cost, 0.15 at least: plan_speedup */
+    p.speedup = 4.0f;     /* the ratio by the rows' cost, 0.15 at least: plan_afford */
     p.stale_scale = 0.0f; /* the model's: cb_blend_stale_scale */
     return p;
 }
@@ -204,6 +204,10 @@ static cb_status plan_check(blend_plan *pl, cb_error *err)
                             "blend: a speedup sets one ratio, not %d (give it as 0 for gradual "
                             "filtering)",
                             p->n_ratios);
+    if (p->ratio_auto && (p->speedup > 0 || p->adapt_mass > 0 || p->n_ratios != 1))
+        return cb_error_set(err, CB_ERR_INVALID,
+                            "blend: the loading controller sets one ratio, with no speedup and no "
+                            "adaptive ratio");
     if (!(p->probe_depth >= 0.0f && p->probe_depth <= 1.0f))
         return cb_error_set(err, CB_ERR_INVALID,
                             "blend: probe's depth is a share of the layers in (0, 1] (0: by "
@@ -409,7 +413,9 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
     return &blend_hkvd;
 }
 
-/* The cost model: the one policy behind --speedup (cb_blend_params.speedup).
+/* The cost model: the one model behind the policies that choose a ratio,
+ * --speedup (cb_blend_params.speedup) and the loading controller
+ * (--ratio auto, cb_blend_params.ratio_auto: plan_auto).
  * It prices the rows a blend computes, each at each layer its products
  * with the layer's weights and its attention over the keys it sees, in
  * units of one row's products through every layer.  A row at position p
@@ -419,9 +425,10 @@ static const blend_strategy *blend_choose(const blend_plan *pl, const cb_blend_p
  * V and O) times the figure costs.attn; full prefill costs the sum over
  * the prompt's rows.  Besides the rows:
  *   - loading: each cached row's K and V bytes (every layer's, in the
- *     cache's type) x costs.load (0 where loading overlaps the compute, as
- *     a device's copies do; on the CPU the loader takes the cores the
- *     layers need);
+ *     cache's type) x costs.load, the loader's time a byte (c_read); it
+ *     adds to the cost on the CPU, where the loader takes the cores the
+ *     layers need, and not where it overlaps the compute, as a device's
+ *     copies do (c_load);
  *   - the keys the attention computes and masks: the backend takes
  *     cb_model_attn_rows query rows at a time, each against every key up
  *     to the last of them, so n rows spread over s positions compute about
@@ -488,7 +495,8 @@ static void plan_costs(blend_plan *pl)
     }
     pl->c_first_waste = key_cost * extra;
     double row_bytes = 2.0 * L * (double)cb_type_row_bytes(cb_kvcache_type(pl->kv), pl->w);
-    pl->c_load = (double)pl->n_cached * row_bytes * pl->plan.costs.load / (weights * L);
+    pl->c_read = (double)pl->n_cached * row_bytes * pl->plan.costs.load / (weights * L);
+    pl->c_load = strcmp(cb_model_backend(m), "cpu") == 0 ? pl->c_read : 0;
 }
 
 /* The cost of a blend whose selection costs sel (n_sel rows), nl layers of
@@ -520,13 +528,12 @@ static double cost_of(const blend_plan *pl, const cb_blend_params *p, int probe,
     return blend_cost(pl, p, probe, sel, w, probe ? blend_probe_pass(pl, w) : 0);
 }
 
-/* The largest budget, at least lo, whose cost is at most full prefill's
- * / s (the cost grows with the budget: bisection). */
+/* The largest budget, at least lo, whose cost is at most limit (the cost
+ * grows with the budget: bisection). */
 static int64_t afford(const blend_plan *pl, const cb_blend_params *p, int probe, int64_t lo,
-                      double s)
+                      double limit)
 {
     int64_t hi = pl->n_cached - pl->n_exact;
-    double limit = pl->c_full / s;
     if (lo >= hi)
         return lo;
     if (cost_of(pl, p, probe, hi) <= limit)
@@ -553,38 +560,55 @@ float blend_ratio_of(int64_t w, int64_t n)
     return r;
 }
 
-/* A speedup: the budget it affords, at least the given ratio's, into q's
- * one ratio, and under auto the strategy too (auto's rule on probe's
- * budget; hkvd then gets its own, its first layer's rows counted).  The
- * budget is predicted at the candidates' mean cost; probe, which selects
- * after its first pass, then selects by the costs of the rows it scores
- * highest (pl->budget: what the speedup leaves after the first pass and
- * the uncached rows; the fewest rows pl->budget_min). */
-static void plan_speedup(blend_plan *pl, cb_blend_params *q, cb_blend_stats *stats)
+/* A policy's budget: the most rows, at least the given ratio's, whose cost
+ * is at most limit, into q's one ratio, and under auto the strategy too
+ * (auto's rule on probe's budget; hkvd then gets its own, its first
+ * layer's rows counted); the bound is `bound`, or "min" where the given
+ * ratio already costs more.  The budget is predicted at the candidates'
+ * mean cost; under a speedup probe, which selects after its first pass,
+ * then selects by the costs of the rows it scores highest (pl->budget:
+ * what the limit leaves after the first pass and the uncached rows; the
+ * fewest rows pl->budget_min).  The budget's cost is returned. */
+static double plan_afford(blend_plan *pl, cb_blend_params *q, cb_blend_stats *stats, double limit,
+                          const char *bound)
 {
     const cb_blend_params *p = pl->p;
     int64_t lo = (int64_t)ceilf(p->ratios[0] * (float)pl->n_cached), w;
     const blend_strategy *sg = blend_strategy_of(p->strategy);
     int probe = p->strategy == CB_STRATEGY_PROBE || p->strategy == CB_STRATEGY_AUTO;
-    w = afford(pl, p, probe, lo, p->speedup);
+    w = afford(pl, p, probe, lo, limit);
     q->ratios[0] = blend_ratio_of(w, pl->n_cached);
     if (p->strategy == CB_STRATEGY_AUTO) {
         sg = blend_choose(pl, q);
         if (sg->id != CB_STRATEGY_PROBE) {
-            w = afford(pl, p, 0, lo, p->speedup);
+            w = afford(pl, p, 0, lo, limit);
             q->ratios[0] = blend_ratio_of(w, pl->n_cached);
         }
         q->strategy = sg->id;
     }
     probe = sg->id == CB_STRATEGY_PROBE;
-    stats->ratio_bound = cost_of(pl, p, probe, w) <= pl->c_full / p->speedup ? "speedup" : "min";
-    int32_t nl = probe ? blend_probe_pass(pl, w) : 0;
+    double cost = cost_of(pl, p, probe, w);
+    stats->ratio_bound = cost <= limit ? bound : "min";
+    int32_t nl = probe && p->speedup > 0 ? blend_probe_pass(pl, w) : 0;
     if (nl > 0) { /* probe's selection by the costs of the rows it picks */
-        pl->budget =
-            pl->c_full / p->speedup - blend_cost(pl, p, 1, 0.0, 0, nl) + blend_sel_waste(pl, 0);
+        pl->budget = limit - blend_cost(pl, p, 1, 0.0, 0, nl) + blend_sel_waste(pl, 0);
         pl->budget = pl->budget > 0 ? pl->budget : 0;
         pl->budget_min = lo;
     }
+    return cost;
+}
+
+/* The loading controller (--ratio auto): the most rows whose computing,
+ * the blend's cost less what loading adds to it, is at most the loading's
+ * own time, so that the recompute of layer l hides under the loading of
+ * layer l + 1 (summed over the layers: the loader runs one layer ahead);
+ * at least the given ratio (the floor, --min-ratio), at most every
+ * candidate.  The predictions go to stats as shares of full prefill. */
+static void plan_auto(blend_plan *pl, cb_blend_params *q, cb_blend_stats *stats)
+{
+    double cost = plan_afford(pl, q, stats, pl->c_read + pl->c_load, "load");
+    stats->pred_load = (float)(pl->c_read / pl->c_full);
+    stats->pred_recompute = (float)((cost - pl->c_load) / pl->c_full);
 }
 
 /* The cost model's figures into the plan: the caller's where given (> 0),
@@ -603,9 +627,10 @@ static void plan_figures(blend_plan *pl, cb_blend_stats *stats)
 
 /* The policy, resolved once before any layer runs into pl->plan, the
  * parameters every later step reads (pl->p points there afterwards; the
- * strategies never write it): the ratio (the given one, or a speedup's),
- * the strategy (auto's choice), the key temperature and the stale scale
- * (the caller's, else the architecture's), with the cost figures
+ * strategies never write it): the ratio (the given one, a speedup's or
+ * the loading controller's), the strategy (auto's choice), the key
+ * temperature and the stale scale (the caller's, else the
+ * architecture's), with the cost figures
  * (plan_figures).  The model's stale scale was measured on probe's blends
  * (and random's, which compute as probe's); on hkvd's short prompts it
  * kept F1 but not full prefill's answers (EVAL.md, "The stale scale"), so
@@ -615,8 +640,10 @@ static void plan_policy(blend_plan *pl, cb_blend_stats *stats)
     const cb_blend_params *p = pl->p;
     const cb_model *m = cb_fwd_model(pl->f);
     cb_blend_params *q = &pl->plan;
-    if (p->mode == CB_MODE_BLEND && p->speedup > 0 && p->adapt_mass <= 0)
-        plan_speedup(pl, q, stats);
+    if (p->mode == CB_MODE_BLEND && p->ratio_auto)
+        plan_auto(pl, q, stats);
+    else if (p->mode == CB_MODE_BLEND && p->speedup > 0 && p->adapt_mass <= 0)
+        plan_afford(pl, q, stats, pl->c_full / p->speedup, "speedup");
     if (p->mode == CB_MODE_BLEND) {
         q->strategy = blend_choose(pl, q)->id;
         stats->strategy = q->strategy;

@@ -1,4 +1,4 @@
-/* kv.h - what lib/kv (KV files, blending, profiles and the controller)
+/* kv.h - what lib/kv (KV files, blending and its cost model, profiles)
  * gives the layers above it beyond cbcore.h (private to libcbcore: not
  * installed).  Includes only the layers below. */
 #ifndef CB_KV_H
@@ -37,6 +37,9 @@ cb_status cb_kv_serialize(const cb_model *m, const cb_kvcache *kv, const int32_t
  * ggml's row-wise blocks, so a reader decodes a layer to f16 rows.
  * kivi4: 4-bit keys per channel (groups of CB_KIVI4_GROUP tokens) and
  * values per token (groups of 32 channels), scale and minimum in f16. */
+/* Read layer l, verified, as f32 k, v [n_tokens, n_head_kv*head_dim] (the tests' and
+ * benchmarks' view of a file; the programs place layers with cb_kvfile_load_layer). */
+cb_status cb_kvfile_read_layer(cb_kvfile *f, int32_t l, float *k, float *v, cb_error *err);
 #define CB_KIVI4_GROUP 32
 /* Bytes of one layer's K, and of its V, of n tokens of width w; 0 when w
  * is not a positive multiple of 32 or n < 1. */
@@ -174,7 +177,7 @@ int32_t cb_blend_probe_layers(const cb_blend_params *p, int32_t n_layer, int64_t
  * that it is what full prefill computes there (never recomputed). */
 int cb_blend_true_prefix(const cb_segment *segs, int32_t s, int32_t start);
 
-/* ------------------------------------------------- profile and controller */
+/* ---------------------------------------------------------------- profile */
 
 /* Index into kv_bytes_per_token for a KV element type, -1 if none. */
 int cb_profile_type_index(cb_type t);
@@ -189,11 +192,9 @@ void cb_profile_name(cb_hash128 model, const char *backend, char *buf, size_t n)
  * tokens, interpolated linearly in ratio and in L (extrapolated in
  * proportion beyond the measured lengths). */
 double cb_profile_recompute_ms(const cb_profile *p, double ratio, int64_t L);
-/* The controller: r = max(r_min, the r where recompute time equals load
- * time) for L cached tokens in `tier`; 1 when loading is slower than full
- * recompute.  *pred_load and *pred_recompute receive the predictions. */
-double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold,
-                           double r_min, double *pred_load, double *pred_recompute);
+/* The cost model's loading figure (costs.load, of the first tier warm) for
+ * a byte read cold from tier; 0: not measured. */
+float cb_profile_load_cost(const cb_profile *p, const char *tier);
 
 #ifdef __cplusplus
 }

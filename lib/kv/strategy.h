@@ -56,11 +56,12 @@ typedef struct blend_plan {
      * (< 0: none) and the fewest rows */
     double *cost, c_full, c_unc, c_cand, c_score, budget;
     int64_t budget_min;
-    /* and what the rows' own costs leave out: loading the caches; the keys
-     * the attention's blocks of attn_rows rows compute beyond those their
-     * rows see (key_cost each: over the span of positions a pass's rows
-     * cover, and in probe's first pass over the uncached rows) */
-    double c_load, c_first_waste, key_cost;
+    /* and what the rows' own costs leave out: loading the caches (the
+     * loader's time, c_read, and what it adds to the computing's, c_load);
+     * the keys the attention's blocks of attn_rows rows compute beyond
+     * those their rows see (key_cost each: over the span of positions a
+     * pass's rows cover, and in probe's first pass over the uncached rows) */
+    double c_read, c_load, c_first_waste, key_cost;
     int64_t span;
     int32_t attn_rows;
 } blend_plan;

@@ -267,22 +267,17 @@ static cb_status job_prepare(cb_batch *b, job *j, const cb_request *rq, cb_error
     return CB_OK;
 }
 
-/* --ratio auto: the controller's ratio for the slowest tier holding a
- * chunk, else the floor. */
+/* --ratio auto: the loading controller's ratio, loading priced for the
+ * slowest tier holding a chunk where the profile measured it. */
 static void job_auto_ratio(cb_batch *b, job *j)
 {
     cb_answer *a = j->a;
     cb_error err;
-    a->bp.speedup = 0; /* the controller's ratio, as given */
-    if (cb_prompt_auto_ratio(j->pr, b->s, b->m, j->kv_type, j->min_ratio, &a->rc, &err) == CB_OK) {
-        a->bp.ratios[0] = (float)a->rc.ratio;
-        a->ratio_source = "controller";
-        return;
-    }
-    a->bp.ratios[0] = (float)j->min_ratio;
-    a->ratio_source = "fallback";
-    if (!b->noted_fallback++)
-        pr_warnf(b->warn, b->wctx, "--ratio auto: %s; using the floor %.2f", err.msg, j->min_ratio);
+    a->ratio_source = "controller";
+    if (cb_prompt_auto_ratio(j->pr, b->s, b->m, j->min_ratio, &a->bp, &a->rc, &err) != CB_OK &&
+        !b->noted_fallback++)
+        pr_warnf(b->warn, b->wctx, "--ratio auto: %s; loading priced at the %s figure", err.msg,
+                 a->bp.costs.load > 0 ? "profile's first tier's" : "built-in");
 }
 
 /* Activations for n rows (kept for the next questions). */
@@ -376,7 +371,6 @@ cb_status cb_batch_submit(cb_batch *b, const cb_request *rq, void *tag)
     j->a->tag = tag;
     j->a->gen = (cb_gen_result){0, 0, "length"};
     j->a->ratio_source = "given";
-    j->a->rc.pred_load_ms = j->a->rc.pred_recompute_ms = -1;
     b->info.n_submitted++;
     if ((st = job_prepare(b, j, rq, &err)) != CB_OK) {
         finish(b, j, st, &err);

@@ -516,17 +516,24 @@ int cb_prompt_n_after(const cb_prompt *p)
     return n;
 }
 
+/* The slowest tier is the one whose loading the recompute must cover: the
+ * loader reads every cache of a layer before that layer runs.  A chunk
+ * streamed from the shared tier loads at that tier's measured speed. */
 cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_model *m,
-                               cb_type kv_type, double r_min, cb_ratio_choice *out, cb_error *err)
+                               double r_min, cb_blend_params *bp, cb_ratio_choice *out,
+                               cb_error *err)
 {
     cb_profile *prof;
     cb_status st;
-    double worst = -1;
-    cb_type ft = CB_TYPE_F16;
+    float worst = 0.0f;
 
     memset(out, 0, sizeof *out);
-    out->ratio = r_min;
-    out->pred_load_ms = out->pred_recompute_ms = -1;
+    bp->ratio_auto = 1;
+    bp->speedup = 0.0f;
+    bp->n_ratios = 1;
+    bp->ratios[0] = (float)r_min;
+    for (int32_t i = 0; i < p->n; i++)
+        out->n_cached += p->s[i].kf ? (int64_t)p->s[i].toks.n : 0;
     if (!s)
         return cb_error_set(err, CB_ERR_NOT_FOUND, "no store, so no profile");
     if (!(prof = calloc(1, sizeof *prof)))
@@ -535,25 +542,18 @@ cb_status cb_prompt_auto_ratio(const cb_prompt *p, const cb_store *s, const cb_m
         CB_OK)
         goto done;
     for (int32_t i = 0; i < p->n; i++) {
-        if (!p->s[i].kf)
-            continue;
-        out->n_cached += (int64_t)p->s[i].toks.n;
-        ft = cb_kvfile_meta(p->s[i].kf)->type;
-        /* a streamed chunk loads at the shared tier's measured speed */
-        const char *tier = cb_store_ref_tier_name(s, p->s[i].ref);
-        double lm = tier ? cb_profile_load_ms(prof, tier, 1, kv_type, 1) : -1;
-        if (lm > worst) {
-            worst = lm;
+        const char *tier = p->s[i].kf ? cb_store_ref_tier_name(s, p->s[i].ref) : NULL;
+        float c = tier ? cb_profile_load_cost(prof, tier) : 0.0f;
+        if (c > worst) {
+            worst = c;
             snprintf(out->tier, sizeof out->tier, "%s", tier);
         }
     }
-    if (!out->tier[0]) {
+    if (worst > 0.0f)
+        bp->costs.load = worst;
+    else
         st = cb_error_set(err, CB_ERR_NOT_FOUND,
-                          "the profile measured none of the tiers holding the chunks");
-        goto done;
-    }
-    out->ratio = cb_controller_ratio(prof, out->tier, out->n_cached, ft, 1, r_min,
-                                     &out->pred_load_ms, &out->pred_recompute_ms);
+                          "the profile has no loading figure for the tiers holding the chunks");
 done:
     free(prof);
     return st;

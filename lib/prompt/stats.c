@@ -58,6 +58,10 @@ static json_t *plan_json(const cb_answer *a)
         "key_temp", (double)bs->key_temp, "stale_scale", (double)bs->stale_scale, "costs", costs);
     if (p && strcmp(src, "speedup") == 0)
         json_object_set_new(p, "speedup", json_real((double)bp->speedup));
+    if (p && bp->ratio_auto && bp->mode == CB_MODE_BLEND)
+        json_object_set_new(p, "predicted",
+                            json_pack("{s:f, s:f}", "load", (double)bs->pred_load, "recompute",
+                                      (double)bs->pred_recompute));
     return p;
 }
 
@@ -102,8 +106,6 @@ static void answer_policy(json_t *s, const cb_answer *a)
     const cb_blend_stats *bs = &a->bs;
     if (strcmp(a->ratio_source, "given") != 0) {
         json_object_set_new(s, "ratio_source", json_string(a->ratio_source));
-        json_object_set_new(s, "predicted_load_ms", json_real(a->rc.pred_load_ms));
-        json_object_set_new(s, "predicted_recompute_ms", json_real(a->rc.pred_recompute_ms));
         if (a->rc.tier[0])
             json_object_set_new(s, "tier", json_string(a->rc.tier));
     }
@@ -195,9 +197,8 @@ static cb_status dump(json_t *s, char **json)
 
 /* The object is built whole, then written: *json is NULL unless it
  * returns CB_OK (CB_ERR_NOMEM: out of memory), the caller's to free.
- * "ratio_source" and the controller's prediction are reported where
- * --ratio auto chose the ratio (a->ratio_source "controller" or
- * "fallback"). */
+ * "ratio_source" is reported where --ratio auto chose the ratio
+ * (a->ratio_source "controller"), the controller's prediction in the plan. */
 cb_status cb_answer_to_json(const cb_answer *a, const cb_model *m, cb_store *st, char **json)
 {
     const cb_blend_stats *bs = &a->bs;

@@ -2,8 +2,8 @@
 # Placement and the loading controller through the programs: cb-profile
 # writes a profile into the store; cb-store place and cb-precompute
 # --place auto pick the cheapest tier fast enough, from a profile whose
-# numbers are set here; cb-run --ratio auto uses the controller, and falls
-# back to --tune min-ratio without a profile.
+# numbers are set here; cb-run --ratio auto prices loading for the slowest
+# tier holding a chunk, and without a profile at the built-in figure.
 . "$(dirname "$0")/lib.sh"
 PRE=$BINDIR_B/cb-precompute RUN=$BINDIR_B/cb-run STORE=$BINDIR_B/cb-store PROF=$BINDIR_B/cb-profile
 M=$CB_TEST_TMP/tiny-q8_0.gguf
@@ -48,21 +48,31 @@ J
 [ "$("$STORE" --store "$S" ls --tier slow | wc -l)" -eq 1 ] && ok "--place TIER" || not_ok "--place TIER"
 expect_exit "--place into an unknown tier" 66 sh -c "echo '{\"text\":\"x y\"}' | '$PRE' -m '$M' --store '$S' --place nowhere"
 
-# cb-run --ratio auto: the controller's ratio for the slowest tier holding a chunk
+# cb-run --ratio auto: the loading figure for the slowest tier holding a
+# chunk (slow: 10 x fast's, the figure's own tier), --tune min-ratio the least
+write_profile 1000 100
+python3 - "$S/profile-$fp-cpu.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["costs"] = {"load": 50.0, "attn": 0, "score": 0}
+json.dump(d, open(sys.argv[1], "w"))
+PY
 printf '{"text": "The Norden bridge spans the river Vale."}\n{"text": "A third chunk, placed by name."}\n' > "$T/q.jsonl"
-"$RUN" -m "$M" --store "$S" --chunks "$T/q.jsonl" --ratio auto -n 2 -p "Which river?" --stats "$T/st.json" > /dev/null
-python3 - "$T/st.json" <<'PY' && ok "--ratio auto: the controller's ratio, with predictions in the stats" || not_ok "--ratio auto"
+"$RUN" -m "$M" --store "$S" --chunks "$T/q.jsonl" --ratio auto --tune min-ratio=0.05 -n 2 -p "Which river?" --stats "$T/st.json" > /dev/null
+python3 - "$T/st.json" <<'PY' && ok "--ratio auto: the slowest tier's loading figure, the predictions in the plan" || not_ok "--ratio auto"
 import json, sys
 s = json.load(open(sys.argv[1]))
-assert s["ratio_source"] == "controller" and s["tier"] == "slow", s
-# n cached tokens L: load = L x 1000 / 100e6 s; recompute interpolates 0..10 ms/layer up to 0.15
-assert abs(s["predicted_load_ms"] - s["predicted_recompute_ms"]) < 1e-3 or s["ratio"] >= 0.15 - 1e-6, s
-assert s["ratio"] >= 0.15 - 1e-6, s
+p = s["plan"]
+assert s["ratio_source"] == p["ratio_source"] == "controller" and s["tier"] == "slow", s
+assert p["costs"]["load"] == {"value": 500.0, "source": "profile"}, p
+assert p["bound"] in ("load", "min") and s["ratio"] >= 0.05 - 1e-6, p
+pr = p["predicted"]
+assert pr["load"] > 0 and (pr["recompute"] <= pr["load"]) == (p["bound"] == "load"), p
 PY
 rm -f "$S"/profile-*.json
 "$RUN" -m "$M" --store "$S" --chunks "$T/q.jsonl" --ratio auto --tune min-ratio=0.3 -n 2 -p "Which river?" --stats "$T/st2.json" > /dev/null 2> "$T/err"
-python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["ratio_source"]=="fallback" and abs(s["ratio"]-0.3)<1e-6, s' "$T/st2.json" \
-    && grep -q "no profile" "$T/err" && ok "--ratio auto without a profile: --min-ratio, and it says so" || not_ok "--ratio auto fallback"
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); p=s["plan"]; assert s["ratio_source"]=="controller" and p["costs"]["load"]["source"]=="built-in" and s["ratio"]>=0.3-1e-6 and "tier" not in s, s' "$T/st2.json" \
+    && grep -q "no profile" "$T/err" && ok "--ratio auto without a profile: the built-in figures, at least --min-ratio, and it says so" || not_ok "--ratio auto without a profile"
 
 # cb-profile itself, small: it writes a profile the controller reads
 "$PROF" -m "$M" --store "$S" --lengths 64,128 --ratios 0.25,0.5 --repeat 1 -o json > "$T/p.json" \

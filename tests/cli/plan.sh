@@ -1,9 +1,10 @@
 #!/bin/sh
 # The blend's plan in cb-run --stats: the policy resolved before any layer
 # ran (ratio, why, strategy, the cost model's figures and their source);
-# a store's profile (cb-profile) feeds its figures to --speedup, and a
-# profile that prices loading very slowly keeps the ratio at its minimum,
-# as the cost model predicts.  On the tiny qwen2 fixture.
+# a store's profile (cb-profile) feeds its figures to --speedup and to
+# --ratio auto, and a profile that prices loading very slowly keeps
+# --speedup's ratio at its minimum and raises --ratio auto's, as the cost
+# model predicts.  On the tiny qwen2 fixture.
 . "$(dirname "$0")/lib.sh"
 M=$CB_TEST_TMP/tiny4-qwen2.gguf
 need_fixture "$M" "the blend's plan"
@@ -101,4 +102,55 @@ b, s = (json.load(open(f))["plan"] for f in sys.argv[1:])
 assert b == s, (b, s)
 PY
     not_ok "a profile without figures"
+
+# --ratio auto: the loading controller on the same cost model.  Without a
+# profile, the built-in figures, and the plan says so; with one, loading
+# priced dear recomputes more than loading priced cheap (--tune min-ratio
+# the least), and the same figure moves --speedup the other way.
+cp "$PROF" "$T/prof.keep" && rm -f "$PROF"
+blend --ratio auto && cp "$T/st.json" "$T/auto-built.json" &&
+    python3 - "$T/auto-built.json" <<'PY' && ok "--ratio auto without a profile: the built-in figures, the predictions, in the plan" ||
+import json, sys
+s = json.load(open(sys.argv[1]))
+p = s["plan"]
+assert p["ratio_source"] == "controller" == s["ratio_source"] and p["bound"] in ("load", "min"), p
+assert all(p["costs"][k]["source"] == "built-in" for k in p["costs"]), p
+pr = p["predicted"]
+assert pr["load"] > 0 and pr["recompute"] > 0 and abs(p["ratio"] - s["ratio"]) < 1e-6, p
+assert (pr["recompute"] <= pr["load"]) == (p["bound"] == "load") and s["ratio"] >= 0.15 - 1e-6, p
+PY
+    { not_ok "--ratio auto without a profile"; sed 's/^/#   /' "$T/err" | head -5; }
+grep -q "no profile" "$T/err" && ok "--ratio auto without a profile says so" || not_ok "no note without a profile"
+# price LOAD: the kept profile with that loading figure
+price() {
+    python3 - "$T/prof.keep" "$PROF" "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["costs"] = {"load": float(sys.argv[3]), "attn": 2.0, "score": 0}
+json.dump(d, open(sys.argv[2], "w"))
+PY
+}
+price 0.001 && blend --ratio auto --tune min-ratio=0.05 && cp "$T/st.json" "$T/auto-cheap.json" &&
+    blend --strategy hkvd --speedup 1.1 && cp "$T/st.json" "$T/sp-cheap.json" &&
+    price 1e7 && blend --ratio auto --tune min-ratio=0.05 && cp "$T/st.json" "$T/auto-dear.json" &&
+    blend --strategy hkvd --speedup 1.1 && cp "$T/st.json" "$T/sp-dear.json" &&
+    python3 - "$T" <<'PY' && ok "--ratio auto and --speedup read the profile's loading figure: dear loading, more recomputed by auto, less by --speedup" ||
+import json, sys
+t = sys.argv[1]
+ac, sc, ad, sd = (json.load(open(f"{t}/{n}.json")) for n in ("auto-cheap", "sp-cheap", "auto-dear", "sp-dear"))
+tiers = {x["name"]: x for x in json.load(open(f"{t}/prof.keep"))["tiers"]}
+first = json.load(open(f"{t}/prof.keep"))["tiers"][0]
+for s, load in ((ac, 0.001), (sc, 0.001), (ad, 1e7), (sd, 1e7)):
+    c = s["plan"]["costs"]
+    if s["plan"]["ratio_source"] == "controller":  # the figure of the tier holding the chunks
+        load *= first["warm_mbs"] / tiers[s["tier"]]["cold_mbs"]
+    assert abs(c["load"]["value"] - load) <= 1e-6 * load and c["load"]["source"] == "profile", c
+    assert c["attn"] == {"value": 2.0, "source": "profile"}, c
+assert ac["plan"]["bound"] == "min" and ad["plan"]["bound"] == "load", (ac["plan"], ad["plan"])
+assert ad["ratio"] > ac["ratio"] and ad["n_recomputed_tokens"] > ac["n_recomputed_tokens"], (ac, ad)
+assert ad["plan"]["predicted"]["recompute"] <= ad["plan"]["predicted"]["load"], ad["plan"]
+assert ac["plan"]["predicted"]["recompute"] > ac["plan"]["predicted"]["load"], ac["plan"]
+assert sd["ratio"] < sc["ratio"] and sd["plan"]["bound"] == "min", (sc["plan"], sd["plan"])
+PY
+    { not_ok "--ratio auto and --speedup on the profile's figure"; sed 's/^/#   /' "$T/err" | head -5; }
 done_testing

@@ -29,7 +29,7 @@ targets() {
     records) echo "src/cb-precompute.c:emit" \
         "src/cli.c:cli_read_records|cli_read_input|cli_question_parse|cli_question_free|q_chunks|q_stops|q_enum|q_params" \
         "lib/prompt/prompt.c:add_seg|push_all|add_head|add_chunk|add_chunk_key|add_tail|build|cb_prompt_build|cb_prompt_build_from|cb_prompt_free|cb_prompt_segments|cb_prompt_n_tokens|cb_prompt_n_chunks" ;;
-    profile) echo lib/kv/controller.c ;;
+    profile) echo lib/kv/profile.c ;;
     store_conf) echo "lib/store/store.c:read_config|check_tiers|tier_name_valid|abs_path|marker_path|marker_check|open_store|cb_store_open|cb_store_close|cb_store_tier_info|open_lock_file|dir_readonly|shared_id_of" ;;
     import) echo "lib/store/archive.c:cb_store_import|bad_name|base_name|import_room|read_upto|write_all|stage_member" lib/store/entry.c ;;
     chunk_input) echo "src/cb-chunk.c:chunk_doc|archive_open|read_entry|member_name|do_buffer|write_record|json_name" lib/infer/chunk.c ;;

@@ -701,6 +701,15 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
                    pf->costs.score == 0.0f,
                "fitted: load %g, attn %g", pf ? (double)pf->costs.load : 0.0,
                pf ? (double)pf->costs.attn : 0.0);
+        if (pf) { /* one length: the attention at the built-in figure, loading's from it */
+            pf->n_prefill = 1;
+            cb_profile_fit_costs(pf, fx.m);
+            double y = pf->prefill[0].ms_per_layer / 100, ab = cb_model_attn_cost(fx.m);
+            double want = 1e-6 / (y / (wts + ab * qd * 100));
+            CHECKF(pf->costs.attn == 0.0f && fabs(pf->costs.load - want) < 1e-4 * want,
+                   "one length: load %g (want %g), attn %g", (double)pf->costs.load, want,
+                   (double)pf->costs.attn);
+        }
         free(pf);
     }
 
@@ -886,6 +895,97 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         q.mode = CB_MODE_REUSE;
         CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
         CHECK(st.pred_speedup == 0.0f && !strcmp(st.ratio_bound, "given"));
+    }
+
+    tcase("%s: the loading controller (ratio_auto): the most rows whose computing the loading "
+          "hides, on --speedup's cost model and figures; the given ratio at least",
+          label);
+    {
+        static const cb_blend_strategy sgs[] = {CB_STRATEGY_HKVD, CB_STRATEGY_PROBE};
+        int n_between = 0, n_min = 0, n_all = 0;
+        for (int k = 0; k < 2; k++) {
+            cb_blend_params q = cb_blend_defaults();
+            q.strategy = sgs[k];
+            q.speedup = 0.0f;
+            q.ratio_auto = 1;
+            q.ratios[0] = 0.05f;
+            /* loading priced at 1 and 1e8 a byte (the least ratio, every row), then at
+             * figures whose predicted loading lies a quarter, half, three quarters of the
+             * way from the least ratio's computing to every row's (it is linear in it) */
+            float loads[5] = {1.0f, 1e8f}, ratio[5], sp_ratio[2];
+            double per_load = 0, rec[2] = {0};
+            for (int i = 0; i < 5; i++) {
+                if (i >= 2)
+                    loads[i] = (float)((rec[0] + (rec[1] - rec[0]) * (i - 1) / 4.0) / per_load);
+                q.costs.load = loads[i];
+                CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+                int64_t n_c = st.n_cached_tokens, w = (int64_t)ceilf(st.plan_ratio * (float)n_c);
+                int64_t lo = (int64_t)ceilf(0.05f * (float)n_c);
+                int load = !strcmp(st.plan_bound, "load");
+                ratio[i] = st.plan_ratio;
+                if (i < 2)
+                    rec[i] = st.pred_recompute;
+                if (i == 0)
+                    per_load = st.pred_load / loads[0];
+                CHECKF(st.plan_ratio == st.ratio && w >= lo && w <= cand(&st) &&
+                           (load || !strcmp(st.plan_bound, "min")) &&
+                           (load ? st.pred_recompute <= st.pred_load
+                                 : st.pred_recompute > st.pred_load && w == lo) &&
+                           st.costs_given == 1 && st.pred_load > 0 &&
+                           (i < 3 || ratio[i] >= ratio[i - 1]) &&
+                           (i < 2 || (ratio[i] >= ratio[0] && ratio[i] <= ratio[1])),
+                       "%s, load %g: ratio %g (%lld rows of %lld, %s), predicted load %g, "
+                       "recompute %g",
+                       k ? "probe" : "hkvd", (double)q.costs.load, (double)st.plan_ratio,
+                       (long long)w, (long long)cand(&st), st.plan_bound, (double)st.pred_load,
+                       (double)st.pred_recompute);
+                n_min += !load, n_all += load && w == cand(&st);
+                if (load && w < cand(&st) && w > lo) { /* one row more is not hidden */
+                    cb_blend_params up = q;
+                    cb_blend_stats su;
+                    up.ratios[0] = (float)(w + 1) / (float)n_c;
+                    while ((int64_t)ceilf(up.ratios[0] * (float)n_c) > w + 1)
+                        up.ratios[0] = nextafterf(up.ratios[0], 0.0f);
+                    CHECK_OK(run(&fx, segs, ns, &up, a, &su, NULL));
+                    CHECKF(!strcmp(su.plan_bound, "min") && su.pred_recompute > su.pred_load &&
+                               su.pred_load == st.pred_load,
+                           "%s, load %g: %lld + 1 rows: %s, recompute %g, load %g",
+                           k ? "probe" : "hkvd", (double)q.costs.load, (long long)w, su.plan_bound,
+                           (double)su.pred_recompute, (double)su.pred_load);
+                    n_between++;
+                }
+                if (i < 2) { /* the same figure moves --speedup the other way */
+                    cb_blend_params sp = q;
+                    sp.ratio_auto = 0;
+                    sp.speedup = 1.05f;
+                    CHECK_OK(run(&fx, segs, ns, &sp, a, &st, NULL));
+                    CHECK(st.costs.load == q.costs.load);
+                    sp_ratio[i] = st.plan_ratio;
+                }
+            }
+            CHECKF(ratio[0] < ratio[1] && sp_ratio[0] >= sp_ratio[1],
+                   "%s: loading cheap and dear: --ratio auto %g, %g; --speedup %g, %g",
+                   k ? "probe" : "hkvd", (double)ratio[0], (double)ratio[1], (double)sp_ratio[0],
+                   (double)sp_ratio[1]);
+        }
+        CHECKF(n_between > 0 && n_min > 0 && n_all > 0,
+               "%d between the bounds, %d at the least ratio, %d every row", n_between, n_min,
+               n_all);
+        cb_blend_params q = cb_blend_defaults(); /* the built-in figures, by default */
+        q.speedup = 0.0f;
+        q.ratio_auto = 1;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        CHECK(st.costs_given == 0 && st.costs.load == cb_model_load_cost(fx.m) &&
+              st.pred_load > 0 && st.plan_ratio >= 0.15f);
+        q.speedup = 2.0f; /* refused: with a speedup, an adaptive ratio or gradual filtering */
+        CHECK(run(&fx, segs, ns, &q, a, &st, NULL) == CB_ERR_INVALID);
+        q.speedup = 0.0f;
+        q.adapt_mass = 0.5f;
+        CHECK(run(&fx, segs, ns, &q, a, &st, NULL) == CB_ERR_INVALID);
+        q.adapt_mass = 0.0f;
+        q.n_ratios = 2;
+        q.ratios[1] = 0.1f;
+        CHECK(run(&fx, segs, ns, &q, a, &st, NULL) == CB_ERR_INVALID);
     }
 
     tcase("%s: auto is hkvd where fewer rows are to be recomputed than 3x those without a cache, "

@@ -194,6 +194,41 @@ static void test_profiles(cb_store *s, const cb_model *m)
     CHECK(cb_store_place(s, &q, 0.15, 512, CB_TYPE_F16, &load, &rec) == -1);
 }
 
+/* --ratio auto's loading figure: the profile's, for the slowest tier
+ * holding one of the prompt's caches (pr's: one chunk, in "slow") */
+static void test_auto_tier(cb_store *s, const cb_model *m, const cb_prompt *pr)
+{
+    cb_profile *p = calloc(1, sizeof *p);
+    cb_blend_params bp = cb_blend_defaults();
+    cb_ratio_choice rc;
+    cb_error err;
+
+    tcase("--ratio auto: the profile's loading figure in proportion to the slowest tier's speed");
+    if (!p || !pr) {
+        CHECK(0);
+        free(p);
+        return;
+    }
+    cb_hash128_hex(cb_model_fingerprint(m), p->model);
+    snprintf(p->backend, sizeof p->backend, "cpu");
+    p->n_layer = 1, p->threads = 1;
+    p->prefill[p->n_prefill++] = (cb_profile_point){512, 1.0, 10.0, 0.01};
+    p->tiers[p->n_tiers++] = (cb_profile_tier){"fast", 1000, 500};
+    p->tiers[p->n_tiers++] = (cb_profile_tier){"slow", 100, 40};
+    CHECK_OK(cb_store_profile_save(s, p, NULL, 0, &err));
+    bp.costs.attn = 3.0f; /* (a caller's figures stay) */
+    CHECK(cb_prompt_auto_ratio(pr, s, m, 0.1, &bp, &rc, &err) == CB_ERR_NOT_FOUND);
+    CHECKF(strstr(err.msg, "loading figure") && bp.costs.load == 0.0f && bp.ratio_auto, "%s",
+           err.msg);       /* the profile has none: the built-in stays */
+    p->costs.load = 50.0f; /* a byte of fast, warm */
+    CHECK_OK(cb_store_profile_save(s, p, NULL, 0, &err));
+    CHECK_OK(cb_prompt_auto_ratio(pr, s, m, 0.1, &bp, &rc, &err));
+    CHECKF(!strcmp(rc.tier, "slow") && fabs(bp.costs.load - 50.0 * 1000 / 40) < 1e-3 &&
+               bp.costs.attn == 3.0f && bp.ratios[0] == 0.1f && rc.n_cached > 0,
+           "tier %s, load %g", rc.tier, (double)bp.costs.load);
+    free(p);
+}
+
 int main(void)
 {
     TEST_BEGIN();
@@ -248,8 +283,11 @@ int main(void)
             CHECK(same_ids(cb_kvfile_meta(sg[1].kv)->ids,
                            (size_t)cb_kvfile_meta(sg[1].kv)->n_tokens, sg[1].ids, (size_t)sg[1].n));
         cb_ratio_choice rc;
-        CHECK(cb_prompt_auto_ratio(p, s, m, CB_TYPE_F16, 0.2, &rc, &err) == CB_ERR_NOT_FOUND);
-        CHECK(rc.ratio == 0.2 && rc.n_cached == 0); /* no profile yet */
+        cb_blend_params bp = cb_blend_defaults();
+        CHECK(cb_prompt_auto_ratio(p, s, m, 0.2, &bp, &rc, &err) == CB_ERR_NOT_FOUND);
+        CHECK(rc.n_cached == sg[1].n && !rc.tier[0]); /* no profile yet: no tier's figure */
+        CHECK(bp.ratio_auto == 1 && bp.speedup == 0.0f && bp.n_ratios == 1 &&
+              bp.ratios[0] == 0.2f && bp.costs.load == 0.0f); /* the built-in figure kept */
     }
 
     tcase("cb_prompt_store_missing: the missing chunks are computed and stored, once");
@@ -350,6 +388,7 @@ int main(void)
             cb_kvfile_free(files[i]);
     }
     test_profiles(s, m);
+    test_auto_tier(s, m, p);
     test_generate(m);
     test_kl();
     cb_prompt_free(p);

@@ -1,11 +1,10 @@
-/* controller.c - profiles (measured prefill, recompute and load speeds) and
- * the loading controller that picks a recompute ratio from them.
- *
- * Following the paper: T_recompute(r, L) is interpolated from the profile,
- * T_load(L, tier) = KV bytes per token x L / tier throughput, and the ratio
- * is r = max(r_min, r*) where T_recompute(r*, L) = T_load(L): recomputing
- * more than that costs time to first token, recomputing less gains nothing
- * because loading hides it. */
+/* profile.c - profiles: the speeds cb-profile measures on one machine
+ * (prefill and recompute a layer, the tiers' KV reads), their JSON, the
+ * cost model's figures fitted from them, and the predictions made from
+ * them for placement (cb_store_place): T_recompute(r, L) interpolated from
+ * the measurements, T_load(L, tier) = KV bytes per token x L / the tier's
+ * throughput.  The loading controller that chooses --ratio auto's ratio is
+ * the blend's cost model (blend.c, plan_auto), fed the figures fitted here. */
 #include "kv.h"
 
 #include <jansson.h>
@@ -159,31 +158,48 @@ cb_status cb_profile_from_json(cb_profile *p, const char *text, size_t len, cb_e
  * products with the layer's weights, c a (row, key)'s attention (its
  * 2 n_head head_dim multiply-adds), which gives attn; the first tier's
  * warm speed (a byte read, checked and placed as cb-run's loader does)
- * over a multiply-add gives load, on the CPU only, where the loader takes
- * the cores the layers need (a device's copies run beside its kernels:
- * 0, the built-in's 0).  Scoring is not measured (0: the built-in). */
+ * over a multiply-add gives load, the loader's time a byte (which the
+ * cost model adds to the computing on the CPU only, where the loader
+ * takes the cores the layers need).  Scoring is not measured (0: the
+ * built-in).  Measurements at one length cannot tell a from c: there
+ * the attention is taken at the built-in figure (attn stays 0) and a
+ * follows, so that loading still has its figure. */
 void cb_profile_fit_costs(cb_profile *p, const cb_model *m)
 {
     const cb_hparams *hp = cb_model_hparams(m);
     double q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
     double weights = (double)hp->n_embd * (2 * q + 2 * kv) + 3.0 * hp->n_embd * hp->n_ff;
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, one = 0;
     int n = 0;
     memset(&p->costs, 0, sizeof p->costs);
     for (int i = 0; i < p->n_prefill; i++, n++) {
         double L = (double)p->prefill[i].length, x = L / 2, y = p->prefill[i].ms_per_layer / L;
         sx += x, sy += y, sxx += x * x, sxy += x * y;
+        one += y / (weights + cb_model_attn_cost(m) * q * L) / p->n_prefill;
     }
     double d = n * sxx - sx * sx;
-    if (n < 2 || !(d > 0))
-        return;
-    double c = (n * sxy - sx * sy) / d, a = (sy - c * sx) / n, mac_ms = a / weights;
-    if (!(a > 0))
+    double c = n > 1 && d > 0 ? (n * sxy - sx * sy) / d : 0, a = (sy - c * sx) / (n ? n : 1);
+    double mac_ms = n > 1 && d > 0 ? a / weights : one;
+    if (!(a > 0) || !(mac_ms > 0))
         return;
     if (c > 0)
         p->costs.attn = (float)(c / (2 * q) / mac_ms);
-    if (strcmp(cb_model_backend(m), "cpu") == 0 && p->n_tiers > 0 && p->tiers[0].warm_mbs > 0)
+    if (p->n_tiers > 0 && p->tiers[0].warm_mbs > 0)
         p->costs.load = (float)(1.0 / (p->tiers[0].warm_mbs * 1e3) / mac_ms);
+}
+
+/* costs.load is a byte of the first tier, warm (cb_profile_fit_costs):
+ * another tier's, cold, in proportion to their measured speeds. */
+float cb_profile_load_cost(const cb_profile *p, const char *tier)
+{
+    if (!(p->costs.load > 0) || p->n_tiers < 1 || !(p->tiers[0].warm_mbs > 0))
+        return 0.0f;
+    for (int i = 0; i < p->n_tiers; i++)
+        if (!strcmp(p->tiers[i].name, tier) && p->tiers[i].cold_mbs > 0) {
+            double c = p->costs.load * (p->tiers[0].warm_mbs / p->tiers[i].cold_mbs);
+            return c < 1e29 ? (float)c : 0.0f; /* beyond what a figure can be: none */
+        }
+    return 0.0f;
 }
 
 /* Per-layer ms at ratio r for one measured length: linear between the
@@ -273,32 +289,4 @@ double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_t
             return p->kv_bytes_per_token[ti] * per * (double)L / (mbs * 1e6) * 1e3;
         }
     return -1;
-}
-
-double cb_controller_ratio(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold,
-                           double r_min, double *pred_load, double *pred_recompute)
-{
-    double load = cb_profile_load_ms(p, tier, L, t, cold), r;
-    if (pred_load)
-        *pred_load = load;
-    if (load < 0) {
-        r = r_min;
-    } else if (cb_profile_recompute_ms(p, 1.0, L) <= load) {
-        r = 1.0; /* loading is slower than recomputing everything */
-    } else {
-        double lo = 0, hi = 1; /* T_recompute grows with r: bisect */
-        for (int i = 0; i < 50; i++) {
-            double mid = (lo + hi) / 2;
-            if (cb_profile_recompute_ms(p, mid, L) < load)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        r = (lo + hi) / 2;
-        if (r < r_min)
-            r = r_min;
-    }
-    if (pred_recompute)
-        *pred_recompute = cb_profile_recompute_ms(p, r, L);
-    return r;
 }

@@ -1,5 +1,6 @@
-/* test_controller.c - the loading controller's arithmetic on synthetic
- * profiles, worked out by hand, and the profile's JSON round trip. */
+/* test_profile.c - a profile's predictions (placement's recompute and load
+ * times, the cost model's loading figure by tier) on synthetic profiles,
+ * worked out by hand, and the profile's JSON round trip. */
 #include "../../lib/kv/kv.h"
 #include "test.h"
 
@@ -47,19 +48,18 @@ int main(void)
     CHECK(NEAR(cb_profile_load_ms(&p, "ssd", 512, CB_TYPE_Q8_0, 0), 25.6));
     CHECK(cb_profile_load_ms(&p, "nvme", 512, CB_TYPE_F16, 0) < 0);
 
-    tcase("the controller: r where T_recompute = T_load, at least r_min, at most 1");
-    double load, rec;
-    double r = cb_controller_ratio(&p, "ssd", 512, CB_TYPE_F16, 0, 0.15, &load, &rec);
-    /* 51.2 ms over 10 layers = 5.12 per layer: 2 + 4 (r - 0.1) / 0.4 = 5.12 -> r = 0.412 */
-    CHECKF(fabs(r - 0.412) < 1e-6, "r = %.6f", r);
-    CHECK(NEAR(load, 51.2) && fabs(rec - 51.2) < 1e-4);
-    r = cb_controller_ratio(&p, "ram", 512, CB_TYPE_F16, 0, 0.15, &load, &rec);
-    CHECKF(NEAR(r, 0.15), "fast tier: r_min, got %.4f", r);
-    CHECK(NEAR(rec, 25.0)); /* 2 + 4 x 0.05 / 0.4 = 2.5 per layer */
-    r = cb_controller_ratio(&p, "tape", 512, CB_TYPE_F16, 0, 0.15, &load, &rec);
-    CHECKF(NEAR(r, 1.0), "a tier slower than full prefill: r = 1, got %.4f", r);
-    r = cb_controller_ratio(&p, "nvme", 512, CB_TYPE_F16, 0, 0.2, &load, &rec);
-    CHECK(NEAR(r, 0.2) && load < 0); /* no measurement: r_min */
+    tcase("the loading figure by tier: the first tier's (warm) in proportion to its cold speed");
+    CHECK(cb_profile_load_cost(&p, "ssd") == 0.0f); /* no figure: not measured */
+    p.costs.load = 100.0f;
+    CHECK(cb_profile_load_cost(&p, "ram") == 100.0f);
+    CHECKF(NEAR(cb_profile_load_cost(&p, "ssd"), 100.0 * 10000 / 50), "ssd: %g",
+           (double)cb_profile_load_cost(&p, "ssd"));
+    CHECK(NEAR(cb_profile_load_cost(&p, "tape"), 1e6));
+    CHECK(cb_profile_load_cost(&p, "nvme") == 0.0f);
+    p.tiers[0].warm_mbs = 0; /* the figure's own tier unmeasured: no proportion */
+    CHECK(cb_profile_load_cost(&p, "ssd") == 0.0f);
+    p.tiers[0].warm_mbs = 10000;
+    p.costs.load = 0.0f;
 
     tcase("profile JSON round trip");
     char *json = NULL;
@@ -72,7 +72,7 @@ int main(void)
     CHECK(q.n_prefill == 2 && q.n_recompute == 4 && q.n_tiers == 3);
     CHECK(NEAR(q.recompute[3].ms_per_layer, 12.0) && !strcmp(q.tiers[1].name, "ssd") &&
           NEAR(q.tiers[1].cold_mbs, 50.0));
-    CHECK(NEAR(cb_controller_ratio(&q, "ssd", 512, CB_TYPE_F16, 0, 0.15, NULL, NULL), 0.412));
+    CHECK(NEAR(cb_profile_recompute_ms(&q, 0.3, 512), 40.0));
     CHECK(q.costs.load == 0 && q.costs.attn == 0 && q.costs.score == 0);
     free(json);
     p.costs = (cb_blend_costs){150.0f, 2.5f, 0.0f}; /* the cost model's figures, when measured */
