@@ -37,7 +37,7 @@ static void usage(FILE *f)
                "      --kv-type T    element type of the KV files: f16 (default), f32, bf16,\n"
                "                     q8_0 (8-bit, about half the size of f16), kivi4 (4-bit\n"
                "                     keys per channel and values per token, under a third), or\n"
-               "                     coded (entropy coded levels, about a sixth)\n"
+               "                     coded (entropy coded levels, about a quarter)\n"
                "      --place WHERE  the tier new entries go to: a tier's name, or auto: the\n"
                "                     cheapest tier whose load time does not exceed the recompute\n"
                "                     time (cb-store place, from the store's profile); default:\n"

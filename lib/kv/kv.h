@@ -60,7 +60,7 @@ cb_status cb_kivi4_decode(const uint8_t *in, int32_t n, int64_t w, uint16_t *k, 
  * 1/CB_CODED_SHARE of an f16 file's bytes (kvfile.c): */
 #define CB_CODED_S_EARLY 1.5f
 #define CB_CODED_S_LATE 1.0f
-#define CB_CODED_SHARE 6
+#define CB_CODED_SHARE 4
 /* The s the encoder gives layer l of n_layer (the bit allocation). */
 float cb_coded_steps(int32_t l, int32_t n_layer);
 /* The most bytes a coded layer of n tokens of width w takes; 0 when

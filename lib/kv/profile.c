@@ -273,9 +273,8 @@ double cb_profile_recompute_ms(const cb_profile *p, double ratio, int64_t L)
  * elements (a group's f16 scale and minimum with it) for f16's 64.  Its keys'
  * last group of a chunk is often partial, so this is slightly low. */
 #define KIVI4_PER_F16 (20.0 / 64.0)
-/* coded's varies with the data and its layers' steps: about a sixth of
- * f16's on real KV (kvcoded.c) */
-#define CODED_PER_F16 (1.0 / 6.0)
+/* coded's is at most a quarter of f16's (kvcoded.c, CB_CODED_SHARE) */
+#define CODED_PER_F16 (1.0 / CB_CODED_SHARE)
 
 double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold)
 {
