@@ -1,9 +1,9 @@
 /* cb-profile - measure what the loading controller needs, on this machine:
  * full-prefill time per layer at several prompt lengths, selective
- * recompute time per layer at several ratios, and the KV read throughput
- * of every store tier, cold and warm, and from them the figures cb-run's
- * --speedup cost model prices loading and attention with.  Writes the
- * profile into the store and prints a table. */
+ * recompute time per layer at several ratios, probe's scoring step, and
+ * the KV read throughput of every store tier, cold and warm, and from them
+ * the figures cb-run's --speedup cost model prices loading, attention and
+ * scoring with.  Writes the profile into the store and prints a table. */
 #include "cli.h"
 
 #include <errno.h>
@@ -19,9 +19,9 @@ static void usage(FILE *f)
     fprintf(f, "usage: cb-profile [-m MODEL] [--store DIR] [--lengths L,...] [--ratios R,...]\n"
                "                  [--repeat N] [-o md|json] [--plot FILE.png] [-t N]\n"
                "\n"
-               "Measure full-prefill and selective-recompute time per layer and the KV load\n"
-               "throughput of every tier of the store (cold and warm), write the profile into\n"
-               "the store (profile-<model>-<backend>.json), and print a table.\n"
+               "Measure full-prefill, selective-recompute and scoring time per layer and the KV\n"
+               "load throughput of every tier of the store (cold and warm), write the profile\n"
+               "into the store (profile-<model>-<backend>.json), and print a table.\n"
                "\n"
                "  -m, --model PATH   GGUF model (default: $CB_MODEL, else the default model)\n"
                "      --store DIR    the store (default: $CB_STORE, else\n"
@@ -45,6 +45,10 @@ static void usage(FILE *f)
 }
 
 enum { OPT_LENGTHS = 256, OPT_RATIOS, OPT_REPEAT, OPT_PLOT, OPT_NOWRITE };
+
+/* the rows whose scoring step is timed: about a question's (a blend's first
+ * pass scores with the question's uncached rows) */
+#define SCORE_ROWS 32
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -189,8 +193,9 @@ static int parse_args(int argc, char **argv, popts *o)
 }
 
 /* Full prefill of L tokens, whole prompt in one batch like a blend does,
- * then selective recompute at every ratio: one prefill point and n_ratios
- * recompute points added to prof. */
+ * then selective recompute at every ratio, then probe's scoring: one
+ * prefill point, n_ratios recompute points and one scoring point added to
+ * prof. */
 static int measure_length(const cb_model *m, const popts *o, int64_t L, double *samples,
                           cb_profile *prof)
 {
@@ -248,6 +253,17 @@ static int measure_length(const cb_model *m, const popts *o, int64_t L, double *
         cli_info("length %lld: ratio %.2f recompute %.2f ms per layer", (long long)L, o->ratios[ri],
                  rp->ms_per_layer);
     }
+    /* probe's scoring: a question's rows at the end of the prompt, at the middle layer */
+    cb_profile_scoring *sp = &prof->scoring[prof->n_scoring];
+    sp->length = L;
+    sp->rows = L < SCORE_ROWS ? L : SCORE_ROWS;
+    if ((st = cb_profile_time_score(f, kv, hp->n_layer / 2, (int32_t)L, (int32_t)sp->rows,
+                                    o->repeat, samples, &sp->keys)) != CB_OK)
+        goto fail;
+    sp->ms_per_layer = median(samples, o->repeat, &sp->spread);
+    prof->n_scoring++;
+    cli_info("length %lld: scoring %lld rows %.3f ms per layer", (long long)L, (long long)sp->rows,
+             sp->ms_per_layer);
     goto done;
 fail:
     cli_err("length %lld: %s", (long long)L, cb_model_strerror(m, st));
@@ -402,8 +418,8 @@ static void print_md(const cb_profile *prof, const popts *o, const cb_model *m)
     printf("| length | full prefill ms/layer | full prefill ms |");
     for (int ri = 0; ri < o->n_ratios; ri++)
         printf(" recompute r=%.2f ms/layer |", o->ratios[ri]);
-    printf("\n|---|---|---|");
-    for (int ri = 0; ri < o->n_ratios; ri++)
+    printf(" scoring ms/layer |\n|---|---|---|");
+    for (int ri = 0; ri <= o->n_ratios; ri++)
         printf("---|");
     printf("\n");
     for (int i = 0; i < prof->n_prefill; i++) {
@@ -412,6 +428,9 @@ static void print_md(const cb_profile *prof, const popts *o, const cb_model *m)
         for (int j = 0; j < prof->n_recompute; j++)
             if (prof->recompute[j].length == prof->prefill[i].length)
                 printf(" %.2f |", prof->recompute[j].ms_per_layer);
+        for (int j = 0; j < prof->n_scoring; j++)
+            if (prof->scoring[j].length == prof->prefill[i].length)
+                printf(" %.3f |", prof->scoring[j].ms_per_layer);
         printf("\n");
     }
     printf(

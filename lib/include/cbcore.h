@@ -277,19 +277,27 @@ typedef struct cb_profile_tier {
     char name[64];
     double warm_mbs, cold_mbs; /* KV read throughput, page cache warm / dropped */
 } cb_profile_tier;
+typedef struct cb_profile_scoring { /* probe's scoring: the last rows' mass over the prompt */
+    int64_t length, rows, keys;     /* prompt tokens; its last rows; the (row, key) pairs seen */
+    double ms_per_layer, spread;    /* median, (max - min) / median of the repeats */
+} cb_profile_scoring;
 struct cb_profile {
     char model[33], backend[32];
     int32_t n_layer, threads;
-    double kv_bytes_per_token[4]; /* f32, f16, bf16, q8_0 files */
-    int n_prefill, n_recompute, n_tiers;
+    double kv_bytes_per_token[4];                   /* f32, f16, bf16, q8_0 files */
+    int n_prefill, n_recompute, n_tiers, n_scoring; /* n_scoring 0: scoring not measured */
     cb_profile_point prefill[CB_PROFILE_MAX];
     cb_profile_point recompute[CB_PROFILE_MAX * 8];
     cb_profile_tier tiers[16];
     cb_blend_costs costs; /* derived (cb_profile_fit_costs); 0 each: not measured */
+    cb_profile_scoring scoring[CB_PROFILE_MAX];
 };
 cb_status cb_profile_to_json(const cb_profile *p, char **json); /* malloc'd */
-/* The cost model's figures from p's prefill lengths and first tier on model m, into p->costs. */
+/* The cost model's figures from p's prefill, first tier and scoring on model m, into p->costs. */
 void cb_profile_fit_costs(cb_profile *p, const cb_model *m);
+/* Probe's scoring step timed after a full prefill of L tokens: ms[repeat], *keys (profile.c). */
+cb_status cb_profile_time_score(cb_fwd *f, cb_kvcache *kv, int32_t layer, int32_t L, int32_t n,
+                                int repeat, double *ms, int64_t *keys);
 /* Predicted ms to load L tokens of KV from a tier (cold: page cache dropped); -1: unmeasured. */
 double cb_profile_load_ms(const cb_profile *p, const char *tier, int64_t L, cb_type t, int cold);
 

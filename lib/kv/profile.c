@@ -57,6 +57,18 @@ cb_status cb_profile_to_json(const cb_profile *p, char **json)
                   "backend", p->backend, "n_layer", p->n_layer, "threads", p->threads,
                   "kv_bytes_per_token", kvb, "prefill", points(p->prefill, p->n_prefill),
                   "recompute", points(p->recompute, p->n_recompute), "tiers", tiers);
+    json_t *sc = json_array();
+    for (int i = 0; i < p->n_scoring; i++) {
+        const cb_profile_scoring *e = &p->scoring[i];
+        json_array_append_new(sc, json_pack("{s:I, s:I, s:I, s:f, s:f}", "length",
+                                            (json_int_t)e->length, "rows", (json_int_t)e->rows,
+                                            "keys", (json_int_t)e->keys, "ms_per_layer",
+                                            e->ms_per_layer, "spread", e->spread));
+    }
+    if (o)
+        json_object_set_new(o, "scoring", sc);
+    else
+        json_decref(sc);
     if (o)
         json_object_set_new(o, "costs",
                             json_pack("{s:f, s:f, s:f}", "load", (double)p->costs.load, "attn",
@@ -87,6 +99,31 @@ static int read_points(json_t *a, cb_profile_point *pt, int max)
         if (len < 1 || len > (1 << 30) || !(r >= 0 && r <= 1) || !(ms >= 0) || !(sp >= 0))
             return -1;
         pt[n++] = (cb_profile_point){len, r, ms, sp};
+    }
+    return n;
+}
+
+/* "scoring" (optional: profiles from before it have none, n 0); -1: malformed */
+static int read_scoring(json_t *a, cb_profile_scoring *sc, int max)
+{
+    size_t i;
+    json_t *e;
+    int n = 0;
+    if (!a)
+        return 0;
+    if (!json_is_array(a))
+        return -1;
+    json_array_foreach(a, i, e) {
+        json_int_t len, rows, keys;
+        double ms, sp;
+        if (n == max || json_unpack(e, "{s:I, s:I, s:I, s:F, s:F}", "length", &len, "rows", &rows,
+                                    "keys", &keys, "ms_per_layer", &ms, "spread", &sp))
+            return -1;
+        /* what a measurement can be: the rows' keys at most each row's position + 1 */
+        if (len < 1 || len > (1 << 30) || rows < 1 || rows > len || keys < 1 || keys > rows * len ||
+            !(ms >= 0 && ms < 1e30) || !(sp >= 0))
+            return -1;
+        sc[n++] = (cb_profile_scoring){len, rows, keys, ms, sp};
     }
     return n;
 }
@@ -136,6 +173,9 @@ cb_status cb_profile_from_json(cb_profile *p, const char *text, size_t len, cb_e
         pt->warm_mbs = w;
         pt->cold_mbs = c;
     }
+    if ((p->n_scoring = read_scoring(json_object_get(o, "scoring"), p->scoring, CB_PROFILE_MAX)) <
+        0)
+        p->n_prefill = -1, p->n_scoring = 0;
     json_t *costs = json_object_get(o, "costs"); /* optional: profiles from before it */
     float *fig[3] = {&p->costs.load, &p->costs.attn, &p->costs.score};
     const char *const fig_keys[3] = {"load", "attn", "score"};
@@ -160,10 +200,18 @@ cb_status cb_profile_from_json(cb_profile *p, const char *text, size_t len, cb_e
  * warm speed (a byte read, checked and placed as cb-run's loader does)
  * over a multiply-add gives load, the loader's time a byte (which the
  * cost model adds to the computing on the CPU only, where the loader
- * takes the cores the layers need).  Scoring is not measured (0: the
- * built-in).  Measurements at one length cannot tell a from c: there
- * the attention is taken at the built-in figure (attn stays 0) and a
- * follows, so that loading still has its figure. */
+ * takes the cores the layers need).  Measurements at one length cannot
+ * tell a from c: there the attention is taken at the built-in figure (attn
+ * stays 0) and a follows, so that loading still has its figure.
+ * Probe's scoring steps give score, so that the model's predicted step
+ * equals the measured one: the model prices a scoring row at a layer as
+ * its attention again times score (blend.c, plan_costs: (cost - 1) x
+ * score, cost - 1 = key_cost x its keys, in a row's products), which is
+ * x = keys x attn x 2 q multiply-adds of mac_ms each, attn the figure the
+ * model will use (this profile's, else the built-in); a step of t ms is
+ * predicted as score x, and score is the least squares fit through the
+ * origin over the lengths, sum t x / sum x^2.  A figure that cannot be
+ * fitted stays 0: the built-in. */
 void cb_profile_fit_costs(cb_profile *p, const cb_model *m)
 {
     const cb_hparams *hp = cb_model_hparams(m);
@@ -186,6 +234,63 @@ void cb_profile_fit_costs(cb_profile *p, const cb_model *m)
         p->costs.attn = (float)(c / (2 * q) / mac_ms);
     if (p->n_tiers > 0 && p->tiers[0].warm_mbs > 0)
         p->costs.load = (float)(1.0 / (p->tiers[0].warm_mbs * 1e3) / mac_ms);
+    double key_ms = (p->costs.attn > 0 ? p->costs.attn : cb_model_attn_cost(m)) * 2 * q * mac_ms;
+    double sxt = 0, sxx2 = 0;
+    for (int i = 0; i < p->n_scoring; i++) {
+        double x = key_ms * (double)p->scoring[i].keys;
+        sxt += x * p->scoring[i].ms_per_layer, sxx2 += x * x;
+    }
+    double score = sxx2 > 0 ? sxt / sxx2 : 0;
+    if (score > 0 && score < 1e29) /* beyond what a figure can be: none */
+        p->costs.score = (float)score;
+}
+
+/* Probe's scoring step timed on f and kv after a full prefill of L tokens
+ * (every layer's K and V in kv, f holding the L rows): the last n rows run
+ * through `layer`, as probe's first pass runs the question's, then their
+ * attention mass over the L keys (cb_fwd_mass_add, the blend's default
+ * weighting by the value rows' norms), timed to the device's end: repeat
+ * samples into ms[repeat], each the mean of as many back-to-back steps as
+ * take about 20 ms (1 to 256), so that a short step is timed above the
+ * clock's and the scheduler's noise; *keys: the (row, key) pairs they
+ * score there (a sliding window's at most).  The rows' K and V at the
+ * layer are written again.  Errors: CB_ERR_RANGE (n not in 1..L, no such
+ * layer, repeat < 1), CB_ERR_NOMEM, the forward pass's and the device's;
+ * no mass sum is left open on f. */
+cb_status cb_profile_time_score(cb_fwd *f, cb_kvcache *kv, int32_t layer, int32_t L, int32_t n,
+                                int repeat, double *ms, int64_t *keys)
+{
+    const cb_model *m = cb_fwd_model(f);
+    if (n < 1 || n > L || layer < 0 || layer >= cb_model_hparams(m)->n_layer || repeat < 1)
+        return CB_ERR_RANGE;
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n), w = cb_model_layer_window(m, layer);
+    cb_status st, est;
+    if (!rows)
+        return CB_ERR_NOMEM;
+    *keys = 0;
+    for (int32_t i = 0; i < n; i++) { /* the prompt's last rows, as a question's */
+        rows[i] = L - n + i;
+        *keys += w > 0 && rows[i] + 1 > w ? w : rows[i] + 1;
+    }
+    /* their queries at the layer, as probe's first pass computes them */
+    st = cb_fwd_layer(f, kv, layer, rows, n);
+    free(rows);
+    if (st != CB_OK || (st = cb_fwd_mass_begin(f, L, cb_blend_defaults().probe_values)) != CB_OK)
+        return st;
+    double t0 = cb_now_ms();
+    if ((st = cb_fwd_mass_add(f, kv, layer, 0, n)) == CB_OK && (st = cb_model_sync(m)) == CB_OK) {
+        double one = cb_now_ms() - t0; /* the calls a sample: about 20 ms of them, 1 to 256 */
+        int calls = one > 20.0 / 256 ? (int)ceil(20.0 / one) : 256;
+        for (int r = 0; r < repeat && st == CB_OK; r++) {
+            t0 = cb_now_ms();
+            for (int k = 0; k < calls && st == CB_OK; k++)
+                st = cb_fwd_mass_add(f, kv, layer, 0, n);
+            if (st == CB_OK && (st = cb_model_sync(m)) == CB_OK)
+                ms[r] = (cb_now_ms() - t0) / calls;
+        }
+    }
+    est = cb_fwd_mass_end(f, NULL);
+    return st != CB_OK ? st : est;
 }
 
 /* costs.load is a byte of the first tier, warm (cb_profile_fit_costs):

@@ -3,7 +3,8 @@
 # ran (ratio, why, strategy, the cost model's figures and their source);
 # a store's profile (cb-profile) feeds its figures to --speedup and to
 # --ratio auto, and a profile that prices loading very slowly keeps
-# --speedup's ratio at its minimum and raises --ratio auto's, as the cost
+# --speedup's ratio at its minimum and raises --ratio auto's, and one that
+# prices probe's scoring dear lowers probe's --speedup ratio, as the cost
 # model predicts.  On the tiny qwen2 fixture.
 . "$(dirname "$0")/lib.sh"
 M=$CB_TEST_TMP/tiny4-qwen2.gguf
@@ -42,11 +43,18 @@ PY
     > "$T/prof.md" 2> "$T/err" || not_ok "cb-profile: $(head -3 "$T/err")"
 PROF=$(ls "$S"/profile-*-cpu.json 2>/dev/null | head -1)
 blend --strategy hkvd --speedup 1.1 && cp "$T/st.json" "$T/prof.json" &&
-    python3 - "$PROF" "$T/prof.json" <<'PY' && ok "cb-profile's figures reach the plan (source: profile; unmeasured ones, scoring's, built in)" ||
-import json, sys
-c = json.load(open(sys.argv[1]))["costs"]
+    python3 - "$PROF" "$T/prof.json" <<'PY' && ok "cb-profile's figures reach the plan (source: profile; unmeasured ones built in)" ||
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+c = d["costs"]
 p = json.load(open(sys.argv[2]))["plan"]["costs"]
-assert c["score"] == 0 and all(c[k] >= 0 for k in c), c  # (a tiny model's timings are noise)
+assert all(c[k] >= 0 and math.isfinite(c[k]) for k in c), c  # (a tiny model's timings are noise)
+# probe's scoring timed at each length: the last 32 rows, each seeing its position + 1 keys
+sc = {e["length"]: e for e in d["scoring"]}
+assert sorted(sc) == [64, 128, 256], d["scoring"]
+for L, e in sc.items():
+    assert e["rows"] == 32 and e["keys"] == sum(range(L - 32 + 1, L + 1)), e
+    assert e["ms_per_layer"] > 0 and math.isfinite(e["ms_per_layer"]), e
 for k in ("load", "attn", "score"):
     if c[k] > 0:
         assert p[k]["source"] == "profile" and abs(p[k]["value"] - c[k]) <= 1e-4 * c[k], (k, p, c)
@@ -68,7 +76,19 @@ assert {k: (v["value"], v["source"]) for k, v in p.items()} == {
     "load": (123.0, "profile"), "attn": (4.5, "profile"), "score": (0.75, "profile")}, p
 PY
     not_ok "a profile's figures in the plan"
-grep -q "cost figures" "$T/prof.md" && ok "cb-profile prints the figures" || not_ok "cb-profile's table has no cost figures"
+grep -q "cost figures" "$T/prof.md" && grep -q "scoring ms/layer" "$T/prof.md" &&
+    ok "cb-profile prints the figures and the scoring times" || not_ok "cb-profile's table has no cost figures or scoring"
+# scoring's figure from cb-profile's own measurement: at one length the
+# attention is the built-in figure, so the fit always has its units
+"$BINDIR_B/cb-profile" -m "$M" --store "$T/store1" --lengths 128 --ratios 0.5 --repeat 2 -t 2 -q \
+    > /dev/null 2> "$T/err" || not_ok "cb-profile, one length: $(head -3 "$T/err")"
+python3 - "$T"/store1/profile-*-cpu.json <<'PY' && ok "cb-profile writes a finite positive scoring figure" ||
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+s = d["costs"]["score"]
+assert s > 0 and math.isfinite(s) and len(d["scoring"]) == 1, (d["costs"], d["scoring"])
+PY
+    { not_ok "cb-profile's scoring figure"; sed 's/^/#   /' "$T/err" | head -5; }
 
 # a profile that prices loading very slowly: every blend costs more than
 # full prefill / 1.1, so the ratio is the least (--tune min-ratio, 0.15)
@@ -153,4 +173,27 @@ assert ac["plan"]["predicted"]["recompute"] > ac["plan"]["predicted"]["load"], a
 assert sd["ratio"] < sc["ratio"] and sd["plan"]["bound"] == "min", (sc["plan"], sd["plan"])
 PY
     { not_ok "--ratio auto and --speedup on the profile's figure"; sed 's/^/#   /' "$T/err" | head -5; }
+# price_score SCORE: the kept profile with that scoring figure
+price_score() {
+    python3 - "$T/prof.keep" "$PROF" "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["costs"] = {"load": 0, "attn": 0, "score": float(sys.argv[3])}
+json.dump(d, open(sys.argv[2], "w"))
+PY
+}
+price_score 0.001 && blend --strategy probe --speedup 1.1 && cp "$T/st.json" "$T/ps-cheap.json" &&
+    price_score 50 && blend --strategy probe --speedup 1.1 && cp "$T/st.json" "$T/ps-dear.json" &&
+    python3 - "$T" <<'PY' && ok "--speedup reads the profile's scoring figure: dear scoring, a lower ratio for probe" ||
+import json, sys
+t = sys.argv[1]
+c, d = (json.load(open(f"{t}/ps-{n}.json")) for n in ("cheap", "dear"))
+for s, score in ((c, 0.001), (d, 50.0)):
+    sc = s["plan"]["costs"]["score"]
+    assert sc["source"] == "profile" and abs(sc["value"] - score) <= 1e-6 * score, s["plan"]
+    assert s["strategy_used"] == "probe" and s["probe_layers"] > 0, s
+assert d["plan"]["ratio"] < c["plan"]["ratio"] and d["ratio"] < c["ratio"], (c["plan"], d["plan"])
+assert d["predicted_speedup"] >= 1.1 * (1 - 1e-5) or d["plan"]["bound"] == "min", d
+PY
+    { not_ok "--speedup on the profile's scoring figure"; sed 's/^/#   /' "$T/err" | head -5; }
 done_testing

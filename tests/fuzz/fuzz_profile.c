@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     FUZZ_CHECK(p.n_layer >= 1 && p.n_prefill >= 0 && p.n_prefill <= CB_PROFILE_MAX &&
                p.n_recompute >= 0 && p.n_recompute <= CB_PROFILE_MAX * 8 && p.n_tiers >= 0 &&
-               p.n_tiers <= 16);
+               p.n_tiers <= 16 && p.n_scoring >= 0 && p.n_scoring <= CB_PROFILE_MAX);
     FUZZ_CHECK(cb_profile_to_json(&p, &a) == CB_OK && a);
     FUZZ_CHECK(cb_profile_from_json(&q, a, strlen(a), &err) == CB_OK);
     FUZZ_CHECK(cb_profile_to_json(&q, &b) == CB_OK && b);

@@ -684,33 +684,107 @@ static void invariants(const char *label, const char *model_path, cb_type kvt, d
         CHECK(run(&fx, segs, ns, &q, a, &st, NULL) == CB_ERR_INVALID);
         /* cb-profile's figures: prefill a layer a L + c L^2 / 2 ms, a a multiply-add of
          * 1e-9 ms over the layer's weights, c an attention multiply-add of 3e-9 ms (attn
-         * 3); the first tier 1000 MB/s warm, 1e-6 ms a byte (load 1000) */
+         * 3); the first tier 1000 MB/s warm, 1e-6 ms a byte (load 1000); probe's scoring
+         * at 1.7 x the attention's time a key (score 1.7), each step within 5% of it */
         cb_profile *pf = calloc(1, sizeof *pf);
         double qd = (double)hp->n_head * hp->head_dim, kvd = (double)hp->n_head_kv * hp->head_dim;
         double wts = (double)hp->n_embd * (2 * qd + 2 * kvd) + 3.0 * hp->n_embd * hp->n_ff;
+        static const double wobble[3] = {1.05, 0.97, 1.01};
         for (int i = 0; pf && i < 3; i++) {
             double len = 100 << i;
             pf->prefill[pf->n_prefill++] = (cb_profile_point){
                 100 << i, 1.0, wts * 1e-9 * len + 2 * qd * 3e-9 * len * len / 2, 0};
+            int64_t keys = 0;
+            for (int64_t r = (int64_t)len - 32; r < (int64_t)len; r++)
+                keys += r + 1;
+            pf->scoring[pf->n_scoring++] = (cb_profile_scoring){
+                100 << i, 32, keys, 1.7 * 2 * qd * 3e-9 * (double)keys * wobble[i], 0};
         }
         if (pf)
             pf->tiers[pf->n_tiers++] = (cb_profile_tier){"local", 1000, 500}; /* warm, cold */
-        if (pf)
+            /* score_fit(key_ms): the least squares through the origin of the steps' times on
+         * key_ms x their keys, over key_ms (a plain loop) */
+#define score_fit(key_ms)                                         \
+    do {                                                          \
+        double sxt = 0, sxx = 0;                                  \
+        for (int i = 0; i < pf->n_scoring; i++) {                 \
+            double x = (key_ms) * (double)pf->scoring[i].keys;    \
+            sxt += x * pf->scoring[i].ms_per_layer, sxx += x * x; \
+        }                                                         \
+        ref = sxt / sxx;                                          \
+    } while (0)
+        double ref = 0;
+        if (pf) {
             cb_profile_fit_costs(pf, fx.m);
+            score_fit(2 * qd * 3e-9);
+        }
         CHECKF(pf && fabs(pf->costs.attn - 3.0) < 1e-3 && fabs(pf->costs.load - 1000.0) < 1e-1 &&
-                   pf->costs.score == 0.0f,
-               "fitted: load %g, attn %g", pf ? (double)pf->costs.load : 0.0,
-               pf ? (double)pf->costs.attn : 0.0);
-        if (pf) { /* one length: the attention at the built-in figure, loading's from it */
+                   fabs(pf->costs.score - ref) < 1e-4 * ref && fabs(ref - 1.7) < 0.05 * 1.7,
+               "fitted: load %g, attn %g, score %g (want %g)", pf ? (double)pf->costs.load : 0.0,
+               pf ? (double)pf->costs.attn : 0.0, pf ? (double)pf->costs.score : 0.0, ref);
+        if (pf) { /* one length: the attention at the built-in figure, loading's and
+                   * scoring's from it */
             pf->n_prefill = 1;
             cb_profile_fit_costs(pf, fx.m);
             double y = pf->prefill[0].ms_per_layer / 100, ab = cb_model_attn_cost(fx.m);
-            double want = 1e-6 / (y / (wts + ab * qd * 100));
-            CHECKF(pf->costs.attn == 0.0f && fabs(pf->costs.load - want) < 1e-4 * want,
-                   "one length: load %g (want %g), attn %g", (double)pf->costs.load, want,
-                   (double)pf->costs.attn);
+            double mac = y / (wts + ab * qd * 100), want = 1e-6 / mac;
+            score_fit(ab * 2 * qd * mac);
+            CHECKF(pf->costs.attn == 0.0f && fabs(pf->costs.load - want) < 1e-4 * want &&
+                       fabs(pf->costs.score - ref) < 1e-4 * ref,
+                   "one length: load %g (want %g), attn %g, score %g (want %g)",
+                   (double)pf->costs.load, want, (double)pf->costs.attn, (double)pf->costs.score,
+                   ref);
+            pf->n_scoring = 0; /* a profile from before scoring was measured: the built-in */
+            cb_profile_fit_costs(pf, fx.m);
+            CHECK(pf->costs.score == 0.0f && pf->costs.load > 0);
         }
+#undef score_fit
         free(pf);
+    }
+
+    tcase("%s: probe's scoring step timed (cb-profile): the last rows' keys, a time a sample; "
+          "a dearer scoring figure lowers probe's --speedup ratio",
+          label);
+    {
+        int32_t L = 40, n = 16, layer = hp->n_layer - 1, toks[40], pos[40];
+        int64_t keys = -1, want = 0;
+        double ms[3] = {-1, -1, -1};
+        cb_fwd *f = NULL;
+        cb_kvcache *kv = NULL;
+        for (int32_t i = 0; i < L; i++)
+            toks[i] = (i * 31 + 7) % hp->n_vocab, pos[i] = i;
+        for (int32_t r = L - n, w = cb_model_layer_window(fx.m, layer); r < L; r++)
+            want += w > 0 && r + 1 > w ? w : r + 1;
+        CHECK_OK(cb_fwd_new(&f, fx.m, L));
+        CHECK_OK(cb_kvcache_new(&kv, fx.m, L, CB_TYPE_F16));
+        cb_status s = f && kv ? cb_fwd_embed(f, toks, pos, L) : CB_ERR_NOMEM;
+        for (int32_t l = 0; l < hp->n_layer && s == CB_OK; l++)
+            s = cb_fwd_layer(f, kv, l, NULL, 0);
+        CHECK_OK(s);
+        if (s == CB_OK) {
+            CHECK_OK(cb_profile_time_score(f, kv, layer, L, n, 3, ms, &keys));
+            CHECKF(keys == want && ms[0] > 0 && ms[1] > 0 && ms[2] > 0, "%lld keys (want %lld)",
+                   (long long)keys, (long long)want);
+            CHECK(cb_profile_time_score(f, kv, layer, L, L + 1, 1, ms, &keys) == CB_ERR_RANGE);
+            CHECK(cb_profile_time_score(f, kv, hp->n_layer, L, n, 1, ms, &keys) == CB_ERR_RANGE);
+            CHECK_OK(cb_profile_time_score(f, kv, 0, L, n, 1, ms, &keys)); /* (none left open) */
+        }
+        cb_kvcache_free(kv);
+        cb_fwd_free(f);
+        cb_blend_params q = cb_blend_defaults();
+        q.strategy = CB_STRATEGY_PROBE;
+        q.speedup = 1.1f;
+        q.costs.score = 0.001f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        float cheap = st.plan_ratio;
+        int32_t layers = st.probe_layers, at_min = !strcmp(st.plan_bound, "min");
+        q.costs.score = 50.0f;
+        CHECK_OK(run(&fx, segs, ns, &q, a, &st, NULL));
+        printf("# %s: probe at 1.1x: ratio %g at score 0.001 (%s), %g at 50 (%s)\n", label,
+               (double)cheap, at_min ? "min" : "speedup", (double)st.plan_ratio, st.plan_bound);
+        CHECKF(layers > 0 && !at_min ? st.plan_ratio < cheap : st.plan_ratio <= cheap,
+               "score 0.001: ratio %g (%d layers scored); 50: %g (%s)", (double)cheap, layers,
+               (double)st.plan_ratio, st.plan_bound);
     }
 
     tcase("%s: a speedup: the most rows whose cost (products and attention), as blend computes "

@@ -1,6 +1,7 @@
 /* test_profile.c - a profile's predictions (placement's recompute and load
  * times, the cost model's loading figure by tier) on synthetic profiles,
- * worked out by hand, and the profile's JSON round trip. */
+ * worked out by hand, and the profile's JSON round trip (probe's scoring
+ * steps with it). */
 #include "../../lib/kv/kv.h"
 #include "test.h"
 
@@ -79,8 +80,49 @@ int main(void)
     CHECK_OK(cb_profile_to_json(&p, &json));
     CHECK_OK(cb_profile_from_json(&q, json, strlen(json), &err));
     CHECK(q.costs.load == 150.0f && q.costs.attn == 2.5f && q.costs.score == 0.0f);
+    CHECK(q.n_scoring == 0);
     free(json);
     p.costs = (cb_blend_costs){0};
+    tcase("probe's scoring steps and their figure round trip");
+    p.scoring[p.n_scoring++] = (cb_profile_scoring){512, 32, 15888, 0.25, 0.03};
+    p.scoring[p.n_scoring++] = (cb_profile_scoring){1024, 32, 32272, 0.5, 0.01};
+    p.costs.score = 1.25f;
+    CHECK_OK(cb_profile_to_json(&p, &json));
+    CHECK_OK(cb_profile_from_json(&q, json, strlen(json), &err));
+    CHECK(q.n_scoring == 2 && q.scoring[1].length == 1024 && q.scoring[1].rows == 32 &&
+          q.scoring[1].keys == 32272 && NEAR(q.scoring[0].ms_per_layer, 0.25) &&
+          NEAR(q.scoring[0].spread, 0.03) && q.costs.score == 1.25f);
+    free(json);
+    p.n_scoring = 0;
+    p.costs = (cb_blend_costs){0};
+    tcase("scoring steps: absent (a profile from before them) none; impossible ones malformed");
+    {
+        static const char *sc[] = {
+            "",
+            ",\"scoring\":[{\"length\":64,\"rows\":32,\"keys\":1552,\"ms_per_layer\":0.1,"
+            "\"spread\":0}]",
+            ",\"scoring\":{}",
+            ",\"scoring\":[{\"length\":64,\"rows\":65,\"keys\":1552,\"ms_per_layer\":0.1,"
+            "\"spread\":0}]",
+            ",\"scoring\":[{\"length\":64,\"rows\":32,\"keys\":4097,\"ms_per_layer\":0.1,"
+            "\"spread\":0}]",
+            ",\"scoring\":[{\"length\":64,\"rows\":32,\"keys\":1552,\"ms_per_layer\":-1,"
+            "\"spread\":0}]",
+            ",\"scoring\":[{\"length\":64,\"rows\":32,\"ms_per_layer\":0.1,\"spread\":0}]",
+        };
+        for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) {
+            char text[512];
+            snprintf(text, sizeof text,
+                     "{\"version\":1,\"model\":\"m\",\"backend\":\"cpu\",\"n_layer\":1,"
+                     "\"threads\":1,\"kv_bytes_per_token\":{},\"prefill\":[],\"recompute\":[],"
+                     "\"tiers\":[]%s}",
+                     sc[i]);
+            cb_status st = cb_profile_from_json(&q, text, strlen(text), &err);
+            CHECKF(i < 2 ? st == CB_OK && q.n_scoring == (int)i : st == CB_ERR_FORMAT,
+                   "case %zu: %d", i, st);
+        }
+        CHECK(q.n_scoring == 0);
+    }
     tcase("a profile without cost figures (written before them) loads with none; bad ones do not");
     {
         static const char *costs[] = {"", ",\"costs\":{\"load\":-1}", ",\"costs\":{\"attn\":\"x\"}",
