@@ -295,7 +295,7 @@ format-check: ## fail, naming the places, where make format would change a file 
 funclen: ## the longest functions in lib/ and src/ (universal-ctags); fails past 200 lines
 	@sh scripts/funclen.sh 15 200
 
-layers: ## check the headers: cbcore.h within its line budget (650), no lib/ file including a layer above its own
+layers: ## check the headers: cbcore.h within its line budget (660), no lib/ file including a layer above its own
 	@sh scripts/layers.sh
 
 help: ## this list

@@ -284,8 +284,9 @@ typedef struct cb_profile_scoring { /* probe's scoring: the last rows' mass over
 struct cb_profile {
     char model[33], backend[32];
     int32_t n_layer, threads;
-    double kv_bytes_per_token[4];                   /* f32, f16, bf16, q8_0 files */
-    int n_prefill, n_recompute, n_tiers, n_scoring; /* n_scoring 0: scoring not measured */
+    double kv_bytes_per_token[4]; /* f32, f16, bf16, q8_0 files */
+    int n_prefill, n_recompute, n_tiers;
+    int n_scoring; /* probe's scoring steps measured; 0: none (the built-in score) */
     cb_profile_point prefill[CB_PROFILE_MAX];
     cb_profile_point recompute[CB_PROFILE_MAX * 8];
     cb_profile_tier tiers[16];
