@@ -16,6 +16,12 @@ B=${BINDIR_B:-bin}; GEN=${BUILD:-build/rel}/tests/test_store
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/recode-kill.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 S="$B/cb-store --store $tmp/st"
+# by_type: the store's entries per element type, "TYPE:N ..." (cb-store stat --json)
+by_type() {
+    $S stat --json | python3 -c '
+import json, sys
+print(" ".join("%s:%d" % (k["type"], k["entries"]) for k in json.load(sys.stdin)["kv"]))'
+}
 mkdir "$tmp/kv" && "$GEN" --make-kv "$M" "$tmp/kv" "$N" "$NTOK" > /dev/null
 $S init > /dev/null
 # put in batches: one command line holds a few thousand paths
@@ -34,9 +40,7 @@ while [ $i -lt "$K" ]; do
     sleep "$delay"
     kill -9 $pid 2>/dev/null && killed=$((killed + 1))
     wait $pid 2>/dev/null || true
-    done_n=$($S stat --json | python3 -c '
-import json, sys
-print(sum(k["entries"] for k in json.load(sys.stdin)["kv"] if k["type"] == sys.argv[1]))' "$TYPE")
+    done_n=$(by_type | tr ' ' '\n' | awk -F: -v t="$TYPE" '$1 == t { n += $2 } END { print n + 0 }')
     echo "kill $i after ${delay} s: $done_n of $N entries $TYPE"
 done
 $S recode --kv-type "$TYPE" 2> "$tmp/err" > /dev/null
@@ -45,10 +49,7 @@ tail -n 1 "$tmp/err"
 fail=0
 $S verify > "$tmp/v" 2>&1 || { echo "verify after the resume:"; head -5 "$tmp/v"; fail=1; }
 $S ls | cut -d' ' -f1 | sort | cmp -s - "$tmp/keys0" || { echo "the keys changed"; fail=1; }
-got=$($S stat --json | python3 -c '
-import json, sys
-kv = json.load(sys.stdin)["kv"]
-print(" ".join("%s:%d" % (k["type"], k["entries"]) for k in kv))')
+got=$(by_type)
 [ "$got" = "$TYPE:$N" ] || { echo "entries by type: $got"; fail=1; }
 left=$(find "$tmp/st" -name '*.tmp*' -type f | wc -l)
 [ "$left" -eq 0 ] || { echo "$left temporary files left"; fail=1; }
