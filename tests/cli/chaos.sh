@@ -157,9 +157,16 @@ for h in $HOSTS; do
     port=$RPORT; [ $h = h1 ] && port=$PPORT
     loc=$T/$h/t; [ "$h" = "$TMPFS_HOST" ] && loc=$MNT/t
     echo "$loc" > "$T/loc-$h"
-    $STORE --store "$T/$h" init --tier "main=$loc" --tier "shared=redis://127.0.0.1:$port/0:64M" --timeout $TIMEOUT_MS \
-        --auth-file "$T/pw.auth" --key-file "$T/tier.key" > /dev/null 2> "$T/init-$h.err" \
-        || { not_ok "cb-store init on $h: $(cat "$T/init-$h.err")"; done_testing; exit 1; }
+    # h1's proxy stalls a piece in 150 for up to 1.2 s, past the time-out about half the time: the
+    # setup is not under test, so a timed-out init is tried again (a failed init leaves no store)
+    try=1
+    until $STORE --store "$T/$h" init --tier "main=$loc" --tier "shared=redis://127.0.0.1:$port/0:64M" --timeout $TIMEOUT_MS \
+        --auth-file "$T/pw.auth" --key-file "$T/tier.key" > /dev/null 2> "$T/init-$h.err"; do
+        if [ $try -ge 5 ] || ! grep -q 'timed out' "$T/init-$h.err" || [ -e "$T/$h/store.json" ]; then
+            not_ok "cb-store init on $h (try $try): $(cat "$T/init-$h.err")"; done_testing; exit 1
+        fi
+        try=$((try + 1))
+    done
 done
 
 # host H: its local tier emptied (1 in 20), cb-precompute (1 in 4) of 4-12 chunks, or cb-run
