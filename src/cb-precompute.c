@@ -48,6 +48,13 @@ static void usage(FILE *f)
                "                     cache where the two chunks come in that order, and blends\n"
                "                     closer to full prefill; about twice the precompute work and\n"
                "                     the store space\n"
+               "      --neighbours K also store each chunk computed after its K most similar\n"
+               "                     chunks of the input (by BM25 over their tokens, the most\n"
+               "                     similar nearest), and write that cache's key as the\n"
+               "                     record's \"kv\": cb-run --chunks tries it first, and blends\n"
+               "                     with the cross-chunk attention it holds (reads the whole\n"
+               "                     input first; about K+2 times the precompute work, twice\n"
+               "                     the store space)\n"
                "      --system TEXT  also store the head of cb-run prompts with --system TEXT\n"
                "                     (repeat for several), for cb-run to load; without it a run\n"
                "                     computes that head, and stores it unless it may not write\n"
@@ -75,7 +82,16 @@ static void usage(FILE *f)
                "error, 130 interrupted (the chunk in progress is not stored).\n");
 }
 
-enum { OPT_KVTYPE = 256, OPT_STRICT, OPT_PLACE, OPT_CONTEXT, OPT_SYSTEM, OPT_FOR_SYSTEM };
+enum {
+    OPT_KVTYPE = 256,
+    OPT_STRICT,
+    OPT_PLACE,
+    OPT_CONTEXT,
+    OPT_SYSTEM,
+    OPT_FOR_SYSTEM,
+    OPT_NEIGHBOURS
+};
+#define MAX_NEIGHBOURS 16
 
 /* Write `line` (one JSON object, no newline) with kv and cached added.
  * Keeps the original bytes when the object has neither field yet. */
@@ -106,7 +122,7 @@ typedef struct pre {
     const char **systems; /* --system, in order */
     int n_systems;
     const char *for_system; /* --for-system: the chunks' lead-in is that prompt's head */
-    int strict, from_stdin, progress, context;
+    int strict, from_stdin, progress, context, neighbours;
     cb_type kv_type;
     FILE *in;
     cb_model *m;
@@ -116,7 +132,7 @@ typedef struct pre {
     cb_tokens prev;      /* --context: the last record's tokens, */
     json_t *prev_doc;    /* its "doc" (NULL: none) */
     json_int_t prev_seq; /* and "seq" */
-    long lineno, n_total, n_done, n_new, n_cached, n_bad, n_after;
+    long lineno, n_total, n_done, n_new, n_cached, n_bad, n_after, n_fused;
     double tok_done, t0, t_last;
 } pre;
 
@@ -127,6 +143,7 @@ static int parse_args(int argc, char **argv, pre *x)
         {"strict", no_argument, 0, OPT_STRICT},
         {"place", required_argument, 0, OPT_PLACE},
         {"context", no_argument, 0, OPT_CONTEXT},
+        {"neighbours", required_argument, 0, OPT_NEIGHBOURS},
         {"system", required_argument, 0, OPT_SYSTEM},
         {"for-system", required_argument, 0, OPT_FOR_SYSTEM},
         CLI_COMMON_OPTS,
@@ -151,6 +168,15 @@ static int parse_args(int argc, char **argv, pre *x)
             x->place = optarg;
         } else if (c == OPT_CONTEXT) {
             x->context = 1;
+        } else if (c == OPT_NEIGHBOURS) {
+            char *end;
+            long k = strtol(optarg, &end, 10);
+            if (end == optarg || *end || k < 1 || k > MAX_NEIGHBOURS) {
+                cli_err("--neighbours: '%s' is not a number of chunks from 1 to %d", optarg,
+                        MAX_NEIGHBOURS);
+                return CLI_EX_USAGE;
+            }
+            x->neighbours = (int)k;
         } else if (c == OPT_SYSTEM) {
             const char **ns = realloc(x->systems, sizeof *ns * (size_t)(x->n_systems + 1));
             if (!ns) {
@@ -330,7 +356,7 @@ static int ensure_after(pre *x, json_t *obj)
     int found = 0, r = 0;
     if (doc && json_is_integer(seq) && x->prev_doc && json_equal(doc, x->prev_doc) &&
         json_integer_value(seq) == x->prev_seq + 1) {
-        if (cb_precomputer_after(x->pc, x->prev.ids, (int32_t)x->prev.n) != CB_OK) {
+        if (cb_precomputer_after(x->pc, &x->prev, 1) != CB_OK) {
             cli_err("out of memory");
             return CLI_EX_SOFTWARE;
         }
@@ -363,30 +389,92 @@ static int ensure_after(pre *x, json_t *obj)
     return 0;
 }
 
-/* One input line: 0 to go on, -1 when interrupted, else an exit status. */
-static int do_record(pre *x, char *line, size_t len)
+/* --neighbours: the record's chunk (x->ids) also after its neighbours
+ * nb[0..k) (best first, -1 past the last), the farthest left out while
+ * they do not fit the context with it; *key becomes that cache's key and
+ * *found whether the store had it.  0 to go on, -1 when interrupted, else
+ * an exit status. */
+static int ensure_fused(pre *x, const cb_tokens *toks, const long *linenos, const int32_t *nb,
+                        int k, char key[66], int *found)
+{
+    int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
+    int64_t n_lead = (int64_t)cb_precomputer_lead(x->pc)->n; /* the lead-in alone */
+    cb_tokens prev[MAX_NEIGHBOURS];
+    int n = 0, r = 0;
+    while (n < k && nb[n] >= 0)
+        n++;
+    for (; n > 0; n--) { /* the most similar last: nearest the chunk */
+        for (int i = 0; i < n; i++)
+            prev[i] = toks[nb[n - 1 - i]];
+        if (cb_precomputer_after(x->pc, prev, n) != CB_OK) {
+            cli_err("out of memory");
+            return CLI_EX_SOFTWARE;
+        }
+        if ((int64_t)cb_precomputer_lead(x->pc)->n + (int64_t)x->ids.n <= n_ctx)
+            break;
+    }
+    if (n > 0) {
+        cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
+        if ((r = ensure(x, key, (int32_t)((int64_t)cb_precomputer_lead(x->pc)->n - n_lead),
+                        found)) == 0) {
+            char lines[16 * MAX_NEIGHBOURS] = "";
+            size_t at = 0;
+            for (int i = n - 1; i >= 0 && at < sizeof lines; i--)
+                at += (size_t)snprintf(lines + at, sizeof lines - at, "%s%ld", at ? ", " : "",
+                                       linenos[nb[i]]);
+            x->n_fused++;
+            cli_info("%s:%ld: after line%s %s (the nearest last), %s %s", x->in_name, x->lineno,
+                     n > 1 ? "s" : "", lines, *found ? "cached" : "stored", key);
+        }
+    }
+    cb_precomputer_after(x->pc, NULL, 0); /* the lead-in alone again */
+    return r;
+}
+
+/* Parse one input line into *obj and its tokens into x->ids: 0, or
+ * (reported) 1 for a bad record to skip, else an exit status. */
+static int parse_record(pre *x, const char *line, size_t len, json_t **obj)
 {
     const cb_tokens *lead = cb_precomputer_lead(x->pc);
     int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
     json_error_t jerr;
-    json_t *obj = json_loadb(line, len, 0, &jerr);
-    json_t *text = obj ? json_object_get(obj, "text") : NULL;
-    char key[66];
-    int found = 0, r;
+    json_t *text;
+    int r;
 
-    if (!obj || !json_is_object(obj) || !json_is_string(text))
-        return bad_record(x, obj,
-                          !obj                   ? jerr.text
-                          : !json_is_object(obj) ? "not a JSON object"
-                                                 : "no \"text\" string");
-    x->ids.n = 0;
-    cb_tok_encode(cb_model_vocab(x->m), json_string_value(text), json_string_length(text), 0,
-                  &x->ids);
-    if (x->ids.n == 0 || (int64_t)lead->n + (int64_t)x->ids.n > n_ctx)
-        return bad_record(x, obj,
-                          x->ids.n == 0 ? "empty text" : "chunk longer than the model's context");
+    *obj = json_loadb(line, len, 0, &jerr);
+    text = *obj ? json_object_get(*obj, "text") : NULL;
+    if (!*obj || !json_is_object(*obj) || !json_is_string(text))
+        r = bad_record(x, *obj,
+                       !*obj                   ? jerr.text
+                       : !json_is_object(*obj) ? "not a JSON object"
+                                               : "no \"text\" string");
+    else {
+        x->ids.n = 0;
+        cb_tok_encode(cb_model_vocab(x->m), json_string_value(text), json_string_length(text), 0,
+                      &x->ids);
+        if (x->ids.n > 0 && (int64_t)lead->n + (int64_t)x->ids.n <= n_ctx)
+            return 0;
+        r = bad_record(x, *obj,
+                       x->ids.n == 0 ? "empty text" : "chunk longer than the model's context");
+    }
+    *obj = NULL;
+    return r ? r : 1;
+}
+
+/* A parsed record (obj, its tokens in x->ids; obj's reference taken):
+ * its caches, and the record written.  With --neighbours, toks are every
+ * record's tokens and nb this one's neighbours among them.  0 to go on,
+ * -1 when interrupted, else an exit status. */
+static int do_parsed(pre *x, const char *line, size_t len, json_t *obj, const cb_tokens *toks,
+                     const long *linenos, const int32_t *nb)
+{
+    char key[66], fkey[66];
+    int found = 0, ffound = 0, r;
+
     cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
-    if ((r = ensure(x, key, 0, &found)) != 0 || (x->context && (r = ensure_after(x, obj)))) {
+    fkey[0] = 0;
+    if ((r = ensure(x, key, 0, &found)) != 0 || (x->context && (r = ensure_after(x, obj))) ||
+        (nb && (r = ensure_fused(x, toks, linenos, nb, x->neighbours, fkey, &ffound)))) {
         json_decref(obj);
         return r;
     }
@@ -397,7 +485,8 @@ static int do_record(pre *x, char *line, size_t len)
     x->n_done++;
     cli_info("%s:%ld: %zu tokens, %s %s", x->in_name, x->lineno, x->ids.n,
              found ? "cached" : "stored", key);
-    r = emit(line, len, obj, key, found);
+    /* the record's cache: the one after its neighbours, where it has some */
+    r = fkey[0] ? emit(line, len, obj, fkey, ffound) : emit(line, len, obj, key, found);
     json_decref(obj);
     if (r != 0) {
         cli_err("error writing to standard output: %s", strerror(errno));
@@ -407,6 +496,133 @@ static int do_record(pre *x, char *line, size_t len)
     return 0;
 }
 
+/* One input line: 0 to go on, -1 when interrupted, else an exit status. */
+static int do_record(pre *x, char *line, size_t len)
+{
+    json_t *obj;
+    int r = parse_record(x, line, len, &obj);
+    return r == 1 ? 0 : r != 0 ? r : do_parsed(x, line, len, obj, NULL, NULL, NULL);
+}
+
+/* The records kept for --neighbours: every line's text, its tokens and
+ * where it was. */
+typedef struct kept {
+    char **lines;
+    size_t *lens;
+    long *linenos;
+    json_t **objs;
+    cb_tokens *toks;
+    size_t n, cap;
+} kept;
+
+static void kept_free(kept *k)
+{
+    for (size_t i = 0; i < k->n; i++) {
+        free(k->lines[i]);
+        json_decref(k->objs[i]);
+        cb_tokens_free(&k->toks[i]);
+    }
+    free(k->lines);
+    free(k->lens);
+    free(k->linenos);
+    free(k->objs);
+    free(k->toks);
+}
+
+static int kept_add(kept *k, const char *line, size_t len, long lineno, json_t *obj,
+                    const cb_tokens *ids)
+{
+    if (k->n == k->cap) {
+        size_t nc = k->cap ? 2 * k->cap : 256;
+        char **l = realloc(k->lines, sizeof *l * nc);
+        if (l)
+            k->lines = l;
+        size_t *n = realloc(k->lens, sizeof *n * nc);
+        if (n)
+            k->lens = n;
+        long *ln = realloc(k->linenos, sizeof *ln * nc);
+        if (ln)
+            k->linenos = ln;
+        json_t **o = realloc(k->objs, sizeof *o * nc);
+        if (o)
+            k->objs = o;
+        cb_tokens *t = realloc(k->toks, sizeof *t * nc);
+        if (t)
+            k->toks = t;
+        if (!l || !n || !ln || !o || !t)
+            return -1;
+        k->cap = nc;
+    }
+    cb_tokens t = {0};
+    char *copy = malloc(len + 1);
+    for (size_t i = 0; copy && i < ids->n; i++)
+        if (cb_tokens_push(&t, ids->ids[i]) != CB_OK) {
+            free(copy);
+            copy = NULL;
+        }
+    if (!copy) {
+        cb_tokens_free(&t);
+        return -1;
+    }
+    memcpy(copy, line, len + 1);
+    k->lines[k->n] = copy, k->lens[k->n] = len, k->linenos[k->n] = lineno;
+    k->objs[k->n] = obj, k->toks[k->n] = t;
+    k->n++;
+    return 0;
+}
+
+/* --neighbours: every record read and tokenized, the neighbours found,
+ * then each record as do_record does it, and after its neighbours. */
+static int run_neighbours(pre *x, char **line, size_t *cap)
+{
+    kept k = {0};
+    int32_t *nb = NULL;
+    ssize_t len;
+    int code = 0;
+
+    while (!interrupted && code == 0 && (len = getline(line, cap, x->in)) >= 0) {
+        json_t *obj;
+        x->lineno++;
+        while (len > 0 && ((*line)[len - 1] == '\n' || (*line)[len - 1] == '\r'))
+            (*line)[--len] = 0;
+        if (len == 0 || (code = parse_record(x, *line, (size_t)len, &obj)) == 1) {
+            code = 0;
+            continue;
+        }
+        if (code == 0 && kept_add(&k, *line, (size_t)len, x->lineno, obj, &x->ids) != 0) {
+            json_decref(obj);
+            cli_err("out of memory");
+            code = CLI_EX_SOFTWARE;
+        }
+    }
+    if (code == 0 && !interrupted && k.n > 0) {
+        nb = malloc(sizeof *nb * k.n * (size_t)x->neighbours);
+        if (!nb || cb_neighbours(k.toks, k.n, x->neighbours, nb) != CB_OK) {
+            cli_err("out of memory");
+            code = CLI_EX_SOFTWARE;
+        }
+        cli_info("%zu chunks read; each also computed after its %d most similar", k.n,
+                 x->neighbours);
+    }
+    x->n_total = (long)k.n;
+    for (size_t i = 0; code == 0 && !interrupted && i < k.n; i++) {
+        x->lineno = k.linenos[i];
+        x->ids.n = 0;
+        for (size_t j = 0; j < k.toks[i].n; j++)
+            if (cb_tokens_push(&x->ids, k.toks[i].ids[j]) != CB_OK) {
+                cli_err("out of memory");
+                return kept_free(&k), free(nb), CLI_EX_SOFTWARE;
+            }
+        json_t *obj = k.objs[i];
+        k.objs[i] = NULL; /* do_parsed takes it */
+        code = do_parsed(x, k.lines[i], k.lens[i], obj, k.toks, k.linenos,
+                         nb + i * (size_t)x->neighbours);
+    }
+    kept_free(&k);
+    free(nb);
+    return code;
+}
+
 static int run(pre *x)
 {
     char *line = NULL;
@@ -414,7 +630,7 @@ static int run(pre *x)
     ssize_t len;
     int code = 0;
 
-    if (x->progress && !x->from_stdin) { /* a file: count its records for the ETA */
+    if (x->progress && !x->from_stdin && !x->neighbours) { /* a file: count its records, ETA */
         int ch;
         x->n_total = 0;
         while ((ch = getc(x->in)) != EOF)
@@ -424,7 +640,10 @@ static int run(pre *x)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
-    while (!interrupted && code == 0 && (len = getline(&line, &cap, x->in)) >= 0) {
+    if (x->neighbours)
+        code = run_neighbours(x, &line, &cap);
+    while (!x->neighbours && !interrupted && code == 0 &&
+           (len = getline(&line, &cap, x->in)) >= 0) {
         x->lineno++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = 0;
@@ -472,6 +691,9 @@ static int run(pre *x)
     if (x->context && cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
         fprintf(stderr, "cb-precompute: %ld %s also after the chunk before them\n", x->n_after,
                 cli_plural((uint64_t)x->n_after, "chunk", "chunks"));
+    if (x->neighbours && cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
+        fprintf(stderr, "cb-precompute: %ld %s also after their neighbours\n", x->n_fused,
+                cli_plural((uint64_t)x->n_fused, "chunk", "chunks"));
     return 0;
 }
 

@@ -655,12 +655,11 @@ static int q_chunks(cli_question *q, json_t *defaults, cb_request *rq, char *msg
     for (size_t i = 0; i < k; i++) {
         json_t *e = json_array_get(c, i),
                *t = json_is_object(e) ? json_object_get(e, "text") : NULL;
-        json_t *key = json_is_string(e)         ? e
-                      : json_is_object(e) && !t ? json_object_get(e, "kv")
-                                                : NULL;
-        if (json_is_string(t))
+        json_t *key = json_is_string(e) ? e : json_is_object(e) ? json_object_get(e, "kv") : NULL;
+        if (json_is_string(t)) { /* a "kv" beside it names the cache to try first */
             q->srcs[i].text = (cb_strview){json_string_value(t), json_string_length(t)};
-        else if (json_is_string(key))
+            q->srcs[i].key = json_is_string(key) ? json_string_value(key) : NULL;
+        } else if (json_is_string(key))
             q->srcs[i].key = json_string_value(key);
         else
             return snprintf(msg, n,

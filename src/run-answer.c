@@ -174,19 +174,21 @@ static int run_prompt(run *r, const char *text, size_t len)
     const gen_opts *o = r->o;
     const cb_hparams *hp = cb_model_hparams(r->m);
     size_t nc = r->chunks ? json_array_size(r->chunks) : 0;
-    cb_strview *texts = calloc(nc ? nc : 1, sizeof *texts);
+    cb_chunk_src *srcs = calloc(nc ? nc : 1, sizeof *srcs);
     cb_error err;
     cb_status st;
     int code;
 
-    if (!texts)
+    if (!srcs)
         return CLI_EX_SOFTWARE;
-    for (size_t i = 0; i < nc; i++) {
-        json_t *t = json_object_get(json_array_get(r->chunks, i), "text");
-        texts[i] = (cb_strview){json_string_value(t), json_string_length(t)};
+    for (size_t i = 0; i < nc; i++) { /* a record's "kv" names the cache tried first */
+        json_t *rec = json_array_get(r->chunks, i), *t = json_object_get(rec, "text"),
+               *k = json_object_get(rec, "kv");
+        srcs[i].text = (cb_strview){json_string_value(t), json_string_length(t)};
+        srcs[i].key = json_is_string(k) ? json_string_value(k) : NULL;
     }
-    st = cb_prompt_build(&r->pr, r->m, o->system, o->raw, texts, nc, text, len, &err);
-    free(texts);
+    st = cb_prompt_build_from(&r->pr, r->m, r->store, o->system, o->raw, srcs, nc, text, len, &err);
+    free(srcs);
     if (st != CB_OK) {
         cli_err("%s: %s", o->in_name, err.msg);
         return cli_exit_code(st);
@@ -355,6 +357,7 @@ static int run_stats(run *r)
                    .n_stored = r->n_stored,
                    .n_after = cb_prompt_n_after(r->pr),
                    .n_own = cb_prompt_n_own(r->pr),
+                   .n_named = cb_prompt_n_named(r->pr),
                    .chat = cb_prompt_chat(r->pr),
                    .kv_type = r->o->kv_type};
     json_t *s = gen_stats_json(&a, r->m, r->store);

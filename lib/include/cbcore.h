@@ -530,11 +530,15 @@ typedef struct cb_prompt cb_prompt; /* a RAG prompt of token ids, one segment a 
 cb_status cb_prompt_build(cb_prompt **out, const cb_model *m, const char *system, int raw,
                           const cb_strview *chunks, size_t n_chunks, const char *question,
                           size_t len, cb_error *err);
-/* A chunk of a prompt: its text, or (text.data NULL) the key of its KV file. */
+/* A chunk of a prompt: its text, or (text.data NULL) the key of its KV file; both: the key names
+ * the cache tried first (cb-precompute --neighbours' "kv").  Keys need s (prompt.h has the rest). */
 typedef struct cb_chunk_src {
     cb_strview text;
     const char *key;
 } cb_chunk_src;
+cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, const char *system,
+                               int raw, const cb_chunk_src *chunks, size_t n_chunks,
+                               const char *question, size_t len, cb_error *err);
 void cb_prompt_free(cb_prompt *p);
 /* Its segments (for cb_blend_prefill), tokens, chunks, chunks without a cache, template. */
 const cb_segment *cb_prompt_segments(const cb_prompt *p, int32_t *n);
@@ -543,6 +547,7 @@ int cb_prompt_n_chunks(const cb_prompt *p);
 int cb_prompt_n_missing(const cb_prompt *p);
 int cb_prompt_n_after(const cb_prompt *p); /* chunks cached after the chunk before them */
 int cb_prompt_n_own(const cb_prompt *p);   /* ... after its own head (cb_precomputer_system) */
+int cb_prompt_n_named(const cb_prompt *p); /* ... as their record's "kv" named (--neighbours) */
 cb_chat_kind cb_prompt_chat(const cb_prompt *p);
 void cb_prompt_use_context(cb_prompt *p, int use); /* 0: attach takes chunks' own caches only */
 /* Find and check each chunk's cache in s (unusable ones to warn), acquired until freed. */
@@ -600,7 +605,7 @@ typedef struct cb_answer {
     cb_ratio_choice rc;       /* the loading controller's tier, with ratio_auto */
     cb_blend_stats bs;
     int64_t n_prompt_tokens;
-    int n_chunks, n_missing, n_stored, n_after, n_own; /* as cb_prompt_n_after, _n_own */
+    int n_chunks, n_missing, n_stored, n_after, n_own, n_named; /* as cb_prompt_n_after, ... */
     cb_chat_kind chat;
     uint64_t kv_bytes; /* its cache's */
     cb_type kv_type;
@@ -641,7 +646,10 @@ const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc);
 void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n, char key[66]);
 cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err);
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err);
-cb_status cb_precomputer_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev);
+/* _after: the lead-in, then prev[0..n) each with a separator (n 0: the lead-in alone again).
+ * cb_neighbours: each doc's k most similar by BM25 (out[i*k..], best first, -1 past the end). */
+cb_status cb_precomputer_after(cb_precomputer *pc, const cb_tokens *prev, int n);
+cb_status cb_neighbours(const cb_tokens *docs, size_t n, int k, int32_t *out);
 cb_status cb_precomputer_system(cb_precomputer *pc, const char *system, cb_error *err);
 cb_status cb_precomputer_head(cb_precomputer *pc, const char *system, size_t *n, cb_error *err);
 

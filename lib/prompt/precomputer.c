@@ -1,7 +1,8 @@
 /* precomputer.c - chunks' KV files computed alone (or, after
- * cb_precomputer_after, after the chunk before them) and put into a store:
- * what cb-precompute does for every record and cb-run for the chunks it
- * found without a cache; and a prompt's head, prefilled alone. */
+ * cb_precomputer_after, after the chunk before them or its neighbours)
+ * and put into a store: what cb-precompute does for every record and
+ * cb-run for the chunks it found without a cache; and a prompt's head,
+ * prefilled alone. */
 #include "prompt_impl.h"
 
 #include <stdlib.h>
@@ -16,7 +17,7 @@ struct cb_precomputer {
     char *tier; /* NULL: the fastest tier with room */
     cb_tokens lead;
     cb_tokens sep;   /* what a prompt puts between chunks */
-    cb_tokens after; /* lead, a previous chunk, sep: cb_precomputer_after's lead-in */
+    cb_tokens after; /* lead, chunks each with sep: cb_precomputer_after's lead-in */
     int use_after;   /* key and run use it */
     cb_hash128 fp;
     cb_fwd *f;      /* PC_BATCH rows */
@@ -99,13 +100,20 @@ void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n,
     cb_kv_key(pc->fp, cb_kv_tokens_hash(lead->ids, (int32_t)lead->n, ids, n), key);
 }
 
-cb_status cb_precomputer_after(cb_precomputer *pc, const int32_t *prev, int32_t n_prev)
+cb_status cb_precomputer_after(cb_precomputer *pc, const cb_tokens *prev, int n)
 {
     cb_status st = CB_OK;
     pc->use_after = 0;
-    if (n_prev > 0 &&
-        (st = pr_lead_after(&pc->lead, prev, (size_t)n_prev, &pc->sep, &pc->after)) == CB_OK)
-        pc->use_after = 1;
+    if (n <= 0)
+        return CB_OK;
+    st = pr_lead_after(&pc->lead, prev[0].ids, prev[0].n, &pc->sep, &pc->after);
+    for (int i = 1; i < n && st == CB_OK; i++) {
+        for (size_t j = 0; j < prev[i].n && st == CB_OK; j++)
+            st = cb_tokens_push(&pc->after, prev[i].ids[j]);
+        for (size_t j = 0; j < pc->sep.n && st == CB_OK; j++)
+            st = cb_tokens_push(&pc->after, pc->sep.ids[j]);
+    }
+    pc->use_after = st == CB_OK;
     return st;
 }
 

@@ -19,8 +19,11 @@ typedef struct pseg {
     int after;   /* its cache is the one computed after the chunk before it (key_after) */
     int is_head; /* the head (BOS, the template's opening), keyed alone (pr_head_key) */
     int own;     /* its cache was computed after this prompt's own head (cb_prompt.own) */
+    int named;   /* its cache is the one its record named (named_key) */
     char key[66];
-    char own_key[66]; /* its key after the prompt's own head, when it has one */
+    char own_key[66];   /* its key after the prompt's own head, when it has one */
+    char named_key[66]; /* the key its record named ("kv"), when neither of those: a cache
+                         * computed after other chunks too (cb-precompute --neighbours) */
     cb_kvfile *kf;
     cb_store_ref *ref;
 } pseg;
@@ -133,8 +136,10 @@ static void chunk_key(const cb_prompt *p, const int32_t *lead, size_t n_lead, co
               key);
 }
 
-/* [sep] [chunk i], keyed by its tokens after the lead-in. */
-static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, int first)
+/* [sep] [chunk i], keyed by its tokens after the lead-in; named: the key
+ * its record gives (NULL: none), tried first when it is another. */
+static cb_status add_chunk(cb_prompt *p, cb_strview text, const char *named, const cb_tokens *sep,
+                           int first)
 {
     const cb_vocab *v = cb_model_vocab(p->m);
     cb_status st;
@@ -158,6 +163,9 @@ static cb_status add_chunk(cb_prompt *p, cb_strview text, const cb_tokens *sep, 
     chunk_key(p, p->lead.ids, p->lead.n, s->toks.ids, s->toks.n, s->key);
     if (p->has_own)
         chunk_key(p, p->own.ids, p->own.n, s->toks.ids, s->toks.n, s->own_key);
+    if (named && strlen(named) == sizeof s->named_key - 1 && strcmp(named, s->key) != 0 &&
+        strcmp(named, s->own_key) != 0)
+        memcpy(s->named_key, named, sizeof s->named_key);
     p->n_chunks++;
     return CB_OK;
 }
@@ -288,7 +296,8 @@ static cb_status build(cb_prompt **out, const cb_model *m, cb_store *store, cons
         if (srcs && !srcs[i].text.data) {
             if ((st = add_chunk_key(p, store, srcs[i].key, &p->sep, i == 0, err)) != CB_OK)
                 goto fail_said;
-        } else if ((st = add_chunk(p, srcs ? srcs[i].text : texts[i], &p->sep, i == 0)) != CB_OK) {
+        } else if ((st = add_chunk(p, srcs ? srcs[i].text : texts[i], srcs ? srcs[i].key : NULL,
+                                   &p->sep, i == 0)) != CB_OK) {
             goto fail;
         }
     }
@@ -398,6 +407,7 @@ static void detach(pseg *s)
     s->missing = 1;
     s->after = 0;
     s->own = 0;
+    s->named = 0;
 }
 
 cb_status pr_lead_after(const cb_tokens *lead, const int32_t *prev, size_t n_prev,
@@ -480,6 +490,34 @@ static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
     return ok;
 }
 
+/* The cache chunk i's record named, when the store has it and it was
+ * computed after this prompt's head (its own, else the lead-in) and then
+ * other text: 1 when attached. */
+static int attach_named(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void *, const char *),
+                        void *ctx)
+{
+    pseg *g = &p->s[i];
+    const cb_tokens *head = p->has_own ? &p->own : &p->lead;
+    int have = 0;
+    if (!g->named_key[0] || cb_store_has(s, g->named_key, &have) != CB_OK || !have ||
+        !open_for(p->m, s, g, g->named_key, &g->kf, &g->ref, warn, ctx))
+        return 0;
+    const cb_kv_meta *mt = cb_kvfile_meta(g->kf);
+    if ((size_t)mt->n_lead < head->n ||
+        (head->n && memcmp(mt->lead, head->ids, sizeof(int32_t) * head->n) != 0)) {
+        pr_warnf(warn, ctx,
+                 "%s: computed after another prompt head (cb-precompute --for-system); another "
+                 "cache of it is tried",
+                 g->named_key);
+        cb_kvfile_free(g->kf);
+        cb_store_release(g->ref);
+        g->kf = NULL, g->ref = NULL;
+        return 0;
+    }
+    g->named = 1, g->own = p->has_own, g->missing = 0;
+    return 1;
+}
+
 void cb_prompt_use_context(cb_prompt *p, int use) { p->no_context = !use; }
 
 void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
@@ -489,7 +527,8 @@ void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const c
         pseg *g = &p->s[i];
         if (g->is_head && s && !g->kf) /* exact where found: the prompt starts with it */
             open_for(p->m, s, g, g->key, &g->kf, &g->ref, warn, ctx);
-        if (!g->is_chunk || (s && attach_after(p, s, i, warn, ctx)) || g->kf)
+        if (!g->is_chunk || (s && attach_after(p, s, i, warn, ctx)) || g->kf ||
+            (s && attach_named(p, s, i, warn, ctx)))
             continue;
         /* the cache computed after the prompt's own head, else after the lead-in */
         if (s && p->has_own && open_for(p->m, s, g, g->own_key, &g->kf, &g->ref, warn, ctx)) {
@@ -505,6 +544,14 @@ int cb_prompt_n_own(const cb_prompt *p)
     int n = 0;
     for (int32_t i = 0; i < p->n; i++)
         n += p->s[i].is_chunk && p->s[i].kf && p->s[i].own;
+    return n;
+}
+
+int cb_prompt_n_named(const cb_prompt *p)
+{
+    int n = 0;
+    for (int32_t i = 0; i < p->n; i++)
+        n += p->s[i].named;
     return n;
 }
 

@@ -55,7 +55,11 @@ cb_status cb_gen_batch_take(cb_gen_batch *b, int32_t slot, cb_gen_result *res, f
 
 /* --------------------------------------------------------------- prompts */
 
-/* cb_prompt_build with chunks given by text or by key.  A keyed chunk's
+/* cb_prompt_build_from (cbcore.h): cb_prompt_build with chunks given by
+ * text, by key, or both (the key names the cache cb_prompt_attach tries
+ * first, after the chunk's cache after the chunk before it; where it is
+ * not in s, not the chunk's tokens or computed after another prompt head,
+ * a warning and the text's own caches).  A keyed chunk's
  * tokens are the ones its KV file in store s holds (the file is opened as
  * cb_store_open_kv does and attached at once, so cb_prompt_attach leaves
  * it be, unless it finds the chunk's cache computed after the chunk before
@@ -64,9 +68,6 @@ cb_status cb_gen_batch_take(cb_gen_batch *b, int32_t slot, cb_gen_result *res, f
  * CB_ERR_FORMAT (not a key), CB_ERR_NOT_FOUND (s is NULL or does not hold
  * it), CB_ERR_MISMATCH (a file of another model, or whose tokens are not
  * the key's), and cb_store_open_kv's. */
-cb_status cb_prompt_build_from(cb_prompt **out, const cb_model *m, cb_store *s, const char *system,
-                               int raw, const cb_chunk_src *chunks, size_t n_chunks,
-                               const char *question, size_t len, cb_error *err);
 /* The lead-in chunks were keyed with (cb_kv_lead_in). */
 const cb_tokens *cb_prompt_lead(const cb_prompt *p);
 

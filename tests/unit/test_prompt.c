@@ -157,6 +157,110 @@ static void test_kl(void)
     CHECK(top1 == 0);
 }
 
+/* cb_neighbours' definition (neighbours.c) as a plain loop over every
+ * pair: the query's terms, their document frequencies and each chunk's
+ * counts found by scanning, the score summed in the same order. */
+static void ref_neighbours(const cb_tokens *d, int n, int k, int32_t *out)
+{
+    double avg = 0;
+    for (int i = 0; i < n; i++)
+        avg += (double)d[i].n;
+    avg /= n;
+    for (int i = 0; i < n; i++) {
+        int32_t terms[512], dfs[512];
+        int nt = 0;
+        for (size_t a = 0; a < d[i].n; a++) {
+            int32_t t = d[i].ids[a], seen = 0, df = 0;
+            for (int b = 0; b < nt; b++)
+                seen |= terms[b] == t;
+            if (seen)
+                continue;
+            for (int j = 0; j < n; j++)
+                for (size_t c = 0; c < d[j].n; c++)
+                    if (d[j].ids[c] == t) {
+                        df++;
+                        break;
+                    }
+            if (df >= 2)
+                terms[nt] = t, dfs[nt++] = df;
+        }
+        for (int a = 0; a < nt; a++) /* by (df, token): selection sort */
+            for (int b = a + 1; b < nt; b++)
+                if (dfs[b] < dfs[a] || (dfs[b] == dfs[a] && terms[b] < terms[a])) {
+                    int32_t t = terms[a], f = dfs[a];
+                    terms[a] = terms[b], dfs[a] = dfs[b], terms[b] = t, dfs[b] = f;
+                }
+        if (nt > 64)
+            nt = 64;
+        double sc[256];
+        for (int j = 0; j < n; j++) {
+            sc[j] = 0;
+            for (int a = 0; a < nt && j != i; a++) {
+                int tf = 0;
+                for (size_t c = 0; c < d[j].n; c++)
+                    tf += d[j].ids[c] == terms[a];
+                double idf = log(1.0 + (n - dfs[a] + 0.5) / (dfs[a] + 0.5));
+                if (tf)
+                    sc[j] += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * (double)d[j].n / avg));
+            }
+            if (d[j].n == d[i].n && !memcmp(d[j].ids, d[i].ids, sizeof(int32_t) * d[i].n))
+                sc[j] = 0;
+        }
+        for (int c = 0; c < k; c++) {
+            int best = -1;
+            for (int j = 0; j < n; j++)
+                if (sc[j] > 0 && (best < 0 || sc[j] > sc[best]))
+                    best = j;
+            out[i * k + c] = best;
+            if (best >= 0)
+                sc[best] = 0;
+        }
+    }
+}
+
+static void test_neighbours(void)
+{
+    tcase("cb_neighbours: as a plain loop over every pair (BM25, the 64 rarest shared terms)");
+    uint64_t rng = 12345;
+    for (int round = 0; round < 3; round++) {
+        int n = round == 2 ? 6 : 40, vocab = round == 1 ? 600 : 50, k = round == 2 ? 8 : 3;
+        cb_tokens d[40];
+        int32_t got[40 * 8], want[40 * 8];
+        memset(d, 0, sizeof d);
+        for (int i = 0; i < n; i++) {
+            rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+            int len = round == 1 ? 100 + (int)(rng >> 33) % 150 : 3 + (int)(rng >> 33) % 25;
+            for (int a = 0; a < len; a++) {
+                rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+                cb_tokens_push(&d[i], (int32_t)((rng >> 33) % (uint64_t)vocab));
+            }
+        }
+        if (round == 0) { /* a duplicate: never the other's neighbour */
+            d[7].n = 0;
+            for (size_t a = 0; a < d[3].n; a++)
+                cb_tokens_push(&d[7], d[3].ids[a]);
+        }
+        CHECK_OK(cb_neighbours(d, (size_t)n, k, got));
+        ref_neighbours(d, n, k, want);
+        int same = !memcmp(got, want, sizeof(int32_t) * (size_t)(n * k));
+        CHECKF(same, "round %d: chunk 0's %d %d %d, the loop's %d %d %d", round, got[0], got[1],
+               got[2], want[0], want[1], want[2]);
+        if (round == 0)
+            for (int c = 0; c < k; c++)
+                CHECK(got[3 * k + c] != 7 && got[7 * k + c] != 3);
+        if (round == 2) /* 5 others: the last 3 of 8 are -1 */
+            CHECK(got[5] == -1 && got[6] == -1 && got[7] == -1);
+        for (int i = 0; i < n; i++)
+            cb_tokens_free(&d[i]);
+    }
+    int32_t one[2];
+    cb_tokens single = {0};
+    cb_tokens_push(&single, 5);
+    CHECK(cb_neighbours(&single, 1, 2, one) == CB_OK && one[0] == -1 && one[1] == -1);
+    CHECK(cb_neighbours(&single, 1, 0, one) == CB_ERR_INVALID);
+    cb_tokens_free(&single);
+}
+
 static void test_profiles(cb_store *s, const cb_model *m)
 {
     cb_profile p, q;
@@ -232,6 +336,7 @@ static void test_auto_tier(cb_store *s, const cb_model *m, const cb_prompt *pr)
 int main(void)
 {
     TEST_BEGIN();
+    test_neighbours(); /* no model needed */
     char model[1024], dir[1024];
     cb_model *m = NULL;
     cb_store *s = NULL;
