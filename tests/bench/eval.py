@@ -193,7 +193,7 @@ def summarize(modes, order, b=1000, seed=0):
             out[m][k] = (v,) + interval(bs)
     diffs = {}
     pairs = [("default", "reuse"), ("default", "random"), ("default", "full")]
-    pairs += [(m, "default") for m in order if m.startswith("kv=")]
+    pairs += [(m, "default") for m in order if m.startswith(("kv=", "nb=", "method:"))]
     for a, c in pairs:
         if a in boot and c in boot:
             for k in ("agreement", "retention", "f1", "kl"):
@@ -284,12 +284,40 @@ class Runner:
         return time.time() - t0
 
 
-def chunks_file(work, q, set_name, qi):
-    path = os.path.join(work, f"q{qi}.jsonl")
+def chunks_file(work, q, set_name, qi, kvs=None):
+    """The question's passages as chunk records (kvs: each text's "kv", cb-precompute --neighbours')."""
+    path = os.path.join(work, f"q{qi}{'-nb' if kvs else ''}.jsonl")
     with open(path, "w", encoding="utf-8") as f:
         for t in passages(q, set_name):
-            f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+            r = {"text": t, "kv": kvs[t]} if kvs and t in kvs else {"text": t}
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return path
+
+
+def neighbour_keys(rn, store, cache, qs, k):
+    """cb-precompute --neighbours k over the passages of every question selected (one corpus, as
+    a user's would be): each passage's text to the key of its cache after its neighbours.  Kept in
+    the cache per selection; the store skips what it holds."""
+    allq = sorted(set(qi for qi, _ in qs))
+    path = os.path.join(cache, f"nb{k}-{sha(json.dumps(allq).encode())}.json")
+    if os.path.exists(path):
+        return json.load(open(path))
+    allf = os.path.join(rn.work, "corpus.jsonl")
+    with open(allf, "w", encoding="utf-8") as f:
+        for qi, q in qs:
+            for ci, t in enumerate(passages(q, rn.args.set)):
+                f.write(json.dumps({"doc": f"q{qi}p{ci}", "text": t}, ensure_ascii=False) + "\n")
+    t0 = time.time()
+    print(f"eval: cb-precompute --neighbours {k} over {len(qs)} questions' passages", file=sys.stderr)
+    p = subprocess.run([rn.pre, "--store", store, "-q", "--for-system", SYSTEM, "--neighbours", str(k)] +
+                       rn.common + [allf], stdout=subprocess.PIPE, check=True)
+    kvs = {}
+    for line in p.stdout.decode("utf-8").splitlines():
+        r = json.loads(line)
+        kvs[r["text"]] = r["kv"]
+    json.dump(kvs, open(path, "w"))
+    print(f"eval: neighbours' caches in {time.time() - t0:.0f} s", file=sys.stderr)
+    return kvs
 
 
 def kv_store(store, t):
@@ -374,6 +402,15 @@ def run_eval(args):
         modes += [f"speedup={s:g}" for s in args.dial if s != 4]
         modes += [m for m in args.methods if m]
         modes += ["kv=" + t for t in args.kv_types]
+        nb_kvs = {}
+        if args.neighbours:  # every selected question's passages and the probe's, one corpus
+            nb_qs = ([] if any(qi == 0 for qi, _ in qs) else [(0, q0)]) + qs
+            nb_kvs = neighbour_keys(rn, store, cache, nb_qs, args.neighbours)
+            m = f"nb={args.neighbours}"
+            _, _, lf = rn.cb_run(mode_args("default", store, chunks_file(work, q0, args.set, 0, nb_kvs), None),
+                                 question_text(q0), "probe")
+            kvkey[m] = sha(open(lf, "rb").read())
+            modes.append(m)
 
         def cache_file(m):
             d = full_dir if m in ("full", "closed") else blend_dir
@@ -402,7 +439,8 @@ def run_eval(args):
                 if qi in done[m]:
                     rows[m] = done[m][qi]
                     continue
-                extra = mode_args(m, store, chunks, rows.get("default"))
+                extra = (mode_args("default", store, chunks_file(work, q, args.set, qi, nb_kvs), None)
+                         if m.startswith("nb=") else mode_args(m, store, chunks, rows.get("default")))
                 ans, st, lf = rn.cb_run(extra, prompt, "run")
                 r = {"q": qi, "mode": m, "answer": ans, "ttft_ms": st["ttft_ms"],
                      "n_prompt_tokens": st["n_prompt_tokens"], "n_cached_tokens": st.get("n_cached_tokens", 0),
@@ -461,7 +499,8 @@ def label(m):
     return {"full": "full prefill", "closed": "closed-book (control)", "reuse": "reuse (control)",
             "random": "random selection, default's budget (control)",
             "default": "**blend, default (speedup 4)**"}.get(
-        m, m.replace("speedup=", "blend, speedup ").replace("kv=", "blend, default, from KV files of type "))
+        m, m.replace("speedup=", "blend, speedup ").replace("kv=", "blend, default, from KV files of type ")
+        .replace("nb=", "blend, default, chunks computed after neighbours: "))
 
 
 def report(out, b=1000, plot=None, q_from=0):
@@ -506,9 +545,12 @@ def report(out, b=1000, plot=None, q_from=0):
                   f"the default is {verdict} {c} outside the interval")
     for m in order:
         for k in ("agreement", "retention"):
-            d = diffs.get((m, "default", k)) if m.startswith("kv=") else None
-            if d:
+            d = diffs.get((m, "default", k)) if m.startswith(("kv=", "nb=", "method:")) else None
+            if d and m.startswith("kv="):
                 w(f"- {m[3:]} files minus f16 files, the default blend's {k}: {100 * d[0]:+.1f} points "
+                  f"[{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]")
+            elif d:
+                w(f"- {label(m)} minus the default, {k}: {100 * d[0]:+.1f} points "
                   f"[{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]")
     d = diffs.get(("default", "full", "f1"))
     if d:
@@ -578,6 +620,9 @@ def main():
     ap.add_argument("--kv-type", default="", dest="kv_types",
                     help="also the default blend from KV files of these element types (comma-separated, "
                          "cb-precompute --kv-type), each against the same blend from f16 files")
+    ap.add_argument("--neighbours", type=int, default=0,
+                    help="also the default blend with each passage's cache computed after its K most similar "
+                         "passages of the questions selected (cb-precompute --neighbours K)")
     ap.add_argument("--cache", default=os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache",
                                                     "cacheblend", "eval"))
     ap.add_argument("--out", default="eval-results.json")
