@@ -136,6 +136,18 @@ static void chunk_key(const cb_prompt *p, const int32_t *lead, size_t n_lead, co
               key);
 }
 
+/* Was this file computed after this prompt's head (its own, else the
+ * lead-in) and then chunks, each with its separator (cb-precompute
+ * --neighbours' lead-in)?  Not after another head: that ends otherwise. */
+static int after_head_and_chunks(const cb_prompt *p, const cb_kv_meta *mt)
+{
+    const cb_tokens *head = p->has_own ? &p->own : &p->lead;
+    size_t nl = (size_t)mt->n_lead, ns = p->sep.n;
+    return nl > head->n + ns &&
+           (head->n == 0 || !memcmp(mt->lead, head->ids, sizeof(int32_t) * head->n)) &&
+           (ns == 0 || !memcmp(mt->lead + nl - ns, p->sep.ids, sizeof(int32_t) * ns));
+}
+
 /* [sep] [chunk i], keyed by its tokens after the lead-in; named: the key
  * its record gives (NULL: none), tried first when it is another. */
 static cb_status add_chunk(cb_prompt *p, cb_strview text, const char *named, const cb_tokens *sep,
@@ -205,8 +217,15 @@ static cb_status add_chunk_key(cb_prompt *p, cb_store *st, const char *key, cons
         chunk_key(p, p->own.ids, p->own.n, mt->ids, (size_t)mt->n_tokens, own);
     s->own = strcmp(own, key) == 0;
     if (strcmp(want, key) != 0 && !s->own) {
-        char its[66]; /* the file's key by its own lead-in: computed after another head */
+        char its[66]; /* the file's key by its own lead-in: computed after another head, or
+                       * after this prompt's head and other chunks (--neighbours) */
         chunk_key(p, mt->lead, (size_t)mt->n_lead, mt->ids, (size_t)mt->n_tokens, its);
+        if (strcmp(its, key) == 0 && after_head_and_chunks(p, mt)) {
+            s->named = 1, s->own = p->has_own; /* key stays the lead-in's, as below */
+            memcpy(s->named_key, key, sizeof s->named_key), memcpy(s->key, want, sizeof s->key);
+            p->n_chunks++;
+            return CB_OK;
+        }
         if (strcmp(its, key) == 0)
             return cb_error_set(err, CB_ERR_MISMATCH,
                                 "chunk %s was computed after another prompt head (cb-precompute "
@@ -491,20 +510,17 @@ static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
 }
 
 /* The cache chunk i's record named, when the store has it and it was
- * computed after this prompt's head (its own, else the lead-in) and then
- * other text: 1 when attached. */
+ * computed after this prompt's head and then other chunks: 1 when
+ * attached. */
 static int attach_named(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void *, const char *),
                         void *ctx)
 {
     pseg *g = &p->s[i];
-    const cb_tokens *head = p->has_own ? &p->own : &p->lead;
     int have = 0;
     if (!g->named_key[0] || cb_store_has(s, g->named_key, &have) != CB_OK || !have ||
         !open_for(p->m, s, g, g->named_key, &g->kf, &g->ref, warn, ctx))
         return 0;
-    const cb_kv_meta *mt = cb_kvfile_meta(g->kf);
-    if ((size_t)mt->n_lead < head->n ||
-        (head->n && memcmp(mt->lead, head->ids, sizeof(int32_t) * head->n) != 0)) {
+    if (!after_head_and_chunks(p, cb_kvfile_meta(g->kf))) {
         pr_warnf(warn, ctx,
                  "%s: computed after another prompt head (cb-precompute --for-system); another "
                  "cache of it is tried",

@@ -79,13 +79,15 @@ PY
 python3 -c '
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
-print(json.dumps({"question": "Who built the bridge?", "chunks": [{"text": recs[0]["text"]}, recs[2]], "mode": "reuse"}))' \
+print(json.dumps({"id": 1, "question": "Who built the bridge?", "chunks": [{"text": recs[0]["text"]}, recs[2]], "mode": "reuse"}))
+print(json.dumps({"id": 2, "question": "Who built the bridge?", "chunks": [r["kv"] for r in recs[3:]], "mode": "blend"}))' \
     "$T/nb.out" > "$T/q.jsonl"
 "$RUN" -m "$M" --store "$T/nb" --batch "$T/q.jsonl" -n 1 --temp 0 --no-store-write > "$T/b.jsonl" 2> "$T/b.err" \
-    && python3 - "$T" <<'PY' && ok "--batch: a chunk with text and \"kv\" takes the named cache" || not_ok "--batch named"
+    && python3 - "$T" <<'PY' && ok "--batch: a chunk with text and \"kv\", or given by that key alone, takes the named cache" || { not_ok "--batch named"; sed 's/^/#   /' "$T/b.err" | head -3; }
 import json, sys
-b = json.loads(open(f"{sys.argv[1]}/b.jsonl").readline())["stats"]
-assert b["n_chunks_named"] == 1 and b["n_chunks_missing"] == 0, b
+b = {a["id"]: a for a in map(json.loads, open(f"{sys.argv[1]}/b.jsonl"))}
+assert b[1]["stats"]["n_chunks_named"] == 1 and b[1]["stats"]["n_chunks_missing"] == 0, b[1]
+assert b[2]["stats"]["n_chunks_named"] == 3 and b[2]["stats"]["n_chunks_missing"] == 0, b[2]
 PY
 # computed after another prompt head (--for-system): a warning, the text's own cache
 "$PRE" -m "$M" --store "$T/sys" --neighbours 2 --for-system "Be brief." -q "$T/c.jsonl" > "$T/sys.out" \
