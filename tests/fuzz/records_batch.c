@@ -48,9 +48,13 @@ int fuzz_batch_line(const cb_model *m, const char *line, size_t len)
     FUZZ_CHECK(rq.question.data == json_string_value(qt ? qt : pt));
     FUZZ_CHECK(rq.n_chunks == (json_is_array(ch) ? json_array_size(ch) : 0));
     int keyed = 0;
-    for (size_t i = 0; i < rq.n_chunks; i++) {
-        FUZZ_CHECK((rq.chunks[i].text.data != NULL) != (rq.chunks[i].key != NULL));
-        keyed |= rq.chunks[i].key != NULL;
+    for (size_t i = 0; i < rq.n_chunks; i++) { /* text, key, or text and its record's "kv" */
+        json_t *e = json_array_get(ch, i),
+               *kv = json_is_object(e) ? json_object_get(e, "kv") : NULL;
+        FUZZ_CHECK(rq.chunks[i].text.data != NULL || rq.chunks[i].key != NULL);
+        if (rq.chunks[i].text.data)
+            FUZZ_CHECK(rq.chunks[i].key == (json_is_string(kv) ? json_string_value(kv) : NULL));
+        keyed |= rq.chunks[i].text.data == NULL;
     }
     FUZZ_CHECK(rq.bp.mode >= CB_MODE_FULL && rq.bp.mode <= CB_MODE_BLEND);
     FUZZ_CHECK(json_object_get(o, "mode") ||
