@@ -504,29 +504,31 @@ static int do_record(pre *x, char *line, size_t len)
     return r == 1 ? 0 : r != 0 ? r : do_parsed(x, line, len, obj, NULL, NULL, NULL);
 }
 
-/* The records kept for --neighbours: every line's text, its tokens and
- * where it was. */
+/* The records kept for --neighbours: every line, where it was and its
+ * parsed object (rec), and its tokens (toks, apart: cb_neighbours reads
+ * them as one array; linenos too, for ensure_fused). */
+typedef struct kept_rec {
+    char *line;
+    size_t len;
+    json_t *obj;
+} kept_rec;
 typedef struct kept {
-    char **lines;
-    size_t *lens;
-    long *linenos;
-    json_t **objs;
+    kept_rec *rec;
     cb_tokens *toks;
+    long *linenos;
     size_t n, cap;
 } kept;
 
 static void kept_free(kept *k)
 {
     for (size_t i = 0; i < k->n; i++) {
-        free(k->lines[i]);
-        json_decref(k->objs[i]);
+        free(k->rec[i].line);
+        json_decref(k->rec[i].obj);
         cb_tokens_free(&k->toks[i]);
     }
-    free(k->lines);
-    free(k->lens);
-    free(k->linenos);
-    free(k->objs);
+    free(k->rec);
     free(k->toks);
+    free(k->linenos);
 }
 
 static int kept_add(kept *k, const char *line, size_t len, long lineno, json_t *obj,
@@ -534,22 +536,13 @@ static int kept_add(kept *k, const char *line, size_t len, long lineno, json_t *
 {
     if (k->n == k->cap) {
         size_t nc = k->cap ? 2 * k->cap : 256;
-        char **l = realloc(k->lines, sizeof *l * nc);
-        if (l)
-            k->lines = l;
-        size_t *n = realloc(k->lens, sizeof *n * nc);
-        if (n)
-            k->lens = n;
-        long *ln = realloc(k->linenos, sizeof *ln * nc);
-        if (ln)
-            k->linenos = ln;
-        json_t **o = realloc(k->objs, sizeof *o * nc);
-        if (o)
-            k->objs = o;
+        kept_rec *r = realloc(k->rec, sizeof *r * nc);
+        k->rec = r ? r : k->rec;
         cb_tokens *t = realloc(k->toks, sizeof *t * nc);
-        if (t)
-            k->toks = t;
-        if (!l || !n || !ln || !o || !t)
+        k->toks = t ? t : k->toks;
+        long *ln = realloc(k->linenos, sizeof *ln * nc);
+        k->linenos = ln ? ln : k->linenos;
+        if (!r || !t || !ln)
             return -1;
         k->cap = nc;
     }
@@ -565,8 +558,8 @@ static int kept_add(kept *k, const char *line, size_t len, long lineno, json_t *
         return -1;
     }
     memcpy(copy, line, len + 1);
-    k->lines[k->n] = copy, k->lens[k->n] = len, k->linenos[k->n] = lineno;
-    k->objs[k->n] = obj, k->toks[k->n] = t;
+    k->rec[k->n] = (kept_rec){copy, len, obj};
+    k->toks[k->n] = t, k->linenos[k->n] = lineno;
     k->n++;
     return 0;
 }
@@ -613,9 +606,9 @@ static int run_neighbours(pre *x, char **line, size_t *cap)
                 cli_err("out of memory");
                 return kept_free(&k), free(nb), CLI_EX_SOFTWARE;
             }
-        json_t *obj = k.objs[i];
-        k.objs[i] = NULL; /* do_parsed takes it */
-        code = do_parsed(x, k.lines[i], k.lens[i], obj, k.toks, k.linenos,
+        json_t *obj = k.rec[i].obj;
+        k.rec[i].obj = NULL; /* do_parsed takes it */
+        code = do_parsed(x, k.rec[i].line, k.rec[i].len, obj, k.toks, k.linenos,
                          nb + i * (size_t)x->neighbours);
     }
     kept_free(&k);
