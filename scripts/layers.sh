@@ -1,10 +1,11 @@
 #!/bin/sh
 # scripts/layers.sh - the headers' shape, as TAP (tests/run.sh runs it as
 # style/layers; make layers too):
-#   - the public header, lib/include/cbcore.h, stays within MAX lines
-#     (default 660: it gained the answer's stats builder, the loading
-#     controller's plan fields and the profile's scoring steps): what a
-#     client needs, the rest in the layers' headers;
+#   - the public header, lib/include/cbcore.h, holds what a client needs:
+#     every function it declares is called from src/ or examples/ (one
+#     that only tests or diagnostics use goes to its layer's header, as
+#     lib/infer/diag.h), and it stays within MAX lines (default 720), a backstop
+#     rather than the rule, so no declaration is packed to fit it;
 #   - no file of lib/ includes a header of a layer above its own, the
 #     layers being, lowest first, core < backend (and cuda, the module
 #     behind it) < infer < kv < store < prompt;
@@ -14,7 +15,7 @@
 #   - src/ includes no header of lib/ but cbcore.h (through -Ilib/include).
 #   sh scripts/layers.sh [MAX]
 cd "$(dirname "$0")/.." || exit 70
-max=${1:-660}
+max=${1:-720}
 rank() {
     case $1 in
     core) echo 0 ;; backend | cuda) echo 1 ;; infer) echo 2 ;; kv) echo 3 ;;
@@ -28,6 +29,12 @@ not_ok() { n=$((n + 1)); bad=$((bad + 1)); echo "not ok $n - $1"; }
 lines=$(wc -l < lib/include/cbcore.h)
 if [ "$lines" -le "$max" ]; then ok "lib/include/cbcore.h: $lines lines (at most $max)"
 else not_ok "lib/include/cbcore.h: $lines lines, more than $max (internal declarations go to their layer's header)"; fi
+unused=""
+for fn in $(grep -oE '\bcb_[a-z0-9_]+[[:space:]]*\(' lib/include/cbcore.h | sed 's/[[:space:]]*($//' | sort -u); do
+    grep -rqw -- "$fn" src examples || unused="$unused $fn"
+done
+if [ -z "$unused" ]; then ok "every function lib/include/cbcore.h declares has a caller in src/ or examples/"
+else not_ok "lib/include/cbcore.h declares functions no program calls (move them to their layer's header):$unused"; fi
 
 # file, included name -> "layer" of what it includes ("include" for cbcore.h)
 up="" direct=""

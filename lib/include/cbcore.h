@@ -636,22 +636,30 @@ cb_status cb_batch_step(cb_batch *b);  /* the parked question if it fits; a deco
 cb_answer *cb_batch_next(cb_batch *b); /* in the order the questions ended; NULL: none */
 const cb_batch_info *cb_batch_get_info(const cb_batch *b);
 cb_status cb_batch_to_json(const cb_batch *b, double wall_ms, char **json); /* a batch's */
-/* Chunks' KV prefilled after the lead-in (or _after's, or from now on _system's head), stored (tier
- * NULL: fastest with room) as cb-precompute does; _head: a prompt's head (system NULL: default). */
+/* ------------------------------------------------------------ precomputing */
+/* Chunks' KV prefilled after a lead-in and stored as cb-precompute does: the model's lead-in
+ * (cb_kv_lead_in) until cb_precomputer_system sets a prompt head; _after extends it. */
 typedef struct cb_precomputer cb_precomputer;
+/* Stores into tier of s (NULL: the fastest with room), elements of type. */
 cb_status cb_precomputer_new(cb_precomputer **out, const cb_model *m, cb_store *s, cb_type type,
                              const char *tier, cb_error *err);
 void cb_precomputer_free(cb_precomputer *pc);
 const cb_tokens *cb_precomputer_lead(const cb_precomputer *pc);
+/* The store key of chunk ids[0..n) after the current lead-in. */
 void cb_precomputer_key(const cb_precomputer *pc, const int32_t *ids, int32_t n, char key[66]);
+/* Prefill ids[0..n) after the lead-in; then _store writes the result under key. */
 cb_status cb_precomputer_run(cb_precomputer *pc, const int32_t *ids, int32_t n, cb_error *err);
 cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *err);
-/* _after: the lead-in, then prev[0..n) each with a separator (n 0: the lead-in alone again).
- * cb_neighbours: each doc's k most similar by BM25 (out[i*k..], best first, -1 past the end). */
+/* The next chunks computed after the lead-in, then prev[0..n) each followed by the separator
+ * (n 0: after the lead-in alone again). */
 cb_status cb_precomputer_after(cb_precomputer *pc, const cb_tokens *prev, int n);
-cb_status cb_neighbours(const cb_tokens *docs, size_t n, int k, int32_t *out);
+/* The lead-in from now on: the head of prompts with system (NULL: the default), stored too. */
 cb_status cb_precomputer_system(cb_precomputer *pc, const char *system, cb_error *err);
+/* That head as an entry of its own unless stored (its length to n; 0: too short for one). */
 cb_status cb_precomputer_head(cb_precomputer *pc, const char *system, size_t *n, cb_error *err);
+/* Each of docs[0..n)'s k most similar others by BM25 over token ids, best first, in
+ * out[i*k..i*k+k) (-1 past the last); a doc with the same tokens is never its own neighbour. */
+cb_status cb_neighbours(const cb_tokens *docs, size_t n, int k, int32_t *out);
 
 #ifdef __cplusplus
 }
