@@ -26,7 +26,11 @@ closed-book: the question without passages).
 Sets (--set): nq20 (../shared/data/nq20_dev.json: 600 NQ-open questions, the
 gold passage among 20; questions 0-299 are the development half, --split
 dev, 300-599 the test half, --split test: tune on dev, report test at a
-recorded commit); musique (../shared/data/musique_s.json, the first 6
+recorded commit); nq20-near (the same questions and halves, each gold
+passage kept where it is and the 19 others replaced by the 19 passages of
+the set most similar to the question, by BM25 over words: distractors a
+retriever would bring, for methods that rely on similar chunks); musique
+(../shared/data/musique_s.json, the first 6
 passages of ~550 tokens each, only the questions whose gold answer appears
 in them: a multi-hop check).  No shape is built from the gold answer.
 
@@ -206,7 +210,48 @@ def summarize(modes, order, b=1000, seed=0):
 
 def load_set(name, path):
     data = json.load(open(path, encoding="utf-8"))
-    return data if isinstance(data, list) else [data]
+    data = data if isinstance(data, list) else [data]
+    return near_distractors(data) if name == "nq20-near" else data
+
+
+def words(text):
+    return re.findall(r"\w+", text.lower())
+
+
+def near_distractors(data):
+    """nq20-near: each question's gold passage where it was, the other places filled, most
+    similar first, by the set's passages (every question's, the gold one's text excluded) that
+    score highest by BM25 (k1 1.2, b 0.75) with the question as the query.  Deterministic: ties
+    go to the passage seen first."""
+    pool, seen = [], set()
+    for q in data:
+        for c in q["ctxs"]:
+            key = (c.get("title", ""), c["text"])
+            if key not in seen:
+                seen.add(key)
+                pool.append(c)
+    docs = [Counter(words(f"{c.get('title', '')} {c['text']}")) for c in pool]
+    lens = [sum(d.values()) for d in docs]
+    avg = sum(lens) / len(lens)
+    df = Counter(w for d in docs for w in d)
+    idf = {w: math.log(1 + (len(docs) - n + 0.5) / (n + 0.5)) for w, n in df.items()}
+    out = []
+    for q in data:
+        g = q["gold"][0] if isinstance(q["gold"], list) else q["gold"]  # a list of one index
+        gold = q["ctxs"][g]
+        gkey = (gold.get("title", ""), gold["text"])
+        terms = set(words(q["question"]))
+        scored = []
+        for i, (c, d, ln) in enumerate(zip(pool, docs, lens)):
+            if (c.get("title", ""), c["text"]) == gkey:
+                continue
+            sc = sum(idf[w] * d[w] * 2.2 / (d[w] + 1.2 * (0.25 + 0.75 * ln / avg)) for w in terms if w in d)
+            scored.append((-sc, i))
+        scored.sort()
+        near = [pool[i] for _, i in scored[:len(q["ctxs"]) - 1]]
+        ctxs = near[:g] + [gold] + near[g:]
+        out.append(dict(q, ctxs=ctxs))
+    return out
 
 
 def passages(q, set_name):
@@ -226,7 +271,7 @@ def question_text(q):
 def select(args, data):
     """(number in the set, question) of the questions to run."""
     qs = list(enumerate(data))
-    if args.set == "nq20":
+    if args.set in ("nq20", "nq20-near"):
         half = {"dev": (0, 300), "test": (300, 600), "all": (0, len(qs))}[args.split]
         qs = qs[half[0]:half[1]]
     else:
@@ -383,7 +428,7 @@ def mode_args(name, store, chunks, default_row):
 
 def run_eval(args):
     data_path = args.data or os.path.join(args.top, "..", "shared", "data",
-                                          "nq20_dev.json" if args.set == "nq20" else "musique_s.json")
+                                          "musique_s.json" if args.set == "musique" else "nq20_dev.json")
     if not os.path.exists(data_path):
         sys.exit(f"eval: {data_path}: no such file (give --data)")
     data = load_set(args.set, data_path)
@@ -637,9 +682,10 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     top = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", choices=["nq20", "musique"], default="nq20")
+    ap.add_argument("--set", choices=["nq20", "nq20-near", "musique"], default="nq20")
     ap.add_argument("--split", choices=["dev", "test", "all"], default="dev",
-                    help="nq20: dev = questions 0-299 (tune here), test = 300-599 (report); musique: halves")
+                    help="nq20, nq20-near: dev = questions 0-299 (tune here), test = 300-599 (report); "
+                         "musique: halves")
     ap.add_argument("--data", default=None, help="the set's file (default: ../shared/data/)")
     ap.add_argument("-n", "--questions", type=int, default=300)
     ap.add_argument("--first", type=int, default=0, help="skip the split's first N questions")

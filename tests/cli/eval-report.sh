@@ -80,4 +80,25 @@ if command -v gnuplot >/dev/null 2>&1; then
 else
     skip "the dial plot is drawn" "no gnuplot here"
 fi
+# nq20-near: the gold passage stays where it was; the others are the set's passages most similar
+# to the question (here the one sharing its rare word "zephyr" first, then "harbour"), never the
+# gold one again, the same on every load.
+python3 - "$EVAL" "$T/near.json" <<'PY' && ok "nq20-near keeps the gold passage in place and ranks the set's passages by the question" || not_ok "nq20-near's distractors"
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("ev", sys.argv[1]); ev = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ev)
+P = lambda t, x: {"title": t, "text": x}
+data = [{"question": "which zephyr reached the harbour", "answers": ["x"], "gold": [1],
+         "ctxs": [P("a", "apples grow on trees"), P("g", "the gold passage of the first question"), P("b", "bread and butter")]},
+        {"question": "what is bread", "answers": ["y"], "gold": [0],
+         "ctxs": [P("z", "the zephyr blew over the harbour"), P("h", "a harbour for ships"), P("c", "cheese")]}]
+json.dump(data, open(sys.argv[2], "w"))
+a = ev.load_set("nq20-near", sys.argv[2]); b = ev.load_set("nq20-near", sys.argv[2])
+q = a[0]["ctxs"]
+assert a == b, "not deterministic"
+assert q[1]["title"] == "g" and len(q) == 3, q
+assert [c["title"] for c in q] == ["z", "g", "h"], [c["title"] for c in q]
+assert a[1]["ctxs"][0]["title"] == "z" and a[1]["ctxs"][1]["title"] == "b", a[1]["ctxs"]
+assert all(c["title"] != "z" for c in a[1]["ctxs"][1:]), "the gold passage came back as a distractor"
+PY
 done_testing
