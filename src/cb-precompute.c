@@ -250,7 +250,7 @@ static int setup(pre *x, const char *model_path)
     char tier[64];
 
     if (cb_model_load(&x->m, model_path, &mp, &err) != CB_OK ||
-        cb_store_open(&x->store, x->store_dir, 1, &err) != CB_OK) {
+        cli_store_open(&x->store, x->store_dir, 1, &err) != CB_OK) {
         cli_err("%s", err.msg);
         return cli_exit_code(err.status);
     }

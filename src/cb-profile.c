@@ -542,7 +542,7 @@ int main(int argc, char **argv)
     if (!(prof = calloc(1, sizeof *prof)))
         return CLI_EX_SOFTWARE;
     if (cb_model_load(&m, cli_model_path(o.co.model), &mp, &err) != CB_OK ||
-        cb_store_open(&store, store_dir, 1, &err) != CB_OK) {
+        cli_store_open(&store, store_dir, 1, &err) != CB_OK) {
         cli_err("%s", err.msg);
         code = cli_exit_code(err.status);
         goto done;

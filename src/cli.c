@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 const char *cli_prog = "cb";
@@ -353,6 +354,22 @@ int cli_threads(const cli_common *co)
 const char *cli_store_dir(const cli_common *co, char *buf, size_t n)
 {
     return co->store ? co->store : cb_store_default_dir(buf, n);
+}
+
+cb_status cli_store_open(cb_store **s, const char *dir, int create, cb_error *err)
+{
+    char conf[4096];
+    struct stat st;
+    int made;
+    cb_status rc;
+
+    snprintf(conf, sizeof conf, "%s/store.json", dir);
+    made = create && stat(conf, &st) != 0;
+    rc = cb_store_open(s, dir, create, err);
+    if (rc == CB_OK && made && cli_verbosity >= 1)
+        fprintf(stderr, "%s: made a store at %s (one tier without a limit; cb-store init makes others)\n",
+                cli_prog, dir);
+    return rc;
 }
 
 int cli_parse_ids(const char *text, size_t len, const char *name, int32_t n_vocab, cb_tokens *ids)

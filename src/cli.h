@@ -167,6 +167,9 @@ int cli_common_opt(cli_common *co, int c, const char *arg, void (*usage)(FILE *)
 int cli_threads(const cli_common *co);
 /* The store directory: --store, else cb_store_default_dir (into buf). */
 const char *cli_store_dir(const cli_common *co, char *buf, size_t n);
+/* cb_store_open, saying on stderr (unless -q) when create made the store:
+ * only cb-store init makes one otherwise, so none appears unannounced. */
+cb_status cli_store_open(cb_store **s, const char *dir, int create, cb_error *err);
 
 /* A number in [lo, hi] from s into *out; 0, or -1 after saying which
  * option (opt) got what. */

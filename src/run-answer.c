@@ -67,7 +67,7 @@ int gen_open_model(const gen_opts *o, json_t **chunks, cb_model **m, double *t_l
 int gen_open_store(const gen_opts *o, cb_store **s)
 {
     cb_error err;
-    cb_status st = cb_store_open(s, o->store_dir, o->store_write, &err);
+    cb_status st = cli_store_open(s, o->store_dir, o->store_write, &err);
     if (st != CB_OK) {
         if (st != CB_ERR_NOT_FOUND) {
             cli_err("%s", err.msg);

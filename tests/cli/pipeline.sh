@@ -35,6 +35,12 @@ after=$(find "$S" -type f -name '*.cbkv' -newer "$T/pre1.jsonl" | wc -l)
 grep -q '"cached":false' "$T/pre2.jsonl" && not_ok "second run: all cached" || ok "second run: every record cached"
 [ "$before" -eq 0 ] && [ "$after" -eq 0 ] && ok "second run writes nothing" || not_ok "second run wrote $after files"
 cut -d, -f1 "$T/pre1.jsonl" | cmp -s - "$(cut -d, -f1 "$T/pre2.jsonl" > "$T/c2"; echo "$T/c2")" && ok "same keys" || not_ok "same keys"
+! grep -q "made a store" "$T/err" && ok "a run into an existing store does not say it made one" || not_ok "said it made a store that was there"
+# a store cb-precompute has to make is made whole (cb-store sees it) and said so on stderr
+echo '{"text": "a store made here"}' | "$PRE" -m "$M" --store "$T/new" > /dev/null 2> "$T/err2"
+grep -q "made a store at $T/new (one tier without a limit; cb-store init makes others)" "$T/err2" &&
+    "$STORE" --store "$T/new" ls > /dev/null && ok "cb-precompute says when it makes the store, and makes a whole one" \
+    || not_ok "making a store: $(cat "$T/err2")"
 
 printf '{"text": "fine"}\nnot json\n{"id": 1}\n{"text": "also fine"}\n' > "$T/bad.jsonl"
 "$PRE" -m "$M" --store "$S" "$T/bad.jsonl" > "$T/o" 2> "$T/err"; rc=$?
