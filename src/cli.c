@@ -367,7 +367,8 @@ cb_status cli_store_open(cb_store **s, const char *dir, int create, cb_error *er
     made = create && stat(conf, &st) != 0;
     rc = cb_store_open(s, dir, create, err);
     if (rc == CB_OK && made && cli_verbosity >= 1)
-        fprintf(stderr, "%s: made a store at %s (one tier without a limit; cb-store init makes others)\n",
+        fprintf(stderr,
+                "%s: made a store at %s (one tier without a limit; cb-store init makes others)\n",
                 cli_prog, dir);
     return rc;
 }
