@@ -48,6 +48,11 @@ static void usage(FILE *f)
                "                     cache where the two chunks come in that order, and blends\n"
                "                     closer to full prefill; about twice the precompute work and\n"
                "                     the store space\n"
+               "      --middle       also store each chunk computed after a fixed passage, as\n"
+               "                     it stands in the middle of a prompt: cb-run takes that\n"
+               "                     cache for every chunk but a prompt's first (which keeps\n"
+               "                     its own, exact there), and blends closer to full prefill;\n"
+               "                     about twice the precompute work and the store space\n"
                "      --neighbours K also store each chunk computed after its K most similar\n"
                "                     chunks of the input (by BM25 over their tokens, the most\n"
                "                     similar nearest), and write that cache's key as the\n"
@@ -89,7 +94,8 @@ enum {
     OPT_CONTEXT,
     OPT_SYSTEM,
     OPT_FOR_SYSTEM,
-    OPT_NEIGHBOURS
+    OPT_NEIGHBOURS,
+    OPT_MIDDLE
 };
 #define MAX_NEIGHBOURS 16
 
@@ -122,7 +128,7 @@ typedef struct pre {
     const char **systems; /* --system, in order */
     int n_systems;
     const char *for_system; /* --for-system: the chunks' lead-in is that prompt's head */
-    int strict, from_stdin, progress, context, neighbours;
+    int strict, from_stdin, progress, context, neighbours, middle;
     cb_type kv_type;
     FILE *in;
     cb_model *m;
@@ -132,7 +138,7 @@ typedef struct pre {
     cb_tokens prev;      /* --context: the last record's tokens, */
     json_t *prev_doc;    /* its "doc" (NULL: none) */
     json_int_t prev_seq; /* and "seq" */
-    long lineno, n_total, n_done, n_new, n_cached, n_bad, n_after, n_fused;
+    long lineno, n_total, n_done, n_new, n_cached, n_bad, n_after, n_fused, n_middle;
     double tok_done, t0, t_last;
 } pre;
 
@@ -144,6 +150,7 @@ static int parse_args(int argc, char **argv, pre *x)
         {"place", required_argument, 0, OPT_PLACE},
         {"context", no_argument, 0, OPT_CONTEXT},
         {"neighbours", required_argument, 0, OPT_NEIGHBOURS},
+        {"middle", no_argument, 0, OPT_MIDDLE},
         {"system", required_argument, 0, OPT_SYSTEM},
         {"for-system", required_argument, 0, OPT_FOR_SYSTEM},
         CLI_COMMON_OPTS,
@@ -168,6 +175,8 @@ static int parse_args(int argc, char **argv, pre *x)
             x->place = optarg;
         } else if (c == OPT_CONTEXT) {
             x->context = 1;
+        } else if (c == OPT_MIDDLE) {
+            x->middle = 1;
         } else if (c == OPT_NEIGHBOURS) {
             char *end;
             long k = strtol(optarg, &end, 10);
@@ -389,6 +398,33 @@ static int ensure_after(pre *x, json_t *obj)
     return 0;
 }
 
+/* --middle: the record's chunk also after the fixed passage cb-run looks
+ * for it after where it is not a prompt's first chunk.  0 to go on, -1
+ * when interrupted, else an exit status. */
+static int ensure_middle(pre *x)
+{
+    int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
+    int64_t n_lead = (int64_t)cb_precomputer_lead(x->pc)->n; /* the lead-in alone */
+    int found = 0, r = 0;
+    if (cb_precomputer_middle(x->pc) != CB_OK) {
+        cli_err("out of memory");
+        return CLI_EX_SOFTWARE;
+    }
+    /* (longer than the context with the passage: the chunk's own cache only) */
+    if ((int64_t)cb_precomputer_lead(x->pc)->n + (int64_t)x->ids.n <= n_ctx) {
+        char key[66];
+        cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
+        if ((r = ensure(x, key, (int32_t)((int64_t)cb_precomputer_lead(x->pc)->n - n_lead),
+                        &found)) == 0) {
+            x->n_middle++;
+            cli_info("%s:%ld: after the middle passage, %s %s", x->in_name, x->lineno,
+                     found ? "cached" : "stored", key);
+        }
+    }
+    cb_precomputer_after(x->pc, NULL, 0); /* the lead-in alone again */
+    return r;
+}
+
 /* --neighbours: the record's chunk (x->ids) also after its neighbours
  * nb[0..k) (best first, -1 past the last), the farthest left out while
  * they do not fit the context with it; *key becomes that cache's key and
@@ -474,6 +510,7 @@ static int do_parsed(pre *x, const char *line, size_t len, json_t *obj, const cb
     cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
     fkey[0] = 0;
     if ((r = ensure(x, key, 0, &found)) != 0 || (x->context && (r = ensure_after(x, obj))) ||
+        (x->middle && (r = ensure_middle(x))) ||
         (nb && (r = ensure_fused(x, toks, linenos, nb, x->neighbours, fkey, &ffound)))) {
         json_decref(obj);
         return r;
@@ -684,6 +721,9 @@ static int run(pre *x)
     if (x->context && cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
         fprintf(stderr, "cb-precompute: %ld %s also after the chunk before them\n", x->n_after,
                 cli_plural((uint64_t)x->n_after, "chunk", "chunks"));
+    if (x->middle && cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
+        fprintf(stderr, "cb-precompute: %ld %s also after the middle passage\n", x->n_middle,
+                cli_plural((uint64_t)x->n_middle, "chunk", "chunks"));
     if (x->neighbours && cli_verbosity > 0 && (cli_verbosity > 1 || x->n_bad))
         fprintf(stderr, "cb-precompute: %ld %s also after their neighbours\n", x->n_fused,
                 cli_plural((uint64_t)x->n_fused, "chunk", "chunks"));

@@ -358,6 +358,7 @@ static int run_stats(run *r)
                    .n_after = cb_prompt_n_after(r->pr),
                    .n_own = cb_prompt_n_own(r->pr),
                    .n_named = cb_prompt_n_named(r->pr),
+                   .n_middle = cb_prompt_n_middle(r->pr),
                    .chat = cb_prompt_chat(r->pr),
                    .kv_type = r->o->kv_type};
     json_t *s = gen_stats_json(&a, r->m, r->store);

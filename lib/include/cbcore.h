@@ -545,9 +545,10 @@ const cb_segment *cb_prompt_segments(const cb_prompt *p, int32_t *n);
 int64_t cb_prompt_n_tokens(const cb_prompt *p);
 int cb_prompt_n_chunks(const cb_prompt *p);
 int cb_prompt_n_missing(const cb_prompt *p);
-int cb_prompt_n_after(const cb_prompt *p); /* chunks cached after the chunk before them */
-int cb_prompt_n_own(const cb_prompt *p);   /* ... after its own head (cb_precomputer_system) */
-int cb_prompt_n_named(const cb_prompt *p); /* ... as their record's "kv" named (--neighbours) */
+int cb_prompt_n_after(const cb_prompt *p);  /* chunks cached after the chunk before them */
+int cb_prompt_n_own(const cb_prompt *p);    /* ... after its own head (cb_precomputer_system) */
+int cb_prompt_n_named(const cb_prompt *p);  /* ... as their record's "kv" named (--neighbours) */
+int cb_prompt_n_middle(const cb_prompt *p); /* ... after a passage, not first (--middle) */
 cb_chat_kind cb_prompt_chat(const cb_prompt *p);
 void cb_prompt_use_context(cb_prompt *p, int use); /* 0: attach takes chunks' own caches only */
 /* Find and check each chunk's cache in s (unusable ones to warn), acquired until freed. */
@@ -605,7 +606,7 @@ typedef struct cb_answer {
     cb_ratio_choice rc;       /* the loading controller's tier, with ratio_auto */
     cb_blend_stats bs;
     int64_t n_prompt_tokens;
-    int n_chunks, n_missing, n_stored, n_after, n_own, n_named; /* as cb_prompt_n_after, ... */
+    int n_chunks, n_missing, n_stored, n_after, n_own, n_named, n_middle; /* cb_prompt_n_... */
     cb_chat_kind chat;
     uint64_t kv_bytes; /* its cache's */
     cb_type kv_type;
@@ -653,6 +654,9 @@ cb_status cb_precomputer_store(cb_precomputer *pc, const char *key, cb_error *er
 /* The next chunks computed after the lead-in, then prev[0..n) each followed by the separator
  * (n 0: after the lead-in alone again). */
 cb_status cb_precomputer_after(cb_precomputer *pc, const cb_tokens *prev, int n);
+/* The next chunks computed after the lead-in and the fixed passage cb-run looks for them
+ * after, for every chunk of a prompt but its first (cb_precomputer_after(pc, NULL, 0) undoes). */
+cb_status cb_precomputer_middle(cb_precomputer *pc);
 /* The lead-in from now on: the head of prompts with system (NULL: the default), stored too. */
 cb_status cb_precomputer_system(cb_precomputer *pc, const char *system, cb_error *err);
 /* That head as an entry of its own unless stored (its length to n; 0: too short for one). */

@@ -232,6 +232,7 @@ static cb_status job_prepare(cb_batch *b, job *j, const cb_request *rq, cb_error
     a->n_after = cb_prompt_n_after(j->pr);
     a->n_own = cb_prompt_n_own(j->pr);
     a->n_named = cb_prompt_n_named(j->pr);
+    a->n_middle = cb_prompt_n_middle(j->pr);
     a->chat = cb_prompt_chat(j->pr);
     a->kv_type = j->kv_type;
     if (a->n_prompt_tokens == 0)

@@ -117,6 +117,16 @@ cb_status cb_precomputer_after(cb_precomputer *pc, const cb_tokens *prev, int n)
     return st;
 }
 
+cb_status cb_precomputer_middle(cb_precomputer *pc)
+{
+    cb_tokens mid = {0};
+    cb_status st = pr_middle(pc->m, &mid);
+    if (st == CB_OK)
+        st = cb_precomputer_after(pc, &mid, 1);
+    cb_tokens_free(&mid);
+    return st;
+}
+
 /* The lead-in from now on: the head of prompts with this system message
  * (pr_head), so that such a prompt's first chunk is a true prefix and the
  * others follow the head they were computed after.  The head itself is

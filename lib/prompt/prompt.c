@@ -20,6 +20,7 @@ typedef struct pseg {
     int is_head; /* the head (BOS, the template's opening), keyed alone (pr_head_key) */
     int own;     /* its cache was computed after this prompt's own head (cb_prompt.own) */
     int named;   /* its cache is the one its record named (named_key) */
+    int middle;  /* its cache is the one computed after pr_middle's passage */
     char key[66];
     char own_key[66];   /* its key after the prompt's own head, when it has one */
     char named_key[66]; /* the key its record named ("kv"), when neither of those: a cache
@@ -41,6 +42,7 @@ struct cb_prompt {
                      * (cb_precomputer_system) are taken first */
     int has_own;
     cb_tokens sep;  /* what goes between chunks (cb_kv_separator) */
+    cb_tokens mid;  /* pr_middle's passage, once a chunk has looked for its cache after it */
     int no_context; /* cb_prompt_use_context(p, 0) */
 };
 
@@ -371,6 +373,7 @@ void cb_prompt_free(cb_prompt *p)
     cb_tokens_free(&p->lead);
     cb_tokens_free(&p->own);
     cb_tokens_free(&p->sep);
+    cb_tokens_free(&p->mid);
     free(p);
 }
 
@@ -427,6 +430,29 @@ static void detach(pseg *s)
     s->after = 0;
     s->own = 0;
     s->named = 0;
+    s->middle = 0;
+}
+
+/* Why a fixed passage: a chunk computed first after the head differs most
+ * from what a prompt computes for it where other passages come before it.
+ * Computed after any passage it differs less: on nq20's development half
+ * one passage drawn at random did as well as the chunk's most similar
+ * ones, and one fixed passage as well as either (EVAL.md), so one text
+ * serves every chunk and cb-run finds its cache by the chunk's tokens.  It
+ * has to read as a passage (a title line, then encyclopedic text): a note
+ * about the passages did not help.  Changing it changes every such key:
+ * the stored caches are then not found, and chunks take their own. */
+static const char middle_text[] =
+    "Lighthouse\nA lighthouse is a tower that carries a bright lamp at its top to guide ships at "
+    "night and in poor weather. Most stand on headlands, islands or harbour walls, where they mark "
+    "dangerous rocks, shallow water and the safe way into a port. Each light flashes in its own "
+    "pattern, so that sailors can tell one from another. Since the twentieth century many have "
+    "been automated, and radio and satellite navigation now do much of the work they once did.";
+
+cb_status pr_middle(const cb_model *m, cb_tokens *out)
+{
+    out->n = 0;
+    return cb_tok_encode(cb_model_vocab(m), middle_text, sizeof middle_text - 1, 0, out);
 }
 
 cb_status pr_lead_after(const cb_tokens *lead, const int32_t *prev, size_t n_prev,
@@ -534,6 +560,36 @@ static int attach_named(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
     return 1;
 }
 
+/* Chunk i's cache computed after the head (its own first) and
+ * pr_middle's passage (cb-precompute --middle), for a chunk that is not
+ * the prompt's first: the first keeps its own cache, exact there.  1 when
+ * attached. */
+static int attach_middle(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void *, const char *),
+                         void *ctx)
+{
+    pseg *g = &p->s[i];
+    cb_tokens lead = {0};
+    int ok = 0, first = 1;
+    for (int32_t j = 0; j < i && first; j++)
+        first = !p->s[j].is_chunk;
+    if (p->no_context || first || (p->mid.n == 0 && pr_middle(p->m, &p->mid) != CB_OK))
+        return 0;
+    for (int k = p->has_own ? 0 : 1; k < 2 && !ok; k++) {
+        char key[66];
+        int have = 0;
+        if (pr_lead_after(k == 0 ? &p->own : &p->lead, p->mid.ids, p->mid.n, &p->sep, &lead) !=
+            CB_OK)
+            break;
+        chunk_key(p, lead.ids, lead.n, g->toks.ids, g->toks.n, key);
+        ok = cb_store_has(s, key, &have) == CB_OK && have &&
+             open_for(p->m, s, g, key, &g->kf, &g->ref, warn, ctx);
+        if (ok)
+            g->middle = 1, g->own = k == 0, g->missing = 0;
+    }
+    cb_tokens_free(&lead);
+    return ok;
+}
+
 void cb_prompt_use_context(cb_prompt *p, int use) { p->no_context = !use; }
 
 void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
@@ -544,7 +600,7 @@ void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const c
         if (g->is_head && s && !g->kf) /* exact where found: the prompt starts with it */
             open_for(p->m, s, g, g->key, &g->kf, &g->ref, warn, ctx);
         if (!g->is_chunk || (s && attach_after(p, s, i, warn, ctx)) || g->kf ||
-            (s && attach_named(p, s, i, warn, ctx)))
+            (s && attach_named(p, s, i, warn, ctx)) || (s && attach_middle(p, s, i, warn, ctx)))
             continue;
         /* the cache computed after the prompt's own head, else after the lead-in */
         if (s && p->has_own && open_for(p->m, s, g, g->own_key, &g->kf, &g->ref, warn, ctx)) {
@@ -568,6 +624,14 @@ int cb_prompt_n_named(const cb_prompt *p)
     int n = 0;
     for (int32_t i = 0; i < p->n; i++)
         n += p->s[i].named;
+    return n;
+}
+
+int cb_prompt_n_middle(const cb_prompt *p)
+{
+    int n = 0;
+    for (int32_t i = 0; i < p->n; i++)
+        n += p->s[i].middle;
     return n;
 }
 

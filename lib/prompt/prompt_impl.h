@@ -15,6 +15,12 @@ void pr_warnf(void (*warn)(void *ctx, const char *msg), void *ctx, const char *f
 cb_status pr_lead_after(const cb_tokens *lead, const int32_t *prev, size_t n_prev,
                         const cb_tokens *sep, cb_tokens *out);
 
+/* The passage a chunk is computed after to stand as it does in the middle
+ * of a prompt (after the head and other passages), not as its first
+ * chunk: a fixed text, so that cb-run finds the cache by the chunk alone
+ * (out emptied first).  (prompt.c) */
+cb_status pr_middle(const cb_model *m, cb_tokens *out);
+
 /* The head of a prompt with this system message (BOS when the model adds
  * one, the template's system turn and the user turn's opener; system NULL:
  * the template's default turn), appended to out; and the store key of a

@@ -213,6 +213,7 @@ cb_status cb_answer_to_json(const cb_answer *a, const cb_model *m, cb_store *st,
         json_object_set_new(s, "n_chunks_after", json_integer(a->n_after));
         json_object_set_new(s, "n_chunks_system", json_integer(a->n_own));
         json_object_set_new(s, "n_chunks_named", json_integer(a->n_named));
+        json_object_set_new(s, "n_chunks_middle", json_integer(a->n_middle));
         json_object_set_new(s, "strategy_used",
                             a->bp.mode == CB_MODE_BLEND ? json_string(strategy_name(bs->strategy))
                                                         : json_null());

@@ -197,7 +197,7 @@ def summarize(modes, order, b=1000, seed=0):
             out[m][k] = (v,) + interval(bs)
     diffs = {}
     pairs = [("default", "reuse"), ("default", "random"), ("default", "full")]
-    pairs += [(m, "default") for m in order if m.startswith(("kv=", "nb=", "ar=", "method:"))]
+    pairs += [(m, "default") for m in order if m.startswith(("kv=", "nb=", "ar=", "al=", "method:"))]
     for a, c in pairs:
         if a in boot and c in boot:
             for k in ("agreement", "retention", "f1", "kl"):
@@ -339,12 +339,22 @@ def chunks_file(work, q, set_name, qi, kvs=None):
     return path
 
 
-def random_after_keys(rn, store, cache, qs):
+# the passage cb-precompute --middle computes chunks after (lib/prompt/prompt.c's middle_text)
+LEAD = ("Lighthouse\nA lighthouse is a tower that carries a bright lamp at its top to guide ships at night and in "
+        "poor weather. Most stand on headlands, islands or harbour walls, where they mark dangerous rocks, shallow "
+        "water and the safe way into a port. Each light flashes in its own pattern, so that sailors can tell one "
+        "from another. Since the twentieth century many have been automated, and radio and satellite navigation "
+        "now do much of the work they once did.")
+
+
+def random_after_keys(rn, store, cache, qs, lead=None):
     """The control for --neighbours 1: each distinct passage computed after one other passage of
-    the corpus drawn at random (seeded), through cb-precompute --context (the pair written as a
-    document's two chunks); its text to that cache's key (named by -vv)."""
+    the corpus drawn at random (seeded), or after the one text lead, through cb-precompute
+    --context (the pair written as a document's two chunks); its text to that cache's key (named
+    by -vv)."""
     allq = sorted(set(qi for qi, _ in qs))
-    path = os.path.join(cache, f"ar1-{sha(json.dumps(allq).encode())}.json")
+    tag = f"al1-{sha(lead.encode())}" if lead else "ar1"
+    path = os.path.join(cache, f"{tag}-{sha(json.dumps(allq).encode())}.json")
     if os.path.exists(path):
         return json.load(open(path))
     texts = sorted(set(t for _, q in qs for t in passages(q, rn.args.set)))
@@ -353,11 +363,12 @@ def random_after_keys(rn, store, cache, qs):
     with open(allf, "w", encoding="utf-8") as f:
         for i, t in enumerate(texts):
             j = rng.randrange(len(texts) - 1)
-            r = texts[j + (j >= i)]
+            r = lead or texts[j + (j >= i)]
             f.write(json.dumps({"doc": i, "seq": 0, "text": r}, ensure_ascii=False) + "\n")
             f.write(json.dumps({"doc": i, "seq": 1, "text": t}, ensure_ascii=False) + "\n")
     t0 = time.time()
-    print(f"eval: each of {len(texts)} passages after a random other one", file=sys.stderr)
+    print(f"eval: each of {len(texts)} passages after {'the lead' if lead else 'a random other one'}",
+          file=sys.stderr)
     p = subprocess.run([rn.pre, "--store", store, "-vv", "--for-system", SYSTEM, "--context"] + rn.common + [allf],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True)
     after = {}  # the pair's line number (its second record) to the key
@@ -367,7 +378,8 @@ def random_after_keys(rn, store, cache, qs):
             after[int(m.group(1))] = m.group(2)
     kvs = {t: after[2 * i + 2] for i, t in enumerate(texts) if 2 * i + 2 in after}
     json.dump(kvs, open(path, "w"))
-    print(f"eval: {len(kvs)} caches after a random passage in {time.time() - t0:.0f} s", file=sys.stderr)
+    print(f"eval: {len(kvs)} caches after {'the lead' if lead else 'a random passage'} in {time.time() - t0:.0f} s",
+          file=sys.stderr)
     return kvs
 
 
@@ -480,11 +492,12 @@ def run_eval(args):
         modes += [m for m in args.methods if m]
         modes += ["kv=" + t for t in args.kv_types]
         nb_kvs = {}
-        if args.neighbours or args.after_random:  # the selected questions' passages and the probe's
+        if args.neighbours or args.after_random or args.after_lead:  # the selected questions' passages and the probe's
             nb_qs = ([] if any(qi == 0 for qi, _ in qs) else [(0, q0)]) + qs
             nb_kvs = (random_after_keys(rn, store, cache, nb_qs) if args.after_random else
+                      random_after_keys(rn, store, cache, nb_qs, args.lead) if args.after_lead else
                       neighbour_keys(rn, store, cache, nb_qs, args.neighbours))
-            m = "ar=1" if args.after_random else f"nb={args.neighbours}"
+            m = "ar=1" if args.after_random else "al=1" if args.after_lead else f"nb={args.neighbours}"
             _, _, lf = rn.cb_run(mode_args("default", store, chunks_file(work, q0, args.set, 0, nb_kvs), None),
                                  question_text(q0), "probe")
             kvkey[m] = sha(open(lf, "rb").read())
@@ -518,7 +531,7 @@ def run_eval(args):
                     rows[m] = done[m][qi]
                     continue
                 extra = (mode_args("default", store, chunks_file(work, q, args.set, qi, nb_kvs), None)
-                         if m.startswith(("nb=", "ar=")) else mode_args(m, store, chunks, rows.get("default")))
+                         if m.startswith(("nb=", "ar=", "al=")) else mode_args(m, store, chunks, rows.get("default")))
                 ans, st, lf = rn.cb_run(extra, prompt, "run")
                 r = {"q": qi, "mode": m, "answer": ans, "ttft_ms": st["ttft_ms"],
                      "n_prompt_tokens": st["n_prompt_tokens"], "n_cached_tokens": st.get("n_cached_tokens", 0),
@@ -579,7 +592,8 @@ def label(m):
             "default": "**blend, default (speedup 4)**"}.get(
         m, m.replace("speedup=", "blend, speedup ").replace("kv=", "blend, default, from KV files of type ")
         .replace("nb=", "blend, default, chunks computed after neighbours: ")
-        .replace("ar=1", "blend, default, chunks computed after a random passage (control)"))
+        .replace("ar=1", "blend, default, chunks computed after a random passage (control)")
+        .replace("al=1", "blend, default, chunks computed after one fixed lead passage"))
 
 
 def report(out, b=1000, plot=None, q_from=0):
@@ -624,7 +638,7 @@ def report(out, b=1000, plot=None, q_from=0):
                   f"the default is {verdict} {c} outside the interval")
     for m in order:
         for k in ("agreement", "retention"):
-            d = diffs.get((m, "default", k)) if m.startswith(("kv=", "nb=", "ar=", "method:")) else None
+            d = diffs.get((m, "default", k)) if m.startswith(("kv=", "nb=", "ar=", "al=", "method:")) else None
             if d and m.startswith("kv="):
                 w(f"- {m[3:]} files minus f16 files, the default blend's {k}: {100 * d[0]:+.1f} points "
                   f"[{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]")
@@ -706,6 +720,9 @@ def main():
     ap.add_argument("--after-random", action="store_true",
                     help="instead: each passage computed after one other passage drawn at random, the "
                          "control for --neighbours 1")
+    ap.add_argument("--after-lead", action="store_true",
+                    help="instead: each passage computed after one fixed lead passage (--lead)")
+    ap.add_argument("--lead", default=LEAD, help="that passage (default: eval.py's LEAD)")
     ap.add_argument("--cache", default=os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache",
                                                     "cacheblend", "eval"))
     ap.add_argument("--out", default="eval-results.json")
