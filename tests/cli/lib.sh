@@ -31,6 +31,16 @@ vale_chunks() {
     Q="Who built the bridge over the Vale?"
     "$BINDIR_B/cb-chunk" -m "$1" --tokens 24 "$T/docs" > "$2"
 }
+# verify_stats NAME MODE STORE CHUNKS [cb-run options]: $RUN on $M with --verify against full
+# prefill, one greedy token, no store writes; its stats in $T/NAME.json, its stderr in
+# $T/NAME.err; the question is $Q (default: "Who built the bridge?")
+verify_stats() {
+    r_name=$1 r_mode=$2 r_store=$3 r_chunks=$4
+    shift 4
+    "$RUN" -m "$M" --store "$r_store" --chunks "$r_chunks" --mode "$r_mode" --verify -n 1 --temp 0 \
+        --no-store-write --stats "$T/$r_name.json" -p "${Q:-Who built the bridge?}" "$@" > /dev/null \
+        2> "$T/$r_name.err"
+}
 done_testing() { echo "1..$n"; [ "$nfail" -eq 0 ]; }
 # need_fixture PATH WHAT: go on when the fixture PATH exists, else skip WHAT and end the script
 need_fixture() {

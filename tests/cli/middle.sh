@@ -39,19 +39,12 @@ cmp -s "$T/plain.out" "$T/mid.out" \
     && [ "$(keys "$T/mid")" -eq $(($(keys "$T/plain") + 3)) ] \
     && ok "a second run stores nothing new" || not_ok "second run"
 
-# run NAME MODE STORE CHUNKS [cb-run options]: the stats, with --verify against full prefill
-run() {
-    r_name=$1 r_mode=$2 r_store=$3 r_chunks=$4
-    shift 4
-    "$RUN" -m "$M" --store "$r_store" --chunks "$r_chunks" --mode "$r_mode" --verify -n 1 --temp 0 \
-        --no-store-write --stats "$T/$r_name.json" -p "Who built the bridge?" "$@" > /dev/null \
-        2> "$T/$r_name.err"
-}
 python3 -c 'import json,sys; print(json.dumps({"text": open(sys.argv[1]).read()}))' "$T/mid.txt" > "$T/exact.jsonl"
 sed -n 2p "$T/c.jsonl" >> "$T/exact.jsonl"  # the passage itself first, then a chunk
-run exact reuse "$T/mid" "$T/exact.jsonl" && run two reuse "$T/mid" "$T/mid.out" \
-    && run none reuse "$T/mid" "$T/mid.out" --tune no-context && run plain reuse "$T/plain" "$T/mid.out" \
-    && run blend blend "$T/mid" "$T/mid.out" \
+verify_stats exact reuse "$T/mid" "$T/exact.jsonl" && verify_stats two reuse "$T/mid" "$T/mid.out" \
+    && verify_stats none reuse "$T/mid" "$T/mid.out" --tune no-context \
+    && verify_stats plain reuse "$T/plain" "$T/mid.out" \
+    && verify_stats blend blend "$T/mid" "$T/mid.out" \
     || { not_ok "cb-run"; sed 's/^/#   /' "$T"/*.err | head -5; }
 python3 - "$T" <<'PY' && ok "after the passage, with the passage right before it in the prompt: the pair's file, reuse is full prefill" || not_ok "the cache after the passage"
 import json, sys
@@ -89,8 +82,8 @@ assert b[2]["stats"]["n_chunks_middle"] == 0 and b[2]["stats"]["n_chunks_missing
 PY
 # --for-system: after that head and the passage, found by prompts with that system message
 "$PRE" -m "$M" --store "$T/sys" --middle --for-system "Be brief." -q "$T/c.jsonl" > "$T/sys.out" \
-    && run other blend "$T/sys" "$T/sys.out" \
-    && run right blend "$T/sys" "$T/sys.out" --system "Be brief." \
+    && verify_stats other blend "$T/sys" "$T/sys.out" \
+    && verify_stats right blend "$T/sys" "$T/sys.out" --system "Be brief." \
     && python3 - "$T" <<'PY' && ok "--for-system: found only by prompts with that system message" || { not_ok "--for-system with --middle"; sed 's/^/#   /' "$T/right.err" | head -3; }
 import json, sys
 t = sys.argv[1]

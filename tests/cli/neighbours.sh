@@ -46,19 +46,11 @@ grep -q 'c.jsonl:3: after line 2 (the nearest last)' "$T/err" \
     && [ "$(sed 's/"cached":true/"cached":false/' "$T/nb2.out")" = "$(cat "$T/nb.out")" ] \
     && ok "a second run stores nothing new, the same keys, cached" || not_ok "second run"
 
-# run NAME MODE STORE CHUNKS [cb-run options]: the stats, with --verify against full prefill
-run() {
-    r_name=$1 r_mode=$2 r_store=$3 r_chunks=$4
-    shift 4
-    "$RUN" -m "$M" --store "$r_store" --chunks "$r_chunks" --mode "$r_mode" --verify -n 1 --temp 0 \
-        --no-store-write --stats "$T/$r_name.json" -p "Who built the bridge?" "$@" > /dev/null \
-        2> "$T/$r_name.err"
-}
 { sed -n 2p "$T/c.jsonl"; sed -n 3p "$T/nb.out"; } > "$T/exact.jsonl"  # line 3 after its neighbour
 { sed -n 1p "$T/c.jsonl"; sed -n 3p "$T/nb.out"; } > "$T/named.jsonl"  # ... after another chunk
 { sed -n 1p "$T/c.jsonl"; sed -n 3p "$T/c.jsonl"; } > "$T/own.jsonl"
-run exact reuse "$T/nb" "$T/exact.jsonl" && run named reuse "$T/nb" "$T/named.jsonl" \
-    && run own reuse "$T/nb" "$T/own.jsonl" && run fallback blend "$T/plain" "$T/nb.out" \
+verify_stats exact reuse "$T/nb" "$T/exact.jsonl" && verify_stats named reuse "$T/nb" "$T/named.jsonl" \
+    && verify_stats own reuse "$T/nb" "$T/own.jsonl" && verify_stats fallback blend "$T/plain" "$T/nb.out" \
     || { not_ok "cb-run"; sed 's/^/#   /' "$T"/*.err | head -5; }
 python3 - "$T" <<'PY' && ok "after its neighbour, right before it in the prompt: reuse is full prefill" || not_ok "the cache after the neighbour"
 import json, sys
@@ -91,10 +83,10 @@ assert b[2]["stats"]["n_chunks_named"] == 3 and b[2]["stats"]["n_chunks_missing"
 PY
 # computed after another prompt head (--for-system): a warning, the text's own cache
 "$PRE" -m "$M" --store "$T/sys" --neighbours 2 --for-system "Be brief." -q "$T/c.jsonl" > "$T/sys.out" \
-    && run wrong blend "$T/sys" "$T/sys.out" \
+    && verify_stats wrong blend "$T/sys" "$T/sys.out" \
     && grep -q 'computed after another prompt head' "$T/wrong.err" \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["n_chunks_named"] == 0, s' "$T/wrong.json" \
-    && run right blend "$T/sys" "$T/sys.out" --system "Be brief." \
+    && verify_stats right blend "$T/sys" "$T/sys.out" --system "Be brief." \
     && python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["n_chunks_named"] == 6 and s["n_chunks_missing"] == 0, s' "$T/right.json" \
     && ok "--for-system: named caches only for prompts with that system message (a warning otherwise)" \
     || { not_ok "--for-system with --neighbours"; sed 's/^/#   /' "$T/wrong.err" | head -3; }
