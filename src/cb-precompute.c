@@ -356,32 +356,43 @@ static int ensure(pre *x, const char *key, int32_t n_prev, int *found)
     return 0;
 }
 
+/* The chunk in x->ids after the lead-in as cb_precomputer_after (or
+ * _middle) extended it by n_before tokens, unless that does not fit the
+ * context with it (then the chunk's own cache only): counted in *n,
+ * reported as `what`; the lead-in alone again after.  0 to go on, -1 when
+ * interrupted, else an exit status. */
+static int ensure_extended(pre *x, int32_t n_before, long *n, const char *what)
+{
+    int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
+    int found = 0, r = 0;
+    if ((int64_t)cb_precomputer_lead(x->pc)->n + (int64_t)x->ids.n <= n_ctx) {
+        char key[66];
+        cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
+        if ((r = ensure(x, key, n_before, &found)) == 0) {
+            (*n)++;
+            cli_info("%s:%ld: %s, %s %s", x->in_name, x->lineno, what, found ? "cached" : "stored",
+                     key);
+        }
+    }
+    cb_precomputer_after(x->pc, NULL, 0); /* the lead-in alone again */
+    return r;
+}
+
 /* --context: the record's chunk after the previous record's, when that is
  * the chunk before it in the same document; then this record becomes the
  * previous one.  0 to go on, -1 when interrupted, else an exit status. */
 static int ensure_after(pre *x, json_t *obj)
 {
     json_t *doc = json_object_get(obj, "doc"), *seq = json_object_get(obj, "seq");
-    int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
-    int found = 0, r = 0;
+    int r;
     if (doc && json_is_integer(seq) && x->prev_doc && json_equal(doc, x->prev_doc) &&
         json_integer_value(seq) == x->prev_seq + 1) {
         if (cb_precomputer_after(x->pc, &x->prev, 1) != CB_OK) {
             cli_err("out of memory");
             return CLI_EX_SOFTWARE;
         }
-        /* (the pair longer than the context: the chunk's own cache only) */
-        if ((int64_t)cb_precomputer_lead(x->pc)->n + (int64_t)x->ids.n <= n_ctx) {
-            char key[66];
-            cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
-            if ((r = ensure(x, key, (int32_t)x->prev.n, &found)) == 0) {
-                x->n_after++;
-                cli_info("%s:%ld: after the chunk before it, %s %s", x->in_name, x->lineno,
-                         found ? "cached" : "stored", key);
-            }
-        }
-        cb_precomputer_after(x->pc, NULL, 0); /* the lead-in alone again */
-        if (r != 0)
+        if ((r = ensure_extended(x, (int32_t)x->prev.n, &x->n_after,
+                                 "after the chunk before it")) != 0)
             return r;
     }
     json_decref(x->prev_doc);
@@ -404,26 +415,13 @@ static int ensure_after(pre *x, json_t *obj)
  * when interrupted, else an exit status. */
 static int ensure_middle(pre *x)
 {
-    int32_t n_ctx = cb_model_hparams(x->m)->n_ctx_train;
     int64_t n_lead = (int64_t)cb_precomputer_lead(x->pc)->n; /* the lead-in alone */
-    int found = 0, r = 0;
     if (cb_precomputer_middle(x->pc) != CB_OK) {
         cli_err("out of memory");
         return CLI_EX_SOFTWARE;
     }
-    /* (longer than the context with the passage: the chunk's own cache only) */
-    if ((int64_t)cb_precomputer_lead(x->pc)->n + (int64_t)x->ids.n <= n_ctx) {
-        char key[66];
-        cb_precomputer_key(x->pc, x->ids.ids, (int32_t)x->ids.n, key);
-        if ((r = ensure(x, key, (int32_t)((int64_t)cb_precomputer_lead(x->pc)->n - n_lead),
-                        &found)) == 0) {
-            x->n_middle++;
-            cli_info("%s:%ld: after the middle passage, %s %s", x->in_name, x->lineno,
-                     found ? "cached" : "stored", key);
-        }
-    }
-    cb_precomputer_after(x->pc, NULL, 0); /* the lead-in alone again */
-    return r;
+    return ensure_extended(x, (int32_t)((int64_t)cb_precomputer_lead(x->pc)->n - n_lead),
+                           &x->n_middle, "after the middle passage");
 }
 
 /* --neighbours: the record's chunk (x->ids) also after its neighbours

@@ -499,6 +499,29 @@ static int open_for(const cb_model *m, cb_store *store, const pseg *s, const cha
     return 0;
 }
 
+/* Segment g's cache computed after this prompt's head (its own first, else
+ * the lead-in), then prev[0..n_prev) and the separator: 1 with *kf, *ref
+ * and *own (after its own head) set when the store has a usable one. */
+static int open_after(cb_prompt *p, cb_store *s, const pseg *g, const int32_t *prev, size_t n_prev,
+                      cb_kvfile **kf, cb_store_ref **ref, int *own,
+                      void (*warn)(void *, const char *), void *ctx)
+{
+    cb_tokens lead = {0};
+    int ok = 0;
+    for (int k = p->has_own ? 0 : 1; k < 2 && !ok; k++) {
+        char key[66];
+        int have = 0;
+        if (pr_lead_after(k == 0 ? &p->own : &p->lead, prev, n_prev, &p->sep, &lead) != CB_OK)
+            break;
+        chunk_key(p, lead.ids, lead.n, g->toks.ids, g->toks.n, key);
+        ok = cb_store_has(s, key, &have) == CB_OK && have &&
+             open_for(p->m, s, g, key, kf, ref, warn, ctx);
+        *own = k == 0;
+    }
+    cb_tokens_free(&lead);
+    return ok;
+}
+
 /* Chunk i's cache computed after the chunk before it, when the prompt has
  * that chunk right before it (segments i-2 and i-1: the chunk and the
  * separator) and the store has the file (cb-precompute --context), the one
@@ -510,29 +533,15 @@ static int attach_after(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
     pseg *g = &p->s[i], *prev = i >= 2 ? &p->s[i - 2] : NULL;
     cb_kvfile *kf = NULL;
     cb_store_ref *ref = NULL;
-    int ok = 0, own = 0;
+    int own = 0;
     if (p->no_context || !prev || !prev->is_chunk || p->s[i - 1].is_chunk ||
         p->sep.n != p->s[i - 1].toks.n ||
-        memcmp(p->sep.ids, p->s[i - 1].toks.ids, sizeof(int32_t) * p->sep.n) != 0)
+        memcmp(p->sep.ids, p->s[i - 1].toks.ids, sizeof(int32_t) * p->sep.n) != 0 ||
+        !open_after(p, s, g, prev->toks.ids, prev->toks.n, &kf, &ref, &own, warn, ctx))
         return 0;
-    for (int k = p->has_own ? 0 : 1; k < 2 && !ok; k++) {
-        cb_tokens lead = {0};
-        char key[66];
-        int have = 0;
-        if (pr_lead_after(k == 0 ? &p->own : &p->lead, prev->toks.ids, prev->toks.n, &p->sep,
-                          &lead) == CB_OK) {
-            chunk_key(p, lead.ids, lead.n, g->toks.ids, g->toks.n, key);
-            ok = cb_store_has(s, key, &have) == CB_OK && have &&
-                 open_for(p->m, s, g, key, &kf, &ref, warn, ctx);
-            own = k == 0;
-        }
-        cb_tokens_free(&lead);
-    }
-    if (ok) {
-        detach(g);
-        g->kf = kf, g->ref = ref, g->missing = 0, g->after = 1, g->own = own;
-    }
-    return ok;
+    detach(g);
+    g->kf = kf, g->ref = ref, g->missing = 0, g->after = 1, g->own = own;
+    return 1;
 }
 
 /* The cache chunk i's record named, when the store has it and it was
@@ -562,32 +571,18 @@ static int attach_named(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void 
 
 /* Chunk i's cache computed after the head (its own first) and
  * pr_middle's passage (cb-precompute --middle), for a chunk that is not
- * the prompt's first: the first keeps its own cache, exact there.  1 when
- * attached. */
-static int attach_middle(cb_prompt *p, cb_store *s, int32_t i, void (*warn)(void *, const char *),
-                         void *ctx)
+ * the prompt's first (first: it is; it keeps its own cache, exact there).
+ * 1 when attached. */
+static int attach_middle(cb_prompt *p, cb_store *s, int32_t i, int first,
+                         void (*warn)(void *, const char *), void *ctx)
 {
     pseg *g = &p->s[i];
-    cb_tokens lead = {0};
-    int ok = 0, first = 1;
-    for (int32_t j = 0; j < i && first; j++)
-        first = !p->s[j].is_chunk;
-    if (p->no_context || first || (p->mid.n == 0 && pr_middle(p->m, &p->mid) != CB_OK))
+    int own = 0;
+    if (p->no_context || first || (p->mid.n == 0 && pr_middle(p->m, &p->mid) != CB_OK) ||
+        !open_after(p, s, g, p->mid.ids, p->mid.n, &g->kf, &g->ref, &own, warn, ctx))
         return 0;
-    for (int k = p->has_own ? 0 : 1; k < 2 && !ok; k++) {
-        char key[66];
-        int have = 0;
-        if (pr_lead_after(k == 0 ? &p->own : &p->lead, p->mid.ids, p->mid.n, &p->sep, &lead) !=
-            CB_OK)
-            break;
-        chunk_key(p, lead.ids, lead.n, g->toks.ids, g->toks.n, key);
-        ok = cb_store_has(s, key, &have) == CB_OK && have &&
-             open_for(p->m, s, g, key, &g->kf, &g->ref, warn, ctx);
-        if (ok)
-            g->middle = 1, g->own = k == 0, g->missing = 0;
-    }
-    cb_tokens_free(&lead);
-    return ok;
+    g->middle = 1, g->own = own, g->missing = 0;
+    return 1;
 }
 
 void cb_prompt_use_context(cb_prompt *p, int use) { p->no_context = !use; }
@@ -595,12 +590,16 @@ void cb_prompt_use_context(cb_prompt *p, int use) { p->no_context = !use; }
 void cb_prompt_attach(cb_prompt *p, cb_store *s, void (*warn)(void *ctx, const char *msg),
                       void *ctx)
 {
+    int first = 1; /* no chunk before segment i */
     for (int32_t i = 0; i < p->n; i++) {
         pseg *g = &p->s[i];
         if (g->is_head && s && !g->kf) /* exact where found: the prompt starts with it */
             open_for(p->m, s, g, g->key, &g->kf, &g->ref, warn, ctx);
+        int was_first = first;
+        first = first && !g->is_chunk;
         if (!g->is_chunk || (s && attach_after(p, s, i, warn, ctx)) || g->kf ||
-            (s && attach_named(p, s, i, warn, ctx)) || (s && attach_middle(p, s, i, warn, ctx)))
+            (s && attach_named(p, s, i, warn, ctx)) ||
+            (s && attach_middle(p, s, i, was_first, warn, ctx)))
             continue;
         /* the cache computed after the prompt's own head, else after the lead-in */
         if (s && p->has_own && open_for(p->m, s, g, g->own_key, &g->kf, &g->ref, warn, ctx)) {
